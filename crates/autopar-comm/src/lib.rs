@@ -1,0 +1,1 @@
+//! autopar-comm: see DESIGN.md. This crate is built by its own issue; it is a placeholder until then.

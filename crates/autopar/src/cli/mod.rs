@@ -1,0 +1,23 @@
+//! One module per subcommand. Each exposes its clap `Args` and a `run` returning the exit code.
+
+pub mod layout;
+
+/// Print an error as `autopar: <first line>` followed by indented facts and causes.
+pub fn report_error(err: &anyhow::Error) {
+    let text = format!("{err}");
+    let mut lines = text.lines();
+    if let Some(first) = lines.next() {
+        eprintln!("autopar: {first}");
+    }
+    for line in lines {
+        let line = line.trim_start();
+        if line.starts_with("hint:") {
+            eprintln!("{line}");
+        } else {
+            eprintln!("  {line}");
+        }
+    }
+    for cause in err.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+}

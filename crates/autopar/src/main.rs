@@ -1,0 +1,40 @@
+//! The `autopar` command line. Results go to stdout, progress and errors to stderr.
+//! Exit codes: 0 success, 1 a "no" answer (e.g. a verification found a mismatch), 2 an error.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+/// autopar: distributed, automatically parallel deep-learning training.
+///
+/// Write a model once, say how it is split across devices (or let autopar find the split), and
+/// run it on 1 to 4096 devices with the same numbers as on one device.
+#[derive(Parser, Debug)]
+#[command(name = "autopar", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show how a tensor is split: each rank's slice and replica group, or a strategy's layouts,
+    /// or the redistribution plan between two layouts.
+    Layout(cli::layout::LayoutArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Layout(args) => cli::layout::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            cli::report_error(&err);
+            ExitCode::from(2)
+        }
+    }
+}
