@@ -1,1 +1,45 @@
-//! autopar-graph: see DESIGN.md. This crate is built by its own issue; it is a placeholder until then.
+//! # autopar-graph: the computation graph, its ops and their gradients
+//!
+//! A model is a [`Graph`]: a list of [`Node`]s in topological order, each applying one op
+//! ([`OpKind`]) to earlier nodes and producing one tensor whose type was inferred when the node
+//! was added. [`GraphBuilder`] is the user-facing way to build one (MindSpore's Cell/ops style:
+//! seeded parameters, `.shard(strategy)` and pipeline-stage annotations), [`differentiate`]
+//! appends the backward pass, and the executor in `autopar-runtime` runs it.
+//!
+//! Key decisions:
+//! * **Plain data.** The graph is a `Vec<Node>` with public fields for annotations; the planner
+//!   reads it, rewrites it (inserting communication ops, changing shapes to local slices) and
+//!   re-checks it with [`Graph::validate`]. `Display` prints one line per node.
+//! * **One output per node.** Ops that are naturally multi-output in other systems (batch-norm
+//!   backward) are split into one op per output (`BatchNormGrad { of: Input | Gamma }`), which
+//!   keeps ids, liveness and layouts one-to-one with values.
+//! * **One definition block per op** in `ops/<family>.rs` implementing [`OpDef`] (shape and dtype
+//!   inference, backward rule), one [`OpKind`] variant, exhaustive matches: a forgotten rule does
+//!   not compile. Backward rules are written with other ops, dedicated `*Grad` ops only where the
+//!   kernel is genuinely different (ReLU mask, convolution and pooling adjoints, normalisation).
+//!   Many `*Grad` ops have their own backward rule (they are linear in `dy`), so second-order
+//!   gradients work for them; the rest return [`GraphError::NotDifferentiable`].
+//! * **Communication ops are ops.** AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast,
+//!   Reduce, Send and Recv have shapes and adjoints (all-gather <-> reduce-scatter, ...) like any
+//!   other op, and are identities on a one-rank group.
+//! * **Determinism.** Parameter values depend only on initialiser, shape and seed (derived from
+//!   the builder seed and the parameter name, not creation order); dropout masks only on seed,
+//!   step and element index.
+//! * Shape errors name the op kind, the node and the facts: `MatMul l2: inner dimensions 128 and
+//!   64 differ`.
+
+pub mod autodiff;
+pub mod builder;
+pub mod error;
+pub mod graph;
+pub mod init;
+pub mod ops;
+pub mod types;
+
+pub use autodiff::{backward, differentiate, GradCx, Gradients};
+pub use builder::{GraphBuilder, ParamSpec};
+pub use error::{GraphError, Result};
+pub use graph::{Graph, Node};
+pub use init::{derive_seed, Initializer, Rng};
+pub use ops::{Arity, ConvAttrs, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
+pub use types::{broadcast_shapes, normalize_axis, DType, NodeId, Shape, TensorType};

@@ -1,0 +1,248 @@
+//! Reverse-mode automatic differentiation: a forward graph becomes a forward+backward graph.
+//!
+//! [`differentiate`] appends, in reverse topological order, the nodes of every op's backward
+//! rule ([`crate::ops::OpDef::grad`]) to the same graph, summing the contributions of a value
+//! used several times. Only values that both depend on a requested leaf and feed the loss get
+//! gradients, so no backward work is built for data inputs or integer labels. Gradient nodes
+//! are named `grad/<forward op>/<kind><k>` and inherit the forward node's pipeline stage, so the
+//! planner can place the backward pass next to its forward pass.
+
+use crate::error::{GraphError, Result};
+use crate::graph::Graph;
+use crate::ops::*;
+use crate::types::{DType, NodeId, Shape};
+
+/// The result of [`differentiate`]: the loss and, for each requested leaf, its gradient node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradients {
+    pub loss: NodeId,
+    /// `(leaf, gradient)` in the order requested.
+    pub grads: Vec<(NodeId, NodeId)>,
+}
+
+impl Gradients {
+    /// The gradient node of `leaf`, if it was requested.
+    pub fn of(&self, leaf: NodeId) -> Option<NodeId> {
+        self.grads.iter().find(|(l, _)| *l == leaf).map(|(_, g)| *g)
+    }
+}
+
+/// Appends to `graph` the gradient of the sum of `loss`'s elements with respect to each node of
+/// `wrt` (parameters or inputs). A leaf the loss does not depend on gets a zero gradient.
+pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Gradients> {
+    graph.check_id(loss)?;
+    for &w in wrt {
+        graph.check_id(w)?;
+        let node = graph.node(w);
+        if !node.ty.dtype.is_float() {
+            return Err(GraphError::NonFloatGradient { kind: node.op.kind(), name: node.name.clone(), dtype: node.ty.dtype });
+        }
+    }
+    let n = loss.0 + 1;
+    // Values depending on a requested leaf.
+    let mut from_wrt = vec![false; n];
+    for i in 0..n {
+        let node = &graph.nodes()[i];
+        from_wrt[i] = wrt.contains(&NodeId(i)) || node.inputs.iter().any(|x| x.0 < n && from_wrt[x.0]);
+    }
+    // Values feeding the loss.
+    let mut to_loss = vec![false; n];
+    to_loss[loss.0] = true;
+    for i in (0..n).rev() {
+        if to_loss[i] {
+            for x in graph.nodes()[i].inputs.clone() {
+                to_loss[x.0] = true;
+            }
+        }
+    }
+    let needs: Vec<bool> = (0..n).map(|i| from_wrt[i] && to_loss[i] && graph.nodes()[i].ty.dtype.is_float()).collect();
+
+    let mut contributions: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    let mut grad_of: Vec<Option<NodeId>> = vec![None; n];
+    if needs[loss.0] {
+        let ty = graph.node(loss).ty.clone();
+        let name = graph.unique_name(&format!("grad/{}/seed", graph.node(loss).name));
+        let stage = graph.node(loss).pipeline_stage;
+        let seed = graph.add(&name, Fill { shape: ty.shape, dtype: ty.dtype, value: 1.0 }, &[])?;
+        graph.node_mut(seed).pipeline_stage = stage;
+        contributions[loss.0].push(seed);
+    }
+    for i in (0..n).rev() {
+        if !needs[i] || contributions[i].is_empty() {
+            continue;
+        }
+        let id = NodeId(i);
+        let stage = graph.node(id).pipeline_stage;
+        let parts = std::mem::take(&mut contributions[i]);
+        let mut dy = parts[0];
+        for (k, &p) in parts[1..].iter().enumerate() {
+            let name = graph.unique_name(&format!("grad/{}/acc{k}", graph.node(id).name));
+            dy = graph.add(&name, Add, &[dy, p])?;
+            graph.node_mut(dy).pipeline_stage = stage;
+        }
+        grad_of[i] = Some(dy);
+        let op = graph.node(id).op.clone();
+        if op.is_leaf() {
+            continue;
+        }
+        let input_needs: Vec<bool> = graph.node(id).inputs.iter().map(|x| needs[x.0]).collect();
+        let arity = input_needs.len();
+        let mut cx = GradCx { graph, node: id, dy, needs: input_needs, grads: vec![None; arity], counter: 0 };
+        op.def().grad(&mut cx)?;
+        let GradCx { grads, .. } = cx;
+        let inputs = graph.node(id).inputs.clone();
+        for (x, g) in inputs.into_iter().zip(grads) {
+            if let Some(g) = g {
+                contributions[x.0].push(g);
+            }
+        }
+    }
+    let mut grads = Vec::with_capacity(wrt.len());
+    for &w in wrt {
+        let g = match grad_of[w.0] {
+            Some(g) => g,
+            None => {
+                let ty = graph.node(w).ty.clone();
+                let name = graph.unique_name(&format!("grad/{}/zeros", graph.node(w).name));
+                graph.add(&name, Fill { shape: ty.shape, dtype: ty.dtype, value: 0.0 }, &[])?
+            }
+        };
+        grads.push((w, g));
+    }
+    Ok(Gradients { loss, grads })
+}
+
+/// Differentiates `loss` with respect to every trainable parameter of `graph`.
+pub fn backward(graph: &mut Graph, loss: NodeId) -> Result<Gradients> {
+    let params = graph.trainable_parameters();
+    differentiate(graph, loss, &params)
+}
+
+/// What a backward rule sees: the forward node, its output gradient, and a way to add nodes.
+pub struct GradCx<'a> {
+    graph: &'a mut Graph,
+    node: NodeId,
+    dy: NodeId,
+    needs: Vec<bool>,
+    grads: Vec<Option<NodeId>>,
+    counter: usize,
+}
+
+impl GradCx<'_> {
+    /// Forward input `i`.
+    pub fn x(&self, i: usize) -> NodeId {
+        self.graph.node(self.node).inputs[i]
+    }
+
+    /// Number of forward inputs.
+    pub fn num_inputs(&self) -> usize {
+        self.needs.len()
+    }
+
+    /// Forward output.
+    pub fn y(&self) -> NodeId {
+        self.node
+    }
+
+    /// Gradient of the forward output.
+    pub fn dy(&self) -> NodeId {
+        self.dy
+    }
+
+    pub fn shape(&self, id: NodeId) -> Shape {
+        self.graph.node(id).ty.shape.clone()
+    }
+
+    pub fn dtype(&self, id: NodeId) -> DType {
+        self.graph.node(id).ty.dtype
+    }
+
+    /// Shape of forward input `i`.
+    pub fn x_shape(&self, i: usize) -> Shape {
+        self.shape(self.x(i))
+    }
+
+    /// Whether forward input `i` needs a gradient.
+    pub fn needs(&self, i: usize) -> bool {
+        self.needs[i]
+    }
+
+    /// Records the gradient of forward input `i` (ignored when it needs none).
+    pub fn set(&mut self, i: usize, grad: NodeId) {
+        if self.needs[i] {
+            self.grads[i] = Some(grad);
+        }
+    }
+
+    /// The error for a backward rule that is not defined for input `i`.
+    pub fn not_differentiable(&self, i: usize) -> GraphError {
+        let node = self.graph.node(self.node);
+        GraphError::NotDifferentiable { kind: node.op.kind(), name: node.name.clone(), input: i }
+    }
+
+    /// Adds a backward node.
+    pub fn op(&mut self, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
+        let op = op.into();
+        let fwd = self.graph.node(self.node);
+        let stage = fwd.pipeline_stage;
+        let name = self.graph.unique_name(&format!("grad/{}/{}{}", fwd.name, op.kind(), self.counter));
+        self.counter += 1;
+        let id = self.graph.add(&name, op, inputs)?;
+        self.graph.node_mut(id).pipeline_stage = stage;
+        Ok(id)
+    }
+
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(Add, &[a, b])
+    }
+
+    pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(Sub, &[a, b])
+    }
+
+    pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(Mul, &[a, b])
+    }
+
+    pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(Div, &[a, b])
+    }
+
+    pub fn neg(&mut self, a: NodeId) -> Result<NodeId> {
+        self.op(Neg, &[a])
+    }
+
+    pub fn scale(&mut self, a: NodeId, factor: f64) -> Result<NodeId> {
+        self.op(Scale { factor }, &[a])
+    }
+
+    pub fn reshape(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
+        if self.shape(a) == shape {
+            return Ok(a);
+        }
+        self.op(Reshape { shape: shape.iter().map(|&d| d as i64).collect() }, &[a])
+    }
+
+    pub fn broadcast_to(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
+        if self.shape(a) == shape {
+            return Ok(a);
+        }
+        self.op(BroadcastTo { shape: shape.to_vec() }, &[a])
+    }
+
+    /// Sums a broadcast gradient back to `shape` (the reverse of broadcasting).
+    pub fn sum_to(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
+        if self.shape(a) == shape {
+            return Ok(a);
+        }
+        self.op(SumTo { shape: shape.to_vec() }, &[a])
+    }
+
+    pub fn reduce_sum(&mut self, a: NodeId, axes: &[usize], keep_dims: bool) -> Result<NodeId> {
+        self.op(ReduceSum { axes: axes.iter().map(|&d| d as i64).collect(), keep_dims }, &[a])
+    }
+
+    pub fn fill(&mut self, shape: &[usize], dtype: DType, value: f64) -> Result<NodeId> {
+        self.op(Fill { shape: shape.to_vec(), dtype, value }, &[])
+    }
+}

@@ -1,0 +1,328 @@
+//! The builder API, in the spirit of MindSpore's `Cell` and `ops`: declare inputs and
+//! parameters, apply ops (shapes checked as they are added), annotate ops with `.shard` /
+//! a pipeline stage, and finish with a [`Graph`].
+//!
+//! ```
+//! use autopar_graph::{GraphBuilder, DType, Initializer};
+//! use autopar_layout::Strategy;
+//!
+//! let mut b = GraphBuilder::new(42);
+//! let x = b.input("x", &[64, 784], DType::F32).unwrap();
+//! let w = b.parameter("l1.w", &[784, 512], Initializer::Normal { mean: 0.0, std: 0.01 }).unwrap();
+//! let h = b.matmul("l1", x, w).unwrap();
+//! b.shard(h, Strategy::new(vec![vec![2, 1], vec![1, 4]])).unwrap();
+//! let err = b.matmul("l2", h, w).unwrap_err();
+//! assert_eq!(err.to_string(), "MatMul l2: inner dimensions 512 and 784 differ");
+//! ```
+
+use autopar_layout::Strategy;
+
+use crate::error::Result;
+use crate::graph::Graph;
+use crate::init::{derive_seed, Initializer};
+use crate::ops::*;
+use crate::types::{DType, NodeId};
+
+/// How to create a parameter beyond the defaults of [`GraphBuilder::parameter`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSpec {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub init: Initializer,
+    /// `None`: derived from the builder's seed and the parameter's name.
+    pub seed: Option<u64>,
+    pub trainable: bool,
+}
+
+impl ParamSpec {
+    pub fn new(shape: &[usize], init: Initializer) -> Self {
+        Self { shape: shape.to_vec(), dtype: DType::F32, init, seed: None, trainable: true }
+    }
+
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    pub fn frozen(mut self) -> Self {
+        self.trainable = false;
+        self
+    }
+}
+
+/// Builds a [`Graph`]. Every method checks shapes and dtypes as it adds a node and names the op
+/// in its error.
+#[derive(Clone, Debug, Default)]
+pub struct GraphBuilder {
+    graph: Graph,
+    seed: u64,
+    stage: Option<usize>,
+}
+
+impl GraphBuilder {
+    /// A builder whose parameters draw from `seed` (each mixed with the parameter's name).
+    pub fn new(seed: u64) -> Self {
+        Self { graph: Graph::new(), seed, stage: None }
+    }
+
+    /// Continues building on an existing graph.
+    pub fn from_graph(graph: Graph, seed: u64) -> Self {
+        Self { graph, seed, stage: None }
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn finish(self) -> Graph {
+        self.graph
+    }
+
+    /// Puts every node added from now on into pipeline stage `stage` (`None`: unassigned),
+    /// like setting `cell.pipeline_stage` in MindSpore.
+    pub fn set_pipeline_stage(&mut self, stage: Option<usize>) {
+        self.stage = stage;
+    }
+
+    /// Marks `id` as a graph output.
+    pub fn output(&mut self, id: NodeId) -> Result<NodeId> {
+        self.graph.check_id(id)?;
+        self.graph.outputs.push(id);
+        Ok(id)
+    }
+
+    /// Annotates op `id` with a sharding strategy (MindSpore's `op.shard(strategy)`).
+    pub fn shard(&mut self, id: NodeId, strategy: Strategy) -> Result<NodeId> {
+        self.graph.set_strategy(id, strategy)?;
+        Ok(id)
+    }
+
+    /// Puts op `id` into pipeline stage `stage`.
+    pub fn stage(&mut self, id: NodeId, stage: usize) -> Result<NodeId> {
+        self.graph.set_pipeline_stage(id, stage)?;
+        Ok(id)
+    }
+
+    /// Adds any op.
+    pub fn op(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
+        let id = self.graph.add(name, op, inputs)?;
+        self.graph.node_mut(id).pipeline_stage = self.stage;
+        Ok(id)
+    }
+
+    pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<NodeId> {
+        self.op(name, Input { shape: shape.to_vec(), dtype }, &[])
+    }
+
+    /// A trainable f32 parameter.
+    pub fn parameter(&mut self, name: &str, shape: &[usize], init: Initializer) -> Result<NodeId> {
+        self.parameter_with(name, ParamSpec::new(shape, init))
+    }
+
+    pub fn parameter_with(&mut self, name: &str, spec: ParamSpec) -> Result<NodeId> {
+        let seed = spec.seed.unwrap_or_else(|| derive_seed(self.seed, name));
+        // Validate the initialiser against the shape now rather than at the first run.
+        if crate::init::fans(&spec.shape).is_none() || spec.shape.contains(&0) {
+            spec.init.generate(name, &spec.shape, seed)?;
+        }
+        self.op(name, Parameter { shape: spec.shape, dtype: spec.dtype, init: spec.init, seed, trainable: spec.trainable }, &[])
+    }
+
+    pub fn fill(&mut self, name: &str, shape: &[usize], dtype: DType, value: f64) -> Result<NodeId> {
+        self.op(name, Fill { shape: shape.to_vec(), dtype, value }, &[])
+    }
+
+    pub fn matmul(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(name, MatMul { transpose_a: false, transpose_b: false }, &[a, b])
+    }
+
+    pub fn matmul_t(&mut self, name: &str, a: NodeId, b: NodeId, transpose_a: bool, transpose_b: bool) -> Result<NodeId> {
+        self.op(name, MatMul { transpose_a, transpose_b }, &[a, b])
+    }
+
+    pub fn batch_matmul(&mut self, name: &str, a: NodeId, b: NodeId, transpose_a: bool, transpose_b: bool) -> Result<NodeId> {
+        self.op(name, BatchMatMul { transpose_a, transpose_b }, &[a, b])
+    }
+
+    pub fn add(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(name, Add, &[a, b])
+    }
+
+    pub fn sub(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(name, Sub, &[a, b])
+    }
+
+    pub fn mul(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(name, Mul, &[a, b])
+    }
+
+    pub fn div(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.op(name, Div, &[a, b])
+    }
+
+    pub fn bias_add(&mut self, name: &str, x: NodeId, bias: NodeId) -> Result<NodeId> {
+        self.op(name, BiasAdd, &[x, bias])
+    }
+
+    pub fn relu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Relu, &[x])
+    }
+
+    pub fn gelu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Gelu, &[x])
+    }
+
+    pub fn tanh(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Tanh, &[x])
+    }
+
+    pub fn sigmoid(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Sigmoid, &[x])
+    }
+
+    pub fn exp(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Exp, &[x])
+    }
+
+    pub fn log(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Log, &[x])
+    }
+
+    pub fn sqrt(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Sqrt, &[x])
+    }
+
+    pub fn neg(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Neg, &[x])
+    }
+
+    pub fn scale(&mut self, name: &str, x: NodeId, factor: f64) -> Result<NodeId> {
+        self.op(name, Scale { factor }, &[x])
+    }
+
+    pub fn softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
+        self.op(name, Softmax { axis }, &[x])
+    }
+
+    pub fn log_softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
+        self.op(name, LogSoftmax { axis }, &[x])
+    }
+
+    pub fn reduce_sum(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
+        self.op(name, ReduceSum { axes: axes.to_vec(), keep_dims }, &[x])
+    }
+
+    pub fn reduce_mean(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
+        self.op(name, ReduceMean { axes: axes.to_vec(), keep_dims }, &[x])
+    }
+
+    pub fn reduce_max(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
+        self.op(name, ReduceMax { axes: axes.to_vec(), keep_dims }, &[x])
+    }
+
+    pub fn reshape(&mut self, name: &str, x: NodeId, shape: &[i64]) -> Result<NodeId> {
+        self.op(name, Reshape { shape: shape.to_vec() }, &[x])
+    }
+
+    pub fn transpose(&mut self, name: &str, x: NodeId, perm: &[usize]) -> Result<NodeId> {
+        self.op(name, Transpose { perm: perm.to_vec() }, &[x])
+    }
+
+    pub fn flatten(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Flatten, &[x])
+    }
+
+    /// Embedding lookup when `axis` is 0.
+    pub fn gather(&mut self, name: &str, params: NodeId, indices: NodeId, axis: i64) -> Result<NodeId> {
+        self.op(name, Gather { axis }, &[params, indices])
+    }
+
+    pub fn one_hot(&mut self, name: &str, indices: NodeId, depth: usize, dtype: DType) -> Result<NodeId> {
+        self.op(name, OneHot { depth, on_value: 1.0, off_value: 0.0, dtype }, &[indices])
+    }
+
+    pub fn concat(&mut self, name: &str, xs: &[NodeId], axis: i64) -> Result<NodeId> {
+        self.op(name, Concat { axis }, xs)
+    }
+
+    pub fn slice(&mut self, name: &str, x: NodeId, begin: &[usize], size: &[usize]) -> Result<NodeId> {
+        self.op(name, Slice { begin: begin.to_vec(), size: size.to_vec() }, &[x])
+    }
+
+    pub fn conv2d(&mut self, name: &str, x: NodeId, w: NodeId, conv: ConvAttrs) -> Result<NodeId> {
+        self.op(name, Conv2D { conv }, &[x, w])
+    }
+
+    /// Inputs: `x, gamma, beta, running_mean, running_var`.
+    pub fn batch_norm(&mut self, name: &str, inputs: [NodeId; 5], training: bool, eps: f64, momentum: f64) -> Result<NodeId> {
+        self.op(name, BatchNorm { training, eps, momentum }, &inputs)
+    }
+
+    pub fn layer_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, beta: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
+        self.op(name, LayerNorm { begin_norm_axis, eps }, &[x, gamma, beta])
+    }
+
+    pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
+        self.op(name, MaxPool { pool }, &[x])
+    }
+
+    pub fn avg_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
+        self.op(name, AvgPool { pool }, &[x])
+    }
+
+    pub fn global_avg_pool(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, GlobalAvgPool, &[x])
+    }
+
+    pub fn dropout(&mut self, name: &str, x: NodeId, p: f64, seed: u64) -> Result<NodeId> {
+        self.op(name, Dropout { p, seed }, &[x])
+    }
+
+    pub fn softmax_cross_entropy(&mut self, name: &str, logits: NodeId, labels: NodeId) -> Result<NodeId> {
+        self.op(name, SoftmaxCrossEntropy, &[logits, labels])
+    }
+
+    pub fn all_reduce(&mut self, name: &str, x: NodeId, op: ReduceOp, group: &[usize]) -> Result<NodeId> {
+        self.op(name, AllReduce { op, group: group.to_vec() }, &[x])
+    }
+
+    pub fn all_gather(&mut self, name: &str, x: NodeId, dim: usize, group: &[usize]) -> Result<NodeId> {
+        self.op(name, AllGather { dim, group: group.to_vec() }, &[x])
+    }
+
+    pub fn reduce_scatter(&mut self, name: &str, x: NodeId, op: ReduceOp, dim: usize, group: &[usize]) -> Result<NodeId> {
+        self.op(name, ReduceScatter { op, dim, group: group.to_vec() }, &[x])
+    }
+
+    pub fn all_to_all(&mut self, name: &str, x: NodeId, split_dim: usize, concat_dim: usize, group: &[usize]) -> Result<NodeId> {
+        self.op(name, AllToAll { split_dim, concat_dim, group: group.to_vec() }, &[x])
+    }
+
+    pub fn broadcast(&mut self, name: &str, x: NodeId, root: usize, group: &[usize]) -> Result<NodeId> {
+        self.op(name, Broadcast { root, group: group.to_vec() }, &[x])
+    }
+
+    pub fn send(&mut self, name: &str, x: NodeId, peer: usize, tag: u32) -> Result<NodeId> {
+        self.op(name, Send { peer, tag }, &[x])
+    }
+
+    pub fn recv(&mut self, name: &str, like: NodeId, peer: usize, tag: u32) -> Result<NodeId> {
+        self.op(name, Recv { peer, tag }, &[like])
+    }
+
+    /// MindSpore's `nn.Dense`: weight `<name>.weight` `[out, in]` (applied transposed) and bias
+    /// `<name>.bias` `[out]` (zeros); ops `<name>.matmul` and `<name>.bias_add`.
+    pub fn dense(&mut self, name: &str, x: NodeId, out: usize, weight_init: Initializer) -> Result<NodeId> {
+        let shape = self.graph.get(x)?.ty.shape.clone();
+        let inp = *shape.last().unwrap_or(&0);
+        let w = self.parameter(&format!("{name}.weight"), &[out, inp], weight_init)?;
+        let b = self.parameter(&format!("{name}.bias"), &[out], Initializer::Zeros)?;
+        let y = self.matmul_t(&format!("{name}.matmul"), x, w, false, true)?;
+        self.bias_add(&format!("{name}.bias_add"), y, b)
+    }
+}

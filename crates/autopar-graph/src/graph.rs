@@ -1,0 +1,235 @@
+//! The IR: a list of nodes in topological order, each one op with one output.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use autopar_layout::Strategy;
+
+use crate::error::{GraphError, Result};
+use crate::ops::{InferCx, OpKind, Parameter};
+use crate::types::{NodeId, TensorType};
+
+/// One op application. Its output is identified by the node's id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// Unique name: a parameter's dotted name (`l1.w`) or an op's name (`l1.matmul`).
+    pub name: String,
+    pub op: OpKind,
+    pub inputs: Vec<NodeId>,
+    /// Inferred output type.
+    pub ty: TensorType,
+    /// The user's `.shard(strategy)` annotation, if any.
+    pub strategy: Option<Strategy>,
+    /// The pipeline stage the user put this op in, if any.
+    pub pipeline_stage: Option<usize>,
+}
+
+/// A computation graph. Nodes are kept in topological order (every input precedes its user),
+/// names are unique, and every node's type was inferred when it was added.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    nodes: Vec<Node>,
+    names: HashMap<String, NodeId>,
+    /// Values the caller wants out of the graph (loss, logits, ...).
+    pub outputs: Vec<NodeId>,
+}
+
+impl Graph {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The node `id`. Panics on an id from another graph; use [`Graph::get`] for untrusted ids.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0]
+    }
+
+    pub fn get(&self, id: NodeId) -> Result<&Node> {
+        self.check_id(id)?;
+        Ok(&self.nodes[id.0])
+    }
+
+    /// Mutable access for annotations (strategy, stage). Changing `op` or `inputs` through it
+    /// must be followed by [`Graph::validate`].
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id.0]
+    }
+
+    pub fn check_id(&self, id: NodeId) -> Result<()> {
+        if id.0 < self.nodes.len() {
+            Ok(())
+        } else {
+            Err(GraphError::UnknownNode { id: id.0, len: self.nodes.len() })
+        }
+    }
+
+    /// The node named `name`.
+    pub fn find(&self, name: &str) -> Result<NodeId> {
+        self.names.get(name).copied().ok_or_else(|| GraphError::UnknownName { name: name.to_string() })
+    }
+
+    /// `base` if unused, else `base_1`, `base_2`, ...
+    pub fn unique_name(&self, base: &str) -> String {
+        if !self.names.contains_key(base) {
+            return base.to_string();
+        }
+        (1..).map(|k| format!("{base}_{k}")).find(|n| !self.names.contains_key(n)).expect("an unused name exists")
+    }
+
+    /// Infers the type of `op` applied to `inputs` without adding anything.
+    pub fn infer(&self, name: &str, op: &OpKind, inputs: &[NodeId]) -> Result<TensorType> {
+        let def = op.def();
+        if !def.arity().accepts(inputs.len()) {
+            return Err(GraphError::Arity { kind: def.kind(), name: name.to_string(), expected: def.arity().to_string(), got: inputs.len() });
+        }
+        for &x in inputs {
+            self.check_id(x)?;
+        }
+        let types: Vec<TensorType> = inputs.iter().map(|x| self.nodes[x.0].ty.clone()).collect();
+        def.infer(&InferCx { kind: def.kind(), name, inputs: &types })
+    }
+
+    /// Adds a node after checking its name, inputs and shapes.
+    pub fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
+        let op = op.into();
+        if let Some(&existing) = self.names.get(name) {
+            return Err(GraphError::DuplicateName { name: name.to_string(), existing: existing.0 });
+        }
+        let ty = self.infer(name, &op, inputs)?;
+        let id = NodeId(self.nodes.len());
+        self.names.insert(name.to_string(), id);
+        self.nodes.push(Node { name: name.to_string(), op, inputs: inputs.to_vec(), ty, strategy: None, pipeline_stage: None });
+        Ok(id)
+    }
+
+    /// Attaches a sharding strategy to `id` after checking it against the node's inputs: one
+    /// split tuple per input, one split per dimension, each dividing its dimension.
+    pub fn set_strategy(&mut self, id: NodeId, strategy: Strategy) -> Result<()> {
+        self.check_id(id)?;
+        let node = &self.nodes[id.0];
+        let kind = node.op.kind();
+        let s = strategy.inputs();
+        if s.len() != node.inputs.len() {
+            return Err(GraphError::StrategyArity {
+                kind,
+                name: node.name.clone(),
+                strategy: strategy.to_string(),
+                got: s.len(),
+                inputs: node.inputs.len(),
+            });
+        }
+        for (i, (splits, x)) in s.iter().zip(&node.inputs).enumerate() {
+            let shape = &self.nodes[x.0].ty.shape;
+            if splits.len() != shape.len() {
+                return Err(GraphError::StrategyRank {
+                    kind,
+                    name: node.name.clone(),
+                    strategy: strategy.to_string(),
+                    input: i,
+                    got: splits.len(),
+                    shape: shape.clone(),
+                });
+            }
+            for (dim, (&split, &size)) in splits.iter().zip(shape).enumerate() {
+                if split == 0 || size % split != 0 {
+                    return Err(GraphError::StrategyNotDivisible {
+                        kind,
+                        name: node.name.clone(),
+                        strategy: strategy.to_string(),
+                        input: i,
+                        dim,
+                        size,
+                        split,
+                    });
+                }
+            }
+        }
+        self.nodes[id.0].strategy = Some(strategy);
+        Ok(())
+    }
+
+    pub fn set_pipeline_stage(&mut self, id: NodeId, stage: usize) -> Result<()> {
+        self.check_id(id)?;
+        self.nodes[id.0].pipeline_stage = Some(stage);
+        Ok(())
+    }
+
+    /// Every parameter node, in graph order.
+    pub fn parameters(&self) -> Vec<NodeId> {
+        (0..self.nodes.len()).map(NodeId).filter(|&i| matches!(self.nodes[i.0].op, OpKind::Parameter(_))).collect()
+    }
+
+    /// Parameters with `trainable` set, in graph order.
+    pub fn trainable_parameters(&self) -> Vec<NodeId> {
+        self.parameters().into_iter().filter(|&i| matches!(&self.nodes[i.0].op, OpKind::Parameter(Parameter { trainable: true, .. }))).collect()
+    }
+
+    /// Every input node, in graph order.
+    pub fn inputs(&self) -> Vec<NodeId> {
+        (0..self.nodes.len()).map(NodeId).filter(|&i| matches!(self.nodes[i.0].op, OpKind::Input(_))).collect()
+    }
+
+    /// Re-checks every invariant after a rewrite: topological order, unique names, and that
+    /// every node's stored type is what inference gives now.
+    pub fn validate(&mut self) -> Result<()> {
+        self.names.clear();
+        for i in 0..self.nodes.len() {
+            let node = &self.nodes[i];
+            if let Some(&existing) = self.names.get(&node.name) {
+                return Err(GraphError::DuplicateName { name: node.name.clone(), existing: existing.0 });
+            }
+            for x in &node.inputs {
+                if x.0 >= i {
+                    return Err(GraphError::NotTopological { kind: node.op.kind(), name: node.name.clone(), node: i, input: x.0 });
+                }
+            }
+            let ty = self.infer(&node.name, &node.op, &node.inputs)?;
+            self.names.insert(self.nodes[i].name.clone(), NodeId(i));
+            self.nodes[i].ty = ty;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Graph {
+    /// One line per node: `%3 = MatMul { .. } l1.matmul(%0, %1): f32[64, 512] shard ((2, 1), (1, 4)) stage 0`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.nodes.iter().enumerate() {
+            write!(f, "%{i} = {} {}(", n.op, n.name)?;
+            for (k, x) in n.inputs.iter().enumerate() {
+                if k > 0 {
+                    write!(f, ", ")?;
+                }
+                write!(f, "{x}")?;
+            }
+            write!(f, "): {}", n.ty)?;
+            if let Some(s) = &n.strategy {
+                write!(f, " shard {s}")?;
+            }
+            if let Some(s) = n.pipeline_stage {
+                write!(f, " stage {s}")?;
+            }
+            writeln!(f)?;
+        }
+        if !self.outputs.is_empty() {
+            write!(f, "outputs:")?;
+            for o in &self.outputs {
+                write!(f, " {o}")?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! Seeded, deterministic parameter initialisers (MindSpore's `mindspore.common.initializer`).
+//!
+//! A parameter's values depend only on its initialiser, shape and seed, never on creation
+//! order or thread count, so every rank of a parallel job can materialise the same full tensor
+//! (or any slice of it) independently. Fans follow MindSpore: a weight is `[out, in, k...]`,
+//! `fan_in = in * prod(k)`, `fan_out = out * prod(k)`.
+
+use std::fmt;
+
+use crate::error::{GraphError, Result};
+
+/// How a parameter's initial values are drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Initializer {
+    Zeros,
+    Ones,
+    Constant(f64),
+    /// N(mean, std^2).
+    Normal { mean: f64, std: f64 },
+    /// N(mean, std^2) redrawn until within mean +- 2 std.
+    TruncatedNormal { mean: f64, std: f64 },
+    /// U(low, high).
+    Uniform { low: f64, high: f64 },
+    /// Glorot: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)).
+    XavierUniform { gain: f64 },
+    /// Glorot: N(0, gain^2 * 2 / (fan_in + fan_out)).
+    XavierNormal { gain: f64 },
+    /// Kaiming (fan_in, ReLU gain sqrt(2)): U(-a, a), a = sqrt(6 / fan_in).
+    HeUniform,
+    /// Kaiming (fan_in, ReLU gain sqrt(2)): N(0, 2 / fan_in).
+    HeNormal,
+}
+
+impl fmt::Display for Initializer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Initializer::Zeros => write!(f, "zeros"),
+            Initializer::Ones => write!(f, "ones"),
+            Initializer::Constant(v) => write!(f, "constant({v})"),
+            Initializer::Normal { mean, std } => write!(f, "normal({mean}, {std})"),
+            Initializer::TruncatedNormal { mean, std } => write!(f, "truncated_normal({mean}, {std})"),
+            Initializer::Uniform { low, high } => write!(f, "uniform({low}, {high})"),
+            Initializer::XavierUniform { gain } => write!(f, "xavier_uniform({gain})"),
+            Initializer::XavierNormal { gain } => write!(f, "xavier_normal({gain})"),
+            Initializer::HeUniform => write!(f, "he_uniform"),
+            Initializer::HeNormal => write!(f, "he_normal"),
+        }
+    }
+}
+
+/// `(fan_in, fan_out)` of a weight shaped `[out, in, k...]`.
+pub fn fans(shape: &[usize]) -> Option<(usize, usize)> {
+    match shape.len() {
+        0 => None,
+        1 => Some((shape[0], shape[0])),
+        _ => {
+            let receptive: usize = shape[2..].iter().product();
+            Some((shape[1] * receptive, shape[0] * receptive))
+        }
+    }
+}
+
+impl Initializer {
+    /// The full tensor's values, row-major, for parameter `name` (used in errors).
+    pub fn generate(&self, name: &str, shape: &[usize], seed: u64) -> Result<Vec<f64>> {
+        let n: usize = shape.iter().product();
+        let mut rng = Rng::new(seed);
+        let fan = |reason: &'static str| -> Result<(usize, usize)> {
+            match fans(shape) {
+                Some((i, o)) if i > 0 && o > 0 => Ok((i, o)),
+                _ => Err(GraphError::BadInitializer { name: name.to_string(), init: self.to_string(), shape: shape.to_vec(), reason }),
+            }
+        };
+        let bad = |reason: &'static str| GraphError::BadInitializer { name: name.to_string(), init: self.to_string(), shape: shape.to_vec(), reason };
+        Ok(match *self {
+            Initializer::Zeros => vec![0.0; n],
+            Initializer::Ones => vec![1.0; n],
+            Initializer::Constant(v) => vec![v; n],
+            Initializer::Normal { mean, std } => {
+                if !(std >= 0.0) {
+                    return Err(bad("std must be non-negative"));
+                }
+                (0..n).map(|_| mean + std * rng.normal()).collect()
+            }
+            Initializer::TruncatedNormal { mean, std } => {
+                if !(std >= 0.0) {
+                    return Err(bad("std must be non-negative"));
+                }
+                (0..n)
+                    .map(|_| loop {
+                        let z = rng.normal();
+                        if z.abs() <= 2.0 {
+                            break mean + std * z;
+                        }
+                    })
+                    .collect()
+            }
+            Initializer::Uniform { low, high } => {
+                if !(low <= high) {
+                    return Err(bad("low must not exceed high"));
+                }
+                (0..n).map(|_| low + (high - low) * rng.uniform()).collect()
+            }
+            Initializer::XavierUniform { gain } => {
+                let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
+                let a = gain * (6.0 / (i + o) as f64).sqrt();
+                (0..n).map(|_| -a + 2.0 * a * rng.uniform()).collect()
+            }
+            Initializer::XavierNormal { gain } => {
+                let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
+                let std = gain * (2.0 / (i + o) as f64).sqrt();
+                (0..n).map(|_| std * rng.normal()).collect()
+            }
+            Initializer::HeUniform => {
+                let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
+                let a = (6.0 / i as f64).sqrt();
+                (0..n).map(|_| -a + 2.0 * a * rng.uniform()).collect()
+            }
+            Initializer::HeNormal => {
+                let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
+                let std = (2.0 / i as f64).sqrt();
+                (0..n).map(|_| std * rng.normal()).collect()
+            }
+        })
+    }
+}
+
+/// Seed of a parameter derived from a graph seed and the parameter's name, so that adding a
+/// parameter does not change the values of the others.
+pub fn derive_seed(graph_seed: u64, name: &str) -> u64 {
+    // FNV-1a over the name, mixed with the graph seed through SplitMix64.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    splitmix(graph_seed ^ h)
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A small deterministic generator (SplitMix64): the same seed gives the same stream everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    state: u64,
+    spare: Option<f64>,
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self { state: seed, spare: None }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        splitmix(self.state)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        if let Some(z) = self.spare.take() {
+            return z;
+        }
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let t = 2.0 * std::f64::consts::PI * u2;
+        self.spare = Some(r * t.sin());
+        r * t.cos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moments(v: &[f64]) -> (f64, f64) {
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64;
+        (m, var.sqrt())
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_values_and_another_seed_does_not() {
+        let init = Initializer::Normal { mean: 0.0, std: 1.0 };
+        let a = init.generate("w", &[8, 8], 7).unwrap();
+        assert_eq!(a, init.generate("w", &[8, 8], 7).unwrap());
+        assert_ne!(a, init.generate("w", &[8, 8], 8).unwrap());
+    }
+
+    #[test]
+    fn normal_and_uniform_have_the_requested_moments() {
+        let v = Initializer::Normal { mean: 1.0, std: 2.0 }.generate("w", &[200, 100], 1).unwrap();
+        let (m, s) = moments(&v);
+        assert!((m - 1.0).abs() < 0.05 && (s - 2.0).abs() < 0.05, "{m} {s}");
+        let v = Initializer::Uniform { low: -1.0, high: 3.0 }.generate("w", &[20000], 2).unwrap();
+        assert!(v.iter().all(|x| (-1.0..3.0).contains(x)));
+        assert!((moments(&v).0 - 1.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn truncated_normal_stays_within_two_std() {
+        let v = Initializer::TruncatedNormal { mean: 0.5, std: 0.1 }.generate("w", &[5000], 3).unwrap();
+        assert!(v.iter().all(|x| (x - 0.5).abs() <= 0.2 + 1e-12));
+    }
+
+    #[test]
+    fn xavier_and_he_use_mindspore_fans() {
+        assert_eq!(fans(&[64, 32, 3, 3]), Some((288, 576)));
+        let a = (6.0f64 / (300.0 + 100.0)).sqrt();
+        let v = Initializer::XavierUniform { gain: 1.0 }.generate("w", &[100, 300], 4).unwrap();
+        assert!(v.iter().all(|x| x.abs() <= a) && v.iter().any(|x| x.abs() > 0.9 * a));
+        let v = Initializer::HeNormal.generate("w", &[200, 400], 5).unwrap();
+        assert!((moments(&v).1 - (2.0f64 / 400.0).sqrt()).abs() < 0.003);
+    }
+
+    #[test]
+    fn constant_initializers_fill_exactly() {
+        assert_eq!(Initializer::Constant(2.5).generate("b", &[3], 0).unwrap(), vec![2.5; 3]);
+        assert_eq!(Initializer::Zeros.generate("b", &[2], 0).unwrap(), vec![0.0; 2]);
+        assert_eq!(Initializer::Ones.generate("b", &[], 0).unwrap(), vec![1.0]);
+    }
+
+    #[test]
+    fn fan_based_initializers_reject_scalars() {
+        let err = Initializer::HeUniform.generate("s", &[], 0).unwrap_err();
+        assert!(matches!(err, GraphError::BadInitializer { .. }), "{err}");
+    }
+
+    #[test]
+    fn derived_seeds_differ_by_name() {
+        assert_ne!(derive_seed(0, "l1.w"), derive_seed(0, "l2.w"));
+        assert_eq!(derive_seed(3, "l1.w"), derive_seed(3, "l1.w"));
+    }
+}

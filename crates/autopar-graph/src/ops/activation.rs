@@ -1,0 +1,207 @@
+//! Activations and normalised exponentials.
+
+use crate::autodiff::GradCx;
+use crate::error::Result;
+use crate::ops::{same_shape_float, unary_float, Arity, InferCx, OpDef};
+use crate::types::TensorType;
+
+/// `max(x, 0)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Relu;
+
+impl OpDef for Relu {
+    fn kind(&self) -> &'static str {
+        "ReLU"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(ReluGrad, &[g.dy(), g.y()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// `dy` where the ReLU output `y` is positive, else 0. Inputs `(dy, y)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReluGrad;
+
+impl OpDef for ReluGrad {
+    fn kind(&self) -> &'static str {
+        "ReluGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        same_shape_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // Linear in dy; piecewise constant in y (zero gradient almost everywhere).
+        let d = g.op(ReluGrad, &[g.dy(), g.x(1)])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// GELU, tanh approximation (MindSpore's `GeLU`):
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gelu;
+
+impl OpDef for Gelu {
+    fn kind(&self) -> &'static str {
+        "GeLU"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(GeluGrad, &[g.dy(), g.x(0)])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// `dy * gelu'(x)`. Inputs `(dy, x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GeluGrad;
+
+impl OpDef for GeluGrad {
+    fn kind(&self) -> &'static str {
+        "GeLUGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        same_shape_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        if g.needs(1) {
+            return Err(g.not_differentiable(1));
+        }
+        let d = g.op(GeluGrad, &[g.dy(), g.x(1)])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Hyperbolic tangent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tanh;
+
+impl OpDef for Tanh {
+    fn kind(&self) -> &'static str {
+        "Tanh"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // dy (1 - y^2) = dy - dy y y
+        let (dy, y) = (g.dy(), g.y());
+        let a = g.mul(dy, y)?;
+        let b = g.mul(a, y)?;
+        let d = g.sub(dy, b)?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Logistic sigmoid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sigmoid;
+
+impl OpDef for Sigmoid {
+    fn kind(&self) -> &'static str {
+        "Sigmoid"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // dy y (1 - y) = dy (y - y y)
+        let (dy, y) = (g.dy(), g.y());
+        let yy = g.mul(y, y)?;
+        let s = g.sub(y, yy)?;
+        let d = g.mul(dy, s)?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Softmax along `axis`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Softmax {
+    pub axis: i64,
+}
+
+impl OpDef for Softmax {
+    fn kind(&self) -> &'static str {
+        "Softmax"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.axis(0, "axis", self.axis)?;
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // y (dy - sum(dy y, axis))
+        let (dy, y) = (g.dy(), g.y());
+        let shape = g.shape(y);
+        let axis = crate::types::normalize_axis(self.axis, shape.len()).expect("checked at build");
+        let p = g.mul(dy, y)?;
+        let s = g.reduce_sum(p, &[axis], true)?;
+        let diff = g.sub(dy, s)?;
+        let d = g.mul(y, diff)?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Log of softmax along `axis`, computed stably.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogSoftmax {
+    pub axis: i64,
+}
+
+impl OpDef for LogSoftmax {
+    fn kind(&self) -> &'static str {
+        "LogSoftmax"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.axis(0, "axis", self.axis)?;
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // dy - exp(y) sum(dy, axis)
+        let (dy, y) = (g.dy(), g.y());
+        let shape = g.shape(y);
+        let axis = crate::types::normalize_axis(self.axis, shape.len()).expect("checked at build");
+        let s = g.reduce_sum(dy, &[axis], true)?;
+        let e = g.op(crate::ops::Exp, &[y])?;
+        let p = g.mul(e, s)?;
+        let d = g.sub(dy, p)?;
+        g.set(0, d);
+        Ok(())
+    }
+}

@@ -1,0 +1,709 @@
+//! Neural-network ops: matrix products, bias, convolution, pooling, normalisation, dropout and
+//! the classification loss. Layouts follow MindSpore: NCHW activations, `[out, in/groups, kh, kw]`
+//! filters, `[in, out]`-free matrix products with transpose flags.
+
+use crate::autodiff::GradCx;
+use crate::error::Result;
+use crate::ops::{Arity, InferCx, OpDef};
+use crate::types::{normalize_axis, DType, Shape, TensorType};
+use crate::NodeId;
+
+fn matmul_infer(cx: &InferCx<'_>, ta: bool, tb: bool, batched: bool) -> Result<TensorType> {
+    let d = cx.float(0)?;
+    cx.same_dtype(0, 1)?;
+    let (a, b) = (cx.shape(0), cx.shape(1));
+    let expected = if batched { "rank >= 3" } else { "rank 2" };
+    let ok = |s: &Shape| if batched { s.len() >= 3 } else { s.len() == 2 };
+    if !ok(a) {
+        return Err(cx.bad_shape(0, expected));
+    }
+    if !ok(b) {
+        return Err(cx.bad_shape(1, expected));
+    }
+    if a.len() != b.len() {
+        return Err(cx.bad_shape(1, "the rank of input 0"));
+    }
+    let r = a.len();
+    for i in 0..r - 2 {
+        if a[i] != b[i] {
+            return Err(cx.dim_mismatch("batch dimensions", a[i], b[i]));
+        }
+    }
+    let (m, ka) = if ta { (a[r - 1], a[r - 2]) } else { (a[r - 2], a[r - 1]) };
+    let (kb, n) = if tb { (b[r - 1], b[r - 2]) } else { (b[r - 2], b[r - 1]) };
+    if ka != kb {
+        return Err(cx.dim_mismatch("inner dimensions", ka, kb));
+    }
+    let mut out = a[..r - 2].to_vec();
+    out.extend([m, n]);
+    Ok(TensorType::new(out, d))
+}
+
+/// Gradients of `y = op_a(a) op_b(b)` through products of the same kind.
+fn matmul_grad(g: &mut GradCx<'_>, ta: bool, tb: bool, make: fn(bool, bool) -> crate::OpKind) -> Result<()> {
+    let (a, b, dy) = (g.x(0), g.x(1), g.dy());
+    if g.needs(0) {
+        let d = match (ta, tb) {
+            (false, false) => g.op(make(false, true), &[dy, b])?,
+            (false, true) => g.op(make(false, false), &[dy, b])?,
+            (true, false) => g.op(make(false, true), &[b, dy])?,
+            (true, true) => g.op(make(true, true), &[b, dy])?,
+        };
+        g.set(0, d);
+    }
+    if g.needs(1) {
+        let d = match (ta, tb) {
+            (false, false) => g.op(make(true, false), &[a, dy])?,
+            (false, true) => g.op(make(true, false), &[dy, a])?,
+            (true, false) => g.op(make(false, false), &[a, dy])?,
+            (true, true) => g.op(make(true, true), &[dy, a])?,
+        };
+        g.set(1, d);
+    }
+    Ok(())
+}
+
+/// 2-D matrix product `op(a) op(b)`, `op` transposing when the flag is set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatMul {
+    pub transpose_a: bool,
+    pub transpose_b: bool,
+}
+
+impl OpDef for MatMul {
+    fn kind(&self) -> &'static str {
+        "MatMul"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        matmul_infer(cx, self.transpose_a, self.transpose_b, false)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        matmul_grad(g, self.transpose_a, self.transpose_b, |a, b| MatMul { transpose_a: a, transpose_b: b }.into())
+    }
+}
+
+/// Batched matrix product over equal leading dimensions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchMatMul {
+    pub transpose_a: bool,
+    pub transpose_b: bool,
+}
+
+impl OpDef for BatchMatMul {
+    fn kind(&self) -> &'static str {
+        "BatchMatMul"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        matmul_infer(cx, self.transpose_a, self.transpose_b, true)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        matmul_grad(g, self.transpose_a, self.transpose_b, |a, b| BatchMatMul { transpose_a: a, transpose_b: b }.into())
+    }
+}
+
+/// Adds a `[C]` bias along dimension 1 of `x` (`[N, C, ...]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BiasAdd;
+
+impl OpDef for BiasAdd {
+    fn kind(&self) -> &'static str {
+        "BiasAdd"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        if cx.shape(0).len() < 2 {
+            return Err(cx.bad_shape(0, "rank >= 2 (N, C, ...)"));
+        }
+        cx.rank(1, 1, "rank 1 (C)")?;
+        if cx.shape(0)[1] != cx.shape(1)[0] {
+            return Err(cx.dim_mismatch("channel dimensions", cx.shape(0)[1], cx.shape(1)[0]));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let dy = g.dy();
+        g.set(0, dy);
+        if g.needs(1) {
+            let axes: Vec<usize> = (0..g.x_shape(0).len()).filter(|&a| a != 1).collect();
+            let d = g.reduce_sum(dy, &axes, false)?;
+            g.set(1, d);
+        }
+        Ok(())
+    }
+}
+
+/// Convolution settings shared by the convolution ops (symmetric padding per spatial axis).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvAttrs {
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl Default for ConvAttrs {
+    fn default() -> Self {
+        Self { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
+    }
+}
+
+/// Output spatial size of a window op, `None` when the window does not fit.
+fn window_out(size: usize, k: usize, stride: usize, pad: usize, dilation: usize) -> Option<usize> {
+    let span = dilation * (k.max(1) - 1) + 1;
+    let padded = size + 2 * pad;
+    (stride > 0 && k > 0 && padded >= span).then(|| (padded - span) / stride + 1)
+}
+
+fn conv_out_shape(cx: &InferCx<'_>, c: &ConvAttrs, x: &Shape, w: &Shape) -> Result<Shape> {
+    if c.groups == 0 || c.stride.contains(&0) || c.dilation.contains(&0) {
+        return Err(cx.bad_attr("stride/dilation/groups", c, "stride, dilation and groups >= 1"));
+    }
+    if x[1] % c.groups != 0 || w[0] % c.groups != 0 {
+        return Err(cx.bad_attr("groups", c.groups, "a divisor of the input and output channels"));
+    }
+    if x[1] / c.groups != w[1] {
+        return Err(cx.dim_mismatch("input channels per group", x[1] / c.groups, w[1]));
+    }
+    let oh = window_out(x[2], w[2], c.stride[0], c.padding[0], c.dilation[0]);
+    let ow = window_out(x[3], w[3], c.stride[1], c.padding[1], c.dilation[1]);
+    match (oh, ow) {
+        (Some(oh), Some(ow)) => Ok(vec![x[0], w[0], oh, ow]),
+        _ => Err(cx.bad_attr("kernel", &w[2..], "a kernel that fits the padded input")),
+    }
+}
+
+/// 2-D convolution. Inputs `(x [N, Cin, H, W], w [Cout, Cin/groups, kh, kw])`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv2D {
+    pub conv: ConvAttrs,
+}
+
+impl OpDef for Conv2D {
+    fn kind(&self) -> &'static str {
+        "Conv2D"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        cx.rank(0, 4, "rank 4 (N, C, H, W)")?;
+        cx.rank(1, 4, "rank 4 (Cout, Cin/groups, kh, kw)")?;
+        Ok(TensorType::new(conv_out_shape(cx, &self.conv, cx.shape(0), cx.shape(1))?, d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let (x, w, dy) = (g.x(0), g.x(1), g.dy());
+        if g.needs(0) {
+            let d = g.op(Conv2DGradInput { conv: self.conv, input_shape: g.shape(x) }, &[dy, w])?;
+            g.set(0, d);
+        }
+        if g.needs(1) {
+            let d = g.op(Conv2DGradFilter { conv: self.conv, filter_shape: g.shape(w) }, &[dy, x])?;
+            g.set(1, d);
+        }
+        Ok(())
+    }
+}
+
+/// Gradient of a convolution's input (the transposed convolution). Inputs `(dy, w)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv2DGradInput {
+    pub conv: ConvAttrs,
+    pub input_shape: Shape,
+}
+
+impl OpDef for Conv2DGradInput {
+    fn kind(&self) -> &'static str {
+        "Conv2DBackpropInput"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        cx.rank(1, 4, "rank 4 (Cout, Cin/groups, kh, kw)")?;
+        if self.input_shape.len() != 4 {
+            return Err(cx.bad_attr("input_shape", &self.input_shape, "rank 4 (N, C, H, W)"));
+        }
+        if conv_out_shape(cx, &self.conv, &self.input_shape, cx.shape(1))? != *cx.shape(0) {
+            return Err(cx.bad_shape(0, "the convolution's output shape"));
+        }
+        Ok(TensorType::new(self.input_shape.clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // dx = T(dy, w) is bilinear: <G, T(dy, w)> = <conv(G, w), dy>.
+        let (dy, w, gg) = (g.x(0), g.x(1), g.dy());
+        if g.needs(0) {
+            let d = g.op(Conv2D { conv: self.conv }, &[gg, w])?;
+            g.set(0, d);
+        }
+        if g.needs(1) {
+            let d = g.op(Conv2DGradFilter { conv: self.conv, filter_shape: g.shape(w) }, &[dy, gg])?;
+            g.set(1, d);
+        }
+        Ok(())
+    }
+}
+
+/// Gradient of a convolution's filter. Inputs `(dy, x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Conv2DGradFilter {
+    pub conv: ConvAttrs,
+    pub filter_shape: Shape,
+}
+
+impl OpDef for Conv2DGradFilter {
+    fn kind(&self) -> &'static str {
+        "Conv2DBackpropFilter"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        cx.rank(1, 4, "rank 4 (N, C, H, W)")?;
+        if self.filter_shape.len() != 4 {
+            return Err(cx.bad_attr("filter_shape", &self.filter_shape, "rank 4 (Cout, Cin/groups, kh, kw)"));
+        }
+        if conv_out_shape(cx, &self.conv, cx.shape(1), &self.filter_shape)? != *cx.shape(0) {
+            return Err(cx.bad_shape(0, "the convolution's output shape"));
+        }
+        Ok(TensorType::new(self.filter_shape.clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // dw = F(dy, x) is bilinear: <G, F(dy, x)> = <conv(x, G), dy>.
+        let (dy, x, gg) = (g.x(0), g.x(1), g.dy());
+        if g.needs(0) {
+            let d = g.op(Conv2D { conv: self.conv }, &[x, gg])?;
+            g.set(0, d);
+        }
+        if g.needs(1) {
+            let d = g.op(Conv2DGradInput { conv: self.conv, input_shape: g.shape(x) }, &[dy, gg])?;
+            g.set(1, d);
+        }
+        Ok(())
+    }
+}
+
+/// Pooling window settings (symmetric padding; average pooling divides by the full window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolAttrs {
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+}
+
+fn pool_infer(cx: &InferCx<'_>, p: &PoolAttrs) -> Result<TensorType> {
+    let d = cx.float(0)?;
+    cx.rank(0, 4, "rank 4 (N, C, H, W)")?;
+    let x = cx.shape(0);
+    if p.padding[0] * 2 > p.kernel[0] || p.padding[1] * 2 > p.kernel[1] {
+        return Err(cx.bad_attr("padding", p.padding, "at most half the kernel"));
+    }
+    let oh = window_out(x[2], p.kernel[0], p.stride[0], p.padding[0], 1);
+    let ow = window_out(x[3], p.kernel[1], p.stride[1], p.padding[1], 1);
+    match (oh, ow) {
+        (Some(oh), Some(ow)) => Ok(TensorType::new(vec![x[0], x[1], oh, ow], d)),
+        _ => Err(cx.bad_attr("kernel/stride", p, "a window that fits the padded input and stride >= 1")),
+    }
+}
+
+/// Max pooling over NCHW.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaxPool {
+    pub pool: PoolAttrs,
+}
+
+impl OpDef for MaxPool {
+    fn kind(&self) -> &'static str {
+        "MaxPool"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        pool_infer(cx, &self.pool)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(MaxPoolGrad { pool: self.pool }, &[g.x(0), g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Routes each window's gradient to its maximum (first on ties). Inputs `(x, dy)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaxPoolGrad {
+    pub pool: PoolAttrs,
+}
+
+impl OpDef for MaxPoolGrad {
+    fn kind(&self) -> &'static str {
+        "MaxPoolGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.same_dtype(0, 1)?;
+        let y = pool_infer(cx, &self.pool)?;
+        if y.shape != *cx.shape(1) {
+            return Err(cx.bad_shape(1, "the pooled shape of input 0"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), y.dtype))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = if g.needs(0) { 0 } else { 1 };
+        Err(g.not_differentiable(i))
+    }
+}
+
+/// Average pooling over NCHW (padding counts as zeros in the average).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AvgPool {
+    pub pool: PoolAttrs,
+}
+
+impl OpDef for AvgPool {
+    fn kind(&self) -> &'static str {
+        "AvgPool"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        pool_infer(cx, &self.pool)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(AvgPoolGrad { pool: self.pool, input_shape: g.x_shape(0) }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Spreads each window's gradient evenly over it (the adjoint of [`AvgPool`]). Input `dy`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AvgPoolGrad {
+    pub pool: PoolAttrs,
+    pub input_shape: Shape,
+}
+
+impl OpDef for AvgPoolGrad {
+    fn kind(&self) -> &'static str {
+        "AvgPoolGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        let fake = [TensorType::new(self.input_shape.clone(), d)];
+        let y = pool_infer(&InferCx { kind: cx.kind, name: cx.name, inputs: &fake }, &self.pool)?;
+        if y.shape != *cx.shape(0) {
+            return Err(cx.bad_shape(0, "the pooled shape of input_shape"));
+        }
+        Ok(TensorType::new(self.input_shape.clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(AvgPool { pool: self.pool }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Mean over the spatial dimensions: `[N, C, H, W] -> [N, C]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GlobalAvgPool;
+
+impl OpDef for GlobalAvgPool {
+    fn kind(&self) -> &'static str {
+        "GlobalAvgPool"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.rank(0, 4, "rank 4 (N, C, H, W)")?;
+        let x = cx.shape(0);
+        Ok(TensorType::new(vec![x[0], x[1]], d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let x = g.x_shape(0);
+        let s = g.scale(g.dy(), 1.0 / (x[2] * x[3]).max(1) as f64)?;
+        let r = g.reshape(s, &[x[0], x[1], 1, 1])?;
+        let d = g.broadcast_to(r, &x)?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Which input a normalisation's gradient op computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormGradOf {
+    Input,
+    Gamma,
+}
+
+/// Batch normalisation over dimension 1 of `[N, C]` or `[N, C, H, W]`.
+/// Inputs `(x, gamma, beta, running_mean, running_var)`, the last four `[C]`. In training the
+/// batch statistics (biased variance) normalise and the executor updates the running statistics
+/// as MindSpore does: `running = momentum * running + (1 - momentum) * batch` (unbiased variance).
+/// In evaluation the running statistics normalise.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchNorm {
+    pub training: bool,
+    pub eps: f64,
+    pub momentum: f64,
+}
+
+fn channel_params(cx: &InferCx<'_>, from: usize, to: usize, c: usize) -> Result<()> {
+    for i in from..to {
+        cx.same_dtype(0, i)?;
+        if *cx.shape(i) != [c] {
+            return Err(cx.bad_shape(i, "[C], C the channel dimension of x"));
+        }
+    }
+    Ok(())
+}
+
+impl OpDef for BatchNorm {
+    fn kind(&self) -> &'static str {
+        "BatchNorm"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(5)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        let r = cx.shape(0).len();
+        if r != 2 && r != 4 {
+            return Err(cx.bad_shape(0, "rank 2 (N, C) or rank 4 (N, C, H, W)"));
+        }
+        channel_params(cx, 1, 5, cx.shape(0)[1])?;
+        if !(self.eps > 0.0) || !(0.0..=1.0).contains(&self.momentum) {
+            return Err(cx.bad_attr("eps/momentum", (self.eps, self.momentum), "eps > 0 and momentum in [0, 1]"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let ins = [g.dy(), g.x(0), g.x(1), g.x(3), g.x(4)];
+        for (i, which) in [(0, NormGradOf::Input), (1, NormGradOf::Gamma)] {
+            if g.needs(i) {
+                let d = g.op(BatchNormGrad { training: self.training, eps: self.eps, of: which }, &ins)?;
+                g.set(i, d);
+            }
+        }
+        if g.needs(2) {
+            let axes: Vec<usize> = (0..g.x_shape(0).len()).filter(|&a| a != 1).collect();
+            let d = g.reduce_sum(g.dy(), &axes, false)?;
+            g.set(2, d);
+        }
+        Ok(()) // running statistics are state, not differentiated
+    }
+}
+
+/// Gradient of [`BatchNorm`] with respect to `x` or `gamma`.
+/// Inputs `(dy, x, gamma, running_mean, running_var)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchNormGrad {
+    pub training: bool,
+    pub eps: f64,
+    pub of: NormGradOf,
+}
+
+impl OpDef for BatchNormGrad {
+    fn kind(&self) -> &'static str {
+        "BatchNormGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(5)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        if cx.shape(0) != cx.shape(1) {
+            return Err(cx.bad_shape(1, "the shape of dy"));
+        }
+        let r = cx.shape(1).len();
+        if r != 2 && r != 4 {
+            return Err(cx.bad_shape(1, "rank 2 (N, C) or rank 4 (N, C, H, W)"));
+        }
+        let c = cx.shape(1)[1];
+        channel_params(cx, 2, 5, c)?;
+        let shape = match self.of {
+            NormGradOf::Input => cx.shape(1).clone(),
+            NormGradOf::Gamma => vec![c],
+        };
+        Ok(TensorType::new(shape, d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = (0..5).find(|&i| g.needs(i)).unwrap_or(0);
+        Err(g.not_differentiable(i))
+    }
+}
+
+/// Layer normalisation over the dimensions from `begin_norm_axis` on; `gamma` and `beta` have
+/// the shape of those dimensions. Inputs `(x, gamma, beta)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNorm {
+    pub begin_norm_axis: i64,
+    pub eps: f64,
+}
+
+fn layer_norm_check(cx: &InferCx<'_>, axis: i64, x: usize, params: &[usize]) -> Result<usize> {
+    let a = cx.axis(x, "begin_norm_axis", axis)?;
+    let tail = &cx.shape(x)[a..];
+    for &i in params {
+        cx.same_dtype(x, i)?;
+        if cx.shape(i) != tail {
+            return Err(cx.bad_shape(i, "the normalised dimensions of x"));
+        }
+    }
+    Ok(a)
+}
+
+impl OpDef for LayerNorm {
+    fn kind(&self) -> &'static str {
+        "LayerNorm"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(3)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        layer_norm_check(cx, self.begin_norm_axis, 0, &[1, 2])?;
+        if !(self.eps > 0.0) {
+            return Err(cx.bad_attr("eps", self.eps, "eps > 0"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let ins = [g.dy(), g.x(0), g.x(1)];
+        for (i, which) in [(0, NormGradOf::Input), (1, NormGradOf::Gamma)] {
+            if g.needs(i) {
+                let d = g.op(LayerNormGrad { begin_norm_axis: self.begin_norm_axis, eps: self.eps, of: which }, &ins)?;
+                g.set(i, d);
+            }
+        }
+        if g.needs(2) {
+            let xs = g.x_shape(0);
+            let a = normalize_axis(self.begin_norm_axis, xs.len()).expect("checked at build");
+            let d = g.sum_to(g.dy(), &xs[a..])?;
+            g.set(2, d);
+        }
+        Ok(())
+    }
+}
+
+/// Gradient of [`LayerNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormGrad {
+    pub begin_norm_axis: i64,
+    pub eps: f64,
+    pub of: NormGradOf,
+}
+
+impl OpDef for LayerNormGrad {
+    fn kind(&self) -> &'static str {
+        "LayerNormGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(3)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        if cx.shape(0) != cx.shape(1) {
+            return Err(cx.bad_shape(1, "the shape of dy"));
+        }
+        layer_norm_check(cx, self.begin_norm_axis, 1, &[2])?;
+        let shape = match self.of {
+            NormGradOf::Input => cx.shape(1).clone(),
+            NormGradOf::Gamma => cx.shape(2).clone(),
+        };
+        Ok(TensorType::new(shape, d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = (0..3).find(|&i| g.needs(i)).unwrap_or(0);
+        Err(g.not_differentiable(i))
+    }
+}
+
+/// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask is a
+/// function of `seed`, the step number and the element index only, so the backward pass (the
+/// same op on `dy`) and every rank of a data-parallel job draw the same mask.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dropout {
+    pub p: f64,
+    pub seed: u64,
+}
+
+impl OpDef for Dropout {
+    fn kind(&self) -> &'static str {
+        "Dropout"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        if !(0.0..1.0).contains(&self.p) {
+            return Err(cx.bad_attr("p", self.p, "a drop probability in [0, 1)"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), cx.float(0)?))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(self.clone(), &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Mean softmax cross-entropy of `logits [N, C]` against integer `labels [N]`; a scalar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoftmaxCrossEntropy;
+
+impl OpDef for SoftmaxCrossEntropy {
+    fn kind(&self) -> &'static str {
+        "SoftmaxCrossEntropyWithLogits"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.integer(1)?;
+        cx.rank(0, 2, "rank 2 (N, C)")?;
+        cx.rank(1, 1, "rank 1 (N)")?;
+        if cx.shape(0)[0] != cx.shape(1)[0] {
+            return Err(cx.dim_mismatch("batch sizes of logits and labels", cx.shape(0)[0], cx.shape(1)[0]));
+        }
+        Ok(TensorType::new(Vec::new(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // (softmax(logits) - onehot(labels)) * dy / N
+        let (logits, labels, dy) = (g.x(0), g.x(1), g.dy());
+        let s = g.shape(logits);
+        let dtype: DType = g.dtype(logits);
+        let p = g.op(crate::ops::Softmax { axis: -1 }, &[logits])?;
+        let oh = g.op(crate::ops::OneHot { depth: s[1], on_value: 1.0, off_value: 0.0, dtype }, &[labels])?;
+        let diff = g.sub(p, oh)?;
+        let scaled = g.scale(diff, 1.0 / s[0].max(1) as f64)?;
+        let d: NodeId = g.mul(scaled, dy)?;
+        g.set(0, d);
+        Ok(())
+    }
+}

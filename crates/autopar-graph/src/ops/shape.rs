@@ -1,0 +1,373 @@
+//! Shape manipulation, broadcasting, concatenation, slicing and index ops.
+
+use crate::autodiff::GradCx;
+use crate::error::Result;
+use crate::ops::{Arity, InferCx, OpDef};
+use crate::types::{broadcast_shapes, normalize_axis, DType, Shape, TensorType};
+
+/// View with a new shape of the same size; one entry may be `-1` (inferred).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reshape {
+    pub shape: Vec<i64>,
+}
+
+impl OpDef for Reshape {
+    fn kind(&self) -> &'static str {
+        "Reshape"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let total: usize = cx.shape(0).iter().product();
+        let mut out = Vec::with_capacity(self.shape.len());
+        let mut infer_at = None;
+        for (i, &d) in self.shape.iter().enumerate() {
+            match d {
+                -1 if infer_at.is_none() => {
+                    infer_at = Some(i);
+                    out.push(1);
+                }
+                d if d >= 0 => out.push(d as usize),
+                _ => return Err(cx.bad_attr("shape", &self.shape, "sizes >= 0 and at most one -1")),
+            }
+        }
+        let known: usize = out.iter().product();
+        if let Some(i) = infer_at {
+            if known == 0 || total % known != 0 {
+                return Err(cx.bad_attr("shape", &self.shape, "a shape with as many elements as the input"));
+            }
+            out[i] = total / known;
+        } else if known != total {
+            return Err(cx.bad_attr("shape", &self.shape, "a shape with as many elements as the input"));
+        }
+        Ok(TensorType::new(out, cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.reshape(g.dy(), &g.x_shape(0))?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Permutes dimensions: output dimension `i` is input dimension `perm[i]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transpose {
+    pub perm: Vec<usize>,
+}
+
+impl OpDef for Transpose {
+    fn kind(&self) -> &'static str {
+        "Transpose"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let s = cx.shape(0);
+        let mut seen = vec![false; s.len()];
+        if self.perm.len() != s.len() || self.perm.iter().any(|&p| p >= s.len() || std::mem::replace(&mut seen[p], true)) {
+            return Err(cx.bad_attr("perm", &self.perm, "a permutation of the input's dimensions"));
+        }
+        Ok(TensorType::new(self.perm.iter().map(|&p| s[p]).collect::<Shape>(), cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let mut inv = vec![0; self.perm.len()];
+        for (i, &p) in self.perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        let d = g.op(Transpose { perm: inv }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// `[N, d1, d2, ...] -> [N, d1 * d2 * ...]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flatten;
+
+impl OpDef for Flatten {
+    fn kind(&self) -> &'static str {
+        "Flatten"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let s = cx.shape(0);
+        if s.is_empty() {
+            return Err(cx.bad_shape(0, "rank >= 1"));
+        }
+        Ok(TensorType::new(vec![s[0], s[1..].iter().product()], cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.reshape(g.dy(), &g.x_shape(0))?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Broadcasts to `shape` (NumPy rules).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BroadcastTo {
+    pub shape: Shape,
+}
+
+impl OpDef for BroadcastTo {
+    fn kind(&self) -> &'static str {
+        "BroadcastTo"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        if broadcast_shapes(cx.shape(0), &self.shape).as_ref() != Some(&self.shape) {
+            return Err(cx.bad_attr("shape", &self.shape, "a shape the input broadcasts to"));
+        }
+        Ok(TensorType::new(self.shape.clone(), cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.sum_to(g.dy(), &g.x_shape(0))?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Sums a tensor down to `shape`, a shape that broadcasts to the input's (the adjoint of
+/// [`BroadcastTo`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SumTo {
+    pub shape: Shape,
+}
+
+impl OpDef for SumTo {
+    fn kind(&self) -> &'static str {
+        "SumTo"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        if broadcast_shapes(cx.shape(0), &self.shape).as_ref() != Some(cx.shape(0)) {
+            return Err(cx.bad_attr("shape", &self.shape, "a shape that broadcasts to the input's"));
+        }
+        Ok(TensorType::new(self.shape.clone(), cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.broadcast_to(g.dy(), &g.x_shape(0))?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Concatenation along `axis`; all other dimensions must agree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Concat {
+    pub axis: i64,
+}
+
+impl OpDef for Concat {
+    fn kind(&self) -> &'static str {
+        "Concat"
+    }
+    fn arity(&self) -> Arity {
+        Arity::AtLeast(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let axis = cx.axis(0, "axis", self.axis)?;
+        let first = cx.shape(0);
+        let mut out = first.clone();
+        out[axis] = 0;
+        for i in 0..cx.inputs.len() {
+            cx.same_dtype(0, i)?;
+            let s = cx.shape(i);
+            if s.len() != first.len() {
+                return Err(cx.bad_shape(i, "the rank of input 0"));
+            }
+            for d in 0..s.len() {
+                if d != axis && s[d] != first[d] {
+                    return Err(cx.dim_mismatch("non-concatenated dimensions", first[d], s[d]));
+                }
+            }
+            out[axis] += s[axis];
+        }
+        Ok(TensorType::new(out, cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let dy = g.dy();
+        let n = g.x_shape(0).len();
+        let axis = normalize_axis(self.axis, n).expect("checked at build");
+        let mut offset = 0;
+        for i in 0..g.num_inputs() {
+            let shape = g.x_shape(i);
+            if g.needs(i) {
+                let mut begin = vec![0; n];
+                begin[axis] = offset;
+                let d = g.op(Slice { begin, size: shape.clone() }, &[dy])?;
+                g.set(i, d);
+            }
+            offset += shape[axis];
+        }
+        Ok(())
+    }
+}
+
+/// The block `begin .. begin + size`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slice {
+    pub begin: Vec<usize>,
+    pub size: Vec<usize>,
+}
+
+impl OpDef for Slice {
+    fn kind(&self) -> &'static str {
+        "Slice"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let s = cx.shape(0);
+        if self.begin.len() != s.len() || self.size.len() != s.len() {
+            return Err(cx.bad_attr("begin/size", (&self.begin, &self.size), "one begin and one size per input dimension"));
+        }
+        if (0..s.len()).any(|d| self.begin[d] + self.size[d] > s[d]) {
+            return Err(cx.bad_attr("begin/size", (&self.begin, &self.size), "a block inside the input"));
+        }
+        Ok(TensorType::new(self.size.clone(), cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let xs = g.x_shape(0);
+        let after = (0..xs.len()).map(|d| xs[d] - self.begin[d] - self.size[d]).collect();
+        let d = g.op(Pad { before: self.begin.clone(), after }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Zero padding: `before[d]` zeros before and `after[d]` after along each dimension.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pad {
+    pub before: Vec<usize>,
+    pub after: Vec<usize>,
+}
+
+impl OpDef for Pad {
+    fn kind(&self) -> &'static str {
+        "Pad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let s = cx.shape(0);
+        if self.before.len() != s.len() || self.after.len() != s.len() {
+            return Err(cx.bad_attr("before/after", (&self.before, &self.after), "one padding pair per input dimension"));
+        }
+        Ok(TensorType::new((0..s.len()).map(|d| self.before[d] + s[d] + self.after[d]).collect::<Shape>(), cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(Slice { begin: self.before.clone(), size: g.x_shape(0) }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// `params` indexed by integer `indices` along `axis` (embedding lookup with axis 0).
+/// Inputs `(params, indices)`; output `params[..axis] ++ indices.shape ++ params[axis+1..]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gather {
+    pub axis: i64,
+}
+
+impl OpDef for Gather {
+    fn kind(&self) -> &'static str {
+        "Gather"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let axis = cx.axis(0, "axis", self.axis)?;
+        cx.integer(1)?;
+        let p = cx.shape(0);
+        let mut out = p[..axis].to_vec();
+        out.extend_from_slice(cx.shape(1));
+        out.extend_from_slice(&p[axis + 1..]);
+        Ok(TensorType::new(out, cx.dtype(0)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let ps = g.x_shape(0);
+        let axis = normalize_axis(self.axis, ps.len()).expect("checked at build");
+        let d = g.op(GatherGrad { axis, dim_size: ps[axis] }, &[g.x(1), g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+}
+
+/// Scatter-add of `dy` rows into a zero tensor of the gathered parameter's shape (the adjoint of
+/// [`Gather`]; MindSpore's `UnsortedSegmentSum`). Inputs `(indices, dy)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatherGrad {
+    pub axis: usize,
+    pub dim_size: usize,
+}
+
+impl OpDef for GatherGrad {
+    fn kind(&self) -> &'static str {
+        "GatherGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.integer(0)?;
+        let (ir, dy) = (cx.shape(0).len(), cx.shape(1));
+        if dy.len() < self.axis + ir {
+            return Err(cx.bad_shape(1, "rank >= axis + rank of the indices"));
+        }
+        if dy[self.axis..self.axis + ir] != cx.shape(0)[..] {
+            return Err(cx.bad_shape(1, "the indices' shape at the gathered axis"));
+        }
+        let mut out = dy[..self.axis].to_vec();
+        out.push(self.dim_size);
+        out.extend_from_slice(&dy[self.axis + ir..]);
+        Ok(TensorType::new(out, cx.dtype(1)))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        // Linear in dy: the adjoint of a scatter-add is the gather.
+        let d = g.op(Gather { axis: self.axis as i64 }, &[g.dy(), g.x(0)])?;
+        g.set(1, d);
+        Ok(())
+    }
+}
+
+/// One-hot encoding of integer `indices` along a new last axis of size `depth`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OneHot {
+    pub depth: usize,
+    pub on_value: f64,
+    pub off_value: f64,
+    pub dtype: DType,
+}
+
+impl OpDef for OneHot {
+    fn kind(&self) -> &'static str {
+        "OneHot"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.integer(0)?;
+        if self.depth == 0 {
+            return Err(cx.bad_attr("depth", self.depth, "depth >= 1"));
+        }
+        let mut out = cx.shape(0).clone();
+        out.push(self.depth);
+        Ok(TensorType::new(out, self.dtype))
+    }
+    fn grad(&self, _: &mut GradCx<'_>) -> Result<()> {
+        Ok(()) // integer input: no gradient
+    }
+}
