@@ -200,7 +200,11 @@ impl TensorLayout {
     /// dimension outermost (MindSpore's `_get_tensor_slice_index`).
     pub fn slice_index(&self, rank: usize) -> Result<usize> {
         self.check_rank(rank)?;
-        Ok((0..self.shape.len()).fold(0, |acc, d| acc * self.split(d) + self.dim_index_unchecked(rank, d)))
+        Ok(self.slice_index_unchecked(rank))
+    }
+
+    pub(crate) fn slice_index_unchecked(&self, rank: usize) -> usize {
+        (0..self.shape.len()).fold(0, |acc, d| acc * self.split(d) + self.dim_index_unchecked(rank, d))
     }
 
     /// Ranks holding exactly the same data as `rank` (same slice, no partial sum in between),

@@ -70,10 +70,10 @@ impl Step {
         match self {
             Step::Slice { .. } | Step::MakePartial { .. } => 0,
             Step::AllGather { axis, .. } => b * (axis.size - 1),
-            Step::AllToAll { axis, .. } | Step::ReduceScatter { axis, .. } => b / axis.size * (axis.size - 1),
+            Step::AllToAll { axis, .. } | Step::ReduceScatter { axis, .. } => (b * (axis.size - 1)).div_ceil(axis.size),
             Step::AllReduce { axes } => {
                 let p: usize = axes.iter().map(|a| a.size).product();
-                2 * (b / p) * (p - 1)
+                (2 * b * (p - 1)).div_ceil(p)
             }
             Step::Permute { source } => {
                 let mut sends: HashMap<usize, usize> = HashMap::new();
@@ -327,8 +327,8 @@ fn plan_on_mesh(src: &TensorLayout, dst: &TensorLayout) -> Result<Vec<PlannedSte
                 break 'choose Step::ReduceScatter { dim: j, axis: mesh.axis(a) };
             }
             // 2. shard on one dim -> shard on another: all-to-all.
-            for i in 0..ndim {
-                if is_prefix(&st.dims[i], &ddims[i]) {
+            for (i, want) in ddims.iter().enumerate() {
+                if is_prefix(&st.dims[i], want) {
                     continue;
                 }
                 let a = *st.dims[i].last().expect("a non-prefix list is not empty");
@@ -353,12 +353,27 @@ fn plan_on_mesh(src: &TensorLayout, dst: &TensorLayout) -> Result<Vec<PlannedSte
                 st.partial.retain(|a| dpartial.contains(a));
                 break 'choose Step::AllReduce { axes: reduce.iter().map(|&a| mesh.axis(a)).collect() };
             }
-            // 5. shard -> replicate: all-gather the least significant excess axis.
-            for i in 0..ndim {
-                if !is_prefix(&st.dims[i], &ddims[i]) {
-                    let a = st.dims[i].pop().expect("a non-prefix list is not empty");
-                    break 'choose Step::AllGather { dim: i, axis: mesh.axis(a) };
-                }
+            // 5. shard -> replicate: all-gather the least significant excess axis, first those
+            //    the destination does not split by (an axis it needs elsewhere may later move
+            //    there by all-to-all instead).
+            let excess = |i: &usize| !is_prefix(&st.dims[*i], &ddims[*i]);
+            let needed_elsewhere = |i: &usize| st.dims[*i].last().is_some_and(|a| ddims.iter().any(|d| d.contains(a)));
+            // Then those whose removal lets another dimension's excess axis move in by all-to-all.
+            let unblocks = |i: &usize| {
+                let mut shorter = st.dims[*i].clone();
+                shorter.pop();
+                is_prefix(&shorter, &ddims[*i])
+                    && shorter.len() < ddims[*i].len()
+                    && (0..ndim).any(|k| k != *i && excess(&k) && st.dims[k].last() == Some(&ddims[*i][shorter.len()]))
+            };
+            let choice = (0..ndim)
+                .filter(excess)
+                .find(|i| !needed_elsewhere(i))
+                .or_else(|| (0..ndim).filter(excess).find(unblocks))
+                .or_else(|| (0..ndim).find(excess));
+            if let Some(i) = choice {
+                let a = st.dims[i].pop().expect("a non-prefix list is not empty");
+                break 'choose Step::AllGather { dim: i, axis: mesh.axis(a) };
             }
             // 6. replicate -> partial: local.
             for &a in dpartial {
@@ -380,21 +395,29 @@ fn plan_on_mesh(src: &TensorLayout, dst: &TensorLayout) -> Result<Vec<PlannedSte
 /// the replicas of that slice.
 fn permutation(src: &TensorLayout, dst: &TensorLayout) -> Option<Vec<usize>> {
     let n = src.mesh().num_devices();
-    let key = |l: &TensorLayout, r: usize| -> Vec<usize> { l.slice_of_unchecked(r).iter().map(|x| x.start).collect() };
-    let mut holders: HashMap<Vec<usize>, (Vec<usize>, usize)> = HashMap::new();
-    for r in 0..n {
-        holders.entry(key(src, r)).or_default().0.push(r);
+    if src.splits() != dst.splits() {
+        return None;
     }
+    // Equal splits: slice indices of both layouts name the same pieces.
+    let mut holders: Vec<Vec<usize>> = vec![Vec::new(); src.num_slices()];
+    let src_index: Vec<usize> = (0..n).map(|r| src.slice_index_unchecked(r)).collect();
+    for (r, &i) in src_index.iter().enumerate() {
+        holders[i].push(r);
+    }
+    let mut next = vec![0usize; holders.len()];
     let mut source = Vec::with_capacity(n);
-    for r in 0..n {
-        let k = key(dst, r);
-        if key(src, r) == k {
+    for (r, &mine) in src_index.iter().enumerate() {
+        let want = dst.slice_index_unchecked(r);
+        if mine == want {
             source.push(r);
             continue;
         }
-        let (ranks, next) = holders.get_mut(&k)?;
-        source.push(ranks[*next % ranks.len()]);
-        *next += 1;
+        let ranks = &holders[want];
+        if ranks.is_empty() {
+            return None;
+        }
+        source.push(ranks[next[want] % ranks.len()]);
+        next[want] += 1;
     }
     Some(source)
 }

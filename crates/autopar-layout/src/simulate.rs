@@ -79,7 +79,7 @@ impl<T: Element> Block<T> {
 
     /// Piece `idx` of `parts` equal pieces along `dim`.
     pub fn chunk(&self, dim: usize, parts: usize, idx: usize) -> Result<Block<T>> {
-        if dim >= self.shape.len() || parts == 0 || self.shape[dim] % parts != 0 || idx >= parts {
+        if dim >= self.shape.len() || parts == 0 || !self.shape[dim].is_multiple_of(parts) || idx >= parts {
             return Err(LayoutError::Simulation {
                 what: format!("cannot take piece {idx} of {parts} along dim {dim} of shape {:?}", self.shape),
             });

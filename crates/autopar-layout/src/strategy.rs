@@ -144,7 +144,7 @@ pub fn strategy_layouts(rule: DevMatrixRule, strategy: &Strategy, device_num: us
         DevMatrixRule::MatMul { transpose_a, transpose_b } => matmul(strategy, &text, transpose_a, transpose_b)?,
     };
     let product: usize = dev.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).unwrap_or(usize::MAX);
-    if product > device_num || device_num % product != 0 {
+    if product > device_num || !device_num.is_multiple_of(product) {
         return Err(LayoutError::StrategyNotDividing { strategy: text, product, devices: device_num });
     }
     let repeat = device_num / product;
@@ -259,10 +259,9 @@ fn squeeze(dev: &[usize]) -> (Vec<usize>, Vec<i64>) {
     let kept: Vec<usize> = dev.iter().copied().filter(|&d| d != 1).collect();
     let mut remap = vec![-1i64; n];
     let mut right = 0i64;
-    for v in 0..n {
-        let left = n - 1 - v;
-        if dev[left] != 1 {
-            remap[v] = right;
+    for (v, slot) in remap.iter_mut().enumerate() {
+        if dev[n - 1 - v] != 1 {
+            *slot = right;
             right += 1;
         }
     }
