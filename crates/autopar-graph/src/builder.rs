@@ -173,8 +173,9 @@ impl GraphBuilder {
         self.op(name, Relu, &[x])
     }
 
+    /// GELU, tanh approximation (MindSpore's default).
     pub fn gelu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
-        self.op(name, Gelu, &[x])
+        self.op(name, Gelu { approximate: true }, &[x])
     }
 
     pub fn tanh(&mut self, name: &str, x: NodeId) -> Result<NodeId> {

@@ -30,6 +30,7 @@
 
 pub mod autodiff;
 pub mod builder;
+pub mod catalog;
 pub mod error;
 pub mod graph;
 pub mod init;

@@ -48,10 +48,12 @@ impl OpDef for ReluGrad {
     }
 }
 
-/// GELU, tanh approximation (MindSpore's `GeLU`):
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+/// GELU: with `approximate` the tanh form (MindSpore's default)
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, else the exact `0.5 x (1 + erf(x / sqrt 2))`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Gelu;
+pub struct Gelu {
+    pub approximate: bool,
+}
 
 impl OpDef for Gelu {
     fn kind(&self) -> &'static str {
@@ -64,7 +66,7 @@ impl OpDef for Gelu {
         unary_float(cx)
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
-        let d = g.op(GeluGrad, &[g.dy(), g.x(0)])?;
+        let d = g.op(GeluGrad { approximate: self.approximate }, &[g.dy(), g.x(0)])?;
         g.set(0, d);
         Ok(())
     }
@@ -72,7 +74,9 @@ impl OpDef for Gelu {
 
 /// `dy * gelu'(x)`. Inputs `(dy, x)`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct GeluGrad;
+pub struct GeluGrad {
+    pub approximate: bool,
+}
 
 impl OpDef for GeluGrad {
     fn kind(&self) -> &'static str {
@@ -88,7 +92,7 @@ impl OpDef for GeluGrad {
         if g.needs(1) {
             return Err(g.not_differentiable(1));
         }
-        let d = g.op(GeluGrad, &[g.dy(), g.x(1)])?;
+        let d = g.op(GeluGrad { approximate: self.approximate }, &[g.dy(), g.x(1)])?;
         g.set(0, d);
         Ok(())
     }

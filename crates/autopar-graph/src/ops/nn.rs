@@ -142,25 +142,33 @@ impl OpDef for BiasAdd {
     }
 }
 
-/// Convolution settings shared by the convolution ops (symmetric padding per spatial axis).
+/// Convolution settings shared by the convolution ops. `padding` is `[top, bottom, left, right]`
+/// (MindSpore's `pad` list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvAttrs {
     pub stride: [usize; 2],
-    pub padding: [usize; 2],
+    pub padding: [usize; 4],
     pub dilation: [usize; 2],
     pub groups: usize,
 }
 
 impl Default for ConvAttrs {
     fn default() -> Self {
-        Self { stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: 1 }
+        Self { stride: [1, 1], padding: [0; 4], dilation: [1, 1], groups: 1 }
+    }
+}
+
+impl ConvAttrs {
+    /// Stride `stride` and padding `pad` on every side, no dilation, one group.
+    pub fn new(stride: usize, pad: usize) -> Self {
+        Self { stride: [stride, stride], padding: [pad; 4], ..Self::default() }
     }
 }
 
 /// Output spatial size of a window op, `None` when the window does not fit.
-fn window_out(size: usize, k: usize, stride: usize, pad: usize, dilation: usize) -> Option<usize> {
+fn window_out(size: usize, k: usize, stride: usize, pad: [usize; 2], dilation: usize) -> Option<usize> {
     let span = dilation * (k.max(1) - 1) + 1;
-    let padded = size + 2 * pad;
+    let padded = size + pad[0] + pad[1];
     (stride > 0 && k > 0 && padded >= span).then(|| (padded - span) / stride + 1)
 }
 
@@ -174,8 +182,8 @@ fn conv_out_shape(cx: &InferCx<'_>, c: &ConvAttrs, x: &Shape, w: &Shape) -> Resu
     if x[1] / c.groups != w[1] {
         return Err(cx.dim_mismatch("input channels per group", x[1] / c.groups, w[1]));
     }
-    let oh = window_out(x[2], w[2], c.stride[0], c.padding[0], c.dilation[0]);
-    let ow = window_out(x[3], w[3], c.stride[1], c.padding[1], c.dilation[1]);
+    let oh = window_out(x[2], w[2], c.stride[0], [c.padding[0], c.padding[1]], c.dilation[0]);
+    let ow = window_out(x[3], w[3], c.stride[1], [c.padding[2], c.padding[3]], c.dilation[1]);
     match (oh, ow) {
         (Some(oh), Some(ow)) => Ok(vec![x[0], w[0], oh, ow]),
         _ => Err(cx.bad_attr("kernel", &w[2..], "a kernel that fits the padded input")),
@@ -298,23 +306,30 @@ impl OpDef for Conv2DGradFilter {
     }
 }
 
-/// Pooling window settings (symmetric padding; average pooling divides by the full window).
+/// Pooling window settings; `padding` is `[top, bottom, left, right]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolAttrs {
     pub kernel: [usize; 2],
     pub stride: [usize; 2],
-    pub padding: [usize; 2],
+    pub padding: [usize; 4],
+}
+
+impl PoolAttrs {
+    /// A `k x k` window with stride `stride`, no padding.
+    pub fn new(k: usize, stride: usize) -> Self {
+        Self { kernel: [k, k], stride: [stride, stride], padding: [0; 4] }
+    }
 }
 
 fn pool_infer(cx: &InferCx<'_>, p: &PoolAttrs) -> Result<TensorType> {
     let d = cx.float(0)?;
     cx.rank(0, 4, "rank 4 (N, C, H, W)")?;
     let x = cx.shape(0);
-    if p.padding[0] * 2 > p.kernel[0] || p.padding[1] * 2 > p.kernel[1] {
+    if p.padding[0].max(p.padding[1]) * 2 > p.kernel[0] || p.padding[2].max(p.padding[3]) * 2 > p.kernel[1] {
         return Err(cx.bad_attr("padding", p.padding, "at most half the kernel"));
     }
-    let oh = window_out(x[2], p.kernel[0], p.stride[0], p.padding[0], 1);
-    let ow = window_out(x[3], p.kernel[1], p.stride[1], p.padding[1], 1);
+    let oh = window_out(x[2], p.kernel[0], p.stride[0], [p.padding[0], p.padding[1]], 1);
+    let ow = window_out(x[3], p.kernel[1], p.stride[1], [p.padding[2], p.padding[3]], 1);
     match (oh, ow) {
         (Some(oh), Some(ow)) => Ok(TensorType::new(vec![x[0], x[1], oh, ow], d)),
         _ => Err(cx.bad_attr("kernel/stride", p, "a window that fits the padded input and stride >= 1")),
