@@ -48,10 +48,7 @@ impl Rng {
     }
 
     pub(crate) fn keyed(stream: Stream, keys: &[u64]) -> Self {
-        let mut all = Vec::with_capacity(keys.len() + 1);
-        all.push(stream as u64);
-        all.extend_from_slice(keys);
-        Rng::new(mix(&all))
+        Rng::new(mix(&[stream as u64, mix(keys)]))
     }
 
     /// The next 64 random bits.
