@@ -1,1 +1,78 @@
-//! autopar-tensor: see DESIGN.md. This crate is built by its own issue; it is a placeholder until then.
+//! autopar-tensor: the CPU tensor type and the kernel of every op, forward and the pieces the
+//! backward rules need.
+//!
+//! # Key decisions
+//! - **One dynamically typed [`Tensor`]** over `ndarray::ArcArray<T, IxDyn>` for f32, f64, f16,
+//!   bf16, i32 and i64 ([`DType`]). Clones share storage; [`kernels::shape::slice`],
+//!   [`kernels::shape::slice_axis`], [`kernels::shape::split`], [`kernels::shape::transpose`] and
+//!   reshapes of contiguous tensors are zero-copy views (sharding cuts tensors everywhere).
+//!   Kernels accept any strides and return row-major tensors.
+//! - **Kernels are generic over [`Float`]** (f32 for training, f64 for gradient checks) and
+//!   dispatch on the runtime dtype. f16/bf16 are storage types: cast to f32 to compute
+//!   ([`Tensor::cast`]); kernels reject them with an error saying so. Labels and indices are
+//!   i32 or i64; integer add/sub/mul/div/neg also work.
+//! - **Every matrix product goes through GEMM** (`gemm` 0.19 with AVX-512 kernels), behind the
+//!   small [`Backend`] trait so a GPU backend can replace it. Transpose flags are stride swaps.
+//!   Conv2D is im2col + one GEMM per group per chunk of images.
+//! - **[`ExecCtx`] per call**: [`ExecCtx::parallel`] uses rayon for element-wise work and
+//!   reductions above a size threshold (and parallel GEMM); [`ExecCtx::serial`] keeps everything
+//!   on the calling thread (many simulated ranks share two cores). Work is split over outputs or
+//!   fixed chunks, never over a reduction in a thread-dependent way, so **serial and parallel
+//!   results are bit-identical**.
+//! - **Backward pieces are plain functions** that take what the forward saved (named in each
+//!   doc comment): e.g. [`kernels::matmul::matmul_grads`], [`kernels::conv::conv2d_backward_input`],
+//!   [`kernels::norm::batch_norm_backward`]. Broadcasting's backward is
+//!   [`kernels::elementwise::reduce_to_shape`].
+//! - **Errors, never panics, on bad input**: one [`TensorError`] enum carrying op, shapes and
+//!   values, printed with a `hint:` line.
+//! - **Randomness is counter-based** ([`random`]): dropout masks and initialisers depend only on
+//!   the seed and the element index.
+//!
+//! # Kernel index (module `kernels`)
+//! | op | forward | backward |
+//! |---|---|---|
+//! | MatMul | `matmul::matmul(a, b, ta, tb)` | `matmul::matmul_grads` (`matmul_grad_a`, `matmul_grad_b`) |
+//! | BatchMatMul | `matmul::batch_matmul` | `matmul::batch_matmul_grads` |
+//! | Add/Sub/Mul/Div | `elementwise::{add, sub, mul, div, binary}` | `elementwise::binary_grads`, `reduce_to_shape` |
+//! | BiasAdd | `elementwise::bias_add(x, b, axis)` | dx = dy, `elementwise::bias_add_grad` |
+//! | ReLU, Tanh, Sigmoid, Exp, Log, Sqrt, Neg | `elementwise::{relu, tanh, ...}` | `elementwise::{relu_backward, ...}` |
+//! | GELU | `elementwise::gelu(x, approximate)` | `elementwise::gelu_backward` |
+//! | Softmax, LogSoftmax | `reduce::{softmax, log_softmax}` | `reduce::{softmax_backward, log_softmax_backward}` (from y) |
+//! | ReduceSum/Mean/Max | `reduce::{reduce_sum, reduce_mean, reduce_max}` | `reduce::{reduce_backward, reduce_max_backward}` |
+//! | Reshape, Flatten | `shape::{reshape, reshape_to, flatten}` | `shape::reshape_to(input shape)` |
+//! | Transpose | `shape::transpose(x, perm)` | transpose by `shape::inverse_permutation` |
+//! | Slice | `shape::{slice, slice_axis, split}` (views) | `shape::slice_backward` |
+//! | Concat | `shape::concat` | `shape::concat_backward` (views) |
+//! | Gather | `shape::gather(params, idx, axis)` | `shape::gather_backward` (scatter-add) |
+//! | OneHot | `shape::one_hot` | — |
+//! | Conv2D | `conv::conv2d(x, w, params)` | `conv::conv2d_backward_input`, `conv::conv2d_backward_weight` |
+//! | BatchNorm | `norm::batch_norm_train` / `batch_norm_eval` | `norm::batch_norm_backward` / `batch_norm_eval_backward` |
+//! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |
+//! | MaxPool, AvgPool | `pool::{max_pool2d, avg_pool2d}` | `pool::{max_pool2d_backward, avg_pool2d_backward}` |
+//! | global average pool | `pool::global_avg_pool` | `pool::global_avg_pool_backward` |
+//! | Dropout | `dropout::dropout(x, p, seed)` | `dropout::dropout_backward(dy, mask)` |
+//! | SoftmaxCrossEntropy | `loss::softmax_cross_entropy_sparse` | `loss::softmax_cross_entropy_sparse_backward` |
+//!
+//! ```
+//! use autopar_tensor::{kernels::matmul::matmul, ExecCtx, Tensor};
+//! let ctx = ExecCtx::serial();
+//! let a = Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+//! let b = Tensor::from_vec(&[2, 2], vec![1.0f32, 0.0, 0.0, 1.0]).unwrap();
+//! let c = matmul(&ctx, &a, &b, false, true).unwrap();
+//! assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+//! ```
+
+pub mod backend;
+mod dtype;
+mod error;
+pub mod kernels;
+pub mod random;
+mod tensor;
+
+pub use backend::{Backend, Cpu, ExecCtx};
+pub use dtype::{DType, Element, Float, Index};
+pub use error::{Result, TensorError};
+pub use kernels::conv::Conv2dParams;
+pub use kernels::norm::{BatchNormOutput, NormSaved};
+pub use kernels::pool::Pool2dParams;
+pub use tensor::{broadcast_shapes, normalize_axis, Shape, Tensor};

@@ -1,0 +1,189 @@
+//! The execution context every kernel takes, and the backend trait behind the matrix products.
+//!
+//! [`ExecCtx`] is a small `Copy` value: whether this call may use several threads, the element
+//! count above which element-wise work and reductions go parallel, and the [`Backend`] that runs
+//! GEMMs. The simulated devices of the parallel runtime run one executor per rank on few cores,
+//! so each uses [`ExecCtx::serial`]; a single-device run uses [`ExecCtx::parallel`]. Parallel
+//! execution uses the current rayon pool (wrap a call in `ThreadPool::install` to pin a count).
+//!
+//! Every kernel gives bit-identical results serially and in parallel: work is split over output
+//! elements (or fixed-size chunks), never over a reduction in a thread-count-dependent way.
+
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+/// The compute primitives a device must provide. The CPU backend ([`Cpu`]) uses `gemm`; a GPU
+/// backend would route these to cuBLAS. Kernels reach it through [`ExecCtx::backend`].
+pub trait Backend: Send + Sync {
+    /// A short name for reports (`"cpu"`).
+    fn name(&self) -> &'static str;
+    /// `c := a*b`, or `c += a*b` when `accumulate`; any strides (transposes are stride swaps).
+    fn gemm_f32(&self, parallel: bool, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>, accumulate: bool);
+    /// As [`Backend::gemm_f32`] in f64.
+    fn gemm_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>, c: ArrayViewMut2<'_, f64>, accumulate: bool);
+}
+
+/// The CPU backend: `gemm` 0.19 (AVX-512 kernels picked at run time) with rayon parallelism.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+/// The process-wide CPU backend instance.
+pub static CPU: Cpu = Cpu;
+
+fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
+    parallel: bool,
+    a: ArrayView2<'_, T>,
+    b: ArrayView2<'_, T>,
+    mut c: ArrayViewMut2<'_, T>,
+    accumulate: bool,
+) {
+    let (m, k) = a.dim();
+    let (k2, n) = b.dim();
+    assert!(k == k2 && c.dim() == (m, n), "gemm: shapes [{m}, {k}] x [{k2}, {n}] -> {:?}", c.dim());
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(T::zero());
+        }
+        return;
+    }
+    let par = if parallel && rayon::current_num_threads() > 1 {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        gemm::Parallelism::None
+    };
+    let (ars, acs) = (a.strides()[0], a.strides()[1]);
+    let (brs, bcs) = (b.strides()[0], b.strides()[1]);
+    let (crs, ccs) = (c.strides()[0], c.strides()[1]);
+    // SAFETY: the pointers and strides come from live ndarray views whose dimensions were checked
+    // above; `c` is a unique mutable view, so the destination does not alias `a` or `b`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            ccs,
+            crs,
+            accumulate,
+            a.as_ptr(),
+            acs,
+            ars,
+            b.as_ptr(),
+            bcs,
+            brs,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+impl Backend for Cpu {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn gemm_f32(&self, parallel: bool, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>, accumulate: bool) {
+        gemm_cpu(parallel, a, b, c, accumulate)
+    }
+    fn gemm_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>, c: ArrayViewMut2<'_, f64>, accumulate: bool) {
+        gemm_cpu(parallel, a, b, c, accumulate)
+    }
+}
+
+/// Per-call execution settings. Cheap to copy; pass `&ExecCtx` to every kernel.
+#[derive(Clone, Copy)]
+pub struct ExecCtx {
+    parallel: bool,
+    min_parallel_len: usize,
+    backend: &'static dyn Backend,
+}
+
+impl std::fmt::Debug for ExecCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecCtx")
+            .field("parallel", &self.parallel)
+            .field("min_parallel_len", &self.min_parallel_len)
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
+
+impl Default for ExecCtx {
+    fn default() -> Self {
+        ExecCtx::parallel()
+    }
+}
+
+impl ExecCtx {
+    /// Element count above which element-wise work and reductions use rayon.
+    pub const DEFAULT_MIN_PARALLEL_LEN: usize = 1 << 15;
+
+    /// Multi-threaded on the current rayon pool (the default).
+    pub fn parallel() -> Self {
+        ExecCtx { parallel: true, min_parallel_len: Self::DEFAULT_MIN_PARALLEL_LEN, backend: &CPU }
+    }
+
+    /// Single-threaded: every kernel (GEMM included) runs on the calling thread.
+    pub fn serial() -> Self {
+        ExecCtx { parallel: false, ..Self::parallel() }
+    }
+
+    /// Sets the threshold (in elements) for going parallel; 0 parallelises everything.
+    pub fn with_min_parallel_len(mut self, len: usize) -> Self {
+        self.min_parallel_len = len;
+        self
+    }
+
+    /// Replaces the backend.
+    pub fn with_backend(mut self, backend: &'static dyn Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Whether this context may use several threads at all.
+    pub fn is_parallel(&self) -> bool {
+        self.parallel
+    }
+
+    /// Whether work of `len` elements should be split across threads.
+    pub fn par(&self, len: usize) -> bool {
+        self.parallel && len >= self.min_parallel_len && rayon::current_num_threads() > 1
+    }
+
+    /// The backend running matrix products.
+    pub fn backend(&self) -> &'static dyn Backend {
+        self.backend
+    }
+
+    /// `c := a*b` or `c += a*b` on this context's backend.
+    pub fn gemm<T: crate::Float>(&self, a: ArrayView2<'_, T>, b: ArrayView2<'_, T>, c: ArrayViewMut2<'_, T>, accumulate: bool) {
+        T::backend_gemm(self.backend, self.parallel, a, b, c, accumulate)
+    }
+
+    /// As [`ExecCtx::gemm`] but always on the calling thread (used inside parallel loops).
+    pub fn gemm_serial<T: crate::Float>(&self, a: ArrayView2<'_, T>, b: ArrayView2<'_, T>, c: ArrayViewMut2<'_, T>, accumulate: bool) {
+        T::backend_gemm(self.backend, false, a, b, c, accumulate)
+    }
+
+    /// Runs `f(i, chunk)` over consecutive `chunk`-sized pieces of `data`, in parallel when the
+    /// total is large. Each piece is handled by one call, so results do not depend on threading.
+    pub fn for_chunks<T: Send, F>(&self, data: &mut [T], chunk: usize, f: F)
+    where
+        F: Fn(usize, &mut [T]) + Send + Sync,
+    {
+        use rayon::prelude::*;
+        if chunk == 0 {
+            return;
+        }
+        if self.par(data.len()) && data.len() > chunk {
+            data.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        } else {
+            data.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Element-wise kernels: binary arithmetic with NumPy broadcasting (and the reduce-to-shape its
+//! backward needs), BiasAdd, and the unary activations with their derivatives.
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use super::{float_dispatch, map, map2, map3, same_dtype, same_shape};
+use crate::kernels::reduce::sum_axes;
+use crate::tensor::{broadcast_shapes, normalize_axis};
+use crate::{ExecCtx, Float, Result, Tensor, TensorError};
+
+/// The four broadcasting arithmetic ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinaryOp {
+    fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+        }
+    }
+}
+
+fn broadcast_out(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Vec<usize>> {
+    broadcast_shapes(a.shape(), b.shape()).ok_or_else(|| TensorError::IncompatibleShapes {
+        op,
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+        reason: "not broadcastable (sizes must be equal or 1, aligned from the right)",
+    })
+}
+
+/// `a (op) b` with NumPy broadcasting. Floats (f32, f64) and integers (i32, i64; division
+/// truncates toward zero and a zero divisor is an error).
+pub fn binary(ctx: &ExecCtx, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    same_dtype(name, "rhs", a, b)?;
+    let shape = broadcast_out(name, a, b)?;
+    match a.dtype() {
+        crate::DType::I32 => int_binary::<i32>(ctx, name, op, &shape, a, b),
+        crate::DType::I64 => int_binary::<i64>(ctx, name, op, &shape, a, b),
+        dt => float_dispatch!(name, dt, T => {
+            let (x, y) = (a.typed::<T>(name, "lhs")?, b.typed::<T>(name, "rhs")?);
+            let out = match op {
+                BinaryOp::Add => map2(ctx, &shape, &x, &y, |p, q| p + q),
+                BinaryOp::Sub => map2(ctx, &shape, &x, &y, |p, q| p - q),
+                BinaryOp::Mul => map2(ctx, &shape, &x, &y, |p, q| p * q),
+                BinaryOp::Div => map2(ctx, &shape, &x, &y, |p, q| p / q),
+            };
+            Ok(Tensor::from_array(out))
+        }),
+    }
+}
+
+fn int_binary<T>(_ctx: &ExecCtx, name: &'static str, op: BinaryOp, shape: &[usize], a: &Tensor, b: &Tensor) -> Result<Tensor>
+where
+    T: crate::Element + num_traits::PrimInt + num_traits::WrappingAdd + num_traits::WrappingSub + num_traits::WrappingMul,
+{
+    let x = a.typed::<T>(name, "lhs")?;
+    let y = b.typed::<T>(name, "rhs")?;
+    let (xb, yb) = (x.broadcast(IxDyn(shape)).expect("checked"), y.broadcast(IxDyn(shape)).expect("checked"));
+    if op == BinaryOp::Div {
+        if let Some(pos) = yb.iter().position(|v| v.is_zero()) {
+            return Err(TensorError::InvalidArgument {
+                op: name,
+                name: "rhs",
+                value: format!("0 at flat position {pos}"),
+                expected: "non-zero integer divisors",
+            });
+        }
+    }
+    let mut out = ArrayD::<T>::zeros(IxDyn(shape));
+    ndarray::Zip::from(&mut out).and(&xb).and(&yb).for_each(|o, &p, &q| {
+        *o = match op {
+            BinaryOp::Add => p.wrapping_add(&q),
+            BinaryOp::Sub => p.wrapping_sub(&q),
+            BinaryOp::Mul => p.wrapping_mul(&q),
+            BinaryOp::Div => p / q,
+        }
+    });
+    Ok(Tensor::from_array(out))
+}
+
+/// `a + b` with broadcasting.
+pub fn add(ctx: &ExecCtx, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(ctx, BinaryOp::Add, a, b)
+}
+/// `a - b` with broadcasting.
+pub fn sub(ctx: &ExecCtx, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(ctx, BinaryOp::Sub, a, b)
+}
+/// `a * b` with broadcasting.
+pub fn mul(ctx: &ExecCtx, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(ctx, BinaryOp::Mul, a, b)
+}
+/// `a / b` with broadcasting.
+pub fn div(ctx: &ExecCtx, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    binary(ctx, BinaryOp::Div, a, b)
+}
+
+/// Gradients of `a (op) b` w.r.t. `a` and `b`, each already reduced to its input's shape
+/// (the sum over broadcast dimensions). `dy` has the broadcast output shape.
+pub fn binary_grads(ctx: &ExecCtx, op: BinaryOp, a: &Tensor, b: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let name = op.name();
+    same_dtype(name, "rhs", a, b)?;
+    same_dtype(name, "output gradient", a, dy)?;
+    let shape = broadcast_out(name, a, b)?;
+    same_shape(name, &shape, dy.shape(), "output gradient must have the broadcast output shape")?;
+    float_dispatch!(name, a.dtype(), T => {
+        let (x, y, g) = (a.typed::<T>(name, "lhs")?, b.typed::<T>(name, "rhs")?, dy.typed::<T>(name, "output gradient")?);
+        let (ga, gb): (ArrayD<T>, ArrayD<T>) = match op {
+            BinaryOp::Add => (g.to_owned(), g.to_owned()),
+            BinaryOp::Sub => (g.to_owned(), map(ctx, &g, |v| -v)),
+            BinaryOp::Mul => (map2(ctx, &shape, &g, &y, |d, q| d * q), map2(ctx, &shape, &g, &x, |d, p| d * p)),
+            BinaryOp::Div => (
+                map2(ctx, &shape, &g, &y, |d, q| d / q),
+                map3(ctx, &shape, &g, &x, &y, |d, p, q| -d * p / (q * q)),
+            ),
+        };
+        Ok((
+            Tensor::from_array(reduce_to_shape_impl(ctx, ga.view(), a.shape())),
+            Tensor::from_array(reduce_to_shape_impl(ctx, gb.view(), b.shape())),
+        ))
+    })
+}
+
+/// Sums `grad` over the dimensions that broadcasting expanded, giving a tensor of `shape`
+/// (the backward of broadcasting from `shape` to `grad.shape()`).
+pub fn reduce_to_shape(ctx: &ExecCtx, grad: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    match broadcast_shapes(grad.shape(), shape) {
+        Some(s) if s == grad.shape() => {}
+        _ => {
+            return Err(TensorError::IncompatibleShapes {
+                op: "reduce_to_shape",
+                lhs: grad.shape().to_vec(),
+                rhs: shape.to_vec(),
+                reason: "the target shape does not broadcast to the gradient's shape",
+            })
+        }
+    }
+    float_dispatch!("reduce_to_shape", grad.dtype(), T => {
+        Ok(Tensor::from_array(reduce_to_shape_impl(ctx, grad.typed::<T>("reduce_to_shape", "gradient")?, shape)))
+    })
+}
+
+pub(crate) fn reduce_to_shape_impl<T: Float>(ctx: &ExecCtx, g: ArrayViewD<'_, T>, shape: &[usize]) -> ArrayD<T> {
+    if g.shape() == shape {
+        return g.to_owned();
+    }
+    let lead = g.ndim() - shape.len();
+    let axes: Vec<usize> = (0..g.ndim()).filter(|&i| i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)).collect();
+    let summed = sum_axes(ctx, g, &axes);
+    summed.into_shape_with_order(IxDyn(shape)).expect("same element count")
+}
+
+fn bias_view<'a, T: Float>(op: &'static str, x: &Tensor, bias: &'a Tensor, axis: isize) -> Result<(usize, ArrayViewD<'a, T>)> {
+    let ax = normalize_axis(op, axis, x.rank())?;
+    let b = bias.typed::<T>(op, "bias")?;
+    if b.ndim() != 1 || b.len() != x.shape()[ax] {
+        return Err(TensorError::BadShape {
+            op,
+            what: "bias",
+            shape: b.shape().to_vec(),
+            expected: format!("[{}] (dimension {ax} of input {:?})", x.shape()[ax], x.shape()),
+        });
+    }
+    let mut bshape = vec![1; x.rank()];
+    bshape[ax] = b.len();
+    Ok((ax, b.into_shape_with_order(IxDyn(&bshape)).expect("1-D to broadcastable")))
+}
+
+/// BiasAdd: adds the 1-D `bias` along `axis` (1 for MindSpore's NCHW and for `[N, C]`, -1 for NHWC).
+pub fn bias_add(ctx: &ExecCtx, x: &Tensor, bias: &Tensor, axis: isize) -> Result<Tensor> {
+    same_dtype("bias_add", "bias", x, bias)?;
+    float_dispatch!("bias_add", x.dtype(), T => {
+        let (_, b) = bias_view::<T>("bias_add", x, bias, axis)?;
+        let xv = x.typed::<T>("bias_add", "input")?;
+        Ok(Tensor::from_array(map2(ctx, x.shape(), &xv, &b, |p, q| p + q)))
+    })
+}
+
+/// Gradient of BiasAdd w.r.t. the bias: `dy` summed over every axis except `axis`.
+/// (The gradient w.r.t. the input is `dy` itself.)
+pub fn bias_add_grad(ctx: &ExecCtx, dy: &Tensor, axis: isize) -> Result<Tensor> {
+    let ax = normalize_axis("bias_add_grad", axis, dy.rank())?;
+    float_dispatch!("bias_add_grad", dy.dtype(), T => {
+        let g = dy.typed::<T>("bias_add_grad", "output gradient")?;
+        let axes: Vec<usize> = (0..g.ndim()).filter(|&i| i != ax).collect();
+        Ok(Tensor::from_array(sum_axes(ctx, g, &axes)))
+    })
+}
+
+/// Multiplies by a constant.
+pub fn scale(ctx: &ExecCtx, x: &Tensor, s: f64) -> Result<Tensor> {
+    float_dispatch!("scale", x.dtype(), T => {
+        let c = T::c(s);
+        Ok(Tensor::from_array(map(ctx, &x.typed::<T>("scale", "input")?, move |v| v * c)))
+    })
+}
+
+/// Adds a constant.
+pub fn add_scalar(ctx: &ExecCtx, x: &Tensor, s: f64) -> Result<Tensor> {
+    float_dispatch!("add_scalar", x.dtype(), T => {
+        let c = T::c(s);
+        Ok(Tensor::from_array(map(ctx, &x.typed::<T>("add_scalar", "input")?, move |v| v + c)))
+    })
+}
+
+/// The unary activations and math functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Relu,
+    /// GELU; `approximate` selects the tanh form (MindSpore's default) over the exact erf form.
+    Gelu {
+        approximate: bool,
+    },
+    Tanh,
+    Sigmoid,
+    Exp,
+    Log,
+    Sqrt,
+    Neg,
+}
+
+impl UnaryOp {
+    /// Kernel name.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu { .. } => "gelu",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Neg => "neg",
+        }
+    }
+
+    /// Which tensor [`unary_backward`] needs besides `dy`: the forward input or its output.
+    pub fn backward_uses(self) -> Saved {
+        match self {
+            UnaryOp::Relu | UnaryOp::Gelu { .. } | UnaryOp::Log => Saved::Input,
+            UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Exp | UnaryOp::Sqrt => Saved::Output,
+            UnaryOp::Neg => Saved::Nothing,
+        }
+    }
+}
+
+/// What a unary backward reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    Input,
+    Output,
+    Nothing,
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_C: f64 = 0.044_715;
+
+fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
+    let (s, c) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C));
+    let half = T::c(0.5);
+    let inv_sqrt2 = T::c(std::f64::consts::FRAC_1_SQRT_2);
+    move |x: T| match op {
+        UnaryOp::Relu => {
+            if x > T::zero() {
+                x
+            } else {
+                T::zero()
+            }
+        }
+        UnaryOp::Gelu { approximate: true } => half * x * (T::one() + (s * (x + c * x * x * x)).tanh()),
+        UnaryOp::Gelu { approximate: false } => half * x * (T::one() + (x * inv_sqrt2).erf()),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => T::one() / (T::one() + (-x).exp()),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Neg => -x,
+    }
+}
+
+/// `dy * f'(.)` given the saved value `v` (input or output per [`UnaryOp::backward_uses`]).
+fn unary_df<T: Float>(op: UnaryOp) -> impl Fn(T, T) -> T + Sync + Send {
+    let (s, c) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C));
+    let half = T::c(0.5);
+    let inv_sqrt2 = T::c(std::f64::consts::FRAC_1_SQRT_2);
+    let inv_sqrt_2pi = T::c(0.398_942_280_401_432_7);
+    move |v: T, d: T| match op {
+        UnaryOp::Relu => {
+            if v > T::zero() {
+                d
+            } else {
+                T::zero()
+            }
+        }
+        UnaryOp::Gelu { approximate: true } => {
+            let t = (s * (v + c * v * v * v)).tanh();
+            d * (half * (T::one() + t) + half * v * (T::one() - t * t) * s * (T::one() + T::c(3.0) * c * v * v))
+        }
+        UnaryOp::Gelu { approximate: false } => d * (half * (T::one() + (v * inv_sqrt2).erf()) + v * (-half * v * v).exp() * inv_sqrt_2pi),
+        UnaryOp::Tanh => d * (T::one() - v * v),
+        UnaryOp::Sigmoid => d * v * (T::one() - v),
+        UnaryOp::Exp => d * v,
+        UnaryOp::Log => d / v,
+        UnaryOp::Sqrt => d / (T::c(2.0) * v),
+        UnaryOp::Neg => -d,
+    }
+}
+
+/// Applies a unary op.
+pub fn unary(ctx: &ExecCtx, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+    float_dispatch!(op.name(), x.dtype(), T => {
+        Ok(Tensor::from_array(map(ctx, &x.typed::<T>(op.name(), "input")?, unary_f::<T>(op))))
+    })
+}
+
+/// Gradient of a unary op. `saved` is the forward input or output as [`UnaryOp::backward_uses`]
+/// says (ignored for Neg; pass `dy`).
+pub fn unary_backward(ctx: &ExecCtx, op: UnaryOp, saved: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let name = op.name();
+    same_dtype(name, "output gradient", saved, dy)?;
+    same_shape(name, saved.shape(), dy.shape(), "saved tensor and output gradient must have the same shape")?;
+    float_dispatch!(name, dy.dtype(), T => {
+        let (v, d) = (saved.typed::<T>(name, "saved tensor")?, dy.typed::<T>(name, "output gradient")?);
+        Ok(Tensor::from_array(map2(ctx, dy.shape(), &v, &d, unary_df::<T>(op))))
+    })
+}
+
+macro_rules! unary_fns {
+    ($($fwd:ident, $bwd:ident, $op:expr, $saved:literal;)*) => {$(
+        #[doc = concat!("Forward of ", stringify!($fwd), ".")]
+        pub fn $fwd(ctx: &ExecCtx, x: &Tensor) -> Result<Tensor> {
+            unary(ctx, $op, x)
+        }
+        #[doc = concat!("Backward of ", stringify!($fwd), ": takes the forward ", $saved, " and `dy`.")]
+        pub fn $bwd(ctx: &ExecCtx, saved: &Tensor, dy: &Tensor) -> Result<Tensor> {
+            unary_backward(ctx, $op, saved, dy)
+        }
+    )*};
+}
+
+unary_fns! {
+    relu, relu_backward, UnaryOp::Relu, "input";
+    tanh, tanh_backward, UnaryOp::Tanh, "output";
+    sigmoid, sigmoid_backward, UnaryOp::Sigmoid, "output";
+    exp, exp_backward, UnaryOp::Exp, "output";
+    log, log_backward, UnaryOp::Log, "input";
+    sqrt, sqrt_backward, UnaryOp::Sqrt, "output";
+}
+
+/// Negation (floats and integers).
+pub fn neg(ctx: &ExecCtx, x: &Tensor) -> Result<Tensor> {
+    match x.dtype() {
+        crate::DType::I32 => Ok(Tensor::from_array(x.typed::<i32>("neg", "input")?.map(|v| v.wrapping_neg()))),
+        crate::DType::I64 => Ok(Tensor::from_array(x.typed::<i64>("neg", "input")?.map(|v| v.wrapping_neg()))),
+        _ => unary(ctx, UnaryOp::Neg, x),
+    }
+}
+
+/// Backward of neg: `-dy`.
+pub fn neg_backward(ctx: &ExecCtx, dy: &Tensor) -> Result<Tensor> {
+    unary(ctx, UnaryOp::Neg, dy)
+}
+
+/// GELU forward (`approximate`: tanh form, MindSpore's default).
+pub fn gelu(ctx: &ExecCtx, x: &Tensor, approximate: bool) -> Result<Tensor> {
+    unary(ctx, UnaryOp::Gelu { approximate }, x)
+}
+
+/// GELU backward: takes the forward input and `dy`.
+pub fn gelu_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, approximate: bool) -> Result<Tensor> {
+    unary_backward(ctx, UnaryOp::Gelu { approximate }, x, dy)
+}

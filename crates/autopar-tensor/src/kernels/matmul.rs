@@ -1,0 +1,197 @@
+//! MatMul (with transpose flags) and BatchMatMul (broadcast batch dims), forward and gradients.
+//! Every product goes through the backend GEMM; transposes are stride swaps, never copies.
+
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, Axis, Ix2, IxDyn};
+use rayon::prelude::*;
+
+use super::{float_dispatch, same_dtype};
+use crate::kernels::elementwise::reduce_to_shape_impl;
+use crate::tensor::broadcast_shapes;
+use crate::{ExecCtx, Float, Result, Tensor, TensorError};
+
+fn as2<'a, T: Float>(a: ArrayViewD<'a, T>, t: bool) -> ArrayView2<'a, T> {
+    let m = a.into_dimensionality::<Ix2>().expect("rank checked");
+    if t {
+        m.reversed_axes()
+    } else {
+        m
+    }
+}
+
+fn check_rank(op: &'static str, what: &'static str, t: &Tensor, rank: usize) -> Result<()> {
+    if t.rank() != rank {
+        return Err(TensorError::BadShape { op, what, shape: t.shape().to_vec(), expected: format!("rank {rank}") });
+    }
+    Ok(())
+}
+
+/// `op(a) @ op(b)` where `op` transposes when the flag is set. `a`, `b` are 2-D.
+pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+    let op = "matmul";
+    same_dtype(op, "rhs", a, b)?;
+    check_rank(op, "lhs", a, 2)?;
+    check_rank(op, "rhs", b, 2)?;
+    float_dispatch!(op, a.dtype(), T => {
+        let x = as2(a.typed::<T>(op, "lhs")?, transpose_a);
+        let y = as2(b.typed::<T>(op, "rhs")?, transpose_b);
+        if x.ncols() != y.nrows() {
+            return Err(TensorError::IncompatibleShapes {
+                op,
+                lhs: a.shape().to_vec(),
+                rhs: b.shape().to_vec(),
+                reason: "inner dimensions differ (after the transpose flags)",
+            });
+        }
+        let mut out = ndarray::Array2::<T>::zeros((x.nrows(), y.ncols()));
+        ctx.gemm(x, y, out.view_mut(), false);
+        Ok(Tensor::from_array(out.into_dyn()))
+    })
+}
+
+/// Gradient of [`matmul`] w.r.t. `a` (same shape as `a`).
+pub fn matmul_grad_a(ctx: &ExecCtx, b: &Tensor, dy: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+    // C = op(A) op(B):  d op(A) = dC op(B)^T;  dA = (d op(A))^T if transpose_a.
+    match (transpose_a, transpose_b) {
+        (false, false) => matmul(ctx, dy, b, false, true),
+        (false, true) => matmul(ctx, dy, b, false, false),
+        (true, false) => matmul(ctx, b, dy, false, true),
+        (true, true) => matmul(ctx, b, dy, true, true),
+    }
+}
+
+/// Gradient of [`matmul`] w.r.t. `b` (same shape as `b`).
+pub fn matmul_grad_b(ctx: &ExecCtx, a: &Tensor, dy: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+    match (transpose_a, transpose_b) {
+        (false, false) => matmul(ctx, a, dy, true, false),
+        (false, true) => matmul(ctx, dy, a, true, false),
+        (true, false) => matmul(ctx, a, dy, false, false),
+        (true, true) => matmul(ctx, dy, a, true, true),
+    }
+}
+
+/// Both gradients of [`matmul`]: `(da, db)`.
+pub fn matmul_grads(ctx: &ExecCtx, a: &Tensor, b: &Tensor, dy: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<(Tensor, Tensor)> {
+    Ok((matmul_grad_a(ctx, b, dy, transpose_a, transpose_b)?, matmul_grad_b(ctx, a, dy, transpose_a, transpose_b)?))
+}
+
+fn batch_impl<T: Float>(
+    ctx: &ExecCtx,
+    x: ArrayViewD<'_, T>,
+    y: ArrayViewD<'_, T>,
+    ta: bool,
+    tb: bool,
+    shapes: (&[usize], &[usize]),
+) -> Result<ArrayD<T>> {
+    let op = "batch_matmul";
+    let (ra, rb) = (x.ndim(), y.ndim());
+    let batch = broadcast_shapes(&x.shape()[..ra - 2], &y.shape()[..rb - 2]).ok_or_else(|| TensorError::IncompatibleShapes {
+        op,
+        lhs: shapes.0.to_vec(),
+        rhs: shapes.1.to_vec(),
+        reason: "batch dimensions are not broadcastable",
+    })?;
+    let (m, k) = if ta { (x.shape()[ra - 1], x.shape()[ra - 2]) } else { (x.shape()[ra - 2], x.shape()[ra - 1]) };
+    let (k2, n) = if tb { (y.shape()[rb - 1], y.shape()[rb - 2]) } else { (y.shape()[rb - 2], y.shape()[rb - 1]) };
+    if k != k2 {
+        return Err(TensorError::IncompatibleShapes {
+            op,
+            lhs: shapes.0.to_vec(),
+            rhs: shapes.1.to_vec(),
+            reason: "inner dimensions differ",
+        });
+    }
+    let mut xs = batch.clone();
+    xs.extend_from_slice(&x.shape()[ra - 2..]);
+    let mut ys = batch.clone();
+    ys.extend_from_slice(&y.shape()[rb - 2..]);
+    let xb = x.broadcast(IxDyn(&xs)).expect("checked");
+    let yb = y.broadcast(IxDyn(&ys)).expect("checked");
+    let nb: usize = batch.iter().product();
+    let mut out_shape = batch.clone();
+    out_shape.extend_from_slice(&[m, n]);
+    let mut out = ArrayD::<T>::zeros(IxDyn(&out_shape));
+    let bdims = batch.len();
+    fn sub<'v, T: Float>(v: &ArrayViewD<'v, T>, batch: &[usize], mut i: usize) -> ArrayViewD<'v, T> {
+        let bdims = batch.len();
+        let mut s = v.clone();
+        for d in (0..bdims).rev() {
+            let size = batch[d];
+            s.collapse_axis(Axis(d), i % size);
+            i /= size;
+        }
+        s
+    }
+    let work: Vec<(ArrayViewD<'_, T>, ArrayViewD<'_, T>)> = (0..nb).map(|i| (sub(&xb, &batch, i), sub(&yb, &batch, i))).collect();
+    let mut flat = out.view_mut().into_shape_with_order(IxDyn(&[nb, m, n])).expect("fresh array");
+    let one = |(pa, pb): &(ArrayViewD<'_, T>, ArrayViewD<'_, T>), mut o: ndarray::ArrayViewMut2<'_, T>, serial: bool| {
+        let a2 = squeeze2(pa.clone(), bdims, ta);
+        let b2 = squeeze2(pb.clone(), bdims, tb);
+        if serial {
+            ctx.gemm_serial(a2, b2, o.view_mut(), false)
+        } else {
+            ctx.gemm(a2, b2, o.view_mut(), false)
+        }
+    };
+    if nb > 1 && ctx.is_parallel() && rayon::current_num_threads() > 1 {
+        flat.axis_iter_mut(Axis(0)).into_par_iter().zip(work.par_iter()).for_each(|(o, w)| {
+            one(w, o.into_dimensionality::<Ix2>().expect("2-D"), true);
+        });
+    } else {
+        for (o, w) in flat.axis_iter_mut(Axis(0)).zip(work.iter()) {
+            one(w, o.into_dimensionality::<Ix2>().expect("2-D"), nb > 1);
+        }
+    }
+    Ok(out)
+}
+
+fn squeeze2<T: Float>(v: ArrayViewD<'_, T>, bdims: usize, t: bool) -> ArrayView2<'_, T> {
+    let mut v = v;
+    for _ in 0..bdims {
+        v = v.index_axis_move(Axis(0), 0);
+    }
+    as2(v, t)
+}
+
+/// BatchMatMul: `op(a) @ op(b)` over the trailing two dims, batch dims broadcast (NumPy rules).
+pub fn batch_matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
+    let op = "batch_matmul";
+    same_dtype(op, "rhs", a, b)?;
+    for (what, t) in [("lhs", a), ("rhs", b)] {
+        if t.rank() < 2 {
+            return Err(TensorError::BadShape { op, what, shape: t.shape().to_vec(), expected: "rank >= 2".into() });
+        }
+    }
+    float_dispatch!(op, a.dtype(), T => {
+        let out = batch_impl(ctx, a.typed::<T>(op, "lhs")?, b.typed::<T>(op, "rhs")?, transpose_a, transpose_b, (a.shape(), b.shape()))?;
+        Ok(Tensor::from_array(out))
+    })
+}
+
+/// Both gradients of [`batch_matmul`], reduced over broadcast batch dims to the inputs' shapes.
+pub fn batch_matmul_grads(
+    ctx: &ExecCtx,
+    a: &Tensor,
+    b: &Tensor,
+    dy: &Tensor,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Result<(Tensor, Tensor)> {
+    let op = "batch_matmul";
+    same_dtype(op, "rhs", a, b)?;
+    same_dtype(op, "output gradient", a, dy)?;
+    let expected = batch_matmul(ctx, &a.clone(), b, transpose_a, transpose_b).map(|t| t.shape().to_vec())?;
+    super::same_shape(op, &expected, dy.shape(), "output gradient must have the output's shape")?;
+    float_dispatch!(op, a.dtype(), T => {
+        let (x, y, g) = (a.typed::<T>(op, "lhs")?, b.typed::<T>(op, "rhs")?, dy.typed::<T>(op, "output gradient")?);
+        let (ga, gb) = match (transpose_a, transpose_b) {
+            (false, false) => (batch_impl(ctx, g.clone(), y, false, true, (dy.shape(), b.shape()))?, batch_impl(ctx, x, g, true, false, (a.shape(), dy.shape()))?),
+            (false, true) => (batch_impl(ctx, g.clone(), y, false, false, (dy.shape(), b.shape()))?, batch_impl(ctx, g, x, true, false, (dy.shape(), a.shape()))?),
+            (true, false) => (batch_impl(ctx, y, g.clone(), false, true, (b.shape(), dy.shape()))?, batch_impl(ctx, x, g, false, false, (a.shape(), dy.shape()))?),
+            (true, true) => (batch_impl(ctx, y, g.clone(), true, true, (b.shape(), dy.shape()))?, batch_impl(ctx, g, x, true, true, (dy.shape(), a.shape()))?),
+        };
+        Ok((
+            Tensor::from_array(reduce_to_shape_impl(ctx, ga.view(), a.shape())),
+            Tensor::from_array(reduce_to_shape_impl(ctx, gb.view(), b.shape())),
+        ))
+    })
+}

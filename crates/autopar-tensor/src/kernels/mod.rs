@@ -1,0 +1,111 @@
+//! The kernels, one file per op family. Each public function takes `&ExecCtx` and `&Tensor`s and
+//! returns fresh tensors (or zero-copy views where noted). Backward pieces are separate functions
+//! named `<op>_backward*` / `<op>_grads`, taking exactly what the forward saved.
+
+pub mod conv;
+pub mod dropout;
+pub mod elementwise;
+pub mod loss;
+pub mod matmul;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+pub mod shape;
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};
+
+use crate::{ExecCtx, Float};
+
+/// Runs `$body` with `$T` bound to f32 or f64 according to `$dtype`; other dtypes are an error.
+macro_rules! float_dispatch {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                #[allow(unused_imports)]
+                use num_traits::{Float as _, One as _, Zero as _};
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                #[allow(unused_imports)]
+                use num_traits::{Float as _, One as _, Zero as _};
+                $body
+            }
+            d => Err($crate::TensorError::UnsupportedDType { op: $op, dtype: d, expected: "f32 or f64" }),
+        }
+    };
+}
+pub(crate) use float_dispatch;
+
+/// `f` over every element into a fresh row-major array.
+pub(crate) fn map<T: Float, F>(ctx: &ExecCtx, x: &ArrayViewD<'_, T>, f: F) -> ArrayD<T>
+where
+    F: Fn(T) -> T + Sync + Send,
+{
+    let mut out = ArrayD::<T>::zeros(x.raw_dim());
+    let z = Zip::from(&mut out).and(x);
+    if ctx.par(x.len()) {
+        z.par_for_each(|o, &a| *o = f(a));
+    } else {
+        z.for_each(|o, &a| *o = f(a));
+    }
+    out
+}
+
+/// `f(a, b)` element-wise with both inputs broadcast to `shape`.
+pub(crate) fn map2<T: Float, F>(ctx: &ExecCtx, shape: &[usize], a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: F) -> ArrayD<T>
+where
+    F: Fn(T, T) -> T + Sync + Send,
+{
+    let mut out = ArrayD::<T>::zeros(IxDyn(shape));
+    let z = Zip::from(&mut out).and_broadcast(a).and_broadcast(b);
+    if ctx.par(out_len(shape)) {
+        z.par_for_each(|o, &x, &y| *o = f(x, y));
+    } else {
+        z.for_each(|o, &x, &y| *o = f(x, y));
+    }
+    out
+}
+
+/// `f(a, b, c)` element-wise over three same-shaped (or broadcastable) inputs.
+pub(crate) fn map3<T: Float, F>(
+    ctx: &ExecCtx,
+    shape: &[usize],
+    a: &ArrayViewD<'_, T>,
+    b: &ArrayViewD<'_, T>,
+    c: &ArrayViewD<'_, T>,
+    f: F,
+) -> ArrayD<T>
+where
+    F: Fn(T, T, T) -> T + Sync + Send,
+{
+    let mut out = ArrayD::<T>::zeros(IxDyn(shape));
+    let z = Zip::from(&mut out).and_broadcast(a).and_broadcast(b).and_broadcast(c);
+    if ctx.par(out_len(shape)) {
+        z.par_for_each(|o, &x, &y, &w| *o = f(x, y, w));
+    } else {
+        z.for_each(|o, &x, &y, &w| *o = f(x, y, w));
+    }
+    out
+}
+
+pub(crate) fn out_len(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Checks that two tensors have the same shape.
+pub(crate) fn same_shape(op: &'static str, a: &[usize], b: &[usize], reason: &'static str) -> crate::Result<()> {
+    if a != b {
+        return Err(crate::TensorError::IncompatibleShapes { op, lhs: a.to_vec(), rhs: b.to_vec(), reason });
+    }
+    Ok(())
+}
+
+/// Checks that two tensors have the same dtype.
+pub(crate) fn same_dtype(op: &'static str, what: &'static str, a: &crate::Tensor, b: &crate::Tensor) -> crate::Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(crate::TensorError::DTypeMismatch { op, what, expected: a.dtype(), got: b.dtype() });
+    }
+    Ok(())
+}

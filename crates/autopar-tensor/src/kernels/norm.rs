@@ -1,0 +1,359 @@
+//! BatchNorm (train and eval, running statistics) and LayerNorm, forward and backward.
+//!
+//! BatchNorm normalises over every axis except 1 (`[N, C]`, `[N, C, L]`, `[N, C, H, W]`).
+//! Running statistics follow MindSpore's momentum convention:
+//! `running = momentum * running + (1 - momentum) * batch` (default momentum 0.9), with the
+//! unbiased batch variance (`M / (M - 1)`) in the running variance as MindSpore's GPU/Ascend
+//! kernels (and cuDNN) do; normalisation itself uses the biased variance.
+
+use ndarray::{ArrayD, IxDyn};
+
+use super::{float_dispatch, same_dtype};
+use crate::kernels::reduce::sum_axes;
+use crate::tensor::normalize_axis;
+use crate::{ExecCtx, Float, Result, Tensor, TensorError};
+
+/// What normalisation's backward needs from its forward: per-group mean and 1/sqrt(var + eps).
+#[derive(Debug, Clone)]
+pub struct NormSaved {
+    pub mean: Tensor,
+    pub inv_std: Tensor,
+}
+
+/// Result of [`batch_norm_train`].
+#[derive(Debug, Clone)]
+pub struct BatchNormOutput {
+    /// Normalised, scaled and shifted output.
+    pub y: Tensor,
+    /// Batch mean and inverse std, for [`batch_norm_backward`].
+    pub saved: NormSaved,
+    /// Updated running mean.
+    pub running_mean: Tensor,
+    /// Updated running variance.
+    pub running_var: Tensor,
+}
+
+fn bn_geo(op: &'static str, x: &Tensor, params: &[(&'static str, &Tensor)]) -> Result<(usize, usize, usize)> {
+    if x.rank() < 2 {
+        return Err(TensorError::BadShape { op, what: "input", shape: x.shape().to_vec(), expected: "rank >= 2 [N, C, ...]".into() });
+    }
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let s: usize = x.shape()[2..].iter().product();
+    for (what, t) in params {
+        same_dtype(op, what, x, t)?;
+        if t.shape() != [c] {
+            return Err(TensorError::BadShape {
+                op,
+                what,
+                shape: t.shape().to_vec(),
+                expected: format!("[{c}] (channels of input {:?})", x.shape()),
+            });
+        }
+    }
+    Ok((n, c, s))
+}
+
+fn vec_of<T: Float>(t: &Tensor) -> Vec<T> {
+    t.to_vec::<T>().expect("dtype checked")
+}
+
+/// Per-channel (sum, sum of squared deviations from the mean) over [N, C, S] data, in a fixed order.
+fn channel_stats<T: Float>(ctx: &ExecCtx, x: &[T], n: usize, c: usize, s: usize) -> (Vec<T>, Vec<T>) {
+    let m = T::c((n * s) as f64);
+    let mut mean = vec![T::zero(); c];
+    let mut var = vec![T::zero(); c];
+    let work = ctx.par(x.len());
+    let stat = |ch: usize| {
+        let mut sum = T::zero();
+        for b in 0..n {
+            sum += x[(b * c + ch) * s..][..s].iter().fold(T::zero(), |a, &v| a + v);
+        }
+        let mu = sum / m;
+        let mut sq = T::zero();
+        for b in 0..n {
+            sq += x[(b * c + ch) * s..][..s].iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu));
+        }
+        (mu, sq / m)
+    };
+    let stats: Vec<(T, T)> = if work {
+        use rayon::prelude::*;
+        (0..c).into_par_iter().map(stat).collect()
+    } else {
+        (0..c).map(stat).collect()
+    };
+    for (ch, (mu, v)) in stats.into_iter().enumerate() {
+        mean[ch] = mu;
+        var[ch] = v;
+    }
+    (mean, var)
+}
+
+/// y = (x - mean[c]) * scale[c] + shift[c] over [N, C, S] data.
+fn affine<T: Float>(ctx: &ExecCtx, x: &[T], c: usize, s: usize, mean: &[T], scale: &[T], shift: &[T]) -> Vec<T> {
+    let mut y = vec![T::zero(); x.len()];
+    ctx.for_chunks(&mut y, s.max(1), |p, out| {
+        let ch = p % c;
+        let src = &x[p * s..][..s];
+        for (o, &v) in out.iter_mut().zip(src) {
+            *o = (v - mean[ch]) * scale[ch] + shift[ch];
+        }
+    });
+    y
+}
+
+/// BatchNorm in training mode: normalises with the batch statistics and updates the running ones.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_train(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    momentum: f64,
+    eps: f64,
+) -> Result<BatchNormOutput> {
+    let op = "batch_norm";
+    let (n, c, s) = bn_geo(op, x, &[("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)])?;
+    if n * s == 0 {
+        return Err(TensorError::BadShape {
+            op,
+            what: "input",
+            shape: x.shape().to_vec(),
+            expected: "at least one element per channel".into(),
+        });
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, var) = channel_stats(ctx, xs, n, c, s);
+        let e = T::c(eps);
+        let inv_std: Vec<T> = var.iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        let g = vec_of::<T>(gamma);
+        let scale: Vec<T> = inv_std.iter().zip(&g).map(|(&i, &gg)| i * gg).collect();
+        let y = affine(ctx, xs, c, s, &mean, &scale, &vec_of::<T>(beta));
+        let mo = T::c(momentum);
+        let unbias = if n * s > 1 { T::c((n * s) as f64 / (n * s - 1) as f64) } else { T::one() };
+        let rm: Vec<T> = vec_of::<T>(running_mean).iter().zip(&mean).map(|(&r, &b)| mo * r + (T::one() - mo) * b).collect();
+        let rv: Vec<T> = vec_of::<T>(running_var).iter().zip(&var).map(|(&r, &b)| mo * r + (T::one() - mo) * b * unbias).collect();
+        Ok(BatchNormOutput {
+            y: Tensor::from_vec(x.shape(), y)?,
+            saved: NormSaved { mean: Tensor::from_vec(&[c], mean)?, inv_std: Tensor::from_vec(&[c], inv_std)? },
+            running_mean: Tensor::from_vec(&[c], rm)?,
+            running_var: Tensor::from_vec(&[c], rv)?,
+        })
+    })
+}
+
+/// BatchNorm in inference mode: normalises with the running statistics.
+pub fn batch_norm_eval(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let op = "batch_norm";
+    let (_, c, s) = bn_geo(op, x, &[("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)])?;
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let e = T::c(eps);
+        let scale: Vec<T> = vec_of::<T>(running_var).iter().zip(vec_of::<T>(gamma)).map(|(&v, g)| g / (v + e).sqrt()).collect();
+        let y = affine(ctx, xs, c, s, &vec_of::<T>(running_mean), &scale, &vec_of::<T>(beta));
+        Tensor::from_vec(x.shape(), y)
+    })
+}
+
+/// Backward of [`batch_norm_train`]: `(dx, dgamma, dbeta)`.
+pub fn batch_norm_backward(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    bn_backward(ctx, x, gamma, saved, dy, true)
+}
+
+/// Backward of [`batch_norm_eval`] (statistics are constants): `(dx, dgamma, dbeta)`. `saved`
+/// holds the running mean and `1/sqrt(running_var + eps)`.
+pub fn batch_norm_eval_backward(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    bn_backward(ctx, x, gamma, saved, dy, false)
+}
+
+fn bn_backward(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved, dy: &Tensor, train: bool) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "batch_norm_backward";
+    let (n, c, s) = bn_geo(op, x, &[("gamma", gamma), ("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)])?;
+    same_dtype(op, "output gradient", x, dy)?;
+    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    float_dispatch!(op, x.dtype(), T => {
+        let (xc, dc) = (x.contiguous(), dy.contiguous());
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
+        let sums = |ch: usize| {
+            let (mut sd, mut sdx) = (T::zero(), T::zero());
+            for b in 0..n {
+                let base = (b * c + ch) * s;
+                for (&xv, &dv) in xs[base..base + s].iter().zip(&ds[base..base + s]) {
+                    sd += dv;
+                    sdx += dv * (xv - mean[ch]) * inv[ch];
+                }
+            }
+            (sd, sdx)
+        };
+        let per: Vec<(T, T)> = if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            (0..c).into_par_iter().map(sums).collect()
+        } else {
+            (0..c).map(sums).collect()
+        };
+        let dbeta: Vec<T> = per.iter().map(|p| p.0).collect();
+        let dgamma: Vec<T> = per.iter().map(|p| p.1).collect();
+        let m = T::c((n * s) as f64);
+        let mut dx = vec![T::zero(); xs.len()];
+        ctx.for_chunks(&mut dx, s.max(1), |p, out| {
+            let ch = p % c;
+            let k = g[ch] * inv[ch];
+            let (src, d) = (&xs[p * s..][..s], &ds[p * s..][..s]);
+            for ((o, &xv), &dv) in out.iter_mut().zip(src).zip(d) {
+                *o = if train {
+                    let xh = (xv - mean[ch]) * inv[ch];
+                    k * (dv - dbeta[ch] / m - xh * dgamma[ch] / m)
+                } else {
+                    k * dv
+                };
+            }
+        });
+        Ok((Tensor::from_vec(x.shape(), dx)?, Tensor::from_vec(&[c], dgamma)?, Tensor::from_vec(&[c], dbeta)?))
+    })
+}
+
+fn ln_geo(op: &'static str, x: &Tensor, axis: isize, params: &[(&'static str, &Tensor)]) -> Result<(usize, usize, usize)> {
+    let ax = normalize_axis(op, axis, x.rank())?;
+    let rows: usize = x.shape()[..ax].iter().product();
+    let d: usize = x.shape()[ax..].iter().product();
+    for (what, t) in params {
+        same_dtype(op, what, x, t)?;
+        if t.shape() != &x.shape()[ax..] {
+            return Err(TensorError::BadShape {
+                op,
+                what,
+                shape: t.shape().to_vec(),
+                expected: format!("{:?} (input dims from axis {ax})", &x.shape()[ax..]),
+            });
+        }
+    }
+    Ok((ax, rows, d))
+}
+
+/// LayerNorm over the dims from `begin_norm_axis` on; `gamma`, `beta` have those dims' shape.
+/// Returns `y` and the per-row statistics (shape `x.shape[..axis]`).
+pub fn layer_norm(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    begin_norm_axis: isize,
+    eps: f64,
+) -> Result<(Tensor, NormSaved)> {
+    let op = "layer_norm";
+    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma), ("beta", beta)])?;
+    if d == 0 {
+        return Err(TensorError::BadShape { op, what: "input", shape: x.shape().to_vec(), expected: "non-empty normalised dims".into() });
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let (g, b) = (vec_of::<T>(gamma), vec_of::<T>(beta));
+        let (e, dn) = (T::c(eps), T::c(d as f64));
+        let mut stats = vec![(T::zero(), T::zero()); rows];
+        let mut y = vec![T::zero(); xs.len()];
+        let row = |r: usize, out: &mut [T]| {
+            let src = &xs[r * d..][..d];
+            let mu = src.iter().fold(T::zero(), |a, &v| a + v) / dn;
+            let var = src.iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu)) / dn;
+            let inv = T::one() / (var + e).sqrt();
+            for (i, (o, &v)) in out.iter_mut().zip(src).enumerate() {
+                *o = (v - mu) * inv * g[i] + b[i];
+            }
+            (mu, inv)
+        };
+        if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            y.par_chunks_mut(d).zip(stats.par_iter_mut()).enumerate().for_each(|(r, (o, st))| *st = row(r, o));
+        } else {
+            y.chunks_mut(d).zip(stats.iter_mut()).enumerate().for_each(|(r, (o, st))| *st = row(r, o));
+        }
+        let sshape = &x.shape()[..ax];
+        Ok((
+            Tensor::from_vec(x.shape(), y)?,
+            NormSaved {
+                mean: Tensor::from_vec(sshape, stats.iter().map(|s| s.0).collect())?,
+                inv_std: Tensor::from_vec(sshape, stats.iter().map(|s| s.1).collect())?,
+            },
+        ))
+    })
+}
+
+/// Backward of [`layer_norm`]: `(dx, dgamma, dbeta)`.
+pub fn layer_norm_backward(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "layer_norm_backward";
+    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
+    same_dtype(op, "output gradient", x, dy)?;
+    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    for (what, t) in [("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)] {
+        if t.shape() != &x.shape()[..ax] {
+            return Err(TensorError::BadShape { op, what, shape: t.shape().to_vec(), expected: format!("{:?}", &x.shape()[..ax]) });
+        }
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let (xc, dc) = (x.contiguous(), dy.contiguous());
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
+        let dn = T::c(d as f64);
+        let mut dx = vec![T::zero(); xs.len()];
+        let mut dyxh = vec![T::zero(); xs.len()];
+        let row = |r: usize, out: &mut [T], pg: &mut [T]| {
+            let (src, dr) = (&xs[r * d..][..d], &ds[r * d..][..d]);
+            let (mut s1, mut s2) = (T::zero(), T::zero());
+            for i in 0..d {
+                let xh = (src[i] - mean[r]) * inv[r];
+                let dxh = dr[i] * g[i];
+                s1 += dxh;
+                s2 += dxh * xh;
+                pg[i] = dr[i] * xh;
+            }
+            for i in 0..d {
+                let xh = (src[i] - mean[r]) * inv[r];
+                out[i] = inv[r] / dn * (dn * dr[i] * g[i] - s1 - xh * s2);
+            }
+        };
+        if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            dx.par_chunks_mut(d).zip(dyxh.par_chunks_mut(d)).enumerate().for_each(|(r, (o, p))| row(r, o, p));
+        } else {
+            dx.chunks_mut(d).zip(dyxh.chunks_mut(d)).enumerate().for_each(|(r, (o, p))| row(r, o, p));
+        }
+        let pg = ArrayD::from_shape_vec(IxDyn(&[rows, d]), dyxh).expect("count");
+        let dgamma = sum_axes(ctx, pg.view(), &[0]);
+        let dbeta = sum_axes(ctx, ArrayD::from_shape_vec(IxDyn(&[rows, d]), ds.to_vec()).expect("count").view(), &[0]);
+        let pshape = &x.shape()[ax..];
+        Ok((
+            Tensor::from_vec(x.shape(), dx)?,
+            Tensor::from_vec(pshape, dgamma.into_raw_vec_and_offset().0)?,
+            Tensor::from_vec(pshape, dbeta.into_raw_vec_and_offset().0)?,
+        ))
+    })
+}

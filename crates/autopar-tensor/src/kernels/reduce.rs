@@ -1,0 +1,325 @@
+//! Reductions over axes (sum, mean, max) and their backward, softmax and log-softmax.
+//!
+//! A reduction permutes the kept axes in front of the reduced ones and reduces each row of the
+//! resulting matrix on one thread in a fixed order, so serial and parallel results are equal.
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use super::{float_dispatch, same_dtype};
+use crate::tensor::normalize_axis;
+use crate::{ExecCtx, Float, Result, Tensor, TensorError};
+
+/// Which reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+impl ReduceOp {
+    fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Mean => "reduce_mean",
+            ReduceOp::Max => "reduce_max",
+        }
+    }
+}
+
+/// Normalises `axes` (negative allowed); an empty list means every axis (MindSpore's `axis=()`).
+pub fn normalize_axes(op: &'static str, axes: &[isize], rank: usize) -> Result<Vec<usize>> {
+    if axes.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = normalize_axis(op, a, rank)?;
+        if out.contains(&n) {
+            return Err(TensorError::InvalidArgument { op, name: "axes", value: format!("{axes:?}"), expected: "distinct axes" });
+        }
+        out.push(n);
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Output shape of a reduction.
+pub fn reduced_shape(shape: &[usize], axes: &[usize], keep_dims: bool) -> Vec<usize> {
+    let mut out = Vec::with_capacity(shape.len());
+    for (i, &d) in shape.iter().enumerate() {
+        if axes.contains(&i) {
+            if keep_dims {
+                out.push(1);
+            }
+        } else {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Reduces rows of the kept-then-reduced layout with `f(row) -> value`; output has the kept dims.
+pub(crate) fn reduce_rows<T: Float, F>(ctx: &ExecCtx, x: ArrayViewD<'_, T>, axes: &[usize], f: F) -> ArrayD<T>
+where
+    F: Fn(&[T]) -> T + Sync + Send,
+{
+    let kept: Vec<usize> = (0..x.ndim()).filter(|i| !axes.contains(i)).collect();
+    let out_shape: Vec<usize> = kept.iter().map(|&i| x.shape()[i]).collect();
+    let inner: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let mut perm = kept.clone();
+    perm.extend_from_slice(axes);
+    let xp = x.permuted_axes(IxDyn(&perm));
+    let xs = xp.as_standard_layout();
+    let data = xs.as_slice().expect("standard layout");
+    let rows: usize = out_shape.iter().product();
+    let mut out = vec![T::zero(); rows];
+    if inner == 0 {
+        out.iter_mut().for_each(|o| *o = f(&[]));
+    } else {
+        let per_row = |i: usize, o: &mut [T]| o[0] = f(&data[i * inner..(i + 1) * inner]);
+        if ctx.par(rows * inner) && rows > 1 {
+            use rayon::prelude::*;
+            out.par_chunks_mut(1).enumerate().for_each(|(i, o)| per_row(i, o));
+        } else {
+            out.chunks_mut(1).enumerate().for_each(|(i, o)| per_row(i, o));
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&out_shape), out).expect("rows")
+}
+
+/// Sum over `axes` (sorted, distinct), dropping them.
+pub(crate) fn sum_axes<T: Float>(ctx: &ExecCtx, x: ArrayViewD<'_, T>, axes: &[usize]) -> ArrayD<T> {
+    reduce_rows(ctx, x, axes, |r| r.iter().fold(T::zero(), |a, &b| a + b))
+}
+
+fn reduce_impl<T: Float>(ctx: &ExecCtx, op: ReduceOp, x: ArrayViewD<'_, T>, axes: &[usize]) -> ArrayD<T> {
+    match op {
+        ReduceOp::Sum => sum_axes(ctx, x, axes),
+        ReduceOp::Mean => {
+            let n: usize = axes.iter().map(|&a| x.shape()[a]).product();
+            let inv = T::c(1.0 / n as f64);
+            reduce_rows(ctx, x, axes, move |r| r.iter().fold(T::zero(), |a, &b| a + b) * inv)
+        }
+        ReduceOp::Max => reduce_rows(ctx, x, axes, |r| r.iter().fold(T::neg_infinity(), |a, &b| if b > a || b.is_nan() { b } else { a })),
+    }
+}
+
+/// ReduceSum / ReduceMean / ReduceMax over `axes` (empty = all), keeping reduced dims as 1 if
+/// `keep_dims`. Max of an empty set is an error.
+pub fn reduce(ctx: &ExecCtx, op: ReduceOp, x: &Tensor, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+    let name = op.name();
+    let ax = normalize_axes(name, axes, x.rank())?;
+    if op != ReduceOp::Sum && ax.iter().any(|&a| x.shape()[a] == 0) {
+        return Err(TensorError::BadShape {
+            op: name,
+            what: "input",
+            shape: x.shape().to_vec(),
+            expected: "non-empty reduced axes".into(),
+        });
+    }
+    let out_shape = reduced_shape(x.shape(), &ax, keep_dims);
+    float_dispatch!(name, x.dtype(), T => {
+        let r = reduce_impl(ctx, op, x.typed::<T>(name, "input")?, &ax);
+        Ok(Tensor::from_array(r.into_shape_with_order(IxDyn(&out_shape)).expect("same count")))
+    })
+}
+
+/// ReduceSum.
+pub fn reduce_sum(ctx: &ExecCtx, x: &Tensor, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+    reduce(ctx, ReduceOp::Sum, x, axes, keep_dims)
+}
+/// ReduceMean.
+pub fn reduce_mean(ctx: &ExecCtx, x: &Tensor, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+    reduce(ctx, ReduceOp::Mean, x, axes, keep_dims)
+}
+/// ReduceMax.
+pub fn reduce_max(ctx: &ExecCtx, x: &Tensor, axes: &[isize], keep_dims: bool) -> Result<Tensor> {
+    reduce(ctx, ReduceOp::Max, x, axes, keep_dims)
+}
+
+/// Reshapes a reduction's gradient to the kept-dims shape so that it broadcasts to the input.
+fn dy_keepdims<'a, T: Float>(name: &'static str, dy: &'a Tensor, in_shape: &[usize], ax: &[usize]) -> Result<ArrayViewD<'a, T>> {
+    let kd = reduced_shape(in_shape, ax, true);
+    let g = dy.typed::<T>(name, "output gradient")?;
+    let count: usize = kd.iter().product();
+    if g.len() != count || (g.shape() != kd.as_slice() && g.shape() != reduced_shape(in_shape, ax, false).as_slice()) {
+        return Err(TensorError::BadShape {
+            op: name,
+            what: "output gradient",
+            shape: g.shape().to_vec(),
+            expected: format!("{:?} or {:?}", reduced_shape(in_shape, ax, false), kd),
+        });
+    }
+    let g = if g.is_standard_layout() { g } else { return Err(non_contig(name)) };
+    Ok(g.into_shape_with_order(IxDyn(&kd)).expect("same count"))
+}
+
+fn non_contig(name: &'static str) -> TensorError {
+    TensorError::InvalidArgument {
+        op: name,
+        name: "dy",
+        value: "a strided view".into(),
+        expected: "a contiguous tensor (call Tensor::contiguous)",
+    }
+}
+
+/// Backward of ReduceSum / ReduceMean: broadcasts `dy` back to `input_shape` (divided by the
+/// reduced count for Mean). `dy` may have kept or dropped dims.
+pub fn reduce_backward(ctx: &ExecCtx, op: ReduceOp, dy: &Tensor, input_shape: &[usize], axes: &[isize]) -> Result<Tensor> {
+    let name = op.name();
+    if op == ReduceOp::Max {
+        return Err(TensorError::InvalidArgument {
+            op: name,
+            name: "op",
+            value: "Max".into(),
+            expected: "Sum or Mean (use reduce_max_backward)",
+        });
+    }
+    let ax = normalize_axes(name, axes, input_shape.len())?;
+    let dyc = dy.contiguous();
+    float_dispatch!(name, dy.dtype(), T => {
+        let g = dy_keepdims::<T>(name, &dyc, input_shape, &ax)?;
+        let n: usize = ax.iter().map(|&a| input_shape[a]).product();
+        let s = if op == ReduceOp::Mean { T::c(1.0 / n.max(1) as f64) } else { T::one() };
+        let one = ArrayD::<T>::zeros(IxDyn(&[]));
+        Ok(Tensor::from_array(super::map2(ctx, input_shape, &g, &one.view(), move |d, _| d * s)))
+    })
+}
+
+/// Backward of ReduceMax: `dy` goes to the first position holding the maximum of each reduced
+/// group (ties: first in row-major order), zero elsewhere.
+pub fn reduce_max_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, axes: &[isize]) -> Result<Tensor> {
+    let name = "reduce_max";
+    same_dtype(name, "output gradient", x, dy)?;
+    let ax = normalize_axes(name, axes, x.rank())?;
+    let dyc = dy.contiguous();
+    float_dispatch!(name, x.dtype(), T => {
+        let g = dy_keepdims::<T>(name, &dyc, x.shape(), &ax)?;
+        let xv = x.typed::<T>(name, "input")?;
+        let kept: Vec<usize> = (0..xv.ndim()).filter(|i| !ax.contains(i)).collect();
+        let mut perm = kept.clone();
+        perm.extend_from_slice(&ax);
+        let xs = xv.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned();
+        let data = xs.as_slice().expect("standard");
+        let inner: usize = ax.iter().map(|&a| x.shape()[a]).product();
+        let gs = g.as_standard_layout();
+        let gd = gs.as_slice().expect("standard");
+        let mut out = vec![T::zero(); data.len()];
+        ctx.for_chunks(&mut out, inner.max(1), |i, row| {
+            let xr = &data[i * inner..(i + 1) * inner];
+            let mut best = 0;
+            for (j, &v) in xr.iter().enumerate() {
+                if v > xr[best] || (v.is_nan() && !xr[best].is_nan()) {
+                    best = j;
+                }
+            }
+            row[best] = gd[i];
+        });
+        // Undo the permutation.
+        let permuted_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+        let arr = ArrayD::from_shape_vec(IxDyn(&permuted_shape), out).expect("count");
+        let mut inv = vec![0; perm.len()];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        Ok(Tensor::from_array(arr.permuted_axes(IxDyn(&inv)).as_standard_layout().into_owned()))
+    })
+}
+
+/// Moves `axis` last, runs `f(in_row, out_row)` per row, moves it back.
+fn along_axis<T: Float, F>(ctx: &ExecCtx, x: ArrayViewD<'_, T>, y: Option<ArrayViewD<'_, T>>, axis: usize, f: F) -> ArrayD<T>
+where
+    F: Fn(&[T], Option<&[T]>, &mut [T]) + Sync + Send,
+{
+    let n = x.ndim();
+    let len = x.shape()[axis];
+    let mut perm: Vec<usize> = (0..n).filter(|&i| i != axis).collect();
+    perm.push(axis);
+    let xs = x.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned();
+    let ys = y.map(|y| y.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned());
+    let xd = xs.as_slice().expect("standard");
+    let yd = ys.as_ref().map(|a| a.as_slice().expect("standard"));
+    let mut out = vec![T::zero(); xd.len()];
+    ctx.for_chunks(&mut out, len.max(1), |i, o| {
+        let r = i * len..(i + 1) * len;
+        f(&xd[r.clone()], yd.map(|y| &y[r]), o)
+    });
+    let arr = ArrayD::from_shape_vec(xs.raw_dim(), out).expect("count");
+    let mut inv = vec![0; n];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    if axis == n - 1 {
+        arr
+    } else {
+        arr.permuted_axes(IxDyn(&inv)).as_standard_layout().into_owned()
+    }
+}
+
+fn softmax_row<T: Float>(x: &[T], o: &mut [T], log: bool) {
+    let m = x.iter().fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
+    let mut s = T::zero();
+    for (oi, &xi) in o.iter_mut().zip(x) {
+        *oi = (xi - m).exp();
+        s += *oi;
+    }
+    if log {
+        let ls = s.ln();
+        for (oi, &xi) in o.iter_mut().zip(x) {
+            *oi = xi - m - ls;
+        }
+    } else {
+        let inv = T::one() / s;
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Softmax along `axis` (max-subtracted).
+pub fn softmax(ctx: &ExecCtx, x: &Tensor, axis: isize) -> Result<Tensor> {
+    let ax = normalize_axis("softmax", axis, x.rank())?;
+    float_dispatch!("softmax", x.dtype(), T => {
+        Ok(Tensor::from_array(along_axis(ctx, x.typed::<T>("softmax", "input")?, None, ax, |r, _, o| softmax_row(r, o, false))))
+    })
+}
+
+/// LogSoftmax along `axis`.
+pub fn log_softmax(ctx: &ExecCtx, x: &Tensor, axis: isize) -> Result<Tensor> {
+    let ax = normalize_axis("log_softmax", axis, x.rank())?;
+    float_dispatch!("log_softmax", x.dtype(), T => {
+        Ok(Tensor::from_array(along_axis(ctx, x.typed::<T>("log_softmax", "input")?, None, ax, |r, _, o| softmax_row(r, o, true))))
+    })
+}
+
+/// Softmax backward from the forward output `y`: `dx = y * (dy - sum(dy * y, axis))`.
+pub fn softmax_backward(ctx: &ExecCtx, y: &Tensor, dy: &Tensor, axis: isize) -> Result<Tensor> {
+    softmax_like_backward(ctx, "softmax", y, dy, axis, false)
+}
+
+/// LogSoftmax backward from the forward output `y`: `dx = dy - exp(y) * sum(dy, axis)`.
+pub fn log_softmax_backward(ctx: &ExecCtx, y: &Tensor, dy: &Tensor, axis: isize) -> Result<Tensor> {
+    softmax_like_backward(ctx, "log_softmax", y, dy, axis, true)
+}
+
+fn softmax_like_backward(ctx: &ExecCtx, name: &'static str, y: &Tensor, dy: &Tensor, axis: isize, log: bool) -> Result<Tensor> {
+    same_dtype(name, "output gradient", y, dy)?;
+    super::same_shape(name, y.shape(), dy.shape(), "output and output gradient must have the same shape")?;
+    let ax = normalize_axis(name, axis, y.rank())?;
+    float_dispatch!(name, y.dtype(), T => {
+        let (yv, gv) = (y.typed::<T>(name, "output")?, dy.typed::<T>(name, "output gradient")?);
+        Ok(Tensor::from_array(along_axis(ctx, gv, Some(yv), ax, move |g, yr, o| {
+            let yr = yr.expect("output given");
+            if log {
+                let s = g.iter().fold(T::zero(), |a, &b| a + b);
+                for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(yr) {
+                    *oi = gi - yi.exp() * s;
+                }
+            } else {
+                let s = g.iter().zip(yr).fold(T::zero(), |a, (&gi, &yi)| a + gi * yi);
+                for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(yr) {
+                    *oi = yi * (gi - s);
+                }
+            }
+        })))
+    })
+}
