@@ -1,0 +1,173 @@
+//! The [`Communicator`] trait: the only way autopar's ranks talk to each other.
+
+use crate::dtype::{Buf, BufMut, ReduceOp};
+use crate::error::{CommError, GroupProblem, Result, MAX_TAG};
+
+/// A group of ranks and the collectives they run together.
+///
+/// Object safe: the runtime holds a `Box<dyn Communicator>` (or `&dyn Communicator`) and never
+/// knows whether the ranks are threads ([`crate::LocalComm`]) or processes
+/// ([`crate::MpiComm`]). Buffers are type-tagged ([`Buf`], [`BufMut`]); `(&mut v).into()`
+/// turns a `Vec`/slice of f16, bf16, f32, f64, i32 or i64 into one.
+///
+/// Every rank of the group must call the same collectives in the same order with matching
+/// arguments (element type, lengths, operation, root); backends report a disagreement as an
+/// error where they can see it. Ranks are numbered within the group, `0..size()`.
+pub trait Communicator: Send {
+    /// This rank within the group.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// The global (world) rank of each member of this group, indexed by group rank.
+    fn world_ranks(&self) -> &[usize];
+    /// Short backend name for logs (`local`, `mpi`).
+    fn backend(&self) -> &'static str;
+
+    /// Reduce `buf` over all ranks, in place; every rank gets the result.
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
+    /// Concatenate every rank's `send` in rank order into `recv` (`size()` times as long).
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
+    /// Reduce `send` (`size()` equal blocks) over all ranks; rank r keeps block r in `recv`.
+    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()>;
+    /// Copy `buf` of rank `root` into `buf` of every rank.
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()>;
+    /// Block j of `send` goes to rank j; block i of `recv` comes from rank i (`size()` equal
+    /// blocks each; both buffers have the same length).
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
+    /// Send `buf` to rank `dest` with `tag` (0..=32767).
+    fn send(&self, buf: Buf<'_>, dest: usize, tag: u32) -> Result<()>;
+    /// Receive the next message from rank `src` with `tag` into `buf` (same type and length).
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()>;
+    /// Wait until every rank has arrived.
+    fn barrier(&self) -> Result<()>;
+    /// Collective over this group: every rank passes the same list of disjoint groups (lists
+    /// of ranks of this group, e.g. from `DeviceMatrix::groups_along`); each rank gets the
+    /// sub-communicator of the group holding it, ranked in list order, or `None` when no group
+    /// lists it.
+    fn split(&self, groups: &[Vec<usize>]) -> Result<Option<Box<dyn Communicator>>>;
+}
+
+impl std::fmt::Debug for dyn Communicator + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} communicator: rank {} of {} (world ranks {:?})", self.backend(), self.rank(), self.size(), self.world_ranks())
+    }
+}
+
+/// The arguments a collective checks on its own rank before it talks to anyone.
+pub(crate) struct Check<'a> {
+    pub op: &'static str,
+    pub rank: usize,
+    pub size: usize,
+    pub _world: &'a [usize],
+}
+
+impl Check<'_> {
+    pub fn same_dtype(&self, send: &Buf<'_>, recv: &BufMut<'_>) -> Result<()> {
+        if send.dtype() != recv.dtype() {
+            return Err(CommError::DTypeMismatch { op: self.op, rank: self.rank, send: send.dtype(), recv: recv.dtype() });
+        }
+        Ok(())
+    }
+
+    pub fn len(&self, what: &'static str, got: usize, expected: usize, hint: &'static str) -> Result<()> {
+        if got != expected {
+            return Err(CommError::BufferSize { op: self.op, rank: self.rank, what, got, expected, hint });
+        }
+        Ok(())
+    }
+
+    pub fn divisible(&self, what: &'static str, len: usize) -> Result<()> {
+        if len.checked_rem(self.size) != Some(0) {
+            let expected = len.div_ceil(self.size) * self.size;
+            return Err(CommError::BufferSize {
+                op: self.op,
+                rank: self.rank,
+                what,
+                got: len,
+                expected,
+                hint: "the buffer is split into one equal block per rank; its length must be a multiple of the group size",
+            });
+        }
+        Ok(())
+    }
+
+    pub fn peer(&self, what: &'static str, peer: usize) -> Result<()> {
+        if peer >= self.size {
+            return Err(CommError::RankOutOfRange { op: self.op, rank: self.rank, what, peer, size: self.size });
+        }
+        Ok(())
+    }
+
+    pub fn p2p(&self, peer: usize, own_rank: usize, tag: u32) -> Result<()> {
+        self.peer(if self.op == "send" { "destination" } else { "source" }, peer)?;
+        if peer == own_rank {
+            return Err(CommError::SelfMessage { op: self.op, rank: self.rank });
+        }
+        if tag > MAX_TAG {
+            return Err(CommError::TagOutOfRange { op: self.op, rank: self.rank, tag, max: MAX_TAG });
+        }
+        Ok(())
+    }
+}
+
+/// Check a list of groups against a parent of `size` ranks; returns, for each parent rank,
+/// its (group index, position) if listed.
+pub(crate) fn validate_groups(groups: &[Vec<usize>], size: usize, world_rank: usize) -> Result<Vec<Option<(usize, usize)>>> {
+    let mut placed = vec![None; size];
+    for (index, g) in groups.iter().enumerate() {
+        if g.is_empty() {
+            return Err(CommError::InvalidGroups { rank: world_rank, problem: GroupProblem::Empty { index } });
+        }
+        for (pos, &member) in g.iter().enumerate() {
+            if member >= size {
+                return Err(CommError::InvalidGroups { rank: world_rank, problem: GroupProblem::OutOfRange { index, member, size } });
+            }
+            if placed[member].is_some() {
+                return Err(CommError::InvalidGroups { rank: world_rank, problem: GroupProblem::Duplicate { member } });
+            }
+            placed[member] = Some((index, pos));
+        }
+    }
+    Ok(placed)
+}
+
+/// A stable 64-bit fingerprint of a list of groups (FNV-1a), so ranks can check they agree.
+pub(crate) fn groups_hash(groups: &[Vec<usize>]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(groups.len() as u64);
+    for g in groups {
+        eat(g.len() as u64);
+        for &r in g {
+            eat(r as u64);
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_must_be_disjoint_non_empty_and_in_range() {
+        assert!(validate_groups(&[vec![0, 2], vec![1, 3]], 4, 0).is_ok());
+        let e = validate_groups(&[vec![0, 1], vec![1]], 4, 0).unwrap_err();
+        assert!(e.to_string().contains("rank 1 appears more than once"), "{e}");
+        let e = validate_groups(&[vec![0, 4]], 4, 2).unwrap_err();
+        assert!(e.to_string().contains("names rank 4, but the parent group has 4 ranks"), "{e}");
+        assert!(validate_groups(&[vec![]], 4, 0).is_err());
+    }
+
+    #[test]
+    fn different_group_lists_have_different_fingerprints() {
+        assert_ne!(groups_hash(&[vec![0, 1], vec![2, 3]]), groups_hash(&[vec![0, 2], vec![1, 3]]));
+        assert_ne!(groups_hash(&[vec![0, 1]]), groups_hash(&[vec![0], vec![1]]));
+        assert_eq!(groups_hash(&[vec![0, 1]]), groups_hash(&[vec![0, 1]]));
+    }
+}

@@ -1,0 +1,457 @@
+//! [`MpiComm`]: one rank per process over MPI (OpenMPI 4.1 through the `mpi` crate).
+//!
+//! * Rank and size come from MPI; sub-groups are `MPI_Comm_split` of the parent (color = index
+//!   of the group, key = position in it). Ranks first check with one small all-reduce that they
+//!   all passed the same group lists.
+//! * Collectives call MPI directly on the caller's buffers: all-reduce is in place
+//!   (`MPI_IN_PLACE`, exported by a small C shim because its value differs between MPI
+//!   implementations), so it costs what a raw `MPI_Allreduce` costs. f16 and bf16 move as 16-bit
+//!   words; they are reduced by widening to f32, reducing in f32 and rounding once, as
+//!   [`crate::LocalComm`] does.
+//! * Failures end the job: MPI's default error handler aborts on any MPI error (with MPI's
+//!   message), and [`MpiComm::run`] turns an error or panic of the rank's work into
+//!   `autopar[rank]: message` on stderr and `MPI_Abort`, which stops every process of the job.
+//! * MPI is initialized requesting `MPI_THREAD_MULTIPLE`, so communicators may be used from any
+//!   thread (one call at a time per communicator: `MpiComm` is `Send`, not `Sync`).
+
+use std::fmt;
+use std::os::raw::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::Communicator as _;
+
+use crate::comm::{groups_hash, validate_groups, Check, Communicator};
+use crate::dtype::{Buf, BufMut, DType, Element, ReduceOp};
+use crate::error::{CommError, Result};
+
+extern "C" {
+    fn autopar_mpi_in_place() -> *mut c_void;
+}
+
+struct Env {
+    _universe: mpi::environment::Universe,
+    threading: mpi::Threading,
+}
+
+/// One rank of an MPI job (or of a sub-group of it).
+pub struct MpiComm {
+    // Field order matters: the communicator is freed before the environment is finalized.
+    comm: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    world_ranks: Vec<usize>,
+    env: Arc<Env>,
+}
+
+// SAFETY: MPI is initialized with MPI_THREAD_MULTIPLE (see `threading`); an MpiComm is used by
+// one thread at a time (it is not Sync).
+unsafe impl Send for MpiComm {}
+
+impl fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiComm").field("rank", &self.rank).field("size", &self.size).field("world_ranks", &self.world_ranks).finish()
+    }
+}
+
+fn mpi_err(what: impl Into<String>) -> CommError {
+    CommError::Mpi { what: what.into(), hint: "run under mpirun (or autopar launch) with OpenMPI installed" }
+}
+
+fn datatype(d: DType) -> ffi::MPI_Datatype {
+    // SAFETY: reading MPI's predefined handles exported by the mpi-sys shim.
+    unsafe {
+        match d {
+            DType::F16 | DType::BF16 => ffi::RSMPI_UINT16_T,
+            DType::F32 => ffi::RSMPI_FLOAT,
+            DType::F64 => ffi::RSMPI_DOUBLE,
+            DType::I32 => ffi::RSMPI_INT32_T,
+            DType::I64 => ffi::RSMPI_INT64_T,
+        }
+    }
+}
+
+fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: predefined handles.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => ffi::RSMPI_SUM,
+            ReduceOp::Prod => ffi::RSMPI_PROD,
+            ReduceOp::Max => ffi::RSMPI_MAX,
+            ReduceOp::Min => ffi::RSMPI_MIN,
+        }
+    }
+}
+
+fn divide<T: Element>(s: &mut [T], n: usize) {
+    for x in s {
+        *x = T::narrow(T::div(x.widen(), n));
+    }
+}
+
+fn divide_buf(buf: &mut BufMut<'_>, n: usize) {
+    match buf {
+        BufMut::F16(s) => divide(s, n),
+        BufMut::BF16(s) => divide(s, n),
+        BufMut::F32(s) => divide(s, n),
+        BufMut::F64(s) => divide(s, n),
+        BufMut::I32(s) => divide(s, n),
+        BufMut::I64(s) => divide(s, n),
+    }
+}
+
+fn widen16(buf: &Buf<'_>) -> Vec<f32> {
+    match buf {
+        Buf::F16(s) => s.iter().map(|x| x.to_f32()).collect(),
+        Buf::BF16(s) => s.iter().map(|x| x.to_f32()).collect(),
+        _ => unreachable!("widen16 is called for 16-bit floats only"),
+    }
+}
+
+fn narrow16(src: &[f32], dst: &mut BufMut<'_>) {
+    match dst {
+        BufMut::F16(d) => d.iter_mut().zip(src).for_each(|(o, &x)| *o = f16::from_f32(x)),
+        BufMut::BF16(d) => d.iter_mut().zip(src).for_each(|(o, &x)| *o = bf16::from_f32(x)),
+        _ => unreachable!("narrow16 is called for 16-bit floats only"),
+    }
+}
+
+fn is16(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".to_string()
+    }
+}
+
+/// Print `autopar[rank]: message` and end the whole MPI job.
+pub fn abort_job(world_rank: usize, message: &str) -> ! {
+    use std::io::Write as _;
+    let mut lines = message.lines();
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "autopar[{world_rank}]: {}", lines.next().unwrap_or("failed"));
+    for l in lines {
+        let l = l.trim_start();
+        let _ = if l.starts_with("hint:") { writeln!(err, "{l}") } else { writeln!(err, "  {l}") };
+    }
+    let _ = err.flush();
+    drop(err);
+    // SAFETY: MPI is initialized (an MpiComm existed); MPI_Abort does not return in OpenMPI.
+    unsafe {
+        ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+    }
+    std::process::abort()
+}
+
+impl MpiComm {
+    /// Initialize MPI and return the world communicator. Once per process.
+    pub fn init() -> Result<MpiComm> {
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| mpi_err("MPI is already initialized in this process (MpiComm::init may be called once)"))?;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Ok(MpiComm { comm: world, rank, size, world_ranks: (0..size).collect(), env: Arc::new(Env { _universe: universe, threading }) })
+    }
+
+    /// Initialize MPI, run `f` on this process's rank and return its result. When `f` returns
+    /// an error or panics, print `autopar[rank]: message` and abort the whole job (every rank
+    /// exits non-zero; nobody waits forever on the failed rank).
+    pub fn run<R, E, F>(f: F) -> Result<R>
+    where
+        E: fmt::Display,
+        F: FnOnce(MpiComm) -> std::result::Result<R, E>,
+    {
+        let comm = Self::init()?;
+        let world_rank = comm.world_ranks[comm.rank];
+        let env = comm.env.clone();
+        let out = catch_unwind(AssertUnwindSafe(|| f(comm)));
+        match out {
+            Ok(Ok(v)) => {
+                drop(env);
+                Ok(v)
+            }
+            Ok(Err(e)) => abort_job(world_rank, &format!("{e:#}")),
+            Err(p) => abort_job(world_rank, &panic_message(p.as_ref())),
+        }
+    }
+
+    /// End the whole job with this rank's message.
+    pub fn abort(&self, message: &str) -> ! {
+        abort_job(self.world_ranks[self.rank], message)
+    }
+
+    /// The thread support level MPI granted.
+    pub fn threading(&self) -> mpi::Threading {
+        self.env.threading
+    }
+
+    /// The underlying rsmpi communicator, for code that needs MPI directly (benchmarks).
+    pub fn raw(&self) -> &SimpleCommunicator {
+        &self.comm
+    }
+
+    fn world_rank(&self) -> usize {
+        self.world_ranks[self.rank]
+    }
+
+    fn check(&self, op: &'static str) -> Check<'_> {
+        Check { op, rank: self.world_rank(), size: self.size, _world: &self.world_ranks }
+    }
+
+    fn count(&self, op: &'static str, len: usize) -> Result<c_int> {
+        c_int::try_from(len).map_err(|_| CommError::TooLarge { op, rank: self.world_rank(), len, max: c_int::MAX as usize })
+    }
+
+    fn rc(&self, op: &'static str, rc: c_int) -> Result<()> {
+        if rc != 0 {
+            return Err(mpi_err(format!("{op} on rank {} returned MPI error code {rc}", self.world_rank())));
+        }
+        Ok(())
+    }
+
+    fn all_reduce_f32(&self, v: &mut [f32], op: ReduceOp) -> Result<()> {
+        let count = self.count("all_reduce", v.len())?;
+        // SAFETY: `v` is valid for `count` f32; in-place all-reduce.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                autopar_mpi_in_place(),
+                v.as_mut_ptr() as *mut c_void,
+                count,
+                ffi::RSMPI_FLOAT,
+                mpi_op(op),
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("all_reduce", rc)
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn world_ranks(&self) -> &[usize] {
+        &self.world_ranks
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let dtype = buf.dtype();
+        if is16(dtype) {
+            let mut wide = widen16(&buf.as_buf());
+            self.all_reduce_f32(&mut wide, op)?;
+            if op == ReduceOp::Mean {
+                divide(&mut wide, self.size);
+            }
+            narrow16(&wide, &mut buf);
+            return Ok(());
+        }
+        let count = self.count("all_reduce", buf.len())?;
+        // SAFETY: `buf` is valid for `count` elements of `dtype`; in-place all-reduce.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                autopar_mpi_in_place(),
+                buf.as_mut_ptr() as *mut c_void,
+                count,
+                datatype(dtype),
+                mpi_op(op),
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("all_reduce", rc)?;
+        if op == ReduceOp::Mean {
+            divide_buf(&mut buf, self.size);
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let c = self.check("all_gather");
+        c.same_dtype(&send, &recv)?;
+        c.len(
+            "receive buffer",
+            recv.len(),
+            send.len() * self.size,
+            "all_gather receives one send buffer from each rank: recv = send x group size",
+        )?;
+        self.count("all_gather", recv.len())?;
+        let count = self.count("all_gather", send.len())?;
+        let dt = datatype(send.dtype());
+        // SAFETY: lengths checked above.
+        let rc = unsafe {
+            ffi::MPI_Allgather(send.as_ptr() as *const c_void, count, dt, recv.as_mut_ptr() as *mut c_void, count, dt, self.comm.as_raw())
+        };
+        self.rc("all_gather", rc)
+    }
+
+    fn reduce_scatter(&self, send: Buf<'_>, mut recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let c = self.check("reduce_scatter");
+        c.same_dtype(&send, &recv)?;
+        c.len("send buffer", send.len(), recv.len() * self.size, "reduce_scatter sends one block per rank: send = recv x group size")?;
+        self.count("reduce_scatter", send.len())?;
+        let count = self.count("reduce_scatter", recv.len())?;
+        let dtype = send.dtype();
+        if is16(dtype) {
+            let wide_send = widen16(&send);
+            let mut wide_recv = vec![0f32; recv.len()];
+            // SAFETY: lengths checked above.
+            let rc = unsafe {
+                ffi::MPI_Reduce_scatter_block(
+                    wide_send.as_ptr() as *const c_void,
+                    wide_recv.as_mut_ptr() as *mut c_void,
+                    count,
+                    ffi::RSMPI_FLOAT,
+                    mpi_op(op),
+                    self.comm.as_raw(),
+                )
+            };
+            self.rc("reduce_scatter", rc)?;
+            if op == ReduceOp::Mean {
+                divide(&mut wide_recv, self.size);
+            }
+            narrow16(&wide_recv, &mut recv);
+            return Ok(());
+        }
+        // SAFETY: lengths checked above.
+        let rc = unsafe {
+            ffi::MPI_Reduce_scatter_block(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                count,
+                datatype(dtype),
+                mpi_op(op),
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("reduce_scatter", rc)?;
+        if op == ReduceOp::Mean {
+            divide_buf(&mut recv, self.size);
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, mut buf: BufMut<'_>, root: usize) -> Result<()> {
+        self.check("broadcast").peer("root", root)?;
+        let count = self.count("broadcast", buf.len())?;
+        // SAFETY: `buf` valid for `count` elements.
+        let rc =
+            unsafe { ffi::MPI_Bcast(buf.as_mut_ptr() as *mut c_void, count, datatype(buf.dtype()), root as c_int, self.comm.as_raw()) };
+        self.rc("broadcast", rc)
+    }
+
+    fn all_to_all(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
+        let c = self.check("all_to_all");
+        c.same_dtype(&send, &recv)?;
+        c.len("receive buffer", recv.len(), send.len(), "all_to_all exchanges equal blocks: send and recv have the same length")?;
+        c.divisible("send buffer", send.len())?;
+        self.count("all_to_all", send.len())?;
+        let block = (send.len() / self.size) as c_int;
+        let dt = datatype(send.dtype());
+        // SAFETY: lengths checked above.
+        let rc = unsafe {
+            ffi::MPI_Alltoall(send.as_ptr() as *const c_void, block, dt, recv.as_mut_ptr() as *mut c_void, block, dt, self.comm.as_raw())
+        };
+        self.rc("all_to_all", rc)
+    }
+
+    fn send(&self, buf: Buf<'_>, dest: usize, tag: u32) -> Result<()> {
+        self.check("send").p2p(dest, self.rank, tag)?;
+        let count = self.count("send", buf.len())?;
+        // SAFETY: `buf` valid for `count` elements.
+        let rc = unsafe {
+            ffi::MPI_Send(buf.as_ptr() as *const c_void, count, datatype(buf.dtype()), dest as c_int, tag as c_int, self.comm.as_raw())
+        };
+        self.rc("send", rc)
+    }
+
+    fn recv(&self, mut buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
+        self.check("recv").p2p(src, self.rank, tag)?;
+        let count = self.count("recv", buf.len())?;
+        let dt = datatype(buf.dtype());
+        let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::zeroed();
+        // SAFETY: `buf` valid for `count` elements; status is written by MPI_Recv.
+        let rc = unsafe {
+            ffi::MPI_Recv(buf.as_mut_ptr() as *mut c_void, count, dt, src as c_int, tag as c_int, self.comm.as_raw(), status.as_mut_ptr())
+        };
+        self.rc("recv", rc)?;
+        let mut got: c_int = 0;
+        // SAFETY: status was filled by a successful MPI_Recv.
+        let rc = unsafe { ffi::MPI_Get_count(status.as_ptr(), dt, &mut got) };
+        self.rc("recv", rc)?;
+        if got != count {
+            return Err(CommError::MessageMismatch {
+                rank: self.world_rank(),
+                src: self.world_ranks[src],
+                tag,
+                expected_len: buf.len(),
+                expected_dtype: buf.dtype(),
+                got_len: got.max(0) as usize,
+                got_dtype: buf.dtype(),
+            });
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // SAFETY: plain collective on a valid communicator.
+        let rc = unsafe { ffi::MPI_Barrier(self.comm.as_raw()) };
+        self.rc("barrier", rc)
+    }
+
+    fn split(&self, groups: &[Vec<usize>]) -> Result<Option<Box<dyn Communicator>>> {
+        // Agree on the lists first: max of (h, -h) over ranks gives (max h, -min h).
+        let h = (groups_hash(groups) & ((1 << 62) - 1)) as i64;
+        let mut both = [h, -h];
+        let count = 2;
+        // SAFETY: two i64 in place.
+        let rc = unsafe {
+            ffi::MPI_Allreduce(
+                autopar_mpi_in_place(),
+                both.as_mut_ptr() as *mut c_void,
+                count,
+                ffi::RSMPI_INT64_T,
+                ffi::RSMPI_MAX,
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("split", rc)?;
+        if both[0] != h || -both[1] != h {
+            return Err(CommError::Mpi {
+                what: format!("split on rank {}: ranks passed different group lists (fingerprints differ)", self.world_rank()),
+                hint: "every rank of the parent group must pass the same list of groups to split",
+            });
+        }
+        let placed = validate_groups(groups, self.size, self.world_rank())?;
+        let (color, key) = match placed[self.rank] {
+            Some((gi, pos)) => (Color::with_value(gi as c_int), pos as c_int),
+            None => (Color::undefined(), 0),
+        };
+        let sub = self.comm.split_by_color_with_key(color, key);
+        Ok(match (sub, placed[self.rank]) {
+            (Some(comm), Some((gi, pos))) => {
+                let world_ranks: Vec<usize> = groups[gi].iter().map(|&r| self.world_ranks[r]).collect();
+                let size = world_ranks.len();
+                Some(Box::new(MpiComm { comm, rank: pos, size, world_ranks, env: self.env.clone() }) as Box<dyn Communicator>)
+            }
+            _ => None,
+        })
+    }
+}
