@@ -1,0 +1,727 @@
+//! `ParallelContext`: every option of MindSpore's `set_auto_parallel_context`, validated.
+//!
+//! Options are set by name with a JSON-like value (from the CLI, a TOML `[parallel]` section or
+//! code), so an unknown name or a value of the wrong type or range is an error that names the
+//! option. [`ParallelContext::validate`] checks the options against each other (global_rank
+//! below device_num, options that only apply to some modes); [`ParallelContext::check_supported`]
+//! rejects options whose behaviour autopar does not implement yet, instead of ignoring them.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::error::{ParallelError, Result};
+
+/// Every option name `set` accepts, in the order of MindSpore's documentation.
+pub const OPTION_NAMES: &[&str] = &[
+    "device_num",
+    "global_rank",
+    "gradients_mean",
+    "gradient_fp32_sync",
+    "loss_repeated_mean",
+    "parallel_mode",
+    "search_mode",
+    "auto_parallel_search_mode",
+    "parameter_broadcast",
+    "strategy_ckpt_load_file",
+    "strategy_ckpt_save_file",
+    "full_batch",
+    "dataset_strategy",
+    "enable_parallel_optimizer",
+    "enable_alltoall",
+    "force_fp32_communication",
+    "all_reduce_fusion_config",
+    "pipeline_stages",
+    "pipeline_result_broadcast",
+    "pipeline_config",
+    "parallel_optimizer_config",
+    "comm_fusion",
+    "strategy_ckpt_config",
+    "group_ckpt_save_file",
+];
+
+/// How the model is spread over devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ParallelMode {
+    /// One device: the reference every other mode must equal.
+    #[default]
+    StandAlone,
+    /// Batch split over all devices, gradients all-reduced.
+    DataParallel,
+    /// The user places collectives by hand; nothing is inserted automatically.
+    HybridParallel,
+    /// Operators with a strategy keep it, the others get data parallel.
+    SemiAutoParallel,
+    /// autopar searches the strategies.
+    AutoParallel,
+}
+
+impl ParallelMode {
+    pub const NAMES: &'static [&'static str] = &["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ParallelMode::StandAlone => "stand_alone",
+            ParallelMode::DataParallel => "data_parallel",
+            ParallelMode::HybridParallel => "hybrid_parallel",
+            ParallelMode::SemiAutoParallel => "semi_auto_parallel",
+            ParallelMode::AutoParallel => "auto_parallel",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "stand_alone" => ParallelMode::StandAlone,
+            "data_parallel" => ParallelMode::DataParallel,
+            "hybrid_parallel" => ParallelMode::HybridParallel,
+            "semi_auto_parallel" => ParallelMode::SemiAutoParallel,
+            "auto_parallel" => ParallelMode::AutoParallel,
+            _ => return None,
+        })
+    }
+
+    /// Modes in which operators carry strategies (the AUTO_PARALLEL column of the options table).
+    pub fn is_auto(self) -> bool {
+        matches!(self, ParallelMode::SemiAutoParallel | ParallelMode::AutoParallel)
+    }
+}
+
+impl fmt::Display for ParallelMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Strategy search of `auto_parallel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SearchMode {
+    #[default]
+    RecursiveProgramming,
+    ShardingPropagation,
+    DynamicProgramming,
+}
+
+impl SearchMode {
+    pub const NAMES: &'static [&'static str] = &["recursive_programming", "sharding_propagation", "dynamic_programming"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SearchMode::RecursiveProgramming => "recursive_programming",
+            SearchMode::ShardingPropagation => "sharding_propagation",
+            SearchMode::DynamicProgramming => "dynamic_programming",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "recursive_programming" => SearchMode::RecursiveProgramming,
+            "sharding_propagation" => SearchMode::ShardingPropagation,
+            "dynamic_programming" => SearchMode::DynamicProgramming,
+            _ => return None,
+        })
+    }
+}
+
+/// How the dataset is split over ranks.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum DatasetStrategy {
+    /// Each rank reads its own shard of every batch (the batch dimension split over all ranks).
+    #[default]
+    DataParallel,
+    /// Every rank reads the whole batch.
+    FullBatch,
+    /// One split per dimension of each network input, e.g. `((8, 1), (8,))`.
+    Explicit(Vec<Vec<usize>>),
+}
+
+/// Pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PipelineScheduler {
+    #[default]
+    OneFOneB,
+    GPipe,
+}
+
+/// `pipeline_config`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PipelineConfig {
+    pub pipeline_interleave: bool,
+    pub pipeline_scheduler: PipelineScheduler,
+}
+
+/// `parallel_optimizer_config`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelOptimizerConfig {
+    pub gradient_accumulation_shard: bool,
+    /// Parameters smaller than this many KB are not sharded.
+    pub parallel_optimizer_threshold: u64,
+    /// Size of the optimizer shard group; -1 = the parameter's whole data-parallel group.
+    pub optimizer_weight_shard_size: i64,
+}
+
+impl Default for ParallelOptimizerConfig {
+    fn default() -> Self {
+        Self { gradient_accumulation_shard: true, parallel_optimizer_threshold: 64, optimizer_weight_shard_size: -1 }
+    }
+}
+
+/// Fusion mode of one collective kind in `comm_fusion`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FusionMode {
+    /// Buckets by gradient size with the default threshold (64 MB).
+    Auto,
+    /// Buckets of at most this many MB.
+    Size(f64Bits),
+    /// Bucket boundaries at these gradient indices (AllReduce only).
+    Index(Vec<usize>),
+}
+
+/// An `f64` compared by bits so the config stays `Eq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct f64Bits(u64);
+
+impl f64Bits {
+    pub fn new(v: f64) -> Self {
+        Self(v.to_bits())
+    }
+    pub fn get(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+}
+
+/// `comm_fusion`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommFusion {
+    pub openstate: bool,
+    pub allreduce: FusionMode,
+    pub allgather: FusionMode,
+    pub reducescatter: FusionMode,
+}
+
+impl Default for CommFusion {
+    fn default() -> Self {
+        Self { openstate: true, allreduce: FusionMode::Auto, allgather: FusionMode::Auto, reducescatter: FusionMode::Auto }
+    }
+}
+
+/// `strategy_ckpt_config`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StrategyCkptConfig {
+    pub load_file: String,
+    pub save_file: String,
+    pub only_trainable_params: bool,
+}
+
+impl Default for StrategyCkptConfig {
+    fn default() -> Self {
+        Self { load_file: String::new(), save_file: String::new(), only_trainable_params: true }
+    }
+}
+
+/// The parallel context of one job. `Default` is MindSpore's `reset_auto_parallel_context`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelContext {
+    pub device_num: usize,
+    pub global_rank: usize,
+    pub gradients_mean: bool,
+    pub gradient_fp32_sync: bool,
+    pub loss_repeated_mean: bool,
+    pub parallel_mode: ParallelMode,
+    pub search_mode: SearchMode,
+    pub parameter_broadcast: bool,
+    pub dataset_strategy: DatasetStrategy,
+    pub enable_parallel_optimizer: bool,
+    pub enable_alltoall: bool,
+    pub force_fp32_communication: bool,
+    /// AllReduce fusion by gradient index; empty = not set.
+    pub all_reduce_fusion_config: Vec<usize>,
+    pub pipeline_stages: usize,
+    pub pipeline_result_broadcast: bool,
+    pub pipeline_config: PipelineConfig,
+    pub parallel_optimizer_config: ParallelOptimizerConfig,
+    pub comm_fusion: CommFusion,
+    pub strategy_ckpt_config: StrategyCkptConfig,
+    pub group_ckpt_save_file: String,
+    /// Names set explicitly (for the mode checks of `validate`).
+    explicit: BTreeSet<&'static str>,
+}
+
+impl Default for ParallelContext {
+    fn default() -> Self {
+        Self {
+            device_num: 1,
+            global_rank: 0,
+            gradients_mean: false,
+            gradient_fp32_sync: true,
+            loss_repeated_mean: true,
+            parallel_mode: ParallelMode::StandAlone,
+            search_mode: SearchMode::RecursiveProgramming,
+            parameter_broadcast: false,
+            dataset_strategy: DatasetStrategy::DataParallel,
+            enable_parallel_optimizer: false,
+            enable_alltoall: false,
+            force_fp32_communication: false,
+            all_reduce_fusion_config: Vec::new(),
+            pipeline_stages: 1,
+            pipeline_result_broadcast: false,
+            pipeline_config: PipelineConfig::default(),
+            parallel_optimizer_config: ParallelOptimizerConfig::default(),
+            comm_fusion: CommFusion::default(),
+            strategy_ckpt_config: StrategyCkptConfig::default(),
+            group_ckpt_save_file: String::new(),
+            explicit: BTreeSet::new(),
+        }
+    }
+}
+
+fn bad(option: &str, value: &Value, expected: impl Into<String>) -> ParallelError {
+    ParallelError::InvalidOption { option: option.to_string(), value: value.to_string(), expected: expected.into() }
+}
+
+fn as_bool(option: &str, v: &Value) -> Result<bool> {
+    v.as_bool().ok_or_else(|| bad(option, v, "true or false"))
+}
+
+fn as_int(option: &str, v: &Value, lo: i64, hi: i64) -> Result<i64> {
+    match v.as_i64() {
+        Some(x) if (lo..=hi).contains(&x) => Ok(x),
+        _ => Err(bad(option, v, format!("an integer in [{lo}, {hi}]"))),
+    }
+}
+
+fn as_str<'a>(option: &str, v: &'a Value) -> Result<&'a str> {
+    v.as_str().ok_or_else(|| bad(option, v, "a string"))
+}
+
+fn one_of<T>(option: &str, v: &Value, names: &[&str], parse: impl Fn(&str) -> Option<T>) -> Result<T> {
+    v.as_str().and_then(parse).ok_or_else(|| bad(option, v, format!("one of {}", names.join(", "))))
+}
+
+fn as_object<'a>(option: &str, v: &'a Value, keys: &[&str]) -> Result<&'a serde_json::Map<String, Value>> {
+    let obj = v.as_object().ok_or_else(|| bad(option, v, format!("a table with keys {}", keys.join(", "))))?;
+    if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
+        return Err(ParallelError::UnknownOption { option: format!("{option}.{k}"), valid: keys.iter().map(|s| s.to_string()).collect() });
+    }
+    Ok(obj)
+}
+
+impl ParallelContext {
+    /// Back to MindSpore's defaults (`reset_auto_parallel_context`).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Whether `name` was set explicitly.
+    pub fn is_set(&self, name: &str) -> bool {
+        self.explicit.contains(name)
+    }
+
+    /// Set one option by its MindSpore name. The value's type and range are checked here; the
+    /// options' consistency with each other in [`validate`](Self::validate).
+    pub fn set(&mut self, name: &str, value: &Value) -> Result<()> {
+        let Some(&key) = OPTION_NAMES.iter().find(|&&n| n == name) else {
+            return Err(ParallelError::UnknownOption {
+                option: name.to_string(),
+                valid: OPTION_NAMES.iter().map(|s| s.to_string()).collect(),
+            });
+        };
+        let v = value;
+        match key {
+            "device_num" => self.device_num = as_int(key, v, 1, 4096)? as usize,
+            "global_rank" => self.global_rank = as_int(key, v, 0, 4095)? as usize,
+            "gradients_mean" => self.gradients_mean = as_bool(key, v)?,
+            "gradient_fp32_sync" => self.gradient_fp32_sync = as_bool(key, v)?,
+            "loss_repeated_mean" => self.loss_repeated_mean = as_bool(key, v)?,
+            "parallel_mode" => self.parallel_mode = one_of(key, v, ParallelMode::NAMES, ParallelMode::parse)?,
+            "search_mode" | "auto_parallel_search_mode" => {
+                self.search_mode = one_of(key, v, SearchMode::NAMES, SearchMode::parse)?;
+                self.explicit.insert("search_mode");
+            }
+            "parameter_broadcast" => self.parameter_broadcast = as_bool(key, v)?,
+            "strategy_ckpt_load_file" => self.strategy_ckpt_config.load_file = as_str(key, v)?.to_string(),
+            "strategy_ckpt_save_file" => self.strategy_ckpt_config.save_file = as_str(key, v)?.to_string(),
+            "full_batch" => {
+                self.dataset_strategy = if as_bool(key, v)? { DatasetStrategy::FullBatch } else { DatasetStrategy::DataParallel };
+                self.explicit.insert("dataset_strategy");
+            }
+            "dataset_strategy" => self.dataset_strategy = parse_dataset_strategy(v)?,
+            "enable_parallel_optimizer" => self.enable_parallel_optimizer = as_bool(key, v)?,
+            "enable_alltoall" => self.enable_alltoall = as_bool(key, v)?,
+            "force_fp32_communication" => self.force_fp32_communication = as_bool(key, v)?,
+            "all_reduce_fusion_config" => {
+                let idx = parse_fusion_indices(key, v)?;
+                self.all_reduce_fusion_config = idx.clone();
+                self.comm_fusion.allreduce = FusionMode::Index(idx);
+            }
+            "pipeline_stages" => self.pipeline_stages = as_int(key, v, 1, 4096)? as usize,
+            "pipeline_result_broadcast" => self.pipeline_result_broadcast = as_bool(key, v)?,
+            "pipeline_config" => {
+                let o = as_object(key, v, &["pipeline_interleave", "pipeline_scheduler"])?;
+                let mut c = PipelineConfig::default();
+                if let Some(x) = o.get("pipeline_interleave") {
+                    c.pipeline_interleave = as_bool("pipeline_config.pipeline_interleave", x)?;
+                }
+                if let Some(x) = o.get("pipeline_scheduler") {
+                    c.pipeline_scheduler = one_of("pipeline_config.pipeline_scheduler", x, &["1f1b", "gpipe"], |s| match s {
+                        "1f1b" => Some(PipelineScheduler::OneFOneB),
+                        "gpipe" => Some(PipelineScheduler::GPipe),
+                        _ => None,
+                    })?;
+                }
+                self.pipeline_config = c;
+            }
+            "parallel_optimizer_config" => {
+                let o = as_object(key, v, &["gradient_accumulation_shard", "parallel_optimizer_threshold", "optimizer_weight_shard_size"])?;
+                let mut c = ParallelOptimizerConfig::default();
+                if let Some(x) = o.get("gradient_accumulation_shard") {
+                    c.gradient_accumulation_shard = as_bool("parallel_optimizer_config.gradient_accumulation_shard", x)?;
+                }
+                if let Some(x) = o.get("parallel_optimizer_threshold") {
+                    c.parallel_optimizer_threshold =
+                        as_int("parallel_optimizer_config.parallel_optimizer_threshold", x, 0, i64::MAX)? as u64;
+                }
+                if let Some(x) = o.get("optimizer_weight_shard_size") {
+                    let s = as_int("parallel_optimizer_config.optimizer_weight_shard_size", x, -1, 4096)?;
+                    if s == 0 {
+                        return Err(bad("parallel_optimizer_config.optimizer_weight_shard_size", x, "-1 or an integer in (0, device_num]"));
+                    }
+                    c.optimizer_weight_shard_size = s;
+                }
+                self.parallel_optimizer_config = c;
+            }
+            "comm_fusion" => self.comm_fusion = parse_comm_fusion(v)?,
+            "strategy_ckpt_config" => {
+                let o = as_object(key, v, &["load_file", "save_file", "only_trainable_params"])?;
+                let mut c = StrategyCkptConfig::default();
+                if let Some(x) = o.get("load_file") {
+                    c.load_file = as_str("strategy_ckpt_config.load_file", x)?.to_string();
+                }
+                if let Some(x) = o.get("save_file") {
+                    c.save_file = as_str("strategy_ckpt_config.save_file", x)?.to_string();
+                }
+                if let Some(x) = o.get("only_trainable_params") {
+                    c.only_trainable_params = as_bool("strategy_ckpt_config.only_trainable_params", x)?;
+                }
+                self.strategy_ckpt_config = c;
+            }
+            "group_ckpt_save_file" => self.group_ckpt_save_file = as_str(key, v)?.to_string(),
+            _ => unreachable!("every name of OPTION_NAMES has an arm"),
+        }
+        self.explicit.insert(key);
+        Ok(())
+    }
+
+    /// Set an option from command-line text: booleans, integers, names, and JSON for lists and
+    /// tables (`--parallel comm_fusion='{"allreduce": {"mode": "size", "config": 32}}'`).
+    pub fn set_str(&mut self, name: &str, text: &str) -> Result<()> {
+        let value = serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()));
+        self.set(name, &value)
+    }
+
+    /// Apply every key of a `[parallel]` table (already parsed into JSON values), in order.
+    pub fn apply_table(&mut self, table: &serde_json::Map<String, Value>) -> Result<()> {
+        for (k, v) in table {
+            self.set(k, v)?;
+        }
+        Ok(())
+    }
+
+    /// Check the options against each other.
+    pub fn validate(&self) -> Result<()> {
+        let conflict = |option: &str, why: String| Err(ParallelError::Conflict { option: option.to_string(), why });
+        if self.global_rank >= self.device_num && (self.is_set("global_rank") || self.is_set("device_num")) {
+            return conflict("global_rank", format!("global_rank {} is not below device_num {}", self.global_rank, self.device_num));
+        }
+        let mode = self.parallel_mode;
+        if mode == ParallelMode::StandAlone && self.gradients_mean {
+            return conflict("gradients_mean", "stand_alone does not support gradients_mean".into());
+        }
+        if matches!(mode, ParallelMode::StandAlone | ParallelMode::DataParallel | ParallelMode::HybridParallel)
+            && self.is_set("gradient_fp32_sync")
+            && !self.gradient_fp32_sync
+        {
+            return conflict("gradient_fp32_sync", format!("{mode} does not support gradient_fp32_sync"));
+        }
+        if mode != ParallelMode::AutoParallel && self.is_set("search_mode") {
+            return conflict("search_mode", format!("search_mode applies to auto_parallel only, the mode is {mode}"));
+        }
+        if let DatasetStrategy::Explicit(_) = self.dataset_strategy {
+            if !mode.is_auto() {
+                return conflict(
+                    "dataset_strategy",
+                    format!("a per-input dataset strategy applies to semi_auto_parallel and auto_parallel, the mode is {mode}"),
+                );
+            }
+        }
+        if self.pipeline_stages > 1 {
+            if !mode.is_auto() {
+                return conflict(
+                    "pipeline_stages",
+                    format!("pipeline stages need semi_auto_parallel or auto_parallel, the mode is {mode}"),
+                );
+            }
+            if !self.device_num.is_multiple_of(self.pipeline_stages) {
+                return conflict(
+                    "pipeline_stages",
+                    format!("{} stages do not divide device_num {}", self.pipeline_stages, self.device_num),
+                );
+            }
+        }
+        if self.enable_parallel_optimizer && mode == ParallelMode::StandAlone {
+            return conflict("enable_parallel_optimizer", "stand_alone has no data-parallel dimension to shard the optimizer over".into());
+        }
+        let size = self.parallel_optimizer_config.optimizer_weight_shard_size;
+        let stage_devices = self.device_num / self.pipeline_stages.max(1);
+        if size > 0 && size as usize > stage_devices {
+            return conflict(
+                "parallel_optimizer_config.optimizer_weight_shard_size",
+                format!("{size} is above the {stage_devices} devices of a pipeline stage"),
+            );
+        }
+        Ok(())
+    }
+
+    /// Reject options whose behaviour autopar does not implement yet (never ignore them).
+    pub fn check_supported(&self) -> Result<()> {
+        let unsupported = |option: &str, value: String| Err(ParallelError::NotSupportedYet { option: option.to_string(), value });
+        if self.parallel_mode == ParallelMode::AutoParallel {
+            return unsupported("parallel_mode", "auto_parallel (strategy search)".into());
+        }
+        if self.pipeline_stages > 1 {
+            return unsupported("pipeline_stages", self.pipeline_stages.to_string());
+        }
+        if self.enable_parallel_optimizer {
+            return unsupported("enable_parallel_optimizer", "true".into());
+        }
+        if self.pipeline_result_broadcast {
+            return unsupported("pipeline_result_broadcast", "true".into());
+        }
+        Ok(())
+    }
+
+    /// Devices of one pipeline stage.
+    pub fn stage_device_num(&self) -> usize {
+        self.device_num / self.pipeline_stages.max(1)
+    }
+}
+
+fn parse_dataset_strategy(v: &Value) -> Result<DatasetStrategy> {
+    let key = "dataset_strategy";
+    match v {
+        Value::String(s) if s == "data_parallel" => Ok(DatasetStrategy::DataParallel),
+        Value::String(s) if s == "full_batch" => Ok(DatasetStrategy::FullBatch),
+        Value::Array(inputs) if !inputs.is_empty() => inputs
+            .iter()
+            .map(|inp| {
+                let dims = inp
+                    .as_array()
+                    .ok_or_else(|| bad(key, v, "\"data_parallel\", \"full_batch\" or one split list per input, e.g. [[8, 1], [8]]"))?;
+                dims.iter()
+                    .map(|d| match d.as_u64() {
+                        Some(x) if (1..=4096).contains(&x) => Ok(x as usize),
+                        _ => Err(bad(key, v, "split counts in [1, 4096]")),
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(DatasetStrategy::Explicit),
+        _ => Err(bad(key, v, "\"data_parallel\", \"full_batch\" or one split list per input, e.g. [[8, 1], [8]]")),
+    }
+}
+
+fn parse_fusion_indices(option: &str, v: &Value) -> Result<Vec<usize>> {
+    let expected = "a strictly increasing list of gradient indices, e.g. [20, 35]";
+    let arr = v.as_array().ok_or_else(|| bad(option, v, expected))?;
+    let idx = arr.iter().map(|x| x.as_u64().map(|x| x as usize).ok_or_else(|| bad(option, v, expected))).collect::<Result<Vec<_>>>()?;
+    if idx.is_empty() || idx.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(bad(option, v, expected));
+    }
+    Ok(idx)
+}
+
+fn parse_comm_fusion(v: &Value) -> Result<CommFusion> {
+    let o = as_object("comm_fusion", v, &["openstate", "allreduce", "allgather", "reducescatter"])?;
+    let mut c = CommFusion::default();
+    if let Some(x) = o.get("openstate") {
+        c.openstate = as_bool("comm_fusion.openstate", x)?;
+    }
+    for (kind, allow_index) in [("allreduce", true), ("allgather", false), ("reducescatter", false)] {
+        let Some(x) = o.get(kind) else { continue };
+        let name = format!("comm_fusion.{kind}");
+        let t = as_object(&name, x, &["mode", "config"])?;
+        let modes: &[&str] = if allow_index { &["auto", "size", "index"] } else { &["auto", "size"] };
+        let mode =
+            t.get("mode").and_then(Value::as_str).filter(|m| modes.contains(m)).ok_or_else(|| {
+                bad(&format!("{name}.mode"), t.get("mode").unwrap_or(&Value::Null), format!("one of {}", modes.join(", ")))
+            })?;
+        let config = t.get("config").unwrap_or(&Value::Null);
+        let m = match mode {
+            "auto" => FusionMode::Auto,
+            "size" => match config.as_f64() {
+                Some(mb) if mb > 0.0 => FusionMode::Size(f64Bits::new(mb)),
+                _ => return Err(bad(&format!("{name}.config"), config, "a size in MB above 0")),
+            },
+            _ => FusionMode::Index(parse_fusion_indices(&format!("{name}.config"), config)?),
+        };
+        match kind {
+            "allreduce" => c.allreduce = m,
+            "allgather" => c.allgather = m,
+            _ => c.reducescatter = m,
+        }
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_are_mindsporess_reset_values() {
+        let c = ParallelContext::default();
+        assert_eq!((c.device_num, c.global_rank, c.parallel_mode), (1, 0, ParallelMode::StandAlone));
+        assert!(c.gradient_fp32_sync && c.loss_repeated_mean && !c.gradients_mean);
+        assert_eq!(c.parallel_optimizer_config.parallel_optimizer_threshold, 64);
+        assert_eq!(c.parallel_optimizer_config.optimizer_weight_shard_size, -1);
+        assert!(c.strategy_ckpt_config.only_trainable_params);
+        c.validate().unwrap();
+        c.check_supported().unwrap();
+    }
+
+    #[test]
+    fn every_option_name_is_settable() {
+        let values = [
+            ("device_num", json!(8)),
+            ("global_rank", json!(3)),
+            ("gradients_mean", json!(true)),
+            ("gradient_fp32_sync", json!(true)),
+            ("loss_repeated_mean", json!(false)),
+            ("parallel_mode", json!("semi_auto_parallel")),
+            ("search_mode", json!("sharding_propagation")),
+            ("auto_parallel_search_mode", json!("dynamic_programming")),
+            ("parameter_broadcast", json!(true)),
+            ("strategy_ckpt_load_file", json!("a.ckpt")),
+            ("strategy_ckpt_save_file", json!("b.json")),
+            ("full_batch", json!(true)),
+            ("dataset_strategy", json!([[8, 1], [8]])),
+            ("enable_parallel_optimizer", json!(true)),
+            ("enable_alltoall", json!(true)),
+            ("force_fp32_communication", json!(true)),
+            ("all_reduce_fusion_config", json!([2, 5])),
+            ("pipeline_stages", json!(2)),
+            ("pipeline_result_broadcast", json!(true)),
+            ("pipeline_config", json!({"pipeline_interleave": true, "pipeline_scheduler": "gpipe"})),
+            ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": 2})),
+            ("comm_fusion", json!({"openstate": false, "allreduce": {"mode": "size", "config": 32}, "allgather": {"mode": "auto"}})),
+            ("strategy_ckpt_config", json!({"save_file": "s.ckpt", "only_trainable_params": false})),
+            ("group_ckpt_save_file", json!("g.pb")),
+        ];
+        assert_eq!(values.len(), OPTION_NAMES.len());
+        let mut c = ParallelContext::default();
+        for (k, v) in &values {
+            c.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));
+        }
+        assert_eq!(c.dataset_strategy, DatasetStrategy::Explicit(vec![vec![8, 1], vec![8]]));
+        assert_eq!(c.comm_fusion.allreduce, FusionMode::Size(f64Bits::new(32.0)));
+        assert_eq!(c.pipeline_config.pipeline_scheduler, PipelineScheduler::GPipe);
+        assert_eq!(c.strategy_ckpt_config.save_file, "s.ckpt");
+        c.reset();
+        assert_eq!(c, ParallelContext::default());
+    }
+
+    #[test]
+    fn unknown_option_names_it_and_lists_the_valid_ones() {
+        let mut c = ParallelContext::default();
+        let e = c.set("device_nums", &json!(8)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ParallelError::UnknownOption { .. }));
+        assert!(msg.contains("device_nums") && msg.contains("device_num,") && msg.contains("comm_fusion"), "{msg}");
+        let e = c.set("pipeline_config", &json!({"scheduler": "1f1b"})).unwrap_err();
+        assert!(e.to_string().contains("pipeline_config.scheduler"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_errors() {
+        let mut c = ParallelContext::default();
+        for (k, v) in [
+            ("device_num", json!(0)),
+            ("device_num", json!(4097)),
+            ("global_rank", json!(4096)),
+            ("global_rank", json!(-1)),
+            ("parallel_mode", json!("model_parallel")),
+            ("search_mode", json!("greedy")),
+            ("gradients_mean", json!("yes")),
+            ("pipeline_stages", json!(0)),
+            ("all_reduce_fusion_config", json!([5, 2])),
+            ("dataset_strategy", json!("half_batch")),
+            ("parallel_optimizer_config", json!({"optimizer_weight_shard_size": 0})),
+            ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": -1})),
+            ("comm_fusion", json!({"allgather": {"mode": "index", "config": [1]}})),
+            ("comm_fusion", json!({"allreduce": {"mode": "size", "config": 0}})),
+        ] {
+            let e = c.set(k, &v).unwrap_err();
+            assert!(matches!(e, ParallelError::InvalidOption { .. }), "{k}={v}: {e}");
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        assert_eq!(c, ParallelContext::default());
+    }
+
+    #[test]
+    fn options_are_checked_against_each_other() {
+        let conflict = |pairs: &[(&str, Value)]| {
+            let mut c = ParallelContext::default();
+            for (k, v) in pairs {
+                c.set(k, v).unwrap();
+            }
+            c.validate().unwrap_err()
+        };
+        let e = conflict(&[("device_num", json!(4)), ("global_rank", json!(4)), ("parallel_mode", json!("data_parallel"))]);
+        assert!(e.to_string().contains("global_rank 4 is not below device_num 4"), "{e}");
+        let e = conflict(&[("gradients_mean", json!(true))]);
+        assert!(e.to_string().contains("stand_alone does not support gradients_mean"), "{e}");
+        let e = conflict(&[
+            ("device_num", json!(8)),
+            ("parallel_mode", json!("semi_auto_parallel")),
+            ("search_mode", json!("dynamic_programming")),
+        ]);
+        assert!(e.to_string().contains("search_mode applies to auto_parallel only"), "{e}");
+        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("semi_auto_parallel")), ("pipeline_stages", json!(3))]);
+        assert!(e.to_string().contains("3 stages do not divide device_num 8"), "{e}");
+        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("dataset_strategy", json!([[8, 1]]))]);
+        assert!(e.to_string().contains("dataset_strategy"), "{e}");
+        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("gradient_fp32_sync", json!(false))]);
+        assert!(e.to_string().contains("does not support gradient_fp32_sync"), "{e}");
+    }
+
+    #[test]
+    fn unimplemented_behaviour_is_rejected_not_ignored() {
+        for (k, v, mode) in [
+            ("pipeline_stages", json!(2), "semi_auto_parallel"),
+            ("enable_parallel_optimizer", json!(true), "semi_auto_parallel"),
+            ("parallel_mode", json!("auto_parallel"), "auto_parallel"),
+        ] {
+            let mut c = ParallelContext::default();
+            c.set("device_num", &json!(8)).unwrap();
+            c.set("parallel_mode", &json!(mode)).unwrap();
+            c.set(k, &v).unwrap();
+            c.validate().unwrap();
+            let e = c.check_supported().unwrap_err();
+            assert!(matches!(e, ParallelError::NotSupportedYet { .. }), "{e}");
+            assert!(e.to_string().contains("not supported yet"), "{e}");
+        }
+    }
+
+    #[test]
+    fn command_line_text_is_parsed_as_json_or_a_name() {
+        let mut c = ParallelContext::default();
+        c.set_str("parallel_mode", "data_parallel").unwrap();
+        c.set_str("device_num", "4").unwrap();
+        c.set_str("gradients_mean", "true").unwrap();
+        c.set_str("comm_fusion", r#"{"allreduce": {"mode": "index", "config": [3]}}"#).unwrap();
+        assert_eq!(c.comm_fusion.allreduce, FusionMode::Index(vec![3]));
+        c.validate().unwrap();
+    }
+}
