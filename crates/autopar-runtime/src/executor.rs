@@ -1,0 +1,409 @@
+//! The single-device executor: runs a [`Graph`] node by node on `autopar-tensor` kernels.
+//!
+//! [`Executor::new`] plans once: it keeps only the nodes the fetched values need, in graph
+//! (topological) order, and computes for every value the position of its last use. A run then
+//! drops each intermediate right after its last user, so peak memory is the live set, not the
+//! whole graph; fetched values are kept. With profiling on, each op's wall time is recorded.
+//!
+//! Communication ops are identities when their group is one rank (the single-device case) and
+//! an error otherwise: collectives across ranks belong to the parallel runtime.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use autopar_graph::ops::*;
+use autopar_graph::{DType, Graph, Node, NodeId, OpKind};
+use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, shape as sh};
+use autopar_tensor::{ExecCtx, Tensor, TensorError};
+
+use crate::error::{Result, RuntimeError};
+
+/// The graph's element type as the tensor crate's.
+pub fn tensor_dtype(d: DType) -> autopar_tensor::DType {
+    match d {
+        DType::F16 => autopar_tensor::DType::F16,
+        DType::BF16 => autopar_tensor::DType::BF16,
+        DType::F32 => autopar_tensor::DType::F32,
+        DType::F64 => autopar_tensor::DType::F64,
+        DType::I32 => autopar_tensor::DType::I32,
+        DType::I64 => autopar_tensor::DType::I64,
+    }
+}
+
+/// The tensor crate's element type as the graph's.
+pub fn graph_dtype(d: autopar_tensor::DType) -> DType {
+    match d {
+        autopar_tensor::DType::F16 => DType::F16,
+        autopar_tensor::DType::BF16 => DType::BF16,
+        autopar_tensor::DType::F32 => DType::F32,
+        autopar_tensor::DType::F64 => DType::F64,
+        autopar_tensor::DType::I32 => DType::I32,
+        autopar_tensor::DType::I64 => DType::I64,
+    }
+}
+
+/// Named persistent tensors: parameters, running statistics, optimizer state.
+#[derive(Clone, Debug, Default)]
+pub struct ParamStore {
+    map: BTreeMap<String, Tensor>,
+}
+
+impl ParamStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Materialises every parameter of `graph` from its initialiser and seed.
+    pub fn init(graph: &Graph) -> Result<Self> {
+        let mut store = Self::new();
+        for id in graph.parameters() {
+            let node = graph.node(id);
+            if let OpKind::Parameter(p) = &node.op {
+                let values = p.init.generate(&node.name, &p.shape, p.seed)?;
+                let t = Tensor::from_vec(&p.shape, values).expect("initialiser fills the shape").cast(tensor_dtype(p.dtype));
+                store.insert(&node.name, t);
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.map.get(name)
+    }
+
+    /// The tensor `name`, or [`RuntimeError::MissingParameter`].
+    pub fn require(&self, name: &str) -> Result<&Tensor> {
+        self.map.get(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.to_string() })
+    }
+
+    pub fn insert(&mut self, name: &str, t: Tensor) -> Option<Tensor> {
+        self.map.insert(name.to_string(), t)
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.map.remove(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Entries sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.map.iter()
+    }
+}
+
+/// Wall time of one op in a profiled run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpTiming {
+    pub node: NodeId,
+    pub name: String,
+    pub kind: &'static str,
+    pub seconds: f64,
+}
+
+/// What a run returns.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    /// One tensor per fetched node, in the order given to [`Executor::new`].
+    pub values: Vec<Tensor>,
+    /// Per-op times, in execution order (empty unless profiling).
+    pub timings: Vec<OpTiming>,
+    /// The most intermediate values alive at once during the run.
+    pub peak_live: usize,
+    /// The most bytes held by intermediate values at once during the run.
+    pub peak_live_bytes: usize,
+}
+
+/// A graph planned for execution on one device.
+#[derive(Clone, Debug)]
+pub struct Executor {
+    graph: Graph,
+    fetch: Vec<NodeId>,
+    order: Vec<usize>,
+    /// For each position in `order`, the values that die after it.
+    free_after: Vec<Vec<usize>>,
+    ctx: ExecCtx,
+    profile: bool,
+}
+
+impl Executor {
+    /// Plans `graph` to produce `fetch` (kernels parallel on the current rayon pool).
+    pub fn new(graph: Graph, fetch: &[NodeId]) -> Result<Self> {
+        for &f in fetch {
+            graph.check_id(f)?;
+        }
+        let n = graph.len();
+        let mut needed = vec![false; n];
+        for &f in fetch {
+            needed[f.0] = true;
+        }
+        for i in (0..n).rev() {
+            if needed[i] {
+                for x in &graph.nodes()[i].inputs {
+                    needed[x.0] = true;
+                }
+            }
+        }
+        let order: Vec<usize> = (0..n).filter(|&i| needed[i]).collect();
+        let mut last_use = vec![usize::MAX; n];
+        for (pos, &i) in order.iter().enumerate() {
+            for x in &graph.nodes()[i].inputs {
+                last_use[x.0] = pos;
+            }
+        }
+        let mut free_after = vec![Vec::new(); order.len()];
+        for &i in &order {
+            if !fetch.contains(&NodeId(i)) && last_use[i] != usize::MAX {
+                free_after[last_use[i]].push(i);
+            }
+        }
+        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, ctx: ExecCtx::parallel(), profile: false })
+    }
+
+    /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
+    pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
+        self.ctx = ctx;
+        self
+    }
+
+    /// Records each op's wall time in [`RunOutput::timings`].
+    pub fn with_profiling(mut self, on: bool) -> Self {
+        self.profile = on;
+        self
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn fetch(&self) -> &[NodeId] {
+        &self.fetch
+    }
+
+    /// Number of nodes a run executes.
+    pub fn num_scheduled(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Runs the graph. `feeds` give every needed input; `params` holds every needed parameter
+    /// and receives updated running statistics (batch norm in training); `step` seeds dropout.
+    pub fn run(&self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], step: u64) -> Result<RunOutput> {
+        for (id, _) in feeds {
+            let node = self.graph.get(*id)?;
+            if !matches!(node.op, OpKind::Input(_)) {
+                return Err(RuntimeError::FeedNotInput { id: id.0, name: node.name.clone() });
+            }
+        }
+        let mut values: Vec<Option<Tensor>> = vec![None; self.graph.len()];
+        let mut timings = Vec::new();
+        let (mut live, mut live_bytes, mut peak_live, mut peak_live_bytes) = (0usize, 0usize, 0usize, 0usize);
+        for (pos, &i) in self.order.iter().enumerate() {
+            let node = &self.graph.nodes()[i];
+            let start = self.profile.then(Instant::now);
+            let out = {
+                let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
+                self.eval(node, &ins, params, feeds, step)?
+            };
+            if let Some(start) = start {
+                timings.push(OpTiming { node: NodeId(i), name: node.name.clone(), kind: node.op.kind(), seconds: start.elapsed().as_secs_f64() });
+            }
+            live += 1;
+            live_bytes += out.nbytes();
+            peak_live = peak_live.max(live);
+            peak_live_bytes = peak_live_bytes.max(live_bytes);
+            values[i] = Some(out);
+            for &dead in &self.free_after[pos] {
+                if let Some(t) = values[dead].take() {
+                    live -= 1;
+                    live_bytes -= t.nbytes();
+                }
+            }
+        }
+        let values = self.fetch.iter().map(|f| values[f.0].clone().expect("fetched values are kept")).collect();
+        Ok(RunOutput { values, timings, peak_live, peak_live_bytes })
+    }
+
+    fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, feeds: &[(NodeId, Tensor)], step: u64) -> Result<Tensor> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: e };
+        let shape = &node.ty.shape;
+        let axes = |a: &[i64], rank: usize| -> Vec<isize> { resolve(a, rank) };
+        let comm = |group: &[usize]| -> Result<Tensor> {
+            if group.len() == 1 {
+                Ok(x[0].clone())
+            } else {
+                Err(RuntimeError::NeedsCommunicator { kind: node.op.kind(), name: node.name.clone(), group: group.to_vec() })
+            }
+        };
+        let out = match &node.op {
+            OpKind::Input(i) => {
+                let id = self.graph.find(&node.name)?;
+                let t = feeds.iter().find(|(f, _)| *f == id).map(|(_, t)| t.clone()).ok_or_else(|| RuntimeError::MissingFeed {
+                    name: node.name.clone(),
+                    shape: i.shape.clone(),
+                    dtype: i.dtype,
+                })?;
+                if t.shape() != i.shape.as_slice() || graph_dtype(t.dtype()) != i.dtype {
+                    return Err(RuntimeError::FeedMismatch {
+                        name: node.name.clone(),
+                        shape: i.shape.clone(),
+                        dtype: i.dtype,
+                        got: t.shape().to_vec(),
+                        got_dtype: graph_dtype(t.dtype()),
+                    });
+                }
+                t
+            }
+            OpKind::Parameter(p) => {
+                let t = params.require(&node.name)?;
+                if t.shape() != p.shape.as_slice() || graph_dtype(t.dtype()) != p.dtype {
+                    return Err(RuntimeError::ParameterMismatch {
+                        name: node.name.clone(),
+                        shape: p.shape.clone(),
+                        dtype: p.dtype,
+                        got: t.shape().to_vec(),
+                        got_dtype: graph_dtype(t.dtype()),
+                    });
+                }
+                t.clone()
+            }
+            OpKind::Fill(f) => Tensor::full(&f.shape, f.value, tensor_dtype(f.dtype)),
+            OpKind::Add(_) => ew::add(cx, x[0], x[1]).map_err(k)?,
+            OpKind::Sub(_) => ew::sub(cx, x[0], x[1]).map_err(k)?,
+            OpKind::Mul(_) => ew::mul(cx, x[0], x[1]).map_err(k)?,
+            OpKind::Div(_) => ew::div(cx, x[0], x[1]).map_err(k)?,
+            OpKind::Neg(_) => ew::neg(cx, x[0]).map_err(k)?,
+            OpKind::Scale(s) => ew::scale(cx, x[0], s.factor).map_err(k)?,
+            OpKind::Exp(_) => ew::exp(cx, x[0]).map_err(k)?,
+            OpKind::Log(_) => ew::log(cx, x[0]).map_err(k)?,
+            OpKind::Sqrt(_) => ew::sqrt(cx, x[0]).map_err(k)?,
+            OpKind::Relu(_) => ew::relu(cx, x[0]).map_err(k)?,
+            // relu'(x) is read from the output: y > 0 exactly where x > 0.
+            OpKind::ReluGrad(_) => ew::relu_backward(cx, x[1], x[0]).map_err(k)?,
+            OpKind::Gelu(g) => ew::gelu(cx, x[0], g.approximate).map_err(k)?,
+            OpKind::GeluGrad(g) => ew::gelu_backward(cx, x[1], x[0], g.approximate).map_err(k)?,
+            OpKind::Tanh(_) => ew::tanh(cx, x[0]).map_err(k)?,
+            OpKind::Sigmoid(_) => ew::sigmoid(cx, x[0]).map_err(k)?,
+            OpKind::Softmax(s) => reduce::softmax(cx, x[0], s.axis as isize).map_err(k)?,
+            OpKind::LogSoftmax(s) => reduce::log_softmax(cx, x[0], s.axis as isize).map_err(k)?,
+            OpKind::ReduceSum(r) => reduce::reduce_sum(cx, x[0], &axes(&r.axes, x[0].rank()), r.keep_dims).map_err(k)?,
+            OpKind::ReduceMean(r) => reduce::reduce_mean(cx, x[0], &axes(&r.axes, x[0].rank()), r.keep_dims).map_err(k)?,
+            OpKind::ReduceMax(r) => reduce::reduce_max(cx, x[0], &axes(&r.axes, x[0].rank()), r.keep_dims).map_err(k)?,
+            OpKind::ReduceMaxGrad(r) => reduce::reduce_max_backward(cx, x[0], x[1], &axes(&r.axes, x[0].rank())).map_err(k)?,
+            OpKind::Reshape(_) | OpKind::Flatten(_) => sh::reshape_to(x[0], shape).map_err(k)?,
+            OpKind::Transpose(t) => sh::transpose(x[0], &t.perm).map_err(k)?,
+            OpKind::BroadcastTo(b) => sh::broadcast_to(x[0], &b.shape).map_err(k)?,
+            OpKind::SumTo(s) => ew::reduce_to_shape(cx, x[0], &s.shape).map_err(k)?,
+            OpKind::Concat(c) => sh::concat(x, c.axis as isize).map_err(k)?,
+            OpKind::Slice(s) => {
+                let size: Vec<isize> = s.size.iter().map(|&d| d as isize).collect();
+                sh::slice(x[0], &s.begin, &size).map_err(k)?
+            }
+            OpKind::Pad(p) => sh::slice_backward(x[0], shape, &p.before).map_err(k)?,
+            OpKind::Gather(g) => sh::gather(cx, x[0], x[1], g.axis as isize).map_err(k)?,
+            OpKind::GatherGrad(g) => sh::gather_backward(cx, x[1], x[0], shape, g.axis as isize).map_err(k)?,
+            OpKind::OneHot(o) => sh::one_hot(x[0], o.depth, o.on_value, o.off_value, tensor_dtype(o.dtype)).map_err(k)?,
+            OpKind::MatMul(m) => matmul::matmul(cx, x[0], x[1], m.transpose_a, m.transpose_b).map_err(k)?,
+            OpKind::BatchMatMul(m) => matmul::batch_matmul(cx, x[0], x[1], m.transpose_a, m.transpose_b).map_err(k)?,
+            OpKind::BiasAdd(_) => ew::bias_add(cx, x[0], x[1], 1).map_err(k)?,
+            OpKind::Conv2D(c) => conv::conv2d(cx, x[0], x[1], &conv_params(&c.conv)).map_err(k)?,
+            OpKind::Conv2DGradInput(c) => conv::conv2d_backward_input(cx, x[0], x[1], &c.input_shape, &conv_params(&c.conv)).map_err(k)?,
+            OpKind::Conv2DGradFilter(c) => conv::conv2d_backward_weight(cx, x[0], x[1], &c.filter_shape, &conv_params(&c.conv)).map_err(k)?,
+            OpKind::MaxPool(m) => pool::max_pool2d(cx, x[0], &pool_params(&m.pool, false)).map_err(k)?.0,
+            OpKind::MaxPoolGrad(m) => {
+                // The argmax is recomputed from x: one output per node keeps liveness simple.
+                let (_, argmax) = pool::max_pool2d(cx, x[0], &pool_params(&m.pool, false)).map_err(k)?;
+                pool::max_pool2d_backward(cx, x[1], &argmax, x[0].shape()).map_err(k)?
+            }
+            OpKind::AvgPool(a) => pool::avg_pool2d(cx, x[0], &pool_params(&a.pool, true)).map_err(k)?,
+            OpKind::AvgPoolGrad(a) => pool::avg_pool2d_backward(cx, x[0], &a.input_shape, &pool_params(&a.pool, true)).map_err(k)?,
+            OpKind::GlobalAvgPool(_) => pool::global_avg_pool(cx, x[0], false).map_err(k)?,
+            OpKind::BatchNorm(bn) => {
+                if bn.training {
+                    let out = norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?;
+                    // Running statistics held as parameters are updated in the store.
+                    for (input, value) in [(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)] {
+                        let stat = self.graph.node(input);
+                        if matches!(stat.op, OpKind::Parameter(_)) {
+                            params.insert(&stat.name, value);
+                        }
+                    }
+                    out.y
+                } else {
+                    norm::batch_norm_eval(cx, x[0], x[1], x[2], x[3], x[4], bn.eps).map_err(k)?
+                }
+            }
+            OpKind::BatchNormGrad(bn) => {
+                // Inputs (dy, x, gamma, running_mean, running_var); statistics are recomputed.
+                let (dx, dgamma, _) = if bn.training {
+                    let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+                    let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
+                    norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?
+                } else {
+                    let var = x[4].to_f64_vec();
+                    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + bn.eps).sqrt()).collect();
+                    let inv_std = Tensor::from_vec(x[4].shape(), inv).map_err(k)?.cast(x[4].dtype());
+                    let saved = norm::NormSaved { mean: x[3].clone(), inv_std };
+                    norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?
+                };
+                match bn.of {
+                    NormGradOf::Input => dx,
+                    NormGradOf::Gamma => dgamma,
+                }
+            }
+            OpKind::LayerNorm(ln) => norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?.0,
+            OpKind::LayerNormGrad(ln) => {
+                // Inputs (dy, x, gamma); the row statistics are recomputed.
+                let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+                let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                let (dx, dgamma, _) = norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
+                match ln.of {
+                    NormGradOf::Input => dx,
+                    NormGradOf::Gamma => dgamma,
+                }
+            }
+            // The mask depends on (seed, step, element index) only, so the backward Dropout node
+            // (same seed, same step) applies the same mask to dy.
+            OpKind::Dropout(d) => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
+            OpKind::SoftmaxCrossEntropy(_) => loss::softmax_cross_entropy_sparse(cx, x[0], x[1]).map_err(k)?.0,
+            OpKind::AllReduce(c) => comm(&c.group)?,
+            OpKind::AllGather(c) => comm(&c.group)?,
+            OpKind::ReduceScatter(c) => comm(&c.group)?,
+            OpKind::AllToAll(c) => comm(&c.group)?,
+            OpKind::Broadcast(c) => comm(&c.group)?,
+            OpKind::Reduce(c) => comm(&c.group)?,
+            // Point-to-point ops are identities on one device.
+            OpKind::Send(_) | OpKind::Recv(_) => x[0].clone(),
+        };
+        Ok(out)
+    }
+}
+
+fn resolve(axes: &[i64], rank: usize) -> Vec<isize> {
+    if axes.is_empty() {
+        return (0..rank as isize).collect();
+    }
+    axes.iter().map(|&a| a as isize).collect()
+}
+
+fn conv_params(c: &ConvAttrs) -> conv::Conv2dParams {
+    conv::Conv2dParams { stride: c.stride, padding: c.padding, dilation: c.dilation, groups: c.groups }
+}
+
+fn pool_params(p: &PoolAttrs, count_include_pad: bool) -> pool::Pool2dParams {
+    pool::Pool2dParams { kernel: p.kernel, stride: p.stride, padding: p.padding, count_include_pad }
+}
+
+/// Dropout seed of one step: the op's seed mixed with the step number (SplitMix64 finaliser).
+pub fn dropout_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

@@ -1,0 +1,377 @@
+//! Optimizers and learning-rate schedules.
+//!
+//! Update rules (`g` the gradient, `lr` the step's learning rate, `wd` the weight decay, applied
+//! to the parameters the decay filter selects):
+//! * [`Sgd`]: `p -= lr * (g + wd * p)`.
+//! * [`Momentum`] (MindSpore `nn.Momentum` / `ApplyMomentum`): `g' = g + wd * p`;
+//!   `moments = momentum * moments + g'`; `p -= lr * moments`, or with Nesterov
+//!   `p -= lr * (g' + momentum * moments)`. State `moments.<name>`.
+//! * [`AdamW`] (decoupled weight decay): `m = b1 m + (1 - b1) g`, `v = b2 v + (1 - b2) g^2`,
+//!   `p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)` with `m_hat = m / (1 - b1^t)` and
+//!   `v_hat = v / (1 - b2^t)`; without bias correction `m_hat = m`, `v_hat = v` (MindSpore's
+//!   `AdamWeightDecay`). State `adam_m.<name>`, `adam_v.<name>`.
+//!
+//! Arithmetic is done in the parameter's dtype (f32 or f64), one fused pass per parameter.
+
+use autopar_tensor::{Float, Tensor};
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{graph_dtype, ParamStore};
+
+/// Learning rate as a function of the step (counted from 0).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LrSchedule {
+    Constant(f64),
+    /// Linear warm-up from `base_lr / warmup_steps` to `base_lr` over `warmup_steps`, then cosine
+    /// decay to `min_lr` at `total_steps` (and `min_lr` after).
+    WarmupCosine { base_lr: f64, min_lr: f64, warmup_steps: u64, total_steps: u64 },
+}
+
+impl LrSchedule {
+    pub fn lr(&self, step: u64) -> f64 {
+        match *self {
+            LrSchedule::Constant(lr) => lr,
+            LrSchedule::WarmupCosine { base_lr, min_lr, warmup_steps, total_steps } => {
+                if step < warmup_steps {
+                    return base_lr * (step + 1) as f64 / warmup_steps as f64;
+                }
+                let span = total_steps.saturating_sub(warmup_steps).max(1);
+                let progress = ((step - warmup_steps) as f64 / span as f64).min(1.0);
+                min_lr + 0.5 * (base_lr - min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+            }
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |what, value, expected| Err(RuntimeError::BadHyperparameter { what, value, expected });
+        match *self {
+            LrSchedule::Constant(lr) if !(lr >= 0.0 && lr.is_finite()) => bad("learning rate", lr, "a finite value >= 0"),
+            LrSchedule::WarmupCosine { base_lr, min_lr, .. } if !(base_lr >= 0.0 && base_lr.is_finite()) || !(0.0..=base_lr).contains(&min_lr) => {
+                bad("learning rate", base_lr, "0 <= min_lr <= base_lr, finite")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Which parameters weight decay applies to (all by default).
+pub type DecayFilter = fn(&str) -> bool;
+
+fn decay_all(_: &str) -> bool {
+    true
+}
+
+/// Updates parameters from their gradients.
+pub trait Optimizer {
+    /// Applies one update to every parameter named in `grads` and advances the step.
+    fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()>;
+    /// The optimizer's state tensors, under MindSpore's names.
+    fn state(&self) -> &ParamStore;
+    /// Mutable state, for restoring from a checkpoint.
+    fn state_mut(&mut self) -> &mut ParamStore;
+    /// Updates applied so far.
+    fn steps(&self) -> u64;
+    /// The learning rate the next update uses.
+    fn current_lr(&self) -> f64;
+}
+
+fn check_grad<'a>(params: &'a ParamStore, name: &str, g: &Tensor) -> Result<&'a Tensor> {
+    let p = params.require(name)?;
+    if p.shape() != g.shape() {
+        return Err(RuntimeError::GradientMismatch { name: name.to_string(), shape: p.shape().to_vec(), got: g.shape().to_vec() });
+    }
+    if !p.dtype().is_float() {
+        return Err(RuntimeError::NotFloat { what: "a trained parameter", name: name.to_string(), dtype: graph_dtype(p.dtype()) });
+    }
+    Ok(p)
+}
+
+/// Element-wise fused update over `p` and `others` (same shape; cast to `p`'s dtype), writing
+/// new values for `p` and each state tensor.
+fn fused<const N: usize>(p: &Tensor, others: [&Tensor; N], f32_fn: impl Fn(&mut [f32; N], f32) -> f32, f64_fn: impl Fn(&mut [f64; N], f64) -> f64) -> Result<(Tensor, [Tensor; N])> {
+    fn run<T: Float, const N: usize>(p: &Tensor, others: [&Tensor; N], f: impl Fn(&mut [T; N], T) -> T) -> Result<(Tensor, [Tensor; N])> {
+        let pd = p.contiguous().to_vec::<T>().map_err(|e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: e })?;
+        let od: Vec<Vec<T>> = others.iter().map(|t| t.cast(p.dtype()).contiguous().to_vec::<T>().expect("cast to the parameter dtype")).collect();
+        let mut np = Vec::with_capacity(pd.len());
+        let mut no: Vec<Vec<T>> = (0..N).map(|_| Vec::with_capacity(pd.len())).collect();
+        let mut buf = [T::zero(); N];
+        for (i, &pv) in pd.iter().enumerate() {
+            for k in 0..N {
+                buf[k] = od[k][i];
+            }
+            np.push(f(&mut buf, pv));
+            for k in 0..N {
+                no[k].push(buf[k]);
+            }
+        }
+        let shape = p.shape();
+        let mk = |v: Vec<T>| Tensor::from_vec(shape, v).expect("same element count");
+        let mut it = no.into_iter().map(mk);
+        Ok((mk(np), std::array::from_fn(|_| it.next().expect("N state tensors"))))
+    }
+    match p.dtype() {
+        autopar_tensor::DType::F64 => run::<f64, N>(p, others, f64_fn),
+        _ => run::<f32, N>(&p.cast(autopar_tensor::DType::F32), others, f32_fn).map(|(np, o)| (np.cast(p.dtype()), o.map(|t| t.cast(p.dtype())))),
+    }
+}
+
+/// Stochastic gradient descent with optional weight decay.
+#[derive(Clone, Debug)]
+pub struct Sgd {
+    pub schedule: LrSchedule,
+    pub weight_decay: f64,
+    pub decay_filter: DecayFilter,
+    step: u64,
+    state: ParamStore,
+}
+
+impl Sgd {
+    pub fn new(schedule: LrSchedule) -> Result<Self> {
+        schedule.check()?;
+        Ok(Self { schedule, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
+    }
+
+    pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
+        check_non_negative("weight_decay", wd)?;
+        self.weight_decay = wd;
+        self.decay_filter = filter.unwrap_or(decay_all);
+        Ok(self)
+    }
+}
+
+fn check_non_negative(what: &'static str, v: f64) -> Result<()> {
+    if v >= 0.0 && v.is_finite() {
+        Ok(())
+    } else {
+        Err(RuntimeError::BadHyperparameter { what, value: v, expected: "a finite value >= 0" })
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        let lr = self.schedule.lr(self.step);
+        for (name, g) in grads {
+            let p = check_grad(params, name, g)?;
+            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let (lr32, wd32) = (lr as f32, wd as f32);
+            let (np, _) = fused(p, [g], |s, p| p - lr32 * (s[0] + wd32 * p), |s, p| p - lr * (s[0] + wd * p))?;
+            params.insert(name, np);
+        }
+        self.step += 1;
+        Ok(())
+    }
+    fn state(&self) -> &ParamStore {
+        &self.state
+    }
+    fn state_mut(&mut self) -> &mut ParamStore {
+        &mut self.state
+    }
+    fn steps(&self) -> u64 {
+        self.step
+    }
+    fn current_lr(&self) -> f64 {
+        self.schedule.lr(self.step)
+    }
+}
+
+/// MindSpore's Momentum optimizer.
+#[derive(Clone, Debug)]
+pub struct Momentum {
+    pub schedule: LrSchedule,
+    pub momentum: f64,
+    pub nesterov: bool,
+    pub weight_decay: f64,
+    pub decay_filter: DecayFilter,
+    step: u64,
+    state: ParamStore,
+}
+
+impl Momentum {
+    pub fn new(schedule: LrSchedule, momentum: f64) -> Result<Self> {
+        schedule.check()?;
+        check_non_negative("momentum", momentum)?;
+        Ok(Self { schedule, momentum, nesterov: false, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
+    }
+
+    pub fn with_nesterov(mut self, on: bool) -> Self {
+        self.nesterov = on;
+        self
+    }
+
+    pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
+        check_non_negative("weight_decay", wd)?;
+        self.weight_decay = wd;
+        self.decay_filter = filter.unwrap_or(decay_all);
+        Ok(self)
+    }
+}
+
+fn state_or_zeros(state: &ParamStore, key: &str, like: &Tensor) -> Tensor {
+    state.get(key).cloned().unwrap_or_else(|| Tensor::zeros(like.shape(), like.dtype()))
+}
+
+impl Optimizer for Momentum {
+    fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        let lr = self.schedule.lr(self.step);
+        let mu = self.momentum;
+        for (name, g) in grads {
+            let p = check_grad(params, name, g)?;
+            let key = format!("moments.{name}");
+            let acc = state_or_zeros(&self.state, &key, p);
+            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let nesterov = self.nesterov;
+            let (lr32, mu32, wd32) = (lr as f32, mu as f32, wd as f32);
+            let (np, [_, nacc]) = fused(
+                p,
+                [g, &acc],
+                |s, p| {
+                    let g = s[0] + wd32 * p;
+                    s[1] = mu32 * s[1] + g;
+                    if nesterov {
+                        p - lr32 * (g + mu32 * s[1])
+                    } else {
+                        p - lr32 * s[1]
+                    }
+                },
+                |s, p| {
+                    let g = s[0] + wd * p;
+                    s[1] = mu * s[1] + g;
+                    if nesterov {
+                        p - lr * (g + mu * s[1])
+                    } else {
+                        p - lr * s[1]
+                    }
+                },
+            )?;
+            params.insert(name, np);
+            self.state.insert(&key, nacc);
+        }
+        self.step += 1;
+        Ok(())
+    }
+    fn state(&self) -> &ParamStore {
+        &self.state
+    }
+    fn state_mut(&mut self) -> &mut ParamStore {
+        &mut self.state
+    }
+    fn steps(&self) -> u64 {
+        self.step
+    }
+    fn current_lr(&self) -> f64 {
+        self.schedule.lr(self.step)
+    }
+}
+
+/// Adam with decoupled weight decay.
+#[derive(Clone, Debug)]
+pub struct AdamW {
+    pub schedule: LrSchedule,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub bias_correction: bool,
+    pub decay_filter: DecayFilter,
+    step: u64,
+    state: ParamStore,
+}
+
+impl AdamW {
+    /// Defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01, bias correction on.
+    pub fn new(schedule: LrSchedule) -> Result<Self> {
+        schedule.check()?;
+        Ok(Self {
+            schedule,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            bias_correction: true,
+            decay_filter: decay_all,
+            step: 0,
+            state: ParamStore::new(),
+        })
+    }
+
+    pub fn with_betas(mut self, beta1: f64, beta2: f64) -> Result<Self> {
+        for (what, b) in [("beta1", beta1), ("beta2", beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(RuntimeError::BadHyperparameter { what, value: b, expected: "a value in [0, 1)" });
+            }
+        }
+        self.beta1 = beta1;
+        self.beta2 = beta2;
+        Ok(self)
+    }
+
+    pub fn with_eps(mut self, eps: f64) -> Result<Self> {
+        if !(eps > 0.0 && eps.is_finite()) {
+            return Err(RuntimeError::BadHyperparameter { what: "eps", value: eps, expected: "a finite value > 0" });
+        }
+        self.eps = eps;
+        Ok(self)
+    }
+
+    pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
+        check_non_negative("weight_decay", wd)?;
+        self.weight_decay = wd;
+        self.decay_filter = filter.unwrap_or(decay_all);
+        Ok(self)
+    }
+
+    /// Without bias correction the update is MindSpore's `AdamWeightDecay`.
+    pub fn with_bias_correction(mut self, on: bool) -> Self {
+        self.bias_correction = on;
+        self
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
+        let lr = self.schedule.lr(self.step);
+        let t = (self.step + 1) as i32;
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+        let (c1, c2) = if self.bias_correction { (1.0 - b1.powi(t), 1.0 - b2.powi(t)) } else { (1.0, 1.0) };
+        for (name, g) in grads {
+            let p = check_grad(params, name, g)?;
+            let (km, kv) = (format!("adam_m.{name}"), format!("adam_v.{name}"));
+            let m = state_or_zeros(&self.state, &km, p);
+            let v = state_or_zeros(&self.state, &kv, p);
+            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let f = [lr, b1, b2, eps, wd, c1, c2].map(|x| x as f32);
+            let (np, [_, nm, nv]) = fused(
+                p,
+                [g, &m, &v],
+                |s, p| {
+                    let [lr, b1, b2, eps, wd, c1, c2] = f;
+                    s[1] = b1 * s[1] + (1.0 - b1) * s[0];
+                    s[2] = b2 * s[2] + (1.0 - b2) * s[0] * s[0];
+                    p - lr * ((s[1] / c1) / ((s[2] / c2).sqrt() + eps) + wd * p)
+                },
+                |s, p| {
+                    s[1] = b1 * s[1] + (1.0 - b1) * s[0];
+                    s[2] = b2 * s[2] + (1.0 - b2) * s[0] * s[0];
+                    p - lr * ((s[1] / c1) / ((s[2] / c2).sqrt() + eps) + wd * p)
+                },
+            )?;
+            params.insert(name, np);
+            self.state.insert(&km, nm);
+            self.state.insert(&kv, nv);
+        }
+        self.step += 1;
+        Ok(())
+    }
+    fn state(&self) -> &ParamStore {
+        &self.state
+    }
+    fn state_mut(&mut self) -> &mut ParamStore {
+        &mut self.state
+    }
+    fn steps(&self) -> u64 {
+        self.step
+    }
+    fn current_lr(&self) -> f64 {
+        self.schedule.lr(self.step)
+    }
+}
