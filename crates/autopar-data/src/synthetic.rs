@@ -219,6 +219,55 @@ mod tests {
     }
 
     #[test]
+    fn a_linear_model_learns_the_teacher_task() {
+        let (d, c) = (8, 3);
+        let ds = SyntheticDataset::new(SyntheticTask::Teacher { num_classes: c, shape: vec![d] }, 600, 21).unwrap();
+        let data: Vec<(Vec<f32>, usize)> = (0..ds.len()).map(|i| ds.get(i).map(|(x, y)| (x, y[0] as usize)).unwrap()).collect();
+        let mut w = vec![0f32; c * d];
+        let accuracy = |w: &[f32]| {
+            let right = data
+                .iter()
+                .filter(|(x, y)| {
+                    let s: Vec<f32> = (0..c).map(|k| w[k * d..(k + 1) * d].iter().zip(x).map(|(a, b)| a * b).sum()).collect();
+                    (0..c).max_by(|&a, &b| s[a].total_cmp(&s[b])) == Some(*y)
+                })
+                .count();
+            right as f32 / data.len() as f32
+        };
+        let before = accuracy(&w);
+        for _ in 0..30 {
+            for (x, y) in &data {
+                let s: Vec<f32> = (0..c).map(|k| w[k * d..(k + 1) * d].iter().zip(x).map(|(a, b)| a * b).sum()).collect();
+                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
+                for k in 0..c {
+                    let g = (s[k] - m).exp() / z - (k == *y) as u8 as f32;
+                    for (wi, xi) in w[k * d..(k + 1) * d].iter_mut().zip(x) {
+                        *wi -= 0.1 * g * xi;
+                    }
+                }
+            }
+        }
+        let after = accuracy(&w);
+        assert!(before < 0.6 && after > 0.9, "accuracy {before} -> {after}");
+    }
+
+    #[test]
+    fn tokens_follow_their_successor_as_often_as_the_noise_allows() {
+        let ds = SyntheticDataset::new(SyntheticTask::Tokens { vocab: 30, seq_len: 16, noise: 0.2 }, 200, 4).unwrap();
+        let (mut hit, mut all) = (0, 0);
+        for i in 0..ds.len() {
+            let (x, y) = ds.get(i).unwrap();
+            for (t, next) in x.iter().zip(&y) {
+                hit += (ds.successor[*t as usize] as i64 == *next) as usize;
+                all += 1;
+            }
+        }
+        let rate = hit as f64 / all as f64;
+        assert!((rate - (0.8 + 0.2 / 30.0)).abs() < 0.03, "successor rate {rate}");
+    }
+
+    #[test]
     fn token_labels_are_the_inputs_shifted_by_one() {
         let ds = SyntheticDataset::new(SyntheticTask::Tokens { vocab: 50, seq_len: 8, noise: 0.0 }, 10, 2).unwrap();
         let (x, y) = ds.get(3).unwrap();

@@ -127,6 +127,19 @@ impl Transforms {
             .then(Transform::HwcToChw)
     }
 
+    /// The tutorial's CIFAR-10 chain exactly, resize included: random crop 32 with padding 4,
+    /// random horizontal flip, resize to `size` x `size` (224 in the tutorial), rescale 1/255,
+    /// normalize, HWC->CHW.
+    pub fn cifar10_tutorial(size: usize) -> Self {
+        Transforms::new()
+            .then(Transform::RandomCrop { height: 32, width: 32, padding: [4; 4], fill: 0.0 })
+            .then(Transform::RandomHorizontalFlip { prob: 0.5 })
+            .then(Transform::Resize { height: size, width: size })
+            .then(Transform::Rescale { scale: 1.0 / 255.0, shift: 0.0 })
+            .then(Transform::Normalize { mean: CIFAR10_MEAN.to_vec(), std: CIFAR10_STD.to_vec() })
+            .then(Transform::HwcToChw)
+    }
+
     /// CIFAR-10 evaluation: rescale 1/255, normalize, HWC->CHW.
     pub fn cifar10_eval() -> Self {
         Transforms::new()
@@ -481,6 +494,7 @@ mod tests {
     fn the_cifar_pipeline_gives_chw_of_the_same_size() {
         assert_eq!(Transforms::cifar10_train().output_shape(&[32, 32, 3]).unwrap(), vec![3, 32, 32]);
         assert_eq!(Transforms::mnist().output_shape(&[28, 28, 1]).unwrap(), vec![1, 28, 28]);
+        assert_eq!(Transforms::cifar10_tutorial(224).output_shape(&[32, 32, 3]).unwrap(), vec![3, 224, 224]);
         assert!(Transforms::cifar10_train().is_random() && !Transforms::cifar10_eval().is_random());
     }
 
