@@ -1,1 +1,60 @@
-//! autopar-checkpoint: see DESIGN.md. This crate is built by its own issue; it is a placeholder until then.
+//! # autopar-checkpoint: distributed checkpoints and strategy files
+//!
+//! Reads and writes what a distributed run leaves on disk, compatible with MindSpore 2.10:
+//! per-rank checkpoints (safetensors, autopar's native format, and MindSpore `.ckpt`), strategy
+//! files (protobuf `ParallelStrategyMap` and its JSON variant), group-info files, and transforms
+//! checkpoints between strategies (MindSpore's `checkpoint_transform` module).
+//!
+//! Key decisions:
+//! * **Index first, bytes on demand.** Opening a checkpoint reads only its index (the safetensors
+//!   header; for `.ckpt` a walk over the protobuf wire format that records where each tensor's
+//!   bytes lie, chunks included). Tensor bytes are read through short-lived memory maps, so a
+//!   transform copies slice ranges straight from the source file into the destination buffer and
+//!   never reads what it does not need.
+//! * **Boxes, not simulated collectives.** MindSpore turns a layout change into `AllConcat` /
+//!   `StridedSlice` programs run on whole numpy copies of every needed file. Every stored piece
+//!   (model-parallel slice, then optimizer shard of dim 0) is a box of the full tensor, so a
+//!   destination piece is the union of its intersections with the source boxes: the same bytes,
+//!   one destination tensor in memory per job. The layout algebra comes from `autopar-layout`.
+//! * **Files as MindSpore writes them.** [`StrategyFile`] keeps message counts and field values as
+//!   read, so re-writing a file gives the same bytes; `.ckpt` values over 512 MiB are chunked and
+//!   the optional CRC trailer is written and verified; safetensors names are sorted.
+//! * **Crash safety.** Every output goes to a temp file in its folder, then fsync and rename
+//!   ([`io::AtomicFile`]); inputs are opened read-only.
+//! * **Errors name the file, tensor and rank** and say what was expected ([`CheckpointError`]).
+
+pub mod checkpoint;
+pub mod ckpt;
+pub mod dtype;
+pub mod error;
+pub mod io;
+pub mod safetensors;
+pub mod strategy;
+pub mod transform;
+
+/// Types generated from MindSpore's protobuf schemas (`proto/*.proto`).
+pub mod proto {
+    /// `node_strategy.proto`, package `mindspore.straspb`.
+    #[allow(clippy::all, missing_docs)]
+    pub mod straspb {
+        include!(concat!(env!("OUT_DIR"), "/mindspore.straspb.rs"));
+    }
+    /// `checkpoint.proto` (no package).
+    #[allow(clippy::all, missing_docs)]
+    pub mod ckpt {
+        include!(concat!(env!("OUT_DIR"), "/_.rs"));
+    }
+}
+
+pub use checkpoint::{
+    collect_rank_files, load_segmented, save, CheckpointFile, CheckpointWriter, Format, NameFilter, OpenOptions, Tensor, TensorEntry,
+    TensorSpec,
+};
+pub use ckpt::CkptWriter;
+pub use dtype::DType;
+pub use error::{CheckpointError, Result};
+pub use safetensors::SafetensorsWriter;
+pub use strategy::{merge_strategies, GroupInfo, LayoutItem, LayoutMap, ParamLayout, StrategyFile, StrategyItem};
+pub use transform::{
+    rank_list_for_transform, transform_checkpoint_by_rank, transform_checkpoints, TransformOptions, TransformPlanner, TransformReport,
+};

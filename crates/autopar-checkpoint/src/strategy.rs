@@ -1,0 +1,547 @@
+//! Strategy checkpoint files (MindSpore's `ParallelStrategyMap`, protobuf or JSON), group-info
+//! files, the per-stage merge, and the per-parameter layout map every transform works from.
+//!
+//! [`StrategyFile`] keeps each field as the file holds it (message counts included), so reading
+//! and writing a file gives the same content; [`StrategyFile::layout_map`] is MindSpore's
+//! `_convert_to_list`: names, device matrices, tensor maps, optimizer shard and pipeline stages.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use autopar_layout::{TensorLayout, TensorMap};
+use prost::Message;
+use serde_json::{Map, Value};
+
+use crate::error::{CheckpointError, Result};
+use crate::io::AtomicFile;
+use crate::proto::straspb as pb;
+
+/// One operator's strategy: `"<PrimName>_<param>"`, its pipeline stage and per-input split counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StrategyItem {
+    pub node_name: String,
+    pub stage: u32,
+    pub parallel_strategy: Vec<Vec<u32>>,
+}
+
+/// One parameter's layout as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayoutItem {
+    /// Parameter name; `"<stage>-<name>"` in merged pipeline files.
+    pub name: String,
+    pub dev_matrix: Vec<u32>,
+    /// The `TensorMap` messages: one holding the whole map, or one per tensor dimension when a
+    /// dimension is split over several device axes (`[[-1], [0, 1]]`).
+    pub tensor_map: Vec<Vec<i32>>,
+    pub param_split_shape: Vec<Vec<i64>>,
+    pub indices_offset: Vec<Vec<i64>>,
+    pub field: i32,
+    pub opt_weight_shard_step: i32,
+    /// 0 = not sharded, -1 = the whole replica group, k > 0 = groups of k.
+    pub opt_weight_shard_size: i32,
+    /// Full shape; only the JSON form stores it.
+    pub tensor_shape: Option<Vec<usize>>,
+}
+
+impl LayoutItem {
+    /// The tensor map in autopar's [`TensorMap`] form (multi-axis entries kept).
+    pub fn map(&self) -> TensorMap {
+        if self.tensor_map.len() == 1 {
+            TensorMap::single(&self.tensor_map[0].iter().map(|&v| v as i64).collect::<Vec<_>>())
+        } else {
+            TensorMap(self.tensor_map.iter().filter(|m| !m.is_empty()).map(|m| m.iter().map(|&v| v as i64).collect()).collect())
+        }
+    }
+
+    /// `(stage, name)` of a merged `"<stage>-<name>"` entry.
+    pub fn split_stage(&self) -> Option<(u32, &str)> {
+        let (s, rest) = self.name.split_once('-')?;
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some((s.parse().ok()?, rest))
+    }
+}
+
+/// A strategy checkpoint file.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StrategyFile {
+    /// MindSpore 2.10 writes 2 in fresh files and 1 in merged ones; readers ignore it.
+    pub current_stage: u32,
+    pub strategy_items: Vec<StrategyItem>,
+    pub layout_items: Vec<LayoutItem>,
+}
+
+fn is_json(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()) == Some("json")
+}
+
+impl StrategyFile {
+    /// Read a strategy file: `.json` is the JSON variant, anything else protobuf.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = fs::read(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => CheckpointError::NotFound { what: "strategy file", path: path.to_path_buf() },
+            _ => CheckpointError::Io { op: "read", path: path.to_path_buf(), source: e },
+        })?;
+        if is_json(path) {
+            Self::from_json(path, &bytes)
+        } else {
+            Self::from_protobuf(path, &bytes)
+        }
+    }
+
+    /// Write atomically; the extension picks the form as in [`Self::load`].
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = if is_json(path) { self.to_json().into_bytes() } else { self.to_protobuf() };
+        let mut f = AtomicFile::create(path)?;
+        f.write_all(&bytes)?;
+        f.commit()
+    }
+
+    pub fn from_protobuf(path: &Path, bytes: &[u8]) -> Result<Self> {
+        let m = pb::ParallelStrategyMap::decode(bytes).map_err(|e| CheckpointError::Decode {
+            what: "strategy file",
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let invalid = |reason: String| CheckpointError::InvalidStrategy { path: path.to_path_buf(), reason };
+        let strategy_items = m
+            .parallel_strategy_item
+            .into_iter()
+            .map(|s| StrategyItem {
+                node_name: s.node_name,
+                stage: s.parallel_strategys.stage,
+                parallel_strategy: s.parallel_strategys.parallel_strategy.into_iter().map(|p| p.dim).collect(),
+            })
+            .collect();
+        let mut layout_items = Vec::new();
+        for l in m.parallel_layout_item {
+            let pl = l.parallel_layouts;
+            if pl.dev_matrix.len() != 1 {
+                return Err(invalid(format!("parameter {:?} has {} dev_matrix entries, expected 1", l.param_name, pl.dev_matrix.len())));
+            }
+            if pl.tensor_map.is_empty() {
+                return Err(invalid(format!("parameter {:?} has no tensor_map", l.param_name)));
+            }
+            layout_items.push(LayoutItem {
+                name: l.param_name,
+                dev_matrix: pl.dev_matrix.into_iter().next().map(|d| d.dim).unwrap_or_default(),
+                tensor_map: pl.tensor_map.into_iter().map(|t| t.dim).collect(),
+                param_split_shape: pl.param_split_shape.into_iter().map(|p| p.dim).collect(),
+                indices_offset: pl.indices_offset.into_iter().map(|p| p.dim).collect(),
+                field: pl.field,
+                opt_weight_shard_step: pl.opt_weight_shard_step,
+                opt_weight_shard_size: pl.opt_weight_shard_size,
+                tensor_shape: None,
+            });
+        }
+        Ok(Self { current_stage: m.current_stage, strategy_items, layout_items })
+    }
+
+    pub fn to_protobuf(&self) -> Vec<u8> {
+        let m = pb::ParallelStrategyMap {
+            current_stage: self.current_stage,
+            parallel_strategy_item: self
+                .strategy_items
+                .iter()
+                .map(|s| pb::ParallelStrategyItem {
+                    node_name: s.node_name.clone(),
+                    parallel_strategys: pb::ParallelStrategys {
+                        stage: s.stage,
+                        parallel_strategy: s.parallel_strategy.iter().map(|d| pb::ParallelStrategy { dim: d.clone() }).collect(),
+                    },
+                })
+                .collect(),
+            parallel_layout_item: self
+                .layout_items
+                .iter()
+                .map(|l| pb::ParallelLayoutItem {
+                    param_name: l.name.clone(),
+                    parallel_layouts: pb::ParallelLayouts {
+                        dev_matrix: vec![pb::DevMatrix { dim: l.dev_matrix.clone() }],
+                        tensor_map: l.tensor_map.iter().map(|d| pb::TensorMap { dim: d.clone() }).collect(),
+                        param_split_shape: l.param_split_shape.iter().map(|d| pb::ParamSplitShape { dim: d.clone() }).collect(),
+                        indices_offset: l.indices_offset.iter().map(|d| pb::IndicesOffset { dim: d.clone() }).collect(),
+                        field: l.field,
+                        opt_weight_shard_step: l.opt_weight_shard_step,
+                        opt_weight_shard_size: l.opt_weight_shard_size,
+                    },
+                })
+                .collect(),
+        };
+        m.encode_to_vec()
+    }
+
+    pub fn from_json(path: &Path, bytes: &[u8]) -> Result<Self> {
+        let invalid = |reason: String| CheckpointError::InvalidStrategy { path: path.to_path_buf(), reason };
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| CheckpointError::Decode {
+            what: "strategy file",
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let obj = v.as_object().ok_or_else(|| invalid("the top level is not a JSON object".into()))?;
+        let current_stage = match obj.get("current_stage") {
+            None => 0,
+            Some(v) => v.as_u64().ok_or_else(|| invalid("current_stage is not a non-negative integer".into()))? as u32,
+        };
+        let ints = |v: &Value, what: &str| -> Result<Vec<i64>> {
+            v.as_array()
+                .ok_or_else(|| invalid(format!("{what} is not a list")))?
+                .iter()
+                .map(|x| x.as_i64().ok_or_else(|| invalid(format!("{what} holds a non-integer {x}"))))
+                .collect()
+        };
+        let u32s = |v: &Value, what: &str| -> Result<Vec<u32>> {
+            ints(v, what)?.into_iter().map(|x| u32::try_from(x).map_err(|_| invalid(format!("{what} holds {x}")))).collect()
+        };
+        let i32s = |v: &Value, what: &str| -> Result<Vec<i32>> {
+            ints(v, what)?.into_iter().map(|x| i32::try_from(x).map_err(|_| invalid(format!("{what} holds {x}")))).collect()
+        };
+        let mut strategy_items = Vec::new();
+        if let Some(items) = obj.get("parallel_strategy_item") {
+            let items = items.as_object().ok_or_else(|| invalid("parallel_strategy_item is not an object".into()))?;
+            for (name, it) in items {
+                let stage = it.get("stage").and_then(Value::as_u64).ok_or_else(|| invalid(format!("{name}: no stage")))? as u32;
+                let ps = it
+                    .get("parallel_strategy")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| invalid(format!("{name}: no parallel_strategy")))?;
+                let parallel_strategy = ps.iter().map(|d| u32s(d, name)).collect::<Result<Vec<_>>>()?;
+                strategy_items.push(StrategyItem { node_name: name.clone(), stage, parallel_strategy });
+            }
+        }
+        let mut layout_items = Vec::new();
+        if let Some(items) = obj.get("parallel_layout_item") {
+            let items = items.as_object().ok_or_else(|| invalid("parallel_layout_item is not an object".into()))?;
+            for (name, it) in items {
+                let get = |k: &str| it.get(k).ok_or_else(|| invalid(format!("parameter {name:?}: no {k}")));
+                let int = |k: &str| -> Result<i32> {
+                    match it.get(k) {
+                        None => Ok(0),
+                        Some(v) => v
+                            .as_i64()
+                            .and_then(|x| i32::try_from(x).ok())
+                            .ok_or_else(|| invalid(format!("parameter {name:?}: {k} is not an integer"))),
+                    }
+                };
+                let tm = get("tensor_map")?.as_array().ok_or_else(|| invalid(format!("parameter {name:?}: tensor_map is not a list")))?;
+                let tensor_map = if tm.iter().any(Value::is_array) {
+                    tm.iter().map(|d| i32s(d, "tensor_map")).collect::<Result<Vec<_>>>()?
+                } else {
+                    vec![i32s(get("tensor_map")?, "tensor_map")?]
+                };
+                let opt_list = |k: &str| -> Result<Vec<Vec<i64>>> {
+                    match it.get(k) {
+                        None => Ok(vec![Vec::new()]),
+                        Some(v) => Ok(vec![ints(v, k)?]),
+                    }
+                };
+                let tensor_shape = match it.get("tensor_shape") {
+                    None => None,
+                    Some(v) => Some(
+                        ints(v, "tensor_shape")?
+                            .into_iter()
+                            .map(|x| usize::try_from(x).map_err(|_| invalid(format!("parameter {name:?}: tensor_shape holds {x}"))))
+                            .collect::<Result<Vec<_>>>()?,
+                    ),
+                };
+                layout_items.push(LayoutItem {
+                    name: name.clone(),
+                    dev_matrix: u32s(get("dev_matrix")?, "dev_matrix")?,
+                    tensor_map,
+                    param_split_shape: opt_list("param_split_shape")?,
+                    indices_offset: opt_list("indices_offset")?,
+                    field: int("field")?,
+                    opt_weight_shard_step: int("opt_weight_shard_step")?,
+                    opt_weight_shard_size: int("opt_weight_shard_size")?,
+                    tensor_shape,
+                });
+            }
+        }
+        Ok(Self { current_stage, strategy_items, layout_items })
+    }
+
+    /// The JSON form as MindSpore writes it: compact, keys sorted.
+    pub fn to_json(&self) -> String {
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::from(x)).collect());
+        let mut strategies: Vec<&StrategyItem> = self.strategy_items.iter().collect();
+        strategies.sort_by(|a, b| a.node_name.cmp(&b.node_name));
+        let mut layouts: Vec<&LayoutItem> = self.layout_items.iter().collect();
+        layouts.sort_by(|a, b| a.name.cmp(&b.name));
+        // Every map is filled in sorted key order, so the output is sorted with or without
+        // serde_json's `preserve_order`.
+        let mut lmap = Map::new();
+        for l in layouts {
+            let mut o = Map::new();
+            o.insert("dev_matrix".into(), ints(&l.dev_matrix.iter().map(|&x| x as i64).collect::<Vec<_>>()));
+            o.insert("field".into(), Value::from(l.field));
+            if let Some(p) = l.indices_offset.first().filter(|p| !p.is_empty()) {
+                o.insert("indices_offset".into(), ints(p));
+            }
+            o.insert("opt_weight_shard_size".into(), Value::from(l.opt_weight_shard_size));
+            o.insert("opt_weight_shard_step".into(), Value::from(l.opt_weight_shard_step));
+            if let Some(p) = l.param_split_shape.first().filter(|p| !p.is_empty()) {
+                o.insert("param_split_shape".into(), ints(p));
+            }
+            let tm = if l.tensor_map.len() == 1 {
+                ints(&l.tensor_map[0].iter().map(|&x| x as i64).collect::<Vec<_>>())
+            } else {
+                Value::Array(l.tensor_map.iter().map(|m| ints(&m.iter().map(|&x| x as i64).collect::<Vec<_>>())).collect())
+            };
+            o.insert("tensor_map".into(), tm);
+            if let Some(s) = &l.tensor_shape {
+                o.insert("tensor_shape".into(), ints(&s.iter().map(|&x| x as i64).collect::<Vec<_>>()));
+            }
+            lmap.insert(l.name.clone(), Value::Object(o));
+        }
+        let mut smap = Map::new();
+        for s in strategies {
+            let mut o = Map::new();
+            o.insert(
+                "parallel_strategy".into(),
+                Value::Array(s.parallel_strategy.iter().map(|d| ints(&d.iter().map(|&x| x as i64).collect::<Vec<_>>())).collect()),
+            );
+            o.insert("stage".into(), Value::from(s.stage));
+            smap.insert(s.node_name.clone(), Value::Object(o));
+        }
+        let mut top = Map::new();
+        top.insert("current_stage".into(), Value::from(self.current_stage));
+        top.insert("parallel_layout_item".into(), Value::Object(lmap));
+        top.insert("parallel_strategy_item".into(), Value::Object(smap));
+        serde_json::to_string(&Value::Object(top)).unwrap_or_default()
+    }
+
+    /// The pipeline stage this (per-stage) file describes: the stage of its first strategy item.
+    pub fn stage(&self) -> Option<u32> {
+        self.strategy_items.first().map(|s| s.stage)
+    }
+
+    /// Per-parameter layouts, as MindSpore's `_convert_to_list` without a rank: a name seen in
+    /// several stages (`"0-w"`, `"1-w"`) keeps the lowest stage's layout and lists every stage.
+    pub fn layout_map(&self) -> Result<LayoutMap> {
+        let mut params: BTreeMap<String, ParamLayout> = BTreeMap::new();
+        let mut per_stage: BTreeMap<(String, u32), ParamLayout> = BTreeMap::new();
+        for l in &self.layout_items {
+            let (stage, name) = l.split_stage().unwrap_or((0, l.name.as_str()));
+            let dev: Vec<usize> = l.dev_matrix.iter().map(|&d| d as usize).collect();
+            let p = ParamLayout {
+                dev_matrix: dev,
+                tensor_map: l.map(),
+                field: l.field,
+                opt_shard_step: l.opt_weight_shard_step as i64,
+                opt_shard_size: l.opt_weight_shard_size as i64,
+                stages: vec![stage],
+                tensor_shape: l.tensor_shape.clone(),
+            };
+            per_stage.insert((name.to_string(), stage), p.clone());
+            match params.get_mut(name) {
+                None => {
+                    params.insert(name.to_string(), p);
+                }
+                Some(old) => {
+                    let mut stages = old.stages.clone();
+                    if !stages.contains(&stage) {
+                        stages.push(stage);
+                    }
+                    if stage <= *old.stages.iter().min().unwrap_or(&u32::MAX) {
+                        *old = p;
+                    }
+                    old.stages = stages;
+                }
+            }
+        }
+        Ok(LayoutMap { params, per_stage })
+    }
+}
+
+/// One parameter's layout in memory (MindSpore's 7-list).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamLayout {
+    pub dev_matrix: Vec<usize>,
+    pub tensor_map: TensorMap,
+    pub field: i32,
+    pub opt_shard_step: i64,
+    pub opt_shard_size: i64,
+    /// Pipeline stages holding the parameter (the first is the one whose layout this is).
+    pub stages: Vec<u32>,
+    pub tensor_shape: Option<Vec<usize>>,
+}
+
+impl ParamLayout {
+    /// A parameter on one device, not split (MindSpore's layout for a missing strategy file).
+    pub fn unsharded(ndim: usize) -> Self {
+        Self {
+            dev_matrix: vec![1],
+            tensor_map: TensorMap::single(&vec![-1; ndim]),
+            field: 0,
+            opt_shard_step: 0,
+            opt_shard_size: 0,
+            stages: vec![0],
+            tensor_shape: None,
+        }
+    }
+
+    pub fn device_num(&self) -> usize {
+        self.dev_matrix.iter().product()
+    }
+
+    pub fn tensor_layout(&self, full_shape: &[usize]) -> autopar_layout::Result<TensorLayout> {
+        TensorLayout::from_mindspore(&self.dev_matrix, &self.tensor_map, full_shape)
+    }
+
+    /// Ranks per optimizer-shard group: 1 when not sharded, the whole replica group for -1
+    /// (MindSpore's `_extract_layout_item`), else the stored size.
+    pub fn opt_group_size(&self, layout: &TensorLayout) -> usize {
+        if self.opt_shard_step == 0 || self.opt_shard_size == 0 {
+            return 1;
+        }
+        if self.opt_shard_size < 0 {
+            layout.mesh().num_devices() / layout.num_slices()
+        } else {
+            self.opt_shard_size as usize
+        }
+    }
+}
+
+/// Name -> layout for one strategy file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayoutMap {
+    pub params: BTreeMap<String, ParamLayout>,
+    per_stage: BTreeMap<(String, u32), ParamLayout>,
+}
+
+impl LayoutMap {
+    /// Devices per pipeline stage: the device-matrix product (the same for every parameter).
+    pub fn stage_device_num(&self) -> usize {
+        self.params.values().next().map(ParamLayout::device_num).unwrap_or(1)
+    }
+
+    /// Distinct pipeline stages named by the parameters.
+    pub fn stages(&self) -> Vec<u32> {
+        let mut s: Vec<u32> = self.params.values().flat_map(|p| p.stages.iter().copied()).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+
+    /// The layout of `name` as pipeline stage `stage` holds it.
+    pub fn in_stage(&self, name: &str, stage: u32) -> Option<&ParamLayout> {
+        let p = self.params.get(name)?;
+        if !p.stages.contains(&stage) {
+            return None;
+        }
+        self.per_stage.get(&(name.to_string(), stage)).or(Some(p))
+    }
+}
+
+/// A group-info file: every communication group a rank created, and its restore rank list.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GroupInfo {
+    pub groups: Vec<(String, Vec<u32>)>,
+    pub restore_rank_list: Vec<u32>,
+}
+
+impl GroupInfo {
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = fs::read(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => CheckpointError::NotFound { what: "group-info file", path: path.to_path_buf() },
+            _ => CheckpointError::Io { op: "read", path: path.to_path_buf(), source: e },
+        })?;
+        let m = pb::ParallelGroupMap::decode(bytes.as_slice()).map_err(|e| CheckpointError::Decode {
+            what: "group-info file",
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            groups: m.parallel_group_item.into_iter().map(|g| (g.group_name, g.parallel_group_ranks.dim)).collect(),
+            restore_rank_list: m.ckpt_restore_rank_list.dim,
+        })
+    }
+
+    pub fn to_protobuf(&self) -> Vec<u8> {
+        pb::ParallelGroupMap {
+            parallel_group_item: self
+                .groups
+                .iter()
+                .map(|(n, r)| pb::ParallelGroupItem {
+                    group_name: n.clone(),
+                    parallel_group_ranks: pb::ParallelGroupRanks { dim: r.clone() },
+                })
+                .collect(),
+            ckpt_restore_rank_list: pb::ParallelGroupRanks { dim: self.restore_rank_list.clone() },
+        }
+        .encode_to_vec()
+    }
+
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let mut f = AtomicFile::create(path.as_ref())?;
+        f.write_all(&self.to_protobuf())?;
+        f.commit()
+    }
+}
+
+/// MindSpore's `merge_pipeline_strategys`: the per-stage strategy files of `src_dir` (all `.ckpt`
+/// or all `.json`) into one file whose layout names are `"<stage>-<name>"`. Byte-identical
+/// duplicates and further files of an already merged stage are skipped. Returns the stages merged.
+pub fn merge_strategies(src_dir: &Path, dst_file: &Path) -> Result<Vec<u32>> {
+    if !src_dir.is_dir() {
+        return Err(CheckpointError::NotADirectory { path: src_dir.to_path_buf(), what: "per-stage strategy files" });
+    }
+    let mut pbs: Vec<PathBuf> = Vec::new();
+    let mut jsons: Vec<PathBuf> = Vec::new();
+    for e in fs::read_dir(src_dir).map_err(CheckpointError::io("list", src_dir))? {
+        let p = e.map_err(CheckpointError::io("list", src_dir))?.path();
+        if !p.is_file() {
+            continue;
+        }
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("ckpt") => pbs.push(p),
+            Some("json") => jsons.push(p),
+            _ => {}
+        }
+    }
+    if !pbs.is_empty() && !jsons.is_empty() {
+        return Err(CheckpointError::MixedStrategyFormats { dir: src_dir.to_path_buf() });
+    }
+    let mut files = if pbs.is_empty() { jsons } else { pbs };
+    if files.is_empty() {
+        return Err(CheckpointError::NoStrategyFiles { dir: src_dir.to_path_buf() });
+    }
+    files.sort();
+    let mut loaded: Vec<(Vec<u8>, StrategyFile, PathBuf)> = Vec::new();
+    for f in files {
+        let bytes = fs::read(&f).map_err(CheckpointError::io("read", &f))?;
+        if loaded.iter().any(|(b, _, _)| *b == bytes) {
+            continue;
+        }
+        let s = if is_json(&f) { StrategyFile::from_json(&f, &bytes)? } else { StrategyFile::from_protobuf(&f, &bytes)? };
+        if s.strategy_items.is_empty() {
+            return Err(CheckpointError::EmptyStrategy { path: f, missing: "strategy items" });
+        }
+        if s.layout_items.is_empty() {
+            return Err(CheckpointError::EmptyStrategy { path: f, missing: "layout items" });
+        }
+        loaded.push((bytes, s, f));
+    }
+    loaded.sort_by_key(|(_, s, p)| (s.stage().unwrap_or(0), p.clone()));
+    let mut merged = StrategyFile { current_stage: 1, ..Default::default() };
+    let mut stages = Vec::new();
+    for (_, s, _) in loaded {
+        let stage = s.stage().unwrap_or(0);
+        if stages.contains(&stage) {
+            continue;
+        }
+        stages.push(stage);
+        merged.strategy_items.extend(s.strategy_items);
+        merged.layout_items.extend(s.layout_items.into_iter().map(|mut l| {
+            l.name = format!("{stage}-{}", l.name);
+            l
+        }));
+    }
+    merged.save(dst_file)?;
+    Ok(stages)
+}

@@ -1,0 +1,638 @@
+//! Checkpoint transformation between strategies (MindSpore's `checkpoint_transform`).
+//!
+//! MindSpore simulates the redistribution operators (`AllConcat`, `StridedSlice`, `Reshape`) on
+//! whole numpy copies of every needed source file. autopar computes the same result directly:
+//! every stored piece (a rank's model-parallel slice, then its optimizer shard of dim 0) is a box
+//! of the full tensor, so a destination piece is filled by copying its intersection with each
+//! source box straight from the memory-mapped source file into the destination buffer. Only one
+//! destination tensor per job is ever in memory, and source bytes nobody needs are never read.
+//!
+//! Which replica a piece is read from: the one whose device coordinates agree most with the
+//! destination rank (taken modulo the source device count, as MindSpore pairs ranks when device
+//! counts differ), ties to the lowest rank; so a destination rank reads as few files as it can.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use autopar_layout::TensorLayout;
+
+use crate::checkpoint::{collect_rank_files, CheckpointFile, CheckpointWriter, Format, OpenOptions, TensorSpec};
+use crate::error::{CheckpointError, Result};
+use crate::io::intersect;
+use crate::strategy::{LayoutMap, ParamLayout, StrategyFile};
+
+/// Options of [`transform_checkpoints`] and [`transform_checkpoint_by_rank`].
+#[derive(Clone, Debug)]
+pub struct TransformOptions {
+    /// Output format of [`transform_checkpoints`] (`transform_checkpoint_by_rank` takes it from the file name).
+    pub format: Format,
+    /// Output files are `<dst>/rank_<r>/<prefix><r>.<format>`.
+    pub prefix: String,
+    /// Destination files written at the same time.
+    pub jobs: usize,
+    /// Skip (and list) tensors that are in one strategy but not the other instead of failing.
+    pub allow_missing: bool,
+    /// Show a progress bar on stderr (hidden when stderr is not a terminal).
+    pub progress: bool,
+    /// Append MindSpore's CRC trailer to `.ckpt` outputs.
+    pub crc: bool,
+    /// Verify CRCs of the source files that have one.
+    pub verify_crc: bool,
+}
+
+impl Default for TransformOptions {
+    fn default() -> Self {
+        Self {
+            format: Format::Ckpt,
+            prefix: "checkpoint_".into(),
+            jobs: 1,
+            allow_missing: false,
+            progress: false,
+            crc: false,
+            verify_crc: true,
+        }
+    }
+}
+
+/// What a transform did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransformReport {
+    pub files: Vec<PathBuf>,
+    pub bytes_written: u64,
+    /// Tensors in one strategy but not the other, skipped under `allow_missing`.
+    pub skipped: Vec<String>,
+    /// Tensors in the strategies that no needed source file holds.
+    pub absent: Vec<String>,
+    /// Tensors in neither strategy, copied unchanged (`global_step`, `learning_rate`, ...).
+    pub copied: Vec<String>,
+}
+
+/// The source and destination strategies of a transform (`None` = one device, unsplit).
+#[derive(Clone, Debug)]
+pub struct TransformPlanner {
+    src: Option<LayoutMap>,
+    dst: Option<LayoutMap>,
+    src_stage_devs: usize,
+    dst_stage_devs: usize,
+    dst_stages: usize,
+    skipped: Vec<String>,
+}
+
+fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, PathBuf)>> {
+    let Some(p) = path else { return Ok(None) };
+    let s = StrategyFile::load(p)?;
+    if s.layout_items.is_empty() {
+        return Err(CheckpointError::EmptyStrategy { path: p.to_path_buf(), missing: "layout items" });
+    }
+    let m = s.layout_map()?;
+    let devs = m.stage_device_num();
+    if let Some((name, p2)) = m.params.iter().find(|(_, l)| l.device_num() != devs) {
+        return Err(CheckpointError::InvalidStrategy {
+            path: p.to_path_buf(),
+            reason: format!("parameter {name:?} has device matrix {:?}, others span {devs} devices", p2.dev_matrix),
+        });
+    }
+    let stages = m.stages();
+    if stages.iter().enumerate().any(|(i, &s)| s as usize != i) {
+        return Err(CheckpointError::MissingStages { path: p.to_path_buf(), count: stages.len(), stages });
+    }
+    Ok(Some((m, p.to_path_buf())))
+}
+
+/// A layout with its optimizer shard: each rank's piece is its model-parallel slice, with dim 0
+/// cut into `opt` parts across contiguous chunks of its (sorted) replica group.
+struct Side {
+    layout: TensorLayout,
+    opt: usize,
+}
+
+impl Side {
+    fn new(p: &ParamLayout, shape: &[usize], tensor: &str, which: &'static str) -> Result<Self> {
+        let layout = p.tensor_layout(shape).map_err(|source| CheckpointError::Layout { tensor: tensor.to_string(), which, source })?;
+        let opt = p.opt_group_size(&layout);
+        if opt > 1 {
+            let replicas = layout.mesh().num_devices() / layout.num_slices();
+            if replicas % opt != 0 {
+                return Err(CheckpointError::NotDivisible {
+                    tensor: tensor.to_string(),
+                    dim: 0,
+                    size: replicas,
+                    split: opt,
+                    what: "replica group into optimizer shard groups",
+                });
+            }
+            let rows = layout.slice_shape().first().copied().unwrap_or(1);
+            if shape.is_empty() || rows % opt != 0 {
+                return Err(CheckpointError::NotDivisible {
+                    tensor: tensor.to_string(),
+                    dim: 0,
+                    size: rows,
+                    split: opt,
+                    what: "optimizer shard of the slice rows",
+                });
+            }
+        }
+        Ok(Self { layout, opt })
+    }
+
+    /// A shape-independent stand-in, for rank lists (MindSpore's "fake shape").
+    fn fake(p: &ParamLayout, other: &ParamLayout, tensor: &str) -> Result<(Self, Self)> {
+        let nd = p.tensor_map.len();
+        let splits = |q: &ParamLayout, which| -> Result<(Vec<usize>, usize)> {
+            let n = q.device_num().max(1);
+            let l =
+                q.tensor_layout(&vec![n; nd]).map_err(|source| CheckpointError::Layout { tensor: tensor.to_string(), which, source })?;
+            Ok((l.splits(), q.opt_group_size(&l)))
+        };
+        let (a, ao) = splits(p, "source")?;
+        let (b, bo) = splits(other, "destination")?;
+        let mut shape: Vec<usize> = a.iter().zip(&b).map(|(x, y)| x * y).collect();
+        if let Some(s0) = shape.first_mut() {
+            *s0 *= ao * bo;
+        }
+        Ok((Side::new(p, &shape, tensor, "source")?, Side::new(other, &shape, tensor, "destination")?))
+    }
+
+    fn region(&self, rank: usize) -> Vec<Range<usize>> {
+        let mut r = self.layout.slice_of(rank).unwrap_or_default();
+        if self.opt > 1 {
+            let part = self.part(rank);
+            let len = (r[0].end - r[0].start) / self.opt;
+            let start = r[0].start + part * len;
+            r[0] = start..start + len;
+        }
+        r
+    }
+
+    fn part(&self, rank: usize) -> usize {
+        if self.opt <= 1 {
+            return 0;
+        }
+        let g = self.layout.replica_group(rank).unwrap_or_default();
+        g.iter().position(|&x| x == rank).unwrap_or(0) % self.opt
+    }
+
+    fn key(&self, rank: usize) -> (usize, usize) {
+        (self.layout.slice_index(rank).unwrap_or(0), self.part(rank))
+    }
+
+    fn local_shape(&self) -> Vec<usize> {
+        let mut s = self.layout.slice_shape();
+        if self.opt > 1 {
+            s[0] /= self.opt;
+        }
+        s
+    }
+}
+
+/// Source ranks (local to their stage) and global boxes that cover destination `dst_local`'s piece.
+fn cover(src: &Side, dst: &Side, dst_local: usize) -> Vec<(usize, Vec<Range<usize>>, Vec<Range<usize>>)> {
+    let d = dst.region(dst_local);
+    let n = src.layout.mesh().num_devices();
+    let pref = src.layout.mesh().coordinate(dst_local % n).unwrap_or_default();
+    let mut by_key: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+    let mut index: HashMap<(usize, usize), usize> = HashMap::new();
+    for q in 0..n {
+        let k = src.key(q);
+        match index.get(&k) {
+            Some(&i) => by_key[i].1.push(q),
+            None => {
+                index.insert(k, by_key.len());
+                by_key.push((k, vec![q]));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (_, ranks) in by_key {
+        let region = src.region(ranks[0]);
+        let Some(inter) = intersect(&region, &d) else { continue };
+        let best = ranks
+            .iter()
+            .copied()
+            .max_by_key(|&q| {
+                let c = src.layout.mesh().coordinate(q).unwrap_or_default();
+                let agree = c.iter().zip(&pref).filter(|(a, b)| a == b).count();
+                (agree, std::cmp::Reverse(q))
+            })
+            .unwrap_or(ranks[0]);
+        out.push((best, src.region(best), inter));
+    }
+    out
+}
+
+/// One destination tensor: what to write and where each piece comes from.
+#[derive(Clone, Debug)]
+struct TensorPlan {
+    spec: TensorSpec,
+    /// (global source rank, box in the source tensor, start in the destination tensor)
+    pieces: Vec<(usize, Vec<Range<usize>>, Vec<usize>)>,
+}
+
+#[derive(Clone, Debug)]
+struct RankPlan {
+    path: PathBuf,
+    tensors: Vec<TensorPlan>,
+    bytes: u64,
+}
+
+impl TransformPlanner {
+    /// Load the strategies; `allow_missing` decides whether a tensor in one strategy but not the
+    /// other is an error or skipped.
+    pub fn new(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, allow_missing: bool) -> Result<Self> {
+        let src = load_map(src_strategy)?;
+        let dst = load_map(dst_strategy)?;
+        let mut skipped = Vec::new();
+        if let (Some((s, _)), Some((d, _))) = (&src, &dst) {
+            for (a, b, present, missing) in [(s, d, "source", "destination"), (d, s, "destination", "source")] {
+                let names: Vec<String> = a.params.keys().filter(|k| !b.params.contains_key(*k)).cloned().collect();
+                if !names.is_empty() && !allow_missing {
+                    return Err(CheckpointError::NotInBothStrategies { count: names.len(), present, missing, names: names.join(", ") });
+                }
+                skipped.extend(names);
+            }
+        }
+        let src = src.map(|(m, _)| m);
+        let dst = dst.map(|(m, _)| m);
+        Ok(Self {
+            src_stage_devs: src.as_ref().map_or(1, LayoutMap::stage_device_num),
+            dst_stage_devs: dst.as_ref().map_or(1, LayoutMap::stage_device_num),
+            dst_stages: dst.as_ref().map_or(1, |m| m.stages().len().max(1)),
+            src,
+            dst,
+            skipped,
+        })
+    }
+
+    /// Destination ranks over all pipeline stages.
+    pub fn dst_device_num(&self) -> usize {
+        self.dst_stage_devs * self.dst_stages
+    }
+
+    /// Source ranks over all pipeline stages.
+    pub fn src_device_num(&self) -> usize {
+        self.src_stage_devs * self.src.as_ref().map_or(1, |m| m.stages().len().max(1))
+    }
+
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank >= self.dst_device_num() {
+            return Err(CheckpointError::RankOutOfRange { rank, devices: self.dst_device_num() });
+        }
+        Ok(())
+    }
+
+    /// Parameters destination `rank` holds, with (source layout, source stage, destination layout).
+    fn params_of(&self, rank: usize) -> Vec<(String, ParamLayout, u32, ParamLayout)> {
+        let stage = (rank / self.dst_stage_devs) as u32;
+        let mut out = Vec::new();
+        let names: Vec<&String> = match (&self.dst, &self.src) {
+            (Some(d), _) => d.params.keys().collect(),
+            (None, Some(s)) => s.params.keys().collect(),
+            (None, None) => Vec::new(),
+        };
+        for name in names {
+            let dst = match &self.dst {
+                Some(d) => match d.in_stage(name, stage) {
+                    Some(p) => Some(p.clone()),
+                    None => continue,
+                },
+                None => None,
+            };
+            let src = match &self.src {
+                Some(s) => match s.params.get(name) {
+                    Some(p) => Some(p.clone()),
+                    None => continue, // in the skipped list
+                },
+                None => None,
+            };
+            let nd = dst.as_ref().or(src.as_ref()).map_or(0, |p| p.tensor_map.len());
+            let src_stage = src.as_ref().and_then(|p| p.stages.iter().min().copied()).unwrap_or(0);
+            out.push((
+                name.clone(),
+                src.unwrap_or_else(|| ParamLayout::unsharded(nd)),
+                src_stage,
+                dst.unwrap_or_else(|| ParamLayout::unsharded(nd)),
+            ));
+        }
+        out
+    }
+
+    /// MindSpore's `rank_list_for_transform`: the global source ranks whose files destination
+    /// `rank` needs, highest first.
+    pub fn rank_list(&self, rank: usize) -> Result<Vec<usize>> {
+        self.check_rank(rank)?;
+        if self.src.is_none() {
+            return Ok(vec![0]);
+        }
+        let local = rank % self.dst_stage_devs;
+        let mut set = BTreeSet::new();
+        for (name, src, src_stage, dst) in self.params_of(rank) {
+            let (s, d) = Side::fake(&src, &dst, &name)?;
+            for (q, _, _) in cover(&s, &d, local) {
+                set.insert(src_stage as usize * self.src_stage_devs + q);
+            }
+        }
+        if set.is_empty() {
+            set.insert(local % self.src_stage_devs);
+        }
+        Ok(set.into_iter().rev().collect())
+    }
+
+    fn is_extra(&self, name: &str) -> bool {
+        !self.src.as_ref().is_some_and(|m| m.params.contains_key(name)) && !self.dst.as_ref().is_some_and(|m| m.params.contains_key(name))
+    }
+
+    /// Plan destination `rank`'s file from the open source files.
+    fn plan_rank(
+        &self,
+        rank: usize,
+        files: &BTreeMap<usize, CheckpointFile>,
+        path: PathBuf,
+        report: &mut TransformReport,
+    ) -> Result<RankPlan> {
+        let local = rank % self.dst_stage_devs;
+        let needed = self.rank_list(rank)?;
+        let mut tensors: Vec<TensorPlan> = Vec::new();
+        let mut handled: BTreeSet<String> = BTreeSet::new();
+        for (name, src_p, src_stage, dst_p) in self.params_of(rank) {
+            handled.insert(name.clone());
+            let base = src_stage as usize * self.src_stage_devs;
+            let (fs, fd) = Side::fake(&src_p, &dst_p, &name)?;
+            let fake_cover = cover(&fs, &fd, local);
+            // the local shape of any source piece gives the full shape
+            let first = base + fake_cover.first().map_or(0, |c| c.0);
+            let file = files.get(&first).ok_or(CheckpointError::MissingRankFile { rank: first })?;
+            let Some(entry) = file.get(&name) else {
+                if needed.iter().filter_map(|r| files.get(r)).all(|f| f.get(&name).is_none()) {
+                    report.absent.push(name);
+                    continue;
+                }
+                return Err(CheckpointError::MissingTensor { path: file.path().to_path_buf(), tensor: name });
+            };
+            let mut full = entry.shape.clone();
+            let (splits, opt) = (fs.layout.splits(), fs.opt);
+            if full.len() != splits.len() {
+                return Err(CheckpointError::ShapeMismatch {
+                    tensor: name.clone(),
+                    rank: first,
+                    path: file.path().to_path_buf(),
+                    expected: fs.local_shape(),
+                    actual: full,
+                });
+            }
+            for (d, s) in full.iter_mut().zip(&splits) {
+                *d *= s;
+            }
+            if let Some(d0) = full.first_mut() {
+                *d0 *= opt;
+            }
+            for (which, p) in [("source", &src_p), ("destination", &dst_p)] {
+                if let Some(ts) = &p.tensor_shape {
+                    if *ts != full {
+                        return Err(CheckpointError::StrategyShapeMismatch {
+                            tensor: name.clone(),
+                            which,
+                            strategy: ts.clone(),
+                            checkpoint: full.clone(),
+                        });
+                    }
+                }
+            }
+            let s = Side::new(&src_p, &full, &name, "source")?;
+            let d = Side::new(&dst_p, &full, &name, "destination")?;
+            let d_region = d.region(local);
+            let expect_src = s.local_shape();
+            let mut pieces = Vec::new();
+            for (q, s_region, inter) in cover(&s, &d, local) {
+                let g = base + q;
+                let f = files.get(&g).ok_or(CheckpointError::MissingRankFile { rank: g })?;
+                let e =
+                    f.get(&name).ok_or_else(|| CheckpointError::MissingTensor { path: f.path().to_path_buf(), tensor: name.clone() })?;
+                if e.shape != expect_src {
+                    return Err(CheckpointError::ShapeMismatch {
+                        tensor: name.clone(),
+                        rank: g,
+                        path: f.path().to_path_buf(),
+                        expected: expect_src.clone(),
+                        actual: e.shape.clone(),
+                    });
+                }
+                if e.dtype != entry.dtype {
+                    return Err(CheckpointError::DtypeMismatch {
+                        tensor: name.clone(),
+                        rank: g,
+                        path: f.path().to_path_buf(),
+                        expected: entry.dtype.to_string(),
+                        actual: e.dtype.to_string(),
+                    });
+                }
+                let src_box: Vec<Range<usize>> = inter.iter().zip(&s_region).map(|(i, r)| i.start - r.start..i.end - r.start).collect();
+                let dst_start: Vec<usize> = inter.iter().zip(&d_region).map(|(i, r)| i.start - r.start).collect();
+                pieces.push((g, src_box, dst_start));
+            }
+            tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
+        }
+        // tensors in neither strategy: copied unchanged, preferably from the paired source rank
+        let pref = local % self.src_stage_devs;
+        let mut order: Vec<usize> = vec![pref];
+        order.extend(needed.iter().rev().copied().filter(|&r| r != pref));
+        for &r in &order {
+            let Some(f) = files.get(&r) else { continue };
+            for t in f.tensors() {
+                if handled.contains(&t.name) || !self.is_extra(&t.name) {
+                    continue;
+                }
+                handled.insert(t.name.clone());
+                report.copied.push(t.name.clone());
+                tensors.push(TensorPlan {
+                    spec: TensorSpec { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() },
+                    pieces: vec![(r, t.shape.iter().map(|&n| 0..n).collect(), vec![0; t.shape.len()])],
+                });
+            }
+        }
+        // keep the source file's tensor order for .ckpt outputs
+        let pos: HashMap<&str, usize> = files
+            .get(&needed.last().copied().unwrap_or(0))
+            .map(|f| f.tensors().iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect())
+            .unwrap_or_default();
+        tensors.sort_by_key(|t| (pos.get(t.spec.name.as_str()).copied().unwrap_or(usize::MAX), t.spec.name.clone()));
+        let bytes = tensors.iter().map(|t| spec_bytes(&t.spec)).sum();
+        Ok(RankPlan { path, tensors, bytes })
+    }
+}
+
+fn spec_bytes(s: &TensorSpec) -> u64 {
+    s.shape.iter().map(|&d| d as u64).product::<u64>() * s.dtype.size() as u64
+}
+
+/// Fill and write one destination file.
+fn execute(plan: &RankPlan, files: &BTreeMap<usize, CheckpointFile>, crc: bool, progress: &dyn Fn(u64), abort: &AtomicBool) -> Result<()> {
+    let mut meta = BTreeMap::new();
+    meta.insert("format".to_string(), "ms".to_string());
+    let specs: Vec<TensorSpec> = plan.tensors.iter().map(|t| t.spec.clone()).collect();
+    let by_name: HashMap<&str, &TensorPlan> = plan.tensors.iter().map(|t| (t.spec.name.as_str(), t)).collect();
+    let mut w = CheckpointWriter::create(&plan.path, specs, &meta, crc)?;
+    let mut buf: Vec<u8> = Vec::new();
+    for i in 0..w.order().len() {
+        if abort.load(Ordering::Relaxed) {
+            return Err(CheckpointError::InvalidArgument("stopped after an error in another job".into()));
+        }
+        let name = w.order()[i].name.clone();
+        let t = by_name[name.as_str()];
+        let len = spec_bytes(&t.spec) as usize;
+        let len = if t.spec.dtype == crate::DType::Str {
+            files.get(&t.pieces[0].0).and_then(|f| f.get(&name)).map_or(0, |e| e.byte_len() as usize)
+        } else {
+            len
+        };
+        buf.clear();
+        buf.resize(len, 0);
+        if t.spec.dtype == crate::DType::Str {
+            let f = &files[&t.pieces[0].0];
+            buf = f.read(&name)?;
+        } else {
+            for (r, src_box, dst_start) in &t.pieces {
+                files[r].copy_region(&name, src_box, &mut buf, &t.spec.shape, dst_start)?;
+            }
+        }
+        w.write_next(&buf)?;
+        progress(len as u64);
+        // the buffer's capacity is kept only up to the largest tensor
+    }
+    drop(buf);
+    w.finish()
+}
+
+fn run_plans(plans: Vec<RankPlan>, files: &BTreeMap<usize, CheckpointFile>, opts: &TransformOptions) -> Result<u64> {
+    let total: u64 = plans.iter().map(|p| p.bytes).sum();
+    let bar = if opts.progress {
+        let b = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}")
+        {
+            b.set_style(style);
+        }
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let next = AtomicUsize::new(0);
+    let abort = AtomicBool::new(false);
+    let first_err: Mutex<Option<CheckpointError>> = Mutex::new(None);
+    let jobs = opts.jobs.clamp(1, plans.len().max(1));
+    let inc = |n: u64| bar.inc(n);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                if abort.load(Ordering::Relaxed) {
+                    return;
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(plan) = plans.get(i) else { return };
+                if let Err(e) = execute(plan, files, opts.crc, &inc, &abort) {
+                    let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                    if slot.is_none() && !abort.load(Ordering::Relaxed) {
+                        *slot = Some(e);
+                    }
+                    abort.store(true, Ordering::Relaxed);
+                    return;
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(total)
+}
+
+/// MindSpore's `rank_list_for_transform`.
+pub fn rank_list_for_transform(rank: usize, src_strategy: Option<&Path>, dst_strategy: Option<&Path>) -> Result<Vec<usize>> {
+    TransformPlanner::new(src_strategy, dst_strategy, true)?.rank_list(rank)
+}
+
+/// MindSpore's `transform_checkpoint_by_rank`: write destination `rank`'s checkpoint to `save_path`
+/// (format from its extension) from the given source rank files.
+pub fn transform_checkpoint_by_rank(
+    rank: usize,
+    files: &BTreeMap<usize, PathBuf>,
+    save_path: &Path,
+    src_strategy: Option<&Path>,
+    dst_strategy: Option<&Path>,
+    opts: &TransformOptions,
+) -> Result<TransformReport> {
+    if Format::of_path(save_path).is_none() {
+        return Err(CheckpointError::UnknownFormat { path: save_path.to_path_buf() });
+    }
+    let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.allow_missing)?;
+    let needed = planner.rank_list(rank)?;
+    let mut open = BTreeMap::new();
+    for r in needed {
+        let p = files.get(&r).ok_or(CheckpointError::MissingRankFile { rank: r })?;
+        if !p.exists() {
+            return Err(CheckpointError::MissingRank { dst_rank: rank, src_rank: r, path: p.clone() });
+        }
+        open.insert(r, CheckpointFile::open_with(p, OpenOptions { verify_crc: opts.verify_crc })?);
+    }
+    let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
+    let plan = planner.plan_rank(rank, &open, save_path.to_path_buf(), &mut report)?;
+    report.bytes_written = run_plans(vec![plan], &open, opts)?;
+    report.files.push(save_path.to_path_buf());
+    Ok(report)
+}
+
+/// MindSpore's `transform_checkpoints`: every destination rank of `dst_strategy` from
+/// `src_dir/rank_<k>/*.{ckpt,safetensors}` into `dst_dir/rank_<r>/<prefix><r>.<format>`.
+pub fn transform_checkpoints(
+    src_dir: &Path,
+    dst_dir: &Path,
+    src_strategy: Option<&Path>,
+    dst_strategy: Option<&Path>,
+    opts: &TransformOptions,
+) -> Result<TransformReport> {
+    let (rank_files, _) = collect_rank_files(src_dir)?;
+    let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.allow_missing)?;
+    let n = planner.dst_device_num();
+    let mut needed_all = BTreeSet::new();
+    let mut lists = Vec::with_capacity(n);
+    for r in 0..n {
+        let list = planner.rank_list(r)?;
+        for &s in &list {
+            if !rank_files.contains_key(&s) {
+                return Err(CheckpointError::MissingRank { dst_rank: r, src_rank: s, path: src_dir.join(format!("rank_{s}")) });
+            }
+            needed_all.insert(s);
+        }
+        lists.push(list);
+    }
+    let mut files = BTreeMap::new();
+    for s in needed_all {
+        files.insert(s, CheckpointFile::open_with(&rank_files[&s], OpenOptions { verify_crc: opts.verify_crc })?);
+    }
+    let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
+    let mut plans = Vec::with_capacity(n);
+    for r in 0..n {
+        let path = dst_dir.join(format!("rank_{r}")).join(format!("{}{r}.{}", opts.prefix, opts.format.extension()));
+        let mut rr = TransformReport::default();
+        plans.push(planner.plan_rank(r, &files, path.clone(), &mut rr)?);
+        for v in rr.absent {
+            if !report.absent.contains(&v) {
+                report.absent.push(v);
+            }
+        }
+        for v in rr.copied {
+            if !report.copied.contains(&v) {
+                report.copied.push(v);
+            }
+        }
+        report.files.push(path);
+    }
+    report.bytes_written = run_plans(plans, &files, opts)?;
+    Ok(report)
+}

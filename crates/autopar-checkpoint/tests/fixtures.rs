@@ -1,0 +1,188 @@
+//! Compatibility with files MindSpore 2.10 wrote: strategy files, group files and transforms.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use autopar_checkpoint::{
+    collect_rank_files, merge_strategies, transform_checkpoints, CheckpointFile, Format, GroupInfo, StrategyFile, TransformOptions,
+};
+use autopar_layout::{ParameterLayout, TensorMap};
+use common::{strategies, transforms};
+
+fn strategy_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![strategies()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().unwrap().to_string_lossy().contains("strategy") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    assert!(out.len() >= 19, "expected every fixture strategy file, found {}", out.len());
+    out
+}
+
+#[test]
+fn every_fixture_strategy_file_parses_and_rewrites_to_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for p in strategy_files() {
+        let s = StrategyFile::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(!s.layout_items.is_empty() || !s.strategy_items.is_empty(), "{}", p.display());
+        let out = dir.path().join(p.file_name().unwrap());
+        s.save(&out).unwrap();
+        assert_eq!(fs::read(&out).unwrap(), fs::read(&p).unwrap(), "re-written {} differs", p.display());
+        assert_eq!(StrategyFile::load(&out).unwrap(), s);
+    }
+}
+
+#[test]
+fn protobuf_and_json_forms_of_the_same_strategy_agree() {
+    let pb = StrategyFile::load(strategies().join("semi_all/strategy_rank0.ckpt")).unwrap().layout_map().unwrap();
+    let js = StrategyFile::load(strategies().join("semi_json/strategy_rank0.json")).unwrap().layout_map().unwrap();
+    assert_eq!(pb.params.keys().collect::<Vec<_>>(), js.params.keys().collect::<Vec<_>>());
+    for (name, p) in &pb.params {
+        let j = &js.params[name];
+        assert_eq!((&p.dev_matrix, &p.tensor_map, p.opt_shard_step), (&j.dev_matrix, &j.tensor_map, j.opt_shard_step), "{name}");
+    }
+    assert_eq!(js.params["l1.w"].tensor_shape, Some(vec![64, 128]));
+    // a JSON file converts to protobuf and back without loss (apart from the JSON-only shape)
+    let s = StrategyFile::load(strategies().join("semi_json/strategy_rank0.json")).unwrap();
+    let back = StrategyFile::from_protobuf(Path::new("x"), &s.to_protobuf()).unwrap();
+    assert_eq!(back.layout_map().unwrap().params["l2.w"].tensor_map, TensorMap::single(&[0, -1]));
+}
+
+fn group_ranks(dir: &Path, rank: usize) -> BTreeMap<String, Vec<usize>> {
+    let g = GroupInfo::load(dir.join(format!("group_info_rank{rank}.pb"))).unwrap();
+    g.groups.into_iter().map(|(n, r)| (n, r.into_iter().map(|x| x as usize).collect())).collect()
+}
+
+#[test]
+fn fixture_layouts_match_mindspores_parameter_layout_dict() {
+    let mut checked = 0;
+    for dir in fs::read_dir(strategies()).unwrap().map(|e| e.unwrap().path()) {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let fname = p.file_name().unwrap().to_string_lossy().into_owned();
+            let Some(rank) = fname.strip_prefix("layout_rank").and_then(|r| r.strip_suffix(".txt")) else { continue };
+            let rank: usize = rank.parse().unwrap();
+            let sfile = ["ckpt", "json"].iter().map(|x| dir.join(format!("strategy_rank{rank}.{x}"))).find(|p| p.exists()).unwrap();
+            let map = StrategyFile::load(&sfile).unwrap().layout_map().unwrap();
+            let groups = group_ranks(&dir, rank);
+            let text = fs::read_to_string(&p).unwrap();
+            let layouts: BTreeMap<String, ParameterLayout> =
+                text.lines().filter(|l| !l.trim().is_empty()).map(|l| ParameterLayout::parse_line(l).unwrap()).collect();
+            for (name, ours) in &map.params {
+                let theirs = layouts.get(name).unwrap_or_else(|| panic!("{}: {name} not in {fname}", dir.display()));
+                assert_eq!(ours.dev_matrix, theirs.dev_matrix, "{name} in {}", dir.display());
+                assert_eq!(ours.tensor_map.flattened(), theirs.tensor_map, "{name}");
+                let local = rank % ours.device_num();
+                let layout = ours.tensor_layout(&theirs.full_shape).unwrap();
+                assert_eq!(layout.slice_shape(), theirs.slice_shape, "{name}");
+                // the optimizer-shard group: the chunk of the sorted replica group holding this rank
+                let opt = ours.opt_group_size(&layout);
+                assert_eq!(
+                    opt > 1,
+                    !theirs.opt_shard_group.is_empty(),
+                    "{name}: opt shard size {opt} vs group {:?}",
+                    theirs.opt_shard_group
+                );
+                if opt > 1 {
+                    let replicas = layout.replica_group(local).unwrap();
+                    let at = replicas.iter().position(|&r| r == local).unwrap();
+                    let chunk: Vec<usize> = replicas[at / opt * opt..at / opt * opt + opt].to_vec();
+                    let expected = match theirs.opt_shard_group.as_str() {
+                        "hccl_world_group" => (0..ours.device_num()).collect(),
+                        g => groups[g].clone(),
+                    };
+                    assert_eq!(chunk, expected, "{name} optimizer group in {}", dir.display());
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 60, "only {checked} layouts compared");
+}
+
+#[test]
+fn multi_axis_tensor_maps_and_pipeline_stages_are_read() {
+    let s = StrategyFile::load(strategies().join("layout/strategy_rank0.ckpt")).unwrap();
+    let m = s.layout_map().unwrap();
+    let p = m.params.values().next().unwrap();
+    assert!(p.tensor_map.0.iter().any(|e| e.len() == 2), "expected a tuple entry, got {}", p.tensor_map);
+
+    let merged = StrategyFile::load(strategies().join("pp2/merged_strategy.ckpt")).unwrap();
+    assert_eq!(merged.current_stage, 1);
+    let m = merged.layout_map().unwrap();
+    assert_eq!(m.stages(), vec![0, 1]);
+    assert_eq!(m.params["l1.w"].stages, vec![0]);
+    assert_eq!(m.params["l2.w"].stages, vec![1]);
+    assert_eq!(m.stage_device_num(), 4);
+}
+
+#[test]
+fn merging_per_stage_files_reproduces_mindspores_merged_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("merged.ckpt");
+    let stages = merge_strategies(&strategies().join("pp2/src"), &out).unwrap();
+    assert_eq!(stages, vec![0, 1]);
+    let ours = StrategyFile::load(&out).unwrap();
+    let theirs = StrategyFile::load(strategies().join("pp2/merged_strategy.ckpt")).unwrap();
+    let key = |s: &StrategyFile| {
+        let mut l: Vec<_> = s.layout_items.iter().map(|l| format!("{l:?}")).collect();
+        l.sort();
+        let mut st: Vec<_> = s.strategy_items.iter().map(|l| format!("{l:?}")).collect();
+        st.sort();
+        (s.current_stage, l, st)
+    };
+    assert_eq!(key(&ours), key(&theirs));
+}
+
+#[test]
+fn group_info_files_are_read_and_rewritten_identically() {
+    let g = GroupInfo::load(strategies().join("semi_train_optshard/group_info_rank0.pb")).unwrap();
+    let map: BTreeMap<_, _> = g.groups.iter().cloned().collect();
+    assert_eq!(map["2-16453000547691086251"], vec![0, 4]);
+    assert_eq!(g.to_protobuf(), fs::read(strategies().join("semi_train_optshard/group_info_rank0.pb")).unwrap());
+}
+
+/// Transform a fixture's `src/` and compare every destination tensor with MindSpore's `dst/`.
+fn check_transform(case: &str, src: &str, dst: &str, format: Format, jobs: usize) {
+    let case = transforms().join(case);
+    let out = tempfile::tempdir().unwrap();
+    let opts = TransformOptions { format, prefix: "net_".into(), jobs, ..Default::default() };
+    let src_s = strategies().join(src).join("strategy_rank0.ckpt");
+    let dst_s = strategies().join(dst).join("strategy_rank0.ckpt");
+    let report = transform_checkpoints(&case.join("src"), out.path(), Some(&src_s), Some(&dst_s), &opts).unwrap();
+    let (expected, _) = collect_rank_files(&case.join("dst")).unwrap();
+    assert_eq!(report.files.len(), expected.len());
+    for (rank, exp_path) in expected {
+        let got = CheckpointFile::open(out.path().join(format!("rank_{rank}/net_{rank}.{}", format.extension()))).unwrap();
+        let exp = CheckpointFile::open(&exp_path).unwrap();
+        assert_eq!(got.tensors().len(), exp.tensors().len(), "rank {rank}");
+        for t in exp.tensors() {
+            let g = got.get(&t.name).unwrap_or_else(|| panic!("rank {rank}: {} missing", t.name));
+            assert_eq!((g.dtype, &g.shape), (t.dtype, &t.shape), "rank {rank} {}", t.name);
+            assert!(got.read(&t.name).unwrap() == exp.read(&t.name).unwrap(), "rank {rank} {} differs from MindSpore's", t.name);
+        }
+    }
+}
+
+#[test]
+fn ckpt_transform_from_model_and_optimizer_sharding_to_data_parallel_matches_mindspore() {
+    check_transform("ckpt_out_semi_train_optshard_to_out_dp4", "semi_train_optshard", "dp4", Format::Ckpt, 1);
+    check_transform("ckpt_out_semi_train_optshard_to_out_dp4", "semi_train_optshard", "dp4", Format::Safetensors, 3);
+}
+
+#[test]
+fn safetensors_transform_dropping_optimizer_sharding_matches_mindspore() {
+    check_transform("safetensors_out_semi_train_optshard_to_out_semi_train", "semi_train_optshard", "semi_train", Format::Safetensors, 2);
+    check_transform("safetensors_out_semi_train_optshard_to_out_semi_train", "semi_train_optshard", "semi_train", Format::Ckpt, 1);
+}
