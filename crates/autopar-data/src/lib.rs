@@ -49,6 +49,7 @@ mod loader;
 mod mnist;
 mod rng;
 mod sampler;
+mod subset;
 mod synthetic;
 mod tensor;
 mod transforms;
@@ -63,6 +64,7 @@ pub use loader::{Batch, Batches, DataLoader, LoaderConfig};
 pub use mnist::{looks_like_mnist, read_idx, write_idx, write_mnist, IdxArray, IdxType, Mnist};
 pub use rng::Rng;
 pub use sampler::{ShardPadding, ShardSampler};
+pub use subset::Subset;
 pub use synthetic::{SyntheticDataset, SyntheticTask};
 pub use tensor::{write_tensor_dataset, TensorDataset};
 pub use transforms::{Layout, Scratch, Transform, Transforms, CIFAR10_MEAN, CIFAR10_STD, MNIST_MEAN_STD};
@@ -136,8 +138,11 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
 /// The on-disk formats [`open`] recognises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DatasetKind {
+    /// CIFAR-10 binary (a folder, or one `.bin` file).
     Cifar10,
+    /// MNIST IDX (a folder).
     Mnist,
+    /// safetensors with `x` and optional `y` (a file, or a folder with `train`/`test.safetensors`).
     Tensor,
 }
 
@@ -145,10 +150,11 @@ impl DatasetKind {
     /// Finds the format of `path`: a `.safetensors` file, a CIFAR-10 binary folder or an MNIST folder.
     pub fn detect(path: &Path) -> Result<Self> {
         if path.is_file() {
-            return Ok(DatasetKind::Tensor);
+            let bin = path.extension().is_some_and(|e| e == "bin");
+            return Ok(if bin { DatasetKind::Cifar10 } else { DatasetKind::Tensor });
         }
         if !path.exists() {
-            let looks_like_file = path.extension().is_some_and(|e| e == "safetensors");
+            let looks_like_file = path.extension().is_some_and(|e| e == "safetensors" || e == "bin");
             return Err(if looks_like_file {
                 DataError::MissingFile { path: path.to_path_buf() }
             } else {
@@ -159,6 +165,8 @@ impl DatasetKind {
             Ok(DatasetKind::Cifar10)
         } else if looks_like_mnist(path) {
             Ok(DatasetKind::Mnist)
+        } else if path.join("train.safetensors").is_file() || path.join("test.safetensors").is_file() {
+            Ok(DatasetKind::Tensor)
         } else {
             Err(DataError::UnknownFormat { dir: path.to_path_buf() })
         }
@@ -176,15 +184,18 @@ impl DatasetKind {
     }
 }
 
-/// Opens the dataset at `path` (format from [`DatasetKind::detect`]). A tensor dataset file has
-/// no splits and is returned for either.
+/// Opens the dataset at `path` (format from [`DatasetKind::detect`]): a CIFAR-10 or MNIST folder
+/// (the split picks the files), one CIFAR-10 `.bin` file or one `.safetensors` file (either split
+/// gives the file), or a folder with `train.safetensors` / `test.safetensors`.
 pub fn open(path: impl AsRef<Path>, split: Split) -> Result<(DatasetKind, Arc<dyn Dataset>)> {
     let path = path.as_ref();
     let kind = DatasetKind::detect(path)?;
     let ds: Arc<dyn Dataset> = match kind {
+        DatasetKind::Cifar10 if path.is_file() => Arc::new(Cifar10::open_file(path)?),
         DatasetKind::Cifar10 => Arc::new(Cifar10::open(path, split)?),
         DatasetKind::Mnist => Arc::new(Mnist::open(path, split)?),
-        DatasetKind::Tensor => Arc::new(TensorDataset::open(path)?),
+        DatasetKind::Tensor if path.is_file() => Arc::new(TensorDataset::open(path)?),
+        DatasetKind::Tensor => Arc::new(TensorDataset::open(path.join(format!("{split}.safetensors")))?),
     };
     Ok((kind, ds))
 }
@@ -208,6 +219,13 @@ mod tests {
         let t = dir.path().join("t.safetensors");
         write_tensor_dataset(&t, &[0.0; 4], &[2, 2], None, None).unwrap();
         assert_eq!(open(&t, Split::Train).unwrap().0, DatasetKind::Tensor);
+        assert_eq!(open(c.join("test_batch.bin"), Split::Train).unwrap().0, DatasetKind::Cifar10);
+        let tdir = dir.path().join("tdir");
+        std::fs::create_dir(&tdir).unwrap();
+        write_tensor_dataset(tdir.join("train.safetensors"), &[0.0; 6], &[3, 2], None, None).unwrap();
+        assert_eq!(open(&tdir, Split::Train).unwrap().1.len(), 3);
+        let err = open(&tdir, Split::Test).unwrap_err();
+        assert!(matches!(err, DataError::MissingFile { .. }) && err.to_string().contains("test.safetensors"), "{err}");
 
         let err = open(dir.path().join("nope"), Split::Train).unwrap_err();
         assert!(matches!(err, DataError::MissingFolder { .. }) && err.to_string().contains("nope"), "{err}");
