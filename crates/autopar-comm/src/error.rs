@@ -94,6 +94,9 @@ pub enum CommError {
     #[error("conformance check failed on rank {rank}: {check}\n  {detail}\nhint: the backend's collective gave a result different from the serial reference")]
     Conformance { rank: usize, check: String, detail: String },
 
+    #[error("mpirun not found: OpenMPI is not installed (or not on PATH)\n  searched PATH={path}\nhint: install OpenMPI: apt-get install openmpi-bin libopenmpi-dev (Fedora: dnf install openmpi openmpi-devel; macOS: brew install open-mpi)")]
+    MpirunMissing { path: String },
+
     #[error("MPI: {what}\nhint: {hint}")]
     Mpi { what: String, hint: &'static str },
 }
@@ -137,7 +140,7 @@ impl CommError {
             | CommError::TooLarge { rank, .. }
             | CommError::Conformance { rank, .. } => Some(*rank),
             CommError::PeerFailed { failed_rank, .. } => Some(*failed_rank),
-            CommError::NoRanks { .. } | CommError::Mpi { .. } => None,
+            CommError::NoRanks { .. } | CommError::Mpi { .. } | CommError::MpirunMissing { .. } => None,
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod comm;
 pub mod conformance;
 pub mod dtype;
 pub mod error;
+pub mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
