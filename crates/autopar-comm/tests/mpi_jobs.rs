@@ -53,6 +53,6 @@ fn a_failing_rank_aborts_the_whole_job_with_its_message() {
         let out = mpirun(4, &[mode], Duration::from_secs(120));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{mode}: job succeeded");
-        assert!(stderr.contains(&format!("autopar[3]: ")) && stderr.contains(text), "{mode}: {stderr}");
+        assert!(stderr.contains("autopar[3]: ") && stderr.contains(text), "{mode}: {stderr}");
     }
 }
