@@ -23,12 +23,16 @@ enum Command {
     /// Show how a tensor is split: each rank's slice and replica group, or a strategy's layouts,
     /// or the redistribution plan between two layouts.
     Layout(cli::layout::LayoutArgs),
+    /// Distributed checkpoints and strategy files: inspect, merge pipeline strategies, list the
+    /// source ranks a destination rank needs, transform checkpoints between strategies.
+    Ckpt(cli::ckpt::CkptArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Layout(args) => cli::layout::run(args),
+        Command::Ckpt(args) => cli::ckpt::run(args),
     };
     match result {
         Ok(code) => code,

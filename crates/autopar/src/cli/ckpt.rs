@@ -1,0 +1,343 @@
+//! `autopar ckpt`: distributed checkpoints and strategy files, with the names and argument order
+//! of MindSpore's `checkpoint_transform` functions.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use autopar_checkpoint::{
+    collect_rank_files, merge_strategies, rank_list_for_transform, transform_checkpoint_by_rank, transform_checkpoints, CheckpointFile,
+    Format, GroupInfo, StrategyFile, TransformOptions, TransformReport,
+};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct CkptArgs {
+    #[command(subcommand)]
+    command: CkptCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum CkptCommand {
+    /// Which source ranks' checkpoints a destination rank needs (rank_list_for_transform).
+    #[command(after_help = "Example:\n  autopar ckpt rank-list 0 --src-strategy src_strategy.ckpt --dst-strategy dst_strategy.ckpt")]
+    RankList {
+        /// Destination rank (global, over all pipeline stages).
+        rank: usize,
+        #[command(flatten)]
+        strategies: StrategyArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one destination rank's checkpoint (transform_checkpoint_by_rank).
+    #[command(after_help = "Examples:\n  \
+        autopar ckpt transform-rank 2 --src-dir ckpts --out new/rank_2/net_2.ckpt --src-strategy s.ckpt --dst-strategy d.ckpt\n  \
+        autopar ckpt transform-rank 0 --file 0=r0.ckpt --file 4=r4.ckpt --out net_0.safetensors --src-strategy s.ckpt --dst-strategy d.ckpt")]
+    TransformRank {
+        /// Destination rank (global, over all pipeline stages).
+        rank: usize,
+        /// Output file; its extension (.ckpt or .safetensors) picks the format.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// A source rank's checkpoint as RANK=PATH (repeatable).
+        #[arg(long = "file", value_name = "RANK=PATH")]
+        files: Vec<String>,
+        /// Take source files from DIR/rank_<k>/ instead of --file.
+        #[arg(long, value_name = "DIR")]
+        src_dir: Option<PathBuf>,
+        #[command(flatten)]
+        strategies: StrategyArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Transform every destination rank (transform_checkpoints).
+    #[command(after_help = "Example:\n  \
+        autopar ckpt transform SRC_DIR DST_DIR --prefix net_ --src-strategy S --dst-strategy D --format ckpt --jobs 4\n\n\
+        Reads SRC_DIR/rank_<k>/*.ckpt|*.safetensors, writes DST_DIR/rank_<r>/<prefix><r>.<format>.")]
+    Transform {
+        /// Folder holding rank_<k>/ subfolders of source checkpoints.
+        src_dir: PathBuf,
+        /// Output folder.
+        dst_dir: PathBuf,
+        /// Output file name prefix.
+        #[arg(long, default_value = "checkpoint_")]
+        prefix: String,
+        #[command(flatten)]
+        strategies: StrategyArgs,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = FormatArg::Ckpt)]
+        format: FormatArg,
+        /// Destination files written at the same time.
+        #[arg(long, short = 'j', default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
+        #[command(flatten)]
+        common: CommonArgs,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Merge per-stage pipeline strategy files into one (merge_pipeline_strategys).
+    #[command(after_help = "Example:\n  autopar ckpt merge-strategies strategies/ merged_strategy.ckpt")]
+    MergeStrategies {
+        /// Folder with one strategy file per pipeline stage (all .ckpt or all .json).
+        src_dir: PathBuf,
+        /// Merged file; .json writes JSON, anything else protobuf.
+        dst_file: PathBuf,
+    },
+    /// Show a checkpoint's tensors, a strategy file's layouts or a group-info file's groups.
+    #[command(
+        after_help = "Examples:\n  autopar ckpt inspect rank_0/net_0.safetensors\n  autopar ckpt inspect strategy_rank0.ckpt --json"
+    )]
+    Inspect {
+        /// The file.
+        path: PathBuf,
+        /// What the file is; by default told from its extension and first bytes.
+        #[arg(long, value_enum, default_value_t = Kind::Auto)]
+        kind: Kind,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct StrategyArgs {
+    /// Strategy file the source checkpoints were saved with (none: one device, unsplit).
+    #[arg(long, value_name = "FILE", help_heading = "Strategies")]
+    src_strategy: Option<PathBuf>,
+    /// Strategy file of the destination (none: one device, unsplit).
+    #[arg(long, value_name = "FILE", help_heading = "Strategies")]
+    dst_strategy: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct CommonArgs {
+    /// Skip tensors that are in one strategy but not the other (they are listed) instead of failing.
+    #[arg(long)]
+    allow_missing: bool,
+    /// Append MindSpore's CRC-32 trailer to .ckpt outputs.
+    #[arg(long)]
+    crc: bool,
+    /// Do not verify the CRCs stored in source files.
+    #[arg(long)]
+    no_verify_crc: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum FormatArg {
+    Ckpt,
+    Safetensors,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Auto,
+    Checkpoint,
+    Strategy,
+    Group,
+}
+
+pub fn run(args: CkptArgs) -> Result<ExitCode> {
+    match args.command {
+        CkptCommand::RankList { rank, strategies, json } => {
+            let list = rank_list_for_transform(rank, strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                println!("{}", list.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(" "));
+            }
+        }
+        CkptCommand::TransformRank { rank, out, files, src_dir, strategies, common } => {
+            let mut map: BTreeMap<usize, PathBuf> = BTreeMap::new();
+            if let Some(dir) = &src_dir {
+                map = collect_rank_files(dir)?.0;
+            }
+            for f in &files {
+                let (r, p) =
+                    f.split_once('=').with_context(|| format!("--file {f:?} is not RANK=PATH\nhint: --file 3=ckpts/rank_3/net_3.ckpt"))?;
+                let r: usize = r.trim().parse().with_context(|| format!("--file {f:?}: {r:?} is not a rank number"))?;
+                map.insert(r, PathBuf::from(p));
+            }
+            if map.is_empty() {
+                bail!("no source checkpoints given\nhint: pass --src-dir DIR or --file RANK=PATH (see `autopar ckpt rank-list`)");
+            }
+            let opts = options(&common, Format::Ckpt, String::new(), 1);
+            let t = Instant::now();
+            let report = transform_checkpoint_by_rank(
+                rank,
+                &map,
+                &out,
+                strategies.src_strategy.as_deref(),
+                strategies.dst_strategy.as_deref(),
+                &opts,
+            )?;
+            print_report(&report, t.elapsed().as_secs_f64(), false);
+        }
+        CkptCommand::Transform { src_dir, dst_dir, prefix, strategies, format, jobs, common, json } => {
+            let format = match format {
+                FormatArg::Ckpt => Format::Ckpt,
+                FormatArg::Safetensors => Format::Safetensors,
+            };
+            let opts = options(&common, format, prefix, jobs as usize);
+            let t = Instant::now();
+            let report =
+                transform_checkpoints(&src_dir, &dst_dir, strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref(), &opts)?;
+            print_report(&report, t.elapsed().as_secs_f64(), json);
+        }
+        CkptCommand::MergeStrategies { src_dir, dst_file } => {
+            let stages = merge_strategies(&src_dir, &dst_file)?;
+            println!("merged stages {stages:?} into {}", dst_file.display());
+        }
+        CkptCommand::Inspect { path, kind, json } => inspect(&path, kind, json)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn options(c: &CommonArgs, format: Format, prefix: String, jobs: usize) -> TransformOptions {
+    TransformOptions { format, prefix, jobs, allow_missing: c.allow_missing, progress: true, crc: c.crc, verify_crc: !c.no_verify_crc }
+}
+
+fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
+    let gbs = r.bytes_written as f64 / secs.max(1e-9) / 1e9;
+    if as_json {
+        let v = json!({
+            "files": r.files, "bytes_written": r.bytes_written, "seconds": secs, "gb_per_s": gbs,
+            "skipped": r.skipped, "absent": r.absent, "copied": r.copied,
+        });
+        println!("{v}");
+        return;
+    }
+    println!("wrote {} file(s), {} bytes of tensors in {secs:.2}s ({gbs:.2} GB/s)", r.files.len(), r.bytes_written);
+    for f in &r.files {
+        println!("  {}", f.display());
+    }
+    if !r.skipped.is_empty() {
+        println!("skipped (in one strategy only): {}", r.skipped.join(", "));
+    }
+    if !r.absent.is_empty() {
+        println!("not in the source checkpoints: {}", r.absent.join(", "));
+    }
+    if !r.copied.is_empty() {
+        println!("copied unchanged (in no strategy): {}", r.copied.join(", "));
+    }
+}
+
+fn detect(path: &Path) -> Kind {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("safetensors") => Kind::Checkpoint,
+        Some("json") => Kind::Strategy,
+        Some("pb") => Kind::Group,
+        _ => {
+            let first = std::fs::read(path).ok().and_then(|b| b.first().copied());
+            // a ParallelStrategyMap opens with field 1 as a varint (current_stage); a
+            // checkpoint and a group map with field 1 length-delimited
+            if first == Some(0x08) {
+                Kind::Strategy
+            } else {
+                Kind::Checkpoint
+            }
+        }
+    }
+}
+
+fn inspect(path: &Path, kind: Kind, as_json: bool) -> Result<()> {
+    let kind = if kind == Kind::Auto { detect(path) } else { kind };
+    match kind {
+        Kind::Checkpoint | Kind::Auto => match CheckpointFile::open(path) {
+            Ok(f) => inspect_checkpoint(&f, as_json),
+            Err(e)
+                if path.extension().and_then(|x| x.to_str()) == Some("ckpt")
+                    && GroupInfo::load(path).is_ok_and(|g| !g.groups.is_empty()) =>
+            {
+                drop(e);
+                inspect_group(&GroupInfo::load(path)?, as_json)
+            }
+            Err(e) => Err(e.into()),
+        },
+        Kind::Strategy => inspect_strategy(&StrategyFile::load(path)?, as_json),
+        Kind::Group => inspect_group(&GroupInfo::load(path)?, as_json),
+    }
+}
+
+fn inspect_checkpoint(f: &CheckpointFile, as_json: bool) -> Result<()> {
+    if as_json {
+        let tensors: Vec<_> = f
+            .tensors()
+            .iter()
+            .map(|t| json!({"name": t.name, "dtype": t.dtype.mindspore_name(), "shape": t.shape, "bytes": t.byte_len()}))
+            .collect();
+        println!("{}", json!({"path": f.path(), "format": f.format().extension(), "metadata": f.metadata(), "tensors": tensors}));
+        return Ok(());
+    }
+    let total: u64 = f.tensors().iter().map(|t| t.byte_len()).sum();
+    println!("{} ({}, {} tensors, {total} bytes)", f.path().display(), f.format().extension(), f.tensors().len());
+    if !f.metadata().is_empty() {
+        println!("metadata: {}", f.metadata().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+    }
+    let w = f.tensors().iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    println!("{:<w$}  {:<8}  {:<20}  bytes", "name", "dtype", "shape");
+    for t in f.tensors() {
+        println!("{:<w$}  {:<8}  {:<20}  {}", t.name, t.dtype.mindspore_name(), format!("{:?}", t.shape), t.byte_len());
+    }
+    Ok(())
+}
+
+fn inspect_strategy(s: &StrategyFile, as_json: bool) -> Result<()> {
+    let map = s.layout_map()?;
+    if as_json {
+        let layouts: serde_json::Map<String, serde_json::Value> = map
+            .params
+            .iter()
+            .map(|(n, p)| {
+                (
+                    n.clone(),
+                    json!({"dev_matrix": p.dev_matrix, "tensor_map": p.tensor_map.to_string(), "opt_weight_shard_step": p.opt_shard_step,
+                           "opt_weight_shard_size": p.opt_shard_size, "stages": p.stages, "tensor_shape": p.tensor_shape}),
+                )
+            })
+            .collect();
+        let strategies: Vec<_> = s
+            .strategy_items
+            .iter()
+            .map(|i| json!({"node_name": i.node_name, "stage": i.stage, "parallel_strategy": i.parallel_strategy}))
+            .collect();
+        println!("{}", json!({"current_stage": s.current_stage, "layouts": layouts, "strategies": strategies}));
+        return Ok(());
+    }
+    println!("{} parameter layouts, {} operator strategies, stages {:?}", map.params.len(), s.strategy_items.len(), map.stages());
+    let w = map.params.keys().map(|n| n.len()).max().unwrap_or(4).max(4);
+    println!("{:<w$}  {:<12}  {:<14}  {:<9}  {:<7}  shape", "name", "dev_matrix", "tensor_map", "opt shard", "stages");
+    for (n, p) in &map.params {
+        let opt = if p.opt_shard_step == 0 { "-".to_string() } else { format!("{}/{}", p.opt_shard_step, p.opt_shard_size) };
+        let shape = p.tensor_shape.as_ref().map_or("-".to_string(), |s| format!("{s:?}"));
+        println!(
+            "{:<w$}  {:<12}  {:<14}  {:<9}  {:<7}  {shape}",
+            n,
+            format!("{:?}", p.dev_matrix),
+            p.tensor_map.to_string(),
+            opt,
+            format!("{:?}", p.stages)
+        );
+    }
+    for i in &s.strategy_items {
+        println!("strategy {} stage {} {:?}", i.node_name, i.stage, i.parallel_strategy);
+    }
+    Ok(())
+}
+
+fn inspect_group(g: &GroupInfo, as_json: bool) -> Result<()> {
+    if as_json {
+        let groups: serde_json::Map<String, serde_json::Value> = g.groups.iter().map(|(n, r)| (n.clone(), json!(r))).collect();
+        println!("{}", json!({"groups": groups, "ckpt_restore_rank_list": g.restore_rank_list}));
+        return Ok(());
+    }
+    for (n, r) in &g.groups {
+        println!("{n}: {r:?}");
+    }
+    println!("ckpt_restore_rank_list: {:?}", g.restore_rank_list);
+    Ok(())
+}
