@@ -375,3 +375,118 @@ impl Optimizer for AdamW {
         self.schedule.lr(self.step)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(vals: &[(&str, &[f64])]) -> ParamStore {
+        let mut s = ParamStore::new();
+        for (n, v) in vals {
+            s.insert(n, Tensor::from_vec(&[v.len()], v.to_vec()).unwrap());
+        }
+        s
+    }
+
+    fn grads(vals: &[(&str, &[f64])]) -> Vec<(String, Tensor)> {
+        vals.iter().map(|(n, v)| (n.to_string(), Tensor::from_vec(&[v.len()], v.to_vec()).unwrap())).collect()
+    }
+
+    fn close(t: &Tensor, want: &[f64]) {
+        let got = t.to_f64_vec();
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() < 1e-12, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn sgd_applies_weight_decay_only_where_the_filter_says() {
+        let mut p = store(&[("w", &[1.0, -2.0]), ("b", &[1.0])]);
+        let mut opt = Sgd::new(LrSchedule::Constant(0.1)).unwrap().with_weight_decay(0.2, Some(|n| n != "b")).unwrap();
+        opt.step(&mut p, &grads(&[("w", &[0.5, 0.0]), ("b", &[0.5])])).unwrap();
+        close(p.get("w").unwrap(), &[1.0 - 0.1 * (0.5 + 0.2), -2.0 - 0.1 * (0.2 * -2.0)]);
+        close(p.get("b").unwrap(), &[0.95]);
+        assert!(opt.state().is_empty());
+    }
+
+    #[test]
+    fn momentum_follows_mindspore_apply_momentum_and_names_its_state() {
+        let mut p = store(&[("w", &[1.0])]);
+        let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
+        opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
+        close(p.get("w").unwrap(), &[0.95]);
+        close(opt.state().get("moments.w").unwrap(), &[0.5]);
+        opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
+        // accum = 0.9 * 0.5 + 0.5 = 0.95; p = 0.95 - 0.1 * 0.95
+        close(opt.state().get("moments.w").unwrap(), &[0.95]);
+        close(p.get("w").unwrap(), &[0.95 - 0.095]);
+    }
+
+    #[test]
+    fn nesterov_momentum_looks_ahead() {
+        let mut p = store(&[("w", &[1.0])]);
+        let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap().with_nesterov(true).with_weight_decay(0.1, None).unwrap();
+        opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
+        // g' = 0.5 + 0.1 * 1 = 0.6; accum = 0.6; p = 1 - 0.1 * (0.6 + 0.9 * 0.6)
+        close(p.get("w").unwrap(), &[1.0 - 0.1 * (0.6 + 0.54)]);
+    }
+
+    #[test]
+    fn adamw_matches_the_hand_computed_update_with_and_without_bias_correction() {
+        let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.01);
+        let mut p = store(&[("w", &[1.0])]);
+        let mut opt = AdamW::new(LrSchedule::Constant(lr)).unwrap();
+        opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
+        let (m, v) = ((1.0 - b1) * 0.5, (1.0 - b2) * 0.25);
+        let (mh, vh) = (m / (1.0 - b1), v / (1.0 - b2));
+        close(p.get("w").unwrap(), &[1.0 - lr * (mh / (f64::sqrt(vh) + eps) + wd * 1.0)]);
+        close(opt.state().get("adam_m.w").unwrap(), &[m]);
+        close(opt.state().get("adam_v.w").unwrap(), &[v]);
+        // Second step uses t = 2 in the corrections.
+        let p1 = p.get("w").unwrap().to_f64_vec()[0];
+        opt.step(&mut p, &grads(&[("w", &[-0.25])])).unwrap();
+        let (m2, v2) = (b1 * m + (1.0 - b1) * -0.25, b2 * v + (1.0 - b2) * 0.0625);
+        let want = p1 - lr * ((m2 / (1.0 - b1 * b1)) / (f64::sqrt(v2 / (1.0 - b2 * b2)) + eps) + wd * p1);
+        close(p.get("w").unwrap(), &[want]);
+
+        let mut p = store(&[("w", &[1.0])]);
+        let mut opt = AdamW::new(LrSchedule::Constant(lr)).unwrap().with_bias_correction(false);
+        opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
+        close(p.get("w").unwrap(), &[1.0 - lr * (m / (f64::sqrt(v) + eps) + wd)]);
+    }
+
+    #[test]
+    fn f32_parameters_stay_f32() {
+        let mut p = ParamStore::new();
+        p.insert("w", Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap());
+        let g = vec![("w".to_string(), Tensor::from_vec(&[2], vec![1.0f32, 1.0]).unwrap())];
+        Sgd::new(LrSchedule::Constant(0.5)).unwrap().step(&mut p, &g).unwrap();
+        assert_eq!(p.get("w").unwrap().to_vec::<f32>().unwrap(), vec![0.5, 1.5]);
+    }
+
+    #[test]
+    fn warmup_cosine_rises_linearly_then_decays_to_the_minimum() {
+        let s = LrSchedule::WarmupCosine { base_lr: 1.0, min_lr: 0.1, warmup_steps: 10, total_steps: 110 };
+        assert!((s.lr(0) - 0.1).abs() < 1e-12);
+        assert!((s.lr(4) - 0.5).abs() < 1e-12);
+        assert!((s.lr(9) - 1.0).abs() < 1e-12);
+        assert!((s.lr(10) - 1.0).abs() < 1e-12);
+        assert!((s.lr(60) - 0.55).abs() < 1e-12);
+        assert!((s.lr(110) - 0.1).abs() < 1e-12);
+        assert!((s.lr(500) - 0.1).abs() < 1e-12);
+        assert_eq!(LrSchedule::Constant(0.3).lr(1000), 0.3);
+    }
+
+    #[test]
+    fn bad_hyperparameters_and_mismatched_gradients_are_rejected_by_name() {
+        assert!(matches!(Sgd::new(LrSchedule::Constant(-1.0)), Err(RuntimeError::BadHyperparameter { what: "learning rate", .. })));
+        assert!(matches!(AdamW::new(LrSchedule::Constant(0.1)).unwrap().with_betas(1.0, 0.9), Err(RuntimeError::BadHyperparameter { what: "beta1", .. })));
+        let mut p = store(&[("w", &[1.0, 2.0])]);
+        let mut opt = Sgd::new(LrSchedule::Constant(0.1)).unwrap();
+        let err = opt.step(&mut p, &grads(&[("w", &[1.0])])).unwrap_err();
+        assert!(matches!(err, RuntimeError::GradientMismatch { ref name, .. } if name == "w"), "{err}");
+        let err = opt.step(&mut p, &grads(&[("missing", &[1.0])])).unwrap_err();
+        assert!(matches!(err, RuntimeError::MissingParameter { ref name } if name == "missing"), "{err}");
+    }
+}
