@@ -47,6 +47,14 @@ impl Default for LoaderConfig {
     }
 }
 
+impl LoaderConfig {
+    /// Evaluation: the shard's samples in file order, the last short batch kept, so that the
+    /// shards together score every sample exactly once.
+    pub fn eval(batch_size: usize, num_shards: usize, shard_id: usize) -> Self {
+        LoaderConfig { batch_size, shuffle: false, drop_remainder: false, num_shards, shard_id, ..LoaderConfig::default() }
+    }
+}
+
 /// One batch: `x` is `x_shape = [n, ...sample shape]` row-major, `y` (if the dataset has labels)
 /// is `y_shape = [n, ...label shape]`.
 #[derive(Debug, Clone, PartialEq)]

@@ -104,6 +104,17 @@ impl SyntheticDataset {
         Ok(SyntheticDataset { task, len, seed, sample_shape, label_shape, params, successor })
     }
 
+    /// A classification set of `len` samples of `shape` in `num_classes` Gaussian clusters with
+    /// unit noise: `[784]` for an MLP, `[3, 32, 32]` (CHW, no transforms needed) for a ResNet.
+    pub fn classification(shape: &[usize], num_classes: usize, len: usize, seed: u64) -> Result<Self> {
+        SyntheticDataset::new(SyntheticTask::Clusters { num_classes, shape: shape.to_vec(), noise: 1.0 }, len, seed)
+    }
+
+    /// A language-modelling set of `len` sequences of `seq_len` tokens over `vocab` ids, 10% noise.
+    pub fn tokens(vocab: usize, seq_len: usize, len: usize, seed: u64) -> Result<Self> {
+        SyntheticDataset::new(SyntheticTask::Tokens { vocab, seq_len, noise: 0.1 }, len, seed)
+    }
+
     /// The task.
     pub fn task(&self) -> &SyntheticTask {
         &self.task
@@ -276,6 +287,14 @@ mod tests {
             assert_eq!(x[i + 1] as i64, y[i]);
             assert_eq!(y[i], ds.successor[x[i] as usize] as i64);
         }
+    }
+
+    #[test]
+    fn the_shortcuts_give_image_and_token_shapes() {
+        let img = SyntheticDataset::classification(&[3, 32, 32], 10, 5, 0).unwrap();
+        assert_eq!((img.sample_shape(), img.label_shape(), img.num_classes()), (&[3, 32, 32][..], Some(&[][..]), Some(10)));
+        let tok = SyntheticDataset::tokens(100, 12, 5, 0).unwrap();
+        assert_eq!((tok.sample_shape(), tok.label_shape(), tok.num_classes()), (&[12][..], Some(&[12][..]), Some(100)));
     }
 
     #[test]
