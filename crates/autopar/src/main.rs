@@ -26,6 +26,9 @@ enum Command {
     /// Distributed checkpoints and strategy files: inspect, merge pipeline strategies, list the
     /// source ranks a destination rank needs, transform checkpoints between strategies.
     Ckpt(cli::ckpt::CkptArgs),
+    /// Start a job of N processes through OpenMPI's mpirun (one rank each, across hosts with
+    /// --hostfile); says how to install OpenMPI when it is missing.
+    Launch(cli::launch::LaunchArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Layout(args) => cli::layout::run(args),
         Command::Ckpt(args) => cli::ckpt::run(args),
+        Command::Launch(args) => cli::launch::run(args),
     };
     match result {
         Ok(code) => code,

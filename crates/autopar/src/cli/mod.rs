@@ -1,6 +1,7 @@
 //! One module per subcommand. Each exposes its clap `Args` and a `run` returning the exit code.
 
 pub mod ckpt;
+pub mod launch;
 pub mod layout;
 
 /// Print an error as `autopar: <first line>` followed by indented facts and causes.
