@@ -87,30 +87,46 @@ fn check_grad<'a>(params: &'a ParamStore, name: &str, g: &Tensor) -> Result<&'a 
 }
 
 /// Element-wise fused update over `p` and `others` (same shape; cast to `p`'s dtype), writing
-/// new values for `p` and each state tensor.
-fn fused<const N: usize>(p: &Tensor, others: [&Tensor; N], f32_fn: impl Fn(&mut [f32; N], f32) -> f32, f64_fn: impl Fn(&mut [f64; N], f64) -> f64) -> Result<(Tensor, [Tensor; N])> {
+/// new values for `p` and each state tensor (slot 0, the gradient, is returned unchanged).
+/// f16/bf16 parameters are updated in f32.
+fn fused<const N: usize>(
+    p: &Tensor,
+    others: [&Tensor; N],
+    f32_fn: impl Fn(&mut [f32; N], f32) -> f32,
+    f64_fn: impl Fn(&mut [f64; N], f64) -> f64,
+) -> Result<(Tensor, [Tensor; N])> {
     fn run<T: Float, const N: usize>(p: &Tensor, others: [&Tensor; N], f: impl Fn(&mut [T; N], T) -> T) -> Result<(Tensor, [Tensor; N])> {
-        let pd = p.contiguous().to_vec::<T>().map_err(|e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: e })?;
-        let od: Vec<Vec<T>> = others.iter().map(|t| t.cast(p.dtype()).contiguous().to_vec::<T>().expect("cast to the parameter dtype")).collect();
-        let mut np = Vec::with_capacity(pd.len());
-        let mut no: Vec<Vec<T>> = (0..N).map(|_| Vec::with_capacity(pd.len())).collect();
+        let dtype = p.dtype();
+        let own = |t: &Tensor| if t.dtype() == dtype && t.is_contiguous() { t.clone() } else { t.cast(dtype).contiguous() };
+        let pc = own(p);
+        let oc: Vec<Tensor> = others.iter().map(|t| own(t)).collect();
+        let err = |e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: e };
+        let pv = pc.array::<T>().map_err(err)?;
+        let ps = pv.as_slice().expect("contiguous");
+        let ov: Vec<_> = oc.iter().map(|t| t.array::<T>().expect("cast to the parameter dtype")).collect();
+        let os: Vec<&[T]> = ov.iter().map(|v| v.as_slice().expect("contiguous")).collect();
+        // Slot 0 is the gradient (read only); slots 1.. are state written back.
+        let len = ps.len();
+        let mut np = vec![T::zero(); len];
+        let mut no: Vec<Vec<T>> = (1..N).map(|_| vec![T::zero(); len]).collect();
         let mut buf = [T::zero(); N];
-        for (i, &pv) in pd.iter().enumerate() {
+        for i in 0..len {
             for k in 0..N {
-                buf[k] = od[k][i];
+                buf[k] = os[k][i];
             }
-            np.push(f(&mut buf, pv));
-            for k in 0..N {
-                no[k].push(buf[k]);
+            np[i] = f(&mut buf, ps[i]);
+            for k in 1..N {
+                no[k - 1][i] = buf[k];
             }
         }
         let shape = p.shape();
         let mk = |v: Vec<T>| Tensor::from_vec(shape, v).expect("same element count");
         let mut it = no.into_iter().map(mk);
-        Ok((mk(np), std::array::from_fn(|_| it.next().expect("N state tensors"))))
+        Ok((mk(np), std::array::from_fn(|k| if k == 0 { oc[0].clone() } else { it.next().expect("N state tensors") })))
     }
     match p.dtype() {
         autopar_tensor::DType::F64 => run::<f64, N>(p, others, f64_fn),
+        autopar_tensor::DType::F32 => run::<f32, N>(p, others, f32_fn),
         _ => run::<f32, N>(&p.cast(autopar_tensor::DType::F32), others, f32_fn).map(|(np, o)| (np.cast(p.dtype()), o.map(|t| t.cast(p.dtype())))),
     }
 }
