@@ -335,6 +335,7 @@ impl StrategyFile {
                 opt_shard_size: l.opt_weight_shard_size as i64,
                 stages: vec![stage],
                 tensor_shape: l.tensor_shape.clone(),
+                single_message: l.tensor_map.len() == 1,
             };
             per_stage.insert((name.to_string(), stage), p.clone());
             match params.get_mut(name) {
@@ -368,9 +369,33 @@ pub struct ParamLayout {
     /// Pipeline stages holding the parameter (the first is the one whose layout this is).
     pub stages: Vec<u32>,
     pub tensor_shape: Option<Vec<usize>>,
+    /// The file held the whole tensor map in one message. For a 1-d tensor whose only
+    /// dimension is split over several axes that is ambiguous (`[0, 1]`); see [`Self::for_ndim`].
+    pub single_message: bool,
 }
 
 impl ParamLayout {
+    /// The layout for a tensor of `ndim` dimensions: a one-message map of several values on a
+    /// 1-d tensor is that dimension's multi-axis entry.
+    pub fn for_ndim(&self, ndim: usize) -> ParamLayout {
+        let mut p = self.clone();
+        if ndim == 1 && self.single_message && self.tensor_map.len() > 1 {
+            p.tensor_map = TensorMap(vec![self.tensor_map.flattened()]);
+        }
+        p
+    }
+
+    /// The tensor's dimension count, when the map tells it without doubt.
+    pub fn known_ndim(&self) -> Option<usize> {
+        if let Some(s) = &self.tensor_shape {
+            return Some(s.len());
+        }
+        if !self.single_message || self.tensor_map.len() <= 1 || self.tensor_map.0.iter().any(|e| e.len() > 1) {
+            return Some(self.tensor_map.len());
+        }
+        None
+    }
+
     /// A parameter on one device, not split (MindSpore's layout for a missing strategy file).
     pub fn unsharded(ndim: usize) -> Self {
         Self {
@@ -381,6 +406,7 @@ impl ParamLayout {
             opt_shard_size: 0,
             stages: vec![0],
             tensor_shape: None,
+            single_message: true,
         }
     }
 

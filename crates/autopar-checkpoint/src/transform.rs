@@ -288,7 +288,7 @@ impl TransformPlanner {
     }
 
     /// Parameters destination `rank` holds, with (source layout, source stage, destination layout).
-    fn params_of(&self, rank: usize) -> Vec<(String, ParamLayout, u32, ParamLayout)> {
+    fn params_of(&self, rank: usize, ndim_hint: &dyn Fn(&str) -> Option<usize>) -> Vec<(String, ParamLayout, u32, ParamLayout)> {
         let stage = (rank / self.dst_stage_devs) as u32;
         let mut out = Vec::new();
         let names: Vec<&String> = match (&self.dst, &self.src) {
@@ -311,7 +311,13 @@ impl TransformPlanner {
                 },
                 None => None,
             };
-            let nd = dst.as_ref().or(src.as_ref()).map_or(0, |p| p.tensor_map.len());
+            let nd = ndim_hint(name)
+                .or_else(|| src.as_ref().and_then(ParamLayout::known_ndim))
+                .or_else(|| dst.as_ref().and_then(ParamLayout::known_ndim))
+                .or_else(|| dst.as_ref().or(src.as_ref()).map(|p| p.tensor_map.len()))
+                .unwrap_or(0);
+            let src = src.map(|p| p.for_ndim(nd));
+            let dst = dst.map(|p| p.for_ndim(nd));
             let src_stage = src.as_ref().and_then(|p| p.stages.iter().min().copied()).unwrap_or(0);
             out.push((
                 name.clone(),
@@ -332,7 +338,7 @@ impl TransformPlanner {
         }
         let local = rank % self.dst_stage_devs;
         let mut set = BTreeSet::new();
-        for (name, src, src_stage, dst) in self.params_of(rank) {
+        for (name, src, src_stage, dst) in self.params_of(rank, &|_| None) {
             let (s, d) = Side::fake(&src, &dst, &name)?;
             for (q, _, _) in cover(&s, &d, local) {
                 set.insert(src_stage as usize * self.src_stage_devs + q);
@@ -360,7 +366,8 @@ impl TransformPlanner {
         let needed = self.rank_list(rank)?;
         let mut tensors: Vec<TensorPlan> = Vec::new();
         let mut handled: BTreeSet<String> = BTreeSet::new();
-        for (name, src_p, src_stage, dst_p) in self.params_of(rank) {
+        let hint = |name: &str| files.values().find_map(|f| f.get(name)).map(|e| e.shape.len());
+        for (name, src_p, src_stage, dst_p) in self.params_of(rank, &hint) {
             handled.insert(name.clone());
             let base = src_stage as usize * self.src_stage_devs;
             let (fs, fd) = Side::fake(&src_p, &dst_p, &name)?;

@@ -1,0 +1,245 @@
+//! Transforms between synthetic strategies: round trips, pipeline stages, missing strategies,
+//! extras, dtypes, and agreement with autopar-layout's redistribution simulator.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use autopar_checkpoint::{
+    rank_list_for_transform, transform_checkpoint_by_rank, transform_checkpoints, CheckpointFile, DType, Format, TensorSpec,
+    TransformOptions,
+};
+use autopar_layout::{plan, scatter, simulate, TensorMap};
+use common::{bytes_of, piece, strategy_file, write_ranks, PLayout, Param, Rng};
+
+fn random_layout(rng: &mut Rng, n: usize, ndim: usize, allow_opt: bool) -> PLayout {
+    // split log2(n) into a random number of axes
+    let mut bits = n.trailing_zeros() as usize;
+    let mut dev = Vec::new();
+    while bits > 0 {
+        let take = 1 + rng.below(bits);
+        dev.push(1 << take);
+        bits -= take;
+    }
+    if dev.is_empty() {
+        dev.push(1);
+    }
+    let nd = dev.len();
+    let mut per_dim: Vec<Vec<i64>> = vec![Vec::new(); ndim];
+    let mut axes: Vec<usize> = (0..nd).collect();
+    for i in (1..axes.len()).rev() {
+        axes.swap(i, rng.below(i + 1));
+    }
+    for a in axes {
+        let d = rng.below(ndim + 1);
+        if d < ndim && dev[a] > 1 {
+            per_dim[d].push((nd - 1 - a) as i64);
+        }
+    }
+    let map = TensorMap(per_dim.into_iter().map(|e| if e.is_empty() { vec![-1] } else { e }).collect());
+    let mut l = PLayout { dev, map, opt: 0 };
+    if allow_opt {
+        let layout = l.layout(&vec![16; ndim]);
+        let replicas = layout.mesh().num_devices() / layout.num_slices();
+        if replicas > 1 && rng.below(2) == 0 {
+            l.opt = if rng.below(2) == 0 { -1 } else { 1 << (1 + rng.below(replicas.trailing_zeros() as usize)) };
+        }
+    }
+    l
+}
+
+fn random_params(rng: &mut Rng) -> Vec<Param> {
+    let dtypes = [DType::Float32, DType::BFloat16, DType::Int64, DType::UInt8, DType::Float16, DType::Bool];
+    (0..3)
+        .map(|i| {
+            let ndim = 1 + rng.below(3);
+            let shape: Vec<usize> = (0..ndim).map(|d| if d == 0 { 16 * (1 + rng.below(2)) } else { 8 * (1 + rng.below(2)) }).collect();
+            Param::new(&format!("layer{i}.w"), dtypes[rng.below(dtypes.len())], shape, rng.next())
+        })
+        .collect()
+}
+
+fn opts(format: Format, jobs: usize) -> TransformOptions {
+    TransformOptions { format, prefix: "net_".into(), jobs, ..Default::default() }
+}
+
+fn write_strategy(dir: &Path, name: &str, params: &[(&Param, &PLayout, u32)], json: bool) -> PathBuf {
+    let mut s = strategy_file(params);
+    let path = dir.join(if json { format!("{name}.json") } else { format!("{name}.ckpt") });
+    if json {
+        for (item, (p, _, _)) in s.layout_items.iter_mut().zip(params) {
+            item.tensor_shape = Some(p.shape.clone());
+        }
+    }
+    s.save(&path).unwrap();
+    path
+}
+
+/// Every rank file under `dir` holds exactly the expected pieces.
+fn assert_pieces(dir: &Path, fmt: Format, params: &[(&Param, &PLayout, u32)], what: &str) {
+    let n: usize = params[0].1.dev.iter().product();
+    let stages = params.iter().map(|p| p.2).max().unwrap() as usize + 1;
+    for g in 0..n * stages {
+        let f = CheckpointFile::open(dir.join(format!("rank_{g}/net_{g}.{}", fmt.extension()))).unwrap();
+        for (p, l, s) in params {
+            if *s as usize != g / n {
+                assert!(f.get(&p.name).is_none(), "{what}: rank {g} holds {} of another stage", p.name);
+                continue;
+            }
+            let exp = piece(p, l, g % n);
+            let e = f.get(&p.name).unwrap_or_else(|| panic!("{what}: rank {g} lacks {}", p.name));
+            assert_eq!((e.dtype, e.shape.as_slice()), (p.dtype, exp.shape()), "{what}: rank {g} {}", p.name);
+            assert!(f.read(&p.name).unwrap() == bytes_of(&exp, p.dtype), "{what}: rank {g} {} has wrong bytes", p.name);
+        }
+    }
+}
+
+#[test]
+fn a_to_b_to_a_round_trips_are_bit_exact_over_random_layouts_and_device_counts() {
+    for case in 0..24u64 {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (case * 7919 + 1));
+        let params = random_params(&mut rng);
+        let (na, nb) = (1 << rng.below(4), 1 << rng.below(4));
+        let la: Vec<PLayout> = params.iter().map(|p| random_layout(&mut rng, na, p.shape.len(), true)).collect();
+        let lb: Vec<PLayout> = params.iter().map(|p| random_layout(&mut rng, nb, p.shape.len(), true)).collect();
+        let a: Vec<_> = params.iter().zip(&la).map(|(p, l)| (p, l, 0)).collect();
+        let b: Vec<_> = params.iter().zip(&lb).map(|(p, l)| (p, l, 0)).collect();
+        let fa = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
+        let fb = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
+        let what = format!("case {case}: A {:?} -> B {:?}", la, lb);
+        let tmp = tempfile::tempdir().unwrap();
+        let sa = write_strategy(tmp.path(), "a", &a, rng.below(2) == 0);
+        let sb = write_strategy(tmp.path(), "b", &b, rng.below(2) == 0);
+        write_ranks(&tmp.path().join("a"), fa.extension(), &a, &[]);
+        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(fb, 1 + rng.below(3)))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_pieces(&tmp.path().join("b"), fb, &b, &what);
+        transform_checkpoints(&tmp.path().join("b"), &tmp.path().join("a2"), Some(&sb), Some(&sa), &opts(fa, 2))
+            .unwrap_or_else(|e| panic!("{what}: B -> A: {e}"));
+        for r in 0..na {
+            let orig = CheckpointFile::open(tmp.path().join(format!("a/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
+            let back = CheckpointFile::open(tmp.path().join(format!("a2/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
+            for p in &params {
+                assert!(orig.read(&p.name).unwrap() == back.read(&p.name).unwrap(), "{what}: rank {r} {} after A -> B -> A", p.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn transforms_agree_with_the_redistribution_simulator() {
+    for case in 0..16u64 {
+        let mut rng = Rng(0x1234_5678 + case * 31);
+        let n = 1 << (1 + rng.below(3));
+        let p = Param::new("w", DType::UInt32, vec![16, 8], rng.next());
+        let la = random_layout(&mut rng, n, 2, false);
+        let lb = random_layout(&mut rng, n, 2, false);
+        let (src, dst) = (la.layout(&p.shape), lb.layout(&p.shape));
+        let expected = simulate(&plan(&src, &dst).unwrap(), scatter(&p.full, &src).unwrap()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let sa = write_strategy(tmp.path(), "a", &[(&p, &la, 0)], false);
+        let sb = write_strategy(tmp.path(), "b", &[(&p, &lb, 0)], false);
+        write_ranks(&tmp.path().join("a"), "safetensors", &[(&p, &la, 0)], &[]);
+        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(Format::Safetensors, 1)).unwrap();
+        for (r, block) in expected.iter().enumerate() {
+            let f = CheckpointFile::open(tmp.path().join(format!("b/rank_{r}/net_{r}.safetensors"))).unwrap();
+            assert_eq!(f.read("w").unwrap(), bytes_of(block, DType::UInt32), "case {case} rank {r}: {la:?} -> {lb:?}");
+        }
+    }
+}
+
+#[test]
+fn pipeline_stage_counts_may_differ_between_source_and_destination() {
+    let p1 = Param::new("l1.w", DType::Float32, vec![16, 8], 1);
+    let p2 = Param::new("l2.w", DType::BFloat16, vec![8, 16], 2);
+    // source: 2 stages of 4 devices, l1 on stage 0, l2 on stage 1
+    let s1 = PLayout { dev: vec![2, 2], map: TensorMap::single(&[1, 0]), opt: 0 };
+    let s2 = PLayout { dev: vec![4], map: TensorMap::single(&[-1, -1]), opt: -1 };
+    let src = [(&p1, &s1, 0), (&p2, &s2, 1)];
+    // destination: one stage of 2 devices
+    let d1 = PLayout { dev: vec![2], map: TensorMap::single(&[-1, 0]), opt: 0 };
+    let d2 = PLayout { dev: vec![2], map: TensorMap::single(&[0, -1]), opt: 0 };
+    let dst = [(&p1, &d1, 0), (&p2, &d2, 0)];
+    let tmp = tempfile::tempdir().unwrap();
+    let ss = write_strategy(tmp.path(), "src", &src, false);
+    let ds = write_strategy(tmp.path(), "dst", &dst, false);
+    write_ranks(&tmp.path().join("a"), "ckpt", &src, &[]);
+    // destination rank 1 needs stage 0's rank for l1 and stage 1's ranks for l2
+    let list = rank_list_for_transform(1, Some(&ss), Some(&ds)).unwrap();
+    assert!(list.iter().any(|&r| r < 4) && list.iter().any(|&r| r >= 4), "{list:?}");
+    transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&ss), Some(&ds), &opts(Format::Ckpt, 2)).unwrap();
+    assert_pieces(&tmp.path().join("b"), Format::Ckpt, &dst, "2 stages -> 1");
+    // and back: one stage -> two stages
+    transform_checkpoints(&tmp.path().join("b"), &tmp.path().join("c"), Some(&ds), Some(&ss), &opts(Format::Safetensors, 3)).unwrap();
+    assert_pieces(&tmp.path().join("c"), Format::Safetensors, &src, "1 stage -> 2");
+}
+
+#[test]
+fn a_missing_strategy_means_one_unsplit_device_on_that_side() {
+    let p = Param::new("w", DType::Int32, vec![16, 8], 5);
+    let l = PLayout { dev: vec![2, 4], map: TensorMap::single(&[-1, 0]), opt: -1 };
+    let step = TensorSpec { name: "global_step".into(), dtype: DType::Int64, shape: vec![] };
+    let tmp = tempfile::tempdir().unwrap();
+    let s = write_strategy(tmp.path(), "s", &[(&p, &l, 0)], false);
+    write_ranks(&tmp.path().join("a"), "ckpt", &[(&p, &l, 0)], &[(step.clone(), 7i64.to_le_bytes().to_vec())]);
+    // sharded -> merged: one file with the full tensor, the step copied unchanged
+    let rep =
+        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("full"), Some(&s), None, &opts(Format::Safetensors, 1)).unwrap();
+    assert_eq!(rep.files.len(), 1);
+    assert_eq!(rep.copied, vec!["global_step".to_string()]);
+    let f = CheckpointFile::open(tmp.path().join("full/rank_0/net_0.safetensors")).unwrap();
+    assert_eq!(f.read("w").unwrap(), bytes_of(&p.full, DType::Int32));
+    assert_eq!(f.read("global_step").unwrap(), 7i64.to_le_bytes());
+    // merged -> sharded again
+    assert_eq!(rank_list_for_transform(5, None, Some(&s)).unwrap(), vec![0]);
+    transform_checkpoints(&tmp.path().join("full"), &tmp.path().join("b"), None, Some(&s), &opts(Format::Ckpt, 4)).unwrap();
+    assert_pieces(&tmp.path().join("b"), Format::Ckpt, &[(&p, &l, 0)], "full -> sharded");
+}
+
+#[test]
+fn transform_by_rank_reads_only_the_ranks_of_its_rank_list() {
+    let p = Param::new("w", DType::Float64, vec![16, 16], 9);
+    let a = PLayout { dev: vec![2, 4], map: TensorMap::single(&[-1, 0]), opt: 0 };
+    let b = PLayout { dev: vec![4, 2], map: TensorMap::single(&[1, -1]), opt: 0 };
+    let tmp = tempfile::tempdir().unwrap();
+    let sa = write_strategy(tmp.path(), "a", &[(&p, &a, 0)], false);
+    let sb = write_strategy(tmp.path(), "b", &[(&p, &b, 0)], true);
+    write_ranks(&tmp.path().join("a"), "ckpt", &[(&p, &a, 0)], &[]);
+    for r in 0..8 {
+        let list = rank_list_for_transform(r, Some(&sa), Some(&sb)).unwrap();
+        // a row block of the destination needs one replica of each column block: 4 files
+        assert_eq!(list.len(), 4, "rank {r}: {list:?}");
+        assert!(list.windows(2).all(|w| w[0] > w[1]), "highest first: {list:?}");
+        let files: BTreeMap<usize, PathBuf> = list.iter().map(|&s| (s, tmp.path().join(format!("a/rank_{s}/net_{s}.ckpt")))).collect();
+        let out = tmp.path().join(format!("out/net_{r}.safetensors"));
+        transform_checkpoint_by_rank(r, &files, &out, Some(&sa), Some(&sb), &opts(Format::Ckpt, 1)).unwrap();
+        let f = CheckpointFile::open(&out).unwrap();
+        assert_eq!(f.read("w").unwrap(), bytes_of(&piece(&p, &b, r), DType::Float64));
+    }
+    // destination rank 5 pairs with source rank 5: it reads the replicas in its own row of the mesh
+    assert_eq!(rank_list_for_transform(5, Some(&sa), Some(&sb)).unwrap(), vec![7, 6, 5, 4]);
+}
+
+#[test]
+fn tensors_in_one_strategy_only_fail_unless_allowed_and_are_then_listed() {
+    let p = Param::new("w", DType::Float32, vec![8, 8], 3);
+    let q = Param::new("extra.w", DType::Float32, vec![8], 4);
+    let l = PLayout { dev: vec![2], map: TensorMap::single(&[0, -1]), opt: 0 };
+    let l1 = PLayout { dev: vec![2], map: TensorMap::single(&[-1]), opt: 0 };
+    let tmp = tempfile::tempdir().unwrap();
+    let sa = write_strategy(tmp.path(), "a", &[(&p, &l, 0), (&q, &l1, 0)], false);
+    let sb = write_strategy(tmp.path(), "b", &[(&p, &l, 0)], false);
+    write_ranks(&tmp.path().join("a"), "ckpt", &[(&p, &l, 0), (&q, &l1, 0)], &[]);
+    let err =
+        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(Format::Ckpt, 1)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("extra.w") && text.contains("--allow-missing"), "{text}");
+    let mut o = opts(Format::Ckpt, 1);
+    o.allow_missing = true;
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &o).unwrap();
+    assert_eq!(rep.skipped, vec!["extra.w".to_string()]);
+    let f = CheckpointFile::open(tmp.path().join("b/rank_1/net_1.ckpt")).unwrap();
+    assert!(f.get("extra.w").is_none());
+    assert_eq!(f.read("w").unwrap(), bytes_of(&piece(&p, &l, 1), DType::Float32));
+}
