@@ -361,3 +361,166 @@ pub(crate) fn same_shape_float(cx: &InferCx<'_>) -> Result<TensorType> {
     }
     Ok(TensorType::new(cx.shape(0).clone(), d))
 }
+
+#[cfg(test)]
+mod tests {
+    use autopar_layout::Strategy;
+
+    use crate::{ConvAttrs, DType, GraphBuilder, GraphError, Initializer, NodeId, PoolAttrs, ReduceOp};
+
+    fn b() -> GraphBuilder {
+        GraphBuilder::new(0)
+    }
+
+    fn x(b: &mut GraphBuilder, name: &str, shape: &[usize]) -> NodeId {
+        b.input(name, shape, DType::F32).unwrap()
+    }
+
+    fn msg(r: crate::Result<NodeId>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn matmul_inner_dimension_mismatch_names_the_op_and_both_dimensions() {
+        let mut g = b();
+        let (a, w) = (x(&mut g, "a", &[32, 128]), x(&mut g, "w", &[64, 10]));
+        assert_eq!(msg(g.matmul("l2", a, w)), "MatMul l2: inner dimensions 128 and 64 differ");
+        // With transpose_b the contracted dimension of w is its last one.
+        let w2 = x(&mut g, "w2", &[10, 64]);
+        assert_eq!(msg(g.matmul_t("l3", a, w2, false, true)), "MatMul l3: inner dimensions 128 and 64 differ");
+        let v = x(&mut g, "v", &[128]);
+        assert_eq!(msg(g.matmul("l4", a, v)), "MatMul l4: input 1 has shape [128]; expected rank 2");
+    }
+
+    #[test]
+    fn batch_matmul_requires_equal_batch_dimensions() {
+        let mut g = b();
+        let (p, q) = (x(&mut g, "p", &[2, 3, 4]), x(&mut g, "q", &[3, 4, 5]));
+        assert_eq!(msg(g.batch_matmul("bmm", p, q, false, false)), "BatchMatMul bmm: batch dimensions 2 and 3 differ");
+    }
+
+    #[test]
+    fn elementwise_ops_reject_shapes_that_do_not_broadcast_and_mixed_dtypes() {
+        let mut g = b();
+        let (p, q) = (x(&mut g, "p", &[2, 3]), x(&mut g, "q", &[4]));
+        assert!(msg(g.add("sum", p, q)).starts_with("Add sum: shapes [2, 3] and [4] do not broadcast"));
+        let r = g.input("r", &[2, 3], DType::F64).unwrap();
+        assert!(msg(g.mul("prod", p, r)).starts_with("Mul prod: inputs 0 and 1 have different dtypes f32 and f64"));
+        let i = g.input("i", &[2, 3], DType::I32).unwrap();
+        assert_eq!(msg(g.relu("act", i)), "ReLU act: input 0 has dtype i32; expected a floating-point type");
+    }
+
+    #[test]
+    fn bias_add_checks_the_channel_dimension() {
+        let mut g = b();
+        let (p, bias) = (x(&mut g, "p", &[8, 16, 4, 4]), x(&mut g, "bias", &[15]));
+        assert_eq!(msg(g.bias_add("ba", p, bias)), "BiasAdd ba: channel dimensions 16 and 15 differ");
+    }
+
+    #[test]
+    fn conv2d_checks_channels_groups_and_window() {
+        let mut g = b();
+        let img = x(&mut g, "img", &[2, 6, 8, 8]);
+        let w = x(&mut g, "w", &[4, 4, 3, 3]);
+        assert_eq!(msg(g.conv2d("c1", img, w, ConvAttrs::default())), "Conv2D c1: input channels per group 6 and 4 differ");
+        let w = x(&mut g, "w2", &[4, 6, 9, 9]);
+        assert!(msg(g.conv2d("c2", img, w, ConvAttrs::default())).starts_with("Conv2D c2: attribute kernel = [9, 9] is invalid"));
+        let w = x(&mut g, "w3", &[4, 3, 3, 3]);
+        let attrs = ConvAttrs { groups: 4, ..ConvAttrs::default() };
+        assert!(msg(g.conv2d("c3", img, w, attrs)).starts_with("Conv2D c3: attribute groups = 4 is invalid"));
+        let flat = x(&mut g, "flat", &[2, 6]);
+        assert!(msg(g.conv2d("c4", flat, w, ConvAttrs::default())).contains("expected rank 4 (N, C, H, W)"));
+    }
+
+    #[test]
+    fn pools_reject_windows_that_do_not_fit() {
+        let mut g = b();
+        let img = x(&mut g, "img", &[1, 2, 3, 3]);
+        assert!(msg(g.max_pool("mp", img, PoolAttrs::new(4, 1))).starts_with("MaxPool mp: attribute kernel/stride"));
+        assert!(msg(g.avg_pool("ap", img, PoolAttrs::new(2, 0))).starts_with("AvgPool ap: attribute kernel/stride"));
+    }
+
+    #[test]
+    fn shape_ops_check_their_attributes() {
+        let mut g = b();
+        let p = x(&mut g, "p", &[2, 3, 4]);
+        assert!(msg(g.reshape("rs", p, &[5, -1])).starts_with("Reshape rs: attribute shape = [5, -1] is invalid"));
+        assert!(msg(g.transpose("tr", p, &[0, 0, 1])).starts_with("Transpose tr: attribute perm = [0, 0, 1] is invalid"));
+        assert!(msg(g.slice("sl", p, &[1, 0, 0], &[2, 3, 4])).starts_with("Slice sl: attribute begin/size"));
+        let q = x(&mut g, "q", &[2, 5, 4]);
+        assert_eq!(msg(g.concat("cat", &[p, q], 2)), "Concat cat: non-concatenated dimensions 3 and 5 differ");
+        assert!(msg(g.softmax("sm", p, 3)).starts_with("Softmax sm: attribute axis = 3 is invalid"));
+        assert!(msg(g.reduce_sum("rsum", p, &[0, -3], false)).contains("distinct axes"));
+    }
+
+    #[test]
+    fn index_ops_require_integer_indices() {
+        let mut g = b();
+        let table = x(&mut g, "table", &[10, 4]);
+        let idx = x(&mut g, "idx", &[3]);
+        assert_eq!(msg(g.gather("emb", table, idx, 0)), "Gather emb: input 1 has dtype f32; expected i32 or i64");
+        let logits = x(&mut g, "logits", &[4, 10]);
+        let labels = g.input("labels", &[5], DType::I64).unwrap();
+        assert_eq!(msg(g.softmax_cross_entropy("loss", logits, labels)), "SoftmaxCrossEntropyWithLogits loss: batch sizes of logits and labels 4 and 5 differ");
+    }
+
+    #[test]
+    fn normalisations_check_parameter_shapes() {
+        let mut g = b();
+        let p = x(&mut g, "p", &[4, 3, 2, 2]);
+        let (c3, c4) = (x(&mut g, "c3", &[3]), x(&mut g, "c4", &[4]));
+        let err = msg(g.batch_norm("bn", [p, c3, c3, c4, c3], true, 1e-5, 0.9));
+        assert_eq!(err, "BatchNorm bn: input 3 has shape [4]; expected [C], C the channel dimension of x");
+        let err = msg(g.layer_norm("ln", p, c3, c3, 2, 1e-5));
+        assert_eq!(err, "LayerNorm ln: input 1 has shape [3]; expected the normalised dimensions of x");
+        assert!(msg(g.dropout("drop", p, 1.0, 0)).starts_with("Dropout drop: attribute p = 1.0 is invalid"));
+    }
+
+    #[test]
+    fn collectives_check_groups_and_divisibility() {
+        let mut g = b();
+        let p = x(&mut g, "p", &[6, 4]);
+        assert!(msg(g.all_gather("ag", p, 0, &[])).starts_with("AllGather ag: attribute group = [] is invalid"));
+        assert!(msg(g.all_reduce("ar", p, ReduceOp::Sum, &[1, 1])).starts_with("AllReduce ar: attribute group = [1, 1] is invalid"));
+        assert!(msg(g.reduce_scatter("rs", p, ReduceOp::Sum, 1, &[0, 1, 2])).starts_with("ReduceScatter rs: attribute dim = 1 is invalid"));
+        assert!(msg(g.broadcast("bc", p, 3, &[0, 1])).starts_with("Broadcast bc: attribute root = 3 is invalid"));
+        let y = g.all_gather("ag2", p, 0, &[0, 1, 2]).unwrap();
+        assert_eq!(g.graph().node(y).ty.shape, vec![18, 4]);
+        let y = g.all_to_all("a2a", p, 0, 1, &[0, 1, 2]).unwrap();
+        assert_eq!(g.graph().node(y).ty.shape, vec![2, 12]);
+    }
+
+    #[test]
+    fn graph_rejects_wrong_arity_duplicate_names_and_unknown_inputs() {
+        let mut g = b();
+        let p = x(&mut g, "p", &[2]);
+        assert_eq!(msg(g.op("a", crate::ops::Add, &[p])), "Add a: takes 2 inputs, got 1");
+        assert!(msg(g.relu("p", p)).starts_with("an op named \"p\" already exists (node %0)"));
+        assert_eq!(msg(g.relu("r", NodeId(9))), "node %9 does not exist (the graph has 1 nodes)");
+    }
+
+    #[test]
+    fn strategies_are_checked_against_the_op_inputs() {
+        let mut g = b();
+        let (a, w) = (x(&mut g, "a", &[8, 6]), x(&mut g, "w", &[6, 4]));
+        let y = g.matmul("mm", a, w).unwrap();
+        let err = g.shard(y, Strategy::new(vec![vec![2, 1]])).unwrap_err();
+        assert!(matches!(err, GraphError::StrategyArity { got: 1, inputs: 2, .. }), "{err}");
+        let err = g.shard(y, Strategy::new(vec![vec![2, 1, 1], vec![1, 2]])).unwrap_err();
+        assert!(matches!(err, GraphError::StrategyRank { input: 0, got: 3, .. }), "{err}");
+        let err = g.shard(y, Strategy::new(vec![vec![2, 4], vec![4, 1]])).unwrap_err();
+        assert!(err.to_string().starts_with("MatMul mm: strategy ((2, 4), (4, 1)) splits dimension 1 of input 0 (size 6) 4 ways"), "{err}");
+        g.shard(y, Strategy::new(vec![vec![2, 2], vec![2, 1]])).unwrap();
+        g.stage(y, 1).unwrap();
+        let node = g.graph().node(y);
+        assert_eq!(node.strategy.as_ref().unwrap().to_string(), "((2, 2), (2, 1))");
+        assert_eq!(node.pipeline_stage, Some(1));
+    }
+
+    #[test]
+    fn parameters_with_fan_initialisers_need_a_weight_shape() {
+        let mut g = b();
+        let err = g.parameter("s", &[], Initializer::XavierUniform { gain: 1.0 }).unwrap_err();
+        assert!(err.to_string().starts_with("parameter s: initializer xavier_uniform(1) cannot fill shape []"), "{err}");
+    }
+}
