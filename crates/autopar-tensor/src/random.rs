@@ -54,3 +54,30 @@ pub fn truncated_normal(shape: &[usize], mean: f64, std: f64, seed: u64, dtype: 
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_depend_only_on_seed_and_index() {
+        let a = normal(&[1000], 0.0, 1.0, 3, DType::F64);
+        assert!(a.bit_eq(&normal(&[1000], 0.0, 1.0, 3, DType::F64)));
+        assert!(!a.bit_eq(&normal(&[1000], 0.0, 1.0, 4, DType::F64)));
+        let v = a.to_vec::<f64>().unwrap();
+        let mean = v.iter().sum::<f64>() / 1000.0;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / 1000.0;
+        assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.15, "mean {mean} var {var}");
+        // A prefix of a larger draw equals the smaller draw.
+        assert_eq!(
+            uniform(&[10], 0.0, 1.0, 9, DType::F64).to_vec::<f64>().unwrap()[..],
+            uniform(&[20], 0.0, 1.0, 9, DType::F64).to_vec::<f64>().unwrap()[..10]
+        );
+    }
+
+    #[test]
+    fn uniform_and_truncated_normal_stay_in_range() {
+        assert!(uniform(&[500], -2.0, 3.0, 1, DType::F32).to_f64_vec().iter().all(|&x| (-2.0..3.0).contains(&x)));
+        assert!(truncated_normal(&[500], 1.0, 0.5, 1, DType::F64).to_f64_vec().iter().all(|&x| (0.0..=2.0).contains(&x)));
+    }
+}

@@ -349,3 +349,68 @@ impl fmt::Display for Tensor {
         write!(f, "{}{:?}", self.dtype(), self.shape())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_vec_checks_the_element_count() {
+        assert!(Tensor::from_vec(&[2, 3], vec![0f32; 6]).is_ok());
+        let e = Tensor::from_vec(&[2, 3], vec![0f32; 5]).unwrap_err();
+        assert_eq!(e, TensorError::ElementCount { op: "from_vec", shape: vec![2, 3], expected: 6, len: 5 });
+    }
+
+    #[test]
+    fn casts_round_trip_through_half_precision_storage() {
+        let x = Tensor::from_vec(&[3], vec![1.5f32, -2.0, 0.25]).unwrap();
+        for d in [DType::F16, DType::BF16, DType::F64] {
+            let y = x.cast(d);
+            assert_eq!((y.dtype(), y.nbytes()), (d, 3 * d.size_of()));
+            assert!(y.cast(DType::F32).bit_eq(&x), "{d}");
+        }
+        assert_eq!(x.cast(DType::I32).to_vec::<i32>().unwrap(), vec![1, -2, 0]);
+    }
+
+    #[test]
+    fn typed_access_rejects_the_wrong_dtype() {
+        let x = Tensor::zeros(&[2], DType::I64);
+        assert!(matches!(x.to_vec::<f32>(), Err(TensorError::DTypeMismatch { expected: DType::F32, got: DType::I64, .. })));
+        assert_eq!(x.to_vec::<i64>().unwrap(), vec![0, 0]);
+    }
+
+    #[test]
+    fn shapes_broadcast_numpy_style() {
+        assert_eq!(broadcast_shapes(&[2, 1, 3], &[4, 1]), Some(vec![2, 4, 3]));
+        assert_eq!(broadcast_shapes(&[], &[5]), Some(vec![5]));
+        assert_eq!(broadcast_shapes(&[2], &[3]), None);
+        assert_eq!(Shape::from([2, 3]).numel(), 6);
+        assert_eq!(Shape::from([2, 3]).to_string(), "[2, 3]");
+    }
+
+    #[test]
+    fn dtype_names_parse_back() {
+        for d in DType::ALL {
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+        assert_eq!(DType::parse("float32"), Some(DType::F32));
+        assert_eq!(DType::parse("u8"), None);
+    }
+
+    #[test]
+    fn item_and_display_describe_the_tensor() {
+        let s = Tensor::scalar(2.5f64);
+        assert_eq!(s.item().unwrap(), 2.5);
+        assert!(Tensor::zeros(&[2], DType::F32).item().is_err());
+        assert_eq!(Tensor::zeros(&[2, 3], DType::BF16).to_string(), "bf16[2, 3]");
+        assert!(normalize_axis("t", -3, 2).is_err());
+        assert_eq!(normalize_axis("t", -1, 2).unwrap(), 1);
+    }
+
+    #[test]
+    fn clones_share_storage_and_fresh_tensors_do_not() {
+        let a = Tensor::zeros(&[4], DType::F32);
+        assert!(a.clone().overlaps(&a));
+        assert!(!Tensor::zeros(&[4], DType::F32).overlaps(&a));
+    }
+}

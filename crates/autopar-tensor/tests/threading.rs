@@ -119,7 +119,7 @@ fn gather_dropout_and_loss_are_identical_serial_and_parallel() {
         let (y, m) = dropout::dropout(c, &x, 0.3, 42).unwrap();
         vec![y, m]
     });
-    let labels = Tensor::from_vec(&[256], (0..256).map(|i| (i % 300) as i32).collect()).unwrap();
+    let labels = Tensor::from_vec(&[256], (0..256i32).map(|i| i % 300).collect()).unwrap();
     same("softmax_cross_entropy", |c| {
         let (l, p) = loss::softmax_cross_entropy_sparse(c, &x, &labels).unwrap();
         let g = loss::softmax_cross_entropy_sparse_backward(c, &p, &labels, &Tensor::scalar(1.0f32)).unwrap();

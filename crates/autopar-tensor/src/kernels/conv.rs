@@ -70,6 +70,8 @@ struct Geo {
     pl: usize,
     dh: usize,
     dw: usize,
+    /// im2col elements per chunk of images.
+    budget: usize,
 }
 
 /// Output spatial size of a convolution or pooling window, or `None` if the window does not fit.
@@ -90,7 +92,7 @@ fn geometry(op: &'static str, x: &[usize], w: &[usize], p: &Conv2dParams) -> Res
         return Err(TensorError::BadShape { op, what: "weight", shape: w.to_vec(), expected: "rank 4 [O, C/groups, kH, kW]".into() });
     }
     let bad = |name: &'static str, value: String, expected: &'static str| TensorError::InvalidArgument { op, name, value, expected };
-    if p.groups == 0 || x[1] % p.groups != 0 || w[0] % p.groups != 0 {
+    if p.groups == 0 || !x[1].is_multiple_of(p.groups) || !w[0].is_multiple_of(p.groups) {
         return Err(bad(
             "groups",
             format!("{} for {} input and {} output channels", p.groups, x[1], w[0]),
@@ -142,6 +144,7 @@ fn geometry(op: &'static str, x: &[usize], w: &[usize], p: &Conv2dParams) -> Res
         pl: p.padding[2],
         dh: p.dilation[0],
         dw: p.dilation[1],
+        budget: COL_BUDGET,
     })
 }
 
@@ -156,7 +159,7 @@ impl Geo {
         self.ho * self.wo
     }
     fn chunk(&self) -> usize {
-        (COL_BUDGET / (self.kg * self.hwo()).max(1)).clamp(1, self.n.max(1))
+        (self.budget / (self.kg * self.hwo()).max(1)).clamp(1, self.n.max(1))
     }
 }
 
@@ -358,4 +361,136 @@ pub fn conv2d_backward_weight(ctx: &ExecCtx, dy: &Tensor, x: &Tensor, weight_sha
         let xs = xd.shared::<T>()?.as_slice().expect("contiguous");
         Tensor::from_vec(weight_shape, conv_bwd_weight(ctx, ds, xs, &g))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+    fn nine() -> Tensor {
+        Tensor::from_vec(&[1, 1, 3, 3], (1..=9).map(|i| i as f32).collect()).unwrap()
+    }
+
+    #[test]
+    fn conv2d_with_a_ones_kernel_sums_windows() {
+        let w = Tensor::ones(&[1, 1, 2, 2], DType::F32);
+        let y = conv2d(&cx(), &nine(), &w, &Conv2dParams::default()).unwrap();
+        assert_eq!(y.shape(), &[1, 1, 2, 2]);
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![12., 16., 24., 28.]);
+    }
+
+    #[test]
+    fn conv2d_with_stride_and_padding_matches_hand_values() {
+        let w = Tensor::ones(&[1, 1, 2, 2], DType::F32);
+        let y = conv2d(&cx(), &nine(), &w, &Conv2dParams::new(2, 1)).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![1., 5., 11., 28.]);
+    }
+
+    #[test]
+    fn conv2d_with_dilation_reads_spread_taps() {
+        let w = Tensor::ones(&[1, 1, 2, 2], DType::F32);
+        let p = Conv2dParams { dilation: [2, 2], ..Default::default() };
+        assert_eq!(conv2d(&cx(), &nine(), &w, &p).unwrap().to_vec::<f32>().unwrap(), vec![20.]);
+    }
+
+    #[test]
+    fn grouped_conv2d_keeps_channels_apart() {
+        let x = Tensor::from_vec(&[1, 2, 1, 2], vec![1f32, 2., 3., 4.]).unwrap();
+        let w = Tensor::from_vec(&[2, 1, 1, 1], vec![2f32, 3.]).unwrap();
+        let p = Conv2dParams { groups: 2, ..Default::default() };
+        assert_eq!(conv2d(&cx(), &x, &w, &p).unwrap().to_vec::<f32>().unwrap(), vec![2., 4., 9., 12.]);
+    }
+
+    /// Direct seven-loop convolution as the reference.
+    fn direct(x: &Tensor, w: &Tensor, p: &Conv2dParams) -> Vec<f64> {
+        let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+        let (xv, wv) = (x.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
+        let os = conv2d_output_shape(&xs, &ws, p).unwrap();
+        let (cg, og) = (xs[1] / p.groups, ws[0] / p.groups);
+        let mut out = vec![0.0; os.iter().product()];
+        for n in 0..os[0] {
+            for o in 0..os[1] {
+                let g = o / og;
+                for oh in 0..os[2] {
+                    for ow in 0..os[3] {
+                        let mut s = 0.0;
+                        for c in 0..cg {
+                            for i in 0..ws[2] {
+                                for j in 0..ws[3] {
+                                    let ih = (oh * p.stride[0] + i * p.dilation[0]) as isize - p.padding[0] as isize;
+                                    let iw = (ow * p.stride[1] + j * p.dilation[1]) as isize - p.padding[2] as isize;
+                                    if ih >= 0 && iw >= 0 && (ih as usize) < xs[2] && (iw as usize) < xs[3] {
+                                        let xi = ((n * xs[1] + g * cg + c) * xs[2] + ih as usize) * xs[3] + iw as usize;
+                                        s += xv[xi] * wv[((o * cg + c) * ws[2] + i) * ws[3] + j];
+                                    }
+                                }
+                            }
+                        }
+                        out[((n * os[1] + o) * os[2] + oh) * os[3] + ow] = s;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn conv2d_matches_a_direct_convolution_across_attributes() {
+        let cases = [
+            ([2, 4, 7, 6], [6, 2, 3, 2], Conv2dParams { stride: [2, 1], padding: [1, 2, 0, 1], dilation: [1, 2], groups: 2 }),
+            ([3, 3, 5, 5], [4, 3, 3, 3], Conv2dParams::new(1, 1)),
+            ([1, 4, 8, 8], [4, 1, 3, 3], Conv2dParams { groups: 4, ..Conv2dParams::new(2, 1) }),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let x = crate::random::uniform(&xs, -1., 1., k as u64, DType::F64);
+            let w = crate::random::uniform(&ws, -1., 1., 10 + k as u64, DType::F64);
+            let y = conv2d(&cx(), &x, &w, &p).unwrap().to_vec::<f64>().unwrap();
+            let r = direct(&x, &w, &p);
+            assert!(y.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-12), "case {k}");
+        }
+    }
+
+    #[test]
+    fn chunking_the_batch_does_not_change_any_result() {
+        let p = Conv2dParams { stride: [1, 1], padding: [1; 4], dilation: [1, 1], groups: 2 };
+        let x = crate::random::uniform(&[5, 4, 6, 6], -1., 1., 1, DType::F64);
+        let w = crate::random::uniform(&[6, 2, 3, 3], -1., 1., 2, DType::F64);
+        let dy = crate::random::uniform(&[5, 6, 6, 6], -1., 1., 3, DType::F64);
+        let (xs, ws, ds) = (x.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap(), dy.to_vec::<f64>().unwrap());
+        let whole = geometry("t", x.shape(), w.shape(), &p).unwrap();
+        let mut small = whole;
+        small.budget = whole.kg * whole.hwo() * 2; // two images per chunk: chunks of 2, 2, 1
+        assert_eq!(small.chunk(), 2);
+        let close = |a: Vec<f64>, b: Vec<f64>| a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-12);
+        assert!(close(conv_fwd(&cx(), &xs, &ws, &whole), conv_fwd(&cx(), &xs, &ws, &small)));
+        assert!(close(conv_bwd_input(&cx(), &ds, &ws, &whole), conv_bwd_input(&cx(), &ds, &ws, &small)));
+        assert!(close(conv_bwd_weight(&cx(), &ds, &xs, &whole), conv_bwd_weight(&cx(), &ds, &xs, &small)));
+    }
+
+    #[test]
+    fn same_padding_keeps_the_spatial_size_at_stride_one() {
+        let p = Conv2dParams::same_padding(32, 32, 3, 3, [1, 1], [1, 1]);
+        assert_eq!(p, [1, 1, 1, 1]);
+        assert_eq!(Conv2dParams::same_padding(32, 32, 2, 2, [2, 2], [1, 1]), [0, 0, 0, 0]);
+        assert_eq!(Conv2dParams::same_padding(5, 5, 4, 4, [1, 1], [1, 1]), [1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn bad_convolution_shapes_are_errors() {
+        let w = Tensor::ones(&[1, 2, 2, 2], DType::F32);
+        assert!(matches!(conv2d(&cx(), &nine(), &w, &Conv2dParams::default()), Err(TensorError::IncompatibleShapes { .. })));
+        let big = Tensor::ones(&[1, 1, 4, 4], DType::F32);
+        assert!(conv2d(&cx(), &nine(), &big, &Conv2dParams::default()).is_err());
+        let p = Conv2dParams { groups: 2, ..Default::default() };
+        assert!(matches!(
+            conv2d(&cx(), &nine(), &Tensor::ones(&[2, 1, 1, 1], DType::F32), &p),
+            Err(TensorError::InvalidArgument { name: "groups", .. })
+        ));
+        let p = Conv2dParams { stride: [0, 1], ..Default::default() };
+        assert!(conv2d(&cx(), &nine(), &Tensor::ones(&[1, 1, 1, 1], DType::F32), &p).is_err());
+    }
 }

@@ -38,3 +38,25 @@ pub fn dropout_backward(ctx: &ExecCtx, dy: &Tensor, mask: &Tensor) -> Result<Ten
         Ok(Tensor::from_array(map2(ctx, dy.shape(), &dy.typed::<T>(op, "output gradient")?, &mask.typed::<T>(op, "mask")?, |a, b| a * b)))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn dropout_drops_about_p_and_scales_the_rest() {
+        let cx = ExecCtx::serial();
+        let x = Tensor::ones(&[100, 100], DType::F32);
+        let (y, mask) = dropout(&cx, &x, 0.3, 7).unwrap();
+        let yv = y.to_vec::<f32>().unwrap();
+        let dropped = yv.iter().filter(|&&v| v == 0.).count() as f64 / 1e4;
+        assert!((0.28..0.32).contains(&dropped), "dropped {dropped}");
+        assert!(yv.iter().all(|&v| v == 0. || (v - 1. / 0.7).abs() < 1e-6));
+        assert!(mask.bit_eq(&dropout(&cx, &x, 0.3, 7).unwrap().1), "same seed, same mask");
+        assert!(!mask.bit_eq(&dropout(&cx, &x, 0.3, 8).unwrap().1), "other seed, other mask");
+        assert!(dropout_backward(&cx, &x, &mask).unwrap().bit_eq(&y));
+        assert!(dropout(&cx, &x, 0.0, 1).unwrap().0.bit_eq(&x));
+        assert!(matches!(dropout(&cx, &x, 1.0, 1), Err(TensorError::InvalidArgument { name: "p", .. })));
+    }
+}

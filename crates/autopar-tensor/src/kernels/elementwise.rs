@@ -380,3 +380,122 @@ pub fn gelu(ctx: &ExecCtx, x: &Tensor, approximate: bool) -> Result<Tensor> {
 pub fn gelu_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, approximate: bool) -> Result<Tensor> {
     unary_backward(ctx, UnaryOp::Gelu { approximate }, x, dy)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn t(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+    fn v(t: &Tensor) -> Vec<f32> {
+        t.to_vec::<f32>().unwrap()
+    }
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+
+    #[test]
+    fn add_broadcasts_a_row_over_a_matrix() {
+        let y = add(&cx(), &t(&[2, 3], &[1., 2., 3., 4., 5., 6.]), &t(&[3], &[10., 20., 30.])).unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(v(&y), vec![11., 22., 33., 14., 25., 36.]);
+    }
+
+    #[test]
+    fn mul_of_a_column_and_a_row_is_the_outer_product() {
+        let y = mul(&cx(), &t(&[2, 1], &[2., 3.]), &t(&[1, 3], &[1., 10., 100.])).unwrap();
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(v(&y), vec![2., 20., 200., 3., 30., 300.]);
+    }
+
+    #[test]
+    fn sub_and_div_with_a_scalar_operand() {
+        let x = t(&[3], &[2., 4., 8.]);
+        let s = Tensor::scalar(2.0f32);
+        assert_eq!(v(&sub(&cx(), &x, &s).unwrap()), vec![0., 2., 6.]);
+        assert_eq!(v(&div(&cx(), &s, &x).unwrap()), vec![1., 0.5, 0.25]);
+    }
+
+    #[test]
+    fn integer_arithmetic_truncates_and_rejects_division_by_zero() {
+        let a = Tensor::from_vec(&[3], vec![7i64, -7, 9]).unwrap();
+        let b = Tensor::from_vec(&[3], vec![2i64, 2, 3]).unwrap();
+        assert_eq!(div(&cx(), &a, &b).unwrap().to_vec::<i64>().unwrap(), vec![3, -3, 3]);
+        assert_eq!(add(&cx(), &a, &b).unwrap().to_vec::<i64>().unwrap(), vec![9, -5, 12]);
+        let z = Tensor::from_vec(&[3], vec![1i64, 0, 1]).unwrap();
+        assert!(matches!(div(&cx(), &a, &z), Err(TensorError::InvalidArgument { name: "rhs", .. })));
+    }
+
+    #[test]
+    fn incompatible_broadcast_names_both_shapes() {
+        let e = add(&cx(), &t(&[2, 3], &[0.; 6]), &t(&[2], &[0.; 2])).unwrap_err();
+        assert_eq!(
+            e,
+            TensorError::IncompatibleShapes {
+                op: "add",
+                lhs: vec![2, 3],
+                rhs: vec![2],
+                reason: "not broadcastable (sizes must be equal or 1, aligned from the right)"
+            }
+        );
+        assert!(e.to_string().contains("[2, 3]") && e.to_string().contains("hint:"));
+    }
+
+    #[test]
+    fn mixed_dtypes_and_storage_only_dtypes_are_rejected() {
+        let a = t(&[2], &[1., 2.]);
+        let b = a.cast(DType::F64);
+        assert!(matches!(add(&cx(), &a, &b), Err(TensorError::DTypeMismatch { expected: DType::F32, got: DType::F64, .. })));
+        let h = a.cast(DType::BF16);
+        assert!(matches!(relu(&cx(), &h), Err(TensorError::UnsupportedDType { dtype: DType::BF16, .. })));
+    }
+
+    #[test]
+    fn reduce_to_shape_sums_broadcast_dimensions() {
+        let g = t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+        assert_eq!(v(&reduce_to_shape(&cx(), &g, &[3]).unwrap()), vec![5., 7., 9.]);
+        let r = reduce_to_shape(&cx(), &g, &[2, 1]).unwrap();
+        assert_eq!((r.shape(), v(&r)), (&[2usize, 1][..], vec![6., 15.]));
+        assert_eq!(v(&reduce_to_shape(&cx(), &g, &[]).unwrap()), vec![21.]);
+        assert!(reduce_to_shape(&cx(), &g, &[2]).is_err());
+    }
+
+    #[test]
+    fn bias_add_adds_along_the_channel_axis_and_its_gradient_sums_the_rest() {
+        let x = t(&[2, 2, 1, 2], &[0.; 8]);
+        let y = bias_add(&cx(), &x, &t(&[2], &[1., 2.]), 1).unwrap();
+        assert_eq!(v(&y), vec![1., 1., 2., 2., 1., 1., 2., 2.]);
+        assert_eq!(v(&bias_add_grad(&cx(), &y, 1).unwrap()), vec![4., 8.]);
+        let e = bias_add(&cx(), &x, &t(&[3], &[0.; 3]), 1).unwrap_err();
+        assert!(matches!(e, TensorError::BadShape { what: "bias", .. }));
+    }
+
+    #[test]
+    fn activations_match_known_values() {
+        let x = t(&[3], &[-1., 0., 1.]);
+        let close = |a: Vec<f32>, b: &[f32]| a.iter().zip(b).all(|(p, q)| (p - q).abs() < 1e-5);
+        assert_eq!(v(&relu(&cx(), &x).unwrap()), vec![0., 0., 1.]);
+        assert!(close(v(&gelu(&cx(), &x, true).unwrap()), &[-0.158_808, 0., 0.841_192]));
+        assert!(close(v(&gelu(&cx(), &x, false).unwrap()), &[-0.158_655, 0., 0.841_345]));
+        assert!(close(v(&tanh(&cx(), &x).unwrap()), &[-0.761_594, 0., 0.761_594]));
+        assert!(close(v(&sigmoid(&cx(), &x).unwrap()), &[0.268_941, 0.5, 0.731_059]));
+        assert!(close(v(&exp(&cx(), &x).unwrap()), &[0.367_879, 1., std::f32::consts::E]));
+        assert!(close(v(&log(&cx(), &t(&[2], &[1., std::f32::consts::E])).unwrap()), &[0., 1.]));
+        assert!(close(v(&sqrt(&cx(), &t(&[2], &[4., 9.])).unwrap()), &[2., 3.]));
+        assert_eq!(v(&neg(&cx(), &x).unwrap()), vec![1., 0., -1.]);
+    }
+
+    #[test]
+    fn activation_derivatives_match_known_values() {
+        let x = t(&[3], &[-1., 0.5, 2.]);
+        let ones = t(&[3], &[1., 1., 1.]);
+        assert_eq!(v(&relu_backward(&cx(), &x, &ones).unwrap()), vec![0., 1., 1.]);
+        let y = sigmoid(&cx(), &x).unwrap();
+        let d = v(&sigmoid_backward(&cx(), &y, &ones).unwrap());
+        let s = |z: f32| 1. / (1. + (-z).exp());
+        assert!((d[1] - s(0.5) * (1. - s(0.5))).abs() < 1e-6);
+        assert_eq!(v(&neg_backward(&cx(), &ones).unwrap()), vec![-1., -1., -1.]);
+    }
+}

@@ -113,3 +113,39 @@ pub fn softmax_cross_entropy_backward(ctx: &ExecCtx, probs: &Tensor, targets: &T
         Tensor::from_vec(&[n, c], g)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_logits_give_log_c_and_a_probs_minus_onehot_gradient() {
+        let cx = ExecCtx::serial();
+        let logits = Tensor::zeros(&[2, 2], DType::F64);
+        let labels = Tensor::from_vec(&[2], vec![0i32, 1]).unwrap();
+        let (l, p) = softmax_cross_entropy_sparse(&cx, &logits, &labels).unwrap();
+        assert!((l.item().unwrap() - 2f64.ln()).abs() < 1e-12);
+        assert_eq!(l.shape(), &[] as &[usize]);
+        let g = softmax_cross_entropy_sparse_backward(&cx, &p, &labels, &Tensor::scalar(1.0f64)).unwrap();
+        assert_eq!(g.to_vec::<f64>().unwrap(), vec![-0.25, 0.25, 0.25, -0.25]);
+        let dense = Tensor::from_vec(&[2, 2], vec![1f64, 0., 0., 1.]).unwrap();
+        let (ld, _) = softmax_cross_entropy(&cx, &logits, &dense).unwrap();
+        assert!((ld.item().unwrap() - 2f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn labels_out_of_range_name_the_position() {
+        let cx = ExecCtx::serial();
+        let logits = Tensor::zeros(&[3, 4], DType::F32);
+        let labels = Tensor::from_vec(&[3], vec![0i64, 4, 1]).unwrap();
+        let e = softmax_cross_entropy_sparse(&cx, &logits, &labels).unwrap_err();
+        assert_eq!(e, TensorError::IndexOutOfRange { op: "softmax_cross_entropy", what: "label", index: 4, position: 1, bound: 4 });
+        assert!(e.to_string().contains("position 1"));
+        let short = Tensor::from_vec(&[2], vec![0i64, 1]).unwrap();
+        assert!(matches!(softmax_cross_entropy_sparse(&cx, &logits, &short), Err(TensorError::BadShape { what: "labels", .. })));
+        assert!(matches!(
+            softmax_cross_entropy_sparse(&cx, &logits, &Tensor::zeros(&[3], DType::F32)),
+            Err(TensorError::UnsupportedDType { .. })
+        ));
+    }
+}

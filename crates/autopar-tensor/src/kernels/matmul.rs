@@ -195,3 +195,61 @@ pub fn batch_matmul_grads(
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::shape::{slice_axis, transpose};
+
+    fn t(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+
+    #[test]
+    fn matmul_matches_the_hand_product_for_every_transpose_flag() {
+        let a = t(&[2, 2], &[1., 2., 3., 4.]);
+        let b = t(&[2, 2], &[5., 6., 7., 8.]);
+        let c = |ta, tb| matmul(&cx(), &a, &b, ta, tb).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(c(false, false), vec![19., 22., 43., 50.]);
+        assert_eq!(c(true, false), vec![26., 30., 38., 44.]);
+        assert_eq!(c(false, true), vec![17., 23., 39., 53.]);
+        assert_eq!(c(true, true), vec![23., 31., 34., 46.]);
+    }
+
+    #[test]
+    fn matmul_reads_strided_views_without_copying_them_first() {
+        let big = crate::random::uniform(&[6, 8], -1., 1., 3, crate::DType::F64);
+        let a = slice_axis(&transpose(&big, &[1, 0]).unwrap(), 0, 2, 7).unwrap(); // [5, 6], strided
+        let b = crate::random::uniform(&[6, 3], -1., 1., 4, crate::DType::F64);
+        let strided = matmul(&cx(), &a, &b, false, false).unwrap();
+        let dense = matmul(&cx(), &a.contiguous(), &b, false, false).unwrap();
+        assert!(strided.allclose(&dense, 1e-12, 1e-12));
+    }
+
+    #[test]
+    fn matmul_reports_differing_inner_dimensions() {
+        let e = matmul(&cx(), &t(&[2, 3], &[0.; 6]), &t(&[2, 3], &[0.; 6]), false, false).unwrap_err();
+        assert!(matches!(e, TensorError::IncompatibleShapes { op: "matmul", .. }));
+        assert!(matmul(&cx(), &t(&[2, 3], &[0.; 6]), &t(&[2, 3], &[0.; 6]), false, true).is_ok());
+        assert!(matches!(matmul(&cx(), &t(&[6], &[0.; 6]), &t(&[6], &[0.; 6]), false, false), Err(TensorError::BadShape { .. })));
+    }
+
+    #[test]
+    fn batch_matmul_broadcasts_batch_dimensions() {
+        let a = t(&[2, 1, 1, 2], &[1., 2., 3., 4.]);
+        let b = t(&[3, 2, 1], &[1., 0., 0., 1., 1., 1.]);
+        let c = batch_matmul(&cx(), &a, &b, false, false).unwrap();
+        assert_eq!(c.shape(), &[2, 3, 1, 1]);
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![1., 2., 3., 3., 4., 7.]);
+    }
+
+    #[test]
+    fn empty_inner_dimension_gives_zeros() {
+        let c =
+            matmul(&cx(), &Tensor::zeros(&[2, 0], crate::DType::F32), &Tensor::zeros(&[0, 3], crate::DType::F32), false, false).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![0.; 6]);
+    }
+}

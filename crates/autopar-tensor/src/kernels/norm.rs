@@ -357,3 +357,67 @@ pub fn layer_norm_backward(
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn t(shape: &[usize], v: &[f64]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+    fn v(t: &Tensor) -> Vec<f64> {
+        t.to_vec::<f64>().unwrap()
+    }
+    fn close(a: &[f64], b: &[f64]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
+    }
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+
+    #[test]
+    fn batch_norm_train_normalises_per_channel_and_updates_running_stats_mindspore_style() {
+        // Two channels over a batch of 2 with 2 pixels: channel 0 = {1, 3, 5, 7}, channel 1 = {2, 2, 2, 2}.
+        let x = t(&[2, 2, 2], &[1., 3., 2., 2., 5., 7., 2., 2.]);
+        let out =
+            batch_norm_train(&cx(), &x, &t(&[2], &[2., 1.]), &t(&[2], &[0.5, 0.]), &t(&[2], &[0., 1.]), &t(&[2], &[1., 1.]), 0.9, 1e-12)
+                .unwrap();
+        let inv = 1.0 / 5f64.sqrt(); // var of {1,3,5,7} is 5
+        let y = v(&out.y);
+        assert!(close(&[y[0], y[1], y[4], y[5]], &[2. * -3. * inv + 0.5, -2. * inv + 0.5, 2. * inv + 0.5, 2. * 3. * inv + 0.5]));
+        assert_eq!(&y[2..4], &[0., 0.]);
+        assert!(close(&v(&out.saved.mean), &[4., 2.]));
+        // running = 0.9 * running + 0.1 * batch; the running variance uses the unbiased estimate 20/3.
+        assert!(close(&v(&out.running_mean), &[0.4, 0.9 + 0.2]));
+        assert!(close(&v(&out.running_var), &[0.9 + 0.1 * 20. / 3., 0.9]));
+    }
+
+    #[test]
+    fn batch_norm_eval_uses_the_running_statistics() {
+        let x = t(&[1, 2], &[3., 3.]);
+        let y =
+            batch_norm_eval(&cx(), &x, &t(&[2], &[1., 2.]), &t(&[2], &[0., 1.]), &t(&[2], &[1., 3.]), &t(&[2], &[4., 1.]), 0.0).unwrap();
+        assert!(close(&v(&y), &[1.0, 1.0]));
+    }
+
+    #[test]
+    fn batch_norm_rejects_parameters_of_the_wrong_length() {
+        let x = Tensor::zeros(&[2, 3], DType::F64);
+        let p = Tensor::zeros(&[3], DType::F64);
+        let bad = Tensor::zeros(&[2], DType::F64);
+        let e = batch_norm_train(&cx(), &x, &bad, &p, &p, &p, 0.9, 1e-5).unwrap_err();
+        assert!(matches!(e, TensorError::BadShape { what: "gamma", .. }));
+        assert!(batch_norm_train(&cx(), &Tensor::zeros(&[3], DType::F64), &p, &p, &p, &p, 0.9, 1e-5).is_err());
+    }
+
+    #[test]
+    fn layer_norm_normalises_each_row() {
+        let x = t(&[2, 3], &[1., 2., 3., 10., 10., 10.]);
+        let (y, saved) = layer_norm(&cx(), &x, &t(&[3], &[1., 1., 1.]), &t(&[3], &[0., 0., 1.]), -1, 0.0).unwrap();
+        let s = (1.5f64).sqrt();
+        assert!(close(&v(&y)[..3], &[-s, 0., s + 1.]));
+        assert!(v(&saved.mean) == vec![2., 10.]);
+        assert!(layer_norm(&cx(), &x, &t(&[2], &[1., 1.]), &t(&[3], &[0.; 3]), -1, 0.0).is_err());
+    }
+}

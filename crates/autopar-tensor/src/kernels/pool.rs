@@ -244,3 +244,53 @@ pub fn global_avg_pool_backward(ctx: &ExecCtx, dy: &Tensor, input_shape: &[usize
     }
     super::reduce::reduce_backward(ctx, super::reduce::ReduceOp::Mean, dy, input_shape, &[2, 3])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn x16() -> Tensor {
+        Tensor::from_vec(&[1, 1, 4, 4], (1..=16).map(|i| i as f32).collect()).unwrap()
+    }
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+
+    #[test]
+    fn max_pool_takes_window_maxima_and_records_their_positions() {
+        let (y, am) = max_pool2d(&cx(), &x16(), &Pool2dParams::new(2, 2)).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![6., 8., 14., 16.]);
+        assert_eq!(am.to_vec::<i64>().unwrap(), vec![5, 7, 13, 15]);
+        let dx = max_pool2d_backward(&cx(), &y, &am, &[1, 1, 4, 4]).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(dx.iter().filter(|&&v| v != 0.).count(), 4);
+        assert_eq!(dx[15], 16.);
+    }
+
+    #[test]
+    fn avg_pool_averages_windows_with_and_without_padding_in_the_count() {
+        let y = avg_pool2d(&cx(), &x16(), &Pool2dParams::new(2, 2)).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.5, 5.5, 11.5, 13.5]);
+        let x = Tensor::from_vec(&[1, 1, 2, 2], vec![1f32, 2., 3., 4.]).unwrap();
+        let mut p = Pool2dParams { kernel: [3, 3], stride: [1, 1], padding: [1; 4], count_include_pad: false };
+        assert_eq!(avg_pool2d(&cx(), &x, &p).unwrap().to_vec::<f32>().unwrap(), vec![2.5; 4]);
+        p.count_include_pad = true;
+        assert_eq!(avg_pool2d(&cx(), &x, &p).unwrap().to_vec::<f32>().unwrap(), vec![10. / 9.; 4]);
+    }
+
+    #[test]
+    fn global_avg_pool_averages_each_plane() {
+        let y = global_avg_pool(&cx(), &x16(), true).unwrap();
+        assert_eq!((y.shape(), y.to_vec::<f32>().unwrap()), (&[1usize, 1, 1, 1][..], vec![8.5]));
+        let dx = global_avg_pool_backward(&cx(), &Tensor::ones(&[1, 1], DType::F32), &[1, 1, 4, 4]).unwrap();
+        assert_eq!(dx.to_vec::<f32>().unwrap(), vec![1. / 16.; 16]);
+    }
+
+    #[test]
+    fn pooling_rejects_windows_larger_than_the_input_and_oversized_padding() {
+        assert!(max_pool2d(&cx(), &x16(), &Pool2dParams::new(5, 1)).is_err());
+        let p = Pool2dParams { kernel: [2, 2], stride: [1, 1], padding: [2, 0, 0, 0], count_include_pad: false };
+        assert!(matches!(avg_pool2d(&cx(), &x16(), &p), Err(TensorError::InvalidArgument { name: "padding", .. })));
+        assert!(max_pool2d(&cx(), &Tensor::zeros(&[4, 4], DType::F32), &Pool2dParams::new(2, 2)).is_err());
+    }
+}

@@ -323,3 +323,77 @@ fn softmax_like_backward(ctx: &ExecCtx, name: &'static str, y: &Tensor, dy: &Ten
         })))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m() -> Tensor {
+        Tensor::from_vec(&[2, 3], vec![1f32, 2., 3., 4., 5., 6.]).unwrap()
+    }
+    fn v(t: &Tensor) -> Vec<f32> {
+        t.to_vec::<f32>().unwrap()
+    }
+    fn cx() -> ExecCtx {
+        ExecCtx::serial()
+    }
+
+    #[test]
+    fn reduce_sum_over_rows_columns_and_everything() {
+        assert_eq!(v(&reduce_sum(&cx(), &m(), &[0], false).unwrap()), vec![5., 7., 9.]);
+        let r = reduce_sum(&cx(), &m(), &[1], true).unwrap();
+        assert_eq!((r.shape(), v(&r)), (&[2usize, 1][..], vec![6., 15.]));
+        let all = reduce_sum(&cx(), &m(), &[], false).unwrap();
+        assert_eq!((all.shape(), v(&all)), (&[][..], vec![21.]));
+    }
+
+    #[test]
+    fn reduce_mean_and_max_over_the_last_axis() {
+        assert_eq!(v(&reduce_mean(&cx(), &m(), &[-1], false).unwrap()), vec![2., 5.]);
+        assert_eq!(v(&reduce_max(&cx(), &m(), &[-1], false).unwrap()), vec![3., 6.]);
+        assert_eq!(v(&reduce_max(&cx(), &m(), &[0, 1], true).unwrap()), vec![6.]);
+    }
+
+    #[test]
+    fn reduce_backward_broadcasts_and_scales_for_mean() {
+        let dy = Tensor::from_vec(&[2], vec![1f32, 2.]).unwrap();
+        assert_eq!(v(&reduce_backward(&cx(), ReduceOp::Sum, &dy, &[2, 3], &[1]).unwrap()), vec![1., 1., 1., 2., 2., 2.]);
+        let g = v(&reduce_backward(&cx(), ReduceOp::Mean, &dy, &[2, 3], &[1]).unwrap());
+        assert!((g[0] - 1. / 3.).abs() < 1e-7 && (g[5] - 2. / 3.).abs() < 1e-7);
+    }
+
+    #[test]
+    fn reduce_max_backward_routes_to_the_first_maximum() {
+        let x = Tensor::from_vec(&[2, 3], vec![1f32, 5., 5., 7., 0., 7.]).unwrap();
+        let dy = Tensor::from_vec(&[2], vec![1f32, 2.]).unwrap();
+        assert_eq!(v(&reduce_max_backward(&cx(), &x, &dy, &[1]).unwrap()), vec![0., 1., 0., 2., 0., 0.]);
+    }
+
+    #[test]
+    fn bad_axes_are_errors() {
+        assert!(matches!(reduce_sum(&cx(), &m(), &[2], false), Err(TensorError::AxisOutOfRange { axis: 2, rank: 2, .. })));
+        assert!(matches!(reduce_sum(&cx(), &m(), &[1, -1], false), Err(TensorError::InvalidArgument { name: "axes", .. })));
+        let empty = Tensor::zeros(&[0, 2], crate::DType::F32);
+        assert!(reduce_max(&cx(), &empty, &[0], false).is_err());
+        assert_eq!(v(&reduce_sum(&cx(), &empty, &[0], false).unwrap()), vec![0., 0.]);
+    }
+
+    #[test]
+    fn softmax_and_log_softmax_match_hand_values() {
+        let x = Tensor::from_vec(&[1, 2], vec![0f64, 2f64.ln()]).unwrap();
+        let s = softmax(&cx(), &x, -1).unwrap().to_vec::<f64>().unwrap();
+        assert!((s[0] - 1. / 3.).abs() < 1e-12 && (s[1] - 2. / 3.).abs() < 1e-12);
+        let l = log_softmax(&cx(), &x, 1).unwrap().to_vec::<f64>().unwrap();
+        assert!((l[0] - (1f64 / 3.).ln()).abs() < 1e-12);
+        // Along axis 0 of a column: each column sums to one.
+        let c = softmax(&cx(), &m(), 0).unwrap();
+        let col = v(&reduce_sum(&cx(), &c, &[0], false).unwrap());
+        assert!(col.iter().all(|s| (s - 1.).abs() < 1e-6));
+    }
+
+    #[test]
+    fn softmax_is_stable_for_large_logits() {
+        let x = Tensor::from_vec(&[2], vec![1000f32, 1000.]).unwrap();
+        assert_eq!(v(&softmax(&cx(), &x, 0).unwrap()), vec![0.5, 0.5]);
+    }
+}

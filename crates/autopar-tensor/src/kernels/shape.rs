@@ -32,7 +32,7 @@ pub fn infer_shape(op: &'static str, shape: &[isize], numel: usize) -> Result<Ve
         }
     }
     if let Some(h) = hole {
-        if known == 0 || numel % known != 0 {
+        if known == 0 || !numel.is_multiple_of(known) {
             return Err(TensorError::ElementCount { op, shape: out, expected: known, len: numel });
         }
         out[h] = numel / known;
@@ -234,7 +234,7 @@ pub fn concat_backward(dy: &Tensor, sizes: &[usize], axis: isize) -> Result<Vec<
 pub fn split(x: &Tensor, axis: isize, parts: usize) -> Result<Vec<Tensor>> {
     let ax = normalize_axis("split", axis, x.rank())?;
     let dim = x.shape()[ax];
-    if parts == 0 || dim % parts != 0 {
+    if parts == 0 || !dim.is_multiple_of(parts) {
         return Err(TensorError::InvalidArgument {
             op: "split",
             name: "parts",
@@ -363,4 +363,111 @@ pub fn broadcast_to(x: &Tensor, shape: &[usize]) -> Result<Tensor> {
         Storage::I64(a) => Storage::I64(a.broadcast(IxDyn(shape)).ok_or_else(err)?.to_owned().into_shared()),
     };
     Ok(Tensor { s })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ar(shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        Tensor::from_vec(shape, (0..n).map(|i| i as f32).collect()).unwrap()
+    }
+    fn v(t: &Tensor) -> Vec<f32> {
+        t.to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn reshape_infers_one_dimension_and_shares_storage() {
+        let x = ar(&[2, 3, 4]);
+        let y = reshape(&x, &[4, -1]).unwrap();
+        assert_eq!(y.shape(), &[4, 6]);
+        assert!(y.overlaps(&x));
+        assert_eq!(v(&y), v(&x));
+        assert!(matches!(reshape(&x, &[5, -1]), Err(TensorError::ElementCount { .. })));
+        assert!(matches!(reshape(&x, &[-1, -1]), Err(TensorError::InvalidArgument { .. })));
+        assert_eq!(flatten(&x).unwrap().shape(), &[2, 12]);
+    }
+
+    #[test]
+    fn transpose_is_a_view_with_permuted_values() {
+        let x = ar(&[2, 3]);
+        let y = transpose(&x, &[1, 0]).unwrap();
+        assert!(y.overlaps(&x) && !y.is_contiguous());
+        assert_eq!(y.shape(), &[3, 2]);
+        assert_eq!(v(&y), vec![0., 3., 1., 4., 2., 5.]);
+        assert_eq!(inverse_permutation(&[2, 0, 1]), vec![1, 2, 0]);
+        assert!(transpose(&x, &[0, 0]).is_err());
+        // Reshaping a strided view copies it into row-major order first.
+        assert_eq!(v(&reshape(&y, &[6]).unwrap()), vec![0., 3., 1., 4., 2., 5.]);
+    }
+
+    #[test]
+    fn slice_along_any_dimension_is_zero_copy() {
+        let x = ar(&[4, 3, 2]);
+        for axis in 0..3 {
+            let s = slice_axis(&x, axis, 1, 2).unwrap();
+            assert!(s.overlaps(&x), "axis {axis}");
+        }
+        let s = slice(&x, &[1, 1, 0], &[2, -1, 1]).unwrap();
+        assert_eq!(s.shape(), &[2, 2, 1]);
+        assert_eq!(v(&s), vec![8., 10., 14., 16.]);
+        assert!(slice(&x, &[3, 0, 0], &[2, 1, 1]).is_err());
+        assert!(slice_axis(&x, 1, 2, 4).is_err());
+    }
+
+    #[test]
+    fn slice_backward_places_the_gradient_in_zeros() {
+        let dy = Tensor::from_vec(&[1, 2], vec![1f32, 2.]).unwrap();
+        assert_eq!(v(&slice_backward(&dy, &[2, 3], &[1, 1]).unwrap()), vec![0., 0., 0., 0., 1., 2.]);
+        assert!(slice_backward(&dy, &[2, 3], &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn concat_joins_and_its_backward_splits_into_views() {
+        let a = ar(&[2, 1]);
+        let b = ar(&[2, 2]);
+        let c = concat(&[&a, &b], 1).unwrap();
+        assert_eq!(v(&c), vec![0., 0., 1., 1., 2., 3.]);
+        let parts = concat_backward(&c, &[1, 2], 1).unwrap();
+        assert_eq!(v(&parts[0]), v(&a));
+        assert_eq!(v(&parts[1]), v(&b));
+        assert!(parts[1].overlaps(&c));
+        assert!(concat(&[&a, &ar(&[3, 1])], 1).is_err());
+        assert!(concat(&[], 0).is_err());
+        let halves = split(&ar(&[4, 2]), 0, 2).unwrap();
+        assert_eq!(v(&halves[1]), vec![4., 5., 6., 7.]);
+        assert!(split(&ar(&[3, 2]), 0, 2).is_err());
+    }
+
+    #[test]
+    fn gather_looks_up_rows_and_scatter_adds_repeats() {
+        let cx = ExecCtx::serial();
+        let table = ar(&[4, 2]);
+        let idx = Tensor::from_vec(&[3], vec![3i64, 0, 3]).unwrap();
+        let y = gather(&cx, &table, &idx, 0).unwrap();
+        assert_eq!(v(&y), vec![6., 7., 0., 1., 6., 7.]);
+        let ones = Tensor::ones(&[3, 2], DType::F32);
+        assert_eq!(v(&gather_backward(&cx, &ones, &idx, &[4, 2], 0).unwrap()), vec![1., 1., 0., 0., 0., 0., 2., 2.]);
+        let cols = gather(&cx, &table, &Tensor::from_vec(&[1], vec![1i32]).unwrap(), 1).unwrap();
+        assert_eq!((cols.shape(), v(&cols)), (&[4usize, 1][..], vec![1., 3., 5., 7.]));
+        let e = gather(&cx, &table, &Tensor::from_vec(&[2], vec![0i64, 4]).unwrap(), 0).unwrap_err();
+        assert_eq!(e, TensorError::IndexOutOfRange { op: "gather", what: "index", index: 4, position: 1, bound: 4 });
+        assert!(matches!(gather(&cx, &table, &table, 0), Err(TensorError::UnsupportedDType { .. })));
+    }
+
+    #[test]
+    fn one_hot_sets_on_values_and_leaves_out_of_range_rows_off() {
+        let idx = Tensor::from_vec(&[3], vec![1i32, 0, 5]).unwrap();
+        let y = one_hot(&idx, 3, 1.0, 0.0, DType::F32).unwrap();
+        assert_eq!(y.shape(), &[3, 3]);
+        assert_eq!(v(&y), vec![0., 1., 0., 1., 0., 0., 0., 0., 0.]);
+    }
+
+    #[test]
+    fn broadcast_to_expands_size_one_dimensions() {
+        let y = broadcast_to(&ar(&[2, 1]), &[2, 3]).unwrap();
+        assert_eq!(v(&y), vec![0., 0., 0., 1., 1., 1.]);
+        assert!(broadcast_to(&ar(&[2, 2]), &[2, 3]).is_err());
+    }
 }
