@@ -198,6 +198,12 @@ impl fmt::Display for RedistributionPlan {
 
 /// Plan the redistribution of one tensor from `src` to `dst`.
 pub fn plan(src: &TensorLayout, dst: &TensorLayout) -> Result<RedistributionPlan> {
+    plan_with(src, dst, true)
+}
+
+/// Like [`plan`]; with `allow_permute` false the plan uses collectives and local steps only
+/// (no point-to-point permutation), as graph programs with differentiable steps need.
+pub fn plan_with(src: &TensorLayout, dst: &TensorLayout, allow_permute: bool) -> Result<RedistributionPlan> {
     if src.shape() != dst.shape() {
         return Err(LayoutError::ShapeMismatch { src: src.shape().to_vec(), dst: dst.shape().to_vec() });
     }
@@ -223,7 +229,12 @@ pub fn plan(src: &TensorLayout, dst: &TensorLayout) -> Result<RedistributionPlan
             (src.clone(), steps)
         }
     };
-    if steps.iter().any(|s| s.step.is_communication()) && !src.is_partial() && !dst.is_partial() && src.slice_shape() == dst.slice_shape() {
+    if allow_permute
+        && steps.iter().any(|s| s.step.is_communication())
+        && !src.is_partial()
+        && !dst.is_partial()
+        && src.slice_shape() == dst.slice_shape()
+    {
         if let Some(source) = permutation(src, dst) {
             steps = vec![PlannedStep { step: Step::Permute { source }, input_len: src.slice_len(), after: dst.clone() }];
         }

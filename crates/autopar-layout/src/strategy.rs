@@ -2,8 +2,8 @@
 //! map per input and for the output, as MindSpore's `OperatorInfo` builds them
 //! (`reference/mindspore-internals.md` §6.1):
 //!
-//! * element-wise ops: the device matrix is the strategy of the longest input; other inputs
-//!   align from the right;
+//! * element-wise ops: inputs align from the right; the device matrix takes, per position, the
+//!   split the inputs give it (broadcast dimensions split 1);
 //! * MatMul `[b.., i, k] x [k, j]`: device matrix `[b.., i, k, j]`;
 //! * when the strategy uses fewer devices than there are, a repeated-calculation axis of size
 //!   `devices / product` is added (on the right by default, MindSpore's
@@ -67,7 +67,11 @@ impl FromStr for Strategy {
             .strip_prefix(['[', '('])
             .and_then(|x| x.strip_suffix([']', ')']))
             .ok_or_else(|| err("expected brackets, e.g. [[2,1],[1,4]]".into()))?;
-        let parts = split_top_level(inner).map_err(err)?;
+        let mut parts = split_top_level(inner).map_err(err)?;
+        // Python's one-element tuple `((2, 4),)` ends with a comma.
+        if parts.len() > 1 && parts.last().is_some_and(|p| p.trim().is_empty()) {
+            parts.pop();
+        }
         let nested = parts.iter().any(|p| p.trim().starts_with(['[', '(']));
         let parse_list = |p: &str| -> Result<Vec<usize>> {
             p.trim()
@@ -90,7 +94,7 @@ impl FromStr for Strategy {
 /// How an operator turns its strategy into a device matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DevMatrixRule {
-    /// Element-wise and broadcasting ops: the longest input's strategy, others aligned right.
+    /// Element-wise and broadcasting ops: inputs aligned right, per position the largest split.
     Elementwise,
     /// `MatMul`/`BatchMatMul`: `[b.., i, k, j]`. Strategies are written for the inputs as
     /// stored, so with `transpose_b` the second input's strategy is `(j, k)`.
@@ -171,9 +175,16 @@ pub fn strategy_layouts(rule: DevMatrixRule, strategy: &Strategy, device_num: us
 type Maps = (Vec<usize>, Vec<Vec<i64>>, Vec<i64>);
 
 fn elementwise(strategy: &Strategy, text: &str) -> Result<Maps> {
-    let longest = strategy.0.iter().enumerate().max_by_key(|(i, s)| (s.len(), std::cmp::Reverse(*i))).map(|(i, _)| i).unwrap_or(0);
-    let dev = strategy.0[longest].clone();
-    let n = dev.len();
+    // Inputs align from the right; each position's split is the largest any input gives it
+    // (the others must give the same or 1, for a broadcast dimension).
+    let n = strategy.0.iter().map(Vec::len).max().unwrap_or(0);
+    let mut dev = vec![1usize; n];
+    for s in &strategy.0 {
+        for (t, &split) in s.iter().enumerate() {
+            let p = n - s.len() + t;
+            dev[p] = dev[p].max(split);
+        }
+    }
     let mut inputs = Vec::new();
     for (input, s) in strategy.0.iter().enumerate() {
         let m = s.len();
@@ -285,6 +296,7 @@ mod tests {
         assert_eq!(s("[[2,1],[1,4]]"), Strategy(vec![vec![2, 1], vec![1, 4]]));
         assert_eq!(s("((2, 1), (1, 4))").to_string(), "((2, 1), (1, 4))");
         assert_eq!(s("[2,4]"), Strategy(vec![vec![2, 4]]));
+        assert_eq!(s("((2, 4),)"), Strategy(vec![vec![2, 4]]));
         assert!("[[2,x]]".parse::<Strategy>().is_err());
     }
 
