@@ -246,3 +246,107 @@ impl GradCx<'_> {
         self.op(Fill { shape: shape.to_vec(), dtype, value }, &[])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GraphBuilder, Initializer};
+
+    #[test]
+    fn a_value_used_twice_gets_the_sum_of_both_contributions() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[3], DType::F32).unwrap();
+        let y = b.mul("square", x, x).unwrap();
+        let mut g = b.finish();
+        let grads = differentiate(&mut g, y, &[x]).unwrap();
+        let dx = grads.of(x).unwrap();
+        assert!(matches!(g.node(dx).op, OpKind::Add(_)), "{g}");
+        assert_eq!(g.node(dx).name, "grad/x/acc0");
+    }
+
+    #[test]
+    fn unconnected_leaves_get_zeros_and_integer_inputs_get_nothing() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 3], DType::F32).unwrap();
+        let labels = b.input("labels", &[4], DType::I32).unwrap();
+        let w = b.parameter("w", &[3, 5], Initializer::Zeros).unwrap();
+        let unused = b.parameter("unused", &[2], Initializer::Zeros).unwrap();
+        let z = b.matmul("mm", x, w).unwrap();
+        let loss = b.softmax_cross_entropy("loss", z, labels).unwrap();
+        let mut g = b.finish();
+        let before = g.len();
+        let grads = backward(&mut g, loss).unwrap();
+        assert_eq!(grads.grads.len(), 2);
+        let dunused = grads.of(unused).unwrap();
+        assert!(matches!(&g.node(dunused).op, OpKind::Fill(f) if f.value == 0.0 && f.shape == vec![2]));
+        // No gradient of x was built: only w needs one through the MatMul.
+        let built: Vec<&str> = g.nodes()[before..].iter().map(|n| n.name.as_str()).collect();
+        assert!(built.iter().all(|n| !n.starts_with("grad/x")), "{built:?}");
+        assert_eq!(g.node(grads.of(w).unwrap()).ty.shape, vec![3, 5]);
+        let err = differentiate(&mut g, loss, &[labels]).unwrap_err();
+        assert!(matches!(err, GraphError::NonFloatGradient { .. }), "{err}");
+    }
+
+    #[test]
+    fn gradient_nodes_inherit_the_pipeline_stage_of_their_forward_op() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 2], DType::F32).unwrap();
+        b.set_pipeline_stage(Some(0));
+        let h = b.tanh("h", x).unwrap();
+        b.set_pipeline_stage(Some(1));
+        let y = b.reduce_sum("y", h, &[], false).unwrap();
+        let mut g = b.finish();
+        differentiate(&mut g, y, &[x]).unwrap();
+        for n in g.nodes().iter().filter(|n| n.name.starts_with("grad/h/")) {
+            assert_eq!(n.pipeline_stage, Some(0), "{}", n.name);
+        }
+        for n in g.nodes().iter().filter(|n| n.name.starts_with("grad/y/")) {
+            assert_eq!(n.pipeline_stage, Some(1), "{}", n.name);
+        }
+    }
+
+    #[test]
+    fn collectives_differentiate_into_their_adjoints() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 6], DType::F32).unwrap();
+        let ag = b.all_gather("ag", x, 0, &[0, 1]).unwrap();
+        let rs = b.reduce_scatter("rs", ag, crate::ReduceOp::Sum, 1, &[0, 1, 2]).unwrap();
+        let a2a = b.all_to_all("a2a", rs, 0, 1, &[0, 1]).unwrap();
+        let mut g = b.finish();
+        differentiate(&mut g, a2a, &[x]).unwrap();
+        let kinds: Vec<String> = g.nodes().iter().filter(|n| n.name.starts_with("grad/")).map(|n| format!("{}", n.op)).collect();
+        assert!(kinds.iter().any(|k| k.starts_with("AllToAll { split_dim: 1, concat_dim: 0")), "{kinds:?}");
+        assert!(kinds.iter().any(|k| k.starts_with("AllGather { dim: 1, group: [0, 1, 2]")), "{kinds:?}");
+        assert!(kinds.iter().any(|k| k.starts_with("ReduceScatter { op: Sum, dim: 0, group: [0, 1]")), "{kinds:?}");
+    }
+
+    #[test]
+    fn the_printed_graph_shows_ops_types_and_annotations() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 8], DType::F32).unwrap();
+        let w = b.parameter("w", &[8, 2], Initializer::Zeros).unwrap();
+        let y = b.matmul("mm", x, w).unwrap();
+        b.shard(y, autopar_layout::Strategy::new(vec![vec![2, 1], vec![1, 1]])).unwrap();
+        b.stage(y, 0).unwrap();
+        b.output(y).unwrap();
+        let text = b.finish().to_string();
+        assert!(text.contains("%2 = MatMul { transpose_a: false, transpose_b: false } mm(%0, %1): f32[4, 2] shard ((2, 1), (1, 1)) stage 0"), "{text}");
+        assert!(text.ends_with("outputs: %2\n"), "{text}");
+    }
+
+    #[test]
+    fn validate_recomputes_types_after_a_rewrite_and_catches_order_errors() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 8], DType::F32).unwrap();
+        let y = b.reshape("r", x, &[8, 4]).unwrap();
+        let mut g = b.finish();
+        if let OpKind::Reshape(r) = &mut g.node_mut(y).op {
+            r.shape = vec![2, 16];
+        }
+        g.validate().unwrap();
+        assert_eq!(g.node(y).ty.shape, vec![2, 16]);
+        g.node_mut(x).inputs = vec![y];
+        let err = g.validate().unwrap_err();
+        assert!(matches!(err, GraphError::Arity { .. } | GraphError::NotTopological { .. }), "{err}");
+    }
+}
