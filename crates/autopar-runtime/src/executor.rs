@@ -407,3 +407,134 @@ pub fn dropout_seed(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_graph::{GraphBuilder, Initializer, ParamSpec, ReduceOp};
+
+    fn v(shape: &[usize], x: &[f64]) -> Tensor {
+        Tensor::from_vec(shape, x.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn intermediates_are_freed_after_their_last_use() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[64], DType::F64).unwrap();
+        let mut h = x;
+        for i in 0..12 {
+            h = b.tanh(&format!("t{i}"), h).unwrap();
+        }
+        let g = b.finish();
+        let out = Executor::new(g, &[h]).unwrap().run(&mut ParamStore::new(), &[(x, v(&[64], &[0.5; 64]))], 0).unwrap();
+        // A chain needs its current value and the one being produced, never all 13.
+        assert!(out.peak_live <= 2, "peak live {}", out.peak_live);
+        assert_eq!(out.peak_live_bytes, 2 * 64 * 8);
+        assert!((out.values[0].to_f64_vec()[0] - (0..12).fold(0.5f64, |a, _| a.tanh())).abs() < 1e-15);
+    }
+
+    #[test]
+    fn only_the_nodes_the_fetched_values_need_are_run_and_timed() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2], DType::F64).unwrap();
+        let y = b.exp("y", x).unwrap();
+        let _unused = b.log("unused", x).unwrap();
+        let g = b.finish();
+        let exec = Executor::new(g.clone(), &[y]).unwrap();
+        assert_eq!(exec.num_scheduled(), 2);
+        let out = exec.run(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 1.0]))], 0).unwrap();
+        assert!(out.timings.is_empty());
+        let out = Executor::new(g, &[y]).unwrap().with_profiling(true).run(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 1.0]))], 0).unwrap();
+        let names: Vec<&str> = out.timings.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["x", "y"]);
+        assert_eq!(out.timings[1].kind, "Exp");
+    }
+
+    #[test]
+    fn bad_feeds_and_missing_parameters_are_reported_by_name() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("batch", &[2, 3], DType::F32).unwrap();
+        let w = b.parameter("w", &[3, 1], Initializer::Ones).unwrap();
+        let y = b.matmul("mm", x, w).unwrap();
+        let g = b.finish();
+        let exec = Executor::new(g.clone(), &[y]).unwrap();
+        let mut params = ParamStore::init(&g).unwrap();
+        let err = exec.run(&mut params, &[], 0).unwrap_err();
+        assert!(err.to_string().starts_with("input batch was not fed"), "{err}");
+        let err = exec.run(&mut params, &[(x, v(&[3, 2], &[0.0; 6]))], 0).unwrap_err();
+        assert!(err.to_string().starts_with("input batch was fed f64[3, 2], expected f32[2, 3]"), "{err}");
+        let err = exec.run(&mut params, &[(w, v(&[3, 1], &[0.0; 3]))], 0).unwrap_err();
+        assert!(matches!(err, RuntimeError::FeedNotInput { .. }), "{err}");
+        let err = exec.run(&mut ParamStore::new(), &[(x, v(&[2, 3], &[0.0; 6]).cast(autopar_tensor::DType::F32))], 0).unwrap_err();
+        assert!(err.to_string().starts_with("parameter w is missing from the parameter store"), "{err}");
+    }
+
+    #[test]
+    fn kernel_errors_name_the_op() {
+        let mut b = GraphBuilder::new(0);
+        let t = b.input("table", &[3, 2], DType::F32).unwrap();
+        let i = b.input("ids", &[2], DType::I64).unwrap();
+        let y = b.gather("embedding", t, i, 0).unwrap();
+        let exec = Executor::new(b.finish(), &[y]).unwrap();
+        let feeds = [(t, v(&[3, 2], &[0.0; 6]).cast(autopar_tensor::DType::F32)), (i, Tensor::from_vec(&[2], vec![1i64, 7]).unwrap())];
+        let err = exec.run(&mut ParamStore::new(), &feeds, 0).unwrap_err();
+        assert!(err.to_string().starts_with("Gather embedding failed: "), "{err}");
+    }
+
+    #[test]
+    fn collectives_across_ranks_need_a_communicator() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2], DType::F64).unwrap();
+        let y = b.all_reduce("grad_sync", x, ReduceOp::Sum, &[0, 1]).unwrap();
+        let err = Executor::new(b.finish(), &[y]).unwrap().run(&mut ParamStore::new(), &[(x, v(&[2], &[1.0, 2.0]))], 0).unwrap_err();
+        assert!(matches!(err, RuntimeError::NeedsCommunicator { ref group, .. } if group == &vec![0, 1]), "{err}");
+    }
+
+    #[test]
+    fn training_batch_norm_updates_the_running_statistics_in_the_store() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 1], DType::F64).unwrap();
+        let p = |b: &mut GraphBuilder, n: &str, init| b.parameter_with(n, ParamSpec::new(&[1], init).dtype(DType::F64)).unwrap();
+        let gamma = p(&mut b, "bn.gamma", Initializer::Ones);
+        let beta = p(&mut b, "bn.beta", Initializer::Zeros);
+        let b2 = &mut b;
+        let mean = b2.parameter_with("bn.moving_mean", ParamSpec::new(&[1], Initializer::Zeros).dtype(DType::F64).frozen()).unwrap();
+        let var = b2.parameter_with("bn.moving_variance", ParamSpec::new(&[1], Initializer::Ones).dtype(DType::F64).frozen()).unwrap();
+        let y = b.batch_norm("bn", [x, gamma, beta, mean, var], true, 1e-5, 0.9).unwrap();
+        let g = b.finish();
+        let mut params = ParamStore::init(&g).unwrap();
+        Executor::new(g, &[y]).unwrap().run(&mut params, &[(x, v(&[2, 1], &[1.0, 3.0]))], 0).unwrap();
+        // batch mean 2, unbiased variance 2: 0.9 * old + 0.1 * batch
+        assert!((params.get("bn.moving_mean").unwrap().to_f64_vec()[0] - 0.2).abs() < 1e-12);
+        assert!((params.get("bn.moving_variance").unwrap().to_f64_vec()[0] - 1.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dropout_masks_repeat_within_a_step_and_change_between_steps() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[256], DType::F64).unwrap();
+        let d1 = b.dropout("d1", x, 0.5, 3).unwrap();
+        let d2 = b.dropout("d2", x, 0.5, 3).unwrap();
+        let exec = Executor::new(b.finish(), &[d1, d2]).unwrap();
+        let feeds = [(x, v(&[256], &[1.0; 256]))];
+        let a = exec.run(&mut ParamStore::new(), &feeds, 5).unwrap();
+        assert_eq!(a.values[0].to_f64_vec(), a.values[1].to_f64_vec());
+        let again = exec.run(&mut ParamStore::new(), &feeds, 5).unwrap();
+        assert_eq!(a.values[0].to_f64_vec(), again.values[0].to_f64_vec());
+        let next = exec.run(&mut ParamStore::new(), &feeds, 6).unwrap();
+        assert_ne!(a.values[0].to_f64_vec(), next.values[0].to_f64_vec());
+    }
+
+    #[test]
+    fn parameters_are_materialised_from_their_seeded_initialisers() {
+        let mut b = GraphBuilder::new(11);
+        b.parameter("w", &[4, 3], Initializer::Normal { mean: 0.0, std: 1.0 }).unwrap();
+        let g = b.finish();
+        let (s1, s2) = (ParamStore::init(&g).unwrap(), ParamStore::init(&g).unwrap());
+        assert_eq!(s1.get("w").unwrap().to_f64_vec(), s2.get("w").unwrap().to_f64_vec());
+        assert_eq!(s1.get("w").unwrap().dtype(), autopar_tensor::DType::F32);
+        let mut b = GraphBuilder::new(12);
+        b.parameter("w", &[4, 3], Initializer::Normal { mean: 0.0, std: 1.0 }).unwrap();
+        assert_ne!(ParamStore::init(&b.finish()).unwrap().get("w").unwrap().to_f64_vec(), s1.get("w").unwrap().to_f64_vec());
+    }
+}
