@@ -23,4 +23,4 @@ pub use context::{
 };
 pub use error::{ParallelError, Result};
 pub use planner::{plan, rank_program, reshape_layout, InputSlot, NodePlan, ParallelPlan, ParamSlot, RankProgram};
-pub use rules::{op_rule, Cost, LogicalDim, OpRule, OpSpec, Sharding};
+pub use rules::{assign_random_strategies, op_rule, Cost, LogicalDim, OpRule, OpSpec, Sharding};

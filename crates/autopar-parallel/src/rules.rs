@@ -525,3 +525,28 @@ pub(crate) fn gcd(a: usize, b: usize) -> usize {
         gcd(b, a % b)
     }
 }
+
+/// Annotate every op that has a sharding rule with a strategy drawn from its valid ones (seeded),
+/// for tests that compare random strategies against stand-alone runs.
+pub fn assign_random_strategies(graph: &mut autopar_graph::Graph, n: usize, seed: u64) {
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for i in 0..graph.len() {
+        let id = autopar_graph::NodeId(i);
+        let node = graph.node(id).clone();
+        let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &graph.node(*x).ty).collect();
+        if let OpRule::Spec(spec) = op_rule(&node, &ins) {
+            if node.op.is_leaf() {
+                continue;
+            }
+            let options = spec.valid_splits(n);
+            let pick = &options[(next() % options.len() as u64) as usize];
+            graph.node_mut(id).strategy = Some(spec.strategy_of(pick));
+        }
+    }
+}

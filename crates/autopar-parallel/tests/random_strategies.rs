@@ -1,0 +1,48 @@
+//! Random valid strategies always give consistent plans and rank programs.
+
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
+use autopar_parallel::{assign_random_strategies, plan, rank_program, ParallelContext};
+use proptest::prelude::*;
+use serde_json::json;
+
+/// A small MLP with bias adds, a transpose-b layer, layer norm, softmax cross-entropy.
+fn network(batch: usize) -> Graph {
+    let mut b = GraphBuilder::new(1);
+    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I64).unwrap();
+    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b1 = b.parameter("fc1.bias", &[32], Initializer::Zeros).unwrap();
+    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
+    let h = b.add("fc1.add", h, b1).unwrap();
+    let h = b.gelu("act", h).unwrap();
+    let g = b.parameter("ln.gamma", &[32], Initializer::Ones).unwrap();
+    let be = b.parameter("ln.beta", &[32], Initializer::Zeros).unwrap();
+    let h = b.layer_norm("ln", h, g, be, -1, 1e-5).unwrap();
+    let w2 = b.parameter("fc2.weight", &[32, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("fc2.mm", h, w2).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    b.finish()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_strategies_give_consistent_rank_programs(seed in any::<u64>(), log_n in 0u32..4) {
+        let n = 1usize << log_n;
+        let mut g = network(16);
+        assign_random_strategies(&mut g, n, seed);
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &json!(n)).unwrap();
+        ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+        let p = plan(&g, &ctx).unwrap();
+        let first = rank_program(&g, &p, 0).unwrap();
+        for r in 1..n {
+            let prog = rank_program(&g, &p, r).unwrap();
+            prop_assert_eq!(&prog.partitions, &first.partitions);
+            prop_assert_eq!(prog.outputs.len(), 1);
+            prop_assert!(prog.graph.node(prog.outputs[0]).ty.shape.is_empty());
+        }
+    }
+}
