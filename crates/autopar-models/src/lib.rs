@@ -1,1 +1,389 @@
-//! autopar-models: see DESIGN.md. This crate is built by its own issue; it is a placeholder until then.
+//! # autopar-models: the model zoo
+//!
+//! MLP ([`Mlp`]), ResNet-18/34/50 with CIFAR and ImageNet stems ([`ResNet`]) and a GPT-style
+//! decoder ([`Gpt`]), each a config struct implementing [`Model`]: it adds itself to a
+//! [`GraphBuilder`] for a given batch size and [`Mode`] and returns a [`ModelGraph`] with the ids
+//! of its input, labels, logits and loss. [`model_by_name`] picks one by its CLI name.
+//!
+//! ```
+//! use autopar_models::{model_by_name, Mode, Model, ModelOptions};
+//! let opts = ModelOptions { width: Some(8), num_classes: Some(10), ..Default::default() };
+//! let model = model_by_name("resnet18", &opts).unwrap();
+//! let (graph, m) = model.build_graph(4, Mode::Train, 1).unwrap();
+//! assert_eq!(graph.node(m.logits).ty.shape, vec![4, 10]);
+//! assert!(m.params.contains_key("layer1.0.bn1.moving_mean"));
+//! ```
+//!
+//! Key decisions:
+//! * **Names are the interface.** Parameters are dotted like MindSpore's model zoo and
+//!   PyTorch (`fc1.weight [out, in]`, `layer1.0.conv1.weight`, `bn1.gamma`, `bn1.moving_mean`,
+//!   `blocks.0.attn.q_proj.weight`), so checkpoints, strategy files and `--init` work by name. Ops
+//!   are named after the layer that owns them (`fc1.matmul`, `layer1.0.conv1`,
+//!   `blocks.0.attn.scores`), and [`ModelGraph::ops`] maps every op name to its node, so a user or
+//!   the planner can attach `.shard(strategy)` annotations after building
+//!   ([`ModelGraph::shard`]). Models annotate nothing themselves.
+//! * **Nothing assumes one device.** The batch size is a build argument (a rank builds its local
+//!   batch, the planner the global one), models hold no state outside the graph, and every
+//!   parameter's values depend only on the builder's seed and the parameter's name.
+//! * **Train and eval graphs share every parameter.** [`Mode`] switches batch norm between batch
+//!   and running statistics and turns dropout off; names and shapes do not change, so one
+//!   parameter store serves both. Running statistics are frozen (non-trainable) parameters that
+//!   the executor updates in training.
+//! * **One loss shape for every model.** `logits` is always `[N, C]` and `labels` flattens to
+//!   `[N]` (the GPT's `N` is batch x context), so the trainer's loss and accuracy code is shared.
+//! * **The GPT's token embedding is one parameter used twice** (lookup and LM head); autodiff
+//!   sums both gradients. A causal mask is a frozen `[T, T]` parameter added to the scores.
+
+mod error;
+mod gpt;
+mod layers;
+mod mlp;
+mod resnet;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use autopar_graph::{DType, Graph, GraphBuilder, NodeId, OpKind};
+use autopar_layout::Strategy;
+
+pub use error::{ModelError, Result};
+pub use gpt::{Gpt, GptConfig};
+pub use layers::BatchNormConfig;
+pub use mlp::{Mlp, MlpConfig};
+pub use resnet::{Block, ResNet, ResNetConfig, Stem};
+
+/// Training (batch statistics, dropout on) or evaluation (running statistics, dropout off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Train,
+    Eval,
+}
+
+impl Mode {
+    pub fn is_training(self) -> bool {
+        self == Mode::Train
+    }
+}
+
+/// What [`Model::build`] added to the graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelGraph {
+    /// The model's CLI name (`resnet18`).
+    pub model: String,
+    /// The input: `[N, ...sample shape]` of [`Model::input_dtype`].
+    pub x: NodeId,
+    /// Integer labels (i64): `[N]`, or `[N, T]` for the GPT.
+    pub labels: NodeId,
+    /// `[N, C]` (the GPT's rows are the `N * T` positions in row-major order).
+    pub logits: NodeId,
+    /// Scalar mean softmax cross-entropy.
+    pub loss: NodeId,
+    /// Every op the model added (not inputs or parameters), by name.
+    pub ops: BTreeMap<String, NodeId>,
+    /// Every parameter the model added (trainable and frozen), by name.
+    pub params: BTreeMap<String, NodeId>,
+}
+
+impl ModelGraph {
+    /// The node of op `name`, or an error naming the model and the op.
+    pub fn op(&self, name: &str) -> Result<NodeId> {
+        self.ops.get(name).copied().ok_or_else(|| ModelError::UnknownOp { model: self.model.clone(), name: name.to_string() })
+    }
+
+    /// Annotates op `name` with a sharding strategy (MindSpore's `op.shard(strategy)`), checked
+    /// against the op's input shapes.
+    pub fn shard(&self, b: &mut GraphBuilder, name: &str, strategy: Strategy) -> Result<NodeId> {
+        let id = self.op(name)?;
+        b.shard(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source })
+    }
+
+    /// Same as [`ModelGraph::shard`] on a finished graph.
+    pub fn shard_graph(&self, graph: &mut Graph, name: &str, strategy: Strategy) -> Result<NodeId> {
+        let id = self.op(name)?;
+        graph.set_strategy(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source })?;
+        Ok(id)
+    }
+
+    /// Parameter element counts of this model in `graph`.
+    pub fn parameter_count(&self, graph: &Graph) -> ParamCount {
+        let mut count = ParamCount::default();
+        for &id in self.params.values() {
+            if let OpKind::Parameter(p) = &graph.node(id).op {
+                let n: usize = p.shape.iter().product();
+                if p.trainable {
+                    count.trainable += n;
+                    count.trainable_tensors += 1;
+                } else {
+                    count.frozen += n;
+                    count.frozen_tensors += 1;
+                }
+            }
+        }
+        count
+    }
+
+    /// Collects what `model` added to `b` since node `start`.
+    pub(crate) fn collect(model: &str, b: &GraphBuilder, start: usize, x: NodeId, labels: NodeId, logits: NodeId, loss: NodeId) -> Self {
+        let mut ops = BTreeMap::new();
+        let mut params = BTreeMap::new();
+        for (i, node) in b.graph().nodes().iter().enumerate().skip(start) {
+            match node.op {
+                OpKind::Parameter(_) => {
+                    params.insert(node.name.clone(), NodeId(i));
+                }
+                OpKind::Input(_) => {}
+                _ => {
+                    ops.insert(node.name.clone(), NodeId(i));
+                }
+            }
+        }
+        Self { model: model.to_string(), x, labels, logits, loss, ops, params }
+    }
+}
+
+/// Numbers of parameter elements and tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParamCount {
+    pub trainable: usize,
+    pub frozen: usize,
+    pub trainable_tensors: usize,
+    pub frozen_tensors: usize,
+}
+
+impl fmt::Display for ParamCount {
+    /// `11.17M trainable (62 tensors), 9.6K frozen (40 tensors)`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} trainable ({} tensors), {} frozen ({} tensors)",
+            human(self.trainable),
+            self.trainable_tensors,
+            human(self.frozen),
+            self.frozen_tensors
+        )
+    }
+}
+
+fn human(n: usize) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1}K", n as f64 / 1e3),
+        _ => format!("{:.2}M", n as f64 / 1e6),
+    }
+}
+
+/// A model of the zoo: a configuration that builds its graph.
+pub trait Model: fmt::Debug + Send + Sync {
+    /// The CLI name (`mlp`, `resnet18`, `resnet34`, `resnet50`, `gpt`).
+    fn name(&self) -> &str;
+    /// The shape of one input sample (`[3, 32, 32]`, `[784]`, `[T]` tokens).
+    fn input_shape(&self) -> Vec<usize>;
+    /// The input's element type (f32 images and features, i64 token ids).
+    fn input_dtype(&self) -> DType;
+    /// The shape of one sample's labels (`[]`, or `[T]` next tokens for the GPT).
+    fn label_shape(&self) -> Vec<usize>;
+    /// Number of classes (the vocabulary for the GPT).
+    fn num_classes(&self) -> usize;
+    /// Adds the model for `batch` samples to `b`; marks the loss and the logits as outputs.
+    fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph>;
+
+    /// Builds the model alone in a fresh graph whose parameters draw from `seed`.
+    fn build_graph(&self, batch: usize, mode: Mode, seed: u64) -> Result<(Graph, ModelGraph)> {
+        let mut b = GraphBuilder::new(seed);
+        let m = self.build(&mut b, batch, mode)?;
+        Ok((b.finish(), m))
+    }
+}
+
+/// The names [`model_by_name`] accepts.
+pub const MODEL_NAMES: [&str; 5] = ["mlp", "resnet18", "resnet34", "resnet50", "gpt"];
+
+/// Overrides of a model's defaults, as a CLI or a config file gives them. `None` keeps the
+/// model's default; an option a model has no use for is an error naming it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelOptions {
+    /// Shape of one sample: `[784]` or `[1, 28, 28]` (mlp), `[3, 32, 32]` (resnet), `[T]` (gpt:
+    /// the context length).
+    pub input_shape: Option<Vec<usize>>,
+    /// Classes, or the vocabulary size for the gpt.
+    pub num_classes: Option<usize>,
+    /// Hidden width (mlp: every hidden layer), base channels (resnet: 64), model width (gpt).
+    pub width: Option<usize>,
+    /// Hidden layers (mlp) or transformer blocks (gpt).
+    pub depth: Option<usize>,
+    /// Attention heads (gpt).
+    pub heads: Option<usize>,
+    /// ResNet stem.
+    pub stem: Option<Stem>,
+}
+
+/// The model `name` (one of [`MODEL_NAMES`]) with `opts` applied to its defaults:
+/// `mlp` 784-512-512-10; `resnet18`/`resnet34` CIFAR stem, 10 classes, 3x32x32; `resnet50` the
+/// tutorial's ImageNet stem, 10 classes, 3x224x224; `gpt` vocab 256, context 64, width 128,
+/// 4 heads, 4 blocks.
+pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> {
+    let unused = |option: &'static str, accepted: &'static str| Err(ModelError::UnusedOption { model: name.to_string(), option, accepted });
+    match name.to_ascii_lowercase().as_str() {
+        "mlp" => {
+            const ACCEPTS: &str = "input_shape, num_classes, width and depth";
+            if opts.heads.is_some() {
+                return unused("heads", ACCEPTS);
+            }
+            if opts.stem.is_some() {
+                return unused("stem", ACCEPTS);
+            }
+            let mut cfg = MlpConfig::default();
+            if let Some(s) = &opts.input_shape {
+                cfg.input_shape = s.clone();
+            }
+            if let Some(c) = opts.num_classes {
+                cfg.num_classes = c;
+            }
+            let width = opts.width.unwrap_or(cfg.hidden[0]);
+            let depth = opts.depth.unwrap_or(cfg.hidden.len());
+            cfg.hidden = vec![width; depth];
+            Ok(Box::new(Mlp::new(cfg)?))
+        }
+        n @ ("resnet18" | "resnet34" | "resnet50") => {
+            const ACCEPTS: &str = "input_shape, num_classes, width and stem";
+            if opts.depth.is_some() {
+                return unused("depth", "input_shape, num_classes, width and stem (the depth is in the name: resnet18/34/50)");
+            }
+            if opts.heads.is_some() {
+                return unused("heads", ACCEPTS);
+            }
+            let mut cfg = match n {
+                "resnet18" => ResNetConfig::resnet18(10),
+                "resnet34" => ResNetConfig::resnet34(10),
+                _ => ResNetConfig::resnet50_tutorial(),
+            };
+            if let Some(stem) = opts.stem {
+                cfg.stem = stem;
+                if opts.input_shape.is_none() {
+                    cfg.input_shape = stem.default_input_shape();
+                }
+            }
+            if let Some(s) = &opts.input_shape {
+                cfg.input_shape = s.clone();
+            }
+            if let Some(c) = opts.num_classes {
+                cfg.num_classes = c;
+            }
+            if let Some(w) = opts.width {
+                cfg.width = w;
+            }
+            Ok(Box::new(ResNet::new(cfg)?))
+        }
+        "gpt" => {
+            if opts.stem.is_some() {
+                return unused("stem", "input_shape ([context]), num_classes (vocab), width, depth and heads");
+            }
+            let mut cfg = GptConfig::default();
+            if let Some(s) = &opts.input_shape {
+                match s.as_slice() {
+                    [t] => cfg.context = *t,
+                    _ => {
+                        return Err(ModelError::BadConfig {
+                            model: name.to_string(),
+                            field: "input_shape",
+                            value: format!("{s:?}"),
+                            expected: "[context], one token sequence per sample".into(),
+                        })
+                    }
+                }
+            }
+            if let Some(v) = opts.num_classes {
+                cfg.vocab = v;
+            }
+            if let Some(w) = opts.width {
+                cfg.width = w;
+            }
+            if let Some(d) = opts.depth {
+                cfg.layers = d;
+            }
+            if let Some(h) = opts.heads {
+                cfg.heads = h;
+            }
+            Ok(Box::new(Gpt::new(cfg)?))
+        }
+        _ => Err(ModelError::UnknownModel { name: name.to_string(), valid: MODEL_NAMES.join(", ") }),
+    }
+}
+
+/// Checks a size is positive.
+pub(crate) fn positive(model: &str, field: &'static str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(ModelError::BadConfig { model: model.to_string(), field, value: "0".into(), expected: "a positive number".into() });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_model_name_is_an_error_listing_the_valid_names() {
+        let err = model_by_name("resnet101", &ModelOptions::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("unknown model \"resnet101\""), "{msg}");
+        assert!(msg.contains("valid models: mlp, resnet18, resnet34, resnet50, gpt"), "{msg}");
+    }
+
+    #[test]
+    fn every_valid_name_gives_a_model_of_that_name() {
+        for name in MODEL_NAMES {
+            let m = model_by_name(name, &ModelOptions::default()).unwrap();
+            assert_eq!(m.name(), name);
+        }
+        assert_eq!(model_by_name("ResNet18", &ModelOptions::default()).unwrap().name(), "resnet18");
+    }
+
+    #[test]
+    fn options_that_do_not_apply_to_a_model_are_rejected_by_name() {
+        let err = model_by_name("resnet50", &ModelOptions { heads: Some(4), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::UnusedOption { option: "heads", .. }), "{err}");
+        let err = model_by_name("gpt", &ModelOptions { stem: Some(Stem::Cifar), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().starts_with("model gpt: option stem does not apply"), "{err}");
+        let err = model_by_name("gpt", &ModelOptions { input_shape: Some(vec![3, 32, 32]), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::BadConfig { field: "input_shape", .. }), "{err}");
+    }
+
+    #[test]
+    fn options_override_the_defaults() {
+        let opts = ModelOptions {
+            input_shape: Some(vec![1, 28, 28]),
+            num_classes: Some(7),
+            width: Some(32),
+            depth: Some(3),
+            ..Default::default()
+        };
+        let m = model_by_name("mlp", &opts).unwrap();
+        let (g, mg) = m.build_graph(2, Mode::Train, 0).unwrap();
+        assert_eq!(g.node(mg.params["fc1.weight"]).ty.shape, vec![32, 784]);
+        assert_eq!(g.node(mg.params["fc4.weight"]).ty.shape, vec![7, 32]);
+        let m = model_by_name("gpt", &ModelOptions { input_shape: Some(vec![16]), num_classes: Some(50), ..Default::default() }).unwrap();
+        assert_eq!((m.input_shape(), m.num_classes(), m.label_shape()), (vec![16], 50, vec![16]));
+        let m = model_by_name("resnet18", &ModelOptions { stem: Some(Stem::ImageNet), ..Default::default() }).unwrap();
+        assert_eq!(m.input_shape(), vec![3, 224, 224]);
+    }
+
+    #[test]
+    fn ops_can_be_sharded_by_name_after_building() {
+        let m = model_by_name("mlp", &ModelOptions::default()).unwrap();
+        let mut b = GraphBuilder::new(0);
+        let mg = m.build(&mut b, 8, Mode::Train).unwrap();
+        mg.shard(&mut b, "fc1.matmul", Strategy::new(vec![vec![2, 1], vec![4, 1]])).unwrap();
+        assert_eq!(b.graph().node(mg.ops["fc1.matmul"]).strategy.as_ref().unwrap().to_string(), "((2, 1), (4, 1))");
+        let err = mg.shard(&mut b, "fc9.matmul", Strategy::new(vec![vec![2, 1], vec![4, 1]])).unwrap_err();
+        assert!(matches!(err, ModelError::UnknownOp { .. }), "{err}");
+        let err = mg.shard(&mut b, "fc1.matmul", Strategy::new(vec![vec![3, 1], vec![1, 1]])).unwrap_err();
+        assert!(err.to_string().starts_with("model mlp: MatMul fc1.matmul: strategy"), "{err}");
+    }
+
+    #[test]
+    fn parameter_counts_print_compactly() {
+        let c = ParamCount { trainable: 11_173_962, frozen: 9_600, trainable_tensors: 62, frozen_tensors: 40 };
+        assert_eq!(c.to_string(), "11.17M trainable (62 tensors), 9.6K frozen (40 tensors)");
+    }
+}
