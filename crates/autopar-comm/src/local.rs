@@ -3,11 +3,11 @@
 //! How a collective runs (no per-element locking, no copies through a shared staging area):
 //! 1. each rank publishes its buffer addresses and a description of the call in its slot and
 //!    arrives at barrier A; after A every rank checks that all ranks described the same call;
-//! 2. ranks read each other's buffers directly. An all-reduce is a reduce-scatter followed by an
-//!    all-gather: rank r reduces the r-th chunk of all inputs, always in rank order
-//!    `((x0 + x1) + x2) + ...` and in cache-sized pieces, writes it into its own buffer
-//!    (nobody else reads that chunk then), then after barrier B copies the other chunks from
-//!    their owners; barrier C ends the call. The order never depends on timing or on how the
+//! 2. ranks read and write each other's buffers directly. In an all-reduce rank r owns the r-th
+//!    chunk of every buffer: it reduces that chunk of all inputs, always in rank order
+//!    `((x0 + x1) + x2) + ...` and in cache-sized pieces, and writes the result into that chunk
+//!    of every rank's buffer (nobody else touches the chunk), so each byte is read once and
+//!    written once; barrier B ends the call. The order never depends on timing or on how the
 //!    buffer is chunked, so results are bit-reproducible;
 //! 3. the final barriers cannot be left early: a peer still copying from this rank's buffer is
 //!    inside this crate's code and arrives in bounded time, and leaving would free memory it
@@ -483,23 +483,31 @@ impl LocalComm {
     }
 }
 
-/// Reduce `srcs[..]` (all of one element type, rank order) over `range` into `dst`.
+/// Reduce `srcs[..]` (all of one element type, rank order) over `range` and write the result
+/// into every buffer of `dsts`.
 ///
 /// # Safety
-/// Every pointer must be valid for `range` of type `T`; no one else writes those ranges of
-/// `srcs` or `dst` meanwhile (`dst` may equal one of `srcs`).
-unsafe fn reduce_typed<T: Element>(srcs: &[*const u8], dst: *mut u8, range: Range<usize>, op: ReduceOp) {
+/// Every pointer must be valid for `range` of type `T`; no one else reads or writes those
+/// ranges of `srcs` or `dsts` meanwhile (a `dst` may equal a `src`: each piece is read from all
+/// sources before it is written).
+unsafe fn reduce_typed<T: Element>(srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
     match op {
-        ReduceOp::Sum => reduce_with::<T>(srcs, dst, range, false, T::add),
-        ReduceOp::Mean => reduce_with::<T>(srcs, dst, range, true, T::add),
-        ReduceOp::Prod => reduce_with::<T>(srcs, dst, range, false, T::mul),
-        ReduceOp::Max => reduce_with::<T>(srcs, dst, range, false, T::max),
-        ReduceOp::Min => reduce_with::<T>(srcs, dst, range, false, T::min),
+        ReduceOp::Sum => reduce_with::<T, _>(srcs, dsts, range, false, T::add),
+        ReduceOp::Mean => reduce_with::<T, _>(srcs, dsts, range, true, T::add),
+        ReduceOp::Prod => reduce_with::<T, _>(srcs, dsts, range, false, T::mul),
+        ReduceOp::Max => reduce_with::<T, _>(srcs, dsts, range, false, T::max),
+        ReduceOp::Min => reduce_with::<T, _>(srcs, dsts, range, false, T::min),
     }
 }
 
 #[inline(always)]
-unsafe fn reduce_with<T: Element>(srcs: &[*const u8], dst: *mut u8, range: Range<usize>, mean: bool, f: fn(T::Acc, T::Acc) -> T::Acc) {
+unsafe fn reduce_with<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(
+    srcs: &[*const u8],
+    dsts: &[*mut u8],
+    range: Range<usize>,
+    mean: bool,
+    f: F,
+) {
     let n = srcs.len();
     let mut acc = [T::Acc::default(); PIECE];
     let mut start = range.start;
@@ -523,22 +531,26 @@ unsafe fn reduce_with<T: Element>(srcs: &[*const u8], dst: *mut u8, range: Range
                 *a = T::div(*a, n);
             }
         }
-        let out = std::slice::from_raw_parts_mut((dst as *mut T).add(start), len);
+        let first = (dsts[0] as *mut T).add(start);
+        let out = std::slice::from_raw_parts_mut(first, len);
         for (o, &a) in out.iter_mut().zip(acc.iter()) {
             *o = T::narrow(a);
+        }
+        for &d in &dsts[1..] {
+            std::ptr::copy_nonoverlapping(first, (d as *mut T).add(start), len);
         }
         start += len;
     }
 }
 
-unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dst: *mut u8, range: Range<usize>, op: ReduceOp) {
+unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
     match dtype {
-        DType::F16 => reduce_typed::<f16>(srcs, dst, range, op),
-        DType::BF16 => reduce_typed::<bf16>(srcs, dst, range, op),
-        DType::F32 => reduce_typed::<f32>(srcs, dst, range, op),
-        DType::F64 => reduce_typed::<f64>(srcs, dst, range, op),
-        DType::I32 => reduce_typed::<i32>(srcs, dst, range, op),
-        DType::I64 => reduce_typed::<i64>(srcs, dst, range, op),
+        DType::F16 => reduce_typed::<f16>(srcs, dsts, range, op),
+        DType::BF16 => reduce_typed::<bf16>(srcs, dsts, range, op),
+        DType::F32 => reduce_typed::<f32>(srcs, dsts, range, op),
+        DType::F64 => reduce_typed::<f64>(srcs, dsts, range, op),
+        DType::I32 => reduce_typed::<i32>(srcs, dsts, range, op),
+        DType::I64 => reduce_typed::<i64>(srcs, dsts, range, op),
     }
 }
 
@@ -571,17 +583,10 @@ impl Communicator for LocalComm {
         let ptr = buf.as_mut_ptr();
         let slots = self.exchange(desc, ptr, ptr)?;
         let srcs: Vec<*const u8> = slots.iter().map(|s| s.recv as *const u8).collect();
-        // SAFETY: every peer is blocked in this call until barrier C; chunk `rank` of every
-        // buffer is read only by this rank and written only into this rank's own buffer.
-        unsafe { reduce_dyn(dtype, &srcs, ptr, chunk_range(len, n, self.rank, es), op) };
-        self.done(&desc);
-        for (s, slot) in slots.iter().enumerate() {
-            if s != self.rank {
-                let r = chunk_range(len, n, s, es);
-                // SAFETY: chunk s of rank s is final and nobody writes it until barrier C.
-                unsafe { std::ptr::copy_nonoverlapping(slot.recv.add(r.start * es), ptr.add(r.start * es), r.len() * es) };
-            }
-        }
+        let dsts: Vec<*mut u8> = slots.iter().map(|s| s.recv).collect();
+        // SAFETY: every peer is blocked in this call until barrier B; chunk `rank` of every
+        // buffer is read and written by this rank only (reduced once, then written to all).
+        unsafe { reduce_dyn(dtype, &srcs, &dsts, chunk_range(len, n, self.rank, es), op) };
         self.done(&desc);
         Ok(())
     }
@@ -623,7 +628,7 @@ impl Communicator for LocalComm {
         let off = self.rank * block * dtype.size();
         // SAFETY: send buffers are read-only for everyone until barrier B; `recv` is ours.
         let srcs: Vec<*const u8> = slots.iter().map(|s| unsafe { s.send.add(off) }).collect();
-        unsafe { reduce_dyn(dtype, &srcs, out, 0..block, op) };
+        unsafe { reduce_dyn(dtype, &srcs, &[out], 0..block, op) };
         self.done(&desc);
         Ok(())
     }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# MPI tests of autopar-comm: build with --features mpi, run the collective conformance suite
+# under mpirun with 2 and 4 processes, and check that a failing rank ends the whole job with its
+# message (never a hang). Called by .ci/run after the normal test run; exits non-zero on any
+# failure. Installs OpenMPI and libclang (needed by the mpi crate's bindgen) when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_libclang() {
+    ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+}
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! have_libclang; then
+    echo "mpi-tests: installing OpenMPI and libclang"
+    if [ "$(id -u)" != 0 ]; then
+        echo "mpi-tests: OpenMPI or libclang is missing and this is not root; install openmpi-bin libopenmpi-dev libclang-dev" >&2
+        exit 1
+    fi
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev libclang-dev
+fi
+
+flags=(--oversubscribe --mca btl_vader_single_copy_mechanism none)
+if [ "$(id -u)" = 0 ]; then
+    flags=(--allow-run-as-root "${flags[@]}")
+fi
+
+echo "mpi-tests: building autopar-comm with --features mpi"
+cargo build -p autopar-comm --features mpi --examples
+
+passed=0
+failed=0
+check() {
+    if "$@"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "mpi-tests: FAILED: $*" >&2
+    fi
+}
+
+suite() {
+    local n=$1 out
+    echo "mpi-tests: conformance suite under mpirun -n $n"
+    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" target/debug/examples/mpi_collectives 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out"
+    [ "$(grep -c "of $n: .* checks passed" <<<"$out")" = "$n" ]
+}
+
+aborts() {
+    local mode=$1 text=$2 out rc=0
+    echo "mpi-tests: rank 3 of 4 ${mode}s; the job must end with its message"
+    out=$(timeout 120 mpirun -n 4 "${flags[@]}" target/debug/examples/mpi_collectives "$mode" 2>&1) || rc=$?
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then
+        echo "$out" >&2
+        echo "mpi-tests: expected a non-zero exit without timeout, got $rc" >&2
+        return 1
+    fi
+    grep -q "autopar\[3\]: .*$text" <<<"$out" || { echo "$out" >&2; return 1; }
+}
+
+check suite 2
+check suite 4
+check aborts fail "injected failure on rank 3"
+check aborts panic "injected panic on rank 3"
+
+echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
+check cargo test -p autopar-comm --features mpi
+
+echo "mpi-tests: $passed passed, $failed failed"
+[ "$failed" = 0 ]
