@@ -330,7 +330,10 @@ mod tests {
         b.stage(y, 0).unwrap();
         b.output(y).unwrap();
         let text = b.finish().to_string();
-        assert!(text.contains("%2 = MatMul { transpose_a: false, transpose_b: false } mm(%0, %1): f32[4, 2] shard ((2, 1), (1, 1)) stage 0"), "{text}");
+        assert!(
+            text.contains("%2 = MatMul { transpose_a: false, transpose_b: false } mm(%0, %1): f32[4, 2] shard ((2, 1), (1, 1)) stage 0"),
+            "{text}"
+        );
         assert!(text.ends_with("outputs: %2\n"), "{text}");
     }
 

@@ -68,7 +68,12 @@ fn case(kind: &'static str, m: Maker, output: NodeId, wrt: Option<Vec<NodeId>>) 
 pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
     let mut out = Vec::new();
     for &kind in OpKind::ALL_KINDS {
-        let mut m = Maker { b: GraphBuilder::new(seed), rng: Rng::new(seed ^ kind.len() as u64 ^ crate::init::derive_seed(seed, kind)), dtype, leaves: Vec::new() };
+        let mut m = Maker {
+            b: GraphBuilder::new(seed),
+            rng: Rng::new(seed ^ kind.len() as u64 ^ crate::init::derive_seed(seed, kind)),
+            dtype,
+            leaves: Vec::new(),
+        };
         let (a, b2, c) = (m.dim(2, 4), m.dim(2, 4), m.dim(2, 4));
         let y;
         let mut wrt = None;
@@ -246,7 +251,7 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                 let beta = m.x(&[c])?;
                 let mean = m.x(&[c])?;
                 let var = m.input(&[c], Values::Positive)?;
-                let training = seed % 2 == 0;
+                let training = seed.is_multiple_of(2);
                 if kind == "BatchNorm" {
                     y = m.b.batch_norm("op", [x, gamma, beta, mean, var], training, 1e-5, 0.9)?;
                     wrt = Some(vec![x, gamma, beta]);

@@ -92,7 +92,12 @@ impl Graph {
     pub fn infer(&self, name: &str, op: &OpKind, inputs: &[NodeId]) -> Result<TensorType> {
         let def = op.def();
         if !def.arity().accepts(inputs.len()) {
-            return Err(GraphError::Arity { kind: def.kind(), name: name.to_string(), expected: def.arity().to_string(), got: inputs.len() });
+            return Err(GraphError::Arity {
+                kind: def.kind(),
+                name: name.to_string(),
+                expected: def.arity().to_string(),
+                got: inputs.len(),
+            });
         }
         for &x in inputs {
             self.check_id(x)?;
@@ -173,7 +178,10 @@ impl Graph {
 
     /// Parameters with `trainable` set, in graph order.
     pub fn trainable_parameters(&self) -> Vec<NodeId> {
-        self.parameters().into_iter().filter(|&i| matches!(&self.nodes[i.0].op, OpKind::Parameter(Parameter { trainable: true, .. }))).collect()
+        self.parameters()
+            .into_iter()
+            .filter(|&i| matches!(&self.nodes[i.0].op, OpKind::Parameter(Parameter { trainable: true, .. })))
+            .collect()
     }
 
     /// Every input node, in graph order.

@@ -16,19 +16,37 @@ pub enum Initializer {
     Ones,
     Constant(f64),
     /// N(mean, std^2).
-    Normal { mean: f64, std: f64 },
+    Normal {
+        mean: f64,
+        std: f64,
+    },
     /// N(mean, std^2) redrawn until within mean +- 2 std.
-    TruncatedNormal { mean: f64, std: f64 },
+    TruncatedNormal {
+        mean: f64,
+        std: f64,
+    },
     /// U(low, high).
-    Uniform { low: f64, high: f64 },
+    Uniform {
+        low: f64,
+        high: f64,
+    },
     /// Glorot: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)).
-    XavierUniform { gain: f64 },
+    XavierUniform {
+        gain: f64,
+    },
     /// Glorot: N(0, gain^2 * 2 / (fan_in + fan_out)).
-    XavierNormal { gain: f64 },
+    XavierNormal {
+        gain: f64,
+    },
     /// Kaiming (fan_in, ReLU gain sqrt(2)): U(-a, a), a = sqrt(6 / fan_in).
     HeUniform,
     /// Kaiming (fan_in, ReLU gain sqrt(2)): N(0, 2 / fan_in).
     HeNormal,
+    /// An additive causal attention mask over the last two dimensions `[.., S, T]`: 0 where
+    /// `t <= s`, `masked` above the diagonal (a frozen buffer of a decoder).
+    CausalMask {
+        masked: f64,
+    },
 }
 
 impl fmt::Display for Initializer {
@@ -44,6 +62,7 @@ impl fmt::Display for Initializer {
             Initializer::XavierNormal { gain } => write!(f, "xavier_normal({gain})"),
             Initializer::HeUniform => write!(f, "he_uniform"),
             Initializer::HeNormal => write!(f, "he_normal"),
+            Initializer::CausalMask { masked } => write!(f, "causal_mask({masked})"),
         }
     }
 }
@@ -71,19 +90,24 @@ impl Initializer {
                 _ => Err(GraphError::BadInitializer { name: name.to_string(), init: self.to_string(), shape: shape.to_vec(), reason }),
             }
         };
-        let bad = |reason: &'static str| GraphError::BadInitializer { name: name.to_string(), init: self.to_string(), shape: shape.to_vec(), reason };
+        let bad = |reason: &'static str| GraphError::BadInitializer {
+            name: name.to_string(),
+            init: self.to_string(),
+            shape: shape.to_vec(),
+            reason,
+        };
         Ok(match *self {
             Initializer::Zeros => vec![0.0; n],
             Initializer::Ones => vec![1.0; n],
             Initializer::Constant(v) => vec![v; n],
             Initializer::Normal { mean, std } => {
-                if !(std >= 0.0) {
+                if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
                 (0..n).map(|_| mean + std * rng.normal()).collect()
             }
             Initializer::TruncatedNormal { mean, std } => {
-                if !(std >= 0.0) {
+                if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
                 (0..n)
@@ -96,7 +120,7 @@ impl Initializer {
                     .collect()
             }
             Initializer::Uniform { low, high } => {
-                if !(low <= high) {
+                if low.is_nan() || high.is_nan() || low > high {
                     return Err(bad("low must not exceed high"));
                 }
                 (0..n).map(|_| low + (high - low) * rng.uniform()).collect()
@@ -120,6 +144,13 @@ impl Initializer {
                 let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
                 let std = (2.0 / i as f64).sqrt();
                 (0..n).map(|_| std * rng.normal()).collect()
+            }
+            Initializer::CausalMask { masked } => {
+                if shape.len() < 2 {
+                    return Err(bad("a causal mask needs at least 2 dimensions [.., S, T]"));
+                }
+                let (s, t) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+                (0..n).map(|k| if (k % t) <= (k / t) % s { 0.0 } else { masked }).collect()
             }
         })
     }

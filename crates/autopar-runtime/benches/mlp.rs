@@ -41,13 +41,18 @@ fn main() {
         last = step.run(&mut params, &mut opt, &feeds).unwrap();
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("mlp 784-512-512-10 batch {batch} f32 sgd: {:.1} steps/s ({:.3} ms/step, {} threads, final loss {last:.4})", iters as f64 / secs, 1e3 * secs / iters as f64, rayon_threads());
+    println!(
+        "mlp 784-512-512-10 batch {batch} f32 sgd: {:.1} steps/s ({:.3} ms/step, {} threads, final loss {last:.4})",
+        iters as f64 / secs,
+        1e3 * secs / iters as f64,
+        rayon_threads()
+    );
 
     // Forward + backward alone, and the optimizer alone.
     let start = Instant::now();
     let mut grads = Vec::new();
     for _ in 0..iters {
-        grads = step.gradients(&mut params, &feeds).unwrap().1;
+        grads = step.gradients(&mut params, &feeds).unwrap().grads;
     }
     let fb = start.elapsed().as_secs_f64() / iters as f64;
     let start = Instant::now();
@@ -59,16 +64,26 @@ fn main() {
 
     // Per-op profile of one step (forward + backward; the optimizer is outside the graph).
     let mut prof = step.clone().with_profiling(true);
-    let (_, _, out) = prof.gradients(&mut params, &feeds).unwrap();
+    let out = prof.gradients(&mut params, &feeds).unwrap().run;
     let mut t = out.timings.clone();
     t.sort_by(|a, b| b.seconds.partial_cmp(&a.seconds).unwrap());
     let total: f64 = t.iter().map(|o| o.seconds).sum();
-    println!("graph ops {} (executed {}), op time {:.3} ms, peak live {} values / {:.1} MiB", prof.graph().len(), prof.executor().num_scheduled(), total * 1e3, out.peak_live, out.peak_live_bytes as f64 / (1 << 20) as f64);
+    println!(
+        "graph ops {} (executed {}), op time {:.3} ms, peak live {} values / {:.1} MiB",
+        prof.graph().len(),
+        prof.executor().num_scheduled(),
+        total * 1e3,
+        out.peak_live,
+        out.peak_live_bytes as f64 / (1 << 20) as f64
+    );
     for o in t.iter().take(8) {
         println!("  {:>8.3} ms  {:<22} {}", o.seconds * 1e3, o.kind, o.name);
     }
 }
 
 fn rayon_threads() -> usize {
-    std::env::var("RAYON_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }

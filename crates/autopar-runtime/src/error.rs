@@ -8,10 +8,10 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum RuntimeError {
     #[error(transparent)]
-    Graph(#[from] GraphError),
+    Graph(Box<GraphError>),
 
     #[error("{kind} {name} failed: {source}")]
-    Kernel { kind: &'static str, name: String, source: TensorError },
+    Kernel { kind: &'static str, name: String, source: Box<TensorError> },
 
     #[error("input {name} was not fed\n  expected: {dtype}{shape:?}\n  hint: pass it in the feeds of Executor::run")]
     MissingFeed { name: String, shape: Vec<usize>, dtype: DType },
@@ -40,8 +40,17 @@ pub enum RuntimeError {
     #[error("optimizer: {what} = {value} is invalid; expected {expected}")]
     BadHyperparameter { what: &'static str, value: f64, expected: &'static str },
 
+    #[error("the loss is {loss} at step {step}\n  hint: lower the learning rate or check the inputs for NaN/inf")]
+    NonFiniteLoss { step: u64, loss: f64 },
+
     #[error("{what} must be a float tensor, got {dtype} ({name})")]
     NotFloat { what: &'static str, name: String, dtype: DType },
+}
+
+impl From<GraphError> for RuntimeError {
+    fn from(e: GraphError) -> Self {
+        RuntimeError::Graph(Box::new(e))
+    }
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

@@ -211,7 +211,12 @@ impl Executor {
                 self.eval(node, &ins, params, feeds, step)?
             };
             if let Some(start) = start {
-                timings.push(OpTiming { node: NodeId(i), name: node.name.clone(), kind: node.op.kind(), seconds: start.elapsed().as_secs_f64() });
+                timings.push(OpTiming {
+                    node: NodeId(i),
+                    name: node.name.clone(),
+                    kind: node.op.kind(),
+                    seconds: start.elapsed().as_secs_f64(),
+                });
             }
             live += 1;
             live_bytes += out.nbytes();
@@ -231,7 +236,7 @@ impl Executor {
 
     fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, feeds: &[(NodeId, Tensor)], step: u64) -> Result<Tensor> {
         let cx = &self.ctx;
-        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: e };
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let shape = &node.ty.shape;
         let axes = |a: &[i64], rank: usize| -> Vec<isize> { resolve(a, rank) };
         let comm = |group: &[usize]| -> Result<Tensor> {
@@ -314,7 +319,9 @@ impl Executor {
             OpKind::BiasAdd(_) => ew::bias_add(cx, x[0], x[1], 1).map_err(k)?,
             OpKind::Conv2D(c) => conv::conv2d(cx, x[0], x[1], &conv_params(&c.conv)).map_err(k)?,
             OpKind::Conv2DGradInput(c) => conv::conv2d_backward_input(cx, x[0], x[1], &c.input_shape, &conv_params(&c.conv)).map_err(k)?,
-            OpKind::Conv2DGradFilter(c) => conv::conv2d_backward_weight(cx, x[0], x[1], &c.filter_shape, &conv_params(&c.conv)).map_err(k)?,
+            OpKind::Conv2DGradFilter(c) => {
+                conv::conv2d_backward_weight(cx, x[0], x[1], &c.filter_shape, &conv_params(&c.conv)).map_err(k)?
+            }
             OpKind::MaxPool(m) => pool::max_pool2d(cx, x[0], &pool_params(&m.pool, false)).map_err(k)?.0,
             OpKind::MaxPoolGrad(m) => {
                 // The argmax is recomputed from x: one output per node keeps liveness simple.
@@ -444,7 +451,8 @@ mod tests {
         assert_eq!(exec.num_scheduled(), 2);
         let out = exec.run(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 1.0]))], 0).unwrap();
         assert!(out.timings.is_empty());
-        let out = Executor::new(g, &[y]).unwrap().with_profiling(true).run(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 1.0]))], 0).unwrap();
+        let out =
+            Executor::new(g, &[y]).unwrap().with_profiling(true).run(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 1.0]))], 0).unwrap();
         let names: Vec<&str> = out.timings.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["x", "y"]);
         assert_eq!(out.timings[1].kind, "Exp");

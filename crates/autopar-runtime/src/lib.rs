@@ -23,4 +23,4 @@ pub mod train;
 pub use error::{Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Executor, OpTiming, ParamStore, RunOutput};
 pub use optim::{AdamW, LrSchedule, Momentum, Optimizer, Sgd};
-pub use train::TrainStep;
+pub use train::{StepOutput, TrainStep};

@@ -24,7 +24,12 @@ pub enum LrSchedule {
     Constant(f64),
     /// Linear warm-up from `base_lr / warmup_steps` to `base_lr` over `warmup_steps`, then cosine
     /// decay to `min_lr` at `total_steps` (and `min_lr` after).
-    WarmupCosine { base_lr: f64, min_lr: f64, warmup_steps: u64, total_steps: u64 },
+    WarmupCosine {
+        base_lr: f64,
+        min_lr: f64,
+        warmup_steps: u64,
+        total_steps: u64,
+    },
 }
 
 impl LrSchedule {
@@ -46,7 +51,9 @@ impl LrSchedule {
         let bad = |what, value, expected| Err(RuntimeError::BadHyperparameter { what, value, expected });
         match *self {
             LrSchedule::Constant(lr) if !(lr >= 0.0 && lr.is_finite()) => bad("learning rate", lr, "a finite value >= 0"),
-            LrSchedule::WarmupCosine { base_lr, min_lr, .. } if !(base_lr >= 0.0 && base_lr.is_finite()) || !(0.0..=base_lr).contains(&min_lr) => {
+            LrSchedule::WarmupCosine { base_lr, min_lr, .. }
+                if !(base_lr >= 0.0 && base_lr.is_finite() && (0.0..=base_lr).contains(&min_lr)) =>
+            {
                 bad("learning rate", base_lr, "0 <= min_lr <= base_lr, finite")
             }
             _ => Ok(()),
@@ -100,7 +107,7 @@ fn fused<const N: usize>(
         let own = |t: &Tensor| if t.dtype() == dtype && t.is_contiguous() { t.clone() } else { t.cast(dtype).contiguous() };
         let pc = own(p);
         let oc: Vec<Tensor> = others.iter().map(|t| own(t)).collect();
-        let err = |e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: e };
+        let err = |e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: Box::new(e) };
         let pv = pc.array::<T>().map_err(err)?;
         let ps = pv.as_slice().expect("contiguous");
         let ov: Vec<_> = oc.iter().map(|t| t.array::<T>().expect("cast to the parameter dtype")).collect();
@@ -127,7 +134,8 @@ fn fused<const N: usize>(
     match p.dtype() {
         autopar_tensor::DType::F64 => run::<f64, N>(p, others, f64_fn),
         autopar_tensor::DType::F32 => run::<f32, N>(p, others, f32_fn),
-        _ => run::<f32, N>(&p.cast(autopar_tensor::DType::F32), others, f32_fn).map(|(np, o)| (np.cast(p.dtype()), o.map(|t| t.cast(p.dtype())))),
+        _ => run::<f32, N>(&p.cast(autopar_tensor::DType::F32), others, f32_fn)
+            .map(|(np, o)| (np.cast(p.dtype()), o.map(|t| t.cast(p.dtype())))),
     }
 }
 
@@ -497,7 +505,10 @@ mod tests {
     #[test]
     fn bad_hyperparameters_and_mismatched_gradients_are_rejected_by_name() {
         assert!(matches!(Sgd::new(LrSchedule::Constant(-1.0)), Err(RuntimeError::BadHyperparameter { what: "learning rate", .. })));
-        assert!(matches!(AdamW::new(LrSchedule::Constant(0.1)).unwrap().with_betas(1.0, 0.9), Err(RuntimeError::BadHyperparameter { what: "beta1", .. })));
+        assert!(matches!(
+            AdamW::new(LrSchedule::Constant(0.1)).unwrap().with_betas(1.0, 0.9),
+            Err(RuntimeError::BadHyperparameter { what: "beta1", .. })
+        ));
         let mut p = store(&[("w", &[1.0, 2.0])]);
         let mut opt = Sgd::new(LrSchedule::Constant(0.1)).unwrap();
         let err = opt.step(&mut p, &grads(&[("w", &[1.0])])).unwrap_err();

@@ -7,6 +7,16 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::{Executor, ParamStore, RunOutput};
 use crate::optim::Optimizer;
 
+/// What [`TrainStep::gradients`] returns.
+#[derive(Clone, Debug)]
+pub struct StepOutput {
+    pub loss: Tensor,
+    /// Gradients by parameter name.
+    pub grads: Vec<(String, Tensor)>,
+    /// The run's statistics (timings when profiling, peak live memory).
+    pub run: RunOutput,
+}
+
 /// A forward graph differentiated with respect to its trainable parameters and planned to fetch
 /// the loss and every gradient.
 #[derive(Clone, Debug)]
@@ -49,22 +59,26 @@ impl TrainStep {
 
     /// Runs forward and backward; returns the loss, the gradients by parameter name, and the
     /// run's statistics.
-    pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)]) -> Result<(Tensor, Vec<(String, Tensor)>, RunOutput)> {
+    pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)]) -> Result<StepOutput> {
         let out = self.executor.run(params, feeds, self.step)?;
         self.step += 1;
         let mut values = out.values.iter().cloned();
         let loss = values.next().expect("the loss is fetched first");
         let grads = self.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-        Ok((loss, grads, out))
+        Ok(StepOutput { loss, grads, run: out })
     }
 
     /// One step: forward, backward, `opt.step`. Returns the loss (summed if not a scalar).
     pub fn run(&mut self, params: &mut ParamStore, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
-        let (loss, grads, _) = self.gradients(params, feeds)?;
+        let StepOutput { loss, grads, .. } = self.gradients(params, feeds)?;
         opt.step(params, &grads)?;
         let loss = loss.to_f64_vec().iter().sum::<f64>();
         if !loss.is_finite() {
-            return Err(RuntimeError::BadHyperparameter { what: "loss", value: loss, expected: "a finite loss (lower the learning rate?)" });
+            return Err(RuntimeError::BadHyperparameter {
+                what: "loss",
+                value: loss,
+                expected: "a finite loss (lower the learning rate?)",
+            });
         }
         Ok(loss)
     }

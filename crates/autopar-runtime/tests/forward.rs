@@ -1,5 +1,8 @@
 //! Every op kind's forward pass through the executor on small hand-computed cases.
 
+// Cases read uniformly as `run(op, &[inputs...])`; cloning a tensor is a reference-count bump.
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
 use std::collections::BTreeSet;
 
 use autopar_graph::ops::*;
@@ -25,7 +28,8 @@ fn run(op: impl Into<OpKind>, inputs: &[Tensor], covered: &mut BTreeSet<String>)
     let op = op.into();
     covered.insert(variant(&op));
     let mut b = GraphBuilder::new(0);
-    let ids: Vec<_> = inputs.iter().enumerate().map(|(i, x)| b.input(&format!("in{i}"), x.shape(), graph_dtype(x.dtype())).unwrap()).collect();
+    let ids: Vec<_> =
+        inputs.iter().enumerate().map(|(i, x)| b.input(&format!("in{i}"), x.shape(), graph_dtype(x.dtype())).unwrap()).collect();
     let y = b.op("op", op, &ids).unwrap();
     let exec = Executor::new(b.finish(), &[y]).unwrap();
     let feeds: Vec<_> = ids.into_iter().zip(inputs.iter().cloned()).collect();
@@ -111,7 +115,11 @@ fn every_op_forward_matches_hand_computed_values() {
     check(&run(Gather { axis: 0 }, &[table, idx(&[2], &[2, 0])], c), &[2, 2], &[5.0, 6.0, 1.0, 2.0]);
     let dy = t(&[3, 2], &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
     check(&run(GatherGrad { axis: 0, dim_size: 3 }, &[idx(&[3], &[2, 0, 2]), dy], c), &[3, 2], &[2.0, 2.0, 0.0, 0.0, 4.0, 4.0]);
-    check(&run(OneHot { depth: 3, on_value: 1.0, off_value: 0.0, dtype: DType::F32 }, &[idx(&[2], &[1, 0])], c), &[2, 3], &[0.0, 1.0, 0.0, 1.0, 0.0, 0.0]);
+    check(
+        &run(OneHot { depth: 3, on_value: 1.0, off_value: 0.0, dtype: DType::F32 }, &[idx(&[2], &[1, 0])], c),
+        &[2, 3],
+        &[0.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+    );
 
     // Matrix products.
     let b22 = t(&[2, 2], &[5.0, 6.0, 7.0, 8.0]);
@@ -120,7 +128,11 @@ fn every_op_forward_matches_hand_computed_values() {
     check(&run(MatMul { transpose_a: true, transpose_b: false }, &[m22.clone(), b22.clone()], c), &[2, 2], &[26.0, 30.0, 38.0, 44.0]);
     let a3 = t(&[2, 2, 2], &[1.0, 2.0, 3.0, 4.0, 1.0, 0.0, 0.0, 1.0]);
     let b3 = t(&[2, 2, 2], &[5.0, 6.0, 7.0, 8.0, 2.0, 3.0, 4.0, 5.0]);
-    check(&run(BatchMatMul { transpose_a: false, transpose_b: false }, &[a3, b3], c), &[2, 2, 2], &[19.0, 22.0, 43.0, 50.0, 2.0, 3.0, 4.0, 5.0]);
+    check(
+        &run(BatchMatMul { transpose_a: false, transpose_b: false }, &[a3, b3], c),
+        &[2, 2, 2],
+        &[19.0, 22.0, 43.0, 50.0, 2.0, 3.0, 4.0, 5.0],
+    );
     check(&run(BiasAdd, &[m22.clone(), t(&[2], &[10.0, 20.0])], c), &[2, 2], &[11.0, 22.0, 13.0, 24.0]);
 
     // Convolution and its adjoints: a 3x3 image 1..9 and a 2x2 filter of ones.
@@ -133,7 +145,11 @@ fn every_op_forward_matches_hand_computed_values() {
         &[1, 1, 3, 3],
         &[1.0, 2.0, 1.0, 2.0, 4.0, 2.0, 1.0, 2.0, 1.0],
     );
-    check(&run(Conv2DGradFilter { conv, filter_shape: vec![1, 1, 2, 2] }, &[ones.clone(), img], c), &[1, 1, 2, 2], &[12.0, 16.0, 24.0, 28.0]);
+    check(
+        &run(Conv2DGradFilter { conv, filter_shape: vec![1, 1, 2, 2] }, &[ones.clone(), img], c),
+        &[1, 1, 2, 2],
+        &[12.0, 16.0, 24.0, 28.0],
+    );
     let padded = ConvAttrs::new(2, 1);
     check(&run(Conv2D { conv: padded }, &[seq(&[1, 1, 2, 2]), ones], c), &[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
 
@@ -157,13 +173,33 @@ fn every_op_forward_matches_hand_computed_values() {
     let bn = |training| BatchNorm { training, eps: 1e-5, momentum: 0.9 };
     check(&run(bn(true), &[x.clone(), one.clone(), zero.clone(), zero.clone(), one.clone()], c), &[2, 1], &[-s, s]);
     let (rm, rv) = (t(&[1], &[1.0]), t(&[1], &[4.0]));
-    check(&run(bn(false), &[x.clone(), one.clone(), zero.clone(), rm.clone(), rv.clone()], c), &[2, 1], &[0.0, 2.0 / (4.0f64 + 1e-5).sqrt()]);
+    check(
+        &run(bn(false), &[x.clone(), one.clone(), zero.clone(), rm.clone(), rv.clone()], c),
+        &[2, 1],
+        &[0.0, 2.0 / (4.0f64 + 1e-5).sqrt()],
+    );
     // dgamma = sum(dy * xhat) = 1 * -s + 2 * s
     let dy = t(&[2, 1], &[1.0, 2.0]);
-    check(&run(BatchNormGrad { training: true, eps: 1e-5, of: NormGradOf::Gamma }, &[dy.clone(), x.clone(), one.clone(), rm, rv], c), &[1], &[s]);
+    check(
+        &run(BatchNormGrad { training: true, eps: 1e-5, of: NormGradOf::Gamma }, &[dy.clone(), x.clone(), one.clone(), rm, rv], c),
+        &[1],
+        &[s],
+    );
     let xr = t(&[1, 2], &[1.0, 3.0]);
-    check(&run(LayerNorm { begin_norm_axis: 1, eps: 1e-5 }, &[xr.clone(), t(&[2], &[1.0, 2.0]), t(&[2], &[0.0, 1.0])], c), &[1, 2], &[-s, 2.0 * s + 1.0]);
-    check(&run(LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma }, &[t(&[1, 2], &[1.0, 2.0]), xr, t(&[2], &[1.0, 1.0])], c), &[2], &[-s, 2.0 * s]);
+    check(
+        &run(LayerNorm { begin_norm_axis: 1, eps: 1e-5 }, &[xr.clone(), t(&[2], &[1.0, 2.0]), t(&[2], &[0.0, 1.0])], c),
+        &[1, 2],
+        &[-s, 2.0 * s + 1.0],
+    );
+    check(
+        &run(
+            LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma },
+            &[t(&[1, 2], &[1.0, 2.0]), xr, t(&[2], &[1.0, 1.0])],
+            c,
+        ),
+        &[2],
+        &[-s, 2.0 * s],
+    );
 
     // Dropout with p = 0 is the identity; with p = 0.5 every element is 0 or doubled.
     check(&run(Dropout { p: 0.0, seed: 1 }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);

@@ -86,8 +86,7 @@ fn check_case(case: &OpCase, seed: u64) -> usize {
                 let mut v = values.clone();
                 v[j] += delta;
                 setup.set(case, leaf, Tensor::from_vec(&shape, v).unwrap());
-                let l = fwd.run(&mut setup.params.clone(), &setup.feeds, 0).unwrap().values[0].item().unwrap();
-                l
+                fwd.run(&mut setup.params.clone(), &setup.feeds, 0).unwrap().values[0].item().unwrap()
             };
             let numeric = (eval(h) - eval(-h)) / (2.0 * h);
             setup.set(case, leaf, base.clone());

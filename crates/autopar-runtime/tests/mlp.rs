@@ -31,7 +31,10 @@ fn reference_step(layers: &mut [(Mat, Vec<f64>)], x: &Mat, labels: &[usize]) -> 
     let mut pres = Vec::new();
     for (l, (w, b)) in layers.iter().enumerate() {
         let a = acts.last().unwrap();
-        let pre: Mat = a.iter().map(|row| w.iter().zip(b).map(|(wr, bb)| wr.iter().zip(row).map(|(p, q)| p * q).sum::<f64>() + bb).collect()).collect();
+        let pre: Mat = a
+            .iter()
+            .map(|row| w.iter().zip(b).map(|(wr, bb)| wr.iter().zip(row).map(|(p, q)| p * q).sum::<f64>() + bb).collect())
+            .collect();
         let act = if l + 1 < layers.len() { pre.iter().map(|r| r.iter().map(|v| v.max(0.0)).collect()).collect() } else { pre.clone() };
         pres.push(pre);
         acts.push(act);
@@ -51,13 +54,17 @@ fn reference_step(layers: &mut [(Mat, Vec<f64>)], x: &Mat, labels: &[usize]) -> 
     let mut delta = dz;
     for l in (0..layers.len()).rev() {
         let a = &acts[l];
-        let (w, b) = &layers[l];
+        let w = &layers[l].0;
         let (o, i) = (w.len(), w[0].len());
         let dw: Mat = (0..o).map(|r| (0..i).map(|c| (0..N).map(|n| delta[n][r] * a[n][c]).sum()).collect()).collect();
         let db: Vec<f64> = (0..o).map(|r| (0..N).map(|n| delta[n][r]).sum()).collect();
         let da: Mat = (0..N).map(|n| (0..i).map(|c| (0..o).map(|r| delta[n][r] * w[r][c]).sum()).collect()).collect();
         if l > 0 {
-            delta = da.iter().zip(&pres[l - 1]).map(|(dr, pr)| dr.iter().zip(pr).map(|(d, p)| if *p > 0.0 { *d } else { 0.0 }).collect()).collect();
+            delta = da
+                .iter()
+                .zip(&pres[l - 1])
+                .map(|(dr, pr)| dr.iter().zip(pr).map(|(d, p)| if *p > 0.0 { *d } else { 0.0 }).collect())
+                .collect();
         }
         let (w, b) = &mut layers[l];
         for r in 0..o {

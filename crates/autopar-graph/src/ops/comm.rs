@@ -133,7 +133,7 @@ impl OpDef for ReduceScatter {
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
         let n = check_group(cx, &self.group)?;
         let s = cx.shape(0);
-        if self.dim >= s.len() || s[self.dim] % n != 0 {
+        if self.dim >= s.len() || !s[self.dim].is_multiple_of(n) {
             return Err(cx.bad_attr("dim", self.dim, "a dimension of the input divisible by the group size"));
         }
         let mut s = s.clone();
@@ -167,7 +167,7 @@ impl OpDef for AllToAll {
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
         let n = check_group(cx, &self.group)?;
         let s = cx.shape(0);
-        if self.split_dim >= s.len() || s[self.split_dim] % n != 0 {
+        if self.split_dim >= s.len() || !s[self.split_dim].is_multiple_of(n) {
             return Err(cx.bad_attr("split_dim", self.split_dim, "a dimension of the input divisible by the group size"));
         }
         if self.concat_dim >= s.len() {

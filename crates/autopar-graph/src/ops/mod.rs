@@ -248,7 +248,13 @@ impl<'a> InferCx<'a> {
         if d.is_float() {
             Ok(d)
         } else {
-            Err(GraphError::BadDType { kind: self.kind, name: self.name.to_string(), input: i, dtype: d, expected: "a floating-point type" })
+            Err(GraphError::BadDType {
+                kind: self.kind,
+                name: self.name.to_string(),
+                input: i,
+                dtype: d,
+                expected: "a floating-point type",
+            })
         }
     }
 
@@ -461,7 +467,10 @@ mod tests {
         assert_eq!(msg(g.gather("emb", table, idx, 0)), "Gather emb: input 1 has dtype f32; expected i32 or i64");
         let logits = x(&mut g, "logits", &[4, 10]);
         let labels = g.input("labels", &[5], DType::I64).unwrap();
-        assert_eq!(msg(g.softmax_cross_entropy("loss", logits, labels)), "SoftmaxCrossEntropyWithLogits loss: batch sizes of logits and labels 4 and 5 differ");
+        assert_eq!(
+            msg(g.softmax_cross_entropy("loss", logits, labels)),
+            "SoftmaxCrossEntropyWithLogits loss: batch sizes of logits and labels 4 and 5 differ"
+        );
     }
 
     #[test]

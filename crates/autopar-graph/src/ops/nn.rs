@@ -176,7 +176,7 @@ fn conv_out_shape(cx: &InferCx<'_>, c: &ConvAttrs, x: &Shape, w: &Shape) -> Resu
     if c.groups == 0 || c.stride.contains(&0) || c.dilation.contains(&0) {
         return Err(cx.bad_attr("stride/dilation/groups", c, "stride, dilation and groups >= 1"));
     }
-    if x[1] % c.groups != 0 || w[0] % c.groups != 0 {
+    if !x[1].is_multiple_of(c.groups) || !w[0].is_multiple_of(c.groups) {
         return Err(cx.bad_attr("groups", c.groups, "a divisor of the input and output channels"));
     }
     if x[1] / c.groups != w[1] {
@@ -509,7 +509,7 @@ impl OpDef for BatchNorm {
             return Err(cx.bad_shape(0, "rank 2 (N, C) or rank 4 (N, C, H, W)"));
         }
         channel_params(cx, 1, 5, cx.shape(0)[1])?;
-        if !(self.eps > 0.0) || !(0.0..=1.0).contains(&self.momentum) {
+        if self.eps.is_nan() || self.eps <= 0.0 || !(0.0..=1.0).contains(&self.momentum) {
             return Err(cx.bad_attr("eps/momentum", (self.eps, self.momentum), "eps > 0 and momentum in [0, 1]"));
         }
         Ok(TensorType::new(cx.shape(0).clone(), d))
@@ -601,7 +601,7 @@ impl OpDef for LayerNorm {
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
         let d = cx.float(0)?;
         layer_norm_check(cx, self.begin_norm_axis, 0, &[1, 2])?;
-        if !(self.eps > 0.0) {
+        if self.eps.is_nan() || self.eps <= 0.0 {
             return Err(cx.bad_attr("eps", self.eps, "eps > 0"));
         }
         Ok(TensorType::new(cx.shape(0).clone(), d))

@@ -34,7 +34,7 @@ impl OpDef for Reshape {
         }
         let known: usize = out.iter().product();
         if let Some(i) = infer_at {
-            if known == 0 || total % known != 0 {
+            if known == 0 || !total.is_multiple_of(known) {
                 return Err(cx.bad_attr("shape", &self.shape, "a shape with as many elements as the input"));
             }
             out[i] = total / known;
