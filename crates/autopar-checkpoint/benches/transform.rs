@@ -1,1 +1,195 @@
-fn main() {}
+//! Transform benchmark: a synthetic 1 GiB model (16 tensors of 4096x4096 f32) saved by 8 ranks
+//! under a (2, 4) model-parallel strategy, transformed (a) to 4 ranks data-parallel and (b) to one
+//! merged file, from safetensors and from .ckpt sources. Prints GB/s (tensor bytes written / wall
+//! time) and the transform's peak RSS (VmHWM of a child process that runs only the transform),
+//! next to `cp` of the same source bytes on the same disk.
+//!
+//! `cargo bench -p autopar-checkpoint --bench transform` (scratch files under $TMPDIR or /tmp,
+//! deleted afterwards; `AUTOPAR_BENCH_DIM=1024` for a quick run, `AUTOPAR_BENCH_JOBS=2`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use autopar_checkpoint::{
+    transform_checkpoints, CheckpointWriter, DType, LayoutItem, StrategyFile, StrategyItem, TensorSpec, TransformOptions,
+};
+use autopar_layout::{TensorLayout, TensorMap};
+
+const TENSORS: usize = 16;
+
+fn dim() -> usize {
+    std::env::var("AUTOPAR_BENCH_DIM").ok().and_then(|v| v.parse().ok()).unwrap_or(4096)
+}
+
+fn layout_item(name: &str, dev: &[u32], map: &[i32]) -> LayoutItem {
+    LayoutItem {
+        name: name.into(),
+        dev_matrix: dev.to_vec(),
+        tensor_map: vec![map.to_vec()],
+        param_split_shape: vec![vec![]],
+        indices_offset: vec![vec![]],
+        field: 0,
+        opt_weight_shard_step: 0,
+        opt_weight_shard_size: 0,
+        tensor_shape: None,
+    }
+}
+
+fn strategy(dev: &[u32], map_of: impl Fn(usize) -> Vec<i32>) -> StrategyFile {
+    let mut s = StrategyFile { current_stage: 2, ..Default::default() };
+    for i in 0..TENSORS {
+        let name = format!("layer{i:02}.w");
+        s.strategy_items.push(StrategyItem { node_name: format!("MatMul_{name}"), stage: 0, parallel_strategy: vec![] });
+        s.layout_items.push(layout_item(&name, dev, &map_of(i)));
+    }
+    s
+}
+
+/// Source: half the tensors split 8 ways ([2,4], map [1,0]), half split 4 ways and replicated
+/// twice (map [-1,0], MindSpore's MatMul weight layout).
+fn src_map(i: usize) -> Vec<i32> {
+    if i & 1 == 0 {
+        vec![1, 0]
+    } else {
+        vec![-1, 0]
+    }
+}
+
+fn write_source(dir: &Path, s: &StrategyFile, ext: &str) -> u64 {
+    let n = dim();
+    let mut writers = Vec::new();
+    let layouts: Vec<TensorLayout> = (0..TENSORS)
+        .map(|i| {
+            let m: Vec<i64> = src_map(i).iter().map(|&v| v as i64).collect();
+            TensorLayout::from_mindspore(&[2, 4], &TensorMap::single(&m), &[n, n]).unwrap()
+        })
+        .collect();
+    for r in 0..8 {
+        let specs: Vec<TensorSpec> = s
+            .layout_items
+            .iter()
+            .zip(&layouts)
+            .map(|(l, lay)| TensorSpec { name: l.name.clone(), dtype: DType::Float32, shape: lay.slice_shape() })
+            .collect();
+        let path = dir.join(format!("rank_{r}/net_{r}.{ext}"));
+        writers.push(CheckpointWriter::create(&path, specs, &BTreeMap::new(), false).unwrap());
+    }
+    let mut bytes = 0u64;
+    for (i, lay) in layouts.iter().enumerate() {
+        // full tensor values: f32 of (tensor, row, col)
+        for (r, w) in writers.iter_mut().enumerate() {
+            let region = lay.slice_of(r).unwrap();
+            let mut buf = Vec::with_capacity(lay.slice_len() * 4);
+            for row in region[0].clone() {
+                for col in region[1].clone() {
+                    buf.extend_from_slice(&((i * n * n + row * n + col) as f32).to_le_bytes());
+                }
+            }
+            bytes += buf.len() as u64;
+            w.write_next(&buf).unwrap();
+        }
+    }
+    for w in writers {
+        w.finish().unwrap();
+    }
+    bytes
+}
+
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Child mode: run one transform and print "bytes seconds vmhwm_kib".
+fn child(args: &[String]) {
+    let (src, dst, ss, ds, fmt, jobs) = (&args[0], &args[1], &args[2], &args[3], &args[4], &args[5]);
+    let ds = if ds == "none" { None } else { Some(PathBuf::from(ds)) };
+    let opts = TransformOptions { format: fmt.parse().unwrap(), prefix: "net_".into(), jobs: jobs.parse().unwrap(), ..Default::default() };
+    let t = Instant::now();
+    let rep = transform_checkpoints(Path::new(src), Path::new(dst), Some(Path::new(ss)), ds.as_deref(), &opts).unwrap();
+    println!("{} {} {}", rep.bytes_written, t.elapsed().as_secs_f64(), vm_hwm_kib());
+}
+
+fn run_child(src: &Path, dst: &Path, ss: &Path, ds: Option<&Path>, fmt: &str, jobs: usize) -> (u64, f64, u64) {
+    let _ = std::fs::remove_dir_all(dst);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env("AUTOPAR_BENCH_CHILD", "1")
+        .args([
+            src.as_os_str(),
+            dst.as_os_str(),
+            ss.as_os_str(),
+            ds.map_or("none".as_ref(), |p| p.as_os_str()),
+            fmt.as_ref(),
+            jobs.to_string().as_ref(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Vec<&str> = text.split_whitespace().collect();
+    let r = (v[0].parse().unwrap(), v[1].parse().unwrap(), v[2].parse().unwrap());
+    let _ = std::fs::remove_dir_all(dst);
+    r
+}
+
+fn main() {
+    if std::env::var_os("AUTOPAR_BENCH_CHILD").is_some() {
+        let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+        child(&args);
+        return;
+    }
+    let jobs: usize = std::env::var("AUTOPAR_BENCH_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let base = std::env::temp_dir().join(format!("autopar-ckpt-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let n = dim();
+    let src_s = strategy(&[2, 4], src_map);
+    let dp_s = strategy(&[4], |_| vec![-1, -1]);
+    let (ss, ds) = (base.join("src_strategy.ckpt"), base.join("dp4_strategy.ckpt"));
+    src_s.save(&ss).unwrap();
+    dp_s.save(&ds).unwrap();
+    let model = (TENSORS * n * n * 4) as f64;
+    let largest = (n * n * 4) as f64;
+    println!(
+        "model: {TENSORS} tensors of {n}x{n} f32 = {:.3} GiB; largest tensor {:.0} MiB; jobs {jobs}",
+        model / (1u64 << 30) as f64,
+        largest / (1u64 << 20) as f64
+    );
+    for ext in ["safetensors", "ckpt"] {
+        let src = base.join(format!("src_{ext}"));
+        let t = Instant::now();
+        let src_bytes = write_source(&src, &src_s, ext);
+        println!("\nsource .{ext}: 8 ranks, {:.3} GB written in {:.2}s", src_bytes as f64 / 1e9, t.elapsed().as_secs_f64());
+        // cp of the same source bytes, then with sync (transform outputs are fsync'ed)
+        let copy = base.join("copy");
+        let t = Instant::now();
+        assert!(Command::new("cp").arg("-r").arg(&src).arg(&copy).status().unwrap().success());
+        let cp_s = t.elapsed().as_secs_f64();
+        assert!(Command::new("sync").status().unwrap().success());
+        let cp_sync_s = t.elapsed().as_secs_f64();
+        let _ = std::fs::remove_dir_all(&copy);
+        println!(
+            "  cp -r of the source: {:.2} GB/s ({:.2} GB/s with sync)",
+            src_bytes as f64 / cp_s / 1e9,
+            src_bytes as f64 / cp_sync_s / 1e9
+        );
+        for (label, dst_strategy, fmt) in [("(a) -> 4 ranks data-parallel", Some(ds.as_path()), ext), ("(b) -> one merged file", None, ext)]
+        {
+            let (bytes, secs, hwm) = run_child(&src, &base.join("dst"), &ss, dst_strategy, fmt, jobs);
+            let gbs = bytes as f64 / secs / 1e9;
+            let rss = hwm as f64 * 1024.0;
+            println!(
+                "  {label:<30} {:.3} GB in {secs:.2}s = {gbs:.2} GB/s; peak RSS {:.0} MiB (target <= 2 x largest + 64 MiB = {:.0} MiB)",
+                bytes as f64 / 1e9,
+                rss / (1u64 << 20) as f64,
+                (2.0 * largest) / (1u64 << 20) as f64 + 64.0
+            );
+        }
+        let _ = std::fs::remove_dir_all(&src);
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -196,7 +196,12 @@ impl CheckpointFile {
     }
 
     /// Map the file span of a tensor and call `f` with a reader of its logical bytes.
-    fn with_reader<R>(&self, t: &TensorEntry, f: impl FnOnce(&mut dyn FnMut(u64, &mut [u8]) -> Result<()>) -> Result<R>) -> Result<R> {
+    fn with_reader<R>(
+        &self,
+        t: &TensorEntry,
+        populate: bool,
+        f: impl FnOnce(&mut dyn FnMut(u64, &mut [u8]) -> Result<()>) -> Result<R>,
+    ) -> Result<R> {
         let total = t.byte_len();
         if total == 0 {
             let mut read = |_: u64, out: &mut [u8]| {
@@ -211,8 +216,13 @@ impl CheckpointFile {
         let lo = t.segments.iter().map(|s| s.start).min().unwrap_or(0);
         let hi = t.segments.iter().map(|s| s.end).max().unwrap_or(0);
         // SAFETY: read-only mapping of a file that is never modified in place (see `open_with`).
-        let map = unsafe { MmapOptions::new().offset(lo).len((hi - lo) as usize).map(&self.file) }
-            .map_err(CheckpointError::io("map", &self.path))?;
+        let mut opts = MmapOptions::new();
+        opts.offset(lo).len((hi - lo) as usize);
+        if populate {
+            // one pass of read-ahead instead of a page fault per 4 KiB
+            opts.populate();
+        }
+        let map = unsafe { opts.map(&self.file) }.map_err(CheckpointError::io("map", &self.path))?;
         // logical start of each segment
         let mut starts = Vec::with_capacity(t.segments.len());
         let mut acc = 0u64;
@@ -282,7 +292,10 @@ impl CheckpointFile {
         let start: Vec<usize> = region.iter().map(|r| r.start).collect();
         let extent: Vec<usize> = region.iter().map(|r| r.end - r.start).collect();
         let esz = t.dtype.size();
-        self.with_reader(t, |read| copy_box(read, &t.shape, &start, dst, dst_shape, dst_start, &extent, esz))
+        // prefault the mapping when most of the tensor is wanted
+        let wanted: usize = extent.iter().product();
+        let populate = wanted.saturating_mul(2) >= t.shape.iter().product::<usize>();
+        self.with_reader(t, populate, |read| copy_box(read, &t.shape, &start, dst, dst_shape, dst_start, &extent, esz))
     }
 }
 

@@ -100,7 +100,7 @@ pub(crate) fn copy_box(
     esz: usize,
 ) -> Result<()> {
     let nd = extent.len();
-    if extent.iter().any(|&e| e == 0) {
+    if extent.contains(&0) {
         return Ok(());
     }
     if nd == 0 {

@@ -81,7 +81,8 @@ pub(crate) fn parse_index(path: &Path, file: &mut File, file_len: u64) -> Result
         if e < b {
             return Err(bad(&format!("data_offsets [{b}, {e}] end before they begin")));
         }
-        let entry = TensorEntry { name: name.clone(), dtype, shape, segments: vec![data_start + b..data_start + e] };
+        let segments = std::iter::once(data_start + b..data_start + e).collect();
+        let entry = TensorEntry { name: name.clone(), dtype, shape, segments };
         if entry.byte_len() != entry.expected_len() {
             return Err(CheckpointError::TensorSize {
                 path: path.to_path_buf(),

@@ -188,8 +188,12 @@ impl Side {
     }
 }
 
-/// Source ranks (local to their stage) and global boxes that cover destination `dst_local`'s piece.
-fn cover(src: &Side, dst: &Side, dst_local: usize) -> Vec<(usize, Vec<Range<usize>>, Vec<Range<usize>>)> {
+/// A box of the full tensor: one range per dimension.
+type Region = Vec<Range<usize>>;
+
+/// Source ranks (local to their stage), their boxes, and the part of each that destination
+/// `dst_local`'s piece needs.
+fn cover(src: &Side, dst: &Side, dst_local: usize) -> Vec<(usize, Region, Region)> {
     let d = dst.region(dst_local);
     let n = src.layout.mesh().num_devices();
     let pref = src.layout.mesh().coordinate(dst_local % n).unwrap_or_default();
@@ -492,25 +496,22 @@ fn execute(plan: &RankPlan, files: &BTreeMap<usize, CheckpointFile>, crc: bool, 
         }
         let name = w.order()[i].name.clone();
         let t = by_name[name.as_str()];
+        if t.spec.dtype == crate::DType::Str {
+            // string values have no shape to slice: copied whole
+            let (r, _, _) = &t.pieces[0];
+            let data = files[r].read(&name)?;
+            w.write_next(&data)?;
+            progress(data.len() as u64);
+            continue;
+        }
         let len = spec_bytes(&t.spec) as usize;
-        let len = if t.spec.dtype == crate::DType::Str {
-            files.get(&t.pieces[0].0).and_then(|f| f.get(&name)).map_or(0, |e| e.byte_len() as usize)
-        } else {
-            len
-        };
         buf.clear();
         buf.resize(len, 0);
-        if t.spec.dtype == crate::DType::Str {
-            let f = &files[&t.pieces[0].0];
-            buf = f.read(&name)?;
-        } else {
-            for (r, src_box, dst_start) in &t.pieces {
-                files[r].copy_region(&name, src_box, &mut buf, &t.spec.shape, dst_start)?;
-            }
+        for (r, src_box, dst_start) in &t.pieces {
+            files[r].copy_region(&name, src_box, &mut buf, &t.spec.shape, dst_start)?;
         }
         w.write_next(&buf)?;
         progress(len as u64);
-        // the buffer's capacity is kept only up to the largest tensor
     }
     drop(buf);
     w.finish()
