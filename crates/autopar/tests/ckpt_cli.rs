@@ -1,0 +1,146 @@
+//! `autopar ckpt` end to end on MindSpore's fixtures.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("AUTOPAR_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+    }
+}
+
+/// A scratch folder under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!("autopar-ckpt-cli-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn autopar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar")).args(args).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn ckpt_transform_reproduces_mindspores_output_files_tensor_for_tensor() {
+    let case = fixtures().join("transforms/ckpt_out_semi_train_optshard_to_out_dp4");
+    let src_s = fixtures().join("strategies/semi_train_optshard/strategy_rank0.ckpt");
+    let dst_s = fixtures().join("strategies/dp4/strategy_rank0.ckpt");
+    let out = TempDir::new();
+    let o = autopar(&[
+        "ckpt",
+        "transform",
+        s(&case.join("src")),
+        s(out.path()),
+        "--prefix",
+        "net_",
+        "--src-strategy",
+        s(&src_s),
+        "--dst-strategy",
+        s(&dst_s),
+        "--format",
+        "ckpt",
+        "--jobs",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("wrote 4 file(s)"));
+    for r in 0..4 {
+        let name = format!("rank_{r}/net_{r}.ckpt");
+        let ours = autopar(&["ckpt", "inspect", s(&out.path().join(&name)), "--json"]);
+        let theirs = autopar(&["ckpt", "inspect", s(&case.join("dst").join(&name)), "--json"]);
+        let tensors = |o: &Output| -> serde_json::Value {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            let mut t = v["tensors"].as_array().unwrap().clone();
+            t.sort_by_key(|x| x["name"].as_str().unwrap().to_string());
+            serde_json::Value::Array(t)
+        };
+        assert_eq!(tensors(&ours), tensors(&theirs), "rank {r}");
+    }
+}
+
+#[test]
+fn rank_list_prints_the_needed_source_ranks_highest_first() {
+    let st = fixtures().join("strategies");
+    let o = autopar(&[
+        "ckpt",
+        "rank-list",
+        "1",
+        "--src-strategy",
+        s(&st.join("semi_all/strategy_rank0.ckpt")),
+        "--dst-strategy",
+        s(&st.join("dp4/strategy_rank0.ckpt")),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let list: Vec<usize> = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!list.is_empty() && list.windows(2).all(|w| w[0] > w[1]) && list.iter().all(|&r| r < 8), "{list:?}");
+}
+
+#[test]
+fn inspect_shows_strategy_layouts_and_group_files() {
+    let st = fixtures().join("strategies");
+    let o = autopar(&["ckpt", "inspect", s(&st.join("semi_train_optshard/strategy_rank0.ckpt"))]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("l1.w") && text.contains("[2, 4]") && text.contains("[-1, 0]"), "{text}");
+    let o = autopar(&["ckpt", "inspect", s(&st.join("semi_all/group_info_rank0.pb"))]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("2-16453000547691086251: [0, 4]"));
+}
+
+#[test]
+fn merge_strategies_writes_one_file_with_stage_prefixes() {
+    let out = TempDir::new();
+    let merged = out.path().join("merged.json");
+    let o = autopar(&["ckpt", "merge-strategies", s(&fixtures().join("strategies/pp2/src")), s(&merged)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&merged).unwrap()).unwrap();
+    assert!(v["parallel_layout_item"]["0-l1.w"].is_object() && v["parallel_layout_item"]["1-l2.w"].is_object(), "{v}");
+    let o = autopar(&["ckpt", "merge-strategies", s(&merged), s(&out.path().join("x.ckpt"))]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).starts_with("autopar: "), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_missing_rank_fails_with_exit_code_2_and_names_it() {
+    let case = fixtures().join("transforms/ckpt_out_semi_train_optshard_to_out_dp4/src");
+    let tmp = TempDir::new();
+    for r in [0usize, 1, 2, 3, 4, 6, 7] {
+        let d = tmp.path().join(format!("src/rank_{r}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(case.join(format!("rank_{r}/net_{r}.ckpt")), d.join(format!("net_{r}.ckpt"))).unwrap();
+    }
+    let st = fixtures().join("strategies");
+    let o = autopar(&[
+        "ckpt",
+        "transform",
+        s(&tmp.path().join("src")),
+        s(&tmp.path().join("dst")),
+        "--src-strategy",
+        s(&st.join("semi_train_optshard/strategy_rank0.ckpt")),
+        "--dst-strategy",
+        s(&st.join("dp4/strategy_rank0.ckpt")),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("autopar: destination rank 0 needs source rank 5"), "{err}");
+    assert!(err.contains("hint:"), "{err}");
+}
