@@ -24,6 +24,7 @@ if [ "$(id -u)" = 0 ]; then
     flags=(--allow-run-as-root "${flags[@]}")
 fi
 
+example="${CARGO_TARGET_DIR:-target}/debug/examples/mpi_collectives"
 echo "mpi-tests: building autopar-comm with --features mpi"
 cargo build -p autopar-comm --features mpi --examples
 
@@ -41,7 +42,7 @@ check() {
 suite() {
     local n=$1 out
     echo "mpi-tests: conformance suite under mpirun -n $n"
-    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" target/debug/examples/mpi_collectives 2>&1) || { echo "$out" >&2; return 1; }
+    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" "$example" 2>&1) || { echo "$out" >&2; return 1; }
     echo "$out"
     [ "$(grep -c "of $n: .* checks passed" <<<"$out")" = "$n" ]
 }
@@ -49,13 +50,17 @@ suite() {
 aborts() {
     local mode=$1 text=$2 out rc=0
     echo "mpi-tests: rank 3 of 4 ${mode}s; the job must end with its message"
-    out=$(timeout 120 mpirun -n 4 "${flags[@]}" target/debug/examples/mpi_collectives "$mode" 2>&1) || rc=$?
+    out=$(timeout 120 mpirun -n 4 "${flags[@]}" "$example" "$mode" 2>&1) || rc=$?
     if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then
         echo "$out" >&2
         echo "mpi-tests: expected a non-zero exit without timeout, got $rc" >&2
         return 1
     fi
-    grep -q "autopar\[3\]: .*$text" <<<"$out" || { echo "$out" >&2; return 1; }
+    if ! grep -q 'autopar\[3\]: ' <<<"$out" || ! grep -qF "$text" <<<"$out"; then
+        echo "$out" >&2
+        echo "mpi-tests: the job's output lacks autopar[3]: and \"$text\"" >&2
+        return 1
+    fi
 }
 
 check suite 2
