@@ -133,3 +133,58 @@ fn grad_ops_that_are_linear_in_dy_differentiate_again() {
     let err = differentiate(&mut g, case.output, &[dy]).unwrap_err();
     assert!(err.to_string().contains("MaxPoolGrad op"), "{err}");
 }
+
+#[test]
+fn a_small_conv_net_gradient_matches_finite_differences_end_to_end() {
+    use autopar_graph::{ConvAttrs, Initializer, ParamSpec, PoolAttrs};
+    let mut b = GraphBuilder::new(5);
+    let p = |b: &mut GraphBuilder, name: &str, shape: &[usize], init: Initializer| {
+        b.parameter_with(name, ParamSpec::new(shape, init).dtype(DType::F64)).unwrap()
+    };
+    let x = b.input("x", &[2, 2, 6, 6], DType::F64).unwrap();
+    let labels = b.input("labels", &[2], DType::I64).unwrap();
+    let w = p(&mut b, "conv.weight", &[4, 2, 3, 3], Initializer::HeNormal);
+    let gamma = p(&mut b, "bn.gamma", &[4], Initializer::Uniform { low: 0.5, high: 1.5 });
+    let beta = p(&mut b, "bn.beta", &[4], Initializer::Normal { mean: 0.0, std: 0.1 });
+    let mean = b.parameter_with("bn.moving_mean", ParamSpec::new(&[4], Initializer::Zeros).dtype(DType::F64).frozen()).unwrap();
+    let var = b.parameter_with("bn.moving_variance", ParamSpec::new(&[4], Initializer::Ones).dtype(DType::F64).frozen()).unwrap();
+    let h = b.conv2d("conv", x, w, ConvAttrs::new(1, 1)).unwrap();
+    let h = b.batch_norm("bn", [h, gamma, beta, mean, var], true, 1e-5, 0.9).unwrap();
+    let h = b.relu("relu", h).unwrap();
+    let h = b.max_pool("pool", h, PoolAttrs::new(2, 2)).unwrap();
+    let h = b.global_avg_pool("gap", h).unwrap();
+    let fw = p(&mut b, "fc.weight", &[3, 4], Initializer::XavierUniform { gain: 1.0 });
+    let fb = p(&mut b, "fc.bias", &[3], Initializer::Normal { mean: 0.0, std: 0.1 });
+    let z = b.matmul_t("fc", h, fw, false, true).unwrap();
+    let z = b.bias_add("fc.bias_add", z, fb).unwrap();
+    let loss = b.softmax_cross_entropy("loss", z, labels).unwrap();
+    let mut graph = b.finish();
+    let grads = autopar_graph::backward(&mut graph, loss).unwrap();
+    assert_eq!(grads.grads.len(), 5, "moving statistics are not trained");
+
+    let mut rng = Rng::new(3);
+    let feeds = vec![(x, leaf_value(&mut rng, &[2, 2, 6, 6], Values::Normal)), (labels, leaf_value(&mut rng, &[2], Values::Index(3)))];
+    let params = ParamStore::init(&graph).unwrap();
+    let mut fetch = vec![loss];
+    fetch.extend(grads.grads.iter().map(|g| g.1));
+    let out = Executor::new(graph.clone(), &fetch).unwrap().run(&mut params.clone(), &feeds, 0).unwrap();
+    let fwd = Executor::new(graph.clone(), &[loss]).unwrap();
+    let h = 1e-6;
+    for (k, &(leaf, _)) in grads.grads.iter().enumerate() {
+        let name = graph.node(leaf).name.clone();
+        let base = params.get(&name).unwrap().clone();
+        let values = base.to_f64_vec();
+        let analytic = out.values[k + 1].to_f64_vec();
+        for j in (0..values.len()).step_by((values.len() / 6).max(1)) {
+            let eval = |delta: f64| {
+                let mut v = values.clone();
+                v[j] += delta;
+                let mut ps = params.clone();
+                ps.insert(&name, Tensor::from_vec(base.shape(), v).unwrap());
+                fwd.run(&mut ps, &feeds, 0).unwrap().values[0].item().unwrap()
+            };
+            let numeric = (eval(h) - eval(-h)) / (2.0 * h);
+            assert!((analytic[j] - numeric).abs() <= 1e-6 + 1e-4 * numeric.abs(), "{name}[{j}]: {} vs {numeric}", analytic[j]);
+        }
+    }
+}
