@@ -9,14 +9,14 @@
 //! autopar launch -n 2 -- target/release/examples/allreduce_bench
 //! autopar launch -n 4 -- target/release/examples/allreduce_bench
 //! ```
-//! Each figure is the best of 3 timed repetitions (other work on the machine only slows runs).
+//! Each figure is the best of 5 timed repetitions (other work on the machine only slows runs).
 
 use std::time::Instant;
 
 use autopar_comm::{Communicator, LocalComm, ReduceOp};
 
 const SIZES: [usize; 8] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
-const REPS: usize = 3;
+const REPS: usize = 5;
 
 fn iters(bytes: usize) -> usize {
     ((256usize << 20) / bytes).clamp(4, 2000)

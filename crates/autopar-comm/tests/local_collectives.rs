@@ -90,3 +90,22 @@ fn a_communicator_works_as_a_trait_object_and_from_threads_of_your_own() {
         assert_eq!(h.join().unwrap(), vec![6i64; 10]);
     }
 }
+
+#[test]
+fn empty_buffers_are_valid_for_every_collective() {
+    LocalComm::run(3, |comm| -> Result<(), autopar_comm::CommError> {
+        let mut empty: Vec<f64> = Vec::new();
+        comm.all_reduce((&mut empty).into(), ReduceOp::Sum)?;
+        comm.broadcast((&mut empty).into(), 2)?;
+        let none: Vec<f64> = Vec::new();
+        let mut recv: Vec<f64> = Vec::new();
+        comm.all_gather((&none).into(), (&mut recv).into())?;
+        comm.reduce_scatter((&none).into(), (&mut recv).into(), ReduceOp::Max)?;
+        comm.all_to_all((&none).into(), (&mut recv).into())?;
+        let peer = (comm.rank() + 1) % 3;
+        comm.send((&none).into(), peer, 0)?;
+        comm.recv((&mut recv).into(), (comm.rank() + 2) % 3, 0)?;
+        Ok(())
+    })
+    .unwrap();
+}
