@@ -13,6 +13,9 @@ pub enum RuntimeError {
     #[error("{kind} {name} failed: {source}")]
     Kernel { kind: &'static str, name: String, source: Box<TensorError> },
 
+    #[error("{kind} {name} produced {got_dtype}{got:?}, but the graph inferred {dtype}{shape:?}\n  hint: the op's shape inference and its kernel disagree; this is a bug in the op definition")]
+    TypeMismatch { kind: &'static str, name: String, shape: Vec<usize>, dtype: DType, got: Vec<usize>, got_dtype: DType },
+
     #[error("input {name} was not fed\n  expected: {dtype}{shape:?}\n  hint: pass it in the feeds of Executor::run")]
     MissingFeed { name: String, shape: Vec<usize>, dtype: DType },
 

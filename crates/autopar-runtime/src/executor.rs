@@ -5,6 +5,9 @@
 //! drops each intermediate right after its last user, so peak memory is the live set, not the
 //! whole graph; fetched values are kept. With profiling on, each op's wall time is recorded.
 //!
+//! Every op's output is checked against the type inferred at build time, so a disagreement
+//! between an op's shape inference and its kernel is an error, never a silently wrong result.
+//!
 //! Communication ops are identities when their group is one rank (the single-device case) and
 //! an error otherwise: collectives across ranks belong to the parallel runtime.
 
@@ -210,6 +213,16 @@ impl Executor {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
                 self.eval(node, &ins, params, feeds, step)?
             };
+            if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
+                return Err(RuntimeError::TypeMismatch {
+                    kind: node.op.kind(),
+                    name: node.name.clone(),
+                    shape: node.ty.shape.clone(),
+                    dtype: node.ty.dtype,
+                    got: out.shape().to_vec(),
+                    got_dtype: graph_dtype(out.dtype()),
+                });
+            }
             if let Some(start) = start {
                 timings.push(OpTiming {
                     node: NodeId(i),
@@ -487,6 +500,20 @@ mod tests {
         let feeds = [(t, v(&[3, 2], &[0.0; 6]).cast(autopar_tensor::DType::F32)), (i, Tensor::from_vec(&[2], vec![1i64, 7]).unwrap())];
         let err = exec.run(&mut ParamStore::new(), &feeds, 0).unwrap_err();
         assert!(err.to_string().starts_with("Gather embedding failed: "), "{err}");
+    }
+
+    #[test]
+    fn an_output_that_disagrees_with_the_inferred_type_is_an_error() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 3, 4], DType::F64).unwrap();
+        let y = b.transpose("tr", x, &[2, 1, 0]).unwrap();
+        let mut g = b.finish();
+        // A rewrite that changes the op without re-running inference (Graph::validate).
+        if let OpKind::Transpose(t) = &mut g.node_mut(y).op {
+            t.perm = vec![1, 0, 2];
+        }
+        let err = Executor::new(g, &[y]).unwrap().run(&mut ParamStore::new(), &[(x, v(&[2, 3, 4], &[0.0; 24]))], 0).unwrap_err();
+        assert!(err.to_string().starts_with("Transpose tr produced f64[3, 2, 4], but the graph inferred f64[4, 3, 2]"), "{err}");
     }
 
     #[test]
