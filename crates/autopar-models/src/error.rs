@@ -22,7 +22,7 @@ pub enum ModelError {
     Graph {
         model: String,
         #[source]
-        source: GraphError,
+        source: Box<GraphError>,
     },
 }
 
@@ -35,6 +35,6 @@ pub(crate) trait GraphContext<T> {
 
 impl<T> GraphContext<T> for std::result::Result<T, GraphError> {
     fn model(self, model: &str) -> Result<T> {
-        self.map_err(|source| ModelError::Graph { model: model.to_string(), source })
+        self.map_err(|source| ModelError::Graph { model: model.to_string(), source: Box::new(source) })
     }
 }

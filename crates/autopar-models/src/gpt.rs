@@ -87,13 +87,13 @@ impl Gpt {
         let bad = |field, value: String, expected: &str| {
             Err(ModelError::BadConfig { model: "gpt".into(), field, value, expected: expected.into() })
         };
-        if cfg.width % cfg.heads != 0 {
+        if !cfg.width.is_multiple_of(cfg.heads) {
             return bad("heads", cfg.heads.to_string(), &format!("a divisor of the width {}", cfg.width));
         }
         if !(0.0..1.0).contains(&cfg.dropout) {
             return bad("dropout", cfg.dropout.to_string(), "a probability in [0, 1)");
         }
-        if !(cfg.ln_eps > 0.0) {
+        if cfg.ln_eps.is_nan() || cfg.ln_eps <= 0.0 {
             return bad("ln_eps", cfg.ln_eps.to_string(), "a positive number");
         }
         Ok(Self { cfg })

@@ -47,12 +47,19 @@ impl Default for BatchNormConfig {
     }
 }
 
-/// Batch norm over the channels of `x`: trainable `<name>.gamma` (ones) and `<name>.beta`
-/// (zeros), frozen running statistics `<name>.moving_mean` (zeros) and `<name>.moving_variance`
-/// (ones) that the executor updates in training; op `<name>`.
-pub(crate) fn batch_norm(b: &mut GraphBuilder, name: &str, x: NodeId, cfg: BatchNormConfig, training: bool) -> Result<NodeId> {
+/// Batch norm over the channels of `x`: trainable `<name>.gamma` (`gamma`, normally ones) and
+/// `<name>.beta` (zeros), frozen running statistics `<name>.moving_mean` (zeros) and
+/// `<name>.moving_variance` (ones) that the executor updates in training; op `<name>`.
+pub(crate) fn batch_norm(
+    b: &mut GraphBuilder,
+    name: &str,
+    x: NodeId,
+    cfg: BatchNormConfig,
+    gamma: Initializer,
+    training: bool,
+) -> Result<NodeId> {
     let c = b.graph().get(x)?.ty.shape.get(1).copied().unwrap_or(0);
-    let gamma = b.parameter(&format!("{name}.gamma"), &[c], Initializer::Ones)?;
+    let gamma = b.parameter(&format!("{name}.gamma"), &[c], gamma)?;
     let beta = b.parameter(&format!("{name}.beta"), &[c], Initializer::Zeros)?;
     let mean = b.parameter_with(&format!("{name}.moving_mean"), ParamSpec::new(&[c], Initializer::Zeros).frozen())?;
     let var = b.parameter_with(&format!("{name}.moving_variance"), ParamSpec::new(&[c], Initializer::Ones).frozen())?;
@@ -60,7 +67,7 @@ pub(crate) fn batch_norm(b: &mut GraphBuilder, name: &str, x: NodeId, cfg: Batch
 }
 
 /// A bias-free `k x k` convolution `<conv>` (weight `<conv>.weight [out, in, k, k]`, He-normal)
-/// followed by batch norm `<bn>`.
+/// followed by batch norm `<bn>` whose gamma starts at `gamma`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn conv_bn(
     b: &mut GraphBuilder,
@@ -71,12 +78,13 @@ pub(crate) fn conv_bn(
     k: usize,
     stride: usize,
     bn_cfg: BatchNormConfig,
+    gamma: Initializer,
     training: bool,
 ) -> Result<NodeId> {
     let cin = b.graph().get(x)?.ty.shape.get(1).copied().unwrap_or(0);
     let w = b.parameter(&format!("{conv}.weight"), &[out, cin, k, k], Initializer::HeNormal)?;
     let y = b.conv2d(conv, x, w, ConvAttrs::new(stride, k / 2))?;
-    batch_norm(b, bn, y, bn_cfg, training)
+    batch_norm(b, bn, y, bn_cfg, gamma, training)
 }
 
 /// Layer norm over the last dimension: `<name>.gamma` (ones), `<name>.beta` (zeros), op `<name>`.

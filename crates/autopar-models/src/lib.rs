@@ -94,13 +94,13 @@ impl ModelGraph {
     /// against the op's input shapes.
     pub fn shard(&self, b: &mut GraphBuilder, name: &str, strategy: Strategy) -> Result<NodeId> {
         let id = self.op(name)?;
-        b.shard(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source })
+        b.shard(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source: Box::new(source) })
     }
 
     /// Same as [`ModelGraph::shard`] on a finished graph.
     pub fn shard_graph(&self, graph: &mut Graph, name: &str, strategy: Strategy) -> Result<NodeId> {
         let id = self.op(name)?;
-        graph.set_strategy(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source })?;
+        graph.set_strategy(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source: Box::new(source) })?;
         Ok(id)
     }
 

@@ -11,7 +11,7 @@
 //! their layer (`layer1.0.conv1`, `layer1.0.bn1`, `layer1.0.relu1`, `layer1.0.add`,
 //! `layer1.0.relu`, `maxpool`, `avgpool`, `end_point.matmul`).
 
-use autopar_graph::{DType, GraphBuilder, NodeId, PoolAttrs};
+use autopar_graph::{DType, GraphBuilder, Initializer, NodeId, PoolAttrs};
 
 use crate::error::{GraphContext, ModelError, Result};
 use crate::layers::{conv_bn, dense, fan_in_uniform, BatchNormConfig};
@@ -85,11 +85,24 @@ pub struct ResNetConfig {
     /// `[C, H, W]` of one image.
     pub input_shape: Vec<usize>,
     pub bn: BatchNormConfig,
+    /// Start the gamma of each block's last batch norm at zero, so every residual block begins
+    /// as the identity (MindSpore's model zoo `_bn_last`; torchvision's `zero_init_residual`).
+    /// Deep, narrow networks train much faster from there.
+    pub zero_init_residual: bool,
 }
 
 impl ResNetConfig {
     fn new(block: Block, layers: [usize; 4], num_classes: usize, stem: Stem) -> Self {
-        Self { block, layers, num_classes, stem, width: 64, input_shape: stem.default_input_shape(), bn: BatchNormConfig::default() }
+        Self {
+            block,
+            layers,
+            num_classes,
+            stem,
+            width: 64,
+            input_shape: stem.default_input_shape(),
+            bn: BatchNormConfig::default(),
+            zero_init_residual: true,
+        }
     }
 
     /// ResNet-18 with the CIFAR stem on 3x32x32 images.
@@ -175,22 +188,24 @@ impl ResNet {
         let cin = b.graph().node(x).ty.shape[1];
         let out = planes * self.cfg.block.expansion();
         let p = |s: &str| format!("{prefix}.{s}");
+        let one = Initializer::Ones;
+        let last = if self.cfg.zero_init_residual { Initializer::Zeros } else { Initializer::Ones };
         let h = match self.cfg.block {
             Block::Basic => {
-                let h = conv_bn(b, &p("conv1"), &p("bn1"), x, planes, 3, stride, bn, training)?;
+                let h = conv_bn(b, &p("conv1"), &p("bn1"), x, planes, 3, stride, bn, one, training)?;
                 let h = b.relu(&p("relu1"), h)?;
-                conv_bn(b, &p("conv2"), &p("bn2"), h, planes, 3, 1, bn, training)?
+                conv_bn(b, &p("conv2"), &p("bn2"), h, planes, 3, 1, bn, last, training)?
             }
             Block::Bottleneck => {
-                let h = conv_bn(b, &p("conv1"), &p("bn1"), x, planes, 1, 1, bn, training)?;
+                let h = conv_bn(b, &p("conv1"), &p("bn1"), x, planes, 1, 1, bn, one.clone(), training)?;
                 let h = b.relu(&p("relu1"), h)?;
-                let h = conv_bn(b, &p("conv2"), &p("bn2"), h, planes, 3, stride, bn, training)?;
+                let h = conv_bn(b, &p("conv2"), &p("bn2"), h, planes, 3, stride, bn, one, training)?;
                 let h = b.relu(&p("relu2"), h)?;
-                conv_bn(b, &p("conv3"), &p("bn3"), h, out, 1, 1, bn, training)?
+                conv_bn(b, &p("conv3"), &p("bn3"), h, out, 1, 1, bn, last, training)?
             }
         };
         let shortcut = if stride != 1 || cin != out {
-            conv_bn(b, &p("down_sample_layer.0"), &p("down_sample_layer.1"), x, out, 1, stride, bn, training)?
+            conv_bn(b, &p("down_sample_layer.0"), &p("down_sample_layer.1"), x, out, 1, stride, bn, Initializer::Ones, training)?
         } else {
             x
         };
@@ -206,11 +221,11 @@ impl ResNet {
         let labels = b.input("labels", &[batch], DType::I64)?;
         let mut h = match c.stem {
             Stem::Cifar => {
-                let h = conv_bn(b, "conv1", "bn1", x, c.width, 3, 1, c.bn, training)?;
+                let h = conv_bn(b, "conv1", "bn1", x, c.width, 3, 1, c.bn, Initializer::Ones, training)?;
                 b.relu("relu", h)?
             }
             Stem::ImageNet => {
-                let h = conv_bn(b, "conv1", "bn1", x, c.width, 7, 2, c.bn, training)?;
+                let h = conv_bn(b, "conv1", "bn1", x, c.width, 7, 2, c.bn, Initializer::Ones, training)?;
                 let h = b.relu("relu", h)?;
                 b.max_pool("maxpool", h, PoolAttrs { kernel: [3, 3], stride: [2, 2], padding: [1; 4] })?
             }
@@ -323,6 +338,14 @@ mod tests {
         for p in ["bn1.gamma", "bn1.beta", "layer2.1.conv2.weight", "end_point.bias"] {
             assert!(!is_frozen(&g, &m, p), "{p}");
         }
+        // Each block's last batch norm starts at zero, the others at one.
+        let gamma = |name: &str| match &g.node(m.params[name]).op {
+            OpKind::Parameter(p) => p.init.clone(),
+            _ => unreachable!("a parameter"),
+        };
+        assert_eq!(gamma("layer2.0.bn2.gamma"), Initializer::Zeros);
+        assert_eq!(gamma("layer2.0.bn1.gamma"), Initializer::Ones);
+        assert_eq!(gamma("layer2.0.down_sample_layer.1.gamma"), Initializer::Ones);
     }
 
     #[test]

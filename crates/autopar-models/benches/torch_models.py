@@ -1,0 +1,148 @@
+"""PyTorch (CPU) counterparts of the models timed by benches/models.rs, same sizes, same
+optimizers, same thread count. Prints one JSON object per model on stdout.
+
+usage: python torch_models.py --threads N [--resnet-batch 32] [--gpt-batch 16] [--seconds 10]
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes, momentum=0.1)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes, momentum=0.1)
+        self.down = None
+        if stride != 1 or cin != planes:
+            self.down = nn.Sequential(nn.Conv2d(cin, planes, 1, stride, 0, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (x if self.down is None else self.down(x)))
+
+
+class ResNet18Cifar(nn.Module):
+    def __init__(self, classes=10, width=64):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        layers, cin = [], width
+        for s in range(4):
+            planes = width << s
+            for j in range(2):
+                layers.append(BasicBlock(cin, planes, 2 if s > 0 and j == 0 else 1))
+                cin = planes
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.layers(h)
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, ctx):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.register_buffer("mask", torch.triu(torch.full((ctx, ctx), -1e9), diagonal=1))
+
+    def forward(self, h, n, t):
+        d = h.shape[-1]
+        hd = d // self.heads
+        a = self.ln1(h)
+        split = lambda z: z.view(n, t, self.heads, hd).transpose(1, 2)
+        q, k, v = split(self.q(a)), split(self.k(a)), split(self.v(a))
+        s = q @ k.transpose(-1, -2) / math.sqrt(hd) + self.mask
+        c = (s.softmax(-1) @ v).transpose(1, 2).reshape(n * t, d)
+        h = h + self.o(c)
+        return h + self.fc2(F.gelu(self.fc1(self.ln2(h)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocab, ctx, d, heads, layers):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Parameter(torch.randn(ctx, d) * 0.02)
+        self.blocks = nn.ModuleList([Block(d, heads, ctx) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, tokens):
+        n, t = tokens.shape
+        h = (self.wte(tokens) + self.wpe).reshape(n * t, -1)
+        for b in self.blocks:
+            h = b(h, n, t)
+        return self.ln_f(h) @ self.wte.weight.t()  # tied LM head
+
+
+def time_steps(step, seconds, min_steps=3):
+    for _ in range(2):
+        step()
+    steps, start = 0, time.perf_counter()
+    while steps < min_steps or time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+    return steps, time.perf_counter() - start
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--resnet-batch", type=int, default=32)
+    p.add_argument("--gpt-batch", type=int, default=16)
+    p.add_argument("--gpt", default="256,64,128,4,4", help="vocab,context,width,heads,layers")
+    p.add_argument("--seconds", type=float, default=10.0)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+
+    net = ResNet18Cifar()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(a.resnet_batch, 3, 32, 32)
+    y = torch.randint(0, 10, (a.resnet_batch,))
+
+    def resnet_step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+
+    steps, secs = time_steps(resnet_step, a.seconds)
+    print(json.dumps({"model": "resnet18", "batch": a.resnet_batch, "steps": steps, "seconds": secs, "samples_per_s": a.resnet_batch * steps / secs}), flush=True)
+
+    vocab, ctx, d, heads, layers = (int(v) for v in a.gpt.split(","))
+    gpt = Gpt(vocab, ctx, d, heads, layers)
+    gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, weight_decay=0.0)
+    tokens = torch.randint(0, vocab, (a.gpt_batch, ctx))
+    labels = torch.randint(0, vocab, (a.gpt_batch * ctx,))
+
+    def gpt_step():
+        gopt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(gpt(tokens), labels)
+        loss.backward()
+        gopt.step()
+
+    steps, secs = time_steps(gpt_step, a.seconds)
+    print(json.dumps({"model": "gpt", "batch": a.gpt_batch, "steps": steps, "seconds": secs, "samples_per_s": a.gpt_batch * steps / secs}), flush=True)
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
