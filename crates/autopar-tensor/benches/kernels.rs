@@ -1,1 +1,158 @@
-fn main() {}
+//! Kernel benchmark: GEMM 1024x1024, the MLP 784-512-512-10 training step at batch 64 (forward,
+//! loss, backward, SGD update), Conv2D 64->64 3x3 (pad 1) on 32x32 at batch 32 forward and
+//! backward. Each case runs single-threaded and on every core of the rayon pool.
+//!
+//! `cargo bench -p autopar-tensor --bench kernels` prints the table. With
+//! `AUTOPAR_BENCH_PYTHON=/path/to/python` (an interpreter with torch and numpy), the same cases
+//! run in PyTorch (and GEMM in numpy) at the same thread counts, side by side, in one run.
+
+use std::process::Command;
+use std::time::Instant;
+
+use autopar_tensor::kernels::{conv, elementwise as ew, loss, matmul};
+use autopar_tensor::{random, Conv2dParams, DType, ExecCtx, Tensor};
+
+fn median_ms(iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let mut t: Vec<f64> = (0..iters)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[iters / 2]
+}
+
+struct Mlp {
+    ws: Vec<Tensor>,
+    bs: Vec<Tensor>,
+}
+
+fn mlp_step(c: &ExecCtx, m: &mut Mlp, x: &Tensor, labels: &Tensor, lr: f64) -> f64 {
+    // Forward.
+    let mut acts = vec![x.clone()];
+    let mut pre = vec![];
+    for (i, (w, b)) in m.ws.iter().zip(&m.bs).enumerate() {
+        let z = ew::bias_add(c, &matmul::matmul(c, acts.last().unwrap(), w, false, false).unwrap(), b, 1).unwrap();
+        if i + 1 < m.ws.len() {
+            acts.push(ew::relu(c, &z).unwrap());
+        }
+        pre.push(z);
+    }
+    let (l, probs) = loss::softmax_cross_entropy_sparse(c, pre.last().unwrap(), labels).unwrap();
+    // Backward and SGD.
+    let mut dz = loss::softmax_cross_entropy_sparse_backward(c, &probs, labels, &Tensor::scalar(1.0f32)).unwrap();
+    for i in (0..m.ws.len()).rev() {
+        let dw = matmul::matmul_grad_b(c, &acts[i], &dz, false, false).unwrap();
+        let db = ew::bias_add_grad(c, &dz, 1).unwrap();
+        if i > 0 {
+            let da = matmul::matmul_grad_a(c, &m.ws[i], &dz, false, false).unwrap();
+            dz = ew::relu_backward(c, &pre[i - 1], &da).unwrap();
+        }
+        m.ws[i] = ew::sub(c, &m.ws[i], &ew::scale(c, &dw, lr).unwrap()).unwrap();
+        m.bs[i] = ew::sub(c, &m.bs[i], &ew::scale(c, &db, lr).unwrap()).unwrap();
+    }
+    l.item().unwrap()
+}
+
+fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
+    let c = if threads == 1 { ExecCtx::serial() } else { ExecCtx::parallel() };
+    let mut rows = vec![];
+    // GEMM.
+    let a = random::uniform(&[1024, 1024], -1.0, 1.0, 1, DType::F32);
+    let b = random::uniform(&[1024, 1024], -1.0, 1.0, 2, DType::F32);
+    let ms = median_ms(15, || {
+        matmul::matmul(&c, &a, &b, false, false).unwrap();
+    });
+    rows.push(("gemm 1024x1024x1024 f32".to_string(), ms, 2.0 * 1024f64.powi(3) / ms / 1e6));
+    // MLP step.
+    let dims = [784, 512, 512, 10];
+    let mut m = Mlp {
+        ws: (0..3).map(|i| random::normal(&[dims[i], dims[i + 1]], 0.0, 0.05, 10 + i as u64, DType::F32)).collect(),
+        bs: (0..3).map(|i| Tensor::zeros(&[dims[i + 1]], DType::F32)).collect(),
+    };
+    let x = random::uniform(&[64, 784], 0.0, 1.0, 3, DType::F32);
+    let labels = Tensor::from_vec(&[64], (0..64).map(|i| (i * 7 % 10) as i64).collect()).unwrap();
+    let flops = 3.0 * 2.0 * 64.0 * (784.0 * 512.0 + 512.0 * 512.0 + 512.0 * 10.0);
+    let ms = median_ms(50, || {
+        mlp_step(&c, &mut m, &x, &labels, 0.01);
+    });
+    rows.push(("mlp 784-512-512-10 step, batch 64".to_string(), ms, flops / ms / 1e6));
+    // Conv2D.
+    let p = Conv2dParams::new(1, 1);
+    let xi = random::uniform(&[32, 64, 32, 32], -1.0, 1.0, 4, DType::F32);
+    let w = random::normal(&[64, 64, 3, 3], 0.0, 0.05, 5, DType::F32);
+    let dy = random::uniform(&[32, 64, 32, 32], -1.0, 1.0, 6, DType::F32);
+    let cflops = 2.0 * 32.0 * 64.0 * 32.0 * 32.0 * 64.0 * 9.0;
+    let ms = median_ms(7, || {
+        conv::conv2d(&c, &xi, &w, &p).unwrap();
+    });
+    rows.push(("conv2d 64->64 3x3 32x32 b32 forward".to_string(), ms, cflops / ms / 1e6));
+    let ms = median_ms(5, || {
+        conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
+        conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
+    });
+    rows.push(("conv2d 64->64 3x3 32x32 b32 backward (dx+dw)".to_string(), ms, 2.0 * cflops / ms / 1e6));
+    let ms = median_ms(5, || {
+        conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
+    });
+    rows.push(("  of which dx".to_string(), ms, cflops / ms / 1e6));
+    let ms = median_ms(5, || {
+        conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
+    });
+    rows.push(("  of which dw".to_string(), ms, cflops / ms / 1e6));
+    rows
+}
+
+fn reference(python: &str, threads: usize) -> Option<Vec<(String, f64)>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_reference.py");
+    let out = Command::new(python).arg(script).arg(threads.to_string()).output().ok()?;
+    if !out.status.success() {
+        eprintln!("reference run failed: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once('\t')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let all = rayon::current_num_threads();
+    let python = std::env::var("AUTOPAR_BENCH_PYTHON").ok();
+    println!("autopar-tensor kernels ({} threads available, backend {})", all, ExecCtx::default().backend().name());
+    println!(
+        "{:<48} {:>7} {:>11} {:>9} {:>12} {:>12} {:>8}",
+        "case", "threads", "autopar ms", "GFLOP/s", "torch ms", "numpy ms", "speedup"
+    );
+    let mut counts = vec![1];
+    if all > 1 {
+        counts.push(all);
+    }
+    for threads in counts {
+        let refs = python.as_deref().and_then(|p| reference(p, threads)).unwrap_or_default();
+        let find = |k: &str| refs.iter().find(|(n, _)| n == k).map(|r| r.1);
+        for (name, ms, gflops) in run_cases(threads) {
+            let torch = find(&format!("torch {name}"));
+            let numpy = find(&format!("numpy {name}"));
+            let fmt = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
+            let best = match (torch, numpy) {
+                (Some(t), Some(n)) => Some(t.min(n)),
+                (t, n) => t.or(n),
+            };
+            let speed = best.map(|b| format!("{:.2}x", b / ms)).unwrap_or_else(|| "-".into());
+            println!("{name:<48} {threads:>7} {ms:>11.3} {gflops:>9.1} {:>12} {:>12} {speed:>8}", fmt(torch), fmt(numpy));
+        }
+    }
+    println!("speedup = fastest reference time / autopar time (>1 means autopar is faster)");
+}

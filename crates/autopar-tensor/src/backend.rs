@@ -48,6 +48,22 @@ fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
         }
         return;
     }
+    // The GEMM kernels pack row-major operands fastest; a column-major operand of a product with
+    // enough work to amortise it is copied to row-major first (measured: a column-major
+    // right-hand side runs at a quarter of the speed).
+    let (a_owned, b_owned);
+    let a = if a.strides()[0] == 1 && a.strides()[1] != 1 && n >= 16 {
+        a_owned = a.as_standard_layout().into_owned();
+        a_owned.view()
+    } else {
+        a.view()
+    };
+    let b = if b.strides()[0] == 1 && b.strides()[1] != 1 && m >= 16 {
+        b_owned = b.as_standard_layout().into_owned();
+        b_owned.view()
+    } else {
+        b.view()
+    };
     let par = if parallel && rayon::current_num_threads() > 1 {
         gemm::Parallelism::Rayon(rayon::current_num_threads())
     } else {

@@ -353,13 +353,15 @@ fn conv2d_gradients_match_finite_differences_with_stride_padding_dilation_and_gr
         (Conv2dParams::new(2, 1), 2, 2, 3),
         (Conv2dParams { stride: [1, 2], padding: [1, 0, 2, 1], dilation: [2, 1], groups: 1 }, 1, 2, 2),
         (Conv2dParams { stride: [1, 1], padding: [1; 4], dilation: [1, 1], groups: 2 }, 4, 4, 3),
+        (Conv2dParams { groups: 2, ..Default::default() }, 4, 2, 1),
+        (Conv2dParams { stride: [3, 2], padding: [2, 0, 1, 2], dilation: [1, 2], groups: 1 }, 1, 2, 3),
     ];
     let mut cases = vec![];
     for (p, c, o, k) in configs {
         let n = rng.range(1, 2);
         let (h, w) = (rng.range(4, 5), rng.range(4, 6));
         let xs = [n, c, h, w];
-        let ws = [o, c / p.groups, k, k.max(2) - 1];
+        let ws = [o, c / p.groups, k, if k == 1 { 1 } else { k - 1 }];
         cases.push(Case {
             name: format!("conv2d {xs:?} w {ws:?} {p:?}"),
             inputs: vec![rand(&mut rng, &xs), rand(&mut rng, &ws)],

@@ -66,17 +66,20 @@ fn element_wise_kernels_and_reductions_are_identical_serial_and_parallel() {
 #[test]
 fn convolution_normalisation_and_pooling_are_identical_serial_and_parallel() {
     let x = r(&[4, 16, 18, 18], 9);
-    let w = r(&[24, 8, 3, 3], 10);
     let p = Conv2dParams { stride: [1, 1], padding: [1; 4], dilation: [1, 1], groups: 2 };
-    same("conv2d", |c| {
-        let y = conv::conv2d(c, &x, &w, &p).unwrap();
-        let dy = r(y.shape(), 11);
-        vec![
-            y,
-            conv::conv2d_backward_input(c, &dy, &w, x.shape(), &p).unwrap(),
-            conv::conv2d_backward_weight(c, &dy, &x, w.shape(), &p).unwrap(),
-        ]
-    });
+    // Nine images: three weight-gradient groups summed in order; a 3x3 and a pointwise kernel.
+    let xc = r(&[9, 8, 10, 10], 20);
+    for (w, p) in [(r(&[12, 4, 3, 3], 10), p), (r(&[6, 8, 1, 1], 21), Conv2dParams::default())] {
+        same("conv2d", |c| {
+            let y = conv::conv2d(c, &xc, &w, &p).unwrap();
+            let dy = r(y.shape(), 11);
+            vec![
+                y,
+                conv::conv2d_backward_input(c, &dy, &w, xc.shape(), &p).unwrap(),
+                conv::conv2d_backward_weight(c, &dy, &xc, w.shape(), &p).unwrap(),
+            ]
+        });
+    }
     let g = r(&[16], 12);
     let b = r(&[16], 13);
     same("batch_norm", |c| {

@@ -220,6 +220,28 @@ mod tests {
     }
 
     #[test]
+    fn matmul_matches_a_naive_product_for_operands_large_enough_to_be_repacked() {
+        let (m, k, n) = (40, 30, 20);
+        let a = crate::random::uniform(&[m, k], -1., 1., 1, crate::DType::F64);
+        let b = crate::random::uniform(&[k, n], -1., 1., 2, crate::DType::F64);
+        let (av, bv) = (a.to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
+        let mut want = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k).map(|p| av[i * k + p] * bv[p * n + j]).sum();
+            }
+        }
+        let at = transpose(&a, &[1, 0]).unwrap().contiguous();
+        let bt = transpose(&b, &[1, 0]).unwrap().contiguous();
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let x = if ta { &at } else { &a };
+            let y = if tb { &bt } else { &b };
+            let got = matmul(&cx(), x, y, ta, tb).unwrap().to_vec::<f64>().unwrap();
+            assert!(got.iter().zip(&want).all(|(p, q)| (p - q).abs() < 1e-12), "ta={ta} tb={tb}");
+        }
+    }
+
+    #[test]
     fn matmul_reads_strided_views_without_copying_them_first() {
         let big = crate::random::uniform(&[6, 8], -1., 1., 3, crate::DType::F64);
         let a = slice_axis(&transpose(&big, &[1, 0]).unwrap(), 0, 2, 7).unwrap(); // [5, 6], strided
