@@ -126,3 +126,32 @@ fn three_layer_mlp_with_sgd_matches_a_hand_computed_reference_for_three_steps() 
         }
     }
 }
+
+#[test]
+fn serial_and_parallel_execution_give_bit_identical_gradients() {
+    use autopar_graph::Rng;
+    let mut b = GraphBuilder::new(9);
+    let x = b.input("x", &[64, 784], DType::F32).unwrap();
+    let y = b.input("y", &[64], DType::I32).unwrap();
+    let h = b.dense("fc1", x, 256, Initializer::HeUniform).unwrap();
+    let h = b.gelu("gelu", h).unwrap();
+    let z = b.dense("fc2", h, 10, Initializer::HeUniform).unwrap();
+    let loss = b.softmax_cross_entropy("loss", z, y).unwrap();
+    let graph = b.finish();
+    let params = ParamStore::init(&graph).unwrap();
+    let mut rng = Rng::new(1);
+    let feeds = vec![
+        (x, Tensor::from_vec(&[64, 784], (0..64 * 784).map(|_| rng.normal() as f32).collect::<Vec<f32>>()).unwrap()),
+        (y, Tensor::from_vec(&[64], (0..64).map(|i| (i % 10) as i32).collect::<Vec<i32>>()).unwrap()),
+    ];
+    let run = |ctx: autopar_tensor::ExecCtx| {
+        let mut step = TrainStep::new(graph.clone(), loss).unwrap().with_ctx(ctx);
+        step.gradients(&mut params.clone(), &feeds).unwrap().grads
+    };
+    let serial = run(autopar_tensor::ExecCtx::serial());
+    let parallel = run(autopar_tensor::ExecCtx::parallel().with_min_parallel_len(0));
+    assert_eq!(serial.len(), 4);
+    for ((n, a), (_, b)) in serial.iter().zip(&parallel) {
+        assert!(a.bit_eq(b), "gradient of {n} differs between serial and parallel execution");
+    }
+}
