@@ -189,6 +189,11 @@ impl Executor {
         &self.fetch
     }
 
+    /// Feeds keyed by input name, resolved to node ids for [`Executor::run`].
+    pub fn feeds_by_name(&self, named: Vec<(&str, Tensor)>) -> Result<Vec<(NodeId, Tensor)>> {
+        named.into_iter().map(|(n, t)| Ok((self.graph.find(n)?, t))).collect()
+    }
+
     /// Number of nodes a run executes.
     pub fn num_scheduled(&self) -> usize {
         self.order.len()
@@ -480,6 +485,10 @@ mod tests {
         let g = b.finish();
         let exec = Executor::new(g.clone(), &[y]).unwrap();
         let mut params = ParamStore::init(&g).unwrap();
+        let err = exec.feeds_by_name(vec![("btch", v(&[2, 3], &[0.0; 6]))]).unwrap_err();
+        assert_eq!(err.to_string(), "no node named \"btch\"");
+        let feeds = exec.feeds_by_name(vec![("batch", v(&[2, 3], &[1.0; 6]).cast(autopar_tensor::DType::F32))]).unwrap();
+        assert_eq!(exec.run(&mut params, &feeds, 0).unwrap().values[0].to_f64_vec(), vec![3.0, 3.0]);
         let err = exec.run(&mut params, &[], 0).unwrap_err();
         assert!(err.to_string().starts_with("input batch was not fed"), "{err}");
         let err = exec.run(&mut params, &[(x, v(&[3, 2], &[0.0; 6]))], 0).unwrap_err();
