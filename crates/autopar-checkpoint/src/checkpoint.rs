@@ -282,6 +282,17 @@ impl CheckpointFile {
         Ok(out)
     }
 
+    /// `len` bytes of tensor `name` from byte `offset` (clamped to the tensor's end).
+    pub fn read_range(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let t = self.entry(name)?;
+        let total = t.byte_len();
+        let off = offset.min(total);
+        let len = len.min((total - off) as usize);
+        let mut out = vec![0u8; len];
+        self.with_reader(t, false, |read| read(off, &mut out))?;
+        Ok(out)
+    }
+
     /// Copy the box `region` of tensor `name` into `dst` (row-major, shape `dst_shape`) at
     /// `dst_start`, straight from the mapped file.
     pub fn copy_region(&self, name: &str, region: &[Range<usize>], dst: &mut [u8], dst_shape: &[usize], dst_start: &[usize]) -> Result<()> {

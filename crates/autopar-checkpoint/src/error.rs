@@ -77,6 +77,9 @@ pub enum CheckpointError {
     #[error("tensor {tensor:?}: the {which} strategy gives full shape {strategy:?}, the checkpoint gives {checkpoint:?}\n  hint: the strategy file does not belong to this network")]
     StrategyShapeMismatch { tensor: String, which: &'static str, strategy: Vec<usize>, checkpoint: Vec<usize> },
 
+    #[error("tensor {tensor:?}: source ranks {rank_a} and {rank_b} should hold the same slice under the source strategy, but their bytes differ\n  files: {path_a}, {path_b}\n  hint: the checkpoint was saved under another strategy (optimizer sharding?); pass the strategy file it was saved with")]
+    ReplicasDiffer { tensor: String, rank_a: usize, rank_b: usize, path_a: PathBuf, path_b: PathBuf },
+
     #[error("tensor {tensor:?} of source rank {rank} is {actual}, but the other source ranks hold it as {expected}\n  file: {path}")]
     DtypeMismatch { tensor: String, rank: usize, path: PathBuf, expected: String, actual: String },
 

@@ -365,6 +365,7 @@ impl TransformPlanner {
         files: &BTreeMap<usize, CheckpointFile>,
         path: PathBuf,
         report: &mut TransformReport,
+        checked: &mut BTreeSet<(String, usize)>,
     ) -> Result<RankPlan> {
         let local = rank % self.dst_stage_devs;
         let needed = self.rank_list(rank)?;
@@ -445,6 +446,9 @@ impl TransformPlanner {
                 }
                 let src_box: Vec<Range<usize>> = inter.iter().zip(&s_region).map(|(i, r)| i.start - r.start..i.end - r.start).collect();
                 let dst_start: Vec<usize> = inter.iter().zip(&d_region).map(|(i, r)| i.start - r.start).collect();
+                if checked.insert((name.clone(), g)) {
+                    check_replica(&s, q, base, &name, files)?;
+                }
                 pieces.push((g, src_box, dst_start));
             }
             tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
@@ -476,6 +480,38 @@ impl TransformPlanner {
         let bytes = tensors.iter().map(|t| spec_bytes(&t.spec)).sum();
         Ok(RankPlan { path, tensors, bytes })
     }
+}
+
+/// Bytes compared at each end of a replicated source piece.
+const REPLICA_SAMPLE: usize = 64 << 10;
+
+/// A protobuf strategy has no full shapes, so a checkpoint saved under another strategy can have
+/// slices of consistent shapes and still be read wrongly (optimizer shards taken for whole
+/// slices). Ranks that the source strategy says hold the same piece must hold the same bytes:
+/// compare the first and last 64 KiB of the piece with one other replica among the open files.
+fn check_replica(s: &Side, q: usize, base: usize, name: &str, files: &BTreeMap<usize, CheckpointFile>) -> Result<()> {
+    let n = s.layout.mesh().num_devices();
+    let key = s.key(q);
+    let Some(q2) = (0..n).find(|&o| o != q && files.contains_key(&(base + o)) && s.key(o) == key) else { return Ok(()) };
+    let (fa, fb) = (&files[&(base + q)], &files[&(base + q2)]);
+    let (Some(ea), Some(eb)) = (fa.get(name), fb.get(name)) else { return Ok(()) };
+    let len = ea.byte_len();
+    let differ = || CheckpointError::ReplicasDiffer {
+        tensor: name.to_string(),
+        rank_a: base + q,
+        rank_b: base + q2,
+        path_a: fa.path().to_path_buf(),
+        path_b: fb.path().to_path_buf(),
+    };
+    if eb.byte_len() != len || eb.shape != ea.shape {
+        return Err(differ());
+    }
+    for off in [0, len.saturating_sub(REPLICA_SAMPLE as u64)] {
+        if fa.read_range(name, off, REPLICA_SAMPLE)? != fb.read_range(name, off, REPLICA_SAMPLE)? {
+            return Err(differ());
+        }
+    }
+    Ok(())
 }
 
 fn spec_bytes(s: &TensorSpec) -> u64 {
@@ -589,7 +625,7 @@ pub fn transform_checkpoint_by_rank(
         open.insert(r, CheckpointFile::open_with(p, OpenOptions { verify_crc: opts.verify_crc })?);
     }
     let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
-    let plan = planner.plan_rank(rank, &open, save_path.to_path_buf(), &mut report)?;
+    let plan = planner.plan_rank(rank, &open, save_path.to_path_buf(), &mut report, &mut BTreeSet::new())?;
     report.bytes_written = run_plans(vec![plan], &open, opts)?;
     report.files.push(save_path.to_path_buf());
     Ok(report)
@@ -625,10 +661,11 @@ pub fn transform_checkpoints(
     }
     let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
     let mut plans = Vec::with_capacity(n);
+    let mut checked = BTreeSet::new();
     for r in 0..n {
         let path = dst_dir.join(format!("rank_{r}")).join(format!("{}{r}.{}", opts.prefix, opts.format.extension()));
         let mut rr = TransformReport::default();
-        plans.push(planner.plan_rank(r, &files, path.clone(), &mut rr)?);
+        plans.push(planner.plan_rank(r, &files, path.clone(), &mut rr, &mut checked)?);
         for v in rr.absent {
             if !report.absent.contains(&v) {
                 report.absent.push(v);

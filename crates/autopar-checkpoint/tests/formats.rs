@@ -363,6 +363,15 @@ fn a_corrupted_or_mismatched_source_fails_the_transform_without_partial_outputs(
         matches!(e, CheckpointError::ShapeMismatch { .. } | CheckpointError::MissingRank { .. } | CheckpointError::NotDivisible { .. }),
         "{e:?}"
     );
+    // a protobuf strategy without optimizer sharding: the slices' shapes agree with it, but the
+    // ranks it says are replicas hold different optimizer shards
+    let semi = common::strategies().join("semi_train/strategy_rank0.ckpt");
+    let e = transform_checkpoints(&src, &out, Some(&semi), Some(&d), &opts).unwrap_err();
+    assert!(matches!(&e, CheckpointError::ReplicasDiffer { .. } | CheckpointError::NotDivisible { .. }), "{e:?}");
+    let e = transform_checkpoints(&src, &out, Some(&semi), None, &opts).unwrap_err();
+    assert!(matches!(&e, CheckpointError::ReplicasDiffer { .. }), "{e:?}");
+    assert!(e.to_string().contains("hint: the checkpoint was saved under another strategy"), "{e}");
+    assert!(no_files_under(&out));
     // a JSON strategy whose full shape disagrees with the checkpoint's slices
     let mut wrong = StrategyFile::load(&s).unwrap();
     for l in &mut wrong.layout_items {
