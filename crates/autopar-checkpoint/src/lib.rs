@@ -19,6 +19,10 @@
 //! * **Files as MindSpore writes them.** [`StrategyFile`] keeps message counts and field values as
 //!   read, so re-writing a file gives the same bytes; `.ckpt` values over 512 MiB are chunked and
 //!   the optional CRC trailer is written and verified; safetensors names are sorted.
+//! * **No silent mismatches.** Protobuf strategies carry no full shapes, so the full shape is
+//!   derived from the source slices and checked against the JSON `tensor_shape` when present,
+//!   every read slice's shape is checked, and two ranks the source strategy calls replicas must
+//!   agree on their bytes (sampled), which catches a checkpoint saved under another strategy.
 //! * **Crash safety.** Every output goes to a temp file in its folder, then fsync and rename
 //!   ([`io::AtomicFile`]); inputs are opened read-only.
 //! * **Errors name the file, tensor and rank** and say what was expected ([`CheckpointError`]).

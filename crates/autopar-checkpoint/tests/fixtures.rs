@@ -191,3 +191,35 @@ fn safetensors_transform_dropping_optimizer_sharding_matches_mindspore() {
     check_transform("safetensors_out_semi_train_optshard_to_out_semi_train", "semi_train_optshard", "semi_train", Format::Safetensors, 2);
     check_transform("safetensors_out_semi_train_optshard_to_out_semi_train", "semi_train_optshard", "semi_train", Format::Ckpt, 1);
 }
+
+#[test]
+fn merging_refuses_a_file_a_mixed_folder_and_files_without_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out/merged.ckpt");
+    let one = strategies().join("pp2/src/strategy_rank0.ckpt");
+    let e = merge_strategies(&one, &out).unwrap_err();
+    assert!(matches!(e, autopar_checkpoint::CheckpointError::NotADirectory { .. }), "{e:?}");
+    let mixed = dir.path().join("mixed");
+    fs::create_dir_all(&mixed).unwrap();
+    fs::copy(&one, mixed.join("a.ckpt")).unwrap();
+    fs::copy(strategies().join("semi_json/strategy_rank0.json"), mixed.join("b.json")).unwrap();
+    let e = merge_strategies(&mixed, &out).unwrap_err();
+    assert!(e.to_string().contains("all '.ckpt' or all '.json'"), "{e}");
+    let empty = dir.path().join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    fs::copy(strategies().join("pp_shared/strategy_rank1.ckpt"), empty.join("s.ckpt")).unwrap();
+    let e = merge_strategies(&empty, &out).unwrap_err();
+    assert!(e.to_string().contains("holds no layout items"), "{e}");
+    assert!(!out.exists());
+    // JSON per-stage files merge into JSON
+    let js = dir.path().join("js");
+    fs::create_dir_all(&js).unwrap();
+    for r in [0, 4] {
+        let s = StrategyFile::load(strategies().join(format!("pp2/src/strategy_rank{r}.ckpt"))).unwrap();
+        s.save(js.join(format!("strategy_rank{r}.json"))).unwrap();
+        s.save(js.join(format!("copy_of_rank{r}.json"))).unwrap();
+    }
+    assert_eq!(merge_strategies(&js, &dir.path().join("m.json")).unwrap(), vec![0, 1]);
+    let m = StrategyFile::load(dir.path().join("m.json")).unwrap().layout_map().unwrap();
+    assert_eq!(m.stages(), vec![0, 1]);
+}
