@@ -6,7 +6,8 @@
 //!
 //! Knobs (environment): `RAYON_NUM_THREADS` (threads for both sides), `BENCH_SECONDS` (timed
 //! seconds per model, default 10), `RESNET_BATCH` (32), `GPT_BATCH` (16), `TORCH_PYTHON` (a
-//! Python with torch; default `/tmp/venv/bin/python`, skipped with a note when missing).
+//! Python with torch; default `/tmp/venv/bin/python`, skipped with a note when missing),
+//! `BENCH_PROFILE` (print op time by kind for one step of each model).
 
 use std::process::Command;
 use std::time::Instant;
@@ -62,6 +63,27 @@ fn time_model(label: &str, model: &dyn Model, batch: usize, opt: &mut dyn Optimi
     }
     let fig = Figure { model: label.to_string(), batch, steps, seconds: start.elapsed().as_secs_f64() };
     eprintln!("autopar {label}: {steps} steps in {:.2} s", fig.seconds);
+    if std::env::var_os("BENCH_PROFILE").is_some() {
+        // Op time by kind over one profiled forward + backward.
+        let mut prof = step.clone().with_profiling(true);
+        let out = prof.gradients(&mut params, &feeds).expect("profiled step");
+        let mut by_kind: Vec<(&str, f64, usize)> = Vec::new();
+        for t in &out.run.timings {
+            match by_kind.iter_mut().find(|(k, _, _)| *k == t.kind) {
+                Some(e) => {
+                    e.1 += t.seconds;
+                    e.2 += 1;
+                }
+                None => by_kind.push((t.kind, t.seconds, 1)),
+            }
+        }
+        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = by_kind.iter().map(|e| e.1).sum();
+        eprintln!("  forward+backward op time {:.1} ms:", total * 1e3);
+        for (kind, secs, n) in by_kind.iter().take(10) {
+            eprintln!("  {:>9.1} ms {:>5.1}%  {kind} (x{n})", secs * 1e3, 100.0 * secs / total);
+        }
+    }
     fig
 }
 

@@ -310,6 +310,15 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
     }
 }
 
+/// Whether weight decay should apply to parameter `name`: not to biases, normalisation scales
+/// and shifts (`gamma`, `beta`) or running statistics, as in MindSpore's ResNet tutorial
+/// (`'beta' not in x.name and 'gamma' not in x.name and 'bias' not in x.name`). Fits
+/// `autopar_runtime`'s weight-decay filter (`fn(&str) -> bool`).
+pub fn decays(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    !matches!(last, "bias" | "gamma" | "beta" | "moving_mean" | "moving_variance") && name != "causal_mask"
+}
+
 /// Checks a size is positive.
 pub(crate) fn positive(model: &str, field: &'static str, v: usize) -> Result<()> {
     if v == 0 {
@@ -379,6 +388,16 @@ mod tests {
         assert!(matches!(err, ModelError::UnknownOp { .. }), "{err}");
         let err = mg.shard(&mut b, "fc1.matmul", Strategy::new(vec![vec![3, 1], vec![1, 1]])).unwrap_err();
         assert!(err.to_string().starts_with("model mlp: MatMul fc1.matmul: strategy"), "{err}");
+    }
+
+    #[test]
+    fn weight_decay_skips_biases_normalisation_parameters_and_buffers() {
+        for name in ["fc1.weight", "layer1.0.conv1.weight", "wte.weight", "blocks.0.attn.q_proj.weight", "end_point.weight"] {
+            assert!(decays(name), "{name}");
+        }
+        for name in ["fc1.bias", "bn1.gamma", "layer1.0.bn1.beta", "ln_f.gamma", "bn1.moving_mean", "causal_mask"] {
+            assert!(!decays(name), "{name}");
+        }
     }
 
     #[test]

@@ -200,3 +200,20 @@ fn the_gpt_is_causal_changing_a_later_token_leaves_earlier_logits_unchanged() {
     assert_eq!(before[..5 * vocab], after[..5 * vocab], "positions 0..5 must not see token 5");
     assert!(before[5 * vocab..].iter().zip(&after[5 * vocab..]).any(|(a, b)| (a - b).abs() > 1e-6), "positions from 5 on see the change");
 }
+
+#[test]
+fn a_gpt_with_dropout_trains_and_its_eval_graph_is_deterministic() {
+    let model = Gpt::new(GptConfig { dropout: 0.2, ..tiny_gpt() }).unwrap();
+    let data = loader(SyntheticDataset::tokens(16, 8, 64, 8).unwrap(), 8);
+    let mut opt = AdamW::new(LrSchedule::Constant(1e-2)).unwrap();
+    let (losses, mut params) = train(&model, &data, 10, &mut opt);
+    assert!(losses.iter().all(|l| l.is_finite()));
+
+    let (graph, m) = model.build_graph(8, Mode::Eval, 11).unwrap();
+    let exec = Executor::new(graph, &[m.loss]).unwrap();
+    let b = data.batch(0, 0).unwrap();
+    let f = feeds(&model, &m, &b.x, b.y.as_ref().unwrap(), 8);
+    let first = exec.run(&mut params, &f, 0).unwrap().values[0].item().unwrap();
+    let second = exec.run(&mut params, &f, 1).unwrap().values[0].item().unwrap();
+    assert_eq!(first, second, "no dropout in evaluation");
+}
