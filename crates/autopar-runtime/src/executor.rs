@@ -11,7 +11,7 @@
 //! Communication ops are identities when their group is one rank (the single-device case) and
 //! an error otherwise: collectives across ranks belong to the parallel runtime.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use autopar_graph::ops::*;
@@ -123,6 +123,19 @@ pub struct RunOutput {
     pub peak_live_bytes: usize,
 }
 
+/// Identifies the normalisation-gradient nodes computing siblings of one backward (`dx` and
+/// `dgamma` of the same batch/layer norm): their inputs, a family tag, eps, and the mode (batch
+/// norm) or the first normalised axis (layer norm).
+type NormKey = (Vec<NodeId>, u8, u64, i64);
+
+fn norm_key(node: &Node) -> Option<NormKey> {
+    match &node.op {
+        OpKind::BatchNormGrad(bn) => Some((node.inputs.clone(), 0, bn.eps.to_bits(), bn.training as i64)),
+        OpKind::LayerNormGrad(ln) => Some((node.inputs.clone(), 1, ln.eps.to_bits(), ln.begin_norm_axis)),
+        _ => None,
+    }
+}
+
 /// A graph planned for execution on one device.
 #[derive(Clone, Debug)]
 pub struct Executor {
@@ -131,6 +144,8 @@ pub struct Executor {
     order: Vec<usize>,
     /// For each position in `order`, the values that die after it.
     free_after: Vec<Vec<usize>>,
+    /// Normalisation backward computations needed by two scheduled nodes (computed once).
+    shared_norm: std::collections::HashSet<NormKey>,
     ctx: ExecCtx,
     profile: bool,
 }
@@ -166,7 +181,16 @@ impl Executor {
                 free_after[last_use[i]].push(i);
             }
         }
-        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, ctx: ExecCtx::parallel(), profile: false })
+        let mut seen = std::collections::HashSet::new();
+        let mut shared_norm = std::collections::HashSet::new();
+        for &i in &order {
+            if let Some(key) = norm_key(&graph.nodes()[i]) {
+                if !seen.insert(key.clone()) {
+                    shared_norm.insert(key);
+                }
+            }
+        }
+        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, shared_norm, ctx: ExecCtx::parallel(), profile: false })
     }
 
     /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
@@ -209,6 +233,7 @@ impl Executor {
             }
         }
         let mut values: Vec<Option<Tensor>> = vec![None; self.graph.len()];
+        let mut norm_cache: HashMap<NormKey, (Tensor, Tensor)> = HashMap::new();
         let mut timings = Vec::new();
         let (mut live, mut live_bytes, mut peak_live, mut peak_live_bytes) = (0usize, 0usize, 0usize, 0usize);
         for (pos, &i) in self.order.iter().enumerate() {
@@ -216,7 +241,7 @@ impl Executor {
             let start = self.profile.then(Instant::now);
             let out = {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
-                self.eval(node, &ins, params, feeds, step)?
+                self.eval(node, &ins, params, feeds, step, &mut norm_cache)?
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
                 return Err(RuntimeError::TypeMismatch {
@@ -252,7 +277,15 @@ impl Executor {
         Ok(RunOutput { values, timings, peak_live, peak_live_bytes })
     }
 
-    fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, feeds: &[(NodeId, Tensor)], step: u64) -> Result<Tensor> {
+    fn eval(
+        &self,
+        node: &Node,
+        x: &[&Tensor],
+        params: &mut ParamStore,
+        feeds: &[(NodeId, Tensor)],
+        step: u64,
+        norm_cache: &mut HashMap<NormKey, (Tensor, Tensor)>,
+    ) -> Result<Tensor> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let shape = &node.ty.shape;
@@ -365,17 +398,25 @@ impl Executor {
                 }
             }
             OpKind::BatchNormGrad(bn) => {
-                // Inputs (dy, x, gamma, running_mean, running_var); statistics are recomputed.
-                let (dx, dgamma, _) = if bn.training {
-                    let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-                    let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
-                    norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?
+                // Inputs (dy, x, gamma, running_mean, running_var); statistics are recomputed,
+                // once for the dx and dgamma nodes together.
+                let key = norm_key(node).expect("a normalisation gradient");
+                let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
+                    pair
                 } else {
-                    let var = x[4].to_f64_vec();
-                    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + bn.eps).sqrt()).collect();
-                    let inv_std = Tensor::from_vec(x[4].shape(), inv).map_err(k)?.cast(x[4].dtype());
-                    let saved = norm::NormSaved { mean: x[3].clone(), inv_std };
-                    norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?
+                    let (dx, dgamma, _) = if bn.training {
+                        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+                        let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
+                        norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?
+                    } else {
+                        let var = x[4].to_f64_vec();
+                        let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + bn.eps).sqrt()).collect();
+                        let inv_std = Tensor::from_vec(x[4].shape(), inv).map_err(k)?.cast(x[4].dtype());
+                        let saved = norm::NormSaved { mean: x[3].clone(), inv_std };
+                        norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?
+                    };
+                    self.share(norm_cache, key, &dx, &dgamma);
+                    (dx, dgamma)
                 };
                 match bn.of {
                     NormGradOf::Input => dx,
@@ -384,10 +425,18 @@ impl Executor {
             }
             OpKind::LayerNorm(ln) => norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?.0,
             OpKind::LayerNormGrad(ln) => {
-                // Inputs (dy, x, gamma); the row statistics are recomputed.
-                let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-                let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
-                let (dx, dgamma, _) = norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
+                // Inputs (dy, x, gamma); the row statistics are recomputed, once for both nodes.
+                let key = norm_key(node).expect("a normalisation gradient");
+                let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
+                    pair
+                } else {
+                    let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+                    let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                    let (dx, dgamma, _) =
+                        norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
+                    self.share(norm_cache, key, &dx, &dgamma);
+                    (dx, dgamma)
+                };
                 match ln.of {
                     NormGradOf::Input => dx,
                     NormGradOf::Gamma => dgamma,
@@ -407,6 +456,16 @@ impl Executor {
             OpKind::Send(_) | OpKind::Recv(_) => x[0].clone(),
         };
         Ok(out)
+    }
+}
+
+impl Executor {
+    /// Keeps a normalisation backward's pair of results for the sibling node, if one is
+    /// scheduled and has not run yet.
+    fn share(&self, cache: &mut HashMap<NormKey, (Tensor, Tensor)>, key: NormKey, dx: &Tensor, dgamma: &Tensor) {
+        if self.shared_norm.contains(&key) {
+            cache.insert(key, (dx.clone(), dgamma.clone()));
+        }
     }
 }
 

@@ -142,7 +142,7 @@ fn serial_and_parallel_execution_give_bit_identical_gradients() {
     let mut rng = Rng::new(1);
     let feeds = vec![
         (x, Tensor::from_vec(&[64, 784], (0..64 * 784).map(|_| rng.normal() as f32).collect::<Vec<f32>>()).unwrap()),
-        (y, Tensor::from_vec(&[64], (0..64).map(|i| (i % 10) as i32).collect::<Vec<i32>>()).unwrap()),
+        (y, Tensor::from_vec(&[64], (0..64i32).map(|i| i % 10).collect::<Vec<i32>>()).unwrap()),
     ];
     let run = |ctx: autopar_tensor::ExecCtx| {
         let mut step = TrainStep::new(graph.clone(), loss).unwrap().with_ctx(ctx);
