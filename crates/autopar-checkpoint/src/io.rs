@@ -50,6 +50,16 @@ impl AtomicFile {
         Ok(())
     }
 
+    /// Append the whole of file `src` (a kernel-side copy on Linux: `copy_file_range`).
+    pub fn copy_from(&mut self, src: &Path) -> Result<()> {
+        let out = self.out.as_mut().expect("AtomicFile used after commit");
+        out.flush().map_err(CheckpointError::io("write", &self.tmp))?;
+        let mut input = File::open(src).map_err(CheckpointError::io("open", src))?;
+        let n = std::io::copy(&mut input, out.get_mut()).map_err(CheckpointError::io("copy into", &self.tmp))?;
+        self.written += n;
+        Ok(())
+    }
+
     /// Flush, fsync, rename over the final name, and fsync the folder.
     pub fn commit(mut self) -> Result<()> {
         let out = self.out.take().expect("AtomicFile committed twice");

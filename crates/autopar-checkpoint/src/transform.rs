@@ -21,7 +21,7 @@ use autopar_layout::TensorLayout;
 
 use crate::checkpoint::{collect_rank_files, CheckpointFile, CheckpointWriter, Format, OpenOptions, TensorSpec};
 use crate::error::{CheckpointError, Result};
-use crate::io::intersect;
+use crate::io::{intersect, AtomicFile};
 use crate::strategy::{LayoutMap, ParamLayout, StrategyFile};
 
 /// Options of [`transform_checkpoints`] and [`transform_checkpoint_by_rank`].
@@ -565,20 +565,52 @@ fn run_plans(plans: Vec<RankPlan>, files: &BTreeMap<usize, CheckpointFile>, opts
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let next = AtomicUsize::new(0);
+    // Destination ranks that are replicas for every tensor (data parallel) get identical files:
+    // each distinct file is assembled once, the others are kernel-side copies of it.
+    let mut leader: HashMap<String, usize> = HashMap::new();
+    let mut leaders = Vec::new();
+    let mut followers = Vec::new();
+    for (i, p) in plans.iter().enumerate() {
+        match leader.entry(format!("{:?}", p.tensors)) {
+            std::collections::hash_map::Entry::Occupied(e) => followers.push((i, *e.get())),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(i);
+                leaders.push(i);
+            }
+        }
+    }
     let abort = AtomicBool::new(false);
-    let first_err: Mutex<Option<CheckpointError>> = Mutex::new(None);
-    let jobs = opts.jobs.clamp(1, plans.len().max(1));
     let inc = |n: u64| bar.inc(n);
+    let result =
+        run_tasks(leaders.len(), opts.jobs, &abort, &|k| execute(&plans[leaders[k]], files, opts.crc, &inc, &abort)).and_then(|()| {
+            run_tasks(followers.len(), opts.jobs, &abort, &|k| {
+                let (i, from) = followers[k];
+                let mut out = AtomicFile::create(&plans[i].path)?;
+                out.copy_from(&plans[from].path)?;
+                out.commit()?;
+                inc(plans[i].bytes);
+                Ok(())
+            })
+        });
+    bar.finish_and_clear();
+    result.map(|()| total)
+}
+
+/// Run `task(0..n)` on up to `jobs` threads; the first error stops the others and is returned.
+fn run_tasks(n: usize, jobs: usize, abort: &AtomicBool, task: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let first_err: Mutex<Option<CheckpointError>> = Mutex::new(None);
     std::thread::scope(|scope| {
-        for _ in 0..jobs {
+        for _ in 0..jobs.clamp(1, n.max(1)) {
             scope.spawn(|| loop {
                 if abort.load(Ordering::Relaxed) {
                     return;
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(plan) = plans.get(i) else { return };
-                if let Err(e) = execute(plan, files, opts.crc, &inc, &abort) {
+                if i >= n {
+                    return;
+                }
+                if let Err(e) = task(i) {
                     let mut slot = first_err.lock().unwrap_or_else(|p| p.into_inner());
                     if slot.is_none() && !abort.load(Ordering::Relaxed) {
                         *slot = Some(e);
@@ -589,11 +621,10 @@ fn run_plans(plans: Vec<RankPlan>, files: &BTreeMap<usize, CheckpointFile>, opts
             });
         }
     });
-    bar.finish_and_clear();
-    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
+    match first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    Ok(total)
 }
 
 /// MindSpore's `rank_list_for_transform`.
