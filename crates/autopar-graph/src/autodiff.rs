@@ -258,6 +258,7 @@ mod tests {
         let x = b.input("x", &[3], DType::F32).unwrap();
         let y = b.mul("square", x, x).unwrap();
         let mut g = b.finish();
+        assert_eq!(g.users()[x.0], vec![y, y]);
         let grads = differentiate(&mut g, y, &[x]).unwrap();
         let dx = grads.of(x).unwrap();
         assert!(matches!(g.node(dx).op, OpKind::Add(_)), "{g}");

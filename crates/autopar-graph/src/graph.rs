@@ -171,6 +171,18 @@ impl Graph {
         Ok(())
     }
 
+    /// For every node, the nodes using its output (in graph order; a node using a value twice
+    /// appears twice).
+    pub fn users(&self) -> Vec<Vec<NodeId>> {
+        let mut users = vec![Vec::new(); self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for x in &n.inputs {
+                users[x.0].push(NodeId(i));
+            }
+        }
+        users
+    }
+
     /// Every parameter node, in graph order.
     pub fn parameters(&self) -> Vec<NodeId> {
         (0..self.nodes.len()).map(NodeId).filter(|&i| matches!(self.nodes[i.0].op, OpKind::Parameter(_))).collect()

@@ -68,6 +68,29 @@ fn decay_all(_: &str) -> bool {
     true
 }
 
+/// MindSpore's default decay filter: no weight decay on normalisation parameters (names
+/// containing `gamma` or `beta`).
+pub fn decay_except_norm(name: &str) -> bool {
+    !name.contains("gamma") && !name.contains("beta")
+}
+
+/// Scales `grads` in place so that their global L2 norm is at most `max_norm`; returns the norm
+/// before clipping (MindSpore's `ClipByGlobalNorm`).
+pub fn clip_by_global_norm(grads: &mut [(String, Tensor)], max_norm: f64) -> Result<f64> {
+    if !(max_norm > 0.0 && max_norm.is_finite()) {
+        return Err(RuntimeError::BadHyperparameter { what: "max_norm", value: max_norm, expected: "a finite value > 0" });
+    }
+    let norm = grads.iter().map(|(_, g)| g.to_f64_vec().iter().map(|v| v * v).sum::<f64>()).sum::<f64>().sqrt();
+    if norm > max_norm {
+        let scale = max_norm / norm;
+        for (name, g) in grads.iter_mut() {
+            *g = autopar_tensor::kernels::elementwise::scale(&autopar_tensor::ExecCtx::serial(), g, scale)
+                .map_err(|e| RuntimeError::Kernel { kind: "ClipByGlobalNorm", name: name.clone(), source: Box::new(e) })?;
+        }
+    }
+    Ok(norm)
+}
+
 /// Updates parameters from their gradients.
 pub trait Optimizer {
     /// Applies one update to every parameter named in `grads` and advances the step.
@@ -487,6 +510,18 @@ mod tests {
         let g = vec![("w".to_string(), Tensor::from_vec(&[2], vec![1.0f32, 1.0]).unwrap())];
         Sgd::new(LrSchedule::Constant(0.5)).unwrap().step(&mut p, &g).unwrap();
         assert_eq!(p.get("w").unwrap().to_vec::<f32>().unwrap(), vec![0.5, 1.5]);
+    }
+
+    #[test]
+    fn clipping_scales_all_gradients_to_the_global_norm() {
+        let mut g = grads(&[("a", &[3.0]), ("b", &[0.0, 4.0])]);
+        assert_eq!(clip_by_global_norm(&mut g, 10.0).unwrap(), 5.0);
+        close(&g[1].1, &[0.0, 4.0]);
+        assert_eq!(clip_by_global_norm(&mut g, 1.0).unwrap(), 5.0);
+        close(&g[0].1, &[0.6]);
+        close(&g[1].1, &[0.0, 0.8]);
+        assert!(clip_by_global_norm(&mut g, 0.0).is_err());
+        assert!(decay_except_norm("fc1.weight") && !decay_except_norm("bn1.gamma") && !decay_except_norm("ln.beta"));
     }
 
     #[test]
