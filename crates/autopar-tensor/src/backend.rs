@@ -53,13 +53,13 @@ fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     // right-hand side runs at a quarter of the speed).
     let (a_owned, b_owned);
     let a = if a.strides()[0] == 1 && a.strides()[1] != 1 && n >= 16 {
-        a_owned = a.as_standard_layout().into_owned();
+        a_owned = to_row_major(a);
         a_owned.view()
     } else {
         a.view()
     };
     let b = if b.strides()[0] == 1 && b.strides()[1] != 1 && m >= 16 {
-        b_owned = b.as_standard_layout().into_owned();
+        b_owned = to_row_major(b);
         b_owned.view()
     } else {
         b.view()
@@ -97,6 +97,29 @@ fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
             par,
         );
     }
+}
+
+/// Row-major copy of a column-major matrix (unit row stride), in 8x8 tiles: small enough that
+/// the strided side of the copy does not thrash the cache sets at power-of-two strides.
+fn to_row_major<T: Copy + num_traits::Zero>(a: ArrayView2<'_, T>) -> ndarray::Array2<T> {
+    const TILE: usize = 8;
+    let (rows, cols) = a.dim();
+    let cs = a.strides()[1];
+    debug_assert_eq!(a.strides()[0], 1);
+    let mut out = vec![T::zero(); rows * cols];
+    let base = a.as_ptr();
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            let c1 = (c0 + TILE).min(cols);
+            for r in r0..(r0 + TILE).min(rows) {
+                for (j, o) in out[r * cols + c0..r * cols + c1].iter_mut().enumerate() {
+                    // SAFETY: (r, c0 + j) lies inside the view; its element is at r + c * cs.
+                    *o = unsafe { *base.offset(r as isize + (c0 + j) as isize * cs) };
+                }
+            }
+        }
+    }
+    ndarray::Array2::from_shape_vec((rows, cols), out).expect("sized")
 }
 
 impl Backend for Cpu {

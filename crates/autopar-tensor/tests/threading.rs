@@ -55,6 +55,9 @@ fn element_wise_kernels_and_reductions_are_identical_serial_and_parallel() {
     same("reduce", |c| {
         vec![
             reduce::reduce_sum(c, &x, &[], false).unwrap(),
+            reduce::reduce_sum(c, &x, &[0], false).unwrap(),
+            reduce::reduce_sum(c, &x, &[0, 1], true).unwrap(),
+            ew::bias_add_grad(c, &r(&[512, 300], 17), 1).unwrap(),
             reduce::reduce_mean(c, &x, &[0, 2], true).unwrap(),
             reduce::reduce_max(c, &x, &[1], false).unwrap(),
             reduce::softmax(c, &x, 1).unwrap(),

@@ -316,10 +316,34 @@ fn unary_df<T: Float>(op: UnaryOp) -> impl Fn(T, T) -> T + Sync + Send {
     }
 }
 
+/// Monomorphises `$f(op)` per op so that the element loop holds no branch on the op.
+macro_rules! per_op {
+    ($op:expr, $f:ident, $run:expr) => {
+        match $op {
+            UnaryOp::Relu => $run($f::<T>(UnaryOp::Relu)),
+            UnaryOp::Gelu { approximate: true } => $run($f::<T>(UnaryOp::Gelu { approximate: true })),
+            UnaryOp::Gelu { approximate: false } => $run($f::<T>(UnaryOp::Gelu { approximate: false })),
+            UnaryOp::Tanh => $run($f::<T>(UnaryOp::Tanh)),
+            UnaryOp::Sigmoid => $run($f::<T>(UnaryOp::Sigmoid)),
+            UnaryOp::Exp => $run($f::<T>(UnaryOp::Exp)),
+            UnaryOp::Log => $run($f::<T>(UnaryOp::Log)),
+            UnaryOp::Sqrt => $run($f::<T>(UnaryOp::Sqrt)),
+            UnaryOp::Neg => $run($f::<T>(UnaryOp::Neg)),
+        }
+    };
+}
+
 /// Applies a unary op.
 pub fn unary(ctx: &ExecCtx, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     float_dispatch!(op.name(), x.dtype(), T => {
-        Ok(Tensor::from_array(map(ctx, &x.typed::<T>(op.name(), "input")?, unary_f::<T>(op))))
+        let xv = x.typed::<T>(op.name(), "input")?;
+        let out = match op {
+            UnaryOp::Relu => map(ctx, &xv, |v| if v > 0.0 { v } else { 0.0 }),
+            UnaryOp::Neg => map(ctx, &xv, |v| -v),
+            UnaryOp::Exp => map(ctx, &xv, |v| v.exp()),
+            _ => per_op!(op, unary_f, |f| map(ctx, &xv, f)),
+        };
+        Ok(Tensor::from_array(out))
     })
 }
 
@@ -331,7 +355,11 @@ pub fn unary_backward(ctx: &ExecCtx, op: UnaryOp, saved: &Tensor, dy: &Tensor) -
     same_shape(name, saved.shape(), dy.shape(), "saved tensor and output gradient must have the same shape")?;
     float_dispatch!(name, dy.dtype(), T => {
         let (v, d) = (saved.typed::<T>(name, "saved tensor")?, dy.typed::<T>(name, "output gradient")?);
-        Ok(Tensor::from_array(map2(ctx, dy.shape(), &v, &d, unary_df::<T>(op))))
+        let out = match op {
+            UnaryOp::Relu => map2(ctx, dy.shape(), &v, &d, |s, g| if s > 0.0 { g } else { 0.0 }),
+            _ => per_op!(op, unary_df, |f| map2(ctx, dy.shape(), &v, &d, f)),
+        };
+        Ok(Tensor::from_array(out))
     })
 }
 

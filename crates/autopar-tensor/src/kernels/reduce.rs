@@ -90,6 +90,26 @@ where
 
 /// Sum over `axes` (sorted, distinct), dropping them.
 pub(crate) fn sum_axes<T: Float>(ctx: &ExecCtx, x: ArrayViewD<'_, T>, axes: &[usize]) -> ArrayD<T> {
+    // Leading axes of a contiguous tensor (a bias gradient, the backward of broadcasting over
+    // the batch): add whole rows into the output, in the same order as the generic path.
+    let lead = axes.iter().enumerate().all(|(i, &a)| i == a);
+    if lead && !axes.is_empty() && axes.len() < x.ndim() && x.is_standard_layout() {
+        let out_shape = &x.shape()[axes.len()..];
+        let cols: usize = out_shape.iter().product();
+        let rows: usize = x.shape()[..axes.len()].iter().product();
+        let data = x.as_slice().expect("standard layout");
+        let mut out = vec![T::zero(); cols];
+        let chunk = if ctx.par(rows * cols) { cols.div_ceil(rayon::current_num_threads() * 4).max(256) } else { cols.max(1) };
+        ctx.for_chunks(&mut out, chunk, |ci, o| {
+            let (c0, len) = (ci * chunk, o.len());
+            for r in 0..rows {
+                for (acc, &v) in o.iter_mut().zip(&data[r * cols + c0..r * cols + c0 + len]) {
+                    *acc += v;
+                }
+            }
+        });
+        return ArrayD::from_shape_vec(IxDyn(out_shape), out).expect("count");
+    }
     reduce_rows(ctx, x, axes, |r| r.iter().fold(T::zero(), |a, &b| a + b))
 }
 
@@ -345,6 +365,21 @@ mod tests {
         assert_eq!((r.shape(), v(&r)), (&[2usize, 1][..], vec![6., 15.]));
         let all = reduce_sum(&cx(), &m(), &[], false).unwrap();
         assert_eq!((all.shape(), v(&all)), (&[][..], vec![21.]));
+    }
+
+    #[test]
+    fn summing_leading_axes_of_a_contiguous_tensor_matches_the_generic_path() {
+        let x = crate::random::uniform(&[3, 4, 5, 6], -1., 1., 1, crate::DType::F32);
+        let xv = x.array::<f32>().unwrap();
+        for axes in [vec![0], vec![0, 1], vec![0, 1, 2]] {
+            let fast = sum_axes(&cx(), xv.view(), &axes);
+            let generic = reduce_rows(&cx(), xv.view(), &axes, |r| r.iter().fold(0.0, |a, &b| a + b));
+            assert_eq!(fast, generic, "axes {axes:?}");
+        }
+        // A strided view takes the generic path and gives the same sums.
+        let t = crate::kernels::shape::transpose(&x, &[1, 0, 2, 3]).unwrap();
+        let s = reduce_sum(&cx(), &t, &[1], false).unwrap();
+        assert!(s.bit_eq(&reduce_sum(&cx(), &x, &[0], false).unwrap()));
     }
 
     #[test]
