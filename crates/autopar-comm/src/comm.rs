@@ -7,7 +7,7 @@ use crate::error::{CommError, GroupProblem, Result, MAX_TAG};
 ///
 /// Object safe: the runtime holds a `Box<dyn Communicator>` (or `&dyn Communicator`) and never
 /// knows whether the ranks are threads ([`crate::LocalComm`]) or processes
-/// ([`crate::MpiComm`]). Buffers are type-tagged ([`Buf`], [`BufMut`]); `(&mut v).into()`
+/// (`MpiComm`, feature `mpi`). Buffers are type-tagged ([`Buf`], [`BufMut`]); `(&mut v).into()`
 /// turns a `Vec`/slice of f16, bf16, f32, f64, i32 or i64 into one.
 ///
 /// Every rank of the group must call the same collectives in the same order with matching

@@ -6,7 +6,7 @@
 //! salt), so each rank checks its own result without extra communication. Inputs are
 //! multiples of 1/8 (and for products a few small values), so sums and products are exact in
 //! every element type's accumulator and the expected results hold for any reduction order:
-//! the same suite runs on [`crate::LocalComm`] and under `mpirun` on [`crate::MpiComm`].
+//! the same suite runs on [`crate::LocalComm`] and under `mpirun` on `MpiComm`.
 //! `LocalComm`'s stronger promise (bit-identical to the rank-order fold for arbitrary inputs)
 //! is tested on its own.
 

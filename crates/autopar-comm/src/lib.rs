@@ -6,7 +6,7 @@
 //!
 //! * [`LocalComm`]: N ranks as N threads of one process (`LocalComm::run(8, |comm| ...)`). The
 //!   default for `--devices N` on one machine.
-//! * [`MpiComm`] (cargo feature `mpi`): one rank per process over OpenMPI, started by
+//! * `MpiComm` (cargo feature `mpi`): one rank per process over OpenMPI, started by
 //!   `mpirun -n N` (or `autopar launch -n N`), across hosts with a hostfile.
 //!
 //! Key decisions:
@@ -22,7 +22,7 @@
 //!   `((x0 + x1) + x2) + ...` whatever the chunking, so a run repeats exactly.
 //! * **No hangs.** `LocalComm` poisons the whole world when a rank panics, errs, times out or
 //!   finds a peer gone, and wakes every waiter; [`LocalComm::run`] returns the first failure
-//!   with its rank. Under MPI, [`MpiComm::run`] prints the failing rank's message and calls
+//!   with its rank. Under MPI, `MpiComm::run` prints the failing rank's message and calls
 //!   `MPI_Abort`, which ends every process of the job.
 //! * **Sub-groups from rank lists**, the lists `DeviceMatrix::groups_along` builds (data-,
 //!   model-, optimizer- and pipeline-parallel groups). Every member of the parent calls `split`
