@@ -135,18 +135,25 @@ fn fused<const N: usize>(
         let ps = pv.as_slice().expect("contiguous");
         let ov: Vec<_> = oc.iter().map(|t| t.array::<T>().expect("cast to the parameter dtype")).collect();
         let os: Vec<&[T]> = ov.iter().map(|v| v.as_slice().expect("contiguous")).collect();
-        // Slot 0 is the gradient (read only); slots 1.. are state written back.
+        // Slot 0 is the gradient (read only); slots 1.. are state written back. Every slice is
+        // cut to `len` so the loop runs without bounds checks.
         let len = ps.len();
+        let ps = &ps[..len];
+        let ins: [&[T]; N] = std::array::from_fn(|k| &os[k][..len]);
         let mut np = vec![T::zero(); len];
         let mut no: Vec<Vec<T>> = (1..N).map(|_| vec![T::zero(); len]).collect();
-        let mut buf = [T::zero(); N];
-        for i in 0..len {
-            for k in 0..N {
-                buf[k] = os[k][i];
-            }
-            np[i] = f(&mut buf, ps[i]);
-            for k in 1..N {
-                no[k - 1][i] = buf[k];
+        {
+            let npm = &mut np[..len];
+            let mut outs: Vec<&mut [T]> = no.iter_mut().map(|v| &mut v[..len]).collect();
+            let mut buf = [T::zero(); N];
+            for i in 0..len {
+                for k in 0..N {
+                    buf[k] = ins[k][i];
+                }
+                npm[i] = f(&mut buf, ps[i]);
+                for (k, out) in outs.iter_mut().enumerate() {
+                    out[i] = buf[k + 1];
+                }
             }
         }
         let shape = p.shape();
