@@ -322,6 +322,16 @@ mod tests {
     }
 
     #[test]
+    fn a_max_all_reduce_has_no_gradient_and_says_so() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4], DType::F32).unwrap();
+        let y = b.all_reduce("sync_max", x, crate::ReduceOp::Max, &[0, 1]).unwrap();
+        let mut g = b.finish();
+        let err = differentiate(&mut g, y, &[x]).unwrap_err();
+        assert!(err.to_string().starts_with("AllReduce sync_max: no backward rule gives the gradient of input 0"), "{err}");
+    }
+
+    #[test]
     fn the_printed_graph_shows_ops_types_and_annotations() {
         let mut b = GraphBuilder::new(0);
         let x = b.input("x", &[4, 8], DType::F32).unwrap();

@@ -40,7 +40,7 @@ pub enum GraphError {
     #[error("no node named {name:?}")]
     UnknownName { name: String },
 
-    #[error("{kind} {name}: the backward rule is not defined for the gradient of input {input} (second-order gradient)\n  hint: differentiate the forward graph once; higher-order gradients of this op are not supported")]
+    #[error("{kind} {name}: no backward rule gives the gradient of input {input}\n  hint: the op is not differentiable there (max/min collectives, or a gradient op differentiated a second time)")]
     NotDifferentiable { kind: &'static str, name: String, input: usize },
 
     #[error("cannot differentiate with respect to {name} ({kind}): its dtype {dtype} is not a floating-point type")]
