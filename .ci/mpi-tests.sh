@@ -68,6 +68,18 @@ check suite 4
 check aborts fail "injected failure on rank 3"
 check aborts panic "injected panic on rank 3"
 
+exits() {
+    local out rc=0
+    echo "mpi-tests: rank 3 of 4 exits abruptly; mpirun must end the job"
+    out=$(timeout 120 mpirun -n 4 "${flags[@]}" "$example" exit 2>&1) || rc=$?
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ]; then
+        echo "$out" >&2
+        echo "mpi-tests: expected a non-zero exit without timeout, got $rc" >&2
+        return 1
+    fi
+}
+check exits
+
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi
 

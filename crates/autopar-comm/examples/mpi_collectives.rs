@@ -6,6 +6,7 @@
 //! mpirun -n 4 --oversubscribe target/debug/examples/mpi_collectives          # the suite
 //! mpirun -n 4 --oversubscribe target/debug/examples/mpi_collectives fail     # last rank errs
 //! mpirun -n 4 --oversubscribe target/debug/examples/mpi_collectives panic    # last rank panics
+//! mpirun -n 4 --oversubscribe target/debug/examples/mpi_collectives exit     # last rank exits
 //! ```
 //! The failure modes must end the whole job quickly with the failing rank's message.
 
@@ -24,11 +25,16 @@ fn main() -> std::process::ExitCode {
                 println!("rank {rank} of {size}: {checks} checks passed");
                 Ok(())
             }
-            "fail" | "panic" => {
+            "fail" | "panic" | "exit" => {
                 if rank == size - 1 {
                     std::thread::sleep(Duration::from_millis(300));
                     if mode == "panic" {
                         panic!("injected panic on rank {rank}");
+                    }
+                    if mode == "exit" {
+                        // A process that dies without MPI's knowledge (killed, exit() deep in a library).
+                        eprintln!("rank {rank} exits abruptly");
+                        std::process::exit(3);
                     }
                     return Err(CommError::RankFailed { rank, message: format!("injected failure on rank {rank}") });
                 }
@@ -37,7 +43,7 @@ fn main() -> std::process::ExitCode {
                 comm.all_reduce((&mut v).into(), ReduceOp::Sum)?;
                 Ok(())
             }
-            other => Err(CommError::Mpi { what: format!("unknown mode {other:?}"), hint: "use suite, fail or panic" }),
+            other => Err(CommError::Mpi { what: format!("unknown mode {other:?}"), hint: "use suite, fail, panic or exit" }),
         }
     });
     match out {

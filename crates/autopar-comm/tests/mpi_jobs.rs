@@ -56,3 +56,11 @@ fn a_failing_rank_aborts_the_whole_job_with_its_message() {
         assert!(stderr.contains("autopar[3]: ") && stderr.contains(text), "{mode}: {stderr}");
     }
 }
+
+#[test]
+fn a_rank_process_that_exits_abruptly_ends_the_job() {
+    let out = mpirun(4, &["exit"], Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("rank 3 exits abruptly"), "{stderr}");
+}
