@@ -2,7 +2,7 @@
 //! under a (2, 4) model-parallel strategy, transformed (a) to 4 ranks data-parallel and (b) to one
 //! merged file, from safetensors and from .ckpt sources. Prints GB/s (tensor bytes written / wall
 //! time) and the transform's peak RSS (VmHWM of a child process that runs only the transform),
-//! next to `cp` of the same source bytes on the same disk.
+//! next to `cp -r` + `sync` of the same output bytes on the same disk (outputs are fsync'ed).
 //!
 //! `cargo bench -p autopar-checkpoint --bench transform` (scratch files under $TMPDIR or /tmp,
 //! deleted afterwards; `AUTOPAR_BENCH_DIM=1024` for a quick run, `AUTOPAR_BENCH_JOBS=2`).
@@ -104,17 +104,26 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Child mode: run one transform and print "bytes seconds vmhwm_kib".
+/// User + system CPU seconds of this process (from /proc/self/stat, 100 ticks per second).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Child mode: run one transform and print "bytes seconds vmhwm_kib cpu_seconds".
 fn child(args: &[String]) {
     let (src, dst, ss, ds, fmt, jobs) = (&args[0], &args[1], &args[2], &args[3], &args[4], &args[5]);
     let ds = if ds == "none" { None } else { Some(PathBuf::from(ds)) };
     let opts = TransformOptions { format: fmt.parse().unwrap(), prefix: "net_".into(), jobs: jobs.parse().unwrap(), ..Default::default() };
     let t = Instant::now();
     let rep = transform_checkpoints(Path::new(src), Path::new(dst), Some(Path::new(ss)), ds.as_deref(), &opts).unwrap();
-    println!("{} {} {}", rep.bytes_written, t.elapsed().as_secs_f64(), vm_hwm_kib());
+    println!("{} {} {} {}", rep.bytes_written, t.elapsed().as_secs_f64(), vm_hwm_kib(), cpu_seconds());
 }
 
-fn run_child(src: &Path, dst: &Path, ss: &Path, ds: Option<&Path>, fmt: &str, jobs: usize) -> (u64, f64, u64) {
+fn run_child(src: &Path, dst: &Path, ss: &Path, ds: Option<&Path>, fmt: &str, jobs: usize) -> (u64, f64, u64, f64) {
     let _ = std::fs::remove_dir_all(dst);
     let out = Command::new(std::env::current_exe().unwrap())
         .env("AUTOPAR_BENCH_CHILD", "1")
@@ -131,9 +140,19 @@ fn run_child(src: &Path, dst: &Path, ss: &Path, ds: Option<&Path>, fmt: &str, jo
     assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Vec<&str> = text.split_whitespace().collect();
-    let r = (v[0].parse().unwrap(), v[1].parse().unwrap(), v[2].parse().unwrap());
-    let _ = std::fs::remove_dir_all(dst);
-    r
+    (v[0].parse().unwrap(), v[1].parse().unwrap(), v[2].parse().unwrap(), v[3].parse().unwrap())
+}
+
+/// Seconds for `cp -r` of `dir` on the same disk, followed by `sync` (transform outputs are fsync'ed).
+fn cp_sync(dir: &Path) -> f64 {
+    assert!(Command::new("sync").status().unwrap().success());
+    let copy = dir.with_extension("copy");
+    let t = Instant::now();
+    assert!(Command::new("cp").arg("-r").arg(dir).arg(&copy).status().unwrap().success());
+    assert!(Command::new("sync").status().unwrap().success());
+    let secs = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&copy);
+    secs
 }
 
 fn main() {
@@ -164,27 +183,20 @@ fn main() {
         let t = Instant::now();
         let src_bytes = write_source(&src, &src_s, ext);
         println!("\nsource .{ext}: 8 ranks, {:.3} GB written in {:.2}s", src_bytes as f64 / 1e9, t.elapsed().as_secs_f64());
-        // cp of the same source bytes, then with sync (transform outputs are fsync'ed)
-        let copy = base.join("copy");
-        let t = Instant::now();
-        assert!(Command::new("cp").arg("-r").arg(&src).arg(&copy).status().unwrap().success());
-        let cp_s = t.elapsed().as_secs_f64();
-        assert!(Command::new("sync").status().unwrap().success());
-        let cp_sync_s = t.elapsed().as_secs_f64();
-        let _ = std::fs::remove_dir_all(&copy);
-        println!(
-            "  cp -r of the source: {:.2} GB/s ({:.2} GB/s with sync)",
-            src_bytes as f64 / cp_s / 1e9,
-            src_bytes as f64 / cp_sync_s / 1e9
-        );
         for (label, dst_strategy, fmt) in [("(a) -> 4 ranks data-parallel", Some(ds.as_path()), ext), ("(b) -> one merged file", None, ext)]
         {
-            let (bytes, secs, hwm) = run_child(&src, &base.join("dst"), &ss, dst_strategy, fmt, jobs);
+            assert!(Command::new("sync").status().unwrap().success());
+            let dst = base.join("dst");
+            let (bytes, secs, hwm, cpu) = run_child(&src, &dst, &ss, dst_strategy, fmt, jobs);
             let gbs = bytes as f64 / secs / 1e9;
             let rss = hwm as f64 * 1024.0;
+            let cp_gbs = bytes as f64 / cp_sync(&dst) / 1e9;
+            let _ = std::fs::remove_dir_all(&dst);
             println!(
-                "  {label:<30} {:.3} GB in {secs:.2}s = {gbs:.2} GB/s; peak RSS {:.0} MiB (target <= 2 x largest + 64 MiB = {:.0} MiB)",
+                "  {label:<30} {:.3} GB in {secs:.2}s (cpu {cpu:.2}s) = {gbs:.2} GB/s ({:.2}x of cp -r + sync of the same output: {:.2} GB/s); peak RSS {:.0} MiB (target <= 2 x largest + 64 MiB = {:.0} MiB)",
                 bytes as f64 / 1e9,
+                gbs / cp_gbs,
+                cp_gbs,
                 rss / (1u64 << 20) as f64,
                 (2.0 * largest) / (1u64 << 20) as f64 + 64.0
             );

@@ -312,3 +312,17 @@ impl CkptWriter {
         self.out.commit()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crc_trailer_is_found_only_at_the_end() {
+        let mut f = b"payload".to_vec();
+        f.extend_from_slice(CRC_MAGIC);
+        f.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(trailer(&f), (7, Some(0x1234_5678)));
+        assert_eq!(trailer(b"no trailer here at all"), (22, None));
+    }
+}

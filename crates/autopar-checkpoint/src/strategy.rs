@@ -571,3 +571,51 @@ pub fn merge_strategies(src_dir: &Path, dst_file: &Path) -> Result<Vec<u32>> {
     merged.save(dst_file)?;
     Ok(stages)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(name: &str, map: Vec<Vec<i32>>) -> LayoutItem {
+        LayoutItem {
+            name: name.into(),
+            dev_matrix: vec![2, 2],
+            tensor_map: map,
+            param_split_shape: vec![vec![]],
+            indices_offset: vec![vec![]],
+            field: 0,
+            opt_weight_shard_step: 0,
+            opt_weight_shard_size: 0,
+            tensor_shape: None,
+        }
+    }
+
+    #[test]
+    fn merged_names_split_into_stage_and_name_and_the_lowest_stage_wins() {
+        assert_eq!(item("1-l2.w", vec![vec![0]]).split_stage(), Some((1, "l2.w")));
+        assert_eq!(item("l2.w", vec![vec![0]]).split_stage(), None);
+        assert_eq!(item("x-1.w", vec![vec![0]]).split_stage(), None);
+        let s = StrategyFile {
+            current_stage: 1,
+            strategy_items: vec![],
+            layout_items: vec![item("1-emb", vec![vec![1, -1]]), item("0-emb", vec![vec![0, -1]])],
+        };
+        let m = s.layout_map().unwrap();
+        assert_eq!(m.params["emb"].stages, vec![1, 0]);
+        assert_eq!(m.params["emb"].tensor_map, TensorMap::single(&[0, -1]));
+        assert_eq!(m.in_stage("emb", 1).unwrap().tensor_map, TensorMap::single(&[1, -1]));
+    }
+
+    #[test]
+    fn one_message_per_dimension_keeps_multi_axis_entries() {
+        let p = item("w", vec![vec![-1], vec![0, 1]]);
+        assert_eq!(p.map(), TensorMap(vec![vec![-1], vec![0, 1]]));
+        // a 1-d tensor split over two axes is written as one message: ambiguous until the
+        // tensor's dimension count is known
+        let s = StrategyFile { current_stage: 2, strategy_items: vec![], layout_items: vec![item("b", vec![vec![0, 1]])] };
+        let l = s.layout_map().unwrap().params["b"].clone();
+        assert_eq!(l.known_ndim(), None);
+        assert_eq!(l.for_ndim(1).tensor_map, TensorMap(vec![vec![0, 1]]));
+        assert_eq!(l.for_ndim(2).tensor_map, TensorMap::single(&[0, 1]));
+    }
+}

@@ -540,8 +540,10 @@ fn execute(plan: &RankPlan, files: &BTreeMap<usize, CheckpointFile>, crc: bool, 
             progress(data.len() as u64);
             continue;
         }
+        // The source boxes partition the destination piece, so every byte is overwritten:
+        // a buffer of the same size is reused without clearing it.
         let len = spec_bytes(&t.spec) as usize;
-        buf.clear();
+        buf.truncate(len);
         buf.resize(len, 0);
         for (r, src_box, dst_start) in &t.pieces {
             files[r].copy_region(&name, src_box, &mut buf, &t.spec.shape, dst_start)?;
@@ -711,4 +713,50 @@ pub fn transform_checkpoints(
     }
     report.bytes_written = run_plans(plans, &files, opts)?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_layout::TensorMap;
+
+    fn param(dev: &[usize], map: &[i64], step: i64, size: i64) -> ParamLayout {
+        let mut p = ParamLayout::unsharded(map.len());
+        p.dev_matrix = dev.to_vec();
+        p.tensor_map = TensorMap::single(map);
+        p.opt_shard_step = step;
+        p.opt_shard_size = size;
+        p
+    }
+
+    #[test]
+    fn optimizer_shards_cut_the_slice_rows_across_the_sorted_replica_group() {
+        // l1.w of the fixtures: [2,4] [-1,0], replicas {r, r+4}, opt group = the whole pair
+        let s = Side::new(&param(&[2, 4], &[-1, 0], 4, -1), &[64, 128], "l1.w", "source").unwrap();
+        assert_eq!(s.opt, 2);
+        assert_eq!(s.local_shape(), vec![32, 32]);
+        assert_eq!(s.region(1), vec![0..32, 32..64]);
+        assert_eq!(s.region(5), vec![32..64, 32..64]);
+        // groups of 2 among 8 replicas: ranks 0,1 share rows 0..16 / 16..32 of the full tensor
+        let h = Side::new(&param(&[8], &[-1, -1], 1, 2), &[32, 16], "head.w", "source").unwrap();
+        assert_eq!((h.region(0), h.region(1), h.region(2)), (vec![0..16, 0..16], vec![16..32, 0..16], vec![0..16, 0..16]));
+    }
+
+    #[test]
+    fn cover_reads_the_replicas_nearest_to_the_destination_rank() {
+        let src = Side::new(&param(&[2, 4], &[-1, 0], 0, 0), &[8, 8], "w", "source").unwrap();
+        let dst = Side::new(&param(&[8], &[-1, -1], 0, 0), &[8, 8], "w", "destination").unwrap();
+        let ranks = |r| cover(&src, &dst, r).into_iter().map(|c| c.0).collect::<Vec<_>>();
+        assert_eq!(ranks(1), vec![0, 1, 2, 3]);
+        assert_eq!(ranks(6), vec![4, 5, 6, 7]);
+        // every destination box is covered exactly once
+        let total: usize = cover(&src, &dst, 6).iter().map(|c| c.2.iter().map(|r| r.len()).product::<usize>()).sum();
+        assert_eq!(total, 64);
+    }
+
+    #[test]
+    fn an_optimizer_shard_that_does_not_divide_the_rows_is_refused() {
+        let e = Side::new(&param(&[8], &[-1], 1, -1), &[4], "b", "source").err().unwrap();
+        assert!(matches!(e, CheckpointError::NotDivisible { size: 4, split: 8, .. }), "{e:?}");
+    }
 }
