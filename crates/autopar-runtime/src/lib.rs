@@ -9,6 +9,35 @@
 //!   (`adam_m.<name>`, `adam_v.<name>`), weight decay and learning-rate schedules.
 //! * [`TrainStep`]: forward + backward + optimizer for one batch.
 //!
+//! ```
+//! use autopar_graph::{DType, GraphBuilder, Initializer};
+//! use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
+//! use autopar_tensor::Tensor;
+//!
+//! let mut b = GraphBuilder::new(0);
+//! let x = b.input("x", &[8, 4], DType::F32).unwrap();
+//! let y = b.input("y", &[8], DType::I32).unwrap();
+//! let h = b.dense("fc1", x, 16, Initializer::HeUniform).unwrap();
+//! let h = b.relu("relu", h).unwrap();
+//! let logits = b.dense("fc2", h, 3, Initializer::HeUniform).unwrap();
+//! let loss = b.softmax_cross_entropy("loss", logits, y).unwrap();
+//! let graph = b.finish();
+//!
+//! let mut params = ParamStore::init(&graph).unwrap();
+//! let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
+//! let mut step = TrainStep::new(graph, loss).unwrap();
+//! let feeds = vec![
+//!     (x, Tensor::from_vec(&[8, 4], (0..32).map(|i| (i % 7) as f32 / 7.0).collect::<Vec<f32>>()).unwrap()),
+//!     (y, Tensor::from_vec(&[8], (0..8).map(|i| i % 3).collect::<Vec<i32>>()).unwrap()),
+//! ];
+//! let first = step.run(&mut params, &mut opt, &feeds).unwrap();
+//! for _ in 0..20 {
+//!     step.run(&mut params, &mut opt, &feeds).unwrap();
+//! }
+//! assert!(step.run(&mut params, &mut opt, &feeds).unwrap() < first);
+//! assert!(params.get("fc1.weight").is_some());
+//! ```
+//!
 //! Key decisions:
 //! * Optimizers are runtime updates, not graph ops: they are element-wise and fused per
 //!   parameter, and their state has MindSpore's names so checkpoints interoperate.
