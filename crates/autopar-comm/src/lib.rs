@@ -28,6 +28,11 @@
 //!   model-, optimizer- and pipeline-parallel groups). Every member of the parent calls `split`
 //!   with the same lists; ranks agree on them or get [`CommError::Mismatch`].
 //! * Ranks in error messages are world ranks; ranks in arguments are group ranks.
+//! * **One conformance suite** ([`conformance::run_suite`]) checks any backend against the
+//!   serial reference (every collective, every element type, odd sizes, sub-groups); it runs
+//!   on `LocalComm` for 1 to 8 ranks in the tests and on `MpiComm` under `mpirun -n 2`/`-n 4`.
+//! * [`launch`] builds the `mpirun` command line (`autopar launch`): root, oversubscription and
+//!   container flags, and an install hint when OpenMPI is missing.
 
 pub mod comm;
 pub mod conformance;
