@@ -1,18 +1,21 @@
 //! Training-step throughput (samples/s) of ResNet-18 (CIFAR stem, 3x32x32, 10 classes, SGD with
 //! momentum) and a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW), and,
-//! in the same run, the same models in PyTorch on CPU with the same thread count.
+//! in the same run, the same models in PyTorch on CPU with the same thread count
+//! (`benches/torch_models.py`). The two sides alternate model by model for several rounds and the
+//! table shows each side's median, so a load change on a shared machine hits both sides alike.
 //!
 //! `cargo bench -p autopar-models --bench models`
 //!
-//! Knobs (environment): `RAYON_NUM_THREADS` (threads for both sides), `BENCH_SECONDS` (timed
-//! seconds per model, default 10), `RESNET_BATCH` (32), `GPT_BATCH` (16), `TORCH_PYTHON` (a
-//! Python with torch; default `/tmp/venv/bin/python`, skipped with a note when missing),
-//! `BENCH_PROFILE` (print op time by kind for one step of each model).
+//! Knobs (environment): `RAYON_NUM_THREADS` (threads for both sides; default all cores),
+//! `BENCH_SECONDS` (timed seconds per model and round, default 5), `BENCH_ROUNDS` (3),
+//! `RESNET_BATCH` (32), `GPT_BATCH` (16), `TORCH_PYTHON` (a Python with torch; default
+//! `/tmp/venv/bin/python`; the PyTorch column says n/a when it cannot run), `BENCH_PROFILE`
+//! (print op time by kind for one step of each model).
 
 use std::process::Command;
 use std::time::Instant;
 
-use autopar_graph::{NodeId, Rng};
+use autopar_graph::{DType, NodeId, Rng};
 use autopar_models::{Gpt, GptConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
 use autopar_tensor::Tensor;
@@ -21,52 +24,58 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-struct Figure {
-    model: String,
+/// One model ready to train on a fixed random batch.
+struct Runner {
     batch: usize,
-    steps: usize,
-    seconds: f64,
+    step: TrainStep,
+    params: ParamStore,
+    feeds: Vec<(NodeId, Tensor)>,
+    opt: Box<dyn Optimizer>,
 }
 
-impl Figure {
-    fn samples_per_s(&self) -> f64 {
-        (self.batch * self.steps) as f64 / self.seconds
+impl Runner {
+    fn new(model: &dyn Model, batch: usize, opt: Box<dyn Optimizer>) -> Self {
+        let (graph, m) = model.build_graph(batch, Mode::Train, 1).expect("model builds");
+        let params = ParamStore::init(&graph).expect("parameters initialise");
+        let mut rng = Rng::new(7);
+        let mut x_shape = vec![batch];
+        x_shape.extend(model.input_shape());
+        let mut y_shape = vec![batch];
+        y_shape.extend(model.label_shape());
+        let (nx, ny): (usize, usize) = (x_shape.iter().product(), y_shape.iter().product());
+        let classes = model.num_classes() as u64;
+        let x = match model.input_dtype() {
+            DType::I64 => Tensor::from_vec(&x_shape, (0..nx).map(|_| (rng.next_u64() % classes) as i64).collect()),
+            _ => Tensor::from_vec(&x_shape, (0..nx).map(|_| rng.normal() as f32).collect()),
+        }
+        .expect("input tensor");
+        let y = Tensor::from_vec(&y_shape, (0..ny).map(|_| (rng.next_u64() % classes) as i64).collect()).expect("label tensor");
+        let step = TrainStep::new(graph, m.loss).expect("model differentiates");
+        let mut r = Self { batch, step, params, feeds: vec![(m.x, x), (m.labels, y)], opt };
+        for _ in 0..2 {
+            r.one();
+        }
+        r
     }
-}
 
-fn time_model(label: &str, model: &dyn Model, batch: usize, opt: &mut dyn Optimizer, seconds: f64) -> Figure {
-    let (graph, m) = model.build_graph(batch, Mode::Train, 1).expect("model builds");
-    let mut params = ParamStore::init(&graph).expect("parameters initialise");
-    let mut rng = Rng::new(7);
-    let mut x_shape = vec![batch];
-    x_shape.extend(model.input_shape());
-    let mut y_shape = vec![batch];
-    y_shape.extend(model.label_shape());
-    let nx: usize = x_shape.iter().product();
-    let ny: usize = y_shape.iter().product();
-    let classes = model.num_classes() as u64;
-    let x = match model.input_dtype() {
-        autopar_graph::DType::I64 => Tensor::from_vec(&x_shape, (0..nx).map(|_| (rng.next_u64() % classes) as i64).collect()),
-        _ => Tensor::from_vec(&x_shape, (0..nx).map(|_| rng.normal() as f32).collect()),
+    fn one(&mut self) -> f64 {
+        self.step.run(&mut self.params, self.opt.as_mut(), &self.feeds).expect("training step")
     }
-    .expect("input tensor");
-    let y = Tensor::from_vec(&y_shape, (0..ny).map(|_| (rng.next_u64() % classes) as i64).collect()).expect("label tensor");
-    let feeds: Vec<(NodeId, Tensor)> = vec![(m.x, x), (m.labels, y)];
-    let mut step = TrainStep::new(graph, m.loss).expect("model differentiates");
-    for _ in 0..2 {
-        step.run(&mut params, opt, &feeds).expect("warm-up step");
+
+    /// Samples/s over at least `seconds` (and 3 steps).
+    fn time(&mut self, seconds: f64) -> f64 {
+        let (mut steps, start) = (0, Instant::now());
+        while steps < 3 || start.elapsed().as_secs_f64() < seconds {
+            self.one();
+            steps += 1;
+        }
+        (self.batch * steps) as f64 / start.elapsed().as_secs_f64()
     }
-    let (mut steps, start) = (0, Instant::now());
-    while steps < 3 || start.elapsed().as_secs_f64() < seconds {
-        step.run(&mut params, opt, &feeds).expect("training step");
-        steps += 1;
-    }
-    let fig = Figure { model: label.to_string(), batch, steps, seconds: start.elapsed().as_secs_f64() };
-    eprintln!("autopar {label}: {steps} steps in {:.2} s", fig.seconds);
-    if std::env::var_os("BENCH_PROFILE").is_some() {
-        // Op time by kind over one profiled forward + backward.
-        let mut prof = step.clone().with_profiling(true);
-        let out = prof.gradients(&mut params, &feeds).expect("profiled step");
+
+    /// Op time by kind over one profiled forward + backward, on stderr.
+    fn profile(&mut self, label: &str) {
+        let mut prof = self.step.clone().with_profiling(true);
+        let out = prof.gradients(&mut self.params, &self.feeds).expect("profiled step");
         let mut by_kind: Vec<(&str, f64, usize)> = Vec::new();
         for t in &out.run.timings {
             match by_kind.iter_mut().find(|(k, _, _)| *k == t.kind) {
@@ -79,95 +88,112 @@ fn time_model(label: &str, model: &dyn Model, batch: usize, opt: &mut dyn Optimi
         }
         by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
         let total: f64 = by_kind.iter().map(|e| e.1).sum();
-        eprintln!("  forward+backward op time {:.1} ms:", total * 1e3);
+        eprintln!("{label}: forward+backward op time {:.1} ms", total * 1e3);
         for (kind, secs, n) in by_kind.iter().take(10) {
             eprintln!("  {:>9.1} ms {:>5.1}%  {kind} (x{n})", secs * 1e3, 100.0 * secs / total);
         }
     }
-    fig
 }
 
-/// Runs the PyTorch script; `None` (with the reason on stderr) when Python or torch is missing.
-fn torch_figures(threads: usize, resnet_batch: usize, gpt_batch: usize, gpt: &GptConfig, seconds: f64) -> Option<(Vec<Figure>, String)> {
+/// The PyTorch side of one model: samples/s and the torch version, or why it could not run.
+fn torch_samples_per_s(
+    model: &str,
+    threads: usize,
+    resnet_batch: usize,
+    gpt_batch: usize,
+    gpt: &GptConfig,
+    seconds: f64,
+) -> Result<(f64, String), String> {
     let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "/tmp/venv/bin/python".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_models.py");
     let out = Command::new(&python)
-        .args([
-            script,
-            "--threads",
-            &threads.to_string(),
-            "--resnet-batch",
-            &resnet_batch.to_string(),
-            "--gpt-batch",
-            &gpt_batch.to_string(),
-        ])
-        .args([
-            "--gpt",
-            &format!("{},{},{},{},{}", gpt.vocab, gpt.context, gpt.width, gpt.heads, gpt.layers),
-            "--seconds",
-            &seconds.to_string(),
-        ])
-        .output();
-    let out = match out {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            eprintln!("pytorch side skipped: {python} {script} failed:\n{}", String::from_utf8_lossy(&o.stderr));
-            return None;
-        }
-        Err(e) => {
-            eprintln!("pytorch side skipped: cannot run {python}: {e} (set TORCH_PYTHON to a Python with torch)");
-            return None;
-        }
-    };
-    let (mut figs, mut version) = (Vec::new(), String::from("?"));
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let field = |key: &str| -> Option<String> {
-            let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
-            let rest = &line[at..];
-            let end = rest.find([',', '}']).unwrap_or(rest.len());
-            Some(rest[..end].trim().trim_matches('"').to_string())
-        };
-        if let Some(v) = field("torch") {
-            version = v;
-        } else if let (Some(model), Some(batch), Some(steps), Some(secs)) =
-            (field("model"), field("batch"), field("steps"), field("seconds"))
-        {
-            figs.push(Figure { model, batch: batch.parse().ok()?, steps: steps.parse().ok()?, seconds: secs.parse().ok()? });
-        }
+        .args([script, "--models", model, "--threads", &threads.to_string(), "--seconds", &seconds.to_string()])
+        .args(["--resnet-batch", &resnet_batch.to_string(), "--gpt-batch", &gpt_batch.to_string()])
+        .args(["--gpt", &format!("{},{},{},{},{}", gpt.vocab, gpt.context, gpt.width, gpt.heads, gpt.layers)])
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e} (set TORCH_PYTHON to a Python with torch)"))?;
+    if !out.status.success() {
+        return Err(format!("{python} {script} failed:\n{}", String::from_utf8_lossy(&out.stderr)));
     }
-    Some((figs, version))
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |line: &str, key: &str| -> Option<String> {
+        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
+        let rest = &line[at..];
+        let end = rest.find([',', '}']).unwrap_or(rest.len());
+        Some(rest[..end].trim().trim_matches('"').to_string())
+    };
+    let rate = stdout.lines().find_map(|l| field(l, "samples_per_s")).and_then(|v| v.parse().ok());
+    let version = stdout.lines().find_map(|l| field(l, "torch")).unwrap_or_else(|| "?".into());
+    rate.map(|r| (r, version)).ok_or_else(|| format!("no samples_per_s in the output of {script}:\n{stdout}"))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn main() {
     let threads = env_or("RAYON_NUM_THREADS", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let seconds: f64 = env_or("BENCH_SECONDS", 10.0);
+    let seconds: f64 = env_or("BENCH_SECONDS", 5.0);
+    let rounds: usize = env_or("BENCH_ROUNDS", 3usize).max(1);
     let resnet_batch = env_or("RESNET_BATCH", 32usize);
     let gpt_batch = env_or("GPT_BATCH", 16usize);
     let gpt_cfg = GptConfig::default();
 
     let resnet = ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18");
     let gpt = Gpt::new(gpt_cfg.clone()).expect("gpt");
-    let mut sgd = Momentum::new(LrSchedule::Constant(0.01), 0.9).expect("momentum");
-    let mut adamw = AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw");
-    let ours = [time_model("resnet18", &resnet, resnet_batch, &mut sgd, seconds), time_model("gpt", &gpt, gpt_batch, &mut adamw, seconds)];
-    let torch = torch_figures(threads, resnet_batch, gpt_batch, &gpt_cfg, seconds);
+    let mut runners = [
+        (
+            "resnet18",
+            "resnet18 (cifar stem)",
+            Runner::new(&resnet, resnet_batch, Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9).expect("momentum"))),
+        ),
+        ("gpt", "gpt (small)", Runner::new(&gpt, gpt_batch, Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")))),
+    ];
+    if std::env::var_os("BENCH_PROFILE").is_some() {
+        for (name, _, r) in runners.iter_mut() {
+            r.profile(name);
+        }
+    }
 
-    println!("training step, f32, {threads} threads, {seconds} s per model");
+    let mut ours = vec![Vec::new(); runners.len()];
+    let mut theirs = vec![Vec::new(); runners.len()];
+    let (mut torch_version, mut torch_error) = (None, None);
+    for round in 0..rounds {
+        for (i, (name, _, r)) in runners.iter_mut().enumerate() {
+            ours[i].push(r.time(seconds));
+            if torch_error.is_none() {
+                match torch_samples_per_s(name, threads, resnet_batch, gpt_batch, &gpt_cfg, seconds) {
+                    Ok((rate, version)) => {
+                        theirs[i].push(rate);
+                        torch_version = Some(version);
+                    }
+                    Err(e) => torch_error = Some(e),
+                }
+            }
+            eprintln!("round {}: {name} autopar {:.1} samples/s, pytorch {:?}", round + 1, ours[i].last().unwrap(), theirs[i].last());
+        }
+    }
+
+    println!("training step, f32, {threads} threads; median of {rounds} alternating rounds of {seconds} s per model and side");
     println!(
         "gpt = vocab {} context {} width {} heads {} layers {} (tied embeddings)",
         gpt_cfg.vocab, gpt_cfg.context, gpt_cfg.width, gpt_cfg.heads, gpt_cfg.layers
     );
-    println!("{:<22} {:>6} {:>16} {:>16} {:>8}", "model", "batch", "autopar samples/s", "pytorch samples/s", "ratio");
-    for (fig, name) in ours.iter().zip(["resnet18 (cifar stem)", "gpt (small)"]) {
-        let theirs = torch.as_ref().and_then(|(t, _)| t.iter().find(|f| f.model == fig.model));
-        let (t, ratio) = match theirs {
-            Some(t) => (format!("{:.1}", t.samples_per_s()), format!("{:.2}", fig.samples_per_s() / t.samples_per_s())),
-            None => ("n/a".into(), "n/a".into()),
+    println!("{:<22} {:>6} {:>18} {:>18} {:>8}", "model", "batch", "autopar samples/s", "pytorch samples/s", "ratio");
+    for (i, (_, label, r)) in runners.iter().enumerate() {
+        let a = median(&mut ours[i]);
+        let (t, ratio) = if theirs[i].is_empty() {
+            ("n/a".to_string(), "n/a".to_string())
+        } else {
+            let t = median(&mut theirs[i]);
+            (format!("{t:.1}"), format!("{:.2}", a / t))
         };
-        println!("{:<22} {:>6} {:>16.1} {:>16} {:>8}", name, fig.batch, fig.samples_per_s(), t, ratio);
+        println!("{:<22} {:>6} {:>18.1} {:>18} {:>8}", label, r.batch, a, t, ratio);
     }
-    match &torch {
-        Some((_, version)) => println!("pytorch {version} on CPU, torch.set_num_threads({threads}); ratio = autopar / pytorch"),
-        None => println!("pytorch: not available in this run (see stderr)"),
+    match (torch_version, torch_error) {
+        (Some(v), None) => println!("pytorch {v} on CPU, torch.set_num_threads({threads}); ratio = autopar / pytorch"),
+        (_, Some(e)) => println!("pytorch: not available in this run: {e}"),
+        (None, None) => {}
     }
 }

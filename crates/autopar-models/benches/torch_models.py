@@ -1,7 +1,8 @@
 """PyTorch (CPU) counterparts of the models timed by benches/models.rs, same sizes, same
 optimizers, same thread count. Prints one JSON object per model on stdout.
 
-usage: python torch_models.py --threads N [--resnet-batch 32] [--gpt-batch 16] [--seconds 10]
+usage: python torch_models.py --threads N [--models resnet18,gpt] [--resnet-batch 32] [--gpt-batch 16]
+       [--gpt vocab,context,width,heads,layers] [--seconds 10]
 """
 import argparse
 import json
@@ -109,10 +110,20 @@ def main():
     p.add_argument("--gpt-batch", type=int, default=16)
     p.add_argument("--gpt", default="256,64,128,4,4", help="vocab,context,width,heads,layers")
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--models", default="resnet18,gpt", help="which models to time, comma-separated")
     a = p.parse_args()
+    models = a.models.split(",")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
 
+    if "resnet18" in models:
+        time_resnet(a)
+    if "gpt" in models:
+        time_gpt(a)
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
+
+
+def time_resnet(a):
     net = ResNet18Cifar()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(a.resnet_batch, 3, 32, 32)
@@ -127,6 +138,8 @@ def main():
     steps, secs = time_steps(resnet_step, a.seconds)
     print(json.dumps({"model": "resnet18", "batch": a.resnet_batch, "steps": steps, "seconds": secs, "samples_per_s": a.resnet_batch * steps / secs}), flush=True)
 
+
+def time_gpt(a):
     vocab, ctx, d, heads, layers = (int(v) for v in a.gpt.split(","))
     gpt = Gpt(vocab, ctx, d, heads, layers)
     gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, weight_decay=0.0)
@@ -141,7 +154,6 @@ def main():
 
     steps, secs = time_steps(gpt_step, a.seconds)
     print(json.dumps({"model": "gpt", "batch": a.gpt_batch, "steps": steps, "seconds": secs, "samples_per_s": a.gpt_batch * steps / secs}), flush=True)
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
 
 
 if __name__ == "__main__":
