@@ -124,6 +124,71 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     Some(out)
 }
 
+/// Row-major copy of any strided view. The innermost output axis is copied as a slice when it
+/// is contiguous in the source; a transposed pair of trailing axes is copied in 8x8 tiles; other
+/// layouts gather element by element. (Much faster than generic n-d iteration.)
+pub(crate) fn to_standard<T: Copy>(v: &ArrayViewD<'_, T>) -> ArrayD<T> {
+    if v.is_standard_layout() {
+        return v.to_owned();
+    }
+    let shape = v.shape().to_vec();
+    let strides = v.strides().to_vec();
+    let n = shape.len();
+    let total: usize = shape.iter().product();
+    let mut out: Vec<T> = Vec::with_capacity(total);
+    if total > 0 {
+        let base = v.as_ptr();
+        let last = shape[n - 1];
+        let sl = strides[n - 1];
+        // Transposed trailing pair: source strides (1, s) on the last two axes.
+        let tiled = n >= 2 && sl != 1 && strides[n - 2] == 1;
+        let outer_dims = if tiled { n - 2 } else { n - 1 };
+        let outer: usize = shape[..outer_dims].iter().product();
+        let mut idx = vec![0usize; outer_dims];
+        // SAFETY: every offset below addresses an element of the view (indices within `shape`).
+        unsafe {
+            let dst = out.as_mut_ptr();
+            let mut w = 0usize;
+            for _ in 0..outer {
+                let off: isize = idx.iter().zip(&strides).map(|(&i, &s)| i as isize * s).sum();
+                let p = base.offset(off);
+                if tiled {
+                    let (rows, s_row) = (shape[n - 2], strides[n - 2]);
+                    debug_assert_eq!(s_row, 1);
+                    for r0 in (0..rows).step_by(8) {
+                        for c0 in (0..last).step_by(8) {
+                            for r in r0..(r0 + 8).min(rows) {
+                                for c in c0..(c0 + 8).min(last) {
+                                    *dst.add(w + r * last + c) = *p.offset(r as isize + c as isize * sl);
+                                }
+                            }
+                        }
+                    }
+                    w += rows * last;
+                } else if sl == 1 {
+                    std::ptr::copy_nonoverlapping(p, dst.add(w), last);
+                    w += last;
+                } else {
+                    for c in 0..last {
+                        *dst.add(w + c) = *p.offset(c as isize * sl);
+                    }
+                    w += last;
+                }
+                for d in (0..outer_dims).rev() {
+                    idx[d] += 1;
+                    if idx[d] < shape[d] {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+            debug_assert_eq!(w, total);
+            out.set_len(total);
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).expect("count")
+}
+
 /// Normalises a possibly negative axis against `rank`.
 pub fn normalize_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
@@ -231,7 +296,7 @@ impl Tensor {
         if self.is_contiguous() {
             return self.clone();
         }
-        Tensor { s: map_storage!(&self.s, a => a.as_standard_layout().into_owned().into_shared()) }
+        Tensor { s: map_storage!(&self.s, a => to_standard(&a.view()).into_shared()) }
     }
 
     /// True if the memory this view covers overlaps `other`'s (a zero-copy slice overlaps its
@@ -405,6 +470,21 @@ mod tests {
         assert_eq!(Tensor::zeros(&[2, 3], DType::BF16).to_string(), "bf16[2, 3]");
         assert!(normalize_axis("t", -3, 2).is_err());
         assert_eq!(normalize_axis("t", -1, 2).unwrap(), 1);
+    }
+
+    #[test]
+    fn strided_views_copy_to_row_major_in_every_layout() {
+        let x = Tensor::from_vec(&[3, 4, 5, 6], (0..360).map(|i| i as f64).collect()).unwrap();
+        let xa = x.array::<f64>().unwrap();
+        let perms: [&[usize]; 5] = [&[0, 2, 1, 3], &[3, 2, 1, 0], &[0, 1, 3, 2], &[1, 3, 0, 2], &[2, 0, 3, 1]];
+        for perm in perms {
+            let v = xa.view().permuted_axes(IxDyn(perm));
+            assert_eq!(to_standard(&v), v.as_standard_layout().into_owned(), "perm {perm:?}");
+        }
+        let sliced = xa.slice(ndarray::s![1.., ..;2, 1..4, ..]).into_dyn();
+        assert_eq!(to_standard(&sliced), sliced.to_owned());
+        let empty = ArrayD::<f64>::zeros(IxDyn(&[2, 0, 3]));
+        assert_eq!(to_standard(&empty.view().permuted_axes(IxDyn(&[2, 1, 0]))).shape(), &[3, 0, 2]);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use super::{float_dispatch, same_dtype};
-use crate::tensor::normalize_axis;
+use crate::tensor::{normalize_axis, to_standard};
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
 /// Which reduction.
@@ -69,8 +69,7 @@ where
     let inner: usize = axes.iter().map(|&a| x.shape()[a]).product();
     let mut perm = kept.clone();
     perm.extend_from_slice(axes);
-    let xp = x.permuted_axes(IxDyn(&perm));
-    let xs = xp.as_standard_layout();
+    let xs = to_standard(&x.permuted_axes(IxDyn(&perm)));
     let data = xs.as_slice().expect("standard layout");
     let rows: usize = out_shape.iter().product();
     let mut out = vec![T::zero(); rows];
@@ -220,7 +219,7 @@ pub fn reduce_max_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, axes: &[isize
         let kept: Vec<usize> = (0..xv.ndim()).filter(|i| !ax.contains(i)).collect();
         let mut perm = kept.clone();
         perm.extend_from_slice(&ax);
-        let xs = xv.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned();
+        let xs = to_standard(&xv.view().permuted_axes(IxDyn(&perm)));
         let data = xs.as_slice().expect("standard");
         let inner: usize = ax.iter().map(|&a| x.shape()[a]).product();
         let gs = g.as_standard_layout();
@@ -243,7 +242,7 @@ pub fn reduce_max_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, axes: &[isize
         for (i, &p) in perm.iter().enumerate() {
             inv[p] = i;
         }
-        Ok(Tensor::from_array(arr.permuted_axes(IxDyn(&inv)).as_standard_layout().into_owned()))
+        Ok(Tensor::from_array(to_standard(&arr.view().permuted_axes(IxDyn(&inv)))))
     })
 }
 
@@ -256,8 +255,8 @@ where
     let len = x.shape()[axis];
     let mut perm: Vec<usize> = (0..n).filter(|&i| i != axis).collect();
     perm.push(axis);
-    let xs = x.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned();
-    let ys = y.map(|y| y.permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned());
+    let xs = to_standard(&x.permuted_axes(IxDyn(&perm)));
+    let ys = y.map(|y| to_standard(&y.permuted_axes(IxDyn(&perm))));
     let xd = xs.as_slice().expect("standard");
     let yd = ys.as_ref().map(|a| a.as_slice().expect("standard"));
     let mut out = vec![T::zero(); xd.len()];
@@ -273,7 +272,7 @@ where
     if axis == n - 1 {
         arr
     } else {
-        arr.permuted_axes(IxDyn(&inv)).as_standard_layout().into_owned()
+        to_standard(&arr.view().permuted_axes(IxDyn(&inv)))
     }
 }
 
