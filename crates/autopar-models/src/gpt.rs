@@ -198,6 +198,15 @@ impl Model for Gpt {
     fn num_classes(&self) -> usize {
         self.cfg.vocab
     }
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        let tied = if c.tie_embeddings { "tied" } else { "untied" };
+        let dropout = if c.dropout > 0.0 { format!(", dropout {}", c.dropout) } else { String::new() };
+        format!(
+            "gpt (vocab {}, context {}, width {}, {} heads, {} blocks, {tied} embeddings{dropout})",
+            c.vocab, c.context, c.width, c.heads, c.layers
+        )
+    }
     fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph> {
         positive("gpt", "batch size", batch)?;
         let start = b.graph().len();

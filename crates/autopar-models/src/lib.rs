@@ -90,6 +90,15 @@ impl ModelGraph {
         self.ops.get(name).copied().ok_or_else(|| ModelError::UnknownOp { model: self.model.clone(), name: name.to_string() })
     }
 
+    /// The ops whose names start with `prefix` (`"layer3."`, `"blocks.2."`), in name order: the
+    /// ops of one block, for a strategy or a pipeline stage per block.
+    pub fn ops_under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, NodeId)> + 'a {
+        self.ops
+            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .take_while(move |(n, _)| n.starts_with(prefix))
+            .map(|(n, &id)| (n.as_str(), id))
+    }
+
     /// Annotates op `name` with a sharding strategy (MindSpore's `op.shard(strategy)`), checked
     /// against the op's input shapes.
     pub fn shard(&self, b: &mut GraphBuilder, name: &str, strategy: Strategy) -> Result<NodeId> {
@@ -184,6 +193,9 @@ pub trait Model: fmt::Debug + Send + Sync {
     fn label_shape(&self) -> Vec<usize>;
     /// Number of classes (the vocabulary for the GPT).
     fn num_classes(&self) -> usize;
+    /// One line for logs and summaries: `resnet18 (basic blocks 2-2-2-2, cifar stem, width 64,
+    /// 10 classes, input [3, 32, 32])`.
+    fn describe(&self) -> String;
     /// Adds the model for `batch` samples to `b`; marks the loss and the logits as outputs.
     fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph>;
 
@@ -398,6 +410,27 @@ mod tests {
         for name in ["fc1.bias", "bn1.gamma", "layer1.0.bn1.beta", "ln_f.gamma", "bn1.moving_mean", "causal_mask"] {
             assert!(!decays(name), "{name}");
         }
+    }
+
+    #[test]
+    fn the_ops_of_one_block_are_found_by_prefix() {
+        let m = model_by_name("gpt", &ModelOptions { depth: Some(2), ..Default::default() }).unwrap();
+        let (_, mg) = m.build_graph(1, Mode::Train, 0).unwrap();
+        let block1: Vec<&str> = mg.ops_under("blocks.1.").map(|(n, _)| n).collect();
+        assert!(block1.contains(&"blocks.1.attn.scores") && block1.contains(&"blocks.1.mlp.fc2.matmul"), "{block1:?}");
+        assert!(block1.iter().all(|n| n.starts_with("blocks.1.")));
+        assert_eq!(block1.len(), mg.ops.keys().filter(|n| n.starts_with("blocks.1.")).count());
+        assert_eq!(mg.ops_under("nothing.").count(), 0);
+    }
+
+    #[test]
+    fn every_model_describes_itself_in_one_line() {
+        let d = model_by_name("resnet50", &ModelOptions::default()).unwrap().describe();
+        assert_eq!(d, "resnet50 (bottleneck blocks 3-4-6-3, imagenet stem, width 64, 10 classes, input [3, 224, 224])");
+        let d = model_by_name("mlp", &ModelOptions::default()).unwrap().describe();
+        assert_eq!(d, "mlp (784-512-512-10, ReLU)");
+        let d = model_by_name("gpt", &ModelOptions::default()).unwrap().describe();
+        assert_eq!(d, "gpt (vocab 256, context 64, width 128, 4 heads, 4 blocks, tied embeddings)");
     }
 
     #[test]

@@ -88,6 +88,15 @@ impl Model for Mlp {
     fn num_classes(&self) -> usize {
         self.cfg.num_classes
     }
+    fn describe(&self) -> String {
+        let sizes: Vec<String> = [self.cfg.input_shape.iter().product::<usize>()]
+            .into_iter()
+            .chain(self.cfg.hidden.iter().copied())
+            .chain([self.cfg.num_classes])
+            .map(|n| n.to_string())
+            .collect();
+        format!("mlp ({}, ReLU)", sizes.join("-"))
+    }
     fn build(&self, b: &mut GraphBuilder, batch: usize, _mode: Mode) -> Result<ModelGraph> {
         positive("mlp", "batch size", batch)?;
         let start = b.graph().len();

@@ -263,6 +263,26 @@ impl Model for ResNet {
     fn num_classes(&self) -> usize {
         self.cfg.num_classes
     }
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        let block = match c.block {
+            Block::Basic => "basic",
+            Block::Bottleneck => "bottleneck",
+        };
+        let stem = match c.stem {
+            Stem::Cifar => "cifar",
+            Stem::ImageNet => "imagenet",
+        };
+        let layers: Vec<String> = c.layers.iter().map(|n| n.to_string()).collect();
+        format!(
+            "{} ({block} blocks {}, {stem} stem, width {}, {} classes, input {:?})",
+            self.name,
+            layers.join("-"),
+            c.width,
+            c.num_classes,
+            c.input_shape
+        )
+    }
     fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph> {
         positive(&self.name, "batch size", batch)?;
         let start = b.graph().len();
