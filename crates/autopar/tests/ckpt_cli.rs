@@ -144,3 +144,36 @@ fn a_missing_rank_fails_with_exit_code_2_and_names_it() {
     assert!(err.starts_with("autopar: destination rank 0 needs source rank 5"), "{err}");
     assert!(err.contains("hint:"), "{err}");
 }
+
+#[test]
+fn transform_rank_writes_one_rank_from_the_files_it_is_given() {
+    let case = fixtures().join("transforms/safetensors_out_semi_train_optshard_to_out_semi_train");
+    let st = fixtures().join("strategies");
+    let (src_s, dst_s) = (st.join("semi_train_optshard/strategy_rank0.ckpt"), st.join("semi_train/strategy_rank0.ckpt"));
+    let out = TempDir::new();
+    let list = autopar(&["ckpt", "rank-list", "6", "--src-strategy", s(&src_s), "--dst-strategy", s(&dst_s), "--json"]);
+    let list: Vec<usize> = serde_json::from_slice(&list.stdout).unwrap();
+    let mut args: Vec<String> = ["ckpt", "transform-rank", "6", "--out"].iter().map(|x| x.to_string()).collect();
+    args.push(s(&out.path().join("net_6.safetensors")).into());
+    for r in &list {
+        args.push("--file".into());
+        args.push(format!("{r}={}", s(&case.join(format!("src/rank_{r}/net_{r}.safetensors")))));
+    }
+    args.extend(["--src-strategy".into(), s(&src_s).into(), "--dst-strategy".into(), s(&dst_s).into()]);
+    let o = autopar(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ours = std::fs::read(out.path().join("net_6.safetensors")).unwrap();
+    assert!(ours == std::fs::read(case.join("dst/rank_6/net_6.safetensors")).unwrap(), "rank 6 differs from MindSpore's file");
+    // one file fewer than the rank list needs
+    let skip = format!("{}=", list[0]);
+    let mut short: Vec<&str> = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        let dropped = a.starts_with(&skip) || (a == "--file" && args.get(i + 1).is_some_and(|n| n.starts_with(&skip)));
+        if !dropped {
+            short.push(a);
+        }
+    }
+    let o = autopar(&short);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("source rank {}", list[0])), "{}", String::from_utf8_lossy(&o.stderr));
+}
