@@ -101,6 +101,14 @@ impl ParamStore {
     }
 }
 
+/// Runs a graph's communication ops across ranks. The parallel runtime implements it over a
+/// `Communicator`; [`Executor::run_with`] hands it every communication node (AllReduce,
+/// AllGather, ReduceScatter, AllToAll, Broadcast, Reduce, Send, Recv) with its input, and
+/// expects a tensor of the node's inferred type back.
+pub trait Collectives {
+    fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor>;
+}
+
 /// Wall time of one op in a profiled run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpTiming {
@@ -226,6 +234,18 @@ impl Executor {
     /// Runs the graph. `feeds` give every needed input; `params` holds every needed parameter
     /// and receives updated running statistics (batch norm in training); `step` seeds dropout.
     pub fn run(&self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], step: u64) -> Result<RunOutput> {
+        self.run_with(params, feeds, step, None)
+    }
+
+    /// As [`Executor::run`], with communication ops executed by `collectives` (without it they
+    /// are identities on one-rank groups and an error otherwise).
+    pub fn run_with(
+        &self,
+        params: &mut ParamStore,
+        feeds: &[(NodeId, Tensor)],
+        step: u64,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<RunOutput> {
         for (id, _) in feeds {
             let node = self.graph.get(*id)?;
             if !matches!(node.op, OpKind::Input(_)) {
@@ -241,7 +261,10 @@ impl Executor {
             let start = self.profile.then(Instant::now);
             let out = {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
-                self.eval(node, &ins, params, feeds, step, &mut norm_cache)?
+                match collectives {
+                    Some(c) if node.op.is_communication() => c.execute(node, ins[0])?,
+                    _ => self.eval(node, &ins, params, feeds, step, &mut norm_cache)?,
+                }
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
                 return Err(RuntimeError::TypeMismatch {
@@ -591,6 +614,24 @@ mod tests {
         let y = b.all_reduce("grad_sync", x, ReduceOp::Sum, &[0, 1]).unwrap();
         let err = Executor::new(b.finish(), &[y]).unwrap().run(&mut ParamStore::new(), &[(x, v(&[2], &[1.0, 2.0]))], 0).unwrap_err();
         assert!(matches!(err, RuntimeError::NeedsCommunicator { ref group, .. } if group == &vec![0, 1]), "{err}");
+    }
+
+    #[test]
+    fn communication_ops_go_to_the_collectives_when_given() {
+        struct Doubling;
+        impl Collectives for Doubling {
+            fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor> {
+                assert_eq!(node.op.kind(), "AllReduce");
+                Ok(ew::scale(&ExecCtx::serial(), input, 2.0).unwrap())
+            }
+        }
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2], DType::F64).unwrap();
+        let y = b.all_reduce("grad_sync", x, ReduceOp::Sum, &[0, 1]).unwrap();
+        let z = b.exp("z", y).unwrap();
+        let exec = Executor::new(b.finish(), &[z]).unwrap();
+        let out = exec.run_with(&mut ParamStore::new(), &[(x, v(&[2], &[0.0, 0.5]))], 0, Some(&Doubling)).unwrap();
+        assert_eq!(out.values[0].to_f64_vec(), vec![1.0, 1f64.exp()]);
     }
 
     #[test]

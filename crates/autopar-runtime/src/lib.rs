@@ -50,6 +50,6 @@ pub mod optim;
 pub mod train;
 
 pub use error::{Result, RuntimeError};
-pub use executor::{graph_dtype, tensor_dtype, Executor, OpTiming, ParamStore, RunOutput};
+pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, OpTiming, ParamStore, RunOutput};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use train::{StepOutput, TrainStep};
