@@ -50,7 +50,7 @@
 //! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |
 //! | MaxPool, AvgPool | `pool::{max_pool2d, avg_pool2d}` | `pool::{max_pool2d_backward, avg_pool2d_backward}` |
 //! | global average pool | `pool::global_avg_pool` | `pool::global_avg_pool_backward` |
-//! | Dropout | `dropout::dropout(x, p, seed)` | `dropout::dropout_backward(dy, mask)` |
+//! | Dropout | `dropout::dropout(x, p, seed)`, `dropout::dropout_slice` (a shard draws the full tensor's mask) | `dropout::dropout_backward(dy, mask)` |
 //! | SoftmaxCrossEntropy | `loss::softmax_cross_entropy_sparse` | `loss::softmax_cross_entropy_sparse_backward` |
 //!
 //! ```

@@ -29,6 +29,53 @@ pub fn dropout(ctx: &ExecCtx, x: &Tensor, p: f64, seed: u64) -> Result<(Tensor, 
     })
 }
 
+/// Dropout of one block of a larger (sharded) tensor: element `i` of `x` uses the mask value of
+/// its position in the full tensor of shape `global_shape`, where `x` starts at `begin`. So
+/// every rank of a sharded run draws exactly the mask the unsharded tensor would get.
+pub fn dropout_slice(ctx: &ExecCtx, x: &Tensor, p: f64, seed: u64, global_shape: &[usize], begin: &[usize]) -> Result<(Tensor, Tensor)> {
+    let op = "dropout";
+    if !(0.0..1.0).contains(&p) {
+        return Err(TensorError::InvalidArgument { op, name: "p", value: p.to_string(), expected: "a drop probability in [0, 1)" });
+    }
+    let fits = global_shape.len() == x.rank()
+        && begin.len() == x.rank()
+        && x.shape().iter().zip(begin).zip(global_shape).all(|((d, b), g)| b + d <= *g);
+    if !fits {
+        return Err(TensorError::BadShape {
+            op,
+            what: "block",
+            shape: x.shape().to_vec(),
+            expected: format!("a block at {begin:?} inside the global shape {global_shape:?}"),
+        });
+    }
+    let n = x.rank();
+    let mut gstride = vec![1usize; n];
+    for d in (0..n.saturating_sub(1)).rev() {
+        gstride[d] = gstride[d + 1] * global_shape[d + 1];
+    }
+    let base: usize = begin.iter().zip(&gstride).map(|(b, s)| b * s).sum();
+    let local = x.shape().to_vec();
+    let last = local.last().copied().unwrap_or(1).max(1);
+    float_dispatch!(op, x.dtype(), T => {
+        let scale = T::c(1.0 / (1.0 - p));
+        let mut mask = vec![T::zero(); x.numel()];
+        // One local row (last axis) per chunk: its global start is computed from the row index.
+        ctx.for_chunks(&mut mask, last, |row, m| {
+            let (mut r, mut off) = (row, base);
+            for d in (0..n.saturating_sub(1)).rev() {
+                off += (r % local[d]) * gstride[d];
+                r /= local[d];
+            }
+            for (j, v) in m.iter_mut().enumerate() {
+                *v = if uniform01(seed, (off + j) as u64) >= p { scale } else { T::zero() };
+            }
+        });
+        let mask = Tensor::from_vec(x.shape(), mask)?;
+        let y = map2(ctx, x.shape(), &x.typed::<T>(op, "input")?, &mask.typed::<T>(op, "mask")?, |a, b| a * b);
+        Ok((Tensor::from_array(y), mask))
+    })
+}
+
 /// Dropout backward: `dy * mask`.
 pub fn dropout_backward(ctx: &ExecCtx, dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let op = "dropout_backward";
@@ -58,5 +105,18 @@ mod tests {
         assert!(dropout_backward(&cx, &x, &mask).unwrap().bit_eq(&y));
         assert!(dropout(&cx, &x, 0.0, 1).unwrap().0.bit_eq(&x));
         assert!(matches!(dropout(&cx, &x, 1.0, 1), Err(TensorError::InvalidArgument { name: "p", .. })));
+    }
+
+    #[test]
+    fn a_block_of_a_sharded_tensor_gets_the_mask_of_the_full_tensor() {
+        let cx = ExecCtx::serial();
+        let full = crate::random::uniform(&[4, 6, 5], -1., 1., 3, DType::F32);
+        let (y, mask) = dropout(&cx, &full, 0.5, 11).unwrap();
+        let begin = [1, 2, 1];
+        let block = crate::kernels::shape::slice(&full, &begin, &[2, 3, 4]).unwrap();
+        let (yb, mb) = dropout_slice(&cx, &block, 0.5, 11, &[4, 6, 5], &begin).unwrap();
+        assert!(mb.bit_eq(&crate::kernels::shape::slice(&mask, &begin, &[2, 3, 4]).unwrap().contiguous()));
+        assert!(yb.bit_eq(&crate::kernels::shape::slice(&y, &begin, &[2, 3, 4]).unwrap().contiguous()));
+        assert!(dropout_slice(&cx, &block, 0.5, 11, &[4, 6, 5], &[3, 0, 0]).is_err());
     }
 }
