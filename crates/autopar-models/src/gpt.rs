@@ -211,7 +211,7 @@ impl Model for Gpt {
         positive("gpt", "batch size", batch)?;
         let start = b.graph().len();
         let (x, labels, logits, loss) = self.build_inner(b, batch, mode.is_training()).model("gpt")?;
-        Ok(ModelGraph::collect("gpt", b, start, x, labels, logits, loss))
+        Ok(ModelGraph::collect("gpt", b, start, mode, [x, labels, logits, loss]))
     }
 }
 

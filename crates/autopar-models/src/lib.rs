@@ -70,6 +70,10 @@ impl Mode {
 pub struct ModelGraph {
     /// The model's CLI name (`resnet18`).
     pub model: String,
+    /// Samples per batch the graph was built for.
+    pub batch: usize,
+    /// Training or evaluation graph.
+    pub mode: Mode,
     /// The input: `[N, ...sample shape]` of [`Model::input_dtype`].
     pub x: NodeId,
     /// Integer labels (i64): `[N]`, or `[N, T]` for the GPT.
@@ -132,7 +136,10 @@ impl ModelGraph {
     }
 
     /// Collects what `model` added to `b` since node `start`.
-    pub(crate) fn collect(model: &str, b: &GraphBuilder, start: usize, x: NodeId, labels: NodeId, logits: NodeId, loss: NodeId) -> Self {
+    /// `ids` are `[x, labels, logits, loss]`.
+    pub(crate) fn collect(model: &str, b: &GraphBuilder, start: usize, mode: Mode, ids: [NodeId; 4]) -> Self {
+        let [x, labels, logits, loss] = ids;
+        let batch = b.graph().node(x).ty.shape[0];
         let mut ops = BTreeMap::new();
         let mut params = BTreeMap::new();
         for (i, node) in b.graph().nodes().iter().enumerate().skip(start) {
@@ -146,7 +153,7 @@ impl ModelGraph {
                 }
             }
         }
-        Self { model: model.to_string(), x, labels, logits, loss, ops, params }
+        Self { model: model.to_string(), batch, mode, x, labels, logits, loss, ops, params }
     }
 }
 
@@ -419,6 +426,7 @@ mod tests {
         let block1: Vec<&str> = mg.ops_under("blocks.1.").map(|(n, _)| n).collect();
         assert!(block1.contains(&"blocks.1.attn.scores") && block1.contains(&"blocks.1.mlp.fc2.matmul"), "{block1:?}");
         assert!(block1.iter().all(|n| n.starts_with("blocks.1.")));
+        assert_eq!((mg.batch, mg.mode), (1, Mode::Train));
         assert_eq!(block1.len(), mg.ops.keys().filter(|n| n.starts_with("blocks.1.")).count());
         assert_eq!(mg.ops_under("nothing.").count(), 0);
     }

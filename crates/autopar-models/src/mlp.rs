@@ -101,7 +101,7 @@ impl Model for Mlp {
         positive("mlp", "batch size", batch)?;
         let start = b.graph().len();
         let (x, labels, logits, loss) = self.build_inner(b, batch).model("mlp")?;
-        Ok(ModelGraph::collect("mlp", b, start, x, labels, logits, loss))
+        Ok(ModelGraph::collect("mlp", b, start, _mode, [x, labels, logits, loss]))
     }
 }
 

@@ -287,7 +287,7 @@ impl Model for ResNet {
         positive(&self.name, "batch size", batch)?;
         let start = b.graph().len();
         let (x, labels, logits, loss) = self.build_inner(b, batch, mode.is_training()).model(&self.name)?;
-        Ok(ModelGraph::collect(&self.name, b, start, x, labels, logits, loss))
+        Ok(ModelGraph::collect(&self.name, b, start, mode, [x, labels, logits, loss]))
     }
 }
 
