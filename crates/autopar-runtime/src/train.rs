@@ -4,7 +4,7 @@ use autopar_graph::{backward, Graph, NodeId};
 use autopar_tensor::{ExecCtx, Tensor};
 
 use crate::error::{Result, RuntimeError};
-use crate::executor::{Executor, ParamStore, RunOutput};
+use crate::executor::{Collectives, Executor, ParamStore, RunOutput};
 use crate::optim::Optimizer;
 
 /// What [`TrainStep::gradients`] returns.
@@ -60,12 +60,27 @@ impl TrainStep {
     /// Runs forward and backward; returns the loss, the gradients by parameter name, and the
     /// run's statistics.
     pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)]) -> Result<StepOutput> {
-        let out = self.executor.run(params, feeds, self.step)?;
+        self.gradients_with(params, feeds, None)
+    }
+
+    /// As [`TrainStep::gradients`], with communication ops run by `collectives`.
+    pub fn gradients_with(
+        &mut self,
+        params: &mut ParamStore,
+        feeds: &[(NodeId, Tensor)],
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<StepOutput> {
+        let out = self.executor.run_with(params, feeds, self.step, collectives)?;
         self.step += 1;
         let mut values = out.values.iter().cloned();
         let loss = values.next().expect("the loss is fetched first");
         let grads = self.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
         Ok(StepOutput { loss, grads, run: out })
+    }
+
+    /// Steps run so far (the dropout step counter).
+    pub fn steps(&self) -> u64 {
+        self.step
     }
 
     /// One step: forward, backward, `opt.step`. Returns the loss (summed if not a scalar).
