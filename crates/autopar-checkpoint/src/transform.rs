@@ -518,41 +518,72 @@ fn spec_bytes(s: &TensorSpec) -> u64 {
     s.shape.iter().map(|&d| d as u64).product::<u64>() * s.dtype.size() as u64
 }
 
-/// Fill and write one destination file.
-fn execute(plan: &RankPlan, files: &BTreeMap<usize, CheckpointFile>, crc: bool, progress: &dyn Fn(u64), abort: &AtomicBool) -> Result<()> {
+/// Fill and write one destination file. A writer thread writes tensor `i` while tensor `i + 1`
+/// is assembled, so one job holds at most two destination tensors.
+fn execute(
+    plan: &RankPlan,
+    files: &BTreeMap<usize, CheckpointFile>,
+    crc: bool,
+    progress: &(dyn Fn(u64) + Sync),
+    abort: &AtomicBool,
+) -> Result<()> {
     let mut meta = BTreeMap::new();
     meta.insert("format".to_string(), "ms".to_string());
     let specs: Vec<TensorSpec> = plan.tensors.iter().map(|t| t.spec.clone()).collect();
     let by_name: HashMap<&str, &TensorPlan> = plan.tensors.iter().map(|t| (t.spec.name.as_str(), t)).collect();
     let mut w = CheckpointWriter::create(&plan.path, specs, &meta, crc)?;
-    let mut buf: Vec<u8> = Vec::new();
-    for i in 0..w.order().len() {
-        if abort.load(Ordering::Relaxed) {
-            return Err(CheckpointError::InvalidArgument("stopped after an error in another job".into()));
-        }
-        let name = w.order()[i].name.clone();
-        let t = by_name[name.as_str()];
-        if t.spec.dtype == crate::DType::Str {
-            // string values have no shape to slice: copied whole
-            let (r, _, _) = &t.pieces[0];
-            let data = files[r].read(&name)?;
-            w.write_next(&data)?;
-            progress(data.len() as u64);
-            continue;
-        }
-        // The source boxes partition the destination piece, so every byte is overwritten:
-        // a buffer of the same size is reused without clearing it.
-        let len = spec_bytes(&t.spec) as usize;
-        buf.truncate(len);
-        buf.resize(len, 0);
-        for (r, src_box, dst_start) in &t.pieces {
-            files[r].copy_region(&name, src_box, &mut buf, &t.spec.shape, dst_start)?;
-        }
-        w.write_next(&buf)?;
-        progress(len as u64);
-    }
-    drop(buf);
-    w.finish()
+    let order: Vec<String> = w.order().iter().map(|s| s.name.clone()).collect();
+    let (to_writer, from_producer) = std::sync::mpsc::sync_channel::<Vec<u8>>(0);
+    let (to_producer, spare) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(move || -> Result<()> {
+            for buf in from_producer {
+                w.write_next(&buf)?;
+                progress(buf.len() as u64);
+                let _ = to_producer.send(buf);
+            }
+            // fails (and removes the temp file) unless every tensor arrived
+            w.finish()
+        });
+        let produced = (|| -> Result<()> {
+            let mut fresh = 2usize;
+            for name in &order {
+                if abort.load(Ordering::Relaxed) {
+                    return Err(CheckpointError::InvalidArgument("stopped after an error in another job".into()));
+                }
+                let t = by_name[name.as_str()];
+                let data = if t.spec.dtype == crate::DType::Str {
+                    // string values have no shape to slice: copied whole
+                    files[&t.pieces[0].0].read(name)?
+                } else {
+                    let mut buf = match spare.try_recv() {
+                        Ok(b) => b,
+                        Err(_) if fresh > 0 => {
+                            fresh -= 1;
+                            Vec::new()
+                        }
+                        Err(_) => spare.recv().unwrap_or_default(),
+                    };
+                    // The source boxes partition the destination piece, so every byte is
+                    // overwritten: a buffer of the same size is reused without clearing it.
+                    let len = spec_bytes(&t.spec) as usize;
+                    buf.truncate(len);
+                    buf.resize(len, 0);
+                    for (r, src_box, dst_start) in &t.pieces {
+                        files[r].copy_region(name, src_box, &mut buf, &t.spec.shape, dst_start)?;
+                    }
+                    buf
+                };
+                if to_writer.send(data).is_err() {
+                    break; // the writer failed; its error is reported below
+                }
+            }
+            Ok(())
+        })();
+        drop(to_writer);
+        let written = writer.join().unwrap_or_else(|_| Err(CheckpointError::InvalidArgument("the writer thread panicked".into())));
+        produced.and(written)
+    })
 }
 
 fn run_plans(plans: Vec<RankPlan>, files: &BTreeMap<usize, CheckpointFile>, opts: &TransformOptions) -> Result<u64> {
