@@ -334,7 +334,8 @@ impl TransformPlanner {
     }
 
     /// MindSpore's `rank_list_for_transform`: the global source ranks whose files destination
-    /// `rank` needs, highest first.
+    /// `rank` needs, highest first. Unlike MindSpore, which repeats the list for every source
+    /// pipeline stage, only the stages holding the destination rank's parameters are listed.
     pub fn rank_list(&self, rank: usize) -> Result<Vec<usize>> {
         self.check_rank(rank)?;
         if self.src.is_none() {
