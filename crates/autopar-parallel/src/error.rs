@@ -36,7 +36,7 @@ pub enum ParallelError {
     Graph {
         context: String,
         #[source]
-        source: autopar_graph::GraphError,
+        source: Box<autopar_graph::GraphError>,
     },
 
     #[error("rank {rank} is out of range for {devices} devices")]

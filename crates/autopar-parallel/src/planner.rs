@@ -412,7 +412,7 @@ impl Emitter<'_> {
 
     fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
         let name = self.graph.unique_name(name);
-        self.graph.add(&name, op, inputs).map_err(|e| ParallelError::Graph { context: format!("rank {} program", self.rank), source: e })
+        self.graph.add(&name, op, inputs).map_err(|e| ParallelError::Graph { context: format!("rank {} program", self.rank), source: Box::new(e) })
     }
 
     /// Emit the steps turning `x` (layout `src`) into layout `dst`.

@@ -46,6 +46,20 @@ pub enum RuntimeError {
     #[error("the loss is {loss} at step {step}\n  hint: lower the learning rate or check the inputs for NaN/inf")]
     NonFiniteLoss { step: u64, loss: f64 },
 
+    #[error("{what} failed\n  {message}")]
+    Comm { what: String, message: String },
+
+    #[error(
+        "rank {rank} has no communicator for group {group:?}\nhint: the program's partitions must list every group its collectives use"
+    )]
+    MissingGroup { rank: usize, group: Vec<usize> },
+
+    #[error("{kind} {name} is not a communication op")]
+    NotCommunication { kind: &'static str, name: String },
+
+    #[error("{message}")]
+    Parallel { message: String },
+
     #[error("{what} must be a float tensor, got {dtype} ({name})")]
     NotFloat { what: &'static str, name: String, dtype: DType },
 }

@@ -44,9 +44,11 @@
 //! * The executor owns no threads: kernels use the current rayon pool, or run serially with
 //!   `ExecCtx::serial()` (the simulated ranks of the parallel runtime).
 
+pub mod collective;
 pub mod error;
 pub mod executor;
 pub mod optim;
+pub mod parallel;
 pub mod train;
 
 pub use error::{Result, RuntimeError};

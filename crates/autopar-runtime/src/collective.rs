@@ -1,0 +1,255 @@
+//! Communication ops of a graph executed through a [`Communicator`].
+//!
+//! A rank's program names each collective's group by world ranks (sorted ascending, which is the
+//! coordinate order along the device axes the planner uses). [`CommGroups`] creates one
+//! sub-communicator per group from the program's partitions (every rank creates them in the
+//! same order) and [`execute`] turns a tensor into buffers, runs the collective and rearranges
+//! the result along the op's dimension: communicators concatenate and split flat buffers in
+//! rank order, which is dimension 0.
+
+use std::collections::HashMap;
+
+use autopar_comm::{Buf, BufMut, Communicator, ReduceOp as CommReduce};
+use autopar_graph::{OpKind, ReduceOp};
+use autopar_tensor::kernels::shape as sh;
+use autopar_tensor::{DType, Tensor};
+use half::{bf16, f16};
+
+use crate::error::{Result, RuntimeError};
+
+/// The sub-communicators of one rank, by group (world ranks, ascending).
+pub struct CommGroups {
+    rank: usize,
+    size: usize,
+    groups: HashMap<Vec<usize>, Box<dyn Communicator>>,
+}
+
+impl std::fmt::Debug for CommGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<_> = self.groups.keys().collect();
+        keys.sort();
+        write!(f, "CommGroups {{ rank: {}, size: {}, groups: {keys:?} }}", self.rank, self.size)
+    }
+}
+
+impl CommGroups {
+    /// Split `world` once per partition (a list of disjoint groups of world ranks covering
+    /// every rank). Collective: every rank calls it with the same partitions in the same order.
+    pub fn create(world: &dyn Communicator, partitions: &[Vec<Vec<usize>>]) -> Result<Self> {
+        let rank = world.rank();
+        let mut groups = HashMap::new();
+        for part in partitions {
+            let sub =
+                world.split(part).map_err(|e| RuntimeError::Comm { what: format!("creating groups {part:?}"), message: e.to_string() })?;
+            if let Some(sub) = sub {
+                let mut key = sub.world_ranks().to_vec();
+                key.sort_unstable();
+                groups.entry(key).or_insert(sub);
+            }
+        }
+        Ok(Self { rank, size: world.size(), groups })
+    }
+
+    /// The world rank this process runs.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The sub-communicator of `group` (world ranks in any order).
+    pub fn get(&self, group: &[usize]) -> Result<&dyn Communicator> {
+        let mut key = group.to_vec();
+        key.sort_unstable();
+        self.groups.get(&key).map(|c| c.as_ref()).ok_or_else(|| RuntimeError::MissingGroup { rank: self.rank, group: group.to_vec() })
+    }
+}
+
+fn comm_op(op: ReduceOp) -> CommReduce {
+    match op {
+        ReduceOp::Sum => CommReduce::Sum,
+        ReduceOp::Mean => CommReduce::Mean,
+        ReduceOp::Max => CommReduce::Max,
+        ReduceOp::Min => CommReduce::Min,
+    }
+}
+
+/// A tensor's elements, contiguous and typed for the communicator.
+enum Flat {
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+macro_rules! each_flat {
+    ($flat:expr, $v:ident => $body:expr) => {
+        match $flat {
+            Flat::F16($v) => $body,
+            Flat::BF16($v) => $body,
+            Flat::F32($v) => $body,
+            Flat::F64($v) => $body,
+            Flat::I32($v) => $body,
+            Flat::I64($v) => $body,
+        }
+    };
+}
+
+impl Flat {
+    fn of(t: &Tensor) -> Result<Self> {
+        let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: "communication", name: String::new(), source: Box::new(e) };
+        Ok(match t.dtype() {
+            DType::F16 => Flat::F16(t.to_vec().map_err(k)?),
+            DType::BF16 => Flat::BF16(t.to_vec().map_err(k)?),
+            DType::F32 => Flat::F32(t.to_vec().map_err(k)?),
+            DType::F64 => Flat::F64(t.to_vec().map_err(k)?),
+            DType::I32 => Flat::I32(t.to_vec().map_err(k)?),
+            DType::I64 => Flat::I64(t.to_vec().map_err(k)?),
+        })
+    }
+
+    fn zeros_like(&self, len: usize) -> Self {
+        match self {
+            Flat::F16(_) => Flat::F16(vec![f16::ZERO; len]),
+            Flat::BF16(_) => Flat::BF16(vec![bf16::ZERO; len]),
+            Flat::F32(_) => Flat::F32(vec![0.0; len]),
+            Flat::F64(_) => Flat::F64(vec![0.0; len]),
+            Flat::I32(_) => Flat::I32(vec![0; len]),
+            Flat::I64(_) => Flat::I64(vec![0; len]),
+        }
+    }
+
+    fn buf(&self) -> Buf<'_> {
+        each_flat!(self, v => Buf::from(v))
+    }
+
+    fn buf_mut(&mut self) -> BufMut<'_> {
+        each_flat!(self, v => BufMut::from(v))
+    }
+
+    fn into_tensor(self, shape: &[usize]) -> Result<Tensor> {
+        let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: "communication", name: String::new(), source: Box::new(e) };
+        each_flat!(self, v => Tensor::from_vec(shape, v).map_err(k))
+    }
+}
+
+/// Concatenate `parts` (equal shapes) in order into one flat buffer.
+fn flatten_parts(parts: &[Tensor]) -> Result<Flat> {
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: "communication", name: String::new(), source: Box::new(e) };
+    let joined = sh::concat(&refs, 0).map_err(k)?;
+    Flat::of(&joined)
+}
+
+/// Execute communication op `op` on input `x` (the rank's local value); `out_shape` is the
+/// inferred local shape of the result.
+pub fn execute(op: &OpKind, name: &str, x: &Tensor, out_shape: &[usize], groups: &CommGroups) -> Result<Tensor> {
+    let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: op.kind(), name: name.to_string(), source: Box::new(e) };
+    let c = |e: autopar_comm::CommError| RuntimeError::Comm {
+        what: format!("{} {name:?} on rank {}", op.kind(), groups.rank()),
+        message: e.to_string(),
+    };
+    match op {
+        OpKind::AllReduce(a) => {
+            let comm = groups.get(&a.group)?;
+            let mut flat = Flat::of(x)?;
+            comm.all_reduce(flat.buf_mut(), comm_op(a.op)).map_err(c)?;
+            flat.into_tensor(x.shape())
+        }
+        OpKind::AllGather(a) => {
+            let comm = groups.get(&a.group)?;
+            let g = comm.size();
+            let flat = Flat::of(x)?;
+            let mut recv = flat.zeros_like(x.numel() * g);
+            comm.all_gather(flat.buf(), recv.buf_mut()).map_err(c)?;
+            let mut stacked_shape = vec![g];
+            stacked_shape.extend_from_slice(x.shape());
+            let stacked = recv.into_tensor(&stacked_shape)?;
+            let parts: Vec<Tensor> = sh::split(&stacked, 0, g)
+                .map_err(k)?
+                .into_iter()
+                .map(|p| sh::reshape_to(&p, x.shape()))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(k)?;
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            sh::concat(&refs, a.dim as isize).map_err(k)
+        }
+        OpKind::ReduceScatter(a) => {
+            let comm = groups.get(&a.group)?;
+            let g = comm.size();
+            let parts = sh::split(x, a.dim as isize, g).map_err(k)?;
+            let send = flatten_parts(&parts)?;
+            let mut recv = send.zeros_like(x.numel() / g);
+            comm.reduce_scatter(send.buf(), recv.buf_mut(), comm_op(a.op)).map_err(c)?;
+            recv.into_tensor(out_shape)
+        }
+        OpKind::AllToAll(a) => {
+            let comm = groups.get(&a.group)?;
+            let g = comm.size();
+            let parts = sh::split(x, a.split_dim as isize, g).map_err(k)?;
+            let piece_shape = parts[0].shape().to_vec();
+            let send = flatten_parts(&parts)?;
+            let mut recv = send.zeros_like(x.numel());
+            comm.all_to_all(send.buf(), recv.buf_mut()).map_err(c)?;
+            let mut stacked_shape = vec![g];
+            stacked_shape.extend_from_slice(&piece_shape);
+            let stacked = recv.into_tensor(&stacked_shape)?;
+            let pieces: Vec<Tensor> = sh::split(&stacked, 0, g)
+                .map_err(k)?
+                .into_iter()
+                .map(|p| sh::reshape_to(&p, &piece_shape))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(k)?;
+            let refs: Vec<&Tensor> = pieces.iter().collect();
+            sh::concat(&refs, a.concat_dim as isize).map_err(k)
+        }
+        OpKind::Broadcast(b) => {
+            let comm = groups.get(&b.group)?;
+            let root = comm
+                .world_ranks()
+                .iter()
+                .position(|&w| w == b.root)
+                .ok_or_else(|| RuntimeError::MissingGroup { rank: groups.rank(), group: b.group.clone() })?;
+            let mut flat = Flat::of(x)?;
+            comm.broadcast(flat.buf_mut(), root).map_err(c)?;
+            flat.into_tensor(x.shape())
+        }
+        OpKind::Reduce(r) => {
+            // Reduce to the root: every rank computes the reduction, non-roots get zeros
+            // (the value only exists on the root, as MindSpore's Reduce).
+            let comm = groups.get(&r.group)?;
+            let mut flat = Flat::of(x)?;
+            comm.all_reduce(flat.buf_mut(), comm_op(r.op)).map_err(c)?;
+            if groups.rank() == r.root {
+                flat.into_tensor(x.shape())
+            } else {
+                Ok(Tensor::zeros(x.shape(), x.dtype()))
+            }
+        }
+        OpKind::Send(s) => {
+            let comm = groups.get(&[groups.rank().min(s.peer), groups.rank().max(s.peer)])?;
+            let peer = comm.world_ranks().iter().position(|&w| w == s.peer).expect("the pair group holds the peer");
+            let flat = Flat::of(x)?;
+            comm.send(flat.buf(), peer, s.tag).map_err(c)?;
+            Ok(x.clone())
+        }
+        OpKind::Recv(r) => {
+            let comm = groups.get(&[groups.rank().min(r.peer), groups.rank().max(r.peer)])?;
+            let peer = comm.world_ranks().iter().position(|&w| w == r.peer).expect("the pair group holds the peer");
+            let mut flat = Flat::of(x)?.zeros_like(out_shape.iter().product());
+            comm.recv(flat.buf_mut(), peer, r.tag).map_err(c)?;
+            flat.into_tensor(out_shape)
+        }
+        other => Err(RuntimeError::NotCommunication { kind: other.kind(), name: name.to_string() }),
+    }
+}
+
+impl crate::executor::Collectives for CommGroups {
+    fn execute(&self, node: &autopar_graph::Node, input: &Tensor) -> Result<Tensor> {
+        execute(&node.op, &node.name, input, &node.ty.shape, self)
+    }
+}

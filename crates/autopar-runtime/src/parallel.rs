@@ -1,0 +1,389 @@
+//! Parallel training: one [`RankTrainer`] per rank runs its [`RankProgram`] (forward with the
+//! planner's communication, backward by autodiff of that local graph), synchronises gradients
+//! over each parameter's mirror group in fused buckets, and updates its local slices.
+//!
+//! * semi_auto_parallel: the graph has global shapes; the planner shards it ([`plan`]).
+//! * data_parallel: every rank runs the graph as written on its own batch shard (the graph has
+//!   per-rank shapes, as in MindSpore); gradients are all-reduced over all ranks and divided by
+//!   the rank count when `gradients_mean` is set.
+//! * stand_alone: one rank, no communication: the reference.
+//!
+//! In semi_auto_parallel each rank's loss is the replicated global loss; its backward starts from
+//! 1/N so that the N replicas of the loss add up to one, and the sum of a parameter slice's
+//! gradients over its mirror group is then the exact gradient (`gradients_mean` does not apply:
+//! the gradient is already that of the global mean loss).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use autopar_comm::{Communicator, LocalComm, ReduceOp as CommReduce};
+use autopar_graph::ops::Scale;
+use autopar_graph::{Graph, NodeId, OpKind};
+use autopar_layout::{DeviceMatrix, TensorLayout};
+use autopar_parallel::{plan, rank_program, FusionMode, InputSlot, ParallelContext, ParallelMode, ParamSlot, RankProgram};
+use autopar_tensor::kernels::shape as sh;
+use autopar_tensor::{DType, Tensor};
+
+use crate::collective::CommGroups;
+use crate::error::{Result, RuntimeError};
+use crate::executor::ParamStore;
+use crate::optim::Optimizer;
+use crate::train::TrainStep;
+
+/// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
+pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
+
+/// The rank programs of a job, built once from the global graph.
+#[derive(Clone, Debug)]
+pub struct ParallelJob {
+    pub mode: ParallelMode,
+    pub device_num: usize,
+    pub graph: Graph,
+    pub loss: NodeId,
+    pub ctx: ParallelContext,
+}
+
+impl ParallelJob {
+    /// A job for `graph` (forward only, `loss` its scalar loss) under `ctx`.
+    pub fn new(graph: Graph, loss: NodeId, ctx: ParallelContext) -> Result<Self> {
+        ctx.validate().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+        ctx.check_supported().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+        let mut graph = graph;
+        if graph.outputs.is_empty() || graph.outputs[0] != loss {
+            graph.outputs.retain(|o| *o != loss);
+            graph.outputs.insert(0, loss);
+        }
+        let device_num = if ctx.parallel_mode == ParallelMode::StandAlone { 1 } else { ctx.device_num };
+        if ctx.parallel_mode == ParallelMode::HybridParallel {
+            return Err(RuntimeError::Parallel {
+                message: "parallel option parallel_mode = hybrid_parallel is not supported yet by the runtime\nhint: use semi_auto_parallel with strategies, or data_parallel".into(),
+            });
+        }
+        Ok(Self { mode: ctx.parallel_mode, device_num, graph, loss, ctx })
+    }
+
+    /// The program of `rank`.
+    pub fn program(&self, rank: usize) -> Result<RankProgram> {
+        let pe = |e: autopar_parallel::ParallelError| RuntimeError::Parallel { message: e.to_string() };
+        match self.mode {
+            ParallelMode::SemiAutoParallel | ParallelMode::StandAlone => {
+                let p = plan(&self.graph, &self.ctx).map_err(pe)?;
+                rank_program(&self.graph, &p, rank).map_err(pe)
+            }
+            _ => data_parallel_program(&self.graph, self.device_num, rank),
+        }
+    }
+}
+
+/// Every rank runs `graph` unchanged; parameters are replicated and all-reduced over all ranks.
+pub fn data_parallel_program(graph: &Graph, n: usize, rank: usize) -> Result<RankProgram> {
+    let mesh = DeviceMatrix::flat(n).map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+    let mut params = Vec::new();
+    let mut inputs = Vec::new();
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let layout = TensorLayout::replicated(mesh.clone(), node.ty.shape.clone());
+        let slice: Vec<Range<usize>> = node.ty.shape.iter().map(|&d| 0..d).collect();
+        match &node.op {
+            OpKind::Parameter(p) => params.push(ParamSlot {
+                name: node.name.clone(),
+                global: NodeId(i),
+                local: NodeId(i),
+                layout,
+                slice,
+                mirror: (0..n).collect(),
+                trainable: p.trainable,
+            }),
+            OpKind::Input(_) => inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: NodeId(i), layout, slice }),
+            _ => {}
+        }
+    }
+    let partitions = if n > 1 { vec![vec![(0..n).collect()]] } else { Vec::new() };
+    Ok(RankProgram { rank, device_num: n, graph: graph.clone(), outputs: graph.outputs.clone(), params, inputs, partitions })
+}
+
+/// The piece `ranges` of `t`.
+pub fn slice_tensor(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
+    if ranges.iter().zip(t.shape()).all(|(r, &d)| r.start == 0 && r.end == d) {
+        return Ok(t.clone());
+    }
+    let begin: Vec<usize> = ranges.iter().map(|r| r.start).collect();
+    let size: Vec<isize> = ranges.iter().map(|r| (r.end - r.start) as isize).collect();
+    sh::slice(t, &begin, &size).map(|s| s.contiguous()).map_err(|e| RuntimeError::Kernel {
+        kind: "Slice",
+        name: "parameter slice".into(),
+        source: Box::new(e),
+    })
+}
+
+/// Gradient buckets: parameters with the same mirror group, fused up to a size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    pub group: Vec<usize>,
+    pub params: Vec<String>,
+    pub bytes: usize,
+}
+
+/// Group trainable parameters into all-reduce buckets as `comm_fusion` says.
+pub fn fusion_buckets(program: &RankProgram, ctx: &ParallelContext) -> Vec<Bucket> {
+    let trainable: Vec<&ParamSlot> = program.params.iter().filter(|p| p.trainable && p.mirror.len() > 1).collect();
+    let fusion = &ctx.comm_fusion;
+    let limit = match (&fusion.allreduce, fusion.openstate) {
+        (_, false) => 0,
+        (FusionMode::Auto, true) => DEFAULT_FUSION_BYTES,
+        (FusionMode::Size(mb), true) => (mb.get() * 1024.0 * 1024.0) as usize,
+        (FusionMode::Index(_), true) => usize::MAX,
+    };
+    let boundaries: Vec<usize> = match &fusion.allreduce {
+        FusionMode::Index(idx) if fusion.openstate => idx.clone(),
+        _ => Vec::new(),
+    };
+    let mut buckets: Vec<Bucket> = Vec::new();
+    let mut open: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    for (i, p) in trainable.iter().enumerate() {
+        let bytes = p.layout.slice_len() * 4;
+        if boundaries.contains(&i) {
+            open.clear();
+        }
+        let fits = open.get(&p.mirror).is_some_and(|&b| buckets[b].bytes + bytes <= limit);
+        if fits {
+            let b = open[&p.mirror];
+            buckets[b].params.push(p.name.clone());
+            buckets[b].bytes += bytes;
+        } else {
+            buckets.push(Bucket { group: p.mirror.clone(), params: vec![p.name.clone()], bytes });
+            open.insert(p.mirror.clone(), buckets.len() - 1);
+        }
+    }
+    buckets
+}
+
+/// One rank of a parallel job.
+pub struct RankTrainer {
+    pub program: RankProgram,
+    step: TrainStep,
+    params: ParamStore,
+    groups: CommGroups,
+    buckets: Vec<Bucket>,
+    mean: bool,
+    fp32: bool,
+    loss_factor: f64,
+}
+
+impl std::fmt::Debug for RankTrainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankTrainer").field("rank", &self.program.rank).field("buckets", &self.buckets).finish()
+    }
+}
+
+impl RankTrainer {
+    /// Build rank `comm.rank()`'s trainer: its program, its parameter slices (cut from the full
+    /// initial values in `full`), its sub-communicators (collective: every rank calls this).
+    pub fn new(job: &ParallelJob, comm: &dyn Communicator, full: &ParamStore) -> Result<Self> {
+        let rank = comm.rank();
+        if comm.size() != job.device_num {
+            return Err(RuntimeError::Parallel {
+                message: format!(
+                    "the job has {} devices but the communicator has {} ranks\nhint: run with as many ranks as device_num",
+                    job.device_num,
+                    comm.size()
+                ),
+            });
+        }
+        let program = job.program(rank)?;
+        let mut graph = program.graph.clone();
+        let loss = program.outputs[0];
+        let n = program.device_num;
+        let scaled = if job.mode == ParallelMode::SemiAutoParallel && n > 1 {
+            let name = graph.unique_name("loss.replica_share");
+            graph.add(&name, Scale { factor: 1.0 / n as f64 }, &[loss])?
+        } else {
+            loss
+        };
+        let loss_factor = if scaled == loss { 1.0 } else { n as f64 };
+        let step = TrainStep::new(graph, scaled)?.with_ctx(autopar_tensor::ExecCtx::serial());
+        let mut params = ParamStore::new();
+        for p in &program.params {
+            let t = full.require(&p.name)?;
+            params.insert(&p.name, slice_tensor(t, &p.slice)?);
+        }
+        let groups = CommGroups::create(comm, &program.partitions)?;
+        let buckets = fusion_buckets(&program, &job.ctx);
+        let mean = job.ctx.gradients_mean && job.mode == ParallelMode::DataParallel;
+        Ok(Self { program, step, params, groups, buckets, mean, fp32: job.ctx.force_fp32_communication, loss_factor })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.program.rank
+    }
+
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+
+    pub fn params_mut(&mut self) -> &mut ParamStore {
+        &mut self.params
+    }
+
+    /// This rank's inputs cut from the global batch (`(input name, tensor)`), for runs where
+    /// every rank sees the global batch (in-process simulation, `--verify`).
+    pub fn local_feeds(&self, global: &[(String, Tensor)]) -> Result<Vec<(NodeId, Tensor)>> {
+        self.program
+            .inputs
+            .iter()
+            .map(|slot| {
+                let t = global.iter().find(|(n, _)| *n == slot.name).map(|(_, t)| t).ok_or_else(|| RuntimeError::MissingFeed {
+                    name: slot.name.clone(),
+                    shape: slot.layout.shape().to_vec(),
+                    dtype: self.program.graph.node(slot.local).ty.dtype,
+                })?;
+                Ok((slot.local, slice_tensor(t, &slot.slice)?))
+            })
+            .collect()
+    }
+
+    /// One training step on this rank's local feeds; returns the (global) loss.
+    pub fn step(&mut self, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
+        let out = self.step.gradients_with(&mut self.params, feeds, Some(&self.groups))?;
+        let (loss, mut grads) = (out.loss, out.grads);
+        self.sync(&mut grads)?;
+        opt.step(&mut self.params, &grads)?;
+        let loss = loss.to_f64_vec().iter().sum::<f64>() * self.loss_factor;
+        if !loss.is_finite() {
+            return Err(RuntimeError::BadHyperparameter {
+                what: "loss",
+                value: loss,
+                expected: "a finite loss (lower the learning rate?)",
+            });
+        }
+        Ok(loss)
+    }
+
+    /// All-reduce gradients over their mirror groups, bucket by bucket.
+    fn sync(&self, grads: &mut [(String, Tensor)]) -> Result<()> {
+        for b in &self.buckets {
+            let comm = self.groups.get(&b.group)?;
+            let idx: Vec<usize> = b
+                .params
+                .iter()
+                .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+                .collect::<Result<_>>()?;
+            let dtype = grads[idx[0]].1.dtype();
+            let wire = if self.fp32 || dtype != DType::F64 { DType::F32 } else { DType::F64 };
+            let mut flat: Vec<f64> = Vec::new();
+            let mut sizes = Vec::new();
+            for &i in &idx {
+                let v = grads[i].1.to_f64_vec();
+                sizes.push(v.len());
+                flat.extend(v);
+            }
+            let c = |e| RuntimeError::Comm { what: format!("gradient all-reduce over {:?}", b.group), message: format!("{e}") };
+            let reduced: Vec<f64> = if wire == DType::F32 {
+                let mut v: Vec<f32> = flat.iter().map(|&x| x as f32).collect();
+                comm.all_reduce((&mut v).into(), CommReduce::Sum).map_err(c)?;
+                v.into_iter().map(f64::from).collect()
+            } else {
+                let mut v = flat;
+                comm.all_reduce((&mut v).into(), CommReduce::Sum).map_err(c)?;
+                v
+            };
+            let scale = if self.mean { 1.0 / b.group.len() as f64 } else { 1.0 };
+            let mut off = 0;
+            for (&i, &len) in idx.iter().zip(&sizes) {
+                let shape = grads[i].1.shape().to_vec();
+                let vals: Vec<f64> = reduced[off..off + len].iter().map(|x| x * scale).collect();
+                off += len;
+                let t = Tensor::from_vec(&shape, vals).map_err(|e| RuntimeError::Kernel {
+                    kind: "AllReduce",
+                    name: grads[i].0.clone(),
+                    source: Box::new(e),
+                })?;
+                grads[i].1 = t.cast(dtype);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Put every rank's slices back together into full tensors (one owner per distinct slice).
+pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<ParamStore> {
+    let prog0 = job.program(0)?;
+    let mut full = ParamStore::new();
+    for slot in &prog0.params {
+        let owners = slot.layout.slice_owners();
+        let shape = slot.layout.shape().to_vec();
+        let first = per_rank[owners[0]].require(&slot.name)?;
+        let mut values = vec![0.0f64; shape.iter().product()];
+        for &o in &owners {
+            let piece = per_rank[o].require(&slot.name)?.to_f64_vec();
+            let ranges = slot.layout.slice_of(o).map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+            write_region(&mut values, &shape, &ranges, &piece);
+        }
+        let t = Tensor::from_vec(&shape, values).map_err(|e| RuntimeError::Kernel {
+            kind: "assemble",
+            name: slot.name.clone(),
+            source: Box::new(e),
+        })?;
+        full.insert(&slot.name, t.cast(first.dtype()));
+    }
+    Ok(full)
+}
+
+fn write_region(full: &mut [f64], shape: &[usize], region: &[Range<usize>], piece: &[f64]) {
+    let nd = shape.len();
+    let mut strides = vec![1usize; nd];
+    for d in (0..nd.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    let pshape: Vec<usize> = region.iter().map(|r| r.end - r.start).collect();
+    for (flat, &v) in piece.iter().enumerate() {
+        let mut rem = flat;
+        let mut off = 0;
+        for d in (0..nd).rev() {
+            let i = rem % pshape[d];
+            rem /= pshape[d];
+            off += (region[d].start + i) * strides[d];
+        }
+        full[off] = v;
+    }
+}
+
+/// The result of an in-process parallel run.
+#[derive(Debug)]
+pub struct LocalRun {
+    /// Loss of every step (rank 0's; every rank's is the same in semi_auto_parallel).
+    pub losses: Vec<f64>,
+    /// Every rank's losses (data_parallel: each rank's local loss).
+    pub rank_losses: Vec<Vec<f64>>,
+    /// Final parameters, assembled from the ranks' slices.
+    pub params: ParamStore,
+}
+
+/// Run `job` on `device_num` threads with [`LocalComm`]: every step feeds each rank its part of
+/// `batches[step]` (global batches by input name; under data_parallel, `batches[step]` is indexed
+/// by rank: `batches[step * n + rank]`), with an optimizer from `make_opt` per rank.
+pub fn run_local<F>(job: &ParallelJob, batches: &[Vec<(String, Tensor)>], make_opt: F) -> Result<LocalRun>
+where
+    F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
+{
+    let full = ParamStore::init(&job.graph)?;
+    let n = job.device_num;
+    let dp = job.mode == ParallelMode::DataParallel;
+    let steps = if dp { batches.len() / n } else { batches.len() };
+    let results = LocalComm::run(n, |comm| -> Result<(Vec<f64>, ParamStore)> {
+        let mut t = RankTrainer::new(job, &comm, &full)?;
+        let mut opt = make_opt()?;
+        let mut losses = Vec::with_capacity(steps);
+        for s in 0..steps {
+            let batch = if dp { &batches[s * n + comm.rank()] } else { &batches[s] };
+            let feeds = t.local_feeds(batch)?;
+            losses.push(t.step(opt.as_mut(), &feeds)?);
+        }
+        Ok((losses, t.params().clone()))
+    })
+    .map_err(|e| RuntimeError::Comm { what: "parallel run".into(), message: e.to_string() })?;
+    let (rank_losses, stores): (Vec<Vec<f64>>, Vec<ParamStore>) = results.into_iter().unzip();
+    let params = assemble_params(job, &stores)?;
+    let losses =
+        if dp { (0..steps).map(|s| rank_losses.iter().map(|l| l[s]).sum::<f64>() / n as f64).collect() } else { rank_losses[0].clone() };
+    Ok(LocalRun { losses, rank_losses, params })
+}

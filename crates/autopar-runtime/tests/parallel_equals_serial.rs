@@ -1,0 +1,183 @@
+//! Parallel equals serial: loss and every parameter after K steps under semi_auto_parallel with
+//! random valid strategies (and under data_parallel) match stand-alone training on the same data.
+//! Tolerance: relative 1e-5 (absolute 1e-6 near zero), f32 arithmetic.
+
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+use autopar_parallel::{assign_random_strategies, ParallelContext};
+use autopar_runtime::parallel::{run_local, ParallelJob};
+use autopar_runtime::LrSchedule;
+use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd, TrainStep};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+const RTOL: f64 = 1e-5;
+const ATOL: f64 = 1e-6;
+const STEPS: usize = 3;
+
+/// A small classifier: dense (transpose-b weight) + bias, GELU, LayerNorm, dense, ReLU, dense,
+/// softmax cross-entropy.
+fn mlp(batch: usize) -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(7);
+    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I64).unwrap();
+    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b1 = b.parameter("fc1.bias", &[32], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
+    let h = b.add("fc1.add", h, b1).unwrap();
+    let h = b.gelu("act1", h).unwrap();
+    let g = b.parameter("ln.gamma", &[32], Initializer::Ones).unwrap();
+    let be = b.parameter("ln.beta", &[32], Initializer::Zeros).unwrap();
+    let h = b.layer_norm("ln", h, g, be, -1, 1e-5).unwrap();
+    let w2 = b.parameter("fc2.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let h = b.matmul("fc2.mm", h, w2).unwrap();
+    let h = b.relu("act2", h).unwrap();
+    let w3 = b.parameter("fc3.weight", &[16, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("fc3.mm", h, w3).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn batches(batch: usize, steps: usize, seed: u64) -> Vec<Vec<(String, Tensor)>> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..steps)
+        .map(|_| {
+            let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let y: Vec<i64> = (0..batch).map(|_| (next() % 8) as i64).collect();
+            vec![("x".to_string(), Tensor::from_vec(&[batch, 16], x).unwrap()), ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap())]
+        })
+        .collect()
+}
+
+fn optimizer(momentum: bool) -> Box<dyn Optimizer> {
+    if momentum {
+        Box::new(Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap())
+    } else {
+        Box::new(Sgd::new(LrSchedule::Constant(0.2)).unwrap())
+    }
+}
+
+/// Stand-alone training: the reference.
+fn serial(graph: &Graph, loss: NodeId, data: &[Vec<(String, Tensor)>], momentum: bool) -> (Vec<f64>, ParamStore) {
+    let mut params = ParamStore::init(graph).unwrap();
+    let mut step = TrainStep::new(graph.clone(), loss).unwrap();
+    let mut opt = optimizer(momentum);
+    let losses = data
+        .iter()
+        .map(|batch| {
+            let feeds: Vec<(NodeId, Tensor)> = batch.iter().map(|(n, t)| (graph.find(n).unwrap(), t.clone())).collect();
+            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
+        })
+        .collect();
+    (losses, params)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= ATOL + RTOL * b.abs()
+}
+
+fn assert_same(what: &str, losses: &[f64], params: &ParamStore, want_losses: &[f64], want: &ParamStore) {
+    for (s, (a, b)) in losses.iter().zip(want_losses).enumerate() {
+        assert!(close(*a, *b), "{what}: loss at step {s} is {a}, stand-alone {b}");
+    }
+    for (name, w) in want.iter() {
+        let got = params.get(name).unwrap_or_else(|| panic!("{what}: parameter {name} missing"));
+        assert_eq!(got.shape(), w.shape(), "{what}: {name}");
+        for (i, (a, b)) in got.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            assert!(close(*a, b), "{what}: {name}[{i}] = {a}, stand-alone {b}");
+        }
+    }
+}
+
+fn semi_auto(n: usize) -> ParallelContext {
+    let mut c = ParallelContext::default();
+    c.set("device_num", &json!(n)).unwrap();
+    c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+    c
+}
+
+#[test]
+fn semi_auto_mlp_equals_stand_alone_over_random_strategies() {
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, STEPS, 11);
+    let (want_losses, want) = serial(&graph, loss, &data, true);
+    let mut runs = 0;
+    for n in [1usize, 2, 4, 8] {
+        for seed in 0..26u64 {
+            let mut g = graph.clone();
+            assign_random_strategies(&mut g, n, seed * 7919 + n as u64);
+            let job = ParallelJob::new(g, loss, semi_auto(n)).unwrap();
+            let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap_or_else(|e| panic!("n={n} seed={seed}: {e}"));
+            assert_same(&format!("{n} devices, strategy seed {seed}"), &run.losses, &run.params, &want_losses, &want);
+            runs += 1;
+        }
+    }
+    assert!(runs >= 100);
+}
+
+#[test]
+fn data_parallel_equals_stand_alone_on_the_n_times_batch() {
+    let per_rank = 4;
+    for n in [2usize, 4] {
+        let (global, gloss) = mlp(per_rank * n);
+        let (local, lloss) = mlp(per_rank);
+        let data = batches(per_rank * n, STEPS, 5);
+        let (want_losses, want) = serial(&global, gloss, &data, false);
+        // Rank r gets rows [r*per_rank, (r+1)*per_rank) of each global batch.
+        let mut per_rank_batches = Vec::new();
+        for batch in &data {
+            for r in 0..n {
+                per_rank_batches.push(
+                    batch
+                        .iter()
+                        .map(|(name, t)| {
+                            let ranges: Vec<std::ops::Range<usize>> = t
+                                .shape()
+                                .iter()
+                                .enumerate()
+                                .map(|(d, &s)| if d == 0 { r * per_rank..(r + 1) * per_rank } else { 0..s })
+                                .collect();
+                            (name.clone(), autopar_runtime::parallel::slice_tensor(t, &ranges).unwrap())
+                        })
+                        .collect(),
+                );
+            }
+        }
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &json!(n)).unwrap();
+        ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
+        ctx.set("gradients_mean", &json!(true)).unwrap();
+        let job = ParallelJob::new(local, lloss, ctx).unwrap();
+        let run = run_local(&job, &per_rank_batches, || Ok(optimizer(false))).unwrap();
+        assert_same(&format!("data_parallel on {n} ranks"), &run.losses, &run.params, &want_losses, &want);
+    }
+}
+
+#[test]
+fn fusion_settings_do_not_change_the_result() {
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, 2, 3);
+    let (want_losses, want) = serial(&graph, loss, &data, true);
+    for fusion in [
+        json!({"allreduce": {"mode": "auto"}}),
+        json!({"allreduce": {"mode": "size", "config": 0.001}}),
+        json!({"allreduce": {"mode": "index", "config": [1, 3]}}),
+        json!({"openstate": false}),
+    ] {
+        let mut ctx = semi_auto(4);
+        ctx.set("comm_fusion", &fusion).unwrap();
+        let mut g = graph.clone();
+        assign_random_strategies(&mut g, 4, 42);
+        let job = ParallelJob::new(g, loss, ctx).unwrap();
+        let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap();
+        assert_same(&format!("comm_fusion {fusion}"), &run.losses, &run.params, &want_losses, &want);
+    }
+}
