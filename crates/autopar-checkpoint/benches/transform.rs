@@ -2,10 +2,11 @@
 //! under a (2, 4) model-parallel strategy, transformed (a) to 4 ranks data-parallel and (b) to one
 //! merged file, from safetensors and from .ckpt sources. Prints GB/s (tensor bytes written / wall
 //! time) and the transform's peak RSS (VmHWM of a child process that runs only the transform),
-//! next to `cp -r` + `sync` of the same output bytes on the same disk (outputs are fsync'ed).
+//! next to `cp -r` + fsync of the same output bytes on the same disk (outputs are fsync'ed).
 //!
 //! `cargo bench -p autopar-checkpoint --bench transform` (scratch files under $TMPDIR or /tmp,
-//! deleted afterwards; `AUTOPAR_BENCH_DIM=1024` for a quick run, `AUTOPAR_BENCH_JOBS=2`).
+//! deleted afterwards; `AUTOPAR_BENCH_DIM=1024` for a quick run, `AUTOPAR_BENCH_JOBS=2`,
+//! `AUTOPAR_BENCH_FORMATS=ckpt,safetensors` to choose the source formats and their order).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -143,13 +144,31 @@ fn run_child(src: &Path, dst: &Path, ss: &Path, ds: Option<&Path>, fmt: &str, jo
     (v[0].parse().unwrap(), v[1].parse().unwrap(), v[2].parse().unwrap(), v[3].parse().unwrap())
 }
 
-/// Seconds for `cp -r` of `dir` on the same disk, followed by `sync` (transform outputs are fsync'ed).
+/// Every file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Seconds for `cp -r` of `dir` on the same disk, then `sync FILE...` (an fsync of each copied
+/// file, as the transform fsyncs its outputs; a bare `sync` would flush the whole machine).
 fn cp_sync(dir: &Path) -> f64 {
     assert!(Command::new("sync").status().unwrap().success());
     let copy = dir.with_extension("copy");
     let t = Instant::now();
     assert!(Command::new("cp").arg("-r").arg(dir).arg(&copy).status().unwrap().success());
-    assert!(Command::new("sync").status().unwrap().success());
+    assert!(Command::new("sync").args(files_under(&copy)).status().unwrap().success());
     let secs = t.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&copy);
     secs
@@ -178,7 +197,8 @@ fn main() {
         model / (1u64 << 30) as f64,
         largest / (1u64 << 20) as f64
     );
-    for ext in ["safetensors", "ckpt"] {
+    let formats = std::env::var("AUTOPAR_BENCH_FORMATS").unwrap_or_else(|_| "safetensors,ckpt".into());
+    for ext in formats.split(',') {
         let src = base.join(format!("src_{ext}"));
         let t = Instant::now();
         let src_bytes = write_source(&src, &src_s, ext);
@@ -193,7 +213,7 @@ fn main() {
             let cp_gbs = bytes as f64 / cp_sync(&dst) / 1e9;
             let _ = std::fs::remove_dir_all(&dst);
             println!(
-                "  {label:<30} {:.3} GB in {secs:.2}s (cpu {cpu:.2}s) = {gbs:.2} GB/s ({:.2}x of cp -r + sync of the same output: {:.2} GB/s); peak RSS {:.0} MiB (target <= 2 x largest + 64 MiB = {:.0} MiB)",
+                "  {label:<30} {:.3} GB in {secs:.2}s (cpu {cpu:.2}s) = {gbs:.2} GB/s ({:.2}x of cp -r + fsync of the same output: {:.2} GB/s); peak RSS {:.0} MiB (target <= 2 x largest + 64 MiB = {:.0} MiB)",
                 bytes as f64 / 1e9,
                 gbs / cp_gbs,
                 cp_gbs,
