@@ -49,6 +49,7 @@ pub mod error;
 pub mod executor;
 pub mod optim;
 pub mod parallel;
+pub mod strategy_io;
 pub mod train;
 
 pub use error::{Result, RuntimeError};

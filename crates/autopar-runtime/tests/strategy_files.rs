@@ -1,0 +1,106 @@
+//! Strategy files written for the fixture network equal MindSpore's, and load back.
+
+use std::path::PathBuf;
+
+use autopar_checkpoint::StrategyFile;
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
+use autopar_layout::Strategy;
+use autopar_parallel::{plan, ParallelContext};
+use autopar_runtime::strategy_io::{apply_strategy_file, save_strategy_file, strategy_file};
+use serde_json::json;
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("AUTOPAR_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+    }
+}
+
+fn network(shard: bool) -> Graph {
+    let s = |t: &str| -> Strategy { t.parse().unwrap() };
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[256, 64], DType::F32).unwrap();
+    let mut h = x;
+    for (name, din, dout, mm, add, relu) in
+        [("l1", 64, 128, "((2,1),(1,4))", "((2,4),(4,))", "((2,4),)"), ("l2", 128, 32, "((2,4),(4,1))", "((2,1),(1,))", "((2,1),)")]
+    {
+        let w = b.parameter(&format!("{name}.w"), &[din, dout], Initializer::Constant(0.01)).unwrap();
+        let bias = b.parameter(&format!("{name}.b"), &[dout], Initializer::Zeros).unwrap();
+        let m = b.matmul(&format!("{name}.mm"), h, w).unwrap();
+        let a = b.add(&format!("{name}.add"), m, bias).unwrap();
+        let r = b.relu(&format!("{name}.relu"), a).unwrap();
+        if shard {
+            b.shard(m, s(mm)).unwrap();
+            b.shard(a, s(add)).unwrap();
+            b.shard(r, s(relu)).unwrap();
+        }
+        h = r;
+    }
+    let head = b.parameter("head.w", &[32, 16], Initializer::Constant(0.01)).unwrap();
+    let m = b.matmul("head.mm", h, head).unwrap();
+    if shard {
+        b.shard(m, s("((8,1),(1,1))")).unwrap();
+    }
+    let loss = b.reduce_mean("loss", m, &[], false).unwrap();
+    b.output(loss).unwrap();
+    b.finish()
+}
+
+fn ctx() -> ParallelContext {
+    let mut c = ParallelContext::default();
+    c.set("device_num", &json!(8)).unwrap();
+    c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+    c
+}
+
+fn sorted(mut f: StrategyFile) -> StrategyFile {
+    f.strategy_items.sort_by(|a, b| a.node_name.cmp(&b.node_name));
+    f.layout_items.sort_by(|a, b| a.name.cmp(&b.name));
+    f
+}
+
+#[test]
+fn semi_all_strategy_file_matches_mindspores() {
+    let g = network(true);
+    let p = plan(&g, &ctx()).unwrap();
+    let ours = sorted(strategy_file(&g, &p, true));
+    let theirs = sorted(StrategyFile::load(fixtures().join("strategies/semi_json/strategy_rank0.json")).unwrap());
+    assert_eq!(ours.strategy_items, theirs.strategy_items);
+    assert_eq!(ours.layout_items.len(), theirs.layout_items.len());
+    for (a, b) in ours.layout_items.iter().zip(&theirs.layout_items) {
+        assert_eq!((&a.name, &a.dev_matrix, a.map(), &a.tensor_shape), (&b.name, &b.dev_matrix, b.map(), &b.tensor_shape));
+    }
+    // The protobuf fixture holds the same layouts.
+    let pb = sorted(StrategyFile::load(fixtures().join("strategies/semi_all/strategy_rank0.ckpt")).unwrap());
+    assert_eq!(ours.strategy_items, pb.strategy_items);
+}
+
+#[test]
+fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
+    let dir = std::env::temp_dir().join(format!("autopar-strategy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let g = network(true);
+    let p = plan(&g, &ctx()).unwrap();
+    for name in ["s.json", "s.ckpt"] {
+        let path = dir.join(name);
+        save_strategy_file(&g, &p, &path, true).unwrap();
+        let mut fresh = network(false);
+        let n = apply_strategy_file(&mut fresh, &StrategyFile::load(&path).unwrap(), &path).unwrap();
+        assert_eq!(n, 5);
+        let p2 = plan(&fresh, &ctx()).unwrap();
+        for (a, b) in p.parameter_layouts(&g).iter().zip(p2.parameter_layouts(&fresh)) {
+            assert_eq!(a.0, b.0);
+            assert_eq!(a.1, b.1, "{}", a.0);
+        }
+    }
+    // A file for another network is refused, naming the item.
+    let path = dir.join("s.json");
+    let mut other = GraphBuilder::new(0);
+    let x = other.input("x", &[8, 4], DType::F32).unwrap();
+    let w = other.parameter("w", &[4, 4], Initializer::Zeros).unwrap();
+    other.matmul("mm", x, w).unwrap();
+    let mut other = other.finish();
+    let e = apply_strategy_file(&mut other, &StrategyFile::load(&path).unwrap(), &path).unwrap_err().to_string();
+    assert!(e.contains("matches no operator"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
