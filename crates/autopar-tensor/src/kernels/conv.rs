@@ -265,9 +265,17 @@ where
     if per == 0 {
         return;
     }
-    if ctx.is_parallel() && n > 1 && rayon::current_num_threads() > 1 {
+    let threads = rayon::current_num_threads();
+    if ctx.is_parallel() && n > 1 && threads > 1 {
         use rayon::prelude::*;
-        out.par_chunks_mut(per).enumerate().for_each_init(|| vec![T::zero(); scratch], |buf, (b, o)| f(b, o, buf, false));
+        // One contiguous run of images per thread, each with one scratch buffer.
+        let per_task = n.div_ceil(threads);
+        out.par_chunks_mut(per * per_task).enumerate().for_each(|(t, run)| {
+            let mut buf = vec![T::zero(); scratch];
+            for (k, o) in run.chunks_mut(per).enumerate() {
+                f(t * per_task + k, o, &mut buf, false);
+            }
+        });
     } else {
         let mut buf = vec![T::zero(); scratch];
         for (b, o) in out.chunks_mut(per).enumerate() {
@@ -301,6 +309,36 @@ fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
         }
     });
     y
+}
+
+/// For stride 1, the input gradient is a forward convolution of `dy` with the kernel flipped
+/// and its channel axes swapped, padded by `dilation*(k-1) - pad` on each side: no col2im
+/// scatter. Returns `None` when a side's padding exceeds the dilated kernel (then col2im is used).
+fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Conv2dParams) -> Option<Vec<T>> {
+    if g.sh != 1 || g.sw != 1 {
+        return None;
+    }
+    let (eh, ew) = (g.dh * (g.kh - 1), g.dw * (g.kw - 1));
+    let pad = [eh.checked_sub(p.padding[0])?, eh.checked_sub(p.padding[1])?, ew.checked_sub(p.padding[2])?, ew.checked_sub(p.padding[3])?];
+    // w' [C, O/g, kh, kw]: w'[grp*cg + c, o, i, j] = w[grp*og + o, c, kh-1-i, kw-1-j].
+    let mut wf = vec![T::zero(); w.len()];
+    for grp in 0..g.g {
+        for o in 0..g.og {
+            for c in 0..g.cg {
+                for i in 0..g.kh {
+                    for j in 0..g.kw {
+                        let src = (((grp * g.og + o) * g.cg + c) * g.kh + g.kh - 1 - i) * g.kw + g.kw - 1 - j;
+                        let dst = (((grp * g.cg + c) * g.og + o) * g.kh + i) * g.kw + j;
+                        wf[dst] = w[src];
+                    }
+                }
+            }
+        }
+    }
+    let q = Conv2dParams { stride: [1, 1], padding: pad, dilation: p.dilation, groups: g.g };
+    let gq = geometry("conv2d_backward_input", &[g.n, g.o, g.ho, g.wo], &[g.c, g.og, g.kh, g.kw], &q).ok()?;
+    debug_assert_eq!((gq.ho, gq.wo), (g.h, g.w));
+    Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 
 fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T> {
@@ -405,7 +443,11 @@ pub fn conv2d_backward_input(ctx: &ExecCtx, dy: &Tensor, w: &Tensor, input_shape
         let (dd, wd) = (dy.contiguous(), w.contiguous());
         let ds = dd.shared::<T>()?.as_slice().expect("contiguous");
         let ws = wd.shared::<T>()?.as_slice().expect("contiguous");
-        Tensor::from_vec(input_shape, conv_bwd_input(ctx, ds, ws, &g))
+        let dx = match bwd_input_as_conv(ctx, ds, ws, &g, p) {
+            Some(dx) => dx,
+            None => conv_bwd_input(ctx, ds, ws, &g),
+        };
+        Tensor::from_vec(input_shape, dx)
     })
 }
 
@@ -514,6 +556,25 @@ mod tests {
             let r = direct(&x, &w, &p);
             assert!(y.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-12), "case {k}");
         }
+    }
+
+    #[test]
+    fn stride_one_input_gradient_as_a_flipped_convolution_matches_col2im() {
+        let cases = [
+            ([2, 4, 6, 7], [6, 2, 3, 3], Conv2dParams { padding: [1, 1, 1, 1], groups: 2, ..Default::default() }),
+            ([1, 3, 7, 6], [2, 3, 3, 2], Conv2dParams { padding: [2, 0, 1, 1], dilation: [2, 1], ..Default::default() }),
+            ([2, 2, 5, 5], [3, 2, 1, 1], Conv2dParams::default()),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            let w = crate::random::uniform(&ws, -1., 1., k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let dy = crate::random::uniform(&[g.n, g.o, g.ho, g.wo], -1., 1., 9, DType::F64).to_vec::<f64>().unwrap();
+            let fast = bwd_input_as_conv(&cx(), &dy, &w, &g, &p).expect("stride 1 with small padding");
+            let slow = conv_bwd_input(&cx(), &dy, &w, &g);
+            assert!(fast.iter().zip(&slow).all(|(a, b)| (a - b).abs() < 1e-12), "case {k}");
+        }
+        let g = geometry("t", &[1, 1, 4, 4], &[1, 1, 2, 2], &Conv2dParams::new(2, 0)).unwrap();
+        assert!(bwd_input_as_conv(&cx(), &[0.0; 4], &[0.0; 4], &g, &Conv2dParams::new(2, 0)).is_none());
     }
 
     #[test]
