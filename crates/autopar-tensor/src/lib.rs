@@ -45,6 +45,7 @@
 //! | Concat | `shape::concat` | `shape::concat_backward` (views) |
 //! | Gather | `shape::gather(params, idx, axis)` | `shape::gather_backward` (scatter-add) |
 //! | OneHot | `shape::one_hot` | — |
+//! | ArgMax (metrics) | `reduce::argmax` | — |
 //! | Conv2D | `conv::conv2d(x, w, params)` | `conv::conv2d_backward_input`, `conv::conv2d_backward_weight` |
 //! | BatchNorm | `norm::batch_norm_train` / `batch_norm_eval` | `norm::batch_norm_backward` / `batch_norm_eval_backward` |
 //! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |

@@ -246,6 +246,29 @@ pub fn reduce_max_backward(ctx: &ExecCtx, x: &Tensor, dy: &Tensor, axes: &[isize
     })
 }
 
+/// ArgMax along `axis` (first maximum on ties; NaN counts as the maximum): an i64 tensor with
+/// that axis removed (or kept as 1). Not differentiable; used for accuracy metrics.
+pub fn argmax(ctx: &ExecCtx, x: &Tensor, axis: isize, keep_dims: bool) -> Result<Tensor> {
+    let op = "argmax";
+    let ax = normalize_axis(op, axis, x.rank())?;
+    if x.shape()[ax] == 0 {
+        return Err(TensorError::BadShape { op, what: "input", shape: x.shape().to_vec(), expected: format!("a non-empty axis {ax}") });
+    }
+    let out_shape = reduced_shape(x.shape(), &[ax], keep_dims);
+    let xf = x.cast(crate::DType::F64);
+    let xv = xf.typed::<f64>(op, "input")?;
+    let idx = reduce_rows(ctx, xv, &[ax], |r| {
+        let mut best = 0;
+        for (j, &v) in r.iter().enumerate() {
+            if v > r[best] || (v.is_nan() && !r[best].is_nan()) {
+                best = j;
+            }
+        }
+        best as f64
+    });
+    Tensor::from_vec(&out_shape, idx.iter().map(|&v| v as i64).collect())
+}
+
 /// Moves `axis` last, runs `f(in_row, out_row)` per row, moves it back.
 fn along_axis<T: Float, F>(ctx: &ExecCtx, x: ArrayViewD<'_, T>, y: Option<ArrayViewD<'_, T>>, axis: usize, f: F) -> ArrayD<T>
 where
@@ -401,6 +424,17 @@ mod tests {
         let x = Tensor::from_vec(&[2, 3], vec![1f32, 5., 5., 7., 0., 7.]).unwrap();
         let dy = Tensor::from_vec(&[2], vec![1f32, 2.]).unwrap();
         assert_eq!(v(&reduce_max_backward(&cx(), &x, &dy, &[1]).unwrap()), vec![0., 1., 0., 2., 0., 0.]);
+    }
+
+    #[test]
+    fn argmax_picks_the_first_maximum_along_an_axis() {
+        let x = Tensor::from_vec(&[2, 3], vec![1f32, 7., 7., 9., 0., 2.]).unwrap();
+        assert_eq!(argmax(&cx(), &x, -1, false).unwrap().to_vec::<i64>().unwrap(), vec![1, 0]);
+        let cols = argmax(&cx(), &x, 0, true).unwrap();
+        assert_eq!((cols.shape(), cols.to_vec::<i64>().unwrap()), (&[1usize, 3][..], vec![1, 0, 0]));
+        let labels = Tensor::from_vec(&[3], vec![4i64, -1, 2]).unwrap();
+        assert_eq!(argmax(&cx(), &labels, 0, false).unwrap().to_vec::<i64>().unwrap(), vec![0]);
+        assert!(argmax(&cx(), &Tensor::zeros(&[2, 0], crate::DType::F32), 1, false).is_err());
     }
 
     #[test]
