@@ -1,0 +1,141 @@
+//! Parallel equals serial for the model zoo (small sizes): the MLP, the GPT model and
+//! ResNet-18 under semi_auto_parallel with random valid strategies on 1, 2, 4 and 8 devices.
+//! Loss and every parameter after K steps within a relative 1e-5 (f32 arithmetic; a wider
+//! absolute floor for the deeper networks, stated per model).
+
+use autopar_graph::{Graph, NodeId};
+use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
+use autopar_parallel::{assign_random_strategies, ParallelContext};
+use autopar_runtime::parallel::{run_local, ParallelJob};
+use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+struct Case {
+    graph: Graph,
+    loss: NodeId,
+    x: String,
+    y: String,
+    x_shape: Vec<usize>,
+    y_shape: Vec<usize>,
+    /// Token ids below this bound (integer input), or float features.
+    int_input: Option<usize>,
+    classes: usize,
+    rtol: f64,
+    atol: f64,
+}
+
+fn case(model: &dyn Model, batch: usize, classes: usize, rtol: f64, atol: f64) -> Case {
+    let (graph, m) = model.build_graph(batch, Mode::Train, 3).unwrap();
+    let x_shape = graph.node(m.x).ty.shape.clone();
+    let y_shape = graph.node(m.labels).ty.shape.clone();
+    let int_input = (!graph.node(m.x).ty.dtype.is_float()).then_some(classes);
+    Case {
+        x: graph.node(m.x).name.clone(),
+        y: graph.node(m.labels).name.clone(),
+        loss: m.loss,
+        graph,
+        x_shape,
+        y_shape,
+        int_input,
+        classes,
+        rtol,
+        atol,
+    }
+}
+
+fn data(c: &Case, steps: usize, seed: u64) -> Vec<Vec<(String, Tensor)>> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..steps)
+        .map(|_| {
+            let nx: usize = c.x_shape.iter().product();
+            let x = match c.int_input {
+                Some(v) => Tensor::from_vec(&c.x_shape, (0..nx).map(|_| (next() % v as u64) as i64).collect()).unwrap(),
+                None => Tensor::from_vec(&c.x_shape, (0..nx).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect::<Vec<f32>>()).unwrap(),
+            };
+            let ny: usize = c.y_shape.iter().product();
+            let y = Tensor::from_vec(&c.y_shape, (0..ny).map(|_| (next() % c.classes as u64) as i64).collect()).unwrap();
+            vec![(c.x.clone(), x), (c.y.clone(), y)]
+        })
+        .collect()
+}
+
+fn optimizer() -> Box<dyn Optimizer> {
+    Box::new(Momentum::new(LrSchedule::Constant(0.05), 0.9).unwrap())
+}
+
+fn serial(c: &Case, batches: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
+    let mut params = ParamStore::init(&c.graph).unwrap();
+    let mut step = TrainStep::new(c.graph.clone(), c.loss).unwrap();
+    let mut opt = optimizer();
+    let losses = batches
+        .iter()
+        .map(|b| {
+            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (c.graph.find(n).unwrap(), t.clone())).collect();
+            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
+        })
+        .collect();
+    (losses, params)
+}
+
+fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> usize {
+    let batches = data(c, steps, 17);
+    let (want_losses, want) = serial(c, &batches);
+    let close = |a: f64, b: f64| (a - b).abs() <= c.atol + c.rtol * b.abs();
+    let mut runs = 0;
+    let mut communicating = 0;
+    for n in [1usize, 2, 4, 8] {
+        for seed in 0..seeds {
+            let mut g = c.graph.clone();
+            assign_random_strategies(&mut g, n, seed * 104_729 + n as u64);
+            let mut ctx = ParallelContext::default();
+            ctx.set("device_num", &json!(n)).unwrap();
+            ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+            let job = ParallelJob::new(g, c.loss, ctx).unwrap();
+            let prog = job.program(0).unwrap();
+            communicating += prog.graph.nodes().iter().filter(|n| n.op.is_communication()).count();
+            let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
+            for (s, (a, b)) in run.losses.iter().zip(&want_losses).enumerate() {
+                assert!(close(*a, *b), "{label} n={n} seed={seed}: loss at step {s} {a} vs stand-alone {b}");
+            }
+            for (name, w) in want.iter() {
+                let got = run.params.require(name).unwrap();
+                for (i, (a, b)) in got.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+                    assert!(close(*a, b), "{label} n={n} seed={seed}: {name}[{i}] {a} vs stand-alone {b}");
+                }
+            }
+            runs += 1;
+        }
+    }
+    assert!(communicating > 0, "{label}: the random strategies inserted no communication");
+    runs
+}
+
+#[test]
+fn zoo_mlp_equals_stand_alone() {
+    let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![16, 16], num_classes: 8 }).unwrap();
+    let c = case(&m, 16, 8, 1e-5, 1e-6);
+    assert_eq!(check(&c, "mlp", 8, 3), 32);
+}
+
+#[test]
+fn gpt_equals_stand_alone() {
+    let cfg = GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 1, mlp_ratio: 2, ..GptConfig::default() };
+    let m = Gpt::new(cfg).unwrap();
+    let c = case(&m, 8, 16, 1e-5, 1e-6);
+    assert_eq!(check(&c, "gpt", 4, 2), 16);
+}
+
+#[test]
+fn resnet18_equals_stand_alone() {
+    let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
+    let m = ResNet::new(cfg).unwrap();
+    let c = case(&m, 8, 4, 1e-5, 1e-5);
+    assert_eq!(check(&c, "resnet18", 2, 2), 8);
+}
