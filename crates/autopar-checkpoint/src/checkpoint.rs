@@ -70,7 +70,7 @@ impl TensorEntry {
         if self.dtype == DType::Str {
             return self.byte_len();
         }
-        self.shape.iter().map(|&d| d as u64).product::<u64>() * self.dtype.size() as u64
+        self.shape.iter().fold(self.dtype.size() as u64, |acc, &d| acc.saturating_mul(d as u64))
     }
 }
 

@@ -81,6 +81,14 @@ pub(crate) fn parse_index(path: &Path, file: &mut File, file_len: u64) -> Result
         if e < b {
             return Err(bad(&format!("data_offsets [{b}, {e}] end before they begin")));
         }
+        if e > file_len - data_start {
+            return Err(CheckpointError::Truncated {
+                path: path.to_path_buf(),
+                what: format!("tensor {name:?}"),
+                needed: data_start.saturating_add(e),
+                len: file_len,
+            });
+        }
         let segments = std::iter::once(data_start + b..data_start + e).collect();
         let entry = TensorEntry { name: name.clone(), dtype, shape, segments };
         if entry.byte_len() != entry.expected_len() {
@@ -91,14 +99,6 @@ pub(crate) fn parse_index(path: &Path, file: &mut File, file_len: u64) -> Result
                 shape: entry.shape.clone(),
                 expected: entry.expected_len(),
                 actual: entry.byte_len(),
-            });
-        }
-        if data_start + e > file_len {
-            return Err(CheckpointError::Truncated {
-                path: path.to_path_buf(),
-                what: format!("tensor {name:?}"),
-                needed: data_start + e,
-                len: file_len,
             });
         }
         tensors.push(entry);

@@ -408,3 +408,36 @@ fn splits_that_do_not_divide_are_refused() {
     let text = e.to_string();
     assert!(text.contains("\"w\"") && text.contains("not divisible"), "{text}");
 }
+
+#[test]
+fn flipping_any_byte_of_a_checkpoint_never_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    for ext in ["ckpt", "safetensors"] {
+        let good = dir.path().join(format!("good.{ext}"));
+        let t = |n: &str, d: DType, shape: Vec<usize>| {
+            let data = sample(d, &shape, 1);
+            (TensorSpec { name: n.into(), dtype: d, shape }, data)
+        };
+        save(
+            &good,
+            &[t("a", DType::Float32, vec![2, 3]), t("b", DType::BFloat16, vec![4]), t("c", DType::Int64, vec![])],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let bytes = fs::read(&good).unwrap();
+        let bad = dir.path().join(format!("bad.{ext}"));
+        for i in 0..bytes.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= flip;
+                fs::write(&bad, &b).unwrap();
+                if let Ok(f) = CheckpointFile::open(&bad) {
+                    for e in f.tensors() {
+                        let data = f.read(&e.name).unwrap();
+                        assert_eq!(data.len() as u64, e.byte_len());
+                    }
+                }
+            }
+        }
+    }
+}
