@@ -10,7 +10,8 @@
 //! `BENCH_SECONDS` (timed seconds per model and round, default 5), `BENCH_ROUNDS` (3),
 //! `RESNET_BATCH` (32), `GPT_BATCH` (16), `TORCH_PYTHON` (a Python with torch; default
 //! `/tmp/venv/bin/python`; the PyTorch column says n/a when it cannot run), `BENCH_PROFILE`
-//! (print op time by kind for one step of each model).
+//! (print op time by kind for one step of each model), `OMP_WAIT_POLICY` (PyTorch's OpenMP
+//! waiting; `PASSIVE` unless set, as spinning threads collapse on shared cores).
 
 use std::process::Command;
 use std::time::Instant;
@@ -106,7 +107,12 @@ fn torch_samples_per_s(
 ) -> Result<(f64, String), String> {
     let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "/tmp/venv/bin/python".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_models.py");
+    // OpenMP threads that spin at barriers collapse when other processes share the cores (a
+    // measured 3x on the GPT here); rayon's workers go to sleep instead. Passive waiting keeps
+    // the comparison about the kernels, unless the caller chose a policy.
+    let policy = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into());
     let out = Command::new(&python)
+        .env("OMP_WAIT_POLICY", &policy)
         .args([script, "--models", model, "--threads", &threads.to_string(), "--seconds", &seconds.to_string()])
         .args(["--resnet-batch", &resnet_batch.to_string(), "--gpt-batch", &gpt_batch.to_string()])
         .args(["--gpt", &format!("{},{},{},{},{}", gpt.vocab, gpt.context, gpt.width, gpt.heads, gpt.layers)])
