@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# MPI tests of autopar-comm: build with --features mpi, run the collective conformance suite
-# under mpirun with 2 and 4 processes, and check that a failing rank ends the whole job with its
-# message (never a hang). Called by .ci/run after the normal test run; exits non-zero on any
+# MPI tests: build with --features mpi, run the collective conformance suite under mpirun with
+# 2 and 4 processes, check that a failing rank ends the whole job with its message (never a
+# hang), and that parallel training over MPI equals the same job on in-process ranks. Called by .ci/run after the normal test run; exits non-zero on any
 # failure. Installs OpenMPI and libclang (needed by the mpi crate's bindgen) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +79,21 @@ exits() {
     fi
 }
 check exits
+
+# A parallel training job over MPI equals the same job on in-process ranks.
+echo "mpi-tests: building autopar-runtime with --features mpi"
+cargo build -p autopar-runtime --features mpi --example mpi_equals_local
+training() {
+    local n=$1 mode=$2 out
+    echo "mpi-tests: $mode training under mpirun -n $n equals LocalComm"
+    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" "${CARGO_TARGET_DIR:-target}/debug/examples/mpi_equals_local" "$mode" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out"
+    grep -q "mpi-equals-local: OK" <<<"$out"
+}
+check training 2 semi_auto_parallel
+check training 4 semi_auto_parallel
+check training 2 data_parallel
+check training 4 data_parallel
 
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi

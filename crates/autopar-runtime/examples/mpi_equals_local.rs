@@ -1,0 +1,125 @@
+//! Run under `mpirun -n N`: every process trains one rank of a semi_auto_parallel MLP job with
+//! random strategies over `MpiComm`; rank 0 also runs the same job in-process with `LocalComm`
+//! (N threads) and checks that losses and parameters agree (relative 1e-6: the collectives may
+//! add in another order). Prints `mpi-equals-local: OK ...` on rank 0 and exits 0 on success.
+//! With `--mode data_parallel` the job is data parallel instead.
+
+use autopar_comm::{Communicator, MpiComm};
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+use autopar_parallel::{assign_random_strategies, ParallelContext};
+use autopar_runtime::parallel::{assemble_params, run_local, ParallelJob, RankTrainer};
+use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore};
+use autopar_tensor::Tensor;
+
+fn mlp(batch: usize) -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(7);
+    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I64).unwrap();
+    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b1 = b.parameter("fc1.bias", &[32], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
+    let h = b.add("fc1.add", h, b1).unwrap();
+    let h = b.relu("act", h).unwrap();
+    let w2 = b.parameter("fc2.weight", &[32, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("fc2.mm", h, w2).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn batches(batch: usize, steps: usize) -> Vec<Vec<(String, Tensor)>> {
+    let mut s = 0x9e37_79b9_u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..steps)
+        .map(|_| {
+            let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let y: Vec<i64> = (0..batch).map(|_| (next() % 8) as i64).collect();
+            vec![("x".to_string(), Tensor::from_vec(&[batch, 16], x).unwrap()), ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap())]
+        })
+        .collect()
+}
+
+fn optimizer() -> autopar_runtime::Result<Box<dyn Optimizer>> {
+    Ok(Box::new(Momentum::new(LrSchedule::Constant(0.1), 0.9)?))
+}
+
+fn main() {
+    let data_parallel = std::env::args().any(|a| a == "data_parallel");
+    // "semi_auto_parallel" (the default) or "data_parallel" as the first argument.
+    let result = MpiComm::run(|comm| -> Result<(), String> {
+        let n = comm.size();
+        let (batch, mode) = if data_parallel { (4, "data_parallel") } else { (16, "semi_auto_parallel") };
+        let (mut graph, loss) = mlp(batch);
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &serde_json::json!(n)).map_err(|e| e.to_string())?;
+        ctx.set("parallel_mode", &serde_json::json!(mode)).map_err(|e| e.to_string())?;
+        if data_parallel {
+            ctx.set("gradients_mean", &serde_json::json!(true)).map_err(|e| e.to_string())?;
+        } else {
+            assign_random_strategies(&mut graph, n, 2024);
+        }
+        let job = ParallelJob::new(graph, loss, ctx).map_err(|e| e.to_string())?;
+        let steps = 3;
+        let data = batches(batch, if data_parallel { steps * n } else { steps });
+        let full = ParamStore::init(&job.graph).map_err(|e| e.to_string())?;
+        let mut trainer = RankTrainer::new(&job, &comm, &full).map_err(|e| e.to_string())?;
+        let mut opt = optimizer().map_err(|e| e.to_string())?;
+        let mut losses = Vec::new();
+        for s in 0..steps {
+            let batch = if data_parallel { &data[s * n + comm.rank()] } else { &data[s] };
+            let feeds = trainer.local_feeds(batch).map_err(|e| e.to_string())?;
+            losses.push(trainer.step(opt.as_mut(), &feeds).map_err(|e| e.to_string())?);
+        }
+        // Gather every rank's parameter slices on rank 0, tensor by tensor (f64 on the wire).
+        let mut stores = vec![ParamStore::new(); n];
+        for (name, t) in trainer.params().iter() {
+            let mine = t.to_f64_vec();
+            let mut all = vec![0.0f64; mine.len() * n];
+            comm.all_gather((&mine).into(), (&mut all).into()).map_err(|e| e.to_string())?;
+            for (r, store) in stores.iter_mut().enumerate() {
+                let piece = Tensor::from_vec(t.shape(), all[r * mine.len()..(r + 1) * mine.len()].to_vec()).map_err(|e| e.to_string())?;
+                store.insert(name, piece);
+            }
+        }
+        let mut mean_losses = losses.clone();
+        if data_parallel {
+            for l in mean_losses.iter_mut() {
+                let mut v = vec![*l];
+                comm.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Mean).map_err(|e| e.to_string())?;
+                *l = v[0];
+            }
+        }
+        if comm.rank() != 0 {
+            return Ok(());
+        }
+        let mpi_params = assemble_params(&job, &stores).map_err(|e| e.to_string())?;
+        let local = run_local(&job, &data, optimizer).map_err(|e| e.to_string())?;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-7 + 1e-6 * b.abs();
+        for (s, (a, b)) in mean_losses.iter().zip(&local.losses).enumerate() {
+            if !close(*a, *b) {
+                return Err(format!("step {s}: MPI loss {a}, LocalComm loss {b}"));
+            }
+        }
+        let mut checked = 0;
+        for (name, want) in local.params.iter() {
+            let got = mpi_params.require(name).map_err(|e| e.to_string())?;
+            for (i, (a, b)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+                if !close(*a, b) {
+                    return Err(format!("{name}[{i}]: MPI {a}, LocalComm {b}"));
+                }
+            }
+            checked += 1;
+        }
+        println!("mpi-equals-local: OK {mode} on {n} ranks, {steps} steps, losses {mean_losses:?}, {checked} parameters equal");
+        Ok(())
+    });
+    if let Err(e) = result {
+        eprintln!("mpi-equals-local: {e}");
+        std::process::exit(2);
+    }
+}
