@@ -18,6 +18,17 @@ pub enum TensorError {
     #[error("{op}: shapes {lhs:?} and {rhs:?} are incompatible: {reason}\nhint: check the shapes of the op's inputs")]
     IncompatibleShapes { op: &'static str, lhs: Vec<usize>, rhs: Vec<usize>, reason: &'static str },
 
+    #[error("{op}: inner dimensions {k_lhs} and {k_rhs} differ (lhs {lhs:?}, rhs {rhs:?}, transpose_a={transpose_a}, transpose_b={transpose_b})\nhint: the contracted dimension of both operands must match; check the transpose flags")]
+    InnerDimMismatch {
+        op: &'static str,
+        lhs: Vec<usize>,
+        rhs: Vec<usize>,
+        k_lhs: usize,
+        k_rhs: usize,
+        transpose_a: bool,
+        transpose_b: bool,
+    },
+
     #[error("{op}: {what} has shape {shape:?}, expected {expected}\nhint: check the op's input shapes and attributes")]
     BadShape { op: &'static str, what: &'static str, shape: Vec<usize>, expected: String },
 

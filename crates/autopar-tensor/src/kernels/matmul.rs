@@ -35,11 +35,14 @@ pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpos
         let x = as2(a.typed::<T>(op, "lhs")?, transpose_a);
         let y = as2(b.typed::<T>(op, "rhs")?, transpose_b);
         if x.ncols() != y.nrows() {
-            return Err(TensorError::IncompatibleShapes {
+            return Err(TensorError::InnerDimMismatch {
                 op,
                 lhs: a.shape().to_vec(),
                 rhs: b.shape().to_vec(),
-                reason: "inner dimensions differ (after the transpose flags)",
+                k_lhs: x.ncols(),
+                k_rhs: y.nrows(),
+                transpose_a,
+                transpose_b,
             });
         }
         let mut out = ndarray::Array2::<T>::zeros((x.nrows(), y.ncols()));
@@ -93,11 +96,14 @@ fn batch_impl<T: Float>(
     let (m, k) = if ta { (x.shape()[ra - 1], x.shape()[ra - 2]) } else { (x.shape()[ra - 2], x.shape()[ra - 1]) };
     let (k2, n) = if tb { (y.shape()[rb - 1], y.shape()[rb - 2]) } else { (y.shape()[rb - 2], y.shape()[rb - 1]) };
     if k != k2 {
-        return Err(TensorError::IncompatibleShapes {
+        return Err(TensorError::InnerDimMismatch {
             op,
             lhs: shapes.0.to_vec(),
             rhs: shapes.1.to_vec(),
-            reason: "inner dimensions differ",
+            k_lhs: k,
+            k_rhs: k2,
+            transpose_a: ta,
+            transpose_b: tb,
         });
     }
     let mut xs = batch.clone();
@@ -254,7 +260,8 @@ mod tests {
     #[test]
     fn matmul_reports_differing_inner_dimensions() {
         let e = matmul(&cx(), &t(&[2, 3], &[0.; 6]), &t(&[2, 3], &[0.; 6]), false, false).unwrap_err();
-        assert!(matches!(e, TensorError::IncompatibleShapes { op: "matmul", .. }));
+        assert!(matches!(e, TensorError::InnerDimMismatch { op: "matmul", k_lhs: 3, k_rhs: 2, .. }));
+        assert!(e.to_string().starts_with("matmul: inner dimensions 3 and 2 differ"));
         assert!(matmul(&cx(), &t(&[2, 3], &[0.; 6]), &t(&[2, 3], &[0.; 6]), false, true).is_ok());
         assert!(matches!(matmul(&cx(), &t(&[6], &[0.; 6]), &t(&[6], &[0.; 6]), false, false), Err(TensorError::BadShape { .. })));
     }
