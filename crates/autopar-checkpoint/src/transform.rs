@@ -68,6 +68,9 @@ pub struct TransformReport {
     pub absent: Vec<String>,
     /// Tensors in neither strategy, copied unchanged (`global_step`, `learning_rate`, ...).
     pub copied: Vec<String>,
+    /// Set when the source strategy was taken as this one pipeline stage of the destination's
+    /// network (outputs named `<prefix><r>_part<stage>`).
+    pub per_stage: Option<u32>,
 }
 
 /// The source and destination strategies of a transform (`None` = one device, unsplit).
@@ -79,9 +82,13 @@ pub struct TransformPlanner {
     dst_stage_devs: usize,
     dst_stages: usize,
     skipped: Vec<String>,
+    /// MindSpore's per-stage transform: the source strategy describes one pipeline stage
+    /// (this one) of a network the destination holds whole.
+    by_stage: Option<u32>,
 }
 
-fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, PathBuf)>> {
+/// A strategy file's layout map and the stage of its first operator strategy.
+fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, Option<u32>)>> {
     let Some(p) = path else { return Ok(None) };
     let s = StrategyFile::load(p)?;
     if s.layout_items.is_empty() {
@@ -99,7 +106,7 @@ fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, PathBuf)>> {
     if stages.iter().enumerate().any(|(i, &s)| s as usize != i) {
         return Err(CheckpointError::MissingStages { path: p.to_path_buf(), count: stages.len(), stages });
     }
-    Ok(Some((m, p.to_path_buf())))
+    Ok(Some((m, s.stage())))
 }
 
 /// A layout with its optimizer shard: each rank's piece is its model-parallel slice, with dim 0
@@ -246,11 +253,33 @@ impl TransformPlanner {
     /// Load the strategies; `allow_missing` decides whether a tensor in one strategy but not the
     /// other is an error or skipped.
     pub fn new(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, allow_missing: bool) -> Result<Self> {
+        Self::new_with(src_strategy, dst_strategy, allow_missing, false)
+    }
+
+    /// With `per_stage`, MindSpore's `transform_checkpoints` special case: when both strategies
+    /// have one stage and the source's parameters (optimizer and accumulation states aside) are
+    /// a strict subset of the destination's, the source is one pipeline stage (the stage of its
+    /// strategy items) of the destination's network: its files are `rank_<stage*N + k>`, and
+    /// only its parameters are written, to `<prefix><r>_part<stage>` files.
+    fn new_with(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, allow_missing: bool, per_stage: bool) -> Result<Self> {
         let src = load_map(src_strategy)?;
         let dst = load_map(dst_strategy)?;
+        let by_stage = match (&src, &dst) {
+            (Some((s, stage)), Some((d, _))) if per_stage && s.stages().len() == 1 && d.stages().len() == 1 => {
+                let keys = |m: &LayoutMap| -> BTreeSet<String> {
+                    m.params.keys().filter(|k| !["accu_grads", "adam_v", "adam_m"].iter().any(|p| k.starts_with(p))).cloned().collect()
+                };
+                let (ks, kd) = (keys(s), keys(d));
+                (ks.is_subset(&kd) && ks.len() < kd.len()).then_some(stage.unwrap_or(0))
+            }
+            _ => None,
+        };
         let mut skipped = Vec::new();
         if let (Some((s, _)), Some((d, _))) = (&src, &dst) {
             for (a, b, present, missing) in [(s, d, "source", "destination"), (d, s, "destination", "source")] {
+                if by_stage.is_some() && present == "destination" {
+                    continue; // the other stages' parameters
+                }
                 let names: Vec<String> = a.params.keys().filter(|k| !b.params.contains_key(*k)).cloned().collect();
                 if !names.is_empty() && !allow_missing {
                     return Err(CheckpointError::NotInBothStrategies { count: names.len(), present, missing, names: names.join(", ") });
@@ -267,7 +296,13 @@ impl TransformPlanner {
             src,
             dst,
             skipped,
+            by_stage,
         })
+    }
+
+    /// The source stage of a per-stage transform (see [`Self::new_with`]).
+    pub fn per_stage(&self) -> Option<u32> {
+        self.by_stage
     }
 
     /// Destination ranks over all pipeline stages.
@@ -322,7 +357,7 @@ impl TransformPlanner {
                 .unwrap_or(0);
             let src = src.map(|p| p.for_ndim(nd));
             let dst = dst.map(|p| p.for_ndim(nd));
-            let src_stage = src.as_ref().and_then(|p| p.stages.iter().min().copied()).unwrap_or(0);
+            let src_stage = self.by_stage.or_else(|| src.as_ref().and_then(|p| p.stages.iter().min().copied())).unwrap_or(0);
             out.push((
                 name.clone(),
                 src.unwrap_or_else(|| ParamLayout::unsharded(nd)),
@@ -350,7 +385,7 @@ impl TransformPlanner {
             }
         }
         if set.is_empty() {
-            set.insert(local % self.src_stage_devs);
+            set.insert(self.by_stage.unwrap_or(0) as usize * self.src_stage_devs + local % self.src_stage_devs);
         }
         Ok(set.into_iter().rev().collect())
     }
@@ -455,7 +490,7 @@ impl TransformPlanner {
             tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
         }
         // tensors in neither strategy: copied unchanged, preferably from the paired source rank
-        let pref = local % self.src_stage_devs;
+        let pref = self.by_stage.unwrap_or(0) as usize * self.src_stage_devs + local % self.src_stage_devs;
         let mut order: Vec<usize> = vec![pref];
         order.extend(needed.iter().rev().copied().filter(|&r| r != pref));
         for &r in &order {
@@ -706,8 +741,9 @@ pub fn transform_checkpoints(
     opts: &TransformOptions,
 ) -> Result<TransformReport> {
     let (rank_files, _) = collect_rank_files(src_dir)?;
-    let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.allow_missing)?;
+    let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.allow_missing, true)?;
     let n = planner.dst_device_num();
+    let part = planner.per_stage().map_or(String::new(), |s| format!("_part{s}"));
     let mut needed_all = BTreeSet::new();
     let mut lists = Vec::with_capacity(n);
     for r in 0..n {
@@ -724,11 +760,11 @@ pub fn transform_checkpoints(
     for s in needed_all {
         files.insert(s, CheckpointFile::open_with(&rank_files[&s], OpenOptions { verify_crc: opts.verify_crc })?);
     }
-    let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
+    let mut report = TransformReport { skipped: planner.skipped().to_vec(), per_stage: planner.per_stage(), ..Default::default() };
     let mut plans = Vec::with_capacity(n);
     let mut checked = BTreeSet::new();
     for r in 0..n {
-        let path = dst_dir.join(format!("rank_{r}")).join(format!("{}{r}.{}", opts.prefix, opts.format.extension()));
+        let path = dst_dir.join(format!("rank_{r}")).join(format!("{}{r}{part}.{}", opts.prefix, opts.format.extension()));
         let mut rr = TransformReport::default();
         plans.push(planner.plan_rank(r, &files, path.clone(), &mut rr, &mut checked)?);
         for v in rr.absent {

@@ -243,3 +243,32 @@ fn tensors_in_one_strategy_only_fail_unless_allowed_and_are_then_listed() {
     assert!(f.get("extra.w").is_none());
     assert_eq!(f.read("w").unwrap(), bytes_of(&piece(&p, &l, 1), DType::Float32));
 }
+
+#[test]
+fn a_one_stage_source_strategy_of_a_larger_network_transforms_that_stage_into_part_files() {
+    let p1 = Param::new("l1.w", DType::Float32, vec![16, 8], 11);
+    let p2 = Param::new("l2.w", DType::Float32, vec![8, 16], 12);
+    let s1 = PLayout { dev: vec![4], map: TensorMap::single(&[0, -1]), opt: 0 };
+    let s2 = PLayout { dev: vec![2, 2], map: TensorMap::single(&[-1, 1]), opt: 0 };
+    let tmp = tempfile::tempdir().unwrap();
+    // the checkpoints of a 2-stage run: l1 on ranks 0..3, l2 on ranks 4..7
+    write_ranks(&tmp.path().join("a"), "ckpt", &[(&p1, &s1, 0), (&p2, &s2, 1)], &[]);
+    // stage 1's own strategy file (plain names, operator strategies of stage 1)
+    let mut stage1 = common::strategy_file(&[(&p2, &s2, 1)]);
+    for l in &mut stage1.layout_items {
+        l.name = l.name.trim_start_matches("1-").to_string();
+    }
+    let ss = tmp.path().join("stage1.ckpt");
+    stage1.save(&ss).unwrap();
+    // destination: the whole network on 2 devices
+    let d1 = PLayout { dev: vec![2], map: TensorMap::single(&[-1, -1]), opt: 0 };
+    let d2 = PLayout { dev: vec![2], map: TensorMap::single(&[-1, 0]), opt: 0 };
+    let ds = write_strategy(tmp.path(), "dst", &[(&p1, &d1, 0), (&p2, &d2, 0)], false);
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&ss), Some(&ds), &opts(Format::Ckpt, 2)).unwrap();
+    assert_eq!((rep.files.len(), rep.per_stage), (2, Some(1)));
+    for r in 0..2 {
+        let f = CheckpointFile::open(tmp.path().join(format!("b/rank_{r}/net_{r}_part1.ckpt"))).unwrap();
+        assert!(f.get("l1.w").is_none());
+        assert_eq!(f.read("l2.w").unwrap(), bytes_of(&piece(&p2, &d2, r), DType::Float32), "rank {r}");
+    }
+}

@@ -206,10 +206,13 @@ fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
     if as_json {
         let v = json!({
             "files": r.files, "bytes_written": r.bytes_written, "seconds": secs, "gb_per_s": gbs,
-            "skipped": r.skipped, "absent": r.absent, "copied": r.copied,
+            "skipped": r.skipped, "absent": r.absent, "copied": r.copied, "per_stage": r.per_stage,
         });
         println!("{v}");
         return;
+    }
+    if let Some(stage) = r.per_stage {
+        println!("the source strategy holds pipeline stage {stage} of the destination's network: writing that stage's parameters to _part{stage} files");
     }
     println!("wrote {} file(s), {} bytes of tensors in {secs:.2}s ({gbs:.2} GB/s)", r.files.len(), r.bytes_written);
     for f in &r.files {
