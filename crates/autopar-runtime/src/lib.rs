@@ -45,6 +45,7 @@
 //!   `ExecCtx::serial()` (the simulated ranks of the parallel runtime).
 
 pub mod collective;
+pub mod distributed;
 pub mod error;
 pub mod executor;
 pub mod optim;

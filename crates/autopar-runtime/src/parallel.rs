@@ -179,6 +179,19 @@ impl RankTrainer {
     /// Build rank `comm.rank()`'s trainer: its program, its parameter slices (cut from the full
     /// initial values in `full`), its sub-communicators (collective: every rank calls this).
     pub fn new(job: &ParallelJob, comm: &dyn Communicator, full: &ParamStore) -> Result<Self> {
+        let program = job.program(comm.rank())?;
+        let mut params = ParamStore::new();
+        for p in &program.params {
+            let t = full.require(&p.name)?;
+            params.insert(&p.name, slice_tensor(t, &p.slice)?);
+        }
+        Self::with_local_params(job, comm, params)
+    }
+
+    /// Like [`RankTrainer::new`], with this rank's slices given (for example from
+    /// [`crate::distributed::load_distributed_checkpoint`]); every parameter must be present with
+    /// its local shape.
+    pub fn with_local_params(job: &ParallelJob, comm: &dyn Communicator, params: ParamStore) -> Result<Self> {
         let rank = comm.rank();
         if comm.size() != job.device_num {
             return Err(RuntimeError::Parallel {
@@ -201,10 +214,12 @@ impl RankTrainer {
         };
         let loss_factor = if scaled == loss { 1.0 } else { n as f64 };
         let step = TrainStep::new(graph, scaled)?.with_ctx(autopar_tensor::ExecCtx::serial());
-        let mut params = ParamStore::new();
         for p in &program.params {
-            let t = full.require(&p.name)?;
-            params.insert(&p.name, slice_tensor(t, &p.slice)?);
+            let t = params.require(&p.name)?;
+            let want = p.layout.slice_shape();
+            if t.shape() != want.as_slice() {
+                return Err(RuntimeError::GradientMismatch { name: p.name.clone(), shape: want, got: t.shape().to_vec() });
+            }
         }
         let groups = CommGroups::create(comm, &program.partitions)?;
         let buckets = fusion_buckets(&program, &job.ctx);
