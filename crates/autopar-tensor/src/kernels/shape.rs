@@ -77,7 +77,7 @@ fn check_perm(op: &'static str, perm: &[usize], rank: usize) -> Result<()> {
     Ok(())
 }
 
-/// Transpose by `perm` (output dim i = input dim perm[i]). Zero-copy view.
+/// Transpose by `perm` (output dim `i` = input dim `perm[i]`). Zero-copy view.
 pub fn transpose(x: &Tensor, perm: &[usize]) -> Result<Tensor> {
     check_perm("transpose", perm, x.rank())?;
     Ok(Tensor { s: map_storage!(&x.s, a => a.clone().permuted_axes(IxDyn(perm))) })
@@ -147,7 +147,7 @@ pub fn slice(x: &Tensor, begin: &[usize], size: &[isize]) -> Result<Tensor> {
     Ok(out)
 }
 
-/// Backward of [`slice`]: `dy` placed at `begin` inside zeros of `input_shape`.
+/// Backward of [`slice()`]: `dy` placed at `begin` inside zeros of `input_shape`.
 pub fn slice_backward(dy: &Tensor, input_shape: &[usize], begin: &[usize]) -> Result<Tensor> {
     if begin.len() != input_shape.len()
         || dy.rank() != input_shape.len()
@@ -208,7 +208,7 @@ pub fn concat(xs: &[&Tensor], axis: isize) -> Result<Tensor> {
     })
 }
 
-/// Backward of [`concat`]: zero-copy slices of `dy` with the inputs' sizes along `axis`.
+/// Backward of [`concat()`]: zero-copy slices of `dy` with the inputs' sizes along `axis`.
 pub fn concat_backward(dy: &Tensor, sizes: &[usize], axis: isize) -> Result<Vec<Tensor>> {
     let ax = normalize_axis("concat_backward", axis, dy.rank())?;
     if sizes.iter().sum::<usize>() != dy.shape()[ax] {
