@@ -158,6 +158,30 @@ fn squeeze2<T: Float>(v: ArrayViewD<'_, T>, bdims: usize, t: bool) -> ArrayView2
     as2(v, t)
 }
 
+/// Output shape of [`batch_matmul`]: broadcast batch dims, then `[m, n]`.
+pub fn batch_matmul_shape(a: &[usize], b: &[usize], transpose_a: bool, transpose_b: bool) -> Result<Vec<usize>> {
+    let op = "batch_matmul";
+    for (what, s) in [("lhs", a), ("rhs", b)] {
+        if s.len() < 2 {
+            return Err(TensorError::BadShape { op, what, shape: s.to_vec(), expected: "rank >= 2".into() });
+        }
+    }
+    let (ra, rb) = (a.len(), b.len());
+    let (m, k) = if transpose_a { (a[ra - 1], a[ra - 2]) } else { (a[ra - 2], a[ra - 1]) };
+    let (k2, n) = if transpose_b { (b[rb - 1], b[rb - 2]) } else { (b[rb - 2], b[rb - 1]) };
+    if k != k2 {
+        return Err(TensorError::InnerDimMismatch { op, lhs: a.to_vec(), rhs: b.to_vec(), k_lhs: k, k_rhs: k2, transpose_a, transpose_b });
+    }
+    let mut out = broadcast_shapes(&a[..ra - 2], &b[..rb - 2]).ok_or_else(|| TensorError::IncompatibleShapes {
+        op,
+        lhs: a.to_vec(),
+        rhs: b.to_vec(),
+        reason: "batch dimensions are not broadcastable",
+    })?;
+    out.extend_from_slice(&[m, n]);
+    Ok(out)
+}
+
 /// BatchMatMul: `op(a) @ op(b)` over the trailing two dims, batch dims broadcast (NumPy rules).
 pub fn batch_matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
     let op = "batch_matmul";
@@ -185,7 +209,7 @@ pub fn batch_matmul_grads(
     let op = "batch_matmul";
     same_dtype(op, "rhs", a, b)?;
     same_dtype(op, "output gradient", a, dy)?;
-    let expected = batch_matmul(ctx, &a.clone(), b, transpose_a, transpose_b).map(|t| t.shape().to_vec())?;
+    let expected = batch_matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b)?;
     super::same_shape(op, &expected, dy.shape(), "output gradient must have the output's shape")?;
     float_dispatch!(op, a.dtype(), T => {
         let (x, y, g) = (a.typed::<T>(op, "lhs")?, b.typed::<T>(op, "rhs")?, dy.typed::<T>(op, "output gradient")?);
@@ -273,6 +297,9 @@ mod tests {
         let c = batch_matmul(&cx(), &a, &b, false, false).unwrap();
         assert_eq!(c.shape(), &[2, 3, 1, 1]);
         assert_eq!(c.to_vec::<f32>().unwrap(), vec![1., 2., 3., 3., 4., 7.]);
+        assert_eq!(batch_matmul_shape(&[2, 1, 1, 2], &[3, 2, 1], false, false).unwrap(), vec![2, 3, 1, 1]);
+        assert!(batch_matmul_shape(&[2, 2, 3], &[3, 3, 2], false, false).is_err());
+        assert!(batch_matmul(&cx(), &a, &t(&[3, 3, 1], &[0.; 9]), false, false).is_err());
     }
 
     #[test]
