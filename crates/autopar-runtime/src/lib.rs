@@ -8,6 +8,9 @@
 //! * [`optim`]: SGD, Momentum (MindSpore's `ApplyMomentum`, state `moments.<name>`), AdamW
 //!   (`adam_m.<name>`, `adam_v.<name>`), weight decay and learning-rate schedules.
 //! * [`TrainStep`]: forward + backward + optimizer for one batch.
+//! * [`Trainer`]: epochs or steps over a dataset on `device_num` ranks (threads over `LocalComm`),
+//!   with [`callbacks`] (loss monitor, JSON metrics, loss-curve SVG), per-rank checkpoints, resume
+//!   with the uninterrupted run's trajectory, `--init` by parameter name, and evaluation.
 //!
 //! ```
 //! use autopar_graph::{DType, GraphBuilder, Initializer};
@@ -44,6 +47,7 @@
 //! * The executor owns no threads: kernels use the current rayon pool, or run serially with
 //!   `ExecCtx::serial()` (the simulated ranks of the parallel runtime).
 
+pub mod callbacks;
 pub mod collective;
 pub mod distributed;
 pub mod error;
@@ -52,8 +56,10 @@ pub mod optim;
 pub mod parallel;
 pub mod strategy_io;
 pub mod train;
+pub mod trainer;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, OpTiming, ParamStore, RunOutput};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use train::{StepOutput, TrainStep};
+pub use trainer::{TrainConfig, TrainError, TrainReport, Trainer};

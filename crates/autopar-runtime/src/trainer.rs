@@ -1,0 +1,803 @@
+//! The trainer: epochs or steps of a network over a dataset, on one device or `device_num`
+//! ranks, with callbacks (loss monitor, metrics), per-rank checkpoints, resume, `--init` and
+//! evaluation.
+//!
+//! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`] (one rank
+//! for stand_alone), each a [`RankTrainer`] of the [`ParallelJob`]. Under stand_alone and
+//! semi_auto_parallel the graph has the global batch and every rank reads the global batch
+//! (its [`RankTrainer::local_feeds`] cuts its part); under data_parallel the graph has the
+//! per-rank batch and rank `k` reads shard `k` of the data. The data loader derives every batch
+//! from `(seed, epoch, index)`, so a resumed run reads exactly the batches the uninterrupted run
+//! would have read. Logs, metrics and callbacks run on rank 0; checkpoints are written by every
+//! rank (its local slices and optimizer state). A stand-alone run executes its single rank with
+//! the kernels' thread pool instead of serially.
+
+mod ckpt;
+mod error;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use autopar_comm::{Communicator, LocalComm, ReduceOp};
+use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
+use autopar_graph::{Graph, NodeId, OpKind};
+use autopar_parallel::{ParallelContext, ParallelMode};
+use autopar_tensor::{DType, Tensor};
+
+pub use self::ckpt::{
+    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, tensor_bytes, Loaded, RunPosition, FORMAT,
+};
+pub use self::error::{TrainError, TrainResult};
+use crate::callbacks::{Callback, StepEvent};
+use crate::executor::{tensor_dtype, Executor, ParamStore};
+use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
+use crate::parallel::{assemble_params, ParallelJob, RankTrainer};
+use crate::train::TrainStep;
+
+/// A network as the trainer sees it: a forward graph with its input, labels, logits (`[N, C]`)
+/// and scalar loss.
+#[derive(Clone, Debug)]
+pub struct Network {
+    pub graph: Graph,
+    pub x: NodeId,
+    pub labels: NodeId,
+    pub logits: NodeId,
+    pub loss: NodeId,
+}
+
+/// Builds the network for a batch size, for training (`true`) or evaluation (`false`). Train and
+/// evaluation graphs must name their parameters alike.
+pub type BuildNetwork = Arc<dyn Fn(usize, bool) -> Result<Network, String> + Send + Sync>;
+
+/// A dataset and the transforms its samples go through.
+#[derive(Clone, Debug)]
+pub struct DataSource {
+    pub dataset: Arc<dyn Dataset>,
+    pub transforms: Transforms,
+}
+
+/// The update rule.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OptimizerKind {
+    Sgd,
+    Momentum { momentum: f64, nesterov: bool },
+    AdamW { beta1: f64, beta2: f64, eps: f64 },
+}
+
+/// Optimizer, learning-rate schedule and weight decay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    pub schedule: LrSchedule,
+    pub weight_decay: f64,
+    /// Leave normalisation parameters (`gamma`, `beta`) out of weight decay.
+    pub decay_except_norm: bool,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            kind: OptimizerKind::Momentum { momentum: 0.9, nesterov: false },
+            schedule: LrSchedule::Constant(0.01),
+            weight_decay: 0.0,
+            decay_except_norm: false,
+        }
+    }
+}
+
+impl OptimizerConfig {
+    /// A fresh optimizer.
+    pub fn build(&self) -> TrainResult<Box<dyn Optimizer>> {
+        let filter = if self.decay_except_norm { Some(decay_except_norm as fn(&str) -> bool) } else { None };
+        let s = self.schedule.clone();
+        Ok(match self.kind {
+            OptimizerKind::Sgd => Box::new(Sgd::new(s)?.with_weight_decay(self.weight_decay, filter)?),
+            OptimizerKind::Momentum { momentum, nesterov } => {
+                Box::new(Momentum::new(s, momentum)?.with_nesterov(nesterov).with_weight_decay(self.weight_decay, filter)?)
+            }
+            OptimizerKind::AdamW { beta1, beta2, eps } => {
+                Box::new(AdamW::new(s)?.with_betas(beta1, beta2)?.with_eps(eps)?.with_weight_decay(self.weight_decay, filter)?)
+            }
+        })
+    }
+
+    /// The names of the optimizer state of parameter `name`.
+    pub fn state_keys(&self, name: &str) -> Vec<String> {
+        match self.kind {
+            OptimizerKind::Sgd => vec![],
+            OptimizerKind::Momentum { .. } => vec![format!("moments.{name}")],
+            OptimizerKind::AdamW { .. } => vec![format!("adam_m.{name}"), format!("adam_v.{name}")],
+        }
+    }
+}
+
+/// The checkpoint callback's settings (MindSpore's `CheckpointConfig` + `ModelCheckpoint`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    pub dir: PathBuf,
+    pub prefix: String,
+    /// Save every this many steps (0: only at the end).
+    pub every_steps: u64,
+    /// Keep at most this many checkpoints per rank, deleting the oldest (0: keep all).
+    pub keep_max: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self { dir: PathBuf::from("checkpoints"), prefix: "autopar".into(), every_steps: 0, keep_max: 5 }
+    }
+}
+
+/// Everything about a training run except the network and the data.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Epochs to run (with `max_steps`, whichever ends first).
+    pub epochs: u64,
+    /// Total steps (counted from step 0 of the run, a resumed run included).
+    pub max_steps: Option<u64>,
+    /// Global batch size.
+    pub batch_size: usize,
+    pub seed: u64,
+    pub shuffle: bool,
+    /// Batches prepared ahead per rank (0: none).
+    pub prefetch: usize,
+    pub optimizer: OptimizerConfig,
+    pub parallel: ParallelContext,
+    /// Checkpoints (None: none).
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Load parameters from this checkpoint before training.
+    pub init: Option<PathBuf>,
+    /// Resume from this checkpoint (a parallel run: rank 0's file; the others are found beside it).
+    pub resume: Option<PathBuf>,
+    /// Batch size of evaluation.
+    pub eval_batch_size: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            max_steps: None,
+            batch_size: 32,
+            seed: 1,
+            shuffle: true,
+            prefetch: 2,
+            optimizer: OptimizerConfig::default(),
+            parallel: ParallelContext::default(),
+            checkpoint: None,
+            init: None,
+            resume: None,
+            eval_batch_size: 256,
+        }
+    }
+}
+
+/// Accuracy and mean loss over an evaluation set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalResult {
+    pub accuracy: f64,
+    pub loss: f64,
+    /// Predictions scored (samples, or token positions for a language model).
+    pub predictions: usize,
+    pub samples: usize,
+}
+
+/// What a run did.
+#[derive(Debug)]
+pub struct TrainReport {
+    /// The step the run started from (0, or the resumed checkpoint's step).
+    pub first_step: u64,
+    /// The step it ended at.
+    pub last_step: u64,
+    pub steps_per_epoch: u64,
+    /// Loss of every step run (global; rank 0's view).
+    pub losses: Vec<f64>,
+    pub wall_secs: f64,
+    /// Global samples per second over the run.
+    pub samples_per_sec: f64,
+    /// Final parameters, assembled from the ranks' slices.
+    pub params: ParamStore,
+    /// Checkpoint files rank 0 wrote (the others wrote theirs beside).
+    pub checkpoints: Vec<PathBuf>,
+    pub strategy_file: Option<PathBuf>,
+    pub device_num: usize,
+    pub mode: ParallelMode,
+}
+
+/// Trains one network on one dataset.
+pub struct Trainer {
+    name: String,
+    build: BuildNetwork,
+    train: DataSource,
+    cfg: TrainConfig,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer").field("name", &self.name).field("train", &self.train).field("cfg", &self.cfg).finish()
+    }
+}
+
+/// Names, shapes and dtypes of the network's input and labels.
+#[derive(Clone, Debug)]
+struct Io {
+    x: NodeId,
+    y: NodeId,
+    x_name: String,
+    y_name: String,
+    x_shape: Vec<usize>,
+    y_shape: Vec<usize>,
+    x_dtype: DType,
+    y_dtype: DType,
+}
+
+impl Io {
+    fn of(graph: &Graph, net: &Network) -> Self {
+        let (xn, yn) = (graph.node(net.x), graph.node(net.labels));
+        Io {
+            x: net.x,
+            y: net.labels,
+            x_name: xn.name.clone(),
+            y_name: yn.name.clone(),
+            x_shape: xn.ty.shape.clone(),
+            y_shape: yn.ty.shape.clone(),
+            x_dtype: tensor_dtype(xn.ty.dtype),
+            y_dtype: tensor_dtype(yn.ty.dtype),
+        }
+    }
+
+    /// The batch as tensors of the network's input and label types (the sample is reshaped
+    /// when the element counts agree: `[1, 28, 28]` images into a `[784]` MLP).
+    fn feeds(&self, b: Batch, network: &str) -> TrainResult<Vec<(String, Tensor)>> {
+        let mismatch = |what, data: &[usize], expected: &[usize]| TrainError::DataMismatch {
+            what,
+            network: network.to_string(),
+            data: data.to_vec(),
+            expected: expected.to_vec(),
+            hint: "choose the model's input shape to match the data (or the data for the model)".into(),
+        };
+        if b.x.len() != self.x_shape.iter().product::<usize>() {
+            return Err(mismatch("batch shape", &b.x_shape, &self.x_shape));
+        }
+        let y = b.y.ok_or_else(|| TrainError::DataMismatch {
+            what: "labels",
+            network: network.to_string(),
+            data: vec![],
+            expected: self.y_shape.clone(),
+            hint: "training needs a labelled dataset (a tensor dataset needs a `y` tensor)".into(),
+        })?;
+        if y.len() != self.y_shape.iter().product::<usize>() {
+            return Err(mismatch("label shape", &b.y_shape, &self.y_shape));
+        }
+        let kernel =
+            |name: &str, e| TrainError::Runtime(crate::RuntimeError::Kernel { kind: "feed", name: name.to_string(), source: Box::new(e) });
+        let mut x = Tensor::from_vec(&self.x_shape, b.x).map_err(|e| kernel(&self.x_name, e))?;
+        if self.x_dtype != DType::F32 {
+            x = x.cast(self.x_dtype);
+        }
+        let mut yt = Tensor::from_vec(&self.y_shape, y).map_err(|e| kernel(&self.y_name, e))?;
+        if self.y_dtype != DType::I64 {
+            yt = yt.cast(self.y_dtype);
+        }
+        Ok(vec![(self.x_name.clone(), x), (self.y_name.clone(), yt)])
+    }
+}
+
+/// One rank's engine: a [`RankTrainer`], or for a one-device job a [`TrainStep`] on the
+/// kernels' thread pool.
+enum Engine {
+    Single { step: Box<TrainStep>, params: ParamStore, io: Io },
+    Rank(Box<RankTrainer>),
+}
+
+impl Engine {
+    fn params(&self) -> &ParamStore {
+        match self {
+            Engine::Single { params, .. } => params,
+            Engine::Rank(t) => t.params(),
+        }
+    }
+
+    fn params_mut(&mut self) -> &mut ParamStore {
+        match self {
+            Engine::Single { params, .. } => params,
+            Engine::Rank(t) => t.params_mut(),
+        }
+    }
+
+    fn step(&mut self, opt: &mut dyn Optimizer, named: Vec<(String, Tensor)>) -> TrainResult<f64> {
+        Ok(match self {
+            Engine::Single { step, params, io } => {
+                let feeds: Vec<(NodeId, Tensor)> = named.into_iter().map(|(n, t)| (if n == io.x_name { io.x } else { io.y }, t)).collect();
+                step.run(params, opt, &feeds)?
+            }
+            Engine::Rank(t) => {
+                let feeds = t.local_feeds(&named)?;
+                t.step(opt, &feeds)?
+            }
+        })
+    }
+}
+
+/// What one rank's loop returns.
+struct RankOut {
+    losses: Vec<f64>,
+    params: ParamStore,
+    checkpoints: Vec<PathBuf>,
+    wall_secs: f64,
+    last_step: u64,
+}
+
+/// Facts every rank of a run shares.
+struct Plan<'a> {
+    job: &'a ParallelJob,
+    io: &'a Io,
+    full: &'a ParamStore,
+    n: usize,
+    dp: bool,
+    local_batch: usize,
+    steps_per_epoch: u64,
+    total: u64,
+    resume: Option<(PathBuf, RunPosition)>,
+    trainable: Vec<String>,
+}
+
+impl Trainer {
+    /// A trainer of the network `build` makes (named `name` in messages) on `train`.
+    pub fn new(name: impl Into<String>, build: BuildNetwork, train: DataSource, cfg: TrainConfig) -> Self {
+        Self { name: name.into(), build, train, cfg }
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    fn network(&self, batch: usize, training: bool) -> TrainResult<Network> {
+        (self.build)(batch, training).map_err(|message| TrainError::Network { model: self.name.clone(), message })
+    }
+
+    fn config_error(option: &'static str, value: impl ToString, expected: impl Into<String>, hint: impl Into<String>) -> TrainError {
+        TrainError::Config { option, value: value.to_string(), expected: expected.into(), hint: hint.into() }
+    }
+
+    /// The steps an epoch has under this configuration.
+    pub fn steps_per_epoch(&self) -> TrainResult<u64> {
+        let (n, dp) = self.devices();
+        let local_batch = if dp { self.cfg.batch_size / n.max(1) } else { self.cfg.batch_size };
+        Ok(self.loader(local_batch, if dp { n } else { 1 }, 0)?.min_batches_per_epoch() as u64)
+    }
+
+    fn devices(&self) -> (usize, bool) {
+        let mode = self.cfg.parallel.parallel_mode;
+        let n = if mode == ParallelMode::StandAlone { 1 } else { self.cfg.parallel.device_num.max(1) };
+        (n, mode == ParallelMode::DataParallel)
+    }
+
+    fn loader(&self, batch: usize, shards: usize, shard: usize) -> TrainResult<DataLoader> {
+        let cfg = LoaderConfig {
+            batch_size: batch,
+            shuffle: self.cfg.shuffle,
+            seed: self.cfg.seed,
+            drop_remainder: true,
+            num_shards: shards,
+            shard_id: shard,
+            padding: ShardPadding::None,
+            prefetch: self.cfg.prefetch,
+        };
+        Ok(DataLoader::new(self.train.dataset.clone(), self.train.transforms.clone(), cfg)?)
+    }
+
+    /// Runs the training; `callbacks` run on rank 0 after every step.
+    pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
+        let cfg = &self.cfg;
+        let (n, dp) = self.devices();
+        let mode = cfg.parallel.parallel_mode;
+        if cfg.batch_size == 0 {
+            return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
+        }
+        if dp && !cfg.batch_size.is_multiple_of(n) {
+            return Err(Self::config_error(
+                "batch_size",
+                cfg.batch_size,
+                format!("a multiple of the {n} devices under data_parallel (the global batch is split evenly)"),
+                format!("use --batch-size {}", (cfg.batch_size / n).max(1) * n),
+            ));
+        }
+        let local_batch = if dp { cfg.batch_size / n } else { cfg.batch_size };
+        let net = self.network(local_batch, true)?;
+        let graph = net.graph.clone();
+        let io = Io::of(&graph, &net);
+        self.check_data(&graph, &net, &io)?;
+
+        let job = ParallelJob::new(graph, net.loss, cfg.parallel.clone())?;
+        let mut full = ParamStore::init(&job.graph)?;
+        if let Some(init) = &cfg.init {
+            load_parameters(init, &mut full)?;
+        }
+        let trainable: Vec<String> =
+            job.graph.nodes().iter().filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable)).map(|nd| nd.name.clone()).collect();
+
+        let probe = self.loader(local_batch, if dp { n } else { 1 }, 0)?;
+        let steps_per_epoch = probe.min_batches_per_epoch() as u64;
+        drop(probe);
+        if steps_per_epoch == 0 {
+            return Err(Self::config_error(
+                "batch_size",
+                cfg.batch_size,
+                format!("at most the {} samples of {}", self.train.dataset.len(), self.train.dataset.name()),
+                "lower --batch-size",
+            ));
+        }
+        let by_epochs = cfg.epochs.saturating_mul(steps_per_epoch);
+        let total = cfg.max_steps.map_or(by_epochs, |s| if cfg.epochs > 0 { s.min(by_epochs) } else { s });
+
+        let resume = match &cfg.resume {
+            Some(path) => Some(self.resume_position(path, n)?),
+            None => None,
+        };
+
+        let mut strategy_file = None;
+        if let Some(ck) = &cfg.checkpoint {
+            if n > 1 && mode == ParallelMode::SemiAutoParallel {
+                let plan =
+                    autopar_parallel::plan(&job.graph, &job.ctx).map_err(|e| crate::RuntimeError::Parallel { message: e.to_string() })?;
+                std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
+                let path = ck.dir.join("strategy.json");
+                crate::strategy_io::save_strategy_file(&job.graph, &plan, &path, true)?;
+                strategy_file = Some(path);
+            }
+        }
+
+        let plan = Plan { job: &job, io: &io, full: &full, n, dp, local_batch, steps_per_epoch, total, resume, trainable };
+        let callbacks = Mutex::new(Some(callbacks));
+        let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
+        let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
+            let rank = comm.rank();
+            self.run_rank(&plan, &comm, &callbacks).map_err(|e| {
+                let msg = e.to_string();
+                let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                let replace = match &*slot {
+                    None => true,
+                    Some(TrainError::Runtime(crate::RuntimeError::Comm { .. })) => {
+                        !matches!(e, TrainError::Runtime(crate::RuntimeError::Comm { .. }))
+                    }
+                    Some(_) => false,
+                };
+                if replace {
+                    *slot = Some(if n > 1 { TrainError::Rank { rank, message: msg.clone() } } else { e });
+                }
+                msg
+            })
+        });
+        let outs = match results {
+            Ok(outs) => outs,
+            Err(e) => {
+                let first = first_error.into_inner().unwrap_or_else(|p| p.into_inner());
+                return Err(
+                    first.unwrap_or(TrainError::Runtime(crate::RuntimeError::Comm { what: "training".into(), message: e.to_string() }))
+                );
+            }
+        };
+        let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
+        let params = if n == 1 {
+            outs[0].params.clone()
+        } else {
+            let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
+            assemble_params(&job, &stores)?
+        };
+        let out0 = &outs[0];
+        let run = out0.last_step - first_step;
+        Ok(TrainReport {
+            first_step,
+            last_step: out0.last_step,
+            steps_per_epoch,
+            losses: out0.losses.clone(),
+            wall_secs: out0.wall_secs,
+            samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
+            params,
+            checkpoints: out0.checkpoints.clone(),
+            strategy_file,
+            device_num: n,
+            mode,
+        })
+    }
+
+    fn check_data(&self, graph: &Graph, net: &Network, io: &Io) -> TrainResult<()> {
+        let ds = &self.train.dataset;
+        let sample = self.train.transforms.output_shape(ds.sample_shape())?;
+        let want: Vec<usize> = io.x_shape[1..].to_vec();
+        if sample.iter().product::<usize>() != want.iter().product::<usize>() {
+            return Err(TrainError::DataMismatch {
+                what: "sample shape",
+                network: self.name.clone(),
+                data: sample,
+                expected: want,
+                hint: format!("{} holds samples of another shape; pick the model's input shape to match", ds.name()),
+            });
+        }
+        let classes = graph.node(net.logits).ty.shape.last().copied().unwrap_or(0);
+        if let Some(c) = ds.num_classes() {
+            if c > classes {
+                return Err(TrainError::DataMismatch {
+                    what: "classes",
+                    network: self.name.clone(),
+                    data: vec![c],
+                    expected: vec![classes],
+                    hint: format!("{} has labels 0..{c}; give the model at least {c} classes", ds.name()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0's checkpoint position, checked against this run.
+    fn resume_position(&self, path: &Path, n: usize) -> TrainResult<(PathBuf, RunPosition)> {
+        let path = if path.is_dir() { latest_in(path)? } else { path.to_path_buf() };
+        let ck = Loaded::open(&path)?;
+        let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
+        let bad = |problem: String, hint: &str| TrainError::Resume { path: path.clone(), problem, hint: hint.into() };
+        if pos.world_size != n {
+            return Err(bad(
+                format!("it was saved by a run on {} device(s); this run has {n}", pos.world_size),
+                "resume with the same --devices and --parallel-mode (resharding a checkpoint is a separate step)",
+            ));
+        }
+        if pos.batch_size != self.cfg.batch_size {
+            return Err(bad(
+                format!("it was saved with batch size {}; this run has {}", pos.batch_size, self.cfg.batch_size),
+                "resume with the same --batch-size so that the data position means the same batches",
+            ));
+        }
+        let mode = format!("{:?}", self.cfg.parallel.parallel_mode);
+        if pos.parallel_mode != mode {
+            return Err(bad(
+                format!("it was saved under {}; this run uses {mode}", pos.parallel_mode),
+                "resume with the same --parallel-mode",
+            ));
+        }
+        Ok((path, pos))
+    }
+
+    fn run_rank(&self, plan: &Plan<'_>, comm: &LocalComm, callbacks: &Mutex<Option<Vec<Box<dyn Callback>>>>) -> TrainResult<RankOut> {
+        let cfg = &self.cfg;
+        let rank = comm.rank();
+        let n = plan.n;
+        let mut engine = if n == 1 {
+            Engine::Single {
+                step: Box::new(TrainStep::new(plan.job.graph.clone(), plan.job.loss)?),
+                params: plan.full.clone(),
+                io: plan.io.clone(),
+            }
+        } else {
+            Engine::Rank(Box::new(RankTrainer::new(plan.job, comm, plan.full)?))
+        };
+        let mut opt = cfg.optimizer.build()?;
+        let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
+        if let Some((path0, pos0)) = &plan.resume {
+            let p = self.restore(&mut engine, opt.as_mut(), path0, pos0, rank, n, &plan.trainable)?;
+            (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
+        }
+        let loader = self.loader(plan.local_batch, if plan.dp { n } else { 1 }, if plan.dp { rank } else { 0 })?;
+        let mut cbs: Vec<Box<dyn Callback>> =
+            if rank == 0 { callbacks.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default() } else { Vec::new() };
+        for cb in cbs.iter_mut() {
+            cb.on_train_begin(step, plan.total)?;
+        }
+        let spe = plan.steps_per_epoch;
+        let mut losses = Vec::new();
+        let mut checkpoints = Vec::new();
+        let started = Instant::now();
+        let mut last = started;
+        let mut saved_at = None;
+        while step < plan.total {
+            if pos >= spe {
+                epoch += 1;
+                pos = 0;
+            }
+            for batch in loader.epoch_from(epoch, pos as usize) {
+                let named = plan.io.feeds(batch?, &self.name)?;
+                let lr = opt.current_lr();
+                let mut loss = engine.step(opt.as_mut(), named)?;
+                if plan.dp && n > 1 {
+                    let mut v = vec![loss];
+                    comm.all_reduce((&mut v).into(), ReduceOp::Sum)
+                        .map_err(|e| crate::RuntimeError::Comm { what: "loss all-reduce".into(), message: e.to_string() })?;
+                    loss = v[0] / n as f64;
+                }
+                step += 1;
+                pos += 1;
+                let now = Instant::now();
+                let dt = (now - last).as_secs_f64();
+                last = now;
+                losses.push(loss);
+                let event = StepEvent {
+                    step,
+                    epoch: epoch + 1,
+                    step_in_epoch: pos,
+                    steps_per_epoch: spe,
+                    total_steps: plan.total,
+                    loss,
+                    lr,
+                    samples_per_sec: if dt > 0.0 { cfg.batch_size as f64 / dt } else { 0.0 },
+                    batch_size: cfg.batch_size,
+                };
+                if let Some(ck) = &cfg.checkpoint {
+                    if ck.every_steps > 0 && step.is_multiple_of(ck.every_steps) {
+                        checkpoints.push(self.save(ck, &engine, opt.as_ref(), step, epoch, pos, rank, n)?);
+                        saved_at = Some(step);
+                    }
+                }
+                for cb in cbs.iter_mut() {
+                    cb.on_step_end(&event)?;
+                    if pos == spe {
+                        cb.on_epoch_end(event.epoch, &event)?;
+                    }
+                }
+                if step >= plan.total || pos >= spe {
+                    break;
+                }
+            }
+        }
+        if let Some(ck) = &cfg.checkpoint {
+            if saved_at != Some(step) && step > 0 {
+                checkpoints.push(self.save(ck, &engine, opt.as_ref(), step, epoch, pos, rank, n)?);
+            }
+        }
+        for cb in cbs.iter_mut() {
+            cb.on_train_end()?;
+        }
+        Ok(RankOut { losses, params: engine.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn save(
+        &self,
+        ck: &CheckpointConfig,
+        engine: &Engine,
+        opt: &dyn Optimizer,
+        step: u64,
+        epoch: u64,
+        pos: u64,
+        rank: usize,
+        n: usize,
+    ) -> TrainResult<PathBuf> {
+        let position = RunPosition {
+            step,
+            epoch,
+            step_in_epoch: pos,
+            world_size: n,
+            rank,
+            batch_size: self.cfg.batch_size,
+            parallel_mode: format!("{:?}", self.cfg.parallel.parallel_mode),
+        };
+        let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
+        save_checkpoint(&path, engine.params(), opt.state(), &position)?;
+        if ck.keep_max > 0 {
+            let found = list_checkpoints(&ck.dir, &ck.prefix, rank, n);
+            let excess = found.len().saturating_sub(ck.keep_max);
+            for (_, old) in found.into_iter().take(excess) {
+                std::fs::remove_file(&old).map_err(|source| TrainError::Write { path: old.clone(), source })?;
+            }
+        }
+        Ok(path)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn restore(
+        &self,
+        engine: &mut Engine,
+        opt: &mut dyn Optimizer,
+        path0: &Path,
+        pos0: &RunPosition,
+        rank: usize,
+        n: usize,
+        trainable: &[String],
+    ) -> TrainResult<RunPosition> {
+        let path = rank_file(path0, pos0.rank, rank, n);
+        let ck = Loaded::open(&path)?;
+        let p = RunPosition::from_metadata(&path, ck.file.metadata())?;
+        if p.rank != rank || p.step != pos0.step {
+            return Err(TrainError::Resume {
+                path: path.clone(),
+                problem: format!("it is rank {}'s file at step {}; rank {rank} needs its file of step {}", p.rank, p.step, pos0.step),
+                hint: "keep every rank's files of one checkpoint together (rank_<k>/<prefix>-<step>_<k>.safetensors)".into(),
+            });
+        }
+        let names: Vec<(String, Vec<usize>, DType)> =
+            engine.params().iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
+        for (name, shape, dtype) in &names {
+            let t = ck.tensor(name, shape)?.cast(*dtype);
+            engine.params_mut().insert(name, t);
+            if p.step > 0 && trainable.contains(name) {
+                for key in self.cfg.optimizer.state_keys(name) {
+                    if !ck.has(&key) {
+                        return Err(TrainError::Resume {
+                            path: path.clone(),
+                            problem: format!("optimizer state {key} is missing"),
+                            hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
+                        });
+                    }
+                    let st = ck.tensor(&key, shape)?;
+                    opt.state_mut().insert(&key, st);
+                }
+            }
+        }
+        // The optimizer counts its updates (learning-rate schedule, Adam's bias correction):
+        // advance it to the checkpoint's step with empty updates.
+        let mut none = ParamStore::new();
+        while opt.steps() < p.step {
+            opt.step(&mut none, &[])?;
+        }
+        Ok(p)
+    }
+
+    /// Accuracy and mean loss of `params` on `data` (every sample once, in order; evaluation
+    /// graphs are built for the batch size and for the last short batch).
+    pub fn evaluate(&self, params: &ParamStore, data: &DataSource) -> TrainResult<EvalResult> {
+        let bs = self.cfg.eval_batch_size.max(1);
+        let loader = DataLoader::new(
+            data.dataset.clone(),
+            data.transforms.clone(),
+            LoaderConfig { prefetch: self.cfg.prefetch, ..LoaderConfig::eval(bs, 1, 0) },
+        )?;
+        let mut store = params.clone();
+        let mut built: Vec<(usize, Executor, Io)> = Vec::new();
+        let (mut correct, mut scored, mut loss_sum, mut samples) = (0usize, 0usize, 0.0f64, 0usize);
+        for batch in loader.epoch(0) {
+            let batch = batch?;
+            let b = batch.len();
+            if !built.iter().any(|(s, ..)| *s == b) {
+                let net = self.network(b, false)?;
+                let io = Io::of(&net.graph, &net);
+                let exec = Executor::new(net.graph, &[net.loss, net.logits])?;
+                built.push((b, exec, io));
+            }
+            let (_, exec, io) = built.iter().find(|(s, ..)| *s == b).expect("built above");
+            let named = io.feeds(batch, &self.name)?;
+            let labels = named[1].1.to_f64_vec();
+            let feeds: Vec<(NodeId, Tensor)> = named.into_iter().map(|(n, t)| (if n == io.x_name { io.x } else { io.y }, t)).collect();
+            let out = exec.run(&mut store, &feeds, 0)?;
+            let loss = out.values[0].to_f64_vec().iter().sum::<f64>();
+            let logits = &out.values[1];
+            let c = *logits.shape().last().unwrap_or(&1);
+            let vals = logits.to_f64_vec();
+            for (row, &label) in vals.chunks(c.max(1)).zip(&labels) {
+                let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0;
+                correct += usize::from(arg as f64 == label);
+                scored += 1;
+            }
+            loss_sum += loss * b as f64;
+            samples += b;
+        }
+        Ok(EvalResult {
+            accuracy: if scored > 0 { correct as f64 / scored as f64 } else { 0.0 },
+            loss: if samples > 0 { loss_sum / samples as f64 } else { 0.0 },
+            predictions: scored,
+            samples,
+        })
+    }
+}
+
+/// The newest checkpoint under `dir`: a stand-alone `<prefix>-<step>.safetensors`, or rank 0's
+/// file of a parallel run (`rank_0/<prefix>-<step>_0.safetensors`).
+pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    for (folder, suffix) in [(dir.to_path_buf(), ""), (dir.join("rank_0"), "_0")] {
+        for e in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
+            let Ok(name) = e.file_name().into_string() else { continue };
+            let Some(stem) = name.strip_suffix(&format!("{suffix}.safetensors")) else { continue };
+            let Some((_, digits)) = stem.rsplit_once('-') else { continue };
+            if let Ok(s) = digits.parse::<u64>() {
+                if best.as_ref().is_none_or(|(b, _)| s > *b) {
+                    best = Some((s, e.path()));
+                }
+            }
+        }
+    }
+    best.map(|(_, p)| p).ok_or_else(|| TrainError::Resume {
+        path: dir.to_path_buf(),
+        problem: "the folder holds no checkpoint (<prefix>-<step>.safetensors or rank_0/<prefix>-<step>_0.safetensors)".into(),
+        hint: "pass a checkpoint file, or the folder given to --checkpoint-dir".into(),
+    })
+}

@@ -1,0 +1,259 @@
+//! Training checkpoints: parameters and optimizer state of one rank in one safetensors file,
+//! with the run's position in `__metadata__`, written atomically.
+//!
+//! Layout: stand-alone `<dir>/<prefix>-<step>.safetensors`; a parallel run writes one file per
+//! rank, `<dir>/rank_<k>/<prefix>-<step>_<k>.safetensors`, holding that rank's local slices.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use autopar_checkpoint::{CheckpointFile, DType as CkDType, TensorSpec};
+use autopar_tensor::{DType, Tensor};
+use half::{bf16, f16};
+
+use super::error::{TrainError, TrainResult};
+use crate::executor::ParamStore;
+
+/// The `format` metadata value of a training checkpoint.
+pub const FORMAT: &str = "autopar-train-1";
+
+/// Where a run stands: saved with every checkpoint, read back to resume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunPosition {
+    /// Steps completed (the global step count).
+    pub step: u64,
+    /// Epoch of the next batch (counted from 0).
+    pub epoch: u64,
+    /// Batches of that epoch already consumed.
+    pub step_in_epoch: u64,
+    pub world_size: usize,
+    pub rank: usize,
+    /// Global batch size (the data position is counted in its batches).
+    pub batch_size: usize,
+    pub parallel_mode: String,
+}
+
+impl RunPosition {
+    pub fn to_metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert("format".into(), FORMAT.into());
+        m.insert("step".into(), self.step.to_string());
+        m.insert("epoch".into(), self.epoch.to_string());
+        m.insert("step_in_epoch".into(), self.step_in_epoch.to_string());
+        m.insert("world_size".into(), self.world_size.to_string());
+        m.insert("rank".into(), self.rank.to_string());
+        m.insert("batch_size".into(), self.batch_size.to_string());
+        m.insert("parallel_mode".into(), self.parallel_mode.clone());
+        m
+    }
+
+    pub fn from_metadata(path: &Path, m: &BTreeMap<String, String>) -> TrainResult<Self> {
+        let bad = |problem: String| TrainError::Resume {
+            path: path.to_path_buf(),
+            problem,
+            hint: "resume from a checkpoint written by `autopar train` (its __metadata__ records the step and data position)".into(),
+        };
+        match m.get("format") {
+            Some(f) if f == FORMAT => {}
+            Some(f) => return Err(bad(format!("its metadata says format {f:?}, expected {FORMAT:?}"))),
+            None => return Err(bad("it has no training metadata (format, step, epoch, ...)".into())),
+        }
+        let num = |key: &str| -> TrainResult<u64> {
+            let v = m.get(key).ok_or_else(|| bad(format!("metadata key {key} is missing")))?;
+            v.parse().map_err(|_| bad(format!("metadata {key} = {v:?} is not a number")))
+        };
+        Ok(RunPosition {
+            step: num("step")?,
+            epoch: num("epoch")?,
+            step_in_epoch: num("step_in_epoch")?,
+            world_size: num("world_size")? as usize,
+            rank: num("rank")? as usize,
+            batch_size: num("batch_size")? as usize,
+            parallel_mode: m.get("parallel_mode").cloned().unwrap_or_else(|| "stand_alone".into()),
+        })
+    }
+}
+
+/// The checkpoint file of `rank` at `step`.
+pub fn checkpoint_path(dir: &Path, prefix: &str, step: u64, rank: usize, world_size: usize) -> PathBuf {
+    if world_size <= 1 {
+        dir.join(format!("{prefix}-{step}.safetensors"))
+    } else {
+        dir.join(format!("rank_{rank}")).join(format!("{prefix}-{step}_{rank}.safetensors"))
+    }
+}
+
+/// The step of a checkpoint file name written by [`checkpoint_path`] for `prefix` and `rank`.
+pub fn step_of(name: &str, prefix: &str, rank: usize, world_size: usize) -> Option<u64> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?.strip_suffix(".safetensors")?;
+    let digits = if world_size <= 1 { rest } else { rest.strip_suffix(&format!("_{rank}"))? };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The checkpoints of `rank` under `dir`, oldest first.
+pub fn list_checkpoints(dir: &Path, prefix: &str, rank: usize, world_size: usize) -> Vec<(u64, PathBuf)> {
+    let folder = if world_size <= 1 { dir.to_path_buf() } else { dir.join(format!("rank_{rank}")) };
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(&folder)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            step_of(&name, prefix, rank, world_size).map(|s| (s, e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The file of `rank` that belongs with `path` (the file of some rank of the same checkpoint).
+pub fn rank_file(path: &Path, from_rank: usize, rank: usize, world_size: usize) -> PathBuf {
+    if world_size <= 1 || from_rank == rank {
+        return path.to_path_buf();
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let stem = name.strip_suffix(&format!("_{from_rank}.safetensors")).unwrap_or(name);
+    let root = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+    root.join(format!("rank_{rank}")).join(format!("{stem}_{rank}.safetensors"))
+}
+
+fn ck_dtype(d: DType) -> CkDType {
+    match d {
+        DType::F32 => CkDType::Float32,
+        DType::F64 => CkDType::Float64,
+        DType::F16 => CkDType::Float16,
+        DType::BF16 => CkDType::BFloat16,
+        DType::I32 => CkDType::Int32,
+        DType::I64 => CkDType::Int64,
+    }
+}
+
+/// Little-endian bytes of `t`.
+pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    fn le<T: autopar_tensor::Element, const N: usize>(t: &Tensor, f: fn(T) -> [u8; N]) -> Vec<u8> {
+        t.to_vec::<T>().expect("dtype matches").into_iter().flat_map(f).collect()
+    }
+    match t.dtype() {
+        DType::F32 => le::<f32, 4>(t, f32::to_le_bytes),
+        DType::F64 => le::<f64, 8>(t, f64::to_le_bytes),
+        DType::F16 => le::<f16, 2>(t, f16::to_le_bytes),
+        DType::BF16 => le::<bf16, 2>(t, bf16::to_le_bytes),
+        DType::I32 => le::<i32, 4>(t, i32::to_le_bytes),
+        DType::I64 => le::<i64, 8>(t, i64::to_le_bytes),
+    }
+}
+
+/// The tensor stored as `dtype`, `shape`, `bytes` (little-endian).
+pub fn tensor_from_bytes(path: &Path, name: &str, dtype: CkDType, shape: &[usize], bytes: &[u8]) -> TrainResult<Tensor> {
+    fn from<T: autopar_tensor::Element, const N: usize>(shape: &[usize], b: &[u8], f: fn([u8; N]) -> T) -> Option<Tensor> {
+        let v: Vec<T> = b.chunks_exact(N).map(|c| f(c.try_into().expect("chunk of N bytes"))).collect();
+        Tensor::from_vec(shape, v).ok()
+    }
+    let t = match dtype {
+        CkDType::Float32 => from(shape, bytes, f32::from_le_bytes),
+        CkDType::Float64 => from(shape, bytes, f64::from_le_bytes),
+        CkDType::Float16 => from(shape, bytes, f16::from_le_bytes),
+        CkDType::BFloat16 => from(shape, bytes, bf16::from_le_bytes),
+        CkDType::Int32 => from(shape, bytes, i32::from_le_bytes),
+        CkDType::Int64 => from(shape, bytes, i64::from_le_bytes),
+        other => return Err(TrainError::InitDtype { path: path.to_path_buf(), name: name.to_string(), dtype: other.to_string() }),
+    };
+    t.ok_or_else(|| TrainError::InitShape {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        shape: shape.to_vec(),
+        got: vec![bytes.len()],
+    })
+}
+
+/// Write `params` and `state` (optimizer) to `path` with `position` as metadata, atomically.
+pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, position: &RunPosition) -> TrainResult<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| TrainError::Write { path: dir.to_path_buf(), source })?;
+    }
+    let tensors: Vec<(TensorSpec, Vec<u8>)> = params
+        .iter()
+        .chain(state.iter())
+        .map(|(name, t)| (TensorSpec { name: name.clone(), dtype: ck_dtype(t.dtype()), shape: t.shape().to_vec() }, tensor_bytes(t)))
+        .collect();
+    autopar_checkpoint::save(path, &tensors, &position.to_metadata())
+        .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(source) })
+}
+
+/// An opened checkpoint file.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub file: CheckpointFile,
+}
+
+impl Loaded {
+    pub fn open(path: &Path) -> TrainResult<Self> {
+        if !path.is_file() {
+            return Err(TrainError::Resume {
+                path: path.to_path_buf(),
+                problem: "the file does not exist".into(),
+                hint: "pass a .safetensors file written by the checkpoint callback (rank 0's file for a parallel run)".into(),
+            });
+        }
+        let file =
+            CheckpointFile::open(path).map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(source) })?;
+        Ok(Self { path: path.to_path_buf(), file })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.file.get(name).is_some()
+    }
+
+    /// Tensor `name`, checked against `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> TrainResult<Tensor> {
+        let entry = self.file.get(name).ok_or_else(|| TrainError::InitMissing {
+            path: self.path.clone(),
+            name: name.to_string(),
+            shape: shape.to_vec(),
+        })?;
+        if entry.shape != shape {
+            return Err(TrainError::InitShape {
+                path: self.path.clone(),
+                name: name.to_string(),
+                shape: shape.to_vec(),
+                got: entry.shape.clone(),
+            });
+        }
+        let (dtype, eshape) = (entry.dtype, entry.shape.clone());
+        let bytes = self.file.read(name).map_err(|source| TrainError::Checkpoint { path: self.path.clone(), source: Box::new(source) })?;
+        tensor_from_bytes(&self.path, name, dtype, &eshape, &bytes)
+    }
+
+    /// Every tensor whose name starts with one of `prefixes`.
+    pub fn tensors_with_prefix(&self, prefixes: &[&str]) -> TrainResult<Vec<(String, Tensor)>> {
+        let names: Vec<(String, Vec<usize>)> = self
+            .file
+            .tensors()
+            .iter()
+            .filter(|e| prefixes.iter().any(|p| e.name.starts_with(p)))
+            .map(|e| (e.name.clone(), e.shape.clone()))
+            .collect();
+        names.into_iter().map(|(n, s)| Ok((n.clone(), self.tensor(&n, &s)?))).collect()
+    }
+}
+
+/// Replace every parameter of `params` by the same-named tensor of the checkpoint at `path`
+/// (cast to the parameter's dtype). A missing or mis-shaped parameter is an error naming it.
+pub fn load_parameters(path: &Path, params: &mut ParamStore) -> TrainResult<usize> {
+    if !path.is_file() {
+        return Err(TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            source: Box::new(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() }),
+        });
+    }
+    let ck = Loaded::open(path)?;
+    let names: Vec<(String, Vec<usize>, DType)> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.dtype())).collect();
+    for (name, shape, dtype) in &names {
+        let t = ck.tensor(name, shape)?;
+        params.insert(name, t.cast(*dtype));
+    }
+    Ok(names.len())
+}

@@ -1,0 +1,295 @@
+//! The trainer end to end: models learn, resume equals an uninterrupted run, `--init` checks
+//! names and shapes, checkpoints are kept and written atomically, parallel runs equal
+//! stand-alone.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use autopar_data::{Dataset, Subset, SyntheticDataset, Transforms};
+use autopar_layout::Strategy;
+use autopar_models::{model_by_name, Mode, Model, ModelOptions};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainError};
+use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, Trainer};
+
+/// A network builder for a zoo model, with optional strategies `(op, strategy)` set on the
+/// training graph.
+fn builder(name: &str, opts: ModelOptions, strategies: Vec<(&'static str, Strategy)>) -> BuildNetwork {
+    let model: Arc<dyn Model> = Arc::from(model_by_name(name, &opts).unwrap());
+    Arc::new(move |batch, train| {
+        let mode = if train { Mode::Train } else { Mode::Eval };
+        let (mut graph, m) = model.build_graph(batch, mode, 7).map_err(|e| e.to_string())?;
+        if train {
+            for (op, s) in &strategies {
+                m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
+    })
+}
+
+fn small_mlp() -> ModelOptions {
+    ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() }
+}
+
+fn clusters(shape: &[usize], classes: usize, len: usize) -> Arc<dyn Dataset> {
+    Arc::new(SyntheticDataset::classification(shape, classes, len, 3).unwrap())
+}
+
+fn source(ds: Arc<dyn Dataset>) -> DataSource {
+    DataSource { dataset: ds, transforms: Transforms::new() }
+}
+
+fn cfg(batch: usize, steps: u64) -> TrainConfig {
+    TrainConfig { epochs: 1000, max_steps: Some(steps), batch_size: batch, prefetch: 0, ..Default::default() }
+}
+
+fn mlp_trainer(cfg: TrainConfig) -> Trainer {
+    Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(clusters(&[16], 4, 256)), cfg)
+}
+
+fn assert_bit_equal(a: &ParamStore, b: &ParamStore) {
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(b.iter()) {
+        assert_eq!(na, nb);
+        assert!(ta.bit_eq(tb), "parameter {na} differs");
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+#[test]
+fn the_mlp_learns_and_scores_well_on_held_out_samples() {
+    let all = clusters(&[16], 4, 320);
+    let train = Arc::new(Subset::range(all.clone(), 0..256).unwrap());
+    let held = Arc::new(Subset::range(all, 256..320).unwrap());
+    let mut c = cfg(16, 64);
+    c.optimizer.schedule = LrSchedule::Constant(0.05);
+    let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(train), c);
+    let report = t.fit(vec![]).unwrap();
+    assert_eq!(report.losses.len(), 64);
+    assert!(mean(&report.losses[56..]) < 0.3 * mean(&report.losses[..8]), "{:?}", report.losses);
+    let eval = t.evaluate(&report.params, &source(held)).unwrap();
+    assert_eq!((eval.samples, eval.predictions), (64, 64));
+    assert!(eval.accuracy > 0.9, "{eval:?}");
+}
+
+#[test]
+fn a_small_resnet_learns() {
+    let opts = ModelOptions { input_shape: Some(vec![3, 8, 8]), width: Some(4), num_classes: Some(3), ..Default::default() };
+    let mut c = cfg(8, 24);
+    c.optimizer.schedule = LrSchedule::Constant(0.05);
+    let t = Trainer::new("resnet18", builder("resnet18", opts, vec![]), source(clusters(&[3, 8, 8], 3, 64)), c);
+    let report = t.fit(vec![]).unwrap();
+    assert!(mean(&report.losses[20..]) < 0.5 * mean(&report.losses[..4]), "{:?}", report.losses);
+}
+
+#[test]
+fn a_small_gpt_learns_next_tokens() {
+    let opts = ModelOptions {
+        input_shape: Some(vec![8]),
+        num_classes: Some(16),
+        width: Some(16),
+        depth: Some(1),
+        heads: Some(2),
+        ..Default::default()
+    };
+    let data: Arc<dyn Dataset> = Arc::new(SyntheticDataset::tokens(16, 8, 128, 5).unwrap());
+    let mut c = cfg(8, 60);
+    c.optimizer = OptimizerConfig {
+        kind: OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        schedule: LrSchedule::Constant(0.01),
+        weight_decay: 0.0,
+        decay_except_norm: true,
+    };
+    let t = Trainer::new("gpt", builder("gpt", opts, vec![]), source(data), c);
+    let report = t.fit(vec![]).unwrap();
+    assert!(mean(&report.losses[55..]) < 0.6 * mean(&report.losses[..5]), "{:?}", report.losses);
+}
+
+fn checkpoints(dir: &Path, every: u64, keep: usize) -> Option<CheckpointConfig> {
+    Some(CheckpointConfig { dir: dir.to_path_buf(), prefix: "net".into(), every_steps: every, keep_max: keep })
+}
+
+fn resume_matches(optimizer: OptimizerConfig, parallel: ParallelContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut base = cfg(16, 28);
+    base.optimizer = optimizer;
+    base.parallel = parallel;
+    let full = mlp_trainer(base.clone()).fit(vec![]).unwrap();
+
+    let mut first = base.clone();
+    first.max_steps = Some(10);
+    first.checkpoint = checkpoints(dir.path(), 5, 0);
+    let part = mlp_trainer(first).fit(vec![]).unwrap();
+    assert_eq!(part.losses[..], full.losses[..10]);
+    let ck = part.checkpoints.last().unwrap().clone();
+    assert!(ck.to_string_lossy().contains("net-10"), "{ck:?}");
+
+    let mut second = base.clone();
+    second.resume = Some(ck);
+    let rest = mlp_trainer(second).fit(vec![]).unwrap();
+    assert_eq!(rest.first_step, 10);
+    assert_eq!(rest.losses[..], full.losses[10..], "the resumed loss trajectory differs");
+    assert_bit_equal(&rest.params, &full.params);
+}
+
+#[test]
+fn resume_equals_an_uninterrupted_run_with_momentum() {
+    resume_matches(OptimizerConfig::default(), ParallelContext::default());
+}
+
+#[test]
+fn resume_equals_an_uninterrupted_run_with_adamw_and_a_warmup_cosine_schedule() {
+    let opt = OptimizerConfig {
+        kind: OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        schedule: LrSchedule::WarmupCosine { base_lr: 0.01, min_lr: 0.001, warmup_steps: 6, total_steps: 28 },
+        weight_decay: 0.01,
+        decay_except_norm: true,
+    };
+    resume_matches(opt, ParallelContext::default());
+}
+
+#[test]
+fn a_parallel_run_resumes_from_its_per_rank_checkpoints() {
+    resume_matches(OptimizerConfig::default(), context("semi_auto_parallel", 2));
+}
+
+#[test]
+fn the_checkpoint_callback_keeps_at_most_keep_checkpoint_max_files_and_leaves_no_temp_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(16, 10);
+    c.checkpoint = checkpoints(dir.path(), 2, 3);
+    let report = mlp_trainer(c).fit(vec![]).unwrap();
+    assert_eq!(report.checkpoints.len(), 5);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["net-10.safetensors", "net-6.safetensors", "net-8.safetensors"]);
+    let f = autopar_checkpoint::CheckpointFile::open(dir.path().join("net-10.safetensors")).unwrap();
+    assert_eq!(f.metadata()["step"], "10");
+    assert_eq!(f.metadata()["world_size"], "1");
+    assert!(f.get("fc1.weight").is_some() && f.get("moments.fc1.weight").is_some());
+}
+
+#[test]
+fn init_loads_parameters_by_name_and_names_a_missing_or_misshaped_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(16, 4);
+    c.checkpoint = checkpoints(dir.path(), 0, 0);
+    let trained = mlp_trainer(c).fit(vec![]).unwrap();
+    let ck = trained.checkpoints[0].clone();
+
+    let mut c = cfg(16, 0);
+    c.init = Some(ck.clone());
+    let loaded = mlp_trainer(c).fit(vec![]).unwrap();
+    assert_bit_equal(&loaded.params, &trained.params);
+
+    let wide = ModelOptions { width: Some(48), ..small_mlp() };
+    let mut c = cfg(16, 1);
+    c.init = Some(ck.clone());
+    let t = Trainer::new("mlp", builder("mlp", wide, vec![]), source(clusters(&[16], 4, 256)), c);
+    let err = t.fit(vec![]).unwrap_err();
+    assert!(
+        matches!(&err, TrainError::InitShape { name, shape, got, .. } if name == "fc1.bias" && shape == &[48] && got == &[32]),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fc1.bias") && err.to_string().contains(&ck.display().to_string()), "{err}");
+
+    let partial = dir.path().join("partial.safetensors");
+    let mut only = ParamStore::new();
+    only.insert("fc1.weight", trained.params.get("fc1.weight").unwrap().clone());
+    let pos = autopar_runtime::trainer::RunPosition {
+        step: 0,
+        epoch: 0,
+        step_in_epoch: 0,
+        world_size: 1,
+        rank: 0,
+        batch_size: 16,
+        parallel_mode: "StandAlone".into(),
+    };
+    autopar_runtime::trainer::save_checkpoint(&partial, &only, &ParamStore::new(), &pos).unwrap();
+    let mut c = cfg(16, 1);
+    c.init = Some(partial);
+    let err = mlp_trainer(c).fit(vec![]).unwrap_err();
+    assert!(matches!(&err, TrainError::InitMissing { name, shape, .. } if name == "fc1.bias" && shape == &[32]), "{err}");
+    assert!(err.to_string().contains("has no parameter fc1.bias"), "{err}");
+}
+
+fn context(mode: &str, n: usize) -> ParallelContext {
+    let mut ctx = ParallelContext::default();
+    ctx.set_str("parallel_mode", mode).unwrap();
+    ctx.set_str("device_num", &n.to_string()).unwrap();
+    if mode == "data_parallel" {
+        ctx.set_str("gradients_mean", "true").unwrap();
+    }
+    ctx
+}
+
+fn assert_close(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-5 * y.abs().max(1e-6), "{what}: step {i}: {x} vs {y}");
+    }
+}
+
+fn assert_params_close(a: &ParamStore, b: &ParamStore, what: &str) {
+    for ((n, x), (_, y)) in a.iter().zip(b.iter()) {
+        assert_close(&x.to_f64_vec(), &y.to_f64_vec(), &format!("{what} {n}"));
+    }
+}
+
+#[test]
+fn semi_auto_and_data_parallel_runs_on_2_and_4_devices_equal_stand_alone() {
+    let reference = mlp_trainer(cfg(16, 12)).fit(vec![]).unwrap();
+    for n in [2, 4] {
+        for mode in ["semi_auto_parallel", "data_parallel"] {
+            let mut c = cfg(16, 12);
+            c.parallel = context(mode, n);
+            let run = mlp_trainer(c).fit(vec![]).unwrap();
+            assert_eq!(run.device_num, n);
+            assert_close(&run.losses, &reference.losses, &format!("{mode} on {n}"));
+            assert_params_close(&run.params, &reference.params, &format!("{mode} on {n}"));
+        }
+    }
+}
+
+#[test]
+fn a_model_parallel_strategy_trains_like_stand_alone_and_saves_per_rank_files_and_the_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = mlp_trainer(cfg(16, 8)).fit(vec![]).unwrap();
+    let strategies = vec![("fc1.matmul", Strategy(vec![vec![2, 1], vec![2, 1]])), ("fc2.matmul", Strategy(vec![vec![1, 2], vec![1, 2]]))];
+    let mut c = cfg(16, 8);
+    c.parallel = context("semi_auto_parallel", 4);
+    c.checkpoint = checkpoints(dir.path(), 4, 0);
+    let t = Trainer::new("mlp", builder("mlp", small_mlp(), strategies), source(clusters(&[16], 4, 256)), c);
+    let run = t.fit(vec![]).unwrap();
+    assert_close(&run.losses, &reference.losses, "model parallel");
+    assert_params_close(&run.params, &reference.params, "model parallel");
+    for k in 0..4 {
+        let f = autopar_checkpoint::CheckpointFile::open(dir.path().join(format!("rank_{k}/net-8_{k}.safetensors"))).unwrap();
+        assert_eq!(f.metadata()["rank"], k.to_string());
+        assert_eq!(f.metadata()["world_size"], "4");
+        // fc1.weight [32, 16] is split 2 ways on its rows: each rank holds its slice.
+        assert_eq!(f.get("fc1.weight").unwrap().shape, vec![16, 16]);
+    }
+    let s = autopar_checkpoint::StrategyFile::load(dir.path().join("strategy.json")).unwrap();
+    assert!(s.layout_items.iter().any(|l| l.name == "fc1.weight"));
+}
+
+#[test]
+fn bad_options_and_mismatched_data_are_errors_naming_the_value() {
+    let mut c = cfg(6, 4);
+    c.parallel = context("data_parallel", 4);
+    let err = mlp_trainer(c).fit(vec![]).unwrap_err();
+    assert!(err.to_string().contains("batch_size = 6"), "{err}");
+
+    let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(clusters(&[20], 4, 64)), cfg(8, 2));
+    let err = t.fit(vec![]).unwrap_err();
+    assert!(matches!(err, TrainError::DataMismatch { what: "sample shape", .. }), "{err}");
+
+    let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(clusters(&[16], 7, 64)), cfg(8, 2));
+    let err = t.fit(vec![]).unwrap_err();
+    assert!(matches!(err, TrainError::DataMismatch { what: "classes", .. }), "{err}");
+}
