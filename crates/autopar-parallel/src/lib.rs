@@ -22,5 +22,5 @@ pub use context::{
     SearchMode, StrategyCkptConfig, OPTION_NAMES,
 };
 pub use error::{ParallelError, Result};
-pub use planner::{plan, rank_program, reshape_layout, InputSlot, NodePlan, ParallelPlan, ParamSlot, RankProgram};
+pub use planner::{parameter_layout_dict, plan, rank_program, reshape_layout, InputSlot, NodePlan, ParallelPlan, ParamSlot, RankProgram};
 pub use rules::{assign_random_strategies, op_rule, Cost, LogicalDim, OpRule, OpSpec, Sharding};

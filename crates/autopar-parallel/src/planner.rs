@@ -412,7 +412,9 @@ impl Emitter<'_> {
 
     fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
         let name = self.graph.unique_name(name);
-        self.graph.add(&name, op, inputs).map_err(|e| ParallelError::Graph { context: format!("rank {} program", self.rank), source: Box::new(e) })
+        self.graph
+            .add(&name, op, inputs)
+            .map_err(|e| ParallelError::Graph { context: format!("rank {} program", self.rank), source: Box::new(e) })
     }
 
     /// Emit the steps turning `x` (layout `src`) into layout `dst`.
@@ -567,4 +569,48 @@ pub fn rank_program(graph: &Graph, plan: &ParallelPlan, rank: usize) -> Result<R
 /// Parameter layouts as MindSpore's `parameter_layout_dict`, for strategy files and checks.
 pub fn layouts_by_name(plan: &ParallelPlan, graph: &Graph) -> BTreeMap<String, TensorLayout> {
     plan.parameter_layouts(graph).into_iter().collect()
+}
+
+/// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
+/// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
+/// optimizer-shard and pipeline fields are empty: autopar does not shard optimizer state or
+/// pipeline yet).
+pub fn parameter_layout_dict(graph: &Graph, plan: &ParallelPlan) -> Vec<(String, autopar_layout::ParameterLayout)> {
+    plan.nodes
+        .iter()
+        .filter(|p| graph.node(p.id).op.is_leaf())
+        .map(|p| {
+            let l = &p.output;
+            let dims = l.mesh().dims();
+            let mut after = Vec::new();
+            for (d, axes) in l.dim_axes().iter().enumerate() {
+                let full = l.shape()[d];
+                if axes.len() <= 1 {
+                    after.push(full / l.split(d));
+                } else {
+                    // A dimension over several axes is viewed as one dimension per axis.
+                    let lead: usize = axes[..axes.len() - 1].iter().map(|&a| dims[a]).product();
+                    after.extend(std::iter::repeat_n(1, axes.len() - 1));
+                    after.push(full / lead / dims[axes[axes.len() - 1]]);
+                }
+            }
+            (
+                p.name.clone(),
+                autopar_layout::ParameterLayout {
+                    dev_matrix: dims.to_vec(),
+                    tensor_map: l.tensor_map().flattened(),
+                    slice_shape: l.slice_shape(),
+                    field_size: 0,
+                    uniform_split: true,
+                    opt_shard_group: String::new(),
+                    full_shape: l.shape().to_vec(),
+                    after_reshape_slice_shape: after,
+                    pipeline_shared: false,
+                    is_send: false,
+                    peer_rank: 0,
+                    sr_tag: 0,
+                },
+            )
+        })
+        .collect()
 }
