@@ -181,3 +181,25 @@ fn fusion_settings_do_not_change_the_result() {
         assert_same(&format!("comm_fusion {fusion}"), &run.losses, &run.params, &want_losses, &want);
     }
 }
+
+#[test]
+fn dataset_strategies_do_not_change_the_result() {
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, 2, 9);
+    let (want_losses, want) = serial(&graph, loss, &data, true);
+    for (n, ds) in [(4usize, json!("full_batch")), (8, json!([[2, 4], [2]])), (4, json!([[4, 1], [4]])), (8, json!([[1, 8], [1]]))] {
+        let mut ctx = semi_auto(n);
+        ctx.set("dataset_strategy", &ds).unwrap();
+        let mut g = graph.clone();
+        assign_random_strategies(&mut g, n, 77);
+        let job = ParallelJob::new(g, loss, ctx).unwrap();
+        let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap();
+        assert_same(&format!("dataset_strategy {ds} on {n} devices"), &run.losses, &run.params, &want_losses, &want);
+    }
+    // A batch the devices do not divide is a clear error under the default data_parallel split.
+    let (g, loss) = mlp(6);
+    let job = ParallelJob::new(g, loss, semi_auto(4)).unwrap();
+    let e = run_local(&job, &batches(6, 1, 1), || Ok(optimizer(true))).unwrap_err().to_string();
+    assert!(e.contains("cannot be split over 4 devices"), "{e}");
+}
