@@ -113,16 +113,28 @@ pub fn binary_grads(ctx: &ExecCtx, op: BinaryOp, a: &Tensor, b: &Tensor, dy: &Te
     same_dtype(name, "output gradient", a, dy)?;
     let shape = broadcast_out(name, a, b)?;
     same_shape(name, &shape, dy.shape(), "output gradient must have the broadcast output shape")?;
+    // Add (and Sub's lhs): the gradient is dy itself where no broadcasting happened; share it.
+    let pass = |shape: &[usize]| -> Result<Tensor> {
+        if shape == dy.shape() {
+            Ok(dy.clone())
+        } else {
+            reduce_to_shape(ctx, dy, shape)
+        }
+    };
+    if op == BinaryOp::Add {
+        return Ok((pass(a.shape())?, pass(b.shape())?));
+    }
+    if op == BinaryOp::Sub {
+        let gb = reduce_to_shape(ctx, dy, b.shape())?;
+        return Ok((pass(a.shape())?, neg_backward(ctx, &gb)?));
+    }
     float_dispatch!(name, a.dtype(), T => {
         let (x, y, g) = (a.typed::<T>(name, "lhs")?, b.typed::<T>(name, "rhs")?, dy.typed::<T>(name, "output gradient")?);
-        let (ga, gb): (ArrayD<T>, ArrayD<T>) = match op {
-            BinaryOp::Add => (g.to_owned(), g.to_owned()),
-            BinaryOp::Sub => (g.to_owned(), map(ctx, &g, |v| -v)),
-            BinaryOp::Mul => (map2(ctx, &shape, &g, &y, |d, q| d * q), map2(ctx, &shape, &g, &x, |d, p| d * p)),
-            BinaryOp::Div => (
-                map2(ctx, &shape, &g, &y, |d, q| d / q),
-                map3(ctx, &shape, &g, &x, &y, |d, p, q| -d * p / (q * q)),
-            ),
+        // Mul or Div (Add and Sub returned above).
+        let (ga, gb): (ArrayD<T>, ArrayD<T>) = if op == BinaryOp::Mul {
+            (map2(ctx, &shape, &g, &y, |d, q| d * q), map2(ctx, &shape, &g, &x, |d, p| d * p))
+        } else {
+            (map2(ctx, &shape, &g, &y, |d, q| d / q), map3(ctx, &shape, &g, &x, &y, |d, p, q| -d * p / (q * q)))
         };
         Ok((
             Tensor::from_array(reduce_to_shape_impl(ctx, ga.view(), a.shape())),
