@@ -273,7 +273,9 @@ impl RankTrainer {
         Ok(loss)
     }
 
-    /// All-reduce gradients over their mirror groups, bucket by bucket.
+    /// All-reduce gradients over their mirror groups, bucket by bucket: the bucket's gradients
+    /// are packed into one f32 buffer (f64 when they are all f64 and fp32 communication is not
+    /// forced), reduced in place, and unpacked.
     fn sync(&self, grads: &mut [(String, Tensor)]) -> Result<()> {
         for b in &self.buckets {
             let comm = self.groups.get(&b.group)?;
@@ -282,37 +284,54 @@ impl RankTrainer {
                 .iter()
                 .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
                 .collect::<Result<_>>()?;
-            let dtype = grads[idx[0]].1.dtype();
-            let wire = if self.fp32 || dtype != DType::F64 { DType::F32 } else { DType::F64 };
-            let mut flat: Vec<f64> = Vec::new();
-            let mut sizes = Vec::new();
-            for &i in &idx {
-                let v = grads[i].1.to_f64_vec();
-                sizes.push(v.len());
-                flat.extend(v);
-            }
-            let c = |e| RuntimeError::Comm { what: format!("gradient all-reduce over {:?}", b.group), message: format!("{e}") };
-            let reduced: Vec<f64> = if wire == DType::F32 {
-                let mut v: Vec<f32> = flat.iter().map(|&x| x as f32).collect();
-                comm.all_reduce((&mut v).into(), CommReduce::Sum).map_err(c)?;
-                v.into_iter().map(f64::from).collect()
-            } else {
-                let mut v = flat;
-                comm.all_reduce((&mut v).into(), CommReduce::Sum).map_err(c)?;
-                v
+            let c = |e: autopar_comm::CommError| RuntimeError::Comm {
+                what: format!("gradient all-reduce over {:?}", b.group),
+                message: e.to_string(),
+            };
+            let k = |name: &str| {
+                let name = name.to_string();
+                move |e| RuntimeError::Kernel { kind: "AllReduce", name, source: Box::new(e) }
             };
             let scale = if self.mean { 1.0 / b.group.len() as f64 } else { 1.0 };
-            let mut off = 0;
-            for (&i, &len) in idx.iter().zip(&sizes) {
-                let shape = grads[i].1.shape().to_vec();
-                let vals: Vec<f64> = reduced[off..off + len].iter().map(|x| x * scale).collect();
-                off += len;
-                let t = Tensor::from_vec(&shape, vals).map_err(|e| RuntimeError::Kernel {
-                    kind: "AllReduce",
-                    name: grads[i].0.clone(),
-                    source: Box::new(e),
-                })?;
-                grads[i].1 = t.cast(dtype);
+            let wide = !self.fp32 && idx.iter().all(|&i| grads[i].1.dtype() == DType::F64);
+            if wide {
+                let mut flat: Vec<f64> = Vec::with_capacity(b.bytes / 4);
+                for &i in &idx {
+                    flat.extend(grads[i].1.to_vec::<f64>().map_err(k(&grads[i].0))?);
+                }
+                comm.all_reduce((&mut flat).into(), CommReduce::Sum).map_err(c)?;
+                let mut off = 0;
+                for &i in &idx {
+                    let shape = grads[i].1.shape().to_vec();
+                    let len: usize = shape.iter().product();
+                    let vals: Vec<f64> = flat[off..off + len].iter().map(|x| x * scale).collect();
+                    off += len;
+                    grads[i].1 = Tensor::from_vec(&shape, vals).map_err(k(&grads[i].0))?;
+                }
+            } else {
+                let mut flat: Vec<f32> = Vec::with_capacity(b.bytes / 4);
+                for &i in &idx {
+                    let g = &grads[i].1;
+                    if g.dtype() == DType::F32 {
+                        flat.extend(g.to_vec::<f32>().map_err(k(&grads[i].0))?);
+                    } else {
+                        flat.extend(g.cast(DType::F32).to_vec::<f32>().map_err(k(&grads[i].0))?);
+                    }
+                }
+                comm.all_reduce((&mut flat).into(), CommReduce::Sum).map_err(c)?;
+                if scale != 1.0 {
+                    let f = scale as f32;
+                    flat.iter_mut().for_each(|x| *x *= f);
+                }
+                let mut off = 0;
+                for &i in &idx {
+                    let dtype = grads[i].1.dtype();
+                    let shape = grads[i].1.shape().to_vec();
+                    let len: usize = shape.iter().product();
+                    let t = Tensor::from_vec(&shape, flat[off..off + len].to_vec()).map_err(k(&grads[i].0))?;
+                    off += len;
+                    grads[i].1 = if dtype == DType::F32 { t } else { t.cast(dtype) };
+                }
             }
         }
         Ok(())

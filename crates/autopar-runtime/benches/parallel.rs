@@ -1,0 +1,81 @@
+//! Parallel training step of the MLP 784-512-512-10 at batch 64 per data-parallel rank, on
+//! in-process ranks (`LocalComm`): stand-alone, data_parallel on 2 ranks, and 8 simulated
+//! devices with a (2, 4) data x model strategy. Prints steps/s and samples/s.
+//! Run: `cargo bench -p autopar-runtime --bench parallel`.
+//! (Over MPI: `mpirun -n 2 target/release/examples/mpi_dp_bench` with `--features mpi`.)
+
+use std::time::Instant;
+
+use autopar_comm::{Communicator, LocalComm};
+use autopar_layout::Strategy;
+use autopar_models::{Mlp, MlpConfig, Mode, Model};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+use autopar_runtime::{LrSchedule, ParamStore, Sgd};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+const WARMUP: usize = 3;
+const STEPS: usize = 20;
+
+fn batch(n: usize) -> Vec<(String, Tensor)> {
+    let x: Vec<f32> = (0..n * 784).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
+    let y: Vec<i64> = (0..n).map(|i| (i % 10) as i64).collect();
+    vec![("x".into(), Tensor::from_vec(&[n, 784], x).unwrap()), ("labels".into(), Tensor::from_vec(&[n], y).unwrap())]
+}
+
+/// Seconds per step of `job` on its ranks (every rank fed its part of `global` batches).
+fn time_job(job: &ParallelJob, global: &[(String, Tensor)]) -> f64 {
+    let full = ParamStore::init(&job.graph).unwrap();
+    let times = LocalComm::run(job.device_num, |comm| -> autopar_runtime::Result<f64> {
+        let mut t = RankTrainer::new(job, &comm, &full)?;
+        let mut opt = Sgd::new(LrSchedule::Constant(0.01))?;
+        let feeds = t.local_feeds(global)?;
+        for _ in 0..WARMUP {
+            t.step(&mut opt, &feeds)?;
+        }
+        comm.barrier().map_err(|e| autopar_runtime::RuntimeError::Comm { what: "barrier".into(), message: e.to_string() })?;
+        let start = Instant::now();
+        for _ in 0..STEPS {
+            t.step(&mut opt, &feeds)?;
+        }
+        Ok(start.elapsed().as_secs_f64() / STEPS as f64)
+    })
+    .unwrap();
+    times.into_iter().fold(0.0, f64::max)
+}
+
+fn ctx(n: usize, mode: &str) -> ParallelContext {
+    let mut c = ParallelContext::default();
+    c.set("device_num", &json!(n)).unwrap();
+    c.set("parallel_mode", &json!(mode)).unwrap();
+    if mode == "data_parallel" {
+        c.set("gradients_mean", &json!(true)).unwrap();
+    }
+    c
+}
+
+fn main() {
+    let model = Mlp::new(MlpConfig::default()).unwrap();
+    println!("MLP 784-512-512-10, SGD, f32, {STEPS} steps after {WARMUP} warm-up; each rank runs its kernels on one thread");
+    println!("{:<46} {:>10} {:>12} {:>12}", "run", "ms/step", "steps/s", "samples/s");
+    let report = |name: &str, secs: f64, samples: usize| {
+        println!("{name:<46} {:>10.2} {:>12.1} {:>12.0}", secs * 1e3, 1.0 / secs, samples as f64 / secs);
+    };
+
+    let (g, m) = model.build_graph(64, Mode::Train, 1).unwrap();
+    let alone = ParallelJob::new(g, m.loss, ctx(1, "stand_alone")).unwrap();
+    report("stand_alone, batch 64", time_job(&alone, &batch(64)), 64);
+
+    let (g, m) = model.build_graph(64, Mode::Train, 1).unwrap();
+    let dp = ParallelJob::new(g, m.loss, ctx(2, "data_parallel")).unwrap();
+    report("data_parallel, 2 ranks x batch 64", time_job(&dp, &batch(64)), 128);
+
+    let (mut g, m) = model.build_graph(128, Mode::Train, 1).unwrap();
+    // (2, 4): batch split 2 ways, the hidden layers 4 ways (column- then row-parallel).
+    for (op, s) in [("fc1.matmul", "((2,1),(4,1))"), ("fc2.matmul", "((2,4),(1,4))"), ("fc3.matmul", "((2,1),(1,1))")] {
+        m.shard_graph(&mut g, op, s.parse::<Strategy>().unwrap()).unwrap();
+    }
+    let semi = ParallelJob::new(g, m.loss, ctx(8, "semi_auto_parallel")).unwrap();
+    report("semi_auto_parallel, 8 devices (2,4), batch 128", time_job(&semi, &batch(128)), 128);
+}
