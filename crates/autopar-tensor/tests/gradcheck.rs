@@ -355,6 +355,8 @@ fn conv2d_gradients_match_finite_differences_with_stride_padding_dilation_and_gr
         (Conv2dParams { stride: [1, 1], padding: [1; 4], dilation: [1, 1], groups: 2 }, 4, 4, 3),
         (Conv2dParams { groups: 2, ..Default::default() }, 4, 2, 1),
         (Conv2dParams { stride: [3, 2], padding: [2, 0, 1, 2], dilation: [1, 2], groups: 1 }, 1, 2, 3),
+        // 32 channels per group: the shifted-GEMM forward and the flipped-kernel input gradient.
+        (Conv2dParams { stride: [1, 1], padding: [1, 0, 0, 1], dilation: [1, 1], groups: 1 }, 32, 2, 2),
     ];
     let mut cases = vec![];
     for (p, c, o, k) in configs {

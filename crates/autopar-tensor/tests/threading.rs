@@ -73,16 +73,10 @@ fn convolution_normalisation_and_pooling_are_identical_serial_and_parallel() {
     // Nine images: three weight-gradient groups summed in order; a 3x3 and a pointwise kernel.
     let xc = r(&[9, 8, 10, 10], 20);
     for (w, p) in [(r(&[12, 4, 3, 3], 10), p), (r(&[6, 8, 1, 1], 21), Conv2dParams::default())] {
-        same("conv2d", |c| {
-            let y = conv::conv2d(c, &xc, &w, &p).unwrap();
-            let dy = r(y.shape(), 11);
-            vec![
-                y,
-                conv::conv2d_backward_input(c, &dy, &w, xc.shape(), &p).unwrap(),
-                conv::conv2d_backward_weight(c, &dy, &xc, w.shape(), &p).unwrap(),
-            ]
-        });
+        check_conv(&xc, &w, &p);
     }
+    // Enough channels per group for the shifted-GEMM forward (and the flipped-kernel dx).
+    check_conv(&r(&[5, 32, 9, 9], 22), &r(&[40, 32, 3, 3], 23), &Conv2dParams::new(1, 1));
     let g = r(&[16], 12);
     let b = r(&[16], 13);
     same("batch_norm", |c| {
@@ -108,6 +102,18 @@ fn convolution_normalisation_and_pooling_are_identical_serial_and_parallel() {
             y,
             a,
             pool::global_avg_pool(c, &x, true).unwrap(),
+        ]
+    });
+}
+
+fn check_conv(xc: &Tensor, w: &Tensor, p: &Conv2dParams) {
+    same("conv2d", |c| {
+        let y = conv::conv2d(c, xc, w, p).unwrap();
+        let dy = r(y.shape(), 11);
+        vec![
+            y,
+            conv::conv2d_backward_input(c, &dy, w, xc.shape(), p).unwrap(),
+            conv::conv2d_backward_weight(c, &dy, xc, w.shape(), p).unwrap(),
         ]
     });
 }

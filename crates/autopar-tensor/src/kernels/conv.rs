@@ -292,9 +292,21 @@ fn gemm_on<T: Float>(ctx: &ExecCtx, par: bool, a: ArrayView2<'_, T>, b: ArrayVie
     }
 }
 
+/// Stride 1 with enough input channels per group: the "shifted GEMM" form. The image is
+/// copied once into zero-padded planes; each kernel tap (i, j) is then a plain strided view of
+/// those planes shifted by `i*dh*Wp + j*dw`, and the output is the sum over taps of
+/// `W_ij [og, cg] x view [cg, Ho*Wp]`, computed on the padded width and cropped. No im2col.
+fn shifted_gemm_ok(g: &Geo) -> bool {
+    g.sh == 1 && g.sw == 1 && g.kh * g.kw > 1 && g.cg >= 32
+}
+
 fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
     let hwo = g.hwo();
     let mut y = vec![T::zero(); g.n * g.o * hwo];
+    if shifted_gemm_ok(g) {
+        conv_fwd_shifted(ctx, x, w, g, &mut y);
+        return y;
+    }
     let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
     per_image(ctx, &mut y, g.o * hwo, scratch, |b, yb, col, par| {
         for grp in 0..g.g {
@@ -309,6 +321,56 @@ fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
         }
     });
     y
+}
+
+fn conv_fwd_shifted<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, y: &mut [T]) {
+    let hwo = g.hwo();
+    let (hp, wp) = (g.h + g.pt + (g.ho + g.dh * (g.kh - 1)).saturating_sub(g.h + g.pt), g.wo + g.dw * (g.kw - 1));
+    let taps = g.kh * g.kw;
+    // Per-tap weights: taps_w[grp][t] is [og, cg] row-major.
+    let mut taps_w = vec![T::zero(); g.g * taps * g.og * g.cg];
+    for grp in 0..g.g {
+        for o in 0..g.og {
+            for c in 0..g.cg {
+                for t in 0..taps {
+                    taps_w[((grp * taps + t) * g.og + o) * g.cg + c] = w[((grp * g.og + o) * g.cg + c) * taps + t];
+                }
+            }
+        }
+    }
+    let plane = hp * wp;
+    // The last tap's view of the last channel runs (kw-1)*dw past its plane (into cropped columns).
+    let xp_len = g.c * plane + g.dw * (g.kw - 1);
+    let acc_len = g.og * g.ho * wp;
+    per_image(ctx, y, g.o * hwo, xp_len + acc_len, |b, yb, buf, par| {
+        let (xp, acc) = buf.split_at_mut(xp_len);
+        xp.fill(T::zero());
+        for c in 0..g.c {
+            for r in 0..g.h {
+                let src = &x[((b * g.c + c) * g.h + r) * g.w..][..g.w];
+                let ws = g.w.min(wp.saturating_sub(g.pl));
+                let hr = r + g.pt;
+                if hr < hp && ws > 0 {
+                    xp[c * plane + hr * wp + g.pl..][..ws].copy_from_slice(&src[..ws]);
+                }
+            }
+        }
+        let cols = g.ho * wp;
+        for grp in 0..g.g {
+            for t in 0..taps {
+                let (i, j) = (t / g.kw, t % g.kw);
+                let off = grp * g.cg * plane + i * g.dh * wp + j * g.dw;
+                let xm = ArrayView2::from_shape((g.cg, cols).strides((plane, 1)), &xp[off..]).expect("view inside the padded planes");
+                let wm = mat(&taps_w[(grp * taps + t) * g.og * g.cg..][..g.og * g.cg], g.og, g.cg);
+                gemm_on(ctx, par, wm, xm, mat_mut(&mut acc[..], g.og, cols), t > 0);
+            }
+            for o in 0..g.og {
+                for r in 0..g.ho {
+                    yb[(grp * g.og + o) * hwo + r * g.wo..][..g.wo].copy_from_slice(&acc[o * cols + r * wp..][..g.wo]);
+                }
+            }
+        }
+    });
 }
 
 /// For stride 1, the input gradient is a forward convolution of `dy` with the kernel flipped
@@ -575,6 +637,38 @@ mod tests {
         }
         let g = geometry("t", &[1, 1, 4, 4], &[1, 1, 2, 2], &Conv2dParams::new(2, 0)).unwrap();
         assert!(bwd_input_as_conv(&cx(), &[0.0; 4], &[0.0; 4], &g, &Conv2dParams::new(2, 0)).is_none());
+    }
+
+    #[test]
+    fn shifted_gemm_forward_matches_im2col_across_padding_dilation_and_groups() {
+        let cases = [
+            ([2, 32, 6, 7], [8, 32, 3, 3], Conv2dParams::new(1, 1)),
+            ([1, 64, 5, 6], [6, 32, 3, 2], Conv2dParams { padding: [2, 0, 1, 3], dilation: [2, 1], groups: 2, ..Default::default() }),
+            ([2, 32, 4, 4], [4, 32, 2, 2], Conv2dParams::default()),
+            ([1, 32, 5, 5], [3, 32, 5, 5], Conv2dParams { padding: [2, 2, 2, 2], ..Default::default() }),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            assert!(shifted_gemm_ok(&g), "case {k}");
+            let x = crate::random::uniform(&xs, -1., 1., k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let w = crate::random::uniform(&ws, -1., 1., 50 + k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let mut fast = vec![0.0; g.n * g.o * g.hwo()];
+            conv_fwd_shifted(&cx(), &x, &w, &g, &mut fast);
+            let mut slow = vec![0.0; fast.len()];
+            per_image(&cx(), &mut slow, g.o * g.hwo(), g.kg * g.hwo(), |b, yb, col, _| {
+                for grp in 0..g.g {
+                    im2col(&x, &g, b, grp, col);
+                    let wg = mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg);
+                    cx().gemm(
+                        wg,
+                        mat(col, g.kg, g.hwo()),
+                        mat_mut(&mut yb[grp * g.og * g.hwo()..][..g.og * g.hwo()], g.og, g.hwo()),
+                        false,
+                    );
+                }
+            });
+            assert!(fast.iter().zip(&slow).all(|(a, b)| (a - b).abs() < 1e-12), "case {k}");
+        }
     }
 
     #[test]
