@@ -549,7 +549,7 @@ impl Trainer {
                 "resume with the same --batch-size so that the data position means the same batches",
             ));
         }
-        let mode = format!("{:?}", self.cfg.parallel.parallel_mode);
+        let mode = self.cfg.parallel.parallel_mode.name().to_string();
         if pos.parallel_mode != mode {
             return Err(bad(
                 format!("it was saved under {}; this run uses {mode}", pos.parallel_mode),
@@ -669,7 +669,7 @@ impl Trainer {
             world_size: n,
             rank,
             batch_size: self.cfg.batch_size,
-            parallel_mode: format!("{:?}", self.cfg.parallel.parallel_mode),
+            parallel_mode: self.cfg.parallel.parallel_mode.name().to_string(),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
         save_checkpoint(&path, engine.params(), opt.state(), &position)?;

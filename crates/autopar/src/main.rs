@@ -29,6 +29,9 @@ enum Command {
     /// Start a job of N processes through OpenMPI's mpirun (one rank each, across hosts with
     /// --hostfile); says how to install OpenMPI when it is missing.
     Launch(cli::launch::LaunchArgs),
+    /// Train a model (mlp, resnet18/34/50, gpt) on CIFAR-10, MNIST, a tensor file or synthetic
+    /// data, on one device or --devices N; checkpoints, resume, metrics, evaluation.
+    Train(Box<cli::train::TrainArgs>),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Layout(args) => cli::layout::run(args),
         Command::Ckpt(args) => cli::ckpt::run(args),
         Command::Launch(args) => cli::launch::run(args),
+        Command::Train(args) => cli::train::run(*args),
     };
     match result {
         Ok(code) => code,

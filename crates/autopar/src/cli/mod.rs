@@ -3,6 +3,7 @@
 pub mod ckpt;
 pub mod launch;
 pub mod layout;
+pub mod train;
 
 /// Print an error as `autopar: <first line>` followed by indented facts and causes.
 pub fn report_error(err: &anyhow::Error) {

@@ -1,0 +1,607 @@
+//! `autopar train`: train a zoo model on a dataset, on one device or `--devices N` ranks.
+//!
+//! Every key can also come from a TOML file (`--config run.toml`, same names with `_` for `-`,
+//! plus a `[parallel]` table of `set_auto_parallel_context` options); flags given on the
+//! command line override the file. Unknown keys are errors.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use autopar_data::{Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
+use autopar_models::{model_by_name, Mode, Model, ModelOptions, Stem};
+use autopar_parallel::{ParallelContext, ParallelMode};
+use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
+use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainResult, Trainer};
+use autopar_runtime::{LrSchedule, TrainConfig};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Deserialize;
+
+/// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
+#[derive(Args, Debug, Default)]
+pub struct TrainArgs {
+    /// Read these settings from a TOML file (flags given here override it).
+    #[arg(long, value_name = "FILE", help_heading = "Run")]
+    config: Option<PathBuf>,
+    /// Model: mlp, resnet18, resnet34, resnet50 or gpt.
+    #[arg(long, help_heading = "Model")]
+    model: Option<String>,
+    /// Data: a CIFAR-10 binary folder, an MNIST folder, a .safetensors file (x, y), or `synthetic`.
+    #[arg(long, value_name = "PATH|synthetic", help_heading = "Data")]
+    data: Option<String>,
+    /// Epochs to train (with --steps, whichever ends first).
+    #[arg(long, help_heading = "Run")]
+    epochs: Option<u64>,
+    /// Total steps to train.
+    #[arg(long, help_heading = "Run")]
+    steps: Option<u64>,
+    /// Global batch size (split over the devices under data_parallel).
+    #[arg(long, help_heading = "Run")]
+    batch_size: Option<usize>,
+    /// Seed of parameter initialisation, shuffling and augmentation.
+    #[arg(long, help_heading = "Run")]
+    seed: Option<u64>,
+    /// Reshuffle the data every epoch.
+    #[arg(long, value_name = "true|false", help_heading = "Data")]
+    shuffle: Option<bool>,
+    /// Samples of synthetic data (a tenth more are held out for evaluation): labels of a random
+    /// linear teacher for classifiers, successor sequences for gpt.
+    #[arg(long, help_heading = "Data")]
+    synthetic_samples: Option<usize>,
+    /// Batches prepared ahead on a background thread.
+    #[arg(long, help_heading = "Data")]
+    prefetch: Option<usize>,
+
+    /// Optimizer: sgd, momentum or adamw.
+    #[arg(long, help_heading = "Optimizer")]
+    optimizer: Option<String>,
+    /// Learning rate (the peak of a warm-up/cosine schedule).
+    #[arg(long, help_heading = "Optimizer")]
+    lr: Option<f64>,
+    /// Learning-rate schedule: constant or cosine (linear warm-up, then cosine decay to --min-lr).
+    #[arg(long, help_heading = "Optimizer")]
+    schedule: Option<String>,
+    /// Warm-up steps of the cosine schedule.
+    #[arg(long, help_heading = "Optimizer")]
+    warmup_steps: Option<u64>,
+    /// Final learning rate of the cosine schedule.
+    #[arg(long, help_heading = "Optimizer")]
+    min_lr: Option<f64>,
+    /// Momentum (momentum optimizer).
+    #[arg(long, help_heading = "Optimizer")]
+    momentum: Option<f64>,
+    /// Weight decay (not applied to normalisation parameters).
+    #[arg(long, help_heading = "Optimizer")]
+    weight_decay: Option<f64>,
+
+    /// Hidden width (mlp), base channels (resnet) or model width (gpt).
+    #[arg(long, help_heading = "Model")]
+    width: Option<usize>,
+    /// Hidden layers (mlp) or transformer blocks (gpt).
+    #[arg(long, help_heading = "Model")]
+    depth: Option<usize>,
+    /// Attention heads (gpt).
+    #[arg(long, help_heading = "Model")]
+    heads: Option<usize>,
+    /// Classes (the vocabulary for gpt); default: the dataset's.
+    #[arg(long, help_heading = "Model")]
+    num_classes: Option<usize>,
+    /// Shape of one sample, e.g. 784 or 3,32,32 (gpt: the context length); default: the data's.
+    #[arg(long, value_name = "DIMS", help_heading = "Model")]
+    input_shape: Option<String>,
+    /// ResNet stem: cifar or imagenet.
+    #[arg(long, help_heading = "Model")]
+    stem: Option<String>,
+
+    /// Save checkpoints in this folder.
+    #[arg(long, value_name = "DIR", help_heading = "Checkpoints")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Save a checkpoint every N steps (and at the end).
+    #[arg(long, value_name = "N", help_heading = "Checkpoints")]
+    checkpoint_every: Option<u64>,
+    /// Keep at most this many checkpoints (per rank), deleting the oldest; 0 keeps all.
+    #[arg(long, value_name = "N", help_heading = "Checkpoints")]
+    keep_checkpoint_max: Option<usize>,
+    /// File name prefix of checkpoints.
+    #[arg(long, help_heading = "Checkpoints")]
+    checkpoint_prefix: Option<String>,
+    /// Load parameters by name from this checkpoint before training.
+    #[arg(long, value_name = "CHECKPOINT", help_heading = "Checkpoints")]
+    init: Option<PathBuf>,
+    /// Continue a run from this checkpoint (or the newest in this folder).
+    #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
+    resume: Option<PathBuf>,
+
+    /// Write one JSON object per step (step, epoch, loss, lr, samples_per_sec) to this file.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    metrics: Option<PathBuf>,
+    /// Also draw the loss curve as an SVG beside the metrics file.
+    #[arg(long, help_heading = "Output")]
+    plot: bool,
+    /// Print `epoch: E step: S, loss is L` every N steps of an epoch (0: never); default: every 100 steps or once an epoch.
+    #[arg(long, value_name = "N", help_heading = "Output")]
+    log_every: Option<u64>,
+    /// Evaluate accuracy on the test split after training.
+    #[arg(long, value_name = "true|false", help_heading = "Output")]
+    eval: Option<bool>,
+    /// Batch size of evaluation.
+    #[arg(long, help_heading = "Output")]
+    eval_batch_size: Option<usize>,
+
+    /// Number of devices (ranks, run as threads).
+    #[arg(long, value_name = "N", help_heading = "Parallel")]
+    devices: Option<usize>,
+    /// stand_alone, data_parallel or semi_auto_parallel (default with --devices > 1).
+    #[arg(long, value_name = "MODE", help_heading = "Parallel")]
+    parallel_mode: Option<String>,
+    /// Any set_auto_parallel_context option, e.g. --parallel gradients_mean=true (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", help_heading = "Parallel")]
+    parallel: Vec<String>,
+    /// Apply the operator strategies of this strategy file before planning.
+    #[arg(long, value_name = "FILE", help_heading = "Parallel")]
+    strategy: Option<PathBuf>,
+}
+
+/// The TOML file: the flags' names with `_`, and a `[parallel]` table.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    model: Option<String>,
+    data: Option<String>,
+    epochs: Option<u64>,
+    steps: Option<u64>,
+    batch_size: Option<usize>,
+    seed: Option<u64>,
+    shuffle: Option<bool>,
+    synthetic_samples: Option<usize>,
+    prefetch: Option<usize>,
+    optimizer: Option<String>,
+    lr: Option<f64>,
+    schedule: Option<String>,
+    warmup_steps: Option<u64>,
+    min_lr: Option<f64>,
+    momentum: Option<f64>,
+    weight_decay: Option<f64>,
+    width: Option<usize>,
+    depth: Option<usize>,
+    heads: Option<usize>,
+    num_classes: Option<usize>,
+    input_shape: Option<serde_json::Value>,
+    stem: Option<String>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_every: Option<u64>,
+    keep_checkpoint_max: Option<usize>,
+    checkpoint_prefix: Option<String>,
+    init: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    metrics: Option<PathBuf>,
+    plot: Option<bool>,
+    log_every: Option<u64>,
+    eval: Option<bool>,
+    eval_batch_size: Option<usize>,
+    devices: Option<usize>,
+    parallel_mode: Option<String>,
+    strategy: Option<PathBuf>,
+    parallel: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn toml_to_json(item: &toml_edit::Item) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    match item {
+        toml_edit::Item::None => None,
+        toml_edit::Item::Value(v) => Some(value_to_json(v)),
+        toml_edit::Item::Table(t) => Some(Value::Object(t.iter().filter_map(|(k, v)| Some((k.to_string(), toml_to_json(v)?))).collect())),
+        toml_edit::Item::ArrayOfTables(a) => {
+            Some(Value::Array(a.iter().map(|t| toml_to_json(&toml_edit::Item::Table(t.clone())).unwrap_or(Value::Null)).collect()))
+        }
+    }
+}
+
+fn value_to_json(v: &toml_edit::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        toml_edit::Value::String(s) => Value::String(s.value().clone()),
+        toml_edit::Value::Integer(i) => Value::from(*i.value()),
+        toml_edit::Value::Float(f) => serde_json::Number::from_f64(*f.value()).map_or(Value::Null, Value::Number),
+        toml_edit::Value::Boolean(b) => Value::Bool(*b.value()),
+        toml_edit::Value::Datetime(d) => Value::String(d.value().to_string()),
+        toml_edit::Value::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
+        toml_edit::Value::InlineTable(t) => Value::Object(t.iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect()),
+    }
+}
+
+fn read_config(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}\nhint: check the path given to --config", path.display()))?;
+    let doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| anyhow!("config file {} is not valid TOML\n{e}\nhint: see https://toml.io for the syntax", path.display()))?;
+    let json = toml_to_json(doc.as_item()).unwrap_or_default();
+    serde_json::from_value(json).map_err(|e| {
+        anyhow!(
+            "config file {}: {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",
+            path.display()
+        )
+    })
+}
+
+/// The flags merged over the file.
+struct Settings {
+    args: TrainArgs,
+    file: FileConfig,
+}
+
+macro_rules! pick {
+    ($s:expr, $field:ident) => {
+        $s.args.$field.clone().or_else(|| $s.file.$field.clone())
+    };
+}
+
+fn parse_shape(text: &str) -> Result<Vec<usize>> {
+    text.split([',', 'x'])
+        .map(|d| d.trim().trim_matches(|c| c == '[' || c == ']').parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .ok()
+        .filter(|s| !s.is_empty() && s.iter().all(|&d| d > 0))
+        .ok_or_else(|| anyhow!("invalid --input-shape {text:?}\n  expected positive sizes separated by commas\nhint: e.g. --input-shape 784 or --input-shape 3,32,32"))
+}
+
+fn parse_bool_or(v: Option<bool>, default: bool) -> bool {
+    v.unwrap_or(default)
+}
+
+/// The sample shape a dataset gives after its transforms.
+fn data_sample_shape(ds: &dyn Dataset, t: &Transforms) -> Result<Vec<usize>> {
+    Ok(t.output_shape(ds.sample_shape())?)
+}
+
+/// Progress bar on stderr (step, loss, samples/s), only on a terminal.
+struct Progress {
+    bar: ProgressBar,
+}
+
+impl Callback for Progress {
+    fn on_train_begin(&mut self, first: u64, total: u64) -> TrainResult<()> {
+        self.bar.set_length(total);
+        self.bar.set_position(first);
+        Ok(())
+    }
+    fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
+        self.bar.set_position(e.step);
+        if e.step.is_multiple_of(5) || e.step == e.total_steps {
+            self.bar.set_message(format!("epoch {} loss {:.4} {:.0} samples/s", e.epoch, e.loss, e.samples_per_sec));
+        }
+        Ok(())
+    }
+    fn on_train_end(&mut self) -> TrainResult<()> {
+        self.bar.finish_and_clear();
+        Ok(())
+    }
+}
+
+/// Stdout lines that do not tear the progress bar.
+struct BarStdout {
+    bar: Option<ProgressBar>,
+    buf: Vec<u8>,
+}
+
+impl Write for BarStdout {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        while let Some(i) = self.buf.iter().position(|&c| c == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=i).collect();
+            let out = || {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(&line);
+                let _ = o.flush();
+            };
+            match &self.bar {
+                Some(bar) => bar.suspend(out),
+                None => out(),
+            }
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn run(args: TrainArgs) -> Result<ExitCode> {
+    let file = match &args.config {
+        Some(p) => read_config(p)?,
+        None => FileConfig::default(),
+    };
+    let s = Settings { args, file };
+
+    // The model.
+    let model_name = pick!(s, model).ok_or_else(|| {
+        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt (or `model = \"mlp\"` in the --config file)")
+    })?;
+    let data_arg =
+        pick!(s, data).ok_or_else(|| anyhow!("no data given\nhint: pass --data <cifar10 dir|mnist dir|file.safetensors|synthetic>"))?;
+    let seed = pick!(s, seed).unwrap_or(1);
+    let mut opts = ModelOptions {
+        width: pick!(s, width),
+        depth: pick!(s, depth),
+        heads: pick!(s, heads),
+        num_classes: pick!(s, num_classes),
+        ..Default::default()
+    };
+    if let Some(stem) = pick!(s, stem) {
+        opts.stem =
+            Some(stem.parse::<Stem>().map_err(|e| anyhow!("invalid --stem {stem:?}: {e}\nhint: use --stem cifar or --stem imagenet"))?);
+    }
+    opts.input_shape = match (&s.args.input_shape, &s.file.input_shape) {
+        (Some(t), _) => Some(parse_shape(t)?),
+        (None, Some(serde_json::Value::Array(a))) => Some(parse_shape(&a.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","))?),
+        (None, Some(v)) => Some(parse_shape(v.to_string().trim_matches('"'))?),
+        (None, None) => None,
+    };
+    let lower = model_name.to_ascii_lowercase();
+    if !autopar_models::MODEL_NAMES.contains(&lower.as_str()) {
+        bail!(
+            "unknown model {model_name:?}\n  valid models: {}\nhint: pass --model mlp for a quick run",
+            autopar_models::MODEL_NAMES.join(", ")
+        );
+    }
+
+    // The data (real datasets fill in the model's input shape and classes when not given).
+    let synthetic = data_arg == "synthetic";
+    let (train, eval_data, data_desc): (DataSource, Option<DataSource>, String) = if synthetic {
+        let probe = model_by_name(&lower, &opts)?;
+        let n = pick!(s, synthetic_samples).unwrap_or(8192).max(1);
+        let held = (n / 10).max(1);
+        let all: Arc<dyn Dataset> = if lower == "gpt" {
+            let context = probe.input_shape()[0];
+            Arc::new(SyntheticDataset::tokens(probe.num_classes(), context, n + held, seed)?)
+        } else {
+            let task = SyntheticTask::Teacher { num_classes: probe.num_classes(), shape: probe.input_shape() };
+            Arc::new(SyntheticDataset::new(task, n + held, seed)?)
+        };
+        let train = Arc::new(Subset::range(all.clone(), 0..n)?);
+        let test = Arc::new(Subset::range(all, n..n + held)?);
+        (
+            DataSource { dataset: train, transforms: Transforms::new() },
+            Some(DataSource { dataset: test, transforms: Transforms::new() }),
+            format!("synthetic data ({n} samples, {held} held out)"),
+        )
+    } else {
+        let path = PathBuf::from(&data_arg);
+        let (kind, ds) = autopar_data::open(&path, Split::Train)?;
+        let transforms = kind.default_transforms(Split::Train);
+        let shape = data_sample_shape(ds.as_ref(), &transforms)?;
+        if opts.input_shape.is_none() {
+            opts.input_shape = Some(match lower.as_str() {
+                "mlp" => vec![shape.iter().product()],
+                _ => shape.clone(),
+            });
+        }
+        if opts.num_classes.is_none() && lower != "gpt" {
+            opts.num_classes = ds.num_classes();
+        }
+        let test = match kind {
+            DatasetKind::Cifar10 | DatasetKind::Mnist if path.is_dir() => {
+                let (_, t) = autopar_data::open(&path, Split::Test)?;
+                Some(DataSource { dataset: t, transforms: kind.default_transforms(Split::Test) })
+            }
+            DatasetKind::Tensor if path.is_dir() && path.join("test.safetensors").is_file() => {
+                let (_, t) = autopar_data::open(&path, Split::Test)?;
+                Some(DataSource { dataset: t, transforms: Transforms::new() })
+            }
+            _ => None,
+        };
+        let desc = format!("{} ({} samples)", ds.name(), ds.len());
+        (DataSource { dataset: ds, transforms }, test, desc)
+    };
+    let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
+
+    // The strategy file, applied to the training graph before planning.
+    let strategy = match pick!(s, strategy) {
+        Some(p) => {
+            Some((autopar_checkpoint::StrategyFile::load(&p).with_context(|| format!("cannot load strategy file {}", p.display()))?, p))
+        }
+        None => None,
+    };
+    let build: BuildNetwork = {
+        let model = model.clone();
+        Arc::new(move |batch, train| {
+            let mode = if train { Mode::Train } else { Mode::Eval };
+            let (mut graph, m) = model.build_graph(batch, mode, seed).map_err(|e| e.to_string())?;
+            if let (true, Some((file, path))) = (train, &strategy) {
+                autopar_runtime::strategy_io::apply_strategy_file(&mut graph, file, path).map_err(|e| e.to_string())?;
+            }
+            Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
+        })
+    };
+
+    // The parallel context.
+    let mut ctx = ParallelContext::default();
+    if let Some(table) = &s.file.parallel {
+        ctx.apply_table(table).context("in the [parallel] table of the config file")?;
+    }
+    let devices = pick!(s, devices);
+    let mode = pick!(s, parallel_mode);
+    match (&mode, devices) {
+        (Some(m), _) => ctx.set_str("parallel_mode", m)?,
+        (None, Some(n)) if n > 1 && !ctx.is_set("parallel_mode") => ctx.set_str("parallel_mode", "semi_auto_parallel")?,
+        _ => {}
+    }
+    if let Some(n) = devices {
+        if n == 0 {
+            bail!("invalid --devices 0\nhint: pass --devices 1 or more");
+        }
+        ctx.set_str("device_num", &n.to_string())?;
+    }
+    for kv in &s.args.parallel {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("invalid --parallel {kv:?}\nhint: write --parallel KEY=VALUE, e.g. --parallel gradients_mean=true"))?;
+        ctx.set_str(k.trim(), v.trim())?;
+    }
+    if ctx.parallel_mode == ParallelMode::DataParallel && !ctx.is_set("gradients_mean") {
+        ctx.set_str("gradients_mean", "true")?;
+    }
+    if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
+        bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
+    }
+
+    // The optimizer.
+    let lr = pick!(s, lr).unwrap_or(0.01);
+    let schedule_name = pick!(s, schedule).unwrap_or_else(|| "constant".into());
+    let epochs = pick!(s, epochs);
+    let steps = pick!(s, steps);
+    let batch_size = pick!(s, batch_size).unwrap_or(32);
+    let momentum = pick!(s, momentum).unwrap_or(0.9);
+    let kind = match pick!(s, optimizer).unwrap_or_else(|| "momentum".into()).to_ascii_lowercase().as_str() {
+        "sgd" => OptimizerKind::Sgd,
+        "momentum" => OptimizerKind::Momentum { momentum, nesterov: false },
+        "adamw" | "adam" => OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        other => bail!("unknown optimizer {other:?}\n  valid optimizers: sgd, momentum, adamw\nhint: pass --optimizer momentum"),
+    };
+    let mut cfg = TrainConfig {
+        epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
+        max_steps: steps,
+        batch_size,
+        seed,
+        shuffle: parse_bool_or(pick!(s, shuffle), true),
+        prefetch: pick!(s, prefetch).unwrap_or(2),
+        optimizer: OptimizerConfig {
+            kind,
+            schedule: LrSchedule::Constant(lr),
+            weight_decay: pick!(s, weight_decay).unwrap_or(0.0),
+            decay_except_norm: true,
+        },
+        parallel: ctx,
+        checkpoint: None,
+        init: pick!(s, init),
+        resume: pick!(s, resume),
+        eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
+    };
+    if cfg.epochs == 0 && steps.is_none() {
+        bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
+    }
+    if cfg.init.is_some() && cfg.resume.is_some() {
+        bail!(
+            "--init and --resume both given\nhint: --resume restores parameters, optimizer state and data position; --init only parameters"
+        );
+    }
+    let ck_dir = pick!(s, checkpoint_dir);
+    if let Some(dir) = ck_dir {
+        cfg.checkpoint = Some(CheckpointConfig {
+            dir,
+            prefix: pick!(s, checkpoint_prefix).unwrap_or_else(|| model.name().to_string()),
+            every_steps: pick!(s, checkpoint_every).unwrap_or(0),
+            keep_max: pick!(s, keep_checkpoint_max).unwrap_or(5),
+        });
+    } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() {
+        bail!("--checkpoint-every / --keep-checkpoint-max need a folder\nhint: add --checkpoint-dir DIR");
+    }
+
+    let name = model.name().to_string();
+    let trainer0 = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
+    let spe = trainer0.steps_per_epoch()?;
+    let total = match (steps, epochs) {
+        (Some(st), Some(e)) => st.min(e * spe),
+        (Some(st), None) => st,
+        (None, e) => e.unwrap_or(1) * spe,
+    };
+    if schedule_name != "constant" {
+        if schedule_name != "cosine" {
+            bail!("unknown schedule {schedule_name:?}\n  valid schedules: constant, cosine\nhint: pass --schedule cosine --warmup-steps N");
+        }
+        cfg.optimizer.schedule = LrSchedule::WarmupCosine {
+            base_lr: lr,
+            min_lr: pick!(s, min_lr).unwrap_or(0.0),
+            warmup_steps: pick!(s, warmup_steps).unwrap_or(0),
+            total_steps: total,
+        };
+    }
+    let trainer = Trainer::new(name.clone(), build, train, cfg.clone());
+
+    // Callbacks (rank 0).
+    let show_bar = std::io::stderr().is_terminal();
+    let bar = show_bar.then(|| {
+        let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        b.set_style(
+            ProgressStyle::with_template("[step {pos}/{len}] {bar:30} {msg} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let log_every = pick!(s, log_every).unwrap_or(spe.clamp(1, 100));
+    let mut callbacks: Vec<Box<dyn Callback>> =
+        vec![Box::new(LossMonitor::with_writer(log_every, Box::new(BarStdout { bar: bar.clone(), buf: Vec::new() })))];
+    let plot = s.args.plot || s.file.plot.unwrap_or(false);
+    let metrics = pick!(s, metrics);
+    if plot && metrics.is_none() {
+        bail!("--plot draws the loss curve beside the metrics file\nhint: add --metrics FILE");
+    }
+    if let Some(m) = &metrics {
+        let mut w = MetricsWriter::create(m, cfg.resume.is_some())?;
+        if plot {
+            w = w.with_plot(MetricsWriter::plot_path(m));
+        }
+        callbacks.push(Box::new(w));
+    }
+    if let Some(b) = &bar {
+        callbacks.push(Box::new(Progress { bar: b.clone() }));
+    }
+
+    let devices_desc = if trainer.config().parallel.parallel_mode == ParallelMode::StandAlone {
+        "1 device (stand_alone)".to_string()
+    } else {
+        format!("{} devices ({})", trainer.config().parallel.device_num, trainer.config().parallel.parallel_mode.name())
+    };
+    eprintln!("autopar train: {} on {data_desc}, {devices_desc}, {total} steps ({spe} per epoch), batch {batch_size}", model.describe());
+    let report = trainer.fit(callbacks)?;
+
+    let run = report.last_step - report.first_step;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "trained {name} for {run} steps (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
+        report.first_step, report.last_step, report.wall_secs, report.samples_per_sec
+    )?;
+    if let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) {
+        let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
+        writeln!(
+            out,
+            "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {:.4})",
+            tail.len(),
+            tail.iter().sum::<f64>() / tail.len() as f64
+        )?;
+    }
+    if parse_bool_or(pick!(s, eval), true) && run > 0 {
+        match &eval_data {
+            Some(data) => {
+                let e = trainer.evaluate(&report.params, data)?;
+                writeln!(
+                    out,
+                    "  eval: accuracy {:.2}% loss {:.4} on {} samples ({} predictions)",
+                    e.accuracy * 100.0,
+                    e.loss,
+                    e.samples,
+                    e.predictions
+                )?;
+            }
+            None => writeln!(out, "  eval: skipped (the data have no test split)")?,
+        }
+    }
+    if let Some(last) = report.checkpoints.last() {
+        writeln!(out, "  checkpoint: {}", last.display())?;
+    }
+    if let Some(sf) = &report.strategy_file {
+        writeln!(out, "  strategy file: {}", sf.display())?;
+    }
+    if let Some(m) = &metrics {
+        write!(out, "  metrics: {}", m.display())?;
+        if plot {
+            write!(out, " (loss curve: {})", MetricsWriter::plot_path(m).display())?;
+        }
+        writeln!(out)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,182 @@
+//! `autopar train` end to end: small, fast runs of the real binary.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn autopar(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir).args(args).output().expect("autopar runs")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+const SMALL: &[&str] = &["--model", "mlp", "--data", "synthetic", "--synthetic-samples", "256", "--width", "16", "--batch-size", "16"];
+
+fn losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_small_run_prints_loss_lines_writes_metrics_a_plot_and_keeps_the_newest_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "--epochs",
+        "2",
+        "--log-every",
+        "8",
+        "--metrics",
+        "out/m.jsonl",
+        "--plot",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "4",
+        "--keep-checkpoint-max",
+        "2",
+    ]);
+    let o = autopar(dir.path(), &["train"].iter().chain(&args).copied().collect::<Vec<_>>());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("epoch: 1 step: 8, loss is ") && out.contains("epoch: 2 step: 16, loss is "), "{out}");
+    assert!(out.contains("trained mlp for 32 steps") && out.contains("eval: accuracy"), "{out}");
+    let rows = std::fs::read_to_string(dir.path().join("out/m.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 32);
+    let first: serde_json::Value = serde_json::from_str(rows.lines().next().unwrap()).unwrap();
+    for key in ["step", "epoch", "loss", "lr", "samples_per_sec"] {
+        assert!(first.get(key).is_some(), "{key} missing in {first}");
+    }
+    assert!(std::fs::read_to_string(dir.path().join("out/m.svg")).unwrap().contains("<polyline"));
+    let mut ck: Vec<String> =
+        std::fs::read_dir(dir.path().join("ck")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    ck.sort();
+    assert_eq!(ck, ["mlp-28.safetensors", "mlp-32.safetensors"]);
+}
+
+#[test]
+fn a_resumed_run_continues_the_uninterrupted_loss_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["train"];
+        a.extend(SMALL);
+        a.extend([
+            "--optimizer",
+            "adamw",
+            "--lr",
+            "0.01",
+            "--schedule",
+            "cosine",
+            "--warmup-steps",
+            "4",
+            "--steps",
+            "24",
+            "--eval",
+            "false",
+        ]);
+        a.extend(extra);
+        let o = autopar(dir.path(), &a);
+        assert!(o.status.success(), "{:?}", text(&o));
+    };
+    run(&["--metrics", "full.jsonl"]);
+    run(&["--metrics", "part.jsonl", "--checkpoint-dir", "ck", "--checkpoint-every", "10", "--keep-checkpoint-max", "0"]);
+    std::fs::remove_file(dir.path().join("ck/mlp-24.safetensors")).unwrap();
+    std::fs::remove_file(dir.path().join("ck/mlp-20.safetensors")).unwrap();
+    let part = losses(&dir.path().join("part.jsonl"));
+    std::fs::write(dir.path().join("part.jsonl"), part[..10].iter().map(|l| format!("{{\"loss\":{l}}}\n")).collect::<String>()).unwrap();
+    run(&["--metrics", "part.jsonl", "--resume", "ck"]);
+    assert_eq!(losses(&dir.path().join("part.jsonl")), losses(&dir.path().join("full.jsonl")));
+}
+
+#[test]
+fn two_data_parallel_devices_from_a_toml_config_equal_stand_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("run.toml"),
+        "model = \"mlp\"\ndata = \"synthetic\"\nsynthetic_samples = 256\nwidth = 16\nbatch_size = 16\nsteps = 12\neval = false\n\n[parallel]\nparallel_mode = \"data_parallel\"\ndevice_num = 2\n",
+    )
+    .unwrap();
+    let o = autopar(dir.path(), &["train", "--config", "run.toml", "--metrics", "dp.jsonl"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("2 devices (data_parallel)"), "{out}");
+    let o = autopar(dir.path(), &["train", "--config", "run.toml", "--parallel-mode", "stand_alone", "--metrics", "sa.jsonl"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (dp, sa) = (losses(&dir.path().join("dp.jsonl")), losses(&dir.path().join("sa.jsonl")));
+    assert_eq!(dp.len(), 12);
+    for (a, b) in dp.iter().zip(&sa) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+    }
+}
+
+fn fails(dir: &Path, args: &[&str], needles: &[&str]) {
+    let o = autopar(dir, args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}\n{out}\n{err}");
+    assert!(err.lines().any(|l| l.starts_with("autopar: ") || l.starts_with("error:")), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: {n:?} not in:\n{err}");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_file_or_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fails(d, &["train", "--model", "mlp", "--data", "no_such_dir"], &["no_such_dir"]);
+    fails(d, &["train", "--model", "vgg", "--data", "synthetic"], &["unknown model \"vgg\"", "resnet18"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--optimizer", "lamb"], &["unknown optimizer \"lamb\""]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--parallel", "nonsense"], &["nonsense"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--schedule", "step"], &["unknown schedule"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--bogus-flag"], &["--bogus-flag"]);
+
+    // A truncated CIFAR-10 file, and one with a label out of range.
+    let mut rec = vec![3u8];
+    rec.extend(std::iter::repeat_n(7u8, 3072));
+    let mut trunc = rec.repeat(2);
+    trunc.truncate(3073 * 2 - 100);
+    std::fs::write(d.join("trunc.bin"), &trunc).unwrap();
+    fails(d, &["train", "--model", "resnet18", "--data", "trunc.bin"], &["trunc.bin", "truncated"]);
+    let mut bad = rec.clone();
+    bad[0] = 12;
+    std::fs::write(d.join("labels.bin"), &bad).unwrap();
+    fails(d, &["train", "--model", "resnet18", "--data", "labels.bin"], &["labels.bin", "12"]);
+
+    // Unknown keys in the config file.
+    std::fs::write(d.join("bad.toml"), "model = \"mlp\"\nlearning_rate = 0.1\n").unwrap();
+    fails(d, &["train", "--config", "bad.toml", "--data", "synthetic"], &["bad.toml", "learning_rate"]);
+}
+
+#[test]
+fn init_from_a_checkpoint_of_another_width_names_the_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = vec!["train"];
+    a.extend(SMALL);
+    a.extend(["--steps", "2", "--checkpoint-dir", "ck", "--eval", "false"]);
+    let o = autopar(dir.path(), &a);
+    assert!(o.status.success(), "{:?}", text(&o));
+    fails(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--data",
+            "synthetic",
+            "--synthetic-samples",
+            "64",
+            "--width",
+            "24",
+            "--steps",
+            "1",
+            "--init",
+            "ck/mlp-2.safetensors",
+        ],
+        &["fc1.bias", "[16]", "[24]", "mlp-2.safetensors"],
+    );
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--init", "ck/none.safetensors"], &["none.safetensors"]);
+}
