@@ -1,12 +1,12 @@
-//! Conv2D (NCHW input, OIHW weight; stride, padding, dilation, groups) by im2col + GEMM, and its
-//! input and weight gradients (GEMM + col2im).
+//! Conv2D (NCHW input, OIHW weight; stride, padding, dilation, groups) on GEMMs, and its input
+//! and weight gradients.
 //!
 //! Work is per image. Stride-1 convolutions with at least 32 channels per group use shifted
 //! GEMMs (one per kernel tap over zero-padded planes, no im2col); otherwise im2col of one image
 //! (a `[C/g*kH*kW, Ho*Wo]` matrix that stays in cache) and one GEMM per group writing straight
 //! into the image's output planes; 1x1 stride-1 convolutions skip im2col (the input planes
-//! already are the matrix). Images run in parallel
-//! with single-threaded GEMMs (a batch of one uses the parallel GEMM instead). The weight
+//! already are the matrix). Images run in parallel with single-threaded GEMMs (a batch of one
+//! uses the parallel GEMM instead). The weight
 //! gradient sums per-image products inside fixed groups of images and then the group partials
 //! in order; the grouping depends only on the batch size, so serial and parallel results are
 //! identical.
