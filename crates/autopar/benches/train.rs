@@ -1,0 +1,63 @@
+//! `autopar train` throughput on the README's run command (the MLP 784-512-512-10 on synthetic
+//! MNIST-shaped data), stand-alone and on 2 data-parallel devices (threads).
+//!
+//! `cargo bench -p autopar --bench train` (set AUTOPAR_BENCH_EPOCHS to shorten or lengthen it).
+
+use std::process::Command;
+use std::time::Instant;
+
+fn run(extra: &[&str], epochs: &str) -> (f64, f64, String) {
+    let dir = std::env::temp_dir().join(format!("autopar-train-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = vec![
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "synthetic",
+        "--synthetic-samples",
+        "32768",
+        "--epochs",
+        epochs,
+        "--batch-size",
+        "64",
+        "--lr",
+        "0.05",
+        "--metrics",
+        "run/metrics.jsonl",
+        "--plot",
+        "--checkpoint-dir",
+        "run/ckpt",
+    ];
+    args.extend(extra);
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(&dir).args(&args).output().expect("autopar runs");
+    let wall = start.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+    let summary = stdout.lines().find(|l| l.starts_with("trained ")).unwrap_or_default().to_string();
+    let sps = summary.rsplit(": ").next().and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    let tail: Vec<&str> = stdout.lines().filter(|l| l.starts_with("  ")).collect();
+    (wall, sps, format!("{summary}\n{}", tail.join("\n")))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let epochs = std::env::var("AUTOPAR_BENCH_EPOCHS").unwrap_or_else(|_| "2".into());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("autopar train, MLP 784-512-512-10, synthetic 32768 samples, batch 64, {epochs} epochs, {threads} CPU threads");
+    println!("{:<34} {:>10} {:>12}", "run", "wall s", "samples/s");
+    for (name, extra) in
+        [("stand_alone", &[][..]), ("data_parallel, 2 devices", &["--devices", "2", "--parallel-mode", "data_parallel"][..])]
+    {
+        let (wall, sps, text) = run(extra, &epochs);
+        println!("{name:<34} {wall:>10.1} {sps:>12.1}");
+        for l in text.lines() {
+            println!("    {l}");
+        }
+    }
+}
