@@ -6,6 +6,9 @@
 //! * data_parallel: every rank runs the graph as written on its own batch shard (the graph has
 //!   per-rank shapes, as in MindSpore); gradients are all-reduced over all ranks and divided by
 //!   the rank count when `gradients_mean` is set.
+//! * hybrid_parallel: every rank runs its own hand-written graph (local shapes, the collectives
+//!   the user placed); `layerwise` parameters are the rank's own, the others are replicated and
+//!   all-reduced over all ranks ([`ParallelJob::hybrid`]).
 //! * stand_alone: one rank, no communication: the reference.
 //!
 //! In semi_auto_parallel each rank's loss is the replicated global loss; its backward starts from
@@ -13,7 +16,7 @@
 //! gradients over its mirror group is then the exact gradient (`gradients_mean` does not apply:
 //! the gradient is already that of the global mean loss).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use autopar_comm::{Communicator, LocalComm, ReduceOp as CommReduce};
@@ -41,6 +44,18 @@ pub struct ParallelJob {
     pub graph: Graph,
     pub loss: NodeId,
     pub ctx: ParallelContext,
+    /// hybrid_parallel: the graph every rank runs (rank `r` runs `rank_graphs[r]`).
+    pub rank_graphs: Vec<Graph>,
+    /// hybrid_parallel: parameters that are each rank's own (never synchronised).
+    pub layerwise: BTreeSet<String>,
+}
+
+fn loss_first(mut graph: Graph, loss: NodeId) -> Graph {
+    if graph.outputs.is_empty() || graph.outputs[0] != loss {
+        graph.outputs.retain(|o| *o != loss);
+        graph.outputs.insert(0, loss);
+    }
+    graph
 }
 
 impl ParallelJob {
@@ -48,18 +63,52 @@ impl ParallelJob {
     pub fn new(graph: Graph, loss: NodeId, ctx: ParallelContext) -> Result<Self> {
         ctx.validate().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
         ctx.check_supported().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
-        let mut graph = graph;
-        if graph.outputs.is_empty() || graph.outputs[0] != loss {
-            graph.outputs.retain(|o| *o != loss);
-            graph.outputs.insert(0, loss);
-        }
+        let graph = loss_first(graph, loss);
         let device_num = if ctx.parallel_mode == ParallelMode::StandAlone { 1 } else { ctx.device_num };
         if ctx.parallel_mode == ParallelMode::HybridParallel {
             return Err(RuntimeError::Parallel {
-                message: "parallel option parallel_mode = hybrid_parallel is not supported yet by the runtime\nhint: use semi_auto_parallel with strategies, or data_parallel".into(),
+                message: "hybrid_parallel runs one graph per rank, written by hand\nhint: build the job with ParallelJob::hybrid".into(),
             });
         }
-        Ok(Self { mode: ctx.parallel_mode, device_num, graph, loss, ctx })
+        Ok(Self { mode: ctx.parallel_mode, device_num, graph, loss, ctx, rank_graphs: Vec::new(), layerwise: BTreeSet::new() })
+    }
+
+    /// A hybrid_parallel job: rank `r` runs `graphs[r]` as written (local shapes, the
+    /// collectives the user placed, with world-rank groups; nothing is inserted). Parameters
+    /// named in `layerwise` are the rank's own slices (MindSpore's `layerwise_parallel`); every
+    /// other parameter is replicated and its gradient all-reduced over all ranks. The job's loss
+    /// is the mean of the ranks' losses with `gradients_mean` (each backward starts from 1/N),
+    /// their sum without it.
+    pub fn hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: ParallelContext, layerwise: BTreeSet<String>) -> Result<Self> {
+        ctx.validate().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+        ctx.check_supported().map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
+        if ctx.parallel_mode != ParallelMode::HybridParallel {
+            return Err(RuntimeError::Parallel {
+                message: format!("ParallelJob::hybrid needs parallel_mode = hybrid_parallel, the context says {}", ctx.parallel_mode),
+            });
+        }
+        if graphs.len() != ctx.device_num {
+            return Err(RuntimeError::Parallel {
+                message: format!("hybrid_parallel: {} rank graphs for device_num {}", graphs.len(), ctx.device_num),
+            });
+        }
+        let mut rank_graphs = Vec::with_capacity(graphs.len());
+        for (r, g) in graphs.into_iter().enumerate() {
+            let loss = g.find(loss_name).map_err(|_| RuntimeError::Parallel {
+                message: format!("hybrid_parallel: the graph of rank {r} has no node {loss_name:?}"),
+            })?;
+            for name in &layerwise {
+                if g.find(name).map(|id| !matches!(g.node(id).op, OpKind::Parameter(_))).unwrap_or(true) {
+                    return Err(RuntimeError::Parallel {
+                        message: format!("hybrid_parallel: layerwise parameter {name:?} is not a parameter of rank {r}'s graph"),
+                    });
+                }
+            }
+            rank_graphs.push(loss_first(g, loss));
+        }
+        let graph = rank_graphs[0].clone();
+        let loss = graph.outputs[0];
+        Ok(Self { mode: ParallelMode::HybridParallel, device_num: ctx.device_num, graph, loss, ctx, rank_graphs, layerwise })
     }
 
     /// The program of `rank`.
@@ -70,9 +119,63 @@ impl ParallelJob {
                 let p = plan(&self.graph, &self.ctx).map_err(pe)?;
                 rank_program(&self.graph, &p, rank).map_err(pe)
             }
+            ParallelMode::HybridParallel => {
+                let mut prog = data_parallel_program(&self.rank_graphs[rank], self.device_num, rank)?;
+                for p in prog.params.iter_mut().filter(|p| self.layerwise.contains(&p.name)) {
+                    p.mirror = vec![rank];
+                }
+                let mut partitions = hybrid_partitions(&self.rank_graphs)?;
+                partitions.extend(prog.partitions);
+                prog.partitions = partitions;
+                Ok(prog)
+            }
             _ => data_parallel_program(&self.graph, self.device_num, rank),
         }
     }
+}
+
+/// The groups of every collective the ranks' graphs hold, packed into partitions of disjoint
+/// groups (every rank derives the same list). A collective whose group lacks its own rank is
+/// an error naming it.
+fn hybrid_partitions(graphs: &[Graph]) -> Result<Vec<Vec<Vec<usize>>>> {
+    let n = graphs.len();
+    let mut groups: BTreeSet<Vec<usize>> = BTreeSet::new();
+    for (r, g) in graphs.iter().enumerate() {
+        for node in g.nodes() {
+            let group: Vec<usize> = match &node.op {
+                OpKind::AllReduce(c) => c.group.clone(),
+                OpKind::AllGather(c) => c.group.clone(),
+                OpKind::ReduceScatter(c) => c.group.clone(),
+                OpKind::AllToAll(c) => c.group.clone(),
+                OpKind::Broadcast(c) => c.group.clone(),
+                OpKind::Reduce(c) => c.group.clone(),
+                OpKind::Send(s) => vec![r, s.peer],
+                OpKind::Recv(s) => vec![r, s.peer],
+                _ => continue,
+            };
+            let mut sorted = group.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            if !sorted.contains(&r) || sorted.iter().any(|&m| m >= n) {
+                return Err(RuntimeError::Parallel {
+                    message: format!(
+                        "hybrid_parallel: {} {:?} on rank {r} has group {group:?}, which must hold rank {r} and ranks below {n}",
+                        node.op.kind(),
+                        node.name
+                    ),
+                });
+            }
+            groups.insert(sorted);
+        }
+    }
+    let mut partitions: Vec<Vec<Vec<usize>>> = Vec::new();
+    for g in groups {
+        match partitions.iter_mut().find(|p| p.iter().all(|h| h.iter().all(|m| !g.contains(m)))) {
+            Some(p) => p.push(g),
+            None => partitions.push(vec![g]),
+        }
+    }
+    Ok(partitions)
 }
 
 /// Every rank runs `graph` unchanged; parameters are replicated and all-reduced over all ranks.
@@ -206,7 +309,9 @@ impl RankTrainer {
         let mut graph = program.graph.clone();
         let loss = program.outputs[0];
         let n = program.device_num;
-        let scaled = if job.mode == ParallelMode::SemiAutoParallel && n > 1 {
+        let replicated_loss =
+            job.mode == ParallelMode::SemiAutoParallel || (job.mode == ParallelMode::HybridParallel && job.ctx.gradients_mean);
+        let scaled = if replicated_loss && n > 1 {
             let name = graph.unique_name("loss.replica_share");
             graph.add(&name, Scale { factor: 1.0 / n as f64 }, &[loss])?
         } else {
@@ -384,31 +489,40 @@ fn write_region(full: &mut [f64], shape: &[usize], region: &[Range<usize>], piec
 /// The result of an in-process parallel run.
 #[derive(Debug)]
 pub struct LocalRun {
-    /// Loss of every step (rank 0's; every rank's is the same in semi_auto_parallel).
+    /// Loss of every step (rank 0's in semi_auto_parallel, where every rank's is the same; the
+    /// mean over ranks in data_parallel and hybrid_parallel).
     pub losses: Vec<f64>,
-    /// Every rank's losses (data_parallel: each rank's local loss).
+    /// Every rank's losses.
     pub rank_losses: Vec<Vec<f64>>,
-    /// Final parameters, assembled from the ranks' slices.
+    /// Final parameters, assembled from the ranks' slices (hybrid_parallel: rank 0's).
     pub params: ParamStore,
+    /// Every rank's final local parameters.
+    pub rank_params: Vec<ParamStore>,
 }
 
 /// Run `job` on `device_num` threads with [`LocalComm`]: every step feeds each rank its part of
-/// `batches[step]` (global batches by input name; under data_parallel, `batches[step]` is indexed
-/// by rank: `batches[step * n + rank]`), with an optimizer from `make_opt` per rank.
+/// `batches[step]` (global batches by input name; under data_parallel and hybrid_parallel,
+/// where ranks read their own data, `batches[step * n + rank]`), with an optimizer from
+/// `make_opt` per rank.
 pub fn run_local<F>(job: &ParallelJob, batches: &[Vec<(String, Tensor)>], make_opt: F) -> Result<LocalRun>
 where
     F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
 {
-    let full = ParamStore::init(&job.graph)?;
     let n = job.device_num;
-    let dp = job.mode == ParallelMode::DataParallel;
-    let steps = if dp { batches.len() / n } else { batches.len() };
+    let per_rank = matches!(job.mode, ParallelMode::DataParallel | ParallelMode::HybridParallel);
+    let full: Vec<ParamStore> = if job.mode == ParallelMode::HybridParallel {
+        job.rank_graphs.iter().map(ParamStore::init).collect::<Result<_>>()?
+    } else {
+        vec![ParamStore::init(&job.graph)?]
+    };
+    let steps = if per_rank { batches.len() / n } else { batches.len() };
     let results = LocalComm::run(n, |comm| -> Result<(Vec<f64>, ParamStore)> {
-        let mut t = RankTrainer::new(job, &comm, &full)?;
+        let r = comm.rank();
+        let mut t = RankTrainer::new(job, &comm, &full[r.min(full.len() - 1)])?;
         let mut opt = make_opt()?;
         let mut losses = Vec::with_capacity(steps);
         for s in 0..steps {
-            let batch = if dp { &batches[s * n + comm.rank()] } else { &batches[s] };
+            let batch = if per_rank { &batches[s * n + r] } else { &batches[s] };
             let feeds = t.local_feeds(batch)?;
             losses.push(t.step(opt.as_mut(), &feeds)?);
         }
@@ -416,8 +530,11 @@ where
     })
     .map_err(|e| RuntimeError::Comm { what: "parallel run".into(), message: e.to_string() })?;
     let (rank_losses, stores): (Vec<Vec<f64>>, Vec<ParamStore>) = results.into_iter().unzip();
-    let params = assemble_params(job, &stores)?;
-    let losses =
-        if dp { (0..steps).map(|s| rank_losses.iter().map(|l| l[s]).sum::<f64>() / n as f64).collect() } else { rank_losses[0].clone() };
-    Ok(LocalRun { losses, rank_losses, params })
+    let params = if job.mode == ParallelMode::HybridParallel { stores[0].clone() } else { assemble_params(job, &stores)? };
+    let losses = if per_rank {
+        (0..steps).map(|s| rank_losses.iter().map(|l| l[s]).sum::<f64>() / n as f64).collect()
+    } else {
+        rank_losses[0].clone()
+    };
+    Ok(LocalRun { losses, rank_losses, params, rank_params: stores })
 }

@@ -1,0 +1,130 @@
+//! hybrid_parallel: a hand-written Megatron-style MLP (column-parallel first layer, row-parallel
+//! second layer, one all-reduce written by the user, layerwise-parallel weights) equals the
+//! stand-alone MLP it slices.
+
+use std::collections::BTreeSet;
+
+use autopar_comm::{Communicator, LocalComm};
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ReduceOp};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::parallel::{slice_tensor, ParallelJob, RankTrainer};
+use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+const B: usize = 8;
+const IN: usize = 6;
+const H: usize = 16;
+const OUT: usize = 4;
+
+/// The model; with `rank: Some((r, n))` the rank-`r` slice of `n` with the all-reduce.
+fn model(rank: Option<(usize, usize)>) -> (Graph, NodeId) {
+    let h = rank.map_or(H, |(_, n)| H / n);
+    let mut b = GraphBuilder::new(3);
+    let x = b.input("x", &[B, IN], DType::F32).unwrap();
+    let y = b.input("y", &[B], DType::I64).unwrap();
+    let w1 = b.parameter("w1", &[IN, h], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b1 = b.parameter("b1", &[h], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let w2 = b.parameter("w2", &[h, OUT], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b2 = b.parameter("b2", &[OUT], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let a = b.matmul("mm1", x, w1).unwrap();
+    let a = b.add("add1", a, b1).unwrap();
+    let a = b.relu("act", a).unwrap();
+    let mut o = b.matmul("mm2", a, w2).unwrap();
+    if let Some((_, n)) = rank {
+        o = b.all_reduce("mm2.sum", o, ReduceOp::Sum, &(0..n).collect::<Vec<_>>()).unwrap();
+    }
+    let o = b.add("add2", o, b2).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[o, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn batch(step: u64) -> Vec<(String, Tensor)> {
+    let mut s = step * 977 + 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let x: Vec<f32> = (0..B * IN).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let y: Vec<i64> = (0..B).map(|_| (next() % OUT as u64) as i64).collect();
+    vec![("x".into(), Tensor::from_vec(&[B, IN], x).unwrap()), ("y".into(), Tensor::from_vec(&[B], y).unwrap())]
+}
+
+fn cols(r: usize, n: usize, rows: usize) -> Vec<std::ops::Range<usize>> {
+    vec![0..rows, r * H / n..(r + 1) * H / n]
+}
+
+#[test]
+fn megatron_mlp_in_hybrid_parallel_equals_stand_alone() {
+    let (serial, sloss) = model(None);
+    let init = ParamStore::init(&serial).unwrap();
+    let mut want = init.clone();
+    let mut step = TrainStep::new(serial.clone(), sloss).unwrap();
+    let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
+    let mut want_losses = Vec::new();
+    for s in 0..3 {
+        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
+        want_losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
+    }
+    for n in [2usize, 4] {
+        let graphs: Vec<Graph> = (0..n).map(|r| model(Some((r, n))).0).collect();
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &json!(n)).unwrap();
+        ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
+        ctx.set("gradients_mean", &json!(true)).unwrap();
+        let layerwise: BTreeSet<String> = ["w1", "b1", "w2"].iter().map(|s| s.to_string()).collect();
+        let job = ParallelJob::hybrid(graphs, "loss", ctx, layerwise).unwrap();
+        let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(Vec<f64>, ParamStore)> {
+            let r = comm.rank();
+            let mut local = ParamStore::new();
+            local.insert("w1", slice_tensor(init.require("w1")?, &cols(r, n, IN))?);
+            local.insert("b1", slice_tensor(init.require("b1")?, &[r * H / n..(r + 1) * H / n])?);
+            local.insert("w2", slice_tensor(init.require("w2")?, &[r * H / n..(r + 1) * H / n, 0..OUT])?);
+            local.insert("b2", init.require("b2")?.clone());
+            let mut t = RankTrainer::with_local_params(&job, &comm, local)?;
+            let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
+            let mut losses = Vec::new();
+            for s in 0..3 {
+                let feeds = t.local_feeds(&batch(s))?;
+                losses.push(t.step(&mut opt, &feeds)?);
+            }
+            Ok((losses, t.params().clone()))
+        })
+        .unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 + 1e-5 * b.abs();
+        for (r, (losses, params)) in results.iter().enumerate() {
+            for (a, b) in losses.iter().zip(&want_losses) {
+                assert!(close(*a, *b), "{n} ranks, rank {r}: loss {a} vs stand-alone {b}");
+            }
+            for (name, ranges) in [
+                ("w1", cols(r, n, IN)),
+                ("b1", vec![r * H / n..(r + 1) * H / n]),
+                ("w2", vec![r * H / n..(r + 1) * H / n, 0..OUT]),
+                ("b2", vec![0..OUT]),
+            ] {
+                let expect = slice_tensor(want.require(name).unwrap(), &ranges).unwrap();
+                for (i, (a, b)) in params.require(name).unwrap().to_f64_vec().iter().zip(expect.to_f64_vec()).enumerate() {
+                    assert!(close(*a, b), "{n} ranks, rank {r}: {name}[{i}] {a} vs stand-alone {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hybrid_errors_name_the_problem() {
+    let graphs: Vec<Graph> = (0..2).map(|r| model(Some((r, 2))).0).collect();
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(2)).unwrap();
+    ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
+    let e = ParallelJob::hybrid(graphs.clone(), "loss", ctx.clone(), ["w9".to_string()].into()).unwrap_err().to_string();
+    assert!(e.contains("w9"), "{e}");
+    let e = ParallelJob::hybrid(graphs[..1].to_vec(), "loss", ctx.clone(), BTreeSet::new()).unwrap_err().to_string();
+    assert!(e.contains("1 rank graphs for device_num 2"), "{e}");
+    let (g, loss) = model(Some((0, 2)));
+    let e = ParallelJob::new(g, loss, ctx).unwrap_err().to_string();
+    assert!(e.contains("ParallelJob::hybrid"), "{e}");
+}
