@@ -1,6 +1,7 @@
 //! hybrid_parallel: a hand-written Megatron-style MLP (column-parallel first layer, row-parallel
 //! second layer, one all-reduce written by the user, layerwise-parallel weights) equals the
 //! stand-alone MLP it slices.
+#![allow(clippy::single_range_in_vec_init)] // one-dimensional slices are written as [start..end]
 
 use std::collections::BTreeSet;
 
