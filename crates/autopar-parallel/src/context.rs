@@ -498,6 +498,9 @@ impl ParallelContext {
         if self.pipeline_result_broadcast {
             return unsupported("pipeline_result_broadcast", "true".into());
         }
+        if !self.group_ckpt_save_file.is_empty() {
+            return unsupported("group_ckpt_save_file", format!("{:?}", self.group_ckpt_save_file));
+        }
         Ok(())
     }
 
@@ -702,6 +705,7 @@ mod tests {
             ("pipeline_stages", json!(2), "semi_auto_parallel"),
             ("enable_parallel_optimizer", json!(true), "semi_auto_parallel"),
             ("parallel_mode", json!("auto_parallel"), "auto_parallel"),
+            ("group_ckpt_save_file", json!("groups.pb"), "semi_auto_parallel"),
         ] {
             let mut c = ParallelContext::default();
             c.set("device_num", &json!(8)).unwrap();

@@ -327,6 +327,10 @@ impl RankTrainer {
             }
         }
         let groups = CommGroups::create(comm, &program.partitions)?;
+        let mut params = params;
+        if job.ctx.parameter_broadcast {
+            broadcast_parameters(&program, &groups, &mut params)?;
+        }
         let buckets = fusion_buckets(&program, &job.ctx);
         let mean = job.ctx.gradients_mean && job.mode == ParallelMode::DataParallel;
         Ok(Self { program, step, params, groups, buckets, mean, fp32: job.ctx.force_fp32_communication, loss_factor })
@@ -441,6 +445,31 @@ impl RankTrainer {
         }
         Ok(())
     }
+}
+
+/// `parameter_broadcast`: every parameter slice is copied from the first rank of its mirror
+/// group (the ranks holding the same slice, along the data-parallel axes) to the others, so
+/// replicas start equal whatever each rank initialised.
+fn broadcast_parameters(program: &RankProgram, groups: &CommGroups, params: &mut ParamStore) -> Result<()> {
+    for p in program.params.iter().filter(|p| p.mirror.len() > 1) {
+        let comm = groups.get(&p.mirror)?;
+        let t = params.require(&p.name)?;
+        let (shape, dtype) = (t.shape().to_vec(), t.dtype());
+        let c =
+            |e: autopar_comm::CommError| RuntimeError::Comm { what: format!("parameter broadcast of {}", p.name), message: e.to_string() };
+        let k = |e| RuntimeError::Kernel { kind: "Broadcast", name: p.name.clone(), source: Box::new(e) };
+        let out = if dtype == DType::F64 {
+            let mut v = t.to_vec::<f64>().map_err(k)?;
+            comm.broadcast((&mut v).into(), 0).map_err(c)?;
+            Tensor::from_vec(&shape, v).map_err(k)?
+        } else {
+            let mut v = t.cast(DType::F32).to_vec::<f32>().map_err(k)?;
+            comm.broadcast((&mut v).into(), 0).map_err(c)?;
+            Tensor::from_vec(&shape, v).map_err(k)?.cast(dtype)
+        };
+        params.insert(&p.name, out);
+    }
+    Ok(())
 }
 
 /// Put every rank's slices back together into full tensors (one owner per distinct slice).

@@ -203,3 +203,38 @@ fn dataset_strategies_do_not_change_the_result() {
     let e = run_local(&job, &batches(6, 1, 1), || Ok(optimizer(true))).unwrap_err().to_string();
     assert!(e.contains("cannot be split over 4 devices"), "{e}");
 }
+
+#[test]
+fn parameter_broadcast_makes_replicas_start_from_rank_0() {
+    use autopar_comm::{Communicator, LocalComm};
+    use autopar_runtime::parallel::RankTrainer;
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, 2, 4);
+    let (want_losses, _) = serial(&graph, loss, &data, false);
+    for broadcast in [true, false] {
+        let mut ctx = semi_auto(4);
+        ctx.set("parameter_broadcast", &json!(broadcast)).unwrap();
+        let job = ParallelJob::new(graph.clone(), loss, ctx).unwrap();
+        let full = ParamStore::init(&graph).unwrap();
+        let losses = LocalComm::run(4, |comm| -> autopar_runtime::Result<Vec<f64>> {
+            let prog = job.program(comm.rank())?;
+            let mut local = ParamStore::new();
+            for slot in &prog.params {
+                let mut t = autopar_runtime::parallel::slice_tensor(full.require(&slot.name)?, &slot.slice)?;
+                if comm.rank() != 0 {
+                    // Every rank but 0 starts from different values.
+                    let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x + 0.5).collect();
+                    t = Tensor::from_vec(t.shape(), v).unwrap();
+                }
+                local.insert(&slot.name, t);
+            }
+            let mut t = RankTrainer::with_local_params(&job, &comm, local)?;
+            let mut opt = optimizer(false);
+            data.iter().map(|b| t.local_feeds(b).and_then(|f| t.step(opt.as_mut(), &f))).collect()
+        })
+        .unwrap();
+        let same = losses[0].iter().zip(&want_losses).all(|(a, b)| close(*a, *b));
+        assert_eq!(same, broadcast, "parameter_broadcast = {broadcast}: losses {:?} vs stand-alone {want_losses:?}", losses[0]);
+    }
+}
