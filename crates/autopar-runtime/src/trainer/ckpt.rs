@@ -257,3 +257,59 @@ pub fn load_parameters(path: &Path, params: &mut ParamStore) -> TrainResult<usiz
     }
     Ok(names.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_carry_the_step_and_the_rank_and_parse_back() {
+        let dir = Path::new("ck");
+        assert_eq!(checkpoint_path(dir, "net", 40, 0, 1), Path::new("ck/net-40.safetensors"));
+        let p3 = checkpoint_path(dir, "net", 40, 3, 4);
+        assert_eq!(p3, Path::new("ck/rank_3/net-40_3.safetensors"));
+        assert_eq!(step_of("net-40.safetensors", "net", 0, 1), Some(40));
+        assert_eq!(step_of("net-40_3.safetensors", "net", 3, 4), Some(40));
+        assert_eq!(step_of("net-40_2.safetensors", "net", 3, 4), None);
+        assert_eq!(step_of("other-40.safetensors", "net", 0, 1), None);
+        assert_eq!(step_of("net-4x.safetensors", "net", 0, 1), None);
+        assert_eq!(rank_file(&p3, 3, 1, 4), Path::new("ck/rank_1/net-40_1.safetensors"));
+    }
+
+    #[test]
+    fn a_checkpoint_round_trips_tensors_and_position_and_rejects_other_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/net-7.safetensors");
+        let mut params = ParamStore::new();
+        params.insert("w", Tensor::from_vec(&[2, 3], vec![1.5f32, -2.0, 3.25, 0.0, 1e-8, 7.0]).unwrap());
+        params.insert("steps", Tensor::from_vec(&[1], vec![9i64]).unwrap());
+        let mut state = ParamStore::new();
+        state.insert("moments.w", Tensor::from_vec(&[2, 3], vec![0.5f64; 6]).unwrap());
+        let pos = RunPosition {
+            step: 7,
+            epoch: 1,
+            step_in_epoch: 2,
+            world_size: 1,
+            rank: 0,
+            batch_size: 16,
+            parallel_mode: "stand_alone".into(),
+        };
+        save_checkpoint(&path, &params, &state, &pos).unwrap();
+        let names: Vec<String> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names, ["net-7.safetensors"], "no temp file is left behind");
+        let ck = Loaded::open(&path).unwrap();
+        assert_eq!(RunPosition::from_metadata(&path, ck.file.metadata()).unwrap(), pos);
+        assert!(ck.tensor("w", &[2, 3]).unwrap().bit_eq(params.get("w").unwrap()));
+        assert!(ck.tensor("moments.w", &[2, 3]).unwrap().bit_eq(state.get("moments.w").unwrap()));
+        assert!(matches!(ck.tensor("w", &[3, 2]), Err(TrainError::InitShape { .. })));
+        assert!(matches!(ck.tensor("v", &[1]), Err(TrainError::InitMissing { .. })));
+
+        let mut meta = BTreeMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        let err = RunPosition::from_metadata(&path, &meta).unwrap_err();
+        assert!(err.to_string().contains("format \"pt\""), "{err}");
+        let err = Loaded::open(&dir.path().join("missing.safetensors")).err().unwrap();
+        assert!(err.to_string().contains("missing.safetensors"), "{err}");
+    }
+}
