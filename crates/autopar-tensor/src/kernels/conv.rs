@@ -325,9 +325,29 @@ fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
     y
 }
 
+/// Padded plane size `(Hp, Wp)` of the shifted-GEMM form (stride 1).
+fn padded(g: &Geo) -> (usize, usize) {
+    (g.ho + g.dh * (g.kh - 1), g.wo + g.dw * (g.kw - 1))
+}
+
+/// Copies image `b` into zero-padded planes `[C, Hp, Wp]` (plus trailing slack).
+fn pad_planes<T: Float>(x: &[T], g: &Geo, b: usize, hp: usize, wp: usize, xp: &mut [T]) {
+    xp.fill(T::zero());
+    let plane = hp * wp;
+    let ws = g.w.min(wp.saturating_sub(g.pl));
+    for c in 0..g.c {
+        for r in 0..g.h {
+            let hr = r + g.pt;
+            if hr < hp && ws > 0 {
+                xp[c * plane + hr * wp + g.pl..][..ws].copy_from_slice(&x[((b * g.c + c) * g.h + r) * g.w..][..ws]);
+            }
+        }
+    }
+}
+
 fn conv_fwd_shifted<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, y: &mut [T]) {
     let hwo = g.hwo();
-    let (hp, wp) = (g.h + g.pt + (g.ho + g.dh * (g.kh - 1)).saturating_sub(g.h + g.pt), g.wo + g.dw * (g.kw - 1));
+    let (hp, wp) = padded(g);
     let taps = g.kh * g.kw;
     // Per-tap weights: taps_w[grp][t] is [og, cg] row-major.
     let mut taps_w = vec![T::zero(); g.g * taps * g.og * g.cg];
@@ -346,17 +366,7 @@ fn conv_fwd_shifted<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, y: &mut 
     let acc_len = g.og * g.ho * wp;
     per_image(ctx, y, g.o * hwo, xp_len + acc_len, |b, yb, buf, par| {
         let (xp, acc) = buf.split_at_mut(xp_len);
-        xp.fill(T::zero());
-        for c in 0..g.c {
-            for r in 0..g.h {
-                let src = &x[((b * g.c + c) * g.h + r) * g.w..][..g.w];
-                let ws = g.w.min(wp.saturating_sub(g.pl));
-                let hr = r + g.pt;
-                if hr < hp && ws > 0 {
-                    xp[c * plane + hr * wp + g.pl..][..ws].copy_from_slice(&src[..ws]);
-                }
-            }
-        }
+        pad_planes(x, g, b, hp, wp, xp);
         let cols = g.ho * wp;
         for grp in 0..g.g {
             for t in 0..taps {
@@ -436,7 +446,70 @@ fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T>
     dx
 }
 
+/// Weight gradient in the shifted-GEMM form: per tap, `dW_ij^T [cg, og] += view_ij [cg, Ho*Wp]
+/// x dY^T [Ho*Wp, og]`, with dY laid on the padded width (zeros in the cropped columns, so
+/// the views' extra columns contribute nothing).
+fn conv_bwd_weight_shifted<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
+    let hwo = g.hwo();
+    let (hp, wp) = padded(g);
+    let plane = hp * wp;
+    let taps = g.kh * g.kw;
+    let cols = g.ho * wp;
+    let wlen = g.o * g.kg;
+    let group = weight_group(g.n);
+    let parts = g.n.div_ceil(group).max(1);
+    let xp_len = g.c * plane + g.dw * (g.kw - 1);
+    // Partials laid out [grp][tap][cg][og].
+    let mut partial = vec![T::zero(); parts * wlen];
+    per_image(ctx, &mut partial, wlen, xp_len + cols * g.og, |pi, dwt, buf, par| {
+        let (xp, dyt) = buf.split_at_mut(xp_len);
+        for (k, b) in (pi * group..((pi + 1) * group).min(g.n)).enumerate() {
+            pad_planes(x, g, b, hp, wp, xp);
+            for grp in 0..g.g {
+                dyt.fill(T::zero());
+                for o in 0..g.og {
+                    let src = &dy[(b * g.o + grp * g.og + o) * hwo..][..hwo];
+                    for r in 0..g.ho {
+                        for c in 0..g.wo {
+                            dyt[(r * wp + c) * g.og + o] = src[r * g.wo + c];
+                        }
+                    }
+                }
+                for t in 0..taps {
+                    let (i, j) = (t / g.kw, t % g.kw);
+                    let off = grp * g.cg * plane + i * g.dh * wp + j * g.dw;
+                    let xm = ArrayView2::from_shape((g.cg, cols).strides((plane, 1)), &xp[off..]).expect("view inside the padded planes");
+                    let out = mat_mut(&mut dwt[(grp * taps + t) * g.cg * g.og..][..g.cg * g.og], g.cg, g.og);
+                    gemm_on(ctx, par, xm, mat(dyt, cols, g.og), out, k > 0);
+                }
+            }
+        }
+    });
+    let mut sum = partial[..wlen].to_vec();
+    for p in partial[wlen..].chunks(wlen) {
+        sum.iter_mut().zip(p).for_each(|(a, &b)| *a += b);
+    }
+    let mut dw = vec![T::zero(); wlen];
+    for grp in 0..g.g {
+        for t in 0..taps {
+            for c in 0..g.cg {
+                for o in 0..g.og {
+                    dw[((grp * g.og + o) * g.cg + c) * taps + t] = sum[((grp * taps + t) * g.cg + c) * g.og + o];
+                }
+            }
+        }
+    }
+    dw
+}
+
 fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
+    if shifted_gemm_ok(g) {
+        return conv_bwd_weight_shifted(ctx, dy, x, g);
+    }
+    conv_bwd_weight_im2col(ctx, dy, x, g)
+}
+
+fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
     let hwo = g.hwo();
     let wlen = g.o * g.kg;
     let group = weight_group(g.n);
@@ -670,6 +743,10 @@ mod tests {
                 }
             });
             assert!(fast.iter().zip(&slow).all(|(a, b)| (a - b).abs() < 1e-12), "case {k}");
+            let dy = crate::random::uniform(&[g.n, g.o, g.ho, g.wo], -1., 1., 90 + k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let dw_fast = conv_bwd_weight_shifted(&cx(), &dy, &x, &g);
+            let dw_slow = conv_bwd_weight_im2col(&cx(), &dy, &x, &g);
+            assert!(dw_fast.iter().zip(&dw_slow).all(|(a, b)| (a - b).abs() < 1e-11), "weight gradient, case {k}");
         }
     }
 
