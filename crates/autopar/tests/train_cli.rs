@@ -180,3 +180,25 @@ fn init_from_a_checkpoint_of_another_width_names_the_parameter() {
     );
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--init", "ck/none.safetensors"], &["none.safetensors"]);
 }
+
+#[test]
+fn a_semi_auto_run_saves_per_rank_checkpoints_and_a_strategy_file_that_a_later_run_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["train"];
+        a.extend(SMALL);
+        a.extend(["--steps", "6", "--eval", "false", "--devices", "4", "--parallel-mode", "semi_auto_parallel"]);
+        a.extend(extra);
+        let o = autopar(dir.path(), &a);
+        assert!(o.status.success(), "{:?}", text(&o));
+        text(&o).0
+    };
+    let out = run(&["--checkpoint-dir", "ck", "--metrics", "a.jsonl"]);
+    assert!(out.contains("strategy file: ck/strategy.json"), "{out}");
+    for k in 0..4 {
+        assert!(dir.path().join(format!("ck/rank_{k}/mlp-6_{k}.safetensors")).is_file());
+    }
+    run(&["--strategy", "ck/strategy.json", "--metrics", "b.jsonl"]);
+    assert_eq!(losses(&dir.path().join("a.jsonl")), losses(&dir.path().join("b.jsonl")));
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--strategy", "ck/none.json"], &["none.json"]);
+}
