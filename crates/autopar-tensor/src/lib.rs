@@ -14,9 +14,10 @@
 //! - **Every matrix product goes through GEMM** (`gemm` 0.19 with AVX-512 kernels), behind the
 //!   small [`Backend`] trait so a GPU backend can replace it. Transpose flags are stride swaps;
 //!   a column-major operand is repacked (tiled) because the GEMM kernels are 4x slower on it.
-//!   Conv2D runs per image: stride-1 kernels as a sum of shifted GEMMs over zero-padded planes,
-//!   other strides as im2col + GEMM, 1x1 kernels as a plain GEMM; the stride-1 input gradient
-//!   is a convolution with the flipped kernel, otherwise GEMM + col2im.
+//!   Conv2D runs per image: stride-1 kernels as a sum of shifted GEMMs over zero-padded planes
+//!   (forward and weight gradient), other strides as im2col + GEMM, 1x1 kernels as a plain GEMM;
+//!   the stride-1 input gradient is a convolution with the flipped kernel, otherwise GEMM +
+//!   col2im.
 //! - **[`ExecCtx`] per call**: [`ExecCtx::parallel`] uses rayon for element-wise work and
 //!   reductions above a size threshold (and parallel GEMM); [`ExecCtx::serial`] keeps everything
 //!   on the calling thread (many simulated ranks share two cores). Work is split over outputs or

@@ -2,7 +2,8 @@
 //! and weight gradients.
 //!
 //! Work is per image. Stride-1 convolutions with at least 32 channels per group use shifted
-//! GEMMs (one per kernel tap over zero-padded planes, no im2col); otherwise im2col of one image
+//! GEMMs (one per kernel tap over zero-padded planes, no im2col) for the forward pass and the
+//! weight gradient; otherwise im2col of one image
 //! (a `[C/g*kH*kW, Ho*Wo]` matrix that stays in cache) and one GEMM per group writing straight
 //! into the image's output planes; 1x1 stride-1 convolutions skip im2col (the input planes
 //! already are the matrix). Images run in parallel with single-threaded GEMMs (a batch of one
