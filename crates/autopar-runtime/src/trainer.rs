@@ -10,7 +10,8 @@
 //! from `(seed, epoch, index)`, so a resumed run reads exactly the batches the uninterrupted run
 //! would have read. Logs, metrics and callbacks run on rank 0; checkpoints are written by every
 //! rank (its local slices and optimizer state). A stand-alone run executes its single rank with
-//! the kernels' thread pool instead of serially.
+//! the kernels' thread pool instead of serially, and counts its own steps (the key of the dropout
+//! masks), so that a resumed run draws the masks the uninterrupted run would have.
 
 mod ckpt;
 mod error;
@@ -21,7 +22,7 @@ use std::time::Instant;
 
 use autopar_comm::{Communicator, LocalComm, ReduceOp};
 use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
-use autopar_graph::{Graph, NodeId, OpKind};
+use autopar_graph::{backward, Graph, NodeId, OpKind};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
@@ -33,7 +34,6 @@ use crate::callbacks::{Callback, StepEvent};
 use crate::executor::{tensor_dtype, Executor, ParamStore};
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::parallel::{assemble_params, ParallelJob, RankTrainer};
-use crate::train::TrainStep;
 
 /// A network as the trainer sees it: a forward graph with its input, labels, logits (`[N, C]`)
 /// and scalar loss.
@@ -284,10 +284,10 @@ impl Io {
     }
 }
 
-/// One rank's engine: a [`RankTrainer`], or for a one-device job a [`TrainStep`] on the
-/// kernels' thread pool.
+/// One rank's engine: a [`RankTrainer`], or for a one-device job the differentiated graph on the
+/// kernels' thread pool (what [`crate::TrainStep`] runs, with a step counter a resume can set).
 enum Engine {
-    Single { step: Box<TrainStep>, params: ParamStore, io: Io },
+    Single { exec: Box<Executor>, grads: Vec<String>, step: u64, params: ParamStore, io: Io },
     Rank(Box<RankTrainer>),
 }
 
@@ -308,9 +308,18 @@ impl Engine {
 
     fn step(&mut self, opt: &mut dyn Optimizer, named: Vec<(String, Tensor)>) -> TrainResult<f64> {
         Ok(match self {
-            Engine::Single { step, params, io } => {
+            Engine::Single { exec, grads, step, params, io } => {
                 let feeds: Vec<(NodeId, Tensor)> = named.into_iter().map(|(n, t)| (if n == io.x_name { io.x } else { io.y }, t)).collect();
-                step.run(params, opt, &feeds)?
+                let out = exec.run(params, &feeds, *step)?;
+                *step += 1;
+                let mut values = out.values.into_iter();
+                let loss = values.next().map_or(f64::NAN, |l| l.to_f64_vec().iter().sum::<f64>());
+                let g: Vec<(String, Tensor)> = grads.iter().cloned().zip(values).collect();
+                opt.step(params, &g)?;
+                if !loss.is_finite() {
+                    return Err(crate::RuntimeError::NonFiniteLoss { step: *step, loss }.into());
+                }
+                loss
             }
             Engine::Rank(t) => {
                 let feeds = t.local_feeds(&named)?;
@@ -564,11 +573,12 @@ impl Trainer {
         let rank = comm.rank();
         let n = plan.n;
         let mut engine = if n == 1 {
-            Engine::Single {
-                step: Box::new(TrainStep::new(plan.job.graph.clone(), plan.job.loss)?),
-                params: plan.full.clone(),
-                io: plan.io.clone(),
-            }
+            let mut graph = plan.job.graph.clone();
+            let g = backward(&mut graph, plan.job.loss).map_err(crate::RuntimeError::from)?;
+            let grads: Vec<String> = g.grads.iter().map(|&(p, _)| graph.node(p).name.clone()).collect();
+            let mut fetch = vec![plan.job.loss];
+            fetch.extend(g.grads.iter().map(|&(_, d)| d));
+            Engine::Single { exec: Box::new(Executor::new(graph, &fetch)?), grads, step: 0, params: plan.full.clone(), io: plan.io.clone() }
         } else {
             Engine::Rank(Box::new(RankTrainer::new(plan.job, comm, plan.full)?))
         };
@@ -722,6 +732,11 @@ impl Trainer {
                     opt.state_mut().insert(&key, st);
                 }
             }
+        }
+        // The executor's step keys the dropout masks (a rank trainer's step counter cannot be
+        // set: runs with dropout resume exactly only on one device).
+        if let Engine::Single { step, .. } = engine {
+            *step = p.step;
         }
         // The optimizer counts its updates (learning-rate schedule, Adam's bias correction):
         // advance it to the checkpoint's step with empty updates.

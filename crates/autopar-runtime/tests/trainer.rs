@@ -109,6 +109,37 @@ fn a_small_gpt_learns_next_tokens() {
     assert!(mean(&report.losses[55..]) < 0.6 * mean(&report.losses[..5]), "{:?}", report.losses);
 }
 
+#[test]
+fn a_gpt_with_dropout_resumes_with_the_uninterrupted_dropout_masks() {
+    let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
+        vocab: 16,
+        context: 8,
+        width: 16,
+        heads: 2,
+        layers: 1,
+        dropout: 0.2,
+        ..Default::default()
+    })
+    .unwrap();
+    let model: Arc<dyn Model> = Arc::new(gpt);
+    let build: BuildNetwork = Arc::new(move |batch, train| {
+        let (graph, m) = model.build_graph(batch, if train { Mode::Train } else { Mode::Eval }, 7).map_err(|e| e.to_string())?;
+        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
+    });
+    let data: Arc<dyn Dataset> = Arc::new(SyntheticDataset::tokens(16, 8, 64, 5).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let trainer = |c: TrainConfig| Trainer::new("gpt", build.clone(), source(data.clone()), c);
+    let full = trainer(cfg(8, 12)).fit(vec![]).unwrap();
+    let mut first = cfg(8, 5);
+    first.checkpoint = checkpoints(dir.path(), 0, 0);
+    let part = trainer(first).fit(vec![]).unwrap();
+    let mut second = cfg(8, 12);
+    second.resume = Some(part.checkpoints[0].clone());
+    let rest = trainer(second).fit(vec![]).unwrap();
+    assert_eq!(rest.losses[..], full.losses[5..]);
+    assert_bit_equal(&rest.params, &full.params);
+}
+
 fn checkpoints(dir: &Path, every: u64, keep: usize) -> Option<CheckpointConfig> {
     Some(CheckpointConfig { dir: dir.to_path_buf(), prefix: "net".into(), every_steps: every, keep_max: keep })
 }
