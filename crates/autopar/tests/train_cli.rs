@@ -202,3 +202,29 @@ fn a_semi_auto_run_saves_per_rank_checkpoints_and_a_strategy_file_that_a_later_r
     assert_eq!(losses(&dir.path().join("a.jsonl")), losses(&dir.path().join("b.jsonl")));
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--strategy", "ck/none.json"], &["none.json"]);
 }
+
+#[test]
+fn cifar10_and_mnist_folders_train_with_the_input_shape_and_classes_of_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cifar = d.join("cifar");
+    std::fs::create_dir(&cifar).unwrap();
+    let images: Vec<u8> = (0..16 * 3072).map(|i| (i * 7 % 251) as u8).collect();
+    let labels: Vec<u8> = (0..16).map(|i| (i % 10) as u8).collect();
+    autopar_data::write_cifar10_file(cifar.join("data_batch_1.bin"), &images, &labels).unwrap();
+    autopar_data::write_cifar10_file(cifar.join("test_batch.bin"), &images[..8 * 3072], &labels[..8]).unwrap();
+    let o = autopar(d, &["train", "--model", "resnet18", "--width", "4", "--data", "cifar", "--batch-size", "8", "--steps", "2"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(err.contains("input [3, 32, 32]") && out.contains("eval: accuracy") && out.contains("on 8 samples"), "{out}\n{err}");
+
+    let mnist = d.join("mnist");
+    std::fs::create_dir(&mnist).unwrap();
+    let images: Vec<u8> = (0..32 * 784).map(|i| (i * 13 % 256) as u8).collect();
+    let labels: Vec<u8> = (0..32).map(|i| (i % 10) as u8).collect();
+    autopar_data::write_mnist(&mnist, "train", &images, 28, 28, &labels, false).unwrap();
+    let o = autopar(d, &["train", "--model", "mlp", "--width", "16", "--data", "mnist", "--batch-size", "8", "--epochs", "1"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("trained mlp for 4 steps") && out.contains("eval: skipped"), "{out}\n{err}");
+}

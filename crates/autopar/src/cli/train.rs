@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use autopar_data::{Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
+use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
 use autopar_models::{model_by_name, Mode, Model, ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
@@ -384,10 +384,11 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             opts.num_classes = ds.num_classes();
         }
         let test = match kind {
-            DatasetKind::Cifar10 | DatasetKind::Mnist if path.is_dir() => {
-                let (_, t) = autopar_data::open(&path, Split::Test)?;
-                Some(DataSource { dataset: t, transforms: kind.default_transforms(Split::Test) })
-            }
+            DatasetKind::Cifar10 | DatasetKind::Mnist if path.is_dir() => match autopar_data::open(&path, Split::Test) {
+                Ok((_, t)) => Some(DataSource { dataset: t, transforms: kind.default_transforms(Split::Test) }),
+                Err(DataError::MissingFiles { .. } | DataError::MissingFile { .. }) => None,
+                Err(e) => return Err(e.into()),
+            },
             DatasetKind::Tensor if path.is_dir() && path.join("test.safetensors").is_file() => {
                 let (_, t) = autopar_data::open(&path, Split::Test)?;
                 Some(DataSource { dataset: t, transforms: Transforms::new() })
