@@ -272,7 +272,7 @@ impl Callback for Progress {
     fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
         self.bar.set_position(e.step);
         if e.step.is_multiple_of(5) || e.step == e.total_steps {
-            self.bar.set_message(format!("epoch {} loss {:.4} {:.0} samples/s", e.epoch, e.loss, e.samples_per_sec));
+            self.bar.set_message(format!("loss {:.4} {:.0} samples/s", e.loss, e.samples_per_sec));
         }
         Ok(())
     }
@@ -528,7 +528,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     let bar = show_bar.then(|| {
         let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         b.set_style(
-            ProgressStyle::with_template("[step {pos}/{len}] {bar:30} {msg} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template("[step {pos}/{len}] {bar:16} {msg} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b
     });
