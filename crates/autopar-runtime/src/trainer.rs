@@ -605,6 +605,7 @@ impl Trainer {
                 epoch += 1;
                 pos = 0;
             }
+            let before = step;
             for batch in loader.epoch_from(epoch, pos as usize) {
                 let named = plan.io.feeds(batch?, &self.name)?;
                 let lr = opt.current_lr();
@@ -647,6 +648,14 @@ impl Trainer {
                 if step >= plan.total || pos >= spe {
                     break;
                 }
+            }
+            if step == before {
+                return Err(TrainError::Config {
+                    option: "resume position",
+                    value: format!("epoch {epoch}, batch {pos}"),
+                    expected: format!("a batch in 0..{} of rank {rank}'s shard", loader.batches_per_epoch()),
+                    hint: "the data changed since the checkpoint was written; resume with the same data and batch size".into(),
+                });
             }
         }
         if let Some(ck) = &cfg.checkpoint {

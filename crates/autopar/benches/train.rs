@@ -1,5 +1,6 @@
 //! `autopar train` throughput on the README's run command (the MLP 784-512-512-10 on synthetic
-//! MNIST-shaped data), stand-alone and on 2 data-parallel devices (threads).
+//! MNIST-shaped data, 8 epochs, cosine schedule), stand-alone and on 2 data-parallel devices
+//! (threads).
 //!
 //! `cargo bench -p autopar --bench train` (set AUTOPAR_BENCH_EPOCHS to shorten or lengthen it).
 
@@ -17,13 +18,19 @@ fn run(extra: &[&str], epochs: &str) -> (f64, f64, String) {
         "--data",
         "synthetic",
         "--synthetic-samples",
-        "32768",
+        "65536",
         "--epochs",
         epochs,
         "--batch-size",
         "64",
         "--lr",
         "0.05",
+        "--schedule",
+        "cosine",
+        "--warmup-steps",
+        "200",
+        "--log-every",
+        "512",
         "--metrics",
         "run/metrics.jsonl",
         "--plot",
@@ -47,9 +54,9 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let epochs = std::env::var("AUTOPAR_BENCH_EPOCHS").unwrap_or_else(|_| "2".into());
+    let epochs = std::env::var("AUTOPAR_BENCH_EPOCHS").unwrap_or_else(|_| "8".into());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("autopar train, MLP 784-512-512-10, synthetic 32768 samples, batch 64, {epochs} epochs, {threads} CPU threads");
+    println!("autopar train, MLP 784-512-512-10, synthetic 65536 samples, batch 64, {epochs} epochs, {threads} CPU threads");
     println!("{:<34} {:>10} {:>12}", "run", "wall s", "samples/s");
     for (name, extra) in
         [("stand_alone", &[][..]), ("data_parallel, 2 devices", &["--devices", "2", "--parallel-mode", "data_parallel"][..])]
