@@ -2,7 +2,8 @@
 //! ranks, with callbacks (loss monitor, metrics), per-rank checkpoints, resume, `--init` and
 //! evaluation.
 //!
-//! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`] (one rank
+//! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`], or, in a
+//! build with the `mpi` feature started by `mpirun`, one rank per process over `MpiComm` (one rank
 //! for stand_alone), each a [`RankTrainer`] of the [`ParallelJob`]. Under stand_alone and
 //! semi_auto_parallel the graph has the global batch and every rank reads the global batch
 //! (its [`RankTrainer::local_feeds`] cuts its part); under data_parallel the graph has the
@@ -461,6 +462,10 @@ impl Trainer {
         let plan = Plan { job: &job, io: &io, full: &full, n, dp, local_batch, steps_per_epoch, total, resume, trainable };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
+        #[cfg(feature = "mpi")]
+        if let Some(size) = mpi_world_size() {
+            return self.fit_mpi(&plan, &callbacks, size, strategy_file);
+        }
         let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
             let rank = comm.rank();
             self.run_rank(&plan, &comm, &callbacks).map_err(|e| {
@@ -509,6 +514,64 @@ impl Trainer {
             strategy_file,
             device_num: n,
             mode,
+        })
+    }
+
+    /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
+    /// parameter slices are then gathered so every process holds the full parameters.
+    #[cfg(feature = "mpi")]
+    fn fit_mpi(
+        &self,
+        plan: &Plan<'_>,
+        callbacks: &Mutex<Option<Vec<Box<dyn Callback>>>>,
+        size: usize,
+        strategy_file: Option<PathBuf>,
+    ) -> TrainResult<TrainReport> {
+        if size != plan.n {
+            return Err(Self::config_error(
+                "devices",
+                plan.n,
+                format!("the {size} processes mpirun started"),
+                format!("pass --devices {size} (one device per MPI process)"),
+            ));
+        }
+        let job = plan.job;
+        let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, ParamStore), String> {
+            let o = self.run_rank(plan, &comm, callbacks).map_err(|e| e.to_string())?;
+            let params = if size == 1 {
+                o.params.clone()
+            } else {
+                let mut stores = vec![ParamStore::new(); size];
+                for (name, t) in o.params.iter() {
+                    let mine = t.to_f64_vec();
+                    let mut all = vec![0.0f64; mine.len() * size];
+                    comm.all_gather((&mine).into(), (&mut all).into()).map_err(|e| e.to_string())?;
+                    for (r, store) in stores.iter_mut().enumerate() {
+                        let piece =
+                            Tensor::from_vec(t.shape(), all[r * mine.len()..(r + 1) * mine.len()].to_vec()).map_err(|e| e.to_string())?;
+                        store.insert(name, piece.cast(t.dtype()));
+                    }
+                }
+                assemble_params(job, &stores).map_err(|e| e.to_string())?
+            };
+            Ok((o, params))
+        })
+        .map_err(|e| TrainError::Runtime(crate::RuntimeError::Comm { what: "MPI training".into(), message: e.to_string() }))?;
+        let (out0, params) = out;
+        let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
+        let run = out0.last_step - first_step;
+        Ok(TrainReport {
+            first_step,
+            last_step: out0.last_step,
+            steps_per_epoch: plan.steps_per_epoch,
+            losses: out0.losses.clone(),
+            wall_secs: out0.wall_secs,
+            samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * self.cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
+            params,
+            checkpoints: out0.checkpoints.clone(),
+            strategy_file,
+            device_num: plan.n,
+            mode: self.cfg.parallel.parallel_mode,
         })
     }
 
@@ -568,7 +631,12 @@ impl Trainer {
         Ok((path, pos))
     }
 
-    fn run_rank(&self, plan: &Plan<'_>, comm: &LocalComm, callbacks: &Mutex<Option<Vec<Box<dyn Callback>>>>) -> TrainResult<RankOut> {
+    fn run_rank(
+        &self,
+        plan: &Plan<'_>,
+        comm: &dyn Communicator,
+        callbacks: &Mutex<Option<Vec<Box<dyn Callback>>>>,
+    ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
         let n = plan.n;
@@ -824,4 +892,10 @@ pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
         problem: "the folder holds no checkpoint (<prefix>-<step>.safetensors or rank_0/<prefix>-<step>_0.safetensors)".into(),
         hint: "pass a checkpoint file, or the folder given to --checkpoint-dir".into(),
     })
+}
+
+/// The number of processes when this process was started by `mpirun` (OpenMPI's or MPICH's
+/// environment), else `None`.
+pub fn mpi_world_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|k| std::env::var(k).ok()).and_then(|v| v.parse().ok())
 }

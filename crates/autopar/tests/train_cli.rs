@@ -228,3 +228,29 @@ fn cifar10_and_mnist_folders_train_with_the_input_shape_and_classes_of_the_data(
     assert!(o.status.success(), "{out}\n{err}");
     assert!(out.contains("trained mlp for 4 steps") && out.contains("eval: skipped"), "{out}\n{err}");
 }
+
+#[test]
+fn verify_trains_stand_alone_beside_a_parallel_run() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args([
+            "train",
+            "--model",
+            "mlp",
+            "--data",
+            "synthetic",
+            "--synthetic-samples",
+            "512",
+            "--steps",
+            "6",
+            "--batch-size",
+            "32",
+            "--devices",
+            "4",
+            "--verify",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("verify: beside stand_alone on the same data, largest loss difference"), "{stdout}");
+}

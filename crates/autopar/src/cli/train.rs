@@ -143,6 +143,10 @@ pub struct TrainArgs {
     /// Apply the operator strategies of this strategy file before planning.
     #[arg(long, value_name = "FILE", help_heading = "Parallel")]
     strategy: Option<PathBuf>,
+    /// Also train stand_alone on the same data and print the largest loss and parameter
+    /// differences; exit code 1 when one exceeds a relative 1e-3.
+    #[arg(long, help_heading = "Parallel")]
+    verify: bool,
 }
 
 /// The TOML file: the flags' names with `_`, and a `[parallel]` table.
@@ -521,7 +525,9 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             total_steps: total,
         };
     }
-    let trainer = Trainer::new(name.clone(), build, train, cfg.clone());
+    let trainer = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
+    // Under mpirun every process trains one rank; only rank 0 prints results.
+    let quiet = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).is_ok_and(|r| r != "0");
 
     // Callbacks (rank 0).
     let show_bar = std::io::stderr().is_terminal();
@@ -556,8 +562,16 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     } else {
         format!("{} devices ({})", trainer.config().parallel.device_num, trainer.config().parallel.parallel_mode.name())
     };
-    eprintln!("autopar train: {} on {data_desc}, {devices_desc}, {total} steps ({spe} per epoch), batch {batch_size}", model.describe());
-    let report = trainer.fit(callbacks)?;
+    if !quiet {
+        eprintln!(
+            "autopar train: {} on {data_desc}, {devices_desc}, {total} steps ({spe} per epoch), batch {batch_size}",
+            model.describe()
+        );
+    }
+    let report = trainer.fit(if quiet { Vec::new() } else { callbacks })?;
+    if quiet {
+        return Ok(ExitCode::SUCCESS);
+    }
 
     let run = report.last_step - report.first_step;
     let mut out = std::io::stdout().lock();
@@ -604,5 +618,45 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         }
         writeln!(out)?;
     }
+    if s.args.verify {
+        let mut alone = cfg.clone();
+        alone.parallel = ParallelContext::default();
+        alone.checkpoint = None;
+        alone.resume = None;
+        let reference = Trainer::new(name, build, train, alone).fit(Vec::new()).context("the stand_alone reference run of --verify")?;
+        let (loss_diff, loss_rel) = largest_difference(report.losses.iter().copied().zip(reference.losses.iter().copied()));
+        let mut worst = (0.0f64, 0.0f64, String::new());
+        for (pname, want) in reference.params.iter() {
+            let got = report.params.get(pname).ok_or_else(|| anyhow!("--verify: parameter {pname} is missing from the parallel run"))?;
+            let want = want.to_f64_vec();
+            let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-12);
+            let d = got.to_f64_vec().iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            let r = d / scale;
+            if r > worst.1 || (r == worst.1 && d > worst.0) {
+                worst = (d, r, pname.clone());
+            }
+        }
+        writeln!(
+            out,
+            "  verify: beside stand_alone on the same data, largest loss difference {loss_diff:.3e} (relative {loss_rel:.3e}), largest parameter difference {:.3e} (relative to the tensor's largest value {:.3e}, {})",
+            worst.0, worst.1, worst.2
+        )?;
+        if loss_rel > VERIFY_RTOL || worst.1 > VERIFY_RTOL {
+            writeln!(out, "  verify: MISMATCH above a relative {VERIFY_RTOL:e}")?;
+            return Ok(ExitCode::from(1));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Tolerance of `--verify` (float sums in another order drift over long runs).
+const VERIFY_RTOL: f64 = 1e-3;
+
+/// Largest absolute difference of the pairs, and the largest relative one (against the
+/// reference, with a floor of 1e-6 near zero).
+fn largest_difference(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
+    pairs.fold((0.0f64, 0.0f64), |(d, r), (a, b)| {
+        let diff = (a - b).abs();
+        (d.max(diff), r.max(diff / b.abs().max(1e-6)))
+    })
 }
