@@ -147,8 +147,13 @@ pub struct TrainConfig {
     pub parallel: ParallelContext,
     /// Checkpoints (None: none).
     pub checkpoint: Option<CheckpointConfig>,
-    /// Load parameters from this checkpoint before training.
+    /// Load parameters from this checkpoint before training: one file, or a folder of per-rank
+    /// checkpoints (`rank_<k>/*`) saved under `init_strategy` (any strategy and device count;
+    /// resharded at load, MindSpore's `load_distributed_checkpoint`).
     pub init: Option<PathBuf>,
+    /// The strategy file the per-rank `init` checkpoints were saved under (None: one unsplit
+    /// checkpoint in `rank_0`).
+    pub init_strategy: Option<PathBuf>,
     /// Resume from this checkpoint (a parallel run: rank 0's file; the others are found beside it).
     pub resume: Option<PathBuf>,
     /// Batch size of evaluation.
@@ -168,6 +173,7 @@ impl Default for TrainConfig {
             parallel: ParallelContext::default(),
             checkpoint: None,
             init: None,
+            init_strategy: None,
             resume: None,
             eval_batch_size: 256,
         }
@@ -423,7 +429,16 @@ impl Trainer {
         let job = ParallelJob::new(graph, net.loss, cfg.parallel.clone())?;
         let mut full = ParamStore::init(&job.graph)?;
         if let Some(init) = &cfg.init {
-            load_parameters(init, &mut full)?;
+            if init.is_dir() {
+                // Reshard the per-rank checkpoints to full tensors; the job slices them per rank.
+                let one = ParallelJob::new(job.graph.clone(), job.loss, ParallelContext::default())?;
+                let loaded = crate::distributed::load_distributed_checkpoint(&one, 0, init, cfg.init_strategy.as_deref())?;
+                for (name, t) in loaded.iter() {
+                    full.insert(name, t.clone());
+                }
+            } else {
+                load_parameters(init, &mut full)?;
+            }
         }
         let trainable: Vec<String> =
             job.graph.nodes().iter().filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable)).map(|nd| nd.name.clone()).collect();

@@ -254,3 +254,29 @@ fn verify_trains_stand_alone_beside_a_parallel_run() {
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("verify: beside stand_alone on the same data, largest loss difference"), "{stdout}");
 }
+
+#[test]
+fn init_from_per_rank_checkpoints_of_another_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let run = |extra: &[&str]| {
+        let mut args =
+            vec!["train", "--model", "mlp", "--data", "synthetic", "--synthetic-samples", "512", "--batch-size", "32", "--lr", "0.1"];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_autopar")).args(&args).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let first_loss = |s: &str| -> f64 {
+        let l = s.lines().find(|l| l.trim_start().starts_with("loss ")).unwrap();
+        l.trim_start()["loss ".len()..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let trained = run(&["--steps", "30", "--devices", "4", "--checkpoint-dir", ck.to_str().unwrap()]);
+    assert!(ck.join("strategy.json").exists() && ck.join("rank_3").is_dir(), "{trained}");
+    // Two devices, another layout: starts from the trained weights.
+    let strategy = ck.join("strategy.json");
+    let resumed = run(&["--steps", "2", "--devices", "2", "--init", ck.to_str().unwrap(), "--init-strategy", strategy.to_str().unwrap()]);
+    let fresh = run(&["--steps", "2", "--devices", "2"]);
+    assert!(first_loss(&resumed) < first_loss(&fresh) - 0.05, "init did not load the trained weights:\n{resumed}\n{fresh}");
+}

@@ -108,9 +108,13 @@ pub struct TrainArgs {
     /// File name prefix of checkpoints.
     #[arg(long, help_heading = "Checkpoints")]
     checkpoint_prefix: Option<String>,
-    /// Load parameters by name from this checkpoint before training.
-    #[arg(long, value_name = "CHECKPOINT", help_heading = "Checkpoints")]
+    /// Load parameters by name before training: a checkpoint file, or a folder of per-rank
+    /// checkpoints (rank_<k>/...) saved under any strategy and device count (see --init-strategy)
+    #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
     init: Option<PathBuf>,
+    /// The strategy file the per-rank --init checkpoints were saved under
+    #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
+    init_strategy: Option<PathBuf>,
     /// Continue a run from this checkpoint (or the newest in this folder).
     #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
     resume: Option<PathBuf>,
@@ -180,6 +184,7 @@ struct FileConfig {
     keep_checkpoint_max: Option<usize>,
     checkpoint_prefix: Option<String>,
     init: Option<PathBuf>,
+    init_strategy: Option<PathBuf>,
     resume: Option<PathBuf>,
     metrics: Option<PathBuf>,
     plot: Option<bool>,
@@ -483,6 +488,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         parallel: ctx,
         checkpoint: None,
         init: pick!(s, init),
+        init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
     };
