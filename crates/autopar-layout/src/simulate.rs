@@ -111,6 +111,38 @@ impl<T: Element> Block<T> {
         Ok(Block { shape, data })
     }
 
+    /// Copy `piece` into the sub-block `region` (`[start, end)` per dimension, the piece's shape).
+    pub fn write(&mut self, region: &[Range<usize>], piece: &Block<T>) -> Result<()> {
+        let full = self;
+        if region.len() != full.shape.len()
+            || region.iter().zip(&full.shape).any(|(r, &s)| r.end > s)
+            || region.iter().map(|r| r.end - r.start).ne(piece.shape.iter().copied())
+        {
+            return Err(LayoutError::Simulation {
+                what: format!("cannot write a {:?} piece at {region:?} of shape {:?}", piece.shape, full.shape),
+            });
+        }
+        let shape = full.shape.clone();
+        let nd = shape.len();
+        let mut strides = vec![1usize; nd];
+        for d in (0..nd.saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        let n: usize = piece.data.len();
+        let pshape = piece.shape.clone();
+        for (flat, &v) in piece.data.iter().enumerate().take(n) {
+            let mut rem = flat;
+            let mut off = 0;
+            for d in (0..nd).rev() {
+                let i = rem % pshape[d];
+                rem /= pshape[d];
+                off += (region[d].start + i) * strides[d];
+            }
+            full.data[off] = v;
+        }
+        Ok(())
+    }
+
     /// Element-wise sum (same shapes).
     pub fn add(&self, other: &Block<T>) -> Result<Block<T>> {
         if self.shape != other.shape {
@@ -194,31 +226,9 @@ pub fn assemble<T: Element>(locals: &[Block<T>], layout: &TensorLayout) -> Resul
         for m in group_of(owner, &partial) {
             sum = sum.add(&locals[m])?;
         }
-        write_region(&mut full, &layout.slice_of_unchecked(owner), &sum)?;
+        full.write(&layout.slice_of_unchecked(owner), &sum)?;
     }
     Ok(full)
-}
-
-fn write_region<T: Element>(full: &mut Block<T>, region: &[Range<usize>], piece: &Block<T>) -> Result<()> {
-    let shape = full.shape.clone();
-    let nd = shape.len();
-    let mut strides = vec![1usize; nd];
-    for d in (0..nd.saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    let n: usize = piece.data.len();
-    let pshape = piece.shape.clone();
-    for (flat, &v) in piece.data.iter().enumerate().take(n) {
-        let mut rem = flat;
-        let mut off = 0;
-        for d in (0..nd).rev() {
-            let i = rem % pshape[d];
-            rem /= pshape[d];
-            off += (region[d].start + i) * strides[d];
-        }
-        full.data[off] = v;
-    }
-    Ok(())
 }
 
 /// Apply `plan` to every rank's local data (`inputs[r]` has the source slice shape) and return

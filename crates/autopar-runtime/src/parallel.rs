@@ -22,7 +22,7 @@ use std::ops::Range;
 use autopar_comm::{Communicator, LocalComm, ReduceOp as CommReduce};
 use autopar_graph::ops::Scale;
 use autopar_graph::{Graph, NodeId, OpKind};
-use autopar_layout::{DeviceMatrix, TensorLayout};
+use autopar_layout::{Block, DeviceMatrix, TensorLayout};
 use autopar_parallel::{plan, rank_program, FusionMode, InputSlot, ParallelContext, ParallelMode, ParamSlot, RankProgram};
 use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, Tensor};
@@ -480,13 +480,14 @@ pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<Par
         let owners = slot.layout.slice_owners();
         let shape = slot.layout.shape().to_vec();
         let first = per_rank[owners[0]].require(&slot.name)?;
-        let mut values = vec![0.0f64; shape.iter().product()];
+        let lay = |e: autopar_layout::LayoutError| RuntimeError::Parallel { message: format!("assembling {}: {e}", slot.name) };
+        let mut values = Block::<f64>::zeros(shape.clone());
         for &o in &owners {
-            let piece = per_rank[o].require(&slot.name)?.to_f64_vec();
-            let ranges = slot.layout.slice_of(o).map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
-            write_region(&mut values, &shape, &ranges, &piece);
+            let piece = per_rank[o].require(&slot.name)?;
+            let piece = Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
+            values.write(&slot.layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
         }
-        let t = Tensor::from_vec(&shape, values).map_err(|e| RuntimeError::Kernel {
+        let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
             kind: "assemble",
             name: slot.name.clone(),
             source: Box::new(e),
@@ -494,25 +495,6 @@ pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<Par
         full.insert(&slot.name, t.cast(first.dtype()));
     }
     Ok(full)
-}
-
-fn write_region(full: &mut [f64], shape: &[usize], region: &[Range<usize>], piece: &[f64]) {
-    let nd = shape.len();
-    let mut strides = vec![1usize; nd];
-    for d in (0..nd.saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    let pshape: Vec<usize> = region.iter().map(|r| r.end - r.start).collect();
-    for (flat, &v) in piece.iter().enumerate() {
-        let mut rem = flat;
-        let mut off = 0;
-        for d in (0..nd).rev() {
-            let i = rem % pshape[d];
-            rem /= pshape[d];
-            off += (region[d].start + i) * strides[d];
-        }
-        full[off] = v;
-    }
 }
 
 /// The result of an in-process parallel run.
