@@ -16,7 +16,7 @@
 //! ops without a sharded form run replicated; communication and backward ops have no rule in
 //! semi_auto_parallel (the planner inserts communication, autodiff makes backward ops).
 
-use autopar_graph::{Node, OpKind, TensorType};
+use autopar_graph::{normalize_axis, Node, OpKind, TensorType};
 use autopar_layout::{DeviceMatrix, Strategy, TensorLayout};
 
 use crate::error::{ParallelError, Result};
@@ -115,12 +115,9 @@ fn unary_spec(shape: &[usize], fixed: &[usize], why: &'static str) -> OpSpec {
     OpSpec { dims, inputs: vec![same_dims(shape)], output: same_dims(shape), mean_over_reduced: false }
 }
 
+/// An axis attribute of a node whose shapes were checked when it was built.
 fn axis(a: i64, rank: usize) -> usize {
-    if a < 0 {
-        (a + rank as i64) as usize
-    } else {
-        a as usize
-    }
+    normalize_axis(a, rank).expect("graph nodes hold axes within their input's rank")
 }
 
 fn reduce_spec(shape: &[usize], axes: &[i64], keep_dims: bool, mean: bool, splittable: bool) -> OpSpec {

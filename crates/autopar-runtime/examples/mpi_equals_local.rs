@@ -7,7 +7,7 @@
 use autopar_comm::{Communicator, MpiComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{assemble_params, run_local, ParallelJob, RankTrainer};
+use autopar_runtime::parallel::{gather_full_params, run_local, ParallelJob, RankTrainer};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore};
 use autopar_tensor::Tensor;
 
@@ -75,17 +75,8 @@ fn main() {
             let feeds = trainer.local_feeds(batch).map_err(|e| e.to_string())?;
             losses.push(trainer.step(opt.as_mut(), &feeds).map_err(|e| e.to_string())?);
         }
-        // Gather every rank's parameter slices on rank 0, tensor by tensor (f64 on the wire).
-        let mut stores = vec![ParamStore::new(); n];
-        for (name, t) in trainer.params().iter() {
-            let mine = t.to_f64_vec();
-            let mut all = vec![0.0f64; mine.len() * n];
-            comm.all_gather((&mine).into(), (&mut all).into()).map_err(|e| e.to_string())?;
-            for (r, store) in stores.iter_mut().enumerate() {
-                let piece = Tensor::from_vec(t.shape(), all[r * mine.len()..(r + 1) * mine.len()].to_vec()).map_err(|e| e.to_string())?;
-                store.insert(name, piece);
-            }
-        }
+        // Every rank's slices, gathered (each process holds only its own).
+        let mpi_params = gather_full_params(&job, &comm, trainer.params()).map_err(|e| e.to_string())?;
         let mut mean_losses = losses.clone();
         if data_parallel {
             for l in mean_losses.iter_mut() {
@@ -97,7 +88,6 @@ fn main() {
         if comm.rank() != 0 {
             return Ok(());
         }
-        let mpi_params = assemble_params(&job, &stores).map_err(|e| e.to_string())?;
         let local = run_local(&job, &data, optimizer).map_err(|e| e.to_string())?;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-7 + 1e-6 * b.abs();
         for (s, (a, b)) in mean_losses.iter().zip(&local.losses).enumerate() {

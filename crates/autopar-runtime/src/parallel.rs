@@ -497,6 +497,28 @@ pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<Par
     Ok(full)
 }
 
+/// Every rank's local slices, gathered so that each rank holds the full parameters (for runs
+/// with one rank per process, where no rank sees the others' stores). Collective.
+pub fn gather_full_params(job: &ParallelJob, comm: &dyn Communicator, local: &ParamStore) -> Result<ParamStore> {
+    let n = comm.size();
+    if n == 1 {
+        return Ok(local.clone());
+    }
+    let c = |e: autopar_comm::CommError| RuntimeError::Comm { what: "gathering parameters".into(), message: e.to_string() };
+    let mut stores = vec![ParamStore::new(); n];
+    for (name, t) in local.iter() {
+        let mine = t.to_f64_vec();
+        let mut all = vec![0.0f64; mine.len() * n];
+        comm.all_gather((&mine).into(), (&mut all).into()).map_err(c)?;
+        for (r, store) in stores.iter_mut().enumerate() {
+            let piece = Tensor::from_vec(t.shape(), all[r * mine.len()..(r + 1) * mine.len()].to_vec())
+                .map_err(|e| RuntimeError::Kernel { kind: "AllGather", name: name.clone(), source: Box::new(e) })?;
+            store.insert(name, piece.cast(t.dtype()));
+        }
+    }
+    assemble_params(job, &stores)
+}
+
 /// The result of an in-process parallel run.
 #[derive(Debug)]
 pub struct LocalRun {

@@ -553,22 +553,7 @@ impl Trainer {
         let job = plan.job;
         let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, ParamStore), String> {
             let o = self.run_rank(plan, &comm, callbacks).map_err(|e| e.to_string())?;
-            let params = if size == 1 {
-                o.params.clone()
-            } else {
-                let mut stores = vec![ParamStore::new(); size];
-                for (name, t) in o.params.iter() {
-                    let mine = t.to_f64_vec();
-                    let mut all = vec![0.0f64; mine.len() * size];
-                    comm.all_gather((&mine).into(), (&mut all).into()).map_err(|e| e.to_string())?;
-                    for (r, store) in stores.iter_mut().enumerate() {
-                        let piece =
-                            Tensor::from_vec(t.shape(), all[r * mine.len()..(r + 1) * mine.len()].to_vec()).map_err(|e| e.to_string())?;
-                        store.insert(name, piece.cast(t.dtype()));
-                    }
-                }
-                assemble_params(job, &stores).map_err(|e| e.to_string())?
-            };
+            let params = crate::parallel::gather_full_params(job, &comm, &o.params).map_err(|e| e.to_string())?;
             Ok((o, params))
         })
         .map_err(|e| TrainError::Runtime(crate::RuntimeError::Comm { what: "MPI training".into(), message: e.to_string() }))?;
