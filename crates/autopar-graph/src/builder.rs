@@ -240,7 +240,7 @@ impl GraphBuilder {
 
     /// Embedding lookup when `axis` is 0.
     pub fn gather(&mut self, name: &str, params: NodeId, indices: NodeId, axis: i64) -> Result<NodeId> {
-        self.op(name, Gather { axis }, &[params, indices])
+        self.op(name, Gather { axis, shard: None }, &[params, indices])
     }
 
     pub fn one_hot(&mut self, name: &str, indices: NodeId, depth: usize, dtype: DType) -> Result<NodeId> {
@@ -261,7 +261,7 @@ impl GraphBuilder {
 
     /// Inputs: `x, gamma, beta, running_mean, running_var`.
     pub fn batch_norm(&mut self, name: &str, inputs: [NodeId; 5], training: bool, eps: f64, momentum: f64) -> Result<NodeId> {
-        self.op(name, BatchNorm { training, eps, momentum }, &inputs)
+        self.op(name, BatchNorm { training, eps, momentum, group: Vec::new() }, &inputs)
     }
 
     pub fn layer_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, beta: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
@@ -281,7 +281,7 @@ impl GraphBuilder {
     }
 
     pub fn dropout(&mut self, name: &str, x: NodeId, p: f64, seed: u64) -> Result<NodeId> {
-        self.op(name, Dropout { p, seed }, &[x])
+        self.op(name, Dropout { p, seed, block: None }, &[x])
     }
 
     pub fn softmax_cross_entropy(&mut self, name: &str, logits: NodeId, labels: NodeId) -> Result<NodeId> {

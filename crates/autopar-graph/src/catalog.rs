@@ -185,7 +185,7 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
             "GatherGrad" => {
                 let i = m.input(&[c], Values::Index(b2))?;
                 let d = m.x(&[a, c])?;
-                y = m.b.op("op", GatherGrad { axis: 1, dim_size: b2 }, &[i, d])?;
+                y = m.b.op("op", GatherGrad { axis: 1, dim_size: b2, shard: None }, &[i, d])?;
             }
             "OneHot" => {
                 let i = m.input(&[a], Values::Index(b2))?;
@@ -257,7 +257,11 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     wrt = Some(vec![x, gamma, beta]);
                 } else {
                     let dy = m.x(&[a + 1, c, b2, 2])?;
-                    y = m.b.op("op", BatchNormGrad { training, eps: 1e-5, of: NormGradOf::Input }, &[dy, x, gamma, mean, var])?;
+                    y = m.b.op(
+                        "op",
+                        BatchNormGrad { training, eps: 1e-5, of: NormGradOf::Input, group: Vec::new() },
+                        &[dy, x, gamma, mean, var],
+                    )?;
                     wrt = Some(vec![]);
                 }
             }

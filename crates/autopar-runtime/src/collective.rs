@@ -252,4 +252,9 @@ impl crate::executor::Collectives for CommGroups {
     fn execute(&self, node: &autopar_graph::Node, input: &Tensor) -> Result<Tensor> {
         execute(&node.op, &node.name, input, &node.ty.shape, self)
     }
+
+    fn all_reduce_sum(&self, node: &autopar_graph::Node, group: &[usize], input: &Tensor) -> Result<Tensor> {
+        let op = OpKind::AllReduce(autopar_graph::ops::AllReduce { op: ReduceOp::Sum, group: group.to_vec() });
+        execute(&op, &node.name, input, input.shape(), self)
+    }
 }

@@ -107,6 +107,18 @@ impl ParamStore {
 /// expects a tensor of the node's inferred type back.
 pub trait Collectives {
     fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor>;
+    /// The element-wise sum of `input` over the world ranks of `group`, for ops that
+    /// communicate inside (synchronised BatchNorm sums its statistics); `node` names the op in
+    /// errors.
+    fn all_reduce_sum(&self, node: &Node, group: &[usize], input: &Tensor) -> Result<Tensor>;
+}
+
+/// What every op of one run may read besides its inputs.
+#[derive(Clone, Copy)]
+struct RunArgs<'a> {
+    feeds: &'a [(NodeId, Tensor)],
+    step: u64,
+    collectives: Option<&'a dyn Collectives>,
 }
 
 /// Wall time of one op in a profiled run.
@@ -263,7 +275,7 @@ impl Executor {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
                 match collectives {
                     Some(c) if node.op.is_communication() => c.execute(node, ins[0])?,
-                    _ => self.eval(node, &ins, params, feeds, step, &mut norm_cache)?,
+                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives }, &mut norm_cache)?,
                 }
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
@@ -305,10 +317,10 @@ impl Executor {
         node: &Node,
         x: &[&Tensor],
         params: &mut ParamStore,
-        feeds: &[(NodeId, Tensor)],
-        step: u64,
+        args: &RunArgs<'_>,
         norm_cache: &mut HashMap<NormKey, (Tensor, Tensor)>,
     ) -> Result<Tensor> {
+        let RunArgs { feeds, step, collectives } = *args;
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let shape = &node.ty.shape;
@@ -385,8 +397,14 @@ impl Executor {
                 sh::slice(x[0], &s.begin, &size).map_err(k)?
             }
             OpKind::Pad(p) => sh::slice_backward(x[0], shape, &p.before).map_err(k)?,
-            OpKind::Gather(g) => sh::gather(cx, x[0], x[1], g.axis as isize).map_err(k)?,
-            OpKind::GatherGrad(g) => sh::gather_backward(cx, x[1], x[0], shape, g.axis as isize).map_err(k)?,
+            OpKind::Gather(g) => match g.shard {
+                None => sh::gather(cx, x[0], x[1], g.axis as isize).map_err(k)?,
+                Some(t) => sh::gather_rows(cx, x[0], x[1], g.axis as isize, t.start, t.total).map_err(k)?,
+            },
+            OpKind::GatherGrad(g) => match g.shard {
+                None => sh::gather_backward(cx, x[1], x[0], shape, g.axis as isize).map_err(k)?,
+                Some(t) => sh::gather_rows_backward(cx, x[1], x[0], shape, g.axis as isize, t.start, t.total).map_err(k)?,
+            },
             OpKind::OneHot(o) => sh::one_hot(x[0], o.depth, o.on_value, o.off_value, tensor_dtype(o.dtype)).map_err(k)?,
             OpKind::MatMul(m) => matmul::matmul(cx, x[0], x[1], m.transpose_a, m.transpose_b).map_err(k)?,
             OpKind::BatchMatMul(m) => matmul::batch_matmul(cx, x[0], x[1], m.transpose_a, m.transpose_b).map_err(k)?,
@@ -407,7 +425,12 @@ impl Executor {
             OpKind::GlobalAvgPool(_) => pool::global_avg_pool(cx, x[0], false).map_err(k)?,
             OpKind::BatchNorm(bn) => {
                 if bn.training {
-                    let out = norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?;
+                    let out = if bn.group.len() > 1 {
+                        let stats = self.batch_stats(node, x[0], &bn.group, collectives)?;
+                        norm::batch_norm_train_with(cx, x[0], x[1], x[2], x[3], x[4], &stats, bn.momentum, bn.eps).map_err(k)?
+                    } else {
+                        norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?
+                    };
                     // Running statistics held as parameters are updated in the store.
                     for (input, value) in [(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)] {
                         let stat = self.graph.node(input);
@@ -427,16 +450,21 @@ impl Executor {
                 let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
                     pair
                 } else {
-                    let (dx, dgamma, _) = if bn.training {
+                    let (dx, dgamma) = if bn.training && bn.group.len() > 1 {
+                        let need_dx = bn.of == NormGradOf::Input || self.shared_norm.contains(&key);
+                        self.synced_batch_norm_grad(node, x, &bn.group, bn.eps, need_dx, collectives)?
+                    } else if bn.training {
                         let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
                         let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
-                        norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?
+                        let (dx, dgamma, _) = norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?;
+                        (dx, dgamma)
                     } else {
                         let var = x[4].to_f64_vec();
                         let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + bn.eps).sqrt()).collect();
                         let inv_std = Tensor::from_vec(x[4].shape(), inv).map_err(k)?.cast(x[4].dtype());
                         let saved = norm::NormSaved { mean: x[3].clone(), inv_std };
-                        norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?
+                        let (dx, dgamma, _) = norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?;
+                        (dx, dgamma)
                     };
                     self.share(norm_cache, key, &dx, &dgamma);
                     (dx, dgamma)
@@ -467,7 +495,10 @@ impl Executor {
             }
             // The mask depends on (seed, step, element index) only, so the backward Dropout node
             // (same seed, same step) applies the same mask to dy.
-            OpKind::Dropout(d) => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
+            OpKind::Dropout(d) => match &d.block {
+                None => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
+                Some(b) => dropout::dropout_slice(cx, x[0], d.p, dropout_seed(d.seed, step), &b.global_shape, &b.begin).map_err(k)?.0,
+            },
             OpKind::SoftmaxCrossEntropy(_) => loss::softmax_cross_entropy_sparse(cx, x[0], x[1]).map_err(k)?.0,
             OpKind::AllReduce(c) => comm(&c.group)?,
             OpKind::AllGather(c) => comm(&c.group)?,
@@ -485,6 +516,81 @@ impl Executor {
 impl Executor {
     /// Keeps a normalisation backward's pair of results for the sibling node, if one is
     /// scheduled and has not run yet.
+    /// Sum `values` (per-channel sums of this rank's part of the batch) over `group`, in f64.
+    fn sum_over(&self, node: &Node, group: &[usize], values: Vec<f64>, collectives: Option<&dyn Collectives>) -> Result<Vec<f64>> {
+        let c = collectives.ok_or_else(|| RuntimeError::NeedsCommunicator {
+            kind: node.op.kind(),
+            name: node.name.clone(),
+            group: group.to_vec(),
+        })?;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let t = Tensor::from_vec(&[values.len()], values).map_err(k)?;
+        Ok(c.all_reduce_sum(node, group, &t)?.to_f64_vec())
+    }
+
+    /// Synchronised BatchNorm: the mean and variance over the batch parts of every rank of
+    /// `group` (two sums over the group: of x with the element count, then of squared
+    /// deviations from the mean).
+    fn batch_stats(&self, node: &Node, x: &Tensor, group: &[usize], collectives: Option<&dyn Collectives>) -> Result<norm::BatchStats> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let c = x.shape().get(1).copied().unwrap_or(0);
+        let mut sums = norm::channel_sums(cx, x, None).map_err(k)?.to_f64_vec();
+        sums.push((x.numel() / c.max(1)) as f64);
+        let sums = self.sum_over(node, group, sums, collectives)?;
+        let count = sums[c] as usize;
+        if count == 0 {
+            return Err(RuntimeError::Kernel {
+                kind: node.op.kind(),
+                name: node.name.clone(),
+                source: Box::new(TensorError::InvalidArgument {
+                    op: "batch_norm",
+                    name: "batch",
+                    value: format!("{group:?}"),
+                    expected: "at least one element per channel over the group",
+                }),
+            });
+        }
+        let mean: Vec<f64> = sums[..c].iter().map(|s| s / count as f64).collect();
+        let mean = Tensor::from_vec(&[c], mean).map_err(k)?.cast(x.dtype());
+        let sq = norm::channel_sums(cx, x, Some(&mean)).map_err(k)?.to_f64_vec();
+        let sq = self.sum_over(node, group, sq, collectives)?;
+        let var = Tensor::from_vec(&[c], sq.iter().map(|s| s / count as f64).collect()).map_err(k)?.cast(x.dtype());
+        Ok(norm::BatchStats { mean, var, count })
+    }
+
+    /// Synchronised BatchNorm backward, inputs `(dy, x, gamma, ..)`: `dx` from the gradient
+    /// sums over the group (when `need_dx`), and this rank's share of `dgamma`.
+    fn synced_batch_norm_grad(
+        &self,
+        node: &Node,
+        x: &[&Tensor],
+        group: &[usize],
+        eps: f64,
+        need_dx: bool,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<(Tensor, Tensor)> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let stats = self.batch_stats(node, x[1], group, collectives)?;
+        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+        let fwd = norm::batch_norm_train_with(cx, x[1], x[2], &zeros, x[3], x[4], &stats, 0.0, eps).map_err(k)?;
+        let (sum_dy, sum_dy_xhat) = norm::batch_norm_grad_sums(cx, x[1], &fwd.saved, x[0]).map_err(k)?;
+        let dx = if need_dx {
+            let c = sum_dy.numel();
+            let mut both = sum_dy.to_f64_vec();
+            both.extend(sum_dy_xhat.to_f64_vec());
+            let both = self.sum_over(node, group, both, collectives)?;
+            let dtype = x[1].dtype();
+            let total_dy = Tensor::from_vec(&[c], both[..c].to_vec()).map_err(k)?.cast(dtype);
+            let total_dyx = Tensor::from_vec(&[c], both[c..].to_vec()).map_err(k)?.cast(dtype);
+            norm::batch_norm_backward_input(cx, x[1], x[2], &fwd.saved, x[0], &total_dy, &total_dyx, stats.count).map_err(k)?
+        } else {
+            Tensor::zeros(x[1].shape(), x[1].dtype())
+        };
+        Ok((dx, sum_dy_xhat))
+    }
+
     fn share(&self, cache: &mut HashMap<NormKey, (Tensor, Tensor)>, key: NormKey, dx: &Tensor, dgamma: &Tensor) {
         if self.shared_norm.contains(&key) {
             cache.insert(key, (dx.clone(), dgamma.clone()));
@@ -622,6 +728,9 @@ mod tests {
         impl Collectives for Doubling {
             fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor> {
                 assert_eq!(node.op.kind(), "AllReduce");
+                Ok(ew::scale(&ExecCtx::serial(), input, 2.0).unwrap())
+            }
+            fn all_reduce_sum(&self, _: &Node, _: &[usize], input: &Tensor) -> Result<Tensor> {
                 Ok(ew::scale(&ExecCtx::serial(), input, 2.0).unwrap())
             }
         }

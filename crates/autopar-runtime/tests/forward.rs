@@ -112,9 +112,13 @@ fn every_op_forward_matches_hand_computed_values() {
     check(&run(Slice { begin: vec![1, 1], size: vec![1, 2] }, &[m23.clone()], c), &[1, 2], &[5.0, 6.0]);
     check(&run(Pad { before: vec![0, 1], after: vec![1, 0] }, &[m22.clone()], c), &[3, 3], &[0.0, 1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 0.0, 0.0]);
     let table = seq(&[3, 2]);
-    check(&run(Gather { axis: 0 }, &[table, idx(&[2], &[2, 0])], c), &[2, 2], &[5.0, 6.0, 1.0, 2.0]);
+    check(&run(Gather { axis: 0, shard: None }, &[table, idx(&[2], &[2, 0])], c), &[2, 2], &[5.0, 6.0, 1.0, 2.0]);
     let dy = t(&[3, 2], &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
-    check(&run(GatherGrad { axis: 0, dim_size: 3 }, &[idx(&[3], &[2, 0, 2]), dy], c), &[3, 2], &[2.0, 2.0, 0.0, 0.0, 4.0, 4.0]);
+    check(
+        &run(GatherGrad { axis: 0, dim_size: 3, shard: None }, &[idx(&[3], &[2, 0, 2]), dy], c),
+        &[3, 2],
+        &[2.0, 2.0, 0.0, 0.0, 4.0, 4.0],
+    );
     check(
         &run(OneHot { depth: 3, on_value: 1.0, off_value: 0.0, dtype: DType::F32 }, &[idx(&[2], &[1, 0])], c),
         &[2, 3],
@@ -170,7 +174,7 @@ fn every_op_forward_matches_hand_computed_values() {
     let x = t(&[2, 1], &[1.0, 3.0]);
     let (one, zero) = (t(&[1], &[1.0]), t(&[1], &[0.0]));
     let s = 1.0 / (1.0f64 + 1e-5).sqrt();
-    let bn = |training| BatchNorm { training, eps: 1e-5, momentum: 0.9 };
+    let bn = |training| BatchNorm { training, eps: 1e-5, momentum: 0.9, group: Vec::new() };
     check(&run(bn(true), &[x.clone(), one.clone(), zero.clone(), zero.clone(), one.clone()], c), &[2, 1], &[-s, s]);
     let (rm, rv) = (t(&[1], &[1.0]), t(&[1], &[4.0]));
     check(
@@ -181,7 +185,11 @@ fn every_op_forward_matches_hand_computed_values() {
     // dgamma = sum(dy * xhat) = 1 * -s + 2 * s
     let dy = t(&[2, 1], &[1.0, 2.0]);
     check(
-        &run(BatchNormGrad { training: true, eps: 1e-5, of: NormGradOf::Gamma }, &[dy.clone(), x.clone(), one.clone(), rm, rv], c),
+        &run(
+            BatchNormGrad { training: true, eps: 1e-5, of: NormGradOf::Gamma, group: Vec::new() },
+            &[dy.clone(), x.clone(), one.clone(), rm, rv],
+            c,
+        ),
         &[1],
         &[s],
     );
@@ -202,9 +210,9 @@ fn every_op_forward_matches_hand_computed_values() {
     );
 
     // Dropout with p = 0 is the identity; with p = 0.5 every element is 0 or doubled.
-    check(&run(Dropout { p: 0.0, seed: 1 }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    check(&run(Dropout { p: 0.0, seed: 1, block: None }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let big = t(&[1000], &[1.0; 1000]);
-    let d = run(Dropout { p: 0.5, seed: 1 }, &[big], c).to_f64_vec();
+    let d = run(Dropout { p: 0.5, seed: 1, block: None }, &[big], c).to_f64_vec();
     assert!(d.iter().all(|&v| v == 0.0 || v == 2.0));
     let kept = d.iter().filter(|&&v| v == 2.0).count();
     assert!((400..600).contains(&kept), "{kept} of 1000 kept");

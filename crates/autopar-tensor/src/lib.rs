@@ -47,11 +47,11 @@
 //! | Transpose | `shape::transpose(x, perm)` | transpose by `shape::inverse_permutation` |
 //! | Slice | `shape::{slice, slice_axis, split}` (views) | `shape::slice_backward` |
 //! | Concat | `shape::concat` | `shape::concat_backward` (views) |
-//! | Gather | `shape::gather(params, idx, axis)` | `shape::gather_backward` (scatter-add) |
+//! | Gather | `shape::gather(params, idx, axis)`, `shape::gather_rows` (a block of a split table) | `shape::gather_backward`, `shape::gather_rows_backward` (scatter-add) |
 //! | OneHot | `shape::one_hot` | — |
 //! | ArgMax (metrics) | `reduce::argmax` | — |
 //! | Conv2D | `conv::conv2d(x, w, params)` | `conv::conv2d_backward_input`, `conv::conv2d_backward_weight` |
-//! | BatchNorm | `norm::batch_norm_train` / `batch_norm_eval` | `norm::batch_norm_backward` / `batch_norm_eval_backward` |
+//! | BatchNorm | `norm::batch_norm_train` / `batch_norm_eval`; synchronised (batch split over ranks): `norm::channel_sums`, `batch_norm_train_with` | `norm::batch_norm_backward` / `batch_norm_eval_backward`; synchronised: `batch_norm_grad_sums`, `batch_norm_backward_input` |
 //! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |
 //! | MaxPool, AvgPool | `pool::{max_pool2d, avg_pool2d}` | `pool::{max_pool2d_backward, avg_pool2d_backward}` |
 //! | global average pool | `pool::global_avg_pool` | `pool::global_avg_pool_backward` |
@@ -78,6 +78,6 @@ pub use backend::{Backend, Cpu, ExecCtx};
 pub use dtype::{DType, Element, Float, Index};
 pub use error::{Result, TensorError};
 pub use kernels::conv::Conv2dParams;
-pub use kernels::norm::{BatchNormOutput, NormSaved};
+pub use kernels::norm::{BatchNormOutput, BatchStats, NormSaved};
 pub use kernels::pool::Pool2dParams;
 pub use tensor::{broadcast_shapes, normalize_axis, Shape, Tensor};

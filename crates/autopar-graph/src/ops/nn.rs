@@ -478,11 +478,18 @@ pub enum NormGradOf {
 /// batch statistics (biased variance) normalise and the executor updates the running statistics
 /// as MindSpore does: `running = momentum * running + (1 - momentum) * batch` (unbiased variance).
 /// In evaluation the running statistics normalise.
+///
+/// `group` makes it a synchronised batch norm: in training, the world ranks (ascending) whose
+/// batch slices together form the batch the statistics are taken over. The executor sums the
+/// per-channel statistics over the group (forward) and the per-channel sums of the gradient
+/// (backward), so every rank normalises with the statistics of the whole batch. Empty (or this
+/// rank alone): the statistics of this rank's batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchNorm {
     pub training: bool,
     pub eps: f64,
     pub momentum: f64,
+    pub group: Vec<usize>,
 }
 
 fn channel_params(cx: &InferCx<'_>, from: usize, to: usize, c: usize) -> Result<()> {
@@ -518,7 +525,7 @@ impl OpDef for BatchNorm {
         let ins = [g.dy(), g.x(0), g.x(1), g.x(3), g.x(4)];
         for (i, which) in [(0, NormGradOf::Input), (1, NormGradOf::Gamma)] {
             if g.needs(i) {
-                let d = g.op(BatchNormGrad { training: self.training, eps: self.eps, of: which }, &ins)?;
+                let d = g.op(BatchNormGrad { training: self.training, eps: self.eps, of: which, group: self.group.clone() }, &ins)?;
                 g.set(i, d);
             }
         }
@@ -532,12 +539,15 @@ impl OpDef for BatchNorm {
 }
 
 /// Gradient of [`BatchNorm`] with respect to `x` or `gamma`.
-/// Inputs `(dy, x, gamma, running_mean, running_var)`.
+/// Inputs `(dy, x, gamma, running_mean, running_var)`. With a `group` (synchronised batch norm)
+/// the gradient of `x` uses the sums of `dy` over the whole batch; the gradient of `gamma` is
+/// this rank's share (summed over the group by the gradient synchronisation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchNormGrad {
     pub training: bool,
     pub eps: f64,
     pub of: NormGradOf,
+    pub group: Vec<usize>,
 }
 
 impl OpDef for BatchNormGrad {
@@ -659,12 +669,23 @@ impl OpDef for LayerNormGrad {
 }
 
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask is a
-/// function of `seed`, the step number and the element index only, so the backward pass (the
-/// same op on `dy`) and every rank of a data-parallel job draw the same mask.
+/// function of `seed`, the step number and the element's index in the whole tensor only, so
+/// the backward pass (the same op on `dy`) draws the same mask, and a sharded run draws, slice
+/// by slice, the mask of the unsharded tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dropout {
     pub p: f64,
     pub seed: u64,
+    /// Set when the input is one block of a larger tensor: the mask is that block of the
+    /// larger tensor's mask. None: the input is the whole tensor.
+    pub block: Option<DropoutBlock>,
+}
+
+/// Where a local block sits in the whole tensor: its offset per dimension and the whole shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropoutBlock {
+    pub global_shape: Vec<usize>,
+    pub begin: Vec<usize>,
 }
 
 impl OpDef for Dropout {
@@ -677,6 +698,15 @@ impl OpDef for Dropout {
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
         if !(0.0..1.0).contains(&self.p) {
             return Err(cx.bad_attr("p", self.p, "a drop probability in [0, 1)"));
+        }
+        if let Some(b) = &self.block {
+            let x = cx.shape(0);
+            let fits = b.global_shape.len() == x.len()
+                && b.begin.len() == x.len()
+                && x.iter().zip(&b.begin).zip(&b.global_shape).all(|((d, o), g)| o + d <= *g);
+            if !fits {
+                return Err(cx.bad_attr("block", (&b.begin, &b.global_shape), "a block of the input's rank inside the global shape"));
+            }
         }
         Ok(TensorType::new(cx.shape(0).clone(), cx.float(0)?))
     }

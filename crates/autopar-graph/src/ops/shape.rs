@@ -278,6 +278,17 @@ impl OpDef for Pad {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gather {
     pub axis: i64,
+    /// Set when `params` holds only some rows (along `axis`) of a table split across ranks.
+    pub shard: Option<TableShard>,
+}
+
+/// Rows `start..start + len` (along the gathered axis) of a table of `total` rows, `len` the
+/// local size: an index outside the rows this rank holds gathers zeros, so the sum of the
+/// ranks' results is the gather from the whole table; an index outside `0..total` is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableShard {
+    pub start: usize,
+    pub total: usize,
 }
 
 impl OpDef for Gather {
@@ -291,6 +302,11 @@ impl OpDef for Gather {
         let axis = cx.axis(0, "axis", self.axis)?;
         cx.integer(1)?;
         let p = cx.shape(0);
+        if let Some(sh) = self.shard {
+            if sh.start + p[axis] > sh.total {
+                return Err(cx.bad_attr("shard", (sh.start, sh.total), "rows start..start + len within the table's total rows"));
+            }
+        }
         let mut out = p[..axis].to_vec();
         out.extend_from_slice(cx.shape(1));
         out.extend_from_slice(&p[axis + 1..]);
@@ -299,7 +315,7 @@ impl OpDef for Gather {
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         let ps = g.x_shape(0);
         let axis = normalize_axis(self.axis, ps.len()).expect("checked at build");
-        let d = g.op(GatherGrad { axis, dim_size: ps[axis] }, &[g.x(1), g.dy()])?;
+        let d = g.op(GatherGrad { axis, dim_size: ps[axis], shard: self.shard }, &[g.x(1), g.dy()])?;
         g.set(0, d);
         Ok(())
     }
@@ -307,10 +323,13 @@ impl OpDef for Gather {
 
 /// Scatter-add of `dy` rows into a zero tensor of the gathered parameter's shape (the adjoint of
 /// [`Gather`]; MindSpore's `UnsortedSegmentSum`). Inputs `(indices, dy)`.
+///
+/// With a `shard` the result is the gradient of this rank's rows only.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GatherGrad {
     pub axis: usize,
     pub dim_size: usize,
+    pub shard: Option<TableShard>,
 }
 
 impl OpDef for GatherGrad {
@@ -336,7 +355,7 @@ impl OpDef for GatherGrad {
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         // Linear in dy: the adjoint of a scatter-add is the gather.
-        let d = g.op(Gather { axis: self.axis as i64 }, &[g.dy(), g.x(0)])?;
+        let d = g.op(Gather { axis: self.axis as i64, shard: self.shard }, &[g.dy(), g.x(0)])?;
         g.set(1, d);
         Ok(())
     }

@@ -185,6 +185,23 @@ pub fn batch_norm_eval_backward(
 }
 
 fn bn_backward(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved, dy: &Tensor, train: bool) -> Result<(Tensor, Tensor, Tensor)> {
+    if train {
+        bn_backward_parts(ctx, x, gamma, saved, dy, None)
+    } else {
+        bn_backward_eval(ctx, x, gamma, saved, dy)
+    }
+}
+
+/// Training backward: `(dx, dgamma, dbeta)` with the sums of this batch, or with `global`
+/// sums `(Σ dy, Σ dy·x̂, count)` over a larger batch for `dx` (dgamma and dbeta stay local).
+fn bn_backward_parts(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    global: Option<(&Tensor, &Tensor, usize)>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "batch_norm_backward";
     let (n, c, s) = bn_geo(op, x, &[("gamma", gamma), ("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)])?;
     same_dtype(op, "output gradient", x, dy)?;
@@ -194,42 +211,190 @@ fn bn_backward(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved, dy:
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
         let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
-        let sums = |ch: usize| {
-            let (mut sd, mut sdx) = (T::zero(), T::zero());
-            for b in 0..n {
-                let base = (b * c + ch) * s;
-                for (&xv, &dv) in xs[base..base + s].iter().zip(&ds[base..base + s]) {
-                    sd += dv;
-                    sdx += dv * (xv - mean[ch]) * inv[ch];
-                }
-            }
-            (sd, sdx)
+        let (dbeta, dgamma) = dy_sums(ctx, xs, ds, &mean, &inv, (n, c, s));
+        let (sum_dy, sum_dyx, m) = match global {
+            Some((a, b, count)) => (vec_of::<T>(a), vec_of::<T>(b), T::c(count as f64)),
+            None => (dbeta.clone(), dgamma.clone(), T::c((n * s) as f64)),
         };
-        let per: Vec<(T, T)> = if ctx.par(xs.len()) {
-            use rayon::prelude::*;
-            (0..c).into_par_iter().map(sums).collect()
-        } else {
-            (0..c).map(sums).collect()
-        };
-        let dbeta: Vec<T> = per.iter().map(|p| p.0).collect();
-        let dgamma: Vec<T> = per.iter().map(|p| p.1).collect();
-        let m = T::c((n * s) as f64);
         let mut dx = vec![T::zero(); xs.len()];
         ctx.for_chunks(&mut dx, s.max(1), |p, out| {
             let ch = p % c;
             let k = g[ch] * inv[ch];
             let (src, d) = (&xs[p * s..][..s], &ds[p * s..][..s]);
             for ((o, &xv), &dv) in out.iter_mut().zip(src).zip(d) {
-                *o = if train {
-                    let xh = (xv - mean[ch]) * inv[ch];
-                    k * (dv - dbeta[ch] / m - xh * dgamma[ch] / m)
-                } else {
-                    k * dv
-                };
+                let xh = (xv - mean[ch]) * inv[ch];
+                *o = k * (dv - sum_dy[ch] / m - xh * sum_dyx[ch] / m);
             }
         });
         Ok((Tensor::from_vec(x.shape(), dx)?, Tensor::from_vec(&[c], dgamma)?, Tensor::from_vec(&[c], dbeta)?))
     })
+}
+
+/// Per-channel `(Σ dy, Σ dy·x̂)` over [N, C, S] data, in a fixed order.
+fn dy_sums<T: Float>(ctx: &ExecCtx, xs: &[T], ds: &[T], mean: &[T], inv: &[T], (n, c, s): (usize, usize, usize)) -> (Vec<T>, Vec<T>) {
+    let sums = |ch: usize| {
+        let (mut sd, mut sdx) = (T::zero(), T::zero());
+        for b in 0..n {
+            let base = (b * c + ch) * s;
+            for (&xv, &dv) in xs[base..base + s].iter().zip(&ds[base..base + s]) {
+                sd += dv;
+                sdx += dv * (xv - mean[ch]) * inv[ch];
+            }
+        }
+        (sd, sdx)
+    };
+    let per: Vec<(T, T)> = if ctx.par(xs.len()) {
+        use rayon::prelude::*;
+        (0..c).into_par_iter().map(sums).collect()
+    } else {
+        (0..c).map(sums).collect()
+    };
+    per.into_iter().unzip()
+}
+
+/// Evaluation backward (statistics are constants): `(dx, dgamma, dbeta)`.
+fn bn_backward_eval(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "batch_norm_backward";
+    let (n, c, s) = bn_geo(op, x, &[("gamma", gamma), ("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)])?;
+    same_dtype(op, "output gradient", x, dy)?;
+    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    float_dispatch!(op, x.dtype(), T => {
+        let (xc, dc) = (x.contiguous(), dy.contiguous());
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
+        let (dbeta, dgamma) = dy_sums(ctx, xs, ds, &mean, &inv, (n, c, s));
+        let mut dx = vec![T::zero(); xs.len()];
+        ctx.for_chunks(&mut dx, s.max(1), |p, out| {
+            let k = g[p % c] * inv[p % c];
+            for (o, &dv) in out.iter_mut().zip(&ds[p * s..][..s]) {
+                *o = k * dv;
+            }
+        });
+        Ok((Tensor::from_vec(x.shape(), dx)?, Tensor::from_vec(&[c], dgamma)?, Tensor::from_vec(&[c], dbeta)?))
+    })
+}
+
+/// Per-channel statistics of a batch split across ranks, gathered by the caller (synchronised
+/// BatchNorm): `count` elements per channel in the whole batch, their mean and biased variance.
+#[derive(Debug, Clone)]
+pub struct BatchStats {
+    pub mean: Tensor,
+    pub var: Tensor,
+    pub count: usize,
+}
+
+/// Per-channel sums over every axis but 1 of this rank's part of the batch, in a fixed order:
+/// `Σ x` (with `mean` None) or `Σ (x - mean[c])²`. Synchronised BatchNorm sums these over the
+/// ranks: the first gives the mean, the second (around that mean) the variance.
+pub fn channel_sums(ctx: &ExecCtx, x: &Tensor, mean: Option<&Tensor>) -> Result<Tensor> {
+    let op = "batch_norm";
+    let (n, c, s) = match mean {
+        Some(m) => bn_geo(op, x, &[("mean", m)])?,
+        None => bn_geo(op, x, &[])?,
+    };
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let mu: Option<Vec<T>> = mean.map(vec_of::<T>);
+        let sum = |ch: usize| {
+            let mut acc = T::zero();
+            for b in 0..n {
+                let row = &xs[(b * c + ch) * s..][..s];
+                acc += match &mu {
+                    None => row.iter().fold(T::zero(), |a, &v| a + v),
+                    Some(mu) => row.iter().fold(T::zero(), |a, &v| a + (v - mu[ch]) * (v - mu[ch])),
+                };
+            }
+            acc
+        };
+        let sums: Vec<T> = if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            (0..c).into_par_iter().map(sum).collect()
+        } else {
+            (0..c).map(sum).collect()
+        };
+        Tensor::from_vec(&[c], sums)
+    })
+}
+
+/// BatchNorm in training mode with statistics taken over a larger batch than `x` (see
+/// [`BatchStats`]): normalises with them and updates the running statistics with them.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_train_with(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    stats: &BatchStats,
+    momentum: f64,
+    eps: f64,
+) -> Result<BatchNormOutput> {
+    let op = "batch_norm";
+    let (_, c, s) = bn_geo(
+        op,
+        x,
+        &[
+            ("gamma", gamma),
+            ("beta", beta),
+            ("running_mean", running_mean),
+            ("running_var", running_var),
+            ("batch mean", &stats.mean),
+            ("batch variance", &stats.var),
+        ],
+    )?;
+    if stats.count == 0 {
+        return Err(TensorError::InvalidArgument { op, name: "count", value: "0".into(), expected: "at least one element per channel" });
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, var) = (vec_of::<T>(&stats.mean), vec_of::<T>(&stats.var));
+        let e = T::c(eps);
+        let inv_std: Vec<T> = var.iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        let scale: Vec<T> = inv_std.iter().zip(vec_of::<T>(gamma)).map(|(&i, g)| i * g).collect();
+        let y = affine(ctx, xs, c, s, &mean, &scale, &vec_of::<T>(beta));
+        let mo = T::c(momentum);
+        let m = stats.count;
+        let unbias = if m > 1 { T::c(m as f64 / (m - 1) as f64) } else { T::one() };
+        let rm: Vec<T> = vec_of::<T>(running_mean).iter().zip(&mean).map(|(&r, &b)| mo * r + (T::one() - mo) * b).collect();
+        let rv: Vec<T> = vec_of::<T>(running_var).iter().zip(&var).map(|(&r, &b)| mo * r + (T::one() - mo) * b * unbias).collect();
+        Ok(BatchNormOutput {
+            y: Tensor::from_vec(x.shape(), y)?,
+            saved: NormSaved { mean: stats.mean.clone(), inv_std: Tensor::from_vec(&[c], inv_std)? },
+            running_mean: Tensor::from_vec(&[c], rm)?,
+            running_var: Tensor::from_vec(&[c], rv)?,
+        })
+    })
+}
+
+/// Per-channel `(Σ dy, Σ dy·x̂)` over this rank's part of the batch (`x̂` normalised with
+/// `saved`): the gradients of beta and gamma from this part, and, summed over the ranks, what
+/// [`batch_norm_backward_input`] needs.
+pub fn batch_norm_grad_sums(ctx: &ExecCtx, x: &Tensor, saved: &NormSaved, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let ones = Tensor::ones(saved.mean.shape(), saved.mean.dtype());
+    let (_, dgamma, dbeta) = bn_backward_parts(ctx, x, &ones, saved, dy, None)?;
+    Ok((dbeta, dgamma))
+}
+
+/// The gradient of `x` in training BatchNorm when the batch (`count` elements per channel) is
+/// split across ranks: `sum_dy`, `sum_dy_xhat` are the sums of [`batch_norm_grad_sums`] over
+/// every rank.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward_input(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    sum_dy: &Tensor,
+    sum_dy_xhat: &Tensor,
+    count: usize,
+) -> Result<Tensor> {
+    bn_geo("batch_norm_backward", x, &[("sum of dy", sum_dy), ("sum of dy * x_hat", sum_dy_xhat)])?;
+    Ok(bn_backward_parts(ctx, x, gamma, saved, dy, Some((sum_dy, sum_dy_xhat, count)))?.0)
 }
 
 fn ln_geo(op: &'static str, x: &Tensor, axis: isize, params: &[(&'static str, &Tensor)]) -> Result<(usize, usize, usize)> {
@@ -374,6 +539,65 @@ mod tests {
     }
     fn cx() -> ExecCtx {
         ExecCtx::serial()
+    }
+
+    /// Rows `r` of dimension 0 of `x`.
+    fn rows(x: &Tensor, r: std::ops::Range<usize>) -> Tensor {
+        let mut begin = vec![0; x.rank()];
+        begin[0] = r.start;
+        let mut size: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
+        size[0] = r.len() as isize;
+        crate::kernels::shape::slice(x, &begin, &size).unwrap().contiguous()
+    }
+
+    #[test]
+    fn batch_norm_over_a_split_batch_equals_the_whole_batch() {
+        let n = 4 * 3 * 5;
+        let x = t(&[4, 3, 5], &(0..n).map(|i| ((i * 37 % 23) as f64) / 7.0 - 1.0).collect::<Vec<_>>());
+        let dy = t(&[4, 3, 5], &(0..n).map(|i| ((i * 11 % 17) as f64) / 5.0 - 1.5).collect::<Vec<_>>());
+        let (gamma, beta) = (t(&[3], &[1.5, 0.5, -1.0]), t(&[3], &[0.1, 0.2, 0.3]));
+        let (rm, rv) = (t(&[3], &[0.0, 0.5, 1.0]), t(&[3], &[1.0, 2.0, 0.5]));
+        let whole = batch_norm_train(&cx(), &x, &gamma, &beta, &rm, &rv, 0.9, 1e-5).unwrap();
+        let (dx, dgamma, dbeta) = batch_norm_backward(&cx(), &x, &gamma, &whole.saved, &dy).unwrap();
+        let parts = [0..1, 1..4];
+        // The statistics: sums of the parts' sums.
+        let add = |a: Vec<f64>, b: &Tensor| a.iter().zip(v(b)).map(|(p, q)| p + q).collect::<Vec<f64>>();
+        let sums = parts.iter().fold(vec![0.0; 3], |acc, r| add(acc, &channel_sums(&cx(), &rows(&x, r.clone()), None).unwrap()));
+        let mean = t(&[3], &sums.iter().map(|s| s / 20.0).collect::<Vec<_>>());
+        let sq = parts.iter().fold(vec![0.0; 3], |acc, r| add(acc, &channel_sums(&cx(), &rows(&x, r.clone()), Some(&mean)).unwrap()));
+        let stats = BatchStats { mean, var: t(&[3], &sq.iter().map(|s| s / 20.0).collect::<Vec<_>>()), count: 20 };
+        let mut sum_dy = vec![0.0; 3];
+        let mut sum_dyx = vec![0.0; 3];
+        let mut outs = Vec::new();
+        for r in &parts {
+            let out = batch_norm_train_with(&cx(), &rows(&x, r.clone()), &gamma, &beta, &rm, &rv, &stats, 0.9, 1e-5).unwrap();
+            assert!(close(&v(&out.running_mean), &v(&whole.running_mean)) && close(&v(&out.running_var), &v(&whole.running_var)));
+            let (a, b) = batch_norm_grad_sums(&cx(), &rows(&x, r.clone()), &out.saved, &rows(&dy, r.clone())).unwrap();
+            sum_dy = add(sum_dy, &a);
+            sum_dyx = add(sum_dyx, &b);
+            outs.push(out);
+        }
+        assert!(close(&sum_dy, &v(&dbeta)) && close(&sum_dyx, &v(&dgamma)));
+        for (r, out) in parts.iter().zip(&outs) {
+            assert!(close(&v(&out.y), &v(&rows(&whole.y, r.clone()))));
+            let part_dx = batch_norm_backward_input(
+                &cx(),
+                &rows(&x, r.clone()),
+                &gamma,
+                &out.saved,
+                &rows(&dy, r.clone()),
+                &t(&[3], &sum_dy),
+                &t(&[3], &sum_dyx),
+                20,
+            )
+            .unwrap();
+            assert!(close(&v(&part_dx), &v(&rows(&dx, r.clone()))));
+        }
+        let bad = BatchStats { count: 0, ..stats };
+        assert!(matches!(
+            batch_norm_train_with(&cx(), &x, &gamma, &beta, &rm, &rv, &bad, 0.9, 1e-5),
+            Err(TensorError::InvalidArgument { name: "count", .. })
+        ));
     }
 
     #[test]

@@ -264,11 +264,20 @@ fn check_indices(op: &'static str, idx: &[i64], bound: usize) -> Result<()> {
 /// `params[..axis] ++ indices.shape ++ params[axis+1..]`. With `axis = 0` this is the embedding
 /// lookup. Any dtype for `params`; indices i32/i64, each in `[0, params.shape[axis])`.
 pub fn gather(ctx: &ExecCtx, params: &Tensor, indices: &Tensor, axis: isize) -> Result<Tensor> {
+    let ax = normalize_axis("gather", axis, params.rank())?;
+    gather_rows(ctx, params, indices, axis, 0, params.shape()[ax])
+}
+
+/// Gather from a table split along `axis`: `params` holds rows `start..start + len` of a table
+/// of `total` rows. Indices are checked against `total`; an index outside this block gathers
+/// zeros, so summing the blocks' results gives the gather from the whole table.
+pub fn gather_rows(ctx: &ExecCtx, params: &Tensor, indices: &Tensor, axis: isize, start: usize, total: usize) -> Result<Tensor> {
     let op = "gather";
     let ax = normalize_axis(op, axis, params.rank())?;
     let idx = indices_i64(op, indices)?;
     let v = params.shape()[ax];
-    check_indices(op, &idx, v)?;
+    check_block(op, start, v, total)?;
+    check_indices(op, &idx, total)?;
     let outer: usize = params.shape()[..ax].iter().product();
     let inner: usize = params.shape()[ax + 1..].iter().product();
     let mut out_shape = params.shape()[..ax].to_vec();
@@ -280,7 +289,7 @@ pub fn gather(ctx: &ExecCtx, params: &Tensor, indices: &Tensor, axis: isize) -> 
         a: &ndarray::ArcArray<T, IxDyn>,
         idx: &[i64],
         outer: usize,
-        v: usize,
+        (start, v): (usize, usize),
         inner: usize,
         shape: &[usize],
     ) -> ndarray::ArcArray<T, IxDyn> {
@@ -289,23 +298,53 @@ pub fn gather(ctx: &ExecCtx, params: &Tensor, indices: &Tensor, axis: isize) -> 
         let mut out = vec![T::default(); outer * n * inner];
         ctx.for_chunks(&mut out, (n * inner).max(1), |o, chunk| {
             for (j, &i) in idx.iter().enumerate() {
-                let s = (o * v + i as usize) * inner;
+                // Indices were checked non-negative; rows outside this block stay zero.
+                let Some(row) = (i as usize).checked_sub(start).filter(|&r| r < v) else { continue };
+                let s = (o * v + row) * inner;
                 chunk[j * inner..(j + 1) * inner].copy_from_slice(&src[s..s + inner]);
             }
         });
         ArrayD::from_shape_vec(IxDyn(shape), out).expect("count").into_shared()
     }
-    Ok(Tensor { s: map_storage!(&p.s, a => run(ctx, a, &idx, outer, v, inner, &out_shape)) })
+    Ok(Tensor { s: map_storage!(&p.s, a => run(ctx, a, &idx, outer, (start, v), inner, &out_shape)) })
+}
+
+fn check_block(op: &'static str, start: usize, len: usize, total: usize) -> Result<()> {
+    if start + len > total {
+        return Err(TensorError::InvalidArgument {
+            op,
+            name: "rows",
+            value: format!("{start}..{}", start + len),
+            expected: "a block of rows within the table",
+        });
+    }
+    Ok(())
 }
 
 /// Backward of [`gather`] w.r.t. `params`: scatter-add of `dy` into zeros of `params_shape`
 /// (repeated indices accumulate, in index order, so results are deterministic).
 pub fn gather_backward(ctx: &ExecCtx, dy: &Tensor, indices: &Tensor, params_shape: &[usize], axis: isize) -> Result<Tensor> {
+    let ax = normalize_axis("gather_backward", axis, params_shape.len())?;
+    gather_rows_backward(ctx, dy, indices, params_shape, axis, 0, params_shape[ax])
+}
+
+/// Backward of [`gather_rows`] w.r.t. this block of rows (`params_shape`, rows
+/// `start..start + len` of `total`): indices outside the block contribute nothing.
+pub fn gather_rows_backward(
+    ctx: &ExecCtx,
+    dy: &Tensor,
+    indices: &Tensor,
+    params_shape: &[usize],
+    axis: isize,
+    start: usize,
+    total: usize,
+) -> Result<Tensor> {
     let op = "gather_backward";
     let ax = normalize_axis(op, axis, params_shape.len())?;
     let idx = indices_i64(op, indices)?;
     let v = params_shape[ax];
-    check_indices(op, &idx, v)?;
+    check_block(op, start, v, total)?;
+    check_indices(op, &idx, total)?;
     let outer: usize = params_shape[..ax].iter().product();
     let inner: usize = params_shape[ax + 1..].iter().product();
     let mut expected = params_shape[..ax].to_vec();
@@ -319,8 +358,9 @@ pub fn gather_backward(ctx: &ExecCtx, dy: &Tensor, indices: &Tensor, params_shap
         let mut out = vec![<T as num_traits::Zero>::zero(); outer * v * inner];
         ctx.for_chunks(&mut out, (v * inner).max(1), |o, chunk| {
             for (j, &i) in idx.iter().enumerate() {
+                let Some(row) = (i as usize).checked_sub(start).filter(|&r| r < v) else { continue };
                 let s = (o * n + j) * inner;
-                let d = i as usize * inner;
+                let d = row * inner;
                 for (c, &x) in chunk[d..d + inner].iter_mut().zip(&gd[s..s + inner]) {
                     *c += x;
                 }
@@ -438,6 +478,32 @@ mod tests {
         let halves = split(&ar(&[4, 2]), 0, 2).unwrap();
         assert_eq!(v(&halves[1]), vec![4., 5., 6., 7.]);
         assert!(split(&ar(&[3, 2]), 0, 2).is_err());
+    }
+
+    #[test]
+    fn gather_from_a_split_table_sums_to_the_whole_gather() {
+        let cx = ExecCtx::serial();
+        let table = ar(&[6, 2]);
+        let idx = Tensor::from_vec(&[5], vec![5i64, 0, 3, 3, 1]).unwrap();
+        let want = gather(&cx, &table, &idx, 0).unwrap().to_f64_vec();
+        let dy = ar(&[5, 2]);
+        let want_grad = gather_backward(&cx, &dy, &idx, &[6, 2], 0).unwrap().to_f64_vec();
+        let mut sum = vec![0.0; want.len()];
+        let mut grads = Vec::new();
+        for start in [0, 2, 4] {
+            let block = slice(&table, &[start, 0], &[2, 2]).unwrap();
+            for (s, g) in sum.iter_mut().zip(gather_rows(&cx, &block, &idx, 0, start, 6).unwrap().to_f64_vec()) {
+                *s += g;
+            }
+            grads.extend(gather_rows_backward(&cx, &dy, &idx, &[2, 2], 0, start, 6).unwrap().to_f64_vec());
+        }
+        assert_eq!(sum, want);
+        assert_eq!(grads, want_grad);
+        // Indices are checked against the whole table, blocks against its rows.
+        let block = slice(&table, &[4, 0], &[2, 2]).unwrap();
+        let far = Tensor::from_vec(&[1], vec![6i64]).unwrap();
+        assert!(matches!(gather_rows(&cx, &block, &far, 0, 4, 6), Err(TensorError::IndexOutOfRange { bound: 6, .. })));
+        assert!(matches!(gather_rows(&cx, &block, &idx, 0, 5, 6), Err(TensorError::InvalidArgument { name: "rows", .. })));
     }
 
     #[test]
