@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 
-use autopar_graph::ops::{Input, Parameter, Reshape, Scale, Slice};
-use autopar_graph::{Graph, Node, NodeId, OpKind, ReduceOp, TensorType};
+use autopar_graph::ops::{DropoutBlock, Input, Parameter, Reshape, Scale, Slice, TableShard};
+use autopar_graph::{normalize_axis, Graph, Node, NodeId, OpKind, ReduceOp, TensorType};
 use autopar_layout::{group_of, plan_with, DeviceAxis, DeviceMatrix, Step, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
@@ -485,6 +485,42 @@ fn localize(node: &Node, local_out: &[usize]) -> OpKind {
     }
 }
 
+impl Emitter<'_> {
+    /// The local op of `node` planned as `np` on this rank: local shapes, and the attributes
+    /// that tie a slice to the whole (a BatchNorm's statistics group, a Dropout's block, a
+    /// Gather's rows of a split table).
+    fn local_op(&mut self, node: &Node, np: &NodePlan) -> Result<OpKind> {
+        let layout_err = |e| ParallelError::Layout { context: node.name.clone(), source: e };
+        let mut op = localize(node, &np.output.slice_shape());
+        match &mut op {
+            OpKind::BatchNorm(bn) if bn.training => {
+                let x = &np.inputs[0];
+                if x.split(0) > 1 {
+                    let axes: Vec<DeviceAxis> = x.dim_axes()[0].iter().map(|&a| x.mesh().axis(a)).collect();
+                    bn.group = self.note_partition(&axes);
+                }
+            }
+            OpKind::Dropout(d) => {
+                let x = &np.inputs[0];
+                if x.dim_axes().iter().any(|a| !a.is_empty()) {
+                    let slice = x.slice_of(self.rank).map_err(layout_err)?;
+                    d.block = Some(DropoutBlock { global_shape: x.shape().to_vec(), begin: slice.iter().map(|r| r.start).collect() });
+                }
+            }
+            OpKind::Gather(g) => {
+                let table = &np.inputs[0];
+                let axis = normalize_axis(g.axis, table.shape().len()).expect("graph nodes hold axes within their input's rank");
+                if table.split(axis) > 1 {
+                    let rows = table.slice_of(self.rank).map_err(layout_err)?[axis].start;
+                    g.shard = Some(TableShard { start: rows, total: table.shape()[axis] });
+                }
+            }
+            _ => {}
+        }
+        Ok(op)
+    }
+}
+
 /// The program of `rank`.
 pub fn rank_program(graph: &Graph, plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let n = plan.device_num;
@@ -525,7 +561,8 @@ pub fn rank_program(graph: &Graph, plan: &ParallelPlan, rank: usize) -> Result<R
                 let (xid, xl) = local[x.0].clone().expect("inputs precede users");
                 args.push(em.redistribute(&format!("{}.in{slot}", node.name), xid, &xl, &np.inputs[slot])?);
             }
-            let mut id = em.add(&node.name, localize(node, &slice_shape), &args)?;
+            let op = em.local_op(node, np)?;
+            let mut id = em.add(&node.name, op, &args)?;
             if let Some(f) = np.output_scale {
                 id = em.add(&format!("{}.share", node.name), Scale { factor: f }, &[id])?;
             }

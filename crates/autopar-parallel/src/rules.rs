@@ -11,6 +11,12 @@
 //! follows. This reproduces MindSpore's device matrices (MatMul `((2,1),(1,4))` -> `[2,4]`,
 //! element-wise `(2,1)` on 8 devices -> `[2,4]` with the repeat axis).
 //!
+//! Some ops need the whole tensor and stay exact when split because the planner ties each
+//! local op to the whole (see `planner::Emitter::local_op`): a training BatchNorm with a split
+//! batch sums its statistics over the ranks that split it ([`OpSpec::synced`], counted in the
+//! cost), a Dropout draws its block of the whole mask, and a Gather from a table split on the
+//! vocabulary looks up its own rows, leaving a partial sum like a split contraction.
+//!
 //! [`op_rule`] has one arm per [`OpKind`] (an exhaustive match: a new op without a rule does not
 //! compile). Ops whose layout follows their input (Reshape, Flatten) are handled by the planner;
 //! ops without a sharded form run replicated; communication and backward ops have no rule in
@@ -55,6 +61,10 @@ pub struct OpSpec {
     /// The output is a mean over the reduced dimensions: each rank's local result is scaled by
     /// its share before the partial sum is completed.
     pub mean_over_reduced: bool,
+    /// Statistics taken over a logical dimension (BatchNorm in training over the batch): when
+    /// it is split, the op sums `elements` values per step over the ranks that split it
+    /// (synchronised statistics). `(logical dimension, elements)`.
+    pub synced: Option<(usize, usize)>,
 }
 
 /// What the planner does with an op.
@@ -106,13 +116,13 @@ fn broadcast_spec(out: &[usize], ins: &[&TensorType]) -> OpSpec {
             t.shape.iter().enumerate().map(|(d, &s)| if s == out[n - m + d] { Some(n - m + d) } else { None }).collect()
         })
         .collect();
-    OpSpec { dims, inputs, output: same_dims(out), mean_over_reduced: false }
+    OpSpec { dims, inputs, output: same_dims(out), mean_over_reduced: false, synced: None }
 }
 
 fn unary_spec(shape: &[usize], fixed: &[usize], why: &'static str) -> OpSpec {
     let dims =
         shape.iter().enumerate().map(|(d, &s)| if fixed.contains(&d) { LogicalDim::fixed(s, why) } else { LogicalDim::free(s) }).collect();
-    OpSpec { dims, inputs: vec![same_dims(shape)], output: same_dims(shape), mean_over_reduced: false }
+    OpSpec { dims, inputs: vec![same_dims(shape)], output: same_dims(shape), mean_over_reduced: false, synced: None }
 }
 
 /// An axis attribute of a node whose shapes were checked when it was built.
@@ -137,7 +147,7 @@ fn reduce_spec(shape: &[usize], axes: &[i64], keep_dims: bool, mean: bool, split
         })
         .collect();
     let output = (0..rank).filter_map(|d| if reduced.contains(&d) { keep_dims.then_some(None) } else { Some(Some(d)) }).collect();
-    OpSpec { dims, inputs: vec![same_dims(shape)], output, mean_over_reduced: mean }
+    OpSpec { dims, inputs: vec![same_dims(shape)], output, mean_over_reduced: mean, synced: None }
 }
 
 /// The rule of `node`, given its input types.
@@ -171,6 +181,7 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![same_dims(x)],
                 output: t.perm.iter().map(|&p| Some(p)).collect(),
                 mean_over_reduced: false,
+                synced: None,
             })
         }
         OpKind::Concat(c) => {
@@ -181,7 +192,13 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 .map(|(d, &s)| if d == a { LogicalDim::fixed(s, "the concatenation axis cannot be split") } else { LogicalDim::free(s) })
                 .collect();
             let inputs = ins.iter().map(|t| (0..t.shape.len()).map(|d| (d != a).then_some(d)).collect()).collect();
-            OpRule::Spec(OpSpec { dims, inputs, output: (0..out.len()).map(|d| (d != a).then_some(d)).collect(), mean_over_reduced: false })
+            OpRule::Spec(OpSpec {
+                dims,
+                inputs,
+                output: (0..out.len()).map(|d| (d != a).then_some(d)).collect(),
+                mean_over_reduced: false,
+                synced: None,
+            })
         }
         OpKind::Slice(s) => {
             let x = shape(0);
@@ -207,14 +224,15 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
             }
             let mut dims: Vec<LogicalDim> = idx.iter().map(|&s| LogicalDim::free(s)).collect();
             let vocab = dims.len();
-            dims.push(LogicalDim::fixed(table[0], "splitting the gathered (vocabulary) dimension of a table is not supported yet"));
+            // A split vocabulary: each rank gathers its rows (zeros elsewhere), a partial sum.
+            dims.push(LogicalDim::reduced(table[0]));
             let mut tmap = vec![Some(vocab)];
             for &s in &table[1..] {
                 tmap.push(Some(dims.len()));
                 dims.push(LogicalDim::free(s));
             }
             let output: Vec<Option<usize>> = (0..idx.len()).map(Some).chain((vocab + 1..dims.len()).map(Some)).collect();
-            OpRule::Spec(OpSpec { dims, inputs: vec![tmap, same_dims(idx)], output, mean_over_reduced: false })
+            OpRule::Spec(OpSpec { dims, inputs: vec![tmap, same_dims(idx)], output, mean_over_reduced: false, synced: None })
         }
         OpKind::OneHot(_) => {
             let idx = shape(0);
@@ -225,6 +243,7 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![same_dims(idx)],
                 output: (0..out.len()).map(Some).collect(),
                 mean_over_reduced: false,
+                synced: None,
             })
         }
         OpKind::MatMul(m) => OpRule::Spec(matmul_spec(shape(0), shape(1), m.transpose_a, m.transpose_b)),
@@ -232,7 +251,13 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
         OpKind::BiasAdd(_) => {
             let x = shape(0);
             let dims = x.iter().map(|&s| LogicalDim::free(s)).collect();
-            OpRule::Spec(OpSpec { dims, inputs: vec![same_dims(x), vec![Some(1)]], output: same_dims(x), mean_over_reduced: false })
+            OpRule::Spec(OpSpec {
+                dims,
+                inputs: vec![same_dims(x), vec![Some(1)]],
+                output: same_dims(x),
+                mean_over_reduced: false,
+                synced: None,
+            })
         }
         OpKind::Conv2D(c) => {
             // x [N, Cin, H, W], w [Cout, Cin/g, kh, kw] -> [N, Cout, H', W']; logical [n, co, ci]
@@ -256,6 +281,7 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![vec![Some(0), Some(2), None, None], vec![Some(1), Some(2), None, None]],
                 output: vec![Some(0), Some(1), None, None],
                 mean_over_reduced: false,
+                synced: None,
             })
         }
         OpKind::MaxPool(_) | OpKind::AvgPool(_) => {
@@ -266,6 +292,7 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![vec![Some(0), Some(1), None, None]],
                 output: vec![Some(0), Some(1), None, None],
                 mean_over_reduced: false,
+                synced: None,
             })
         }
         OpKind::GlobalAvgPool(_) => {
@@ -275,16 +302,13 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
             input.resize(x.len(), None);
             let mut output = vec![Some(0), Some(1)];
             output.resize(out.len(), None);
-            OpRule::Spec(OpSpec { dims, inputs: vec![input], output, mean_over_reduced: false })
+            OpRule::Spec(OpSpec { dims, inputs: vec![input], output, mean_over_reduced: false, synced: None })
         }
         OpKind::BatchNorm(bn) => {
+            // A split batch in training keeps exact statistics by summing them over the ranks
+            // that split it (synchronised batch norm): 2C + 1 values forward, 2C backward.
             let x = shape(0);
-            let n = if bn.training {
-                LogicalDim::fixed(x[0], "the batch dimension of BatchNorm in training cannot be split yet (its statistics are global)")
-            } else {
-                LogicalDim::free(x[0])
-            };
-            let dims = vec![n, LogicalDim::free(x[1])];
+            let dims = vec![LogicalDim::free(x[0]), LogicalDim::free(x[1])];
             let mut xin = vec![Some(0), Some(1)];
             xin.resize(x.len(), None);
             let c = vec![Some(1)];
@@ -293,6 +317,7 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![xin.clone(), c.clone(), c.clone(), c.clone(), c],
                 output: xin,
                 mean_over_reduced: false,
+                synced: bn.training.then_some((0, 4 * x[1] + 1)),
             })
         }
         OpKind::LayerNorm(ln) => {
@@ -305,12 +330,18 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
             spec.inputs.push(param);
             OpRule::Spec(spec)
         }
-        // The mask depends on element indices of the whole tensor; run it unsplit.
-        OpKind::Dropout(_) => OpRule::Replicated,
+        // Each slice draws its block of the whole tensor's mask (the planner sets the block).
+        OpKind::Dropout(_) => OpRule::Spec(unary_spec(out, &[], "")),
         OpKind::SoftmaxCrossEntropy(_) => {
             let logits = shape(0);
             let dims = vec![LogicalDim::reduced(logits[0]), LogicalDim::fixed(logits[1], "the class dimension cannot be split")];
-            OpRule::Spec(OpSpec { dims, inputs: vec![vec![Some(0), Some(1)], vec![Some(0)]], output: vec![], mean_over_reduced: true })
+            OpRule::Spec(OpSpec {
+                dims,
+                inputs: vec![vec![Some(0), Some(1)], vec![Some(0)]],
+                output: vec![],
+                mean_over_reduced: true,
+                synced: None,
+            })
         }
         OpKind::BroadcastTo(_) | OpKind::SumTo(_) => OpRule::Replicated,
         OpKind::AllReduce(_)
@@ -363,7 +394,7 @@ fn matmul_spec(a: &[usize], b: &[usize], ta: bool, tb: bool) -> OpSpec {
     bmap.extend(if tb { [Some(lj), Some(lk)] } else { [Some(lk), Some(lj)] });
     let mut out: Vec<Option<usize>> = (0..nbatch).map(Some).collect();
     out.extend([Some(li), Some(lj)]);
-    OpSpec { dims, inputs: vec![amap, bmap], output: out, mean_over_reduced: false }
+    OpSpec { dims, inputs: vec![amap, bmap], output: out, mean_over_reduced: false, synced: None }
 }
 
 impl OpSpec {
@@ -510,7 +541,11 @@ impl OpSpec {
         let local = |l: &TensorLayout| (l.slice_len() * elem_size) as f64;
         let compute = sharding.inputs.iter().map(local).sum::<f64>() + local(&sharding.output);
         let p: usize = sharding.output.partial_axes().iter().map(|&a| sharding.mesh.dims()[a]).product();
-        let communication = if p > 1 { 2.0 * local(&sharding.output) * (p - 1) as f64 / p as f64 } else { 0.0 };
+        let ring = |bytes: f64, p: usize| if p > 1 { 2.0 * bytes * (p - 1) as f64 / p as f64 } else { 0.0 };
+        let mut communication = ring(local(&sharding.output), p);
+        if let Some((dim, elements)) = self.synced {
+            communication += ring((elements * elem_size) as f64, sharding.splits[dim]);
+        }
         Cost { compute, communication }
     }
 }

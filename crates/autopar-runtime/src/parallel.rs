@@ -5,7 +5,9 @@
 //! * semi_auto_parallel: the graph has global shapes; the planner shards it ([`plan`]).
 //! * data_parallel: every rank runs the graph as written on its own batch shard (the graph has
 //!   per-rank shapes, as in MindSpore); gradients are all-reduced over all ranks and divided by
-//!   the rank count when `gradients_mean` is set.
+//!   the rank count when `gradients_mean` is set. Training BatchNorm takes its statistics over
+//!   every rank's shard and Dropout draws the rank's block of the whole batch's mask, so the
+//!   run equals one device on the N-times batch.
 //! * hybrid_parallel: every rank runs its own hand-written graph (local shapes, the collectives
 //!   the user placed); `layerwise` parameters are the rank's own, the others are replicated and
 //!   all-reduced over all ranks ([`ParallelJob::hybrid`]).
@@ -129,7 +131,35 @@ impl ParallelJob {
                 prog.partitions = partitions;
                 Ok(prog)
             }
-            _ => data_parallel_program(&self.graph, self.device_num, rank),
+            _ => {
+                let mut prog = data_parallel_program(&self.graph, self.device_num, rank)?;
+                whole_batch_ops(&mut prog.graph, self.device_num, rank);
+                Ok(prog)
+            }
+        }
+    }
+}
+
+/// data_parallel: make the ops whose result depends on the whole batch behave as on one device
+/// running the N-times batch. BatchNorm in training takes its statistics over every rank's
+/// batch (synchronised batch norm); Dropout draws rank `r`'s block of the whole batch's mask
+/// (`r`-th along dimension 0, exact for batch-major tensors).
+fn whole_batch_ops(graph: &mut Graph, n: usize, rank: usize) {
+    if n <= 1 {
+        return;
+    }
+    for i in 0..graph.len() {
+        let shape = graph.node(NodeId(i)).ty.shape.clone();
+        match &mut graph.node_mut(NodeId(i)).op {
+            OpKind::BatchNorm(bn) if bn.training => bn.group = (0..n).collect(),
+            OpKind::Dropout(d) if !shape.is_empty() => {
+                let mut global_shape = shape.clone();
+                global_shape[0] *= n;
+                let mut begin = vec![0; shape.len()];
+                begin[0] = rank * shape[0];
+                d.block = Some(autopar_graph::ops::DropoutBlock { global_shape, begin });
+            }
+            _ => {}
         }
     }
 }

@@ -1,10 +1,12 @@
-//! Parallel equals serial for the model zoo (small sizes): the MLP, the GPT model and
-//! ResNet-18 under semi_auto_parallel with 100 random valid strategies each on 1, 2, 4 and 8
-//! devices.
+//! Parallel equals serial for the model zoo (small sizes): the MLP, the GPT model (with
+//! dropout) and ResNet-18 under semi_auto_parallel with 100 random valid strategies each on 1,
+//! 2, 4 and 8 devices, and under data_parallel against the N-times batch. The random strategies
+//! split BatchNorm's batch (synchronised statistics), Dropout's input and the embedding table's
+//! vocabulary; each test checks that they did.
 //! Loss and every parameter after K steps within a relative 1e-5 (f32 arithmetic; a wider
 //! absolute floor for the deeper networks, stated per model).
 
-use autopar_graph::{Graph, NodeId};
+use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
 use autopar_runtime::parallel::{run_local, ParallelJob};
@@ -85,11 +87,33 @@ fn serial(c: &Case, batches: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore)
     (losses, params)
 }
 
-fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> usize {
+/// How often the rank-0 programs of a test used the sharded forms that tie a slice to the whole.
+#[derive(Default, Debug)]
+struct Seen {
+    runs: usize,
+    synced_batch_norm: usize,
+    dropout_blocks: usize,
+    split_tables: usize,
+}
+
+fn assert_close(c: &Case, what: &str, losses: &[f64], params: &ParamStore, want_losses: &[f64], want: &ParamStore) {
+    let close = |a: f64, b: f64| (a - b).abs() <= c.atol + c.rtol * b.abs();
+    assert_eq!(losses.len(), want_losses.len(), "{what}: steps");
+    for (s, (a, b)) in losses.iter().zip(want_losses).enumerate() {
+        assert!(close(*a, *b), "{what}: loss at step {s} {a} vs stand-alone {b}");
+    }
+    for (name, w) in want.iter() {
+        let got = params.require(name).unwrap();
+        for (i, (a, b)) in got.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            assert!(close(*a, b), "{what}: {name}[{i}] {a} vs stand-alone {b}");
+        }
+    }
+}
+
+fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> Seen {
     let batches = data(c, steps, 17);
     let (want_losses, want) = serial(c, &batches);
-    let close = |a: f64, b: f64| (a - b).abs() <= c.atol + c.rtol * b.abs();
-    let mut runs = 0;
+    let mut seen = Seen::default();
     let mut communicating = 0;
     for n in [1usize, 2, 4, 8] {
         for seed in 0..seeds {
@@ -101,36 +125,75 @@ fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> usize {
             let job = ParallelJob::new(g, c.loss, ctx).unwrap();
             let prog = job.program(0).unwrap();
             communicating += prog.graph.nodes().iter().filter(|n| n.op.is_communication()).count();
-            let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
-            for (s, (a, b)) in run.losses.iter().zip(&want_losses).enumerate() {
-                assert!(close(*a, *b), "{label} n={n} seed={seed}: loss at step {s} {a} vs stand-alone {b}");
-            }
-            for (name, w) in want.iter() {
-                let got = run.params.require(name).unwrap();
-                for (i, (a, b)) in got.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
-                    assert!(close(*a, b), "{label} n={n} seed={seed}: {name}[{i}] {a} vs stand-alone {b}");
+            for node in prog.graph.nodes() {
+                match &node.op {
+                    OpKind::BatchNorm(bn) if bn.group.len() > 1 => seen.synced_batch_norm += 1,
+                    OpKind::Dropout(d) if d.block.is_some() => seen.dropout_blocks += 1,
+                    OpKind::Gather(g) if g.shard.is_some() => seen.split_tables += 1,
+                    _ => {}
                 }
             }
-            runs += 1;
+            let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
+            assert_close(c, &format!("{label} n={n} seed={seed}"), &run.losses, &run.params, &want_losses, &want);
+            seen.runs += 1;
         }
     }
     assert!(communicating > 0, "{label}: the random strategies inserted no communication");
-    runs
+    seen
+}
+
+/// data_parallel on `n` ranks of `per_rank` samples (graph `local`) against stand-alone on the
+/// n-times batch (graph `global`).
+fn check_data_parallel(global: &Case, local: &Case, label: &str, n: usize, steps: usize) {
+    let batches = data(global, steps, 23);
+    let (want_losses, want) = serial(global, &batches);
+    let per_rank = local.x_shape[0];
+    let mut per_rank_batches = Vec::new();
+    for batch in &batches {
+        for r in 0..n {
+            per_rank_batches.push(
+                batch
+                    .iter()
+                    .map(|(name, t)| {
+                        let ranges: Vec<std::ops::Range<usize>> = t
+                            .shape()
+                            .iter()
+                            .enumerate()
+                            .map(|(d, &s)| if d == 0 { r * per_rank..(r + 1) * per_rank } else { 0..s })
+                            .collect();
+                        (name.clone(), autopar_runtime::parallel::slice_tensor(t, &ranges).unwrap())
+                    })
+                    .collect(),
+            );
+        }
+    }
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(n)).unwrap();
+    ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
+    ctx.set("gradients_mean", &json!(true)).unwrap();
+    let job = ParallelJob::new(local.graph.clone(), local.loss, ctx).unwrap();
+    let run = run_local(&job, &per_rank_batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} data_parallel n={n}: {e}"));
+    assert_close(global, &format!("{label} data_parallel n={n}"), &run.losses, &run.params, &want_losses, &want);
 }
 
 #[test]
 fn zoo_mlp_equals_stand_alone() {
     let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![16, 16], num_classes: 8 }).unwrap();
     let c = case(&m, 16, 8, 1e-5, 1e-6);
-    assert_eq!(check(&c, "mlp", 25, 3), 100);
+    assert_eq!(check(&c, "mlp", 25, 3).runs, 100);
+}
+
+fn small_gpt() -> Gpt {
+    let cfg = GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 1, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
+    Gpt::new(cfg).unwrap()
 }
 
 #[test]
 fn gpt_equals_stand_alone() {
-    let cfg = GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 1, mlp_ratio: 2, ..GptConfig::default() };
-    let m = Gpt::new(cfg).unwrap();
-    let c = case(&m, 8, 16, 1e-5, 1e-6);
-    assert_eq!(check(&c, "gpt", 25, 2), 100);
+    let c = case(&small_gpt(), 8, 16, 1e-5, 1e-6);
+    let seen = check(&c, "gpt", 25, 2);
+    assert_eq!(seen.runs, 100);
+    assert!(seen.dropout_blocks > 0 && seen.split_tables > 0, "{seen:?}");
 }
 
 #[test]
@@ -138,5 +201,18 @@ fn resnet18_equals_stand_alone() {
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
     let m = ResNet::new(cfg).unwrap();
     let c = case(&m, 8, 4, 1e-5, 1e-5);
-    assert_eq!(check(&c, "resnet18", 25, 2), 100);
+    let seen = check(&c, "resnet18", 25, 2);
+    assert_eq!(seen.runs, 100);
+    assert!(seen.synced_batch_norm > 0, "{seen:?}");
+}
+
+#[test]
+fn data_parallel_with_batch_norm_and_dropout_equals_the_n_times_batch() {
+    let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
+    let m = ResNet::new(cfg).unwrap();
+    let gpt = small_gpt();
+    for n in [2usize, 4] {
+        check_data_parallel(&case(&m, 2 * n, 4, 1e-5, 1e-5), &case(&m, 2, 4, 1e-5, 1e-5), "resnet18", n, 2);
+        check_data_parallel(&case(&gpt, 2 * n, 16, 1e-5, 1e-6), &case(&gpt, 2, 16, 1e-5, 1e-6), "gpt", n, 2);
+    }
 }

@@ -104,6 +104,7 @@ fn every_sharding_rule_gives_the_one_device_result() {
         "Conv2D",
         "BatchNorm",
         "LayerNorm",
+        "Dropout",
         "Softmax",
         "Gather",
         "SoftmaxCrossEntropy",
