@@ -26,8 +26,8 @@ fn batch(n: usize) -> Vec<(String, Tensor)> {
 
 /// Seconds per step of `job` on its ranks (every rank fed its part of `global` batches).
 fn time_job(job: &ParallelJob, global: &[(String, Tensor)]) -> f64 {
-    let full = ParamStore::init(&job.graph).unwrap();
-    let times = LocalComm::run(job.device_num, |comm| -> autopar_runtime::Result<f64> {
+    let full = ParamStore::init(job.graph()).unwrap();
+    let times = LocalComm::run(job.device_num(), |comm| -> autopar_runtime::Result<f64> {
         let mut t = RankTrainer::new(job, &comm, &full)?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01))?;
         let feeds = t.local_feeds(global)?;

@@ -23,7 +23,7 @@ fn main() {
         ctx.set("parallel_mode", &serde_json::json!("data_parallel")).map_err(|e| e.to_string())?;
         ctx.set("gradients_mean", &serde_json::json!(true)).map_err(|e| e.to_string())?;
         let job = ParallelJob::new(g, m.loss, ctx).map_err(e)?;
-        let full = ParamStore::init(&job.graph).map_err(e)?;
+        let full = ParamStore::init(job.graph()).map_err(e)?;
         let mut t = RankTrainer::new(&job, &comm, &full).map_err(e)?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01)).map_err(e)?;
         let x: Vec<f32> = (0..64 * 784).map(|i| ((i * 7919 + comm.rank()) % 1000) as f32 / 1000.0).collect();

@@ -66,7 +66,7 @@ fn main() {
         let job = ParallelJob::new(graph, loss, ctx).map_err(|e| e.to_string())?;
         let steps = 3;
         let data = batches(batch, if data_parallel { steps * n } else { steps });
-        let full = ParamStore::init(&job.graph).map_err(|e| e.to_string())?;
+        let full = ParamStore::init(job.graph()).map_err(|e| e.to_string())?;
         let mut trainer = RankTrainer::new(&job, &comm, &full).map_err(|e| e.to_string())?;
         let mut opt = optimizer().map_err(|e| e.to_string())?;
         let mut losses = Vec::new();

@@ -83,8 +83,7 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
     let program = job.program(rank)?;
     let scratch = scratch_dir(rank)?;
     let dst_strategy = scratch.join("destination_strategy.json");
-    let plan = autopar_parallel::plan(&job.graph, &job.ctx).map_err(|e| RuntimeError::Parallel { message: e.to_string() })?;
-    crate::strategy_io::save_strategy_file(&job.graph, &plan, &dst_strategy, false)?;
+    crate::strategy_io::save_strategy_file(job.graph(), &job.plan()?, &dst_strategy, false)?;
     let (files, _) = collect_rank_files(src_dir).map_err(ck_err(format!("cannot read checkpoints in {}", src_dir.display())))?;
     let out = scratch.join(format!("rank_{rank}.safetensors"));
     let opts = TransformOptions { allow_missing: true, ..TransformOptions::default() };

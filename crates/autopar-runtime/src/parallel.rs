@@ -25,7 +25,7 @@ use autopar_comm::{Communicator, LocalComm, ReduceOp as CommReduce};
 use autopar_graph::ops::Scale;
 use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_layout::{Block, DeviceMatrix, TensorLayout};
-use autopar_parallel::{plan, rank_program, FusionMode, InputSlot, ParallelContext, ParallelMode, ParamSlot, RankProgram};
+use autopar_parallel::{plan, rank_program, FusionMode, InputSlot, ParallelContext, ParallelMode, ParallelPlan, ParamSlot, RankProgram};
 use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, Tensor};
 
@@ -38,18 +38,22 @@ use crate::train::TrainStep;
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
 
-/// The rank programs of a job, built once from the global graph.
+/// The rank programs of a job, built once from the global graph. Its parts are read through
+/// methods: the plan is made from them once, so they do not change after construction.
 #[derive(Clone, Debug)]
 pub struct ParallelJob {
-    pub mode: ParallelMode,
-    pub device_num: usize,
-    pub graph: Graph,
-    pub loss: NodeId,
-    pub ctx: ParallelContext,
+    mode: ParallelMode,
+    device_num: usize,
+    graph: Graph,
+    loss: NodeId,
+    ctx: ParallelContext,
     /// hybrid_parallel: the graph every rank runs (rank `r` runs `rank_graphs[r]`).
-    pub rank_graphs: Vec<Graph>,
+    rank_graphs: Vec<Graph>,
     /// hybrid_parallel: parameters that are each rank's own (never synchronised).
-    pub layerwise: BTreeSet<String>,
+    layerwise: BTreeSet<String>,
+    /// semi_auto_parallel and stand_alone: the plan of `graph`, made once by [`ParallelJob::new`]
+    /// (so an invalid strategy or an indivisible batch is an error there).
+    planned: Option<ParallelPlan>,
 }
 
 fn loss_first(mut graph: Graph, loss: NodeId) -> Graph {
@@ -72,7 +76,13 @@ impl ParallelJob {
                 message: "hybrid_parallel runs one graph per rank, written by hand\nhint: build the job with ParallelJob::hybrid".into(),
             });
         }
-        Ok(Self { mode: ctx.parallel_mode, device_num, graph, loss, ctx, rank_graphs: Vec::new(), layerwise: BTreeSet::new() })
+        let planned = match ctx.parallel_mode {
+            ParallelMode::SemiAutoParallel | ParallelMode::StandAlone => {
+                Some(plan(&graph, &ctx).map_err(|e| RuntimeError::Parallel { message: e.to_string() })?)
+            }
+            _ => None,
+        };
+        Ok(Self { mode: ctx.parallel_mode, device_num, graph, loss, ctx, rank_graphs: Vec::new(), layerwise: BTreeSet::new(), planned })
     }
 
     /// A hybrid_parallel job: rank `r` runs `graphs[r]` as written (local shapes, the
@@ -110,7 +120,43 @@ impl ParallelJob {
         }
         let graph = rank_graphs[0].clone();
         let loss = graph.outputs[0];
-        Ok(Self { mode: ParallelMode::HybridParallel, device_num: ctx.device_num, graph, loss, ctx, rank_graphs, layerwise })
+        Ok(Self { mode: ParallelMode::HybridParallel, device_num: ctx.device_num, graph, loss, ctx, rank_graphs, layerwise, planned: None })
+    }
+
+    pub fn mode(&self) -> ParallelMode {
+        self.mode
+    }
+
+    /// Ranks of the job (1 for stand_alone).
+    pub fn device_num(&self) -> usize {
+        self.device_num
+    }
+
+    /// The global graph (hybrid_parallel: rank 0's graph), with the loss as its first output.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn loss(&self) -> NodeId {
+        self.loss
+    }
+
+    pub fn context(&self) -> &ParallelContext {
+        &self.ctx
+    }
+
+    /// hybrid_parallel: the graph of every rank (empty in the other modes).
+    pub fn rank_graphs(&self) -> &[Graph] {
+        &self.rank_graphs
+    }
+
+    /// The plan of the job's graph: the one made by [`ParallelJob::new`], or (data_parallel,
+    /// hybrid_parallel) the graph planned under the context, for strategy files.
+    pub fn plan(&self) -> Result<ParallelPlan> {
+        match &self.planned {
+            Some(p) => Ok(p.clone()),
+            None => plan(&self.graph, &self.ctx).map_err(|e| RuntimeError::Parallel { message: e.to_string() }),
+        }
     }
 
     /// The program of `rank`.
@@ -118,8 +164,8 @@ impl ParallelJob {
         let pe = |e: autopar_parallel::ParallelError| RuntimeError::Parallel { message: e.to_string() };
         match self.mode {
             ParallelMode::SemiAutoParallel | ParallelMode::StandAlone => {
-                let p = plan(&self.graph, &self.ctx).map_err(pe)?;
-                rank_program(&self.graph, &p, rank).map_err(pe)
+                let p = self.planned.as_ref().expect("ParallelJob::new plans these modes");
+                rank_program(&self.graph, p, rank).map_err(pe)
             }
             ParallelMode::HybridParallel => {
                 let mut prog = data_parallel_program(&self.rank_graphs[rank], self.device_num, rank)?;

@@ -427,11 +427,11 @@ impl Trainer {
         self.check_data(&graph, &net, &io)?;
 
         let job = ParallelJob::new(graph, net.loss, cfg.parallel.clone())?;
-        let mut full = ParamStore::init(&job.graph)?;
+        let mut full = ParamStore::init(job.graph())?;
         if let Some(init) = &cfg.init {
             if init.is_dir() {
                 // Reshard the per-rank checkpoints to full tensors; the job slices them per rank.
-                let one = ParallelJob::new(job.graph.clone(), job.loss, ParallelContext::default())?;
+                let one = ParallelJob::new(job.graph().clone(), job.loss(), ParallelContext::default())?;
                 let loaded = crate::distributed::load_distributed_checkpoint(&one, 0, init, cfg.init_strategy.as_deref())?;
                 for (name, t) in loaded.iter() {
                     full.insert(name, t.clone());
@@ -440,8 +440,13 @@ impl Trainer {
                 load_parameters(init, &mut full)?;
             }
         }
-        let trainable: Vec<String> =
-            job.graph.nodes().iter().filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable)).map(|nd| nd.name.clone()).collect();
+        let trainable: Vec<String> = job
+            .graph()
+            .nodes()
+            .iter()
+            .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable))
+            .map(|nd| nd.name.clone())
+            .collect();
 
         let probe = self.loader(local_batch, if dp { n } else { 1 }, 0)?;
         let steps_per_epoch = probe.min_batches_per_epoch() as u64;
@@ -465,11 +470,10 @@ impl Trainer {
         let mut strategy_file = None;
         if let Some(ck) = &cfg.checkpoint {
             if n > 1 && mode == ParallelMode::SemiAutoParallel {
-                let plan =
-                    autopar_parallel::plan(&job.graph, &job.ctx).map_err(|e| crate::RuntimeError::Parallel { message: e.to_string() })?;
+                let plan = job.plan()?;
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
-                crate::strategy_io::save_strategy_file(&job.graph, &plan, &path, true)?;
+                crate::strategy_io::save_strategy_file(job.graph(), &plan, &path, true)?;
                 strategy_file = Some(path);
             }
         }
@@ -641,10 +645,10 @@ impl Trainer {
         let rank = comm.rank();
         let n = plan.n;
         let mut engine = if n == 1 {
-            let mut graph = plan.job.graph.clone();
-            let g = backward(&mut graph, plan.job.loss).map_err(crate::RuntimeError::from)?;
+            let mut graph = plan.job.graph().clone();
+            let g = backward(&mut graph, plan.job.loss()).map_err(crate::RuntimeError::from)?;
             let grads: Vec<String> = g.grads.iter().map(|&(p, _)| graph.node(p).name.clone()).collect();
-            let mut fetch = vec![plan.job.loss];
+            let mut fetch = vec![plan.job.loss()];
             fetch.extend(g.grads.iter().map(|&(_, d)| d));
             Engine::Single { exec: Box::new(Executor::new(graph, &fetch)?), grads, step: 0, params: plan.full.clone(), io: plan.io.clone() }
         } else {

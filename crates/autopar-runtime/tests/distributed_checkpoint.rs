@@ -55,8 +55,8 @@ fn job(n: usize, seed: u64) -> ParallelJob {
 /// Train `job` one step from `full`, save per-rank checkpoints and the strategy under `dir`;
 /// returns the full parameters after the step.
 fn train_and_save(job: &ParallelJob, dir: &Path) -> ParamStore {
-    let full = ParamStore::init(&job.graph).unwrap();
-    let stores = LocalComm::run(job.device_num, |comm| -> autopar_runtime::Result<ParamStore> {
+    let full = ParamStore::init(job.graph()).unwrap();
+    let stores = LocalComm::run(job.device_num(), |comm| -> autopar_runtime::Result<ParamStore> {
         let mut t = RankTrainer::new(job, &comm, &full)?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.5))?;
         let feeds = t.local_feeds(&batch(1))?;
@@ -67,8 +67,8 @@ fn train_and_save(job: &ParallelJob, dir: &Path) -> ParamStore {
         Ok(t.params().clone())
     })
     .unwrap();
-    let p = plan(&job.graph, &job.ctx).unwrap();
-    save_strategy_file(&job.graph, &p, &dir.join("strategy.json"), true).unwrap();
+    let p = plan(job.graph(), job.context()).unwrap();
+    save_strategy_file(job.graph(), &p, &dir.join("strategy.json"), true).unwrap();
     assemble_params(job, &stores).unwrap()
 }
 
