@@ -264,6 +264,12 @@ impl GraphBuilder {
         self.op(name, BatchNorm { training, eps, momentum, group: Vec::new() }, &inputs)
     }
 
+    /// A training BatchNorm whose statistics are taken over the batch parts of every rank of
+    /// `group` (world ranks, ascending): synchronised batch norm for hand-written rank graphs.
+    pub fn batch_norm_synced(&mut self, name: &str, inputs: [NodeId; 5], eps: f64, momentum: f64, group: &[usize]) -> Result<NodeId> {
+        self.op(name, BatchNorm { training: true, eps, momentum, group: group.to_vec() }, &inputs)
+    }
+
     pub fn layer_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, beta: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
         self.op(name, LayerNorm { begin_norm_axis, eps }, &[x, gamma, beta])
     }

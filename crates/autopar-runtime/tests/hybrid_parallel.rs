@@ -1,12 +1,13 @@
 //! hybrid_parallel: a hand-written Megatron-style MLP (column-parallel first layer, row-parallel
 //! second layer, one all-reduce written by the user, layerwise-parallel weights) equals the
-//! stand-alone MLP it slices.
+//! stand-alone MLP it slices; a batch split by hand with a synchronised BatchNorm equals the
+//! whole batch on one device.
 #![allow(clippy::single_range_in_vec_init)] // one-dimensional slices are written as [start..end]
 
 use std::collections::BTreeSet;
 
 use autopar_comm::{Communicator, LocalComm};
-use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ReduceOp};
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ParamSpec, ReduceOp};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::parallel::{slice_tensor, ParallelJob, RankTrainer};
 use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
@@ -128,4 +129,82 @@ fn hybrid_errors_name_the_problem() {
     let (g, loss) = model(Some((0, 2)));
     let e = ParallelJob::new(g, loss, ctx).unwrap_err().to_string();
     assert!(e.contains("ParallelJob::hybrid"), "{e}");
+}
+
+/// x -> BatchNorm -> dense -> loss; with `rank: Some((r, n))` rank `r`'s rows of the batch and a
+/// BatchNorm synchronised over all `n` ranks.
+fn bn_model(rank: Option<(usize, usize)>) -> (Graph, NodeId) {
+    let rows = rank.map_or(B, |(_, n)| B / n);
+    let mut b = GraphBuilder::new(5);
+    let x = b.input("x", &[rows, IN], DType::F32).unwrap();
+    let y = b.input("y", &[rows], DType::I64).unwrap();
+    let gamma = b.parameter("bn.gamma", &[IN], Initializer::Uniform { low: 0.5, high: 1.5 }).unwrap();
+    let beta = b.parameter("bn.beta", &[IN], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let mean = b.parameter_with("bn.moving_mean", ParamSpec::new(&[IN], Initializer::Zeros).frozen()).unwrap();
+    let var = b.parameter_with("bn.moving_variance", ParamSpec::new(&[IN], Initializer::Ones).frozen()).unwrap();
+    let inputs = [x, gamma, beta, mean, var];
+    let h = match rank {
+        None => b.batch_norm("bn", inputs, true, 1e-5, 0.9).unwrap(),
+        Some((_, n)) => b.batch_norm_synced("bn", inputs, 1e-5, 0.9, &(0..n).collect::<Vec<_>>()).unwrap(),
+    };
+    let w = b.parameter("w", &[IN, OUT], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let o = b.matmul("mm", h, w).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[o, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+#[test]
+fn a_hand_split_batch_with_synchronised_batch_norm_equals_the_whole_batch() {
+    let (serial, sloss) = bn_model(None);
+    let init = ParamStore::init(&serial).unwrap();
+    let mut want = init.clone();
+    let mut step = TrainStep::new(serial.clone(), sloss).unwrap();
+    let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
+    let mut want_losses = Vec::new();
+    for s in 0..3 {
+        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
+        want_losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
+    }
+    for n in [2usize, 4] {
+        let graphs: Vec<Graph> = (0..n).map(|r| bn_model(Some((r, n))).0).collect();
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &json!(n)).unwrap();
+        ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
+        ctx.set("gradients_mean", &json!(true)).unwrap();
+        let job = ParallelJob::hybrid(graphs, "loss", ctx, BTreeSet::new()).unwrap();
+        let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(Vec<f64>, ParamStore)> {
+            let r = comm.rank();
+            let mut t = RankTrainer::with_local_params(&job, &comm, init.clone())?;
+            let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
+            let mut losses = Vec::new();
+            for s in 0..3 {
+                let rows = r * B / n..(r + 1) * B / n;
+                let mine: Vec<(String, Tensor)> = batch(s)
+                    .into_iter()
+                    .map(|(name, t)| {
+                        let mut ranges: Vec<std::ops::Range<usize>> = t.shape().iter().map(|&d| 0..d).collect();
+                        ranges[0] = rows.clone();
+                        (name, slice_tensor(&t, &ranges).unwrap())
+                    })
+                    .collect();
+                let feeds = t.local_feeds(&mine)?;
+                losses.push(t.step(&mut opt, &feeds)?);
+            }
+            Ok((losses, t.params().clone()))
+        })
+        .unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 + 1e-5 * b.abs();
+        let mean_losses: Vec<f64> = (0..3).map(|s| results.iter().map(|(l, _)| l[s]).sum::<f64>() / n as f64).collect();
+        for (a, b) in mean_losses.iter().zip(&want_losses) {
+            assert!(close(*a, *b), "{n} ranks: mean loss {a} vs stand-alone {b}");
+        }
+        for (r, (_, params)) in results.iter().enumerate() {
+            for (name, w) in want.iter() {
+                for (i, (a, b)) in params.require(name).unwrap().to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+                    assert!(close(*a, b), "{n} ranks, rank {r}: {name}[{i}] {a} vs stand-alone {b}");
+                }
+            }
+        }
+    }
 }
