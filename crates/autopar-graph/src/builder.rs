@@ -207,11 +207,11 @@ impl GraphBuilder {
     }
 
     pub fn softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
-        self.op(name, Softmax { axis }, &[x])
+        self.op(name, Softmax { axis, group: Vec::new() }, &[x])
     }
 
     pub fn log_softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
-        self.op(name, LogSoftmax { axis }, &[x])
+        self.op(name, LogSoftmax { axis, group: Vec::new() }, &[x])
     }
 
     pub fn reduce_sum(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
@@ -271,7 +271,7 @@ impl GraphBuilder {
     }
 
     pub fn layer_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, beta: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
-        self.op(name, LayerNorm { begin_norm_axis, eps }, &[x, gamma, beta])
+        self.op(name, LayerNorm { begin_norm_axis, eps, group: Vec::new() }, &[x, gamma, beta])
     }
 
     pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {

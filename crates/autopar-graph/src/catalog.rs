@@ -274,7 +274,11 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     wrt = Some(vec![x, gamma, beta]);
                 } else {
                     let dy = m.x(&[a, b2, c])?;
-                    y = m.b.op("op", LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma }, &[dy, x, gamma])?;
+                    y = m.b.op(
+                        "op",
+                        LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma, group: Vec::new() },
+                        &[dy, x, gamma],
+                    )?;
                     let _ = beta;
                     wrt = Some(vec![]);
                 }

@@ -486,6 +486,17 @@ fn localize(node: &Node, local_out: &[usize]) -> OpKind {
 }
 
 impl Emitter<'_> {
+    /// The ranks (ascending) whose slices of `x` together hold the whole of dimensions `dims`
+    /// (the group an op's statistics over them are reduced in); empty when they are not split.
+    fn stats_group(&mut self, x: &TensorLayout, dims: &[usize]) -> Vec<usize> {
+        let axes: Vec<DeviceAxis> = dims.iter().flat_map(|&d| x.dim_axes()[d].iter().map(|&a| x.mesh().axis(a))).collect();
+        if axes.is_empty() {
+            Vec::new()
+        } else {
+            self.note_partition(&axes)
+        }
+    }
+
     /// The local op of `node` planned as `np` on this rank: local shapes, and the attributes
     /// that tie a slice to the whole (a BatchNorm's statistics group, a Dropout's block, a
     /// Gather's rows of a split table).
@@ -493,12 +504,19 @@ impl Emitter<'_> {
         let layout_err = |e| ParallelError::Layout { context: node.name.clone(), source: e };
         let mut op = localize(node, &np.output.slice_shape());
         match &mut op {
-            OpKind::BatchNorm(bn) if bn.training => {
-                let x = &np.inputs[0];
-                if x.split(0) > 1 {
-                    let axes: Vec<DeviceAxis> = x.dim_axes()[0].iter().map(|&a| x.mesh().axis(a)).collect();
-                    bn.group = self.note_partition(&axes);
-                }
+            OpKind::BatchNorm(bn) if bn.training => bn.group = self.stats_group(&np.inputs[0], &[0]),
+            OpKind::Softmax(sm) => {
+                let a = normalize_axis(sm.axis, node.ty.shape.len()).expect("graph nodes hold axes within their input's rank");
+                sm.group = self.stats_group(&np.inputs[0], &[a]);
+            }
+            OpKind::LogSoftmax(sm) => {
+                let a = normalize_axis(sm.axis, node.ty.shape.len()).expect("graph nodes hold axes within their input's rank");
+                sm.group = self.stats_group(&np.inputs[0], &[a]);
+            }
+            OpKind::LayerNorm(ln) => {
+                let rank = node.ty.shape.len();
+                let b = normalize_axis(ln.begin_norm_axis, rank).expect("graph nodes hold axes within their input's rank");
+                ln.group = self.stats_group(&np.inputs[0], &(b..rank).collect::<Vec<_>>());
             }
             OpKind::Dropout(d) => {
                 let x = &np.inputs[0];

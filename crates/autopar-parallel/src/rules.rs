@@ -13,9 +13,10 @@
 //!
 //! Some ops need the whole tensor and stay exact when split because the planner ties each
 //! local op to the whole (see `planner::Emitter::local_op`): a training BatchNorm with a split
-//! batch sums its statistics over the ranks that split it ([`OpSpec::synced`], counted in the
-//! cost), a Dropout draws its block of the whole mask, and a Gather from a table split on the
-//! vocabulary looks up its own rows, leaving a partial sum like a split contraction.
+//! batch, a Softmax with a split axis and a LayerNorm with split normalised dimensions reduce
+//! their statistics over the ranks that split them ([`OpSpec::synced`], counted in the cost), a
+//! Dropout draws its block of the whole mask, and a Gather from a table split on the vocabulary
+//! looks up its own rows, leaving a partial sum like a split contraction.
 //!
 //! [`op_rule`] has one arm per [`OpKind`] (an exhaustive match: a new op without a rule does not
 //! compile). Ops whose layout follows their input (Reshape, Flatten) are handled by the planner;
@@ -61,10 +62,11 @@ pub struct OpSpec {
     /// The output is a mean over the reduced dimensions: each rank's local result is scaled by
     /// its share before the partial sum is completed.
     pub mean_over_reduced: bool,
-    /// Statistics taken over a logical dimension (BatchNorm in training over the batch): when
-    /// it is split, the op sums `elements` values per step over the ranks that split it
-    /// (synchronised statistics). `(logical dimension, elements)`.
-    pub synced: Option<(usize, usize)>,
+    /// Statistics taken over logical dimensions (BatchNorm in training over the batch, Softmax
+    /// over its axis, LayerNorm over the normalised dimensions): when they are split, the op
+    /// reduces `elements` values per step over the ranks that split them (synchronised
+    /// statistics). `(logical dimensions, elements)`.
+    pub synced: Option<(Vec<usize>, usize)>,
 }
 
 /// What the planner does with an op.
@@ -125,6 +127,14 @@ fn unary_spec(shape: &[usize], fixed: &[usize], why: &'static str) -> OpSpec {
     OpSpec { dims, inputs: vec![same_dims(shape)], output: same_dims(shape), mean_over_reduced: false, synced: None }
 }
 
+/// `spec` with statistics over logical `dims`: `per_row` values for every element of the
+/// other dimensions.
+fn synced_over(mut spec: OpSpec, dims: &[usize], per_row: usize) -> OpSpec {
+    let rows: usize = spec.dims.iter().enumerate().filter(|(l, _)| !dims.contains(l)).map(|(_, d)| d.size).product();
+    spec.synced = Some((dims.to_vec(), per_row * rows + 1));
+    spec
+}
+
 /// An axis attribute of a node whose shapes were checked when it was built.
 fn axis(a: i64, rank: usize) -> usize {
     normalize_axis(a, rank).expect("graph nodes hold axes within their input's rank")
@@ -167,8 +177,10 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
         | OpKind::Gelu(_)
         | OpKind::Tanh(_)
         | OpKind::Sigmoid(_) => OpRule::Spec(unary_spec(out, &[], "")),
-        OpKind::Softmax(s) => OpRule::Spec(unary_spec(out, &[axis(s.axis, out.len())], "the softmax axis cannot be split")),
-        OpKind::LogSoftmax(s) => OpRule::Spec(unary_spec(out, &[axis(s.axis, out.len())], "the softmax axis cannot be split")),
+        // A split axis takes the row maximum and sum over the ranks that split it (and the
+        // backward's row sum): 3 values per row.
+        OpKind::Softmax(s) => OpRule::Spec(synced_over(unary_spec(out, &[], ""), &[axis(s.axis, out.len())], 3)),
+        OpKind::LogSoftmax(s) => OpRule::Spec(synced_over(unary_spec(out, &[], ""), &[axis(s.axis, out.len())], 3)),
         OpKind::ReduceSum(r) => OpRule::Spec(reduce_spec(shape(0), &r.axes, r.keep_dims, false, true)),
         OpKind::ReduceMean(r) => OpRule::Spec(reduce_spec(shape(0), &r.axes, r.keep_dims, true, true)),
         OpKind::ReduceMax(r) => OpRule::Spec(reduce_spec(shape(0), &r.axes, r.keep_dims, false, false)),
@@ -317,14 +329,15 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
                 inputs: vec![xin.clone(), c.clone(), c.clone(), c.clone(), c],
                 output: xin,
                 mean_over_reduced: false,
-                synced: bn.training.then_some((0, 4 * x[1] + 1)),
+                synced: bn.training.then(|| (vec![0], 4 * x[1] + 1)),
             })
         }
         OpKind::LayerNorm(ln) => {
+            // Split normalised dimensions sum each row's statistics over the ranks that split
+            // them: 2 sums and a count forward, 2 sums backward per row.
             let x = shape(0);
             let b = axis(ln.begin_norm_axis, x.len());
-            let fixed: Vec<usize> = (b..x.len()).collect();
-            let mut spec = unary_spec(x, &fixed, "normalised dimensions of LayerNorm cannot be split");
+            let mut spec = synced_over(unary_spec(x, &[], ""), &(b..x.len()).collect::<Vec<_>>(), 4);
             let param: Vec<Option<usize>> = (b..x.len()).map(Some).collect();
             spec.inputs.push(param.clone());
             spec.inputs.push(param);
@@ -543,8 +556,9 @@ impl OpSpec {
         let p: usize = sharding.output.partial_axes().iter().map(|&a| sharding.mesh.dims()[a]).product();
         let ring = |bytes: f64, p: usize| if p > 1 { 2.0 * bytes * (p - 1) as f64 / p as f64 } else { 0.0 };
         let mut communication = ring(local(&sharding.output), p);
-        if let Some((dim, elements)) = self.synced {
-            communication += ring((elements * elem_size) as f64, sharding.splits[dim]);
+        if let Some((dims, elements)) = &self.synced {
+            let split: usize = dims.iter().map(|&d| sharding.splits[d]).product();
+            communication += ring((elements * elem_size) as f64, split);
         }
         Cost { compute, communication }
     }

@@ -1,6 +1,7 @@
 //! Ops whose local result depends on where the slice sits in the whole tensor: a BatchNorm with
-//! a split batch sums its statistics over the ranks that split it, a Dropout draws its block of
-//! the whole mask, a Gather from a split table looks up its own rows (a partial sum).
+//! a split batch, a Softmax with a split axis and a LayerNorm with split normalised dimensions
+//! reduce their statistics over the ranks that split them, a Dropout draws its block of the
+//! whole mask, a Gather from a split table looks up its own rows (a partial sum).
 
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, OpKind, ParamSpec};
 use autopar_layout::Strategy;
@@ -87,5 +88,28 @@ fn a_gather_from_a_split_table_looks_up_its_own_rows() {
         // The partial lookups are summed before the output.
         assert!(prog.graph.nodes().iter().any(|n| n.op.kind() == "AllReduce"), "rank {}", prog.rank);
         assert_eq!(prog.param("embedding").unwrap().slice[0], shard.start..shard.start + 4);
+    }
+}
+
+#[test]
+fn softmax_and_layer_norm_split_on_their_normalised_axes_synchronise_over_them() {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[4, 8], DType::F32).unwrap();
+    let gamma = b.parameter("ln.gamma", &[8], Initializer::Ones).unwrap();
+    let beta = b.parameter("ln.beta", &[8], Initializer::Zeros).unwrap();
+    let h = b.layer_norm("ln", x, gamma, beta, -1, 1e-5).unwrap();
+    let y = b.softmax("sm", h, -1).unwrap();
+    b.output(y).unwrap();
+    let mut g = b.finish();
+    // 8 devices: LayerNorm (2, 4) -> device matrix [2, 4], the normalised axis on the right;
+    // Softmax (1, 8) -> [8].
+    shard(&mut g, h, vec![vec![2, 4], vec![4], vec![4]]);
+    shard(&mut g, y, vec![vec![1, 8]]);
+    for prog in programs(&g, 8) {
+        let OpKind::LayerNorm(ln) = only(&prog, "LayerNorm") else { unreachable!() };
+        let row = prog.rank / 4;
+        assert_eq!(ln.group, (4 * row..4 * row + 4).collect::<Vec<_>>(), "rank {}", prog.rank);
+        let OpKind::Softmax(sm) = only(&prog, "Softmax") else { unreachable!() };
+        assert_eq!(sm.group, (0..8).collect::<Vec<_>>());
     }
 }

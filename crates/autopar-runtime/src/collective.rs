@@ -253,8 +253,8 @@ impl crate::executor::Collectives for CommGroups {
         execute(&node.op, &node.name, input, &node.ty.shape, self)
     }
 
-    fn all_reduce_sum(&self, node: &autopar_graph::Node, group: &[usize], input: &Tensor) -> Result<Tensor> {
-        let op = OpKind::AllReduce(autopar_graph::ops::AllReduce { op: ReduceOp::Sum, group: group.to_vec() });
+    fn all_reduce(&self, node: &autopar_graph::Node, group: &[usize], op: ReduceOp, input: &Tensor) -> Result<Tensor> {
+        let op = OpKind::AllReduce(autopar_graph::ops::AllReduce { op, group: group.to_vec() });
         execute(&op, &node.name, input, input.shape(), self)
     }
 }

@@ -107,10 +107,10 @@ impl ParamStore {
 /// expects a tensor of the node's inferred type back.
 pub trait Collectives {
     fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor>;
-    /// The element-wise sum of `input` over the world ranks of `group`, for ops that
-    /// communicate inside (synchronised BatchNorm sums its statistics); `node` names the op in
-    /// errors.
-    fn all_reduce_sum(&self, node: &Node, group: &[usize], input: &Tensor) -> Result<Tensor>;
+    /// The element-wise reduction of `input` over the world ranks of `group`, for ops that
+    /// communicate inside (statistics over a split batch or a split normalised axis); `node`
+    /// names the op in errors.
+    fn all_reduce(&self, node: &Node, group: &[usize], op: autopar_graph::ReduceOp, input: &Tensor) -> Result<Tensor>;
 }
 
 /// What every op of one run may read besides its inputs.
@@ -381,7 +381,9 @@ impl Executor {
             OpKind::GeluGrad(g) => ew::gelu_backward(cx, x[1], x[0], g.approximate).map_err(k)?,
             OpKind::Tanh(_) => ew::tanh(cx, x[0]).map_err(k)?,
             OpKind::Sigmoid(_) => ew::sigmoid(cx, x[0]).map_err(k)?,
+            OpKind::Softmax(s) if s.group.len() > 1 => self.synced_softmax(node, x[0], s.axis, &s.group, false, collectives)?,
             OpKind::Softmax(s) => reduce::softmax(cx, x[0], s.axis as isize).map_err(k)?,
+            OpKind::LogSoftmax(s) if s.group.len() > 1 => self.synced_softmax(node, x[0], s.axis, &s.group, true, collectives)?,
             OpKind::LogSoftmax(s) => reduce::log_softmax(cx, x[0], s.axis as isize).map_err(k)?,
             OpKind::ReduceSum(r) => reduce::reduce_sum(cx, x[0], &axes(&r.axes, x[0].rank()), r.keep_dims).map_err(k)?,
             OpKind::ReduceMean(r) => reduce::reduce_mean(cx, x[0], &axes(&r.axes, x[0].rank()), r.keep_dims).map_err(k)?,
@@ -474,6 +476,10 @@ impl Executor {
                     NormGradOf::Gamma => dgamma,
                 }
             }
+            OpKind::LayerNorm(ln) if ln.group.len() > 1 => {
+                let (mean, var, _) = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, collectives)?;
+                norm::layer_norm_with(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, &mean, &var, ln.eps).map_err(k)?.0
+            }
             OpKind::LayerNorm(ln) => norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?.0,
             OpKind::LayerNormGrad(ln) => {
                 // Inputs (dy, x, gamma); the row statistics are recomputed, once for both nodes.
@@ -481,10 +487,15 @@ impl Executor {
                 let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
                     pair
                 } else {
-                    let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-                    let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
-                    let (dx, dgamma, _) =
-                        norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
+                    let (dx, dgamma) = if ln.group.len() > 1 {
+                        self.synced_layer_norm_grad(node, x, ln, collectives)?
+                    } else {
+                        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+                        let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                        let (dx, dgamma, _) =
+                            norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
+                        (dx, dgamma)
+                    };
                     self.share(norm_cache, key, &dx, &dgamma);
                     (dx, dgamma)
                 };
@@ -514,18 +525,111 @@ impl Executor {
 }
 
 impl Executor {
-    /// Keeps a normalisation backward's pair of results for the sibling node, if one is
-    /// scheduled and has not run yet.
-    /// Sum `values` (per-channel sums of this rank's part of the batch) over `group`, in f64.
-    fn sum_over(&self, node: &Node, group: &[usize], values: Vec<f64>, collectives: Option<&dyn Collectives>) -> Result<Vec<f64>> {
+    /// Reduce `t` over `group` through the collectives (an error without them).
+    fn reduce_over(
+        &self,
+        node: &Node,
+        group: &[usize],
+        op: autopar_graph::ReduceOp,
+        t: &Tensor,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<Tensor> {
         let c = collectives.ok_or_else(|| RuntimeError::NeedsCommunicator {
             kind: node.op.kind(),
             name: node.name.clone(),
             group: group.to_vec(),
         })?;
+        c.all_reduce(node, group, op, t)
+    }
+
+    /// Sum `values` (partial sums of this rank's part of the data) over `group`, in f64.
+    fn sum_over(&self, node: &Node, group: &[usize], values: Vec<f64>, collectives: Option<&dyn Collectives>) -> Result<Vec<f64>> {
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let t = Tensor::from_vec(&[values.len()], values).map_err(k)?;
-        Ok(c.all_reduce_sum(node, group, &t)?.to_f64_vec())
+        Ok(self.reduce_over(node, group, autopar_graph::ReduceOp::Sum, &t, collectives)?.to_f64_vec())
+    }
+
+    /// Softmax (or log-softmax) along an axis split over `group`: the row maximum and the sum
+    /// of exponentials are taken over the group.
+    fn synced_softmax(
+        &self,
+        node: &Node,
+        x: &Tensor,
+        axis: i64,
+        group: &[usize],
+        log: bool,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<Tensor> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let ax = [axis as isize];
+        let m = reduce::reduce_max(cx, x, &ax, true).map_err(k)?;
+        let m = self.reduce_over(node, group, autopar_graph::ReduceOp::Max, &m, collectives)?;
+        let z = ew::sub(cx, x, &m).map_err(k)?;
+        let e = ew::exp(cx, &z).map_err(k)?;
+        let s = reduce::reduce_sum(cx, &e, &ax, true).map_err(k)?;
+        let s = self.reduce_over(node, group, autopar_graph::ReduceOp::Sum, &s, collectives)?;
+        if log {
+            ew::sub(cx, &z, &ew::log(cx, &s).map_err(k)?).map_err(k)
+        } else {
+            ew::div(cx, &e, &s).map_err(k)
+        }
+    }
+
+    /// LayerNorm over normalised dimensions split over `group`: each row's mean and variance
+    /// over the whole normalised dimensions (two sums over the group) and the whole row size.
+    fn row_stats(
+        &self,
+        node: &Node,
+        x: &Tensor,
+        axis: i64,
+        group: &[usize],
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<(Tensor, Tensor, usize)> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let a = axis as isize;
+        let local = norm::row_sums(cx, x, a, None).map_err(k)?;
+        let rows_shape = local.shape().to_vec();
+        let rows = local.numel();
+        let mut sums = local.to_f64_vec();
+        sums.push((x.numel() / rows.max(1)) as f64);
+        let sums = self.sum_over(node, group, sums, collectives)?;
+        let count = sums[rows] as usize;
+        let mean: Vec<f64> = sums[..rows].iter().map(|s| s / count.max(1) as f64).collect();
+        let mean = Tensor::from_vec(&rows_shape, mean).map_err(k)?.cast(x.dtype());
+        let sq = norm::row_sums(cx, x, a, Some(&mean)).map_err(k)?.to_f64_vec();
+        let sq = self.sum_over(node, group, sq, collectives)?;
+        let var = Tensor::from_vec(&rows_shape, sq.iter().map(|s| s / count.max(1) as f64).collect()).map_err(k)?.cast(x.dtype());
+        Ok((mean, var, count))
+    }
+
+    /// LayerNorm backward over normalised dimensions split over the op's group, inputs
+    /// `(dy, x, gamma)`: `(dx, dgamma)`, dgamma of this rank's part.
+    fn synced_layer_norm_grad(
+        &self,
+        node: &Node,
+        x: &[&Tensor],
+        ln: &LayerNormGrad,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<(Tensor, Tensor)> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let a = ln.begin_norm_axis as isize;
+        let (mean, var, count) = self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, collectives)?;
+        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
+        let (_, saved) = norm::layer_norm_with(cx, x[1], x[2], &zeros, a, &mean, &var, ln.eps).map_err(k)?;
+        let (s1, s2) = norm::layer_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
+        let rows_shape = s1.shape().to_vec();
+        let rows = s1.numel();
+        let mut both = s1.to_f64_vec();
+        both.extend(s2.to_f64_vec());
+        let both = self.sum_over(node, &ln.group, both, collectives)?;
+        let dtype = x[1].dtype();
+        let s1 = Tensor::from_vec(&rows_shape, both[..rows].to_vec()).map_err(k)?.cast(dtype);
+        let s2 = Tensor::from_vec(&rows_shape, both[rows..].to_vec()).map_err(k)?.cast(dtype);
+        let (dx, dgamma, _) = norm::layer_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &s1, &s2, count).map_err(k)?;
+        Ok((dx, dgamma))
     }
 
     /// Synchronised BatchNorm: the mean and variance over the batch parts of every rank of
@@ -591,6 +695,8 @@ impl Executor {
         Ok((dx, sum_dy_xhat))
     }
 
+    /// Keeps a normalisation backward's pair of results for the sibling node, if one is
+    /// scheduled and has not run yet.
     fn share(&self, cache: &mut HashMap<NormKey, (Tensor, Tensor)>, key: NormKey, dx: &Tensor, dgamma: &Tensor) {
         if self.shared_norm.contains(&key) {
             cache.insert(key, (dx.clone(), dgamma.clone()));
@@ -730,7 +836,7 @@ mod tests {
                 assert_eq!(node.op.kind(), "AllReduce");
                 Ok(ew::scale(&ExecCtx::serial(), input, 2.0).unwrap())
             }
-            fn all_reduce_sum(&self, _: &Node, _: &[usize], input: &Tensor) -> Result<Tensor> {
+            fn all_reduce(&self, _: &Node, _: &[usize], _: ReduceOp, input: &Tensor) -> Result<Tensor> {
                 Ok(ew::scale(&ExecCtx::serial(), input, 2.0).unwrap())
             }
         }

@@ -210,7 +210,7 @@ fn whole_batch_ops(graph: &mut Graph, n: usize, rank: usize) {
     }
 }
 
-/// The groups of every collective the ranks' graphs hold (and of synchronised BatchNorms), packed into partitions of disjoint
+/// The groups of every collective the ranks' graphs hold (and of ops that synchronise statistics), packed into partitions of disjoint
 /// groups (every rank derives the same list). A collective whose group lacks its own rank is
 /// an error naming it.
 fn hybrid_partitions(graphs: &[Graph]) -> Result<Vec<Vec<Vec<usize>>>> {
@@ -228,6 +228,9 @@ fn hybrid_partitions(graphs: &[Graph]) -> Result<Vec<Vec<Vec<usize>>>> {
                 OpKind::Send(s) => vec![r, s.peer],
                 OpKind::Recv(s) => vec![r, s.peer],
                 OpKind::BatchNorm(bn) if bn.training && bn.group.len() > 1 => bn.group.clone(),
+                OpKind::Softmax(s) if s.group.len() > 1 => s.group.clone(),
+                OpKind::LogSoftmax(s) if s.group.len() > 1 => s.group.clone(),
+                OpKind::LayerNorm(ln) if ln.group.len() > 1 => ln.group.clone(),
                 _ => continue,
             };
             let mut sorted = group.clone();

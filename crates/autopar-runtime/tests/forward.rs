@@ -91,8 +91,16 @@ fn every_op_forward_matches_hand_computed_values() {
     check(&run(Tanh, &[t(&[2], &[0.0, 0.5])], c), &[2], &[0.0, 0.5f64.tanh()]);
     check(&run(Sigmoid, &[t(&[2], &[0.0, 2.0])], c), &[2], &[0.5, 1.0 / (1.0 + (-2.0f64).exp())]);
     let l = t(&[1, 3], &[1.0, 2.0, 3.0]);
-    check(&run(Softmax { axis: -1 }, &[l.clone()], c), &[1, 3], &[0.09003057317038046, 0.24472847105479767, 0.6652409557748219]);
-    check(&run(LogSoftmax { axis: 1 }, &[l], c), &[1, 3], &[-2.40760596444438, -1.4076059644443801, -0.4076059644443803]);
+    check(
+        &run(Softmax { axis: -1, group: Vec::new() }, &[l.clone()], c),
+        &[1, 3],
+        &[0.09003057317038046, 0.24472847105479767, 0.6652409557748219],
+    );
+    check(
+        &run(LogSoftmax { axis: 1, group: Vec::new() }, &[l], c),
+        &[1, 3],
+        &[-2.40760596444438, -1.4076059644443801, -0.4076059644443803],
+    );
 
     // Reductions.
     check(&run(ReduceSum { axes: vec![0], keep_dims: false }, &[m22.clone()], c), &[2], &[4.0, 6.0]);
@@ -195,13 +203,13 @@ fn every_op_forward_matches_hand_computed_values() {
     );
     let xr = t(&[1, 2], &[1.0, 3.0]);
     check(
-        &run(LayerNorm { begin_norm_axis: 1, eps: 1e-5 }, &[xr.clone(), t(&[2], &[1.0, 2.0]), t(&[2], &[0.0, 1.0])], c),
+        &run(LayerNorm { begin_norm_axis: 1, eps: 1e-5, group: Vec::new() }, &[xr.clone(), t(&[2], &[1.0, 2.0]), t(&[2], &[0.0, 1.0])], c),
         &[1, 2],
         &[-s, 2.0 * s + 1.0],
     );
     check(
         &run(
-            LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma },
+            LayerNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma, group: Vec::new() },
             &[t(&[1, 2], &[1.0, 2.0]), xr, t(&[2], &[1.0, 1.0])],
             c,
         ),

@@ -1,8 +1,9 @@
 //! Parallel equals serial for the model zoo (small sizes): the MLP, the GPT model (with
 //! dropout) and ResNet-18 under semi_auto_parallel with 100 random valid strategies each on 1,
 //! 2, 4 and 8 devices, and under data_parallel against the N-times batch. The random strategies
-//! split BatchNorm's batch (synchronised statistics), Dropout's input and the embedding table's
-//! vocabulary; each test checks that they did.
+//! split BatchNorm's batch, Softmax's axis and LayerNorm's normalised dimensions (synchronised
+//! statistics), Dropout's input and the embedding table's vocabulary; each test checks that
+//! they did.
 //! Loss and every parameter after K steps within a relative 1e-5 (f32 arithmetic; a wider
 //! absolute floor for the deeper networks, stated per model).
 
@@ -92,6 +93,8 @@ fn serial(c: &Case, batches: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore)
 struct Seen {
     runs: usize,
     synced_batch_norm: usize,
+    synced_softmax: usize,
+    synced_layer_norm: usize,
     dropout_blocks: usize,
     split_tables: usize,
 }
@@ -128,6 +131,8 @@ fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> Seen {
             for node in prog.graph.nodes() {
                 match &node.op {
                     OpKind::BatchNorm(bn) if bn.group.len() > 1 => seen.synced_batch_norm += 1,
+                    OpKind::Softmax(sm) if sm.group.len() > 1 => seen.synced_softmax += 1,
+                    OpKind::LayerNorm(ln) if ln.group.len() > 1 => seen.synced_layer_norm += 1,
                     OpKind::Dropout(d) if d.block.is_some() => seen.dropout_blocks += 1,
                     OpKind::Gather(g) if g.shard.is_some() => seen.split_tables += 1,
                     _ => {}
@@ -194,6 +199,7 @@ fn gpt_equals_stand_alone() {
     let seen = check(&c, "gpt", 25, 2);
     assert_eq!(seen.runs, 100);
     assert!(seen.dropout_blocks > 0 && seen.split_tables > 0, "{seen:?}");
+    assert!(seen.synced_softmax > 0 && seen.synced_layer_norm > 0, "{seen:?}");
 }
 
 #[test]

@@ -149,9 +149,23 @@ impl OpDef for Sigmoid {
 }
 
 /// Softmax along `axis`.
+///
+/// `group`: the world ranks (ascending) whose slices together form the whole `axis` when it is
+/// split across ranks; the executor takes the maximum and the sum over the group, and the
+/// gradient sums over it (an AllReduce in the backward graph). Empty: `axis` is whole here.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Softmax {
     pub axis: i64,
+    pub group: Vec<usize>,
+}
+
+/// The sum along a split axis is completed over the ranks that split it.
+fn sum_over_group(g: &mut GradCx<'_>, s: crate::NodeId, group: &[usize]) -> Result<crate::NodeId> {
+    if group.len() > 1 {
+        g.op(crate::ops::AllReduce { op: crate::ReduceOp::Sum, group: group.to_vec() }, &[s])
+    } else {
+        Ok(s)
+    }
 }
 
 impl OpDef for Softmax {
@@ -172,6 +186,7 @@ impl OpDef for Softmax {
         let axis = crate::types::normalize_axis(self.axis, shape.len()).expect("checked at build");
         let p = g.mul(dy, y)?;
         let s = g.reduce_sum(p, &[axis], true)?;
+        let s = sum_over_group(g, s, &self.group)?;
         let diff = g.sub(dy, s)?;
         let d = g.mul(y, diff)?;
         g.set(0, d);
@@ -179,10 +194,11 @@ impl OpDef for Softmax {
     }
 }
 
-/// Log of softmax along `axis`, computed stably.
+/// Log of softmax along `axis`, computed stably. `group` as for [`Softmax`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogSoftmax {
     pub axis: i64,
+    pub group: Vec<usize>,
 }
 
 impl OpDef for LogSoftmax {
@@ -202,6 +218,7 @@ impl OpDef for LogSoftmax {
         let shape = g.shape(y);
         let axis = crate::types::normalize_axis(self.axis, shape.len()).expect("checked at build");
         let s = g.reduce_sum(dy, &[axis], true)?;
+        let s = sum_over_group(g, s, &self.group)?;
         let e = g.op(crate::ops::Exp, &[y])?;
         let p = g.mul(e, s)?;
         let d = g.sub(dy, p)?;

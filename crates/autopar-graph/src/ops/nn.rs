@@ -583,10 +583,15 @@ impl OpDef for BatchNormGrad {
 
 /// Layer normalisation over the dimensions from `begin_norm_axis` on; `gamma` and `beta` have
 /// the shape of those dimensions. Inputs `(x, gamma, beta)`.
+///
+/// `group`: the world ranks (ascending) whose slices together form the normalised dimensions
+/// when they are split across ranks; the executor sums each row's statistics (forward) and the
+/// gradient's row sums (backward) over the group. Empty: the normalised dimensions are whole.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNorm {
     pub begin_norm_axis: i64,
     pub eps: f64,
+    pub group: Vec<usize>,
 }
 
 fn layer_norm_check(cx: &InferCx<'_>, axis: i64, x: usize, params: &[usize]) -> Result<usize> {
@@ -620,7 +625,10 @@ impl OpDef for LayerNorm {
         let ins = [g.dy(), g.x(0), g.x(1)];
         for (i, which) in [(0, NormGradOf::Input), (1, NormGradOf::Gamma)] {
             if g.needs(i) {
-                let d = g.op(LayerNormGrad { begin_norm_axis: self.begin_norm_axis, eps: self.eps, of: which }, &ins)?;
+                let d = g.op(
+                    LayerNormGrad { begin_norm_axis: self.begin_norm_axis, eps: self.eps, of: which, group: self.group.clone() },
+                    &ins,
+                )?;
                 g.set(i, d);
             }
         }
@@ -634,12 +642,14 @@ impl OpDef for LayerNorm {
     }
 }
 
-/// Gradient of [`LayerNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`.
+/// Gradient of [`LayerNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`. With a
+/// `group` the gradient of `x` uses the row sums over the whole normalised dimensions.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNormGrad {
     pub begin_norm_axis: i64,
     pub eps: f64,
     pub of: NormGradOf,
+    pub group: Vec<usize>,
 }
 
 impl OpDef for LayerNormGrad {
@@ -743,7 +753,7 @@ impl OpDef for SoftmaxCrossEntropy {
         let (logits, labels, dy) = (g.x(0), g.x(1), g.dy());
         let s = g.shape(logits);
         let dtype: DType = g.dtype(logits);
-        let p = g.op(crate::ops::Softmax { axis: -1 }, &[logits])?;
+        let p = g.op(crate::ops::Softmax { axis: -1, group: Vec::new() }, &[logits])?;
         let oh = g.op(crate::ops::OneHot { depth: s[1], on_value: 1.0, off_value: 0.0, dtype }, &[labels])?;
         let diff = g.sub(p, oh)?;
         let scaled = g.scale(diff, 1.0 / s[0].max(1) as f64)?;

@@ -523,6 +523,168 @@ pub fn layer_norm_backward(
     })
 }
 
+/// Per-row sums over the dimensions from `begin_norm_axis` of this rank's part of them, in a
+/// fixed order: `Σ x` (with `mean` None) or `Σ (x - mean[row])²`; shape `x.shape[..axis]`.
+/// LayerNorm with its normalised dimensions split across ranks sums these over the ranks.
+pub fn row_sums(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, mean: Option<&Tensor>) -> Result<Tensor> {
+    let op = "layer_norm";
+    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[])?;
+    if let Some(m) = mean {
+        same_dtype(op, "mean", x, m)?;
+        super::same_shape(op, &x.shape()[..ax], m.shape(), "one mean per row")?;
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let mu: Option<Vec<T>> = mean.map(vec_of::<T>);
+        let sum = |r: usize| {
+            let row = &xs[r * d..][..d];
+            match &mu {
+                None => row.iter().fold(T::zero(), |a, &v| a + v),
+                Some(mu) => row.iter().fold(T::zero(), |a, &v| a + (v - mu[r]) * (v - mu[r])),
+            }
+        };
+        let sums: Vec<T> = if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            (0..rows).into_par_iter().map(sum).collect()
+        } else {
+            (0..rows).map(sum).collect()
+        };
+        Tensor::from_vec(&x.shape()[..ax], sums)
+    })
+}
+
+/// LayerNorm with row statistics (`mean`, biased `var`, shape `x.shape[..axis]`) taken over
+/// normalised dimensions larger than `x`'s (split across ranks).
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_with(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    begin_norm_axis: isize,
+    mean: &Tensor,
+    var: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, NormSaved)> {
+    let op = "layer_norm";
+    let (ax, _, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma), ("beta", beta)])?;
+    for (what, t) in [("mean", mean), ("variance", var)] {
+        same_dtype(op, what, x, t)?;
+        super::same_shape(op, &x.shape()[..ax], t.shape(), "one statistic per row")?;
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let (g, b) = (vec_of::<T>(gamma), vec_of::<T>(beta));
+        let mu = vec_of::<T>(mean);
+        let e = T::c(eps);
+        let inv: Vec<T> = vec_of::<T>(var).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        let mut y = vec![T::zero(); xs.len()];
+        ctx.for_chunks(&mut y, d.max(1), |r, out| {
+            for (i, (o, &v)) in out.iter_mut().zip(&xs[r * d..][..d]).enumerate() {
+                *o = (v - mu[r]) * inv[r] * g[i] + b[i];
+            }
+        });
+        let sshape = &x.shape()[..ax];
+        Ok((Tensor::from_vec(x.shape(), y)?, NormSaved { mean: mean.clone(), inv_std: Tensor::from_vec(sshape, inv)? }))
+    })
+}
+
+/// Per-row `(Σ dy·γ, Σ dy·γ·x̂)` over this rank's part of the normalised dimensions; summed over
+/// the ranks they are what [`layer_norm_backward_with`] needs.
+pub fn layer_norm_grad_sums(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+) -> Result<(Tensor, Tensor)> {
+    let op = "layer_norm_backward";
+    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
+    same_dtype(op, "output gradient", x, dy)?;
+    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    float_dispatch!(op, x.dtype(), T => {
+        let (xc, dc) = (x.contiguous(), dy.contiguous());
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
+        let sums = |r: usize| {
+            let (mut s1, mut s2) = (T::zero(), T::zero());
+            for i in 0..d {
+                let dxh = ds[r * d + i] * g[i];
+                s1 += dxh;
+                s2 += dxh * (xs[r * d + i] - mean[r]) * inv[r];
+            }
+            (s1, s2)
+        };
+        let per: Vec<(T, T)> = if ctx.par(xs.len()) {
+            use rayon::prelude::*;
+            (0..rows).into_par_iter().map(sums).collect()
+        } else {
+            (0..rows).map(sums).collect()
+        };
+        let (s1, s2): (Vec<T>, Vec<T>) = per.into_iter().unzip();
+        let sshape = &x.shape()[..ax];
+        Ok((Tensor::from_vec(sshape, s1)?, Tensor::from_vec(sshape, s2)?))
+    })
+}
+
+/// Backward of LayerNorm over normalised dimensions split across ranks: `sum_dyg`,
+/// `sum_dyg_xhat` are the row sums of [`layer_norm_grad_sums`] over every rank and `count` the
+/// whole normalised size. Returns `(dx, dgamma, dbeta)`, the last two of this rank's part.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_backward_with(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+    sum_dyg: &Tensor,
+    sum_dyg_xhat: &Tensor,
+    count: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "layer_norm_backward";
+    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
+    same_dtype(op, "output gradient", x, dy)?;
+    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    for t in [&saved.mean, &saved.inv_std, sum_dyg, sum_dyg_xhat] {
+        super::same_shape(op, &x.shape()[..ax], t.shape(), "one statistic per row")?;
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let (xc, dc) = (x.contiguous(), dy.contiguous());
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
+        let (s1, s2) = (vec_of::<T>(sum_dyg), vec_of::<T>(sum_dyg_xhat));
+        let dn = T::c(count as f64);
+        let mut dx = vec![T::zero(); xs.len()];
+        ctx.for_chunks(&mut dx, d.max(1), |r, out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                let xh = (xs[r * d + i] - mean[r]) * inv[r];
+                *o = inv[r] / dn * (dn * ds[r * d + i] * g[i] - s1[r] - xh * s2[r]);
+            }
+        });
+        let mut pg = vec![T::zero(); xs.len()];
+        ctx.for_chunks(&mut pg, d.max(1), |r, out| {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = ds[r * d + i] * (xs[r * d + i] - mean[r]) * inv[r];
+            }
+        });
+        let pg = ArrayD::from_shape_vec(IxDyn(&[rows, d]), pg).expect("count");
+        let dgamma = sum_axes(ctx, pg.view(), &[0]);
+        let dbeta = sum_axes(ctx, ArrayD::from_shape_vec(IxDyn(&[rows, d]), ds.to_vec()).expect("count").view(), &[0]);
+        let pshape = &x.shape()[ax..];
+        Ok((
+            Tensor::from_vec(x.shape(), dx)?,
+            Tensor::from_vec(pshape, dgamma.into_raw_vec_and_offset().0)?,
+            Tensor::from_vec(pshape, dbeta.into_raw_vec_and_offset().0)?,
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,6 +710,56 @@ mod tests {
         let mut size: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
         size[0] = r.len() as isize;
         crate::kernels::shape::slice(x, &begin, &size).unwrap().contiguous()
+    }
+
+    #[test]
+    fn layer_norm_over_split_normalised_dims_equals_the_whole() {
+        // x [3, 4]: rows normalised over 4 columns, split into columns 0..1 and 1..4.
+        let x = t(&[3, 4], &(0..12).map(|i| ((i * 7 % 11) as f64) / 3.0 - 1.0).collect::<Vec<_>>());
+        let dy = t(&[3, 4], &(0..12).map(|i| ((i * 5 % 13) as f64) / 4.0 - 1.0).collect::<Vec<_>>());
+        let (gamma, beta) = (t(&[4], &[1.0, 0.5, -1.5, 2.0]), t(&[4], &[0.1, 0.2, 0.3, 0.4]));
+        let (y, saved) = layer_norm(&cx(), &x, &gamma, &beta, 1, 1e-5).unwrap();
+        let (dx, dgamma, dbeta) = layer_norm_backward(&cx(), &x, &gamma, &saved, &dy, 1).unwrap();
+        let cols = |a: &Tensor, r: std::ops::Range<usize>| {
+            crate::kernels::shape::slice(a, &[0, r.start], &[a.shape()[0] as isize, r.len() as isize]).unwrap().contiguous()
+        };
+        let vec1 = |a: &Tensor, r: std::ops::Range<usize>| t(&[r.len()], &v(a)[r]);
+        let parts = [0..1, 1..4];
+        let add = |a: Vec<f64>, b: Tensor| a.iter().zip(v(&b)).map(|(p, q)| p + q).collect::<Vec<f64>>();
+        let sums = parts.iter().fold(vec![0.0; 3], |acc, r| add(acc, row_sums(&cx(), &cols(&x, r.clone()), 1, None).unwrap()));
+        let mean = t(&[3], &sums.iter().map(|s| s / 4.0).collect::<Vec<_>>());
+        let sq = parts.iter().fold(vec![0.0; 3], |acc, r| add(acc, row_sums(&cx(), &cols(&x, r.clone()), 1, Some(&mean)).unwrap()));
+        let var = t(&[3], &sq.iter().map(|s| s / 4.0).collect::<Vec<_>>());
+        let mut s1 = vec![0.0; 3];
+        let mut s2 = vec![0.0; 3];
+        let mut saved_parts = Vec::new();
+        for r in &parts {
+            let (part_y, part_saved) =
+                layer_norm_with(&cx(), &cols(&x, r.clone()), &vec1(&gamma, r.clone()), &vec1(&beta, r.clone()), 1, &mean, &var, 1e-5)
+                    .unwrap();
+            assert!(close(&v(&part_y), &v(&cols(&y, r.clone()))));
+            let (a, b) =
+                layer_norm_grad_sums(&cx(), &cols(&x, r.clone()), &vec1(&gamma, r.clone()), &part_saved, &cols(&dy, r.clone()), 1).unwrap();
+            s1 = add(s1, a);
+            s2 = add(s2, b);
+            saved_parts.push(part_saved);
+        }
+        for (r, part_saved) in parts.iter().zip(&saved_parts) {
+            let (pdx, pdg, pdb) = layer_norm_backward_with(
+                &cx(),
+                &cols(&x, r.clone()),
+                &vec1(&gamma, r.clone()),
+                part_saved,
+                &cols(&dy, r.clone()),
+                1,
+                &t(&[3], &s1),
+                &t(&[3], &s2),
+                4,
+            )
+            .unwrap();
+            assert!(close(&v(&pdx), &v(&cols(&dx, r.clone()))));
+            assert!(close(&v(&pdg), &v(&dgamma)[r.clone()]) && close(&v(&pdb), &v(&dbeta)[r.clone()]));
+        }
     }
 
     #[test]
