@@ -92,7 +92,7 @@ impl AtomicFile {
     /// Reserve disk space for a file of `len` bytes (Linux: `fallocate` keeping the size), so
     /// that writes do not allocate blocks piecemeal. Only a hint: filesystems without it are fine,
     /// and a lack of space is reported by the writes.
-    pub fn preallocate(&mut self, len: u64) {
+    pub(crate) fn preallocate(&mut self, len: u64) {
         if len > self.reserved && self.out.as_ref().is_some_and(|out| reserve(out.get_ref(), len)) {
             self.reserved = len;
         }
