@@ -337,7 +337,15 @@ impl CheckpointWriter {
         let format = Format::of_path(path).ok_or_else(|| CheckpointError::UnknownFormat { path: path.to_path_buf() })?;
         let mut order = specs;
         let inner = match format {
-            Format::Ckpt => WriterInner::Ckpt(CkptWriter::create(path, crc)?),
+            Format::Ckpt => {
+                let mut w = CkptWriter::create(path, crc)?;
+                let sizes: Vec<(&str, usize, &[usize])> = order
+                    .iter()
+                    .map(|s| (s.name.as_str(), if s.dtype == DType::Str { 0 } else { s.dtype.size() }, s.shape.as_slice()))
+                    .collect();
+                w.reserve_for(&sizes);
+                WriterInner::Ckpt(w)
+            }
             Format::Safetensors => {
                 order.sort_by(|a, b| a.name.cmp(&b.name));
                 let list: Vec<_> = order.iter().map(|s| (s.name.clone(), s.dtype, s.shape.clone())).collect();

@@ -247,6 +247,20 @@ impl CkptWriter {
         Ok(Self { out: AtomicFile::create(path)?, crc: crc.then(crc32fast::Hasher::new), chunk_bytes })
     }
 
+    /// Reserve disk space for the tensors of `specs` (name, element size, shape), an upper bound
+    /// of the file size: what is not written is given back at [`Self::finish`].
+    pub(crate) fn reserve_for(&mut self, specs: &[(&str, usize, &[usize])]) {
+        let mut total = 32u64; // the CRC trailer
+        for &(name, esz, shape) in specs {
+            let len = shape.iter().fold(esz as u64, |acc, &d| acc.saturating_mul(d as u64));
+            let chunks = len.div_ceil(self.chunk_bytes as u64).max(1);
+            // per chunk: keys, lengths, name, dims and type name
+            let head = 64 + name.len() as u64 + 11 * shape.len() as u64;
+            total = total.saturating_add(len).saturating_add(chunks.saturating_mul(head));
+        }
+        self.out.preallocate(total);
+    }
+
     fn emit(&mut self, bytes: &[u8]) -> Result<()> {
         if let Some(h) = &mut self.crc {
             h.update(bytes);

@@ -155,6 +155,7 @@ impl SafetensorsWriter {
             text.push(' ');
         }
         let mut out = AtomicFile::create(path)?;
+        out.preallocate(8 + text.len() as u64 + off);
         out.write_all(&(text.len() as u64).to_le_bytes())?;
         out.write_all(text.as_bytes())?;
         Ok(Self { out, order, next: 0 })

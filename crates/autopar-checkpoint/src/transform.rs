@@ -592,17 +592,18 @@ fn execute(
                     // string values have no shape to slice: copied whole
                     files[&t.pieces[0].0].read(name)?
                 } else {
+                    let len = spec_bytes(&t.spec) as usize;
                     let mut buf = match spare.try_recv() {
                         Ok(b) => b,
                         Err(_) if fresh > 0 => {
                             fresh -= 1;
-                            Vec::new()
+                            // zeroed pages straight from the allocator, not a pass of memset
+                            vec![0u8; len]
                         }
                         Err(_) => spare.recv().unwrap_or_default(),
                     };
                     // The source boxes partition the destination piece, so every byte is
                     // overwritten: a buffer of the same size is reused without clearing it.
-                    let len = spec_bytes(&t.spec) as usize;
                     buf.truncate(len);
                     buf.resize(len, 0);
                     for (r, src_box, dst_start) in &t.pieces {
