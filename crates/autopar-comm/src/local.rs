@@ -150,6 +150,9 @@ struct Group {
     mailbox: Mutex<Mailbox>,
     cv: Condvar,
     split_out: Mutex<Vec<Arc<Group>>>,
+    /// Busy-wait rounds at a barrier before yielding: none when the group has more ranks than
+    /// the machine has cores, since a spinning rank then holds a core a late peer needs.
+    spins: u32,
 }
 
 impl Group {
@@ -164,6 +167,7 @@ impl Group {
             mailbox: Mutex::new(Mailbox::default()),
             cv: Condvar::new(),
             split_out: Mutex::new(Vec::new()),
+            spins: if n > thread::available_parallelism().map_or(1, |p| p.get()) { 0 } else { SPINS },
         });
         world.register(&g);
         g
@@ -434,11 +438,11 @@ impl LocalComm {
                 Err(x) => v = x,
             }
         };
-        for i in 0..SPINS + YIELDS {
+        for i in 0..g.spins + YIELDS {
             if g.state.load(SeqCst) >> 32 != gen {
                 return Ok(());
             }
-            if i < SPINS {
+            if i < g.spins {
                 std::hint::spin_loop();
             } else {
                 thread::yield_now();
