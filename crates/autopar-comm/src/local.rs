@@ -5,10 +5,11 @@
 //!    arrives at barrier A; after A every rank checks that all ranks described the same call;
 //! 2. ranks read and write each other's buffers directly. In an all-reduce rank r owns the r-th
 //!    chunk of every buffer: it reduces that chunk of all inputs, always in rank order
-//!    `((x0 + x1) + x2) + ...` and in cache-sized pieces, and writes the result into that chunk
-//!    of every rank's buffer (nobody else touches the chunk), so each byte is read once and
-//!    written once; barrier B ends the call. The order never depends on timing or on how the
-//!    buffer is chunked, so results are bit-reproducible;
+//!    `((x0 + x1) + x2) + ...`, 16 elements at a time held in vector registers, and stores the
+//!    result straight into that chunk of every rank's buffer (nobody else touches the chunk), so
+//!    each byte is read once and written once; barrier B ends the call. The order never depends
+//!    on timing, on how the buffer is chunked or on the vector width, so results are
+//!    bit-reproducible;
 //! 3. the final barriers cannot be left early: a peer still copying from this rank's buffer is
 //!    inside this crate's code and arrives in bounded time, and leaving would free memory it
 //!    reads. Barrier A can be left early (failure, exited peer, timeout) by withdrawing the
@@ -63,8 +64,9 @@ impl LocalOptions {
 const POLL: Duration = Duration::from_millis(100);
 const SPINS: u32 = 100;
 const YIELDS: u32 = 50;
-/// Elements reduced per piece (fits the f64 accumulator in 8 KiB).
-const PIECE: usize = 1024;
+/// Elements reduced per step: every source's values for them are loaded into registers, combined
+/// in rank order and stored into every destination (64 bytes of f32: one cache line).
+const LANES: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -148,6 +150,9 @@ struct Group {
     mailbox: Mutex<Mailbox>,
     cv: Condvar,
     split_out: Mutex<Vec<Arc<Group>>>,
+    /// Busy-wait rounds at a barrier before yielding: none when the group has more ranks than
+    /// the machine has cores, since a spinning rank then holds a core a late peer needs.
+    spins: u32,
 }
 
 impl Group {
@@ -162,6 +167,7 @@ impl Group {
             mailbox: Mutex::new(Mailbox::default()),
             cv: Condvar::new(),
             split_out: Mutex::new(Vec::new()),
+            spins: if n > thread::available_parallelism().map_or(1, |p| p.get()) { 0 } else { SPINS },
         });
         world.register(&g);
         g
@@ -432,11 +438,11 @@ impl LocalComm {
                 Err(x) => v = x,
             }
         };
-        for i in 0..SPINS + YIELDS {
+        for i in 0..g.spins + YIELDS {
             if g.state.load(SeqCst) >> 32 != gen {
                 return Ok(());
             }
-            if i < SPINS {
+            if i < g.spins {
                 std::hint::spin_loop();
             } else {
                 thread::yield_now();
@@ -490,6 +496,7 @@ impl LocalComm {
 /// Every pointer must be valid for `range` of type `T`; no one else reads or writes those
 /// ranges of `srcs` or `dsts` meanwhile (a `dst` may equal a `src`: each piece is read from all
 /// sources before it is written).
+#[inline(always)]
 unsafe fn reduce_typed<T: Element>(srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
     match op {
         ReduceOp::Sum => reduce_with::<T, _>(srcs, dsts, range, false, T::add),
@@ -497,6 +504,50 @@ unsafe fn reduce_typed<T: Element>(srcs: &[*const u8], dsts: &[*mut u8], range: 
         ReduceOp::Prod => reduce_with::<T, _>(srcs, dsts, range, false, T::mul),
         ReduceOp::Max => reduce_with::<T, _>(srcs, dsts, range, false, T::max),
         ReduceOp::Min => reduce_with::<T, _>(srcs, dsts, range, false, T::min),
+    }
+}
+
+/// Load `LANES` elements at `ptr[at..]`, widened to the accumulator type.
+#[inline(always)]
+unsafe fn load<T: Element>(ptr: *const u8, at: usize) -> [T::Acc; LANES] {
+    std::ptr::read_unaligned((ptr as *const T).add(at) as *const [T; LANES]).map(T::widen)
+}
+
+/// Reduce `LANES` elements at `at` of every source, in rank order, and store them into every
+/// destination. All loads happen before the first store, so a destination may be a source.
+#[inline(always)]
+unsafe fn reduce_lanes<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(srcs: &[*const u8], dsts: &[*mut u8], at: usize, mean: bool, f: &F) {
+    let mut acc = load::<T>(srcs[0], at);
+    for &s in &srcs[1..] {
+        let x = load::<T>(s, at);
+        for (a, x) in acc.iter_mut().zip(x) {
+            *a = f(*a, x);
+        }
+    }
+    if mean {
+        for a in acc.iter_mut() {
+            *a = T::div(*a, srcs.len());
+        }
+    }
+    let out = acc.map(T::narrow);
+    for &d in dsts {
+        std::ptr::write_unaligned((d as *mut T).add(at) as *mut [T; LANES], out);
+    }
+}
+
+/// The scalar form of [`reduce_lanes`], for the tail of a range.
+#[inline(always)]
+unsafe fn reduce_one<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(srcs: &[*const u8], dsts: &[*mut u8], at: usize, mean: bool, f: &F) {
+    let get = |s: *const u8| (s as *const T).add(at).read_unaligned().widen();
+    let mut acc = get(srcs[0]);
+    for &s in &srcs[1..] {
+        acc = f(acc, get(s));
+    }
+    if mean {
+        acc = T::div(acc, srcs.len());
+    }
+    for &d in dsts {
+        (d as *mut T).add(at).write_unaligned(T::narrow(acc));
     }
 }
 
@@ -508,42 +559,18 @@ unsafe fn reduce_with<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(
     mean: bool,
     f: F,
 ) {
-    let n = srcs.len();
-    let mut acc = [T::Acc::default(); PIECE];
-    let mut start = range.start;
-    while start < range.end {
-        let len = PIECE.min(range.end - start);
-        let acc = &mut acc[..len];
-        {
-            let s0 = std::slice::from_raw_parts((srcs[0] as *const T).add(start), len);
-            for (a, &x) in acc.iter_mut().zip(s0) {
-                *a = x.widen();
-            }
-        }
-        for &s in &srcs[1..] {
-            let sk = std::slice::from_raw_parts((s as *const T).add(start), len);
-            for (a, &x) in acc.iter_mut().zip(sk) {
-                *a = f(*a, x.widen());
-            }
-        }
-        if mean {
-            for a in acc.iter_mut() {
-                *a = T::div(*a, n);
-            }
-        }
-        let first = (dsts[0] as *mut T).add(start);
-        let out = std::slice::from_raw_parts_mut(first, len);
-        for (o, &a) in out.iter_mut().zip(acc.iter()) {
-            *o = T::narrow(a);
-        }
-        for &d in &dsts[1..] {
-            std::ptr::copy_nonoverlapping(first, (d as *mut T).add(start), len);
-        }
-        start += len;
+    let mut at = range.start;
+    while at + LANES <= range.end {
+        reduce_lanes::<T, F>(srcs, dsts, at, mean, &f);
+        at += LANES;
+    }
+    for at in at..range.end {
+        reduce_one::<T, F>(srcs, dsts, at, mean, &f);
     }
 }
 
-unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
+#[inline(always)]
+unsafe fn reduce_any(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
     match dtype {
         DType::F16 => reduce_typed::<f16>(srcs, dsts, range, op),
         DType::BF16 => reduce_typed::<bf16>(srcs, dsts, range, op),
@@ -552,6 +579,23 @@ unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: 
         DType::I32 => reduce_typed::<i32>(srcs, dsts, range, op),
         DType::I64 => reduce_typed::<i64>(srcs, dsts, range, op),
     }
+}
+
+/// [`reduce_any`] compiled for 256-bit vectors. Lane-wise operations give the same bits at any
+/// vector width, so this changes speed only.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce_any_avx2(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
+    reduce_any(dtype, srcs, dsts, range, op)
+}
+
+/// Reduce with the widest vectors this CPU has (see [`reduce_typed`] for the contract).
+unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        return reduce_any_avx2(dtype, srcs, dsts, range, op);
+    }
+    reduce_any(dtype, srcs, dsts, range, op)
 }
 
 impl Communicator for LocalComm {
