@@ -95,18 +95,22 @@ check training 4 semi_auto_parallel
 check training 2 data_parallel
 check training 4 data_parallel
 
-# `mpirun -n 4 autopar train` equals the same job on 4 in-process ranks.
+# `mpirun -n N autopar train` equals the same job on N in-process ranks (the ResNet's
+# data_parallel BatchNorm synchronises its statistics across the processes).
 echo "mpi-tests: building autopar with --features mpi"
 cargo build -p autopar --features mpi
 train_cli() {
-    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" args=(train --model mlp --data synthetic --synthetic-samples 2048 --steps 20 --batch-size 32 --devices 4) mpi local
-    echo "mpi-tests: mpirun -n 4 autopar train equals the in-process run"
-    mpi=$(timeout 300 mpirun -n 4 "${flags[@]}" "$bin" "${args[@]}" 2>&1) || { echo "$mpi" >&2; return 1; }
+    local n=$1
+    shift
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" args=(train "$@" --devices "$n") mpi local
+    echo "mpi-tests: mpirun -n $n autopar ${args[*]} equals the in-process run"
+    mpi=$(timeout 300 mpirun -n "$n" "${flags[@]}" "$bin" "${args[@]}" 2>&1) || { echo "$mpi" >&2; return 1; }
     local=$("$bin" "${args[@]}" 2>&1) || { echo "$local" >&2; return 1; }
     echo "$mpi"
     [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
 }
-check train_cli
+check train_cli 4 --model mlp --data synthetic --synthetic-samples 2048 --steps 20 --batch-size 32
+check train_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel
 
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi
