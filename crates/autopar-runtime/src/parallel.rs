@@ -613,6 +613,38 @@ pub struct LocalRun {
     pub rank_params: Vec<ParamStore>,
 }
 
+/// Split global batches (by input name) along dimension 0 into `n` equal parts, in the order
+/// [`run_local`] reads per-rank batches: part `r` of batch `s` at `s * n + r` (data_parallel on
+/// `n` ranks then sees the data of one device on the global batches). An input whose first
+/// dimension `n` does not divide is an error naming it.
+pub fn rank_batches(batches: &[Vec<(String, Tensor)>], n: usize) -> Result<Vec<Vec<(String, Tensor)>>> {
+    let mut out = Vec::with_capacity(batches.len() * n);
+    for batch in batches {
+        for r in 0..n {
+            let part = batch
+                .iter()
+                .map(|(name, t)| {
+                    let rows = t.shape().first().copied().unwrap_or(0);
+                    if n == 0 || !rows.is_multiple_of(n) {
+                        return Err(RuntimeError::Parallel {
+                            message: format!(
+                                "input {name:?} has shape {:?}; its first dimension must split into {n} equal parts",
+                                t.shape()
+                            ),
+                        });
+                    }
+                    let per = rows / n;
+                    let mut ranges: Vec<Range<usize>> = t.shape().iter().map(|&d| 0..d).collect();
+                    ranges[0] = r * per..(r + 1) * per;
+                    Ok((name.clone(), slice_tensor(t, &ranges)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.push(part);
+        }
+    }
+    Ok(out)
+}
+
 /// Run `job` on `device_num` threads with [`LocalComm`]: every step feeds each rank its part of
 /// `batches[step]` (global batches by input name; under data_parallel and hybrid_parallel,
 /// where ranks read their own data, `batches[step * n + rank]`), with an optimizer from

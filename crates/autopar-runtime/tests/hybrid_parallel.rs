@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ParamSpec, ReduceOp};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::parallel::{slice_tensor, ParallelJob, RankTrainer};
+use autopar_runtime::parallel::{rank_batches, slice_tensor, ParallelJob, RankTrainer};
 use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -55,6 +55,21 @@ fn batch(step: u64) -> Vec<(String, Tensor)> {
     vec![("x".into(), Tensor::from_vec(&[B, IN], x).unwrap()), ("y".into(), Tensor::from_vec(&[B], y).unwrap())]
 }
 
+/// Three steps of the stand-alone reference: the initial parameters, the losses and the final
+/// parameters.
+fn stand_alone(serial: &Graph, loss: NodeId) -> (ParamStore, Vec<f64>, ParamStore) {
+    let init = ParamStore::init(serial).unwrap();
+    let mut want = init.clone();
+    let mut step = TrainStep::new(serial.clone(), loss).unwrap();
+    let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
+    let mut losses = Vec::new();
+    for s in 0..3 {
+        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
+        losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
+    }
+    (init, losses, want)
+}
+
 fn cols(r: usize, n: usize, rows: usize) -> Vec<std::ops::Range<usize>> {
     vec![0..rows, r * H / n..(r + 1) * H / n]
 }
@@ -62,15 +77,7 @@ fn cols(r: usize, n: usize, rows: usize) -> Vec<std::ops::Range<usize>> {
 #[test]
 fn megatron_mlp_in_hybrid_parallel_equals_stand_alone() {
     let (serial, sloss) = model(None);
-    let init = ParamStore::init(&serial).unwrap();
-    let mut want = init.clone();
-    let mut step = TrainStep::new(serial.clone(), sloss).unwrap();
-    let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
-    let mut want_losses = Vec::new();
-    for s in 0..3 {
-        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
-        want_losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
-    }
+    let (init, want_losses, want) = stand_alone(&serial, sloss);
     for n in [2usize, 4] {
         let graphs: Vec<Graph> = (0..n).map(|r| model(Some((r, n))).0).collect();
         let mut ctx = ParallelContext::default();
@@ -157,15 +164,7 @@ fn bn_model(rank: Option<(usize, usize)>) -> (Graph, NodeId) {
 #[test]
 fn a_hand_split_batch_with_synchronised_batch_norm_equals_the_whole_batch() {
     let (serial, sloss) = bn_model(None);
-    let init = ParamStore::init(&serial).unwrap();
-    let mut want = init.clone();
-    let mut step = TrainStep::new(serial.clone(), sloss).unwrap();
-    let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
-    let mut want_losses = Vec::new();
-    for s in 0..3 {
-        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
-        want_losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
-    }
+    let (init, want_losses, want) = stand_alone(&serial, sloss);
     for n in [2usize, 4] {
         let graphs: Vec<Graph> = (0..n).map(|r| bn_model(Some((r, n))).0).collect();
         let mut ctx = ParallelContext::default();
@@ -179,16 +178,8 @@ fn a_hand_split_batch_with_synchronised_batch_norm_equals_the_whole_batch() {
             let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
             let mut losses = Vec::new();
             for s in 0..3 {
-                let rows = r * B / n..(r + 1) * B / n;
-                let mine: Vec<(String, Tensor)> = batch(s)
-                    .into_iter()
-                    .map(|(name, t)| {
-                        let mut ranges: Vec<std::ops::Range<usize>> = t.shape().iter().map(|&d| 0..d).collect();
-                        ranges[0] = rows.clone();
-                        (name, slice_tensor(&t, &ranges).unwrap())
-                    })
-                    .collect();
-                let feeds = t.local_feeds(&mine)?;
+                let mine = &rank_batches(&[batch(s)], n)?[r];
+                let feeds = t.local_feeds(mine)?;
                 losses.push(t.step(&mut opt, &feeds)?);
             }
             Ok((losses, t.params().clone()))

@@ -4,7 +4,7 @@
 
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{run_local, ParallelJob};
+use autopar_runtime::parallel::{rank_batches, run_local, ParallelJob};
 use autopar_runtime::LrSchedule;
 use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd, TrainStep};
 use autopar_tensor::Tensor;
@@ -131,25 +131,7 @@ fn data_parallel_equals_stand_alone_on_the_n_times_batch() {
         let data = batches(per_rank * n, STEPS, 5);
         let (want_losses, want) = serial(&global, gloss, &data, false);
         // Rank r gets rows [r*per_rank, (r+1)*per_rank) of each global batch.
-        let mut per_rank_batches = Vec::new();
-        for batch in &data {
-            for r in 0..n {
-                per_rank_batches.push(
-                    batch
-                        .iter()
-                        .map(|(name, t)| {
-                            let ranges: Vec<std::ops::Range<usize>> = t
-                                .shape()
-                                .iter()
-                                .enumerate()
-                                .map(|(d, &s)| if d == 0 { r * per_rank..(r + 1) * per_rank } else { 0..s })
-                                .collect();
-                            (name.clone(), autopar_runtime::parallel::slice_tensor(t, &ranges).unwrap())
-                        })
-                        .collect(),
-                );
-            }
-        }
+        let per_rank_batches = rank_batches(&data, n).unwrap();
         let mut ctx = ParallelContext::default();
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("data_parallel")).unwrap();

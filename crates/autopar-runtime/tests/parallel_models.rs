@@ -10,7 +10,7 @@
 use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{run_local, ParallelJob};
+use autopar_runtime::parallel::{rank_batches, run_local, ParallelJob};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -147,31 +147,12 @@ fn check(c: &Case, label: &str, seeds: u64, steps: usize) -> Seen {
     seen
 }
 
-/// data_parallel on `n` ranks of `per_rank` samples (graph `local`) against stand-alone on the
+/// data_parallel on `n` ranks (graph `local`, the per-rank batch) against stand-alone on the
 /// n-times batch (graph `global`).
 fn check_data_parallel(global: &Case, local: &Case, label: &str, n: usize, steps: usize) {
     let batches = data(global, steps, 23);
     let (want_losses, want) = serial(global, &batches);
-    let per_rank = local.x_shape[0];
-    let mut per_rank_batches = Vec::new();
-    for batch in &batches {
-        for r in 0..n {
-            per_rank_batches.push(
-                batch
-                    .iter()
-                    .map(|(name, t)| {
-                        let ranges: Vec<std::ops::Range<usize>> = t
-                            .shape()
-                            .iter()
-                            .enumerate()
-                            .map(|(d, &s)| if d == 0 { r * per_rank..(r + 1) * per_rank } else { 0..s })
-                            .collect();
-                        (name.clone(), autopar_runtime::parallel::slice_tensor(t, &ranges).unwrap())
-                    })
-                    .collect(),
-            );
-        }
-    }
+    let per_rank_batches = rank_batches(&batches, n).unwrap();
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(n)).unwrap();
     ctx.set("parallel_mode", &json!("data_parallel")).unwrap();

@@ -114,7 +114,7 @@ pub fn batch_norm_train(
     eps: f64,
 ) -> Result<BatchNormOutput> {
     let op = "batch_norm";
-    let (n, c, s) = bn_geo(op, x, &[("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)])?;
+    let (n, c, s) = bn_geo(op, x, &[])?;
     if n * s == 0 {
         return Err(TensorError::BadShape {
             op,
@@ -123,26 +123,13 @@ pub fn batch_norm_train(
             expected: "at least one element per channel".into(),
         });
     }
-    float_dispatch!(op, x.dtype(), T => {
+    let stats = float_dispatch!(op, x.dtype(), T => {
         let xc = x.contiguous();
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let (mean, var) = channel_stats(ctx, xs, n, c, s);
-        let e = T::c(eps);
-        let inv_std: Vec<T> = var.iter().map(|&v| T::one() / (v + e).sqrt()).collect();
-        let g = vec_of::<T>(gamma);
-        let scale: Vec<T> = inv_std.iter().zip(&g).map(|(&i, &gg)| i * gg).collect();
-        let y = affine(ctx, xs, c, s, &mean, &scale, &vec_of::<T>(beta));
-        let mo = T::c(momentum);
-        let unbias = if n * s > 1 { T::c((n * s) as f64 / (n * s - 1) as f64) } else { T::one() };
-        let rm: Vec<T> = vec_of::<T>(running_mean).iter().zip(&mean).map(|(&r, &b)| mo * r + (T::one() - mo) * b).collect();
-        let rv: Vec<T> = vec_of::<T>(running_var).iter().zip(&var).map(|(&r, &b)| mo * r + (T::one() - mo) * b * unbias).collect();
-        Ok(BatchNormOutput {
-            y: Tensor::from_vec(x.shape(), y)?,
-            saved: NormSaved { mean: Tensor::from_vec(&[c], mean)?, inv_std: Tensor::from_vec(&[c], inv_std)? },
-            running_mean: Tensor::from_vec(&[c], rm)?,
-            running_var: Tensor::from_vec(&[c], rv)?,
-        })
-    })
+        Ok(BatchStats { mean: Tensor::from_vec(&[c], mean)?, var: Tensor::from_vec(&[c], var)?, count: n * s })
+    })?;
+    batch_norm_train_with(ctx, x, gamma, beta, running_mean, running_var, &stats, momentum, eps)
 }
 
 /// BatchNorm in inference mode: normalises with the running statistics.
@@ -426,41 +413,20 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<(Tensor, NormSaved)> {
     let op = "layer_norm";
-    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma), ("beta", beta)])?;
+    let (_, _, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma), ("beta", beta)])?;
     if d == 0 {
         return Err(TensorError::BadShape { op, what: "input", shape: x.shape().to_vec(), expected: "non-empty normalised dims".into() });
     }
-    float_dispatch!(op, x.dtype(), T => {
-        let xc = x.contiguous();
-        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
-        let (g, b) = (vec_of::<T>(gamma), vec_of::<T>(beta));
-        let (e, dn) = (T::c(eps), T::c(d as f64));
-        let mut stats = vec![(T::zero(), T::zero()); rows];
-        let mut y = vec![T::zero(); xs.len()];
-        let row = |r: usize, out: &mut [T]| {
-            let src = &xs[r * d..][..d];
-            let mu = src.iter().fold(T::zero(), |a, &v| a + v) / dn;
-            let var = src.iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu)) / dn;
-            let inv = T::one() / (var + e).sqrt();
-            for (i, (o, &v)) in out.iter_mut().zip(src).enumerate() {
-                *o = (v - mu) * inv * g[i] + b[i];
-            }
-            (mu, inv)
-        };
-        if ctx.par(xs.len()) {
-            use rayon::prelude::*;
-            y.par_chunks_mut(d).zip(stats.par_iter_mut()).enumerate().for_each(|(r, (o, st))| *st = row(r, o));
-        } else {
-            y.chunks_mut(d).zip(stats.iter_mut()).enumerate().for_each(|(r, (o, st))| *st = row(r, o));
-        }
-        let sshape = &x.shape()[..ax];
-        Ok((
-            Tensor::from_vec(x.shape(), y)?,
-            NormSaved {
-                mean: Tensor::from_vec(sshape, stats.iter().map(|s| s.0).collect())?,
-                inv_std: Tensor::from_vec(sshape, stats.iter().map(|s| s.1).collect())?,
-            },
-        ))
+    let mean = per_element(&row_sums(ctx, x, begin_norm_axis, None)?, d)?;
+    let var = per_element(&row_sums(ctx, x, begin_norm_axis, Some(&mean))?, d)?;
+    layer_norm_with(ctx, x, gamma, beta, begin_norm_axis, &mean, &var, eps)
+}
+
+/// `sums / count`, element-wise, in the sums' type.
+fn per_element(sums: &Tensor, count: usize) -> Result<Tensor> {
+    float_dispatch!("layer_norm", sums.dtype(), T => {
+        let n = T::c(count as f64);
+        Tensor::from_vec(sums.shape(), vec_of::<T>(sums).into_iter().map(|v| v / n).collect())
     })
 }
 
@@ -473,54 +439,9 @@ pub fn layer_norm_backward(
     dy: &Tensor,
     begin_norm_axis: isize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let op = "layer_norm_backward";
-    let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
-    same_dtype(op, "output gradient", x, dy)?;
-    super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
-    for (what, t) in [("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)] {
-        if t.shape() != &x.shape()[..ax] {
-            return Err(TensorError::BadShape { op, what, shape: t.shape().to_vec(), expected: format!("{:?}", &x.shape()[..ax]) });
-        }
-    }
-    float_dispatch!(op, x.dtype(), T => {
-        let (xc, dc) = (x.contiguous(), dy.contiguous());
-        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
-        let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
-        let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
-        let dn = T::c(d as f64);
-        let mut dx = vec![T::zero(); xs.len()];
-        let mut dyxh = vec![T::zero(); xs.len()];
-        let row = |r: usize, out: &mut [T], pg: &mut [T]| {
-            let (src, dr) = (&xs[r * d..][..d], &ds[r * d..][..d]);
-            let (mut s1, mut s2) = (T::zero(), T::zero());
-            for i in 0..d {
-                let xh = (src[i] - mean[r]) * inv[r];
-                let dxh = dr[i] * g[i];
-                s1 += dxh;
-                s2 += dxh * xh;
-                pg[i] = dr[i] * xh;
-            }
-            for i in 0..d {
-                let xh = (src[i] - mean[r]) * inv[r];
-                out[i] = inv[r] / dn * (dn * dr[i] * g[i] - s1 - xh * s2);
-            }
-        };
-        if ctx.par(xs.len()) {
-            use rayon::prelude::*;
-            dx.par_chunks_mut(d).zip(dyxh.par_chunks_mut(d)).enumerate().for_each(|(r, (o, p))| row(r, o, p));
-        } else {
-            dx.chunks_mut(d).zip(dyxh.chunks_mut(d)).enumerate().for_each(|(r, (o, p))| row(r, o, p));
-        }
-        let pg = ArrayD::from_shape_vec(IxDyn(&[rows, d]), dyxh).expect("count");
-        let dgamma = sum_axes(ctx, pg.view(), &[0]);
-        let dbeta = sum_axes(ctx, ArrayD::from_shape_vec(IxDyn(&[rows, d]), ds.to_vec()).expect("count").view(), &[0]);
-        let pshape = &x.shape()[ax..];
-        Ok((
-            Tensor::from_vec(x.shape(), dx)?,
-            Tensor::from_vec(pshape, dgamma.into_raw_vec_and_offset().0)?,
-            Tensor::from_vec(pshape, dbeta.into_raw_vec_and_offset().0)?,
-        ))
-    })
+    let (_, _, d) = ln_geo("layer_norm_backward", x, begin_norm_axis, &[("gamma", gamma)])?;
+    let (s1, s2) = layer_norm_grad_sums(ctx, x, gamma, saved, dy, begin_norm_axis)?;
+    layer_norm_backward_with(ctx, x, gamma, saved, dy, begin_norm_axis, &s1, &s2, d)
 }
 
 /// Per-row sums over the dimensions from `begin_norm_axis` of this rank's part of them, in a
