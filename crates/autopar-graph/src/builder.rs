@@ -290,6 +290,12 @@ impl GraphBuilder {
         self.op(name, Dropout { p, seed, block: None }, &[x])
     }
 
+    /// Dropout of one block of a larger tensor (a hand-split batch): the mask is that block of
+    /// the whole tensor's mask, so the ranks of a split draw what one device would.
+    pub fn dropout_block(&mut self, name: &str, x: NodeId, p: f64, seed: u64, block: DropoutBlock) -> Result<NodeId> {
+        self.op(name, Dropout { p, seed, block: Some(block) }, &[x])
+    }
+
     pub fn softmax_cross_entropy(&mut self, name: &str, logits: NodeId, labels: NodeId) -> Result<NodeId> {
         self.op(name, SoftmaxCrossEntropy, &[logits, labels])
     }

@@ -318,7 +318,8 @@ pub fn op_rule(node: &Node, ins: &[&TensorType]) -> OpRule {
         }
         OpKind::BatchNorm(bn) => {
             // A split batch in training keeps exact statistics by summing them over the ranks
-            // that split it (synchronised batch norm): 2C + 1 values forward, 2C backward.
+            // that split it (synchronised batch norm): 2C + 1 values forward, 2C backward (the
+            // backward reuses the forward's statistics).
             let x = shape(0);
             let dims = vec![LogicalDim::free(x[0]), LogicalDim::free(x[1])];
             let mut xin = vec![Some(0), Some(1)];

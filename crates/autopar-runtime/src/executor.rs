@@ -109,8 +109,30 @@ pub trait Collectives {
     fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor>;
     /// The element-wise reduction of `input` over the world ranks of `group`, for ops that
     /// communicate inside (statistics over a split batch or a split normalised axis); `node`
-    /// names the op in errors.
-    fn all_reduce(&self, node: &Node, group: &[usize], op: autopar_graph::ReduceOp, input: &Tensor) -> Result<Tensor>;
+    /// names the op in errors. Without an implementation such ops fail with
+    /// [`RuntimeError::NeedsCommunicator`].
+    fn all_reduce(&self, node: &Node, group: &[usize], op: autopar_graph::ReduceOp, input: &Tensor) -> Result<Tensor> {
+        let _ = (op, input);
+        Err(RuntimeError::NeedsCommunicator { kind: node.op.kind(), name: node.name.clone(), group: group.to_vec() })
+    }
+}
+
+/// Results one node of a run leaves for another.
+#[derive(Default)]
+struct Caches {
+    /// A normalisation backward's `(dx, dgamma)` pair, for its sibling node.
+    norm: HashMap<NormKey, (Tensor, Tensor)>,
+    /// Statistics a synchronised normalisation gathered over its group in the forward pass, by
+    /// its input node, for its backward (which then needs no second round of all-reduces).
+    stats: HashMap<NodeId, SyncedStats>,
+}
+
+/// Mean and (biased) variance over a whole batch or whole rows, and the element count.
+#[derive(Clone)]
+struct SyncedStats {
+    mean: Tensor,
+    var: Tensor,
+    count: usize,
 }
 
 /// What every op of one run may read besides its inputs.
@@ -265,7 +287,7 @@ impl Executor {
             }
         }
         let mut values: Vec<Option<Tensor>> = vec![None; self.graph.len()];
-        let mut norm_cache: HashMap<NormKey, (Tensor, Tensor)> = HashMap::new();
+        let mut caches = Caches::default();
         let mut timings = Vec::new();
         let (mut live, mut live_bytes, mut peak_live, mut peak_live_bytes) = (0usize, 0usize, 0usize, 0usize);
         for (pos, &i) in self.order.iter().enumerate() {
@@ -275,7 +297,7 @@ impl Executor {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
                 match collectives {
                     Some(c) if node.op.is_communication() => c.execute(node, ins[0])?,
-                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives }, &mut norm_cache)?,
+                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives }, &mut caches)?,
                 }
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
@@ -312,14 +334,7 @@ impl Executor {
         Ok(RunOutput { values, timings, peak_live, peak_live_bytes })
     }
 
-    fn eval(
-        &self,
-        node: &Node,
-        x: &[&Tensor],
-        params: &mut ParamStore,
-        args: &RunArgs<'_>,
-        norm_cache: &mut HashMap<NormKey, (Tensor, Tensor)>,
-    ) -> Result<Tensor> {
+    fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, args: &RunArgs<'_>, caches: &mut Caches) -> Result<Tensor> {
         let RunArgs { feeds, step, collectives } = *args;
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
@@ -429,6 +444,8 @@ impl Executor {
                 if bn.training {
                     let out = if bn.group.len() > 1 {
                         let stats = self.batch_stats(node, x[0], &bn.group, collectives)?;
+                        caches.stats.insert(node.inputs[0], stats.clone());
+                        let stats = norm::BatchStats { mean: stats.mean, var: stats.var, count: stats.count };
                         norm::batch_norm_train_with(cx, x[0], x[1], x[2], x[3], x[4], &stats, bn.momentum, bn.eps).map_err(k)?
                     } else {
                         norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?
@@ -449,12 +466,16 @@ impl Executor {
                 // Inputs (dy, x, gamma, running_mean, running_var); statistics are recomputed,
                 // once for the dx and dgamma nodes together.
                 let key = norm_key(node).expect("a normalisation gradient");
-                let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
+                let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
                     pair
                 } else {
                     let (dx, dgamma) = if bn.training && bn.group.len() > 1 {
                         let need_dx = bn.of == NormGradOf::Input || self.shared_norm.contains(&key);
-                        self.synced_batch_norm_grad(node, x, &bn.group, bn.eps, need_dx, collectives)?
+                        let stats = match caches.stats.get(&node.inputs[1]) {
+                            Some(s) => s.clone(),
+                            None => self.batch_stats(node, x[1], &bn.group, collectives)?,
+                        };
+                        self.synced_batch_norm_grad(node, x, &bn.group, &stats, bn.eps, need_dx, collectives)?
                     } else if bn.training {
                         let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
                         let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
@@ -468,7 +489,7 @@ impl Executor {
                         let (dx, dgamma, _) = norm::batch_norm_eval_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?;
                         (dx, dgamma)
                     };
-                    self.share(norm_cache, key, &dx, &dgamma);
+                    self.share(&mut caches.norm, key, &dx, &dgamma);
                     (dx, dgamma)
                 };
                 match bn.of {
@@ -477,18 +498,26 @@ impl Executor {
                 }
             }
             OpKind::LayerNorm(ln) if ln.group.len() > 1 => {
-                let (mean, var, _) = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, collectives)?;
-                norm::layer_norm_with(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, &mean, &var, ln.eps).map_err(k)?.0
+                let stats = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, collectives)?;
+                let y =
+                    norm::layer_norm_with(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, &stats.mean, &stats.var, ln.eps).map_err(k)?.0;
+                caches.stats.insert(node.inputs[0], stats);
+                y
             }
             OpKind::LayerNorm(ln) => norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?.0,
             OpKind::LayerNormGrad(ln) => {
                 // Inputs (dy, x, gamma); the row statistics are recomputed, once for both nodes.
                 let key = norm_key(node).expect("a normalisation gradient");
-                let (dx, dgamma) = if let Some(pair) = norm_cache.remove(&key) {
+                let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
                     pair
                 } else {
                     let (dx, dgamma) = if ln.group.len() > 1 {
-                        self.synced_layer_norm_grad(node, x, ln, collectives)?
+                        let stats = match caches.stats.get(&node.inputs[1]) {
+                            Some(s) => s.clone(),
+                            None => self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, collectives)?,
+                        };
+                        let need_dx = ln.of == NormGradOf::Input || self.shared_norm.contains(&key);
+                        self.synced_layer_norm_grad(node, x, ln, &stats, need_dx, collectives)?
                     } else {
                         let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
                         let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
@@ -496,7 +525,7 @@ impl Executor {
                             norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
                         (dx, dgamma)
                     };
-                    self.share(norm_cache, key, &dx, &dgamma);
+                    self.share(&mut caches.norm, key, &dx, &dgamma);
                     (dx, dgamma)
                 };
                 match ln.of {
@@ -504,8 +533,8 @@ impl Executor {
                     NormGradOf::Gamma => dgamma,
                 }
             }
-            // The mask depends on (seed, step, element index) only, so the backward Dropout node
-            // (same seed, same step) applies the same mask to dy.
+            // The mask depends on (seed, step, the element's index in the whole tensor) only, so
+            // the backward Dropout node (same seed, step and block) applies the same mask to dy.
             OpKind::Dropout(d) => match &d.block {
                 None => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
                 Some(b) => dropout::dropout_slice(cx, x[0], d.p, dropout_seed(d.seed, step), &b.global_shape, &b.begin).map_err(k)?.0,
@@ -578,14 +607,7 @@ impl Executor {
 
     /// LayerNorm over normalised dimensions split over `group`: each row's mean and variance
     /// over the whole normalised dimensions (two sums over the group) and the whole row size.
-    fn row_stats(
-        &self,
-        node: &Node,
-        x: &Tensor,
-        axis: i64,
-        group: &[usize],
-        collectives: Option<&dyn Collectives>,
-    ) -> Result<(Tensor, Tensor, usize)> {
+    fn row_stats(&self, node: &Node, x: &Tensor, axis: i64, group: &[usize], collectives: Option<&dyn Collectives>) -> Result<SyncedStats> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let a = axis as isize;
@@ -601,41 +623,49 @@ impl Executor {
         let sq = norm::row_sums(cx, x, a, Some(&mean)).map_err(k)?.to_f64_vec();
         let sq = self.sum_over(node, group, sq, collectives)?;
         let var = Tensor::from_vec(&rows_shape, sq.iter().map(|s| s / count.max(1) as f64).collect()).map_err(k)?.cast(x.dtype());
-        Ok((mean, var, count))
+        Ok(SyncedStats { mean, var, count })
     }
 
     /// LayerNorm backward over normalised dimensions split over the op's group, inputs
-    /// `(dy, x, gamma)`: `(dx, dgamma)`, dgamma of this rank's part.
+    /// `(dy, x, gamma)`, with the forward's row `stats`: `dx` from the row sums over the group
+    /// (when `need_dx`), and `dgamma` of this rank's part.
     fn synced_layer_norm_grad(
         &self,
         node: &Node,
         x: &[&Tensor],
         ln: &LayerNormGrad,
+        stats: &SyncedStats,
+        need_dx: bool,
         collectives: Option<&dyn Collectives>,
     ) -> Result<(Tensor, Tensor)> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let a = ln.begin_norm_axis as isize;
-        let (mean, var, count) = self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, collectives)?;
         let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-        let (_, saved) = norm::layer_norm_with(cx, x[1], x[2], &zeros, a, &mean, &var, ln.eps).map_err(k)?;
+        let (_, saved) = norm::layer_norm_with(cx, x[1], x[2], &zeros, a, &stats.mean, &stats.var, ln.eps).map_err(k)?;
         let (s1, s2) = norm::layer_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
-        let rows_shape = s1.shape().to_vec();
-        let rows = s1.numel();
-        let mut both = s1.to_f64_vec();
-        both.extend(s2.to_f64_vec());
-        let both = self.sum_over(node, &ln.group, both, collectives)?;
-        let dtype = x[1].dtype();
-        let s1 = Tensor::from_vec(&rows_shape, both[..rows].to_vec()).map_err(k)?.cast(dtype);
-        let s2 = Tensor::from_vec(&rows_shape, both[rows..].to_vec()).map_err(k)?.cast(dtype);
-        let (dx, dgamma, _) = norm::layer_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &s1, &s2, count).map_err(k)?;
-        Ok((dx, dgamma))
+        if need_dx {
+            let rows_shape = s1.shape().to_vec();
+            let rows = s1.numel();
+            let mut both = s1.to_f64_vec();
+            both.extend(s2.to_f64_vec());
+            let both = self.sum_over(node, &ln.group, both, collectives)?;
+            let dtype = x[1].dtype();
+            let (s1, s2) = (&both[..rows], &both[rows..]);
+            let s1 = Tensor::from_vec(&rows_shape, s1.to_vec()).map_err(k)?.cast(dtype);
+            let s2 = Tensor::from_vec(&rows_shape, s2.to_vec()).map_err(k)?.cast(dtype);
+            let (dx, dgamma, _) = norm::layer_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &s1, &s2, stats.count).map_err(k)?;
+            Ok((dx, dgamma))
+        } else {
+            let (_, dgamma, _) = norm::layer_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &s1, &s2, stats.count).map_err(k)?;
+            Ok((Tensor::zeros(x[1].shape(), x[1].dtype()), dgamma))
+        }
     }
 
     /// Synchronised BatchNorm: the mean and variance over the batch parts of every rank of
     /// `group` (two sums over the group: of x with the element count, then of squared
     /// deviations from the mean).
-    fn batch_stats(&self, node: &Node, x: &Tensor, group: &[usize], collectives: Option<&dyn Collectives>) -> Result<norm::BatchStats> {
+    fn batch_stats(&self, node: &Node, x: &Tensor, group: &[usize], collectives: Option<&dyn Collectives>) -> Result<SyncedStats> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let c = x.shape().get(1).copied().unwrap_or(0);
@@ -660,25 +690,28 @@ impl Executor {
         let sq = norm::channel_sums(cx, x, Some(&mean)).map_err(k)?.to_f64_vec();
         let sq = self.sum_over(node, group, sq, collectives)?;
         let var = Tensor::from_vec(&[c], sq.iter().map(|s| s / count as f64).collect()).map_err(k)?.cast(x.dtype());
-        Ok(norm::BatchStats { mean, var, count })
+        Ok(SyncedStats { mean, var, count })
     }
 
-    /// Synchronised BatchNorm backward, inputs `(dy, x, gamma, ..)`: `dx` from the gradient
-    /// sums over the group (when `need_dx`), and this rank's share of `dgamma`.
+    /// Synchronised BatchNorm backward, inputs `(dy, x, gamma, ..)`, with the forward's batch
+    /// `stats`: `dx` from the gradient sums over the group (when `need_dx`), and this rank's
+    /// share of `dgamma`.
+    #[allow(clippy::too_many_arguments)]
     fn synced_batch_norm_grad(
         &self,
         node: &Node,
         x: &[&Tensor],
         group: &[usize],
+        stats: &SyncedStats,
         eps: f64,
         need_dx: bool,
         collectives: Option<&dyn Collectives>,
     ) -> Result<(Tensor, Tensor)> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
-        let stats = self.batch_stats(node, x[1], group, collectives)?;
+        let batch = norm::BatchStats { mean: stats.mean.clone(), var: stats.var.clone(), count: stats.count };
         let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-        let fwd = norm::batch_norm_train_with(cx, x[1], x[2], &zeros, x[3], x[4], &stats, 0.0, eps).map_err(k)?;
+        let fwd = norm::batch_norm_train_with(cx, x[1], x[2], &zeros, x[3], x[4], &batch, 0.0, eps).map_err(k)?;
         let (sum_dy, sum_dy_xhat) = norm::batch_norm_grad_sums(cx, x[1], &fwd.saved, x[0]).map_err(k)?;
         let dx = if need_dx {
             let c = sum_dy.numel();
@@ -826,6 +859,64 @@ mod tests {
         let y = b.all_reduce("grad_sync", x, ReduceOp::Sum, &[0, 1]).unwrap();
         let err = Executor::new(b.finish(), &[y]).unwrap().run(&mut ParamStore::new(), &[(x, v(&[2], &[1.0, 2.0]))], 0).unwrap_err();
         assert!(matches!(err, RuntimeError::NeedsCommunicator { ref group, .. } if group == &vec![0, 1]), "{err}");
+    }
+
+    /// Counts the in-op reductions; each is the identity (a group of one rank in effect).
+    struct Counting(std::cell::Cell<usize>);
+    impl Collectives for Counting {
+        fn execute(&self, _: &Node, input: &Tensor) -> Result<Tensor> {
+            Ok(input.clone())
+        }
+        fn all_reduce(&self, _: &Node, _: &[usize], _: ReduceOp, input: &Tensor) -> Result<Tensor> {
+            self.0.set(self.0.get() + 1);
+            Ok(input.clone())
+        }
+    }
+
+    /// BatchNorm (training) of x [4, 3] -> sum of squares, synchronised over `group`; gradients
+    /// of `wrt` ("x", "gamma").
+    fn batch_norm_net(group: &[usize], wrt: &[&str]) -> (Executor, NodeId) {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 3], DType::F64).unwrap();
+        let gamma =
+            b.parameter_with("gamma", ParamSpec::new(&[3], Initializer::Uniform { low: 0.5, high: 1.5 }).dtype(DType::F64)).unwrap();
+        let beta = b.parameter_with("beta", ParamSpec::new(&[3], Initializer::Zeros).dtype(DType::F64)).unwrap();
+        let mean = b.parameter_with("mean", ParamSpec::new(&[3], Initializer::Zeros).dtype(DType::F64).frozen()).unwrap();
+        let var = b.parameter_with("var", ParamSpec::new(&[3], Initializer::Ones).dtype(DType::F64).frozen()).unwrap();
+        let y = b.batch_norm_synced("bn", [x, gamma, beta, mean, var], 1e-5, 0.9, group).unwrap();
+        let sq = b.mul("sq", y, y).unwrap();
+        let w = b.parameter_with("w", ParamSpec::new(&[4, 3], Initializer::Uniform { low: -1.0, high: 1.0 }).dtype(DType::F64)).unwrap();
+        let weighted = b.mul("weighted", sq, w).unwrap();
+        let loss = b.reduce_sum("loss", weighted, &[], false).unwrap();
+        let mut g = b.finish();
+        let ids: Vec<NodeId> = wrt.iter().map(|n| g.find(n).unwrap()).collect();
+        let grads = autopar_graph::differentiate(&mut g, loss, &ids).unwrap();
+        let mut fetch = vec![loss];
+        fetch.extend(grads.grads.iter().map(|(_, d)| *d));
+        (Executor::new(g, &fetch).unwrap(), x)
+    }
+
+    #[test]
+    fn a_synchronised_batch_norm_reduces_its_statistics_once_per_pass_and_needs_collectives() {
+        let xv = v(&[4, 3], &[0.1, -0.4, 2.0, 0.7, 0.3, -1.0, -0.2, 0.9, 0.5, 1.3, -0.6, 0.0]);
+        // forward: the sums, then the squared deviations; backward: the gradient sums for dx only.
+        for (wrt, calls) in [(&["x", "gamma"][..], 3), (&["gamma"][..], 2), (&["x"][..], 3)] {
+            let (synced, x) = batch_norm_net(&[0, 1], wrt);
+            let (plain, _) = batch_norm_net(&[], wrt);
+            let mut params = ParamStore::init(synced.graph()).unwrap();
+            let counting = Counting(std::cell::Cell::new(0));
+            let got = synced.run_with(&mut params.clone(), &[(x, xv.clone())], 0, Some(&counting)).unwrap();
+            assert_eq!(counting.0.get(), calls, "reductions with gradients of {wrt:?}");
+            // With one rank in effect, the synchronised op is the plain one.
+            let want = plain.run(&mut params, &[(x, xv.clone())], 0).unwrap();
+            for (a, b) in got.values.iter().zip(&want.values) {
+                for (p, q) in a.to_f64_vec().iter().zip(b.to_f64_vec()) {
+                    assert!((p - q).abs() < 1e-12, "{wrt:?}: {p} vs {q}");
+                }
+            }
+            let err = synced.run(&mut ParamStore::init(synced.graph()).unwrap(), &[(x, xv.clone())], 0).unwrap_err();
+            assert!(matches!(err, RuntimeError::NeedsCommunicator { kind: "BatchNorm", .. }), "{err}");
+        }
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! * data_parallel: every rank runs the graph as written on its own batch shard (the graph has
 //!   per-rank shapes, as in MindSpore); gradients are all-reduced over all ranks and divided by
 //!   the rank count when `gradients_mean` is set. Training BatchNorm takes its statistics over
-//!   every rank's shard and Dropout draws the rank's block of the whole batch's mask, so the
-//!   run equals one device on the N-times batch.
+//!   every rank's shard and a Dropout on data draws the rank's block of the whole batch's mask,
+//!   so the run equals one device on the N-times batch (for batch-major tensors: the batch the
+//!   outermost dimension, as in every model of the zoo).
 //! * hybrid_parallel: every rank runs its own hand-written graph (local shapes, the collectives
 //!   the user placed); `layerwise` parameters are the rank's own, the others are replicated and
 //!   all-reduced over all ranks ([`ParallelJob::hybrid`]).
@@ -188,17 +189,25 @@ impl ParallelJob {
 
 /// data_parallel: make the ops whose result depends on the whole batch behave as on one device
 /// running the N-times batch. BatchNorm in training takes its statistics over every rank's
-/// batch (synchronised batch norm); Dropout draws rank `r`'s block of the whole batch's mask
-/// (`r`-th along dimension 0, exact for batch-major tensors).
+/// batch (synchronised batch norm). A Dropout on data (a value computed from a network input)
+/// draws rank `r`'s block of the whole batch's mask, the `r`-th along dimension 0 (exact for
+/// batch-major tensors); a Dropout on a value computed from parameters alone is the same on
+/// every rank, as on one device.
 fn whole_batch_ops(graph: &mut Graph, n: usize, rank: usize) {
     if n <= 1 {
         return;
     }
+    // Whether each node's value depends on a network input (nodes are in topological order).
+    let mut on_data = vec![false; graph.len()];
     for i in 0..graph.len() {
+        let node = graph.node(NodeId(i));
+        on_data[i] = matches!(node.op, OpKind::Input(_)) || node.inputs.iter().any(|x| on_data[x.0]);
+    }
+    for (i, &data) in on_data.iter().enumerate() {
         let shape = graph.node(NodeId(i)).ty.shape.clone();
         match &mut graph.node_mut(NodeId(i)).op {
             OpKind::BatchNorm(bn) if bn.training => bn.group = (0..n).collect(),
-            OpKind::Dropout(d) if !shape.is_empty() => {
+            OpKind::Dropout(d) if data && !shape.is_empty() => {
                 let mut global_shape = shape.clone();
                 global_shape[0] *= n;
                 let mut begin = vec![0; shape.len()];
@@ -618,6 +627,11 @@ pub struct LocalRun {
 /// `n` ranks then sees the data of one device on the global batches). An input whose first
 /// dimension `n` does not divide is an error naming it.
 pub fn rank_batches(batches: &[Vec<(String, Tensor)>], n: usize) -> Result<Vec<Vec<(String, Tensor)>>> {
+    if n == 0 {
+        return Err(RuntimeError::Parallel {
+            message: "rank_batches: splitting a batch for 0 ranks\nhint: give the rank count, at least 1".into(),
+        });
+    }
     let mut out = Vec::with_capacity(batches.len() * n);
     for batch in batches {
         for r in 0..n {
@@ -625,7 +639,7 @@ pub fn rank_batches(batches: &[Vec<(String, Tensor)>], n: usize) -> Result<Vec<V
                 .iter()
                 .map(|(name, t)| {
                     let rows = t.shape().first().copied().unwrap_or(0);
-                    if n == 0 || !rows.is_multiple_of(n) {
+                    if t.shape().is_empty() || !rows.is_multiple_of(n) {
                         return Err(RuntimeError::Parallel {
                             message: format!(
                                 "input {name:?} has shape {:?}; its first dimension must split into {n} equal parts",
@@ -682,4 +696,42 @@ where
         rank_losses[0].clone()
     };
     Ok(LocalRun { losses, rank_losses, params, rank_params: stores })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_graph::{DType as GDType, GraphBuilder, Initializer};
+
+    #[test]
+    fn rank_batches_splits_dimension_0_in_run_local_order_and_names_what_cannot_split() {
+        let x = Tensor::from_vec(&[4, 2], (0..8).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+        let parts = rank_batches(&[vec![("x".to_string(), x.clone())]], 2).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[1][0].1.to_f64_vec(), vec![4.0, 5.0, 6.0, 7.0]);
+        let e = rank_batches(&[vec![("x".to_string(), x.clone())]], 3).unwrap_err().to_string();
+        assert!(e.contains("\"x\"") && e.contains("3 equal parts"), "{e}");
+        let scalar = Tensor::from_vec(&[], vec![1.0f32]).unwrap();
+        let e = rank_batches(&[vec![("s".to_string(), scalar)]], 2).unwrap_err().to_string();
+        assert!(e.contains("\"s\""), "{e}");
+        assert!(rank_batches(&[vec![("x".to_string(), x)]], 0).unwrap_err().to_string().contains("0 ranks"));
+    }
+
+    #[test]
+    fn data_parallel_gives_blocks_to_dropouts_on_data_only() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 3], GDType::F32).unwrap();
+        let w = b.parameter("w", &[2, 3], Initializer::Ones).unwrap();
+        b.dropout("on_data", x, 0.5, 1).unwrap();
+        b.dropout("on_weight", w, 0.5, 2).unwrap();
+        let mut g = b.finish();
+        whole_batch_ops(&mut g, 4, 3);
+        let block = |name: &str| match &g.node(g.find(name).unwrap()).op {
+            OpKind::Dropout(d) => d.block.clone(),
+            _ => unreachable!(),
+        };
+        let on_data = block("on_data").expect("a dropout on data draws its block");
+        assert_eq!((on_data.global_shape, on_data.begin), (vec![8, 3], vec![6, 0]));
+        assert!(block("on_weight").is_none(), "a dropout on parameters is the same on every rank");
+    }
 }

@@ -643,7 +643,9 @@ impl OpDef for LayerNorm {
 }
 
 /// Gradient of [`LayerNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`. With a
-/// `group` the gradient of `x` uses the row sums over the whole normalised dimensions.
+/// `group` the gradient of `x` uses the row sums over the whole normalised dimensions; the
+/// gradient of `gamma` is that of this rank's slice of it from this rank's rows (summed over
+/// the ranks holding the same slice by the gradient synchronisation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNormGrad {
     pub begin_norm_axis: i64,
@@ -713,7 +715,7 @@ impl OpDef for Dropout {
             let x = cx.shape(0);
             let fits = b.global_shape.len() == x.len()
                 && b.begin.len() == x.len()
-                && x.iter().zip(&b.begin).zip(&b.global_shape).all(|((d, o), g)| o + d <= *g);
+                && x.iter().zip(&b.begin).zip(&b.global_shape).all(|((d, o), g)| o.checked_add(*d).is_some_and(|end| end <= *g));
             if !fits {
                 return Err(cx.bad_attr("block", (&b.begin, &b.global_shape), "a block of the input's rank inside the global shape"));
             }

@@ -303,7 +303,7 @@ impl OpDef for Gather {
         cx.integer(1)?;
         let p = cx.shape(0);
         if let Some(sh) = self.shard {
-            if sh.start + p[axis] > sh.total {
+            if sh.start.checked_add(p[axis]).is_none_or(|end| end > sh.total) {
                 return Err(cx.bad_attr("shard", (sh.start, sh.total), "rows start..start + len within the table's total rows"));
             }
         }

@@ -39,7 +39,8 @@ pub fn dropout_slice(ctx: &ExecCtx, x: &Tensor, p: f64, seed: u64, global_shape:
     }
     let fits = global_shape.len() == x.rank()
         && begin.len() == x.rank()
-        && x.shape().iter().zip(begin).zip(global_shape).all(|((d, b), g)| b + d <= *g);
+        && x.shape().iter().zip(begin).zip(global_shape).all(|((d, b), g)| b.checked_add(*d).is_some_and(|end| end <= *g));
+    let fits = fits && global_shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_some();
     if !fits {
         return Err(TensorError::BadShape {
             op,

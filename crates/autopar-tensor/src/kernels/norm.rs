@@ -444,6 +444,16 @@ pub fn layer_norm_backward(
     layer_norm_backward_with(ctx, x, gamma, saved, dy, begin_norm_axis, &s1, &s2, d)
 }
 
+/// Check that every `(name, tensor)` holds one value per row of `x` (shape `x.shape[..ax]`) in
+/// `x`'s dtype.
+fn row_stats_check(op: &'static str, x: &Tensor, ax: usize, stats: &[(&'static str, &Tensor)]) -> Result<()> {
+    for (what, t) in stats {
+        same_dtype(op, what, x, t)?;
+        super::same_shape(op, &x.shape()[..ax], t.shape(), "one statistic per row")?;
+    }
+    Ok(())
+}
+
 /// Per-row sums over the dimensions from `begin_norm_axis` of this rank's part of them, in a
 /// fixed order: `Σ x` (with `mean` None) or `Σ (x - mean[row])²`; shape `x.shape[..axis]`.
 /// LayerNorm with its normalised dimensions split across ranks sums these over the ranks.
@@ -451,8 +461,7 @@ pub fn row_sums(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, mean: Option<
     let op = "layer_norm";
     let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[])?;
     if let Some(m) = mean {
-        same_dtype(op, "mean", x, m)?;
-        super::same_shape(op, &x.shape()[..ax], m.shape(), "one mean per row")?;
+        row_stats_check(op, x, ax, &[("mean", m)])?;
     }
     float_dispatch!(op, x.dtype(), T => {
         let xc = x.contiguous();
@@ -490,10 +499,7 @@ pub fn layer_norm_with(
 ) -> Result<(Tensor, NormSaved)> {
     let op = "layer_norm";
     let (ax, _, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma), ("beta", beta)])?;
-    for (what, t) in [("mean", mean), ("variance", var)] {
-        same_dtype(op, what, x, t)?;
-        super::same_shape(op, &x.shape()[..ax], t.shape(), "one statistic per row")?;
-    }
+    row_stats_check(op, x, ax, &[("mean", mean), ("variance", var)])?;
     float_dispatch!(op, x.dtype(), T => {
         let xc = x.contiguous();
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
@@ -526,6 +532,7 @@ pub fn layer_norm_grad_sums(
     let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
     same_dtype(op, "output gradient", x, dy)?;
     super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
+    row_stats_check(op, x, ax, &[("saved mean", &saved.mean), ("saved inv_std", &saved.inv_std)])?;
     float_dispatch!(op, x.dtype(), T => {
         let (xc, dc) = (x.contiguous(), dy.contiguous());
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
@@ -571,9 +578,17 @@ pub fn layer_norm_backward_with(
     let (ax, rows, d) = ln_geo(op, x, begin_norm_axis, &[("gamma", gamma)])?;
     same_dtype(op, "output gradient", x, dy)?;
     super::same_shape(op, x.shape(), dy.shape(), "output gradient must have the input's shape")?;
-    for t in [&saved.mean, &saved.inv_std, sum_dyg, sum_dyg_xhat] {
-        super::same_shape(op, &x.shape()[..ax], t.shape(), "one statistic per row")?;
-    }
+    row_stats_check(
+        op,
+        x,
+        ax,
+        &[
+            ("saved mean", &saved.mean),
+            ("saved inv_std", &saved.inv_std),
+            ("sum of dy * gamma", sum_dyg),
+            ("sum of dy * gamma * x_hat", sum_dyg_xhat),
+        ],
+    )?;
     float_dispatch!(op, x.dtype(), T => {
         let (xc, dc) = (x.contiguous(), dy.contiguous());
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
@@ -631,6 +646,18 @@ mod tests {
         let mut size: Vec<isize> = x.shape().iter().map(|&d| d as isize).collect();
         size[0] = r.len() as isize;
         crate::kernels::shape::slice(x, &begin, &size).unwrap().contiguous()
+    }
+
+    #[test]
+    fn layer_norm_backward_rejects_mis_shaped_or_mistyped_statistics() {
+        let x = t(&[3, 4], &[0.5; 12]);
+        let gamma = t(&[4], &[1.0; 4]);
+        let (_, saved) = layer_norm(&cx(), &x, &gamma, &t(&[4], &[0.0; 4]), 1, 1e-5).unwrap();
+        let short = NormSaved { mean: t(&[1], &[0.0]), inv_std: saved.inv_std.clone() };
+        assert!(matches!(layer_norm_backward(&cx(), &x, &gamma, &short, &x, 1), Err(TensorError::IncompatibleShapes { .. })));
+        let f32_sums = Tensor::from_vec(&[3], vec![0.0f32; 3]).unwrap();
+        let err = layer_norm_backward_with(&cx(), &x, &gamma, &saved, &x, 1, &f32_sums, &f32_sums, 4);
+        assert!(matches!(err, Err(TensorError::DTypeMismatch { .. })), "{err:?}");
     }
 
     #[test]

@@ -310,7 +310,7 @@ pub fn gather_rows(ctx: &ExecCtx, params: &Tensor, indices: &Tensor, axis: isize
 }
 
 fn check_block(op: &'static str, start: usize, len: usize, total: usize) -> Result<()> {
-    if start + len > total {
+    if start.checked_add(len).is_none_or(|end| end > total) {
         return Err(TensorError::InvalidArgument {
             op,
             name: "rows",
