@@ -28,13 +28,8 @@ fn mlp(batch: usize) -> (Graph, NodeId) {
 }
 
 fn batches(batch: usize, steps: usize) -> Vec<Vec<(String, Tensor)>> {
-    let mut s = 0x9e37_79b9_u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = autopar_data::Rng::new(0x9e37_79b9_u64);
+    let mut next = move || rng.next_u64();
     (0..steps)
         .map(|_| {
             let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();

@@ -31,13 +31,8 @@ fn mlp(batch: usize) -> (Graph, NodeId) {
 }
 
 fn batch(seed: u64) -> Vec<(String, Tensor)> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = autopar_data::Rng::new(seed | 1);
+    let mut next = move || rng.next_u64();
     let x: Vec<f32> = (0..16 * 8).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
     let y: Vec<i64> = (0..16).map(|_| (next() % 4) as i64).collect();
     vec![("x".into(), Tensor::from_vec(&[16, 8], x).unwrap()), ("y".into(), Tensor::from_vec(&[16], y).unwrap())]

@@ -43,13 +43,8 @@ fn model(rank: Option<(usize, usize)>) -> (Graph, NodeId) {
 }
 
 fn batch(step: u64) -> Vec<(String, Tensor)> {
-    let mut s = step * 977 + 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = autopar_data::Rng::new(step * 977 + 1);
+    let mut next = move || rng.next_u64();
     let x: Vec<f32> = (0..B * IN).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
     let y: Vec<i64> = (0..B).map(|_| (next() % OUT as u64) as i64).collect();
     vec![("x".into(), Tensor::from_vec(&[B, IN], x).unwrap()), ("y".into(), Tensor::from_vec(&[B], y).unwrap())]

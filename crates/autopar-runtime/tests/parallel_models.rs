@@ -49,13 +49,8 @@ fn case(model: &dyn Model, batch: usize, classes: usize, rtol: f64, atol: f64) -
 }
 
 fn data(c: &Case, steps: usize, seed: u64) -> Vec<Vec<(String, Tensor)>> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut rng = autopar_data::Rng::new(seed | 1);
+    let mut next = move || rng.next_u64();
     (0..steps)
         .map(|_| {
             let nx: usize = c.x_shape.iter().product();
