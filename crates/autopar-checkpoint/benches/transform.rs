@@ -25,17 +25,7 @@ fn dim() -> usize {
 }
 
 fn layout_item(name: &str, dev: &[u32], map: &[i32]) -> LayoutItem {
-    LayoutItem {
-        name: name.into(),
-        dev_matrix: dev.to_vec(),
-        tensor_map: vec![map.to_vec()],
-        param_split_shape: vec![vec![]],
-        indices_offset: vec![vec![]],
-        field: 0,
-        opt_weight_shard_step: 0,
-        opt_weight_shard_size: 0,
-        tensor_shape: None,
-    }
+    LayoutItem::new(name, dev.to_vec(), vec![map.to_vec()])
 }
 
 fn strategy(dev: &[u32], map_of: impl Fn(usize) -> Vec<i32>) -> StrategyFile {

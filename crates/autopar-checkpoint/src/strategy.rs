@@ -45,6 +45,22 @@ pub struct LayoutItem {
 }
 
 impl LayoutItem {
+    /// A parameter's layout with `dev_matrix` and `tensor_map` (MindSpore's nested form) and
+    /// nothing else: no split shape or offsets, no optimizer shard, no recorded tensor shape.
+    pub fn new(name: impl Into<String>, dev_matrix: Vec<u32>, tensor_map: Vec<Vec<i32>>) -> Self {
+        LayoutItem {
+            name: name.into(),
+            dev_matrix,
+            tensor_map,
+            param_split_shape: vec![Vec::new()],
+            indices_offset: vec![Vec::new()],
+            field: 0,
+            opt_weight_shard_step: 0,
+            opt_weight_shard_size: 0,
+            tensor_shape: None,
+        }
+    }
+
     /// The tensor map in autopar's [`TensorMap`] form (multi-axis entries kept).
     pub fn map(&self) -> TensorMap {
         if self.tensor_map.len() == 1 {
@@ -577,17 +593,7 @@ mod tests {
     use super::*;
 
     fn item(name: &str, map: Vec<Vec<i32>>) -> LayoutItem {
-        LayoutItem {
-            name: name.into(),
-            dev_matrix: vec![2, 2],
-            tensor_map: map,
-            param_split_shape: vec![vec![]],
-            indices_offset: vec![vec![]],
-            field: 0,
-            opt_weight_shard_step: 0,
-            opt_weight_shard_size: 0,
-            tensor_shape: None,
-        }
+        LayoutItem::new(name, vec![2, 2], map)
     }
 
     #[test]

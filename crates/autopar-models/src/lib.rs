@@ -201,10 +201,15 @@ pub trait Model: fmt::Debug + Send + Sync {
     fn name(&self) -> &str;
     /// The shape of one input sample (`[3, 32, 32]`, `[784]`, `[T]` tokens).
     fn input_shape(&self) -> Vec<usize>;
-    /// The input's element type (f32 images and features, i64 token ids).
-    fn input_dtype(&self) -> DType;
-    /// The shape of one sample's labels (`[]`, or `[T]` next tokens for the GPT).
-    fn label_shape(&self) -> Vec<usize>;
+    /// The input's element type (f32 images and features, the default; i64 token ids).
+    fn input_dtype(&self) -> DType {
+        DType::F32
+    }
+    /// The shape of one sample's labels (`[]`, one class per sample, the default; `[T]` next
+    /// tokens for the GPT).
+    fn label_shape(&self) -> Vec<usize> {
+        Vec::new()
+    }
     /// Number of classes (the vocabulary for the GPT).
     fn num_classes(&self) -> usize;
     /// One line for logs and summaries: `resnet18 (basic blocks 2-2-2-2, cifar stem, width 64,

@@ -79,12 +79,6 @@ impl Model for Mlp {
     fn input_shape(&self) -> Vec<usize> {
         self.cfg.input_shape.clone()
     }
-    fn input_dtype(&self) -> DType {
-        DType::F32
-    }
-    fn label_shape(&self) -> Vec<usize> {
-        Vec::new()
-    }
     fn num_classes(&self) -> usize {
         self.cfg.num_classes
     }

@@ -460,15 +460,7 @@ impl RankTrainer {
         let (loss, mut grads) = (out.loss, out.grads);
         self.sync(&mut grads)?;
         opt.step(&mut self.params, &grads)?;
-        let loss = loss.to_f64_vec().iter().sum::<f64>() * self.loss_factor;
-        if !loss.is_finite() {
-            return Err(RuntimeError::BadHyperparameter {
-                what: "loss",
-                value: loss,
-                expected: "a finite loss (lower the learning rate?)",
-            });
-        }
-        Ok(loss)
+        crate::train::finite_loss(loss.to_f64_vec().iter().sum::<f64>() * self.loss_factor)
     }
 
     /// All-reduce gradients over their mirror groups, bucket by bucket: the bucket's gradients

@@ -37,17 +37,10 @@ pub fn strategy_file(graph: &Graph, plan: &ParallelPlan, only_trainable_params: 
             continue;
         }
         let l = &np.output;
-        layout_items.push(LayoutItem {
-            name: node.name.clone(),
-            dev_matrix: l.mesh().dims().iter().map(|&d| d as u32).collect(),
-            tensor_map: vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect()],
-            param_split_shape: vec![Vec::new()],
-            indices_offset: vec![Vec::new()],
-            field: 0,
-            opt_weight_shard_step: 0,
-            opt_weight_shard_size: 0,
-            tensor_shape: Some(l.shape().to_vec()),
-        });
+        let dev_matrix = l.mesh().dims().iter().map(|&d| d as u32).collect();
+        let tensor_map = vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect()];
+        layout_items
+            .push(LayoutItem { tensor_shape: Some(l.shape().to_vec()), ..LayoutItem::new(node.name.clone(), dev_matrix, tensor_map) });
     }
     StrategyFile { current_stage: 2, strategy_items, layout_items }
 }

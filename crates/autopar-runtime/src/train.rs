@@ -87,14 +87,14 @@ impl TrainStep {
     pub fn run(&mut self, params: &mut ParamStore, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
         let StepOutput { loss, grads, .. } = self.gradients(params, feeds)?;
         opt.step(params, &grads)?;
-        let loss = loss.to_f64_vec().iter().sum::<f64>();
-        if !loss.is_finite() {
-            return Err(RuntimeError::BadHyperparameter {
-                what: "loss",
-                value: loss,
-                expected: "a finite loss (lower the learning rate?)",
-            });
-        }
-        Ok(loss)
+        finite_loss(loss.to_f64_vec().iter().sum::<f64>())
     }
+}
+
+/// `loss`, or an error when training has diverged (a NaN or infinite loss).
+pub(crate) fn finite_loss(loss: f64) -> Result<f64> {
+    if !loss.is_finite() {
+        return Err(RuntimeError::BadHyperparameter { what: "loss", value: loss, expected: "a finite loss (lower the learning rate?)" });
+    }
+    Ok(loss)
 }

@@ -110,15 +110,9 @@ pub fn strategy_file(layouts: &[(&Param, &PLayout, u32)]) -> StrategyFile {
         };
         let name = if layouts.iter().any(|x| x.2 > 0) { format!("{stage}-{}", p.name) } else { p.name.clone() };
         s.layout_items.push(LayoutItem {
-            name,
-            dev_matrix: l.dev.iter().map(|&d| d as u32).collect(),
-            tensor_map,
-            param_split_shape: vec![vec![]],
-            indices_offset: vec![vec![]],
-            field: 0,
             opt_weight_shard_step: if l.opt == 0 { 0 } else { 1 },
             opt_weight_shard_size: l.opt,
-            tensor_shape: None,
+            ..LayoutItem::new(name, l.dev.iter().map(|&d| d as u32).collect(), tensor_map)
         });
     }
     s
