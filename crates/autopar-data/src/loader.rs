@@ -30,6 +30,9 @@ pub struct LoaderConfig {
     pub padding: ShardPadding,
     /// Batches prepared ahead on a background thread; 0 prepares each on the caller's thread.
     pub prefetch: usize,
+    /// Read only these rows of each batch (a parallel rank's part of the global batch); the
+    /// batch count and every batch's samples are those of the whole batches. `None`: all rows.
+    pub rows: Option<std::ops::Range<usize>>,
 }
 
 impl Default for LoaderConfig {
@@ -43,6 +46,7 @@ impl Default for LoaderConfig {
             shard_id: 0,
             padding: ShardPadding::None,
             prefetch: 2,
+            rows: None,
         }
     }
 }
@@ -120,6 +124,16 @@ impl DataLoader {
                 expected: "at least 1".into(),
                 hint: "the tutorial uses batch_size 32".into(),
             });
+        }
+        if let Some(r) = &config.rows {
+            if r.start >= r.end || r.end > config.batch_size {
+                return Err(DataError::InvalidOption {
+                    param: "rows",
+                    value: format!("{r:?}"),
+                    expected: format!("a non-empty range of rows within the batch of {}", config.batch_size),
+                    hint: "a rank reads the rows of each batch its inputs' layouts give it".into(),
+                });
+            }
         }
         let sampler = ShardSampler::new(dataset.len(), config.num_shards, config.shard_id, config.shuffle, config.seed, config.padding)?;
         let out_shape = transforms.output_shape(dataset.sample_shape())?;
@@ -273,7 +287,11 @@ impl Work {
         let inner = &self.loader.inner;
         let ds = &inner.dataset;
         let b = inner.config.batch_size;
-        let idx = &self.indices[step * b..((step + 1) * b).min(self.indices.len())];
+        let whole = &self.indices[step * b..((step + 1) * b).min(self.indices.len())];
+        let idx = match &inner.config.rows {
+            Some(r) => &whole[r.start.min(whole.len())..r.end.min(whole.len())],
+            None => whole,
+        };
         let n = idx.len();
         let out_len: usize = inner.out_shape.iter().product();
         let label_len = ds.label_len();

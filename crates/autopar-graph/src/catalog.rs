@@ -84,6 +84,11 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                 m.leaves.push((y, Values::Normal));
             }
             "Fill" => y = m.b.fill("op", &[a, b2], dtype, 1.5)?,
+            "Cast" => {
+                // To the case's own float type, so finite differences stay exact.
+                let p = m.x(&[a, b2])?;
+                y = m.b.op("op", Cast { dtype }, &[p])?;
+            }
             "Add" | "Sub" | "Mul" => {
                 let (p, q) = (m.x(&[a, 1, c])?, m.x(&[b2, 1])?);
                 y = m.b.op("op", binary(kind), &[p, q])?;

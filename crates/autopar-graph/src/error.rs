@@ -55,6 +55,9 @@ pub enum GraphError {
     #[error("{kind} {name}: strategy {strategy} splits dimension {dim} of input {input} (size {size}) {split} ways, which does not divide it\n  hint: every split must divide its dimension")]
     StrategyNotDivisible { kind: &'static str, name: String, strategy: String, input: usize, dim: usize, size: usize, split: usize },
 
+    #[error("invalid strategy {strategy} for {kind} {name:?}\n  {problem}\nhint: autopar layout --strategy '{strategy}' --devices N shows what a strategy does")]
+    InvalidStrategy { kind: &'static str, name: String, strategy: String, problem: crate::sharding::StrategyProblem },
+
     #[error("parameter {name}: initializer {init} cannot fill shape {shape:?}: {reason}")]
     BadInitializer { name: String, init: String, shape: Vec<usize>, reason: &'static str },
 }

@@ -24,6 +24,34 @@ pub struct Node {
     pub pipeline_stage: Option<usize>,
 }
 
+/// The order in which a run computes the values some outputs need, and when each value dies:
+/// the executor follows it, and memory predictions simulate it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Node indices in execution (graph) order: only the nodes the fetched values need.
+    pub order: Vec<usize>,
+    /// For each position in `order`, the values that are dead after it (fetched values never die).
+    pub free_after: Vec<Vec<usize>>,
+}
+
+impl Schedule {
+    /// The most bytes held by values at once when the schedule runs, each value taking its
+    /// type's size from when it is computed until its last user has run (what the executor
+    /// reports as `peak_live_bytes`).
+    pub fn peak_bytes(&self, graph: &Graph) -> usize {
+        let size = |i: usize| graph.nodes[i].ty.numel() * graph.nodes[i].ty.dtype.size();
+        let (mut live, mut peak) = (0usize, 0usize);
+        for (pos, &i) in self.order.iter().enumerate() {
+            live += size(i);
+            peak = peak.max(live);
+            for &dead in &self.free_after[pos] {
+                live -= size(dead);
+            }
+        }
+        peak
+    }
+}
+
 /// A computation graph. Nodes are kept in topological order (every input precedes its user),
 /// names are unique, and every node's type was inferred when it was added.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -169,6 +197,40 @@ impl Graph {
         self.check_id(id)?;
         self.nodes[id.0].pipeline_stage = Some(stage);
         Ok(())
+    }
+
+    /// The schedule of a run producing `fetch`: the needed nodes in graph order and the
+    /// position after which each intermediate is last used. Ids must belong to this graph.
+    pub fn schedule(&self, fetch: &[NodeId]) -> Result<Schedule> {
+        for &f in fetch {
+            self.check_id(f)?;
+        }
+        let n = self.nodes.len();
+        let mut needed = vec![false; n];
+        for &f in fetch {
+            needed[f.0] = true;
+        }
+        for i in (0..n).rev() {
+            if needed[i] {
+                for x in &self.nodes[i].inputs {
+                    needed[x.0] = true;
+                }
+            }
+        }
+        let order: Vec<usize> = (0..n).filter(|&i| needed[i]).collect();
+        let mut last_use = vec![usize::MAX; n];
+        for (pos, &i) in order.iter().enumerate() {
+            for x in &self.nodes[i].inputs {
+                last_use[x.0] = pos;
+            }
+        }
+        let mut free_after = vec![Vec::new(); order.len()];
+        for &i in &order {
+            if !fetch.contains(&NodeId(i)) && last_use[i] != usize::MAX {
+                free_after[last_use[i]].push(i);
+            }
+        }
+        Ok(Schedule { order, free_after })
     }
 
     /// For every node, the nodes using its output (in graph order; a node using a value twice

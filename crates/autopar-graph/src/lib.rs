@@ -38,12 +38,16 @@ pub mod error;
 pub mod graph;
 pub mod init;
 pub mod ops;
+pub mod sharding;
 pub mod types;
 
 pub use autodiff::{backward, differentiate, GradCx, Gradients};
 pub use builder::{GraphBuilder, ParamSpec};
 pub use error::{GraphError, Result};
-pub use graph::{Graph, Node};
+pub use graph::{Graph, Node, Schedule};
 pub use init::{derive_seed, Initializer, Rng};
-pub use ops::{Arity, ConvAttrs, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
+pub use ops::{Arity, CollectiveOp, ConvAttrs, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
+pub use sharding::{
+    Collective, CommCall, CostCx, LocalCx, LogicalDim, OpCost, OpLayouts, OpSpec, RuleCx, ShardingRule, StrategyProblem, Tie,
+};
 pub use types::{broadcast_shapes, normalize_axis, DType, NodeId, Shape, TensorType};

@@ -196,6 +196,40 @@ impl fmt::Display for RedistributionPlan {
     }
 }
 
+impl RedistributionPlan {
+    /// The same plan with every all-to-all replaced by an all-gather of its concatenation
+    /// dimension followed by a local slice of its split dimension: MindSpore's lowering when
+    /// `enable_alltoall` is off (AllGather, then Split/Concat and StridedSlice). Every rank ends
+    /// with the same slices; each step's layout stays valid.
+    pub fn without_all_to_all(self) -> Result<Self> {
+        let mut steps = Vec::with_capacity(self.steps.len());
+        let mut before = self.start.clone();
+        for s in self.steps {
+            let Step::AllToAll { split_dim, concat_dim, axis } = s.step else {
+                before = s.after.clone();
+                steps.push(s);
+                continue;
+            };
+            // After the all-gather `axis` splits neither dimension.
+            let mesh = before.mesh().clone();
+            let a = (0..mesh.ndim()).find(|&k| mesh.axis(k) == axis).ok_or_else(|| LayoutError::Simulation {
+                what: format!("all-to-all over an axis of size {} that {} lacks", axis.size, before),
+            })?;
+            let mut map = before.dim_axes().to_vec();
+            map[concat_dim].retain(|&x| x != a);
+            let gathered = TensorLayout::new(mesh, map, before.shape().to_vec())?.with_partial(before.partial_axes().to_vec())?;
+            steps.push(PlannedStep { step: Step::AllGather { dim: concat_dim, axis }, input_len: s.input_len, after: gathered });
+            steps.push(PlannedStep {
+                step: Step::Slice { dim: split_dim, axis },
+                input_len: s.input_len * axis.size,
+                after: s.after.clone(),
+            });
+            before = s.after;
+        }
+        Ok(Self { steps, ..self })
+    }
+}
+
 /// Plan the redistribution of one tensor from `src` to `dst`.
 pub fn plan(src: &TensorLayout, dst: &TensorLayout) -> Result<RedistributionPlan> {
     plan_with(src, dst, true)
@@ -523,6 +557,22 @@ mod tests {
         // non-refinable meshes fall back to gather + slice
         let p = plan(&l(&[2, 3], "1,0", &[6, 6]), &l(&[3, 2], "1,0", &[6, 6])).unwrap();
         assert!(!p.is_empty());
+    }
+
+    #[test]
+    fn without_all_to_all_an_all_gather_and_a_local_slice_do_the_same() {
+        use crate::simulate::{scatter, simulate, Block};
+        let (src, dst) = (l(&[2, 4], "1,0", &[8, 16]), l(&[2, 4], "0,1", &[8, 16]));
+        let p = plan_with(&src, &dst, false).unwrap();
+        assert!(kinds(&p).contains(&"all_to_all"), "{:?}", kinds(&p));
+        let q = p.clone().without_all_to_all().unwrap();
+        assert!(!kinds(&q).contains(&"all_to_all"), "{:?}", kinds(&q));
+        let count = |p: &RedistributionPlan, k: &str| kinds(p).iter().filter(|x| **x == k).count();
+        assert_eq!(count(&q, "all_gather"), count(&p, "all_gather") + count(&p, "all_to_all"));
+        let full = Block::from_fn(vec![8, 16], |i| i as f64);
+        let want = scatter(&full, &dst).unwrap();
+        assert_eq!(simulate(&q, scatter(&full, &src).unwrap()).unwrap(), want);
+        assert_eq!(simulate(&p, scatter(&full, &src).unwrap()).unwrap(), want);
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl Runner {
     /// Op time by kind over one profiled forward + backward, on stderr.
     fn profile(&mut self, label: &str) {
         let mut prof = self.step.clone().with_profiling(true);
-        let out = prof.gradients(&mut self.params, &self.feeds).expect("profiled step");
+        let out = prof.gradients(&mut self.params, &self.feeds, None).expect("profiled step");
         let mut by_kind: Vec<(&str, f64, usize)> = Vec::new();
         for t in &out.run.timings {
             match by_kind.iter_mut().find(|(k, _, _)| *k == t.kind) {

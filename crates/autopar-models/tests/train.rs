@@ -130,7 +130,7 @@ fn the_gpt_learns_next_token_structure() {
 fn gradients(model: &Gpt, params: &mut ParamStore, x: &[f32], y: &[i64], n: usize) -> (f64, Vec<(String, Tensor)>) {
     let (graph, m) = model.build_graph(n, Mode::Train, 5).unwrap();
     let mut step = TrainStep::new(graph, m.loss).unwrap();
-    let out = step.gradients(params, &feeds(model, &m, x, y, n)).unwrap();
+    let out = step.gradients(params, &feeds(model, &m, x, y, n), None).unwrap();
     (out.loss.item().unwrap(), out.grads)
 }
 

@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::error::{ParallelError, Result};
+use crate::error::{Conflict, ParallelError, Result};
 
 /// Every option name `set` accepts, in the order of MindSpore's documentation.
 pub const OPTION_NAMES: &[&str] = &[
@@ -391,7 +391,14 @@ impl ParallelContext {
                 }
                 self.parallel_optimizer_config = c;
             }
-            "comm_fusion" => self.comm_fusion = parse_comm_fusion(v)?,
+            "comm_fusion" => {
+                self.comm_fusion = parse_comm_fusion(v)?;
+                for kind in ["allgather", "reducescatter"] {
+                    if v.get(kind).is_some() {
+                        self.explicit.insert(if kind == "allgather" { "comm_fusion.allgather" } else { "comm_fusion.reducescatter" });
+                    }
+                }
+            }
             "strategy_ckpt_config" => {
                 let o = as_object(key, v, &["load_file", "save_file", "only_trainable_params"])?;
                 let mut c = StrategyCkptConfig::default();
@@ -430,54 +437,54 @@ impl ParallelContext {
 
     /// Check the options against each other.
     pub fn validate(&self) -> Result<()> {
-        let conflict = |option: &str, why: String| Err(ParallelError::Conflict { option: option.to_string(), why });
-        if self.global_rank >= self.device_num && (self.is_set("global_rank") || self.is_set("device_num")) {
-            return conflict("global_rank", format!("global_rank {} is not below device_num {}", self.global_rank, self.device_num));
-        }
+        let conflict = |option: &'static str, conflict: Conflict| Err(ParallelError::Conflict { option, conflict });
         let mode = self.parallel_mode;
-        if mode == ParallelMode::StandAlone && self.gradients_mean {
-            return conflict("gradients_mean", "stand_alone does not support gradients_mean".into());
+        let auto_only = |option: &'static str| {
+            conflict(option, Conflict::ModeDoesNotSupport { mode, applies_to: "semi_auto_parallel and auto_parallel" })
+        };
+        if self.global_rank >= self.device_num && (self.is_set("global_rank") || self.is_set("device_num")) {
+            return conflict(
+                "global_rank",
+                Conflict::GlobalRankNotBelowDeviceNum { global_rank: self.global_rank, device_num: self.device_num },
+            );
         }
-        if matches!(mode, ParallelMode::StandAlone | ParallelMode::DataParallel | ParallelMode::HybridParallel)
-            && self.is_set("gradient_fp32_sync")
-            && !self.gradient_fp32_sync
-        {
-            return conflict("gradient_fp32_sync", format!("{mode} does not support gradient_fp32_sync"));
+        if mode == ParallelMode::StandAlone && self.gradients_mean {
+            return conflict("gradients_mean", Conflict::ModeDoesNotSupport { mode, applies_to: "the parallel modes" });
+        }
+        if !mode.is_auto() && self.is_set("gradient_fp32_sync") && !self.gradient_fp32_sync {
+            return auto_only("gradient_fp32_sync");
+        }
+        if !mode.is_auto() && self.is_set("loss_repeated_mean") && !self.loss_repeated_mean {
+            return auto_only("loss_repeated_mean");
         }
         if mode != ParallelMode::AutoParallel && self.is_set("search_mode") {
-            return conflict("search_mode", format!("search_mode applies to auto_parallel only, the mode is {mode}"));
+            return conflict("search_mode", Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
         }
         if let DatasetStrategy::Explicit(_) = self.dataset_strategy {
             if !mode.is_auto() {
-                return conflict(
-                    "dataset_strategy",
-                    format!("a per-input dataset strategy applies to semi_auto_parallel and auto_parallel, the mode is {mode}"),
-                );
+                return auto_only("dataset_strategy");
             }
         }
         if self.pipeline_stages > 1 {
             if !mode.is_auto() {
-                return conflict(
-                    "pipeline_stages",
-                    format!("pipeline stages need semi_auto_parallel or auto_parallel, the mode is {mode}"),
-                );
+                return auto_only("pipeline_stages");
             }
             if !self.device_num.is_multiple_of(self.pipeline_stages) {
                 return conflict(
                     "pipeline_stages",
-                    format!("{} stages do not divide device_num {}", self.pipeline_stages, self.device_num),
+                    Conflict::StagesDoNotDivide { stages: self.pipeline_stages, device_num: self.device_num },
                 );
             }
         }
         if self.enable_parallel_optimizer && mode == ParallelMode::StandAlone {
-            return conflict("enable_parallel_optimizer", "stand_alone has no data-parallel dimension to shard the optimizer over".into());
+            return conflict("enable_parallel_optimizer", Conflict::ModeDoesNotSupport { mode, applies_to: "the parallel modes" });
         }
         let size = self.parallel_optimizer_config.optimizer_weight_shard_size;
         let stage_devices = self.device_num / self.pipeline_stages.max(1);
         if size > 0 && size as usize > stage_devices {
             return conflict(
                 "parallel_optimizer_config.optimizer_weight_shard_size",
-                format!("{size} is above the {stage_devices} devices of a pipeline stage"),
+                Conflict::OptimizerShardSizeAboveStage { size, stage_devices },
             );
         }
         Ok(())
@@ -492,8 +499,19 @@ impl ParallelContext {
         if self.pipeline_stages > 1 {
             return unsupported("pipeline_stages", self.pipeline_stages.to_string());
         }
+        if self.is_set("pipeline_config") {
+            return unsupported("pipeline_config", "(pipeline schedules come with pipeline_stages)".into());
+        }
         if self.enable_parallel_optimizer {
             return unsupported("enable_parallel_optimizer", "true".into());
+        }
+        if self.is_set("parallel_optimizer_config") {
+            return unsupported("parallel_optimizer_config", "(it configures enable_parallel_optimizer)".into());
+        }
+        for kind in ["comm_fusion.allgather", "comm_fusion.reducescatter"] {
+            if self.is_set(kind) {
+                return unsupported(kind, "(all-gather and reduce-scatter fusion come with enable_parallel_optimizer)".into());
+            }
         }
         if self.pipeline_result_broadcast {
             return unsupported("pipeline_result_broadcast", "true".into());
@@ -502,6 +520,23 @@ impl ParallelContext {
             return unsupported("group_ckpt_save_file", format!("{:?}", self.group_ckpt_save_file));
         }
         Ok(())
+    }
+
+    /// The strategy file to write, if any (`strategy_ckpt_config.save_file` or
+    /// `strategy_ckpt_save_file`).
+    pub fn strategy_save_file(&self) -> Option<&str> {
+        Some(self.strategy_ckpt_config.save_file.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// The strategy file to load, if any (`strategy_ckpt_config.load_file` or
+    /// `strategy_ckpt_load_file`).
+    pub fn strategy_load_file(&self) -> Option<&str> {
+        Some(self.strategy_ckpt_config.load_file.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// `global_rank` when it was set explicitly (checked against the communicator's rank).
+    pub fn explicit_global_rank(&self) -> Option<usize> {
+        self.is_set("global_rank").then_some(self.global_rank)
     }
 
     /// Devices of one pipeline stage.
@@ -684,19 +719,21 @@ mod tests {
         let e = conflict(&[("device_num", json!(4)), ("global_rank", json!(4)), ("parallel_mode", json!("data_parallel"))]);
         assert!(e.to_string().contains("global_rank 4 is not below device_num 4"), "{e}");
         let e = conflict(&[("gradients_mean", json!(true))]);
-        assert!(e.to_string().contains("stand_alone does not support gradients_mean"), "{e}");
+        assert!(e.to_string().contains("gradients_mean") && e.to_string().contains("stand_alone does not support it"), "{e}");
         let e = conflict(&[
             ("device_num", json!(8)),
             ("parallel_mode", json!("semi_auto_parallel")),
             ("search_mode", json!("dynamic_programming")),
         ]);
-        assert!(e.to_string().contains("search_mode applies to auto_parallel only"), "{e}");
+        assert!(e.to_string().contains("search_mode") && e.to_string().contains("applies to auto_parallel"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("semi_auto_parallel")), ("pipeline_stages", json!(3))]);
         assert!(e.to_string().contains("3 stages do not divide device_num 8"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("dataset_strategy", json!([[8, 1]]))]);
         assert!(e.to_string().contains("dataset_strategy"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("gradient_fp32_sync", json!(false))]);
-        assert!(e.to_string().contains("does not support gradient_fp32_sync"), "{e}");
+        assert!(e.to_string().contains("gradient_fp32_sync") && e.to_string().contains("data_parallel does not support it"), "{e}");
+        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("loss_repeated_mean", json!(false))]);
+        assert!(e.to_string().contains("loss_repeated_mean") && e.to_string().contains("data_parallel does not support it"), "{e}");
     }
 
     #[test]

@@ -1,52 +1,201 @@
-//! The error type of autopar-parallel.
+//! The error type of autopar-parallel. Variants carry values (options, ops, shapes, ranks), and
+//! their messages end with a hint naming a CLI flag or command.
+
+use std::fmt;
+use std::path::PathBuf;
 
 use thiserror::Error;
+
+use crate::context::ParallelMode;
 
 #[derive(Debug, Error)]
 pub enum ParallelError {
     #[error("unknown parallel option {option:?}\n  valid options: {}\nhint: check the spelling; options use MindSpore's set_auto_parallel_context names", valid.join(", "))]
     UnknownOption { option: String, valid: Vec<String> },
 
-    #[error("invalid value {value} for parallel option {option}\n  expected {expected}")]
+    #[error("invalid value {value} for parallel option {option}\n  expected {expected}\nhint: pass --parallel {option}=VALUE with a value of that form")]
     InvalidOption { option: String, value: String, expected: String },
 
-    #[error("parallel option {option} conflicts with the other options\n  {why}")]
-    Conflict { option: String, why: String },
+    #[error("parallel option {option} conflicts with the other options\n  {conflict}")]
+    Conflict { option: &'static str, conflict: Conflict },
 
-    #[error("invalid strategy {strategy} for {kind} {name:?}\n  {why}\nhint: autopar layout --strategy '{strategy}' --devices N shows what a strategy does")]
-    InvalidStrategy { kind: &'static str, name: String, strategy: String, why: String },
+    #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it, or use --parallel-mode hybrid_parallel")]
+    UnsupportedOp { kind: &'static str, name: String, why: &'static str },
 
-    #[error("{kind} {name:?} cannot be planned\n  {why}")]
-    UnsupportedOp { kind: &'static str, name: String, why: String },
-
-    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a batch size divisible by {devices}, or dataset_strategy = \"full_batch\"")]
+    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or --parallel dataset_strategy=full_batch")]
     BatchNotDivisible { input: String, shape: Vec<usize>, devices: usize, mode: &'static str },
 
-    #[error("invalid dataset_strategy\n  {why}")]
-    DatasetStrategy { why: String },
+    #[error("invalid dataset_strategy\n  {problem}\nhint: give one split list per network input, e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'")]
+    DatasetStrategy { problem: DatasetProblem },
 
-    #[error("{context}: {source}")]
+    #[error("{node}: {source}")]
     Layout {
-        context: String,
+        node: String,
         #[source]
         source: autopar_layout::LayoutError,
     },
 
-    #[error("{context}: {source}")]
-    Graph {
-        context: String,
-        #[source]
-        source: Box<autopar_graph::GraphError>,
-    },
+    #[error(transparent)]
+    Graph(Box<autopar_graph::GraphError>),
 
-    #[error("rank {rank} is out of range for {devices} devices")]
+    #[error("rank {rank} is out of range for {devices} devices\nhint: pass a rank below --devices")]
     RankOutOfRange { rank: usize, devices: usize },
 
-    #[error("internal planner error: {what}\nhint: this is a bug in autopar; please report it with the graph and strategies")]
-    Internal { what: String },
+    #[error("internal planner error on rank {rank}: local {kind} {name:?} has shape {got:?}, its layout expects {want:?}\nhint: this is a bug in autopar; please report it with the graph and strategies")]
+    LocalShape { rank: usize, kind: &'static str, name: String, got: Vec<usize>, want: Vec<usize> },
 
-    #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from the configuration")]
+    #[error("internal planner error: a graph redistribution for {node:?} planned a point-to-point permutation\nhint: this is a bug in autopar; please report it with the graph and strategies")]
+    PermutationInGraph { node: String },
+
+    #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from --parallel and the [parallel] table")]
     NotSupportedYet { option: String, value: String },
+
+    #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
+    UnknownStrategyItem { file: PathBuf, item: String },
+
+    #[error(
+        "the loss {name:?} is {shape:?}; training needs a scalar loss\nhint: reduce the loss to a scalar (ReduceMean) before training"
+    )]
+    LossNotScalar { name: String, shape: Vec<usize> },
+
+    #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (--devices of them) with the same loss name, collectives over groups holding the rank")]
+    Hybrid { problem: HybridProblem },
+}
+
+impl From<autopar_graph::GraphError> for ParallelError {
+    fn from(e: autopar_graph::GraphError) -> Self {
+        ParallelError::Graph(Box::new(e))
+    }
+}
+
+/// Why two parallel options cannot be used together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Conflict {
+    GlobalRankNotBelowDeviceNum {
+        global_rank: usize,
+        device_num: usize,
+    },
+    /// `option` (set to a non-default value) does not apply to `mode`.
+    ModeDoesNotSupport {
+        mode: ParallelMode,
+        applies_to: &'static str,
+    },
+    StagesDoNotDivide {
+        stages: usize,
+        device_num: usize,
+    },
+    OptimizerShardSizeAboveStage {
+        size: i64,
+        stage_devices: usize,
+    },
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Conflict::GlobalRankNotBelowDeviceNum { global_rank, device_num } => {
+                write!(f, "global_rank {global_rank} is not below device_num {device_num}")
+            }
+            Conflict::ModeDoesNotSupport { mode, applies_to } => write!(f, "{mode} does not support it: it applies to {applies_to}"),
+            Conflict::StagesDoNotDivide { stages, device_num } => write!(f, "{stages} stages do not divide device_num {device_num}"),
+            Conflict::OptimizerShardSizeAboveStage { size, stage_devices } => {
+                write!(f, "{size} is above the {stage_devices} devices of a pipeline stage")
+            }
+        }
+    }
+}
+
+/// Why a dataset strategy does not fit the network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DatasetProblem {
+    MissingInput { input: String, index: usize, given: usize },
+    Rank { input: String, shape: Vec<usize>, splits: Vec<usize> },
+    Devices { input: String, splits: Vec<usize>, used: usize, devices: usize },
+    NotDivisible { input: String, shape: Vec<usize>, splits: Vec<usize> },
+}
+
+impl fmt::Display for DatasetProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DatasetProblem::MissingInput { input, index, given } => {
+                write!(f, "network input {input:?} is input {index}, but dataset_strategy lists {given} inputs")
+            }
+            DatasetProblem::Rank { input, shape, splits } => {
+                write!(f, "input {input:?} has shape {shape:?}, its dataset strategy {splits:?} has {} entries", splits.len())
+            }
+            DatasetProblem::Devices { input, splits, used, devices } => {
+                write!(f, "strategy {splits:?} of input {input:?} uses {used} devices, which does not divide {devices}")
+            }
+            DatasetProblem::NotDivisible { input, shape, splits } => {
+                write!(f, "strategy {splits:?} does not divide the shape {shape:?} of input {input:?}")
+            }
+        }
+    }
+}
+
+/// What is wrong with a set of hybrid_parallel rank graphs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HybridProblem {
+    GraphCount {
+        graphs: usize,
+        devices: usize,
+    },
+    MissingLoss {
+        rank: usize,
+        loss: String,
+    },
+    NotAParameter {
+        rank: usize,
+        name: String,
+    },
+    /// A collective (or synchronised op) whose group lacks the rank or names a rank out of range.
+    BadGroup {
+        rank: usize,
+        kind: &'static str,
+        name: String,
+        group: Vec<usize>,
+    },
+    /// A replicated parameter whose shape differs between ranks.
+    ShapeDiffers {
+        name: String,
+        rank: usize,
+        shape: Vec<usize>,
+        rank0: Vec<usize>,
+    },
+    /// A replicated parameter missing from a rank's graph.
+    MissingParameter {
+        name: String,
+        rank: usize,
+    },
+    WrongMode {
+        mode: ParallelMode,
+    },
+    /// A whole graph given for hybrid_parallel, which runs one graph per rank.
+    NeedsRankGraphs,
+}
+
+impl fmt::Display for HybridProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HybridProblem::GraphCount { graphs, devices } => write!(f, "{graphs} rank graphs for device_num {devices}"),
+            HybridProblem::MissingLoss { rank, loss } => write!(f, "the graph of rank {rank} has no node {loss:?}"),
+            HybridProblem::NotAParameter { rank, name } => {
+                write!(f, "layerwise parameter {name:?} is not a parameter of rank {rank}'s graph")
+            }
+            HybridProblem::BadGroup { rank, kind, name, group } => {
+                write!(f, "{kind} {name:?} on rank {rank} has group {group:?}, which must hold rank {rank} and ranks below device_num")
+            }
+            HybridProblem::ShapeDiffers { name, rank, shape, rank0 } => write!(
+                f,
+                "replicated parameter {name:?} is {shape:?} on rank {rank} but {rank0:?} on rank 0; mark it layerwise if each rank holds its own"
+            ),
+            HybridProblem::MissingParameter { name, rank } => {
+                write!(f, "replicated parameter {name:?} of rank 0 is missing from rank {rank}'s graph")
+            }
+            HybridProblem::WrongMode { mode } => write!(f, "rank graphs need parallel_mode = hybrid_parallel, the context says {mode}"),
+            HybridProblem::NeedsRankGraphs => write!(f, "it runs one hand-written graph per rank, not one whole graph the planner splits"),
+        }
+    }
 }
 
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;

@@ -1,26 +1,40 @@
-//! # autopar-parallel: from a graph and a parallel context to per-rank programs
+//! # autopar-parallel: every parallel decision, planned as data
 //!
 //! * [`ParallelContext`]: every option of MindSpore's `set_auto_parallel_context`, set by name,
 //!   validated for type and range on `set`, for consistency on `validate`, and for what autopar
 //!   implements on `check_supported` (an option whose behaviour is missing is an error, never
 //!   silently ignored).
-//! * [`rules`]: the sharding rule of every op, as logical loop dimensions (MatMul
-//!   `[b.., i, k, j]`) that a strategy splits; device matrices and tensor maps follow
-//!   MindSpore's (repeat axis on the right, size-1 axes squeezed).
-//! * [`planner`]: the pure functions graph + context -> [`ParallelPlan`] (each node's
-//!   strategy and layouts) -> [`RankProgram`] (each rank's local forward graph, with the
-//!   redistributions of `autopar-layout`'s planner inserted as communication ops). Backward
-//!   comes from autodiff of that local graph: the collectives' exact adjoints make it correct.
+//! * [`plan_job`] / [`plan_hybrid`]: the planner. A graph (with its loss) and a context become a
+//!   [`ParallelPlan`] holding each op's strategy and where it came from, the layout of every
+//!   value, every redistribution (forward; its backward is the adjoint), the ops tied to the
+//!   whole tensor (synchronised statistics, dropout blocks, table rows), each parameter's mirror
+//!   group, the gradient buckets and loss seeding, and the dataset strategy. Every mode is
+//!   planned here: stand_alone, data_parallel (all-batch strategies), semi_auto_parallel and
+//!   hybrid_parallel (the user's rank graphs, checked). The sharding rules themselves live with
+//!   each op in `autopar-graph`.
+//! * [`rank_program`]: plan -> one rank's whole training step ([`RankProgram`]): local forward
+//!   graph with the communication inserted, backward by autodiff (the collectives' exact
+//!   adjoints), gradient buckets, the parameters the optimizer updates.
+//! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
+//!   and group, memory.
 
 pub mod context;
+pub mod cost;
 pub mod error;
+pub mod plan;
 pub mod planner;
-pub mod rules;
+pub mod program;
+pub mod report;
+pub mod testing;
 
 pub use context::{
     CommFusion, DatasetStrategy, FusionMode, ParallelContext, ParallelMode, ParallelOptimizerConfig, PipelineConfig, PipelineScheduler,
     SearchMode, StrategyCkptConfig, OPTION_NAMES,
 };
-pub use error::{ParallelError, Result};
-pub use planner::{parameter_layout_dict, plan, rank_program, reshape_layout, InputSlot, NodePlan, ParallelPlan, ParamSlot, RankProgram};
-pub use rules::{assign_random_strategies, op_rule, Cost, LogicalDim, OpRule, OpSpec, Sharding};
+pub use cost::{CommVolume, Memory, RankCost};
+pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result};
+pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
+pub use planner::{fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, PlanRequest, StrategyItems, DEFAULT_FUSION_BYTES};
+pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram};
+pub use report::parameter_layout_dict;
+pub use testing::assign_random_strategies;

@@ -1,149 +1,151 @@
-//! From a forward graph and a parallel context to a [`ParallelPlan`] (every node's strategy and
-//! layouts) and from the plan to each rank's [`RankProgram`] (its local forward graph with the
-//! communication inserted). Both are pure functions of their inputs and plain data.
+//! The planner: a forward graph and a parallel context become a [`ParallelPlan`], for every
+//! mode. A pure function of its inputs: nothing here runs anything.
+//!
+//! * **stand_alone** plans one device (every layout whole).
+//! * **semi_auto_parallel**: an op keeps its strategy from a strategy file, else the model's
+//!   `.shard()`, else MindSpore's default (its batch split: [`default_splits`]).
+//! * **data_parallel** is planned like semi_auto_parallel with every op on its default
+//!   strategy: inputs split on the batch, parameters replicated, ops that need the whole batch
+//!   (training BatchNorm, Dropout on data, the loss) tied to it. `.shard()` is ignored, as
+//!   MindSpore ignores it in this mode.
+//! * **hybrid_parallel** ([`plan_hybrid`]): the user's rank graphs, checked (groups, shapes,
+//!   names) and described by the same plan type; nothing is inserted.
 //!
 //! Semantics (what makes parallel equal stand-alone): every local op computes exactly its slice
 //! of the global op (or, for a split reduced dimension, a partial sum of it); redistributions
 //! between a producer's layout and the layout its consumer needs are exact; the graph's outputs
-//! end replicated on every rank. Autodiff of the local graph then uses the exact adjoints of
-//! the collectives (all-gather <-> reduce-scatter, all-reduce <-> all-reduce), so with the loss
-//! scaled by 1/N on each of the N ranks (the N replicas of the loss sum to the loss) every
-//! rank's gradient of a parameter slice is its share, and the sum over the ranks holding that
-//! slice (the mirror group) is the exact gradient.
+//! end replicated on every rank. Autodiff of each rank's local graph uses the exact adjoints of
+//! the collectives, so with the loss seeded as [`crate::GradientPlan::loss_seed`] says, the sum of
+//! a parameter slice's gradients over its mirror group is the gradient of the job's loss.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::ops::Range;
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
 
-use autopar_graph::ops::{DropoutBlock, Input, Parameter, Reshape, Scale, Slice, TableShard};
-use autopar_graph::{normalize_axis, Graph, Node, NodeId, OpKind, ReduceOp, TensorType};
-use autopar_layout::{group_of, plan_with, DeviceAxis, DeviceMatrix, Step, Strategy, TensorLayout};
+use autopar_graph::{CostCx, Graph, Node, NodeId, OpKind, ShardingRule, StrategyProblem, TensorType, Tie};
+use autopar_layout::{plan_with, DeviceAxis, DeviceMatrix, Strategy, TensorLayout};
 
-use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
-use crate::error::{ParallelError, Result};
-use crate::rules::{op_rule, OpRule};
+use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
+use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result};
+use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 
-/// The plan of one node.
+/// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
+pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
+
+/// Operator strategies read from a strategy file: item `"<Prim>_<param>"` applies to every op of
+/// that kind taking that parameter.
 #[derive(Clone, Debug, PartialEq)]
-pub struct NodePlan {
-    pub id: NodeId,
-    pub name: String,
-    pub kind: &'static str,
-    /// The strategy the op runs with (the user's or the default); None for leaves and ops whose
-    /// layout follows their input.
-    pub strategy: Option<Strategy>,
-    /// Whether `strategy` was given by the user.
-    pub user_strategy: bool,
-    /// Layouts the inputs must have when the op runs.
-    pub inputs: Vec<TensorLayout>,
-    /// Layout of the op's result (may be a pending partial sum).
-    pub output: TensorLayout,
-    /// Factor each rank applies to its local result (means over split reduced dimensions).
-    pub output_scale: Option<f64>,
+pub struct StrategyItems {
+    pub path: PathBuf,
+    pub items: Vec<(String, Strategy)>,
 }
 
-/// Every node's strategy and layouts for one parallel context.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParallelPlan {
-    pub device_num: usize,
-    pub mode: ParallelMode,
-    pub nodes: Vec<NodePlan>,
-    pub outputs: Vec<NodeId>,
+/// What to plan.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanRequest<'a> {
+    pub graph: &'a Graph,
+    /// The scalar loss of a training job (None: a forward-only plan).
+    pub loss: Option<NodeId>,
+    pub context: &'a ParallelContext,
+    /// Strategies of a strategy file (semi_auto_parallel), applied before the model's own.
+    pub strategy_file: Option<&'a StrategyItems>,
 }
 
-impl ParallelPlan {
-    /// Layout of every parameter, by name, in graph order.
-    pub fn parameter_layouts(&self, graph: &Graph) -> Vec<(String, TensorLayout)> {
-        self.nodes
-            .iter()
-            .filter(|p| matches!(graph.node(p.id).op, OpKind::Parameter(_)))
-            .map(|p| (p.name.clone(), p.output.clone()))
-            .collect()
-    }
-
-    /// One line per node: name, op, strategy, output layout.
-    pub fn describe(&self) -> String {
-        let mut s = String::new();
-        for p in &self.nodes {
-            let strategy = p.strategy.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "-".into());
-            let _ = writeln!(
-                s,
-                "{:<28} {:<20} {:<24} dev_matrix {:?} tensor_map {} {}",
-                p.name,
-                p.kind,
-                strategy,
-                p.output.mesh().dims(),
-                p.output.tensor_map(),
-                if p.output.is_partial() { "(partial)" } else { "" }
-            );
-        }
-        s
-    }
-}
-
-/// Plan `graph` (a forward graph) under `ctx`. `stand_alone` plans for one device; the sharding
-/// modes use the ops' strategies (semi_auto_parallel) or data parallel everywhere
-/// (data_parallel, as the batch split of semi_auto_parallel with default strategies).
+/// Plan `graph` (a forward graph) under `ctx`, forward only.
 pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
+    plan_job(&PlanRequest { graph, loss: None, context: ctx, strategy_file: None })
+}
+
+/// Plan a job: every mode but hybrid_parallel (see [`plan_hybrid`]).
+pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
+    let ctx = req.context;
     ctx.validate()?;
     ctx.check_supported()?;
-    let n = match ctx.parallel_mode {
+    let mode = ctx.parallel_mode;
+    if mode == ParallelMode::HybridParallel {
+        return Err(ParallelError::Hybrid { problem: HybridProblem::NeedsRankGraphs });
+    }
+    let n = match mode {
         ParallelMode::StandAlone => 1,
         _ => ctx.device_num,
     };
-    let use_strategies = ctx.parallel_mode == ParallelMode::SemiAutoParallel;
+    let graph = with_loss_first(req.graph, req.loss)?;
+    let use_strategies = mode == ParallelMode::SemiAutoParallel;
     let nodes = graph.nodes();
-    let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { context: "device matrix".into(), source: e })?;
+    let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
     let types = |node: &Node| -> Vec<&TensorType> { node.inputs.iter().map(|x| &graph.node(*x).ty).collect() };
+    let from_file = match (req.strategy_file, use_strategies) {
+        (Some(file), true) => file_strategies(&graph, file)?,
+        _ => vec![None; nodes.len()],
+    };
+    let on_data = depends_on_inputs(&graph);
 
     // Pass 1: every op with a rule gets its strategy and layouts.
     let mut plans: Vec<Option<NodePlan>> = vec![None; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
         let ins = types(node);
-        let rule = op_rule(node, &ins);
+        let kind = node.op.kind();
+        let rule = node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty });
         let plan = match rule {
-            OpRule::Spec(spec) => {
-                let (splits, user) = match (&node.strategy, use_strategies) {
-                    (Some(s), true) => (spec.splits_from_strategy(node, s)?, true),
-                    _ => (spec.default_splits(n), false),
+            ShardingRule::Spec(spec) => {
+                let (splits, source) = match (&from_file[i], &node.strategy) {
+                    (Some(s), _) => (spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::StrategyFile),
+                    (None, Some(s)) if use_strategies => (spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User),
+                    _ => (default_splits(&spec, node, &on_data, n), StrategySource::Default),
                 };
-                let sh = spec.sharding(node, &ins, &splits, n)?;
+                let l = spec.layouts(kind, &node.name, &ins, &node.ty, &splits, n)?;
+                let sync = match &spec.tie {
+                    Tie::None => InOpSync::None,
+                    Tie::Stats(dims) => {
+                        let axes: Vec<DeviceAxis> = dims.iter().filter_map(|&d| l.logical_axes[d]).map(|a| l.mesh.axis(a)).collect();
+                        if axes.is_empty() {
+                            InOpSync::None
+                        } else {
+                            InOpSync::Stats(axes)
+                        }
+                    }
+                    Tie::Block if l.inputs[0].splits().iter().any(|&s| s > 1) => InOpSync::Block,
+                    Tie::Block => InOpSync::None,
+                    Tie::Rows { input, dim } if l.inputs[*input].split(*dim) > 1 => InOpSync::Rows { input: *input, dim: *dim },
+                    Tie::Rows { .. } => InOpSync::None,
+                };
                 NodePlan {
                     id: NodeId(i),
                     name: node.name.clone(),
-                    kind: node.op.kind(),
-                    strategy: Some(sh.strategy),
-                    user_strategy: user,
-                    inputs: sh.inputs,
-                    output: sh.output,
-                    output_scale: sh.output_scale,
+                    kind,
+                    strategy: Some(l.strategy),
+                    source: Some(source),
+                    inputs: l.inputs,
+                    output: l.output,
+                    output_scale: l.output_scale,
+                    sync,
                 }
             }
-            OpRule::Replicated if node.op.is_leaf() => continue,
-            OpRule::Replicated => {
-                if use_strategies && node.strategy.as_ref().is_some_and(|s| s.0.iter().flatten().any(|&x| x > 1)) {
-                    return Err(ParallelError::InvalidStrategy {
-                        kind: node.op.kind(),
+            ShardingRule::Replicated if node.op.is_leaf() => continue,
+            ShardingRule::Replicated => {
+                let given = from_file[i].as_ref().or(node.strategy.as_ref().filter(|_| use_strategies));
+                if let Some(s) = given.filter(|s| s.0.iter().flatten().any(|&x| x > 1)) {
+                    return Err(autopar_graph::GraphError::InvalidStrategy {
+                        kind,
                         name: node.name.clone(),
-                        strategy: node.strategy.as_ref().map(|s| s.to_string()).unwrap_or_default(),
-                        why: "this op has no sharded form yet; it runs replicated".into(),
-                    });
+                        strategy: s.to_string(),
+                        problem: StrategyProblem::NoShardedForm,
+                    }
+                    .into());
                 }
                 NodePlan {
                     id: NodeId(i),
                     name: node.name.clone(),
-                    kind: node.op.kind(),
+                    kind,
                     strategy: None,
-                    user_strategy: false,
+                    source: None,
                     inputs: ins.iter().map(|t| TensorLayout::replicated(flat.clone(), t.shape.clone())).collect(),
                     output: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
                     output_scale: None,
+                    sync: InOpSync::None,
                 }
             }
-            OpRule::FollowInput => continue,
-            OpRule::Unsupported(why) => {
-                return Err(ParallelError::UnsupportedOp { kind: node.op.kind(), name: node.name.clone(), why: why.to_string() });
-            }
+            ShardingRule::FollowInput => continue,
+            ShardingRule::Unsupported(why) => return Err(ParallelError::UnsupportedOp { kind, name: node.name.clone(), why }),
         };
         plans[i] = Some(plan);
     }
@@ -154,25 +156,16 @@ pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
     for (i, node) in nodes.iter().enumerate() {
         let layout = match &node.op {
             OpKind::Parameter(_) => {
-                first_use_layout(graph, &plans, NodeId(i)).unwrap_or_else(|| TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
+                first_use_layout(&graph, &plans, NodeId(i)).unwrap_or_else(|| TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
             }
             OpKind::Input(_) => {
-                let l = input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, ctx.parallel_mode)?;
+                let l = input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?;
                 input_index += 1;
                 l
             }
             _ => continue,
         };
-        plans[i] = Some(NodePlan {
-            id: NodeId(i),
-            name: node.name.clone(),
-            kind: node.op.kind(),
-            strategy: None,
-            user_strategy: false,
-            inputs: Vec::new(),
-            output: layout,
-            output_scale: None,
-        });
+        plans[i] = Some(leaf_plan(node, NodeId(i), layout));
     }
 
     // Pass 3: ops whose layout follows their input, in order.
@@ -195,18 +188,169 @@ pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
             name: node.name.clone(),
             kind: node.op.kind(),
             strategy: None,
-            user_strategy: false,
+            source: None,
             inputs: vec![input],
             output,
             output_scale: None,
+            sync: InOpSync::None,
         });
     }
+    let nodes_plan: Vec<NodePlan> = plans.into_iter().map(|p| p.expect("every node is planned")).collect();
+
+    // Redistributions: before every input whose producer's layout is not the one the op needs,
+    // and before every graph output (outputs end replicated).
+    let all_to_all = ctx.enable_alltoall;
+    let fp32 = ctx.force_fp32_communication;
+    let mut redistributions = Vec::new();
+    let mut add = |site: Site, producer: NodeId, src: &TensorLayout, dst: &TensorLayout, node: &str| -> Result<()> {
+        if src == dst {
+            return Ok(());
+        }
+        let mut p = plan_with(src, dst, false).map_err(|e| ParallelError::Layout { node: node.to_string(), source: e })?;
+        if !all_to_all {
+            p = p.without_all_to_all().map_err(|e| ParallelError::Layout { node: node.to_string(), source: e })?;
+        }
+        let dtype = graph.node(producer).ty.dtype;
+        let half = matches!(dtype, autopar_graph::DType::F16 | autopar_graph::DType::BF16);
+        redistributions.push(Redistribution { site, producer, dtype, in_f32: fp32 && half && p.num_communications() > 0, plan: p });
+        Ok(())
+    };
+    for (i, node) in nodes.iter().enumerate() {
+        if node.op.is_leaf() {
+            continue;
+        }
+        for (slot, x) in node.inputs.iter().enumerate() {
+            add(Site::Input { consumer: NodeId(i), slot }, *x, &nodes_plan[x.0].output, &nodes_plan[i].inputs[slot], &node.name)?;
+        }
+    }
+    for (slot, &o) in graph.outputs.iter().enumerate() {
+        let src = &nodes_plan[o.0].output;
+        let full = TensorLayout::replicated(src.mesh().clone(), src.shape().to_vec());
+        add(Site::Output { slot }, o, src, &full, &graph.node(o).name)?;
+    }
+
+    let params: Vec<ParamPlan> = nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, node)| match &node.op {
+            OpKind::Parameter(p) => {
+                let layout = nodes_plan[i].output.clone();
+                let mirror = layout.replica_axes().iter().map(|&a| layout.mesh().axis(a)).collect();
+                Some(ParamPlan { name: node.name.clone(), node: NodeId(i), layout, dtype: p.dtype, trainable: p.trainable, mirror })
+            }
+            _ => None,
+        })
+        .collect();
+    let loss_seed = match mode {
+        ParallelMode::SemiAutoParallel | ParallelMode::AutoParallel if ctx.loss_repeated_mean => 1.0 / n as f64,
+        ParallelMode::DataParallel if ctx.gradients_mean => 1.0 / n as f64,
+        _ => 1.0,
+    };
+    let gradients = GradientPlan { loss_seed, mirror_mean: mode.is_auto() && ctx.gradients_mean, buckets: fusion_buckets(&params, ctx, n) };
     Ok(ParallelPlan {
         device_num: n,
-        mode: ctx.parallel_mode,
-        nodes: plans.into_iter().map(|p| p.expect("every node is planned")).collect(),
-        outputs: graph.outputs.clone(),
+        mode,
+        context: ctx.clone(),
+        loss: req.loss.map(|_| graph.outputs[0]),
+        graph,
+        rank_graphs: Vec::new(),
+        nodes: nodes_plan,
+        redistributions,
+        params,
+        gradients,
+        dataset: ctx.dataset_strategy.clone(),
+        strategy_file: req.strategy_file.filter(|_| use_strategies).map(|f| f.path.clone()),
+        all_to_all,
     })
+}
+
+/// The graph with `loss` (checked to be a scalar float) as its first output.
+fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
+    let mut graph = graph.clone();
+    if let Some(loss) = loss {
+        graph.check_id(loss)?;
+        let node = graph.node(loss);
+        if !node.ty.shape.is_empty() || !node.ty.dtype.is_float() {
+            return Err(ParallelError::LossNotScalar { name: node.name.clone(), shape: node.ty.shape.clone() });
+        }
+        if graph.outputs.first() != Some(&loss) {
+            graph.outputs.retain(|o| *o != loss);
+            graph.outputs.insert(0, loss);
+        }
+    }
+    Ok(graph)
+}
+
+fn leaf_plan(node: &Node, id: NodeId, layout: TensorLayout) -> NodePlan {
+    NodePlan {
+        id,
+        name: node.name.clone(),
+        kind: node.op.kind(),
+        strategy: None,
+        source: None,
+        inputs: Vec::new(),
+        output: layout,
+        output_scale: None,
+        sync: InOpSync::None,
+    }
+}
+
+/// For each node, the strategy a strategy file gives it: item `"<Prim>_<param>"` applies to
+/// every op of that kind taking that parameter. An item matching no op is an error naming it.
+fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Strategy>>> {
+    let mut out = vec![None; graph.len()];
+    for (key, strategy) in &file.items {
+        let mut hit = false;
+        for (i, node) in graph.nodes().iter().enumerate() {
+            let takes = node.inputs.iter().any(|x| {
+                let p = graph.node(*x);
+                matches!(p.op, OpKind::Parameter(_)) && format!("{}_{}", node.op.kind(), p.name) == *key
+            });
+            if takes {
+                out[i] = Some(strategy.clone());
+                hit = true;
+            }
+        }
+        if !hit {
+            return Err(ParallelError::UnknownStrategyItem { file: file.path.clone(), item: key.clone() });
+        }
+    }
+    Ok(out)
+}
+
+/// Whether each node's value depends on a network input (nodes are in topological order).
+fn depends_on_inputs(graph: &Graph) -> Vec<bool> {
+    let mut on_data = vec![false; graph.len()];
+    for (i, node) in graph.nodes().iter().enumerate() {
+        on_data[i] = matches!(node.op, OpKind::Input(_)) || node.inputs.iter().any(|x| on_data[x.0]);
+    }
+    on_data
+}
+
+/// MindSpore's default strategy for an unannotated op: data parallel. The batch is the first
+/// dimension of the op's first input computed from the network's inputs (the data); the
+/// logical dimension it runs along is split over as many of the `n` devices as divide it.
+/// Ops on parameters alone are not split. A split reduced dimension (a loss's mean over the
+/// batch) leaves a partial sum, completed by an all-reduce.
+pub fn default_splits(spec: &autopar_graph::OpSpec, node: &Node, on_data: &[bool], n: usize) -> Vec<usize> {
+    let mut splits = vec![1; spec.dims.len()];
+    if let Some(i) = node.inputs.iter().position(|x| on_data[x.0]) {
+        if let Some(Some(l)) = spec.inputs[i].first() {
+            let dim = &spec.dims[*l];
+            if dim.splittable {
+                splits[*l] = gcd(n, dim.size);
+            }
+        }
+    }
+    splits
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 fn first_use_layout(graph: &Graph, plans: &[Option<NodePlan>], id: NodeId) -> Option<TensorLayout> {
@@ -227,7 +371,7 @@ fn input_layout(
     mode: ParallelMode,
 ) -> Result<TensorLayout> {
     let shape = node.ty.shape.clone();
-    let layout_err = |e| ParallelError::Layout { context: format!("input {:?}", node.name), source: e };
+    let layout_err = |e| ParallelError::Layout { node: node.name.clone(), source: e };
     match ds {
         _ if n == 1 => Ok(TensorLayout::replicated(flat.clone(), shape)),
         DatasetStrategy::FullBatch => Ok(TensorLayout::replicated(flat.clone(), shape)),
@@ -240,19 +384,24 @@ fn input_layout(
             TensorLayout::new(flat.clone(), map, shape).map_err(layout_err)
         }
         DatasetStrategy::Explicit(all) => {
-            let splits = all.get(index).ok_or_else(|| ParallelError::DatasetStrategy {
-                why: format!("network input {:?} is input {index}, but dataset_strategy lists {} inputs", node.name, all.len()),
-            })?;
+            let problem = |p| ParallelError::DatasetStrategy { problem: p };
+            let splits = all
+                .get(index)
+                .ok_or_else(|| problem(DatasetProblem::MissingInput { input: node.name.clone(), index, given: all.len() }))?;
             if splits.len() != shape.len() {
-                return Err(ParallelError::DatasetStrategy {
-                    why: format!("input {:?} has shape {shape:?}, its dataset strategy {splits:?} has {} entries", node.name, splits.len()),
-                });
+                return Err(problem(DatasetProblem::Rank { input: node.name.clone(), shape, splits: splits.clone() }));
             }
             let product: usize = splits.iter().product();
             if product == 0 || !n.is_multiple_of(product) {
-                return Err(ParallelError::DatasetStrategy {
-                    why: format!("strategy {splits:?} of input {:?} uses {product} devices, which does not divide {n}", node.name),
-                });
+                return Err(problem(DatasetProblem::Devices {
+                    input: node.name.clone(),
+                    splits: splits.clone(),
+                    used: product,
+                    devices: n,
+                }));
+            }
+            if shape.iter().zip(splits).any(|(d, s)| !d.is_multiple_of(*s)) {
+                return Err(problem(DatasetProblem::NotDivisible { input: node.name.clone(), shape, splits: splits.clone() }));
             }
             let mut dims = Vec::new();
             let mut map = Vec::new();
@@ -298,6 +447,7 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
         if i >= inp.len() || o >= out.len() {
             return None;
         }
+        // Grow the smallest groups [i, ie) and [o, oe) with equal products.
         let (gi, go) = (i, o);
         let (mut pi, mut po) = (inp[i], out[o]);
         i += 1;
@@ -329,343 +479,160 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
     TensorLayout::new(src.mesh().clone(), map, out.to_vec()).ok()
 }
 
-/// A parameter of a rank's program.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ParamSlot {
-    pub name: String,
-    /// The parameter's node in the global graph and in the local program.
-    pub global: NodeId,
-    pub local: NodeId,
-    pub layout: TensorLayout,
-    /// This rank's slice of the full parameter.
-    pub slice: Vec<Range<usize>>,
-    /// Ranks holding the same slice: the gradient is summed over them.
-    pub mirror: Vec<usize>,
-    pub trainable: bool,
-}
-
-/// A network input of a rank's program.
-#[derive(Clone, Debug, PartialEq)]
-pub struct InputSlot {
-    pub name: String,
-    pub global: NodeId,
-    pub local: NodeId,
-    pub layout: TensorLayout,
-    pub slice: Vec<Range<usize>>,
-}
-
-/// What one rank runs: its local forward graph with communication ops, and how its parameters
-/// and inputs relate to the global ones.
-#[derive(Clone, Debug)]
-pub struct RankProgram {
-    pub rank: usize,
-    pub device_num: usize,
-    pub graph: Graph,
-    /// Local nodes of the global graph's outputs (replicated values).
-    pub outputs: Vec<NodeId>,
-    pub params: Vec<ParamSlot>,
-    pub inputs: Vec<InputSlot>,
-    /// Every group partition the program's collectives use, in first-use order. Every rank
-    /// creates the same sub-communicators in this order.
-    pub partitions: Vec<Vec<Vec<usize>>>,
-}
-
-impl RankProgram {
-    /// The local node of global node `id`, if it exists in this program.
-    pub fn param(&self, name: &str) -> Option<&ParamSlot> {
-        self.params.iter().find(|p| p.name == name)
+/// The dtype a gradient of `dtype` is all-reduced in: f16/bf16 gradients in f32 when
+/// `force_fp32_communication` is on, or under the auto modes with `gradient_fp32_sync` (the
+/// default); otherwise their own.
+fn gradient_comm_dtype(dtype: autopar_graph::DType, ctx: &ParallelContext) -> autopar_graph::DType {
+    use autopar_graph::DType;
+    let half = matches!(dtype, DType::F16 | DType::BF16);
+    if half && (ctx.force_fp32_communication || (ctx.parallel_mode.is_auto() && ctx.gradient_fp32_sync)) {
+        DType::F32
+    } else {
+        dtype
     }
 }
 
-fn partition(axes: &[DeviceAxis], n: usize) -> Vec<Vec<usize>> {
-    let mut seen = vec![false; n];
-    let mut groups = Vec::new();
-    for r in 0..n {
-        if !seen[r] {
-            let mut g = group_of(r, axes);
-            g.sort_unstable();
-            for &m in &g {
-                seen[m] = true;
-            }
-            groups.push(g);
+/// Group trainable parameters with a mirror group of several ranks into all-reduce buckets as
+/// `comm_fusion` (or `all_reduce_fusion_config`) says: parameters with the same mirror axes and
+/// communication dtype share a bucket up to the size threshold (bytes of the communication
+/// dtype); the index mode cuts the list of such parameters before the given indices;
+/// `openstate = false` gives every parameter its own all-reduce.
+pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext, n: usize) -> Vec<BucketPlan> {
+    let synced: Vec<&ParamPlan> = params.iter().filter(|p| p.trainable && p.mirror.iter().map(|a| a.size).product::<usize>() > 1).collect();
+    let fusion = &ctx.comm_fusion;
+    let limit = match (&fusion.allreduce, fusion.openstate) {
+        (_, false) => 0,
+        (FusionMode::Auto, true) => DEFAULT_FUSION_BYTES,
+        (FusionMode::Size(mb), true) => (mb.get() * 1024.0 * 1024.0) as usize,
+        (FusionMode::Index(_), true) => usize::MAX,
+    };
+    let boundaries: Vec<usize> = match &fusion.allreduce {
+        FusionMode::Index(idx) if fusion.openstate => idx.clone(),
+        _ => Vec::new(),
+    };
+    let _ = n;
+    let mut buckets: Vec<BucketPlan> = Vec::new();
+    let mut open: HashMap<(Vec<DeviceAxis>, autopar_graph::DType), usize> = HashMap::new();
+    for (i, p) in synced.iter().enumerate() {
+        let dtype = gradient_comm_dtype(p.dtype, ctx);
+        let elements = p.layout.slice_len();
+        if boundaries.contains(&i) {
+            open.clear();
         }
-    }
-    groups
-}
-
-struct Emitter<'a> {
-    graph: Graph,
-    rank: usize,
-    n: usize,
-    partitions: &'a mut Vec<Vec<Vec<usize>>>,
-}
-
-impl Emitter<'_> {
-    fn note_partition(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
-        let p = partition(axes, self.n);
-        let mine = p.iter().find(|g| g.contains(&self.rank)).cloned().expect("every rank is in one group");
-        if !self.partitions.contains(&p) {
-            self.partitions.push(p);
-        }
-        mine
-    }
-
-    fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
-        let name = self.graph.unique_name(name);
-        self.graph
-            .add(&name, op, inputs)
-            .map_err(|e| ParallelError::Graph { context: format!("rank {} program", self.rank), source: Box::new(e) })
-    }
-
-    /// Emit the steps turning `x` (layout `src`) into layout `dst`.
-    fn redistribute(&mut self, base: &str, x: NodeId, src: &TensorLayout, dst: &TensorLayout) -> Result<NodeId> {
-        if src == dst {
-            return Ok(x);
-        }
-        let p =
-            plan_with(src, dst, false).map_err(|e| ParallelError::Layout { context: format!("redistribution for {base}"), source: e })?;
-        let mut cur = x;
-        for (k, ps) in p.steps.iter().enumerate() {
-            let name = format!("{base}.redist{k}");
-            let r = self.rank;
-            cur = match &ps.step {
-                Step::Slice { dim, axis } => {
-                    let shape = self.graph.node(cur).ty.shape.clone();
-                    let size = shape[*dim] / axis.size;
-                    let mut begin = vec![0; shape.len()];
-                    begin[*dim] = axis.coord(r) * size;
-                    let mut sizes = shape.clone();
-                    sizes[*dim] = size;
-                    self.add(&name, Slice { begin, size: sizes }, &[cur])?
-                }
-                Step::AllGather { dim, axis } => {
-                    let group = self.note_partition(&[*axis]);
-                    self.add(&name, autopar_graph::ops::AllGather { dim: *dim, group }, &[cur])?
-                }
-                Step::AllToAll { split_dim, concat_dim, axis } => {
-                    let group = self.note_partition(&[*axis]);
-                    self.add(&name, autopar_graph::ops::AllToAll { split_dim: *split_dim, concat_dim: *concat_dim, group }, &[cur])?
-                }
-                Step::AllReduce { axes } => {
-                    let group = self.note_partition(axes);
-                    self.add(&name, autopar_graph::ops::AllReduce { op: ReduceOp::Sum, group }, &[cur])?
-                }
-                Step::ReduceScatter { dim, axis } => {
-                    let group = self.note_partition(&[*axis]);
-                    self.add(&name, autopar_graph::ops::ReduceScatter { op: ReduceOp::Sum, dim: *dim, group }, &[cur])?
-                }
-                Step::MakePartial { axis } => {
-                    let factor = if axis.coord(r) == 0 { 1.0 } else { 0.0 };
-                    self.add(&name, Scale { factor }, &[cur])?
-                }
-                Step::Permute { .. } => {
-                    return Err(ParallelError::Internal { what: format!("a graph redistribution for {base} planned a permutation") });
-                }
-            };
-        }
-        Ok(cur)
-    }
-}
-
-/// The local op of `node` with its attributes rewritten for local shapes.
-fn localize(node: &Node, local_out: &[usize]) -> OpKind {
-    match &node.op {
-        OpKind::Input(i) => OpKind::Input(Input { shape: local_out.to_vec(), dtype: i.dtype }),
-        OpKind::Parameter(p) => {
-            let mut p: Parameter = p.clone();
-            p.shape = local_out.to_vec();
-            OpKind::Parameter(p)
-        }
-        OpKind::Reshape(_) => OpKind::Reshape(Reshape { shape: local_out.iter().map(|&d| d as i64).collect() }),
-        OpKind::Slice(s) => {
-            let begin = s.begin.iter().zip(&s.size).zip(local_out).map(|((&b, &sz), &l)| if sz == l { b } else { 0 }).collect();
-            OpKind::Slice(Slice { begin, size: local_out.to_vec() })
-        }
-        other => other.clone(),
-    }
-}
-
-impl Emitter<'_> {
-    /// The ranks (ascending) whose slices of `x` together hold the whole of dimensions `dims`
-    /// (the group an op's statistics over them are reduced in); empty when they are not split.
-    fn stats_group(&mut self, x: &TensorLayout, dims: &[usize]) -> Vec<usize> {
-        let axes: Vec<DeviceAxis> = dims.iter().flat_map(|&d| x.dim_axes()[d].iter().map(|&a| x.mesh().axis(a))).collect();
-        if axes.is_empty() {
-            Vec::new()
+        let key = (p.mirror.clone(), dtype);
+        let fits = open.get(&key).is_some_and(|&b| buckets[b].bytes() + elements * dtype.size() <= limit);
+        if fits {
+            let b = open[&key];
+            buckets[b].params.push(p.name.clone());
+            buckets[b].elements += elements;
         } else {
-            self.note_partition(&axes)
+            buckets.push(BucketPlan { mirror: p.mirror.clone(), dtype, params: vec![p.name.clone()], elements });
+            open.insert(key, buckets.len() - 1);
         }
     }
-
-    /// The local op of `node` planned as `np` on this rank: local shapes, and the attributes
-    /// that tie a slice to the whole (a BatchNorm's statistics group, a Dropout's block, a
-    /// Gather's rows of a split table).
-    fn local_op(&mut self, node: &Node, np: &NodePlan) -> Result<OpKind> {
-        let layout_err = |e| ParallelError::Layout { context: node.name.clone(), source: e };
-        let mut op = localize(node, &np.output.slice_shape());
-        match &mut op {
-            OpKind::BatchNorm(bn) if bn.training => bn.group = self.stats_group(&np.inputs[0], &[0]),
-            OpKind::Softmax(sm) => {
-                let a = normalize_axis(sm.axis, node.ty.shape.len()).expect("graph nodes hold axes within their input's rank");
-                sm.group = self.stats_group(&np.inputs[0], &[a]);
-            }
-            OpKind::LogSoftmax(sm) => {
-                let a = normalize_axis(sm.axis, node.ty.shape.len()).expect("graph nodes hold axes within their input's rank");
-                sm.group = self.stats_group(&np.inputs[0], &[a]);
-            }
-            OpKind::LayerNorm(ln) => {
-                let rank = node.ty.shape.len();
-                let b = normalize_axis(ln.begin_norm_axis, rank).expect("graph nodes hold axes within their input's rank");
-                ln.group = self.stats_group(&np.inputs[0], &(b..rank).collect::<Vec<_>>());
-            }
-            OpKind::Dropout(d) => {
-                let x = &np.inputs[0];
-                if x.dim_axes().iter().any(|a| !a.is_empty()) {
-                    let slice = x.slice_of(self.rank).map_err(layout_err)?;
-                    d.block = Some(DropoutBlock { global_shape: x.shape().to_vec(), begin: slice.iter().map(|r| r.start).collect() });
-                }
-            }
-            OpKind::Gather(g) => {
-                let table = &np.inputs[0];
-                let axis = normalize_axis(g.axis, table.shape().len()).expect("graph nodes hold axes within their input's rank");
-                if table.split(axis) > 1 {
-                    let rows = table.slice_of(self.rank).map_err(layout_err)?[axis].start;
-                    g.shard = Some(TableShard { start: rows, total: table.shape()[axis] });
-                }
-            }
-            _ => {}
-        }
-        Ok(op)
-    }
+    buckets
 }
 
-/// The program of `rank`.
-pub fn rank_program(graph: &Graph, plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
-    let n = plan.device_num;
-    if rank >= n {
-        return Err(ParallelError::RankOutOfRange { rank, devices: n });
+/// Plan hybrid_parallel: every rank runs its own hand-written graph (local shapes, the
+/// collectives the user placed, world-rank groups; nothing is inserted). Parameters named in
+/// `layerwise` are each rank's own (MindSpore's `layerwise_parallel`); every other parameter is
+/// replicated (the same name and shape on every rank) and its gradient all-reduced over all
+/// ranks. Checked: one graph per rank, the loss in each, every collective's group holding its
+/// rank, replicated parameters alike on every rank.
+pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, layerwise: &BTreeSet<String>) -> Result<ParallelPlan> {
+    ctx.validate()?;
+    ctx.check_supported()?;
+    let hybrid = |problem| Err(ParallelError::Hybrid { problem });
+    if ctx.parallel_mode != ParallelMode::HybridParallel {
+        return hybrid(HybridProblem::WrongMode { mode: ctx.parallel_mode });
     }
-    let mut partitions = Vec::new();
-    let mut em = Emitter { graph: Graph::new(), rank, n, partitions: &mut partitions };
-    let mut local: Vec<Option<(NodeId, TensorLayout)>> = vec![None; graph.len()];
+    let n = ctx.device_num;
+    if graphs.len() != n {
+        return hybrid(HybridProblem::GraphCount { graphs: graphs.len(), devices: n });
+    }
+    let mut rank_graphs = Vec::with_capacity(n);
+    for (r, g) in graphs.into_iter().enumerate() {
+        let Ok(loss) = g.find(loss_name) else {
+            return hybrid(HybridProblem::MissingLoss { rank: r, loss: loss_name.to_string() });
+        };
+        for name in layerwise {
+            if g.find(name).map(|id| !matches!(g.node(id).op, OpKind::Parameter(_))).unwrap_or(true) {
+                return hybrid(HybridProblem::NotAParameter { rank: r, name: name.clone() });
+            }
+        }
+        for node in g.nodes() {
+            let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
+            for call in node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: r }).comm {
+                if !call.group.contains(&r) || call.group.iter().any(|&m| m >= n) {
+                    return hybrid(HybridProblem::BadGroup { rank: r, kind: node.op.kind(), name: node.name.clone(), group: call.group });
+                }
+            }
+        }
+        rank_graphs.push(with_loss_first(&g, Some(loss))?);
+    }
+    let graph = rank_graphs[0].clone();
+    let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
+    let all = flat.axis(0);
     let mut params = Vec::new();
-    let mut inputs = Vec::new();
-    for (i, node) in graph.nodes().iter().enumerate() {
-        let np = &plan.nodes[i];
-        let slice_shape = np.output.slice_shape();
-        let id = if node.op.is_leaf() {
-            let id = em.add(&node.name, localize(node, &slice_shape), &[])?;
-            let slice = np.output.slice_of(rank).map_err(|e| ParallelError::Layout { context: node.name.clone(), source: e })?;
-            match &node.op {
-                OpKind::Parameter(p) => {
-                    let mirror =
-                        np.output.replica_group(rank).map_err(|e| ParallelError::Layout { context: node.name.clone(), source: e })?;
-                    params.push(ParamSlot {
+    for id in graph.parameters() {
+        let node = graph.node(id);
+        let OpKind::Parameter(p) = &node.op else { continue };
+        let own = layerwise.contains(&node.name);
+        if !own {
+            for (r, g) in rank_graphs.iter().enumerate().skip(1) {
+                let Ok(other) = g.find(&node.name) else {
+                    return hybrid(HybridProblem::MissingParameter { name: node.name.clone(), rank: r });
+                };
+                if g.node(other).ty.shape != node.ty.shape {
+                    return hybrid(HybridProblem::ShapeDiffers {
                         name: node.name.clone(),
-                        global: NodeId(i),
-                        local: id,
-                        layout: np.output.clone(),
-                        slice,
-                        mirror,
-                        trainable: p.trainable,
+                        rank: r,
+                        shape: g.node(other).ty.shape.clone(),
+                        rank0: node.ty.shape.clone(),
                     });
                 }
-                _ => inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice }),
-            }
-            id
-        } else {
-            let mut args = Vec::with_capacity(node.inputs.len());
-            for (slot, x) in node.inputs.iter().enumerate() {
-                let (xid, xl) = local[x.0].clone().expect("inputs precede users");
-                args.push(em.redistribute(&format!("{}.in{slot}", node.name), xid, &xl, &np.inputs[slot])?);
-            }
-            let op = em.local_op(node, np)?;
-            let mut id = em.add(&node.name, op, &args)?;
-            if let Some(f) = np.output_scale {
-                id = em.add(&format!("{}.share", node.name), Scale { factor: f }, &[id])?;
-            }
-            id
-        };
-        let got = &em.graph.node(id).ty.shape;
-        if got != &slice_shape {
-            return Err(ParallelError::Internal {
-                what: format!(
-                    "rank {rank}: local {} {:?} has shape {got:?}, its layout {} expects {slice_shape:?}",
-                    node.op.kind(),
-                    node.name,
-                    np.output
-                ),
-            });
-        }
-        local[i] = Some((id, np.output.clone()));
-    }
-    let mut outputs = Vec::new();
-    for &o in &plan.outputs {
-        let (id, l) = local[o.0].clone().expect("outputs are nodes");
-        let full = TensorLayout::replicated(l.mesh().clone(), l.shape().to_vec());
-        let name = graph.node(o).name.clone();
-        outputs.push(em.redistribute(&format!("{name}.out"), id, &l, &full)?);
-    }
-    let mut g = em.graph;
-    g.outputs = outputs.clone();
-    // Mirror groups of parameters are used by the gradient synchronisation.
-    for p in &params {
-        if p.mirror.len() > 1 {
-            let axes: Vec<DeviceAxis> = p.layout.replica_axes().iter().map(|&a| p.layout.mesh().axis(a)).collect();
-            let part = partition(&axes, n);
-            if !partitions.contains(&part) {
-                partitions.push(part);
             }
         }
+        params.push(ParamPlan {
+            name: node.name.clone(),
+            node: id,
+            layout: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
+            dtype: p.dtype,
+            trainable: p.trainable,
+            mirror: if own || n == 1 { Vec::new() } else { vec![all] },
+        });
     }
-    Ok(RankProgram { rank, device_num: n, graph: g, outputs, params, inputs, partitions })
-}
-
-/// Parameter layouts as MindSpore's `parameter_layout_dict`, for strategy files and checks.
-pub fn layouts_by_name(plan: &ParallelPlan, graph: &Graph) -> BTreeMap<String, TensorLayout> {
-    plan.parameter_layouts(graph).into_iter().collect()
-}
-
-/// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
-/// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
-/// optimizer-shard and pipeline fields are empty: autopar does not shard optimizer state or
-/// pipeline yet).
-pub fn parameter_layout_dict(graph: &Graph, plan: &ParallelPlan) -> Vec<(String, autopar_layout::ParameterLayout)> {
-    plan.nodes
+    let nodes = graph
+        .nodes()
         .iter()
-        .filter(|p| graph.node(p.id).op.is_leaf())
-        .map(|p| {
-            let l = &p.output;
-            let dims = l.mesh().dims();
-            let mut after = Vec::new();
-            for (d, axes) in l.dim_axes().iter().enumerate() {
-                let full = l.shape()[d];
-                if axes.len() <= 1 {
-                    after.push(full / l.split(d));
-                } else {
-                    // A dimension over several axes is viewed as one dimension per axis.
-                    let lead: usize = axes[..axes.len() - 1].iter().map(|&a| dims[a]).product();
-                    after.extend(std::iter::repeat_n(1, axes.len() - 1));
-                    after.push(full / lead / dims[axes[axes.len() - 1]]);
-                }
-            }
-            (
-                p.name.clone(),
-                autopar_layout::ParameterLayout {
-                    dev_matrix: dims.to_vec(),
-                    tensor_map: l.tensor_map().flattened(),
-                    slice_shape: l.slice_shape(),
-                    field_size: 0,
-                    uniform_split: true,
-                    opt_shard_group: String::new(),
-                    full_shape: l.shape().to_vec(),
-                    after_reshape_slice_shape: after,
-                    pipeline_shared: false,
-                    is_send: false,
-                    peer_rank: 0,
-                    sr_tag: 0,
-                },
-            )
+        .enumerate()
+        .map(|(i, node)| NodePlan {
+            id: NodeId(i),
+            name: node.name.clone(),
+            kind: node.op.kind(),
+            strategy: None,
+            source: None,
+            inputs: node.inputs.iter().map(|x| TensorLayout::replicated(flat.clone(), graph.node(*x).ty.shape.clone())).collect(),
+            output: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
+            output_scale: None,
+            sync: InOpSync::None,
         })
-        .collect()
+        .collect();
+    let loss_seed = if ctx.gradients_mean { 1.0 / n as f64 } else { 1.0 };
+    let gradients = GradientPlan { loss_seed, mirror_mean: false, buckets: fusion_buckets(&params, ctx, n) };
+    Ok(ParallelPlan {
+        device_num: n,
+        mode: ParallelMode::HybridParallel,
+        context: ctx.clone(),
+        loss: Some(graph.outputs[0]),
+        graph,
+        rank_graphs,
+        nodes,
+        redistributions: Vec::new(),
+        params,
+        gradients,
+        dataset: DatasetStrategy::DataParallel,
+        strategy_file: None,
+        all_to_all: ctx.enable_alltoall,
+    })
 }

@@ -37,9 +37,9 @@ proptest! {
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
         let p = plan(&g, &ctx).unwrap();
-        let first = rank_program(&g, &p, 0).unwrap();
+        let first = rank_program(&p, 0).unwrap();
         for r in 1..n {
-            let prog = rank_program(&g, &p, r).unwrap();
+            let prog = rank_program(&p, r).unwrap();
             prop_assert_eq!(&prog.partitions, &first.partitions);
             prop_assert_eq!(prog.outputs.len(), 1);
             prop_assert!(prog.graph.node(prog.outputs[0]).ty.shape.is_empty());

@@ -79,7 +79,7 @@ fn semi_all_parameter_layouts_match_mindspore() {
 fn semi_all_rank_program_has_mindspores_communication() {
     let g = fixture_network(true);
     let p = plan(&g, &semi_auto(8)).unwrap();
-    let prog = rank_program(&g, &p, 0).unwrap();
+    let prog = rank_program(&p, 0).unwrap();
     let comm: Vec<(String, Vec<usize>)> = prog
         .graph
         .nodes()
@@ -110,9 +110,9 @@ fn semi_all_rank_program_has_mindspores_communication() {
 fn every_rank_program_builds_and_uses_the_same_partitions() {
     let g = fixture_network(true);
     let p = plan(&g, &semi_auto(8)).unwrap();
-    let first = rank_program(&g, &p, 0).unwrap();
+    let first = rank_program(&p, 0).unwrap();
     for r in 1..8 {
-        let prog = rank_program(&g, &p, r).unwrap();
+        let prog = rank_program(&p, r).unwrap();
         assert_eq!(prog.partitions, first.partitions, "rank {r}");
         assert_eq!(prog.graph.len(), first.graph.len(), "rank {r}");
     }
@@ -145,7 +145,7 @@ fn parameter_layout_dict_prints_mindspores_lines() {
     let text = std::fs::read_to_string(fixtures().join("strategies/semi_all/layout_rank0.txt")).unwrap();
     let g = fixture_network(true);
     let p = plan(&g, &semi_auto(8)).unwrap();
-    let ours: Vec<String> = autopar_parallel::parameter_layout_dict(&g, &p).iter().map(|(n, l)| format!("{n}: {l}")).collect();
+    let ours: Vec<String> = autopar_parallel::parameter_layout_dict(&p).iter().map(|(n, l)| format!("{n}: {l}")).collect();
     let theirs: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ours, theirs);
 }

@@ -14,7 +14,7 @@ fn programs(g: &Graph, n: usize) -> Vec<RankProgram> {
     ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
     ctx.set("dataset_strategy", &json!("full_batch")).unwrap();
     let p = plan(g, &ctx).unwrap();
-    (0..n).map(|r| rank_program(g, &p, r).unwrap()).collect()
+    (0..n).map(|r| rank_program(&p, r).unwrap()).collect()
 }
 
 fn shard(g: &mut Graph, id: NodeId, s: Vec<Vec<usize>>) {

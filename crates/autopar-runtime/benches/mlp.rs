@@ -52,7 +52,7 @@ fn main() {
     let start = Instant::now();
     let mut grads = Vec::new();
     for _ in 0..iters {
-        grads = step.gradients(&mut params, &feeds).unwrap().grads;
+        grads = step.gradients(&mut params, &feeds, None).unwrap().grads;
     }
     let fb = start.elapsed().as_secs_f64() / iters as f64;
     let start = Instant::now();
@@ -64,7 +64,7 @@ fn main() {
 
     // Per-op profile of one step (forward + backward; the optimizer is outside the graph).
     let mut prof = step.clone().with_profiling(true);
-    let out = prof.gradients(&mut params, &feeds).unwrap().run;
+    let out = prof.gradients(&mut params, &feeds, None).unwrap().run;
     let mut t = out.timings.clone();
     t.sort_by(|a, b| b.seconds.partial_cmp(&a.seconds).unwrap());
     let total: f64 = t.iter().map(|o| o.seconds).sum();

@@ -34,7 +34,7 @@ fn time_job(job: &ParallelJob, global: &[(String, Tensor)]) -> f64 {
         for _ in 0..WARMUP {
             t.step(&mut opt, &feeds)?;
         }
-        comm.barrier().map_err(|e| autopar_runtime::RuntimeError::Comm { what: "barrier".into(), message: e.to_string() })?;
+        comm.barrier().map_err(autopar_runtime::RuntimeError::comm(autopar_runtime::CommPhase::Run))?;
         let start = Instant::now();
         for _ in 0..STEPS {
             t.step(&mut opt, &feeds)?;

@@ -10,12 +10,12 @@
 use std::collections::HashMap;
 
 use autopar_comm::{Buf, BufMut, Communicator, ReduceOp as CommReduce};
-use autopar_graph::{OpKind, ReduceOp};
+use autopar_graph::{CollectiveOp, Node, ReduceOp};
 use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, Tensor};
 use half::{bf16, f16};
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{CommPhase, Result, RuntimeError};
 
 /// The sub-communicators of one rank, by group (world ranks, ascending).
 pub struct CommGroups {
@@ -38,9 +38,8 @@ impl CommGroups {
     pub fn create(world: &dyn Communicator, partitions: &[Vec<Vec<usize>>]) -> Result<Self> {
         let rank = world.rank();
         let mut groups = HashMap::new();
-        for part in partitions {
-            let sub =
-                world.split(part).map_err(|e| RuntimeError::Comm { what: format!("creating groups {part:?}"), message: e.to_string() })?;
+        for (i, part) in partitions.iter().enumerate() {
+            let sub = world.split(part).map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: i }))?;
             if let Some(sub) = sub {
                 let mut key = sub.world_ranks().to_vec();
                 key.sort_unstable();
@@ -145,27 +144,44 @@ fn flatten_parts(parts: &[Tensor]) -> Result<Flat> {
     Flat::of(&joined)
 }
 
-/// Execute communication op `op` on input `x` (the rank's local value); `out_shape` is the
-/// inferred local shape of the result.
-pub fn execute(op: &OpKind, name: &str, x: &Tensor, out_shape: &[usize], groups: &CommGroups) -> Result<Tensor> {
-    let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: op.kind(), name: name.to_string(), source: Box::new(e) };
-    let c = |e: autopar_comm::CommError| RuntimeError::Comm {
-        what: format!("{} {name:?} on rank {}", op.kind(), groups.rank()),
-        message: e.to_string(),
+/// Execute communication op `op` (node `name`) on input `x` (the rank's local value);
+/// `out_shape` is the inferred local shape of the result. A group of one rank is the identity.
+pub fn execute(
+    op: CollectiveOp<'_>,
+    kind: &'static str,
+    name: &str,
+    x: &Tensor,
+    out_shape: &[usize],
+    groups: &CommGroups,
+) -> Result<Tensor> {
+    let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind, name: name.to_string(), source: Box::new(e) };
+    let c = || RuntimeError::comm(CommPhase::Op { kind, name: name.to_string(), rank: groups.rank() });
+    let single = match op {
+        CollectiveOp::AllReduce(a) => a.group.len() == 1,
+        CollectiveOp::AllGather(a) => a.group.len() == 1,
+        CollectiveOp::ReduceScatter(a) => a.group.len() == 1,
+        CollectiveOp::AllToAll(a) => a.group.len() == 1,
+        CollectiveOp::Broadcast(a) => a.group.len() == 1,
+        CollectiveOp::Reduce(a) => a.group.len() == 1,
+        CollectiveOp::Send(s) => s.peer == groups.rank(),
+        CollectiveOp::Recv(r) => r.peer == groups.rank(),
     };
+    if single {
+        return Ok(x.clone());
+    }
     match op {
-        OpKind::AllReduce(a) => {
+        CollectiveOp::AllReduce(a) => {
             let comm = groups.get(&a.group)?;
             let mut flat = Flat::of(x)?;
-            comm.all_reduce(flat.buf_mut(), comm_op(a.op)).map_err(c)?;
+            comm.all_reduce(flat.buf_mut(), comm_op(a.op)).map_err(c())?;
             flat.into_tensor(x.shape())
         }
-        OpKind::AllGather(a) => {
+        CollectiveOp::AllGather(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
             let flat = Flat::of(x)?;
             let mut recv = flat.zeros_like(x.numel() * g);
-            comm.all_gather(flat.buf(), recv.buf_mut()).map_err(c)?;
+            comm.all_gather(flat.buf(), recv.buf_mut()).map_err(c())?;
             let mut stacked_shape = vec![g];
             stacked_shape.extend_from_slice(x.shape());
             let stacked = recv.into_tensor(&stacked_shape)?;
@@ -178,23 +194,23 @@ pub fn execute(op: &OpKind, name: &str, x: &Tensor, out_shape: &[usize], groups:
             let refs: Vec<&Tensor> = parts.iter().collect();
             sh::concat(&refs, a.dim as isize).map_err(k)
         }
-        OpKind::ReduceScatter(a) => {
+        CollectiveOp::ReduceScatter(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
             let parts = sh::split(x, a.dim as isize, g).map_err(k)?;
             let send = flatten_parts(&parts)?;
             let mut recv = send.zeros_like(x.numel() / g);
-            comm.reduce_scatter(send.buf(), recv.buf_mut(), comm_op(a.op)).map_err(c)?;
+            comm.reduce_scatter(send.buf(), recv.buf_mut(), comm_op(a.op)).map_err(c())?;
             recv.into_tensor(out_shape)
         }
-        OpKind::AllToAll(a) => {
+        CollectiveOp::AllToAll(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
             let parts = sh::split(x, a.split_dim as isize, g).map_err(k)?;
             let piece_shape = parts[0].shape().to_vec();
             let send = flatten_parts(&parts)?;
             let mut recv = send.zeros_like(x.numel());
-            comm.all_to_all(send.buf(), recv.buf_mut()).map_err(c)?;
+            comm.all_to_all(send.buf(), recv.buf_mut()).map_err(c())?;
             let mut stacked_shape = vec![g];
             stacked_shape.extend_from_slice(&piece_shape);
             let stacked = recv.into_tensor(&stacked_shape)?;
@@ -207,7 +223,7 @@ pub fn execute(op: &OpKind, name: &str, x: &Tensor, out_shape: &[usize], groups:
             let refs: Vec<&Tensor> = pieces.iter().collect();
             sh::concat(&refs, a.concat_dim as isize).map_err(k)
         }
-        OpKind::Broadcast(b) => {
+        CollectiveOp::Broadcast(b) => {
             let comm = groups.get(&b.group)?;
             let root = comm
                 .world_ranks()
@@ -215,46 +231,51 @@ pub fn execute(op: &OpKind, name: &str, x: &Tensor, out_shape: &[usize], groups:
                 .position(|&w| w == b.root)
                 .ok_or_else(|| RuntimeError::MissingGroup { rank: groups.rank(), group: b.group.clone() })?;
             let mut flat = Flat::of(x)?;
-            comm.broadcast(flat.buf_mut(), root).map_err(c)?;
+            comm.broadcast(flat.buf_mut(), root).map_err(c())?;
             flat.into_tensor(x.shape())
         }
-        OpKind::Reduce(r) => {
+        CollectiveOp::Reduce(r) => {
             // Reduce to the root: every rank computes the reduction, non-roots get zeros
             // (the value only exists on the root, as MindSpore's Reduce).
             let comm = groups.get(&r.group)?;
             let mut flat = Flat::of(x)?;
-            comm.all_reduce(flat.buf_mut(), comm_op(r.op)).map_err(c)?;
+            comm.all_reduce(flat.buf_mut(), comm_op(r.op)).map_err(c())?;
             if groups.rank() == r.root {
                 flat.into_tensor(x.shape())
             } else {
                 Ok(Tensor::zeros(x.shape(), x.dtype()))
             }
         }
-        OpKind::Send(s) => {
+        CollectiveOp::Send(s) => {
             let comm = groups.get(&[groups.rank().min(s.peer), groups.rank().max(s.peer)])?;
             let peer = comm.world_ranks().iter().position(|&w| w == s.peer).expect("the pair group holds the peer");
             let flat = Flat::of(x)?;
-            comm.send(flat.buf(), peer, s.tag).map_err(c)?;
+            comm.send(flat.buf(), peer, s.tag).map_err(c())?;
             Ok(x.clone())
         }
-        OpKind::Recv(r) => {
+        CollectiveOp::Recv(r) => {
             let comm = groups.get(&[groups.rank().min(r.peer), groups.rank().max(r.peer)])?;
             let peer = comm.world_ranks().iter().position(|&w| w == r.peer).expect("the pair group holds the peer");
             let mut flat = Flat::of(x)?.zeros_like(out_shape.iter().product());
-            comm.recv(flat.buf_mut(), peer, r.tag).map_err(c)?;
+            comm.recv(flat.buf_mut(), peer, r.tag).map_err(c())?;
             flat.into_tensor(out_shape)
         }
-        other => Err(RuntimeError::NotCommunication { kind: other.kind(), name: name.to_string() }),
     }
 }
 
+/// Execute node `node` (a communication op) on `x`.
+pub fn execute_node(node: &Node, x: &Tensor, groups: &CommGroups) -> Result<Tensor> {
+    let op = node.op.collective().ok_or_else(|| RuntimeError::NotCommunication { kind: node.op.kind(), name: node.name.clone() })?;
+    execute(op, node.op.kind(), &node.name, x, &node.ty.shape, groups)
+}
+
 impl crate::executor::Collectives for CommGroups {
-    fn execute(&self, node: &autopar_graph::Node, input: &Tensor) -> Result<Tensor> {
-        execute(&node.op, &node.name, input, &node.ty.shape, self)
+    fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor> {
+        execute_node(node, input, self)
     }
 
-    fn all_reduce(&self, node: &autopar_graph::Node, group: &[usize], op: ReduceOp, input: &Tensor) -> Result<Tensor> {
-        let op = OpKind::AllReduce(autopar_graph::ops::AllReduce { op, group: group.to_vec() });
-        execute(&op, &node.name, input, input.shape(), self)
+    fn all_reduce(&self, node: &Node, group: &[usize], op: ReduceOp, input: &Tensor) -> Result<Tensor> {
+        let reduce = autopar_graph::ops::AllReduce { op, group: group.to_vec() };
+        execute(CollectiveOp::AllReduce(&reduce), node.op.kind(), &node.name, input, input.shape(), self)
     }
 }

@@ -16,9 +16,9 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::ParamStore;
 use crate::parallel::ParallelJob;
 
-fn ck_err(what: impl Into<String>) -> impl FnOnce(autopar_checkpoint::CheckpointError) -> RuntimeError {
-    let what = what.into();
-    move |e| RuntimeError::Parallel { message: format!("{what}: {e}") }
+fn ck_err(path: &Path) -> impl FnOnce(autopar_checkpoint::CheckpointError) -> RuntimeError {
+    let path = path.to_path_buf();
+    move |e| RuntimeError::Checkpoint { path, source: Box::new(e) }
 }
 
 /// A tensor's element type and little-endian bytes, as checkpoints store them.
@@ -47,9 +47,7 @@ pub fn tensor_from_bytes(dtype: CkDType, shape: &[usize], bytes: &[u8], name: &s
         CkDType::BFloat16 => Tensor::from_vec(shape, chunks::<2>(bytes).map(bf16::from_le_bytes).collect()).map_err(k),
         CkDType::Int32 => Tensor::from_vec(shape, chunks::<4>(bytes).map(i32::from_le_bytes).collect()).map_err(k),
         CkDType::Int64 => Tensor::from_vec(shape, chunks::<8>(bytes).map(i64::from_le_bytes).collect()).map_err(k),
-        other => Err(RuntimeError::Parallel {
-            message: format!("checkpoint {}: tensor {name} has element type {other:?}, which autopar cannot train\nhint: store parameters as float16/bfloat16/float32/float64", path.display()),
-        }),
+        other => Err(RuntimeError::CheckpointDType { path: path.to_path_buf(), name: name.to_string(), dtype: format!("{other:?}") }),
     }
 }
 
@@ -61,15 +59,15 @@ pub fn save_checkpoint(store: &ParamStore, path: &Path, metadata: &BTreeMap<Stri
         let (dtype, bytes) = tensor_bytes(t)?;
         tensors.push((TensorSpec { name: name.clone(), dtype, shape: t.shape().to_vec() }, bytes));
     }
-    autopar_checkpoint::save(path, &tensors, metadata).map_err(ck_err(format!("cannot write checkpoint {}", path.display())))
+    autopar_checkpoint::save(path, &tensors, metadata).map_err(ck_err(path))
 }
 
 /// Every tensor of checkpoint `path`.
 pub fn load_checkpoint(path: &Path) -> Result<ParamStore> {
-    let f = CheckpointFile::open(path).map_err(ck_err(format!("cannot open checkpoint {}", path.display())))?;
+    let f = CheckpointFile::open(path).map_err(ck_err(path))?;
     let mut store = ParamStore::new();
     for e in f.tensors() {
-        let bytes = f.read(&e.name).map_err(ck_err(format!("cannot read {} from {}", e.name, path.display())))?;
+        let bytes = f.read(&e.name).map_err(ck_err(path))?;
         store.insert(&e.name, tensor_from_bytes(e.dtype, &e.shape, &bytes, &e.name, path)?);
     }
     Ok(store)
@@ -83,33 +81,30 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
     let program = job.program(rank)?;
     let scratch = scratch_dir(rank)?;
     let dst_strategy = scratch.join("destination_strategy.json");
-    crate::strategy_io::save_strategy_file(job.graph(), &job.plan()?, &dst_strategy, false)?;
-    let (files, _) = collect_rank_files(src_dir).map_err(ck_err(format!("cannot read checkpoints in {}", src_dir.display())))?;
+    crate::strategy_io::save_strategy_file(job.plan(), &dst_strategy, false, &|_| Vec::new())?;
+    let (files, _) = collect_rank_files(src_dir).map_err(ck_err(src_dir))?;
     let out = scratch.join(format!("rank_{rank}.safetensors"));
     let opts = TransformOptions { allow_missing: true, ..TransformOptions::default() };
     let result = transform_checkpoint_by_rank(rank, &files, &out, src_strategy, Some(&dst_strategy), &opts)
-        .map_err(ck_err(format!("cannot reshard {} for rank {rank}", src_dir.display())))
+        .map_err(ck_err(src_dir))
         .and_then(|_| load_checkpoint(&out));
     let _ = std::fs::remove_dir_all(&scratch);
     let loaded = result?;
     let mut store = ParamStore::new();
     for slot in &program.params {
-        let t = loaded.get(&slot.name).ok_or_else(|| RuntimeError::Parallel {
-            message: format!(
-                "load_distributed_checkpoint: parameter {} of rank {rank} is in no checkpoint of {}\nhint: the checkpoints were saved from another network, or its strategy file lacks this parameter",
-                slot.name,
-                src_dir.display()
-            ),
+        let t = loaded.get(&slot.name).ok_or_else(|| RuntimeError::NotResharded {
+            name: slot.name.clone(),
+            rank,
+            dir: src_dir.to_path_buf(),
         })?;
         let want = slot.layout.slice_shape();
         if t.shape() != want.as_slice() {
-            return Err(RuntimeError::Parallel {
-                message: format!(
-                    "load_distributed_checkpoint: parameter {} of rank {rank} resharded to shape {:?}, the job needs {want:?} (full {:?})\nhint: check the source strategy file",
-                    slot.name,
-                    t.shape(),
-                    slot.layout.shape()
-                ),
+            return Err(RuntimeError::ReshardedShape {
+                name: slot.name.clone(),
+                rank,
+                got: t.shape().to_vec(),
+                want,
+                full: slot.layout.shape().to_vec(),
             });
         }
         store.insert(&slot.name, t.clone());
@@ -121,6 +116,6 @@ fn scratch_dir(rank: usize) -> Result<PathBuf> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!("autopar-reshard-{}-{rank}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-    std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::Parallel { message: format!("cannot create {}: {e}", dir.display()) })?;
+    std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
     Ok(dir)
 }

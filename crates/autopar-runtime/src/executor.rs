@@ -1,7 +1,8 @@
 //! The single-device executor: runs a [`Graph`] node by node on `autopar-tensor` kernels.
 //!
-//! [`Executor::new`] plans once: it keeps only the nodes the fetched values need, in graph
-//! (topological) order, and computes for every value the position of its last use. A run then
+//! [`Executor::new`] plans once ([`Graph::schedule`], the schedule memory predictions simulate):
+//! it keeps only the nodes the fetched values need, in graph (topological) order, and computes
+//! for every value the position of its last use. A run then
 //! drops each intermediate right after its last user, so peak memory is the live set, not the
 //! whole graph; fetched values are kept. With profiling on, each op's wall time is recorded.
 //!
@@ -195,34 +196,7 @@ pub struct Executor {
 impl Executor {
     /// Plans `graph` to produce `fetch` (kernels parallel on the current rayon pool).
     pub fn new(graph: Graph, fetch: &[NodeId]) -> Result<Self> {
-        for &f in fetch {
-            graph.check_id(f)?;
-        }
-        let n = graph.len();
-        let mut needed = vec![false; n];
-        for &f in fetch {
-            needed[f.0] = true;
-        }
-        for i in (0..n).rev() {
-            if needed[i] {
-                for x in &graph.nodes()[i].inputs {
-                    needed[x.0] = true;
-                }
-            }
-        }
-        let order: Vec<usize> = (0..n).filter(|&i| needed[i]).collect();
-        let mut last_use = vec![usize::MAX; n];
-        for (pos, &i) in order.iter().enumerate() {
-            for x in &graph.nodes()[i].inputs {
-                last_use[x.0] = pos;
-            }
-        }
-        let mut free_after = vec![Vec::new(); order.len()];
-        for &i in &order {
-            if !fetch.contains(&NodeId(i)) && last_use[i] != usize::MAX {
-                free_after[last_use[i]].push(i);
-            }
-        }
+        let autopar_graph::Schedule { order, free_after } = graph.schedule(fetch)?;
         let mut seen = std::collections::HashSet::new();
         let mut shared_norm = std::collections::HashSet::new();
         for &i in &order {
@@ -380,6 +354,7 @@ impl Executor {
                 t.clone()
             }
             OpKind::Fill(f) => Tensor::full(&f.shape, f.value, tensor_dtype(f.dtype)),
+            OpKind::Cast(c) => x[0].cast(tensor_dtype(c.dtype)),
             OpKind::Add(_) => ew::add(cx, x[0], x[1]).map_err(k)?,
             OpKind::Sub(_) => ew::sub(cx, x[0], x[1]).map_err(k)?,
             OpKind::Mul(_) => ew::mul(cx, x[0], x[1]).map_err(k)?,

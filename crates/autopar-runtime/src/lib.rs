@@ -7,7 +7,8 @@
 //!   from the graph's seeded initialisers.
 //! * [`optim`]: SGD, Momentum (MindSpore's `ApplyMomentum`, state `moments.<name>`), AdamW
 //!   (`adam_m.<name>`, `adam_v.<name>`), weight decay and learning-rate schedules.
-//! * [`TrainStep`]: forward + backward + optimizer for one batch.
+//! * [`TrainStep`]: one training step of a rank's program (forward, backward, gradient sync,
+//!   optimizer update): the one step implementation of every mode, stand-alone included.
 //! * [`Trainer`]: epochs or steps over a dataset on `device_num` ranks (threads over `LocalComm`),
 //!   with [`callbacks`] (loss monitor, JSON metrics, loss-curve SVG), per-rank checkpoints, resume
 //!   with the uninterrupted run's trajectory, `--init` by parameter name, and evaluation.
@@ -58,7 +59,7 @@ pub mod strategy_io;
 pub mod train;
 pub mod trainer;
 
-pub use error::{Result, RuntimeError};
+pub use error::{CommPhase, Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, OpTiming, ParamStore, RunOutput};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use train::{StepOutput, TrainStep};

@@ -1,24 +1,29 @@
 //! Strategy checkpoint files of a parallel job (`strategy_ckpt_config`), in MindSpore's format:
 //! one strategy item `"<Prim>_<param>"` per operator taking a parameter (its per-input splits),
-//! one layout item per parameter (device matrix, tensor map, full shape in JSON).
+//! one layout item per parameter (device matrix, tensor map, full shape in JSON); with
+//! `only_trainable_params = false` also the frozen parameters and the optimizer state
+//! (`moments.<name>`, `adam_m.<name>`, `adam_v.<name>`), which has its parameter's layout.
 
 use std::path::Path;
 
 use autopar_checkpoint::{LayoutItem, StrategyFile, StrategyItem};
-use autopar_graph::{Graph, OpKind};
 use autopar_layout::Strategy;
-use autopar_parallel::ParallelPlan;
+use autopar_parallel::{ParallelPlan, StrategyItems};
 
 use crate::error::{Result, RuntimeError};
 
 /// The strategy file of `plan`. With `only_trainable_params`, frozen parameters are left out
-/// (MindSpore's default).
-pub fn strategy_file(graph: &Graph, plan: &ParallelPlan, only_trainable_params: bool) -> StrategyFile {
+/// (MindSpore's default); without it they are in, and so is the optimizer state of every
+/// trainable parameter (`state_keys` names it).
+pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_keys: &dyn Fn(&str) -> Vec<String>) -> StrategyFile {
+    let graph = &plan.graph;
     let mut strategy_items = Vec::new();
     for np in &plan.nodes {
         let node = graph.node(np.id);
         let Some(strategy) = &np.strategy else { continue };
-        let Some(param) = node.inputs.iter().map(|x| graph.node(*x)).find(|x| matches!(x.op, OpKind::Parameter(_))) else { continue };
+        let Some(param) = node.inputs.iter().map(|x| graph.node(*x)).find(|x| matches!(x.op, autopar_graph::OpKind::Parameter(_))) else {
+            continue;
+        };
         let name = format!("{}_{}", node.op.kind(), param.name);
         if strategy_items.iter().any(|s: &StrategyItem| s.node_name == name) {
             continue;
@@ -30,61 +35,54 @@ pub fn strategy_file(graph: &Graph, plan: &ParallelPlan, only_trainable_params: 
         });
     }
     let mut layout_items = Vec::new();
-    for np in &plan.nodes {
-        let node = graph.node(np.id);
-        let OpKind::Parameter(p) = &node.op else { continue };
+    for p in &plan.params {
         if only_trainable_params && !p.trainable {
             continue;
         }
-        let l = &np.output;
-        let dev_matrix = l.mesh().dims().iter().map(|&d| d as u32).collect();
-        let tensor_map = vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect()];
-        layout_items
-            .push(LayoutItem { tensor_shape: Some(l.shape().to_vec()), ..LayoutItem::new(node.name.clone(), dev_matrix, tensor_map) });
+        let l = &p.layout;
+        let dev_matrix: Vec<u32> = l.mesh().dims().iter().map(|&d| d as u32).collect();
+        let tensor_map = vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect::<Vec<i32>>()];
+        let mut names = vec![p.name.clone()];
+        if !only_trainable_params && p.trainable {
+            names.extend(state_keys(&p.name));
+        }
+        for name in names {
+            layout_items.push(LayoutItem {
+                tensor_shape: Some(l.shape().to_vec()),
+                ..LayoutItem::new(name, dev_matrix.clone(), tensor_map.clone())
+            });
+        }
     }
     StrategyFile { current_stage: 2, strategy_items, layout_items }
 }
 
 /// Write the strategy file of `plan` to `path` (`.json` -> JSON, else protobuf), atomically.
-pub fn save_strategy_file(graph: &Graph, plan: &ParallelPlan, path: &Path, only_trainable_params: bool) -> Result<()> {
-    strategy_file(graph, plan, only_trainable_params)
+pub fn save_strategy_file(
+    plan: &ParallelPlan,
+    path: &Path,
+    only_trainable_params: bool,
+    state_keys: &dyn Fn(&str) -> Vec<String>,
+) -> Result<()> {
+    strategy_file(plan, only_trainable_params, state_keys)
         .save(path)
-        .map_err(|e| RuntimeError::Parallel { message: format!("cannot write strategy file {}: {e}", path.display()) })
+        .map_err(|e| RuntimeError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })
 }
 
-/// Set the strategies a strategy file records on the ops of `graph` (MindSpore's
-/// `strategy_ckpt_config.load_file`): item `"<Prim>_<param>"` applies to every op of that kind
-/// taking that parameter. Returns the number of ops annotated; an item matching no op is an
-/// error naming it.
-pub fn apply_strategy_file(graph: &mut Graph, file: &StrategyFile, path: &Path) -> Result<usize> {
-    let mut applied = 0;
-    for item in &file.strategy_items {
-        let strategy = Strategy(item.parallel_strategy.iter().map(|d| d.iter().map(|&s| s as usize).collect()).collect());
-        let mut hit = false;
-        for i in 0..graph.len() {
-            let id = autopar_graph::NodeId(i);
-            let node = graph.node(id);
-            let takes = node.inputs.iter().any(|x| {
-                let p = graph.node(*x);
-                matches!(p.op, OpKind::Parameter(_)) && format!("{}_{}", node.op.kind(), p.name) == item.node_name
-            });
-            if takes {
-                graph.set_strategy(id, strategy.clone()).map_err(|e| RuntimeError::Parallel {
-                    message: format!("strategy file {}: item {} does not fit the network: {e}", path.display(), item.node_name),
-                })?;
-                hit = true;
-                applied += 1;
-            }
-        }
-        if !hit {
-            return Err(RuntimeError::Parallel {
-                message: format!(
-                    "strategy file {}: item {} matches no operator of the network\nhint: the file was saved for another network; operators are named <Prim>_<parameter>",
-                    path.display(),
-                    item.node_name
-                ),
-            });
-        }
-    }
-    Ok(applied)
+/// The operator strategies a strategy file records, for the planner (MindSpore's
+/// `strategy_ckpt_config.load_file`). A missing or malformed file is an error naming it.
+pub fn load_strategy_items(path: &Path) -> Result<StrategyItems> {
+    let file = StrategyFile::load(path).map_err(|e| RuntimeError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })?;
+    Ok(strategy_items(&file, path))
+}
+
+/// The operator strategies of `file` (read from `path`).
+pub fn strategy_items(file: &StrategyFile, path: &Path) -> StrategyItems {
+    let items = file
+        .strategy_items
+        .iter()
+        .map(|item| {
+            (item.node_name.clone(), Strategy(item.parallel_strategy.iter().map(|d| d.iter().map(|&s| s as usize).collect()).collect()))
+        })
+        .collect();
+    StrategyItems { path: path.to_path_buf(), items }
 }

@@ -1,41 +1,50 @@
-//! One training step: forward, backward, optimizer update.
+//! One training step, for every mode: a rank's program ([`RankProgram`]: its forward and
+//! backward pass), the all-reduce of its gradient buckets, and the optimizer update. A
+//! stand-alone job is the program of its one rank; every parallel mode, in process or under
+//! MPI, runs the same code with the rank's communicators.
 
-use autopar_graph::{backward, Graph, NodeId};
-use autopar_tensor::{ExecCtx, Tensor};
+use autopar_graph::{Graph, NodeId};
+use autopar_parallel::{plan_job, rank_program, ParallelContext, PlanRequest, RankBucket, RankProgram};
+use autopar_tensor::{DType, ExecCtx, Tensor};
 
-use crate::error::{Result, RuntimeError};
-use crate::executor::{Collectives, Executor, ParamStore, RunOutput};
+use crate::collective::CommGroups;
+use crate::error::{CommPhase, Result, RuntimeError};
+use crate::executor::{tensor_dtype, Executor, ParamStore, RunOutput};
 use crate::optim::Optimizer;
 
 /// What [`TrainStep::gradients`] returns.
 #[derive(Clone, Debug)]
 pub struct StepOutput {
+    /// The job's loss (what every rank sees).
     pub loss: Tensor,
-    /// Gradients by parameter name.
+    /// Synchronised gradients by parameter name.
     pub grads: Vec<(String, Tensor)>,
     /// The run's statistics (timings when profiling, peak live memory).
     pub run: RunOutput,
 }
 
-/// A forward graph differentiated with respect to its trainable parameters and planned to fetch
-/// the loss and every gradient.
+/// A rank's program made executable: forward, backward, gradient sync, update.
 #[derive(Clone, Debug)]
 pub struct TrainStep {
+    program: RankProgram,
     executor: Executor,
-    /// `(parameter name, gradient node)`.
-    grads: Vec<(String, NodeId)>,
     step: u64,
 }
 
 impl TrainStep {
-    /// Differentiates `loss` (any shape: the gradient of the sum of its elements) with respect
-    /// to every trainable parameter of `graph`.
-    pub fn new(mut graph: Graph, loss: NodeId) -> Result<Self> {
-        let g = backward(&mut graph, loss)?;
-        let grads: Vec<(String, NodeId)> = g.grads.iter().map(|&(p, d)| (graph.node(p).name.clone(), d)).collect();
-        let mut fetch = vec![loss];
-        fetch.extend(grads.iter().map(|(_, d)| *d));
-        Ok(Self { executor: Executor::new(graph, &fetch)?, grads, step: 0 })
+    /// One device: `graph` planned stand-alone, differentiating `loss` (a scalar) with respect
+    /// to every trainable parameter. The program keeps the graph's node ids, so feeds may use
+    /// them.
+    pub fn new(graph: Graph, loss: NodeId) -> Result<Self> {
+        let ctx = ParallelContext::default();
+        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None })?;
+        Self::from_program(rank_program(&plan, 0)?)
+    }
+
+    /// The step of one rank's program (it must be a training program: a plan with a loss).
+    pub fn from_program(program: RankProgram) -> Result<Self> {
+        let executor = Executor::new(program.graph.clone(), &program.fetch())?;
+        Ok(Self { program, executor, step: 0 })
     }
 
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
@@ -48,6 +57,11 @@ impl TrainStep {
         self
     }
 
+    /// The rank's program.
+    pub fn program(&self) -> &RankProgram {
+        &self.program
+    }
+
     /// The forward+backward graph.
     pub fn graph(&self) -> &Graph {
         self.executor.graph()
@@ -57,44 +71,116 @@ impl TrainStep {
         &self.executor
     }
 
-    /// Runs forward and backward; returns the loss, the gradients by parameter name, and the
-    /// run's statistics.
-    pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)]) -> Result<StepOutput> {
-        self.gradients_with(params, feeds, None)
-    }
-
-    /// As [`TrainStep::gradients`], with communication ops run by `collectives`.
-    pub fn gradients_with(
-        &mut self,
-        params: &mut ParamStore,
-        feeds: &[(NodeId, Tensor)],
-        collectives: Option<&dyn Collectives>,
-    ) -> Result<StepOutput> {
-        let out = self.executor.run_with(params, feeds, self.step, collectives)?;
-        self.step += 1;
-        let mut values = out.values.iter().cloned();
-        let loss = values.next().expect("the loss is fetched first");
-        let grads = self.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-        Ok(StepOutput { loss, grads, run: out })
-    }
-
-    /// Steps run so far (the dropout step counter).
+    /// Steps run so far (the key of the dropout masks).
     pub fn steps(&self) -> u64 {
         self.step
     }
 
-    /// One step: forward, backward, `opt.step`. Returns the loss (summed if not a scalar).
+    /// Continue counting from `step` (a resumed run draws the masks the uninterrupted run would).
+    pub fn set_steps(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// Forward and backward on this rank's feeds, then the gradient buckets all-reduced over
+    /// `comm` (needed when the program communicates). Returns the loss, the gradients and the
+    /// run's statistics.
+    pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
+        let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
+        let out = self.executor.run_with(params, feeds, self.step, collectives)?;
+        self.step += 1;
+        let mut values = out.values.iter().cloned();
+        let loss = values.next().expect("the loss is fetched first");
+        let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
+        for b in &self.program.buckets {
+            sync_bucket(b, &mut grads, comm, self.program.rank)?;
+        }
+        Ok(StepOutput { loss, grads, run: out })
+    }
+
+    /// One step on one device (or a program that does not communicate): forward, backward,
+    /// `opt.step`. Returns the loss.
     pub fn run(&mut self, params: &mut ParamStore, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
-        let StepOutput { loss, grads, .. } = self.gradients(params, feeds)?;
+        self.run_with(params, opt, feeds, None)
+    }
+
+    /// One step with the rank's communicators: forward, backward, gradient sync, `opt.step`.
+    pub fn run_with(
+        &mut self,
+        params: &mut ParamStore,
+        opt: &mut dyn Optimizer,
+        feeds: &[(NodeId, Tensor)],
+        comm: Option<&CommGroups>,
+    ) -> Result<f64> {
+        let StepOutput { loss, grads, .. } = self.gradients(params, feeds, comm)?;
         opt.step(params, &grads)?;
-        finite_loss(loss.to_f64_vec().iter().sum::<f64>())
+        finite_loss(loss.to_f64_vec().iter().sum::<f64>(), self.step)
     }
 }
 
+/// All-reduce one bucket's gradients in one buffer of the bucket's dtype (each gradient cast
+/// to it and back), scaled by the bucket's factor.
+fn sync_bucket(b: &RankBucket, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>, rank: usize) -> Result<()> {
+    if b.group.len() < 2 {
+        return Ok(());
+    }
+    let comm = comm
+        .ok_or_else(|| RuntimeError::NeedsCommunicator { kind: "AllReduce", name: "gradient bucket".into(), group: b.group.clone() })?
+        .get(&b.group)?;
+    let idx: Vec<usize> = b
+        .params
+        .iter()
+        .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+        .collect::<Result<_>>()?;
+    match tensor_dtype(b.dtype) {
+        DType::F64 => reduce_packed::<f64>(comm, grads, &idx, b, rank),
+        DType::F32 => reduce_packed::<f32>(comm, grads, &idx, b, rank),
+        DType::F16 => reduce_packed::<half::f16>(comm, grads, &idx, b, rank),
+        DType::BF16 => reduce_packed::<half::bf16>(comm, grads, &idx, b, rank),
+        DType::I32 => reduce_packed::<i32>(comm, grads, &idx, b, rank),
+        DType::I64 => reduce_packed::<i64>(comm, grads, &idx, b, rank),
+    }
+}
+
+fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
+    comm: &dyn autopar_comm::Communicator,
+    grads: &mut [(String, Tensor)],
+    idx: &[usize],
+    b: &RankBucket,
+    rank: usize,
+) -> Result<()> {
+    let dtype = tensor_dtype(b.dtype);
+    let k = |name: &str| {
+        let name = name.to_string();
+        move |e| RuntimeError::Kernel { kind: "AllReduce", name, source: Box::new(e) }
+    };
+    let mut flat: Vec<T> = Vec::new();
+    for &i in idx {
+        let g = &grads[i].1;
+        let v = if g.dtype() == dtype { g.to_vec::<T>() } else { g.cast(dtype).to_vec::<T>() };
+        flat.extend(v.map_err(k(&grads[i].0))?);
+    }
+    comm.all_reduce((&mut flat).into(), autopar_comm::ReduceOp::Sum)
+        .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
+    let _ = rank;
+    let mut off = 0;
+    for &i in idx {
+        let (own, shape) = (grads[i].1.dtype(), grads[i].1.shape().to_vec());
+        let len: usize = shape.iter().product();
+        let mut t = Tensor::from_vec(&shape, flat[off..off + len].to_vec()).map_err(k(&grads[i].0))?;
+        off += len;
+        if b.scale != 1.0 {
+            let wide = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+            t = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &t.cast(wide), b.scale).map_err(k(&grads[i].0))?;
+        }
+        grads[i].1 = if t.dtype() == own { t } else { t.cast(own) };
+    }
+    Ok(())
+}
+
 /// `loss`, or an error when training has diverged (a NaN or infinite loss).
-pub(crate) fn finite_loss(loss: f64) -> Result<f64> {
+pub(crate) fn finite_loss(loss: f64, step: u64) -> Result<f64> {
     if !loss.is_finite() {
-        return Err(RuntimeError::BadHyperparameter { what: "loss", value: loss, expected: "a finite loss (lower the learning rate?)" });
+        return Err(RuntimeError::NonFiniteLoss { step, loss });
     }
     Ok(loss)
 }

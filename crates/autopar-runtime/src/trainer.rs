@@ -4,15 +4,14 @@
 //!
 //! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`], or, in a
 //! build with the `mpi` feature started by `mpirun`, one rank per process over `MpiComm` (one rank
-//! for stand_alone), each a [`RankTrainer`] of the [`ParallelJob`]. Under stand_alone and
-//! semi_auto_parallel the graph has the global batch and every rank reads the global batch
-//! (its [`RankTrainer::local_feeds`] cuts its part); under data_parallel the graph has the
-//! per-rank batch and rank `k` reads shard `k` of the data. The data loader derives every batch
-//! from `(seed, epoch, index)`, so a resumed run reads exactly the batches the uninterrupted run
-//! would have read. Logs, metrics and callbacks run on rank 0; checkpoints are written by every
-//! rank (its local slices and optimizer state). A stand-alone run executes its single rank with
-//! the kernels' thread pool instead of serially, and counts its own steps (the key of the dropout
-//! masks), so that a resumed run draws the masks the uninterrupted run would have.
+//! for stand_alone), each a [`RankTrainer`] of the [`ParallelJob`]: the same training step in
+//! every mode. The network is built for the global batch; each rank reads only the rows of
+//! every global batch its inputs' layouts give it (under the dataset strategy `data_parallel`
+//! its part of the batch, under `full_batch` all of it) and cuts its slices from them. The data
+//! loader derives every batch from `(seed, epoch, index)`, so a resumed run reads exactly the
+//! batches the uninterrupted run would have read, and the step counter (the key of the dropout
+//! masks) resumes too. Logs, metrics and callbacks run on rank 0; checkpoints are written by
+//! every rank (its local slices and optimizer state).
 
 mod ckpt;
 mod error;
@@ -21,9 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use autopar_comm::{Communicator, LocalComm, ReduceOp};
+use autopar_comm::{Communicator, LocalComm};
 use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
-use autopar_graph::{backward, Graph, NodeId, OpKind};
+use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
@@ -32,6 +31,7 @@ pub use self::ckpt::{
 };
 pub use self::error::{TrainError, TrainResult};
 use crate::callbacks::{Callback, StepEvent};
+use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, Executor, ParamStore};
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::parallel::{assemble_params, ParallelJob, RankTrainer};
@@ -47,9 +47,12 @@ pub struct Network {
     pub loss: NodeId,
 }
 
+/// Why a network could not be built (the model crate's error, boxed).
+pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Builds the network for a batch size, for training (`true`) or evaluation (`false`). Train and
 /// evaluation graphs must name their parameters alike.
-pub type BuildNetwork = Arc<dyn Fn(usize, bool) -> Result<Network, String> + Send + Sync>;
+pub type BuildNetwork = Arc<dyn Fn(usize, bool) -> Result<Network, BuildError> + Send + Sync>;
 
 /// A dataset and the transforms its samples go through.
 #[derive(Clone, Debug)]
@@ -264,7 +267,11 @@ impl Io {
             expected: expected.to_vec(),
             hint: "choose the model's input shape to match the data (or the data for the model)".into(),
         };
-        if b.x.len() != self.x_shape.iter().product::<usize>() {
+        // A rank may read only some rows of the global batch.
+        let rows = b.len();
+        let x_shape: Vec<usize> = std::iter::once(rows).chain(self.x_shape[1..].iter().copied()).collect();
+        let y_shape: Vec<usize> = std::iter::once(rows).chain(self.y_shape[1..].iter().copied()).collect();
+        if b.x.len() != x_shape.iter().product::<usize>() {
             return Err(mismatch("batch shape", &b.x_shape, &self.x_shape));
         }
         let y = b.y.ok_or_else(|| TrainError::DataMismatch {
@@ -274,65 +281,20 @@ impl Io {
             expected: self.y_shape.clone(),
             hint: "training needs a labelled dataset (a tensor dataset needs a `y` tensor)".into(),
         })?;
-        if y.len() != self.y_shape.iter().product::<usize>() {
+        if y.len() != y_shape.iter().product::<usize>() {
             return Err(mismatch("label shape", &b.y_shape, &self.y_shape));
         }
         let kernel =
             |name: &str, e| TrainError::Runtime(crate::RuntimeError::Kernel { kind: "feed", name: name.to_string(), source: Box::new(e) });
-        let mut x = Tensor::from_vec(&self.x_shape, b.x).map_err(|e| kernel(&self.x_name, e))?;
+        let mut x = Tensor::from_vec(&x_shape, b.x).map_err(|e| kernel(&self.x_name, e))?;
         if self.x_dtype != DType::F32 {
             x = x.cast(self.x_dtype);
         }
-        let mut yt = Tensor::from_vec(&self.y_shape, y).map_err(|e| kernel(&self.y_name, e))?;
+        let mut yt = Tensor::from_vec(&y_shape, y).map_err(|e| kernel(&self.y_name, e))?;
         if self.y_dtype != DType::I64 {
             yt = yt.cast(self.y_dtype);
         }
         Ok(vec![(self.x_name.clone(), x), (self.y_name.clone(), yt)])
-    }
-}
-
-/// One rank's engine: a [`RankTrainer`], or for a one-device job the differentiated graph on the
-/// kernels' thread pool (what [`crate::TrainStep`] runs, with a step counter a resume can set).
-enum Engine {
-    Single { exec: Box<Executor>, grads: Vec<String>, step: u64, params: ParamStore, io: Io },
-    Rank(Box<RankTrainer>),
-}
-
-impl Engine {
-    fn params(&self) -> &ParamStore {
-        match self {
-            Engine::Single { params, .. } => params,
-            Engine::Rank(t) => t.params(),
-        }
-    }
-
-    fn params_mut(&mut self) -> &mut ParamStore {
-        match self {
-            Engine::Single { params, .. } => params,
-            Engine::Rank(t) => t.params_mut(),
-        }
-    }
-
-    fn step(&mut self, opt: &mut dyn Optimizer, named: Vec<(String, Tensor)>) -> TrainResult<f64> {
-        Ok(match self {
-            Engine::Single { exec, grads, step, params, io } => {
-                let feeds: Vec<(NodeId, Tensor)> = named.into_iter().map(|(n, t)| (if n == io.x_name { io.x } else { io.y }, t)).collect();
-                let out = exec.run(params, &feeds, *step)?;
-                *step += 1;
-                let mut values = out.values.into_iter();
-                let loss = values.next().map_or(f64::NAN, |l| l.to_f64_vec().iter().sum::<f64>());
-                let g: Vec<(String, Tensor)> = grads.iter().cloned().zip(values).collect();
-                opt.step(params, &g)?;
-                if !loss.is_finite() {
-                    return Err(crate::RuntimeError::NonFiniteLoss { step: *step, loss }.into());
-                }
-                loss
-            }
-            Engine::Rank(t) => {
-                let feeds = t.local_feeds(&named)?;
-                t.step(opt, &feeds)?
-            }
-        })
     }
 }
 
@@ -351,8 +313,6 @@ struct Plan<'a> {
     io: &'a Io,
     full: &'a ParamStore,
     n: usize,
-    dp: bool,
-    local_batch: usize,
     steps_per_epoch: u64,
     total: u64,
     resume: Option<(PathBuf, RunPosition)>,
@@ -370,7 +330,7 @@ impl Trainer {
     }
 
     fn network(&self, batch: usize, training: bool) -> TrainResult<Network> {
-        (self.build)(batch, training).map_err(|message| TrainError::Network { model: self.name.clone(), message })
+        (self.build)(batch, training).map_err(|source| TrainError::Network { model: self.name.clone(), source })
     }
 
     fn config_error(option: &'static str, value: impl ToString, expected: impl Into<String>, hint: impl Into<String>) -> TrainError {
@@ -379,27 +339,30 @@ impl Trainer {
 
     /// The steps an epoch has under this configuration.
     pub fn steps_per_epoch(&self) -> TrainResult<u64> {
-        let (n, dp) = self.devices();
-        let local_batch = if dp { self.cfg.batch_size / n.max(1) } else { self.cfg.batch_size };
-        Ok(self.loader(local_batch, if dp { n } else { 1 }, 0)?.min_batches_per_epoch() as u64)
+        Ok(self.loader(None)?.batches_per_epoch() as u64)
     }
 
-    fn devices(&self) -> (usize, bool) {
+    fn devices(&self) -> usize {
         let mode = self.cfg.parallel.parallel_mode;
-        let n = if mode == ParallelMode::StandAlone { 1 } else { self.cfg.parallel.device_num.max(1) };
-        (n, mode == ParallelMode::DataParallel)
+        if mode == ParallelMode::StandAlone {
+            1
+        } else {
+            self.cfg.parallel.device_num.max(1)
+        }
     }
 
-    fn loader(&self, batch: usize, shards: usize, shard: usize) -> TrainResult<DataLoader> {
+    /// Batches of the global batch size; `rows`: only these rows of each (what a rank reads).
+    fn loader(&self, rows: Option<std::ops::Range<usize>>) -> TrainResult<DataLoader> {
         let cfg = LoaderConfig {
-            batch_size: batch,
+            batch_size: self.cfg.batch_size,
             shuffle: self.cfg.shuffle,
             seed: self.cfg.seed,
             drop_remainder: true,
-            num_shards: shards,
-            shard_id: shard,
+            num_shards: 1,
+            shard_id: 0,
             padding: ShardPadding::None,
             prefetch: self.cfg.prefetch,
+            rows,
         };
         Ok(DataLoader::new(self.train.dataset.clone(), self.train.transforms.clone(), cfg)?)
     }
@@ -407,26 +370,29 @@ impl Trainer {
     /// Runs the training; `callbacks` run on rank 0 after every step.
     pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
         let cfg = &self.cfg;
-        let (n, dp) = self.devices();
+        let n = self.devices();
         let mode = cfg.parallel.parallel_mode;
         if cfg.batch_size == 0 {
             return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
         }
-        if dp && !cfg.batch_size.is_multiple_of(n) {
-            return Err(Self::config_error(
-                "batch_size",
-                cfg.batch_size,
-                format!("a multiple of the {n} devices under data_parallel (the global batch is split evenly)"),
-                format!("use --batch-size {}", (cfg.batch_size / n).max(1) * n),
-            ));
+        let mpi = mpi_world_size();
+        #[cfg(not(feature = "mpi"))]
+        if let Some(size) = mpi {
+            return Err(TrainError::MpiNotBuilt { size });
         }
-        let local_batch = if dp { cfg.batch_size / n } else { cfg.batch_size };
-        let net = self.network(local_batch, true)?;
+        if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
+            return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
+        }
+        let net = self.network(cfg.batch_size, true)?;
         let graph = net.graph.clone();
         let io = Io::of(&graph, &net);
         self.check_data(&graph, &net, &io)?;
 
-        let job = ParallelJob::new(graph, net.loss, cfg.parallel.clone())?;
+        let items = match cfg.parallel.strategy_load_file() {
+            Some(path) => Some(crate::strategy_io::load_strategy_items(Path::new(path))?),
+            None => None,
+        };
+        let job = ParallelJob::with_strategies(graph, net.loss, cfg.parallel.clone(), items.as_ref())?;
         let mut full = ParamStore::init(job.graph())?;
         if let Some(init) = &cfg.init {
             if init.is_dir() {
@@ -448,9 +414,7 @@ impl Trainer {
             .map(|nd| nd.name.clone())
             .collect();
 
-        let probe = self.loader(local_batch, if dp { n } else { 1 }, 0)?;
-        let steps_per_epoch = probe.min_batches_per_epoch() as u64;
-        drop(probe);
+        let steps_per_epoch = self.steps_per_epoch()?;
         if steps_per_epoch == 0 {
             return Err(Self::config_error(
                 "batch_size",
@@ -467,22 +431,12 @@ impl Trainer {
             None => None,
         };
 
-        let mut strategy_file = None;
-        if let Some(ck) = &cfg.checkpoint {
-            if n > 1 && mode == ParallelMode::SemiAutoParallel {
-                let plan = job.plan()?;
-                std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
-                let path = ck.dir.join("strategy.json");
-                crate::strategy_io::save_strategy_file(job.graph(), &plan, &path, true)?;
-                strategy_file = Some(path);
-            }
-        }
-
-        let plan = Plan { job: &job, io: &io, full: &full, n, dp, local_batch, steps_per_epoch, total, resume, trainable };
+        let strategy_file = self.save_strategy_files(&job)?;
+        let plan = Plan { job: &job, io: &io, full: &full, n, steps_per_epoch, total, resume, trainable };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
-        if let Some(size) = mpi_world_size() {
+        if let Some(size) = mpi {
             return self.fit_mpi(&plan, &callbacks, size, strategy_file);
         }
         let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
@@ -490,15 +444,14 @@ impl Trainer {
             self.run_rank(&plan, &comm, &callbacks).map_err(|e| {
                 let msg = e.to_string();
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                let is_comm = |e: &TrainError| matches!(e, TrainError::Runtime(RuntimeError::Comm { .. }));
                 let replace = match &*slot {
                     None => true,
-                    Some(TrainError::Runtime(crate::RuntimeError::Comm { .. })) => {
-                        !matches!(e, TrainError::Runtime(crate::RuntimeError::Comm { .. }))
-                    }
+                    Some(TrainError::Rank { source, .. }) if is_comm(source) => !is_comm(&e),
                     Some(_) => false,
                 };
                 if replace {
-                    *slot = Some(if n > 1 { TrainError::Rank { rank, message: msg.clone() } } else { e });
+                    *slot = Some(if n > 1 { TrainError::Rank { rank, source: Box::new(e) } } else { e });
                 }
                 msg
             })
@@ -507,18 +460,12 @@ impl Trainer {
             Ok(outs) => outs,
             Err(e) => {
                 let first = first_error.into_inner().unwrap_or_else(|p| p.into_inner());
-                return Err(
-                    first.unwrap_or(TrainError::Runtime(crate::RuntimeError::Comm { what: "training".into(), message: e.to_string() }))
-                );
+                return Err(first.unwrap_or_else(|| RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }.into()));
             }
         };
         let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
-        let params = if n == 1 {
-            outs[0].params.clone()
-        } else {
-            let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
-            assemble_params(&job, &stores)?
-        };
+        let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
+        let params = assemble_params(&job, &stores)?;
         let out0 = &outs[0];
         let run = out0.last_step - first_step;
         Ok(TrainReport {
@@ -534,6 +481,32 @@ impl Trainer {
             device_num: n,
             mode,
         })
+    }
+
+    /// The strategy files of the run: `strategy_ckpt_config.save_file` when set, and
+    /// `strategy.json` beside the checkpoints of a model-parallel run. Returns the one written
+    /// beside the checkpoints.
+    fn save_strategy_files(&self, job: &ParallelJob) -> TrainResult<Option<PathBuf>> {
+        let ctx = &self.cfg.parallel;
+        let keys = |name: &str| self.cfg.optimizer.state_keys(name);
+        let quiet = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).is_ok_and(|r| r != "0");
+        if let Some(path) = ctx.strategy_save_file() {
+            if !quiet {
+                crate::strategy_io::save_strategy_file(job.plan(), Path::new(path), ctx.strategy_ckpt_config.only_trainable_params, &keys)?;
+            }
+        }
+        let mut beside = None;
+        if let Some(ck) = &self.cfg.checkpoint {
+            if job.device_num() > 1 && job.mode() == ParallelMode::SemiAutoParallel {
+                std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
+                let path = ck.dir.join("strategy.json");
+                if !quiet {
+                    crate::strategy_io::save_strategy_file(job.plan(), &path, true, &keys)?;
+                }
+                beside = Some(path);
+            }
+        }
+        Ok(beside)
     }
 
     /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
@@ -555,12 +528,17 @@ impl Trainer {
             ));
         }
         let job = plan.job;
-        let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, ParamStore), String> {
-            let o = self.run_rank(plan, &comm, callbacks).map_err(|e| e.to_string())?;
-            let params = crate::parallel::gather_full_params(job, &comm, &o.params).map_err(|e| e.to_string())?;
+        let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, ParamStore), TrainError> {
+            if let Some(g) = self.cfg.parallel.explicit_global_rank() {
+                if g != comm.rank() {
+                    return Err(RuntimeError::GlobalRank { global_rank: g, rank: comm.rank(), size }.into());
+                }
+            }
+            let o = self.run_rank(plan, &comm, callbacks)?;
+            let params = crate::parallel::gather_full_params(job, &comm, &o.params)?;
             Ok((o, params))
         })
-        .map_err(|e| TrainError::Runtime(crate::RuntimeError::Comm { what: "MPI training".into(), message: e.to_string() }))?;
+        .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
         let (out0, params) = out;
         let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
         let run = out0.last_step - first_step;
@@ -644,23 +622,16 @@ impl Trainer {
         let cfg = &self.cfg;
         let rank = comm.rank();
         let n = plan.n;
-        let mut engine = if n == 1 {
-            let mut graph = plan.job.graph().clone();
-            let g = backward(&mut graph, plan.job.loss()).map_err(crate::RuntimeError::from)?;
-            let grads: Vec<String> = g.grads.iter().map(|&(p, _)| graph.node(p).name.clone()).collect();
-            let mut fetch = vec![plan.job.loss()];
-            fetch.extend(g.grads.iter().map(|&(_, d)| d));
-            Engine::Single { exec: Box::new(Executor::new(graph, &fetch)?), grads, step: 0, params: plan.full.clone(), io: plan.io.clone() }
-        } else {
-            Engine::Rank(Box::new(RankTrainer::new(plan.job, comm, plan.full)?))
-        };
+        let mut trainer = RankTrainer::new(plan.job, comm, plan.full)?;
         let mut opt = cfg.optimizer.build()?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
         if let Some((path0, pos0)) = &plan.resume {
-            let p = self.restore(&mut engine, opt.as_mut(), path0, pos0, rank, n, &plan.trainable)?;
+            let p = self.restore(&mut trainer, opt.as_mut(), path0, pos0, rank, n, &plan.trainable)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
-        let loader = self.loader(plan.local_batch, if plan.dp { n } else { 1 }, if plan.dp { rank } else { 0 })?;
+        // This rank reads only the rows of each global batch its inputs need.
+        let rows = trainer.rows();
+        let loader = self.loader(Some(rows.clone()))?;
         let mut cbs: Vec<Box<dyn Callback>> =
             if rank == 0 { callbacks.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default() } else { Vec::new() };
         for cb in cbs.iter_mut() {
@@ -681,13 +652,8 @@ impl Trainer {
             for batch in loader.epoch_from(epoch, pos as usize) {
                 let named = plan.io.feeds(batch?, &self.name)?;
                 let lr = opt.current_lr();
-                let mut loss = engine.step(opt.as_mut(), named)?;
-                if plan.dp && n > 1 {
-                    let mut v = vec![loss];
-                    comm.all_reduce((&mut v).into(), ReduceOp::Sum)
-                        .map_err(|e| crate::RuntimeError::Comm { what: "loss all-reduce".into(), message: e.to_string() })?;
-                    loss = v[0] / n as f64;
-                }
+                let feeds = trainer.local_feeds_from(&named, rows.start)?;
+                let loss = trainer.step(opt.as_mut(), &feeds)?;
                 step += 1;
                 pos += 1;
                 let now = Instant::now();
@@ -707,7 +673,7 @@ impl Trainer {
                 };
                 if let Some(ck) = &cfg.checkpoint {
                     if ck.every_steps > 0 && step.is_multiple_of(ck.every_steps) {
-                        checkpoints.push(self.save(ck, &engine, opt.as_ref(), step, epoch, pos, rank, n)?);
+                        checkpoints.push(self.save(ck, &trainer, opt.as_ref(), step, epoch, pos, rank, n)?);
                         saved_at = Some(step);
                     }
                 }
@@ -725,27 +691,27 @@ impl Trainer {
                 return Err(TrainError::Config {
                     option: "resume position",
                     value: format!("epoch {epoch}, batch {pos}"),
-                    expected: format!("a batch in 0..{} of rank {rank}'s shard", loader.batches_per_epoch()),
+                    expected: format!("a batch in 0..{} of the data", loader.batches_per_epoch()),
                     hint: "the data changed since the checkpoint was written; resume with the same data and batch size".into(),
                 });
             }
         }
         if let Some(ck) = &cfg.checkpoint {
             if saved_at != Some(step) && step > 0 {
-                checkpoints.push(self.save(ck, &engine, opt.as_ref(), step, epoch, pos, rank, n)?);
+                checkpoints.push(self.save(ck, &trainer, opt.as_ref(), step, epoch, pos, rank, n)?);
             }
         }
         for cb in cbs.iter_mut() {
             cb.on_train_end()?;
         }
-        Ok(RankOut { losses, params: engine.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
+        Ok(RankOut { losses, params: trainer.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
     }
 
     #[allow(clippy::too_many_arguments)]
     fn save(
         &self,
         ck: &CheckpointConfig,
-        engine: &Engine,
+        trainer: &RankTrainer,
         opt: &dyn Optimizer,
         step: u64,
         epoch: u64,
@@ -763,7 +729,7 @@ impl Trainer {
             parallel_mode: self.cfg.parallel.parallel_mode.name().to_string(),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
-        save_checkpoint(&path, engine.params(), opt.state(), &position)?;
+        save_checkpoint(&path, trainer.params(), opt.state(), &position)?;
         if ck.keep_max > 0 {
             let found = list_checkpoints(&ck.dir, &ck.prefix, rank, n);
             let excess = found.len().saturating_sub(ck.keep_max);
@@ -777,7 +743,7 @@ impl Trainer {
     #[allow(clippy::too_many_arguments)]
     fn restore(
         &self,
-        engine: &mut Engine,
+        trainer: &mut RankTrainer,
         opt: &mut dyn Optimizer,
         path0: &Path,
         pos0: &RunPosition,
@@ -796,10 +762,10 @@ impl Trainer {
             });
         }
         let names: Vec<(String, Vec<usize>, DType)> =
-            engine.params().iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
+            trainer.params().iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
         for (name, shape, dtype) in &names {
             let t = ck.tensor(name, shape)?.cast(*dtype);
-            engine.params_mut().insert(name, t);
+            trainer.params_mut().insert(name, t);
             if p.step > 0 && trainable.contains(name) {
                 for key in self.cfg.optimizer.state_keys(name) {
                     if !ck.has(&key) {
@@ -814,11 +780,8 @@ impl Trainer {
                 }
             }
         }
-        // The executor's step keys the dropout masks (a rank trainer's step counter cannot be
-        // set: runs with dropout resume exactly only on one device).
-        if let Engine::Single { step, .. } = engine {
-            *step = p.step;
-        }
+        // The step counter keys the dropout masks: continue it.
+        trainer.train_step().set_steps(p.step);
         // The optimizer counts its updates (learning-rate schedule, Adam's bias correction):
         // advance it to the checkpoint's step with empty updates.
         let mut none = ParamStore::new();

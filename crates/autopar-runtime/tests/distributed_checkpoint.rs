@@ -6,7 +6,7 @@ use std::path::Path;
 
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
-use autopar_parallel::{assign_random_strategies, plan, ParallelContext};
+use autopar_parallel::{assign_random_strategies, ParallelContext};
 use autopar_runtime::distributed::{load_distributed_checkpoint, save_checkpoint};
 use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
 use autopar_runtime::strategy_io::save_strategy_file;
@@ -62,8 +62,7 @@ fn train_and_save(job: &ParallelJob, dir: &Path) -> ParamStore {
         Ok(t.params().clone())
     })
     .unwrap();
-    let p = plan(job.graph(), job.context()).unwrap();
-    save_strategy_file(job.graph(), &p, &dir.join("strategy.json"), true).unwrap();
+    save_strategy_file(job.plan(), &dir.join("strategy.json"), true, &|_| Vec::new()).unwrap();
     assemble_params(job, &stores).unwrap()
 }
 

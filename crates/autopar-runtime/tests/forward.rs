@@ -243,6 +243,11 @@ fn every_op_forward_matches_hand_computed_values() {
         check(&run(op, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     }
 
+    // Cast: f64 -> f32 keeps these values exactly.
+    let cast = run(Cast { dtype: DType::F32 }, &[m22.clone()], c);
+    assert_eq!(cast.dtype(), autopar_tensor::DType::F32);
+    check(&cast, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+
     let all: BTreeSet<String> = OpKind::ALL_KINDS.iter().map(|s| s.to_string()).collect();
     let missing: Vec<_> = all.difference(c).collect();
     assert!(missing.is_empty(), "op kinds without a forward case: {missing:?}");

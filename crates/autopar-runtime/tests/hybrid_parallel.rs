@@ -130,7 +130,7 @@ fn hybrid_errors_name_the_problem() {
     assert!(e.contains("1 rank graphs for device_num 2"), "{e}");
     let (g, loss) = model(Some((0, 2)));
     let e = ParallelJob::new(g, loss, ctx).unwrap_err().to_string();
-    assert!(e.contains("ParallelJob::hybrid"), "{e}");
+    assert!(e.contains("one hand-written graph per rank"), "{e}");
 }
 
 /// x -> BatchNorm -> dense -> loss; with `rank: Some((r, n))` rank `r`'s rows of the batch and a

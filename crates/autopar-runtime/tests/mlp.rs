@@ -146,7 +146,7 @@ fn serial_and_parallel_execution_give_bit_identical_gradients() {
     ];
     let run = |ctx: autopar_tensor::ExecCtx| {
         let mut step = TrainStep::new(graph.clone(), loss).unwrap().with_ctx(ctx);
-        step.gradients(&mut params.clone(), &feeds).unwrap().grads
+        step.gradients(&mut params.clone(), &feeds, None).unwrap().grads
     };
     let serial = run(autopar_tensor::ExecCtx::serial());
     let parallel = run(autopar_tensor::ExecCtx::parallel().with_min_parallel_len(0));

@@ -4,7 +4,7 @@
 
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{rank_batches, run_local, ParallelJob};
+use autopar_runtime::parallel::{run_local, ParallelJob};
 use autopar_runtime::LrSchedule;
 use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd, TrainStep};
 use autopar_tensor::Tensor;
@@ -118,21 +118,25 @@ fn semi_auto_mlp_equals_stand_alone_over_random_strategies() {
 }
 
 #[test]
-fn data_parallel_equals_stand_alone_on_the_n_times_batch() {
+fn data_parallel_equals_stand_alone_on_the_same_global_batch() {
     let per_rank = 4;
     for n in [2usize, 4] {
         let (global, gloss) = mlp(per_rank * n);
-        let (local, lloss) = mlp(per_rank);
         let data = batches(per_rank * n, STEPS, 5);
         let (want_losses, want) = serial(&global, gloss, &data, false);
-        // Rank r gets rows [r*per_rank, (r+1)*per_rank) of each global batch.
-        let per_rank_batches = rank_batches(&data, n).unwrap();
         let mut ctx = ParallelContext::default();
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
         ctx.set("gradients_mean", &json!(true)).unwrap();
-        let job = ParallelJob::new(local, lloss, ctx).unwrap();
-        let run = run_local(&job, &per_rank_batches, || Ok(optimizer(false))).unwrap();
+        let job = ParallelJob::new(global, gloss, ctx).unwrap();
+        // Planned as all-batch strategies: every parameter replicated over all ranks, every
+        // rank's inputs its rows of the batch.
+        for p in &job.plan().params {
+            assert_eq!(p.layout.num_slices(), 1, "{}", p.name);
+        }
+        let prog = job.program(1).unwrap();
+        assert_eq!(prog.inputs[0].slice[0], per_rank..2 * per_rank);
+        let run = run_local(&job, &data, || Ok(optimizer(false))).unwrap();
         assert_same(&format!("data_parallel on {n} ranks"), &run.losses, &run.params, &want_losses, &want);
     }
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use autopar_checkpoint::StrategyFile;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
 use autopar_layout::Strategy;
-use autopar_parallel::{plan, ParallelContext};
-use autopar_runtime::strategy_io::{apply_strategy_file, save_strategy_file, strategy_file};
+use autopar_parallel::{plan, plan_job, ParallelContext, PlanRequest, StrategySource};
+use autopar_runtime::strategy_io::{load_strategy_items, save_strategy_file, strategy_file};
 use serde_json::json;
 
 fn fixtures() -> PathBuf {
@@ -63,7 +63,7 @@ fn sorted(mut f: StrategyFile) -> StrategyFile {
 fn semi_all_strategy_file_matches_mindspores() {
     let g = network(true);
     let p = plan(&g, &ctx()).unwrap();
-    let ours = sorted(strategy_file(&g, &p, true));
+    let ours = sorted(strategy_file(&p, true, &|_| Vec::new()));
     let theirs = sorted(StrategyFile::load(fixtures().join("strategies/semi_json/strategy_rank0.json")).unwrap());
     assert_eq!(ours.strategy_items, theirs.strategy_items);
     assert_eq!(ours.layout_items.len(), theirs.layout_items.len());
@@ -83,12 +83,15 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
     let p = plan(&g, &ctx()).unwrap();
     for name in ["s.json", "s.ckpt"] {
         let path = dir.join(name);
-        save_strategy_file(&g, &p, &path, true).unwrap();
-        let mut fresh = network(false);
-        let n = apply_strategy_file(&mut fresh, &StrategyFile::load(&path).unwrap(), &path).unwrap();
-        assert_eq!(n, 5);
-        let p2 = plan(&fresh, &ctx()).unwrap();
-        for (a, b) in p.parameter_layouts(&g).iter().zip(p2.parameter_layouts(&fresh)) {
+        save_strategy_file(&p, &path, true, &|_| Vec::new()).unwrap();
+        let fresh = network(false);
+        let items = load_strategy_items(&path).unwrap();
+        assert_eq!(items.items.len(), 5);
+        let c = ctx();
+        let p2 = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items) }).unwrap();
+        assert_eq!(p2.nodes.iter().filter(|n| n.source == Some(StrategySource::StrategyFile)).count(), 5);
+        assert_eq!(p2.strategy_file.as_deref(), Some(path.as_path()));
+        for (a, b) in p.parameter_layouts().iter().zip(p2.parameter_layouts()) {
             assert_eq!(a.0, b.0);
             assert_eq!(a.1, b.1, "{}", a.0);
         }
@@ -99,8 +102,9 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
     let x = other.input("x", &[8, 4], DType::F32).unwrap();
     let w = other.parameter("w", &[4, 4], Initializer::Zeros).unwrap();
     other.matmul("mm", x, w).unwrap();
-    let mut other = other.finish();
-    let e = apply_strategy_file(&mut other, &StrategyFile::load(&path).unwrap(), &path).unwrap_err().to_string();
-    assert!(e.contains("matches no operator"), "{e}");
+    let other = other.finish();
+    let (items, c) = (load_strategy_items(&path).unwrap(), ctx());
+    let e = plan_job(&PlanRequest { graph: &other, loss: None, context: &c, strategy_file: Some(&items) }).unwrap_err().to_string();
+    assert!(e.contains("matches no operator") && e.contains("s.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,8 +2,17 @@
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{same_shape_float, unary_float, Arity, InferCx, OpDef};
-use crate::types::TensorType;
+use crate::ops::{same_shape_float, unary_float, Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{group_reduce, unary_spec, CostCx, LocalCx, OpCost, RuleCx, ShardingRule, Tie};
+use crate::types::{normalize_axis, TensorType};
+
+/// Backward ops are made by autodiff of a rank's local graph; the planner never splits them.
+pub(crate) const BACKWARD_OP: &str = "backward ops are made by autodiff after sharding; give the planner the forward graph";
+
+/// An element-wise activation: split any way, `flops` per element.
+fn activation_rule(cx: &RuleCx<'_>) -> ShardingRule {
+    ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
+}
 
 /// `max(x, 0)`.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +32,15 @@ impl OpDef for Relu {
         let d = g.op(ReluGrad, &[g.dy(), g.y()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        activation_rule(cx)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(1.0)
     }
 }
 
@@ -45,6 +63,15 @@ impl OpDef for ReluGrad {
         let d = g.op(ReluGrad, &[g.dy(), g.x(1)])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Unsupported(BACKWARD_OP)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(1.0)
     }
 }
 
@@ -69,6 +96,15 @@ impl OpDef for Gelu {
         let d = g.op(GeluGrad { approximate: self.approximate }, &[g.dy(), g.x(0)])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        activation_rule(cx)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(8.0)
     }
 }
 
@@ -96,6 +132,15 @@ impl OpDef for GeluGrad {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Unsupported(BACKWARD_OP)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(10.0)
+    }
 }
 
 /// Hyperbolic tangent.
@@ -120,6 +165,15 @@ impl OpDef for Tanh {
         let d = g.sub(dy, b)?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        activation_rule(cx)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(4.0)
     }
 }
 
@@ -146,6 +200,15 @@ impl OpDef for Sigmoid {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        activation_rule(cx)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(4.0)
+    }
 }
 
 /// Softmax along `axis`.
@@ -157,6 +220,24 @@ impl OpDef for Sigmoid {
 pub struct Softmax {
     pub axis: i64,
     pub group: Vec<usize>,
+}
+
+/// Softmax and LogSoftmax split on their axis: the row maximum and sum are reduced over the
+/// ranks that split it (and the backward's row sum, an AllReduce in the backward graph).
+fn softmax_rule(axis: i64, cx: &RuleCx<'_>) -> ShardingRule {
+    let mut spec = unary_spec(cx.out(), &[], "");
+    spec.tie = Tie::Stats(vec![normalize_axis(axis, cx.out().len()).expect("graph nodes hold axes within their input's rank")]);
+    ShardingRule::Spec(spec)
+}
+
+/// The maximum, exponentials, sum and division: 4 FLOPs per element; synchronised over
+/// `group`, the row maxima and sums (one value per row each) are all-reduced.
+fn softmax_cost(axis: i64, group: &[usize], cx: &CostCx<'_>) -> OpCost {
+    let x = &cx.inputs[0];
+    let axis = normalize_axis(axis, x.shape.len()).expect("graph nodes hold axes within their input's rank");
+    let rows = x.numel() / x.shape[axis].max(1);
+    let comm = [group_reduce(group, rows, x.dtype), group_reduce(group, rows, x.dtype)].into_iter().flatten().collect();
+    cx.per_element(4.0).with_comm(comm)
 }
 
 /// The sum along a split axis is completed over the ranks that split it.
@@ -192,6 +273,15 @@ impl OpDef for Softmax {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        softmax_rule(self.axis, cx)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Softmax { axis: self.axis, group: cx.group.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        softmax_cost(self.axis, &self.group, cx)
+    }
 }
 
 /// Log of softmax along `axis`, computed stably. `group` as for [`Softmax`].
@@ -224,5 +314,14 @@ impl OpDef for LogSoftmax {
         let d = g.sub(dy, p)?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        softmax_rule(self.axis, cx)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        LogSoftmax { axis: self.axis, group: cx.group.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        softmax_cost(self.axis, &self.group, cx)
     }
 }

@@ -19,8 +19,22 @@ use std::fmt;
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{Arity, InferCx, OpDef};
+use crate::ops::{Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{collective_cost, Collective, CommCall, CostCx, LocalCx, OpCost, RuleCx, ShardingRule};
 use crate::types::TensorType;
+
+/// Communication ops are inserted by the planner, or written by hand in hybrid_parallel graphs.
+fn placed_by_planner() -> ShardingRule {
+    ShardingRule::Unsupported(
+        "communication is inserted automatically in semi_auto_parallel; write collectives by hand under hybrid_parallel",
+    )
+}
+
+/// A point-to-point call between this rank and `peer`.
+fn pair_call(cx: &CostCx<'_>, kind: Collective, peer: usize, bytes: usize) -> OpCost {
+    let group = if cx.rank < peer { vec![cx.rank, peer] } else { vec![peer, cx.rank] };
+    cx.movement().with_comm(vec![CommCall { kind, group, bytes }])
+}
 
 /// The reduction of AllReduce / Reduce / ReduceScatter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +97,15 @@ impl OpDef for AllReduce {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::AllReduce, &self.group)
+    }
 }
 
 /// Concatenation of every rank's tensor along `dim`, in group order.
@@ -112,6 +135,15 @@ impl OpDef for AllGather {
         let d = g.op(ReduceScatter { op: ReduceOp::Sum, dim: self.dim, group: self.group.clone() }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::AllGather, &self.group)
     }
 }
 
@@ -146,6 +178,15 @@ impl OpDef for ReduceScatter {
         let d = if op == ReduceOp::Mean { g.scale(gathered, 1.0 / self.group.len() as f64)? } else { gathered };
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::ReduceScatter, &self.group)
     }
 }
 
@@ -183,6 +224,15 @@ impl OpDef for AllToAll {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::AllToAll, &self.group)
+    }
 }
 
 /// Every rank receives `root`'s tensor (`root` is a global rank in `group`).
@@ -210,6 +260,15 @@ impl OpDef for Broadcast {
         let d = g.op(Reduce { op: ReduceOp::Sum, root: self.root, group: self.group.clone() }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::Broadcast, &self.group)
     }
 }
 
@@ -242,6 +301,16 @@ impl OpDef for Reduce {
         g.set(0, d);
         Ok(())
     }
+    // Executed as an all-reduce; ranks other than the root then hold zeros.
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        collective_cost(cx, Collective::AllReduce, &self.group)
+    }
 }
 
 /// Sends the input to global rank `peer` (pipeline stage boundary). Its output is the input,
@@ -267,6 +336,15 @@ impl OpDef for Send {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        pair_call(cx, Collective::Send, self.peer, CostCx::bytes_of(&cx.inputs[0]))
+    }
 }
 
 /// Receives a tensor from global rank `peer`. Its input gives the shape and dtype (and is the
@@ -291,5 +369,14 @@ impl OpDef for Recv {
         let d = g.op(Send { peer: self.peer, tag: self.tag }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        placed_by_planner()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        pair_call(cx, Collective::Recv, self.peer, 0)
     }
 }

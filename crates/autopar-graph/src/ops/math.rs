@@ -2,8 +2,9 @@
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{unary_float, Arity, InferCx, OpDef};
-use crate::types::TensorType;
+use crate::ops::{unary_float, Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{broadcast_spec, unary_spec, CostCx, LocalCx, OpCost, RuleCx, ShardingRule};
+use crate::types::{DType, TensorType};
 
 fn binary_infer(cx: &InferCx<'_>) -> Result<TensorType> {
     let dtype = cx.same_dtype(0, 1)?;
@@ -30,6 +31,15 @@ macro_rules! binary_op {
                 let $dy = $g.dy();
                 $body
                 Ok(())
+            }
+            fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+                ShardingRule::Spec(broadcast_spec(cx.out(), cx.inputs))
+            }
+            fn local(&self, _: &LocalCx<'_>) -> OpKind {
+                $ty.into()
+            }
+            fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+                cx.per_element(1.0)
             }
         }
     };
@@ -86,7 +96,7 @@ binary_op!(Div, "`x0 / x1`.", |g, dy| {
 });
 
 macro_rules! unary_op {
-    ($ty:ident, $doc:literal, |$g:ident, $dy:ident| $body:expr) => {
+    ($ty:ident, $doc:literal, $flops:literal, |$g:ident, $dy:ident| $body:expr) => {
         #[doc = $doc]
         #[derive(Clone, Debug, PartialEq)]
         pub struct $ty;
@@ -107,20 +117,30 @@ macro_rules! unary_op {
                 $g.set(0, d);
                 Ok(())
             }
+            fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+                ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
+            }
+            fn local(&self, _: &LocalCx<'_>) -> OpKind {
+                $ty.into()
+            }
+            /// FLOPs per element: 1 for arithmetic, a few for transcendental functions.
+            fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+                cx.per_element($flops)
+            }
         }
     };
 }
 
-unary_op!(Neg, "`-x`.", |g, dy| g.neg(dy)?);
-unary_op!(Exp, "`e^x`.", |g, dy| {
+unary_op!(Neg, "`-x`.", 1.0, |g, dy| g.neg(dy)?);
+unary_op!(Exp, "`e^x`.", 4.0, |g, dy| {
     let y = g.y();
     g.mul(dy, y)?
 });
-unary_op!(Log, "Natural logarithm.", |g, dy| {
+unary_op!(Log, "Natural logarithm.", 4.0, |g, dy| {
     let x = g.x(0);
     g.div(dy, x)?
 });
-unary_op!(Sqrt, "Square root.", |g, dy| {
+unary_op!(Sqrt, "Square root.", 2.0, |g, dy| {
     // dy / (2 sqrt(x))
     let y = g.y();
     let two_y = g.scale(y, 2.0)?;
@@ -147,5 +167,52 @@ impl OpDef for Scale {
         let d = g.scale(g.dy(), self.factor)?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(1.0)
+    }
+}
+
+/// Conversion to another floating-point type (the planner brackets collectives with it when
+/// `force_fp32_communication` asks for f32 communication of f16/bf16 values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cast {
+    pub dtype: DType,
+}
+
+impl OpDef for Cast {
+    fn kind(&self) -> &'static str {
+        "Cast"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        cx.float(0)?;
+        if !self.dtype.is_float() {
+            return Err(cx.bad_attr("dtype", self.dtype, "a floating-point type"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), self.dtype))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let back = g.dtype(g.x(0));
+        let d = g.op(Cast { dtype: back }, &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
     }
 }

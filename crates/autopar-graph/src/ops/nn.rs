@@ -4,9 +4,33 @@
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{Arity, InferCx, OpDef};
+use crate::ops::activation::BACKWARD_OP;
+use crate::ops::{Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{
+    group_reduce, matmul_spec, same_dims, unary_spec, CostCx, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, Tie,
+};
 use crate::types::{normalize_axis, DType, Shape, TensorType};
 use crate::NodeId;
+
+/// A backward op's rule: never split by the planner (autodiff makes it on the local graph).
+fn backward_rule() -> ShardingRule {
+    ShardingRule::Unsupported(BACKWARD_OP)
+}
+
+/// `2 * output elements * k`: a product contracting `k` values per output element.
+fn product_cost(cx: &CostCx<'_>, k: usize) -> OpCost {
+    OpCost { flops: 2.0 * cx.out_numel() as f64 * k as f64, bytes: cx.traffic(), comm: Vec::new() }
+}
+
+/// `[N, C, ...]` split on N and C only (the rest, spatial, whole); every input `[N, C, ...]`.
+fn batch_channel_spec(x: &[usize], out: &[usize]) -> OpSpec {
+    let dims = vec![LogicalDim::free(x[0]), LogicalDim::free(x[1])];
+    let mut input = vec![Some(0), Some(1)];
+    input.resize(x.len(), None);
+    let mut output = vec![Some(0), Some(1)];
+    output.resize(out.len(), None);
+    OpSpec { dims, inputs: vec![input], output, mean_over_reduced: false, tie: Tie::None }
+}
 
 fn matmul_infer(cx: &InferCx<'_>, ta: bool, tb: bool, batched: bool) -> Result<TensorType> {
     let d = cx.float(0)?;
@@ -83,6 +107,17 @@ impl OpDef for MatMul {
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         matmul_grad(g, self.transpose_a, self.transpose_b, |a, b| MatMul { transpose_a: a, transpose_b: b }.into())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(matmul_spec(cx.shape(0), cx.shape(1), self.transpose_a, self.transpose_b))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let a = &cx.inputs[0].shape;
+        let r = a.len();
+        product_cost(cx, if self.transpose_a { a[r - 2] } else { a[r - 1] })
+    }
 }
 
 /// Batched matrix product over equal leading dimensions.
@@ -104,6 +139,17 @@ impl OpDef for BatchMatMul {
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         matmul_grad(g, self.transpose_a, self.transpose_b, |a, b| BatchMatMul { transpose_a: a, transpose_b: b }.into())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(matmul_spec(cx.shape(0), cx.shape(1), self.transpose_a, self.transpose_b))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let a = &cx.inputs[0].shape;
+        let r = a.len();
+        product_cost(cx, if self.transpose_a { a[r - 2] } else { a[r - 1] })
     }
 }
 
@@ -139,6 +185,22 @@ impl OpDef for BiasAdd {
             g.set(1, d);
         }
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(OpSpec {
+            dims: x.iter().map(|&s| LogicalDim::free(s)).collect(),
+            inputs: vec![same_dims(x), vec![Some(1)]],
+            output: same_dims(x),
+            mean_over_reduced: false,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        BiasAdd.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(1.0)
     }
 }
 
@@ -222,6 +284,39 @@ impl OpDef for Conv2D {
         }
         Ok(())
     }
+    // x [N, Cin, H, W], w [Cout, Cin/g, kh, kw] -> [N, Cout, H', W']; logical [n, c_out, c_in],
+    // c_in reduced (a split input channel leaves a partial sum); spatial dimensions whole.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let (x, w) = (cx.shape(0), cx.shape(1));
+        let grouped = self.conv.groups != 1;
+        let dims = vec![
+            LogicalDim::free(x[0]),
+            if grouped {
+                LogicalDim::fixed(w[0], "output channels of a grouped convolution cannot be split")
+            } else {
+                LogicalDim::free(w[0])
+            },
+            if grouped {
+                LogicalDim::fixed(x[1], "input channels of a grouped convolution cannot be split")
+            } else {
+                LogicalDim::reduced(x[1])
+            },
+        ];
+        ShardingRule::Spec(OpSpec {
+            dims,
+            inputs: vec![vec![Some(0), Some(2), None, None], vec![Some(1), Some(2), None, None]],
+            output: vec![Some(0), Some(1), None, None],
+            mean_over_reduced: false,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let w = &cx.inputs[1].shape;
+        product_cost(cx, w[1] * w[2] * w[3])
+    }
 }
 
 /// Gradient of a convolution's input (the transposed convolution). Inputs `(dy, w)`.
@@ -263,6 +358,17 @@ impl OpDef for Conv2DGradInput {
         }
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Conv2DGradInput { conv: self.conv, input_shape: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        // As many multiply-adds as the forward convolution: dy elements x (Cin/g kh kw).
+        let w = &cx.inputs[1].shape;
+        OpCost { flops: 2.0 * cx.inputs[0].numel() as f64 * (w[1] * w[2] * w[3]) as f64, bytes: cx.traffic(), comm: Vec::new() }
+    }
 }
 
 /// Gradient of a convolution's filter. Inputs `(dy, x)`.
@@ -303,6 +409,16 @@ impl OpDef for Conv2DGradFilter {
             g.set(1, d);
         }
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Conv2DGradFilter { conv: self.conv, filter_shape: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let f = &self.filter_shape;
+        OpCost { flops: 2.0 * cx.inputs[0].numel() as f64 * (f[1] * f[2] * f[3]) as f64, bytes: cx.traffic(), comm: Vec::new() }
     }
 }
 
@@ -357,6 +473,15 @@ impl OpDef for MaxPool {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(batch_channel_spec(cx.shape(0), cx.out()))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element((self.pool.kernel[0] * self.pool.kernel[1]) as f64)
+    }
 }
 
 /// Routes each window's gradient to its maximum (first on ties). Inputs `(x, dy)`.
@@ -384,6 +509,16 @@ impl OpDef for MaxPoolGrad {
         let i = if g.needs(0) { 0 } else { 1 };
         Err(g.not_differentiable(i))
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        // The forward pooling again (for the argmax), then one add per dy element.
+        cx.per_input_element(1, (self.pool.kernel[0] * self.pool.kernel[1] + 1) as f64)
+    }
 }
 
 /// Average pooling over NCHW (padding counts as zeros in the average).
@@ -406,6 +541,15 @@ impl OpDef for AvgPool {
         let d = g.op(AvgPoolGrad { pool: self.pool, input_shape: g.x_shape(0) }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(batch_channel_spec(cx.shape(0), cx.out()))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element((self.pool.kernel[0] * self.pool.kernel[1]) as f64)
     }
 }
 
@@ -437,6 +581,15 @@ impl OpDef for AvgPoolGrad {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        AvgPoolGrad { pool: self.pool, input_shape: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, (self.pool.kernel[0] * self.pool.kernel[1]) as f64)
+    }
 }
 
 /// Mean over the spatial dimensions: `[N, C, H, W] -> [N, C]`.
@@ -463,6 +616,15 @@ impl OpDef for GlobalAvgPool {
         let d = g.broadcast_to(r, &x)?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(batch_channel_spec(cx.shape(0), cx.out()))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        GlobalAvgPool.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
     }
 }
 
@@ -536,6 +698,29 @@ impl OpDef for BatchNorm {
         }
         Ok(()) // running statistics are state, not differentiated
     }
+    // N and C split freely; a split batch in training takes its statistics over the ranks that
+    // split it (synchronised batch norm).
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        let mut spec = batch_channel_spec(x, cx.out());
+        let c = vec![Some(1)];
+        spec.inputs.extend([c.clone(), c.clone(), c.clone(), c]);
+        if self.training {
+            spec.tie = Tie::Stats(vec![0]);
+        }
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        BatchNorm { group: if self.training { cx.group.to_vec() } else { Vec::new() }, ..self.clone() }.into()
+    }
+    /// Synchronised in training: the per-channel sums with the element count (C + 1 values),
+    /// then the squared deviations (C), summed in f64 over the group.
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let c = cx.inputs[0].shape[1];
+        let group: &[usize] = if self.training { &self.group } else { &[] };
+        let comm = [group_reduce(group, c + 1, DType::F64), group_reduce(group, c, DType::F64)].into_iter().flatten().collect();
+        cx.per_element(if self.training { 6.0 } else { 2.0 }).with_comm(comm)
+    }
 }
 
 /// Gradient of [`BatchNorm`] with respect to `x` or `gamma`.
@@ -579,6 +764,20 @@ impl OpDef for BatchNormGrad {
         let i = (0..5).find(|&i| g.needs(i)).unwrap_or(0);
         Err(g.not_differentiable(i))
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    /// Synchronised in training, the gradient of x sums dy and dy * x_hat per channel (2C
+    /// values, f64) over the group, once for the pair of siblings (counted on the x node).
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let c = cx.inputs[1].shape[1];
+        let synced = self.training && self.of == NormGradOf::Input;
+        let comm = group_reduce(if synced { &self.group } else { &[] }, 2 * c, DType::F64).into_iter().collect();
+        cx.per_input_element(1, 8.0).with_comm(comm)
+    }
 }
 
 /// Layer normalisation over the dimensions from `begin_norm_axis` on; `gamma` and `beta` have
@@ -592,6 +791,12 @@ pub struct LayerNorm {
     pub begin_norm_axis: i64,
     pub eps: f64,
     pub group: Vec<usize>,
+}
+
+/// Rows of a layer norm: the elements of the dimensions before `begin_norm_axis`.
+fn layer_norm_rows(x: &[usize], begin_norm_axis: i64) -> usize {
+    let b = normalize_axis(begin_norm_axis, x.len()).expect("graph nodes hold axes within their input's rank");
+    x[..b].iter().product()
 }
 
 fn layer_norm_check(cx: &InferCx<'_>, axis: i64, x: usize, params: &[usize]) -> Result<usize> {
@@ -640,6 +845,28 @@ impl OpDef for LayerNorm {
         }
         Ok(())
     }
+    // Split normalised dimensions sum each row's statistics over the ranks that split them.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        let b = normalize_axis(self.begin_norm_axis, x.len()).expect("graph nodes hold axes within their input's rank");
+        let mut spec = unary_spec(x, &[], "");
+        let param: Vec<Option<usize>> = (b..x.len()).map(Some).collect();
+        spec.inputs.push(param.clone());
+        spec.inputs.push(param);
+        spec.tie = Tie::Stats((b..x.len()).collect());
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        LayerNorm { group: cx.group.to_vec(), ..self.clone() }.into()
+    }
+    /// Synchronised: each row's sum with the element count (rows + 1 values), then the squared
+    /// deviations (rows), summed in f64 over the group.
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let rows = layer_norm_rows(&cx.inputs[0].shape, self.begin_norm_axis);
+        let comm =
+            [group_reduce(&self.group, rows + 1, DType::F64), group_reduce(&self.group, rows, DType::F64)].into_iter().flatten().collect();
+        cx.per_element(6.0).with_comm(comm)
+    }
 }
 
 /// Gradient of [`LayerNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`. With a
@@ -677,6 +904,19 @@ impl OpDef for LayerNormGrad {
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         let i = (0..3).find(|&i| g.needs(i)).unwrap_or(0);
         Err(g.not_differentiable(i))
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    /// Synchronised, the gradient of x sums two row statistics (2 values per row, f64) over the
+    /// group, once for the pair of siblings (counted on the x node).
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let rows = layer_norm_rows(&cx.inputs[1].shape, self.begin_norm_axis);
+        let group: &[usize] = if self.of == NormGradOf::Input { &self.group } else { &[] };
+        cx.per_input_element(1, 8.0).with_comm(group_reduce(group, 2 * rows, DType::F64).into_iter().collect())
     }
 }
 
@@ -727,6 +967,18 @@ impl OpDef for Dropout {
         g.set(0, d);
         Ok(())
     }
+    // Split freely; each slice draws its block of the whole tensor's mask.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let mut spec = unary_spec(cx.out(), &[], "");
+        spec.tie = Tie::Block;
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Dropout { block: cx.block.clone(), ..self.clone() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(2.0)
+    }
 }
 
 /// Mean softmax cross-entropy of `logits [N, C]` against integer `labels [N]`; a scalar.
@@ -762,5 +1014,22 @@ impl OpDef for SoftmaxCrossEntropy {
         let d: NodeId = g.mul(scaled, dy)?;
         g.set(0, d);
         Ok(())
+    }
+    // The batch splits (a partial sum of the mean), the classes do not.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let logits = cx.shape(0);
+        ShardingRule::Spec(OpSpec {
+            dims: vec![LogicalDim::reduced(logits[0]), LogicalDim::fixed(logits[1], "the class dimension cannot be split")],
+            inputs: vec![vec![Some(0), Some(1)], vec![Some(0)]],
+            output: vec![],
+            mean_over_reduced: true,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        SoftmaxCrossEntropy.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 5.0)
     }
 }

@@ -2,7 +2,9 @@
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{reduced_shape, resolve_axes, Arity, InferCx, OpDef};
+use crate::ops::activation::BACKWARD_OP;
+use crate::ops::{reduced_shape, resolve_axes, Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{reduce_spec, CostCx, LocalCx, OpCost, RuleCx, ShardingRule};
 use crate::types::{Shape, TensorType};
 
 fn reduce_infer(cx: &InferCx<'_>, axes: &[i64], keep_dims: bool) -> Result<TensorType> {
@@ -41,6 +43,16 @@ impl OpDef for ReduceSum {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(reduce_spec(x, &resolve_axes(&self.axes, x.len()), self.keep_dims, false, true))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
+    }
 }
 
 /// Mean over `axes`.
@@ -69,6 +81,16 @@ impl OpDef for ReduceMean {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(reduce_spec(x, &resolve_axes(&self.axes, x.len()), self.keep_dims, true, true))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
+    }
 }
 
 /// Maximum over `axes`.
@@ -92,6 +114,16 @@ impl OpDef for ReduceMax {
         let d = g.op(ReduceMaxGrad { axes: self.axes.clone(), keep_dims: self.keep_dims }, &[g.x(0), g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(reduce_spec(x, &resolve_axes(&self.axes, x.len()), self.keep_dims, false, false))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
     }
 }
 
@@ -121,5 +153,14 @@ impl OpDef for ReduceMaxGrad {
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         let i = if g.needs(0) { 0 } else { 1 };
         Err(g.not_differentiable(i))
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Unsupported(BACKWARD_OP)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
     }
 }

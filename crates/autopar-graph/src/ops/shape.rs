@@ -2,8 +2,15 @@
 
 use crate::autodiff::GradCx;
 use crate::error::Result;
-use crate::ops::{Arity, InferCx, OpDef};
+use crate::ops::activation::BACKWARD_OP;
+use crate::ops::{Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{same_dims, unary_spec, CostCx, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, Tie};
 use crate::types::{broadcast_shapes, normalize_axis, DType, Shape, TensorType};
+
+/// An axis attribute of a node whose shapes were checked when it was built.
+fn checked_axis(a: i64, rank: usize) -> usize {
+    normalize_axis(a, rank).expect("graph nodes hold axes within their input's rank")
+}
 
 /// View with a new shape of the same size; one entry may be `-1` (inferred).
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +55,16 @@ impl OpDef for Reshape {
         g.set(0, d);
         Ok(())
     }
+    // The output's layout follows the input's (split on the leading dimension of a group).
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::FollowInput
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Reshape { shape: cx.output.iter().map(|&d| d as i64).collect() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// Permutes dimensions: output dimension `i` is input dimension `perm[i]`.
@@ -80,6 +97,22 @@ impl OpDef for Transpose {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(OpSpec {
+            dims: x.iter().map(|&s| LogicalDim::free(s)).collect(),
+            inputs: vec![same_dims(x)],
+            output: self.perm.iter().map(|&p| Some(p)).collect(),
+            mean_over_reduced: false,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// `[N, d1, d2, ...] -> [N, d1 * d2 * ...]`.
@@ -104,6 +137,15 @@ impl OpDef for Flatten {
         let d = g.reshape(g.dy(), &g.x_shape(0))?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::FollowInput
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        Flatten.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
     }
 }
 
@@ -131,6 +173,15 @@ impl OpDef for BroadcastTo {
         g.set(0, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Replicated
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        BroadcastTo { shape: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// Sums a tensor down to `shape`, a shape that broadcasts to the input's (the adjoint of
@@ -157,6 +208,15 @@ impl OpDef for SumTo {
         let d = g.broadcast_to(g.dy(), &g.x_shape(0))?;
         g.set(0, d);
         Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Replicated
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        SumTo { shape: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(0, 1.0)
     }
 }
 
@@ -210,6 +270,30 @@ impl OpDef for Concat {
         }
         Ok(())
     }
+    // Any dimension but the concatenation axis.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let out = cx.out();
+        let a = checked_axis(self.axis, out.len());
+        let dims = out
+            .iter()
+            .enumerate()
+            .map(|(d, &s)| if d == a { LogicalDim::fixed(s, "the concatenation axis cannot be split") } else { LogicalDim::free(s) })
+            .collect();
+        let inputs = cx.inputs.iter().map(|t| (0..t.shape.len()).map(|d| (d != a).then_some(d)).collect()).collect();
+        ShardingRule::Spec(OpSpec {
+            dims,
+            inputs,
+            output: (0..out.len()).map(|d| (d != a).then_some(d)).collect(),
+            mean_over_reduced: false,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// The block `begin .. begin + size`.
@@ -243,6 +327,20 @@ impl OpDef for Slice {
         g.set(0, d);
         Ok(())
     }
+    // Any dimension the slice keeps whole.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        let fixed: Vec<usize> = (0..x.len()).filter(|&d| self.begin[d] != 0 || self.size[d] != x[d]).collect();
+        ShardingRule::Spec(unary_spec(x, &fixed, "a sliced dimension cannot be split"))
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        // A split dimension is taken whole (it was not sliced), so it starts at 0.
+        let begin = self.begin.iter().zip(&self.size).zip(cx.output).map(|((&b, &sz), &l)| if sz == l { b } else { 0 }).collect();
+        Slice { begin, size: cx.output.to_vec() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// Zero padding: `before[d]` zeros before and `after[d]` after along each dimension.
@@ -270,6 +368,24 @@ impl OpDef for Pad {
         let d = g.op(Slice { begin: self.before.clone(), size: g.x_shape(0) }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
+    }
+    // Any dimension without padding.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let (x, out) = (cx.shape(0), cx.out());
+        let fixed: Vec<usize> = (0..x.len()).filter(|&d| self.before[d] != 0 || self.after[d] != 0).collect();
+        let mut spec = unary_spec(x, &fixed, "a padded dimension cannot be split");
+        for &d in &fixed {
+            spec.dims[d].size = out[d];
+            spec.inputs[0][d] = None;
+            spec.output[d] = None;
+        }
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
     }
 }
 
@@ -319,6 +435,37 @@ impl OpDef for Gather {
         g.set(0, d);
         Ok(())
     }
+    // table [V, H..] gathered along axis 0 by indices [B..] -> [B.., H..]: the indices and the
+    // hidden dimensions split freely; a split vocabulary makes each rank gather its own rows
+    // (zeros elsewhere), a partial sum like a split contraction.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let (table, idx) = (cx.shape(0), cx.shape(1));
+        if checked_axis(self.axis, table.len()) != 0 {
+            return ShardingRule::Replicated;
+        }
+        let mut dims: Vec<LogicalDim> = idx.iter().map(|&s| LogicalDim::free(s)).collect();
+        let vocab = dims.len();
+        dims.push(LogicalDim::reduced(table[0]));
+        let mut tmap = vec![Some(vocab)];
+        for &s in &table[1..] {
+            tmap.push(Some(dims.len()));
+            dims.push(LogicalDim::free(s));
+        }
+        let output: Vec<Option<usize>> = (0..idx.len()).map(Some).chain((vocab + 1..dims.len()).map(Some)).collect();
+        ShardingRule::Spec(OpSpec {
+            dims,
+            inputs: vec![tmap, same_dims(idx)],
+            output,
+            mean_over_reduced: false,
+            tie: Tie::Rows { input: 0, dim: 0 },
+        })
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Gather { axis: self.axis, shard: cx.rows }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
+    }
 }
 
 /// Scatter-add of `dy` rows into a zero tensor of the gathered parameter's shape (the adjoint of
@@ -359,6 +506,15 @@ impl OpDef for GatherGrad {
         g.set(1, d);
         Ok(())
     }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Unsupported(BACKWARD_OP)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(1, 1.0)
+    }
 }
 
 /// One-hot encoding of integer `indices` along a new last axis of size `depth`.
@@ -388,5 +544,23 @@ impl OpDef for OneHot {
     }
     fn grad(&self, _: &mut GradCx<'_>) -> Result<()> {
         Ok(()) // integer input: no gradient
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let (idx, out) = (cx.shape(0), cx.out());
+        let mut dims: Vec<LogicalDim> = idx.iter().map(|&s| LogicalDim::free(s)).collect();
+        dims.push(LogicalDim::fixed(out[out.len() - 1], "the one-hot depth cannot be split"));
+        ShardingRule::Spec(OpSpec {
+            dims,
+            inputs: vec![same_dims(idx)],
+            output: (0..out.len()).map(Some).collect(),
+            mean_over_reduced: false,
+            tie: Tie::None,
+        })
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
     }
 }

@@ -3,7 +3,8 @@
 use crate::autodiff::GradCx;
 use crate::error::Result;
 use crate::init::Initializer;
-use crate::ops::{Arity, InferCx, OpDef};
+use crate::ops::{Arity, InferCx, OpDef, OpKind};
+use crate::sharding::{CostCx, LocalCx, OpCost, RuleCx, ShardingRule};
 use crate::types::{DType, Shape, TensorType};
 
 /// A value fed by the caller at every run (a batch, labels).
@@ -25,6 +26,16 @@ impl OpDef for Input {
     }
     fn grad(&self, _: &mut GradCx<'_>) -> Result<()> {
         Ok(()) // a leaf: its gradient is the accumulated output gradient
+    }
+    // Its layout is the dataset strategy's, set by the planner.
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Replicated
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Input { shape: cx.output.to_vec(), dtype: self.dtype }.into()
+    }
+    fn cost(&self, _: &CostCx<'_>) -> OpCost {
+        OpCost::default()
     }
 }
 
@@ -52,6 +63,16 @@ impl OpDef for Parameter {
     fn grad(&self, _: &mut GradCx<'_>) -> Result<()> {
         Ok(()) // a leaf
     }
+    // Its layout is the one its first user needs, set by the planner.
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Replicated
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Parameter { shape: cx.output.to_vec(), ..self.clone() }.into()
+    }
+    fn cost(&self, _: &CostCx<'_>) -> OpCost {
+        OpCost::default()
+    }
 }
 
 /// A tensor of one repeated value.
@@ -74,5 +95,14 @@ impl OpDef for Fill {
     }
     fn grad(&self, _: &mut GradCx<'_>) -> Result<()> {
         Ok(()) // constant: no inputs
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Replicated
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        Fill { shape: cx.output.to_vec(), ..self.clone() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.movement()
     }
 }

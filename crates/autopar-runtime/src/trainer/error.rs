@@ -17,8 +17,8 @@ pub enum TrainError {
     #[error(transparent)]
     Data(Box<DataError>),
 
-    #[error("cannot build the network {model}: {message}")]
-    Network { model: String, message: String },
+    #[error("cannot build the network {model}: {source}")]
+    Network { model: String, source: Box<dyn std::error::Error + Send + Sync> },
 
     #[error("invalid training option {option} = {value}\n  expected {expected}\nhint: {hint}")]
     Config { option: &'static str, value: String, expected: String, hint: String },
@@ -44,8 +44,11 @@ pub enum TrainError {
     #[error("cannot write {}: {source}\nhint: check that the folder exists and is writable", path.display())]
     Write { path: PathBuf, source: std::io::Error },
 
-    #[error("rank {rank} failed: {message}")]
-    Rank { rank: usize, message: String },
+    #[error("rank {rank} failed: {source}")]
+    Rank { rank: usize, source: Box<TrainError> },
+
+    #[error("this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev), then start it with mpirun or autopar launch")]
+    MpiNotBuilt { size: usize },
 }
 
 impl From<DataError> for TrainError {

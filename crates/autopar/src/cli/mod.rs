@@ -1,6 +1,7 @@
 //! One module per subcommand. Each exposes its clap `Args` and a `run` returning the exit code.
 
 pub mod ckpt;
+pub mod common;
 pub mod launch;
 pub mod layout;
 pub mod train;

@@ -5,20 +5,23 @@
 //! command line override the file. Unknown keys are errors.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
-use autopar_models::{model_by_name, Mode, Model, ModelOptions, Stem};
+use autopar_models::{model_by_name, Mode, Model};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainResult, Trainer};
+use autopar_runtime::trainer::{
+    BuildError, BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainResult, Trainer,
+};
 use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Deserialize;
+
+use super::common::{model_options, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
 #[derive(Args, Debug, Default)]
@@ -26,9 +29,10 @@ pub struct TrainArgs {
     /// Read these settings from a TOML file (flags given here override it).
     #[arg(long, value_name = "FILE", help_heading = "Run")]
     config: Option<PathBuf>,
-    /// Model: mlp, resnet18, resnet34, resnet50 or gpt.
-    #[arg(long, help_heading = "Model")]
-    model: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
     /// Data: a CIFAR-10 binary folder, an MNIST folder, a .safetensors file (x, y), or `synthetic`.
     #[arg(long, value_name = "PATH|synthetic", help_heading = "Data")]
     data: Option<String>,
@@ -77,25 +81,6 @@ pub struct TrainArgs {
     #[arg(long, help_heading = "Optimizer")]
     weight_decay: Option<f64>,
 
-    /// Hidden width (mlp), base channels (resnet) or model width (gpt).
-    #[arg(long, help_heading = "Model")]
-    width: Option<usize>,
-    /// Hidden layers (mlp) or transformer blocks (gpt).
-    #[arg(long, help_heading = "Model")]
-    depth: Option<usize>,
-    /// Attention heads (gpt).
-    #[arg(long, help_heading = "Model")]
-    heads: Option<usize>,
-    /// Classes (the vocabulary for gpt); default: the dataset's.
-    #[arg(long, help_heading = "Model")]
-    num_classes: Option<usize>,
-    /// Shape of one sample, e.g. 784 or 3,32,32 (gpt: the context length); default: the data's.
-    #[arg(long, value_name = "DIMS", help_heading = "Model")]
-    input_shape: Option<String>,
-    /// ResNet stem: cifar or imagenet.
-    #[arg(long, help_heading = "Model")]
-    stem: Option<String>,
-
     /// Save checkpoints in this folder.
     #[arg(long, value_name = "DIR", help_heading = "Checkpoints")]
     checkpoint_dir: Option<PathBuf>,
@@ -135,106 +120,10 @@ pub struct TrainArgs {
     #[arg(long, help_heading = "Output")]
     eval_batch_size: Option<usize>,
 
-    /// Number of devices (ranks, run as threads).
-    #[arg(long, value_name = "N", help_heading = "Parallel")]
-    devices: Option<usize>,
-    /// stand_alone, data_parallel or semi_auto_parallel (default with --devices > 1).
-    #[arg(long, value_name = "MODE", help_heading = "Parallel")]
-    parallel_mode: Option<String>,
-    /// Any set_auto_parallel_context option, e.g. --parallel gradients_mean=true (repeatable).
-    #[arg(long, value_name = "KEY=VALUE", help_heading = "Parallel")]
-    parallel: Vec<String>,
-    /// Apply the operator strategies of this strategy file before planning.
-    #[arg(long, value_name = "FILE", help_heading = "Parallel")]
-    strategy: Option<PathBuf>,
     /// Also train stand_alone on the same data and print the largest loss and parameter
     /// differences; exit code 1 when one exceeds a relative 1e-3.
     #[arg(long, help_heading = "Parallel")]
     verify: bool,
-}
-
-/// The TOML file: the flags' names with `_`, and a `[parallel]` table.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    model: Option<String>,
-    data: Option<String>,
-    epochs: Option<u64>,
-    steps: Option<u64>,
-    batch_size: Option<usize>,
-    seed: Option<u64>,
-    shuffle: Option<bool>,
-    synthetic_samples: Option<usize>,
-    prefetch: Option<usize>,
-    optimizer: Option<String>,
-    lr: Option<f64>,
-    schedule: Option<String>,
-    warmup_steps: Option<u64>,
-    min_lr: Option<f64>,
-    momentum: Option<f64>,
-    weight_decay: Option<f64>,
-    width: Option<usize>,
-    depth: Option<usize>,
-    heads: Option<usize>,
-    num_classes: Option<usize>,
-    input_shape: Option<serde_json::Value>,
-    stem: Option<String>,
-    checkpoint_dir: Option<PathBuf>,
-    checkpoint_every: Option<u64>,
-    keep_checkpoint_max: Option<usize>,
-    checkpoint_prefix: Option<String>,
-    init: Option<PathBuf>,
-    init_strategy: Option<PathBuf>,
-    resume: Option<PathBuf>,
-    metrics: Option<PathBuf>,
-    plot: Option<bool>,
-    log_every: Option<u64>,
-    eval: Option<bool>,
-    eval_batch_size: Option<usize>,
-    devices: Option<usize>,
-    parallel_mode: Option<String>,
-    strategy: Option<PathBuf>,
-    parallel: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-fn toml_to_json(item: &toml_edit::Item) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    match item {
-        toml_edit::Item::None => None,
-        toml_edit::Item::Value(v) => Some(value_to_json(v)),
-        toml_edit::Item::Table(t) => Some(Value::Object(t.iter().filter_map(|(k, v)| Some((k.to_string(), toml_to_json(v)?))).collect())),
-        toml_edit::Item::ArrayOfTables(a) => {
-            Some(Value::Array(a.iter().map(|t| toml_to_json(&toml_edit::Item::Table(t.clone())).unwrap_or(Value::Null)).collect()))
-        }
-    }
-}
-
-fn value_to_json(v: &toml_edit::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match v {
-        toml_edit::Value::String(s) => Value::String(s.value().clone()),
-        toml_edit::Value::Integer(i) => Value::from(*i.value()),
-        toml_edit::Value::Float(f) => serde_json::Number::from_f64(*f.value()).map_or(Value::Null, Value::Number),
-        toml_edit::Value::Boolean(b) => Value::Bool(*b.value()),
-        toml_edit::Value::Datetime(d) => Value::String(d.value().to_string()),
-        toml_edit::Value::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
-        toml_edit::Value::InlineTable(t) => Value::Object(t.iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect()),
-    }
-}
-
-fn read_config(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}\nhint: check the path given to --config", path.display()))?;
-    let doc: toml_edit::DocumentMut = text
-        .parse()
-        .map_err(|e| anyhow!("config file {} is not valid TOML\n{e}\nhint: see https://toml.io for the syntax", path.display()))?;
-    let json = toml_to_json(doc.as_item()).unwrap_or_default();
-    serde_json::from_value(json).map_err(|e| {
-        anyhow!(
-            "config file {}: {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",
-            path.display()
-        )
-    })
 }
 
 /// The flags merged over the file.
@@ -247,15 +136,6 @@ macro_rules! pick {
     ($s:expr, $field:ident) => {
         $s.args.$field.clone().or_else(|| $s.file.$field.clone())
     };
-}
-
-fn parse_shape(text: &str) -> Result<Vec<usize>> {
-    text.split([',', 'x'])
-        .map(|d| d.trim().trim_matches(|c| c == '[' || c == ']').parse::<usize>())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .ok()
-        .filter(|s| !s.is_empty() && s.iter().all(|&d| d > 0))
-        .ok_or_else(|| anyhow!("invalid --input-shape {text:?}\n  expected positive sizes separated by commas\nhint: e.g. --input-shape 784 or --input-shape 3,32,32"))
 }
 
 fn parse_bool_or(v: Option<bool>, default: bool) -> bool {
@@ -320,43 +200,25 @@ impl Write for BarStdout {
 }
 
 pub fn run(args: TrainArgs) -> Result<ExitCode> {
-    let file = match &args.config {
-        Some(p) => read_config(p)?,
-        None => FileConfig::default(),
-    };
+    let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
 
+    // The parallel context first: an option autopar does not implement is refused before any
+    // data or model is loaded. A build without MPI support started by mpirun would run the
+    // whole job in every process: refuse it.
+    #[cfg(not(feature = "mpi"))]
+    if let Some(size) = autopar_runtime::trainer::mpi_world_size() {
+        bail!(
+            "this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev)"
+        );
+    }
+    let ctx = parallel_context(&s.args.parallel, &s.file)?;
+
     // The model.
-    let model_name = pick!(s, model).ok_or_else(|| {
-        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt (or `model = \"mlp\"` in the --config file)")
-    })?;
+    let (lower, mut opts) = model_options(&s.args.model, &s.file)?;
     let data_arg =
         pick!(s, data).ok_or_else(|| anyhow!("no data given\nhint: pass --data <cifar10 dir|mnist dir|file.safetensors|synthetic>"))?;
     let seed = pick!(s, seed).unwrap_or(1);
-    let mut opts = ModelOptions {
-        width: pick!(s, width),
-        depth: pick!(s, depth),
-        heads: pick!(s, heads),
-        num_classes: pick!(s, num_classes),
-        ..Default::default()
-    };
-    if let Some(stem) = pick!(s, stem) {
-        opts.stem =
-            Some(stem.parse::<Stem>().map_err(|e| anyhow!("invalid --stem {stem:?}: {e}\nhint: use --stem cifar or --stem imagenet"))?);
-    }
-    opts.input_shape = match (&s.args.input_shape, &s.file.input_shape) {
-        (Some(t), _) => Some(parse_shape(t)?),
-        (None, Some(serde_json::Value::Array(a))) => Some(parse_shape(&a.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","))?),
-        (None, Some(v)) => Some(parse_shape(v.to_string().trim_matches('"'))?),
-        (None, None) => None,
-    };
-    let lower = model_name.to_ascii_lowercase();
-    if !autopar_models::MODEL_NAMES.contains(&lower.as_str()) {
-        bail!(
-            "unknown model {model_name:?}\n  valid models: {}\nhint: pass --model mlp for a quick run",
-            autopar_models::MODEL_NAMES.join(", ")
-        );
-    }
 
     // The data (real datasets fill in the model's input shape and classes when not given).
     let synthetic = data_arg == "synthetic";
@@ -409,55 +271,14 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     };
     let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
 
-    // The strategy file, applied to the training graph before planning.
-    let strategy = match pick!(s, strategy) {
-        Some(p) => {
-            Some((autopar_checkpoint::StrategyFile::load(&p).with_context(|| format!("cannot load strategy file {}", p.display()))?, p))
-        }
-        None => None,
-    };
     let build: BuildNetwork = {
         let model = model.clone();
         Arc::new(move |batch, train| {
             let mode = if train { Mode::Train } else { Mode::Eval };
-            let (mut graph, m) = model.build_graph(batch, mode, seed).map_err(|e| e.to_string())?;
-            if let (true, Some((file, path))) = (train, &strategy) {
-                autopar_runtime::strategy_io::apply_strategy_file(&mut graph, file, path).map_err(|e| e.to_string())?;
-            }
+            let (graph, m) = model.build_graph(batch, mode, seed).map_err(|e| Box::new(e) as BuildError)?;
             Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
         })
     };
-
-    // The parallel context.
-    let mut ctx = ParallelContext::default();
-    if let Some(table) = &s.file.parallel {
-        ctx.apply_table(table).context("in the [parallel] table of the config file")?;
-    }
-    let devices = pick!(s, devices);
-    let mode = pick!(s, parallel_mode);
-    match (&mode, devices) {
-        (Some(m), _) => ctx.set_str("parallel_mode", m)?,
-        (None, Some(n)) if n > 1 && !ctx.is_set("parallel_mode") => ctx.set_str("parallel_mode", "semi_auto_parallel")?,
-        _ => {}
-    }
-    if let Some(n) = devices {
-        if n == 0 {
-            bail!("invalid --devices 0\nhint: pass --devices 1 or more");
-        }
-        ctx.set_str("device_num", &n.to_string())?;
-    }
-    for kv in &s.args.parallel {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow!("invalid --parallel {kv:?}\nhint: write --parallel KEY=VALUE, e.g. --parallel gradients_mean=true"))?;
-        ctx.set_str(k.trim(), v.trim())?;
-    }
-    if ctx.parallel_mode == ParallelMode::DataParallel && !ctx.is_set("gradients_mean") {
-        ctx.set_str("gradients_mean", "true")?;
-    }
-    if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
-        bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
-    }
 
     // The optimizer.
     let lr = pick!(s, lr).unwrap_or(0.01);

@@ -1,0 +1,507 @@
+//! What every op says about running in parallel, next to its shape and gradient rules: how it
+//! may be split ([`ShardingRule`]), what one rank runs ([`LocalCx`]) and what it costs
+//! ([`OpCost`]). The planner in `autopar-parallel` reads these; it has no per-op knowledge of its
+//! own.
+//!
+//! An op is described by its **logical dimensions** (the loops of its computation: MatMul
+//! `[b.., i, k, j]`, an element-wise op the dimensions of its output, a convolution
+//! `[n, c_out, c_in]`), which tensor dimension of each input and of the output runs along which
+//! logical dimension, which logical dimensions may be split, and which are reduced (a split
+//! reduced dimension makes the output a pending partial sum, to be all-reduced or
+//! reduce-scattered by the redistribution its consumer needs). A strategy is a split count per
+//! logical dimension; the device matrix is the split counts (in logical order, sizes of 1
+//! squeezed out) plus MindSpore's repeated-calculation axis on the right, and every tensor map
+//! follows. This reproduces MindSpore's device matrices (MatMul `((2,1),(1,4))` -> `[2,4]`,
+//! element-wise `(2,1)` on 8 devices -> `[2,4]` with the repeat axis).
+//!
+//! Some ops need the whole tensor and stay exact when split because a rank's op is tied to the
+//! whole ([`Tie`]): a training BatchNorm with a split batch, a Softmax with a split axis and a
+//! LayerNorm with split normalised dimensions reduce their statistics over the ranks that split
+//! them, a Dropout draws its block of the whole mask, and a Gather from a table split on the
+//! vocabulary looks up its own rows, leaving a partial sum like a split contraction.
+
+use std::fmt;
+
+use autopar_layout::{DeviceMatrix, Strategy, TensorLayout};
+
+use crate::error::{GraphError, Result};
+use crate::ops::{DropoutBlock, TableShard};
+use crate::types::{DType, TensorType};
+
+/// One loop dimension of an op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogicalDim {
+    pub size: usize,
+    /// Whether this dimension may be split; when not, `why` says so in errors.
+    pub splittable: bool,
+    /// A reduced dimension: splitting it leaves a partial sum in the output.
+    pub reduced: bool,
+    pub why: &'static str,
+}
+
+impl LogicalDim {
+    pub fn free(size: usize) -> Self {
+        Self { size, splittable: true, reduced: false, why: "" }
+    }
+    pub fn fixed(size: usize, why: &'static str) -> Self {
+        Self { size, splittable: false, reduced: false, why }
+    }
+    pub fn reduced(size: usize) -> Self {
+        Self { size, splittable: true, reduced: true, why: "" }
+    }
+}
+
+/// How a rank's op is tied to the whole tensor when its inputs are split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tie {
+    /// Each slice is computed on its own.
+    None,
+    /// Statistics over these logical dimensions: when they are split, the op reduces them over
+    /// the ranks that split them (BatchNorm in training over the batch, Softmax over its axis,
+    /// LayerNorm over the normalised dimensions). The local op gets that group.
+    Stats(Vec<usize>),
+    /// Randomness keyed by the element's position in the whole tensor (Dropout): the local op
+    /// gets the block its slice of input 0 is.
+    Block,
+    /// Input `input` holds rows `dim` of a table split across ranks (Gather on a split
+    /// vocabulary): the local op gets which rows.
+    Rows { input: usize, dim: usize },
+}
+
+/// The sharding description of one op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpSpec {
+    pub dims: Vec<LogicalDim>,
+    /// Per input, per tensor dimension: the logical dimension it runs along (None: a broadcast
+    /// dimension of size 1 or one that is never split).
+    pub inputs: Vec<Vec<Option<usize>>>,
+    pub output: Vec<Option<usize>>,
+    /// The output is a mean over the reduced dimensions: each rank's local result is scaled by
+    /// its share before the partial sum is completed.
+    pub mean_over_reduced: bool,
+    pub tie: Tie,
+}
+
+/// What the planner does with an op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardingRule {
+    /// Split by a strategy over logical dimensions.
+    Spec(OpSpec),
+    /// The output layout derives from the input's (Reshape, Flatten).
+    FollowInput,
+    /// No sharded form: every input and the output replicated.
+    Replicated,
+    /// Cannot appear in a graph the planner shards; the text says why.
+    Unsupported(&'static str),
+}
+
+/// What a sharding rule sees: the node's input and output types.
+pub struct RuleCx<'a> {
+    pub inputs: &'a [&'a TensorType],
+    pub output: &'a TensorType,
+}
+
+impl RuleCx<'_> {
+    pub fn shape(&self, i: usize) -> &[usize] {
+        &self.inputs[i].shape
+    }
+    pub fn out(&self) -> &[usize] {
+        &self.output.shape
+    }
+}
+
+/// What a rank's op is made from: its local output shape and, for ops tied to the whole
+/// tensor, the facts the planner resolved for this rank.
+pub struct LocalCx<'a> {
+    /// This rank's output shape.
+    pub output: &'a [usize],
+    /// [`Tie::Stats`]: the world ranks (ascending) the statistics are reduced over; empty when
+    /// the statistics' dimensions are whole on this rank.
+    pub group: &'a [usize],
+    /// [`Tie::Block`]: where this rank's input sits in the whole tensor, when split.
+    pub block: Option<DropoutBlock>,
+    /// [`Tie::Rows`]: the rows of the split table this rank holds.
+    pub rows: Option<TableShard>,
+}
+
+/// What a cost rule sees: the (local) input and output types and the rank running the op.
+pub struct CostCx<'a> {
+    pub inputs: &'a [TensorType],
+    pub output: &'a TensorType,
+    pub rank: usize,
+}
+
+impl CostCx<'_> {
+    pub fn bytes_of(t: &TensorType) -> usize {
+        t.numel() * t.dtype.size()
+    }
+    /// Bytes of every input and the output: the memory traffic of one pass.
+    pub fn traffic(&self) -> usize {
+        self.inputs.iter().map(Self::bytes_of).sum::<usize>() + Self::bytes_of(self.output)
+    }
+    /// Elements of the output.
+    pub fn out_numel(&self) -> usize {
+        self.output.numel()
+    }
+    /// `flops_per_element` times the output's elements, with the op's memory traffic.
+    pub fn per_element(&self, flops_per_element: f64) -> OpCost {
+        OpCost { flops: flops_per_element * self.out_numel() as f64, bytes: self.traffic(), comm: Vec::new() }
+    }
+    /// `flops_per_element` times input `i`'s elements, with the op's memory traffic.
+    pub fn per_input_element(&self, i: usize, flops_per_element: f64) -> OpCost {
+        OpCost { flops: flops_per_element * self.inputs[i].numel() as f64, bytes: self.traffic(), comm: Vec::new() }
+    }
+    /// No arithmetic, only data movement (shape ops, copies).
+    pub fn movement(&self) -> OpCost {
+        OpCost { flops: 0.0, bytes: self.traffic(), comm: Vec::new() }
+    }
+}
+
+/// The collectives a communicator offers, by the call a rank makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Broadcast,
+    Send,
+    /// A receive: no bytes sent, listed so its pair group is known.
+    Recv,
+}
+
+impl Collective {
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllToAll => "all_to_all",
+            Collective::Broadcast => "broadcast",
+            Collective::Send => "send",
+            Collective::Recv => "recv",
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One call into the communicator: its kind, the group (world ranks, ascending) and the bytes
+/// this rank hands to it (the payload of its send buffer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommCall {
+    pub kind: Collective,
+    pub group: Vec<usize>,
+    pub bytes: usize,
+}
+
+/// What one execution of an op costs on one rank.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpCost {
+    /// Floating-point operations (a multiply-add counts 2).
+    pub flops: f64,
+    /// Bytes read and written (inputs plus output).
+    pub bytes: usize,
+    /// Communication the op does itself (collective ops, synchronised statistics).
+    pub comm: Vec<CommCall>,
+}
+
+impl OpCost {
+    pub fn with_comm(mut self, comm: Vec<CommCall>) -> Self {
+        self.comm = comm;
+        self
+    }
+}
+
+/// The per-dimension logical map of a tensor that runs along the op's logical dims one to one.
+pub fn same_dims(shape: &[usize]) -> Vec<Option<usize>> {
+    (0..shape.len()).map(Some).collect()
+}
+
+/// Broadcasting inputs aligned right on the output's dimensions; size-1 broadcast dims map to None.
+pub fn broadcast_spec(out: &[usize], ins: &[&TensorType]) -> OpSpec {
+    let n = out.len();
+    let dims = out.iter().map(|&s| LogicalDim::free(s)).collect();
+    let inputs = ins
+        .iter()
+        .map(|t| {
+            let m = t.shape.len();
+            t.shape.iter().enumerate().map(|(d, &s)| if s == out[n - m + d] { Some(n - m + d) } else { None }).collect()
+        })
+        .collect();
+    OpSpec { dims, inputs, output: same_dims(out), mean_over_reduced: false, tie: Tie::None }
+}
+
+/// One input and an output of the same shape, split freely except on `fixed` dims.
+pub fn unary_spec(shape: &[usize], fixed: &[usize], why: &'static str) -> OpSpec {
+    let dims =
+        shape.iter().enumerate().map(|(d, &s)| if fixed.contains(&d) { LogicalDim::fixed(s, why) } else { LogicalDim::free(s) }).collect();
+    OpSpec { dims, inputs: vec![same_dims(shape)], output: same_dims(shape), mean_over_reduced: false, tie: Tie::None }
+}
+
+/// A reduction of `shape` over `axes` (resolved), mean or sum; `splittable` false forbids
+/// splitting the reduced dimensions (a max has no partial-sum form).
+pub fn reduce_spec(shape: &[usize], axes: &[usize], keep_dims: bool, mean: bool, splittable: bool) -> OpSpec {
+    let dims = shape
+        .iter()
+        .enumerate()
+        .map(|(d, &s)| {
+            if !axes.contains(&d) {
+                LogicalDim::free(s)
+            } else if splittable {
+                LogicalDim::reduced(s)
+            } else {
+                LogicalDim::fixed(s, "a reduced dimension of ReduceMax cannot be split")
+            }
+        })
+        .collect();
+    let output = (0..shape.len()).filter_map(|d| if axes.contains(&d) { keep_dims.then_some(None) } else { Some(Some(d)) }).collect();
+    OpSpec { dims, inputs: vec![same_dims(shape)], output, mean_over_reduced: mean, tie: Tie::None }
+}
+
+/// MatMul / BatchMatMul: logical `[b.., i, k, j]`, k reduced.
+pub fn matmul_spec(a: &[usize], b: &[usize], ta: bool, tb: bool) -> OpSpec {
+    let na = a.len();
+    let nb = b.len();
+    let batch = &a[..na - 2];
+    let (i, k) = if ta { (a[na - 1], a[na - 2]) } else { (a[na - 2], a[na - 1]) };
+    let j = if tb { b[nb - 2] } else { b[nb - 1] };
+    let mut dims: Vec<LogicalDim> = batch.iter().map(|&s| LogicalDim::free(s)).collect();
+    let nbatch = dims.len();
+    dims.push(LogicalDim::free(i));
+    dims.push(LogicalDim::reduced(k));
+    dims.push(LogicalDim::free(j));
+    let (li, lk, lj) = (nbatch, nbatch + 1, nbatch + 2);
+    let mut amap: Vec<Option<usize>> = (0..nbatch).map(Some).collect();
+    amap.extend(if ta { [Some(lk), Some(li)] } else { [Some(li), Some(lk)] });
+    let b_batch = nb - 2;
+    let mut bmap: Vec<Option<usize>> = (0..b_batch)
+        .map(|t| {
+            let p = nbatch - b_batch + t;
+            (b[t] == batch[p]).then_some(p)
+        })
+        .collect();
+    bmap.extend(if tb { [Some(lj), Some(lk)] } else { [Some(lk), Some(lj)] });
+    let mut out: Vec<Option<usize>> = (0..nbatch).map(Some).collect();
+    out.extend([Some(li), Some(lj)]);
+    OpSpec { dims, inputs: vec![amap, bmap], output: out, mean_over_reduced: false, tie: Tie::None }
+}
+
+/// Why a strategy does not fit an op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StrategyProblem {
+    /// The strategy gives `given` split tuples for an op of `inputs` inputs.
+    InputCount { inputs: usize, given: usize },
+    /// Input `input` has `dims` dimensions, its split tuple `given` entries.
+    Rank { input: usize, dims: usize, given: usize },
+    /// A split of 0.
+    ZeroSplit { input: usize, dim: usize },
+    /// A dimension that is broadcast (or never split) is split.
+    NotSplittable { input: usize, dim: usize, split: usize },
+    /// Two inputs split the same logical dimension differently.
+    Mismatch { input: usize, dim: usize, split: usize, other: usize },
+    /// A logical dimension the op cannot split.
+    Fixed { logical: usize, split: usize, why: &'static str },
+    /// The splits use more devices than there are, or a number that does not divide them.
+    Devices { used: usize, devices: usize },
+    /// The layouts the strategy gives are invalid (a split that does not divide a dimension).
+    Layout { what: &'static str, input: usize, detail: String },
+    /// The op has no sharded form.
+    NoShardedForm,
+}
+
+impl fmt::Display for StrategyProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StrategyProblem::InputCount { inputs, given } => write!(f, "the op has {inputs} inputs, the strategy gives {given}"),
+            StrategyProblem::Rank { input, dims, given } => write!(f, "input {input} has {dims} dimensions, its strategy {given} entries"),
+            StrategyProblem::ZeroSplit { input, dim } => write!(f, "input {input} dimension {dim} has a split of 0"),
+            StrategyProblem::NotSplittable { input, dim, split } => {
+                write!(f, "input {input} dimension {dim} cannot be split (it is broadcast or not splittable), got {split}")
+            }
+            StrategyProblem::Mismatch { input, dim, split, other } => write!(
+                f,
+                "input {input} dimension {dim} is split {split} ways but another input splits the same dimension {other} ways; they must match"
+            ),
+            StrategyProblem::Fixed { logical, split, why } => write!(f, "{why} (logical dimension {logical}, split {split})"),
+            StrategyProblem::Devices { used, devices } => {
+                write!(f, "it uses {used} devices, which does not divide the {devices} devices")
+            }
+            StrategyProblem::Layout { what, input, detail } => write!(f, "{what} {input}: {detail}"),
+            StrategyProblem::NoShardedForm => write!(f, "this op has no sharded form yet; it runs replicated"),
+        }
+    }
+}
+
+/// A chosen strategy with the layouts it gives (global shapes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpLayouts {
+    pub strategy: Strategy,
+    /// Split count per logical dimension.
+    pub splits: Vec<usize>,
+    /// The device-matrix axis each logical dimension is split over (None: not split).
+    pub logical_axes: Vec<Option<usize>>,
+    pub mesh: DeviceMatrix,
+    /// Layouts the inputs must have (never partial).
+    pub inputs: Vec<TensorLayout>,
+    /// Layout of the output (partial along the axes of split reduced dimensions).
+    pub output: TensorLayout,
+    /// Factor each rank applies to its local output (mean over split reduced dimensions).
+    pub output_scale: Option<f64>,
+}
+
+impl OpSpec {
+    fn bad(&self, kind: &'static str, name: &str, strategy: &Strategy, problem: StrategyProblem) -> GraphError {
+        GraphError::InvalidStrategy { kind, name: name.to_string(), strategy: strategy.to_string(), problem }
+    }
+
+    /// Logical split counts from a user strategy (one split list per input, one split per
+    /// dimension), checked against this op (`kind` and `name` appear in errors).
+    pub fn splits_from_strategy(&self, kind: &'static str, name: &str, strategy: &Strategy) -> Result<Vec<usize>> {
+        let bad = |p| self.bad(kind, name, strategy, p);
+        if strategy.0.len() != self.inputs.len() {
+            return Err(bad(StrategyProblem::InputCount { inputs: self.inputs.len(), given: strategy.0.len() }));
+        }
+        let mut splits: Vec<Option<usize>> = vec![None; self.dims.len()];
+        for (i, (dims, given)) in self.inputs.iter().zip(&strategy.0).enumerate() {
+            if dims.len() != given.len() {
+                return Err(bad(StrategyProblem::Rank { input: i, dims: dims.len(), given: given.len() }));
+            }
+            for (d, (&l, &s)) in dims.iter().zip(given).enumerate() {
+                if s == 0 {
+                    return Err(bad(StrategyProblem::ZeroSplit { input: i, dim: d }));
+                }
+                match l {
+                    None if s != 1 => return Err(bad(StrategyProblem::NotSplittable { input: i, dim: d, split: s })),
+                    None => {}
+                    Some(l) => match splits[l] {
+                        None => splits[l] = Some(s),
+                        Some(prev) if prev != s => {
+                            return Err(bad(StrategyProblem::Mismatch { input: i, dim: d, split: s, other: prev }));
+                        }
+                        Some(_) => {}
+                    },
+                }
+            }
+        }
+        let splits: Vec<usize> = splits.into_iter().map(|s| s.unwrap_or(1)).collect();
+        for (l, (dim, &s)) in self.dims.iter().zip(&splits).enumerate() {
+            if s > 1 && !dim.splittable {
+                return Err(bad(StrategyProblem::Fixed { logical: l, split: s, why: dim.why }));
+            }
+        }
+        Ok(splits)
+    }
+
+    /// The strategy (per input, per dimension) of logical splits.
+    pub fn strategy_of(&self, splits: &[usize]) -> Strategy {
+        Strategy(self.inputs.iter().map(|dims| dims.iter().map(|l| l.map_or(1, |l| splits[l])).collect()).collect())
+    }
+
+    /// Every strategy whose splits are powers of two dividing their dimension and whose product
+    /// divides `n` (MindSpore's candidate enumeration without `fully_use_devices`).
+    pub fn valid_splits(&self, n: usize) -> Vec<Vec<usize>> {
+        let mut out = vec![vec![]];
+        for dim in &self.dims {
+            let mut next = Vec::new();
+            for prefix in &out {
+                let used: usize = prefix.iter().product();
+                let mut s = 1;
+                loop {
+                    if used * s > n || !n.is_multiple_of(used * s) {
+                        break;
+                    }
+                    if dim.size.is_multiple_of(s) && (s == 1 || dim.splittable) {
+                        let mut p = prefix.clone();
+                        p.push(s);
+                        next.push(p);
+                    }
+                    if !dim.splittable {
+                        break;
+                    }
+                    s *= 2;
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// Device matrix and layouts for logical `splits` on `n` devices (repeat axis on the right).
+    pub fn layouts(
+        &self,
+        kind: &'static str,
+        name: &str,
+        ins: &[&TensorType],
+        out: &TensorType,
+        splits: &[usize],
+        n: usize,
+    ) -> Result<OpLayouts> {
+        let strategy = self.strategy_of(splits);
+        let bad = |p| self.bad(kind, name, &strategy, p);
+        let product: usize = splits.iter().product();
+        if product == 0 || product > n || !n.is_multiple_of(product) {
+            return Err(bad(StrategyProblem::Devices { used: product, devices: n }));
+        }
+        let mut mesh_dims = Vec::new();
+        let mut axis_of = vec![None; splits.len()];
+        for (l, &s) in splits.iter().enumerate() {
+            if s > 1 {
+                axis_of[l] = Some(mesh_dims.len());
+                mesh_dims.push(s);
+            }
+        }
+        if n / product > 1 {
+            mesh_dims.push(n / product);
+        }
+        if mesh_dims.is_empty() {
+            mesh_dims.push(1);
+        }
+        let mesh = DeviceMatrix::new(mesh_dims)
+            .map_err(|e| bad(StrategyProblem::Layout { what: "device matrix of input", input: 0, detail: e.to_string() }))?;
+        let map =
+            |dims: &[Option<usize>]| -> Vec<Vec<usize>> { dims.iter().map(|l| l.and_then(|l| axis_of[l]).into_iter().collect()).collect() };
+        let inputs = self
+            .inputs
+            .iter()
+            .zip(ins)
+            .enumerate()
+            .map(|(i, (dims, t))| {
+                TensorLayout::new(mesh.clone(), map(dims), t.shape.clone())
+                    .map_err(|e| bad(StrategyProblem::Layout { what: "input", input: i, detail: e.to_string() }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let partial: Vec<usize> =
+            self.dims.iter().enumerate().filter(|(l, d)| d.reduced && splits[*l] > 1).filter_map(|(l, _)| axis_of[l]).collect();
+        let output = TensorLayout::new(mesh.clone(), map(&self.output), out.shape.clone())
+            .and_then(|l| l.with_partial(partial.clone()))
+            .map_err(|e| bad(StrategyProblem::Layout { what: "output", input: 0, detail: e.to_string() }))?;
+        let reduced_split: usize = self.dims.iter().zip(splits).filter(|(d, _)| d.reduced).map(|(_, &s)| s).product();
+        let output_scale = (self.mean_over_reduced && reduced_split > 1).then(|| 1.0 / reduced_split as f64);
+        Ok(OpLayouts { strategy, splits: splits.to_vec(), logical_axes: axis_of, mesh, inputs, output, output_scale })
+    }
+}
+
+/// The cost of a collective op on its local input `x`: one call of `kind` over `group` with
+/// `x`'s bytes (an empty list on a group of one rank).
+pub fn collective_cost(cx: &CostCx<'_>, kind: Collective, group: &[usize]) -> OpCost {
+    let comm =
+        if group.len() > 1 { vec![CommCall { kind, group: sorted(group), bytes: CostCx::bytes_of(&cx.inputs[0]) }] } else { Vec::new() };
+    cx.movement().with_comm(comm)
+}
+
+fn sorted(group: &[usize]) -> Vec<usize> {
+    let mut g = group.to_vec();
+    g.sort_unstable();
+    g
+}
+
+/// An all-reduce of `count` values of `dtype` over `group`, as ops that synchronise statistics
+/// make (sums in f64, a softmax's row maxima and sums in its dtype); none on a group of one.
+pub fn group_reduce(group: &[usize], count: usize, dtype: DType) -> Option<CommCall> {
+    (group.len() > 1).then(|| CommCall { kind: Collective::AllReduce, group: sorted(group), bytes: count * dtype.size() })
+}

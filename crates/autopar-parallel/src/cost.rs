@@ -1,0 +1,118 @@
+//! What one rank's training step is predicted to cost: floating-point work, bytes handed to
+//! the communicator per collective kind and group, and memory (parameters, gradients,
+//! optimizer state, the peak of the values alive during the step). Everything is read off the
+//! rank's program: each op's cost rule ([`autopar_graph::OpDef::cost`]) on its local types, the
+//! gradient buckets, and the executor's schedule ([`autopar_graph::Graph::schedule`]).
+
+use std::collections::BTreeMap;
+
+use autopar_graph::{Collective, CostCx, TensorType};
+
+use crate::error::Result;
+use crate::program::RankProgram;
+
+/// The bytes a rank hands to one kind of collective over one group in a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommVolume {
+    pub kind: Collective,
+    /// World ranks, ascending.
+    pub group: Vec<usize>,
+    pub calls: usize,
+    /// Payload of the send buffers (what the rank passes to the communicator).
+    pub bytes: usize,
+}
+
+/// Memory a rank holds for a step, in bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// This rank's slices of every parameter (trainable and frozen).
+    pub parameters: usize,
+    /// Gradients of the trainable slices.
+    pub gradients: usize,
+    /// Optimizer state: `slots` tensors per trainable slice (Momentum 1, Adam 2).
+    pub optimizer_state: usize,
+    /// The most bytes held by the step's values at once (activations, the gradients as they are
+    /// formed, the parameter and input values the graph reads), as the executor schedules them.
+    pub peak_activations: usize,
+}
+
+impl Memory {
+    pub fn total(&self) -> usize {
+        self.parameters + self.gradients + self.optimizer_state + self.peak_activations
+    }
+}
+
+/// The predicted cost of one rank's step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankCost {
+    pub rank: usize,
+    /// Floating-point operations of the step (forward and backward).
+    pub flops: f64,
+    /// Bytes the step's ops read and write.
+    pub bytes_moved: usize,
+    /// Communication by (kind, group), sorted.
+    pub comm: Vec<CommVolume>,
+    pub memory: Memory,
+}
+
+impl RankCost {
+    /// The cost of `program`'s step; `optimizer_slots` state tensors per trainable parameter.
+    pub fn of(program: &RankProgram, optimizer_slots: usize) -> Result<Self> {
+        let g = &program.graph;
+        let fetch = program.fetch();
+        let schedule = g.schedule(&fetch)?;
+        let mut flops = 0.0;
+        let mut bytes_moved = 0;
+        let mut comm: BTreeMap<(Collective, Vec<usize>), (usize, usize)> = BTreeMap::new();
+        for &i in &schedule.order {
+            let node = &g.nodes()[i];
+            let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
+            let c = node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: program.rank });
+            flops += c.flops;
+            bytes_moved += c.bytes;
+            for call in c.comm {
+                let e = comm.entry((call.kind, call.group)).or_default();
+                e.0 += 1;
+                e.1 += call.bytes;
+            }
+        }
+        for b in &program.buckets {
+            if b.group.len() < 2 {
+                continue;
+            }
+            let elements: usize = b.params.iter().filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).sum();
+            let e = comm.entry((Collective::AllReduce, b.group.clone())).or_default();
+            e.0 += 1;
+            e.1 += elements * b.dtype.size();
+        }
+        let slice_bytes = |p: &crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
+        let parameters = program.params.iter().map(slice_bytes).sum();
+        let gradients: usize = program.params.iter().filter(|p| p.trainable).map(slice_bytes).sum();
+        Ok(RankCost {
+            rank: program.rank,
+            flops,
+            bytes_moved,
+            comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
+            memory: Memory {
+                parameters,
+                gradients,
+                optimizer_state: optimizer_slots * gradients,
+                peak_activations: schedule.peak_bytes(g),
+            },
+        })
+    }
+
+    /// Bytes handed to the communicator in the step, all kinds.
+    pub fn comm_bytes(&self) -> usize {
+        self.comm.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Bytes per collective kind.
+    pub fn bytes_by_kind(&self) -> BTreeMap<Collective, usize> {
+        let mut out = BTreeMap::new();
+        for c in &self.comm {
+            *out.entry(c.kind).or_default() += c.bytes;
+        }
+        out
+    }
+}

@@ -1,0 +1,275 @@
+//! [`ParallelPlan`]: every parallel decision of a job, as data. The planner ([`crate::plan`],
+//! [`crate::plan_hybrid`]) makes it; [`crate::rank_program`] turns it into one rank's program;
+//! [`crate::PlanCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use autopar_graph::{DType, Graph, NodeId, OpKind};
+use autopar_layout::{group_of, DeviceAxis, RedistributionPlan, Step, Strategy, TensorLayout};
+
+use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
+
+/// Where an op's strategy came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrategySource {
+    /// The model's `.shard(strategy)` annotation.
+    User,
+    /// A strategy file (`--strategy`, `strategy_ckpt_config.load_file`).
+    StrategyFile,
+    /// MindSpore's default for an unannotated op: its batch dimension split (data parallel).
+    Default,
+}
+
+impl StrategySource {
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategySource::User => "user",
+            StrategySource::StrategyFile => "file",
+            StrategySource::Default => "default",
+        }
+    }
+}
+
+/// How a rank's op is tied to the whole tensor, in device-matrix terms (resolved per rank by
+/// [`crate::rank_program`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InOpSync {
+    /// Nothing: each slice is computed on its own.
+    None,
+    /// Statistics reduced over the ranks differing along these axes (synchronised BatchNorm,
+    /// Softmax, LayerNorm).
+    Stats(Vec<DeviceAxis>),
+    /// A Dropout whose input is split: it draws its block of the whole mask.
+    Block,
+    /// A Gather whose table (input `input`) is split on its rows `dim`: it looks up its rows.
+    Rows { input: usize, dim: usize },
+}
+
+impl InOpSync {
+    /// The group of `rank` for [`InOpSync::Stats`] (ascending; empty otherwise).
+    pub fn group(&self, rank: usize) -> Vec<usize> {
+        match self {
+            InOpSync::Stats(axes) => sorted_group(rank, axes),
+            InOpSync::None | InOpSync::Block | InOpSync::Rows { .. } => Vec::new(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            InOpSync::None => String::new(),
+            InOpSync::Stats(axes) => format!("statistics over {} ranks", axes.iter().map(|a| a.size).product::<usize>()),
+            InOpSync::Block => "mask block of the whole tensor".into(),
+            InOpSync::Rows { input, dim } => format!("rows of input {input} dim {dim}"),
+        }
+    }
+}
+
+/// The ranks differing from `rank` only along `axes`, ascending.
+pub fn sorted_group(rank: usize, axes: &[DeviceAxis]) -> Vec<usize> {
+    let mut g = group_of(rank, axes);
+    g.sort_unstable();
+    g
+}
+
+/// The plan of one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodePlan {
+    pub id: NodeId,
+    pub name: String,
+    pub kind: &'static str,
+    /// The strategy the op runs with; None for leaves and ops whose layout follows their input
+    /// or that run replicated.
+    pub strategy: Option<Strategy>,
+    pub source: Option<StrategySource>,
+    /// Layouts the inputs must have when the op runs.
+    pub inputs: Vec<TensorLayout>,
+    /// Layout of the op's result (may be a pending partial sum).
+    pub output: TensorLayout,
+    /// Factor each rank applies to its local result (means over split reduced dimensions).
+    pub output_scale: Option<f64>,
+    /// How the op's slice is tied to the whole.
+    pub sync: InOpSync,
+}
+
+/// Where a redistribution is needed: before input `slot` of `consumer`, or before graph output
+/// `slot` (the outputs end replicated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    Input { consumer: NodeId, slot: usize },
+    Output { slot: usize },
+}
+
+/// One redistribution of the forward pass; its backward is the adjoint of every step in
+/// reverse order (run when a gradient flows through it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Redistribution {
+    pub site: Site,
+    pub producer: NodeId,
+    pub dtype: DType,
+    pub plan: RedistributionPlan,
+    /// `force_fp32_communication` on a f16/bf16 value: the collectives run in f32 (the value
+    /// is cast around them).
+    pub in_f32: bool,
+}
+
+/// A step of a redistribution's backward pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdjointStep {
+    /// Local: zero padding around the slice (the adjoint of a local slice; the gradient becomes
+    /// a partial sum completed by the gradient synchronisation).
+    Pad { dim: usize, axis: DeviceAxis },
+    /// Local: the same scale (the adjoint of making a value partial).
+    Scale,
+    /// A collective (the adjoint of a collective step).
+    Collective(Step),
+}
+
+impl Redistribution {
+    /// The steps of the backward pass, in execution order.
+    pub fn backward(&self) -> Vec<AdjointStep> {
+        self.plan
+            .steps
+            .iter()
+            .rev()
+            .map(|s| match &s.step {
+                Step::Slice { dim, axis } => AdjointStep::Pad { dim: *dim, axis: *axis },
+                Step::MakePartial { .. } => AdjointStep::Scale,
+                Step::AllGather { dim, axis } => AdjointStep::Collective(Step::ReduceScatter { dim: *dim, axis: *axis }),
+                Step::ReduceScatter { dim, axis } => AdjointStep::Collective(Step::AllGather { dim: *dim, axis: *axis }),
+                Step::AllReduce { axes } => AdjointStep::Collective(Step::AllReduce { axes: axes.clone() }),
+                Step::AllToAll { split_dim, concat_dim, axis } => {
+                    AdjointStep::Collective(Step::AllToAll { split_dim: *concat_dim, concat_dim: *split_dim, axis: *axis })
+                }
+                Step::Permute { source } => AdjointStep::Collective(Step::Permute { source: source.clone() }),
+            })
+            .collect()
+    }
+
+    /// Bytes the busiest rank sends in the forward steps (ring algorithms).
+    pub fn forward_bytes(&self) -> usize {
+        self.plan.bytes_sent_per_rank(if self.in_f32 { 4 } else { self.dtype.size() })
+    }
+}
+
+/// A parameter: its layout and the ranks its gradient is summed over.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamPlan {
+    pub name: String,
+    pub node: NodeId,
+    pub layout: TensorLayout,
+    pub dtype: DType,
+    pub trainable: bool,
+    /// Axes along which ranks hold the same slice: the gradient is summed over them (the
+    /// mirror group). Empty: this rank's own slice.
+    pub mirror: Vec<DeviceAxis>,
+}
+
+impl ParamPlan {
+    /// The mirror group of `rank` (ascending).
+    pub fn mirror_group(&self, rank: usize) -> Vec<usize> {
+        sorted_group(rank, &self.mirror)
+    }
+}
+
+/// Gradients all-reduced together in one buffer: same mirror axes, same communication dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BucketPlan {
+    pub mirror: Vec<DeviceAxis>,
+    /// The dtype the buffer is reduced in.
+    pub dtype: DType,
+    pub params: Vec<String>,
+    /// Elements of the buffer.
+    pub elements: usize,
+}
+
+impl BucketPlan {
+    pub fn bytes(&self) -> usize {
+        self.elements * self.dtype.size()
+    }
+}
+
+/// How the gradients are formed and synchronised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GradientPlan {
+    /// Where each rank's backward pass starts: `1/R` for a loss computed on R ranks with
+    /// `loss_repeated_mean` (semi_auto_parallel), `1/N` with `gradients_mean` in data_parallel
+    /// and hybrid_parallel (the mean of the ranks' losses), else 1.
+    pub loss_seed: f64,
+    /// Divide each synchronised gradient by its mirror group's size (`gradients_mean` under
+    /// semi_auto_parallel: MindSpore's mirror mean).
+    pub mirror_mean: bool,
+    pub buckets: Vec<BucketPlan>,
+}
+
+/// Every parallel decision of one job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParallelPlan {
+    pub device_num: usize,
+    pub mode: ParallelMode,
+    /// The options the plan was made under.
+    pub context: ParallelContext,
+    /// The forward graph (hybrid_parallel: rank 0's graph).
+    pub graph: Graph,
+    /// hybrid_parallel: every rank's graph (empty in the other modes).
+    pub rank_graphs: Vec<Graph>,
+    /// The scalar loss, when the job trains.
+    pub loss: Option<NodeId>,
+    pub nodes: Vec<NodePlan>,
+    pub redistributions: Vec<Redistribution>,
+    pub params: Vec<ParamPlan>,
+    pub gradients: GradientPlan,
+    pub dataset: DatasetStrategy,
+    /// The strategy file the plan applied, if any.
+    pub strategy_file: Option<PathBuf>,
+    /// AllToAll steps were lowered to AllGather + Slice (`enable_alltoall` off).
+    pub all_to_all: bool,
+}
+
+impl ParallelPlan {
+    /// Layout of every parameter, by name, in graph order.
+    pub fn parameter_layouts(&self) -> Vec<(String, TensorLayout)> {
+        self.params.iter().map(|p| (p.name.clone(), p.layout.clone())).collect()
+    }
+
+    /// The plan of parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&ParamPlan> {
+        self.params.iter().find(|p| p.name == name)
+    }
+
+    /// The redistribution before input `slot` of `consumer`, if one is needed.
+    pub fn redistribution(&self, site: Site) -> Option<&Redistribution> {
+        self.redistributions.iter().find(|r| r.site == site)
+    }
+
+    /// Network inputs with their layouts (the dataset strategy applied), in graph order.
+    pub fn input_layouts(&self) -> Vec<(String, TensorLayout)> {
+        self.nodes
+            .iter()
+            .filter(|p| matches!(self.graph.node(p.id).op, OpKind::Input(_)))
+            .map(|p| (p.name.clone(), p.output.clone()))
+            .collect()
+    }
+
+    /// One line per node: name, op, strategy and its source, output layout, in-op sync.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for p in &self.nodes {
+            let strategy = p.strategy.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+            let source = p.source.map(|s| s.name()).unwrap_or("");
+            let _ = writeln!(
+                s,
+                "{:<28} {:<20} {:<24} {:<8} dev_matrix {:?} tensor_map {} {}{}",
+                p.name,
+                p.kind,
+                strategy,
+                source,
+                p.output.mesh().dims(),
+                p.output.tensor_map(),
+                if p.output.is_partial() { "(partial) " } else { "" },
+                p.sync.describe()
+            );
+        }
+        s
+    }
+}

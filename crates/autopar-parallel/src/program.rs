@@ -1,0 +1,375 @@
+//! From a [`ParallelPlan`] to one rank's whole training step, [`RankProgram`]: the local
+//! forward graph (local ops, the plan's redistributions as communication ops), its backward
+//! pass by autodiff (the collectives' adjoints included), the gradient buckets to all-reduce and
+//! the parameters the optimizer updates. A pure function of the plan and the rank.
+
+use std::ops::Range;
+
+use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, ReduceScatter, Scale, Slice, TableShard};
+use autopar_graph::{differentiate, DType, Graph, LocalCx, NodeId, OpKind, ReduceOp};
+use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
+
+use crate::context::ParallelMode;
+use crate::error::{ParallelError, Result};
+use crate::plan::{sorted_group, InOpSync, ParallelPlan, Redistribution, Site};
+
+/// A parameter of a rank's program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSlot {
+    pub name: String,
+    /// The parameter's node in the plan's graph and in the local program.
+    pub global: NodeId,
+    pub local: NodeId,
+    pub layout: TensorLayout,
+    /// This rank's slice of the full parameter.
+    pub slice: Vec<Range<usize>>,
+    /// Ranks holding the same slice: the gradient is summed over them.
+    pub mirror: Vec<usize>,
+    pub trainable: bool,
+}
+
+/// A network input of a rank's program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputSlot {
+    pub name: String,
+    pub global: NodeId,
+    pub local: NodeId,
+    pub layout: TensorLayout,
+    /// This rank's slice of the global input.
+    pub slice: Vec<Range<usize>>,
+}
+
+/// Gradients all-reduced together: their group (world ranks, ascending), the dtype the buffer
+/// is reduced in, and the factor applied after the sum (the mirror mean, or 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankBucket {
+    pub group: Vec<usize>,
+    pub dtype: DType,
+    pub params: Vec<String>,
+    pub scale: f64,
+}
+
+/// What one rank runs every step.
+#[derive(Clone, Debug)]
+pub struct RankProgram {
+    pub rank: usize,
+    pub device_num: usize,
+    pub mode: ParallelMode,
+    /// Local forward (and, for a training job, backward) graph.
+    pub graph: Graph,
+    /// Local nodes of the plan graph's outputs (replicated values; the loss first in a training job).
+    pub outputs: Vec<NodeId>,
+    /// The loss as every rank sees it (the job's loss), for a training job.
+    pub loss: Option<NodeId>,
+    /// The gradient node of every trainable parameter, by name, in parameter order.
+    pub grads: Vec<(String, NodeId)>,
+    pub params: Vec<ParamSlot>,
+    pub inputs: Vec<InputSlot>,
+    /// Gradient synchronisation after the backward pass, in order.
+    pub buckets: Vec<RankBucket>,
+    /// Every group partition the program's collectives use, in first-use order. Every rank
+    /// creates the same sub-communicators in this order.
+    pub partitions: Vec<Vec<Vec<usize>>>,
+}
+
+impl RankProgram {
+    pub fn param(&self, name: &str) -> Option<&ParamSlot> {
+        self.params.iter().find(|p| p.name == name)
+    }
+
+    /// The values a training step computes: the loss and every gradient (the forward outputs
+    /// for a forward-only program).
+    pub fn fetch(&self) -> Vec<NodeId> {
+        match self.loss {
+            Some(loss) => std::iter::once(loss).chain(self.grads.iter().map(|(_, g)| *g)).collect(),
+            None => self.outputs.clone(),
+        }
+    }
+}
+
+/// Every group of the partition of `n` ranks along `axes`, each ascending.
+fn partition(axes: &[DeviceAxis], n: usize) -> Vec<Vec<usize>> {
+    let mut seen = vec![false; n];
+    let mut groups = Vec::new();
+    for r in 0..n {
+        if !seen[r] {
+            let mut g = group_of(r, axes);
+            g.sort_unstable();
+            for &m in &g {
+                seen[m] = true;
+            }
+            groups.push(g);
+        }
+    }
+    groups
+}
+
+struct Emitter {
+    graph: Graph,
+    rank: usize,
+    n: usize,
+    partitions: Vec<Vec<Vec<usize>>>,
+}
+
+impl Emitter {
+    /// Records the partition along `axes` (once) and returns this rank's group in it.
+    fn note_partition(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
+        let mine = sorted_group(self.rank, axes);
+        if mine.len() > 1 && !self.partitions.iter().any(|p| p.contains(&mine)) {
+            self.partitions.push(partition(axes, self.n));
+        }
+        mine
+    }
+
+    fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
+        let name = self.graph.unique_name(name);
+        Ok(self.graph.add(&name, op, inputs)?)
+    }
+
+    /// Emit the steps of `r` on `x`.
+    fn redistribute(&mut self, base: &str, x: NodeId, r: &Redistribution) -> Result<NodeId> {
+        let mut cur = x;
+        if r.in_f32 {
+            cur = self.add(&format!("{base}.to_f32"), Cast { dtype: DType::F32 }, &[cur])?;
+        }
+        for (k, ps) in r.plan.steps.iter().enumerate() {
+            let name = format!("{base}.redist{k}");
+            let rank = self.rank;
+            cur = match &ps.step {
+                Step::Slice { dim, axis } => {
+                    let shape = self.graph.node(cur).ty.shape.clone();
+                    let size = shape[*dim] / axis.size;
+                    let mut begin = vec![0; shape.len()];
+                    begin[*dim] = axis.coord(rank) * size;
+                    let mut sizes = shape.clone();
+                    sizes[*dim] = size;
+                    self.add(&name, Slice { begin, size: sizes }, &[cur])?
+                }
+                Step::AllGather { dim, axis } => {
+                    let group = self.note_partition(&[*axis]);
+                    self.add(&name, AllGather { dim: *dim, group }, &[cur])?
+                }
+                Step::AllToAll { split_dim, concat_dim, axis } => {
+                    let group = self.note_partition(&[*axis]);
+                    self.add(&name, AllToAll { split_dim: *split_dim, concat_dim: *concat_dim, group }, &[cur])?
+                }
+                Step::AllReduce { axes } => {
+                    let group = self.note_partition(axes);
+                    self.add(&name, AllReduce { op: ReduceOp::Sum, group }, &[cur])?
+                }
+                Step::ReduceScatter { dim, axis } => {
+                    let group = self.note_partition(&[*axis]);
+                    self.add(&name, ReduceScatter { op: ReduceOp::Sum, dim: *dim, group }, &[cur])?
+                }
+                Step::MakePartial { axis } => {
+                    let factor = if axis.coord(rank) == 0 { 1.0 } else { 0.0 };
+                    self.add(&name, Scale { factor }, &[cur])?
+                }
+                Step::Permute { .. } => return Err(ParallelError::PermutationInGraph { node: base.to_string() }),
+            };
+        }
+        if r.in_f32 {
+            cur = self.add(&format!("{base}.from_f32"), Cast { dtype: r.dtype }, &[cur])?;
+        }
+        Ok(cur)
+    }
+}
+
+/// The program of `rank`.
+pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
+    let n = plan.device_num;
+    if rank >= n {
+        return Err(ParallelError::RankOutOfRange { rank, devices: n });
+    }
+    if plan.mode == ParallelMode::HybridParallel {
+        return hybrid_program(plan, rank);
+    }
+    let graph = &plan.graph;
+    let mut em = Emitter { graph: Graph::new(), rank, n, partitions: Vec::new() };
+    let mut local: Vec<Option<NodeId>> = vec![None; graph.len()];
+    let mut params = Vec::new();
+    let mut inputs = Vec::new();
+    let layout_err = |name: &str| {
+        let name = name.to_string();
+        move |e| ParallelError::Layout { node: name, source: e }
+    };
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let np = &plan.nodes[i];
+        let slice_shape = np.output.slice_shape();
+        let id = if node.op.is_leaf() {
+            let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &[], block: None, rows: None });
+            let id = em.add(&node.name, op, &[])?;
+            let slice = np.output.slice_of(rank).map_err(layout_err(&node.name))?;
+            match &node.op {
+                OpKind::Parameter(p) => {
+                    let mirror = np.output.replica_group(rank).map_err(layout_err(&node.name))?;
+                    params.push(ParamSlot {
+                        name: node.name.clone(),
+                        global: NodeId(i),
+                        local: id,
+                        layout: np.output.clone(),
+                        slice,
+                        mirror,
+                        trainable: p.trainable,
+                    });
+                }
+                _ => inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice }),
+            }
+            id
+        } else {
+            let mut args = Vec::with_capacity(node.inputs.len());
+            for (slot, x) in node.inputs.iter().enumerate() {
+                let xid = local[x.0].expect("inputs precede users");
+                args.push(match plan.redistribution(Site::Input { consumer: NodeId(i), slot }) {
+                    Some(r) => em.redistribute(&format!("{}.in{slot}", node.name), xid, r)?,
+                    None => xid,
+                });
+            }
+            let group = match &np.sync {
+                InOpSync::Stats(axes) => em.note_partition(axes),
+                InOpSync::None | InOpSync::Block | InOpSync::Rows { .. } => Vec::new(),
+            };
+            let block = match &np.sync {
+                InOpSync::Block => {
+                    let x = &np.inputs[0];
+                    let slice = x.slice_of(rank).map_err(layout_err(&node.name))?;
+                    Some(DropoutBlock { global_shape: x.shape().to_vec(), begin: slice.iter().map(|r| r.start).collect() })
+                }
+                _ => None,
+            };
+            let rows = match &np.sync {
+                InOpSync::Rows { input, dim } => {
+                    let table = &np.inputs[*input];
+                    let start = table.slice_of(rank).map_err(layout_err(&node.name))?[*dim].start;
+                    Some(TableShard { start, total: table.shape()[*dim] })
+                }
+                _ => None,
+            };
+            let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &group, block, rows });
+            let mut id = em.add(&node.name, op, &args)?;
+            if let Some(f) = np.output_scale {
+                id = em.add(&format!("{}.share", node.name), Scale { factor: f }, &[id])?;
+            }
+            id
+        };
+        let got = &em.graph.node(id).ty.shape;
+        if got != &slice_shape {
+            return Err(ParallelError::LocalShape {
+                rank,
+                kind: node.op.kind(),
+                name: node.name.clone(),
+                got: got.clone(),
+                want: slice_shape,
+            });
+        }
+        local[i] = Some(id);
+    }
+    let mut outputs = Vec::new();
+    for (slot, &o) in graph.outputs.iter().enumerate() {
+        let id = local[o.0].expect("outputs are nodes");
+        outputs.push(match plan.redistribution(Site::Output { slot }) {
+            Some(r) => em.redistribute(&format!("{}.out", graph.node(o).name), id, r)?,
+            None => id,
+        });
+    }
+    let Emitter { graph: mut g, mut partitions, .. } = em;
+    g.outputs = outputs.clone();
+    let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
+    let buckets = rank_buckets(plan, rank, &mut partitions);
+    Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
+}
+
+/// The loss node of a training program and the gradient node of every trainable parameter.
+type Backward = (Option<NodeId>, Vec<(String, NodeId)>);
+
+/// For a training plan: the seeded loss differentiated with respect to every trainable
+/// parameter of the local graph. Returns the loss node and the gradients by parameter name.
+fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params: &[ParamSlot]) -> Result<Backward> {
+    if plan.loss.is_none() {
+        return Ok((None, Vec::new()));
+    }
+    let loss = outputs[0];
+    let seed = plan.gradients.loss_seed;
+    let seeded = if seed == 1.0 {
+        loss
+    } else {
+        let name = g.unique_name("loss.seed");
+        g.add(&name, Scale { factor: seed }, &[loss])?
+    };
+    let trainable: Vec<&ParamSlot> = params.iter().filter(|p| p.trainable).collect();
+    let wrt: Vec<NodeId> = trainable.iter().map(|p| p.local).collect();
+    let d = differentiate(g, seeded, &wrt)?;
+    let grads = trainable.iter().zip(&d.grads).map(|(p, (_, gid))| (p.name.clone(), *gid)).collect();
+    Ok((Some(loss), grads))
+}
+
+/// The plan's buckets resolved for `rank` (their groups noted as partitions).
+fn rank_buckets(plan: &ParallelPlan, rank: usize, partitions: &mut Vec<Vec<Vec<usize>>>) -> Vec<RankBucket> {
+    if plan.loss.is_none() {
+        return Vec::new();
+    }
+    plan.gradients
+        .buckets
+        .iter()
+        .map(|b| {
+            let group = sorted_group(rank, &b.mirror);
+            if group.len() > 1 && !partitions.iter().any(|p| p.contains(&group)) {
+                partitions.push(partition(&b.mirror, plan.device_num));
+            }
+            let scale = if plan.gradients.mirror_mean { 1.0 / group.len() as f64 } else { 1.0 };
+            RankBucket { group, dtype: b.dtype, params: b.params.clone(), scale }
+        })
+        .collect()
+}
+
+/// hybrid_parallel: the rank's own graph as written, its parameters (layerwise ones its own,
+/// the others replicated), the backward pass, and the groups of every rank's collectives
+/// packed into partitions of disjoint groups (every rank derives the same list).
+fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
+    let n = plan.device_num;
+    let mut g = plan.rank_graphs[rank].clone();
+    let mut params = Vec::new();
+    let mut inputs = Vec::new();
+    let flat = autopar_layout::DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
+    for id in (0..g.len()).map(NodeId) {
+        let node = g.node(id);
+        let layout = TensorLayout::replicated(flat.clone(), node.ty.shape.clone());
+        let slice: Vec<Range<usize>> = node.ty.shape.iter().map(|&d| 0..d).collect();
+        match &node.op {
+            OpKind::Parameter(p) => {
+                let shared = plan.param(&node.name).is_some_and(|pp| !pp.mirror.is_empty());
+                params.push(ParamSlot {
+                    name: node.name.clone(),
+                    global: id,
+                    local: id,
+                    layout,
+                    slice,
+                    mirror: if shared { (0..n).collect() } else { vec![rank] },
+                    trainable: p.trainable,
+                });
+            }
+            OpKind::Input(_) => inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice }),
+            _ => {}
+        }
+    }
+    let mut groups: std::collections::BTreeSet<Vec<usize>> = std::collections::BTreeSet::new();
+    for (r, rg) in plan.rank_graphs.iter().enumerate() {
+        for node in rg.nodes() {
+            let ins: Vec<autopar_graph::TensorType> = node.inputs.iter().map(|x| rg.node(*x).ty.clone()).collect();
+            for call in node.op.def().cost(&autopar_graph::CostCx { inputs: &ins, output: &node.ty, rank: r }).comm {
+                groups.insert(call.group);
+            }
+        }
+    }
+    let mut partitions: Vec<Vec<Vec<usize>>> = Vec::new();
+    for grp in groups {
+        match partitions.iter_mut().find(|p| p.iter().all(|h| h.iter().all(|m| !grp.contains(m)))) {
+            Some(p) => p.push(grp),
+            None => partitions.push(vec![grp]),
+        }
+    }
+    let outputs = g.outputs.clone();
+    let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
+    let buckets = rank_buckets(plan, rank, &mut partitions);
+    Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
+}

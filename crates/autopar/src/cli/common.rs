@@ -1,0 +1,232 @@
+//! What `train` and `plan` share: the model flags, the parallel flags, and the TOML config file
+//! (the flags' names with `_` for `-`, plus a `[parallel]` table of `set_auto_parallel_context`
+//! options). Flags given on the command line override the file; unknown keys are errors. The
+//! parallel context is built and validated here, before any data or model is loaded, so an
+//! option autopar does not implement is refused up front.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use autopar_models::{ModelOptions, Stem};
+use autopar_parallel::{ParallelContext, ParallelMode};
+use clap::Args;
+use serde::Deserialize;
+
+/// The model and its sizes (shared by `train` and `plan`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct ModelArgs {
+    /// Model: mlp, resnet18, resnet34, resnet50 or gpt.
+    #[arg(long, help_heading = "Model")]
+    pub model: Option<String>,
+    /// Hidden width (mlp), base channels (resnet) or model width (gpt).
+    #[arg(long, help_heading = "Model")]
+    pub width: Option<usize>,
+    /// Hidden layers (mlp) or transformer blocks (gpt).
+    #[arg(long, help_heading = "Model")]
+    pub depth: Option<usize>,
+    /// Attention heads (gpt).
+    #[arg(long, help_heading = "Model")]
+    pub heads: Option<usize>,
+    /// Classes (the vocabulary for gpt); default: the dataset's.
+    #[arg(long, help_heading = "Model")]
+    pub num_classes: Option<usize>,
+    /// Shape of one sample, e.g. 784 or 3,32,32 (gpt: the context length); default: the data's.
+    #[arg(long, value_name = "DIMS", help_heading = "Model")]
+    pub input_shape: Option<String>,
+    /// ResNet stem: cifar or imagenet.
+    #[arg(long, help_heading = "Model")]
+    pub stem: Option<String>,
+}
+
+/// How the job is spread over devices (shared by `train` and `plan`).
+#[derive(Args, Debug, Default, Clone)]
+pub struct ParallelArgs {
+    /// Number of devices (ranks, run as threads; under mpirun one per process).
+    #[arg(long, value_name = "N", help_heading = "Parallel")]
+    pub devices: Option<usize>,
+    /// stand_alone, data_parallel, semi_auto_parallel (default with --devices > 1) or hybrid_parallel.
+    #[arg(long, value_name = "MODE", help_heading = "Parallel")]
+    pub parallel_mode: Option<String>,
+    /// Any set_auto_parallel_context option, e.g. --parallel gradients_mean=true (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", help_heading = "Parallel")]
+    pub parallel: Vec<String>,
+    /// Operator strategies from this strategy file (MindSpore's strategy_ckpt_load_file).
+    #[arg(long, value_name = "FILE", help_heading = "Parallel")]
+    pub strategy: Option<PathBuf>,
+}
+
+/// The TOML file: the flags' names with `_`, and a `[parallel]` table.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub model: Option<String>,
+    pub data: Option<String>,
+    pub epochs: Option<u64>,
+    pub steps: Option<u64>,
+    pub batch_size: Option<usize>,
+    pub seed: Option<u64>,
+    pub shuffle: Option<bool>,
+    pub synthetic_samples: Option<usize>,
+    pub prefetch: Option<usize>,
+    pub optimizer: Option<String>,
+    pub lr: Option<f64>,
+    pub schedule: Option<String>,
+    pub warmup_steps: Option<u64>,
+    pub min_lr: Option<f64>,
+    pub momentum: Option<f64>,
+    pub weight_decay: Option<f64>,
+    pub width: Option<usize>,
+    pub depth: Option<usize>,
+    pub heads: Option<usize>,
+    pub num_classes: Option<usize>,
+    pub input_shape: Option<serde_json::Value>,
+    pub stem: Option<String>,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_every: Option<u64>,
+    pub keep_checkpoint_max: Option<usize>,
+    pub checkpoint_prefix: Option<String>,
+    pub init: Option<PathBuf>,
+    pub init_strategy: Option<PathBuf>,
+    pub resume: Option<PathBuf>,
+    pub metrics: Option<PathBuf>,
+    pub plot: Option<bool>,
+    pub log_every: Option<u64>,
+    pub eval: Option<bool>,
+    pub eval_batch_size: Option<usize>,
+    pub devices: Option<usize>,
+    pub parallel_mode: Option<String>,
+    pub strategy: Option<PathBuf>,
+    pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn toml_to_json(item: &toml_edit::Item) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    match item {
+        toml_edit::Item::None => None,
+        toml_edit::Item::Value(v) => Some(value_to_json(v)),
+        toml_edit::Item::Table(t) => Some(Value::Object(t.iter().filter_map(|(k, v)| Some((k.to_string(), toml_to_json(v)?))).collect())),
+        toml_edit::Item::ArrayOfTables(a) => {
+            Some(Value::Array(a.iter().map(|t| toml_to_json(&toml_edit::Item::Table(t.clone())).unwrap_or(Value::Null)).collect()))
+        }
+    }
+}
+
+fn value_to_json(v: &toml_edit::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        toml_edit::Value::String(s) => Value::String(s.value().clone()),
+        toml_edit::Value::Integer(i) => Value::from(*i.value()),
+        toml_edit::Value::Float(f) => serde_json::Number::from_f64(*f.value()).map_or(Value::Null, Value::Number),
+        toml_edit::Value::Boolean(b) => Value::Bool(*b.value()),
+        toml_edit::Value::Datetime(d) => Value::String(d.value().to_string()),
+        toml_edit::Value::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
+        toml_edit::Value::InlineTable(t) => Value::Object(t.iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect()),
+    }
+}
+
+/// The config file at `path` (`None`: no file, every key unset).
+pub fn read_config(path: Option<&Path>) -> Result<FileConfig> {
+    let Some(path) = path else { return Ok(FileConfig::default()) };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}\nhint: check the path given to --config", path.display()))?;
+    let doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| anyhow!("config file {} is not valid TOML\n{e}\nhint: see https://toml.io for the syntax", path.display()))?;
+    let json = toml_to_json(doc.as_item()).unwrap_or_default();
+    serde_json::from_value(json).map_err(|e| {
+        anyhow!(
+            "config file {}: {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",
+            path.display()
+        )
+    })
+}
+
+fn parse_shape(text: &str) -> Result<Vec<usize>> {
+    text.split([',', 'x'])
+        .map(|d| d.trim().trim_matches(|c| c == '[' || c == ']').parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .ok()
+        .filter(|s| !s.is_empty() && s.iter().all(|&d| d > 0))
+        .ok_or_else(|| anyhow!("invalid --input-shape {text:?}\n  expected positive sizes separated by commas\nhint: e.g. --input-shape 784 or --input-shape 3,32,32"))
+}
+
+/// The model's name (lowercase, checked) and its options, flags over the file.
+pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelOptions)> {
+    let name = m.model.clone().or_else(|| file.model.clone()).ok_or_else(|| {
+        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt (or `model = \"mlp\"` in the --config file)")
+    })?;
+    let lower = name.to_ascii_lowercase();
+    if !autopar_models::MODEL_NAMES.contains(&lower.as_str()) {
+        bail!("unknown model {name:?}\n  valid models: {}\nhint: pass --model mlp for a quick run", autopar_models::MODEL_NAMES.join(", "));
+    }
+    let mut opts = ModelOptions {
+        width: m.width.or(file.width),
+        depth: m.depth.or(file.depth),
+        heads: m.heads.or(file.heads),
+        num_classes: m.num_classes.or(file.num_classes),
+        ..Default::default()
+    };
+    if let Some(stem) = m.stem.clone().or_else(|| file.stem.clone()) {
+        opts.stem =
+            Some(stem.parse::<Stem>().map_err(|e| anyhow!("invalid --stem {stem:?}: {e}\nhint: use --stem cifar or --stem imagenet"))?);
+    }
+    opts.input_shape = match (&m.input_shape, &file.input_shape) {
+        (Some(t), _) => Some(parse_shape(t)?),
+        (None, Some(serde_json::Value::Array(a))) => Some(parse_shape(&a.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","))?),
+        (None, Some(v)) => Some(parse_shape(v.to_string().trim_matches('"'))?),
+        (None, None) => None,
+    };
+    Ok((lower, opts))
+}
+
+/// The parallel context: the file's `[parallel]` table, then `--parallel-mode`, `--devices`,
+/// `--parallel KEY=VALUE` and `--strategy`, validated and checked for what autopar implements
+/// (an option whose behaviour is missing is refused here, before any data or model is loaded).
+/// `data_parallel` averages gradients unless told otherwise (`gradients_mean`).
+pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelContext> {
+    let mut ctx = ParallelContext::default();
+    if let Some(table) = &file.parallel {
+        ctx.apply_table(table).context("in the [parallel] table of the config file")?;
+    }
+    let devices = p.devices.or(file.devices);
+    let mode = p.parallel_mode.clone().or_else(|| file.parallel_mode.clone());
+    match (&mode, devices) {
+        (Some(m), _) => ctx.set_str("parallel_mode", m)?,
+        (None, Some(n)) if n > 1 && !ctx.is_set("parallel_mode") => ctx.set_str("parallel_mode", "semi_auto_parallel")?,
+        _ => {}
+    }
+    if let Some(n) = devices {
+        if n == 0 {
+            bail!("invalid --devices 0\nhint: pass --devices 1 or more");
+        }
+        ctx.set_str("device_num", &n.to_string())?;
+    }
+    for kv in &p.parallel {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow!("invalid --parallel {kv:?}\nhint: write --parallel KEY=VALUE, e.g. --parallel gradients_mean=true"))?;
+        ctx.set_str(k.trim(), v.trim())?;
+    }
+    if let Some(path) = p.strategy.clone().or_else(|| file.strategy.clone()) {
+        ctx.set("strategy_ckpt_load_file", &serde_json::Value::String(path.display().to_string()))?;
+    }
+    if ctx.parallel_mode == ParallelMode::DataParallel && !ctx.is_set("gradients_mean") {
+        ctx.set_str("gradients_mean", "true")?;
+    }
+    if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
+        bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
+    }
+    if ctx.parallel_mode == ParallelMode::HybridParallel {
+        bail!(
+            "hybrid_parallel runs rank graphs written by hand with the autopar library; the zoo models are whole networks\nhint: use --parallel-mode semi_auto_parallel or --parallel-mode data_parallel"
+        );
+    }
+    ctx.validate()?;
+    ctx.check_supported()?;
+    if let Some(path) = ctx.strategy_load_file() {
+        if !Path::new(path).is_file() {
+            bail!("strategy file {path:?} not found\n  it was given as the strategy to load (--strategy or strategy_ckpt_config.load_file)\nhint: check the path, or write one with --parallel 'strategy_ckpt_config={{\"save_file\": \"{path}\"}}'");
+        }
+    }
+    Ok(ctx)
+}
