@@ -17,7 +17,7 @@ fn main() {
         let n = comm.size();
         let e = |e: autopar_runtime::RuntimeError| e.to_string();
         let (g, m) =
-            Mlp::new(MlpConfig::default()).map_err(|e| e.to_string())?.build_graph(64, Mode::Train, 1).map_err(|e| e.to_string())?;
+            Mlp::new(MlpConfig::default()).map_err(|e| e.to_string())?.build_graph(64 * n, Mode::Train, 1).map_err(|e| e.to_string())?;
         let mut ctx = ParallelContext::default();
         ctx.set("device_num", &serde_json::json!(n)).map_err(|e| e.to_string())?;
         ctx.set("parallel_mode", &serde_json::json!("data_parallel")).map_err(|e| e.to_string())?;
@@ -26,11 +26,12 @@ fn main() {
         let full = ParamStore::init(job.graph()).map_err(e)?;
         let mut t = RankTrainer::new(&job, &comm, &full).map_err(e)?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01)).map_err(e)?;
-        let x: Vec<f32> = (0..64 * 784).map(|i| ((i * 7919 + comm.rank()) % 1000) as f32 / 1000.0).collect();
-        let y: Vec<i64> = (0..64).map(|i| (i % 10) as i64).collect();
+        // The global batch; each rank feeds its 64 rows.
+        let x: Vec<f32> = (0..64 * n * 784).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();
+        let y: Vec<i64> = (0..64 * n).map(|i| (i % 10) as i64).collect();
         let batch = vec![
-            ("x".to_string(), Tensor::from_vec(&[64, 784], x).map_err(|e| e.to_string())?),
-            ("labels".to_string(), Tensor::from_vec(&[64], y).map_err(|e| e.to_string())?),
+            ("x".to_string(), Tensor::from_vec(&[64 * n, 784], x).map_err(|e| e.to_string())?),
+            ("labels".to_string(), Tensor::from_vec(&[64 * n], y).map_err(|e| e.to_string())?),
         ];
         let feeds = t.local_feeds(&batch).map_err(e)?;
         for _ in 0..3 {
