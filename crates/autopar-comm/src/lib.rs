@@ -31,6 +31,8 @@
 //! * **One conformance suite** ([`conformance::run_suite`]) checks any backend against the
 //!   serial reference (every collective, every element type, odd sizes, sub-groups); it runs
 //!   on `LocalComm` for 1 to 8 ranks in the tests and on `MpiComm` under `mpirun -n 2`/`-n 4`.
+//! * [`Metered`] wraps any communicator and records every call's kind, group and payload, to
+//!   check predicted communication against what a step does.
 //! * [`launch`] builds the `mpirun` command line (`autopar launch`): root, oversubscription and
 //!   container flags, and an install hint when OpenMPI is missing.
 
@@ -40,6 +42,7 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod local;
+pub mod metered;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
@@ -47,5 +50,6 @@ pub use comm::Communicator;
 pub use dtype::{reduce_serial, Buf, BufMut, DType, Element, ReduceOp};
 pub use error::{CallDesc, CommError, GroupProblem, Result, MAX_TAG};
 pub use local::{LocalComm, LocalOptions};
+pub use metered::{Metered, MeteredCall};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
