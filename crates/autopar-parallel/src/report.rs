@@ -1,8 +1,16 @@
-//! The plan in MindSpore's words: `parameter_layout_dict`.
+//! The plan as people and tools read it: a text report and the same as JSON (`autopar plan`),
+//! an SVG of how the biggest tensors are split over the device matrix, and MindSpore's
+//! `parameter_layout_dict`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use autopar_graph::OpKind;
+use autopar_layout::TensorLayout;
+use serde_json::{json, Value};
 
-use crate::plan::ParallelPlan;
+use crate::cost::RankCost;
+use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 
 /// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
 /// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
@@ -46,4 +54,400 @@ pub fn parameter_layout_dict(plan: &ParallelPlan) -> Vec<(String, autopar_layout
             )
         })
         .collect()
+}
+
+/// A layout as `[2, 4] S(0)R`: the device matrix, then per axis what it does to the tensor.
+pub fn layout_text(l: &TensorLayout) -> String {
+    format!("{:?} {}", l.mesh().dims(), l)
+}
+
+/// Bytes as `12.0 MiB`.
+pub fn human_bytes(b: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn human_flops(f: f64) -> String {
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    let mut v = f;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    format!("{v:.2} {}FLOP", UNITS[u])
+}
+
+fn site_text(plan: &ParallelPlan, r: &Redistribution) -> String {
+    match r.site {
+        Site::Input { consumer, slot } => format!("input {slot} of {}", plan.graph.node(consumer).name),
+        Site::Output { slot } => format!("graph output {slot} ({})", plan.graph.node(plan.graph.outputs[slot]).name),
+    }
+}
+
+fn adjoint_text(s: &AdjointStep) -> String {
+    match s {
+        AdjointStep::Pad { dim, axis } => format!("pad dim {dim} from 1/{} (local)", axis.size),
+        AdjointStep::Scale => "scale (local)".into(),
+        AdjointStep::Collective(step) => step.to_string(),
+    }
+}
+
+/// A group as `4 ranks [0, 1, 2, 3]` (long groups shortened).
+fn group_text(g: &[usize]) -> String {
+    if g.len() <= 8 {
+        format!("{} ranks {g:?}", g.len())
+    } else {
+        format!("{} ranks [{}, {}, ..., {}]", g.len(), g[0], g[1], g[g.len() - 1])
+    }
+}
+
+/// What `autopar plan` prints: the plan, with the predicted cost of one rank's step.
+pub struct PlanReport<'a> {
+    pub plan: &'a ParallelPlan,
+    pub cost: &'a RankCost,
+    /// A line describing the model (name, sizes).
+    pub model: String,
+    /// Optimizer state tensors per trainable parameter (for the memory figure).
+    pub optimizer: String,
+    pub planning_seconds: f64,
+}
+
+impl PlanReport<'_> {
+    /// The bucket each parameter's gradient is synchronised in.
+    fn bucket_of(&self) -> BTreeMap<&str, usize> {
+        let mut out = BTreeMap::new();
+        for (i, b) in self.plan.gradients.buckets.iter().enumerate() {
+            for p in &b.params {
+                out.insert(p.as_str(), i);
+            }
+        }
+        out
+    }
+
+    /// The report as text: operators, parameters, redistributions, communication per step,
+    /// memory per device.
+    pub fn text(&self) -> String {
+        let (plan, cost) = (self.plan, self.cost);
+        let mut s = String::new();
+        let params: usize = plan.params.iter().map(|p| p.layout.shape().iter().product::<usize>()).sum();
+        let _ = writeln!(s, "autopar plan: {} on {} devices ({})", self.model, plan.device_num, plan.mode);
+        let _ = writeln!(
+            s,
+            "  {} operators, {} parameters ({} values), planned in {:.3} s; per-rank figures for rank {} of {}",
+            plan.nodes.len(),
+            plan.params.len(),
+            params,
+            self.planning_seconds,
+            cost.rank,
+            plan.device_num
+        );
+        let _ = writeln!(
+            s,
+            "  dataset strategy {:?}; all-to-all {}",
+            plan.dataset,
+            if plan.all_to_all { "on" } else { "off (all-gather + slice)" }
+        );
+        if let Some(f) = &plan.strategy_file {
+            let _ = writeln!(s, "  strategies from {}", f.display());
+        }
+        let _ = writeln!(s, "\noperators");
+        let _ = writeln!(s, "  {:<34} {:<22} {:<26} {:<8} {:<40} in-op", "name", "op", "strategy", "source", "inputs -> output");
+        for p in &plan.nodes {
+            let node = plan.graph.node(p.id);
+            if node.op.is_leaf() {
+                continue;
+            }
+            let strategy = p.strategy.as_ref().map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+            let ins: Vec<String> = p.inputs.iter().map(|l| l.to_string()).collect();
+            let out = format!("{}{}", p.output, if p.output.is_partial() { " (partial)" } else { "" });
+            let _ = writeln!(
+                s,
+                "  {:<34} {:<22} {:<26} {:<8} {:<40} {}",
+                p.name,
+                p.kind,
+                strategy,
+                p.source.map(|x| x.name()).unwrap_or("-"),
+                format!("{:?} {} -> {}", p.output.mesh().dims(), ins.join(" "), out),
+                p.sync.describe()
+            );
+        }
+        let buckets = self.bucket_of();
+        let _ = writeln!(s, "\nparameters");
+        let _ = writeln!(
+            s,
+            "  {:<34} {:<16} {:<14} {:<14} {:<16} {:<10} bucket",
+            "name", "shape", "dev_matrix", "tensor_map", "slice", "mirror"
+        );
+        for p in &plan.params {
+            let l = &p.layout;
+            let mirror: usize = p.mirror.iter().map(|a| a.size).product();
+            let _ = writeln!(
+                s,
+                "  {:<34} {:<16} {:<14} {:<14} {:<16} {:<10} {}",
+                p.name,
+                format!("{:?}", l.shape()),
+                format!("{:?}", l.mesh().dims()),
+                l.tensor_map().to_string(),
+                format!("{:?}", l.slice_shape()),
+                if p.trainable { format!("{mirror} ranks") } else { "frozen".into() },
+                buckets.get(p.name.as_str()).map(|b| b.to_string()).unwrap_or_else(|| "-".into())
+            );
+        }
+        let _ = writeln!(s, "\nredistributions ({})", plan.redistributions.len());
+        for r in &plan.redistributions {
+            let _ = writeln!(
+                s,
+                "  before {}: {} -> {}{}",
+                site_text(plan, r),
+                layout_text(&r.plan.src),
+                layout_text(&r.plan.dst),
+                if r.in_f32 { " (in f32)" } else { "" }
+            );
+            let fwd: Vec<String> = r.plan.steps.iter().map(|st| st.step.to_string()).collect();
+            let _ = writeln!(s, "    forward:  {}  ({} sent by the busiest rank)", fwd.join("; "), human_bytes(r.forward_bytes()));
+            let bwd: Vec<String> = r.backward().iter().map(adjoint_text).collect();
+            let _ = writeln!(s, "    backward: {}", bwd.join("; "));
+        }
+        let g = &plan.gradients;
+        let _ = writeln!(
+            s,
+            "\ngradients: backward seeded with {}, {}; {} bucket(s)",
+            g.loss_seed,
+            if g.mirror_mean { "mirror sums divided by the group size (gradients_mean)" } else { "mirror sums" },
+            g.buckets.len()
+        );
+        for (i, b) in g.buckets.iter().enumerate() {
+            let mirror: usize = b.mirror.iter().map(|a| a.size).product();
+            let _ = writeln!(
+                s,
+                "  bucket {i}: {} params, {} in {}, all-reduced over {mirror} ranks",
+                b.params.len(),
+                human_bytes(b.bytes()),
+                b.dtype
+            );
+        }
+        let _ = writeln!(s, "\ncommunication per step (rank {})", cost.rank);
+        for c in &cost.comm {
+            let _ =
+                writeln!(s, "  {:<15} over {:<32} {:>6} calls {:>12}", c.kind.name(), group_text(&c.group), c.calls, human_bytes(c.bytes));
+        }
+        let _ = writeln!(
+            s,
+            "  {:<15} {:<37} {:>6} calls {:>12}",
+            "total",
+            "",
+            cost.comm.iter().map(|c| c.calls).sum::<usize>(),
+            human_bytes(cost.comm_bytes())
+        );
+        let m = &cost.memory;
+        let _ = writeln!(s, "\nmemory per device (rank {})", cost.rank);
+        let _ = writeln!(s, "  parameters        {:>12}", human_bytes(m.parameters));
+        let _ = writeln!(s, "  gradients         {:>12}", human_bytes(m.gradients));
+        let _ = writeln!(s, "  optimizer state   {:>12}  ({})", human_bytes(m.optimizer_state), self.optimizer);
+        let _ = writeln!(s, "  peak activations  {:>12}", human_bytes(m.peak_activations));
+        let _ = writeln!(s, "  total             {:>12}", human_bytes(m.total()));
+        let _ =
+            writeln!(s, "\ncompute per step (rank {}): {}, {} moved", cost.rank, human_flops(cost.flops), human_bytes(cost.bytes_moved));
+        s
+    }
+
+    /// The report as data.
+    pub fn json(&self) -> Value {
+        let (plan, cost) = (self.plan, self.cost);
+        let layout = |l: &TensorLayout| {
+            json!({
+                "dev_matrix": l.mesh().dims(),
+                "tensor_map": l.tensor_map().flattened(),
+                "shape": l.shape(),
+                "slice_shape": l.slice_shape(),
+                "partial": l.is_partial(),
+                "text": l.to_string(),
+            })
+        };
+        let buckets = self.bucket_of();
+        let operators: Vec<Value> = plan
+            .nodes
+            .iter()
+            .filter(|p| !plan.graph.node(p.id).op.is_leaf())
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "op": p.kind,
+                    "strategy": p.strategy.as_ref().map(|x| x.0.clone()),
+                    "source": p.source.map(|x| x.name()),
+                    "inputs": p.inputs.iter().map(layout).collect::<Vec<_>>(),
+                    "output": layout(&p.output),
+                    "output_scale": p.output_scale,
+                    "in_op": p.sync.describe(),
+                })
+            })
+            .collect();
+        let parameters: Vec<Value> = plan
+            .params
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "layout": layout(&p.layout),
+                    "dtype": p.dtype.to_string(),
+                    "trainable": p.trainable,
+                    "mirror_ranks": p.mirror.iter().map(|a| a.size).product::<usize>(),
+                    "mirror_group": p.mirror_group(cost.rank),
+                    "bucket": buckets.get(p.name.as_str()),
+                })
+            })
+            .collect();
+        let redistributions: Vec<Value> = plan
+            .redistributions
+            .iter()
+            .map(|r| {
+                json!({
+                    "site": site_text(plan, r),
+                    "producer": plan.graph.node(r.producer).name,
+                    "from": layout(&r.plan.src),
+                    "to": layout(&r.plan.dst),
+                    "in_f32": r.in_f32,
+                    "forward": r.plan.steps.iter().map(|st| st.step.to_string()).collect::<Vec<_>>(),
+                    "backward": r.backward().iter().map(adjoint_text).collect::<Vec<_>>(),
+                    "forward_bytes_busiest_rank": r.forward_bytes(),
+                })
+            })
+            .collect();
+        json!({
+            "model": self.model,
+            "device_num": plan.device_num,
+            "mode": plan.mode.name(),
+            "rank": cost.rank,
+            "planning_seconds": self.planning_seconds,
+            "dataset_strategy": format!("{:?}", plan.dataset),
+            "all_to_all": plan.all_to_all,
+            "strategy_file": plan.strategy_file.as_ref().map(|p| p.display().to_string()),
+            "operators": operators,
+            "parameters": parameters,
+            "redistributions": redistributions,
+            "gradients": {
+                "loss_seed": plan.gradients.loss_seed,
+                "mirror_mean": plan.gradients.mirror_mean,
+                "buckets": plan.gradients.buckets.iter().map(|b| json!({
+                    "params": b.params,
+                    "dtype": b.dtype.to_string(),
+                    "bytes": b.bytes(),
+                    "mirror_ranks": b.mirror.iter().map(|a| a.size).product::<usize>(),
+                })).collect::<Vec<_>>(),
+            },
+            "communication": cost.comm.iter().map(|c| json!({
+                "kind": c.kind.name(), "group": c.group, "calls": c.calls, "bytes": c.bytes,
+            })).collect::<Vec<_>>(),
+            "communication_bytes": cost.comm_bytes(),
+            "flops": cost.flops,
+            "bytes_moved": cost.bytes_moved,
+            "memory": {
+                "parameters": cost.memory.parameters,
+                "gradients": cost.memory.gradients,
+                "optimizer_state": cost.memory.optimizer_state,
+                "peak_activations": cost.memory.peak_activations,
+                "total": cost.memory.total(),
+            },
+        })
+    }
+}
+
+/// An SVG of how the `count` biggest parameters are split over the device matrix: each tensor
+/// (dimension 0 down, the others merged across) cut into its slices, each slice labelled with
+/// the first rank holding it and how many ranks hold it.
+pub fn split_svg(plan: &ParallelPlan, count: usize) -> String {
+    let mut params: Vec<&crate::plan::ParamPlan> = plan.params.iter().collect();
+    params.sort_by_key(|p| std::cmp::Reverse(p.layout.shape().iter().product::<usize>()));
+    params.truncate(count);
+    let (w, h, gap, top) = (520.0f64, 240.0f64, 90.0f64, 40.0f64);
+    let total_h = top + params.len() as f64 * (h + gap) + 20.0;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{:.0}" height="{total_h:.0}" font-family="monospace" font-size="11">"#,
+        w + 40.0
+    );
+    let _ = write!(
+        s,
+        r#"<text x="20" y="24" font-size="14">{} on {} devices: the {} biggest parameters, cut into slices</text>"#,
+        plan.mode,
+        plan.device_num,
+        params.len()
+    );
+    for (k, p) in params.iter().enumerate() {
+        let l = &p.layout;
+        let y0 = top + k as f64 * (h + gap) + 30.0;
+        let _ = write!(
+            s,
+            r#"<text x="20" y="{:.0}">{} {:?} on dev_matrix {:?}, tensor_map {} (slice {:?})</text>"#,
+            y0 - 8.0,
+            escape(&p.name),
+            l.shape(),
+            l.mesh().dims(),
+            l.tensor_map(),
+            l.slice_shape()
+        );
+        let rows = l.shape().first().map_or(1, |_| l.split(0));
+        let cols: usize = (1..l.shape().len()).map(|d| l.split(d)).product();
+        // Which ranks hold each slice (by its row and column block).
+        let n = plan.device_num;
+        let mut holders: BTreeMap<(usize, usize), (usize, usize)> = BTreeMap::new();
+        for r in 0..n {
+            let Ok(slice) = l.slice_of(r) else { continue };
+            let row = slice.first().map_or(0, |x| x.start / (x.end - x.start).max(1));
+            let mut col = 0;
+            for (d, x) in slice.iter().enumerate().skip(1) {
+                col = col * l.split(d) + x.start / (x.end - x.start).max(1);
+            }
+            let e = holders.entry((row, col)).or_insert((r, 0));
+            e.1 += 1;
+        }
+        let (shown_r, shown_c) = (rows.min(32), cols.min(32));
+        let (cw, ch) = (w / shown_c as f64, h / shown_r as f64);
+        for i in 0..shown_r {
+            for j in 0..shown_c {
+                let (first, count) = holders.get(&(i, j)).copied().unwrap_or((0, 0));
+                let hue = ((i * cols + j) * 137) % 360;
+                let (x, y) = (20.0 + j as f64 * cw, y0 + i as f64 * ch);
+                let _ = write!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="hsl({hue},60%,75%)" stroke="black" stroke-width="0.5"><title>slice ({i}, {j}): ranks from {first}, {count} ranks</title></rect>"#
+                );
+                if cw > 46.0 && ch > 26.0 {
+                    let _ = write!(
+                        s,
+                        r#"<text x="{:.1}" y="{:.1}">r{first}</text><text x="{:.1}" y="{:.1}">x{count}</text>"#,
+                        x + 4.0,
+                        y + 13.0,
+                        x + 4.0,
+                        y + 25.0
+                    );
+                }
+            }
+        }
+        if rows > shown_r || cols > shown_c {
+            let _ = write!(s, r#"<text x="20" y="{:.0}">showing {shown_r} x {shown_c} of {rows} x {cols} slices</text>"#, y0 + h + 16.0);
+        } else {
+            let _ = write!(
+                s,
+                r#"<text x="20" y="{:.0}">{rows} x {cols} slices (dimension 0 down, the rest across); rK = first rank, xN = ranks holding it</text>"#,
+                y0 + h + 16.0
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn escape(t: &str) -> String {
+    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }

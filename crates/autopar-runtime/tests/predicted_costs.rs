@@ -39,6 +39,9 @@ fn net(model: &dyn Model, batch: usize, classes: usize) -> Net {
     Net { loss: m.loss, graph, batch }
 }
 
+/// Bytes per (collective kind, group).
+type Volumes = BTreeMap<(String, Vec<usize>), usize>;
+
 fn check(label: &str, net: &Net, seeds: u64) -> usize {
     let mut collectives = 0;
     for n in [2usize, 4, 8] {
@@ -50,7 +53,7 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
             ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
             let job = ParallelJob::new(g, net.loss, ctx).unwrap();
             let full = ParamStore::init(job.graph()).unwrap();
-            let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(RankCost, BTreeMap<(String, Vec<usize>), usize>, usize)> {
+            let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(RankCost, Volumes, usize)> {
                 let log = Arc::new(Mutex::new(Vec::new()));
                 let metered = Metered::new(Box::new(comm), log.clone());
                 let mut t = RankTrainer::new(&job, &metered, &full)?;
@@ -58,7 +61,7 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
                 metered.clear();
                 let feeds = t.local_feeds(&net.batch)?;
                 let out = t.gradients(&feeds)?;
-                let mut measured: BTreeMap<(String, Vec<usize>), usize> = BTreeMap::new();
+                let mut measured = Volumes::new();
                 for call in metered.calls() {
                     *measured.entry((call.kind.to_string(), call.group)).or_default() += call.bytes;
                 }
@@ -67,8 +70,12 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
             .unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
             for (predicted, measured, peak) in results {
                 let what = format!("{label} n={n} seed={seed} rank {}", predicted.rank);
-                let want: BTreeMap<(String, Vec<usize>), usize> =
-                    predicted.comm.iter().filter(|c| c.bytes > 0 || c.kind.name() != "recv").map(|c| ((c.kind.name().to_string(), c.group.clone()), c.bytes)).collect();
+                let want: Volumes = predicted
+                    .comm
+                    .iter()
+                    .filter(|c| c.bytes > 0 || c.kind.name() != "recv")
+                    .map(|c| ((c.kind.name().to_string(), c.group.clone()), c.bytes))
+                    .collect();
                 assert_eq!(measured, want, "{what}: bytes per (collective, group), measured vs predicted");
                 collectives += measured.len();
                 let p = predicted.memory.peak_activations as f64;

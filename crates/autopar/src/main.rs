@@ -32,6 +32,9 @@ enum Command {
     /// Train a model (mlp, resnet18/34/50, gpt) on CIFAR-10, MNIST, a tensor file or synthetic
     /// data, on one device or --devices N; checkpoints, resume, metrics, evaluation.
     Train(Box<cli::train::TrainArgs>),
+    /// Plan a job without training it: every op's strategy and its source, layouts,
+    /// redistributions, gradient buckets, communication per step and memory per device.
+    Plan(Box<cli::plan::PlanArgs>),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Ckpt(args) => cli::ckpt::run(args),
         Command::Launch(args) => cli::launch::run(args),
         Command::Train(args) => cli::train::run(*args),
+        Command::Plan(args) => cli::plan::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -181,9 +181,17 @@ fn init_from_a_checkpoint_of_another_width_names_the_parameter() {
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--init", "ck/none.safetensors"], &["none.safetensors"]);
 }
 
+/// A model-parallel strategy file for the MLP of `SMALL` on 4 devices (not the default data
+/// parallel): fc1 split on its output columns, fc2 on its rows.
+const MEGATRON: &str = r#"{"current_stage": 2, "parallel_strategy_item": {
+  "MatMul_fc1.weight": {"stage": 0, "parallel_strategy": [[2, 1], [2, 1]]},
+  "MatMul_fc2.weight": {"stage": 0, "parallel_strategy": [[2, 2], [1, 2]]}},
+  "parallel_layout_item": {}}"#;
+
 #[test]
-fn a_semi_auto_run_saves_per_rank_checkpoints_and_a_strategy_file_that_a_later_run_applies() {
+fn a_semi_auto_run_with_a_model_parallel_strategy_file_splits_the_weights_and_saves_the_strategy_it_ran() {
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("megatron.json"), MEGATRON).unwrap();
     let run = |extra: &[&str]| {
         let mut a = vec!["train"];
         a.extend(SMALL);
@@ -193,14 +201,24 @@ fn a_semi_auto_run_saves_per_rank_checkpoints_and_a_strategy_file_that_a_later_r
         assert!(o.status.success(), "{:?}", text(&o));
         text(&o).0
     };
-    let out = run(&["--checkpoint-dir", "ck", "--metrics", "a.jsonl"]);
-    assert!(out.contains("strategy file: ck/strategy.json"), "{out}");
+    let out = run(&["--strategy", "megatron.json", "--checkpoint-dir", "ck", "--metrics", "a.jsonl", "--verify"]);
+    assert!(out.contains("strategy file: ck/strategy.json") && out.contains("verify:") && !out.contains("MISMATCH"), "{out}");
     for k in 0..4 {
-        assert!(dir.path().join(format!("ck/rank_{k}/mlp-6_{k}.safetensors")).is_file());
+        // fc1.weight [16, 784] split 2 ways on its rows: every rank holds half of it.
+        let f = autopar_checkpoint::CheckpointFile::open(dir.path().join(format!("ck/rank_{k}/mlp-6_{k}.safetensors"))).unwrap();
+        assert_eq!(f.get("fc1.weight").unwrap().shape, vec![8, 784]);
     }
+    let saved = autopar_checkpoint::StrategyFile::load(dir.path().join("ck/strategy.json")).unwrap();
+    let item = saved.strategy_items.iter().find(|i| i.node_name == "MatMul_fc2.weight").unwrap();
+    assert_eq!(item.parallel_strategy, vec![vec![2, 2], vec![1, 2]]);
+    // The strategy the run saved applies to a later run: the same losses.
     run(&["--strategy", "ck/strategy.json", "--metrics", "b.jsonl"]);
     assert_eq!(losses(&dir.path().join("a.jsonl")), losses(&dir.path().join("b.jsonl")));
-    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--strategy", "ck/none.json"], &["none.json"]);
+    fails(
+        dir.path(),
+        &["train", "--model", "mlp", "--data", "synthetic", "--devices", "2", "--strategy", "ck/none.json"],
+        &["none.json", "not found"],
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@ pub mod ckpt;
 pub mod common;
 pub mod launch;
 pub mod layout;
+pub mod plan;
 pub mod train;
 
 /// Print an error as `autopar: <first line>` followed by indented facts and causes.

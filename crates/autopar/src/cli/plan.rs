@@ -1,0 +1,117 @@
+//! `autopar plan`: plan a job without training it. The model comes from the same flags as
+//! `autopar train` (no data needed: the model's own input shape), so a model larger than this
+//! machine can be planned for thousands of devices. Prints every op's strategy and its source,
+//! the layouts, parameter layouts, redistributions, gradient buckets, the communication per
+//! step and the memory per device of one rank (`--rank`, default `global_rank` or 0).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use autopar_models::{model_by_name, Mode};
+use autopar_parallel::report::{split_svg, PlanReport};
+use autopar_parallel::{plan_job, rank_program, ParallelMode, PlanRequest, RankCost};
+use clap::Args;
+
+use super::common::{model_options, parallel_context, read_config, ModelArgs, ParallelArgs};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    autopar plan --model gpt --depth 32 --width 1024 --heads 16 --devices 4096\n  \
+    autopar plan --model mlp --devices 8 --strategy run/ckpt/strategy.json --json\n  \
+    autopar plan --model resnet50 --devices 64 --parallel-mode data_parallel --svg splits.svg\n  \
+    autopar plan --model mlp --devices 8 --mindspore-layouts")]
+pub struct PlanArgs {
+    /// Read settings from a TOML file (the keys of `autopar train`; flags given here override it).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
+    /// Global batch size (default: 32, or the device count when it does not divide 32).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// The rank whose communication and memory are reported (default: global_rank, or 0).
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Optimizer whose state the memory figure counts: sgd, momentum or adamw.
+    #[arg(long, default_value = "momentum")]
+    optimizer: String,
+    /// Print the plan as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Draw how the biggest parameters are split over the device matrix into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Print MindSpore's parameter_layout_dict lines (name: 12-tuple) instead of the report.
+    #[arg(long)]
+    mindspore_layouts: bool,
+}
+
+pub fn run(args: PlanArgs) -> Result<ExitCode> {
+    let file = read_config(args.config.as_deref())?;
+    let ctx = parallel_context(&args.parallel, &file)?;
+    let (name, opts) = model_options(&args.model, &file)?;
+    let model = model_by_name(&name, &opts)?;
+    let n = if ctx.parallel_mode == ParallelMode::StandAlone { 1 } else { ctx.device_num };
+    let batch = match args.batch_size.or(file.batch_size) {
+        Some(0) => bail!("invalid --batch-size 0\nhint: pass --batch-size 1 or more"),
+        Some(b) => b,
+        None if 32 % n == 0 => 32,
+        None => n,
+    };
+    let slots = match args.optimizer.to_ascii_lowercase().as_str() {
+        "sgd" => 0,
+        "momentum" => 1,
+        "adamw" | "adam" => 2,
+        other => bail!("unknown optimizer {other:?}\n  valid optimizers: sgd, momentum, adamw\nhint: pass --optimizer momentum"),
+    };
+    let rank = args.rank.or(ctx.explicit_global_rank()).unwrap_or(0);
+    if rank >= n {
+        bail!("--rank {rank} is not a rank of {n} devices\nhint: pass --rank between 0 and {}", n - 1);
+    }
+    let items = match ctx.strategy_load_file() {
+        Some(path) => Some(autopar_runtime::strategy_io::load_strategy_items(std::path::Path::new(path))?),
+        None => None,
+    };
+
+    let started = Instant::now();
+    let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
+    let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref() })?;
+    let program = rank_program(&plan, rank)?;
+    let cost = RankCost::of(&program, slots)?;
+    let seconds = started.elapsed().as_secs_f64();
+
+    let mut out = std::io::stdout().lock();
+    if let Some(path) = &args.svg {
+        let svg = split_svg(&plan, 4);
+        autopar_data::write_atomic(path, svg.as_bytes())
+            .with_context(|| format!("cannot write {}\nhint: check that the folder exists and is writable", path.display()))?;
+        if !args.json && !args.mindspore_layouts {
+            eprintln!("autopar plan: wrote {}", path.display());
+        }
+    }
+    if args.mindspore_layouts {
+        for (name, l) in autopar_parallel::parameter_layout_dict(&plan) {
+            writeln!(out, "{name}: {l}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = PlanReport {
+        plan: &plan,
+        cost: &cost,
+        model: format!("{} (batch {batch})", model.describe()),
+        optimizer: format!("{} slot(s) per trainable parameter: {}", slots, args.optimizer),
+        planning_seconds: seconds,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&report.json()).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?;
+        writeln!(out, "{text}")?;
+    } else {
+        write!(out, "{}", report.text())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,97 @@
+//! `autopar plan` end to end: planning without training, as text, JSON, SVG and MindSpore's
+//! parameter_layout_dict, for a model larger than this machine and for a strategy file.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn autopar(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir).args(args).output().expect("autopar runs")
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let o = autopar(dir, args);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert!(o.status.success(), "{args:?}\n{out}\n{err}");
+    out
+}
+
+#[test]
+fn a_32_block_gpt_plans_for_4096_devices_with_every_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["plan", "--model", "gpt", "--depth", "32", "--width", "512", "--heads", "8", "--devices", "4096"];
+    let out = ok(dir.path(), &args);
+    for section in ["operators", "parameters", "redistributions", "communication per step (rank 0)", "memory per device (rank 0)"] {
+        assert!(out.contains(section), "{section} missing:\n{out}");
+    }
+    assert!(out.contains("on 4096 devices (semi_auto_parallel)") && out.contains("blocks.31.mlp.fc2.matmul"), "{out}");
+    let mut json_args = args.to_vec();
+    json_args.extend(["--json", "--rank", "4095", "--optimizer", "adamw"]);
+    let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &json_args)).unwrap();
+    assert_eq!(v["device_num"], 4096);
+    assert_eq!(v["rank"], 4095);
+    let params = v["parameters"].as_array().unwrap();
+    assert!(params.iter().any(|p| p["name"] == "blocks.31.attn.q_proj.weight"));
+    // Data parallel by default: every parameter whole on every rank, gradients summed over all.
+    assert!(params.iter().all(|p| p["mirror_ranks"] == 4096 || p["trainable"] == false), "{params:?}");
+    let m = &v["memory"];
+    assert_eq!(m["optimizer_state"].as_u64().unwrap(), 2 * m["gradients"].as_u64().unwrap(), "adamw keeps two slots");
+    assert!(m["peak_activations"].as_u64().unwrap() > 0 && v["flops"].as_f64().unwrap() > 0.0);
+    let comm = v["communication"].as_array().unwrap();
+    assert!(comm.iter().any(|c| c["kind"] == "all_reduce" && c["group"].as_array().unwrap().len() == 4096), "{comm:?}");
+    assert!(v["planning_seconds"].as_f64().unwrap() < 10.0);
+}
+
+/// A model-parallel strategy file for the MLP (width 16) on 4 devices.
+const MEGATRON: &str = r#"{"current_stage": 2, "parallel_strategy_item": {
+  "MatMul_fc1.weight": {"stage": 0, "parallel_strategy": [[2, 1], [2, 1]]},
+  "MatMul_fc2.weight": {"stage": 0, "parallel_strategy": [[2, 2], [1, 2]]}},
+  "parallel_layout_item": {}}"#;
+
+#[test]
+fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), MEGATRON).unwrap();
+    let base = ["plan", "--model", "mlp", "--width", "16", "--devices", "4"];
+    let mut a = base.to_vec();
+    a.extend(["--strategy", "s.json", "--json", "--svg", "splits.svg"]);
+    let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &a)).unwrap();
+    let op = |name: &str| v["operators"].as_array().unwrap().iter().find(|o| o["name"] == name).unwrap().clone();
+    assert_eq!(op("fc1.matmul")["source"], "file");
+    assert_eq!(op("fc1.matmul")["strategy"], serde_json::json!([[2, 1], [2, 1]]));
+    assert_eq!(op("fc3.matmul")["source"], "default");
+    assert!(v["strategy_file"].as_str().unwrap().ends_with("s.json"));
+    // fc2 splits its contraction: its output is a partial sum, completed by a redistribution.
+    assert_eq!(op("fc2.matmul")["output"]["partial"], true);
+    assert!(v["redistributions"].as_array().unwrap().iter().any(|r| r["site"].as_str().unwrap().contains("fc2")), "{v}");
+    let svg = std::fs::read_to_string(dir.path().join("splits.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("fc1.weight") && svg.matches("<rect").count() >= 4, "{svg}");
+    // MindSpore's parameter_layout_dict lines: fc1.weight [16, 784] split 2 ways on rows.
+    let mut a = base.to_vec();
+    a.extend(["--strategy", "s.json", "--mindspore-layouts"]);
+    let lines = ok(dir.path(), &a);
+    let fc1 = lines.lines().find(|l| l.starts_with("fc1.weight: ")).unwrap();
+    assert!(fc1.contains("[8, 784]") && fc1.contains("[16, 784]"), "{lines}");
+    // Without the file, the same plan is data parallel.
+    let mut a = base.to_vec();
+    a.push("--json");
+    let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &a)).unwrap();
+    assert_eq!(v["operators"].as_array().unwrap().iter().find(|o| o["name"] == "fc1.matmul").unwrap()["source"], "default");
+}
+
+#[test]
+fn options_autopar_does_not_implement_are_refused_before_planning() {
+    let dir = tempfile::tempdir().unwrap();
+    for (opt, needle) in [
+        ("enable_parallel_optimizer=true", "not supported yet"),
+        ("pipeline_stages=2", "not supported yet"),
+        (r#"comm_fusion={"allgather": {"mode": "auto"}}"#, "comm_fusion.allgather"),
+        ("parallel_mode=auto_parallel", "not supported yet"),
+    ] {
+        let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--parallel", opt]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{opt}: {err}");
+        assert!(err.contains(needle), "{opt}: {err}");
+    }
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--strategy", "missing.json"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.json"), "{:?}", o);
+}
