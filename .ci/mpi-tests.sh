@@ -95,6 +95,25 @@ check training 4 semi_auto_parallel
 check training 2 data_parallel
 check training 4 data_parallel
 
+# An autopar built without MPI support refuses to run under mpirun (instead of every process
+# running the whole job), and `autopar launch` refuses to start it.
+echo "mpi-tests: building autopar without MPI support"
+cargo build -p autopar
+nompi="$(mktemp -d)/autopar-no-mpi"
+cp "${CARGO_TARGET_DIR:-target}/debug/autopar" "$nompi"
+refuses_without_mpi() {
+    local out rc=0
+    echo "mpi-tests: mpirun -n 2 of an autopar without MPI support must refuse"
+    out=$(timeout 120 mpirun -n 2 "${flags[@]}" "$nompi" train --model mlp --data synthetic --steps 2 --devices 2 2>&1) || rc=$?
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "built without MPI support" <<<"$out" || grep -q "^trained" <<<"$out"; then
+        echo "$out" >&2
+        return 1
+    fi
+    out=$("$nompi" launch -n 2 -- "$nompi" train --model mlp --data synthetic --steps 2 2>&1) && { echo "$out" >&2; return 1; }
+    grep -q "built without MPI support" <<<"$out" || { echo "$out" >&2; return 1; }
+}
+check refuses_without_mpi
+
 # `mpirun -n N autopar train` equals the same job on N in-process ranks (the ResNet's
 # data_parallel BatchNorm synchronises its statistics across the processes).
 echo "mpi-tests: building autopar with --features mpi"
@@ -111,6 +130,21 @@ train_cli() {
 }
 check train_cli 4 --model mlp --data synthetic --synthetic-samples 2048 --steps 20 --batch-size 32
 check train_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel
+
+# global_rank is checked against the process's MPI rank, and `autopar launch` starts an MPI build.
+global_rank_mismatch() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" out rc=0
+    echo "mpi-tests: global_rank=1 on every process of mpirun -n 2 must be refused by rank 0"
+    out=$(timeout 120 mpirun -n 2 "${flags[@]}" "$bin" train --model mlp --data synthetic --steps 2 --devices 2 --parallel global_rank=1 2>&1) || rc=$?
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "global_rank 1 does not match this process, rank 0 of 2" <<<"$out"; then
+        echo "$out" >&2
+        return 1
+    fi
+    echo "mpi-tests: autopar launch -n 2 of an MPI build trains"
+    out=$(timeout 300 "$bin" launch -n 2 -- "$bin" train --model mlp --data synthetic --synthetic-samples 512 --steps 4 --devices 2 2>&1) || { echo "$out" >&2; return 1; }
+    grep -q "^trained mlp for 4 steps" <<<"$out" || { echo "$out" >&2; return 1; }
+}
+check global_rank_mismatch
 
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi

@@ -457,6 +457,9 @@ impl ParallelContext {
         if !mode.is_auto() && self.is_set("loss_repeated_mean") && !self.loss_repeated_mean {
             return auto_only("loss_repeated_mean");
         }
+        if !mode.is_auto() && self.strategy_load_file().is_some() {
+            return auto_only("strategy_ckpt_load_file");
+        }
         if mode != ParallelMode::AutoParallel && self.is_set("search_mode") {
             return conflict("search_mode", Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
         }
@@ -732,6 +735,8 @@ mod tests {
         assert!(e.to_string().contains("dataset_strategy"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("gradient_fp32_sync", json!(false))]);
         assert!(e.to_string().contains("gradient_fp32_sync") && e.to_string().contains("data_parallel does not support it"), "{e}");
+        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("strategy_ckpt_load_file", json!("s.ckpt"))]);
+        assert!(e.to_string().contains("strategy_ckpt_load_file") && e.to_string().contains("data_parallel does not support it"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("loss_repeated_mean", json!(false))]);
         assert!(e.to_string().contains("loss_repeated_mean") && e.to_string().contains("data_parallel does not support it"), "{e}");
     }
@@ -740,7 +745,12 @@ mod tests {
     fn unimplemented_behaviour_is_rejected_not_ignored() {
         for (k, v, mode) in [
             ("pipeline_stages", json!(2), "semi_auto_parallel"),
+            ("pipeline_config", json!({"pipeline_scheduler": "gpipe"}), "semi_auto_parallel"),
+            ("pipeline_result_broadcast", json!(true), "semi_auto_parallel"),
             ("enable_parallel_optimizer", json!(true), "semi_auto_parallel"),
+            ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": 0}), "data_parallel"),
+            ("comm_fusion", json!({"allgather": {"mode": "auto"}}), "semi_auto_parallel"),
+            ("comm_fusion", json!({"reducescatter": {"mode": "size", "config": 4}}), "data_parallel"),
             ("parallel_mode", json!("auto_parallel"), "auto_parallel"),
             ("group_ckpt_save_file", json!("groups.pb"), "semi_auto_parallel"),
         ] {

@@ -324,3 +324,117 @@ fn bad_options_and_mismatched_data_are_errors_naming_the_value() {
     let err = t.fit(vec![]).unwrap_err();
     assert!(matches!(err, TrainError::DataMismatch { what: "classes", .. }), "{err}");
 }
+
+/// A dataset counting the samples read from it.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Dataset>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl Dataset for Counting {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn sample_shape(&self) -> &[usize] {
+        self.inner.sample_shape()
+    }
+    fn label_shape(&self) -> Option<&[usize]> {
+        self.inner.label_shape()
+    }
+    fn num_classes(&self) -> Option<usize> {
+        self.inner.num_classes()
+    }
+    fn read(&self, index: usize, x: &mut [f32], y: &mut [i64]) -> autopar_data::Result<()> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(index, x, y)
+    }
+}
+
+#[test]
+fn dataset_strategy_makes_each_rank_read_only_its_rows_of_every_batch() {
+    let (batch, steps) = (16usize, 6u64);
+    let reference = mlp_trainer(cfg(batch, steps)).fit(vec![]).unwrap();
+    // (dataset_strategy, samples read per step by the 4 ranks together)
+    for (strategy, per_step) in [(None, batch), (Some("\"full_batch\""), 4 * batch), (Some("[[2, 1], [2]]"), 2 * batch)] {
+        let data = Arc::new(Counting { inner: clusters(&[16], 4, 256), reads: 0.into() });
+        let mut c = cfg(batch, steps);
+        c.parallel = context("semi_auto_parallel", 4);
+        if let Some(s) = strategy {
+            c.parallel.set_str("dataset_strategy", s).unwrap();
+        }
+        let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(data.clone()), c);
+        let run = t.fit(vec![]).unwrap();
+        assert_close(&run.losses, &reference.losses, &format!("dataset_strategy {strategy:?}"));
+        let reads = data.reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(reads, per_step * steps as usize, "dataset_strategy {strategy:?}: samples read");
+    }
+}
+
+#[test]
+fn strategy_ckpt_config_saves_the_plan_with_or_without_frozen_parameters_and_optimizer_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let resnet = ModelOptions { width: Some(4), input_shape: Some(vec![3, 8, 8]), num_classes: Some(4), ..Default::default() };
+    let train = |key: &str, value: String| {
+        let mut c = cfg(8, 1);
+        c.parallel = context("semi_auto_parallel", 2);
+        c.parallel.set_str(key, &value).unwrap();
+        Trainer::new("resnet18", builder("resnet18", resnet.clone(), vec![]), source(clusters(&[3, 8, 8], 4, 64)), c).fit(vec![]).unwrap();
+    };
+    let (a, b, old) = (dir.path().join("a.json"), dir.path().join("b.ckpt"), dir.path().join("old.ckpt"));
+    train("strategy_ckpt_config", format!(r#"{{"save_file": "{}"}}"#, a.display()));
+    train("strategy_ckpt_config", format!(r#"{{"save_file": "{}", "only_trainable_params": false}}"#, b.display()));
+    train("strategy_ckpt_save_file", old.display().to_string());
+    // JSON by extension, protobuf otherwise.
+    assert!(std::fs::read_to_string(&a).unwrap().trim_start().starts_with('{'));
+    assert!(std::fs::read_to_string(&b).is_err() || !std::fs::read_to_string(&b).unwrap().trim_start().starts_with('{'));
+    let names = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> = autopar_checkpoint::StrategyFile::load(p).unwrap().layout_items.into_iter().map(|l| l.name).collect();
+        v.sort();
+        v
+    };
+    let (trainable, all, older) = (names(&a), names(&b), names(&old));
+    assert!(trainable.iter().any(|n| n == "conv1.weight") && !trainable.iter().any(|n| n.contains("moving_mean") || n.starts_with("moments.")));
+    assert!(all.iter().any(|n| n.ends_with("moving_mean")), "{all:?}");
+    assert!(all.iter().any(|n| n == "moments.conv1.weight"), "optimizer state: {all:?}");
+    assert_eq!(older, trainable);
+}
+
+#[test]
+fn a_strategy_load_file_sets_the_strategies_and_a_missing_one_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mp.json");
+    std::fs::write(
+        &file,
+        r#"{"current_stage": 2, "parallel_strategy_item": {"MatMul_fc1.weight": {"stage": 0, "parallel_strategy": [[2, 1], [2, 1]]}}, "parallel_layout_item": {}}"#,
+    )
+    .unwrap();
+    let reference = mlp_trainer(cfg(16, 4)).fit(vec![]).unwrap();
+    let mut c = cfg(16, 4);
+    c.parallel = context("semi_auto_parallel", 4);
+    c.parallel.set_str("strategy_ckpt_config", &format!(r#"{{"load_file": "{}"}}"#, file.display())).unwrap();
+    c.checkpoint = checkpoints(dir.path(), 4, 0);
+    let run = mlp_trainer(c).fit(vec![]).unwrap();
+    assert_close(&run.losses, &reference.losses, "strategy from a file");
+    // fc1.weight [32, 16] split 2 ways on its rows, as the file says (the default would not split it).
+    let f = autopar_checkpoint::CheckpointFile::open(dir.path().join("rank_0/net-4_0.safetensors")).unwrap();
+    assert_eq!(f.get("fc1.weight").unwrap().shape, vec![16, 16]);
+    let mut c = cfg(16, 4);
+    c.parallel = context("semi_auto_parallel", 4);
+    c.parallel.set_str("strategy_ckpt_load_file", &dir.path().join("missing.json").display().to_string()).unwrap();
+    let err = mlp_trainer(c).fit(vec![]).unwrap_err().to_string();
+    assert!(err.contains("missing.json"), "{err}");
+}
+
+#[test]
+fn global_rank_is_refused_when_one_process_runs_every_rank() {
+    let mut c = cfg(16, 2);
+    c.parallel = context("semi_auto_parallel", 2);
+    c.parallel.set_str("global_rank", "1").unwrap();
+    let err = mlp_trainer(c).fit(vec![]).unwrap_err();
+    assert!(matches!(err, TrainError::Runtime(autopar_runtime::RuntimeError::GlobalRankInProcess { devices: 2 })), "{err}");
+    assert!(err.to_string().contains("mpirun"), "{err}");
+}

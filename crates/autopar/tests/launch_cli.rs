@@ -63,3 +63,47 @@ fn launch_runs_the_command_on_every_rank_and_reports_a_failed_job() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("the job of 2 ranks failed"), "{stderr}");
 }
+
+#[test]
+fn the_version_says_whether_the_build_runs_under_mpirun() {
+    let out = autopar(&["--version"], None);
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(v.starts_with("autopar ") && (v.contains("(mpi)") || v.contains("(no mpi)")), "{v}");
+}
+
+#[test]
+fn launch_refuses_an_autopar_built_without_mpi_before_starting_any_rank() {
+    let me = env!("CARGO_BIN_EXE_autopar");
+    let v = String::from_utf8_lossy(&autopar(&["--version"], None).stdout).into_owned();
+    if v.contains("(mpi)") {
+        eprintln!("this autopar is built with MPI support: nothing to refuse");
+        return;
+    }
+    // Also without OpenMPI installed: the check comes before looking for mpirun.
+    let empty = std::env::temp_dir().join(format!("autopar-empty-path-check-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = autopar(&["launch", "-n", "4", "--", me, "train", "--model", "mlp", "--data", "synthetic"], Some(&empty));
+    std::fs::remove_dir_all(&empty).ok();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("built without MPI support") && stderr.contains("--features mpi"), "{stderr}");
+}
+
+#[test]
+fn train_started_by_mpirun_without_mpi_support_refuses_instead_of_running_a_duplicate_job() {
+    let v = String::from_utf8_lossy(&autopar(&["--version"], None).stdout).into_owned();
+    if v.contains("(mpi)") {
+        return;
+    }
+    // What mpirun sets for each process it starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(["train", "--model", "mlp", "--data", "synthetic", "--steps", "1"])
+        .env("OMPI_COMM_WORLD_SIZE", "4")
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("started by mpirun (4 processes)") && stderr.contains("--features mpi"), "{stderr}");
+    assert!(out.stdout.is_empty(), "no training output: {}", String::from_utf8_lossy(&out.stdout));
+}

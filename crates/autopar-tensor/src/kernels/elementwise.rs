@@ -37,13 +37,17 @@ fn broadcast_out(op: &'static str, a: &Tensor, b: &Tensor) -> Result<Vec<usize>>
     })
 }
 
-/// `a (op) b` with NumPy broadcasting. Floats (f32, f64) and integers (i32, i64; division
-/// truncates toward zero and a zero divisor is an error).
+/// `a (op) b` with NumPy broadcasting. Floats (f32, f64; f16 and bf16 computed in f32 and
+/// rounded once) and integers (i32, i64; division truncates toward zero and a zero divisor is an
+/// error).
 pub fn binary(ctx: &ExecCtx, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
     same_dtype(name, "rhs", a, b)?;
     let shape = broadcast_out(name, a, b)?;
     match a.dtype() {
+        half @ (crate::DType::F16 | crate::DType::BF16) => {
+            Ok(binary(ctx, op, &a.cast(crate::DType::F32), &b.cast(crate::DType::F32))?.cast(half))
+        }
         crate::DType::I32 => int_binary::<i32>(ctx, name, op, &shape, a, b),
         crate::DType::I64 => int_binary::<i64>(ctx, name, op, &shape, a, b),
         dt => float_dispatch!(name, dt, T => {

@@ -44,6 +44,20 @@ fn quote(s: &OsString) -> String {
     }
 }
 
+/// When the program is an autopar binary, it must be built with MPI support: without it every
+/// process would run the whole job on its own (N duplicate jobs). Other programs pass.
+fn check_autopar_build(program: &OsString, ranks: usize) -> Result<()> {
+    let Ok(out) = std::process::Command::new(program).arg("--version").output() else { return Ok(()) };
+    let version = String::from_utf8_lossy(&out.stdout);
+    if version.starts_with("autopar ") && !version.contains("(mpi)") {
+        bail!(
+            "{} was built without MPI support\n  under mpirun each of the {ranks} processes would run the whole job on its own\nhint: build it with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev)",
+            program.to_string_lossy()
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: LaunchArgs) -> Result<ExitCode> {
     if args.ranks == 0 {
         bail!("invalid number of ranks: 0\nhint: pass -n N with N >= 1, e.g. autopar launch -n 4 -- <command>");
@@ -56,6 +70,7 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode> {
             );
         }
     }
+    check_autopar_build(&args.command[0], args.ranks)?;
     let spec = LaunchSpec {
         ranks: args.ranks,
         hostfile: args.hostfile.clone(),
