@@ -735,7 +735,8 @@ mod tests {
         assert!(e.to_string().contains("dataset_strategy"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("gradient_fp32_sync", json!(false))]);
         assert!(e.to_string().contains("gradient_fp32_sync") && e.to_string().contains("data_parallel does not support it"), "{e}");
-        let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("strategy_ckpt_load_file", json!("s.ckpt"))]);
+        let e =
+            conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("strategy_ckpt_load_file", json!("s.ckpt"))]);
         assert!(e.to_string().contains("strategy_ckpt_load_file") && e.to_string().contains("data_parallel does not support it"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("loss_repeated_mean", json!(false))]);
         assert!(e.to_string().contains("loss_repeated_mean") && e.to_string().contains("data_parallel does not support it"), "{e}");

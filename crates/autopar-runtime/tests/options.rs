@@ -215,7 +215,8 @@ fn force_fp32_communication_widens_the_redistribution_of_half_precision_values()
     let want = stand_alone_on(&graph, loss, &[]);
     let mut widths = Vec::new();
     for force in [false, true] {
-        let job = ParallelJob::new(graph.clone(), loss, ctx(4, "semi_auto_parallel", &[("force_fp32_communication", json!(force))])).unwrap();
+        let job =
+            ParallelJob::new(graph.clone(), loss, ctx(4, "semi_auto_parallel", &[("force_fp32_communication", json!(force))])).unwrap();
         assert!(job.plan().redistributions.iter().any(|r| r.dtype == DType::F16 && r.in_f32 == force), "force={force}");
         let (_, got, calls) = gradients_on(&job, &[]);
         // f16 values on the way: compare loosely.
@@ -255,4 +256,3 @@ fn comm_fusion_settings_set_the_number_of_gradient_all_reduces_and_keep_the_resu
     let job = ParallelJob::new(graph, loss, ctx(4, "data_parallel", &[("all_reduce_fusion_config", json!([1]))])).unwrap();
     assert_eq!(job.plan().gradients.buckets.len(), 2);
 }
-

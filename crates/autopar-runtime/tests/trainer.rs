@@ -397,7 +397,9 @@ fn strategy_ckpt_config_saves_the_plan_with_or_without_frozen_parameters_and_opt
         v
     };
     let (trainable, all, older) = (names(&a), names(&b), names(&old));
-    assert!(trainable.iter().any(|n| n == "conv1.weight") && !trainable.iter().any(|n| n.contains("moving_mean") || n.starts_with("moments.")));
+    assert!(
+        trainable.iter().any(|n| n == "conv1.weight") && !trainable.iter().any(|n| n.contains("moving_mean") || n.starts_with("moments."))
+    );
     assert!(all.iter().any(|n| n.ends_with("moving_mean")), "{all:?}");
     assert!(all.iter().any(|n| n == "moments.conv1.weight"), "optimizer state: {all:?}");
     assert_eq!(older, trainable);
