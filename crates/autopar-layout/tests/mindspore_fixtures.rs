@@ -1,4 +1,4 @@
-//! Compatibility with layouts MindSpore 2.10 computed (`shared/fixtures/mindspore/strategies`).
+//! Compatibility with layouts MindSpore 2.10 computed (`fixtures/mindspore/strategies`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use autopar_layout::{strategy_layouts, DevMatrixRule, ParameterLayout, Strategy,
 fn fixtures() -> PathBuf {
     match std::env::var_os("AUTOPAR_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
     }
 }
 

@@ -1,4 +1,4 @@
-//! The fixture network of `shared/fixtures/mindspore` planned with the `semi_all` strategies
+//! The fixture network of `fixtures/mindspore` planned with the `semi_all` strategies
 //! yields MindSpore's parameter layouts and communication.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use serde_json::json;
 fn fixtures() -> PathBuf {
     match std::env::var_os("AUTOPAR_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
     }
 }
 

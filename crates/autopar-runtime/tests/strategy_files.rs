@@ -12,7 +12,7 @@ use serde_json::json;
 fn fixtures() -> PathBuf {
     match std::env::var_os("AUTOPAR_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
     }
 }
 

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 fn fixtures() -> PathBuf {
     match std::env::var_os("AUTOPAR_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
     }
 }
 

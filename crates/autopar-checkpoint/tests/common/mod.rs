@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-/// MindSpore fixtures: `$AUTOPAR_FIXTURES`, else `shared/fixtures/mindspore` beside the repository.
+/// MindSpore fixtures: `$AUTOPAR_FIXTURES`, else `fixtures/mindspore` of this repository.
 pub fn fixtures() -> PathBuf {
     match std::env::var_os("AUTOPAR_FIXTURES") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/mindspore")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
     }
 }
 
