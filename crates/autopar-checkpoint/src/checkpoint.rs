@@ -11,7 +11,7 @@ use memmap2::{Mmap, MmapOptions};
 
 use crate::ckpt::{self, CkptWriter};
 use crate::dtype::DType;
-use crate::error::{CheckpointError, Result};
+use crate::error::{CheckpointError, Misuse, Result};
 use crate::io::copy_box;
 use crate::safetensors::{self as st, SafetensorsWriter};
 
@@ -45,7 +45,7 @@ impl std::str::FromStr for Format {
         match s {
             "ckpt" => Ok(Format::Ckpt),
             "safetensors" => Ok(Format::Safetensors),
-            o => Err(CheckpointError::InvalidArgument(format!("unknown format {o:?}: expected ckpt or safetensors"))),
+            o => Err(CheckpointError::InvalidArgument(Misuse::UnknownFormat { format: o.to_string() })),
         }
     }
 }
@@ -298,7 +298,11 @@ impl CheckpointFile {
     pub fn copy_region(&self, name: &str, region: &[Range<usize>], dst: &mut [u8], dst_shape: &[usize], dst_start: &[usize]) -> Result<()> {
         let t = self.entry(name)?;
         if region.len() != t.shape.len() || region.iter().zip(&t.shape).any(|(r, &s)| r.end > s || r.start > r.end) {
-            return Err(CheckpointError::InvalidArgument(format!("region {region:?} is outside tensor {name:?} of shape {:?}", t.shape)));
+            return Err(CheckpointError::InvalidArgument(Misuse::RegionOutside {
+                name: name.to_string(),
+                region: region.to_vec(),
+                shape: t.shape.clone(),
+            }));
         }
         let start: Vec<usize> = region.iter().map(|r| r.start).collect();
         let extent: Vec<usize> = region.iter().map(|r| r.end - r.start).collect();
@@ -362,7 +366,7 @@ impl CheckpointWriter {
     /// Write the next tensor of [`Self::order`].
     pub fn write_next(&mut self, data: &[u8]) -> Result<()> {
         let spec =
-            self.order.get(self.next).ok_or_else(|| CheckpointError::InvalidArgument("more tensors written than declared".into()))?;
+            self.order.get(self.next).ok_or(CheckpointError::InvalidArgument(Misuse::TooManyTensors { declared: self.order.len() }))?;
         match &mut self.inner {
             WriterInner::Ckpt(w) => w.write_tensor(&spec.name, spec.dtype, &spec.shape, data)?,
             WriterInner::Safetensors(w) => w.write_tensor(&spec.name, data)?,
@@ -373,7 +377,7 @@ impl CheckpointWriter {
 
     pub fn finish(self) -> Result<()> {
         if self.next != self.order.len() {
-            return Err(CheckpointError::InvalidArgument(format!("only {} of {} tensors were written", self.next, self.order.len())));
+            return Err(CheckpointError::InvalidArgument(Misuse::MissingTensors { written: self.next, declared: self.order.len() }));
         }
         match self.inner {
             WriterInner::Ckpt(w) => w.finish(),
@@ -442,7 +446,7 @@ pub fn load_segmented(dir: &Path, filter: &NameFilter) -> Result<BTreeMap<String
         }
     }
     if out.is_empty() {
-        return Err(CheckpointError::InvalidArgument(format!("no tensor of {} passes the name filters", dir.display())));
+        return Err(CheckpointError::InvalidArgument(Misuse::NothingSelected { dir: dir.to_path_buf() }));
     }
     Ok(out)
 }

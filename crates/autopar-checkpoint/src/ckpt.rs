@@ -15,7 +15,7 @@ use std::path::Path;
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 
 use crate::dtype::DType;
-use crate::error::{CheckpointError, Result};
+use crate::error::{CheckpointError, Misuse, Result};
 use crate::io::AtomicFile;
 use crate::TensorEntry;
 
@@ -242,7 +242,7 @@ impl CkptWriter {
     /// A writer that chunks values larger than `chunk_bytes` (MindSpore: 512 MiB).
     pub fn with_chunk_bytes(path: &Path, crc: bool, chunk_bytes: usize) -> Result<Self> {
         if chunk_bytes == 0 {
-            return Err(CheckpointError::InvalidArgument("chunk size must be positive".into()));
+            return Err(CheckpointError::InvalidArgument(Misuse::ZeroChunkSize));
         }
         Ok(Self { out: AtomicFile::create(path)?, crc: crc.then(crc32fast::Hasher::new), chunk_bytes })
     }

@@ -101,7 +101,73 @@ pub enum CheckpointError {
     MissingRankFile { rank: usize },
 
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(Misuse),
+}
+
+/// A call the checkpoint code cannot carry out, with the facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Misuse {
+    /// A parallel job stopped because another failed first.
+    StoppedAfterOtherError,
+    /// A worker thread panicked.
+    WorkerPanicked {
+        what: &'static str,
+    },
+    ZeroChunkSize,
+    DuplicateTensor {
+        name: String,
+    },
+    /// A tensor written after every declared one, or out of the declared order.
+    UnexpectedTensor {
+        name: String,
+        expected: Option<String>,
+    },
+    WrongByteCount {
+        name: String,
+        dtype: String,
+        shape: Vec<usize>,
+        needs: usize,
+        got: usize,
+    },
+    MissingTensors {
+        written: usize,
+        declared: usize,
+    },
+    TooManyTensors {
+        declared: usize,
+    },
+    UnknownFormat {
+        format: String,
+    },
+    RegionOutside {
+        name: String,
+        region: Vec<std::ops::Range<usize>>,
+        shape: Vec<usize>,
+    },
+    NothingSelected {
+        dir: PathBuf,
+    },
+}
+
+impl std::fmt::Display for Misuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Misuse::StoppedAfterOtherError => write!(f, "stopped after an error in another job"),
+            Misuse::WorkerPanicked { what } => write!(f, "the {what} thread panicked"),
+            Misuse::ZeroChunkSize => write!(f, "chunk size must be positive"),
+            Misuse::DuplicateTensor { name } => write!(f, "tensor {name:?} given twice"),
+            Misuse::UnexpectedTensor { name, expected: None } => write!(f, "tensor {name:?} written after the last one"),
+            Misuse::UnexpectedTensor { name, expected: Some(want) } => write!(f, "tensor {name:?} written where {want:?} was expected"),
+            Misuse::WrongByteCount { name, dtype, shape, needs, got } => {
+                write!(f, "tensor {name:?} {dtype} {shape:?} needs {needs} bytes, got {got}")
+            }
+            Misuse::MissingTensors { written, declared } => write!(f, "only {written} of {declared} tensors were written"),
+            Misuse::TooManyTensors { declared } => write!(f, "more tensors written than the {declared} declared"),
+            Misuse::UnknownFormat { format } => write!(f, "unknown format {format:?}: expected ckpt or safetensors"),
+            Misuse::RegionOutside { name, region, shape } => write!(f, "region {region:?} is outside tensor {name:?} of shape {shape:?}"),
+            Misuse::NothingSelected { dir } => write!(f, "no tensor of {} passes the name filters", dir.display()),
+        }
+    }
 }
 
 impl CheckpointError {

@@ -56,7 +56,7 @@ pub use checkpoint::{
 };
 pub use ckpt::CkptWriter;
 pub use dtype::DType;
-pub use error::{CheckpointError, Result};
+pub use error::{CheckpointError, Misuse, Result};
 pub use safetensors::SafetensorsWriter;
 pub use strategy::{merge_strategies, GroupInfo, LayoutItem, LayoutMap, ParamLayout, StrategyFile, StrategyItem};
 pub use transform::{

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::dtype::DType;
-use crate::error::{CheckpointError, Result};
+use crate::error::{CheckpointError, Misuse, Result};
 use crate::io::AtomicFile;
 use crate::TensorEntry;
 
@@ -120,7 +120,7 @@ impl SafetensorsWriter {
         let mut order = tensors.to_vec();
         order.sort_by(|a, b| a.0.cmp(&b.0));
         if let Some(w) = order.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(CheckpointError::InvalidArgument(format!("tensor {:?} given twice", w[0].0)));
+            return Err(CheckpointError::InvalidArgument(Misuse::DuplicateTensor { name: w[0].0.clone() }));
         }
         let mut header = Map::new();
         if !metadata.is_empty() {
@@ -168,17 +168,23 @@ impl SafetensorsWriter {
     /// Write the next tensor of [`Self::write_order`].
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
         let Some((want, dtype, shape)) = self.order.get(self.next) else {
-            return Err(CheckpointError::InvalidArgument(format!("tensor {name:?} written after the last one")));
+            return Err(CheckpointError::InvalidArgument(Misuse::UnexpectedTensor { name: name.to_string(), expected: None }));
         };
         if want != name {
-            return Err(CheckpointError::InvalidArgument(format!("tensor {name:?} written where {want:?} was expected")));
+            return Err(CheckpointError::InvalidArgument(Misuse::UnexpectedTensor {
+                name: name.to_string(),
+                expected: Some(want.to_string()),
+            }));
         }
         let len = shape.iter().product::<usize>() * dtype.size();
         if data.len() != len {
-            return Err(CheckpointError::InvalidArgument(format!(
-                "tensor {name:?} {dtype} {shape:?} needs {len} bytes, got {}",
-                data.len()
-            )));
+            return Err(CheckpointError::InvalidArgument(Misuse::WrongByteCount {
+                name: name.to_string(),
+                dtype: dtype.to_string(),
+                shape: shape.to_vec(),
+                needs: len,
+                got: data.len(),
+            }));
         }
         self.out.write_all(data)?;
         self.next += 1;
@@ -187,7 +193,7 @@ impl SafetensorsWriter {
 
     pub fn finish(self) -> Result<()> {
         if self.next != self.order.len() {
-            return Err(CheckpointError::InvalidArgument(format!("only {} of {} tensors were written", self.next, self.order.len())));
+            return Err(CheckpointError::InvalidArgument(Misuse::MissingTensors { written: self.next, declared: self.order.len() }));
         }
         self.out.commit()
     }

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use autopar_layout::TensorLayout;
 
 use crate::checkpoint::{collect_rank_files, CheckpointFile, CheckpointWriter, Format, OpenOptions, TensorSpec};
-use crate::error::{CheckpointError, Result};
+use crate::error::{CheckpointError, Misuse, Result};
 use crate::io::{intersect, AtomicFile};
 use crate::strategy::{LayoutMap, ParamLayout, StrategyFile};
 
@@ -585,7 +585,7 @@ fn execute(
             let mut fresh = 2usize;
             for name in &order {
                 if abort.load(Ordering::Relaxed) {
-                    return Err(CheckpointError::InvalidArgument("stopped after an error in another job".into()));
+                    return Err(CheckpointError::InvalidArgument(Misuse::StoppedAfterOtherError));
                 }
                 let t = by_name[name.as_str()];
                 let data = if t.spec.dtype == crate::DType::Str {
@@ -618,7 +618,7 @@ fn execute(
             Ok(())
         })();
         drop(to_writer);
-        let written = writer.join().unwrap_or_else(|_| Err(CheckpointError::InvalidArgument("the writer thread panicked".into())));
+        let written = writer.join().unwrap_or(Err(CheckpointError::InvalidArgument(Misuse::WorkerPanicked { what: "writer" })));
         produced.and(written)
     })
 }

@@ -298,3 +298,17 @@ fn init_from_per_rank_checkpoints_of_another_strategy() {
     let fresh = run(&["--steps", "2", "--devices", "2"]);
     assert!(first_loss(&resumed) < first_loss(&fresh) - 0.05, "init did not load the trained weights:\n{resumed}\n{fresh}");
 }
+
+#[test]
+fn a_failing_rank_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = vec!["train"];
+    a.extend(SMALL);
+    a.extend(["--devices", "2", "--lr", "1e30", "--steps", "30", "--eval", "false"]);
+    let o = autopar(dir.path(), &a);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}\n{err}");
+    let line = err.lines().find(|l| l.starts_with("autopar[")).unwrap_or_else(|| panic!("no autopar[RANK]: line in\n{err}"));
+    assert!((line.starts_with("autopar[0]: ") || line.starts_with("autopar[1]: ")) && line.contains("the loss is"), "{err}");
+    assert!(err.contains("hint: lower --lr"), "{err}");
+}

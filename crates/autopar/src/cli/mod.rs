@@ -7,12 +7,16 @@ pub mod layout;
 pub mod plan;
 pub mod train;
 
-/// Print an error as `autopar: <first line>` followed by indented facts and causes.
+/// Print an error as `autopar: <first line>` followed by indented facts and causes; the error
+/// of a failed rank as `autopar[RANK]: ...`.
 pub fn report_error(err: &anyhow::Error) {
-    let text = format!("{err}");
+    let (prefix, text) = match err.downcast_ref::<autopar_runtime::TrainError>() {
+        Some(autopar_runtime::TrainError::Rank { rank, source }) => (format!("autopar[{rank}]"), source.to_string()),
+        _ => ("autopar".to_string(), format!("{err}")),
+    };
     let mut lines = text.lines();
     if let Some(first) = lines.next() {
-        eprintln!("autopar: {first}");
+        eprintln!("{prefix}: {first}");
     }
     for line in lines {
         let line = line.trim_start();
