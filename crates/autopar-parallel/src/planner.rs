@@ -154,16 +154,14 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     // dataset strategy's.
     let mut input_index = 0usize;
     for (i, node) in nodes.iter().enumerate() {
-        let layout = match &node.op {
-            OpKind::Parameter(_) => {
-                first_use_layout(&graph, &plans, NodeId(i)).unwrap_or_else(|| TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
-            }
-            OpKind::Input(_) => {
-                let l = input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?;
-                input_index += 1;
-                l
-            }
-            _ => continue,
+        let layout = if let OpKind::Parameter(_) = &node.op {
+            first_use_layout(&graph, &plans, NodeId(i)).unwrap_or_else(|| TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
+        } else if let OpKind::Input(_) = &node.op {
+            let l = input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?;
+            input_index += 1;
+            l
+        } else {
+            continue;
         };
         plans[i] = Some(leaf_plan(node, NodeId(i), layout));
     }

@@ -200,20 +200,19 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &[], block: None, rows: None });
             let id = em.add(&node.name, op, &[])?;
             let slice = np.output.slice_of(rank).map_err(layout_err(&node.name))?;
-            match &node.op {
-                OpKind::Parameter(p) => {
-                    let mirror = np.output.replica_group(rank).map_err(layout_err(&node.name))?;
-                    params.push(ParamSlot {
-                        name: node.name.clone(),
-                        global: NodeId(i),
-                        local: id,
-                        layout: np.output.clone(),
-                        slice,
-                        mirror,
-                        trainable: p.trainable,
-                    });
-                }
-                _ => inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice }),
+            if let OpKind::Parameter(p) = &node.op {
+                let mirror = np.output.replica_group(rank).map_err(layout_err(&node.name))?;
+                params.push(ParamSlot {
+                    name: node.name.clone(),
+                    global: NodeId(i),
+                    local: id,
+                    layout: np.output.clone(),
+                    slice,
+                    mirror,
+                    trainable: p.trainable,
+                });
+            } else {
+                inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice });
             }
             id
         } else {
@@ -335,21 +334,19 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         let node = g.node(id);
         let layout = TensorLayout::replicated(flat.clone(), node.ty.shape.clone());
         let slice: Vec<Range<usize>> = node.ty.shape.iter().map(|&d| 0..d).collect();
-        match &node.op {
-            OpKind::Parameter(p) => {
-                let shared = plan.param(&node.name).is_some_and(|pp| !pp.mirror.is_empty());
-                params.push(ParamSlot {
-                    name: node.name.clone(),
-                    global: id,
-                    local: id,
-                    layout,
-                    slice,
-                    mirror: if shared { (0..n).collect() } else { vec![rank] },
-                    trainable: p.trainable,
-                });
-            }
-            OpKind::Input(_) => inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice }),
-            _ => {}
+        if let OpKind::Parameter(p) = &node.op {
+            let shared = plan.param(&node.name).is_some_and(|pp| !pp.mirror.is_empty());
+            params.push(ParamSlot {
+                name: node.name.clone(),
+                global: id,
+                local: id,
+                layout,
+                slice,
+                mirror: if shared { (0..n).collect() } else { vec![rank] },
+                trainable: p.trainable,
+            });
+        } else if let OpKind::Input(_) = &node.op {
+            inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice });
         }
     }
     let mut groups: std::collections::BTreeSet<Vec<usize>> = std::collections::BTreeSet::new();

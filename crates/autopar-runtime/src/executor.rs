@@ -172,10 +172,12 @@ pub struct RunOutput {
 type NormKey = (Vec<NodeId>, u8, u64, i64);
 
 fn norm_key(node: &Node) -> Option<NormKey> {
-    match &node.op {
-        OpKind::BatchNormGrad(bn) => Some((node.inputs.clone(), 0, bn.eps.to_bits(), bn.training as i64)),
-        OpKind::LayerNormGrad(ln) => Some((node.inputs.clone(), 1, ln.eps.to_bits(), ln.begin_norm_axis)),
-        _ => None,
+    if let OpKind::BatchNormGrad(bn) = &node.op {
+        Some((node.inputs.clone(), 0, bn.eps.to_bits(), bn.training as i64))
+    } else if let OpKind::LayerNormGrad(ln) = &node.op {
+        Some((node.inputs.clone(), 1, ln.eps.to_bits(), ln.begin_norm_axis))
+    } else {
+        None
     }
 }
 
