@@ -329,6 +329,11 @@ impl Trainer {
         &self.cfg
     }
 
+    /// The configuration, to change before [`Trainer::fit`].
+    pub fn config_mut(&mut self) -> &mut TrainConfig {
+        &mut self.cfg
+    }
+
     fn network(&self, batch: usize, training: bool) -> TrainResult<Network> {
         (self.build)(batch, training).map_err(|source| TrainError::Network { model: self.name.clone(), source })
     }

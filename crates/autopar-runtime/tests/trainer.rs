@@ -127,17 +127,24 @@ fn a_gpt_with_dropout_resumes_with_the_uninterrupted_dropout_masks() {
         Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
     });
     let data: Arc<dyn Dataset> = Arc::new(SyntheticDataset::tokens(16, 8, 64, 5).unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    let trainer = |c: TrainConfig| Trainer::new("gpt", build.clone(), source(data.clone()), c);
-    let full = trainer(cfg(8, 12)).fit(vec![]).unwrap();
-    let mut first = cfg(8, 5);
-    first.checkpoint = checkpoints(dir.path(), 0, 0);
-    let part = trainer(first).fit(vec![]).unwrap();
-    let mut second = cfg(8, 12);
-    second.resume = Some(part.checkpoints[0].clone());
-    let rest = trainer(second).fit(vec![]).unwrap();
-    assert_eq!(rest.losses[..], full.losses[5..]);
-    assert_bit_equal(&rest.params, &full.params);
+    // One device, and two (the dropout masks drawn block by block on every rank).
+    for parallel in [ParallelContext::default(), context("semi_auto_parallel", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let trainer = |steps: u64| {
+            let mut c = cfg(8, steps);
+            c.parallel = parallel.clone();
+            Trainer::new("gpt", build.clone(), source(data.clone()), c)
+        };
+        let full = trainer(12).fit(vec![]).unwrap();
+        let mut first = trainer(5);
+        first.config_mut().checkpoint = checkpoints(dir.path(), 0, 0);
+        let part = first.fit(vec![]).unwrap();
+        let mut second = trainer(12);
+        second.config_mut().resume = Some(part.checkpoints[0].clone());
+        let rest = second.fit(vec![]).unwrap();
+        assert_eq!(rest.losses[..], full.losses[5..], "{}", parallel.parallel_mode);
+        assert_bit_equal(&rest.params, &full.params);
+    }
 }
 
 fn checkpoints(dir: &Path, every: u64, keep: usize) -> Option<CheckpointConfig> {
