@@ -155,17 +155,28 @@ pub enum HybridProblem {
         name: String,
         group: Vec<usize>,
     },
-    /// A replicated parameter whose shape differs between ranks.
-    ShapeDiffers {
+    /// A replicated parameter whose shape, dtype or trainability (`what`) differs between ranks.
+    ParameterDiffers {
         name: String,
         rank: usize,
-        shape: Vec<usize>,
-        rank0: Vec<usize>,
+        what: &'static str,
+        here: String,
+        rank0: String,
     },
-    /// A replicated parameter missing from a rank's graph.
+    /// A replicated parameter of `rank` missing from the graph of `missing_from`.
     MissingParameter {
         name: String,
         rank: usize,
+        missing_from: usize,
+    },
+    /// A Send or Receive (`name`, on `rank`) of the transfer `from` -> `to` with `tag`.
+    Transfer {
+        rank: usize,
+        name: String,
+        from: usize,
+        to: usize,
+        tag: u32,
+        problem: TransferProblem,
     },
     WrongMode {
         mode: ParallelMode,
@@ -185,15 +196,43 @@ impl fmt::Display for HybridProblem {
             HybridProblem::BadGroup { rank, kind, name, group } => {
                 write!(f, "{kind} {name:?} on rank {rank} has group {group:?}, which must hold rank {rank} and ranks below device_num")
             }
-            HybridProblem::ShapeDiffers { name, rank, shape, rank0 } => write!(
+            HybridProblem::ParameterDiffers { name, rank, what, here, rank0 } => write!(
                 f,
-                "replicated parameter {name:?} is {shape:?} on rank {rank} but {rank0:?} on rank 0; mark it layerwise if each rank holds its own"
+                "replicated parameter {name:?} has {what} {here} on rank {rank} but {rank0} on rank 0; mark it layerwise if each rank holds its own"
             ),
-            HybridProblem::MissingParameter { name, rank } => {
-                write!(f, "replicated parameter {name:?} of rank 0 is missing from rank {rank}'s graph")
+            HybridProblem::MissingParameter { name, rank, missing_from } => write!(
+                f,
+                "replicated parameter {name:?} of rank {rank} is missing from rank {missing_from}'s graph; mark it layerwise if each rank holds its own"
+            ),
+            HybridProblem::Transfer { rank, name, from, to, tag, problem } => {
+                write!(f, "{name:?} on rank {rank} (rank {from} -> rank {to}, tag {tag}): {problem}")
             }
             HybridProblem::WrongMode { mode } => write!(f, "rank graphs need parallel_mode = hybrid_parallel, the context says {mode}"),
             HybridProblem::NeedsRankGraphs => write!(f, "it runs one hand-written graph per rank, not one whole graph the planner splits"),
+        }
+    }
+}
+
+/// What is wrong with a point-to-point transfer of hand-written rank graphs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransferProblem {
+    /// A Send no Receive on the peer matches.
+    NoReceive,
+    /// A Receive no Send on the peer matches.
+    NoSend,
+    /// Two Sends (or two Receives) of the same ranks and tag.
+    Repeated,
+    /// The Receive expects another shape or dtype than the Send sends.
+    TypeDiffers { send: String, receive: String },
+}
+
+impl fmt::Display for TransferProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransferProblem::NoReceive => write!(f, "no Receive of this tag on the receiving rank"),
+            TransferProblem::NoSend => write!(f, "no Send of this tag on the sending rank"),
+            TransferProblem::Repeated => write!(f, "a second transfer of the same ranks and tag; give each its own tag"),
+            TransferProblem::TypeDiffers { send, receive } => write!(f, "the Send sends {send} but the Receive expects {receive}"),
         }
     }
 }

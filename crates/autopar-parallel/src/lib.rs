@@ -32,7 +32,7 @@ pub use context::{
     SearchMode, StrategyCkptConfig, OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
-pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result};
+pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, PlanRequest, StrategyItems, DEFAULT_FUSION_BYTES};
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram};

@@ -224,6 +224,9 @@ pub struct ParallelPlan {
     pub strategy_file: Option<PathBuf>,
     /// AllToAll steps were lowered to AllGather + Slice (`enable_alltoall` off).
     pub all_to_all: bool,
+    /// hybrid_parallel: every group the ranks' hand-placed collectives use, ascending (empty in
+    /// the other modes, whose groups come from the layouts).
+    pub collective_groups: Vec<Vec<usize>>,
 }
 
 impl ParallelPlan {

@@ -18,14 +18,14 @@
 //! the collectives, so with the loss seeded as [`crate::GradientPlan::loss_seed`] says, the sum of
 //! a parameter slice's gradients over its mirror group is the gradient of the job's loss.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use autopar_graph::{CostCx, Graph, Node, NodeId, OpKind, ShardingRule, StrategyProblem, TensorType, Tie};
 use autopar_layout::{plan_with, DeviceAxis, DeviceMatrix, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
-use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result};
+use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
@@ -259,6 +259,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         dataset: ctx.dataset_strategy.clone(),
         strategy_file: req.strategy_file.filter(|_| use_strategies).map(|f| f.path.clone()),
         all_to_all,
+        collective_groups: Vec::new(),
     })
 }
 
@@ -534,9 +535,10 @@ pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext, n: usize) -> 
 /// Plan hybrid_parallel: every rank runs its own hand-written graph (local shapes, the
 /// collectives the user placed, world-rank groups; nothing is inserted). Parameters named in
 /// `layerwise` are each rank's own (MindSpore's `layerwise_parallel`); every other parameter is
-/// replicated (the same name and shape on every rank) and its gradient all-reduced over all
-/// ranks. Checked: one graph per rank, the loss in each, every collective's group holding its
-/// rank, replicated parameters alike on every rank.
+/// replicated (the same name, shape, dtype and trainability on every rank) and its gradient
+/// all-reduced over all ranks. Checked: one graph per rank, the loss in each, every
+/// collective's group holding its rank, every Send met by a Receive of the same tag, shape and
+/// dtype on its peer (and the reverse), replicated parameters alike on every rank.
 pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, layerwise: &BTreeSet<String>) -> Result<ParallelPlan> {
     ctx.validate()?;
     ctx.check_supported()?;
@@ -549,6 +551,10 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
         return hybrid(HybridProblem::GraphCount { graphs: graphs.len(), devices: n });
     }
     let mut rank_graphs = Vec::with_capacity(n);
+    let mut groups: BTreeSet<Vec<usize>> = BTreeSet::new();
+    // (sender, receiver, tag) -> (the node on that side, its type).
+    let mut sends: BTreeMap<(usize, usize, u32), (String, TensorType)> = BTreeMap::new();
+    let mut recvs: BTreeMap<(usize, usize, u32), (String, TensorType)> = BTreeMap::new();
     for (r, g) in graphs.into_iter().enumerate() {
         let Ok(loss) = g.find(loss_name) else {
             return hybrid(HybridProblem::MissingLoss { rank: r, loss: loss_name.to_string() });
@@ -564,41 +570,67 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
                 if !call.group.contains(&r) || call.group.iter().any(|&m| m >= n) {
                     return hybrid(HybridProblem::BadGroup { rank: r, kind: node.op.kind(), name: node.name.clone(), group: call.group });
                 }
+                groups.insert(call.group);
+            }
+            let mut transfer = None;
+            if let OpKind::Send(s) = &node.op {
+                transfer = Some(((r, s.peer, s.tag), &mut sends));
+            }
+            if let OpKind::Recv(s) = &node.op {
+                transfer = Some(((s.peer, r, s.tag), &mut recvs));
+            }
+            if let Some((key, side)) = transfer {
+                if side.insert(key, (node.name.clone(), node.ty.clone())).is_some() {
+                    let (from, to, tag) = key;
+                    let problem = TransferProblem::Repeated;
+                    return hybrid(HybridProblem::Transfer { rank: r, name: node.name.clone(), from, to, tag, problem });
+                }
             }
         }
         rank_graphs.push(with_loss_first(&g, Some(loss))?);
     }
+    check_transfers(&sends, &recvs)?;
     let graph = rank_graphs[0].clone();
     let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
     let all = flat.axis(0);
     let mut params = Vec::new();
-    for id in graph.parameters() {
-        let node = graph.node(id);
-        let OpKind::Parameter(p) = &node.op else { continue };
-        let own = layerwise.contains(&node.name);
-        if !own {
-            for (r, g) in rank_graphs.iter().enumerate().skip(1) {
-                let Ok(other) = g.find(&node.name) else {
-                    return hybrid(HybridProblem::MissingParameter { name: node.name.clone(), rank: r });
-                };
-                if g.node(other).ty.shape != node.ty.shape {
-                    return hybrid(HybridProblem::ShapeDiffers {
-                        name: node.name.clone(),
-                        rank: r,
-                        shape: g.node(other).ty.shape.clone(),
-                        rank0: node.ty.shape.clone(),
-                    });
+    for (r, g) in rank_graphs.iter().enumerate() {
+        for id in g.parameters() {
+            let node = g.node(id);
+            let OpKind::Parameter(p) = &node.op else { continue };
+            if layerwise.contains(&node.name) {
+                if r == 0 {
+                    params.push(hybrid_param(node, id, p, &flat, Vec::new()));
                 }
+                continue;
+            }
+            // A replicated parameter: rank 0 holds it and every rank's copy is alike.
+            let Some(first) = find_parameter(&graph, &node.name) else {
+                return hybrid(HybridProblem::MissingParameter { name: node.name.clone(), rank: r, missing_from: 0 });
+            };
+            if r == 0 {
+                for (q, other) in rank_graphs.iter().enumerate().skip(1) {
+                    if find_parameter(other, &node.name).is_none() {
+                        return hybrid(HybridProblem::MissingParameter { name: node.name.clone(), rank: 0, missing_from: q });
+                    }
+                }
+                params.push(hybrid_param(node, id, p, &flat, if n == 1 { Vec::new() } else { vec![all] }));
+                continue;
+            }
+            let (rank0, p0) = first;
+            let differs = |what: &'static str, here: String, there: String| {
+                hybrid(HybridProblem::ParameterDiffers { name: node.name.clone(), rank: r, what, here, rank0: there })
+            };
+            if node.ty.shape != rank0.ty.shape {
+                return differs("shape", format!("{:?}", node.ty.shape), format!("{:?}", rank0.ty.shape));
+            }
+            if p.dtype != p0.dtype {
+                return differs("dtype", p.dtype.to_string(), p0.dtype.to_string());
+            }
+            if p.trainable != p0.trainable {
+                return differs("trainable", p.trainable.to_string(), p0.trainable.to_string());
             }
         }
-        params.push(ParamPlan {
-            name: node.name.clone(),
-            node: id,
-            layout: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
-            dtype: p.dtype,
-            trainable: p.trainable,
-            mirror: if own || n == 1 { Vec::new() } else { vec![all] },
-        });
     }
     let nodes = graph
         .nodes()
@@ -632,5 +664,51 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
         dataset: DatasetStrategy::DataParallel,
         strategy_file: None,
         all_to_all: ctx.enable_alltoall,
+        collective_groups: groups.into_iter().collect(),
     })
+}
+
+/// Parameter `name` of `g`, if `g` has a parameter of that name.
+fn find_parameter<'g>(g: &'g Graph, name: &str) -> Option<(&'g Node, &'g autopar_graph::ops::Parameter)> {
+    let node = g.node(g.find(name).ok()?);
+    if let OpKind::Parameter(p) = &node.op {
+        return Some((node, p));
+    }
+    None
+}
+
+fn hybrid_param(node: &Node, id: NodeId, p: &autopar_graph::ops::Parameter, flat: &DeviceMatrix, mirror: Vec<DeviceAxis>) -> ParamPlan {
+    ParamPlan {
+        name: node.name.clone(),
+        node: id,
+        layout: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
+        dtype: p.dtype,
+        trainable: p.trainable,
+        mirror,
+    }
+}
+
+/// Every Send has its Receive on the peer (same tag, shape and dtype), and every Receive its Send.
+fn check_transfers(
+    sends: &BTreeMap<(usize, usize, u32), (String, TensorType)>,
+    recvs: &BTreeMap<(usize, usize, u32), (String, TensorType)>,
+) -> Result<()> {
+    let fail = |rank, name: &str, (from, to, tag): (usize, usize, u32), problem| {
+        Err(ParallelError::Hybrid { problem: HybridProblem::Transfer { rank, name: name.to_string(), from, to, tag, problem } })
+    };
+    for (&key, (name, ty)) in sends {
+        match recvs.get(&key) {
+            None => return fail(key.0, name, key, TransferProblem::NoReceive),
+            Some((_, there)) if there != ty => {
+                return fail(key.0, name, key, TransferProblem::TypeDiffers { send: ty.to_string(), receive: there.to_string() })
+            }
+            Some(_) => {}
+        }
+    }
+    for (&key, (name, _)) in recvs {
+        if !sends.contains_key(&key) {
+            return fail(key.1, name, key, TransferProblem::NoSend);
+        }
+    }
+    Ok(())
 }

@@ -349,17 +349,8 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice });
         }
     }
-    let mut groups: std::collections::BTreeSet<Vec<usize>> = std::collections::BTreeSet::new();
-    for (r, rg) in plan.rank_graphs.iter().enumerate() {
-        for node in rg.nodes() {
-            let ins: Vec<autopar_graph::TensorType> = node.inputs.iter().map(|x| rg.node(*x).ty.clone()).collect();
-            for call in node.op.def().cost(&autopar_graph::CostCx { inputs: &ins, output: &node.ty, rank: r }).comm {
-                groups.insert(call.group);
-            }
-        }
-    }
     let mut partitions: Vec<Vec<Vec<usize>>> = Vec::new();
-    for grp in groups {
+    for grp in plan.collective_groups.iter().cloned() {
         match partitions.iter_mut().find(|p| p.iter().all(|h| h.iter().all(|m| !grp.contains(m)))) {
             Some(p) => p.push(grp),
             None => partitions.push(vec![grp]),

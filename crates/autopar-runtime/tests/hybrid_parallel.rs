@@ -129,8 +129,53 @@ fn hybrid_errors_name_the_problem() {
     let e = ParallelJob::hybrid(graphs[..1].to_vec(), "loss", ctx.clone(), BTreeSet::new()).unwrap_err().to_string();
     assert!(e.contains("1 rank graphs for device_num 2"), "{e}");
     let (g, loss) = model(Some((0, 2)));
-    let e = ParallelJob::new(g, loss, ctx).unwrap_err().to_string();
+    let e = ParallelJob::new(g, loss, ctx.clone()).unwrap_err().to_string();
     assert!(e.contains("one hand-written graph per rank"), "{e}");
+
+    // Replicated parameters: rank 1's extra one, or one whose dtype or trainability differs.
+    let variant = |name: &str, rank1: ParamSpec| {
+        let graphs: Vec<Graph> = (0..2)
+            .map(|r| {
+                let mut b = GraphBuilder::from_graph(model(Some((r, 2))).0, 3);
+                if r == 1 {
+                    b.parameter_with(name, rank1.clone()).unwrap();
+                } else if name != "only1" {
+                    b.parameter_with(name, ParamSpec::new(&[2], Initializer::Zeros)).unwrap();
+                }
+                b.finish()
+            })
+            .collect();
+        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::new()).map(|_| ()).unwrap_err().to_string()
+    };
+    let e = variant("only1", ParamSpec::new(&[2], Initializer::Zeros));
+    assert!(e.contains("\"only1\" of rank 1 is missing from rank 0's graph"), "{e}");
+    let e = variant("p", ParamSpec::new(&[2], Initializer::Zeros).dtype(DType::F16));
+    assert!(e.contains("\"p\" has dtype f16 on rank 1 but f32 on rank 0"), "{e}");
+    let e = variant("p", ParamSpec::new(&[2], Initializer::Zeros).frozen());
+    assert!(e.contains("\"p\" has trainable false on rank 1 but true on rank 0"), "{e}");
+
+    // Point-to-point transfers: a Send without its Receive, and a Receive of another shape.
+    let pair = |recv_shape: Option<&[usize]>| {
+        let graphs: Vec<Graph> = (0..2)
+            .map(|r| {
+                let mut b = GraphBuilder::from_graph(model(Some((r, 2))).0, 3);
+                let x = b.graph().find("x").unwrap();
+                if r == 0 {
+                    b.op("to1", autopar_graph::ops::Send { peer: 1, tag: 7 }, &[x]).unwrap();
+                } else if let Some(shape) = recv_shape {
+                    let t = b.input("template", shape, DType::F32).unwrap();
+                    b.op("from0", autopar_graph::ops::Recv { peer: 0, tag: 7 }, &[t]).unwrap();
+                }
+                b.finish()
+            })
+            .collect();
+        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::new()).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let e = pair(None).unwrap_err();
+    assert!(e.contains("\"to1\" on rank 0 (rank 0 -> rank 1, tag 7): no Receive"), "{e}");
+    let e = pair(Some(&[B, IN + 1])).unwrap_err();
+    assert!(e.contains("\"to1\" on rank 0 (rank 0 -> rank 1, tag 7): the Send sends"), "{e}");
+    pair(Some(&[B, IN])).unwrap();
 }
 
 /// x -> BatchNorm -> dense -> loss; with `rank: Some((r, n))` rank `r`'s rows of the batch and a
