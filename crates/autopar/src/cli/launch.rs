@@ -1,8 +1,10 @@
 //! `autopar launch`: start a multi-process (and multi-host) job through OpenMPI's `mpirun`.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use autopar_comm::launch::{mpirun_args, mpirun_command, LaunchSpec};
@@ -44,11 +46,16 @@ fn quote(s: &OsString) -> String {
     }
 }
 
-/// When the program is an autopar binary, it must be built with MPI support: without it every
-/// process would run the whole job on its own (N duplicate jobs). Other programs pass.
+/// When the program is an autopar binary (its file name starts with `autopar`), it must be built
+/// with MPI support: without it every process would run the whole job on its own (N duplicate
+/// jobs). Other programs are not started; an autopar binary that does not answer `--version`
+/// within a few seconds passes unchecked.
 fn check_autopar_build(program: &OsString, ranks: usize) -> Result<()> {
-    let Ok(out) = std::process::Command::new(program).arg("--version").output() else { return Ok(()) };
-    let version = String::from_utf8_lossy(&out.stdout);
+    let named_autopar = Path::new(program).file_name().is_some_and(|f| f.to_string_lossy().starts_with("autopar"));
+    if !named_autopar {
+        return Ok(());
+    }
+    let Some(version) = version_of(program, Duration::from_secs(10)) else { return Ok(()) };
     if version.starts_with("autopar ") && !version.contains("(mpi)") {
         bail!(
             "{} was built without MPI support\n  under mpirun each of the {ranks} processes would run the whole job on its own\nhint: build it with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev)",
@@ -56,6 +63,27 @@ fn check_autopar_build(program: &OsString, ranks: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What `program --version` prints, if it answers within `limit`.
+fn version_of(program: &OsString, limit: Duration) -> Option<String> {
+    let mut child =
+        Command::new(program).arg("--version").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    child.stdout.take()?.read_to_string(&mut out).ok()?;
+    Some(out)
 }
 
 pub fn run(args: LaunchArgs) -> Result<ExitCode> {
@@ -70,7 +98,6 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode> {
             );
         }
     }
-    check_autopar_build(&args.command[0], args.ranks)?;
     let spec = LaunchSpec {
         ranks: args.ranks,
         hostfile: args.hostfile.clone(),
@@ -82,6 +109,7 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode> {
         println!("{}", line.join(" "));
         return Ok(ExitCode::SUCCESS);
     }
+    check_autopar_build(&args.command[0], args.ranks)?;
     let mut cmd = mpirun_command(&spec)?;
     let status = cmd.status().with_context(|| format!("could not start {}", cmd.get_program().to_string_lossy()))?;
     if status.success() {
