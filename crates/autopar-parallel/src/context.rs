@@ -235,8 +235,6 @@ pub struct ParallelContext {
     pub enable_parallel_optimizer: bool,
     pub enable_alltoall: bool,
     pub force_fp32_communication: bool,
-    /// AllReduce fusion by gradient index; empty = not set.
-    pub all_reduce_fusion_config: Vec<usize>,
     pub pipeline_stages: usize,
     pub pipeline_result_broadcast: bool,
     pub pipeline_config: PipelineConfig,
@@ -263,7 +261,6 @@ impl Default for ParallelContext {
             enable_parallel_optimizer: false,
             enable_alltoall: false,
             force_fp32_communication: false,
-            all_reduce_fusion_config: Vec::new(),
             pipeline_stages: 1,
             pipeline_result_broadcast: false,
             pipeline_config: PipelineConfig::default(),
@@ -313,6 +310,17 @@ impl ParallelContext {
         *self = Self::default();
     }
 
+    /// The devices a job of this context runs on: 1 in stand_alone (whatever `device_num`
+    /// says), `device_num` otherwise.
+    pub fn devices(&self) -> usize {
+        match self.parallel_mode {
+            ParallelMode::StandAlone => 1,
+            ParallelMode::DataParallel | ParallelMode::SemiAutoParallel | ParallelMode::AutoParallel | ParallelMode::HybridParallel => {
+                self.device_num
+            }
+        }
+    }
+
     /// Whether `name` was set explicitly.
     pub fn is_set(&self, name: &str) -> bool {
         self.explicit.contains(name)
@@ -350,11 +358,8 @@ impl ParallelContext {
             "enable_parallel_optimizer" => self.enable_parallel_optimizer = as_bool(key, v)?,
             "enable_alltoall" => self.enable_alltoall = as_bool(key, v)?,
             "force_fp32_communication" => self.force_fp32_communication = as_bool(key, v)?,
-            "all_reduce_fusion_config" => {
-                let idx = parse_fusion_indices(key, v)?;
-                self.all_reduce_fusion_config = idx.clone();
-                self.comm_fusion.allreduce = FusionMode::Index(idx);
-            }
+            // The index mode of comm_fusion's all-reduce fusion, in MindSpore's older spelling.
+            "all_reduce_fusion_config" => self.comm_fusion.allreduce = FusionMode::Index(parse_fusion_indices(key, v)?),
             "pipeline_stages" => self.pipeline_stages = as_int(key, v, 1, 4096)? as usize,
             "pipeline_result_broadcast" => self.pipeline_result_broadcast = as_bool(key, v)?,
             "pipeline_config" => {
@@ -392,10 +397,19 @@ impl ParallelContext {
                 self.parallel_optimizer_config = c;
             }
             "comm_fusion" => {
-                self.comm_fusion = parse_comm_fusion(v)?;
-                for kind in ["allgather", "reducescatter"] {
+                let mut fusion = parse_comm_fusion(v)?;
+                if v.get("allreduce").is_none() {
+                    // all_reduce_fusion_config may have set it.
+                    fusion.allreduce = self.comm_fusion.allreduce.clone();
+                }
+                self.comm_fusion = fusion;
+                for (kind, name) in [
+                    ("allreduce", "comm_fusion.allreduce"),
+                    ("allgather", "comm_fusion.allgather"),
+                    ("reducescatter", "comm_fusion.reducescatter"),
+                ] {
                     if v.get(kind).is_some() {
-                        self.explicit.insert(if kind == "allgather" { "comm_fusion.allgather" } else { "comm_fusion.reducescatter" });
+                        self.explicit.insert(name);
                     }
                 }
             }
@@ -463,10 +477,11 @@ impl ParallelContext {
         if mode != ParallelMode::AutoParallel && self.is_set("search_mode") {
             return conflict("search_mode", Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
         }
-        if let DatasetStrategy::Explicit(_) = self.dataset_strategy {
-            if !mode.is_auto() {
-                return auto_only("dataset_strategy");
-            }
+        if self.dataset_strategy != DatasetStrategy::DataParallel && !mode.is_auto() {
+            return auto_only(if self.is_set("full_batch") { "full_batch" } else { "dataset_strategy" });
+        }
+        if self.is_set("all_reduce_fusion_config") && self.is_set("comm_fusion.allreduce") {
+            return conflict("all_reduce_fusion_config", Conflict::AlsoSetBy { other: "comm_fusion.allreduce" });
         }
         if self.pipeline_stages > 1 {
             if !mode.is_auto() {
@@ -740,6 +755,28 @@ mod tests {
         assert!(e.to_string().contains("strategy_ckpt_load_file") && e.to_string().contains("data_parallel does not support it"), "{e}");
         let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!("data_parallel")), ("loss_repeated_mean", json!(false))]);
         assert!(e.to_string().contains("loss_repeated_mean") && e.to_string().contains("data_parallel does not support it"), "{e}");
+        for mode in ["data_parallel", "hybrid_parallel"] {
+            let e = conflict(&[("device_num", json!(8)), ("parallel_mode", json!(mode)), ("full_batch", json!(true))]);
+            assert!(e.to_string().contains("full_batch") && e.to_string().contains(&format!("{mode} does not support it")), "{e}");
+        }
+        // all_reduce_fusion_config is comm_fusion's all-reduce index mode: one of them, in either order.
+        let both = [("all_reduce_fusion_config", json!([2])), ("comm_fusion", json!({"allreduce": {"mode": "auto"}}))];
+        for pairs in [both.clone(), [both[1].clone(), both[0].clone()]] {
+            let e = conflict(&pairs);
+            assert!(
+                e.to_string().contains("all_reduce_fusion_config") && e.to_string().contains("comm_fusion.allreduce sets the same"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn all_reduce_fusion_config_survives_a_comm_fusion_without_allreduce() {
+        let mut c = ParallelContext::default();
+        c.set("all_reduce_fusion_config", &json!([2, 5])).unwrap();
+        c.set("comm_fusion", &json!({"openstate": true})).unwrap();
+        assert_eq!(c.comm_fusion.allreduce, FusionMode::Index(vec![2, 5]));
+        c.validate().unwrap();
     }
 
     #[test]

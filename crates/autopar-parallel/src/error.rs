@@ -22,7 +22,7 @@ pub enum ParallelError {
     #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it, or use --parallel-mode hybrid_parallel")]
     UnsupportedOp { kind: &'static str, name: String, why: &'static str },
 
-    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or --parallel dataset_strategy=full_batch")]
+    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or (semi_auto_parallel) --parallel dataset_strategy=full_batch")]
     BatchNotDivisible { input: String, shape: Vec<usize>, devices: usize, mode: &'static str },
 
     #[error("invalid dataset_strategy\n  {problem}\nhint: give one split list per network input, e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'")]
@@ -88,6 +88,10 @@ pub enum Conflict {
         size: i64,
         stage_devices: usize,
     },
+    /// Two options that set the same thing.
+    AlsoSetBy {
+        other: &'static str,
+    },
 }
 
 impl fmt::Display for Conflict {
@@ -98,6 +102,7 @@ impl fmt::Display for Conflict {
             }
             Conflict::ModeDoesNotSupport { mode, applies_to } => write!(f, "{mode} does not support it: it applies to {applies_to}"),
             Conflict::StagesDoNotDivide { stages, device_num } => write!(f, "{stages} stages do not divide device_num {device_num}"),
+            Conflict::AlsoSetBy { other } => write!(f, "{other} sets the same thing; set one of them"),
             Conflict::OptimizerShardSizeAboveStage { size, stage_devices } => {
                 write!(f, "{size} is above the {stage_devices} devices of a pipeline stage")
             }

@@ -64,10 +64,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     if mode == ParallelMode::HybridParallel {
         return Err(ParallelError::Hybrid { problem: HybridProblem::NeedsRankGraphs });
     }
-    let n = match mode {
-        ParallelMode::StandAlone => 1,
-        _ => ctx.device_num,
-    };
+    let n = ctx.devices();
     let graph = with_loss_first(req.graph, req.loss)?;
     let use_strategies = mode == ParallelMode::SemiAutoParallel;
     let nodes = graph.nodes();

@@ -348,12 +348,7 @@ impl Trainer {
     }
 
     fn devices(&self) -> usize {
-        let mode = self.cfg.parallel.parallel_mode;
-        if mode == ParallelMode::StandAlone {
-            1
-        } else {
-            self.cfg.parallel.device_num.max(1)
-        }
+        self.cfg.parallel.devices()
     }
 
     /// Batches of the global batch size; `rows`: only these rows of each (what a rank reads).

@@ -216,6 +216,12 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
     if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
         bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
     }
+    if ctx.parallel_mode == ParallelMode::StandAlone && ctx.device_num > 1 {
+        bail!(
+            "stand_alone runs on one device, but {} devices were asked for\nhint: drop --devices (and device_num), or pass --parallel-mode semi_auto_parallel",
+            ctx.device_num
+        );
+    }
     if ctx.parallel_mode == ParallelMode::HybridParallel {
         bail!(
             "hybrid_parallel runs rank graphs written by hand with the autopar library; the zoo models are whole networks\nhint: use --parallel-mode semi_auto_parallel or --parallel-mode data_parallel"

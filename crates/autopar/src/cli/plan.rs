@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
 use autopar_parallel::report::{split_svg, PlanReport};
-use autopar_parallel::{plan_job, rank_program, ParallelMode, PlanRequest, RankCost};
+use autopar_parallel::{plan_job, rank_program, PlanRequest, RankCost};
 use clap::Args;
 
 use super::common::{model_options, parallel_context, read_config, ModelArgs, ParallelArgs};
@@ -56,7 +56,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     let ctx = parallel_context(&args.parallel, &file)?;
     let (name, opts) = model_options(&args.model, &file)?;
     let model = model_by_name(&name, &opts)?;
-    let n = if ctx.parallel_mode == ParallelMode::StandAlone { 1 } else { ctx.device_num };
+    let n = ctx.devices();
     let batch = match args.batch_size.or(file.batch_size) {
         Some(0) => bail!("invalid --batch-size 0\nhint: pass --batch-size 1 or more"),
         Some(b) => b,

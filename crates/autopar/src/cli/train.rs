@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
 use autopar_models::{model_by_name, Mode, Model};
-use autopar_parallel::{ParallelContext, ParallelMode};
+use autopar_parallel::ParallelContext;
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
 use autopar_runtime::trainer::{
     BuildError, BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainResult, Trainer,
@@ -384,10 +384,10 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         callbacks.push(Box::new(Progress { bar: b.clone() }));
     }
 
-    let devices_desc = if trainer.config().parallel.parallel_mode == ParallelMode::StandAlone {
-        "1 device (stand_alone)".to_string()
-    } else {
-        format!("{} devices ({})", trainer.config().parallel.device_num, trainer.config().parallel.parallel_mode.name())
+    let parallel = &trainer.config().parallel;
+    let devices_desc = match parallel.devices() {
+        1 => format!("1 device ({})", parallel.parallel_mode.name()),
+        n => format!("{n} devices ({})", parallel.parallel_mode.name()),
     };
     if !quiet {
         eprintln!(
