@@ -104,21 +104,34 @@ fn partition(axes: &[DeviceAxis], n: usize) -> Vec<Vec<usize>> {
     groups
 }
 
+/// The group partitions a rank's program communicates over, in first-use order (every rank
+/// notes the same ones in the same order).
+struct Partitions {
+    rank: usize,
+    n: usize,
+    list: Vec<Vec<Vec<usize>>>,
+}
+
+impl Partitions {
+    /// Records the partition along `axes` (once) and returns this rank's group in it.
+    fn note(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
+        let mine = sorted_group(self.rank, axes);
+        if mine.len() > 1 && !self.list.iter().any(|p| p.contains(&mine)) {
+            self.list.push(partition(axes, self.n));
+        }
+        mine
+    }
+}
+
 struct Emitter {
     graph: Graph,
     rank: usize,
-    n: usize,
-    partitions: Vec<Vec<Vec<usize>>>,
+    partitions: Partitions,
 }
 
 impl Emitter {
-    /// Records the partition along `axes` (once) and returns this rank's group in it.
     fn note_partition(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
-        let mine = sorted_group(self.rank, axes);
-        if mine.len() > 1 && !self.partitions.iter().any(|p| p.contains(&mine)) {
-            self.partitions.push(partition(axes, self.n));
-        }
-        mine
+        self.partitions.note(axes)
     }
 
     fn add(&mut self, name: &str, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
@@ -185,7 +198,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         return hybrid_program(plan, rank);
     }
     let graph = &plan.graph;
-    let mut em = Emitter { graph: Graph::new(), rank, n, partitions: Vec::new() };
+    let mut em = Emitter { graph: Graph::new(), rank, partitions: Partitions { rank, n, list: Vec::new() } };
     let mut local: Vec<Option<NodeId>> = vec![None; graph.len()];
     let mut params = Vec::new();
     let mut inputs = Vec::new();
@@ -274,7 +287,9 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let Emitter { graph: mut g, mut partitions, .. } = em;
     g.outputs = outputs.clone();
     let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
-    let buckets = rank_buckets(plan, rank, &mut partitions);
+    let buckets = rank_buckets(plan, &mut partitions);
+    note_broadcast_groups(plan, &mut partitions);
+    let partitions = partitions.list;
     Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
 }
 
@@ -302,8 +317,8 @@ fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params:
     Ok((Some(loss), grads))
 }
 
-/// The plan's buckets resolved for `rank` (their groups noted as partitions).
-fn rank_buckets(plan: &ParallelPlan, rank: usize, partitions: &mut Vec<Vec<Vec<usize>>>) -> Vec<RankBucket> {
+/// The plan's buckets resolved for the rank (their groups noted as partitions).
+fn rank_buckets(plan: &ParallelPlan, partitions: &mut Partitions) -> Vec<RankBucket> {
     if plan.loss.is_none() {
         return Vec::new();
     }
@@ -311,14 +326,21 @@ fn rank_buckets(plan: &ParallelPlan, rank: usize, partitions: &mut Vec<Vec<Vec<u
         .buckets
         .iter()
         .map(|b| {
-            let group = sorted_group(rank, &b.mirror);
-            if group.len() > 1 && !partitions.iter().any(|p| p.contains(&group)) {
-                partitions.push(partition(&b.mirror, plan.device_num));
-            }
+            let group = partitions.note(&b.mirror);
             let scale = if plan.gradients.mirror_mean { 1.0 / group.len() as f64 } else { 1.0 };
             RankBucket { group, dtype: b.dtype, params: b.params.clone(), scale }
         })
         .collect()
+}
+
+/// `parameter_broadcast`: the mirror group of every parameter (frozen ones too, which no bucket
+/// syncs) is a group the rank's values are broadcast over.
+fn note_broadcast_groups(plan: &ParallelPlan, partitions: &mut Partitions) {
+    if plan.context.parameter_broadcast {
+        for p in &plan.params {
+            partitions.note(&p.mirror);
+        }
+    }
 }
 
 /// hybrid_parallel: the rank's own graph as written, its parameters (layerwise ones its own,
@@ -349,15 +371,17 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice });
         }
     }
-    let mut partitions: Vec<Vec<Vec<usize>>> = Vec::new();
+    let mut partitions = Partitions { rank, n, list: Vec::new() };
     for grp in plan.collective_groups.iter().cloned() {
-        match partitions.iter_mut().find(|p| p.iter().all(|h| h.iter().all(|m| !grp.contains(m)))) {
+        match partitions.list.iter_mut().find(|p| p.iter().all(|h| h.iter().all(|m| !grp.contains(m)))) {
             Some(p) => p.push(grp),
-            None => partitions.push(vec![grp]),
+            None => partitions.list.push(vec![grp]),
         }
     }
     let outputs = g.outputs.clone();
     let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
-    let buckets = rank_buckets(plan, rank, &mut partitions);
+    let buckets = rank_buckets(plan, &mut partitions);
+    note_broadcast_groups(plan, &mut partitions);
+    let partitions = partitions.list;
     Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
 }

@@ -181,11 +181,24 @@ fn dataset_strategies_do_not_change_the_result() {
 }
 
 #[test]
-fn parameter_broadcast_makes_replicas_start_from_rank_0() {
+fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_group() {
     use autopar_comm::{Communicator, LocalComm};
     use autopar_runtime::parallel::RankTrainer;
     let batch = 16;
-    let (graph, loss) = mlp(batch);
+    let (mut graph, loss) = mlp(batch);
+    // A frozen fc3.weight split in two and mirrored over pairs of ranks no other collective
+    // uses: no gradient bucket syncs it, the broadcast still must.
+    let mm = graph.find("fc3.mm").unwrap();
+    graph.set_strategy(mm, "((2, 1), (1, 2))".parse().unwrap()).unwrap();
+    let w3 = graph.find("fc3.weight").unwrap();
+    if let autopar_graph::OpKind::Parameter(p) = &mut graph.node_mut(w3).op {
+        p.trainable = false;
+    }
+    let job = ParallelJob::new(graph.clone(), loss, semi_auto(4)).unwrap();
+    let prog = job.program(0).unwrap();
+    let mirror = &prog.param("fc3.weight").unwrap().mirror;
+    assert_eq!(mirror.len(), 2);
+    assert!(!prog.partitions.iter().flatten().any(|g| g == mirror), "{mirror:?} is used without the broadcast");
     let data = batches(batch, 2, 4);
     let (want_losses, _) = serial(&graph, loss, &data, false);
     for broadcast in [true, false] {
@@ -198,8 +211,8 @@ fn parameter_broadcast_makes_replicas_start_from_rank_0() {
             let mut local = ParamStore::new();
             for slot in &prog.params {
                 let mut t = autopar_runtime::parallel::slice_tensor(full.require(&slot.name)?, &slot.slice)?;
-                if comm.rank() != 0 {
-                    // Every rank but 0 starts from different values.
+                if comm.rank() != slot.mirror[0] {
+                    // Every rank but the first of each mirror group starts from other values.
                     let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x + 0.5).collect();
                     t = Tensor::from_vec(t.shape(), v).unwrap();
                 }
