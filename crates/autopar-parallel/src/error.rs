@@ -53,10 +53,8 @@ pub enum ParallelError {
     #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
     UnknownStrategyItem { file: PathBuf, item: String },
 
-    #[error(
-        "the loss {name:?} is {shape:?}; training needs a scalar loss\nhint: reduce the loss to a scalar (ReduceMean) before training"
-    )]
-    LossNotScalar { name: String, shape: Vec<usize> },
+    #[error("the loss {name:?} is {dtype}; training differentiates a floating-point loss\nhint: Cast the loss to f32, or pass the float value it is computed from")]
+    LossNotFloat { name: String, dtype: autopar_graph::DType },
 
     #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (--devices of them) with the same loss name, collectives over groups holding the rank")]
     Hybrid { problem: HybridProblem },

@@ -213,7 +213,7 @@ pub struct ParallelPlan {
     pub graph: Graph,
     /// hybrid_parallel: every rank's graph (empty in the other modes).
     pub rank_graphs: Vec<Graph>,
-    /// The scalar loss, when the job trains.
+    /// The loss, when the job trains (a loss of several elements trains their sum).
     pub loss: Option<NodeId>,
     pub nodes: Vec<NodePlan>,
     pub redistributions: Vec<Redistribution>,

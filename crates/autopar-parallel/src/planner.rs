@@ -43,7 +43,7 @@ pub struct StrategyItems {
 #[derive(Clone, Copy, Debug)]
 pub struct PlanRequest<'a> {
     pub graph: &'a Graph,
-    /// The scalar loss of a training job (None: a forward-only plan).
+    /// The loss of a training job (None: a forward-only plan); one of several elements trains their sum.
     pub loss: Option<NodeId>,
     pub context: &'a ParallelContext,
     /// Strategies of a strategy file (semi_auto_parallel), applied before the model's own.
@@ -81,7 +81,11 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     for (i, node) in nodes.iter().enumerate() {
         let ins = types(node);
         let kind = node.op.kind();
-        let rule = node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty });
+        let rule = match node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty }) {
+            // On one device nothing is split: collectives of one rank and backward ops run whole.
+            ShardingRule::Unsupported(_) if n == 1 => ShardingRule::Replicated,
+            rule => rule,
+        };
         let plan = match rule {
             ShardingRule::Spec(spec) => {
                 let (splits, source) = match (&from_file[i], &node.strategy) {
@@ -260,14 +264,15 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     })
 }
 
-/// The graph with `loss` (checked to be a scalar float) as its first output.
+/// The graph with `loss` (checked to be floating-point) as its first output. A loss of several
+/// elements trains their sum (the backward starts from ones, like MindSpore's sens).
 fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
     let mut graph = graph.clone();
     if let Some(loss) = loss {
         graph.check_id(loss)?;
         let node = graph.node(loss);
-        if !node.ty.shape.is_empty() || !node.ty.dtype.is_float() {
-            return Err(ParallelError::LossNotScalar { name: node.name.clone(), shape: node.ty.shape.clone() });
+        if !node.ty.dtype.is_float() {
+            return Err(ParallelError::LossNotFloat { name: node.name.clone(), dtype: node.ty.dtype });
         }
         if graph.outputs.first() != Some(&loss) {
             graph.outputs.retain(|o| *o != loss);

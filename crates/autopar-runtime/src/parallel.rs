@@ -27,9 +27,9 @@ pub struct ParallelJob {
 }
 
 impl ParallelJob {
-    /// A job for `graph` (forward only, `loss` its scalar loss) under `ctx` (any mode but
-    /// hybrid_parallel; see [`ParallelJob::hybrid`]). Planned here: an invalid strategy or an
-    /// indivisible batch is an error now.
+    /// A job for `graph` (forward only; `loss` its loss, summed if it has several elements)
+    /// under `ctx` (any mode but hybrid_parallel; see [`ParallelJob::hybrid`]). Planned here: an
+    /// invalid strategy or an indivisible batch is an error now.
     pub fn new(graph: Graph, loss: NodeId, ctx: ParallelContext) -> Result<Self> {
         Self::with_strategies(graph, loss, ctx, None)
     }

@@ -32,9 +32,9 @@ pub struct TrainStep {
 }
 
 impl TrainStep {
-    /// One device: `graph` planned stand-alone, differentiating `loss` (a scalar) with respect
-    /// to every trainable parameter. The program keeps the graph's node ids, so feeds may use
-    /// them.
+    /// One device: `graph` planned stand-alone, differentiating `loss` (the sum of its
+    /// elements) with respect to every trainable parameter. Collectives of one rank and backward
+    /// ops run whole. The program keeps the graph's node ids, so feeds may use them.
     pub fn new(graph: Graph, loss: NodeId) -> Result<Self> {
         let ctx = ParallelContext::default();
         let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None })?;

@@ -188,3 +188,40 @@ fn a_small_conv_net_gradient_matches_finite_differences_end_to_end() {
         }
     }
 }
+
+/// On one device a loss of several elements trains their sum, and a graph may hold
+/// collectives of one rank (the identity): both give the gradients of the scalar sum.
+#[test]
+fn one_device_trains_the_sum_of_a_non_scalar_loss_and_runs_one_rank_collectives() {
+    use autopar_graph::{Initializer, ReduceOp};
+    use autopar_runtime::TrainStep;
+    let build = |scalar: bool| {
+        let mut b = GraphBuilder::new(5);
+        let x = b.input("x", &[4, 3], DType::F32).unwrap();
+        let w = b.parameter("w", &[3, 2], Initializer::Uniform { low: -1.0, high: 1.0 }).unwrap();
+        let y = b.matmul("mm", x, w).unwrap();
+        let sq = b.mul("sq", y, y).unwrap();
+        let per_row = b.reduce_sum("per_row", sq, &[1], false).unwrap();
+        let loss = if scalar {
+            let summed = b.all_reduce("one_rank", per_row, ReduceOp::Sum, &[0]).unwrap();
+            b.reduce_sum("loss", summed, &[], false).unwrap()
+        } else {
+            per_row
+        };
+        (b.finish(), loss)
+    };
+    let x = Tensor::from_vec(&[4, 3], (0..12).map(|i| i as f32 / 6.0 - 1.0).collect::<Vec<f32>>()).unwrap();
+    let mut out = Vec::new();
+    for scalar in [false, true] {
+        let (g, loss) = build(scalar);
+        let mut params = ParamStore::init(&g).unwrap();
+        let mut step = TrainStep::new(g.clone(), loss).unwrap();
+        let o = step.gradients(&mut params, &[(g.find("x").unwrap(), x.clone())], None).unwrap();
+        out.push((o.loss.to_f64_vec().iter().sum::<f64>(), o.grads[0].1.to_f64_vec()));
+    }
+    let (a, b) = (&out[0], &out[1]);
+    assert!((a.0 - b.0).abs() < 1e-5 * b.0.abs().max(1.0), "{} vs {}", a.0, b.0);
+    for (p, q) in a.1.iter().zip(&b.1) {
+        assert!((p - q).abs() < 1e-5 * q.abs().max(1.0), "{a:?} vs {b:?}");
+    }
+}

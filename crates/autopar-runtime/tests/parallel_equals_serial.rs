@@ -160,6 +160,33 @@ fn data_parallel_equals_stand_alone_on_the_same_global_batch() {
 }
 
 #[test]
+fn a_loss_of_one_value_per_sample_trains_their_sum_in_every_mode() {
+    let batch = 16;
+    let (graph, _) = mlp(batch);
+    let mut b = GraphBuilder::from_graph(graph, 7);
+    let logits = b.graph().find("fc3.mm").unwrap();
+    let sq = b.mul("sq", logits, logits).unwrap();
+    let mean = b.reduce_mean("mean", sq, &[1], false).unwrap();
+    let per_sample = b.op("per_sample", autopar_graph::ops::Scale { factor: 1.0 / batch as f64 }, &[mean]).unwrap();
+    let graph = b.finish();
+    let data = batches(batch, 3, 21);
+    let (want_losses, want) = serial(&graph, per_sample, &data, false);
+    for (n, mode, seed) in [(4usize, "semi_auto_parallel", 3u64), (8, "semi_auto_parallel", 4), (4, "data_parallel", 0)] {
+        let mut g = graph.clone();
+        let mut ctx = semi_auto(n);
+        ctx.set("parallel_mode", &json!(mode)).unwrap();
+        if mode == "semi_auto_parallel" {
+            assign_random_strategies(&mut g, n, seed);
+        } else {
+            ctx.set("gradients_mean", &json!(true)).unwrap();
+        }
+        let job = ParallelJob::new(g, per_sample, ctx).unwrap();
+        let run = run_local(&job, &data, || Ok(optimizer(false))).unwrap();
+        assert_same(&format!("per-sample loss, {mode} on {n} devices"), &run.losses, &run.params, &want_losses, &want);
+    }
+}
+
+#[test]
 fn dataset_strategies_do_not_change_the_result() {
     let batch = 16;
     let (graph, loss) = mlp(batch);
