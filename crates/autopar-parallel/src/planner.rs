@@ -222,22 +222,24 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
             add(Site::Input { consumer: NodeId(i), slot }, *x, &nodes_plan[x.0].output, &nodes_plan[i].inputs[slot], &node.name)?;
         }
     }
-    for (slot, &o) in graph.outputs.iter().enumerate() {
+    // Outputs are gathered whole; a training job gathers only its loss (the step fetches the
+    // loss and the gradients, nothing else).
+    let gathered = if req.loss.is_some() { 1 } else { graph.outputs.len() };
+    for (slot, &o) in graph.outputs.iter().enumerate().take(gathered) {
         let src = &nodes_plan[o.0].output;
         let full = TensorLayout::replicated(src.mesh().clone(), src.shape().to_vec());
         add(Site::Output { slot }, o, src, &full, &graph.node(o).name)?;
     }
 
-    let params: Vec<ParamPlan> = nodes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, node)| match &node.op {
-            OpKind::Parameter(p) => {
-                let layout = nodes_plan[i].output.clone();
-                let mirror = layout.replica_axes().iter().map(|&a| layout.mesh().axis(a)).collect();
-                Some(ParamPlan { name: node.name.clone(), node: NodeId(i), layout, dtype: p.dtype, trainable: p.trainable, mirror })
-            }
-            _ => None,
+    let params: Vec<ParamPlan> = graph
+        .parameters()
+        .into_iter()
+        .filter_map(|id| {
+            let node = graph.node(id);
+            let OpKind::Parameter(p) = &node.op else { return None };
+            let layout = nodes_plan[id.0].output.clone();
+            let mirror = layout.replica_axes().iter().map(|&a| layout.mesh().axis(a)).collect();
+            Some(ParamPlan { name: node.name.clone(), node: id, layout, dtype: p.dtype, trainable: p.trainable, mirror })
         })
         .collect();
     let loss_seed = match mode {

@@ -57,7 +57,8 @@ pub struct RankProgram {
     pub mode: ParallelMode,
     /// Local forward (and, for a training job, backward) graph.
     pub graph: Graph,
-    /// Local nodes of the plan graph's outputs (replicated values; the loss first in a training job).
+    /// Local nodes of the plan graph's outputs: whole values, except that a training job
+    /// gathers only its loss (first) and leaves the other outputs as this rank's slices.
     pub outputs: Vec<NodeId>,
     /// The loss as every rank sees it (the job's loss), for a training job.
     pub loss: Option<NodeId>,

@@ -46,3 +46,26 @@ proptest! {
         }
     }
 }
+
+/// A training job gathers only its loss: the logits, a second output, stay split (the step
+/// never fetches them), while a forward-only plan gathers every output whole.
+#[test]
+fn a_training_plan_gathers_only_the_loss() {
+    use autopar_parallel::{plan_job, PlanRequest, Site};
+    let mut g = network(16);
+    let logits = g.find("fc2.mm").unwrap();
+    g.outputs.push(logits);
+    let loss = g.find("loss").unwrap();
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(4)).unwrap();
+    ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+    let training = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None }).unwrap();
+    let forward = plan_job(&PlanRequest { graph: &g, loss: None, context: &ctx, strategy_file: None }).unwrap();
+    // The logits are split by batch under the default strategies.
+    assert!(forward.redistribution(Site::Output { slot: 1 }).is_some());
+    assert!(training.redistribution(Site::Output { slot: 0 }).is_some());
+    assert!(training.redistribution(Site::Output { slot: 1 }).is_none());
+    let prog = rank_program(&training, 1).unwrap();
+    assert_eq!(prog.graph.node(prog.outputs[1]).ty.shape, vec![4, 8]);
+    assert!(prog.graph.node(prog.outputs[0]).ty.shape.is_empty());
+}
