@@ -349,7 +349,11 @@ fn note_broadcast_groups(plan: &ParallelPlan, partitions: &mut Partitions) {
 /// packed into partitions of disjoint groups (every rank derives the same list).
 fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let n = plan.device_num;
-    let mut g = plan.rank_graphs[rank].clone();
+    let mut g = if plan.context.force_fp32_communication {
+        widen_half_collectives(&plan.rank_graphs[rank])?
+    } else {
+        plan.rank_graphs[rank].clone()
+    };
     let mut params = Vec::new();
     let mut inputs = Vec::new();
     let flat = autopar_layout::DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
@@ -385,4 +389,33 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     note_broadcast_groups(plan, &mut partitions);
     let partitions = partitions.list;
     Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
+}
+
+/// `force_fp32_communication` in a hand-written graph: every communication op on f16/bf16
+/// values runs on f32 copies (a Cast before each half-precision input, one back after).
+fn widen_half_collectives(src: &Graph) -> Result<Graph> {
+    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    let mut g = Graph::new();
+    let mut map: Vec<NodeId> = Vec::with_capacity(src.len());
+    for node in src.nodes() {
+        let mut inputs: Vec<NodeId> = node.inputs.iter().map(|x| map[x.0]).collect();
+        let widen = node.op.is_communication() && half(node.ty.dtype);
+        if widen {
+            for (k, x) in inputs.iter_mut().enumerate() {
+                if half(g.node(*x).ty.dtype) {
+                    let name = g.unique_name(&format!("{}.in{k}.to_f32", node.name));
+                    *x = g.add(&name, Cast { dtype: DType::F32 }, &[*x])?;
+                }
+            }
+        }
+        let mut id = g.add(&node.name, node.op.clone(), &inputs)?;
+        g.node_mut(id).pipeline_stage = node.pipeline_stage;
+        if widen {
+            let name = g.unique_name(&format!("{}.from_f32", node.name));
+            id = g.add(&name, Cast { dtype: node.ty.dtype }, &[id])?;
+        }
+        map.push(id);
+    }
+    g.outputs = src.outputs.iter().map(|o| map[o.0]).collect();
+    Ok(g)
 }

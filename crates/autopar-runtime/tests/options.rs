@@ -233,6 +233,38 @@ fn force_fp32_communication_widens_the_redistribution_of_half_precision_values()
 }
 
 #[test]
+fn force_fp32_communication_widens_the_hand_placed_collectives_of_hybrid_graphs() {
+    // Each rank's own f16 weight, summed over both ranks by an all-reduce the user wrote.
+    let graph = || {
+        let mut b = GraphBuilder::new(5);
+        let x = b.input("x", &[4, 8], DType::F32).unwrap();
+        let w = b.parameter_with("w", ParamSpec::new(&[8, 8], Initializer::Uniform { low: -0.5, high: 0.5 }).dtype(DType::F16)).unwrap();
+        let summed = b.all_reduce("w.sum", w, autopar_graph::ReduceOp::Sum, &[0, 1]).unwrap();
+        let w32 = b.op("w.f32", Cast { dtype: DType::F32 }, &[summed]).unwrap();
+        let h = b.matmul("mm", x, w32).unwrap();
+        let sq = b.mul("sq", h, h).unwrap();
+        let loss = b.reduce_mean("loss", sq, &[], false).unwrap();
+        b.output(loss).unwrap();
+        b.finish()
+    };
+    let x: Vec<f32> = (0..32).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
+    let data = vec![("x".to_string(), Tensor::from_vec(&[4, 8], x).unwrap())];
+    let mut runs = Vec::new();
+    for force in [false, true] {
+        let c = ctx(2, "hybrid_parallel", &[("force_fp32_communication", json!(force))]);
+        let job = ParallelJob::hybrid(vec![graph(), graph()], "loss", c, ["w".to_string()].into()).unwrap();
+        let (loss, grads, calls) = gradients_on(&job, &data);
+        // The forward all-reduce and its backward, 64 values each.
+        assert_eq!(bytes_by_kind(&calls[0])["all_reduce"], 2 * 64 * if force { 4 } else { 2 }, "force={force}");
+        runs.push((loss, grads.require("w").unwrap().to_f64_vec()));
+    }
+    assert!((runs[0].0 - runs[1].0).abs() <= 1e-2 * runs[1].0.abs(), "{} vs {}", runs[0].0, runs[1].0);
+    for (a, b) in runs[0].1.iter().zip(&runs[1].1) {
+        assert!((a - b).abs() <= 2e-2 * b.abs().max(1e-2), "{a} vs {b}");
+    }
+}
+
+#[test]
 fn comm_fusion_settings_set_the_number_of_gradient_all_reduces_and_keep_the_result() {
     // Data parallel: w1 and w2 replicated on every rank. Per step one all-reduce of the loss
     // (forward and backward), then the buckets.
