@@ -483,9 +483,11 @@ impl Trainer {
         })
     }
 
-    /// The strategy files of the run: `strategy_ckpt_config.save_file` when set, and
-    /// `strategy.json` beside the checkpoints of a model-parallel run. Returns the one written
-    /// beside the checkpoints.
+    /// The strategy files of the run: `strategy_ckpt_config.save_file` when set (its
+    /// `only_trainable_params` applied), and `strategy.json` beside the checkpoints of a
+    /// model-parallel run, which describes every tensor the rank checkpoints hold (frozen
+    /// parameters and optimizer state too) so that they can be resharded whole. Returns the one
+    /// written beside the checkpoints.
     fn save_strategy_files(&self, job: &ParallelJob) -> TrainResult<Option<PathBuf>> {
         let ctx = &self.cfg.parallel;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
@@ -501,7 +503,7 @@ impl Trainer {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
                 if !quiet {
-                    crate::strategy_io::save_strategy_file(job.plan(), &path, true, &keys)?;
+                    crate::strategy_io::save_strategy_file(job.plan(), &path, false, &keys)?;
                 }
                 beside = Some(path);
             }

@@ -312,8 +312,15 @@ fn a_model_parallel_strategy_trains_like_stand_alone_and_saves_per_rank_files_an
         // fc1.weight [32, 16] is split 2 ways on its rows: each rank holds its slice.
         assert_eq!(f.get("fc1.weight").unwrap().shape, vec![16, 16]);
     }
+    // The strategy beside the checkpoints describes everything they hold: parameters and
+    // their optimizer state.
     let s = autopar_checkpoint::StrategyFile::load(dir.path().join("strategy.json")).unwrap();
-    assert!(s.layout_items.iter().any(|l| l.name == "fc1.weight"));
+    let f = autopar_checkpoint::CheckpointFile::open(dir.path().join("rank_0/net-8_0.safetensors")).unwrap();
+    let held: Vec<String> = f.tensors().iter().map(|t| t.name.clone()).filter(|n| n.contains('.')).collect();
+    assert!(held.iter().any(|n| n == "moments.fc1.weight"), "{held:?}");
+    for name in held {
+        assert!(s.layout_items.iter().any(|l| l.name == name), "{name} is in the checkpoint but not in strategy.json");
+    }
 }
 
 #[test]

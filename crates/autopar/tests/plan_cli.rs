@@ -96,7 +96,7 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.json"), "{:?}", o);
     // Contradictions: several devices in stand_alone, full_batch outside semi_auto_parallel.
     for (args, needle) in [
-        (&["--devices", "4", "--parallel-mode", "stand_alone"][..], "stand_alone runs on one device, but 4 devices"),
+        (&["--devices", "4", "--parallel-mode", "stand_alone"][..], "stand_alone runs on one device, but --devices 4"),
         (&["--devices", "4", "--parallel-mode", "data_parallel", "--parallel", "full_batch=true"][..], "data_parallel does not support it"),
     ] {
         let o = autopar(dir.path(), &[&["plan", "--model", "mlp"][..], args].concat());

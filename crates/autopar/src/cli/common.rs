@@ -216,11 +216,10 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
     if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
         bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
     }
-    if ctx.parallel_mode == ParallelMode::StandAlone && ctx.device_num > 1 {
-        bail!(
-            "stand_alone runs on one device, but {} devices were asked for\nhint: drop --devices (and device_num), or pass --parallel-mode semi_auto_parallel",
-            ctx.device_num
-        );
+    // A device_num from the config file is ignored by a stand_alone run (as in MindSpore; the
+    // run says "1 device"), but --devices N on the command line contradicts it.
+    if let Some(n) = p.devices.filter(|&n| n > 1 && ctx.parallel_mode == ParallelMode::StandAlone) {
+        bail!("stand_alone runs on one device, but --devices {n} asks for {n}\nhint: drop --devices, or pass --parallel-mode semi_auto_parallel");
     }
     if ctx.parallel_mode == ParallelMode::HybridParallel {
         bail!(
