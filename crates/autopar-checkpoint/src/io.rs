@@ -29,6 +29,14 @@ pub struct AtomicFile {
     reserved: u64,
 }
 
+/// Write `bytes` to `path` atomically (an [`AtomicFile`] of one write): a reader sees the old
+/// file or the whole new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = AtomicFile::create(path)?;
+    f.write_all(bytes)?;
+    f.commit()
+}
+
 /// Data handed to the kernel between two writeback requests.
 pub(crate) const WRITEBACK_STEP: u64 = 8 << 20;
 

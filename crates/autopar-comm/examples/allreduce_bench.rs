@@ -232,7 +232,7 @@ fn mpi_mode() {
 }
 
 fn main() {
-    let under_mpirun = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() || std::env::var_os("PMI_SIZE").is_some();
+    let under_mpirun = autopar_comm::launch::mpi_world_size().is_some();
     if under_mpirun {
         #[cfg(feature = "mpi")]
         {

@@ -29,6 +29,21 @@ pub struct LaunchSpec {
 }
 
 /// Find an executable named `name` in the `PATH` given (or this process's `PATH`).
+/// The number of processes when this process was started by `mpirun` (OpenMPI's or MPICH's
+/// environment), else `None`.
+pub fn mpi_world_size() -> Option<usize> {
+    env_number(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+}
+
+/// This process's rank when it was started by `mpirun`, else `None`.
+pub fn mpi_rank() -> Option<usize> {
+    env_number(&["OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+}
+
+fn env_number(keys: &[&str]) -> Option<usize> {
+    keys.iter().find_map(|k| std::env::var(k).ok()).and_then(|v| v.trim().parse().ok())
+}
+
 pub fn find_in_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
     let path = path.map(OsString::from).or_else(|| std::env::var_os("PATH"))?;
     std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| is_executable(p))

@@ -1,9 +1,9 @@
-//! File helpers: whole-file reads with gzip detection, and atomic writes (temp file in the same
-//! folder, fsync, rename).
+//! File helpers: whole-file reads with gzip detection, and atomic writes (through the
+//! checkpoint crate's atomic file).
 
 use std::fs;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 
 use crate::error::{DataError, Result};
 
@@ -31,31 +31,17 @@ pub(crate) fn read(path: &Path) -> Result<Vec<u8>> {
     })
 }
 
-/// Writes `bytes` to `path` atomically: a temp file beside it, fsync, rename, fsync of the folder.
+/// Writes `bytes` to `path` atomically (the project's one atomic writer,
+/// [`autopar_checkpoint::io::write_atomic`]: a temp file beside it, fsync, rename, fsync of the
+/// folder).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let wrap = |source: std::io::Error| DataError::Write { path: path.to_path_buf(), source };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = fs::File::open(&dir) {
-            // Persist the rename; not every platform can fsync a folder, so a failure here is not fatal.
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(wrap)
+    autopar_checkpoint::io::write_atomic(path, bytes).map_err(|e| DataError::Write {
+        path: path.to_path_buf(),
+        source: match e {
+            autopar_checkpoint::CheckpointError::Io { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        },
+    })
 }
 
 /// Checks that `dir` exists and is a folder.
@@ -70,6 +56,7 @@ pub(crate) fn require_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn atomic_write_replaces_the_file_and_leaves_no_temp_file() {

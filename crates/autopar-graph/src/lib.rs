@@ -8,14 +8,15 @@
 //!
 //! Key decisions:
 //! * **Plain data.** The graph is a `Vec<Node>` with public fields for annotations; the planner
-//!   reads it, rewrites it (inserting communication ops, changing shapes to local slices) and
-//!   re-checks it with [`Graph::validate`]. `Display` prints one line per node.
+//!   (`autopar-parallel`) reads it and builds each rank's local graph from it, inserting
+//!   communication ops and giving nodes their local shapes; [`Graph::validate`] re-checks a graph
+//!   edited in place. `Display` prints one line per node.
 //! * **One output per node.** Ops that are naturally multi-output in other systems (batch-norm
 //!   backward) are split into one op per output (`BatchNormGrad { of: Input | Gamma }`), which
 //!   keeps ids, liveness and layouts one-to-one with values.
 //! * **One definition block per op** in `ops/<family>.rs` implementing [`OpDef`] (shape and dtype
-//!   inference, backward rule), one [`OpKind`] variant, exhaustive matches: a forgotten rule does
-//!   not compile. Backward rules are written with other ops, dedicated `*Grad` ops only where the
+//!   inference, backward rule, sharding rule, local form on a rank's slice, cost), one [`OpKind`]
+//!   variant, exhaustive matches: a forgotten rule does not compile. Backward rules are written with other ops, dedicated `*Grad` ops only where the
 //!   kernel is genuinely different (ReLU mask, convolution and pooling adjoints, normalisation).
 //!   Many `*Grad` ops have their own backward rule (they are linear in `dy`), so second-order
 //!   gradients work for them; the rest return [`GraphError::NotDifferentiable`].

@@ -447,21 +447,7 @@ impl OpSpec {
         if product == 0 || product > n || !n.is_multiple_of(product) {
             return Err(bad(StrategyProblem::Devices { used: product, devices: n }));
         }
-        let mut mesh_dims = Vec::new();
-        let mut axis_of = vec![None; splits.len()];
-        for (l, &s) in splits.iter().enumerate() {
-            if s > 1 {
-                axis_of[l] = Some(mesh_dims.len());
-                mesh_dims.push(s);
-            }
-        }
-        if n / product > 1 {
-            mesh_dims.push(n / product);
-        }
-        if mesh_dims.is_empty() {
-            mesh_dims.push(1);
-        }
-        let mesh = DeviceMatrix::new(mesh_dims)
+        let (mesh, axis_of) = DeviceMatrix::of_splits(splits, n)
             .map_err(|e| bad(StrategyProblem::Layout { what: "device matrix of input", input: 0, detail: e.to_string() }))?;
         let map =
             |dims: &[Option<usize>]| -> Vec<Vec<usize>> { dims.iter().map(|l| l.and_then(|l| axis_of[l]).into_iter().collect()).collect() };

@@ -19,6 +19,11 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// f16 and bf16, which `force_fp32_communication` widens on the wire.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {

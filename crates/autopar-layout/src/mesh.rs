@@ -43,6 +43,32 @@ impl DeviceMatrix {
         Self::new(vec![n])
     }
 
+    /// The device matrix of a strategy's splits on `n` devices: one axis per split above 1, in
+    /// order, then the repeated-calculation axis of `n / product` devices (on the right, as
+    /// MindSpore places it) when the splits use fewer than `n`. Returns the matrix and the axis
+    /// of each split (`None` for a split of 1). The product must divide `n`.
+    pub fn of_splits(splits: &[usize], n: usize) -> Result<(Self, Vec<Option<usize>>)> {
+        let product = splits.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s)).unwrap_or(usize::MAX);
+        if product == 0 || !n.is_multiple_of(product) {
+            return Err(LayoutError::StrategyNotDividing { strategy: format!("{splits:?}"), product, devices: n });
+        }
+        let mut dims = Vec::new();
+        let mut axis_of = vec![None; splits.len()];
+        for (l, &s) in splits.iter().enumerate() {
+            if s > 1 {
+                axis_of[l] = Some(dims.len());
+                dims.push(s);
+            }
+        }
+        if n / product > 1 {
+            dims.push(n / product);
+        }
+        if dims.is_empty() {
+            dims.push(1);
+        }
+        Ok((Self::new(dims)?, axis_of))
+    }
+
     /// Used by the planner for refined meshes, which may have no axis at all (one device).
     pub(crate) fn new_unchecked(dims: Vec<usize>) -> Self {
         Self { dims }
@@ -198,6 +224,16 @@ pub fn group_of(rank: usize, axes: &[DeviceAxis]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_mesh_of_splits_has_an_axis_per_split_and_the_repeat_axis_last() {
+        let (m, axes) = super::DeviceMatrix::of_splits(&[2, 1, 4], 16).unwrap();
+        assert_eq!((m.dims(), axes), (&[2, 4, 2][..], vec![Some(0), None, Some(1)]));
+        let (m, axes) = super::DeviceMatrix::of_splits(&[1, 1], 1).unwrap();
+        assert_eq!((m.dims(), axes), (&[1][..], vec![None, None]));
+        assert!(super::DeviceMatrix::of_splits(&[3], 8).is_err());
+        assert!(super::DeviceMatrix::of_splits(&[0], 8).is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -19,7 +19,7 @@ pub enum ParallelError {
     #[error("parallel option {option} conflicts with the other options\n  {conflict}")]
     Conflict { option: &'static str, conflict: Conflict },
 
-    #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it, or use --parallel-mode hybrid_parallel")]
+    #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it (the library's ParallelJob::hybrid runs hand-written rank graphs that place their own collectives)")]
     UnsupportedOp { kind: &'static str, name: String, why: &'static str },
 
     #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or (semi_auto_parallel) --parallel dataset_strategy=full_batch")]

@@ -1,6 +1,6 @@
 //! [`ParallelPlan`]: every parallel decision of a job, as data. The planner ([`crate::plan`],
 //! [`crate::plan_hybrid`]) makes it; [`crate::rank_program`] turns it into one rank's program;
-//! [`crate::PlanCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
+//! [`crate::RankCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -192,9 +192,11 @@ impl BucketPlan {
 /// How the gradients are formed and synchronised.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GradientPlan {
-    /// Where each rank's backward pass starts: `1/R` for a loss computed on R ranks with
-    /// `loss_repeated_mean` (semi_auto_parallel), `1/N` with `gradients_mean` in data_parallel
-    /// and hybrid_parallel (the mean of the ranks' losses), else 1.
+    /// Where each rank's backward pass starts. semi_auto_parallel: the loss is gathered whole
+    /// on all N ranks, so `loss_repeated_mean` (the default) starts each from `1/N` and the
+    /// replicas' gradients add up to stand-alone's; without it from 1. data_parallel and
+    /// hybrid_parallel: `1/N` with `gradients_mean` (the mean of the ranks' gradients), else 1
+    /// (their sum).
     pub loss_seed: f64,
     /// Divide each synchronised gradient by its mirror group's size (`gradients_mean` under
     /// semi_auto_parallel: MindSpore's mirror mean).

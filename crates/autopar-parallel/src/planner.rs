@@ -210,8 +210,13 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
             p = p.without_all_to_all().map_err(|e| ParallelError::Layout { node: node.to_string(), source: e })?;
         }
         let dtype = graph.node(producer).ty.dtype;
-        let half = matches!(dtype, autopar_graph::DType::F16 | autopar_graph::DType::BF16);
-        redistributions.push(Redistribution { site, producer, dtype, in_f32: fp32 && half && p.num_communications() > 0, plan: p });
+        redistributions.push(Redistribution {
+            site,
+            producer,
+            dtype,
+            in_f32: fp32 && dtype.is_half() && p.num_communications() > 0,
+            plan: p,
+        });
         Ok(())
     };
     for (i, node) in nodes.iter().enumerate() {
@@ -247,7 +252,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         ParallelMode::DataParallel if ctx.gradients_mean => 1.0 / n as f64,
         _ => 1.0,
     };
-    let gradients = GradientPlan { loss_seed, mirror_mean: mode.is_auto() && ctx.gradients_mean, buckets: fusion_buckets(&params, ctx, n) };
+    let gradients = GradientPlan { loss_seed, mirror_mean: mode.is_auto() && ctx.gradients_mean, buckets: fusion_buckets(&params, ctx) };
     Ok(ParallelPlan {
         device_num: n,
         mode,
@@ -298,19 +303,25 @@ fn leaf_plan(node: &Node, id: NodeId, layout: TensorLayout) -> NodePlan {
     }
 }
 
+/// The name a strategy file gives op `id`: `"<Prim>_<param>"`, its kind and the first
+/// parameter it takes (MindSpore keys items by operator; autopar by the weight, which names the
+/// op across graphs). `None` for an op taking no parameter.
+pub fn strategy_item_name(graph: &Graph, id: NodeId) -> Option<String> {
+    let node = graph.node(id);
+    let param = node.inputs.iter().map(|x| graph.node(*x)).find(|x| matches!(x.op, OpKind::Parameter(_)))?;
+    Some(format!("{}_{}", node.op.kind(), param.name))
+}
+
 /// For each node, the strategy a strategy file gives it: item `"<Prim>_<param>"` applies to
-/// every op of that kind taking that parameter. An item matching no op is an error naming it.
+/// every op of that kind whose first parameter is that one. An item matching no op is an error
+/// naming it.
 fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Strategy>>> {
     let mut out = vec![None; graph.len()];
     for (key, strategy) in &file.items {
         let mut hit = false;
-        for (i, node) in graph.nodes().iter().enumerate() {
-            let takes = node.inputs.iter().any(|x| {
-                let p = graph.node(*x);
-                matches!(p.op, OpKind::Parameter(_)) && format!("{}_{}", node.op.kind(), p.name) == *key
-            });
-            if takes {
-                out[i] = Some(strategy.clone());
+        for (i, slot) in out.iter_mut().enumerate() {
+            if strategy_item_name(graph, NodeId(i)).as_ref() == Some(key) {
+                *slot = Some(strategy.clone());
                 hit = true;
             }
         }
@@ -406,23 +417,8 @@ fn input_layout(
             if shape.iter().zip(splits).any(|(d, s)| !d.is_multiple_of(*s)) {
                 return Err(problem(DatasetProblem::NotDivisible { input: node.name.clone(), shape, splits: splits.clone() }));
             }
-            let mut dims = Vec::new();
-            let mut map = Vec::new();
-            for &s in splits {
-                if s > 1 {
-                    map.push(vec![dims.len()]);
-                    dims.push(s);
-                } else {
-                    map.push(Vec::new());
-                }
-            }
-            if n / product > 1 {
-                dims.push(n / product);
-            }
-            if dims.is_empty() {
-                dims.push(1);
-            }
-            let mesh = DeviceMatrix::new(dims).map_err(layout_err)?;
+            let (mesh, axes) = DeviceMatrix::of_splits(splits, n).map_err(layout_err)?;
+            let map = axes.into_iter().map(|a| a.into_iter().collect()).collect();
             TensorLayout::new(mesh, map, shape).map_err(layout_err)
         }
     }
@@ -487,8 +483,7 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
 /// default); otherwise their own.
 fn gradient_comm_dtype(dtype: autopar_graph::DType, ctx: &ParallelContext) -> autopar_graph::DType {
     use autopar_graph::DType;
-    let half = matches!(dtype, DType::F16 | DType::BF16);
-    if half && (ctx.force_fp32_communication || (ctx.parallel_mode.is_auto() && ctx.gradient_fp32_sync)) {
+    if dtype.is_half() && (ctx.force_fp32_communication || (ctx.parallel_mode.is_auto() && ctx.gradient_fp32_sync)) {
         DType::F32
     } else {
         dtype
@@ -500,7 +495,7 @@ fn gradient_comm_dtype(dtype: autopar_graph::DType, ctx: &ParallelContext) -> au
 /// communication dtype share a bucket up to the size threshold (bytes of the communication
 /// dtype); the index mode cuts the list of such parameters before the given indices;
 /// `openstate = false` gives every parameter its own all-reduce.
-pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext, n: usize) -> Vec<BucketPlan> {
+pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext) -> Vec<BucketPlan> {
     let synced: Vec<&ParamPlan> = params.iter().filter(|p| p.trainable && p.mirror.iter().map(|a| a.size).product::<usize>() > 1).collect();
     let fusion = &ctx.comm_fusion;
     let limit = match (&fusion.allreduce, fusion.openstate) {
@@ -513,7 +508,6 @@ pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext, n: usize) -> 
         FusionMode::Index(idx) if fusion.openstate => idx.clone(),
         _ => Vec::new(),
     };
-    let _ = n;
     let mut buckets: Vec<BucketPlan> = Vec::new();
     let mut open: HashMap<(Vec<DeviceAxis>, autopar_graph::DType), usize> = HashMap::new();
     for (i, p) in synced.iter().enumerate() {
@@ -653,7 +647,7 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
         })
         .collect();
     let loss_seed = if ctx.gradients_mean { 1.0 / n as f64 } else { 1.0 };
-    let gradients = GradientPlan { loss_seed, mirror_mean: false, buckets: fusion_buckets(&params, ctx, n) };
+    let gradients = GradientPlan { loss_seed, mirror_mean: false, buckets: fusion_buckets(&params, ctx) };
     Ok(ParallelPlan {
         device_num: n,
         mode: ParallelMode::HybridParallel,

@@ -394,15 +394,14 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
 /// `force_fp32_communication` in a hand-written graph: every communication op on f16/bf16
 /// values runs on f32 copies (a Cast before each half-precision input, one back after).
 fn widen_half_collectives(src: &Graph) -> Result<Graph> {
-    let half = |d: DType| matches!(d, DType::F16 | DType::BF16);
     let mut g = Graph::new();
     let mut map: Vec<NodeId> = Vec::with_capacity(src.len());
     for node in src.nodes() {
         let mut inputs: Vec<NodeId> = node.inputs.iter().map(|x| map[x.0]).collect();
-        let widen = node.op.is_communication() && half(node.ty.dtype);
+        let widen = node.op.is_communication() && node.ty.dtype.is_half();
         if widen {
             for (k, x) in inputs.iter_mut().enumerate() {
-                if half(g.node(*x).ty.dtype) {
+                if g.node(*x).ty.dtype.is_half() {
                     let name = g.unique_name(&format!("{}.in{k}.to_f32", node.name));
                     *x = g.add(&name, Cast { dtype: DType::F32 }, &[*x])?;
                 }

@@ -118,7 +118,8 @@ pub struct PlanReport<'a> {
     pub cost: &'a RankCost,
     /// A line describing the model (name, sizes).
     pub model: String,
-    /// Optimizer state tensors per trainable parameter (for the memory figure).
+    /// The optimizer the memory figure counts state for, as printed beside it (e.g. "1 slot(s)
+    /// per trainable parameter: momentum").
     pub optimizer: String,
     pub planning_seconds: f64,
 }

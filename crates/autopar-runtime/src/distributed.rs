@@ -54,12 +54,17 @@ pub fn tensor_from_bytes(dtype: CkDType, shape: &[usize], bytes: &[u8], name: &s
 /// Write `store` (a rank's local slices, or full tensors) to `path` (`.safetensors` or `.ckpt`),
 /// atomically, with `metadata`.
 pub fn save_checkpoint(store: &ParamStore, path: &Path, metadata: &BTreeMap<String, String>) -> Result<()> {
-    let mut tensors = Vec::with_capacity(store.len());
-    for (name, t) in store.iter() {
-        let (dtype, bytes) = tensor_bytes(t)?;
-        tensors.push((TensorSpec { name: name.clone(), dtype, shape: t.shape().to_vec() }, bytes));
-    }
-    autopar_checkpoint::save(path, &tensors, metadata).map_err(ck_err(path))
+    autopar_checkpoint::save(path, &checkpoint_tensors(store.iter())?, metadata).map_err(ck_err(path))
+}
+
+/// Named tensors as a checkpoint writer takes them: spec and little-endian bytes.
+pub fn checkpoint_tensors<'a>(tensors: impl Iterator<Item = (&'a String, &'a Tensor)>) -> Result<Vec<(TensorSpec, Vec<u8>)>> {
+    tensors
+        .map(|(name, t)| {
+            let (dtype, bytes) = tensor_bytes(t)?;
+            Ok((TensorSpec { name: name.clone(), dtype, shape: t.shape().to_vec() }, bytes))
+        })
+        .collect()
 }
 
 /// Every tensor of checkpoint `path`.

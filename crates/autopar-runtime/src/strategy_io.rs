@@ -21,10 +21,7 @@ pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_key
     for np in &plan.nodes {
         let node = graph.node(np.id);
         let Some(strategy) = &np.strategy else { continue };
-        let Some(param) = node.inputs.iter().map(|x| graph.node(*x)).find(|x| matches!(x.op, autopar_graph::OpKind::Parameter(_))) else {
-            continue;
-        };
-        let name = format!("{}_{}", node.op.kind(), param.name);
+        let Some(name) = autopar_parallel::strategy_item_name(graph, np.id) else { continue };
         if strategy_items.iter().any(|s: &StrategyItem| s.node_name == name) {
             continue;
         }

@@ -92,7 +92,7 @@ impl TrainStep {
         let loss = values.next().expect("the loss is fetched first");
         let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
         for b in &self.program.buckets {
-            sync_bucket(b, &mut grads, comm, self.program.rank)?;
+            sync_bucket(b, &mut grads, comm)?;
         }
         Ok(StepOutput { loss, grads, run: out })
     }
@@ -119,7 +119,7 @@ impl TrainStep {
 
 /// All-reduce one bucket's gradients in one buffer of the bucket's dtype (each gradient cast
 /// to it and back), scaled by the bucket's factor.
-fn sync_bucket(b: &RankBucket, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>, rank: usize) -> Result<()> {
+fn sync_bucket(b: &RankBucket, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
     if b.group.len() < 2 {
         return Ok(());
     }
@@ -132,12 +132,12 @@ fn sync_bucket(b: &RankBucket, grads: &mut [(String, Tensor)], comm: Option<&Com
         .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
         .collect::<Result<_>>()?;
     match tensor_dtype(b.dtype) {
-        DType::F64 => reduce_packed::<f64>(comm, grads, &idx, b, rank),
-        DType::F32 => reduce_packed::<f32>(comm, grads, &idx, b, rank),
-        DType::F16 => reduce_packed::<half::f16>(comm, grads, &idx, b, rank),
-        DType::BF16 => reduce_packed::<half::bf16>(comm, grads, &idx, b, rank),
-        DType::I32 => reduce_packed::<i32>(comm, grads, &idx, b, rank),
-        DType::I64 => reduce_packed::<i64>(comm, grads, &idx, b, rank),
+        DType::F64 => reduce_packed::<f64>(comm, grads, &idx, b),
+        DType::F32 => reduce_packed::<f32>(comm, grads, &idx, b),
+        DType::F16 => reduce_packed::<half::f16>(comm, grads, &idx, b),
+        DType::BF16 => reduce_packed::<half::bf16>(comm, grads, &idx, b),
+        DType::I32 => reduce_packed::<i32>(comm, grads, &idx, b),
+        DType::I64 => reduce_packed::<i64>(comm, grads, &idx, b),
     }
 }
 
@@ -146,7 +146,6 @@ fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     grads: &mut [(String, Tensor)],
     idx: &[usize],
     b: &RankBucket,
-    rank: usize,
 ) -> Result<()> {
     let dtype = tensor_dtype(b.dtype);
     let k = |name: &str| {
@@ -161,7 +160,6 @@ fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     }
     comm.all_reduce((&mut flat).into(), autopar_comm::ReduceOp::Sum)
         .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
-    let _ = rank;
     let mut off = 0;
     for &i in idx {
         let (own, shape) = (grads[i].1.dtype(), grads[i].1.shape().to_vec());

@@ -27,7 +27,7 @@ use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
 pub use self::ckpt::{
-    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, tensor_bytes, Loaded, RunPosition, FORMAT,
+    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, Loaded, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
 use crate::callbacks::{Callback, StepEvent};
@@ -69,6 +69,36 @@ pub enum OptimizerKind {
     AdamW { beta1: f64, beta2: f64, eps: f64 },
 }
 
+impl OptimizerKind {
+    /// The optimizer by its name (`sgd`, `momentum`, `adamw` or `adam`, any case) with the
+    /// default hyper-parameters and the given momentum.
+    pub fn by_name(name: &str, momentum: f64) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "sgd" => Some(OptimizerKind::Sgd),
+            "momentum" => Some(OptimizerKind::Momentum { momentum, nesterov: false }),
+            "adamw" | "adam" => Some(OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 }),
+            _ => None,
+        }
+    }
+
+    /// The names [`OptimizerKind::by_name`] takes.
+    pub const NAMES: &'static str = "sgd, momentum, adamw";
+
+    /// State tensors per trainable parameter (Momentum 1, Adam 2).
+    pub fn state_slots(&self) -> usize {
+        self.state_prefixes().len()
+    }
+
+    /// The prefixes of the state tensors' names (`moments.` + the parameter's name, ...).
+    fn state_prefixes(&self) -> &'static [&'static str] {
+        match self {
+            OptimizerKind::Sgd => &[],
+            OptimizerKind::Momentum { .. } => &["moments."],
+            OptimizerKind::AdamW { .. } => &["adam_m.", "adam_v."],
+        }
+    }
+}
+
 /// Optimizer, learning-rate schedule and weight decay.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimizerConfig {
@@ -108,11 +138,7 @@ impl OptimizerConfig {
 
     /// The names of the optimizer state of parameter `name`.
     pub fn state_keys(&self, name: &str) -> Vec<String> {
-        match self.kind {
-            OptimizerKind::Sgd => vec![],
-            OptimizerKind::Momentum { .. } => vec![format!("moments.{name}")],
-            OptimizerKind::AdamW { .. } => vec![format!("adam_m.{name}"), format!("adam_v.{name}")],
-        }
+        self.kind.state_prefixes().iter().map(|p| format!("{p}{name}")).collect()
     }
 }
 
@@ -375,7 +401,7 @@ impl Trainer {
         if cfg.batch_size == 0 {
             return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
         }
-        let mpi = mpi_world_size();
+        let mpi = autopar_comm::launch::mpi_world_size();
         #[cfg(not(feature = "mpi"))]
         if let Some(size) = mpi {
             return Err(TrainError::MpiNotBuilt { size });
@@ -491,7 +517,7 @@ impl Trainer {
     fn save_strategy_files(&self, job: &ParallelJob) -> TrainResult<Option<PathBuf>> {
         let ctx = &self.cfg.parallel;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
-        let quiet = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).is_ok_and(|r| r != "0");
+        let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
         if let Some(path) = ctx.strategy_save_file() {
             if !quiet {
                 crate::strategy_io::save_strategy_file(job.plan(), Path::new(path), ctx.strategy_ckpt_config.only_trainable_params, &keys)?;
@@ -861,10 +887,4 @@ pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
         problem: "the folder holds no checkpoint (<prefix>-<step>.safetensors or rank_0/<prefix>-<step>_0.safetensors)".into(),
         hint: "pass a checkpoint file, or the folder given to --checkpoint-dir".into(),
     })
-}
-
-/// The number of processes when this process was started by `mpirun` (OpenMPI's or MPICH's
-/// environment), else `None`.
-pub fn mpi_world_size() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|k| std::env::var(k).ok()).and_then(|v| v.parse().ok())
 }

@@ -222,7 +222,7 @@ fn resnet18_equals_stand_alone() {
 }
 
 #[test]
-fn data_parallel_with_batch_norm_and_dropout_equals_the_n_times_batch() {
+fn data_parallel_with_batch_norm_and_dropout_equals_stand_alone_on_the_global_batch() {
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
     let m = ResNet::new(cfg).unwrap();
     let gpt = small_gpt();

@@ -7,14 +7,14 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 
-/// autopar: distributed, automatically parallel deep-learning training.
-///
-/// Write a model once, say how it is split across devices (or let autopar find the split), and
-/// run it on 1 to 4096 devices with the same numbers as on one device.
 /// The version, with whether this build runs under mpirun (`autopar launch` checks it).
 const VERSION: &str =
     if cfg!(feature = "mpi") { concat!(env!("CARGO_PKG_VERSION"), " (mpi)") } else { concat!(env!("CARGO_PKG_VERSION"), " (no mpi)") };
 
+/// autopar: distributed, automatically parallel deep-learning training.
+///
+/// Write a model once, say how it is split across devices (or let autopar find the split), and
+/// run it on 1 to 4096 devices with the same numbers as on one device.
 #[derive(Parser, Debug)]
 #[command(name = "autopar", version = VERSION, about, long_about = None, propagate_version = true)]
 struct Cli {

@@ -9,7 +9,7 @@ use crate::types::{normalize_axis, TensorType};
 /// Backward ops are made by autodiff of a rank's local graph; the planner never splits them.
 pub(crate) const BACKWARD_OP: &str = "backward ops are made by autodiff after sharding; give the planner the forward graph";
 
-/// An element-wise activation: split any way, `flops` per element.
+/// An element-wise activation: split any way, the output like the input.
 fn activation_rule(cx: &RuleCx<'_>) -> ShardingRule {
     ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
 }

@@ -7,9 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use autopar_checkpoint::{CheckpointFile, DType as CkDType, TensorSpec};
+use autopar_checkpoint::CheckpointFile;
 use autopar_tensor::{DType, Tensor};
-use half::{bf16, f16};
 
 use super::error::{TrainError, TrainResult};
 use crate::executor::ParamStore;
@@ -120,65 +119,12 @@ pub fn rank_file(path: &Path, from_rank: usize, rank: usize, world_size: usize) 
     root.join(format!("rank_{rank}")).join(format!("{stem}_{rank}.safetensors"))
 }
 
-fn ck_dtype(d: DType) -> CkDType {
-    match d {
-        DType::F32 => CkDType::Float32,
-        DType::F64 => CkDType::Float64,
-        DType::F16 => CkDType::Float16,
-        DType::BF16 => CkDType::BFloat16,
-        DType::I32 => CkDType::Int32,
-        DType::I64 => CkDType::Int64,
-    }
-}
-
-/// Little-endian bytes of `t`.
-pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
-    fn le<T: autopar_tensor::Element, const N: usize>(t: &Tensor, f: fn(T) -> [u8; N]) -> Vec<u8> {
-        t.to_vec::<T>().expect("dtype matches").into_iter().flat_map(f).collect()
-    }
-    match t.dtype() {
-        DType::F32 => le::<f32, 4>(t, f32::to_le_bytes),
-        DType::F64 => le::<f64, 8>(t, f64::to_le_bytes),
-        DType::F16 => le::<f16, 2>(t, f16::to_le_bytes),
-        DType::BF16 => le::<bf16, 2>(t, bf16::to_le_bytes),
-        DType::I32 => le::<i32, 4>(t, i32::to_le_bytes),
-        DType::I64 => le::<i64, 8>(t, i64::to_le_bytes),
-    }
-}
-
-/// The tensor stored as `dtype`, `shape`, `bytes` (little-endian).
-pub fn tensor_from_bytes(path: &Path, name: &str, dtype: CkDType, shape: &[usize], bytes: &[u8]) -> TrainResult<Tensor> {
-    fn from<T: autopar_tensor::Element, const N: usize>(shape: &[usize], b: &[u8], f: fn([u8; N]) -> T) -> Option<Tensor> {
-        let v: Vec<T> = b.chunks_exact(N).map(|c| f(c.try_into().expect("chunk of N bytes"))).collect();
-        Tensor::from_vec(shape, v).ok()
-    }
-    let t = match dtype {
-        CkDType::Float32 => from(shape, bytes, f32::from_le_bytes),
-        CkDType::Float64 => from(shape, bytes, f64::from_le_bytes),
-        CkDType::Float16 => from(shape, bytes, f16::from_le_bytes),
-        CkDType::BFloat16 => from(shape, bytes, bf16::from_le_bytes),
-        CkDType::Int32 => from(shape, bytes, i32::from_le_bytes),
-        CkDType::Int64 => from(shape, bytes, i64::from_le_bytes),
-        other => return Err(TrainError::InitDtype { path: path.to_path_buf(), name: name.to_string(), dtype: other.to_string() }),
-    };
-    t.ok_or_else(|| TrainError::InitShape {
-        path: path.to_path_buf(),
-        name: name.to_string(),
-        shape: shape.to_vec(),
-        got: vec![bytes.len()],
-    })
-}
-
 /// Write `params` and `state` (optimizer) to `path` with `position` as metadata, atomically.
 pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, position: &RunPosition) -> TrainResult<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| TrainError::Write { path: dir.to_path_buf(), source })?;
     }
-    let tensors: Vec<(TensorSpec, Vec<u8>)> = params
-        .iter()
-        .chain(state.iter())
-        .map(|(name, t)| (TensorSpec { name: name.clone(), dtype: ck_dtype(t.dtype()), shape: t.shape().to_vec() }, tensor_bytes(t)))
-        .collect();
+    let tensors = crate::distributed::checkpoint_tensors(params.iter().chain(state.iter()))?;
     autopar_checkpoint::save(path, &tensors, &position.to_metadata())
         .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(source) })
 }
@@ -224,7 +170,7 @@ impl Loaded {
         }
         let (dtype, eshape) = (entry.dtype, entry.shape.clone());
         let bytes = self.file.read(name).map_err(|source| TrainError::Checkpoint { path: self.path.clone(), source: Box::new(source) })?;
-        tensor_from_bytes(&self.path, name, dtype, &eshape, &bytes)
+        Ok(crate::distributed::tensor_from_bytes(dtype, &eshape, &bytes, name, &self.path)?)
     }
 
     /// Every tensor whose name starts with one of `prefixes`.

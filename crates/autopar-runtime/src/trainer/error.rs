@@ -35,9 +35,6 @@ pub enum TrainError {
     #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes; check the model options (width, depth, classes, input shape)", path.display())]
     InitShape { path: PathBuf, name: String, shape: Vec<usize>, got: Vec<usize> },
 
-    #[error("tensor {name} in checkpoint {} has dtype {dtype}, which a parameter cannot hold\nhint: parameters and optimizer state are stored as float or integer tensors", path.display())]
-    InitDtype { path: PathBuf, name: String, dtype: String },
-
     #[error("cannot resume from {}\n  {problem}\nhint: {hint}", path.display())]
     Resume { path: PathBuf, problem: String, hint: String },
 

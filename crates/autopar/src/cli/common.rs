@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
+use autopar_runtime::trainer::OptimizerKind;
 use clap::Args;
 use serde::Deserialize;
 
@@ -234,4 +235,10 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
         }
     }
     Ok(ctx)
+}
+
+/// The optimizer named on the command line or in the config file.
+pub fn optimizer_kind(name: &str, momentum: f64) -> Result<OptimizerKind> {
+    OptimizerKind::by_name(name, momentum)
+        .ok_or_else(|| anyhow!("unknown optimizer {name:?}\n  valid optimizers: {}\nhint: pass --optimizer momentum", OptimizerKind::NAMES))
 }

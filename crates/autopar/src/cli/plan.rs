@@ -15,7 +15,7 @@ use autopar_parallel::report::{split_svg, PlanReport};
 use autopar_parallel::{plan_job, rank_program, PlanRequest, RankCost};
 use clap::Args;
 
-use super::common::{model_options, parallel_context, read_config, ModelArgs, ParallelArgs};
+use super::common::{model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -63,12 +63,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         None if 32 % n == 0 => 32,
         None => n,
     };
-    let slots = match args.optimizer.to_ascii_lowercase().as_str() {
-        "sgd" => 0,
-        "momentum" => 1,
-        "adamw" | "adam" => 2,
-        other => bail!("unknown optimizer {other:?}\n  valid optimizers: sgd, momentum, adamw\nhint: pass --optimizer momentum"),
-    };
+    let slots = optimizer_kind(&args.optimizer, 0.9)?.state_slots();
     let rank = args.rank.or(ctx.explicit_global_rank()).unwrap_or(0);
     if rank >= n {
         bail!("--rank {rank} is not a rank of {n} devices\nhint: pass --rank between 0 and {}", n - 1);

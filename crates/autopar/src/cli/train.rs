@@ -14,14 +14,12 @@ use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticData
 use autopar_models::{model_by_name, Mode, Model};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
-use autopar_runtime::trainer::{
-    BuildError, BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainResult, Trainer,
-};
+use autopar_runtime::trainer::{BuildError, BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, TrainResult, Trainer};
 use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::common::{model_options, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
+use super::common::{model_options, optimizer_kind, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
 #[derive(Args, Debug, Default)]
@@ -207,7 +205,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     // data or model is loaded. A build without MPI support started by mpirun would run the
     // whole job in every process: refuse it.
     #[cfg(not(feature = "mpi"))]
-    if let Some(size) = autopar_runtime::trainer::mpi_world_size() {
+    if let Some(size) = autopar_comm::launch::mpi_world_size() {
         bail!(
             "this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev)"
         );
@@ -287,12 +285,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     let steps = pick!(s, steps);
     let batch_size = pick!(s, batch_size).unwrap_or(32);
     let momentum = pick!(s, momentum).unwrap_or(0.9);
-    let kind = match pick!(s, optimizer).unwrap_or_else(|| "momentum".into()).to_ascii_lowercase().as_str() {
-        "sgd" => OptimizerKind::Sgd,
-        "momentum" => OptimizerKind::Momentum { momentum, nesterov: false },
-        "adamw" | "adam" => OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
-        other => bail!("unknown optimizer {other:?}\n  valid optimizers: sgd, momentum, adamw\nhint: pass --optimizer momentum"),
-    };
+    let kind = optimizer_kind(&pick!(s, optimizer).unwrap_or_else(|| "momentum".into()), momentum)?;
     let mut cfg = TrainConfig {
         epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
         max_steps: steps,
@@ -354,7 +347,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     }
     let trainer = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
     // Under mpirun every process trains one rank; only rank 0 prints results.
-    let quiet = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).is_ok_and(|r| r != "0");
+    let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
 
     // Callbacks (rank 0).
     let show_bar = std::io::stderr().is_terminal();
