@@ -28,7 +28,6 @@ pub struct LaunchSpec {
     pub command: Vec<OsString>,
 }
 
-/// Find an executable named `name` in the `PATH` given (or this process's `PATH`).
 /// The number of processes when this process was started by `mpirun` (OpenMPI's or MPICH's
 /// environment), else `None`.
 pub fn mpi_world_size() -> Option<usize> {
@@ -44,6 +43,7 @@ fn env_number(keys: &[&str]) -> Option<usize> {
     keys.iter().find_map(|k| std::env::var(k).ok()).and_then(|v| v.trim().parse().ok())
 }
 
+/// Find an executable named `name` in the `PATH` given (or this process's `PATH`).
 pub fn find_in_path(name: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
     let path = path.map(OsString::from).or_else(|| std::env::var_os("PATH"))?;
     std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| is_executable(p))

@@ -398,8 +398,8 @@ impl ParallelContext {
             }
             "comm_fusion" => {
                 let mut fusion = parse_comm_fusion(v)?;
-                if v.get("allreduce").is_none() {
-                    // all_reduce_fusion_config may have set it.
+                if v.get("allreduce").is_none() && self.is_set("all_reduce_fusion_config") {
+                    // all_reduce_fusion_config set it.
                     fusion.allreduce = self.comm_fusion.allreduce.clone();
                 }
                 self.comm_fusion = fusion;
@@ -777,6 +777,11 @@ mod tests {
         c.set("comm_fusion", &json!({"openstate": true})).unwrap();
         assert_eq!(c.comm_fusion.allreduce, FusionMode::Index(vec![2, 5]));
         c.validate().unwrap();
+        // A comm_fusion replaces an earlier one whole.
+        let mut c = ParallelContext::default();
+        c.set("comm_fusion", &json!({"allreduce": {"mode": "size", "config": 8}})).unwrap();
+        c.set("comm_fusion", &json!({"openstate": true})).unwrap();
+        assert_eq!(c.comm_fusion.allreduce, FusionMode::Auto);
     }
 
     #[test]

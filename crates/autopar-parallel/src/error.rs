@@ -172,6 +172,20 @@ pub enum HybridProblem {
         rank: usize,
         missing_from: usize,
     },
+    /// A communicating op that does not lead to its rank's loss.
+    OffLossPath {
+        rank: usize,
+        kind: &'static str,
+        name: String,
+    },
+    /// The ranks of a group call different collectives over it.
+    CollectivesDiffer {
+        group: Vec<usize>,
+        rank: usize,
+        here: Vec<String>,
+        first: usize,
+        there: Vec<String>,
+    },
     /// A Send or Receive (`name`, on `rank`) of the transfer `from` -> `to` with `tag`.
     Transfer {
         rank: usize,
@@ -207,6 +221,14 @@ impl fmt::Display for HybridProblem {
                 f,
                 "replicated parameter {name:?} of rank {rank} is missing from rank {missing_from}'s graph; mark it layerwise if each rank holds its own"
             ),
+            HybridProblem::OffLossPath { rank, kind, name } => write!(
+                f,
+                "{kind} {name:?} on rank {rank} does not lead to the loss; the step computes only what the loss needs, so rank {rank} would skip it while its peers wait (use its output on the way to the loss; a Send returns the value it sends)"
+            ),
+            HybridProblem::CollectivesDiffer { group, rank, here, first, there } => write!(
+                f,
+                "the ranks of group {group:?} call different collectives over it: rank {rank} calls {here:?}, rank {first} calls {there:?}; each would wait for a call the other never makes"
+            ),
             HybridProblem::Transfer { rank, name, from, to, tag, problem } => {
                 write!(f, "{name:?} on rank {rank} (rank {from} -> rank {to}, tag {tag}): {problem}")
             }
@@ -227,6 +249,10 @@ pub enum TransferProblem {
     Repeated,
     /// The Receive expects another shape or dtype than the Send sends.
     TypeDiffers { send: String, receive: String },
+    /// A rank sending to itself.
+    ToItself,
+    /// The value sent, or the Receive's template, depends on a trainable parameter.
+    NeedsGradient,
 }
 
 impl fmt::Display for TransferProblem {
@@ -236,6 +262,11 @@ impl fmt::Display for TransferProblem {
             TransferProblem::NoSend => write!(f, "no Send of this tag on the sending rank"),
             TransferProblem::Repeated => write!(f, "a second transfer of the same ranks and tag; give each its own tag"),
             TransferProblem::TypeDiffers { send, receive } => write!(f, "the Send sends {send} but the Receive expects {receive}"),
+            TransferProblem::ToItself => write!(f, "a rank cannot send to itself"),
+            TransferProblem::NeedsGradient => write!(
+                f,
+                "it depends on a trainable parameter, and gradients do not cross hand-written transfers (not supported yet): send values computed from the inputs, and give a Receive an input or a Fill as its template"
+            ),
         }
     }
 }

@@ -93,7 +93,7 @@ pub struct NodePlan {
 }
 
 /// Where a redistribution is needed: before input `slot` of `consumer`, or before graph output
-/// `slot` (the outputs end replicated).
+/// `slot` (gathered whole: the loss of a training plan, every output of a forward-only one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Site {
     Input { consumer: NodeId, slot: usize },

@@ -8,13 +8,14 @@
 //!   strategy: inputs split on the batch, parameters replicated, ops that need the whole batch
 //!   (training BatchNorm, Dropout on data, the loss) tied to it. `.shard()` is ignored, as
 //!   MindSpore ignores it in this mode.
-//! * **hybrid_parallel** ([`plan_hybrid`]): the user's rank graphs, checked (groups, shapes,
-//!   names) and described by the same plan type; nothing is inserted.
+//! * **hybrid_parallel** ([`plan_hybrid`]): the user's rank graphs, checked (collective groups
+//!   and the order the ranks call them in, point-to-point pairs, replicated parameters) and
+//!   described by the same plan type; nothing is inserted.
 //!
 //! Semantics (what makes parallel equal stand-alone): every local op computes exactly its slice
 //! of the global op (or, for a split reduced dimension, a partial sum of it); redistributions
-//! between a producer's layout and the layout its consumer needs are exact; the graph's outputs
-//! end replicated on every rank. Autodiff of each rank's local graph uses the exact adjoints of
+//! between a producer's layout and the layout its consumer needs are exact; the loss (every
+//! output of a forward-only plan) ends replicated on every rank. Autodiff of each rank's local graph uses the exact adjoints of
 //! the collectives, so with the loss seeded as [`crate::GradientPlan::loss_seed`] says, the sum of
 //! a parameter slice's gradients over its mirror group is the gradient of the job's loss.
 
@@ -82,8 +83,9 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         let ins = types(node);
         let kind = node.op.kind();
         let rule = match node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty }) {
-            // On one device nothing is split: collectives of one rank and backward ops run whole.
-            ShardingRule::Unsupported(_) if n == 1 => ShardingRule::Replicated,
+            // On one device nothing is split: backward ops and communication among rank 0
+            // alone (the identity) run whole; a group naming other ranks stays an error.
+            ShardingRule::Unsupported(_) if n == 1 && on_rank0_alone(node, &ins) => ShardingRule::Replicated,
             rule => rule,
         };
         let plan = match rule {
@@ -271,6 +273,13 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     })
 }
 
+/// Whether `node` communicates with no rank but 0 (so that on one device it is the identity).
+fn on_rank0_alone(node: &Node, ins: &[&TensorType]) -> bool {
+    let ins: Vec<TensorType> = ins.iter().map(|t| (*t).clone()).collect();
+    let cost = node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: 0 });
+    cost.comm.iter().all(|call| call.group.iter().all(|&m| m == 0))
+}
+
 /// The graph with `loss` (checked to be floating-point) as its first output. A loss of several
 /// elements trains their sum (the backward starts from ones, like MindSpore's sens).
 fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
@@ -303,24 +312,27 @@ fn leaf_plan(node: &Node, id: NodeId, layout: TensorLayout) -> NodePlan {
     }
 }
 
-/// The name a strategy file gives op `id`: `"<Prim>_<param>"`, its kind and the first
-/// parameter it takes (MindSpore keys items by operator; autopar by the weight, which names the
-/// op across graphs). `None` for an op taking no parameter.
-pub fn strategy_item_name(graph: &Graph, id: NodeId) -> Option<String> {
+/// The names a strategy file may give op `id`: `"<Prim>_<param>"` for each parameter it takes
+/// (MindSpore keys items by operator; autopar by the weight, which names the op across graphs).
+/// Written under the first; read under any. Empty for an op taking no parameter.
+pub fn strategy_item_names(graph: &Graph, id: NodeId) -> Vec<String> {
     let node = graph.node(id);
-    let param = node.inputs.iter().map(|x| graph.node(*x)).find(|x| matches!(x.op, OpKind::Parameter(_)))?;
-    Some(format!("{}_{}", node.op.kind(), param.name))
+    node.inputs
+        .iter()
+        .map(|x| graph.node(*x))
+        .filter(|x| matches!(x.op, OpKind::Parameter(_)))
+        .map(|p| format!("{}_{}", node.op.kind(), p.name))
+        .collect()
 }
 
 /// For each node, the strategy a strategy file gives it: item `"<Prim>_<param>"` applies to
-/// every op of that kind whose first parameter is that one. An item matching no op is an error
-/// naming it.
+/// every op of that kind taking that parameter. An item matching no op is an error naming it.
 fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Strategy>>> {
     let mut out = vec![None; graph.len()];
     for (key, strategy) in &file.items {
         let mut hit = false;
         for (i, slot) in out.iter_mut().enumerate() {
-            if strategy_item_name(graph, NodeId(i)).as_ref() == Some(key) {
+            if strategy_item_names(graph, NodeId(i)).contains(key) {
                 *slot = Some(strategy.clone());
                 hit = true;
             }
@@ -553,6 +565,7 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
     // (sender, receiver, tag) -> (the node on that side, its type).
     let mut sends: BTreeMap<(usize, usize, u32), (String, TensorType)> = BTreeMap::new();
     let mut recvs: BTreeMap<(usize, usize, u32), (String, TensorType)> = BTreeMap::new();
+    let mut sequences = CallSequences::new();
     for (r, g) in graphs.into_iter().enumerate() {
         let Ok(loss) = g.find(loss_name) else {
             return hybrid(HybridProblem::MissingLoss { rank: r, loss: loss_name.to_string() });
@@ -562,13 +575,27 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
                 return hybrid(HybridProblem::NotAParameter { rank: r, name: name.clone() });
             }
         }
-        for node in g.nodes() {
+        let (trained, to_loss) = dependencies(&g, loss);
+        for (i, node) in g.nodes().iter().enumerate() {
             let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
-            for call in node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: r }).comm {
+            let calls = node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: r }).comm;
+            if calls.is_empty() {
+                continue;
+            }
+            let (kind, name) = (node.op.kind(), node.name.clone());
+            for call in calls {
                 if !call.group.contains(&r) || call.group.iter().any(|&m| m >= n) {
-                    return hybrid(HybridProblem::BadGroup { rank: r, kind: node.op.kind(), name: node.name.clone(), group: call.group });
+                    return hybrid(HybridProblem::BadGroup { rank: r, kind, name, group: call.group });
+                }
+                if !matches!(node.op, OpKind::Send(_) | OpKind::Recv(_)) {
+                    sequences.entry(call.group.clone()).or_default().entry(r).or_default().push((kind, trained[i]));
                 }
                 groups.insert(call.group);
+            }
+            // The step computes what the loss needs: communication off that path would be
+            // skipped here while the peers wait for it.
+            if !to_loss[i] {
+                return hybrid(HybridProblem::OffLossPath { rank: r, kind, name });
             }
             let mut transfer = None;
             if let OpKind::Send(s) = &node.op {
@@ -578,16 +605,25 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
                 transfer = Some(((s.peer, r, s.tag), &mut recvs));
             }
             if let Some((key, side)) = transfer {
-                if side.insert(key, (node.name.clone(), node.ty.clone())).is_some() {
-                    let (from, to, tag) = key;
-                    let problem = TransferProblem::Repeated;
-                    return hybrid(HybridProblem::Transfer { rank: r, name: node.name.clone(), from, to, tag, problem });
+                let (from, to, tag) = key;
+                let fail = |problem| hybrid(HybridProblem::Transfer { rank: r, name: name.clone(), from, to, tag, problem });
+                if from == to {
+                    return fail(TransferProblem::ToItself);
+                }
+                // Gradients do not cross hand-written transfers: what is sent (or the
+                // Receive's template) must not depend on a trainable parameter.
+                if trained[node.inputs[0].0] {
+                    return fail(TransferProblem::NeedsGradient);
+                }
+                if side.insert(key, (name.clone(), node.ty.clone())).is_some() {
+                    return fail(TransferProblem::Repeated);
                 }
             }
         }
         rank_graphs.push(with_loss_first(&g, Some(loss))?);
     }
     check_transfers(&sends, &recvs)?;
+    check_sequences(&sequences)?;
     let graph = rank_graphs[0].clone();
     let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
     let all = flat.axis(0);
@@ -684,6 +720,62 @@ fn hybrid_param(node: &Node, id: NodeId, p: &autopar_graph::ops::Parameter, flat
         trainable: p.trainable,
         mirror,
     }
+}
+
+/// Per node of a rank graph: whether it depends on a trainable parameter (so the backward pass
+/// reaches it; a received value depends on the peer's tensor, not on its template), and whether
+/// it leads to `loss`.
+fn dependencies(g: &Graph, loss: NodeId) -> (Vec<bool>, Vec<bool>) {
+    let nodes = g.nodes();
+    let mut trained = vec![false; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        let own = matches!(&node.op, OpKind::Parameter(p) if p.trainable);
+        let through = !matches!(node.op, OpKind::Recv(_)) && node.inputs.iter().any(|x| trained[x.0]);
+        trained[i] = node.ty.dtype.is_float() && (own || through);
+    }
+    let mut to_loss = vec![false; nodes.len()];
+    to_loss[loss.0] = true;
+    for i in (0..=loss.0).rev() {
+        if to_loss[i] {
+            for x in &nodes[i].inputs {
+                to_loss[x.0] = true;
+            }
+        }
+    }
+    (trained, to_loss)
+}
+
+/// Group -> rank -> the collectives it calls over the group, in graph order (kind, whether the
+/// backward pass calls one too).
+type CallSequences = BTreeMap<Vec<usize>, BTreeMap<usize, Vec<(&'static str, bool)>>>;
+
+/// Every rank of a group calls the same collectives over it in the same order, each with a
+/// backward on all of them or on none (else one rank would wait for a call the others never make).
+fn check_sequences(sequences: &CallSequences) -> Result<()> {
+    let describe = |calls: Option<&Vec<(&'static str, bool)>>| -> Vec<String> {
+        calls
+            .into_iter()
+            .flatten()
+            .map(|&(kind, back)| if back { format!("{kind} (and its backward)") } else { kind.to_string() })
+            .collect()
+    };
+    for (group, by_rank) in sequences {
+        let first = group[0];
+        for &r in &group[1..] {
+            if by_rank.get(&r) != by_rank.get(&first) {
+                return Err(ParallelError::Hybrid {
+                    problem: HybridProblem::CollectivesDiffer {
+                        group: group.clone(),
+                        rank: r,
+                        here: describe(by_rank.get(&r)),
+                        first,
+                        there: describe(by_rank.get(&first)),
+                    },
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every Send has its Receive on the peer (same tag, shape and dtype), and every Receive its Send.

@@ -58,7 +58,8 @@ pub struct RankProgram {
     /// Local forward (and, for a training job, backward) graph.
     pub graph: Graph,
     /// Local nodes of the plan graph's outputs: whole values, except that a training job
-    /// gathers only its loss (first) and leaves the other outputs as this rank's slices.
+    /// gathers only its loss (first) and leaves the other outputs as the rank's local values
+    /// (slices, or partial sums where the producer's layout is partial).
     pub outputs: Vec<NodeId>,
     /// The loss as every rank sees it (the job's loss), for a training job.
     pub loss: Option<NodeId>,

@@ -18,6 +18,12 @@ use autopar_tensor::{Float, Tensor};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{graph_dtype, ParamStore};
 
+/// The names of the optimizers' state tensors: the prefix, then the parameter's name
+/// (MindSpore's `moments.<param>`; Adam's first and second moments).
+pub const MOMENTS: &str = "moments.";
+pub const ADAM_M: &str = "adam_m.";
+pub const ADAM_V: &str = "adam_v.";
+
 /// Learning rate as a function of the step (counted from 0).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LrSchedule {
@@ -270,7 +276,7 @@ impl Optimizer for Momentum {
         let mu = self.momentum;
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
-            let key = format!("moments.{name}");
+            let key = format!("{MOMENTS}{name}");
             let acc = state_or_zeros(&self.state, &key, p);
             let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
             let nesterov = self.nesterov;
@@ -389,7 +395,7 @@ impl Optimizer for AdamW {
         let (c1, c2) = if self.bias_correction { (1.0 - b1.powi(t), 1.0 - b2.powi(t)) } else { (1.0, 1.0) };
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
-            let (km, kv) = (format!("adam_m.{name}"), format!("adam_v.{name}"));
+            let (km, kv) = (format!("{ADAM_M}{name}"), format!("{ADAM_V}{name}"));
             let m = state_or_zeros(&self.state, &km, p);
             let v = state_or_zeros(&self.state, &kv, p);
             let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };

@@ -21,7 +21,7 @@ pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_key
     for np in &plan.nodes {
         let node = graph.node(np.id);
         let Some(strategy) = &np.strategy else { continue };
-        let Some(name) = autopar_parallel::strategy_item_name(graph, np.id) else { continue };
+        let Some(name) = autopar_parallel::strategy_item_names(graph, np.id).into_iter().next() else { continue };
         if strategy_items.iter().any(|s: &StrategyItem| s.node_name == name) {
             continue;
         }

@@ -93,8 +93,8 @@ impl OptimizerKind {
     fn state_prefixes(&self) -> &'static [&'static str] {
         match self {
             OptimizerKind::Sgd => &[],
-            OptimizerKind::Momentum { .. } => &["moments."],
-            OptimizerKind::AdamW { .. } => &["adam_m.", "adam_v."],
+            OptimizerKind::Momentum { .. } => &[crate::optim::MOMENTS],
+            OptimizerKind::AdamW { .. } => &[crate::optim::ADAM_M, crate::optim::ADAM_V],
         }
     }
 }
@@ -361,7 +361,11 @@ impl Trainer {
     }
 
     fn network(&self, batch: usize, training: bool) -> TrainResult<Network> {
-        (self.build)(batch, training).map_err(|source| TrainError::Network { model: self.name.clone(), source })
+        let net = (self.build)(batch, training).map_err(|source| TrainError::Network { model: self.name.clone(), source })?;
+        if let Some(loss) = net.graph.nodes().get(net.loss.0).filter(|l| !l.ty.shape.is_empty()) {
+            return Err(TrainError::LossNotScalar { model: self.name.clone(), shape: loss.ty.shape.clone() });
+        }
+        Ok(net)
     }
 
     fn config_error(option: &'static str, value: impl ToString, expected: impl Into<String>, hint: impl Into<String>) -> TrainError {

@@ -224,4 +224,14 @@ fn one_device_trains_the_sum_of_a_non_scalar_loss_and_runs_one_rank_collectives(
     for (p, q) in a.1.iter().zip(&b.1) {
         assert!((p - q).abs() < 1e-5 * q.abs().max(1.0), "{a:?} vs {b:?}");
     }
+    // A collective naming a rank one device does not have is refused when planned.
+    let mut b = GraphBuilder::new(5);
+    let x = b.input("x", &[4, 3], DType::F32).unwrap();
+    let w = b.parameter("w", &[3, 2], Initializer::Uniform { low: -1.0, high: 1.0 }).unwrap();
+    let y = b.matmul("mm", x, w).unwrap();
+    let y = b.all_reduce("two_ranks", y, ReduceOp::Sum, &[0, 1]).unwrap();
+    let loss = b.reduce_sum("loss", y, &[], false).unwrap();
+    let Err(e) = TrainStep::new(b.finish(), loss) else { panic!("an all-reduce over ranks 0 and 1 planned on one device") };
+    let e = e.to_string();
+    assert!(e.contains("AllReduce \"two_ranks\" cannot be planned"), "{e}");
 }

@@ -154,28 +154,97 @@ fn hybrid_errors_name_the_problem() {
     let e = variant("p", ParamSpec::new(&[2], Initializer::Zeros).frozen());
     assert!(e.contains("\"p\" has trainable false on rank 1 but true on rank 0"), "{e}");
 
-    // Point-to-point transfers: a Send without its Receive, and a Receive of another shape.
-    let pair = |recv_shape: Option<&[usize]>| {
-        let graphs: Vec<Graph> = (0..2)
-            .map(|r| {
-                let mut b = GraphBuilder::from_graph(model(Some((r, 2))).0, 3);
-                let x = b.graph().find("x").unwrap();
-                if r == 0 {
-                    b.op("to1", autopar_graph::ops::Send { peer: 1, tag: 7 }, &[x]).unwrap();
-                } else if let Some(shape) = recv_shape {
-                    let t = b.input("template", shape, DType::F32).unwrap();
-                    b.op("from0", autopar_graph::ops::Recv { peer: 0, tag: 7 }, &[t]).unwrap();
-                }
-                b.finish()
-            })
-            .collect();
-        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::new()).map(|_| ()).map_err(|e| e.to_string())
+    // Point-to-point transfers and collectives the ranks do not agree on.
+    let transfer = |send: Transfer, recv: Option<&[usize]>| {
+        let graphs = vec![p2p_rank0(send), p2p_rank1(recv)];
+        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::from(["w".to_string()])).map(|_| ()).map_err(|e| e.to_string())
     };
-    let e = pair(None).unwrap_err();
+    let e = transfer(Transfer::Input, None).unwrap_err();
     assert!(e.contains("\"to1\" on rank 0 (rank 0 -> rank 1, tag 7): no Receive"), "{e}");
-    let e = pair(Some(&[B, IN + 1])).unwrap_err();
+    let e = transfer(Transfer::Input, Some(&[B, IN + 1])).unwrap_err();
     assert!(e.contains("\"to1\" on rank 0 (rank 0 -> rank 1, tag 7): the Send sends"), "{e}");
-    pair(Some(&[B, IN])).unwrap();
+    let e = transfer(Transfer::Weight, Some(&[IN, OUT])).unwrap_err();
+    assert!(e.contains("\"to1\" on rank 0") && e.contains("gradients do not cross"), "{e}");
+    let e = transfer(Transfer::ToItself, None).unwrap_err();
+    assert!(e.contains("cannot send to itself"), "{e}");
+    let e = transfer(Transfer::OffThePath, Some(&[B, IN])).unwrap_err();
+    assert!(e.contains("Send \"to1\" on rank 0 does not lead to the loss"), "{e}");
+    let e = transfer(Transfer::AllReduce, None).unwrap_err();
+    assert!(e.contains("group [0, 1] call different collectives") && e.contains("rank 1 calls []"), "{e}");
+    transfer(Transfer::Input, Some(&[B, IN])).unwrap();
+    // The accepted pair runs, forward and backward, on both ranks.
+    let job =
+        ParallelJob::hybrid(vec![p2p_rank0(Transfer::Input), p2p_rank1(Some(&[B, IN]))], "loss", ctx, BTreeSet::from(["w".to_string()]))
+            .unwrap();
+    let full = ParamStore::init(job.graph()).unwrap();
+    let got = LocalComm::run(2, |comm| -> autopar_runtime::Result<Vec<f64>> {
+        let mut t = RankTrainer::new(&job, &comm, &full)?;
+        let mut data = batch(comm.rank() as u64);
+        data.push(("template".to_string(), Tensor::from_vec(&[B, IN], vec![0f32; B * IN]).unwrap()));
+        let feeds = t.local_feeds(&data)?;
+        Ok(t.gradients(&feeds)?.loss.to_f64_vec())
+    })
+    .unwrap();
+    assert!(got.iter().flatten().all(|l| l.is_finite()), "{got:?}");
+}
+
+#[derive(Clone, Copy)]
+enum Transfer {
+    /// Rank 0 sends its input x to rank 1 and trains on what it sent.
+    Input,
+    /// Rank 0 sends its weight (whose gradient would have to come back).
+    Weight,
+    ToItself,
+    /// The Send's output is not used.
+    OffThePath,
+    /// No transfer, an all-reduce over both ranks on rank 0 only.
+    AllReduce,
+}
+
+/// x [B, IN] -> dense (w [IN, OUT]) -> loss, with rank 0's side of a transfer.
+fn p2p_rank0(how: Transfer) -> Graph {
+    use autopar_graph::ops::{Send, SoftmaxCrossEntropy};
+    let mut b = GraphBuilder::new(3);
+    let mut x = b.input("x", &[B, IN], DType::F32).unwrap();
+    let y = b.input("y", &[B], DType::I64).unwrap();
+    let mut w = b.parameter("w", &[IN, OUT], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    match how {
+        Transfer::Input => x = b.op("to1", Send { peer: 1, tag: 7 }, &[x]).unwrap(),
+        Transfer::Weight => w = b.op("to1", Send { peer: 1, tag: 7 }, &[w]).unwrap(),
+        Transfer::ToItself => x = b.op("to1", Send { peer: 0, tag: 7 }, &[x]).unwrap(),
+        Transfer::OffThePath => {
+            b.op("to1", Send { peer: 1, tag: 7 }, &[x]).unwrap();
+        }
+        Transfer::AllReduce => x = b.all_reduce("sum", x, ReduceOp::Sum, &[0, 1]).unwrap(),
+    }
+    let h = b.matmul("mm", x, w).unwrap();
+    let loss = b.op("loss", SoftmaxCrossEntropy, &[h, y]).unwrap();
+    b.output(loss).unwrap();
+    b.finish()
+}
+
+/// Rank 1: the same network; with `recv: Some(shape)` it receives a tensor of that shape from
+/// rank 0 and adds none of it (0 x its mean) to the loss.
+fn p2p_rank1(recv: Option<&[usize]>) -> Graph {
+    use autopar_graph::ops::{Recv, Scale, SoftmaxCrossEntropy};
+    let mut b = GraphBuilder::new(3);
+    let x = b.input("x", &[B, IN], DType::F32).unwrap();
+    let y = b.input("y", &[B], DType::I64).unwrap();
+    let w = b.parameter("w", &[IN, OUT], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let h = b.matmul("mm", x, w).unwrap();
+    let Some(shape) = recv else {
+        let loss = b.op("loss", SoftmaxCrossEntropy, &[h, y]).unwrap();
+        b.output(loss).unwrap();
+        return b.finish();
+    };
+    let ce = b.op("ce", SoftmaxCrossEntropy, &[h, y]).unwrap();
+    let template = b.input("template", shape, DType::F32).unwrap();
+    let got = b.op("from0", Recv { peer: 0, tag: 7 }, &[template]).unwrap();
+    let mean = b.reduce_mean("got.mean", got, &[], false).unwrap();
+    let none = b.op("got.none", Scale { factor: 0.0 }, &[mean]).unwrap();
+    let loss = b.add("loss", ce, none).unwrap();
+    b.output(loss).unwrap();
+    b.finish()
 }
 
 /// x -> BatchNorm -> dense -> loss; with `rank: Some((r, n))` rank `r`'s rows of the batch and a

@@ -337,6 +337,15 @@ fn bad_options_and_mismatched_data_are_errors_naming_the_value() {
     let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(clusters(&[16], 7, 64)), cfg(8, 2));
     let err = t.fit(vec![]).unwrap_err();
     assert!(matches!(err, TrainError::DataMismatch { what: "classes", .. }), "{err}");
+
+    // A network whose "loss" is its logits: the trainer's per-sample mean needs a scalar.
+    let mlp = builder("mlp", small_mlp(), vec![]);
+    let logits_as_loss: BuildNetwork = Arc::new(move |batch, train| {
+        let net = mlp(batch, train)?;
+        Ok(Network { loss: net.logits, ..net })
+    });
+    let err = Trainer::new("mlp", logits_as_loss, source(clusters(&[16], 4, 64)), cfg(8, 2)).fit(vec![]).unwrap_err();
+    assert!(matches!(&err, TrainError::LossNotScalar { shape, .. } if shape == &[8, 4]), "{err}");
 }
 
 /// A dataset counting the samples read from it.

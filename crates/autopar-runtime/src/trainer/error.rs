@@ -20,6 +20,9 @@ pub enum TrainError {
     #[error("cannot build the network {model}: {source}")]
     Network { model: String, source: Box<dyn std::error::Error + Send + Sync> },
 
+    #[error("the network {model} has a loss of shape {shape:?}; the trainer reports the mean loss per sample and needs a scalar loss\nhint: end the network with a mean over the batch (ReduceMean), or train it with TrainStep, which takes any float loss")]
+    LossNotScalar { model: String, shape: Vec<usize> },
+
     #[error("invalid training option {option} = {value}\n  expected {expected}\nhint: {hint}")]
     Config { option: &'static str, value: String, expected: String, hint: String },
 
