@@ -135,17 +135,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
                     }
                     .into());
                 }
-                NodePlan {
-                    id: NodeId(i),
-                    name: node.name.clone(),
-                    kind,
-                    strategy: None,
-                    source: None,
-                    inputs: ins.iter().map(|t| TensorLayout::replicated(flat.clone(), t.shape.clone())).collect(),
-                    output: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
-                    output_scale: None,
-                    sync: InOpSync::None,
-                }
+                replicated_plan(&graph, NodeId(i), &flat)
             }
             ShardingRule::FollowInput => continue,
             ShardingRule::Unsupported(why) => return Err(ParallelError::UnsupportedOp { kind, name: node.name.clone(), why }),
@@ -166,7 +156,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         } else {
             continue;
         };
-        plans[i] = Some(leaf_plan(node, NodeId(i), layout));
+        plans[i] = Some(unsplit_plan(node, NodeId(i), Vec::new(), layout));
     }
 
     // Pass 3: ops whose layout follows their input, in order.
@@ -184,22 +174,12 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
                 TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
             ),
         };
-        plans[i] = Some(NodePlan {
-            id: NodeId(i),
-            name: node.name.clone(),
-            kind: node.op.kind(),
-            strategy: None,
-            source: None,
-            inputs: vec![input],
-            output,
-            output_scale: None,
-            sync: InOpSync::None,
-        });
+        plans[i] = Some(unsplit_plan(node, NodeId(i), vec![input], output));
     }
     let nodes_plan: Vec<NodePlan> = plans.into_iter().map(|p| p.expect("every node is planned")).collect();
 
     // Redistributions: before every input whose producer's layout is not the one the op needs,
-    // and before every graph output (outputs end replicated).
+    // and before the outputs gathered whole (below).
     let all_to_all = ctx.enable_alltoall;
     let fp32 = ctx.force_fp32_communication;
     let mut redistributions = Vec::new();
@@ -298,18 +278,27 @@ fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
     Ok(graph)
 }
 
-fn leaf_plan(node: &Node, id: NodeId, layout: TensorLayout) -> NodePlan {
+/// The plan of an op no strategy splits (a leaf, an op following its input, an op run whole),
+/// with the layouts it takes and gives.
+fn unsplit_plan(node: &Node, id: NodeId, inputs: Vec<TensorLayout>, output: TensorLayout) -> NodePlan {
     NodePlan {
         id,
         name: node.name.clone(),
         kind: node.op.kind(),
         strategy: None,
         source: None,
-        inputs: Vec::new(),
-        output: layout,
+        inputs,
+        output,
         output_scale: None,
         sync: InOpSync::None,
     }
+}
+
+/// The plan of op `id` of `graph` run whole on every device of `flat`.
+fn replicated_plan(graph: &Graph, id: NodeId, flat: &DeviceMatrix) -> NodePlan {
+    let node = graph.node(id);
+    let inputs = node.inputs.iter().map(|x| TensorLayout::replicated(flat.clone(), graph.node(*x).ty.shape.clone())).collect();
+    unsplit_plan(node, id, inputs, TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
 }
 
 /// The names a strategy file may give op `id`: `"<Prim>_<param>"` for each parameter it takes
@@ -666,22 +655,7 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
             }
         }
     }
-    let nodes = graph
-        .nodes()
-        .iter()
-        .enumerate()
-        .map(|(i, node)| NodePlan {
-            id: NodeId(i),
-            name: node.name.clone(),
-            kind: node.op.kind(),
-            strategy: None,
-            source: None,
-            inputs: node.inputs.iter().map(|x| TensorLayout::replicated(flat.clone(), graph.node(*x).ty.shape.clone())).collect(),
-            output: TensorLayout::replicated(flat.clone(), node.ty.shape.clone()),
-            output_scale: None,
-            sync: InOpSync::None,
-        })
-        .collect();
+    let nodes = (0..graph.len()).map(|i| replicated_plan(&graph, NodeId(i), &flat)).collect();
     let loss_seed = if ctx.gradients_mean { 1.0 / n as f64 } else { 1.0 };
     let gradients = GradientPlan { loss_seed, mirror_mean: false, buckets: fusion_buckets(&params, ctx) };
     Ok(ParallelPlan {
