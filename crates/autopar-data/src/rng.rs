@@ -89,6 +89,28 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
+    /// Fills `out` with standard normal values, two per Box-Muller draw (the cosine and the
+    /// sine of one angle): half the logarithms and square roots of [`Rng::normal`].
+    pub fn fill_normal(&mut self, out: &mut [f32]) {
+        let mut pairs = out.chunks_exact_mut(2);
+        for pair in &mut pairs {
+            let (c, s) = self.normal_pair();
+            pair[0] = c as f32;
+            pair[1] = s as f32;
+        }
+        if let [last] = pairs.into_remainder() {
+            *last = self.normal_pair().0 as f32;
+        }
+    }
+
+    fn normal_pair(&mut self) -> (f64, f64) {
+        let u1 = 1.0 - self.uniform(); // (0, 1]
+        let u2 = self.uniform();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+        (r * c, r * s)
+    }
+
     /// Fisher-Yates shuffle.
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
@@ -153,6 +175,19 @@ mod tests {
         let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
         assert!(mean.abs() < 0.03, "mean {mean}");
         assert!((var - 1.0).abs() < 0.05, "var {var}");
+    }
+
+    #[test]
+    fn filled_normals_have_zero_mean_unit_variance_and_no_correlation_between_neighbours() {
+        let mut r = Rng::new(5);
+        let mut xs = vec![0f32; 20001];
+        r.fill_normal(&mut xs);
+        let n = xs.len() as f64;
+        let mean = xs.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = xs.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        let cov = xs.chunks_exact(2).map(|p| p[0] as f64 * p[1] as f64).sum::<f64>() / (n / 2.0);
+        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05 && cov.abs() < 0.05, "mean {mean} var {var} cov {cov}");
+        assert_ne!(xs[20000], 0.0, "an odd length fills the last value too");
     }
 
     #[test]

@@ -36,6 +36,19 @@ pub struct SyntheticDataset {
     successor: Vec<u32>,
 }
 
+/// `a . b` in eight interleaved partial sums (vector code).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 fn positive(param: &'static str, v: usize) -> Result<()> {
     if v == 0 {
         return Err(DataError::InvalidOption {
@@ -152,19 +165,18 @@ impl Dataset for SyntheticDataset {
             SyntheticTask::Clusters { num_classes, noise, .. } => {
                 let c = rng.below(*num_classes as u64) as usize;
                 let d = x.len();
+                rng.fill_normal(x);
                 for (o, &m) in x.iter_mut().zip(&self.params[c * d..(c + 1) * d]) {
-                    *o = m + noise * rng.normal() as f32;
+                    *o = m + noise * *o;
                 }
                 y[0] = c as i64;
             }
             SyntheticTask::Teacher { num_classes, .. } => {
-                for o in x.iter_mut() {
-                    *o = rng.normal() as f32;
-                }
+                rng.fill_normal(x);
                 let d = x.len();
                 let mut best = (f32::NEG_INFINITY, 0usize);
                 for c in 0..*num_classes {
-                    let s: f32 = self.params[c * d..(c + 1) * d].iter().zip(x.iter()).map(|(w, v)| w * v).sum();
+                    let s = dot(&self.params[c * d..(c + 1) * d], x);
                     if s > best.0 {
                         best = (s, c);
                     }

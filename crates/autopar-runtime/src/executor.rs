@@ -80,6 +80,15 @@ impl ParamStore {
         self.map.get(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.to_string() })
     }
 
+    /// The tensor `name` for an update in place, or [`RuntimeError::MissingParameter`].
+    pub fn require_mut(&mut self, name: &str) -> Result<&mut Tensor> {
+        self.map.get_mut(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.to_string() })
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.map.get_mut(name)
+    }
+
     pub fn insert(&mut self, name: &str, t: Tensor) -> Option<Tensor> {
         self.map.insert(name.to_string(), t)
     }

@@ -111,8 +111,8 @@ pub trait Optimizer {
     fn current_lr(&self) -> f64;
 }
 
-fn check_grad<'a>(params: &'a ParamStore, name: &str, g: &Tensor) -> Result<&'a Tensor> {
-    let p = params.require(name)?;
+fn check_grad<'a>(params: &'a mut ParamStore, name: &str, g: &Tensor) -> Result<&'a mut Tensor> {
+    let p = params.require_mut(name)?;
     if p.shape() != g.shape() {
         return Err(RuntimeError::GradientMismatch { name: name.to_string(), shape: p.shape().to_vec(), got: g.shape().to_vec() });
     }
@@ -122,56 +122,104 @@ fn check_grad<'a>(params: &'a ParamStore, name: &str, g: &Tensor) -> Result<&'a 
     Ok(p)
 }
 
-/// Element-wise fused update over `p` and `others` (same shape; cast to `p`'s dtype), writing
-/// new values for `p` and each state tensor (slot 0, the gradient, is returned unchanged).
-/// f16/bf16 parameters are updated in f32.
-fn fused<const N: usize>(
-    p: &Tensor,
-    others: [&Tensor; N],
-    f32_fn: impl Fn(&mut [f32; N], f32) -> f32,
-    f64_fn: impl Fn(&mut [f64; N], f64) -> f64,
-) -> Result<(Tensor, [Tensor; N])> {
-    fn run<T: Float, const N: usize>(p: &Tensor, others: [&Tensor; N], f: impl Fn(&mut [T; N], T) -> T) -> Result<(Tensor, [Tensor; N])> {
+/// Element-wise fused update of `p` and its `S` state tensors from the gradient `g`, in place:
+/// `p[i] = f(g[i], [state[k][i]], p[i])`, the closure writing the new state values into its
+/// array. Nothing is allocated when the tensors are contiguous, unshared and of `p`'s dtype (a
+/// gradient of another dtype is cast first; state of another dtype is converted to `p`'s).
+/// f16/bf16 parameters are updated in f32 and stored back in their dtype, with their state.
+fn fused<const S: usize>(
+    name: &str,
+    p: &mut Tensor,
+    g: &Tensor,
+    mut state: [&mut Tensor; S],
+    f32_fn: impl Fn(f32, &mut [f32; S], f32) -> f32,
+    f64_fn: impl Fn(f64, &mut [f64; S], f64) -> f64,
+) -> Result<()> {
+    fn run<T: Float, const S: usize>(
+        p: &mut Tensor,
+        g: &Tensor,
+        state: &mut [&mut Tensor; S],
+        f: impl Fn(T, &mut [T; S], T) -> T,
+    ) -> autopar_tensor::Result<()> {
         let dtype = p.dtype();
-        let own = |t: &Tensor| if t.dtype() == dtype && t.is_contiguous() { t.clone() } else { t.cast(dtype).contiguous() };
-        let pc = own(p);
-        let oc: Vec<Tensor> = others.iter().map(|t| own(t)).collect();
-        let err = |e| RuntimeError::Kernel { kind: "Optimizer", name: String::new(), source: Box::new(e) };
-        let pv = pc.array::<T>().map_err(err)?;
-        let ps = pv.as_slice().expect("contiguous");
-        let ov: Vec<_> = oc.iter().map(|t| t.array::<T>().expect("cast to the parameter dtype")).collect();
-        let os: Vec<&[T]> = ov.iter().map(|v| v.as_slice().expect("contiguous")).collect();
-        // Slot 0 is the gradient (read only); slots 1.. are state written back. Every slice is
-        // cut to `len` so the loop runs without bounds checks.
+        let cast;
+        let g = if g.dtype() == dtype && g.is_contiguous() {
+            g
+        } else {
+            cast = g.cast(dtype).contiguous();
+            &cast
+        };
+        for t in state.iter_mut() {
+            if t.dtype() != dtype {
+                **t = t.cast(dtype);
+            }
+        }
+        let gs = g.as_slice::<T>().expect("a contiguous gradient of the parameter's dtype");
+        let ps = p.as_mut_slice::<T>()?;
         let len = ps.len();
-        let ps = &ps[..len];
-        let ins: [&[T]; N] = std::array::from_fn(|k| &os[k][..len]);
-        let mut np = vec![T::zero(); len];
-        let mut no: Vec<Vec<T>> = (1..N).map(|_| vec![T::zero(); len]).collect();
-        {
-            let npm = &mut np[..len];
-            let mut outs: Vec<&mut [T]> = no.iter_mut().map(|v| &mut v[..len]).collect();
-            let mut buf = [T::zero(); N];
-            for i in 0..len {
-                for k in 0..N {
-                    buf[k] = ins[k][i];
+        let mut outs: Vec<&mut [T]> = Vec::with_capacity(S);
+        for t in state.iter_mut() {
+            let shape = t.shape().to_vec();
+            let o = t.as_mut_slice::<T>()?;
+            if o.len() != len {
+                return Err(autopar_tensor::TensorError::ElementCount { op: "optimizer state", shape, expected: len, len: o.len() });
+            }
+            outs.push(o);
+        }
+        let gs = &gs[..len];
+        // One zipped loop per state count, so that it compiles to vector code.
+        match &mut outs[..] {
+            [] => {
+                for (p, &g) in ps.iter_mut().zip(gs) {
+                    *p = f(g, &mut [T::zero(); S], *p);
                 }
-                npm[i] = f(&mut buf, ps[i]);
-                for (k, out) in outs.iter_mut().enumerate() {
-                    out[i] = buf[k + 1];
+            }
+            [a] => {
+                for ((p, &g), a) in ps.iter_mut().zip(gs).zip(a.iter_mut()) {
+                    let mut buf = [*a; S];
+                    *p = f(g, &mut buf, *p);
+                    *a = buf.into_iter().next().unwrap_or(*a);
+                }
+            }
+            [a, b] => {
+                for (((p, &g), a), b) in ps.iter_mut().zip(gs).zip(a.iter_mut()).zip(b.iter_mut()) {
+                    let mut buf: [T; S] = std::array::from_fn(|k| if k == 0 { *a } else { *b });
+                    *p = f(g, &mut buf, *p);
+                    let mut it = buf.into_iter();
+                    *a = it.next().unwrap_or(*a);
+                    *b = it.next().unwrap_or(*b);
+                }
+            }
+            _ => {
+                for i in 0..len {
+                    let mut buf: [T; S] = std::array::from_fn(|k| outs[k][i]);
+                    ps[i] = f(gs[i], &mut buf, ps[i]);
+                    for (o, v) in outs.iter_mut().zip(buf) {
+                        o[i] = v;
+                    }
                 }
             }
         }
-        let shape = p.shape();
-        let mk = |v: Vec<T>| Tensor::from_vec(shape, v).expect("same element count");
-        let mut it = no.into_iter().map(mk);
-        Ok((mk(np), std::array::from_fn(|k| if k == 0 { oc[0].clone() } else { it.next().expect("N state tensors") })))
+        Ok(())
     }
+    let err = |e| RuntimeError::Kernel { kind: "Optimizer", name: name.to_string(), source: Box::new(e) };
     match p.dtype() {
-        autopar_tensor::DType::F64 => run::<f64, N>(p, others, f64_fn),
-        autopar_tensor::DType::F32 => run::<f32, N>(p, others, f32_fn),
-        _ => run::<f32, N>(&p.cast(autopar_tensor::DType::F32), others, f32_fn)
-            .map(|(np, o)| (np.cast(p.dtype()), o.map(|t| t.cast(p.dtype())))),
+        autopar_tensor::DType::F64 => run::<f64, S>(p, g, &mut state, f64_fn).map_err(err),
+        autopar_tensor::DType::F32 => run::<f32, S>(p, g, &mut state, f32_fn).map_err(err),
+        own => {
+            let f32 = autopar_tensor::DType::F32;
+            let mut wide = p.cast(f32);
+            let mut wide_state: [Tensor; S] = std::array::from_fn(|k| state[k].cast(f32));
+            {
+                let mut refs: [&mut Tensor; S] = wide_state.each_mut();
+                run::<f32, S>(&mut wide, g, &mut refs, f32_fn).map_err(err)?;
+            }
+            *p = wide.cast(own);
+            for (t, w) in state.iter_mut().zip(wide_state) {
+                **t = w.cast(own);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -214,8 +262,7 @@ impl Optimizer for Sgd {
             let p = check_grad(params, name, g)?;
             let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
             let (lr32, wd32) = (lr as f32, wd as f32);
-            let (np, _) = fused(p, [g], |s, p| p - lr32 * (s[0] + wd32 * p), |s, p| p - lr * (s[0] + wd * p))?;
-            params.insert(name, np);
+            fused(name, p, g, [], |g, _, p| p - lr32 * (g + wd32 * p), |g, _, p| p - lr * (g + wd * p))?;
         }
         self.step += 1;
         Ok(())
@@ -266,8 +313,12 @@ impl Momentum {
     }
 }
 
-fn state_or_zeros(state: &ParamStore, key: &str, like: &Tensor) -> Tensor {
-    state.get(key).cloned().unwrap_or_else(|| Tensor::zeros(like.shape(), like.dtype()))
+/// The state tensor `key`, created as zeros like `like` at the first step.
+fn state_or_zeros<'a>(state: &'a mut ParamStore, key: &str, like: &Tensor) -> &'a mut Tensor {
+    if state.get(key).is_none() {
+        state.insert(key, Tensor::zeros(like.shape(), like.dtype()));
+    }
+    state.get_mut(key).expect("inserted above")
 }
 
 impl Optimizer for Momentum {
@@ -276,35 +327,34 @@ impl Optimizer for Momentum {
         let mu = self.momentum;
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
-            let key = format!("{MOMENTS}{name}");
-            let acc = state_or_zeros(&self.state, &key, p);
+            let acc = state_or_zeros(&mut self.state, &format!("{MOMENTS}{name}"), p);
             let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
             let nesterov = self.nesterov;
             let (lr32, mu32, wd32) = (lr as f32, mu as f32, wd as f32);
-            let (np, [_, nacc]) = fused(
+            fused(
+                name,
                 p,
-                [g, &acc],
-                |s, p| {
-                    let g = s[0] + wd32 * p;
-                    s[1] = mu32 * s[1] + g;
+                g,
+                [acc],
+                |g, s, p| {
+                    let g = g + wd32 * p;
+                    s[0] = mu32 * s[0] + g;
                     if nesterov {
-                        p - lr32 * (g + mu32 * s[1])
+                        p - lr32 * (g + mu32 * s[0])
                     } else {
-                        p - lr32 * s[1]
+                        p - lr32 * s[0]
                     }
                 },
-                |s, p| {
-                    let g = s[0] + wd * p;
-                    s[1] = mu * s[1] + g;
+                |g, s, p| {
+                    let g = g + wd * p;
+                    s[0] = mu * s[0] + g;
                     if nesterov {
-                        p - lr * (g + mu * s[1])
+                        p - lr * (g + mu * s[0])
                     } else {
-                        p - lr * s[1]
+                        p - lr * s[0]
                     }
                 },
             )?;
-            params.insert(name, np);
-            self.state.insert(&key, nacc);
         }
         self.step += 1;
         Ok(())
@@ -396,28 +446,31 @@ impl Optimizer for AdamW {
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
             let (km, kv) = (format!("{ADAM_M}{name}"), format!("{ADAM_V}{name}"));
-            let m = state_or_zeros(&self.state, &km, p);
-            let v = state_or_zeros(&self.state, &kv, p);
+            // Both moments out of the store at once (put back below).
+            let mut m = self.state.remove(&km).unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype()));
+            let mut v = self.state.remove(&kv).unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype()));
             let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
             let f = [lr, b1, b2, eps, wd, c1, c2].map(|x| x as f32);
-            let (np, [_, nm, nv]) = fused(
+            let done = fused(
+                name,
                 p,
-                [g, &m, &v],
-                |s, p| {
+                g,
+                [&mut m, &mut v],
+                |g, s, p| {
                     let [lr, b1, b2, eps, wd, c1, c2] = f;
-                    s[1] = b1 * s[1] + (1.0 - b1) * s[0];
-                    s[2] = b2 * s[2] + (1.0 - b2) * s[0] * s[0];
-                    p - lr * ((s[1] / c1) / ((s[2] / c2).sqrt() + eps) + wd * p)
+                    s[0] = b1 * s[0] + (1.0 - b1) * g;
+                    s[1] = b2 * s[1] + (1.0 - b2) * g * g;
+                    p - lr * ((s[0] / c1) / ((s[1] / c2).sqrt() + eps) + wd * p)
                 },
-                |s, p| {
-                    s[1] = b1 * s[1] + (1.0 - b1) * s[0];
-                    s[2] = b2 * s[2] + (1.0 - b2) * s[0] * s[0];
-                    p - lr * ((s[1] / c1) / ((s[2] / c2).sqrt() + eps) + wd * p)
+                |g, s, p| {
+                    s[0] = b1 * s[0] + (1.0 - b1) * g;
+                    s[1] = b2 * s[1] + (1.0 - b2) * g * g;
+                    p - lr * ((s[0] / c1) / ((s[1] / c2).sqrt() + eps) + wd * p)
                 },
-            )?;
-            params.insert(name, np);
-            self.state.insert(&km, nm);
-            self.state.insert(&kv, nv);
+            );
+            self.state.insert(&km, m);
+            self.state.insert(&kv, v);
+            done?;
         }
         self.step += 1;
         Ok(())
@@ -523,6 +576,45 @@ mod tests {
         let g = vec![("w".to_string(), Tensor::from_vec(&[2], vec![1.0f32, 1.0]).unwrap())];
         Sgd::new(LrSchedule::Constant(0.5)).unwrap().step(&mut p, &g).unwrap();
         assert_eq!(p.get("w").unwrap().to_vec::<f32>().unwrap(), vec![0.5, 1.5]);
+    }
+
+    #[test]
+    fn updates_happen_in_place_and_never_change_a_tensor_held_elsewhere() {
+        let optimizers: Vec<Box<dyn Optimizer>> = vec![
+            Box::new(Sgd::new(LrSchedule::Constant(0.5)).unwrap()),
+            Box::new(Momentum::new(LrSchedule::Constant(0.5), 0.9).unwrap()),
+            Box::new(AdamW::new(LrSchedule::Constant(0.5)).unwrap()),
+        ];
+        for mut opt in optimizers {
+            let mut p = ParamStore::new();
+            p.insert("w", Tensor::from_vec(&[3], vec![1.0f32, 2.0, 3.0]).unwrap());
+            let g = vec![("w".to_string(), Tensor::from_vec(&[3], vec![1.0f32, -1.0, 0.5]).unwrap())];
+            opt.step(&mut p, &g).unwrap();
+            let addr = |s: &ParamStore, k: &str| s.get(k).unwrap().as_slice::<f32>().unwrap().as_ptr();
+            let (param, state): (_, Vec<_>) = (addr(&p, "w"), opt.state().iter().map(|(k, _)| addr(opt.state(), k)).collect());
+            opt.step(&mut p, &g).unwrap();
+            assert_eq!(addr(&p, "w"), param, "the parameter keeps its buffer");
+            let now: Vec<_> = opt.state().iter().map(|(k, _)| addr(opt.state(), k)).collect();
+            assert_eq!(now, state, "the state keeps its buffers");
+            // A copy taken before a step (a checkpoint being written) keeps its values.
+            let held = p.get("w").unwrap().clone();
+            let before = held.to_vec::<f32>().unwrap();
+            opt.step(&mut p, &g).unwrap();
+            assert_eq!(held.to_vec::<f32>().unwrap(), before);
+            assert_ne!(p.get("w").unwrap().to_vec::<f32>().unwrap(), before);
+        }
+    }
+
+    #[test]
+    fn half_precision_parameters_are_updated_in_f32_and_keep_their_dtype() {
+        let mut p = ParamStore::new();
+        p.insert("w", Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap().cast(autopar_tensor::DType::BF16));
+        let g = vec![("w".to_string(), Tensor::from_vec(&[2], vec![1.0f32, 1.0]).unwrap().cast(autopar_tensor::DType::BF16))];
+        let mut opt = Momentum::new(LrSchedule::Constant(0.5), 0.9).unwrap();
+        opt.step(&mut p, &g).unwrap();
+        assert_eq!(p.get("w").unwrap().dtype(), autopar_tensor::DType::BF16);
+        assert_eq!(opt.state().get("moments.w").unwrap().dtype(), autopar_tensor::DType::BF16);
+        close(p.get("w").unwrap(), &[0.5, 1.5]);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use autopar_graph::{Graph, NodeId};
 use autopar_parallel::{plan_job, rank_program, ParallelContext, PlanRequest, RankBucket, RankProgram};
+use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, ExecCtx, Tensor};
 
 use crate::collective::CommGroups;
@@ -29,6 +30,7 @@ pub struct TrainStep {
     program: RankProgram,
     executor: Executor,
     step: u64,
+    buckets: Vec<BucketBuffer>,
 }
 
 impl TrainStep {
@@ -44,7 +46,8 @@ impl TrainStep {
     /// The step of one rank's program (it must be a training program: a plan with a loss).
     pub fn from_program(program: RankProgram) -> Result<Self> {
         let executor = Executor::new(program.graph.clone(), &program.fetch())?;
-        Ok(Self { program, executor, step: 0 })
+        let buckets = program.buckets.iter().map(|b| BucketBuffer::new(b, &program)).collect::<Result<_>>()?;
+        Ok(Self { program, executor, step: 0, buckets })
     }
 
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
@@ -91,8 +94,8 @@ impl TrainStep {
         let mut values = out.values.iter().cloned();
         let loss = values.next().expect("the loss is fetched first");
         let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-        for b in &self.program.buckets {
-            sync_bucket(b, &mut grads, comm)?;
+        for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
+            sync_bucket(b, buffer, &mut grads, comm)?;
         }
         Ok(StepOutput { loss, grads, run: out })
     }
@@ -117,62 +120,115 @@ impl TrainStep {
     }
 }
 
-/// All-reduce one bucket's gradients in one buffer of the bucket's dtype (each gradient cast
-/// to it and back), scaled by the bucket's factor.
-fn sync_bucket(b: &RankBucket, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
+/// A gradient bucket as the step runs it: where its gradients sit among the program's, and
+/// its flat buffer, allocated at the first step and reused by every later one.
+#[derive(Clone, Debug)]
+struct BucketBuffer {
+    grads: Vec<usize>,
+    flat: Option<Tensor>,
+}
+
+impl BucketBuffer {
+    fn new(b: &RankBucket, program: &RankProgram) -> Result<Self> {
+        let grads = b
+            .params
+            .iter()
+            .map(|n| program.grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+            .collect::<Result<_>>()?;
+        Ok(Self { grads, flat: None })
+    }
+}
+
+/// All-reduce one bucket's gradients in its flat buffer of the bucket's dtype (each gradient
+/// copied in, cast when its dtype differs), scaled by the bucket's factor. The synchronised
+/// gradients are views of the buffer (copies for gradients of another dtype); they must be
+/// dropped before the next step, or its packing copies the buffer first.
+fn sync_bucket(b: &RankBucket, buffer: &mut BucketBuffer, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
     if b.group.len() < 2 {
         return Ok(());
     }
     let comm = comm
         .ok_or_else(|| RuntimeError::NeedsCommunicator { kind: "AllReduce", name: "gradient bucket".into(), group: b.group.clone() })?
         .get(&b.group)?;
-    let idx: Vec<usize> = b
-        .params
-        .iter()
-        .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
-        .collect::<Result<_>>()?;
-    match tensor_dtype(b.dtype) {
-        DType::F64 => reduce_packed::<f64>(comm, grads, &idx, b),
-        DType::F32 => reduce_packed::<f32>(comm, grads, &idx, b),
-        DType::F16 => reduce_packed::<half::f16>(comm, grads, &idx, b),
-        DType::BF16 => reduce_packed::<half::bf16>(comm, grads, &idx, b),
-        DType::I32 => reduce_packed::<i32>(comm, grads, &idx, b),
-        DType::I64 => reduce_packed::<i64>(comm, grads, &idx, b),
+    let dtype = tensor_dtype(b.dtype);
+    let total: usize = buffer.grads.iter().map(|&i| grads[i].1.numel()).sum();
+    let flat = match &mut buffer.flat {
+        Some(t) if t.dtype() == dtype && t.numel() == total => t,
+        slot => slot.insert(Tensor::zeros(&[total], dtype)),
+    };
+    let idx = &buffer.grads;
+    match dtype {
+        DType::F64 => reduce_packed::<f64>(comm, flat, grads, idx, b),
+        DType::F32 => reduce_packed::<f32>(comm, flat, grads, idx, b),
+        DType::F16 => reduce_packed::<half::f16>(comm, flat, grads, idx, b),
+        DType::BF16 => reduce_packed::<half::bf16>(comm, flat, grads, idx, b),
+        DType::I32 => reduce_packed::<i32>(comm, flat, grads, idx, b),
+        DType::I64 => reduce_packed::<i64>(comm, flat, grads, idx, b),
     }
 }
 
 fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     comm: &dyn autopar_comm::Communicator,
+    flat: &mut Tensor,
     grads: &mut [(String, Tensor)],
     idx: &[usize],
     b: &RankBucket,
 ) -> Result<()> {
-    let dtype = tensor_dtype(b.dtype);
+    let dtype = flat.dtype();
     let k = |name: &str| {
         let name = name.to_string();
         move |e| RuntimeError::Kernel { kind: "AllReduce", name, source: Box::new(e) }
     };
-    let mut flat: Vec<T> = Vec::new();
-    for &i in idx {
-        let g = &grads[i].1;
-        let v = if g.dtype() == dtype { g.to_vec::<T>() } else { g.cast(dtype).to_vec::<T>() };
-        flat.extend(v.map_err(k(&grads[i].0))?);
+    {
+        let flat = flat.as_mut_slice::<T>().map_err(k("gradient bucket"))?;
+        let mut off = 0;
+        for &i in idx {
+            let (name, g) = &grads[i];
+            let part = &mut flat[off..off + g.numel()];
+            off += part.len();
+            if g.dtype() == dtype { g.copy_to_slice(part) } else { g.cast(dtype).copy_to_slice(part) }.map_err(k(name))?;
+        }
+        comm.all_reduce(flat.into(), autopar_comm::ReduceOp::Sum)
+            .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
     }
-    comm.all_reduce((&mut flat).into(), autopar_comm::ReduceOp::Sum)
-        .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
+    // Scale the bucket in place where its dtype can hold the product (f32, f64); the
+    // gradients of the bucket's dtype then become views of it (no copy back).
+    let scaled = b.scale == 1.0 || scale_in_place(flat, b.scale);
     let mut off = 0;
     for &i in idx {
-        let (own, shape) = (grads[i].1.dtype(), grads[i].1.shape().to_vec());
-        let len: usize = shape.iter().product();
-        let mut t = Tensor::from_vec(&shape, flat[off..off + len].to_vec()).map_err(k(&grads[i].0))?;
-        off += len;
-        if b.scale != 1.0 {
-            let wide = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
-            t = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &t.cast(wide), b.scale).map_err(k(&grads[i].0))?;
+        let (name, g) = &mut grads[i];
+        let range = off..off + g.numel();
+        off = range.end;
+        if g.dtype() == dtype && scaled {
+            let part = sh::slice(flat, &[range.start], &[range.len() as isize]).map_err(k(name))?;
+            *g = sh::reshape_to(&part, g.shape()).map_err(k(name))?;
+            continue;
         }
-        grads[i].1 = if t.dtype() == own { t } else { t.cast(own) };
+        // Another dtype (or a half or integer bucket with a factor): through a wide copy.
+        let own = g.dtype();
+        let part = &flat.as_slice::<T>().expect("the bucket is contiguous")[range];
+        let mut t = Tensor::from_vec(g.shape(), part.to_vec()).map_err(k(name))?;
+        if !scaled {
+            let wide = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+            t = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &t.cast(wide), b.scale).map_err(k(name))?;
+        }
+        *g = if t.dtype() == own { t } else { t.cast(own) };
     }
     Ok(())
+}
+
+/// `flat *= scale` in place for an f32 or f64 tensor; false (nothing done) for other dtypes.
+fn scale_in_place(flat: &mut Tensor, scale: f64) -> bool {
+    fn run<F: autopar_tensor::Float>(flat: &mut Tensor, scale: f64) -> bool {
+        let c = <F as autopar_tensor::Element>::from_f64(scale);
+        flat.as_mut_slice::<F>().expect("dtype checked").iter_mut().for_each(|v| *v *= c);
+        true
+    }
+    match flat.dtype() {
+        DType::F32 => run::<f32>(flat, scale),
+        DType::F64 => run::<f64>(flat, scale),
+        DType::F16 | DType::BF16 | DType::I32 | DType::I64 => false,
+    }
 }
 
 /// `loss`, or an error when training has diverged (a NaN or infinite loss).

@@ -93,6 +93,8 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + fmt::Debug + PartialEq 
     fn wrap(a: ArcArray<Self, IxDyn>) -> Tensor;
     #[doc(hidden)]
     fn unwrap(t: &Tensor) -> Option<&ArcArray<Self, IxDyn>>;
+    #[doc(hidden)]
+    fn unwrap_mut(t: &mut Tensor) -> Option<&mut ArcArray<Self, IxDyn>>;
     /// Lossless for every value except i64 beyond 2^53.
     fn to_f64(self) -> f64;
     /// Rounds to nearest for floats, truncates toward zero (saturating) for integers.
@@ -108,6 +110,12 @@ macro_rules! element {
             }
             fn unwrap(t: &Tensor) -> Option<&ArcArray<Self, IxDyn>> {
                 match &t.s {
+                    Storage::$variant(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn unwrap_mut(t: &mut Tensor) -> Option<&mut ArcArray<Self, IxDyn>> {
+                match &mut t.s {
                     Storage::$variant(a) => Some(a),
                     _ => None,
                 }

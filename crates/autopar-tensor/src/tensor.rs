@@ -286,6 +286,12 @@ impl Tensor {
         self.numel() * self.dtype().size_of()
     }
 
+    /// True if this tensor's storage is shared with no other tensor (an update in place through
+    /// [`Tensor::as_mut_slice`] then copies nothing).
+    pub fn is_unique(&self) -> bool {
+        with_storage!(&self.s, a => a.is_unique())
+    }
+
     /// True if the view is row-major contiguous.
     pub fn is_contiguous(&self) -> bool {
         with_storage!(&self.s, a => a.is_standard_layout())
@@ -342,7 +348,46 @@ impl Tensor {
 
     /// The elements in row-major order; fails if the dtype differs.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        Ok(self.array::<T>()?.iter().copied().collect())
+        let a = self.shared::<T>()?;
+        Ok(match a.as_slice() {
+            Some(s) => s.to_vec(),
+            None => to_standard(&a.view()).into_raw_vec_and_offset().0,
+        })
+    }
+
+    /// The elements as a row-major slice, when the view is row-major contiguous (no copy);
+    /// `None` for another dtype or a strided view.
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        T::unwrap(self).and_then(|a| a.as_slice())
+    }
+
+    /// Copies the elements in row-major order into `out` (a memcpy when the view is contiguous);
+    /// fails if the dtype or the element count differs.
+    pub fn copy_to_slice<T: Element>(&self, out: &mut [T]) -> Result<()> {
+        let a = self.shared::<T>()?;
+        if out.len() != a.len() {
+            return Err(TensorError::ElementCount { op: "copy_to_slice", shape: self.shape().to_vec(), expected: a.len(), len: out.len() });
+        }
+        match a.as_slice() {
+            Some(s) => out.copy_from_slice(s),
+            None => out.copy_from_slice(to_standard(&a.view()).as_slice().expect("standard layout")),
+        }
+        Ok(())
+    }
+
+    /// The elements as a mutable row-major slice, for updates in place. The storage is copied
+    /// first only when another tensor shares it or the view is not row-major contiguous, so an
+    /// update never changes another tensor; otherwise no allocation happens.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        let dtype = self.dtype();
+        if T::DTYPE != dtype {
+            return Err(TensorError::DTypeMismatch { op: "as_mut_slice", what: "tensor", expected: T::DTYPE, got: dtype });
+        }
+        if !self.is_contiguous() {
+            *self = self.contiguous();
+        }
+        let a = T::unwrap_mut(self).expect("dtype checked");
+        Ok(a.as_slice_mut().expect("a unique row-major array is a slice"))
     }
 
     /// The elements in row-major order converted to f64 (any dtype).
@@ -485,6 +530,28 @@ mod tests {
         assert_eq!(to_standard(&sliced), sliced.to_owned());
         let empty = ArrayD::<f64>::zeros(IxDyn(&[2, 0, 3]));
         assert_eq!(to_standard(&empty.view().permuted_axes(IxDyn(&[2, 1, 0]))).shape(), &[3, 0, 2]);
+    }
+
+    #[test]
+    fn updates_in_place_copy_only_shared_or_strided_storage() {
+        let mut a = Tensor::from_vec(&[2, 3], (0..6).map(|i| i as f32).collect()).unwrap();
+        let ptr = a.as_slice::<f32>().unwrap().as_ptr();
+        a.as_mut_slice::<f32>().unwrap()[0] = 10.0;
+        assert_eq!(a.as_slice::<f32>().unwrap().as_ptr(), ptr, "a unique tensor is updated where it lies");
+        let held = a.clone();
+        assert!(!a.is_unique());
+        a.as_mut_slice::<f32>().unwrap()[1] = 20.0;
+        assert_eq!(held.to_vec::<f32>().unwrap(), vec![10.0, 1.0, 2.0, 3.0, 4.0, 5.0], "a shared tensor is copied first");
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![10.0, 20.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(a.as_mut_slice::<f64>().is_err());
+        let mut t = crate::kernels::shape::transpose(&held, &[1, 0]).unwrap();
+        assert!(t.as_slice::<f32>().is_none());
+        assert_eq!(t.as_mut_slice::<f32>().unwrap(), &[10.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let mut out = [0f32; 6];
+        crate::kernels::shape::transpose(&held, &[1, 0]).unwrap().copy_to_slice(&mut out).unwrap();
+        assert_eq!(out, [10.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        assert!(held.copy_to_slice(&mut [0f32; 5]).is_err());
+        assert_eq!(crate::kernels::shape::transpose(&held, &[1, 0]).unwrap().to_vec::<f32>().unwrap(), out.to_vec());
     }
 
     #[test]
