@@ -110,7 +110,7 @@ fn torch_samples_per_s(
     // OpenMP threads that spin at barriers collapse when other processes share the cores (a
     // measured 3x on the GPT here); rayon's workers go to sleep instead. Passive waiting keeps
     // the comparison about the kernels, unless the caller chose a policy.
-    let policy = std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into());
+    let policy = std::env::var("OMP_WAIT_POLICY").unwrap_or_default();
     let out = Command::new(&python)
         .env("OMP_WAIT_POLICY", &policy)
         .args([script, "--models", model, "--threads", &threads.to_string(), "--seconds", &seconds.to_string()])

@@ -155,6 +155,10 @@ pub trait Float:
     }
     /// The error function.
     fn erf(self) -> Self;
+    /// `e^self`, vectorisable in f32 (within 2 ulp, [`crate::fastmath`]); libm's in f64.
+    fn vexp(self) -> Self;
+    /// `tanh self`, vectorisable in f32 ([`crate::fastmath`]); libm's in f64.
+    fn vtanh(self) -> Self;
     /// `c := beta*c + a*b` (or `c := a*b` when `accumulate` is false) through a backend.
     #[doc(hidden)]
     fn backend_gemm(
@@ -171,6 +175,12 @@ impl Float for f32 {
     fn erf(self) -> Self {
         libm::erff(self)
     }
+    fn vexp(self) -> Self {
+        crate::fastmath::exp_f32(self)
+    }
+    fn vtanh(self) -> Self {
+        crate::fastmath::tanh_f32(self)
+    }
     fn backend_gemm(
         backend: &dyn Backend,
         parallel: bool,
@@ -186,6 +196,12 @@ impl Float for f32 {
 impl Float for f64 {
     fn erf(self) -> Self {
         libm::erf(self)
+    }
+    fn vexp(self) -> Self {
+        self.exp()
+    }
+    fn vtanh(self) -> Self {
+        self.tanh()
     }
     fn backend_gemm(
         backend: &dyn Backend,

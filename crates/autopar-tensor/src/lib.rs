@@ -70,6 +70,7 @@
 pub mod backend;
 mod dtype;
 mod error;
+pub mod fastmath;
 pub mod kernels;
 pub mod random;
 mod tensor;

@@ -281,8 +281,22 @@ pub enum Saved {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044_715;
 
+/// GeLU's tanh form, written out so that its loop compiles to vector code.
+#[inline(always)]
+fn gelu_tanh<T: Float>(x: T) -> T {
+    let (s, c, half) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C), T::c(0.5));
+    half * x * (T::one() + (s * (x + c * x * x * x)).vtanh())
+}
+
+/// `dy * gelu_tanh'(x)`.
+#[inline(always)]
+fn gelu_tanh_grad<T: Float>(v: T, d: T) -> T {
+    let (s, c, half) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C), T::c(0.5));
+    let t = (s * (v + c * v * v * v)).vtanh();
+    d * (half * (T::one() + t) + half * v * (T::one() - t * t) * s * (T::one() + T::c(3.0) * c * v * v))
+}
+
 fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
-    let (s, c) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C));
     let half = T::c(0.5);
     let inv_sqrt2 = T::c(std::f64::consts::FRAC_1_SQRT_2);
     move |x: T| match op {
@@ -293,11 +307,11 @@ fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
                 T::zero()
             }
         }
-        UnaryOp::Gelu { approximate: true } => half * x * (T::one() + (s * (x + c * x * x * x)).tanh()),
+        UnaryOp::Gelu { approximate: true } => gelu_tanh(x),
         UnaryOp::Gelu { approximate: false } => half * x * (T::one() + (x * inv_sqrt2).erf()),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => T::one() / (T::one() + (-x).exp()),
-        UnaryOp::Exp => x.exp(),
+        UnaryOp::Tanh => x.vtanh(),
+        UnaryOp::Sigmoid => T::one() / (T::one() + (-x).vexp()),
+        UnaryOp::Exp => x.vexp(),
         UnaryOp::Log => x.ln(),
         UnaryOp::Sqrt => x.sqrt(),
         UnaryOp::Neg => -x,
@@ -306,7 +320,6 @@ fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
 
 /// `dy * f'(.)` given the saved value `v` (input or output per [`UnaryOp::backward_uses`]).
 fn unary_df<T: Float>(op: UnaryOp) -> impl Fn(T, T) -> T + Sync + Send {
-    let (s, c) = (T::c(SQRT_2_OVER_PI), T::c(GELU_C));
     let half = T::c(0.5);
     let inv_sqrt2 = T::c(std::f64::consts::FRAC_1_SQRT_2);
     let inv_sqrt_2pi = T::c(0.398_942_280_401_432_7);
@@ -318,10 +331,7 @@ fn unary_df<T: Float>(op: UnaryOp) -> impl Fn(T, T) -> T + Sync + Send {
                 T::zero()
             }
         }
-        UnaryOp::Gelu { approximate: true } => {
-            let t = (s * (v + c * v * v * v)).tanh();
-            d * (half * (T::one() + t) + half * v * (T::one() - t * t) * s * (T::one() + T::c(3.0) * c * v * v))
-        }
+        UnaryOp::Gelu { approximate: true } => gelu_tanh_grad(v, d),
         UnaryOp::Gelu { approximate: false } => d * (half * (T::one() + (v * inv_sqrt2).erf()) + v * (-half * v * v).exp() * inv_sqrt_2pi),
         UnaryOp::Tanh => d * (T::one() - v * v),
         UnaryOp::Sigmoid => d * v * (T::one() - v),
@@ -356,7 +366,8 @@ pub fn unary(ctx: &ExecCtx, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         let out = match op {
             UnaryOp::Relu => map(ctx, &xv, |v| if v > 0.0 { v } else { 0.0 }),
             UnaryOp::Neg => map(ctx, &xv, |v| -v),
-            UnaryOp::Exp => map(ctx, &xv, |v| v.exp()),
+            UnaryOp::Exp => map(ctx, &xv, |v| v.vexp()),
+            UnaryOp::Gelu { approximate: true } => map(ctx, &xv, gelu_tanh::<T>),
             _ => per_op!(op, unary_f, |f| map(ctx, &xv, f)),
         };
         Ok(Tensor::from_array(out))
@@ -373,6 +384,7 @@ pub fn unary_backward(ctx: &ExecCtx, op: UnaryOp, saved: &Tensor, dy: &Tensor) -
         let (v, d) = (saved.typed::<T>(name, "saved tensor")?, dy.typed::<T>(name, "output gradient")?);
         let out = match op {
             UnaryOp::Relu => map2(ctx, dy.shape(), &v, &d, |s, g| if s > 0.0 { g } else { 0.0 }),
+            UnaryOp::Gelu { approximate: true } => map2(ctx, dy.shape(), &v, &d, gelu_tanh_grad::<T>),
             _ => per_op!(op, unary_df, |f| map2(ctx, dy.shape(), &v, &d, f)),
         };
         Ok(Tensor::from_array(out))

@@ -52,7 +52,7 @@ pub fn softmax_cross_entropy_sparse(ctx: &ExecCtx, logits: &Tensor, labels: &Ten
     float_dispatch!(op, logits.dtype(), T => {
         let l = lsm.to_vec::<T>()?;
         let loss = lab.iter().enumerate().fold(T::zero(), |a, (i, &y)| a - l[i * c + y]) / T::c(n as f64);
-        let probs: Vec<T> = l.iter().map(|v| v.exp()).collect();
+        let probs: Vec<T> = l.iter().map(|v| v.vexp()).collect();
         Ok((Tensor::scalar(loss), Tensor::from_vec(&[n, c], probs)?))
     })
 }
@@ -87,7 +87,7 @@ pub fn softmax_cross_entropy(ctx: &ExecCtx, logits: &Tensor, targets: &Tensor) -
         let l = lsm.to_vec::<T>()?;
         let t = targets.to_vec::<T>()?;
         let loss = l.iter().zip(&t).fold(T::zero(), |a, (&lv, &tv)| a - lv * tv) / T::c(n as f64);
-        let probs: Vec<T> = l.iter().map(|v| v.exp()).collect();
+        let probs: Vec<T> = l.iter().map(|v| v.vexp()).collect();
         Ok((Tensor::scalar(loss), Tensor::from_vec(&[n, c], probs)?))
     })
 }

@@ -43,6 +43,18 @@ pub(crate) fn map<T: Float, F>(ctx: &ExecCtx, x: &ArrayViewD<'_, T>, f: F) -> Ar
 where
     F: Fn(T) -> T + Sync + Send,
 {
+    if let Some(xs) = x.as_slice() {
+        return ArrayD::from_shape_vec(
+            x.raw_dim(),
+            map_slices(ctx, xs.len(), |i, o: &mut [T]| {
+                let n = o.len();
+                for (o, &a) in o.iter_mut().zip(&xs[i..i + n]) {
+                    *o = f(a);
+                }
+            }),
+        )
+        .expect("same element count");
+    }
     let mut out = ArrayD::<T>::zeros(x.raw_dim());
     let z = Zip::from(&mut out).and(x);
     if ctx.par(x.len()) {
@@ -58,6 +70,18 @@ pub(crate) fn map2<T: Float, F>(ctx: &ExecCtx, shape: &[usize], a: &ArrayViewD<'
 where
     F: Fn(T, T) -> T + Sync + Send,
 {
+    if let (Some(xs), Some(ys), true) = (a.as_slice(), b.as_slice(), a.shape() == shape && b.shape() == shape) {
+        return ArrayD::from_shape_vec(
+            IxDyn(shape),
+            map_slices(ctx, xs.len(), |i, o: &mut [T]| {
+                let n = o.len();
+                for ((o, &x), &y) in o.iter_mut().zip(&xs[i..i + n]).zip(&ys[i..i + n]) {
+                    *o = f(x, y);
+                }
+            }),
+        )
+        .expect("same element count");
+    }
     let mut out = ArrayD::<T>::zeros(IxDyn(shape));
     let z = Zip::from(&mut out).and_broadcast(a).and_broadcast(b);
     if ctx.par(out_len(shape)) {
@@ -86,6 +110,23 @@ where
         z.par_for_each(|o, &x, &y, &w| *o = f(x, y, w));
     } else {
         z.for_each(|o, &x, &y, &w| *o = f(x, y, w));
+    }
+    out
+}
+
+/// A fresh vector of `len` elements filled by `fill(start, chunk)` over consecutive chunks
+/// (several threads when `ctx` says so; element-wise work, so the result never depends on it).
+fn map_slices<T: Float, F>(ctx: &ExecCtx, len: usize, fill: F) -> Vec<T>
+where
+    F: Fn(usize, &mut [T]) + Sync + Send,
+{
+    const CHUNK: usize = 1 << 14;
+    let mut out = vec![T::zero(); len];
+    if ctx.par(len) && len > CHUNK {
+        use rayon::prelude::*;
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(k, o)| fill(k * CHUNK, o));
+    } else {
+        fill(0, &mut out);
     }
     out
 }

@@ -303,7 +303,7 @@ fn softmax_row<T: Float>(x: &[T], o: &mut [T], log: bool) {
     let m = x.iter().fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
     let mut s = T::zero();
     for (oi, &xi) in o.iter_mut().zip(x) {
-        *oi = (xi - m).exp();
+        *oi = (xi - m).vexp();
         s += *oi;
     }
     if log {
@@ -354,7 +354,7 @@ fn softmax_like_backward(ctx: &ExecCtx, name: &'static str, y: &Tensor, dy: &Ten
             if log {
                 let s = g.iter().fold(T::zero(), |a, &b| a + b);
                 for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(yr) {
-                    *oi = gi - yi.exp() * s;
+                    *oi = gi - yi.vexp() * s;
                 }
             } else {
                 let s = g.iter().zip(yr).fold(T::zero(), |a, (&gi, &yi)| a + gi * yi);
