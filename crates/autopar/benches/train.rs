@@ -1,6 +1,7 @@
-//! `autopar train` throughput on the README's run command (the MLP 784-512-512-10 on synthetic
-//! MNIST-shaped data, 8 epochs, cosine schedule), stand-alone and on 2 data-parallel devices
-//! (threads).
+//! `autopar train` on the README's quick-start command exactly (the MLP 784-512-512-10 on
+//! synthetic MNIST-shaped data, 3 epochs, cosine schedule, 2 simulated devices under
+//! semi_auto_parallel), then the same job stand-alone and on 4 simulated devices. Wall time of
+//! the whole process, as a user sees it. `benches/versus.rs` puts PyTorch beside it.
 //!
 //! `cargo bench -p autopar --bench train` (set AUTOPAR_BENCH_EPOCHS to shorten or lengthen it).
 
@@ -28,7 +29,7 @@ fn run(extra: &[&str], epochs: &str) -> (f64, f64, String) {
         "--schedule",
         "cosine",
         "--warmup-steps",
-        "200",
+        "100",
         "--log-every",
         "512",
         "--metrics",
@@ -54,13 +55,15 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let epochs = std::env::var("AUTOPAR_BENCH_EPOCHS").unwrap_or_else(|_| "8".into());
+    let epochs = std::env::var("AUTOPAR_BENCH_EPOCHS").unwrap_or_else(|_| "3".into());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("autopar train, MLP 784-512-512-10, synthetic 65536 samples, batch 64, {epochs} epochs, {threads} CPU threads");
     println!("{:<34} {:>10} {:>12}", "run", "wall s", "samples/s");
-    for (name, extra) in
-        [("stand_alone", &[][..]), ("data_parallel, 2 devices", &["--devices", "2", "--parallel-mode", "data_parallel"][..])]
-    {
+    for (name, extra) in [
+        ("README: 2 devices, semi_auto", &["--devices", "2"][..]),
+        ("stand_alone", &[][..]),
+        ("4 devices, semi_auto", &["--devices", "4"][..]),
+    ] {
         let (wall, sps, text) = run(extra, &epochs);
         println!("{name:<34} {wall:>10.1} {sps:>12.1}");
         for l in text.lines() {
