@@ -2,6 +2,7 @@
 //! and executor. Prints steps/s and the ops taking the most time.
 //!
 //! `cargo bench -p autopar-runtime --bench mlp` (set RAYON_NUM_THREADS to pin the thread count).
+//! PyTorch's step beside it: `cargo bench -p autopar --bench versus` (`crates/autopar/benches/peers/step_torch.py`).
 
 use std::time::Instant;
 

@@ -5,45 +5,14 @@
 //!
 //! `cargo bench -p autopar --bench train` (set AUTOPAR_BENCH_EPOCHS to shorten or lengthen it).
 
-use std::process::Command;
-use std::time::Instant;
+#[path = "common/quickstart.rs"]
+mod quickstart;
 
 fn run(extra: &[&str], epochs: &str) -> (f64, f64, String) {
     let dir = std::env::temp_dir().join(format!("autopar-train-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut args = vec![
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        "synthetic",
-        "--synthetic-samples",
-        "65536",
-        "--epochs",
-        epochs,
-        "--batch-size",
-        "64",
-        "--lr",
-        "0.05",
-        "--schedule",
-        "cosine",
-        "--warmup-steps",
-        "100",
-        "--log-every",
-        "512",
-        "--metrics",
-        "run/metrics.jsonl",
-        "--plot",
-        "--checkpoint-dir",
-        "run/ckpt",
-    ];
-    args.extend(extra);
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(&dir).args(&args).output().expect("autopar runs");
-    let wall = start.elapsed().as_secs_f64();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let (wall, stdout) = quickstart::run(&dir, epochs, extra);
     let _ = std::fs::remove_dir_all(&dir);
     let summary = stdout.lines().find(|l| l.starts_with("trained ")).unwrap_or_default().to_string();
     let sps = summary.rsplit(": ").next().and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).unwrap_or(0.0);

@@ -44,41 +44,13 @@ fn number_after(text: &str, key: &str) -> Option<f64> {
         .ok()
 }
 
+#[path = "common/quickstart.rs"]
+mod quickstart;
+
 /// The README's quick-start command (with `devices`), run as a user runs it; wall seconds.
 fn quickstart_autopar(devices: &str, epochs: &str) -> f64 {
     let dir = tempfile::tempdir().expect("temp dir");
-    let args = [
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        "synthetic",
-        "--synthetic-samples",
-        "65536",
-        "--epochs",
-        epochs,
-        "--batch-size",
-        "64",
-        "--lr",
-        "0.05",
-        "--schedule",
-        "cosine",
-        "--warmup-steps",
-        "100",
-        "--devices",
-        devices,
-        "--metrics",
-        "run/metrics.jsonl",
-        "--plot",
-        "--checkpoint-dir",
-        "run/ckpt",
-        "--log-every",
-        "512",
-    ];
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir.path()).args(args).output().expect("autopar runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    start.elapsed().as_secs_f64()
+    quickstart::run(dir.path(), epochs, &["--devices", devices]).0
 }
 
 fn quickstart_torch(epochs: &str) -> Result<f64, String> {
