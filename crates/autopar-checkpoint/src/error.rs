@@ -100,6 +100,12 @@ pub enum CheckpointError {
     #[error("no checkpoint file given for source rank {rank}\n  hint: rank-list names the source ranks a destination rank needs")]
     MissingRankFile { rank: usize },
 
+    #[error("tensor {tensor:?}: MindSpore's rank list cannot be computed for these layouts\n  {reason}\n  hint: check that both strategy files belong to this network (`autopar ckpt inspect FILE` prints them)")]
+    RankListLayout { tensor: String, reason: String },
+
+    #[error("the {which} strategy holds no parameter for this destination rank's pipeline stage\n  hint: check the rank and the --dst-strategy file")]
+    RankListEmpty { which: &'static str },
+
     #[error("invalid argument: {0}")]
     InvalidArgument(Misuse),
 }

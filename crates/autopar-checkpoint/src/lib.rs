@@ -32,6 +32,7 @@ pub mod ckpt;
 pub mod dtype;
 pub mod error;
 pub mod io;
+pub mod rank_list;
 pub mod safetensors;
 pub mod strategy;
 pub mod transform;

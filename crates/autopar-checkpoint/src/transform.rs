@@ -7,9 +7,13 @@
 //! source box straight from the memory-mapped source file into the destination buffer. Only one
 //! destination tensor per job is ever in memory, and source bytes nobody needs are never read.
 //!
-//! Which replica a piece is read from: the one whose device coordinates agree most with the
-//! destination rank (taken modulo the source device count, as MindSpore pairs ranks when device
-//! counts differ), ties to the lowest rank; so a destination rank reads as few files as it can.
+//! Which replica a piece is read from: one whose file was given (any set that covers the piece
+//! works: MindSpore's rank list, autopar's smaller one, or a mix), then the one whose device
+//! coordinates agree most with the destination rank (taken modulo the source device count, as
+//! MindSpore pairs ranks when device counts differ), ties to the lowest rank.
+//! [`TransformPlanner::rank_list`] is MindSpore's list, computed as MindSpore does
+//! ([`crate::rank_list`]); [`TransformPlanner::minimal_rank_list`] names only the files whose
+//! bytes are read.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
@@ -85,10 +89,13 @@ pub struct TransformPlanner {
     /// MindSpore's per-stage transform: the source strategy describes one pipeline stage
     /// (this one) of a network the destination holds whole.
     by_stage: Option<u32>,
+    /// The files as read, for MindSpore's rank lists (which depend on their entry order).
+    src_file: Option<StrategyFile>,
+    dst_file: Option<StrategyFile>,
 }
 
-/// A strategy file's layout map and the stage of its first operator strategy.
-fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, Option<u32>)>> {
+/// A strategy file, its layout map and the stage of its first operator strategy.
+fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, Option<u32>, StrategyFile)>> {
     let Some(p) = path else { return Ok(None) };
     let s = StrategyFile::load(p)?;
     if s.layout_items.is_empty() {
@@ -106,7 +113,8 @@ fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, Option<u32>)>> {
     if stages.iter().enumerate().any(|(i, &s)| s as usize != i) {
         return Err(CheckpointError::MissingStages { path: p.to_path_buf(), count: stages.len(), stages });
     }
-    Ok(Some((m, s.stage())))
+    let stage = s.stage();
+    Ok(Some((m, stage, s)))
 }
 
 /// A layout with its optimizer shard: each rank's piece is its model-parallel slice, with dim 0
@@ -199,8 +207,9 @@ impl Side {
 type Region = Vec<Range<usize>>;
 
 /// Source ranks (local to their stage), their boxes, and the part of each that destination
-/// `dst_local`'s piece needs.
-fn cover(src: &Side, dst: &Side, dst_local: usize) -> Vec<(usize, Region, Region)> {
+/// `dst_local`'s piece needs. Each piece comes from a replica that is `available` when one is
+/// (the files a user gave), then from the one agreeing most with the destination's coordinates.
+fn cover(src: &Side, dst: &Side, dst_local: usize, available: &dyn Fn(usize) -> bool) -> Vec<(usize, Region, Region)> {
     let d = dst.region(dst_local);
     let n = src.layout.mesh().num_devices();
     let pref = src.layout.mesh().coordinate(dst_local % n).unwrap_or_default();
@@ -226,7 +235,7 @@ fn cover(src: &Side, dst: &Side, dst_local: usize) -> Vec<(usize, Region, Region
             .max_by_key(|&q| {
                 let c = src.layout.mesh().coordinate(q).unwrap_or_default();
                 let agree = c.iter().zip(&pref).filter(|(a, b)| a == b).count();
-                (agree, std::cmp::Reverse(q))
+                (available(q), agree, std::cmp::Reverse(q))
             })
             .unwrap_or(ranks[0]);
         out.push((best, src.region(best), inter));
@@ -265,7 +274,7 @@ impl TransformPlanner {
         let src = load_map(src_strategy)?;
         let dst = load_map(dst_strategy)?;
         let by_stage = match (&src, &dst) {
-            (Some((s, stage)), Some((d, _))) if per_stage && s.stages().len() == 1 && d.stages().len() == 1 => {
+            (Some((s, stage, _)), Some((d, _, _))) if per_stage && s.stages().len() == 1 && d.stages().len() == 1 => {
                 let keys = |m: &LayoutMap| -> BTreeSet<String> {
                     m.params.keys().filter(|k| !["accu_grads", "adam_v", "adam_m"].iter().any(|p| k.starts_with(p))).cloned().collect()
                 };
@@ -275,7 +284,7 @@ impl TransformPlanner {
             _ => None,
         };
         let mut skipped = Vec::new();
-        if let (Some((s, _)), Some((d, _))) = (&src, &dst) {
+        if let (Some((s, _, _)), Some((d, _, _))) = (&src, &dst) {
             for (a, b, present, missing) in [(s, d, "source", "destination"), (d, s, "destination", "source")] {
                 if by_stage.is_some() && present == "destination" {
                     continue; // the other stages' parameters
@@ -287,8 +296,8 @@ impl TransformPlanner {
                 skipped.extend(names);
             }
         }
-        let src = src.map(|(m, _)| m);
-        let dst = dst.map(|(m, _)| m);
+        let (src, src_file) = src.map_or((None, None), |(m, _, f)| (Some(m), Some(f)));
+        let (dst, dst_file) = dst.map_or((None, None), |(m, _, f)| (Some(m), Some(f)));
         Ok(Self {
             src_stage_devs: src.as_ref().map_or(1, LayoutMap::stage_device_num),
             dst_stage_devs: dst.as_ref().map_or(1, LayoutMap::stage_device_num),
@@ -297,6 +306,8 @@ impl TransformPlanner {
             dst,
             skipped,
             by_stage,
+            src_file,
+            dst_file,
         })
     }
 
@@ -368,10 +379,18 @@ impl TransformPlanner {
         out
     }
 
-    /// MindSpore's `rank_list_for_transform`: the global source ranks whose files destination
-    /// `rank` needs, highest first. Unlike MindSpore, which repeats the list for every source
-    /// pipeline stage, only the stages holding the destination rank's parameters are listed.
+    /// MindSpore's `rank_list_for_transform`: the global source ranks whose files MindSpore's
+    /// `transform_checkpoint_by_rank` reads for destination `rank`, highest first, exactly as
+    /// MindSpore lists them (see [`crate::rank_list`]).
     pub fn rank_list(&self, rank: usize) -> Result<Vec<usize>> {
+        self.check_rank(rank)?;
+        crate::rank_list::mindspore_rank_list(rank, self.src_file.as_ref(), self.dst_file.as_ref())
+    }
+
+    /// The smallest set of source ranks whose bytes destination `rank` needs, highest first:
+    /// each piece is read from the replica whose device coordinates agree most with the
+    /// destination rank. Often fewer files than MindSpore's list.
+    pub fn minimal_rank_list(&self, rank: usize) -> Result<Vec<usize>> {
         self.check_rank(rank)?;
         if self.src.is_none() {
             return Ok(vec![0]);
@@ -380,7 +399,7 @@ impl TransformPlanner {
         let mut set = BTreeSet::new();
         for (name, src, src_stage, dst) in self.params_of(rank, &|_| None) {
             let (s, d) = Side::fake(&src, &dst, &name)?;
-            for (q, _, _) in cover(&s, &d, local) {
+            for (q, _, _) in cover(&s, &d, local, &|_| true) {
                 set.insert(src_stage as usize * self.src_stage_devs + q);
             }
         }
@@ -404,7 +423,9 @@ impl TransformPlanner {
         checked: &mut BTreeSet<(String, usize)>,
     ) -> Result<RankPlan> {
         let local = rank % self.dst_stage_devs;
-        let needed = self.rank_list(rank)?;
+        // the open files, the paired source rank's first: extras and entry order come from it
+        let pref = self.by_stage.unwrap_or(0) as usize * self.src_stage_devs + local % self.src_stage_devs;
+        let open: Vec<usize> = std::iter::once(pref).chain(files.keys().rev().copied().filter(|&r| r != pref)).collect();
         let mut tensors: Vec<TensorPlan> = Vec::new();
         let mut handled: BTreeSet<String> = BTreeSet::new();
         let hint = |name: &str| files.values().find_map(|f| f.get(name)).map(|e| e.shape.len());
@@ -412,12 +433,13 @@ impl TransformPlanner {
             handled.insert(name.clone());
             let base = src_stage as usize * self.src_stage_devs;
             let (fs, fd) = Side::fake(&src_p, &dst_p, &name)?;
-            let fake_cover = cover(&fs, &fd, local);
+            let available = |q: usize| files.contains_key(&(base + q));
+            let fake_cover = cover(&fs, &fd, local, &available);
             // the local shape of any source piece gives the full shape
             let first = base + fake_cover.first().map_or(0, |c| c.0);
             let file = files.get(&first).ok_or(CheckpointError::MissingRankFile { rank: first })?;
             let Some(entry) = file.get(&name) else {
-                if needed.iter().filter_map(|r| files.get(r)).all(|f| f.get(&name).is_none()) {
+                if files.values().all(|f| f.get(&name).is_none()) {
                     report.absent.push(name);
                     continue;
                 }
@@ -457,7 +479,7 @@ impl TransformPlanner {
             let d_region = d.region(local);
             let expect_src = s.local_shape();
             let mut pieces = Vec::new();
-            for (q, s_region, inter) in cover(&s, &d, local) {
+            for (q, s_region, inter) in cover(&s, &d, local, &available) {
                 let g = base + q;
                 let f = files.get(&g).ok_or(CheckpointError::MissingRankFile { rank: g })?;
                 let e =
@@ -490,10 +512,7 @@ impl TransformPlanner {
             tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
         }
         // tensors in neither strategy: copied unchanged, preferably from the paired source rank
-        let pref = self.by_stage.unwrap_or(0) as usize * self.src_stage_devs + local % self.src_stage_devs;
-        let mut order: Vec<usize> = vec![pref];
-        order.extend(needed.iter().rev().copied().filter(|&r| r != pref));
-        for &r in &order {
+        for &r in &open {
             let Some(f) = files.get(&r) else { continue };
             for t in f.tensors() {
                 if handled.contains(&t.name) || !self.is_extra(&t.name) {
@@ -508,8 +527,9 @@ impl TransformPlanner {
             }
         }
         // keep the source file's tensor order for .ckpt outputs
-        let pos: HashMap<&str, usize> = files
-            .get(&needed.last().copied().unwrap_or(0))
+        let pos: HashMap<&str, usize> = open
+            .iter()
+            .find_map(|r| files.get(r))
             .map(|f| f.tensors().iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect())
             .unwrap_or_default();
         tensors.sort_by_key(|t| (pos.get(t.spec.name.as_str()).copied().unwrap_or(usize::MAX), t.spec.name.clone()));
@@ -716,10 +736,13 @@ pub fn transform_checkpoint_by_rank(
         return Err(CheckpointError::UnknownFormat { path: save_path.to_path_buf() });
     }
     let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.allow_missing)?;
-    let needed = planner.rank_list(rank)?;
+    // Any file set that covers the destination piece will do: MindSpore's list, autopar's
+    // smaller one, or a mix. Files of other ranks are not opened. (MindSpore cannot list some
+    // files it reads wrongly, such as a 1-d tensor split over two axes; autopar's list serves.)
+    let ms_list = planner.rank_list(rank).unwrap_or_default();
+    let wanted: BTreeSet<usize> = ms_list.into_iter().chain(planner.minimal_rank_list(rank)?).collect();
     let mut open = BTreeMap::new();
-    for r in needed {
-        let p = files.get(&r).ok_or(CheckpointError::MissingRankFile { rank: r })?;
+    for (&r, p) in files.iter().filter(|(r, _)| wanted.contains(r)) {
         if !p.exists() {
             return Err(CheckpointError::MissingRank { dst_rank: rank, src_rank: r, path: p.clone() });
         }
@@ -746,16 +769,13 @@ pub fn transform_checkpoints(
     let n = planner.dst_device_num();
     let part = planner.per_stage().map_or(String::new(), |s| format!("_part{s}"));
     let mut needed_all = BTreeSet::new();
-    let mut lists = Vec::with_capacity(n);
     for r in 0..n {
-        let list = planner.rank_list(r)?;
-        for &s in &list {
+        for s in planner.minimal_rank_list(r)? {
             if !rank_files.contains_key(&s) {
                 return Err(CheckpointError::MissingRank { dst_rank: r, src_rank: s, path: src_dir.join(format!("rank_{s}")) });
             }
             needed_all.insert(s);
         }
-        lists.push(list);
     }
     let mut files = BTreeMap::new();
     for s in needed_all {
@@ -815,11 +835,11 @@ mod tests {
     fn cover_reads_the_replicas_nearest_to_the_destination_rank() {
         let src = Side::new(&param(&[2, 4], &[-1, 0], 0, 0), &[8, 8], "w", "source").unwrap();
         let dst = Side::new(&param(&[8], &[-1, -1], 0, 0), &[8, 8], "w", "destination").unwrap();
-        let ranks = |r| cover(&src, &dst, r).into_iter().map(|c| c.0).collect::<Vec<_>>();
+        let ranks = |r| cover(&src, &dst, r, &|_| true).into_iter().map(|c| c.0).collect::<Vec<_>>();
         assert_eq!(ranks(1), vec![0, 1, 2, 3]);
         assert_eq!(ranks(6), vec![4, 5, 6, 7]);
         // every destination box is covered exactly once
-        let total: usize = cover(&src, &dst, 6).iter().map(|c| c.2.iter().map(|r| r.len()).product::<usize>()).sum();
+        let total: usize = cover(&src, &dst, 6, &|_| true).iter().map(|c| c.2.iter().map(|r| r.len()).product::<usize>()).sum();
         assert_eq!(total, 64);
     }
 

@@ -41,8 +41,21 @@ enum Command {
     Plan(Box<cli::plan::PlanArgs>),
 }
 
+/// Commands whose output is read through pipes (`autopar ckpt inspect F | head`) end quietly
+/// when the reader goes away, as other Unix tools do, instead of failing on the broken pipe.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Layout(_) | Command::Ckpt(_) | Command::Plan(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Layout(args) => cli::layout::run(args),
         Command::Ckpt(args) => cli::ckpt::run(args),

@@ -177,3 +177,29 @@ fn transform_rank_writes_one_rank_from_the_files_it_is_given() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("source rank {}", list[0])), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn inspect_into_a_closed_pipe_ends_quietly() {
+    // `autopar ckpt inspect FILE | head -1`: far more output than a pipe buffers
+    use autopar_checkpoint::{DType, TensorSpec};
+    use std::io::{BufRead, BufReader};
+    let dir = TempDir::new();
+    let path = dir.path().join("many.safetensors");
+    let tensors: Vec<(TensorSpec, Vec<u8>)> = (0..4000)
+        .map(|i| (TensorSpec { name: format!("layer{i:05}.weight"), dtype: DType::Float32, shape: vec![1] }, vec![0u8; 4]))
+        .collect();
+    autopar_checkpoint::save(&path, &tensors, &Default::default()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(["ckpt", "inspect", s(&path)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.contains("many.safetensors"), "{first}");
+    // the reader is gone now
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+}

@@ -98,6 +98,15 @@ pub fn piece(p: &Param, l: &PLayout, rank: usize) -> Block<u32> {
     mp.chunk(0, opt, idx % opt).unwrap()
 }
 
+/// MindSpore's optimizer-shard step: the product of the device axes right of the innermost
+/// replicated axis.
+pub fn opt_step(l: &PLayout) -> i32 {
+    let nd = l.dev.len() as i64;
+    let used: Vec<i64> = l.map.flattened().iter().filter(|&&v| v >= 0).map(|&v| nd - 1 - v).collect();
+    let inner = (0..l.dev.len()).rev().find(|&i| l.dev[i] > 1 && !used.contains(&(i as i64)));
+    inner.map_or(1, |i| l.dev[i + 1..].iter().product::<usize>() as i32)
+}
+
 pub fn strategy_file(layouts: &[(&Param, &PLayout, u32)]) -> StrategyFile {
     let mut s = StrategyFile { current_stage: 2, ..Default::default() };
     for (p, l, stage) in layouts {
@@ -110,7 +119,7 @@ pub fn strategy_file(layouts: &[(&Param, &PLayout, u32)]) -> StrategyFile {
         };
         let name = if layouts.iter().any(|x| x.2 > 0) { format!("{stage}-{}", p.name) } else { p.name.clone() };
         s.layout_items.push(LayoutItem {
-            opt_weight_shard_step: if l.opt == 0 { 0 } else { 1 },
+            opt_weight_shard_step: if l.opt == 0 { 0 } else { opt_step(l) },
             opt_weight_shard_size: l.opt,
             ..LayoutItem::new(name, l.dev.iter().map(|&d| d as u32).collect(), tensor_map)
         });

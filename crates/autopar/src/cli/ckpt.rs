@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use autopar_checkpoint::{
     collect_rank_files, merge_strategies, rank_list_for_transform, transform_checkpoint_by_rank, transform_checkpoints, CheckpointFile,
-    Format, GroupInfo, StrategyFile, TransformOptions, TransformReport,
+    Format, GroupInfo, StrategyFile, TransformOptions, TransformPlanner, TransformReport,
 };
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
@@ -22,13 +22,19 @@ pub struct CkptArgs {
 
 #[derive(Subcommand, Debug)]
 enum CkptCommand {
-    /// Which source ranks' checkpoints a destination rank needs (rank_list_for_transform).
-    #[command(after_help = "Example:\n  autopar ckpt rank-list 0 --src-strategy src_strategy.ckpt --dst-strategy dst_strategy.ckpt")]
+    /// Which source ranks' checkpoints a destination rank needs: exactly MindSpore's rank_list_for_transform.
+    #[command(after_help = "Examples:\n  \
+        autopar ckpt rank-list 0 --src-strategy src_strategy.ckpt --dst-strategy dst_strategy.ckpt\n  \
+        autopar ckpt rank-list 0 --src-strategy src_strategy.ckpt --dst-strategy dst_strategy.ckpt --minimal")]
     RankList {
         /// Destination rank (global, over all pipeline stages).
         rank: usize,
         #[command(flatten)]
         strategies: StrategyArgs,
+        /// Only the ranks whose bytes the destination rank reads (often fewer files than
+        /// MindSpore lists; enough for `autopar ckpt transform-rank`, not for MindSpore's tool).
+        #[arg(long)]
+        minimal: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -143,8 +149,13 @@ enum Kind {
 
 pub fn run(args: CkptArgs) -> Result<ExitCode> {
     match args.command {
-        CkptCommand::RankList { rank, strategies, json } => {
-            let list = rank_list_for_transform(rank, strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref())?;
+        CkptCommand::RankList { rank, strategies, minimal, json } => {
+            let (src, dst) = (strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref());
+            let list = if minimal {
+                TransformPlanner::new(src, dst, true)?.minimal_rank_list(rank)?
+            } else {
+                rank_list_for_transform(rank, src, dst)?
+            };
             if json {
                 println!("{}", serde_json::to_string(&list)?);
             } else {
