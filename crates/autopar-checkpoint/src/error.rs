@@ -83,7 +83,7 @@ pub enum CheckpointError {
     #[error("tensor {tensor:?} of source rank {rank} is {actual}, but the other source ranks hold it as {expected}\n  file: {path}")]
     DtypeMismatch { tensor: String, rank: usize, path: PathBuf, expected: String, actual: String },
 
-    #[error("{count} tensor(s) are in the {present} strategy but not in the {missing} strategy: {names}\n  hint: pass --allow-missing to skip them (they are then listed), or use strategy files of the same network")]
+    #[error("{count} tensor(s) are in the {present} strategy but not in the {missing} strategy: {names}\n  hint: without --strict they are copied unchanged from the paired source rank, as MindSpore does; or use strategy files of the same network")]
     NotInBothStrategies { count: usize, present: &'static str, missing: &'static str, names: String },
 
     #[error(

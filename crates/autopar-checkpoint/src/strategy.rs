@@ -448,6 +448,15 @@ impl ParamLayout {
     }
 }
 
+/// Name prefixes of per-parameter state: MindSpore's Momentum (`moments.`), Adam (`adam_m.`,
+/// `adam_v.`) and gradient accumulation (`accu_grads.`), which autopar's optimizers share.
+pub const STATE_PREFIXES: [&str; 4] = ["moments.", "adam_m.", "adam_v.", "accu_grads."];
+
+/// The parameter a state tensor belongs to (`moments.fc1.weight` -> `fc1.weight`).
+pub fn state_parameter(name: &str) -> Option<&str> {
+    STATE_PREFIXES.iter().find_map(|p| name.strip_prefix(p)).filter(|x| !x.is_empty())
+}
+
 /// Name -> layout for one strategy file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayoutMap {
@@ -467,6 +476,21 @@ impl LayoutMap {
         s.sort_unstable();
         s.dedup();
         s
+    }
+
+    /// The layout of `name`, or for optimizer and accumulation state the strategy does not list
+    /// (`moments.X`, `adam_m.X`, `adam_v.X`, `accu_grads.X`) the layout of its parameter `X`:
+    /// the state is split exactly as its parameter.
+    pub fn layout_of(&self, name: &str) -> Option<&ParamLayout> {
+        self.params.get(name).or_else(|| state_parameter(name).and_then(|x| self.params.get(x)))
+    }
+
+    /// [`Self::layout_of`] as pipeline stage `stage` holds it.
+    pub fn layout_of_in_stage(&self, name: &str, stage: u32) -> Option<&ParamLayout> {
+        match self.params.contains_key(name) {
+            true => self.in_stage(name, stage),
+            false => state_parameter(name).and_then(|x| self.in_stage(x, stage)),
+        }
     }
 
     /// The layout of `name` as pipeline stage `stage` holds it.

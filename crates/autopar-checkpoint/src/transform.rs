@@ -26,7 +26,7 @@ use autopar_layout::TensorLayout;
 use crate::checkpoint::{collect_rank_files, CheckpointFile, CheckpointWriter, Format, OpenOptions, TensorSpec};
 use crate::error::{CheckpointError, Misuse, Result};
 use crate::io::{intersect, AtomicFile};
-use crate::strategy::{LayoutMap, ParamLayout, StrategyFile};
+use crate::strategy::{state_parameter, LayoutMap, ParamLayout, StrategyFile};
 
 /// Options of [`transform_checkpoints`] and [`transform_checkpoint_by_rank`].
 #[derive(Clone, Debug)]
@@ -37,8 +37,9 @@ pub struct TransformOptions {
     pub prefix: String,
     /// Destination files written at the same time.
     pub jobs: usize,
-    /// Skip (and list) tensors that are in one strategy but not the other instead of failing.
-    pub allow_missing: bool,
+    /// Refuse tensors that are in one strategy but not the other, instead of copying them
+    /// unchanged from the paired source rank as MindSpore does (they are listed either way).
+    pub strict: bool,
     /// Show a progress bar on stderr (hidden when stderr is not a terminal).
     pub progress: bool,
     /// Append MindSpore's CRC trailer to `.ckpt` outputs.
@@ -49,15 +50,7 @@ pub struct TransformOptions {
 
 impl Default for TransformOptions {
     fn default() -> Self {
-        Self {
-            format: Format::Ckpt,
-            prefix: "checkpoint_".into(),
-            jobs: 1,
-            allow_missing: false,
-            progress: false,
-            crc: false,
-            verify_crc: true,
-        }
+        Self { format: Format::Ckpt, prefix: "checkpoint_".into(), jobs: 1, strict: false, progress: false, crc: false, verify_crc: true }
     }
 }
 
@@ -66,8 +59,9 @@ impl Default for TransformOptions {
 pub struct TransformReport {
     pub files: Vec<PathBuf>,
     pub bytes_written: u64,
-    /// Tensors in one strategy but not the other, skipped under `allow_missing`.
-    pub skipped: Vec<String>,
+    /// Tensors in one strategy but not the other: copied unchanged from the paired source rank,
+    /// as MindSpore does (an error under `strict`).
+    pub one_strategy: Vec<String>,
     /// Tensors in the strategies that no needed source file holds.
     pub absent: Vec<String>,
     /// Tensors in neither strategy, copied unchanged (`global_step`, `learning_rate`, ...).
@@ -85,7 +79,7 @@ pub struct TransformPlanner {
     src_stage_devs: usize,
     dst_stage_devs: usize,
     dst_stages: usize,
-    skipped: Vec<String>,
+    one_strategy: Vec<String>,
     /// MindSpore's per-stage transform: the source strategy describes one pipeline stage
     /// (this one) of a network the destination holds whole.
     by_stage: Option<u32>,
@@ -259,10 +253,11 @@ struct RankPlan {
 }
 
 impl TransformPlanner {
-    /// Load the strategies; `allow_missing` decides whether a tensor in one strategy but not the
-    /// other is an error or skipped.
-    pub fn new(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, allow_missing: bool) -> Result<Self> {
-        Self::new_with(src_strategy, dst_strategy, allow_missing, false)
+    /// Load the strategies; `strict` makes a tensor in one strategy but not the other an error
+    /// (otherwise it is copied unchanged, as MindSpore does). Optimizer and accumulation state
+    /// that a strategy does not list takes its parameter's layout ([`LayoutMap::layout_of`]).
+    pub fn new(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, strict: bool) -> Result<Self> {
+        Self::new_with(src_strategy, dst_strategy, strict, false)
     }
 
     /// With `per_stage`, MindSpore's `transform_checkpoints` special case: when both strategies
@@ -270,7 +265,7 @@ impl TransformPlanner {
     /// a strict subset of the destination's, the source is one pipeline stage (the stage of its
     /// strategy items) of the destination's network: its files are `rank_<stage*N + k>`, and
     /// only its parameters are written, to `<prefix><r>_part<stage>` files.
-    fn new_with(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, allow_missing: bool, per_stage: bool) -> Result<Self> {
+    fn new_with(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, strict: bool, per_stage: bool) -> Result<Self> {
         let src = load_map(src_strategy)?;
         let dst = load_map(dst_strategy)?;
         let by_stage = match (&src, &dst) {
@@ -283,17 +278,17 @@ impl TransformPlanner {
             }
             _ => None,
         };
-        let mut skipped = Vec::new();
+        let mut one_strategy = Vec::new();
         if let (Some((s, _, _)), Some((d, _, _))) = (&src, &dst) {
             for (a, b, present, missing) in [(s, d, "source", "destination"), (d, s, "destination", "source")] {
                 if by_stage.is_some() && present == "destination" {
                     continue; // the other stages' parameters
                 }
-                let names: Vec<String> = a.params.keys().filter(|k| !b.params.contains_key(*k)).cloned().collect();
-                if !names.is_empty() && !allow_missing {
+                let names: Vec<String> = a.params.keys().filter(|k| b.layout_of(k).is_none()).cloned().collect();
+                if !names.is_empty() && strict {
                     return Err(CheckpointError::NotInBothStrategies { count: names.len(), present, missing, names: names.join(", ") });
                 }
-                skipped.extend(names);
+                one_strategy.extend(names);
             }
         }
         let (src, src_file) = src.map_or((None, None), |(m, _, f)| (Some(m), Some(f)));
@@ -304,7 +299,7 @@ impl TransformPlanner {
             dst_stages: dst.as_ref().map_or(1, |m| m.stages().len().max(1)),
             src,
             dst,
-            skipped,
+            one_strategy,
             by_stage,
             src_file,
             dst_file,
@@ -326,8 +321,9 @@ impl TransformPlanner {
         self.src_stage_devs * self.src.as_ref().map_or(1, |m| m.stages().len().max(1))
     }
 
-    pub fn skipped(&self) -> &[String] {
-        &self.skipped
+    /// Tensors one strategy lists and the other cannot place.
+    pub fn one_strategy(&self) -> &[String] {
+        &self.one_strategy
     }
 
     fn check_rank(&self, rank: usize) -> Result<()> {
@@ -337,27 +333,36 @@ impl TransformPlanner {
         Ok(())
     }
 
-    /// Parameters destination `rank` holds, with (source layout, source stage, destination layout).
-    fn params_of(&self, rank: usize, ndim_hint: &dyn Fn(&str) -> Option<usize>) -> Vec<(String, ParamLayout, u32, ParamLayout)> {
+    /// Tensors destination `rank` holds that both sides can place, with (source layout, source
+    /// stage, destination layout): the strategies' parameters, and `state` tensors (optimizer
+    /// state found in the files) that take their parameter's layout.
+    fn params_of(
+        &self,
+        rank: usize,
+        state: &[String],
+        ndim_hint: &dyn Fn(&str) -> Option<usize>,
+    ) -> Vec<(String, ParamLayout, u32, ParamLayout)> {
         let stage = (rank / self.dst_stage_devs) as u32;
         let mut out = Vec::new();
-        let names: Vec<&String> = match (&self.dst, &self.src) {
+        let mut names: Vec<&String> = match (&self.dst, &self.src) {
             (Some(d), _) => d.params.keys().collect(),
             (None, Some(s)) => s.params.keys().collect(),
             (None, None) => Vec::new(),
         };
+        let extra: Vec<&String> = state.iter().filter(|n| !names.contains(n)).collect();
+        names.extend(extra);
         for name in names {
             let dst = match &self.dst {
-                Some(d) => match d.in_stage(name, stage) {
+                Some(d) => match d.layout_of_in_stage(name, stage) {
                     Some(p) => Some(p.clone()),
                     None => continue,
                 },
                 None => None,
             };
             let src = match &self.src {
-                Some(s) => match s.params.get(name) {
+                Some(s) => match s.layout_of(name) {
                     Some(p) => Some(p.clone()),
-                    None => continue, // in the skipped list
+                    None => continue, // in one strategy only: copied unchanged
                 },
                 None => None,
             };
@@ -397,7 +402,7 @@ impl TransformPlanner {
         }
         let local = rank % self.dst_stage_devs;
         let mut set = BTreeSet::new();
-        for (name, src, src_stage, dst) in self.params_of(rank, &|_| None) {
+        for (name, src, src_stage, dst) in self.params_of(rank, &[], &|_| None) {
             let (s, d) = Side::fake(&src, &dst, &name)?;
             for (q, _, _) in cover(&s, &d, local, &|_| true) {
                 set.insert(src_stage as usize * self.src_stage_devs + q);
@@ -409,8 +414,14 @@ impl TransformPlanner {
         Ok(set.into_iter().rev().collect())
     }
 
-    fn is_extra(&self, name: &str) -> bool {
-        !self.src.as_ref().is_some_and(|m| m.params.contains_key(name)) && !self.dst.as_ref().is_some_and(|m| m.params.contains_key(name))
+    /// Whether a strategy (either) places `name`, directly or as its parameter's state.
+    fn placed(&self, name: &str) -> bool {
+        self.src.as_ref().is_some_and(|m| m.layout_of(name).is_some()) || self.dst.as_ref().is_some_and(|m| m.layout_of(name).is_some())
+    }
+
+    /// Whether the destination places `name` in another pipeline stage than `stage` only.
+    fn in_other_stage(&self, name: &str, stage: u32) -> bool {
+        self.dst.as_ref().is_some_and(|m| m.layout_of(name).is_some() && m.layout_of_in_stage(name, stage).is_none())
     }
 
     /// Plan destination `rank`'s file from the open source files.
@@ -429,7 +440,17 @@ impl TransformPlanner {
         let mut tensors: Vec<TensorPlan> = Vec::new();
         let mut handled: BTreeSet<String> = BTreeSet::new();
         let hint = |name: &str| files.values().find_map(|f| f.get(name)).map(|e| e.shape.len());
-        for (name, src_p, src_stage, dst_p) in self.params_of(rank, &hint) {
+        // optimizer state the strategies do not list follows its parameter
+        let listed = |n: &str| [&self.src, &self.dst].iter().any(|m| m.as_ref().is_some_and(|m| m.params.contains_key(n)));
+        let mut state: Vec<String> = Vec::new();
+        for f in files.values() {
+            for t in f.tensors() {
+                if state_parameter(&t.name).is_some() && !listed(&t.name) && !state.contains(&t.name) {
+                    state.push(t.name.clone());
+                }
+            }
+        }
+        for (name, src_p, src_stage, dst_p) in self.params_of(rank, &state, &hint) {
             handled.insert(name.clone());
             let base = src_stage as usize * self.src_stage_devs;
             let (fs, fd) = Side::fake(&src_p, &dst_p, &name)?;
@@ -511,28 +532,48 @@ impl TransformPlanner {
             }
             tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
         }
-        // tensors in neither strategy: copied unchanged, preferably from the paired source rank
+        // MindSpore copies the other tensors unchanged, from the paired source rank when its file
+        // is open: those in neither strategy (global_step, learning_rate) and those in one only
+        let transformed = tensors.len();
+        let stage = (rank / self.dst_stage_devs) as u32;
         for &r in &open {
             let Some(f) = files.get(&r) else { continue };
             for t in f.tensors() {
-                if handled.contains(&t.name) || !self.is_extra(&t.name) {
+                if handled.contains(&t.name) {
                     continue;
                 }
                 handled.insert(t.name.clone());
-                report.copied.push(t.name.clone());
+                if self.in_other_stage(&t.name, stage) {
+                    continue; // another pipeline stage's parameter
+                }
+                if !self.placed(&t.name) {
+                    report.copied.push(t.name.clone());
+                } else if !report.one_strategy.contains(&t.name) {
+                    report.one_strategy.push(t.name.clone());
+                }
                 tensors.push(TensorPlan {
                     spec: TensorSpec { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() },
                     pieces: vec![(r, t.shape.iter().map(|&n| 0..n).collect(), vec![0; t.shape.len()])],
                 });
             }
         }
-        // keep the source file's tensor order for .ckpt outputs
+        // .ckpt entry order as MindSpore writes it: the transformed tensors in the source file's
+        // order, then the copied ones
         let pos: HashMap<&str, usize> = open
             .iter()
             .find_map(|r| files.get(r))
             .map(|f| f.tensors().iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect())
             .unwrap_or_default();
-        tensors.sort_by_key(|t| (pos.get(t.spec.name.as_str()).copied().unwrap_or(usize::MAX), t.spec.name.clone()));
+        let (moved, mut copied) = {
+            let mut t = tensors;
+            let c = t.split_off(transformed.min(t.len()));
+            (t, c)
+        };
+        let mut tensors = moved;
+        let key = |t: &TensorPlan| (pos.get(t.spec.name.as_str()).copied().unwrap_or(usize::MAX), t.spec.name.clone());
+        tensors.sort_by_key(key);
+        copied.sort_by_key(key);
+        tensors.extend(copied);
         let bytes = tensors.iter().map(|t| spec_bytes(&t.spec)).sum();
         Ok(RankPlan { path, tensors, bytes })
     }
@@ -719,7 +760,7 @@ fn run_tasks(n: usize, jobs: usize, abort: &AtomicBool, task: &(dyn Fn(usize) ->
 
 /// MindSpore's `rank_list_for_transform`.
 pub fn rank_list_for_transform(rank: usize, src_strategy: Option<&Path>, dst_strategy: Option<&Path>) -> Result<Vec<usize>> {
-    TransformPlanner::new(src_strategy, dst_strategy, true)?.rank_list(rank)
+    TransformPlanner::new(src_strategy, dst_strategy, false)?.rank_list(rank)
 }
 
 /// MindSpore's `transform_checkpoint_by_rank`: write destination `rank`'s checkpoint to `save_path`
@@ -735,7 +776,7 @@ pub fn transform_checkpoint_by_rank(
     if Format::of_path(save_path).is_none() {
         return Err(CheckpointError::UnknownFormat { path: save_path.to_path_buf() });
     }
-    let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.allow_missing)?;
+    let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.strict)?;
     // Any file set that covers the destination piece will do: MindSpore's list, autopar's
     // smaller one, or a mix. Files of other ranks are not opened. (MindSpore cannot list some
     // files it reads wrongly, such as a 1-d tensor split over two axes; autopar's list serves.)
@@ -748,7 +789,7 @@ pub fn transform_checkpoint_by_rank(
         }
         open.insert(r, CheckpointFile::open_with(p, OpenOptions { verify_crc: opts.verify_crc })?);
     }
-    let mut report = TransformReport { skipped: planner.skipped().to_vec(), ..Default::default() };
+    let mut report = TransformReport { one_strategy: planner.one_strategy().to_vec(), ..Default::default() };
     let plan = planner.plan_rank(rank, &open, save_path.to_path_buf(), &mut report, &mut BTreeSet::new())?;
     report.bytes_written = run_plans(vec![plan], &open, opts)?;
     report.files.push(save_path.to_path_buf());
@@ -765,7 +806,7 @@ pub fn transform_checkpoints(
     opts: &TransformOptions,
 ) -> Result<TransformReport> {
     let (rank_files, _) = collect_rank_files(src_dir)?;
-    let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.allow_missing, true)?;
+    let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.strict, true)?;
     let n = planner.dst_device_num();
     let part = planner.per_stage().map_or(String::new(), |s| format!("_part{s}"));
     let mut needed_all = BTreeSet::new();
@@ -781,7 +822,8 @@ pub fn transform_checkpoints(
     for s in needed_all {
         files.insert(s, CheckpointFile::open_with(&rank_files[&s], OpenOptions { verify_crc: opts.verify_crc })?);
     }
-    let mut report = TransformReport { skipped: planner.skipped().to_vec(), per_stage: planner.per_stage(), ..Default::default() };
+    let mut report =
+        TransformReport { one_strategy: planner.one_strategy().to_vec(), per_stage: planner.per_stage(), ..Default::default() };
     let mut plans = Vec::with_capacity(n);
     let mut checked = BTreeSet::new();
     for r in 0..n {

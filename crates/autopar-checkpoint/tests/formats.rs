@@ -380,9 +380,7 @@ fn a_corrupted_or_mismatched_source_fails_the_transform_without_partial_outputs(
     wrong.layout_items.retain(|l| l.name == "l1.w");
     let wrong_path = tmp.path().join("wrong.json");
     wrong.save(&wrong_path).unwrap();
-    let mut o = opts.clone();
-    o.allow_missing = true;
-    let e = transform_checkpoints(&src, &out, Some(&wrong_path), Some(&d), &o).unwrap_err();
+    let e = transform_checkpoints(&src, &out, Some(&wrong_path), Some(&d), &opts).unwrap_err();
     assert!(matches!(&e, CheckpointError::StrategyShapeMismatch { tensor, .. } if tensor == "l1.w"), "{e:?}");
     assert!(e.to_string().contains("[64, 64]") && e.to_string().contains("[64, 128]"), "{e}");
     assert!(no_files_under(&out));

@@ -307,26 +307,77 @@ fn optimizer_sharded_sources_transform_from_mindspores_file_set() {
 }
 
 #[test]
-fn tensors_in_one_strategy_only_fail_unless_allowed_and_are_then_listed() {
+fn tensors_in_one_strategy_only_are_copied_as_mindspore_does_and_listed_unless_strict() {
     let p = Param::new("w", DType::Float32, vec![8, 8], 3);
     let q = Param::new("extra.w", DType::Float32, vec![8], 4);
     let l = PLayout { dev: vec![2], map: TensorMap::single(&[0, -1]), opt: 0 };
-    let l1 = PLayout { dev: vec![2], map: TensorMap::single(&[-1]), opt: 0 };
+    let l1 = PLayout { dev: vec![2], map: TensorMap::single(&[0]), opt: 0 };
     let tmp = tempfile::tempdir().unwrap();
     let sa = write_strategy(tmp.path(), "a", &[(&p, &l, 0), (&q, &l1, 0)], false);
     let sb = write_strategy(tmp.path(), "b", &[(&p, &l, 0)], false);
     write_ranks(&tmp.path().join("a"), "ckpt", &[(&p, &l, 0), (&q, &l1, 0)], &[]);
-    let err =
-        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(Format::Ckpt, 1)).unwrap_err();
+    let mut strict = opts(Format::Ckpt, 1);
+    strict.strict = true;
+    let err = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &strict).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("extra.w") && text.contains("--allow-missing"), "{text}");
-    let mut o = opts(Format::Ckpt, 1);
-    o.allow_missing = true;
-    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &o).unwrap();
-    assert_eq!(rep.skipped, vec!["extra.w".to_string()]);
-    let f = CheckpointFile::open(tmp.path().join("b/rank_1/net_1.ckpt")).unwrap();
-    assert!(f.get("extra.w").is_none());
-    assert_eq!(f.read("w").unwrap(), bytes_of(&piece(&p, &l, 1), DType::Float32));
+    assert!(text.contains("extra.w") && text.contains("--strict"), "{text}");
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(Format::Ckpt, 1)).unwrap();
+    assert_eq!(rep.one_strategy, vec!["extra.w".to_string()]);
+    for r in 0..2 {
+        // MindSpore copies the paired source rank's slice as it is
+        let f = CheckpointFile::open(tmp.path().join(format!("b/rank_{r}/net_{r}.ckpt"))).unwrap();
+        assert_eq!(f.read("extra.w").unwrap(), bytes_of(&piece(&q, &l1, r), DType::Float32), "rank {r}");
+        assert_eq!(f.read("w").unwrap(), bytes_of(&piece(&p, &l, r), DType::Float32));
+    }
+}
+
+#[test]
+fn optimizer_state_the_strategies_do_not_list_follows_its_parameter() {
+    // a run whose strategy file lists only the parameters (MindSpore's only_trainable_params):
+    // its moments.* / adam_*.* / accu_grads.* slices are resharded with their parameter
+    let w = Param::new("fc.w", DType::Float32, vec![16, 8], 21);
+    let la = PLayout { dev: vec![2, 2], map: TensorMap::single(&[1, 0]), opt: 0 };
+    let lb = PLayout { dev: vec![4, 2], map: TensorMap::single(&[-1, 0]), opt: 0 };
+    let states: Vec<Param> = ["moments.fc.w", "adam_m.fc.w", "adam_v.fc.w", "accu_grads.fc.w"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Param::new(n, DType::Float32, vec![16, 8], 30 + i as u64))
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let sa = write_strategy(tmp.path(), "a", &[(&w, &la, 0)], false);
+    let sb = write_strategy(tmp.path(), "b", &[(&w, &lb, 0)], true);
+    let mut all: Vec<(&Param, &PLayout, u32)> = vec![(&w, &la, 0)];
+    all.extend(states.iter().map(|s| (s, &la, 0)));
+    write_ranks(&tmp.path().join("a"), "safetensors", &all, &[]);
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(Format::Ckpt, 2)).unwrap();
+    assert!(rep.one_strategy.is_empty() && rep.copied.is_empty(), "{rep:?}");
+    let b: Vec<(&Param, &PLayout, u32)> = std::iter::once(&w).chain(&states).map(|p| (p, &lb, 0)).collect();
+    assert_pieces(&tmp.path().join("b"), Format::Ckpt, &b, "state follows its parameter");
+    // and merged into one file, every state tensor is whole
+    let rep =
+        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("full"), Some(&sa), None, &opts(Format::Safetensors, 1)).unwrap();
+    assert!(rep.copied.is_empty(), "{rep:?}");
+    let f = CheckpointFile::open(tmp.path().join("full/rank_0/net_0.safetensors")).unwrap();
+    for s in &states {
+        assert_eq!(f.get(&s.name).unwrap().shape, vec![16, 8], "{}", s.name);
+    }
+}
+
+#[test]
+fn ckpt_outputs_list_the_transformed_tensors_before_the_copied_ones() {
+    // MindSpore writes the transformed parameters first, then the entries it copies
+    let w = Param::new("w", DType::Float32, vec![8, 4], 5);
+    let l = PLayout { dev: vec![2], map: TensorMap::single(&[0, -1]), opt: 0 };
+    let tmp = tempfile::tempdir().unwrap();
+    let sa = write_strategy(tmp.path(), "a", &[(&w, &l, 0)], false);
+    let step = (TensorSpec { name: "global_step".into(), dtype: DType::Int32, shape: vec![1] }, vec![7, 0, 0, 0]);
+    let lr = (TensorSpec { name: "a_learning_rate".into(), dtype: DType::Float32, shape: vec![1] }, 0.5f32.to_le_bytes().to_vec());
+    write_ranks(&tmp.path().join("a"), "ckpt", &[(&w, &l, 0)], &[step, lr]);
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("full"), Some(&sa), None, &opts(Format::Ckpt, 1)).unwrap();
+    assert_eq!(rep.copied.len(), 2, "{rep:?}");
+    let f = CheckpointFile::open(tmp.path().join("full/rank_0/net_0.ckpt")).unwrap();
+    let names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names[0], "w", "{names:?}");
 }
 
 #[test]

@@ -89,7 +89,7 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
     crate::strategy_io::save_strategy_file(job.plan(), &dst_strategy, false, &|_| Vec::new())?;
     let (files, _) = collect_rank_files(src_dir).map_err(ck_err(src_dir))?;
     let out = scratch.join(format!("rank_{rank}.safetensors"));
-    let opts = TransformOptions { allow_missing: true, ..TransformOptions::default() };
+    let opts = TransformOptions::default();
     let result = transform_checkpoint_by_rank(rank, &files, &out, src_strategy, Some(&dst_strategy), &opts)
         .map_err(ck_err(src_dir))
         .and_then(|_| load_checkpoint(&out));

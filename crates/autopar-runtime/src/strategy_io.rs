@@ -1,8 +1,10 @@
 //! Strategy checkpoint files of a parallel job (`strategy_ckpt_config`), in MindSpore's format:
 //! one strategy item `"<Prim>_<param>"` per operator taking a parameter (its per-input splits),
-//! one layout item per parameter (device matrix, tensor map, full shape in JSON); with
-//! `only_trainable_params = false` also the frozen parameters and the optimizer state
-//! (`moments.<name>`, `adam_m.<name>`, `adam_v.<name>`), which has its parameter's layout.
+//! one layout item per parameter (device matrix, tensor map, full shape in JSON) and one per
+//! optimizer-state tensor of a trainable parameter (`moments.<name>`, `adam_m.<name>`,
+//! `adam_v.<name>`), which has its parameter's layout, so that the rank checkpoints can be
+//! merged and resharded whole by any tool; with `only_trainable_params = false` also the frozen
+//! parameters.
 
 use std::path::Path;
 
@@ -12,9 +14,8 @@ use autopar_parallel::{ParallelPlan, StrategyItems};
 
 use crate::error::{Result, RuntimeError};
 
-/// The strategy file of `plan`. With `only_trainable_params`, frozen parameters are left out
-/// (MindSpore's default); without it they are in, and so is the optimizer state of every
-/// trainable parameter (`state_keys` names it).
+/// The strategy file of `plan`: every trainable parameter and its optimizer state (`state_keys`
+/// names it); with `only_trainable_params` frozen parameters are left out (MindSpore's default).
 pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_keys: &dyn Fn(&str) -> Vec<String>) -> StrategyFile {
     let graph = &plan.graph;
     let mut strategy_items = Vec::new();
@@ -40,7 +41,7 @@ pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_key
         let dev_matrix: Vec<u32> = l.mesh().dims().iter().map(|&d| d as u32).collect();
         let tensor_map = vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect::<Vec<i32>>()];
         let mut names = vec![p.name.clone()];
-        if !only_trainable_params && p.trainable {
+        if p.trainable {
             names.extend(state_keys(&p.name));
         }
         for name in names {

@@ -239,6 +239,9 @@ pub struct TrainReport {
     pub strategy_file: Option<PathBuf>,
     pub device_num: usize,
     pub mode: ParallelMode,
+    /// Entries of the `init` checkpoint that are not parameters of this network (optimizer
+    /// state, counters), which were not loaded.
+    pub init_ignored: Vec<String>,
 }
 
 /// Trains one network on one dataset.
@@ -424,16 +427,39 @@ impl Trainer {
         };
         let job = ParallelJob::with_strategies(graph, net.loss, cfg.parallel.clone(), items.as_ref())?;
         let mut full = ParamStore::init(job.graph())?;
+        let mut init_ignored = Vec::new();
         if let Some(init) = &cfg.init {
-            if init.is_dir() {
+            let ck_err = |path: &Path| {
+                let path = path.to_path_buf();
+                move |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path, source: Box::new(e) }
+            };
+            let first_file = if init.is_dir() {
                 // Reshard the per-rank checkpoints to full tensors; the job slices them per rank.
+                let (files, _) = autopar_checkpoint::collect_rank_files(init).map_err(ck_err(init))?;
+                let beside = init.join("strategy.json");
+                let strategy = cfg.init_strategy.clone().or_else(|| beside.is_file().then_some(beside));
+                if strategy.is_none() && files.len() > 1 {
+                    return Err(Self::config_error(
+                        "init",
+                        init.display(),
+                        format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
+                        "pass --init-strategy FILE, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
+                    ));
+                }
                 let one = ParallelJob::new(job.graph().clone(), job.loss(), ParallelContext::default())?;
-                let loaded = crate::distributed::load_distributed_checkpoint(&one, 0, init, cfg.init_strategy.as_deref())?;
+                let loaded = crate::distributed::load_distributed_checkpoint(&one, 0, init, strategy.as_deref())?;
                 for (name, t) in loaded.iter() {
                     full.insert(name, t.clone());
                 }
+                files.values().next().cloned()
             } else {
                 load_parameters(init, &mut full)?;
+                Some(init.clone())
+            };
+            // entries the network has no parameter for (optimizer state, counters): said, not used
+            if let Some(f) = first_file {
+                let ck = autopar_checkpoint::CheckpointFile::open(&f).map_err(ck_err(&f))?;
+                init_ignored = ck.tensors().iter().map(|t| t.name.clone()).filter(|n| full.get(n).is_none()).collect();
             }
         }
         let trainable: Vec<String> = job
@@ -467,7 +493,7 @@ impl Trainer {
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
         if let Some(size) = mpi {
-            return self.fit_mpi(&plan, &callbacks, size, strategy_file);
+            return self.fit_mpi(&plan, &callbacks, size, strategy_file).map(|r| TrainReport { init_ignored, ..r });
         }
         let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
             let rank = comm.rank();
@@ -510,6 +536,7 @@ impl Trainer {
             strategy_file,
             device_num: n,
             mode,
+            init_ignored,
         })
     }
 
@@ -586,6 +613,7 @@ impl Trainer {
             strategy_file,
             device_num: plan.n,
             mode: self.cfg.parallel.parallel_mode,
+            init_ignored: Vec::new(),
         })
     }
 

@@ -297,6 +297,46 @@ fn init_from_per_rank_checkpoints_of_another_strategy() {
     let resumed = run(&["--steps", "2", "--devices", "2", "--init", ck.to_str().unwrap(), "--init-strategy", strategy.to_str().unwrap()]);
     let fresh = run(&["--steps", "2", "--devices", "2"]);
     assert!(first_loss(&resumed) < first_loss(&fresh) - 0.05, "init did not load the trained weights:\n{resumed}\n{fresh}");
+    // without --init-strategy, the strategy.json beside the checkpoints is used
+    let beside = run(&["--steps", "2", "--devices", "2", "--init", ck.to_str().unwrap()]);
+    assert_eq!(first_loss(&beside), first_loss(&resumed), "{beside}");
+    // per-rank checkpoints without any strategy: the error names the option, not a file never given
+    let bare = dir.path().join("bare");
+    for r in 0..4 {
+        let from = ck.join(format!("rank_{r}"));
+        std::fs::create_dir_all(bare.join(format!("rank_{r}"))).unwrap();
+        for f in std::fs::read_dir(&from).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, bare.join(format!("rank_{r}")).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let o = autopar(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--steps", "1", "--devices", "2", "--init", "bare"]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}\n{err}");
+    assert!(err.contains("init = bare") && err.contains("4 per-rank checkpoints") && err.contains("--init-strategy"), "{err}");
+    assert!(!err.contains("the strategy file does not belong"), "{err}");
+}
+
+#[test]
+fn init_says_which_checkpoint_entries_it_did_not_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = vec!["train"];
+    a.extend(SMALL);
+    a.extend(["--steps", "2", "--optimizer", "momentum", "--checkpoint-dir", "ck", "--eval", "false"]);
+    let o = autopar(dir.path(), &a);
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    let ck = std::fs::read_dir(dir.path().join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let mut b = vec!["train"];
+    b.extend(SMALL);
+    b.extend(["--steps", "1", "--eval", "false", "--init", ck.to_str().unwrap()]);
+    let o = autopar(dir.path(), &b);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(err.contains("--init:") && err.contains("moments.") && err.contains("not loaded"), "{err}");
 }
 
 #[test]

@@ -122,9 +122,10 @@ struct StrategyArgs {
 
 #[derive(Args, Debug)]
 struct CommonArgs {
-    /// Skip tensors that are in one strategy but not the other (they are listed) instead of failing.
+    /// Refuse tensors that are in one strategy but not the other. By default they are copied
+    /// unchanged from the paired source rank, as MindSpore does, and listed on stderr.
     #[arg(long)]
-    allow_missing: bool,
+    strict: bool,
     /// Append MindSpore's CRC-32 trailer to .ckpt outputs.
     #[arg(long)]
     crc: bool,
@@ -209,7 +210,7 @@ pub fn run(args: CkptArgs) -> Result<ExitCode> {
 }
 
 fn options(c: &CommonArgs, format: Format, prefix: String, jobs: usize) -> TransformOptions {
-    TransformOptions { format, prefix, jobs, allow_missing: c.allow_missing, progress: true, crc: c.crc, verify_crc: !c.no_verify_crc }
+    TransformOptions { format, prefix, jobs, strict: c.strict, progress: true, crc: c.crc, verify_crc: !c.no_verify_crc }
 }
 
 fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
@@ -217,7 +218,7 @@ fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
     if as_json {
         let v = json!({
             "files": r.files, "bytes_written": r.bytes_written, "seconds": secs, "gb_per_s": gbs,
-            "skipped": r.skipped, "absent": r.absent, "copied": r.copied, "per_stage": r.per_stage,
+            "one_strategy": r.one_strategy, "absent": r.absent, "copied": r.copied, "per_stage": r.per_stage,
         });
         println!("{v}");
         return;
@@ -229,11 +230,11 @@ fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
     for f in &r.files {
         println!("  {}", f.display());
     }
-    if !r.skipped.is_empty() {
-        println!("skipped (in one strategy only): {}", r.skipped.join(", "));
+    if !r.one_strategy.is_empty() {
+        eprintln!("in one strategy only, copied unchanged as MindSpore does (--strict refuses them): {}", r.one_strategy.join(", "));
     }
     if !r.absent.is_empty() {
-        println!("not in the source checkpoints: {}", r.absent.join(", "));
+        eprintln!("in the strategies but not in the source checkpoints: {}", r.absent.join(", "));
     }
     if !r.copied.is_empty() {
         println!("copied unchanged (in no strategy): {}", r.copied.join(", "));

@@ -431,6 +431,14 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     if let Some(sf) = &report.strategy_file {
         writeln!(out, "  strategy file: {}", sf.display())?;
     }
+    if !report.init_ignored.is_empty() {
+        eprintln!(
+            "--init: {} entr{} of the checkpoint are not parameters of this network and were not loaded: {}",
+            report.init_ignored.len(),
+            if report.init_ignored.len() == 1 { "y" } else { "ies" },
+            report.init_ignored.join(", ")
+        );
+    }
     if let Some(m) = &metrics {
         write!(out, "  metrics: {}", m.display())?;
         if plot {
