@@ -153,7 +153,7 @@ pub fn run(args: CkptArgs) -> Result<ExitCode> {
         CkptCommand::RankList { rank, strategies, minimal, json } => {
             let (src, dst) = (strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref());
             let list = if minimal {
-                TransformPlanner::new(src, dst, true)?.minimal_rank_list(rank)?
+                TransformPlanner::new(src, dst, false)?.minimal_rank_list(rank)?
             } else {
                 rank_list_for_transform(rank, src, dst)?
             };
