@@ -440,12 +440,11 @@ impl TransformPlanner {
         let mut tensors: Vec<TensorPlan> = Vec::new();
         let mut handled: BTreeSet<String> = BTreeSet::new();
         let hint = |name: &str| files.values().find_map(|f| f.get(name)).map(|e| e.shape.len());
-        // optimizer state the strategies do not list follows its parameter
-        let listed = |n: &str| [&self.src, &self.dst].iter().any(|m| m.as_ref().is_some_and(|m| m.params.contains_key(n)));
+        // optimizer state follows its parameter on the side whose strategy does not list it
         let mut state: Vec<String> = Vec::new();
         for f in files.values() {
             for t in f.tensors() {
-                if state_parameter(&t.name).is_some() && !listed(&t.name) && !state.contains(&t.name) {
+                if state_parameter(&t.name).is_some() && !state.contains(&t.name) {
                     state.push(t.name.clone());
                 }
             }

@@ -361,6 +361,11 @@ fn optimizer_state_the_strategies_do_not_list_follows_its_parameter() {
     for s in &states {
         assert_eq!(f.get(&s.name).unwrap().shape, vec![16, 8], "{}", s.name);
     }
+    // a source strategy that lists the state (MindSpore's training runs) into one that does not
+    let sa2 = write_strategy(tmp.path(), "a2", &all, false);
+    let rep = transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b2"), Some(&sa2), Some(&sb), &opts(Format::Ckpt, 1)).unwrap();
+    assert!(rep.one_strategy.is_empty() && rep.copied.is_empty(), "{rep:?}");
+    assert_pieces(&tmp.path().join("b2"), Format::Ckpt, &b, "state listed by the source only");
 }
 
 #[test]
