@@ -448,9 +448,14 @@ impl ParamLayout {
     }
 }
 
-/// Name prefixes of per-parameter state: MindSpore's Momentum (`moments.`), Adam (`adam_m.`,
-/// `adam_v.`) and gradient accumulation (`accu_grads.`), which autopar's optimizers share.
-pub const STATE_PREFIXES: [&str; 4] = ["moments.", "adam_m.", "adam_v.", "accu_grads."];
+/// Names of per-parameter state: the prefix, then the parameter's name. MindSpore's Momentum
+/// (`moments.`), Adam's first and second moments and gradient accumulation; autopar's
+/// optimizers name their state the same way.
+pub const MOMENTS: &str = "moments.";
+pub const ADAM_M: &str = "adam_m.";
+pub const ADAM_V: &str = "adam_v.";
+pub const ACCU_GRADS: &str = "accu_grads.";
+pub const STATE_PREFIXES: [&str; 4] = [MOMENTS, ADAM_M, ADAM_V, ACCU_GRADS];
 
 /// The parameter a state tensor belongs to (`moments.fc1.weight` -> `fc1.weight`).
 pub fn state_parameter(name: &str) -> Option<&str> {

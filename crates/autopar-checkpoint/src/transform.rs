@@ -563,16 +563,10 @@ impl TransformPlanner {
             .find_map(|r| files.get(r))
             .map(|f| f.tensors().iter().enumerate().map(|(i, t)| (t.name.as_str(), i)).collect())
             .unwrap_or_default();
-        let (moved, mut copied) = {
-            let mut t = tensors;
-            let c = t.split_off(transformed.min(t.len()));
-            (t, c)
-        };
-        let mut tensors = moved;
         let key = |t: &TensorPlan| (pos.get(t.spec.name.as_str()).copied().unwrap_or(usize::MAX), t.spec.name.clone());
-        tensors.sort_by_key(key);
+        let (moved, copied) = tensors.split_at_mut(transformed);
+        moved.sort_by_key(key);
         copied.sort_by_key(key);
-        tensors.extend(copied);
         let bytes = tensors.iter().map(|t| spec_bytes(&t.spec)).sum();
         Ok(RankPlan { path, tensors, bytes })
     }

@@ -19,10 +19,8 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::{graph_dtype, ParamStore};
 
 /// The names of the optimizers' state tensors: the prefix, then the parameter's name
-/// (MindSpore's `moments.<param>`; Adam's first and second moments).
-pub const MOMENTS: &str = "moments.";
-pub const ADAM_M: &str = "adam_m.";
-pub const ADAM_V: &str = "adam_v.";
+/// (MindSpore's `moments.<param>`; Adam's first and second moments), as checkpoints name them.
+pub use autopar_checkpoint::strategy::{ADAM_M, ADAM_V, MOMENTS};
 
 /// Learning rate as a function of the step (counted from 0).
 #[derive(Clone, Debug, PartialEq)]
