@@ -131,6 +131,22 @@ train_cli() {
 check train_cli 4 --model mlp --data synthetic --synthetic-samples 2048 --steps 20 --batch-size 32
 check train_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel
 
+# A run saved on 4 in-process devices under a model-parallel strategy resumes under
+# `mpirun -n 2` (data_parallel) exactly as it resumes on 2 in-process devices.
+resume_anywhere() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" dir out mpi local
+    dir=$(mktemp -d)
+    local args=(train --model mlp --data synthetic --synthetic-samples 1024 --batch-size 32)
+    echo "mpi-tests: a 4-device checkpoint resumed by mpirun -n 2 equals the in-process resume"
+    out=$("$bin" "${args[@]}" --steps 8 --devices 4 --strategy fixtures/autopar/strategies/mp4.json --checkpoint-dir "$dir/a" 2>&1) || { echo "$out" >&2; return 1; }
+    mpi=$(timeout 300 mpirun -n 2 "${flags[@]}" "$bin" "${args[@]}" --steps 16 --devices 2 --parallel-mode data_parallel --resume "$dir/a" --checkpoint-dir "$dir/mpi" 2>&1) || { echo "$mpi" >&2; return 1; }
+    local=$("$bin" "${args[@]}" --steps 16 --devices 2 --parallel-mode data_parallel --resume "$dir/a" --checkpoint-dir "$dir/local" 2>&1) || { echo "$local" >&2; return 1; }
+    echo "$mpi"
+    grep -q "step 8 to 16" <<<"$mpi" || { echo "$mpi" >&2; return 1; }
+    [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
+}
+check resume_anywhere
+
 # global_rank is checked against the process's MPI rank, and `autopar launch` starts an MPI build.
 global_rank_mismatch() {
     local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" out rc=0

@@ -117,6 +117,19 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
     Ok(store)
 }
 
+/// Every tensor of one checkpoint saved as per-rank files (`files`: rank -> file) under
+/// `strategy`, merged to full tensors: parameters and the optimizer state the strategy lists
+/// beside them (the same transform as `autopar ckpt transform` to one device).
+pub fn load_merged_checkpoint(files: &BTreeMap<usize, PathBuf>, strategy: &Path) -> Result<ParamStore> {
+    let scratch = scratch_dir(0)?;
+    let out = scratch.join("merged.safetensors");
+    let result = transform_checkpoint_by_rank(0, files, &out, Some(strategy), None, &TransformOptions::default())
+        .map_err(ck_err(strategy))
+        .and_then(|_| load_checkpoint(&out));
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
 fn scratch_dir(rank: usize) -> Result<PathBuf> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);

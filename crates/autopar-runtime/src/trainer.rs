@@ -12,6 +12,11 @@
 //! batches the uninterrupted run would have read, and the step counter (the key of the dropout
 //! masks) resumes too. Logs, metrics and callbacks run on rank 0; checkpoints are written by
 //! every rank (its local slices and optimizer state).
+//!
+//! A run resumes on any device count, mode and strategy: when its layouts differ from the
+//! checkpoint's, the per-rank files are merged to full tensors (parameters and optimizer state,
+//! through `strategy.json` beside them) and every rank cuts its slices from those; step, data
+//! position and learning-rate schedule continue as in the uninterrupted run.
 
 mod ckpt;
 mod error;
@@ -336,6 +341,14 @@ struct RankOut {
     last_step: u64,
 }
 
+/// Where a resumed run starts: the checkpoint's rank file and position, and, when this run's
+/// layouts differ from the checkpoint's, every tensor of it merged to full tensors.
+struct Resume {
+    path: PathBuf,
+    pos: RunPosition,
+    merged: Option<ParamStore>,
+}
+
 /// Facts every rank of a run shares.
 struct Plan<'a> {
     job: &'a ParallelJob,
@@ -344,7 +357,7 @@ struct Plan<'a> {
     n: usize,
     steps_per_epoch: u64,
     total: u64,
-    resume: Option<(PathBuf, RunPosition)>,
+    resume: Option<Resume>,
     trainable: Vec<String>,
 }
 
@@ -483,9 +496,24 @@ impl Trainer {
         let total = cfg.max_steps.map_or(by_epochs, |s| if cfg.epochs > 0 { s.min(by_epochs) } else { s });
 
         let resume = match &cfg.resume {
-            Some(path) => Some(self.resume_position(path, n)?),
+            Some(path) => Some(self.resume_from(path, &job)?),
             None => None,
         };
+        if let Some(Resume { path, merged: Some(merged), .. }) = &resume {
+            // Parameters come from the merged checkpoint; every rank cuts its slices.
+            let names: Vec<(String, Vec<usize>, DType)> = full.iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
+            for (name, shape, dtype) in names {
+                let t = merged.get(&name).ok_or_else(|| TrainError::InitMissing {
+                    path: path.clone(),
+                    name: name.clone(),
+                    shape: shape.clone(),
+                })?;
+                if t.shape() != shape.as_slice() {
+                    return Err(TrainError::InitShape { path: path.clone(), name, shape, got: t.shape().to_vec() });
+                }
+                full.insert(&name, t.cast(dtype));
+            }
+        }
 
         let strategy_file = self.save_strategy_files(&job)?;
         let plan = Plan { job: &job, io: &io, full: &full, n, steps_per_epoch, total, resume, trainable };
@@ -519,7 +547,7 @@ impl Trainer {
                 return Err(first.unwrap_or_else(|| RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }.into()));
             }
         };
-        let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
+        let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
         let params = assemble_params(&job, &stores)?;
         let out0 = &outs[0];
@@ -599,7 +627,7 @@ impl Trainer {
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
         let (out0, params) = out;
-        let first_step = plan.resume.as_ref().map_or(0, |(_, p)| p.step);
+        let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let run = out0.last_step - first_step;
         Ok(TrainReport {
             first_step,
@@ -645,32 +673,91 @@ impl Trainer {
         Ok(())
     }
 
-    /// Rank 0's checkpoint position, checked against this run.
-    fn resume_position(&self, path: &Path, n: usize) -> TrainResult<(PathBuf, RunPosition)> {
+    /// The checkpoint a run resumes from (a file, or the newest in a folder), checked against
+    /// this run; merged to full tensors when `job`'s layouts differ from the ones it was saved
+    /// under (another device count, mode or strategy).
+    fn resume_from(&self, path: &Path, job: &ParallelJob) -> TrainResult<Resume> {
         let path = if path.is_dir() { latest_in(path)? } else { path.to_path_buf() };
         let ck = Loaded::open(&path)?;
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
         let bad = |problem: String, hint: &str| TrainError::Resume { path: path.clone(), problem, hint: hint.into() };
-        if pos.world_size != n {
-            return Err(bad(
-                format!("it was saved by a run on {} device(s); this run has {n}", pos.world_size),
-                "resume with the same --devices and --parallel-mode (resharding a checkpoint is a separate step)",
-            ));
-        }
         if pos.batch_size != self.cfg.batch_size {
             return Err(bad(
                 format!("it was saved with batch size {}; this run has {}", pos.batch_size, self.cfg.batch_size),
                 "resume with the same --batch-size so that the data position means the same batches",
             ));
         }
-        let mode = self.cfg.parallel.parallel_mode.name().to_string();
-        if pos.parallel_mode != mode {
+        let n = job.device_num();
+        let mode = self.cfg.parallel.parallel_mode.name();
+        let world = pos.world_size;
+        let root = if world > 1 { path.parent().and_then(Path::parent) } else { path.parent() }.unwrap_or(Path::new("."));
+        let strategy = root.join("strategy.json");
+        // Only a model-parallel run's files hold slices; the others hold whole tensors.
+        let sliced = world > 1 && pos.parallel_mode == ParallelMode::SemiAutoParallel.name();
+        let same = world == n && pos.parallel_mode == mode && (!sliced || !strategy.is_file() || self.same_layouts(job, &strategy)?);
+        if same {
+            return Ok(Resume { path, pos, merged: None });
+        }
+        if world > 1 && pos.parallel_mode == ParallelMode::HybridParallel.name() {
             return Err(bad(
-                format!("it was saved under {}; this run uses {mode}", pos.parallel_mode),
-                "resume with the same --parallel-mode",
+                format!("it was saved by a hybrid_parallel run on {world} devices, whose slices no strategy file describes"),
+                &format!("resume it with --devices {world} --parallel-mode hybrid_parallel"),
             ));
         }
-        Ok((path, pos))
+        if let Some(ck) = &self.cfg.checkpoint {
+            let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            if world > 1 && canon(&ck.dir) == canon(root) {
+                return Err(bad(
+                    format!("this run's layouts differ from the checkpoint's, and it would write its own checkpoints and strategy.json into {}, beside the ones it reads", root.display()),
+                    "pass --checkpoint-dir a new folder for the resumed run",
+                ));
+            }
+        }
+        let merged = if sliced {
+            if !strategy.is_file() {
+                return Err(bad(
+                    format!(
+                        "its per-rank slices must be resharded for this run ({n} device(s), {mode}), and {} is missing",
+                        strategy.display()
+                    ),
+                    "keep strategy.json (written by `autopar train`) beside the rank_<k> folders",
+                ));
+            }
+            let mut files = std::collections::BTreeMap::new();
+            for k in 0..world {
+                let file = rank_file(&path, pos.rank, k, world);
+                let p = RunPosition::from_metadata(&file, Loaded::open(&file)?.file.metadata())?;
+                if p.rank != k || p.step != pos.step || p.world_size != world {
+                    return Err(TrainError::Resume {
+                        path: file,
+                        problem: format!(
+                            "it is rank {}'s file at step {} of {} device(s); expected rank {k}'s of step {} of {world}",
+                            p.rank, p.step, p.world_size, pos.step
+                        ),
+                        hint: "keep every rank's files of one checkpoint together (rank_<k>/<prefix>-<step>_<k>.safetensors)".into(),
+                    });
+                }
+                files.insert(k, file);
+            }
+            crate::distributed::load_merged_checkpoint(&files, &strategy)?
+        } else {
+            crate::distributed::load_checkpoint(&path)?
+        };
+        Ok(Resume { path, pos, merged: Some(merged) })
+    }
+
+    /// Whether `job` gives every tensor the layout the strategy file `saved` records.
+    fn same_layouts(&self, job: &ParallelJob, saved: &Path) -> TrainResult<bool> {
+        let saved = autopar_checkpoint::StrategyFile::load(saved)
+            .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), source: Box::new(source) })?;
+        let keys = |name: &str| self.cfg.optimizer.state_keys(name);
+        let now = crate::strategy_io::strategy_file(job.plan(), false, &keys);
+        let sorted = |items: &[autopar_checkpoint::LayoutItem]| {
+            let mut v: Vec<String> = items.iter().map(|l| format!("{l:?}")).collect();
+            v.sort();
+            v
+        };
+        Ok(sorted(&saved.layout_items) == sorted(&now.layout_items))
     }
 
     fn run_rank(
@@ -685,8 +772,12 @@ impl Trainer {
         let mut trainer = RankTrainer::new(plan.job, comm, plan.full)?;
         let mut opt = cfg.optimizer.build()?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
-        if let Some((path0, pos0)) = &plan.resume {
-            let p = self.restore(&mut trainer, opt.as_mut(), path0, pos0, rank, n, &plan.trainable)?;
+        if let Some(r) = &plan.resume {
+            let p = match &r.merged {
+                None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, n, &plan.trainable)?,
+                Some(merged) => self.restore_merged(&mut trainer, opt.as_mut(), r, merged, &plan.trainable)?,
+            };
+            continue_counters(&mut trainer, opt.as_mut(), p.step)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
         // This rank reads only the rows of each global batch its inputs need.
@@ -840,15 +931,41 @@ impl Trainer {
                 }
             }
         }
-        // The step counter keys the dropout masks: continue it.
-        trainer.train_step().set_steps(p.step);
-        // The optimizer counts its updates (learning-rate schedule, Adam's bias correction):
-        // advance it to the checkpoint's step with empty updates.
-        let mut none = ParamStore::new();
-        while opt.steps() < p.step {
-            opt.step(&mut none, &[])?;
-        }
         Ok(p)
+    }
+
+    /// This rank's optimizer state, cut from the merged checkpoint (its parameters were cut
+    /// from it when the rank was built).
+    fn restore_merged(
+        &self,
+        trainer: &mut RankTrainer,
+        opt: &mut dyn Optimizer,
+        r: &Resume,
+        merged: &ParamStore,
+        trainable: &[String],
+    ) -> TrainResult<RunPosition> {
+        if r.pos.step == 0 {
+            return Ok(r.pos.clone());
+        }
+        for slot in &trainer.program().params {
+            if !trainable.contains(&slot.name) {
+                continue;
+            }
+            let shape = slot.layout.shape();
+            for key in self.cfg.optimizer.state_keys(&slot.name) {
+                let t = merged.get(&key).ok_or_else(|| TrainError::Resume {
+                    path: r.path.clone(),
+                    problem: format!("optimizer state {key} is missing"),
+                    hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
+                })?;
+                if t.shape() != shape {
+                    return Err(TrainError::InitShape { path: r.path.clone(), name: key, shape: shape.to_vec(), got: t.shape().to_vec() });
+                }
+                let dtype = trainer.params().require(&slot.name)?.dtype();
+                opt.state_mut().insert(&key, crate::parallel::slice_tensor(t, &slot.slice)?.cast(dtype));
+            }
+        }
+        Ok(r.pos.clone())
     }
 
     /// Accuracy and mean loss of `params` on `data` (every sample once, in order; evaluation
@@ -896,6 +1013,18 @@ impl Trainer {
             samples,
         })
     }
+}
+
+/// Continue the counters of a resumed run at `step`: the step counter keys the dropout masks;
+/// the optimizer counts its updates (learning-rate schedule, Adam's bias correction) and is
+/// advanced with empty updates.
+fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
+    trainer.train_step().set_steps(step);
+    let mut none = ParamStore::new();
+    while opt.steps() < step {
+        opt.step(&mut none, &[])?;
+    }
+    Ok(())
 }
 
 /// The newest checkpoint under `dir`: a stand-alone `<prefix>-<step>.safetensors`, or rank 0's

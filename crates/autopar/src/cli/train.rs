@@ -98,7 +98,8 @@ pub struct TrainArgs {
     /// The strategy file the per-rank --init checkpoints were saved under
     #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
     init_strategy: Option<PathBuf>,
-    /// Continue a run from this checkpoint (or the newest in this folder).
+    /// Continue a run from this checkpoint (or the newest in this folder), on any device count,
+    /// mode and strategy: its rank files are resharded (parameters and optimizer state)
     #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
     resume: Option<PathBuf>,
 

@@ -1,0 +1,207 @@
+//! Resume anywhere: a run saved on N devices under one strategy continues on M devices under
+//! another and equals the uninterrupted run; merging a model-parallel run's checkpoints gives
+//! the stand-alone run's parameters and optimizer state.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use autopar_data::{Dataset, SyntheticDataset, Transforms};
+use autopar_layout::Strategy;
+use autopar_models::{model_by_name, Mode, Model, ModelOptions};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainError};
+use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, Trainer};
+
+type Strategies = Vec<(&'static str, Strategy)>;
+
+fn builder(strategies: Strategies) -> BuildNetwork {
+    let opts = ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() };
+    let model: Arc<dyn Model> = Arc::from(model_by_name("mlp", &opts).unwrap());
+    Arc::new(move |batch, train| {
+        let mode = if train { Mode::Train } else { Mode::Eval };
+        let (mut graph, m) = model.build_graph(batch, mode, 7).map_err(|e| e.to_string())?;
+        if train {
+            for (op, s) in &strategies {
+                m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
+    })
+}
+
+fn data() -> DataSource {
+    let ds: Arc<dyn Dataset> = Arc::new(SyntheticDataset::classification(&[16], 4, 96, 3).unwrap());
+    DataSource { dataset: ds, transforms: Transforms::new() }
+}
+
+fn context(mode: &str, n: usize) -> ParallelContext {
+    let mut ctx = ParallelContext::default();
+    ctx.set_str("parallel_mode", mode).unwrap();
+    ctx.set_str("device_num", &n.to_string()).unwrap();
+    if mode == "data_parallel" {
+        ctx.set_str("gradients_mean", "true").unwrap();
+    }
+    ctx
+}
+
+fn momentum() -> OptimizerConfig {
+    OptimizerConfig::default()
+}
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig {
+        kind: OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        schedule: LrSchedule::WarmupCosine { base_lr: 0.01, min_lr: 0.001, warmup_steps: 4, total_steps: 12 },
+        weight_decay: 0.01,
+        decay_except_norm: true,
+    }
+}
+
+/// A run of `steps` (counted from step 0) on `ctx` with `strategies`, checkpointing into
+/// `save` every 4 steps, resumed from `resume` when given.
+fn run(
+    opt: &OptimizerConfig,
+    ctx: ParallelContext,
+    strategies: Strategies,
+    steps: u64,
+    save: Option<&Path>,
+    resume: Option<PathBuf>,
+) -> autopar_runtime::TrainReport {
+    try_run(opt, ctx, strategies, steps, save, resume).unwrap()
+}
+
+fn try_run(
+    opt: &OptimizerConfig,
+    ctx: ParallelContext,
+    strategies: Strategies,
+    steps: u64,
+    save: Option<&Path>,
+    resume: Option<PathBuf>,
+) -> Result<autopar_runtime::TrainReport, TrainError> {
+    let cfg = TrainConfig {
+        epochs: 1000,
+        max_steps: Some(steps),
+        batch_size: 16,
+        prefetch: 0,
+        optimizer: opt.clone(),
+        parallel: ctx,
+        checkpoint: save.map(|d| CheckpointConfig { dir: d.to_path_buf(), prefix: "net".into(), every_steps: 4, keep_max: 0 }),
+        resume,
+        ..Default::default()
+    };
+    Trainer::new("mlp", builder(strategies), data(), cfg).fit(vec![])
+}
+
+/// Equal within float32 rounding of differently ordered sums: relative 1e-4, plus 1e-5 of the
+/// largest magnitude in `b` for entries near zero.
+fn close(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= 1e-4 * y.abs() + 1e-5 * scale, "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+fn params_close(a: &ParamStore, b: &ParamStore, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: parameter count");
+    for ((n, x), (m, y)) in a.iter().zip(b.iter()) {
+        assert_eq!(n, m);
+        close(&x.to_f64_vec(), &y.to_f64_vec(), &format!("{what} {n}"));
+    }
+}
+
+/// 8 devices: fc1 split over rows and columns, fc2 over its output.
+fn strategies_8() -> Strategies {
+    vec![("fc1.matmul", Strategy(vec![vec![2, 2], vec![2, 2]])), ("fc2.matmul", Strategy(vec![vec![1, 2], vec![4, 2]]))]
+}
+
+/// 4 devices: another split of both.
+fn strategies_4() -> Strategies {
+    vec![("fc1.matmul", Strategy(vec![vec![1, 2], vec![2, 2]])), ("fc2.matmul", Strategy(vec![vec![2, 1], vec![2, 1]]))]
+}
+
+fn resume_8_4_2(opt: OptimizerConfig) {
+    let uninterrupted = run(&opt, context("data_parallel", 2), vec![], 12, None, None);
+    let alone = run(&opt, ParallelContext::default(), vec![], 12, None, None);
+    close(&uninterrupted.losses, &alone.losses, "2 devices vs stand-alone");
+
+    let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None);
+    close(&first.losses, &uninterrupted.losses[..4], "8 devices, steps 1-4");
+    let second = run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(b.path()), Some(a.path().to_path_buf()));
+    assert_eq!(second.first_step, 4);
+    close(&second.losses, &uninterrupted.losses[4..8], "resumed on 4 devices, steps 5-8");
+    let third = run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().join("rank_0/net-8_0.safetensors")));
+    assert_eq!(third.first_step, 8);
+    close(&third.losses, &uninterrupted.losses[8..], "resumed on 2 devices, steps 9-12");
+    params_close(&third.params, &uninterrupted.params, "after 8 -> 4 -> 2");
+
+    // And back to one device from the 4-device model-parallel checkpoint.
+    let d = tempfile::tempdir().unwrap();
+    let alone_rest = run(&opt, ParallelContext::default(), vec![], 12, Some(d.path()), Some(b.path().to_path_buf()));
+    close(&alone_rest.losses, &alone.losses[8..], "resumed on 1 device, steps 9-12");
+    params_close(&alone_rest.params, &alone.params, "after 8 -> 4 -> 1");
+}
+
+#[test]
+fn momentum_run_resumed_8_to_4_to_2_devices_under_other_strategies_equals_the_uninterrupted_run() {
+    resume_8_4_2(momentum());
+}
+
+#[test]
+fn adamw_run_with_a_schedule_resumed_8_to_4_to_2_devices_equals_the_uninterrupted_run() {
+    resume_8_4_2(adamw());
+}
+
+/// Every tensor of a stand-alone checkpoint against the same tensor merged from a
+/// model-parallel run's rank files.
+fn merged_state_equals_stand_alone(opt: OptimizerConfig, state_prefixes: &[&str]) {
+    let (alone_dir, mp_dir, merged_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    run(&opt, ParallelContext::default(), vec![], 8, Some(alone_dir.path()), None);
+    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(mp_dir.path()), None);
+    let strategy = mp_dir.path().join("strategy.json");
+    let opts = autopar_checkpoint::TransformOptions::default();
+    // The transform reads the newest file of each rank folder: step 8's.
+    let report = autopar_checkpoint::transform_checkpoints(mp_dir.path(), merged_dir.path(), Some(&strategy), None, &opts).unwrap();
+    assert_eq!(report.files.len(), 1);
+    let merged = autopar_runtime::distributed::load_checkpoint(&report.files[0]).unwrap();
+    let alone = autopar_runtime::distributed::load_checkpoint(&alone_dir.path().join("net-8.safetensors")).unwrap();
+    let mut state = 0;
+    for (name, want) in alone.iter() {
+        let got = merged.get(name).unwrap_or_else(|| panic!("{name} is not in the merged checkpoint"));
+        assert_eq!(got.shape(), want.shape(), "{name}");
+        close(&got.to_f64_vec(), &want.to_f64_vec(), name);
+        state += usize::from(state_prefixes.iter().any(|p| name.starts_with(p)));
+    }
+    // fc1..fc3, weight and bias, each with its state tensors.
+    assert_eq!(state, 6 * state_prefixes.len(), "optimizer state tensors compared");
+}
+
+#[test]
+fn merged_momentum_state_of_a_model_parallel_run_equals_stand_alone() {
+    merged_state_equals_stand_alone(momentum(), &["moments."]);
+}
+
+#[test]
+fn merged_adamw_state_of_a_model_parallel_run_equals_stand_alone() {
+    merged_state_equals_stand_alone(adamw(), &["adam_m.", "adam_v."]);
+}
+
+#[test]
+fn resharding_into_the_folder_it_reads_or_without_its_strategy_is_refused() {
+    let a = tempfile::tempdir().unwrap();
+    let opt = momentum();
+    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None);
+    let err = try_run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("--checkpoint-dir") && msg.contains(&a.path().display().to_string()), "{msg}");
+
+    // Same devices and strategy: resuming into the same folder is fine.
+    let same = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(a.path()), Some(a.path().to_path_buf()));
+    assert_eq!(same.first_step, 4);
+
+    std::fs::remove_file(a.path().join("strategy.json")).unwrap();
+    let err = try_run(&opt, context("data_parallel", 2), vec![], 12, None, Some(a.path().to_path_buf())).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("strategy.json") && msg.contains("is missing"), "{msg}");
+}
