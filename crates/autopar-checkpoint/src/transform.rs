@@ -264,7 +264,8 @@ impl TransformPlanner {
     /// have one stage and the source's parameters (optimizer and accumulation states aside) are
     /// a strict subset of the destination's, the source is one pipeline stage (the stage of its
     /// strategy items) of the destination's network: its files are `rank_<stage*N + k>`, and
-    /// only its parameters are written, to `<prefix><r>_part<stage>` files.
+    /// only its parameters are written, to `<prefix><r>_part<stage>` files. (MindSpore takes this
+    /// path for `.ckpt` sources only.)
     fn new_with(src_strategy: Option<&Path>, dst_strategy: Option<&Path>, strict: bool, per_stage: bool) -> Result<Self> {
         let src = load_map(src_strategy)?;
         let dst = load_map(dst_strategy)?;
@@ -798,8 +799,10 @@ pub fn transform_checkpoints(
     dst_strategy: Option<&Path>,
     opts: &TransformOptions,
 ) -> Result<TransformReport> {
-    let (rank_files, _) = collect_rank_files(src_dir)?;
-    let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.strict, true)?;
+    let (rank_files, src_format) = collect_rank_files(src_dir)?;
+    // MindSpore transforms one stage into `_part` files for `.ckpt` sources only; its
+    // safetensors path always transforms the whole network.
+    let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.strict, src_format == Format::Ckpt)?;
     let n = planner.dst_device_num();
     let part = planner.per_stage().map_or(String::new(), |s| format!("_part{s}"));
     let mut needed_all = BTreeSet::new();

@@ -412,4 +412,15 @@ fn a_one_stage_source_strategy_of_a_larger_network_transforms_that_stage_into_pa
         assert!(f.get("l1.w").is_none());
         assert_eq!(f.read("l2.w").unwrap(), bytes_of(&piece(&p2, &d2, r), DType::Float32), "rank {r}");
     }
+
+    // From safetensors files MindSpore transforms the whole network (and fails on this pair
+    // with a KeyError): no `_part` names; nothing is dropped without a word.
+    write_ranks(&tmp.path().join("c"), "safetensors", &[(&p1, &s1, 0), (&p2, &s2, 1)], &[]);
+    let rep = transform_checkpoints(&tmp.path().join("c"), &tmp.path().join("d"), Some(&ss), Some(&ds), &opts(Format::Safetensors, 2));
+    let rep = rep.unwrap();
+    assert_eq!(rep.per_stage, None);
+    assert_eq!((rep.one_strategy.as_slice(), rep.absent.as_slice()), (&["l1.w".to_string()][..], &["l2.w".to_string()][..]));
+    for r in 0..2 {
+        assert!(tmp.path().join(format!("d/rank_{r}/net_{r}.safetensors")).is_file(), "rank {r}");
+    }
 }
