@@ -1,19 +1,13 @@
 //! Training-step throughput (samples/s) of ResNet-18 (CIFAR stem, 3x32x32, 10 classes, SGD with
-//! momentum) and a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW), and,
-//! in the same run, the same models in PyTorch on CPU with the same thread count
-//! (`benches/torch_models.py`). The two sides alternate model by model for several rounds and the
-//! table shows each side's median, so a load change on a shared machine hits both sides alike.
+//! momentum) and a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW).
+//! PyTorch beside them, interleaved: `cargo bench -p autopar --bench versus`.
 //!
 //! `cargo bench -p autopar-models --bench models`
 //!
-//! Knobs (environment): `RAYON_NUM_THREADS` (threads for both sides; default all cores),
-//! `BENCH_SECONDS` (timed seconds per model and round, default 5), `BENCH_ROUNDS` (3),
-//! `RESNET_BATCH` (32), `GPT_BATCH` (16), `TORCH_PYTHON` (a Python with torch; default
-//! `/tmp/venv/bin/python`; the PyTorch column says n/a when it cannot run), `BENCH_PROFILE`
-//! (print op time by kind for one step of each model), `OMP_WAIT_POLICY` (PyTorch's OpenMP
-//! waiting; `PASSIVE` unless set, as spinning threads collapse on shared cores).
+//! Knobs (environment): `RAYON_NUM_THREADS` (default all cores), `BENCH_SECONDS` (timed seconds
+//! per model and round, default 5), `BENCH_ROUNDS` (3), `RESNET_BATCH` (32), `GPT_BATCH` (16),
+//! `BENCH_PROFILE` (print op time by kind for one step of each model).
 
-use std::process::Command;
 use std::time::Instant;
 
 use autopar_graph::{DType, NodeId, Rng};
@@ -96,43 +90,6 @@ impl Runner {
     }
 }
 
-/// The PyTorch side of one model: samples/s and the torch version, or why it could not run.
-fn torch_samples_per_s(
-    model: &str,
-    threads: usize,
-    resnet_batch: usize,
-    gpt_batch: usize,
-    gpt: &GptConfig,
-    seconds: f64,
-) -> Result<(f64, String), String> {
-    let python = std::env::var("TORCH_PYTHON").unwrap_or_else(|_| "/tmp/venv/bin/python".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_models.py");
-    // OpenMP threads that spin at barriers collapse when other processes share the cores (a
-    // measured 3x on the GPT here); rayon's workers go to sleep instead. Passive waiting keeps
-    // the comparison about the kernels, unless the caller chose a policy.
-    let policy = std::env::var("OMP_WAIT_POLICY").unwrap_or_default();
-    let out = Command::new(&python)
-        .env("OMP_WAIT_POLICY", &policy)
-        .args([script, "--models", model, "--threads", &threads.to_string(), "--seconds", &seconds.to_string()])
-        .args(["--resnet-batch", &resnet_batch.to_string(), "--gpt-batch", &gpt_batch.to_string()])
-        .args(["--gpt", &format!("{},{},{},{},{}", gpt.vocab, gpt.context, gpt.width, gpt.heads, gpt.layers)])
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e} (set TORCH_PYTHON to a Python with torch)"))?;
-    if !out.status.success() {
-        return Err(format!("{python} {script} failed:\n{}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let field = |line: &str, key: &str| -> Option<String> {
-        let at = line.find(&format!("\"{key}\": "))? + key.len() + 4;
-        let rest = &line[at..];
-        let end = rest.find([',', '}']).unwrap_or(rest.len());
-        Some(rest[..end].trim().trim_matches('"').to_string())
-    };
-    let rate = stdout.lines().find_map(|l| field(l, "samples_per_s")).and_then(|v| v.parse().ok());
-    let version = stdout.lines().find_map(|l| field(l, "torch")).unwrap_or_else(|| "?".into());
-    rate.map(|r| (r, version)).ok_or_else(|| format!("no samples_per_s in the output of {script}:\n{stdout}"))
-}
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -163,43 +120,19 @@ fn main() {
     }
 
     let mut ours = vec![Vec::new(); runners.len()];
-    let mut theirs = vec![Vec::new(); runners.len()];
-    let (mut torch_version, mut torch_error) = (None, None);
     for round in 0..rounds {
         for (i, (name, _, r)) in runners.iter_mut().enumerate() {
             ours[i].push(r.time(seconds));
-            if torch_error.is_none() {
-                match torch_samples_per_s(name, threads, resnet_batch, gpt_batch, &gpt_cfg, seconds) {
-                    Ok((rate, version)) => {
-                        theirs[i].push(rate);
-                        torch_version = Some(version);
-                    }
-                    Err(e) => torch_error = Some(e),
-                }
-            }
-            eprintln!("round {}: {name} autopar {:.1} samples/s, pytorch {:?}", round + 1, ours[i].last().unwrap(), theirs[i].last());
+            eprintln!("round {}: {name} {:.1} samples/s", round + 1, ours[i].last().unwrap());
         }
     }
-
-    println!("training step, f32, {threads} threads; median of {rounds} alternating rounds of {seconds} s per model and side");
+    println!("training step, f32, {threads} threads; median of {rounds} rounds of {seconds} s per model");
     println!(
         "gpt = vocab {} context {} width {} heads {} layers {} (tied embeddings)",
         gpt_cfg.vocab, gpt_cfg.context, gpt_cfg.width, gpt_cfg.heads, gpt_cfg.layers
     );
-    println!("{:<22} {:>6} {:>18} {:>18} {:>8}", "model", "batch", "autopar samples/s", "pytorch samples/s", "ratio");
+    println!("{:<22} {:>6} {:>18}", "model", "batch", "samples/s");
     for (i, (_, label, r)) in runners.iter().enumerate() {
-        let a = median(&mut ours[i]);
-        let (t, ratio) = if theirs[i].is_empty() {
-            ("n/a".to_string(), "n/a".to_string())
-        } else {
-            let t = median(&mut theirs[i]);
-            (format!("{t:.1}"), format!("{:.2}", a / t))
-        };
-        println!("{:<22} {:>6} {:>18.1} {:>18} {:>8}", label, r.batch, a, t, ratio);
-    }
-    match (torch_version, torch_error) {
-        (Some(v), None) => println!("pytorch {v} on CPU, torch.set_num_threads({threads}); ratio = autopar / pytorch"),
-        (_, Some(e)) => println!("pytorch: not available in this run: {e}"),
-        (None, None) => {}
+        println!("{:<22} {:>6} {:>18.1}", label, r.batch, median(&mut ours[i]));
     }
 }

@@ -6,7 +6,8 @@
 //! job in one process, `benches/peers/quickstart_torch.py`: same data recipe, model, optimizer,
 //! schedule, evaluation and checkpoint; its time is measured inside the script, so Python's
 //! start-up and `import torch` are not counted against it), the same job on one device, and the
-//! MLP 784-512-512-10 training step at batch 64 and 256 on 1 and 2 threads.
+//! training steps of the MLP 784-512-512-10 (batch 64 and 256), ResNet-18 (CIFAR, batch 32) and
+//! the small GPT (batch 16) on 1 and 2 threads (`benches/peers/{step,models}_torch.py`).
 //!
 //! `AUTOPAR_BENCH_PYTHON=/path/to/python cargo bench -p autopar --bench versus`
 //! (a Python with torch; without it the PyTorch columns say n/a). `AUTOPAR_BENCH_ROUNDS` (3),
@@ -16,8 +17,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use autopar_graph::NodeId;
-use autopar_models::{Mlp, MlpConfig, Mode, Model};
-use autopar_runtime::{LrSchedule, ParamStore, Sgd, TrainStep};
+use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
+use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore, Sgd, TrainStep};
 use autopar_tensor::Tensor;
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -62,37 +63,85 @@ fn quickstart_torch(epochs: &str) -> Result<f64, String> {
     number_after(&text, "wall ").ok_or_else(|| format!("no wall time in {text}"))
 }
 
-/// The MLP step at `batch` on `threads` threads; seconds per step.
-fn step_autopar(batch: usize, threads: usize, seconds: f64) -> f64 {
+/// The models of the step rows, with the optimizer PyTorch's side uses.
+#[derive(Clone, Copy)]
+enum StepModel {
+    /// MLP 784-512-512-10, SGD.
+    Mlp,
+    /// ResNet-18 (CIFAR stem, 3x32x32, 10 classes), Momentum 0.9.
+    ResNet18,
+    /// GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, tied embeddings), AdamW.
+    Gpt,
+}
+
+impl StepModel {
+    fn build(self) -> (Box<dyn Model>, Box<dyn Optimizer>) {
+        let lr = LrSchedule::Constant(0.01);
+        match self {
+            StepModel::Mlp => (
+                Box::new(Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp")),
+                Box::new(Sgd::new(lr).expect("sgd")),
+            ),
+            StepModel::ResNet18 => (
+                Box::new(ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18")),
+                Box::new(Momentum::new(lr, 0.9).expect("momentum")),
+            ),
+            StepModel::Gpt => {
+                (Box::new(Gpt::new(GptConfig::default()).expect("gpt")), Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")))
+            }
+        }
+    }
+}
+
+/// One training step of `model` at `batch` on `threads` threads, on a fixed random batch;
+/// seconds per step.
+fn step_autopar(model: StepModel, batch: usize, threads: usize, seconds: f64) -> f64 {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
     pool.install(|| {
-        let m = Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp");
+        let (m, mut opt) = model.build();
         let (graph, io) = m.build_graph(batch, Mode::Train, 1).expect("graph");
         let mut params = ParamStore::init(&graph).expect("init");
         let mut rng = autopar_graph::Rng::new(7);
-        let x: Vec<f32> = (0..batch * 784).map(|_| rng.normal() as f32).collect();
-        let yd = graph.node(io.labels).ty.dtype;
-        let y = Tensor::from_vec(&[batch], (0..batch).map(|_| (rng.next_u64() % 10) as i64).collect::<Vec<i64>>()).expect("y");
-        let y = y.cast(autopar_runtime::tensor_dtype(yd));
-        let feeds: Vec<(NodeId, Tensor)> = vec![(io.x, Tensor::from_vec(&[batch, 784], x).expect("x")), (io.labels, y)];
+        let classes = m.num_classes() as u64;
+        let shape = |tail: Vec<usize>| [vec![batch], tail].concat();
+        let (xs, ys) = (shape(m.input_shape()), shape(m.label_shape()));
+        let (nx, ny): (usize, usize) = (xs.iter().product(), ys.iter().product());
+        let x = match m.input_dtype() {
+            autopar_graph::DType::I64 => Tensor::from_vec(&xs, (0..nx).map(|_| (rng.next_u64() % classes) as i64).collect()),
+            _ => Tensor::from_vec(&xs, (0..nx).map(|_| rng.normal() as f32).collect()),
+        }
+        .expect("x");
+        let y = Tensor::from_vec(&ys, (0..ny).map(|_| (rng.next_u64() % classes) as i64).collect::<Vec<i64>>()).expect("y");
+        let y = y.cast(autopar_runtime::tensor_dtype(graph.node(io.labels).ty.dtype));
+        let feeds: Vec<(NodeId, Tensor)> = vec![(io.x, x), (io.labels, y)];
         let mut step = TrainStep::new(graph, io.loss).expect("step");
-        let mut opt = Sgd::new(LrSchedule::Constant(0.01)).expect("sgd");
-        for _ in 0..10 {
-            step.run(&mut params, &mut opt, &feeds).expect("step runs");
+        for _ in 0..3 {
+            step.run(&mut params, opt.as_mut(), &feeds).expect("step runs");
         }
         let (mut steps, start) = (0usize, Instant::now());
-        while steps < 5 || start.elapsed().as_secs_f64() < seconds {
-            step.run(&mut params, &mut opt, &feeds).expect("step runs");
+        while steps < 3 || start.elapsed().as_secs_f64() < seconds {
+            step.run(&mut params, opt.as_mut(), &feeds).expect("step runs");
             steps += 1;
         }
         start.elapsed().as_secs_f64() / steps as f64
     })
 }
 
-fn step_torch(batch: usize, threads: usize, seconds: f64) -> Result<f64, String> {
-    let args = ["--batch", &batch.to_string(), "--threads", &threads.to_string(), "--seconds", &seconds.to_string()].map(String::from);
-    let text = peer("step_torch.py", &args)?;
-    number_after(&text, "\"seconds_per_step\"").ok_or_else(|| format!("no seconds_per_step in {text}"))
+fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> Result<f64, String> {
+    let (t, b, s) = (threads.to_string(), batch.to_string(), seconds.to_string());
+    let (script, args): (&str, Vec<String>) = match model {
+        StepModel::Mlp => ("step_torch.py", ["--batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec()),
+        StepModel::ResNet18 => {
+            ("models_torch.py", ["--models", "resnet18", "--resnet-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec())
+        }
+        StepModel::Gpt => ("models_torch.py", ["--models", "gpt", "--gpt-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec()),
+    };
+    let text = peer(script, &args)?;
+    match model {
+        StepModel::Mlp => number_after(&text, "\"seconds_per_step\""),
+        StepModel::ResNet18 | StepModel::Gpt => number_after(&text, "\"samples_per_s\"").map(|r| batch as f64 / r),
+    }
+    .ok_or_else(|| format!("no timing in the output of {script}: {text}"))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -120,13 +169,21 @@ fn main() {
             Box::new(move || quickstart_torch(&e2)),
         ));
     }
-    for (batch, threads) in [(64, 1), (64, 2), (256, 1), (256, 2)] {
-        rows.push((
-            format!("MLP step, batch {batch}, {threads} thread(s)"),
-            "ms/step",
-            Box::new(move || 1e3 * step_autopar(batch, threads, seconds)),
-            Box::new(move || step_torch(batch, threads, seconds).map(|s| 1e3 * s)),
-        ));
+    let steps = [
+        (StepModel::Mlp, "MLP", 64),
+        (StepModel::Mlp, "MLP", 256),
+        (StepModel::ResNet18, "ResNet-18", 32),
+        (StepModel::Gpt, "GPT", 16),
+    ];
+    for (model, label, batch) in steps {
+        for threads in [1, 2] {
+            rows.push((
+                format!("{label} step, batch {batch}, {threads} thread(s)"),
+                "ms/step",
+                Box::new(move || 1e3 * step_autopar(model, batch, threads, seconds)),
+                Box::new(move || step_torch(model, batch, threads, seconds).map(|s| 1e3 * s)),
+            ));
+        }
     }
     let mut results: Vec<(Vec<f64>, Vec<f64>, Option<String>)> = rows.iter().map(|_| (Vec::new(), Vec::new(), None)).collect();
     for round in 1..=rounds {

@@ -1,4 +1,4 @@
-"""PyTorch (CPU) counterparts of the models timed by benches/models.rs, same sizes, same
+"""PyTorch (CPU) counterparts of the ResNet-18 and GPT rows of benches/versus.rs, same sizes, same
 optimizers, same thread count. Prints one JSON object per model on stdout.
 
 usage: python torch_models.py --threads N [--models resnet18,gpt] [--resnet-batch 32] [--gpt-batch 16]
