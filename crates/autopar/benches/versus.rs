@@ -82,10 +82,9 @@ impl StepModel {
                 Box::new(Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp")),
                 Box::new(Sgd::new(lr).expect("sgd")),
             ),
-            StepModel::ResNet18 => (
-                Box::new(ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18")),
-                Box::new(Momentum::new(lr, 0.9).expect("momentum")),
-            ),
+            StepModel::ResNet18 => {
+                (Box::new(ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18")), Box::new(Momentum::new(lr, 0.9).expect("momentum")))
+            }
             StepModel::Gpt => {
                 (Box::new(Gpt::new(GptConfig::default()).expect("gpt")), Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")))
             }
@@ -134,7 +133,9 @@ fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> R
         StepModel::ResNet18 => {
             ("models_torch.py", ["--models", "resnet18", "--resnet-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec())
         }
-        StepModel::Gpt => ("models_torch.py", ["--models", "gpt", "--gpt-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec()),
+        StepModel::Gpt => {
+            ("models_torch.py", ["--models", "gpt", "--gpt-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec())
+        }
     };
     let text = peer(script, &args)?;
     match model {
@@ -169,12 +170,8 @@ fn main() {
             Box::new(move || quickstart_torch(&e2)),
         ));
     }
-    let steps = [
-        (StepModel::Mlp, "MLP", 64),
-        (StepModel::Mlp, "MLP", 256),
-        (StepModel::ResNet18, "ResNet-18", 32),
-        (StepModel::Gpt, "GPT", 16),
-    ];
+    let steps =
+        [(StepModel::Mlp, "MLP", 64), (StepModel::Mlp, "MLP", 256), (StepModel::ResNet18, "ResNet-18", 32), (StepModel::Gpt, "GPT", 16)];
     for (model, label, batch) in steps {
         for threads in [1, 2] {
             rows.push((

@@ -1,7 +1,12 @@
 //! Conv2D (NCHW input, OIHW weight; stride, padding, dilation, groups) on GEMMs, and its input
 //! and weight gradients.
 //!
-//! Work is per image. Stride-1 convolutions with at least 32 channels per group use shifted
+//! The forward pass and the weight gradient of small output planes (fewer than 256 pixels) are
+//! computed for blocks of images at once: the im2col matrices of the block side by side
+//! (`[C/g*kH*kW, B*Ho*Wo]`, about 512 columns), so that the GEMMs of deep layers are not
+//! starved of columns (the stride-1 input gradient, a forward convolution, gets it too).
+//! Larger planes work per image.
+//! Stride-1 convolutions with at least 32 channels per group use shifted
 //! GEMMs (one per kernel tap over zero-padded planes, no im2col) for the forward pass and the
 //! weight gradient; otherwise im2col of one image
 //! (a `[C/g*kH*kW, Ho*Wo]` matrix that stays in cache) and one GEMM per group writing straight
@@ -184,10 +189,23 @@ fn weight_group(n: usize) -> usize {
     4.max(n.div_ceil(16))
 }
 
-/// Fills `col` ([kg, hwo]) for image `b` and group `grp`.
-fn im2col<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, col: &mut [T]) {
+/// Images per GEMM: 1 for planes of 256 pixels or more, else enough images for ~512 columns.
+/// Depends on the shapes alone, so results do not depend on the thread count.
+fn image_block(g: &Geo) -> usize {
+    let hwo = g.hwo().max(1);
+    if hwo >= 256 {
+        1
+    } else {
+        (512 / hwo).clamp(1, g.n.max(1))
+    }
+}
+
+/// Fills the `[kg, hwo]` im2col matrix of image `b` and group `grp` into `col`, whose rows are
+/// `ld` apart (`hwo` for one image; `B*hwo` when a block of images sits side by side).
+fn im2col<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, col: &mut [T], ld: usize) {
     let hwo = g.hwo();
-    for (r, row) in col.chunks_mut(hwo).enumerate() {
+    for r in 0..g.kg {
+        let row = &mut col[r * ld..][..hwo];
         let c = r / (g.kh * g.kw);
         let i = (r / g.kw) % g.kh;
         let j = r % g.kw;
@@ -216,10 +234,12 @@ fn im2col<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, col: &mut [T]) {
     }
 }
 
-/// Adds `col` ([kg, hwo], group `grp`) into the input-gradient planes `dx` of one image.
-fn col2im<T: Float>(col: &[T], g: &Geo, grp: usize, dx: &mut [T]) {
+/// Adds `col` ([kg, hwo] with rows `ld` apart, group `grp`) into the input-gradient planes
+/// `dx` of one image.
+fn col2im<T: Float>(col: &[T], g: &Geo, grp: usize, dx: &mut [T], ld: usize) {
     let hwo = g.hwo();
-    for (r, row) in col.chunks(hwo).enumerate() {
+    for r in 0..g.kg {
+        let row = &col[r * ld..][..hwo];
         let c = r / (g.kh * g.kw);
         let i = (r / g.kw) % g.kh;
         let j = r % g.kw;
@@ -304,8 +324,34 @@ fn shifted_gemm_ok(g: &Geo) -> bool {
 }
 
 fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
+    conv_fwd_blocks(ctx, x, w, g, image_block(g))
+}
+
+/// The forward pass with `block` images per GEMM.
+fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, block: usize) -> Vec<T> {
     let hwo = g.hwo();
     let mut y = vec![T::zero(); g.n * g.o * hwo];
+    if block > 1 {
+        let cols = block * hwo;
+        per_image(ctx, &mut y, block * g.o * hwo, (g.kg + g.og) * cols, |bi, yb, buf, par| {
+            let (col, tmp) = buf.split_at_mut(g.kg * cols);
+            let (first, count) = (bi * block, yb.len() / (g.o * hwo));
+            let ch = count * hwo;
+            for grp in 0..g.g {
+                for k in 0..count {
+                    im2col(x, g, first + k, grp, &mut col[k * hwo..], ch);
+                }
+                let wg = mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg);
+                gemm_on(ctx, par, wg, mat(&col[..g.kg * ch], g.kg, ch), mat_mut(&mut tmp[..g.og * ch], g.og, ch), false);
+                for k in 0..count {
+                    for o in 0..g.og {
+                        yb[(k * g.o + grp * g.og + o) * hwo..][..hwo].copy_from_slice(&tmp[o * ch + k * hwo..][..hwo]);
+                    }
+                }
+            }
+        });
+        return y;
+    }
     if shifted_gemm_ok(g) {
         conv_fwd_shifted(ctx, x, w, g, &mut y);
         return y;
@@ -318,7 +364,7 @@ fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
             if g.pointwise() {
                 gemm_on(ctx, par, wg, mat(&x[(b * g.c + grp * g.cg) * hwo..][..g.kg * hwo], g.kg, hwo), out, false);
             } else {
-                im2col(x, g, b, grp, col);
+                im2col(x, g, b, grp, col, hwo);
                 gemm_on(ctx, par, wg, mat(col, g.kg, hwo), out, false);
             }
         }
@@ -416,6 +462,8 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
     Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 
+/// The input gradient by col2im, one image at a time (measured faster than blocks of images
+/// here: the scatter of a block's columns misses the cache).
 fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T> {
     let hwo = g.hwo();
     let plane = g.h * g.w;
@@ -440,7 +488,7 @@ fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T>
                 gemm_on(ctx, par, wt, dyg, mat_mut(&mut dxb[grp * g.cg * plane..][..g.kg * plane], g.kg, plane), false);
             } else {
                 gemm_on(ctx, par, wt, dyg, mat_mut(col, g.kg, hwo), false);
-                col2im(col, g, grp, dxb);
+                col2im(col, g, grp, dxb, hwo);
             }
         }
     });
@@ -504,10 +552,55 @@ fn conv_bwd_weight_shifted<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) 
 }
 
 fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
+    let block = image_block(g);
+    if block > 1 {
+        return conv_bwd_weight_blocks(ctx, dy, x, g, block);
+    }
     if shifted_gemm_ok(g) {
         return conv_bwd_weight_shifted(ctx, dy, x, g);
     }
     conv_bwd_weight_im2col(ctx, dy, x, g)
+}
+
+/// The weight gradient with one GEMM per block of `block` images and group: `dW^T [kg, og] =
+/// im2col [kg, B*hwo] x dY^T [B*hwo, og]`; the blocks' partials are summed in order.
+fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, block: usize) -> Vec<T> {
+    let hwo = g.hwo();
+    let wlen = g.o * g.kg;
+    let parts = g.n.div_ceil(block).max(1);
+    let cols = block * hwo;
+    let mut partial = vec![T::zero(); parts * wlen];
+    per_image(ctx, &mut partial, wlen, (g.kg + g.og) * cols, |pi, dwt, buf, par| {
+        let (col, dyt) = buf.split_at_mut(g.kg * cols);
+        let first = pi * block;
+        let count = block.min(g.n.saturating_sub(first));
+        let ch = count * hwo;
+        for grp in 0..g.g {
+            for k in 0..count {
+                im2col(x, g, first + k, grp, &mut col[k * hwo..], ch);
+                let dyg = mat(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], g.og, hwo);
+                mat_mut(&mut dyt[k * hwo * g.og..][..hwo * g.og], hwo, g.og).assign(&dyg.t());
+            }
+            let out = mat_mut(&mut dwt[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
+            gemm_on(ctx, par, mat(&col[..g.kg * ch], g.kg, ch), mat(&dyt[..ch * g.og], ch, g.og), out, false);
+        }
+    });
+    sum_transposed_partials(&partial, wlen, g)
+}
+
+/// The sum of per-group-of-images partials of `dW^T` (`[kg, og]` per group), in order, as
+/// `dW`.
+fn sum_transposed_partials<T: Float>(partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
+    let mut sum = partial[..wlen].to_vec();
+    for p in partial[wlen..].chunks(wlen) {
+        sum.iter_mut().zip(p).for_each(|(a, &b)| *a += b);
+    }
+    let mut dw = vec![T::zero(); wlen];
+    for grp in 0..g.g {
+        let src = mat(&sum[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
+        mat_mut(&mut dw[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg).assign(&src.t());
+    }
+    dw
 }
 
 fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
@@ -530,23 +623,13 @@ fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -
                     let xg = mat(&x[(b * g.c + grp * g.cg) * hwo..][..g.kg * hwo], g.kg, hwo);
                     gemm_on(ctx, par, xg, mat(dyt, hwo, g.og), out, k > 0);
                 } else {
-                    im2col(x, g, b, grp, col);
+                    im2col(x, g, b, grp, col, hwo);
                     gemm_on(ctx, par, mat(col, g.kg, hwo), mat(dyt, hwo, g.og), out, k > 0);
                 }
             }
         }
     });
-    let mut sum = partial[..wlen].to_vec();
-    for p in partial[wlen..].chunks(wlen) {
-        sum.iter_mut().zip(p).for_each(|(a, &b)| *a += b);
-    }
-    // dW^T -> dW per group.
-    let mut dw = vec![T::zero(); wlen];
-    for grp in 0..g.g {
-        let src = mat(&sum[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
-        mat_mut(&mut dw[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg).assign(&src.t());
-    }
-    dw
+    sum_transposed_partials(&partial, wlen, g)
 }
 
 /// Conv2D forward: `x [N, C, H, W]`, `w [O, C/groups, kH, kW]` -> `[N, O, Ho, Wo]` (no bias;
@@ -733,7 +816,7 @@ mod tests {
             let mut slow = vec![0.0; fast.len()];
             per_image(&cx(), &mut slow, g.o * g.hwo(), g.kg * g.hwo(), |b, yb, col, _| {
                 for grp in 0..g.g {
-                    im2col(&x, &g, b, grp, col);
+                    im2col(&x, &g, b, grp, col, g.hwo());
                     let wg = mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg);
                     cx().gemm(
                         wg,
@@ -748,6 +831,32 @@ mod tests {
             let dw_fast = conv_bwd_weight_shifted(&cx(), &dy, &x, &g);
             let dw_slow = conv_bwd_weight_im2col(&cx(), &dy, &x, &g);
             assert!(dw_fast.iter().zip(&dw_slow).all(|(a, b)| (a - b).abs() < 1e-11), "weight gradient, case {k}");
+        }
+    }
+
+    #[test]
+    fn blocks_of_images_give_the_per_image_results() {
+        let cases = [
+            ([5, 4, 6, 7], [6, 2, 3, 3], Conv2dParams { padding: [1, 1, 1, 1], groups: 2, ..Default::default() }),
+            ([7, 3, 7, 6], [2, 3, 3, 2], Conv2dParams { stride: [2, 1], padding: [2, 0, 1, 1], dilation: [2, 1], groups: 1 }),
+            ([4, 2, 5, 5], [3, 2, 1, 1], Conv2dParams::default()),
+            ([6, 4, 8, 8], [4, 4, 1, 1], Conv2dParams::new(2, 0)),
+            ([3, 32, 6, 6], [8, 32, 3, 3], Conv2dParams::new(1, 1)),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            let x = crate::random::uniform(&xs, -1., 1., k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let w = crate::random::uniform(&ws, -1., 1., 20 + k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let dy = crate::random::uniform(&[g.n, g.o, g.ho, g.wo], -1., 1., 40 + k as u64, DType::F64).to_vec::<f64>().unwrap();
+            let close = |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-11);
+            let y1 = conv_fwd_blocks(&cx(), &x, &w, &g, 1);
+            let dw1 =
+                if shifted_gemm_ok(&g) { conv_bwd_weight_shifted(&cx(), &dy, &x, &g) } else { conv_bwd_weight_im2col(&cx(), &dy, &x, &g) };
+            for block in [2, 3, g.n] {
+                assert!(close(&conv_fwd_blocks(&cx(), &x, &w, &g, block), &y1), "forward, case {k}, block {block}");
+                assert!(close(&conv_bwd_weight_blocks(&cx(), &dy, &x, &g, block), &dw1), "weight gradient, case {k}, block {block}");
+            }
+            assert!(image_block(&g) > 1, "case {k}: small planes go in blocks");
         }
     }
 
