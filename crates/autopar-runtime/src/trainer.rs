@@ -503,15 +503,8 @@ impl Trainer {
             // Parameters come from the merged checkpoint; every rank cuts its slices.
             let names: Vec<(String, Vec<usize>, DType)> = full.iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
             for (name, shape, dtype) in names {
-                let t = merged.get(&name).ok_or_else(|| TrainError::InitMissing {
-                    path: path.clone(),
-                    name: name.clone(),
-                    shape: shape.clone(),
-                })?;
-                if t.shape() != shape.as_slice() {
-                    return Err(TrainError::InitShape { path: path.clone(), name, shape, got: t.shape().to_vec() });
-                }
-                full.insert(&name, t.cast(dtype));
+                let t = merged_tensor(merged, path, &name, &shape)?.cast(dtype);
+                full.insert(&name, t);
             }
         }
 
@@ -725,19 +718,7 @@ impl Trainer {
             }
             let mut files = std::collections::BTreeMap::new();
             for k in 0..world {
-                let file = rank_file(&path, pos.rank, k, world);
-                let p = RunPosition::from_metadata(&file, Loaded::open(&file)?.file.metadata())?;
-                if p.rank != k || p.step != pos.step || p.world_size != world {
-                    return Err(TrainError::Resume {
-                        path: file,
-                        problem: format!(
-                            "it is rank {}'s file at step {} of {} device(s); expected rank {k}'s of step {} of {world}",
-                            p.rank, p.step, p.world_size, pos.step
-                        ),
-                        hint: "keep every rank's files of one checkpoint together (rank_<k>/<prefix>-<step>_<k>.safetensors)".into(),
-                    });
-                }
-                files.insert(k, file);
+                files.insert(k, open_rank_file(&path, &pos, k)?.0.path);
             }
             crate::distributed::load_merged_checkpoint(&files, &strategy)?
         } else {
@@ -752,12 +733,11 @@ impl Trainer {
             .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), source: Box::new(source) })?;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
         let now = crate::strategy_io::strategy_file(job.plan(), false, &keys);
-        let sorted = |items: &[autopar_checkpoint::LayoutItem]| {
-            let mut v: Vec<String> = items.iter().map(|l| format!("{l:?}")).collect();
-            v.sort();
-            v
+        let by_name = |mut items: Vec<autopar_checkpoint::LayoutItem>| {
+            items.sort_by(|a, b| a.name.cmp(&b.name));
+            items
         };
-        Ok(sorted(&saved.layout_items) == sorted(&now.layout_items))
+        Ok(by_name(saved.layout_items) == by_name(now.layout_items))
     }
 
     fn run_rank(
@@ -774,7 +754,7 @@ impl Trainer {
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
         if let Some(r) = &plan.resume {
             let p = match &r.merged {
-                None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, n, &plan.trainable)?,
+                None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?,
                 Some(merged) => self.restore_merged(&mut trainer, opt.as_mut(), r, merged, &plan.trainable)?,
             };
             continue_counters(&mut trainer, opt.as_mut(), p.step)?;
@@ -891,7 +871,8 @@ impl Trainer {
         Ok(path)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// This rank's parameters and optimizer state from its own file of the checkpoint (saved
+    /// under this run's layouts).
     fn restore(
         &self,
         trainer: &mut RankTrainer,
@@ -899,19 +880,9 @@ impl Trainer {
         path0: &Path,
         pos0: &RunPosition,
         rank: usize,
-        n: usize,
         trainable: &[String],
     ) -> TrainResult<RunPosition> {
-        let path = rank_file(path0, pos0.rank, rank, n);
-        let ck = Loaded::open(&path)?;
-        let p = RunPosition::from_metadata(&path, ck.file.metadata())?;
-        if p.rank != rank || p.step != pos0.step {
-            return Err(TrainError::Resume {
-                path: path.clone(),
-                problem: format!("it is rank {}'s file at step {}; rank {rank} needs its file of step {}", p.rank, p.step, pos0.step),
-                hint: "keep every rank's files of one checkpoint together (rank_<k>/<prefix>-<step>_<k>.safetensors)".into(),
-            });
-        }
+        let (ck, p) = open_rank_file(path0, pos0, rank)?;
         let names: Vec<(String, Vec<usize>, DType)> =
             trainer.params().iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
         for (name, shape, dtype) in &names {
@@ -920,11 +891,7 @@ impl Trainer {
             if p.step > 0 && trainable.contains(name) {
                 for key in self.cfg.optimizer.state_keys(name) {
                     if !ck.has(&key) {
-                        return Err(TrainError::Resume {
-                            path: path.clone(),
-                            problem: format!("optimizer state {key} is missing"),
-                            hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
-                        });
+                        return Err(missing_state(&ck.path, &key));
                     }
                     let st = ck.tensor(&key, shape)?;
                     opt.state_mut().insert(&key, st);
@@ -953,14 +920,10 @@ impl Trainer {
             }
             let shape = slot.layout.shape();
             for key in self.cfg.optimizer.state_keys(&slot.name) {
-                let t = merged.get(&key).ok_or_else(|| TrainError::Resume {
-                    path: r.path.clone(),
-                    problem: format!("optimizer state {key} is missing"),
-                    hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
-                })?;
-                if t.shape() != shape {
-                    return Err(TrainError::InitShape { path: r.path.clone(), name: key, shape: shape.to_vec(), got: t.shape().to_vec() });
+                if merged.get(&key).is_none() {
+                    return Err(missing_state(&r.path, &key));
                 }
+                let t = merged_tensor(merged, &r.path, &key, shape)?;
                 let dtype = trainer.params().require(&slot.name)?.dtype();
                 opt.state_mut().insert(&key, crate::parallel::slice_tensor(t, &slot.slice)?.cast(dtype));
             }
@@ -1012,6 +975,44 @@ impl Trainer {
             predictions: scored,
             samples,
         })
+    }
+}
+
+/// Rank `rank`'s file of the checkpoint that `path0` (rank `pos0.rank`'s file) belongs to,
+/// opened and checked to be that rank's file of the same step and device count.
+fn open_rank_file(path0: &Path, pos0: &RunPosition, rank: usize) -> TrainResult<(Loaded, RunPosition)> {
+    let path = rank_file(path0, pos0.rank, rank, pos0.world_size);
+    let ck = Loaded::open(&path)?;
+    let p = RunPosition::from_metadata(&path, ck.file.metadata())?;
+    if p.rank != rank || p.step != pos0.step || p.world_size != pos0.world_size {
+        return Err(TrainError::Resume {
+            path,
+            problem: format!(
+                "it is rank {}'s file at step {} of {} device(s); rank {rank}'s file of step {} of {} is needed",
+                p.rank, p.step, p.world_size, pos0.step, pos0.world_size
+            ),
+            hint: "keep every rank's files of one checkpoint together (rank_<k>/<prefix>-<step>_<k>.safetensors)".into(),
+        });
+    }
+    Ok((ck, p))
+}
+
+/// Tensor `name` of the checkpoint `path` merged to full tensors, checked against `shape`.
+fn merged_tensor<'a>(merged: &'a ParamStore, path: &Path, name: &str, shape: &[usize]) -> TrainResult<&'a Tensor> {
+    let t =
+        merged.get(name).ok_or_else(|| TrainError::InitMissing { path: path.to_path_buf(), name: name.into(), shape: shape.to_vec() })?;
+    if t.shape() != shape {
+        return Err(TrainError::InitShape { path: path.to_path_buf(), name: name.into(), shape: shape.to_vec(), got: t.shape().to_vec() });
+    }
+    Ok(t)
+}
+
+/// The error for optimizer state `key` missing from the checkpoint `path`.
+fn missing_state(path: &Path, key: &str) -> TrainError {
+    TrainError::Resume {
+        path: path.to_path_buf(),
+        problem: format!("optimizer state {key} is missing"),
+        hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
     }
 }
 

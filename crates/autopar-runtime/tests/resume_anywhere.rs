@@ -2,47 +2,17 @@
 //! another and equals the uninterrupted run; merging a model-parallel run's checkpoints gives
 //! the stand-alone run's parameters and optimizer state.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod common;
 
-use autopar_data::{Dataset, SyntheticDataset, Transforms};
+use std::path::{Path, PathBuf};
+
 use autopar_layout::Strategy;
-use autopar_models::{model_by_name, Mode, Model, ModelOptions};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainError};
-use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, Trainer};
+use autopar_runtime::trainer::{CheckpointConfig, OptimizerConfig, OptimizerKind, TrainError};
+use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, TrainReport, Trainer};
+use common::{builder, clusters, context, small_mlp, source};
 
 type Strategies = Vec<(&'static str, Strategy)>;
-
-fn builder(strategies: Strategies) -> BuildNetwork {
-    let opts = ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() };
-    let model: Arc<dyn Model> = Arc::from(model_by_name("mlp", &opts).unwrap());
-    Arc::new(move |batch, train| {
-        let mode = if train { Mode::Train } else { Mode::Eval };
-        let (mut graph, m) = model.build_graph(batch, mode, 7).map_err(|e| e.to_string())?;
-        if train {
-            for (op, s) in &strategies {
-                m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
-            }
-        }
-        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
-    })
-}
-
-fn data() -> DataSource {
-    let ds: Arc<dyn Dataset> = Arc::new(SyntheticDataset::classification(&[16], 4, 96, 3).unwrap());
-    DataSource { dataset: ds, transforms: Transforms::new() }
-}
-
-fn context(mode: &str, n: usize) -> ParallelContext {
-    let mut ctx = ParallelContext::default();
-    ctx.set_str("parallel_mode", mode).unwrap();
-    ctx.set_str("device_num", &n.to_string()).unwrap();
-    if mode == "data_parallel" {
-        ctx.set_str("gradients_mean", "true").unwrap();
-    }
-    ctx
-}
 
 fn momentum() -> OptimizerConfig {
     OptimizerConfig::default()
@@ -66,18 +36,7 @@ fn run(
     steps: u64,
     save: Option<&Path>,
     resume: Option<PathBuf>,
-) -> autopar_runtime::TrainReport {
-    try_run(opt, ctx, strategies, steps, save, resume).unwrap()
-}
-
-fn try_run(
-    opt: &OptimizerConfig,
-    ctx: ParallelContext,
-    strategies: Strategies,
-    steps: u64,
-    save: Option<&Path>,
-    resume: Option<PathBuf>,
-) -> Result<autopar_runtime::TrainReport, TrainError> {
+) -> Result<TrainReport, TrainError> {
     let cfg = TrainConfig {
         epochs: 1000,
         max_steps: Some(steps),
@@ -89,7 +48,7 @@ fn try_run(
         resume,
         ..Default::default()
     };
-    Trainer::new("mlp", builder(strategies), data(), cfg).fit(vec![])
+    Trainer::new("mlp", builder("mlp", small_mlp(), strategies), source(clusters(&[16], 4, 96)), cfg).fit(vec![])
 }
 
 /// Equal within float32 rounding of differently ordered sums: relative 1e-4, plus 1e-5 of the
@@ -121,24 +80,25 @@ fn strategies_4() -> Strategies {
 }
 
 fn resume_8_4_2(opt: OptimizerConfig) {
-    let uninterrupted = run(&opt, context("data_parallel", 2), vec![], 12, None, None);
-    let alone = run(&opt, ParallelContext::default(), vec![], 12, None, None);
+    let uninterrupted = run(&opt, context("data_parallel", 2), vec![], 12, None, None).unwrap();
+    let alone = run(&opt, ParallelContext::default(), vec![], 12, None, None).unwrap();
     close(&uninterrupted.losses, &alone.losses, "2 devices vs stand-alone");
 
     let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let first = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None);
+    let first = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None).unwrap();
     close(&first.losses, &uninterrupted.losses[..4], "8 devices, steps 1-4");
-    let second = run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(b.path()), Some(a.path().to_path_buf()));
+    let second = run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(b.path()), Some(a.path().to_path_buf())).unwrap();
     assert_eq!(second.first_step, 4);
     close(&second.losses, &uninterrupted.losses[4..8], "resumed on 4 devices, steps 5-8");
-    let third = run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().join("rank_0/net-8_0.safetensors")));
+    let third =
+        run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().join("rank_0/net-8_0.safetensors"))).unwrap();
     assert_eq!(third.first_step, 8);
     close(&third.losses, &uninterrupted.losses[8..], "resumed on 2 devices, steps 9-12");
     params_close(&third.params, &uninterrupted.params, "after 8 -> 4 -> 2");
 
     // And back to one device from the 4-device model-parallel checkpoint.
     let d = tempfile::tempdir().unwrap();
-    let alone_rest = run(&opt, ParallelContext::default(), vec![], 12, Some(d.path()), Some(b.path().to_path_buf()));
+    let alone_rest = run(&opt, ParallelContext::default(), vec![], 12, Some(d.path()), Some(b.path().to_path_buf())).unwrap();
     close(&alone_rest.losses, &alone.losses[8..], "resumed on 1 device, steps 9-12");
     params_close(&alone_rest.params, &alone.params, "after 8 -> 4 -> 1");
 }
@@ -157,8 +117,8 @@ fn adamw_run_with_a_schedule_resumed_8_to_4_to_2_devices_equals_the_uninterrupte
 /// model-parallel run's rank files.
 fn merged_state_equals_stand_alone(opt: OptimizerConfig, state_prefixes: &[&str]) {
     let (alone_dir, mp_dir, merged_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    run(&opt, ParallelContext::default(), vec![], 8, Some(alone_dir.path()), None);
-    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(mp_dir.path()), None);
+    run(&opt, ParallelContext::default(), vec![], 8, Some(alone_dir.path()), None).unwrap();
+    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(mp_dir.path()), None).unwrap();
     let strategy = mp_dir.path().join("strategy.json");
     let opts = autopar_checkpoint::TransformOptions::default();
     // The transform reads the newest file of each rank folder: step 8's.
@@ -191,17 +151,17 @@ fn merged_adamw_state_of_a_model_parallel_run_equals_stand_alone() {
 fn resharding_into_the_folder_it_reads_or_without_its_strategy_is_refused() {
     let a = tempfile::tempdir().unwrap();
     let opt = momentum();
-    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None);
-    let err = try_run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap_err();
+    run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None).unwrap();
+    let err = run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("--checkpoint-dir") && msg.contains(&a.path().display().to_string()), "{msg}");
 
     // Same devices and strategy: resuming into the same folder is fine.
-    let same = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(a.path()), Some(a.path().to_path_buf()));
+    let same = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap();
     assert_eq!(same.first_step, 4);
 
     std::fs::remove_file(a.path().join("strategy.json")).unwrap();
-    let err = try_run(&opt, context("data_parallel", 2), vec![], 12, None, Some(a.path().to_path_buf())).unwrap_err();
+    let err = run(&opt, context("data_parallel", 2), vec![], 12, None, Some(a.path().to_path_buf())).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("strategy.json") && msg.contains("is missing"), "{msg}");
 }

@@ -2,43 +2,18 @@
 //! names and shapes, checkpoints are kept and written atomically, parallel runs equal
 //! stand-alone.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
-use autopar_data::{Dataset, Subset, SyntheticDataset, Transforms};
+use autopar_data::{Dataset, Subset, SyntheticDataset};
 use autopar_layout::Strategy;
-use autopar_models::{model_by_name, Mode, Model, ModelOptions};
+use autopar_models::{Mode, Model, ModelOptions};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, OptimizerKind, TrainError};
+use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, OptimizerConfig, OptimizerKind, TrainError};
 use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, Trainer};
-
-/// A network builder for a zoo model, with optional strategies `(op, strategy)` set on the
-/// training graph.
-fn builder(name: &str, opts: ModelOptions, strategies: Vec<(&'static str, Strategy)>) -> BuildNetwork {
-    let model: Arc<dyn Model> = Arc::from(model_by_name(name, &opts).unwrap());
-    Arc::new(move |batch, train| {
-        let mode = if train { Mode::Train } else { Mode::Eval };
-        let (mut graph, m) = model.build_graph(batch, mode, 7).map_err(|e| e.to_string())?;
-        if train {
-            for (op, s) in &strategies {
-                m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
-            }
-        }
-        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
-    })
-}
-
-fn small_mlp() -> ModelOptions {
-    ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() }
-}
-
-fn clusters(shape: &[usize], classes: usize, len: usize) -> Arc<dyn Dataset> {
-    Arc::new(SyntheticDataset::classification(shape, classes, len, 3).unwrap())
-}
-
-fn source(ds: Arc<dyn Dataset>) -> DataSource {
-    DataSource { dataset: ds, transforms: Transforms::new() }
-}
+use common::{builder, clusters, context, small_mlp, source};
 
 fn cfg(batch: usize, steps: u64) -> TrainConfig {
     TrainConfig { epochs: 1000, max_steps: Some(steps), batch_size: batch, prefetch: 0, ..Default::default() }
@@ -253,16 +228,6 @@ fn init_loads_parameters_by_name_and_names_a_missing_or_misshaped_one() {
     let err = mlp_trainer(c).fit(vec![]).unwrap_err();
     assert!(matches!(&err, TrainError::InitMissing { name, shape, .. } if name == "fc1.bias" && shape == &[32]), "{err}");
     assert!(err.to_string().contains("has no parameter fc1.bias"), "{err}");
-}
-
-fn context(mode: &str, n: usize) -> ParallelContext {
-    let mut ctx = ParallelContext::default();
-    ctx.set_str("parallel_mode", mode).unwrap();
-    ctx.set_str("device_num", &n.to_string()).unwrap();
-    if mode == "data_parallel" {
-        ctx.set_str("gradients_mean", "true").unwrap();
-    }
-    ctx
 }
 
 fn assert_close(a: &[f64], b: &[f64], what: &str) {

@@ -123,37 +123,34 @@ def main():
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
 
 
-def time_resnet(a):
-    net = ResNet18Cifar()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(a.resnet_batch, 3, 32, 32)
-    y = torch.randint(0, 10, (a.resnet_batch,))
+def time_training(name, batch, net, opt, x, y, seconds):
+    """Times training steps of `net` on the fixed batch (x, y) and prints the model's JSON line."""
 
-    def resnet_step():
+    def step():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x), y)
         loss.backward()
         opt.step()
 
-    steps, secs = time_steps(resnet_step, a.seconds)
-    print(json.dumps({"model": "resnet18", "batch": a.resnet_batch, "steps": steps, "seconds": secs, "samples_per_s": a.resnet_batch * steps / secs}), flush=True)
+    steps, secs = time_steps(step, seconds)
+    print(json.dumps({"model": name, "batch": batch, "steps": steps, "seconds": secs, "samples_per_s": batch * steps / secs}), flush=True)
+
+
+def time_resnet(a):
+    net = ResNet18Cifar()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(a.resnet_batch, 3, 32, 32)
+    y = torch.randint(0, 10, (a.resnet_batch,))
+    time_training("resnet18", a.resnet_batch, net, opt, x, y, a.seconds)
 
 
 def time_gpt(a):
     vocab, ctx, d, heads, layers = (int(v) for v in a.gpt.split(","))
     gpt = Gpt(vocab, ctx, d, heads, layers)
-    gopt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-3, weight_decay=0.0)
     tokens = torch.randint(0, vocab, (a.gpt_batch, ctx))
     labels = torch.randint(0, vocab, (a.gpt_batch * ctx,))
-
-    def gpt_step():
-        gopt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(gpt(tokens), labels)
-        loss.backward()
-        gopt.step()
-
-    steps, secs = time_steps(gpt_step, a.seconds)
-    print(json.dumps({"model": "gpt", "batch": a.gpt_batch, "steps": steps, "seconds": secs, "samples_per_s": a.gpt_batch * steps / secs}), flush=True)
+    time_training("gpt", a.gpt_batch, gpt, opt, tokens, labels, a.seconds)
 
 
 if __name__ == "__main__":
