@@ -84,17 +84,12 @@ pub fn load_checkpoint(path: &Path) -> Result<ParamStore> {
 /// its full shape; errors name the file, tensor and rank.
 pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Path, src_strategy: Option<&Path>) -> Result<ParamStore> {
     let program = job.program(rank)?;
-    let scratch = scratch_dir(rank)?;
-    let dst_strategy = scratch.join("destination_strategy.json");
-    crate::strategy_io::save_strategy_file(job.plan(), &dst_strategy, false, &|_| Vec::new())?;
     let (files, _) = collect_rank_files(src_dir).map_err(ck_err(src_dir))?;
-    let out = scratch.join(format!("rank_{rank}.safetensors"));
-    let opts = TransformOptions::default();
-    let result = transform_checkpoint_by_rank(rank, &files, &out, src_strategy, Some(&dst_strategy), &opts)
-        .map_err(ck_err(src_dir))
-        .and_then(|_| load_checkpoint(&out));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let loaded = result?;
+    let loaded = in_scratch(rank, |scratch| {
+        let dst_strategy = scratch.join("destination_strategy.json");
+        crate::strategy_io::save_strategy_file(job.plan(), &dst_strategy, false, &|_| Vec::new())?;
+        transform_and_load(rank, &files, src_strategy, Some(&dst_strategy), scratch, src_dir)
+    })?;
     let mut store = ParamStore::new();
     for slot in &program.params {
         let t = loaded.get(&slot.name).ok_or_else(|| RuntimeError::NotResharded {
@@ -121,19 +116,32 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
 /// `strategy`, merged to full tensors: parameters and the optimizer state the strategy lists
 /// beside them (the same transform as `autopar ckpt transform` to one device).
 pub fn load_merged_checkpoint(files: &BTreeMap<usize, PathBuf>, strategy: &Path) -> Result<ParamStore> {
-    let scratch = scratch_dir(0)?;
-    let out = scratch.join("merged.safetensors");
-    let result = transform_checkpoint_by_rank(0, files, &out, Some(strategy), None, &TransformOptions::default())
-        .map_err(ck_err(strategy))
-        .and_then(|_| load_checkpoint(&out));
-    let _ = std::fs::remove_dir_all(&scratch);
-    result
+    in_scratch(0, |scratch| transform_and_load(0, files, Some(strategy), None, scratch, strategy))
 }
 
-fn scratch_dir(rank: usize) -> Result<PathBuf> {
+/// Destination `rank`'s tensors transformed from the source rank `files` (saved under
+/// `src_strategy`) to `dst_strategy` (`None`: whole tensors), through a file in `scratch`;
+/// transform errors name `blame`.
+fn transform_and_load(
+    rank: usize,
+    files: &BTreeMap<usize, PathBuf>,
+    src_strategy: Option<&Path>,
+    dst_strategy: Option<&Path>,
+    scratch: &Path,
+    blame: &Path,
+) -> Result<ParamStore> {
+    let out = scratch.join(format!("rank_{rank}.safetensors"));
+    transform_checkpoint_by_rank(rank, files, &out, src_strategy, dst_strategy, &TransformOptions::default()).map_err(ck_err(blame))?;
+    load_checkpoint(&out)
+}
+
+/// Runs `f` with a fresh scratch folder, removed afterwards whatever `f` returns.
+fn in_scratch<T>(rank: usize, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!("autopar-reshard-{}-{rank}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
-    Ok(dir)
+    let result = f(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
