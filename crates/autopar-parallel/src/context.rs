@@ -39,6 +39,28 @@ pub const OPTION_NAMES: &[&str] = &[
     "comm_fusion",
     "strategy_ckpt_config",
     "group_ckpt_save_file",
+    // The strategy search's knobs (MindSpore's `set_cost_model_context` and
+    // `set_algo_parameters`); auto_parallel only.
+    "device_memory_capacity",
+    "costmodel_alpha",
+    "costmodel_beta",
+    "costmodel_gamma",
+    "fully_use_devices",
+    "elementwise_op_strategy_follow",
+    "tensor_slice_align_enable",
+    "tensor_slice_align_size",
+];
+
+/// The options of auto_parallel's strategy search that only it reads.
+pub const SEARCH_OPTION_NAMES: &[&str] = &[
+    "device_memory_capacity",
+    "costmodel_alpha",
+    "costmodel_beta",
+    "costmodel_gamma",
+    "fully_use_devices",
+    "elementwise_op_strategy_follow",
+    "tensor_slice_align_enable",
+    "tensor_slice_align_size",
 ];
 
 /// How the model is spread over devices.
@@ -206,6 +228,43 @@ impl Default for CommFusion {
     }
 }
 
+/// The strategy search's knobs (MindSpore's `set_cost_model_context` / `set_algo_parameters`
+/// keys that apply to autopar's cost model; see `search`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SearchOptions {
+    /// Bytes one device holds; strategies whose op needs more are not considered.
+    pub device_memory_capacity: u64,
+    /// Weight of computation time in the objective.
+    pub costmodel_alpha: f64Bits,
+    /// Weight of communication time (in-op and redistribution) in the objective.
+    pub costmodel_beta: f64Bits,
+    /// Weight of gradient synchronisation time in the objective.
+    pub costmodel_gamma: f64Bits,
+    /// Only strategies using every device (MindSpore's default); otherwise any power of two
+    /// dividing the device count.
+    pub fully_use_devices: bool,
+    /// Element-wise ops take their first input's layout as it comes (no redistribution before them).
+    pub elementwise_op_strategy_follow: bool,
+    /// MatMul slices' last two dimensions must be multiples of `tensor_slice_align_size`.
+    pub tensor_slice_align_enable: bool,
+    pub tensor_slice_align_size: usize,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        Self {
+            device_memory_capacity: 16 << 30,
+            costmodel_alpha: f64Bits::new(1.0),
+            costmodel_beta: f64Bits::new(1.0),
+            costmodel_gamma: f64Bits::new(1.0),
+            fully_use_devices: true,
+            elementwise_op_strategy_follow: false,
+            tensor_slice_align_enable: false,
+            tensor_slice_align_size: 16,
+        }
+    }
+}
+
 /// `strategy_ckpt_config`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StrategyCkptConfig {
@@ -242,6 +301,7 @@ pub struct ParallelContext {
     pub comm_fusion: CommFusion,
     pub strategy_ckpt_config: StrategyCkptConfig,
     pub group_ckpt_save_file: String,
+    pub search: SearchOptions,
     /// Names set explicitly (for the mode checks of `validate`).
     explicit: BTreeSet<&'static str>,
 }
@@ -268,6 +328,7 @@ impl Default for ParallelContext {
             comm_fusion: CommFusion::default(),
             strategy_ckpt_config: StrategyCkptConfig::default(),
             group_ckpt_save_file: String::new(),
+            search: SearchOptions::default(),
             explicit: BTreeSet::new(),
         }
     }
@@ -428,6 +489,23 @@ impl ParallelContext {
                 self.strategy_ckpt_config = c;
             }
             "group_ckpt_save_file" => self.group_ckpt_save_file = as_str(key, v)?.to_string(),
+            "device_memory_capacity" => {
+                let x = v.as_f64().filter(|x| *x > 0.0).ok_or_else(|| bad(key, v, "a positive number of bytes"))?;
+                self.search.device_memory_capacity = x as u64;
+            }
+            "costmodel_alpha" | "costmodel_beta" | "costmodel_gamma" => {
+                let x = v.as_f64().filter(|x| *x >= 0.0 && x.is_finite()).ok_or_else(|| bad(key, v, "a number >= 0"))?;
+                let slot = match key {
+                    "costmodel_alpha" => &mut self.search.costmodel_alpha,
+                    "costmodel_beta" => &mut self.search.costmodel_beta,
+                    _ => &mut self.search.costmodel_gamma,
+                };
+                *slot = f64Bits::new(x);
+            }
+            "fully_use_devices" => self.search.fully_use_devices = as_bool(key, v)?,
+            "elementwise_op_strategy_follow" => self.search.elementwise_op_strategy_follow = as_bool(key, v)?,
+            "tensor_slice_align_enable" => self.search.tensor_slice_align_enable = as_bool(key, v)?,
+            "tensor_slice_align_size" => self.search.tensor_slice_align_size = as_int(key, v, 1, 1 << 20)? as usize,
             _ => unreachable!("every name of OPTION_NAMES has an arm"),
         }
         self.explicit.insert(key);
@@ -477,6 +555,11 @@ impl ParallelContext {
         if mode != ParallelMode::AutoParallel && self.is_set("search_mode") {
             return conflict("search_mode", Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
         }
+        if mode != ParallelMode::AutoParallel {
+            if let Some(option) = SEARCH_OPTION_NAMES.iter().find(|o| self.is_set(o)) {
+                return conflict(option, Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
+            }
+        }
         if self.dataset_strategy != DatasetStrategy::DataParallel && !mode.is_auto() {
             return auto_only(if self.is_set("full_batch") { "full_batch" } else { "dataset_strategy" });
         }
@@ -511,9 +594,6 @@ impl ParallelContext {
     /// Reject options whose behaviour autopar does not implement yet (never ignore them).
     pub fn check_supported(&self) -> Result<()> {
         let unsupported = |option: &str, value: String| Err(ParallelError::NotSupportedYet { option: option.to_string(), value });
-        if self.parallel_mode == ParallelMode::AutoParallel {
-            return unsupported("parallel_mode", "auto_parallel (strategy search)".into());
-        }
         if self.pipeline_stages > 1 {
             return unsupported("pipeline_stages", self.pipeline_stages.to_string());
         }
@@ -674,6 +754,14 @@ mod tests {
             ("comm_fusion", json!({"openstate": false, "allreduce": {"mode": "size", "config": 32}, "allgather": {"mode": "auto"}})),
             ("strategy_ckpt_config", json!({"save_file": "s.ckpt", "only_trainable_params": false})),
             ("group_ckpt_save_file", json!("g.pb")),
+            ("device_memory_capacity", json!(1u64 << 30)),
+            ("costmodel_alpha", json!(2.0)),
+            ("costmodel_beta", json!(0.5)),
+            ("costmodel_gamma", json!(0.001)),
+            ("fully_use_devices", json!(false)),
+            ("elementwise_op_strategy_follow", json!(true)),
+            ("tensor_slice_align_enable", json!(true)),
+            ("tensor_slice_align_size", json!(32)),
         ];
         assert_eq!(values.len(), OPTION_NAMES.len());
         let mut c = ParallelContext::default();
@@ -684,6 +772,8 @@ mod tests {
         assert_eq!(c.comm_fusion.allreduce, FusionMode::Size(f64Bits::new(32.0)));
         assert_eq!(c.pipeline_config.pipeline_scheduler, PipelineScheduler::GPipe);
         assert_eq!(c.strategy_ckpt_config.save_file, "s.ckpt");
+        assert_eq!((c.search.device_memory_capacity, c.search.costmodel_gamma.get()), (1 << 30, 0.001));
+        assert!(!c.search.fully_use_devices && c.search.elementwise_op_strategy_follow && c.search.tensor_slice_align_size == 32);
         c.reset();
         assert_eq!(c, ParallelContext::default());
     }
@@ -794,7 +884,6 @@ mod tests {
             ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": 0}), "data_parallel"),
             ("comm_fusion", json!({"allgather": {"mode": "auto"}}), "semi_auto_parallel"),
             ("comm_fusion", json!({"reducescatter": {"mode": "size", "config": 4}}), "data_parallel"),
-            ("parallel_mode", json!("auto_parallel"), "auto_parallel"),
             ("group_ckpt_save_file", json!("groups.pb"), "semi_auto_parallel"),
         ] {
             let mut c = ParallelContext::default();
@@ -805,6 +894,23 @@ mod tests {
             let e = c.check_supported().unwrap_err();
             assert!(matches!(e, ParallelError::NotSupportedYet { .. }), "{e}");
             assert!(e.to_string().contains("not supported yet"), "{e}");
+        }
+    }
+
+    #[test]
+    fn search_options_apply_to_auto_parallel_alone() {
+        let mut c = ParallelContext::default();
+        c.set("device_num", &json!(8)).unwrap();
+        c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+        c.set("costmodel_beta", &json!(2.0)).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("costmodel_beta") && e.contains("applies to auto_parallel"), "{e}");
+        c.set("parallel_mode", &json!("auto_parallel")).unwrap();
+        c.validate().unwrap();
+        c.check_supported().unwrap();
+        for (k, v) in [("costmodel_alpha", json!(-1.0)), ("device_memory_capacity", json!(0)), ("tensor_slice_align_size", json!(0))] {
+            let e = c.set(k, &v).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
         }
     }
 

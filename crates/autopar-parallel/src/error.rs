@@ -50,6 +50,15 @@ pub enum ParallelError {
     #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from --parallel and the [parallel] table")]
     NotSupportedYet { option: String, value: String },
 
+    #[error("device profile {origin}: {problem}\nhint: write a profile with `autopar calibrate --out FILE`, or leave --profile out for the built-in one")]
+    BadProfile { origin: String, problem: String },
+
+    #[error("auto_parallel: no strategy of {kind} {name:?} fits device_memory_capacity = {capacity} bytes\n  its cheapest strategy in memory needs {need} bytes per device; its largest tensors: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
+    OutOfMemory { kind: &'static str, name: String, capacity: u64, need: u64, largest: String },
+
+    #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use --parallel search_mode=recursive_programming or sharding_propagation, or set .shard() on some ops")]
+    SearchTooWide { search: &'static str, name: String, entries: u128 },
+
     #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
     UnknownStrategyItem { file: PathBuf, item: String },
 

@@ -25,11 +25,12 @@ pub mod plan;
 pub mod planner;
 pub mod program;
 pub mod report;
+pub mod search;
 pub mod testing;
 
 pub use context::{
     CommFusion, DatasetStrategy, FusionMode, ParallelContext, ParallelMode, ParallelOptimizerConfig, PipelineConfig, PipelineScheduler,
-    SearchMode, StrategyCkptConfig, OPTION_NAMES,
+    SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
@@ -39,4 +40,5 @@ pub use planner::{
 };
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram};
 pub use report::parameter_layout_dict;
+pub use search::{DeviceProfile, OpChoice, Search, SearchReport};
 pub use testing::assign_random_strategies;

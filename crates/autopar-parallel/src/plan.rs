@@ -19,6 +19,11 @@ pub enum StrategySource {
     StrategyFile,
     /// MindSpore's default for an unannotated op: its batch dimension split (data parallel).
     Default,
+    /// auto_parallel, sharding_propagation: taken over from a neighbour (the cheapest
+    /// redistribution from the op it was reached from).
+    Propagated,
+    /// auto_parallel: chosen by the strategy search.
+    Searched,
 }
 
 impl StrategySource {
@@ -27,6 +32,8 @@ impl StrategySource {
             StrategySource::User => "user",
             StrategySource::StrategyFile => "file",
             StrategySource::Default => "default",
+            StrategySource::Propagated => "propagated",
+            StrategySource::Searched => "searched",
         }
     }
 }
@@ -229,6 +236,8 @@ pub struct ParallelPlan {
     /// hybrid_parallel: every group the ranks' hand-placed collectives use, ascending (empty in
     /// the other modes, whose groups come from the layouts).
     pub collective_groups: Vec<Vec<usize>>,
+    /// auto_parallel: what the strategy search decided and why (None in the other modes).
+    pub search: Option<crate::search::SearchReport>,
 }
 
 impl ParallelPlan {

@@ -28,6 +28,7 @@ use autopar_layout::{plan_with, DeviceAxis, DeviceMatrix, Strategy, TensorLayout
 use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
 use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
+use crate::search::DeviceProfile;
 
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
@@ -47,13 +48,16 @@ pub struct PlanRequest<'a> {
     /// The loss of a training job (None: a forward-only plan); one of several elements trains their sum.
     pub loss: Option<NodeId>,
     pub context: &'a ParallelContext,
-    /// Strategies of a strategy file (semi_auto_parallel), applied before the model's own.
+    /// Strategies of a strategy file (semi_auto_parallel, auto_parallel), applied before the
+    /// model's own.
     pub strategy_file: Option<&'a StrategyItems>,
+    /// The device profile of auto_parallel's cost model (None: the built-in one).
+    pub profile: Option<&'a DeviceProfile>,
 }
 
 /// Plan `graph` (a forward graph) under `ctx`, forward only.
 pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
-    plan_job(&PlanRequest { graph, loss: None, context: ctx, strategy_file: None })
+    plan_job(&PlanRequest { graph, loss: None, context: ctx, strategy_file: None, profile: None })
 }
 
 /// Plan a job: every mode but hybrid_parallel (see [`plan_hybrid`]).
@@ -67,7 +71,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     }
     let n = ctx.devices();
     let graph = with_loss_first(req.graph, req.loss)?;
-    let use_strategies = mode == ParallelMode::SemiAutoParallel;
+    let use_strategies = mode.is_auto();
     let nodes = graph.nodes();
     let flat = DeviceMatrix::flat(n).map_err(|e| ParallelError::Layout { node: "device matrix".into(), source: e })?;
     let types = |node: &Node| -> Vec<&TensorType> { node.inputs.iter().map(|x| &graph.node(*x).ty).collect() };
@@ -76,24 +80,69 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         _ => vec![None; nodes.len()],
     };
     let on_data = depends_on_inputs(&graph);
+    let rules: Vec<ShardingRule> = nodes
+        .iter()
+        .map(|node| {
+            let ins = types(node);
+            match node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty }) {
+                // On one device nothing is split: backward ops and communication among rank 0
+                // alone (the identity) run whole; a group naming other ranks stays an error.
+                ShardingRule::Unsupported(_) if n == 1 && on_rank0_alone(node, &ins) => ShardingRule::Replicated,
+                rule => rule,
+            }
+        })
+        .collect();
+    let mut input_layouts: Vec<Option<TensorLayout>> = vec![None; nodes.len()];
+    let mut input_index = 0usize;
+    for (i, node) in nodes.iter().enumerate() {
+        if let OpKind::Input(_) = &node.op {
+            input_layouts[i] = Some(input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?);
+            input_index += 1;
+        }
+    }
+    // The strategies fixed by a strategy file or the model's `.shard()`.
+    let mut fixed: Vec<Option<(Vec<usize>, StrategySource)>> = vec![None; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        if let ShardingRule::Spec(spec) = &rules[i] {
+            let kind = node.op.kind();
+            fixed[i] = match (&from_file[i], &node.strategy) {
+                (Some(s), _) => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::StrategyFile)),
+                (None, Some(s)) if use_strategies => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User)),
+                _ => None,
+            };
+        }
+    }
+    // auto_parallel: the search decides the rest.
+    let mut search_report = None;
+    if mode == ParallelMode::AutoParallel {
+        let builtin = DeviceProfile::builtin();
+        let profile = req.profile.unwrap_or(&builtin);
+        let report = crate::search::search_plan(&crate::search::SearchJob {
+            graph: &graph,
+            rules: &rules,
+            context: ctx,
+            profile,
+            training: req.loss.is_some(),
+            fixed: &fixed,
+            input_layouts: &input_layouts,
+            search: crate::search::Search::Mode(ctx.search_mode),
+        })?;
+        for op in &report.ops {
+            fixed[op.node.0] = Some((op.splits.clone(), op.source));
+        }
+        search_report = Some(report);
+    }
 
     // Pass 1: every op with a rule gets its strategy and layouts.
     let mut plans: Vec<Option<NodePlan>> = vec![None; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
         let ins = types(node);
         let kind = node.op.kind();
-        let rule = match node.op.def().sharding(&autopar_graph::RuleCx { inputs: &ins, output: &node.ty }) {
-            // On one device nothing is split: backward ops and communication among rank 0
-            // alone (the identity) run whole; a group naming other ranks stays an error.
-            ShardingRule::Unsupported(_) if n == 1 && on_rank0_alone(node, &ins) => ShardingRule::Replicated,
-            rule => rule,
-        };
-        let plan = match rule {
+        let plan = match &rules[i] {
             ShardingRule::Spec(spec) => {
-                let (splits, source) = match (&from_file[i], &node.strategy) {
-                    (Some(s), _) => (spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::StrategyFile),
-                    (None, Some(s)) if use_strategies => (spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User),
-                    _ => (default_splits(&spec, node, &on_data, n), StrategySource::Default),
+                let (splits, source) = match &fixed[i] {
+                    Some((s, source)) => (s.clone(), *source),
+                    None => (default_splits(spec, node, &on_data, n), StrategySource::Default),
                 };
                 let l = spec.layouts(kind, &node.name, &ins, &node.ty, &splits, n)?;
                 let sync = match &spec.tie {
@@ -145,14 +194,11 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
 
     // Pass 2: leaves. Parameters take the layout their first consumer needs; inputs the
     // dataset strategy's.
-    let mut input_index = 0usize;
     for (i, node) in nodes.iter().enumerate() {
         let layout = if let OpKind::Parameter(_) = &node.op {
             first_use_layout(&graph, &plans, NodeId(i)).unwrap_or_else(|| TensorLayout::replicated(flat.clone(), node.ty.shape.clone()))
-        } else if let OpKind::Input(_) = &node.op {
-            let l = input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?;
-            input_index += 1;
-            l
+        } else if let Some(l) = &input_layouts[i] {
+            l.clone()
         } else {
             continue;
         };
@@ -250,6 +296,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
         strategy_file: req.strategy_file.filter(|_| use_strategies).map(|f| f.path.clone()),
         all_to_all,
         collective_groups: Vec::new(),
+        search: search_report,
     })
 }
 
@@ -673,6 +720,7 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
         strategy_file: None,
         all_to_all: ctx.enable_alltoall,
         collective_groups: groups.into_iter().collect(),
+        search: None,
     })
 }
 

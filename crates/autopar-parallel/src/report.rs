@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::cost::RankCost;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
+use crate::search::SearchReport;
 
 /// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
 /// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
@@ -183,6 +184,9 @@ impl PlanReport<'_> {
                 p.sync.describe()
             );
         }
+        if let Some(r) = &plan.search {
+            s.push_str(&search_text(r));
+        }
         let buckets = self.bucket_of();
         let _ = writeln!(s, "\nparameters");
         let _ = writeln!(
@@ -335,6 +339,7 @@ impl PlanReport<'_> {
             "all_to_all": plan.all_to_all,
             "strategy_file": plan.strategy_file.as_ref().map(|p| p.display().to_string()),
             "operators": operators,
+            "search": plan.search.as_ref().map(search_json),
             "parameters": parameters,
             "redistributions": redistributions,
             "gradients": {
@@ -451,4 +456,76 @@ pub fn split_svg(plan: &ParallelPlan, count: usize) -> String {
 
 fn escape(t: &str) -> String {
     t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.4} ms", seconds * 1e3)
+}
+
+/// The strategy search's explanation: per op the chosen strategy, where it came from, its
+/// predicted cost by part and the runner-up with its extra cost.
+pub fn search_text(r: &SearchReport) -> String {
+    let mut s = String::new();
+    let t = r.total();
+    let _ = writeln!(
+        s,
+        "\nstrategy search: {} (device profile: {}); objective {} per step\n  predicted: compute {}, communication {}, redistribution {}, gradient sync {}",
+        r.search.name(),
+        r.profile,
+        ms(r.objective),
+        ms(t.compute),
+        ms(t.communication),
+        ms(t.redistribution),
+        ms(t.gradient_sync)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  runner-up (extra)",
+        "name", "strategy", "source", "compute", "comm", "redist", "grad sync", "memory"
+    );
+    for o in &r.ops {
+        let runner = match &o.runner_up {
+            Some((st, extra)) => format!("{st} (+{})", ms(*extra)),
+            None if o.candidates == 1 => "- (the only one)".into(),
+            None => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  {}",
+            o.name,
+            o.strategy.to_string(),
+            o.source.name(),
+            ms(o.cost.compute),
+            ms(o.cost.communication),
+            ms(o.cost.redistribution),
+            ms(o.cost.gradient_sync),
+            human_bytes(o.cost.memory as usize),
+            runner
+        );
+    }
+    s
+}
+
+/// [`search_text`] as data.
+pub fn search_json(r: &SearchReport) -> Value {
+    let t = r.total();
+    json!({
+        "search": r.search.name(),
+        "profile": r.profile,
+        "objective_seconds": r.objective,
+        "predicted_seconds": {"compute": t.compute, "communication": t.communication, "redistribution": t.redistribution, "gradient_sync": t.gradient_sync},
+        "operators": r.ops.iter().map(|o| json!({
+            "name": o.name,
+            "op": o.kind,
+            "strategy": o.strategy.0,
+            "source": o.source.name(),
+            "candidates": o.candidates,
+            "compute_seconds": o.cost.compute,
+            "communication_seconds": o.cost.communication,
+            "redistribution_seconds": o.cost.redistribution,
+            "gradient_sync_seconds": o.cost.gradient_sync,
+            "memory_bytes": o.cost.memory,
+            "runner_up": o.runner_up.as_ref().map(|(st, extra)| json!({"strategy": st.0, "extra_seconds": extra})),
+        })).collect::<Vec<_>>(),
+    })
 }

@@ -59,8 +59,8 @@ fn a_training_plan_gathers_only_the_loss() {
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(4)).unwrap();
     ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
-    let training = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None }).unwrap();
-    let forward = plan_job(&PlanRequest { graph: &g, loss: None, context: &ctx, strategy_file: None }).unwrap();
+    let training = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
+    let forward = plan_job(&PlanRequest { graph: &g, loss: None, context: &ctx, strategy_file: None, profile: None }).unwrap();
     // The logits are split by batch under the default strategies.
     assert!(forward.redistribution(Site::Output { slot: 1 }).is_some());
     assert!(training.redistribution(Site::Output { slot: 0 }).is_some());

@@ -37,7 +37,7 @@ impl ParallelJob {
     /// Like [`ParallelJob::new`], with the operator strategies of a strategy file applied
     /// (semi_auto_parallel).
     pub fn with_strategies(graph: Graph, loss: NodeId, ctx: ParallelContext, file: Option<&StrategyItems>) -> Result<Self> {
-        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: file })?;
+        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: file, profile: None })?;
         Ok(Self { plan })
     }
 

@@ -39,7 +39,7 @@ impl TrainStep {
     /// ops run whole. The program keeps the graph's node ids, so feeds may use them.
     pub fn new(graph: Graph, loss: NodeId) -> Result<Self> {
         let ctx = ParallelContext::default();
-        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None })?;
+        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })?;
         Self::from_program(rank_program(&plan, 0)?)
     }
 

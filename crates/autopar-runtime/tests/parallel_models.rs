@@ -231,3 +231,36 @@ fn data_parallel_with_batch_norm_and_dropout_equals_stand_alone_on_the_global_ba
         check_data_parallel(&case(&gpt, 2 * n, 16, 1e-5, 1e-6), "gpt", n, 2);
     }
 }
+
+/// auto_parallel: every search's plan trains equal to stand-alone, for the MLP (random widths),
+/// the GPT model and ResNet-18 on 2, 4 and 8 devices.
+#[test]
+fn auto_parallel_plans_equal_stand_alone() {
+    let mut rng = autopar_data::Rng::new(5);
+    let mut cases = Vec::new();
+    for _ in 0..2 {
+        let widths = [8usize, 16, 32, 64];
+        let hidden = vec![widths[(rng.next_u64() % 4) as usize], widths[(rng.next_u64() % 4) as usize]];
+        let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden, num_classes: 8 }).unwrap();
+        cases.push(("mlp", case(&m, 16, 8, 1e-5, 1e-6)));
+    }
+    cases.push(("gpt", case(&small_gpt(), 8, 16, 1e-5, 1e-6)));
+    let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
+    cases.push(("resnet18", case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5)));
+    for (label, c) in &cases {
+        let batches = data(c, 10, 29);
+        let (want_losses, want) = serial(c, &batches);
+        for n in [2usize, 4, 8] {
+            for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+                let mut ctx = ParallelContext::default();
+                ctx.set("device_num", &json!(n)).unwrap();
+                ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
+                ctx.set("search_mode", &json!(search)).unwrap();
+                let what = format!("{label} n={n} {search}");
+                let job = ParallelJob::new(c.graph.clone(), c.loss, ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_close(c, &what, &run.losses, &run.params, &want_losses, &want);
+            }
+        }
+    }
+}

@@ -88,7 +88,7 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
         let items = load_strategy_items(&path).unwrap();
         assert_eq!(items.items.len(), 5);
         let c = ctx();
-        let p2 = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items) }).unwrap();
+        let p2 = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
         assert_eq!(p2.nodes.iter().filter(|n| n.source == Some(StrategySource::StrategyFile)).count(), 5);
         assert_eq!(p2.strategy_file.as_deref(), Some(path.as_path()));
         for (a, b) in p.parameter_layouts().iter().zip(p2.parameter_layouts()) {
@@ -104,7 +104,9 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
     other.matmul("mm", x, w).unwrap();
     let other = other.finish();
     let (items, c) = (load_strategy_items(&path).unwrap(), ctx());
-    let e = plan_job(&PlanRequest { graph: &other, loss: None, context: &c, strategy_file: Some(&items) }).unwrap_err().to_string();
+    let e = plan_job(&PlanRequest { graph: &other, loss: None, context: &c, strategy_file: Some(&items), profile: None })
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("matches no operator") && e.contains("s.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -57,7 +57,8 @@ fn main() {
             if split {
                 megatron(&mut graph, 8, devices / 8);
             }
-            let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: None }).unwrap();
+            let plan =
+                plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
             let program = rank_program(&plan, 0).unwrap();
             let cost = RankCost::of(&program, 1).unwrap();
             times.push(start.elapsed().as_secs_f64());

@@ -85,7 +85,7 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
         ("enable_parallel_optimizer=true", "not supported yet"),
         ("pipeline_stages=2", "not supported yet"),
         (r#"comm_fusion={"allgather": {"mode": "auto"}}"#, "comm_fusion.allgather"),
-        ("parallel_mode=auto_parallel", "not supported yet"),
+        ("costmodel_beta=2", "applies to auto_parallel"),
     ] {
         let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--parallel", opt]);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -45,7 +45,8 @@ pub struct ParallelArgs {
     /// Number of devices (ranks, run as threads; under mpirun one per process).
     #[arg(long, value_name = "N", help_heading = "Parallel")]
     pub devices: Option<usize>,
-    /// stand_alone, data_parallel, semi_auto_parallel (default with --devices > 1) or hybrid_parallel.
+    /// stand_alone, data_parallel, semi_auto_parallel (default with --devices > 1), auto_parallel
+    /// (strategy search; --parallel search_mode=...) or hybrid_parallel.
     #[arg(long, value_name = "MODE", help_heading = "Parallel")]
     pub parallel_mode: Option<String>,
     /// Any set_auto_parallel_context option, e.g. --parallel gradients_mean=true (repeatable).

@@ -75,7 +75,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
 
     let started = Instant::now();
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
-    let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref() })?;
+    let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: None })?;
     let program = rank_program(&plan, rank)?;
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();

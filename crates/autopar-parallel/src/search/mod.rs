@@ -1,0 +1,183 @@
+//! auto_parallel: the strategy search. The planner hands it the network, the sharding rules
+//! and the strategies the user (or a strategy file) fixed; it returns a strategy for every
+//! other op, with what each costs and why it won. The plan made from them is an ordinary plan.
+//!
+//! * [`costgraph`]: candidates per op and the cost model (compute, in-op communication,
+//!   redistribution, gradient synchronisation, memory) under a [`DeviceProfile`].
+//! * [`solve`]: the searches over the cost graph, pure functions: variable elimination
+//!   (`dynamic_programming`, and the exact solver) and sharding propagation.
+//! * [`recursive`]: `recursive_programming`, MindSpore's default: binary cuts of every op,
+//!   greedy, without the cost graph.
+
+pub mod costgraph;
+pub mod profile;
+pub mod recursive;
+pub mod solve;
+
+use autopar_graph::NodeId;
+use autopar_layout::Strategy;
+
+pub use costgraph::{CostGraph, CostSplit};
+pub use profile::{DeviceProfile, Link};
+pub use solve::{CostProblem, EdgeCost, Order};
+
+use crate::context::SearchMode;
+use crate::error::{ParallelError, Result};
+use crate::plan::StrategySource;
+
+/// The most entries a table of the exact searches may have.
+pub const TABLE_LIMIT: u128 = 1 << 26;
+
+/// Which search made a plan: one of MindSpore's three, or the exact optimum of the cost model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Search {
+    Mode(SearchMode),
+    Exact,
+}
+
+impl Search {
+    pub fn name(self) -> &'static str {
+        match self {
+            Search::Mode(m) => m.name(),
+            Search::Exact => "exact",
+        }
+    }
+}
+
+/// One op's decision and its explanation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpChoice {
+    pub node: NodeId,
+    pub name: String,
+    pub kind: &'static str,
+    pub splits: Vec<usize>,
+    pub strategy: Strategy,
+    pub source: StrategySource,
+    /// Its cost, the redistributions before its inputs included.
+    pub cost: CostSplit,
+    /// The next best strategy with the rest of the plan unchanged, and how much more the
+    /// objective would be with it (seconds).
+    pub runner_up: Option<(Strategy, f64)>,
+    /// Strategies it had to choose from.
+    pub candidates: usize,
+}
+
+/// What a search decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchReport {
+    pub search: Search,
+    pub profile: String,
+    pub ops: Vec<OpChoice>,
+    /// The objective of the plan (weighted seconds per step).
+    pub objective: f64,
+}
+
+impl SearchReport {
+    /// The predicted cost of the whole step, by part.
+    pub fn total(&self) -> CostSplit {
+        let mut t = CostSplit::default();
+        for o in &self.ops {
+            t.compute += o.cost.compute;
+            t.communication += o.cost.communication;
+            t.redistribution += o.cost.redistribution;
+            t.gradient_sync += o.cost.gradient_sync;
+            t.memory += o.cost.memory;
+        }
+        t
+    }
+}
+
+/// What the planner hands the search.
+pub(crate) struct SearchJob<'a> {
+    pub graph: &'a autopar_graph::Graph,
+    pub rules: &'a [autopar_graph::ShardingRule],
+    pub context: &'a crate::context::ParallelContext,
+    pub profile: &'a DeviceProfile,
+    pub training: bool,
+    pub fixed: &'a [Option<(Vec<usize>, StrategySource)>],
+    pub input_layouts: &'a [Option<autopar_layout::TensorLayout>],
+    pub search: Search,
+}
+
+/// Build the cost graph of a job and search it.
+pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
+    let partial_use = matches!(job.search, Search::Mode(SearchMode::ShardingPropagation | SearchMode::RecursiveProgramming));
+    let cg = costgraph::build(&costgraph::Build {
+        graph: job.graph,
+        rules: job.rules,
+        context: job.context,
+        profile: job.profile,
+        training: job.training,
+        fixed: job.fixed,
+        input_layouts: job.input_layouts,
+        partial_use,
+    })?;
+    let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices(), training: job.training };
+    run(&cg, job.search, Some(&rec), job.profile)
+}
+
+/// Run `search` over the cost graph `cg` (built for it) of `graph`.
+pub(crate) fn run(cg: &CostGraph, search: Search, rec: Option<&recursive::RecInput<'_>>, profile: &DeviceProfile) -> Result<SearchReport> {
+    let problem = cg.problem();
+    let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
+    let too_wide =
+        |e: solve::TooWide| ParallelError::SearchTooWide { search: search.name(), name: cg.ops[e.op].name.clone(), entries: e.entries };
+    let (choice, reached) = match search {
+        Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(&problem, &configured),
+        Search::Mode(SearchMode::DynamicProgramming) => {
+            (solve::eliminate(&problem, Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
+        }
+        Search::Exact => (solve::eliminate(&problem, Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()]),
+        Search::Mode(SearchMode::RecursiveProgramming) => {
+            let rec = rec.expect("recursive_programming gets its input");
+            (recursive::choose(cg, rec), vec![false; cg.ops.len()])
+        }
+    };
+    Ok(report(cg, &problem, search, &choice, &reached, profile))
+}
+
+fn report(
+    cg: &CostGraph,
+    problem: &CostProblem,
+    search: Search,
+    choice: &[usize],
+    reached: &[bool],
+    profile: &DeviceProfile,
+) -> SearchReport {
+    let splits = cg.split_of(choice);
+    let ops = cg
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(k, op)| {
+            let c = &op.candidates[choice[k]];
+            let runner_up = if op.configured.is_some() {
+                None
+            } else {
+                let mine = problem.local(k, choice[k], choice);
+                (0..op.candidates.len())
+                    .filter(|&x| x != choice[k])
+                    .map(|x| (x, problem.local(k, x, choice) - mine))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .map(|(x, extra)| (op.candidates[x].layouts.strategy.clone(), extra))
+            };
+            let source = match op.configured {
+                Some(s) => s,
+                None if reached[k] => StrategySource::Propagated,
+                None => StrategySource::Searched,
+            };
+            OpChoice {
+                node: op.node,
+                name: op.name.clone(),
+                kind: op.kind,
+                splits: c.splits.clone(),
+                strategy: c.layouts.strategy.clone(),
+                source,
+                cost: splits[k],
+                runner_up,
+                candidates: op.candidates.len(),
+            }
+        })
+        .collect();
+    SearchReport { search, profile: profile.name.clone(), ops, objective: problem.total(choice) }
+}

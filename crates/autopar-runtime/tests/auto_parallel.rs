@@ -1,0 +1,100 @@
+//! auto_parallel on the fixture network of `fixtures/mindspore`: each search reproduces the
+//! strategies and parameter layouts MindSpore 2.10 chose (`strategies/{rec,rec_big,dp,shardprop}`).
+
+use std::path::PathBuf;
+
+use autopar_checkpoint::StrategyFile;
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
+use autopar_parallel::{parameter_layout_dict, plan, ParallelContext, ParallelPlan};
+use autopar_runtime::strategy_io::strategy_file;
+use serde_json::json;
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("AUTOPAR_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
+    }
+}
+
+/// `generate_strategies.py`'s network: x [batch, d0] -> l1 (MatMul + Add + ReLU) -> l2 -> head
+/// MatMul -> ReduceMean, with l1's MatMul optionally set to ((2,1),(1,4)).
+fn network(dims: [usize; 4], batch: usize, shard_first: bool) -> Graph {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[batch, dims[0]], DType::F32).unwrap();
+    let mut h = x;
+    for (i, name) in ["l1", "l2"].iter().enumerate() {
+        let w = b.parameter(&format!("{name}.w"), &[dims[i], dims[i + 1]], Initializer::Zeros).unwrap();
+        let bias = b.parameter(&format!("{name}.b"), &[dims[i + 1]], Initializer::Zeros).unwrap();
+        let m = b.matmul(&format!("{name}.mm"), h, w).unwrap();
+        if shard_first && i == 0 {
+            b.shard(m, "((2,1),(1,4))".parse().unwrap()).unwrap();
+        }
+        let a = b.add(&format!("{name}.add"), m, bias).unwrap();
+        h = b.relu(&format!("{name}.relu"), a).unwrap();
+    }
+    let head = b.parameter("head.w", &[dims[2], dims[3]], Initializer::Zeros).unwrap();
+    let m = b.matmul("head.mm", h, head).unwrap();
+    let loss = b.reduce_mean("loss", m, &[], false).unwrap();
+    b.output(loss).unwrap();
+    b.finish()
+}
+
+fn auto(search: &str, full_batch: bool) -> ParallelContext {
+    let mut c = ParallelContext::default();
+    c.set("device_num", &json!(8)).unwrap();
+    c.set("parallel_mode", &json!("auto_parallel")).unwrap();
+    c.set("search_mode", &json!(search)).unwrap();
+    if full_batch {
+        c.set("full_batch", &json!(true)).unwrap();
+    }
+    c
+}
+
+fn sorted(mut f: StrategyFile) -> StrategyFile {
+    f.strategy_items.sort_by(|a, b| a.node_name.cmp(&b.node_name));
+    f.layout_items.sort_by(|a, b| a.name.cmp(&b.name));
+    f
+}
+
+/// The plan's strategy file equals MindSpore's, item by item: operator strategies and
+/// parameter layouts.
+fn assert_matches(p: &ParallelPlan, folder: &str) {
+    let ours = sorted(strategy_file(p, false, &|_| Vec::new()));
+    let theirs = sorted(StrategyFile::load(fixtures().join(format!("strategies/{folder}/strategy_rank0.ckpt"))).unwrap());
+    let show = |f: &StrategyFile| f.strategy_items.iter().map(|i| format!("{} {:?}", i.node_name, i.parallel_strategy)).collect::<Vec<_>>();
+    assert_eq!(show(&ours), show(&theirs), "{folder}: operator strategies");
+    assert_eq!(ours.strategy_items, theirs.strategy_items, "{folder}");
+    assert_eq!(ours.layout_items.len(), theirs.layout_items.len(), "{folder}");
+    for (a, b) in ours.layout_items.iter().zip(&theirs.layout_items) {
+        assert_eq!((&a.name, &a.dev_matrix, a.map()), (&b.name, &b.dev_matrix, b.map()), "{folder}");
+    }
+    // MindSpore's parameter_layout_dict (the input x included), line by line.
+    let text = std::fs::read_to_string(fixtures().join(format!("strategies/{folder}/layout_rank0.txt"))).unwrap();
+    let ours: Vec<String> = parameter_layout_dict(p).iter().map(|(n, l)| format!("{n}: {l}")).collect();
+    let theirs: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(ours, theirs, "{folder}: parameter_layout_dict");
+}
+
+#[test]
+fn dynamic_programming_chooses_data_parallel_on_the_small_mlp() {
+    let p = plan(&network([64, 128, 32, 16], 256, false), &auto("dynamic_programming", false)).unwrap();
+    assert_matches(&p, "dp");
+}
+
+#[test]
+fn sharding_propagation_spreads_the_configured_strategy() {
+    let p = plan(&network([64, 128, 32, 16], 256, true), &auto("sharding_propagation", false)).unwrap();
+    assert_matches(&p, "shardprop");
+}
+
+#[test]
+fn sharding_propagation_spreads_the_configured_strategy() {
+    let p = plan(&network([64, 128, 32, 16], 256, true), &auto("sharding_propagation", false)).unwrap();
+    assert_matches(&p, "shardprop");
+}
+
+#[test]
+fn recursive_programming_chooses_data_parallel_on_the_small_mlp() {
+    let p = plan(&network([64, 128, 32, 16], 256, false), &auto("recursive_programming", true)).unwrap();
+    assert_matches(&p, "rec");
+}
