@@ -88,13 +88,13 @@ fn sharding_propagation_spreads_the_configured_strategy() {
 }
 
 #[test]
-fn sharding_propagation_spreads_the_configured_strategy() {
-    let p = plan(&network([64, 128, 32, 16], 256, true), &auto("sharding_propagation", false)).unwrap();
-    assert_matches(&p, "shardprop");
-}
-
-#[test]
 fn recursive_programming_chooses_data_parallel_on_the_small_mlp() {
     let p = plan(&network([64, 128, 32, 16], 256, false), &auto("recursive_programming", true)).unwrap();
     assert_matches(&p, "rec");
+}
+
+#[test]
+fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
+    let p = plan(&network([8192, 8192, 8192, 1024], 32, false), &auto("recursive_programming", true)).unwrap();
+    assert_matches(&p, "rec_big");
 }

@@ -1,8 +1,30 @@
-//! `recursive_programming`: placeholder, filled in below.
+//! `recursive_programming`, MindSpore's default search (its "rec_core", as 2.10 runs it):
+//! a greedy of binary cuts that does not use the cost graph's costs.
+//!
+//! 1. **The partition graph** keeps the ops whose cuts matter: 2-D MatMuls, convolutions,
+//!    pooling, and batch-parallel ops (BatchNorm, OneHot, the loss), plus one node per network
+//!    input (MindSpore's VirtualDataset). Every other op (element-wise ops, activations, bias
+//!    adds, reductions, reshapes, softmax, layer norm, batched matmuls, gathers) is left out and
+//!    gets its strategy afterwards. Edges pass through the ops left out: a kept op's producer is
+//!    found along first inputs; the other inputs of the ops left out are auxiliary producers.
+//!    Tensors are seen as 4-D (right-aligned), each dimension with a count of halvings.
+//! 2. **log2(devices) rounds.** Each round visits every kept node once, inputs first (above 32
+//!    devices: by weight, heaviest first) and halves one dimension of it:
+//!    * MatMul `[i,k] x [k,j]` with current local sizes: cut i costs `j*k/2 * 0.1` (the weight
+//!      every replica keeps), cut j `i*k/2`, cut k `i*j/2`, no cut `(1.5 * min)^2 / 350`; j and k
+//!      are never both cut; each option adds a redistribution penalty: for every neighbour
+//!      already visited this round whose cut differs from what the option needs, 16 times the
+//!      op's current input (producer) or output (consumer) size. The first cheapest option wins.
+//!    * Convolutions cut the batch (`filter/2` plus the penalty); pooling the batch or channels
+//!      (the penalty alone); batch-parallel ops and inputs their first even dimension, free.
+//! 3. **Strategies**: the halvings give each kept op its strategy (the loss runs data parallel).
+//!    The ops left out follow their neighbours: sharding propagation from the kept ops, each op
+//!    taking the layout its neighbour gives (the cheapest redistribution).
 
-use autopar_graph::Graph;
+use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
+use super::solve::{propagate, CostProblem};
 
 /// What the recursive search reads besides the cost graph.
 pub struct RecInput<'a> {
@@ -11,7 +33,350 @@ pub struct RecInput<'a> {
     pub training: bool,
 }
 
+/// MindSpore 2.10's `rp_matmul_mem_coef`.
+const MATMUL_MEM_COEF: f64 = 0.1;
+/// Penalty per element of a neighbour whose cut differs (`REDIS_COEF`).
+const REDIS_COEF: f64 = 16.0;
+const EXPERT_COEF: f64 = 1.5;
+const REPLICATE_BELOW: f64 = 350.0;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    MatMul,
+    Conv,
+    Pool,
+    /// Batch-parallel ops and network inputs: the first even dimension, free.
+    Batch,
+    /// The loss: cut like a batch-parallel op, data parallel in the end.
+    Loss,
+}
+
+type Dims = [usize; 4];
+type Cuts = [u32; 4];
+
+#[derive(Clone, Debug)]
+struct RecNode {
+    kind: Kind,
+    /// Cost-graph op (None: a network input).
+    op: Option<usize>,
+    /// Full 4-D shapes of inputs 0 and 1 (MatMul: `[1,1,i,k]`, `[1,1,k,j]`) and the output.
+    args: [Dims; 2],
+    out: Dims,
+    cuts: [Cuts; 2],
+    out_cuts: Cuts,
+    /// (input slot, producer node).
+    producers: Vec<(usize, usize)>,
+}
+
+/// What a node did in the current round: the dimensions it halved in its output and input 0.
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    out: [bool; 4],
+    in0: [bool; 4],
+}
+
+/// What an option needs of (producer of input 0, producer of input 1, consumers).
+type Modes = [[bool; 4]; 3];
+
+/// The halvings an option makes: (input slot, or 2 for the output; 4-D dimension).
+type Halvings = Vec<(usize, usize)>;
+
+fn four(shape: &[usize]) -> Dims {
+    let mut d = [1; 4];
+    let r = shape.len().min(4);
+    d[4 - r..].copy_from_slice(&shape[shape.len() - r..]);
+    d
+}
+
+fn local(d: &Dims, c: &Cuts) -> [usize; 4] {
+    [d[0] >> c[0], d[1] >> c[1], d[2] >> c[2], d[3] >> c[3]]
+}
+
+fn size(d: &[usize; 4]) -> f64 {
+    d.iter().map(|&x| x as f64).product()
+}
+
+fn even(x: usize) -> bool {
+    x >= 2 && x.is_multiple_of(2)
+}
+
+fn cut(dim: usize) -> [bool; 4] {
+    let mut m = [false; 4];
+    m[dim] = true;
+    m
+}
+
+const NONE: [bool; 4] = [false; 4];
+
 /// Each op's candidate index.
-pub fn choose(cg: &CostGraph, _rec: &RecInput<'_>) -> Vec<usize> {
-    vec![0; cg.ops.len()]
+pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
+    let g = rec.graph;
+    let mut nodes: Vec<RecNode> = Vec::new();
+    let mut kept_of: Vec<Option<usize>> = vec![None; g.len()];
+    for (i, node) in g.nodes().iter().enumerate() {
+        let kind = match &node.op {
+            OpKind::Input(_) => Some(Kind::Batch),
+            _ => match (cg.of_node[i], node.op.kind()) {
+                (Some(_), "MatMul") if node.ty.shape.len() == 2 => Some(Kind::MatMul),
+                (Some(_), "Conv2D") => Some(Kind::Conv),
+                (Some(_), "MaxPool" | "AvgPool") => Some(Kind::Pool),
+                (Some(_), "BatchNorm" | "OneHot") => Some(Kind::Batch),
+                (Some(_), "SoftmaxCrossEntropyWithLogits") => Some(Kind::Loss),
+                _ => None,
+            },
+        };
+        let Some(kind) = kind else { continue };
+        let shape = |x: usize| node.inputs.get(x).map(|id| g.node(*id).ty.shape.clone()).unwrap_or_default();
+        let args = if kind == Kind::MatMul {
+            let op = &cg.ops[cg.of_node[i].expect("kept ops are cost-graph ops")];
+            // Logical [i, k, j] of a 2-D MatMul.
+            let (si, sk, sj) = (op.spec.dims[0].size, op.spec.dims[1].size, op.spec.dims[2].size);
+            [[1, 1, si, sk], [1, 1, sk, sj]]
+        } else if matches!(node.op, OpKind::Input(_)) {
+            [four(&node.ty.shape), [1; 4]]
+        } else {
+            [four(&shape(0)), four(&shape(1))]
+        };
+        kept_of[i] = Some(nodes.len());
+        nodes.push(RecNode {
+            kind,
+            op: cg.of_node[i],
+            args,
+            out: four(&node.ty.shape),
+            cuts: [[0; 4]; 2],
+            out_cuts: [0; 4],
+            producers: Vec::new(),
+        });
+    }
+    // Producers through the ops left out.
+    for (i, node) in g.nodes().iter().enumerate() {
+        let Some(k) = kept_of[i] else { continue };
+        if matches!(node.op, OpKind::Input(_)) {
+            continue;
+        }
+        let mut producers = Vec::new();
+        for (slot, x) in node.inputs.iter().enumerate().take(2) {
+            let mut found = Vec::new();
+            reach(g, *x, &kept_of, &mut found);
+            producers.extend(found.into_iter().map(|p| (slot, p)));
+        }
+        producers.dedup();
+        nodes[k].producers = producers;
+    }
+    let consumers: Vec<Vec<usize>> =
+        (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
+
+    let rounds = rec.devices.max(1).ilog2();
+    for _ in 0..rounds {
+        let order = visit_order(&nodes, rec.devices);
+        let mut done: Vec<(usize, Round)> = Vec::new();
+        for v in order {
+            let r = partition(&mut nodes, v, &consumers[v], &done);
+            done.push((v, r));
+        }
+    }
+
+    // Strategies of the kept ops, then propagation to the rest.
+    let mut configured: Vec<Option<usize>> = vec![None; cg.ops.len()];
+    for node in &nodes {
+        let Some(k) = node.op else { continue };
+        let op = &cg.ops[k];
+        if op.configured.is_some() {
+            configured[k] = Some(0);
+            continue;
+        }
+        let mut splits = vec![1usize; op.spec.dims.len()];
+        match node.kind {
+            Kind::MatMul => {
+                splits[0] = 1 << node.cuts[0][2];
+                splits[1] = 1 << node.cuts[0][3];
+                splits[2] = 1 << node.cuts[1][3];
+            }
+            Kind::Loss => {
+                if let Some(Some(l)) = op.spec.inputs[0].first() {
+                    let batch = op.spec.dims[*l].size;
+                    let mut s = 1;
+                    while s * 2 <= rec.devices && batch.is_multiple_of(s * 2) && rec.devices.is_multiple_of(s * 2) {
+                        s *= 2;
+                    }
+                    splits[*l] = s;
+                }
+            }
+            Kind::Conv | Kind::Pool | Kind::Batch => {
+                let map = &op.spec.inputs[0];
+                let r = map.len().min(4);
+                for (t, l) in map.iter().enumerate().skip(map.len() - r) {
+                    if let Some(l) = l {
+                        splits[*l] = splits[*l].max(1 << node.cuts[0][4 - map.len() + t]);
+                    }
+                }
+            }
+        }
+        configured[k] = op.candidates.iter().position(|c| c.splits == splits);
+    }
+    let problem: CostProblem = cg.problem();
+    propagate(&problem, &configured).0
+}
+
+/// The kept nodes a value comes from, through the ops left out (all their non-parameter inputs).
+fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], out: &mut Vec<usize>) {
+    if let Some(k) = kept_of[x.0] {
+        out.push(k);
+        return;
+    }
+    let node = g.node(x);
+    for y in &node.inputs {
+        if !matches!(g.node(*y).op, OpKind::Parameter(_)) {
+            reach(g, *y, kept_of, out);
+        }
+    }
+}
+
+/// Inputs first (the graph's order); above 32 devices the heaviest first, ties inputs first.
+fn visit_order(nodes: &[RecNode], devices: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    if devices > 32 {
+        let w: Vec<f64> = nodes.iter().map(weight).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
+    }
+    order
+}
+
+fn weight(n: &RecNode) -> f64 {
+    match n.kind {
+        Kind::MatMul => {
+            let (i, k, j) = matmul_sizes(n);
+            let c = matmul_costs(i, k, j);
+            c.iter().copied().fold(0.0, f64::max)
+        }
+        Kind::Conv => size(&local(&n.args[1], &n.cuts[1])) / 2.0,
+        Kind::Pool => 0.0,
+        Kind::Batch | Kind::Loss if n.op.is_none() => 0.0,
+        Kind::Batch | Kind::Loss => f64::MAX,
+    }
+}
+
+fn matmul_sizes(n: &RecNode) -> (usize, usize, usize) {
+    let a = local(&n.args[0], &n.cuts[0]);
+    let b = local(&n.args[1], &n.cuts[1]);
+    (a[2], a[3], b[3])
+}
+
+/// MatMul's op costs of cutting i, j, k and of no cut.
+fn matmul_costs(i: usize, k: usize, j: usize) -> [f64; 4] {
+    let (i, k, j) = (i as f64, k as f64, j as f64);
+    let ci = j * k / 2.0 * MATMUL_MEM_COEF;
+    let cj = i * k / 2.0;
+    let ck = i * j / 2.0;
+    let m = ci.min(cj).min(ck);
+    [ci, cj, ck, (EXPERT_COEF * m).powi(2) / REPLICATE_BELOW]
+}
+
+/// The redistribution penalty of an option needing `modes` for node `v`.
+fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)], modes: &Modes) -> f64 {
+    let n = &nodes[v];
+    let in_size = size(&local(&n.args[0], &n.cuts[0]));
+    let out_size = size(&local(&n.out, &n.out_cuts));
+    let mut total = 0.0;
+    for (name, r) in done {
+        for &(slot, p) in &n.producers {
+            if p == *name && nodes[p].out == n.args[slot.min(1)] && r.out != modes[slot.min(1)] {
+                total += in_size * REDIS_COEF;
+            }
+        }
+        for &c in consumers {
+            if c == *name && nodes[c].args.contains(&n.out) && r.in0 != modes[2] {
+                total += out_size * REDIS_COEF;
+            }
+        }
+    }
+    total
+}
+
+/// One round of node `v`: pick its cheapest cut, apply it, and say what it halved.
+fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)]) -> Round {
+    let n = nodes[v].clone();
+    // Options: (cost, modes, halvings of (input slot or 2 = output, 4-D dim)).
+    let mut options: Vec<(f64, Halvings)> = Vec::new();
+    match n.kind {
+        Kind::MatMul => {
+            let (i, k, j) = matmul_sizes(&n);
+            let c = matmul_costs(i, k, j);
+            let k_cut = n.cuts[0][3] > 0;
+            let j_cut = n.cuts[1][3] > 0;
+            let opts: [(bool, f64, Modes, Halvings); 4] = [
+                (even(i), c[0], [cut(2), NONE, cut(2)], vec![(0, 2), (2, 2)]),
+                (even(j) && !k_cut, c[1], [NONE, cut(3), cut(3)], vec![(1, 3), (2, 3)]),
+                (even(k) && !j_cut, c[2], [cut(3), cut(2), NONE], vec![(0, 3), (1, 2)]),
+                (true, c[3], [NONE, NONE, NONE], vec![]),
+            ];
+            for (ok, cost, modes, halve) in opts {
+                let total = if ok { (cost + redis(nodes, v, consumers, done, &modes)).abs() } else { f64::MAX };
+                options.push((total, halve));
+            }
+        }
+        Kind::Conv => {
+            let a = local(&n.args[0], &n.cuts[0]);
+            let filter = size(&local(&n.args[1], &n.cuts[1])) / 2.0;
+            let modes = [cut(0), NONE, cut(0)];
+            let total = if even(a[0]) { (filter + redis(nodes, v, consumers, done, &modes)).abs() } else { f64::MAX };
+            options.push((total, vec![(0, 0), (2, 0)]));
+        }
+        Kind::Pool => {
+            let o = local(&n.out, &n.out_cuts);
+            for (d, &size) in o.iter().enumerate().take(2) {
+                let modes = [cut(d), cut(d), cut(d)];
+                let total = if even(size) { redis(nodes, v, consumers, done, &modes).abs() } else { f64::MAX };
+                options.push((total, vec![(0, d), (2, d)]));
+            }
+        }
+        Kind::Batch | Kind::Loss => {
+            let a = local(&n.args[0], &n.cuts[0]);
+            for (d, &size) in a.iter().enumerate() {
+                options.push((if even(size) { 0.0 } else { f64::MAX }, vec![(0, d), (2, d)]));
+            }
+        }
+    }
+    // The first cheapest option.
+    let mut best: Option<usize> = None;
+    for (x, o) in options.iter().enumerate() {
+        if best.is_none_or(|b| o.0 < options[b].0) {
+            best = Some(x);
+        }
+    }
+    let mut r = Round { out: NONE, in0: NONE };
+    let Some(b) = best.filter(|&b| options[b].0 < f64::MAX) else { return r };
+    let node = &mut nodes[v];
+    for &(slot, d) in &options[b].1 {
+        match slot {
+            2 => {
+                node.out_cuts[d] += 1;
+                r.out[d] = true;
+            }
+            s => {
+                node.cuts[s][d] += 1;
+                if s == 0 {
+                    r.in0[d] = true;
+                }
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_costs_prefer_the_batch_for_small_batches_of_large_weights() {
+        // [32, 8192] x [8192, 8192]: cut i keeps the weight whole (its cost is the weight's).
+        let c = matmul_costs(32, 8192, 8192);
+        assert_eq!(c[0], 8192.0 * 8192.0 / 2.0 * 0.1);
+        assert_eq!(c[1], 32.0 * 8192.0 / 2.0);
+        assert!(c[3] > c[0], "no cut is dearer than any cut of a big MatMul");
+        // Tiny matrices: no cut is cheapest.
+        let c = matmul_costs(4, 4, 4);
+        assert!(c[3] < c[0].min(c[1]).min(c[2]));
+    }
 }
