@@ -577,7 +577,7 @@ impl Trainer {
         }
         let mut beside = None;
         if let Some(ck) = &self.cfg.checkpoint {
-            if job.device_num() > 1 && job.mode() == ParallelMode::SemiAutoParallel {
+            if job.device_num() > 1 && job.mode().is_auto() {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
                 if !quiet {
@@ -686,7 +686,7 @@ impl Trainer {
         let root = if world > 1 { path.parent().and_then(Path::parent) } else { path.parent() }.unwrap_or(Path::new("."));
         let strategy = root.join("strategy.json");
         // Only a model-parallel run's files hold slices; the others hold whole tensors.
-        let sliced = world > 1 && pos.parallel_mode == ParallelMode::SemiAutoParallel.name();
+        let sliced = world > 1 && ParallelMode::parse(&pos.parallel_mode).is_some_and(|m| m.is_auto());
         let same = world == n && pos.parallel_mode == mode && (!sliced || !strategy.is_file() || self.same_layouts(job, &strategy)?);
         if same {
             return Ok(Resume { path, pos, merged: None });

@@ -98,3 +98,31 @@ fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
     let p = plan(&network([8192, 8192, 8192, 1024], 32, false), &auto("recursive_programming", true)).unwrap();
     assert_matches(&p, "rec_big");
 }
+
+/// An auto plan saves a strategy file (`strategy_ckpt_config.save_file`) that replays it under
+/// semi_auto_parallel: the same strategies and layouts.
+#[test]
+fn an_auto_plan_replays_from_its_strategy_file_under_semi_auto_parallel() {
+    use autopar_parallel::{plan_job, PlanRequest, StrategySource};
+    use autopar_runtime::strategy_io::{load_strategy_items, save_strategy_file};
+    let dir = tempfile::tempdir().unwrap();
+    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+        let g = network([8192, 8192, 8192, 1024], 32, search == "sharding_propagation");
+        let p = plan(&g, &auto(search, false)).unwrap();
+        assert!(p.nodes.iter().any(|n| n.source == Some(StrategySource::Searched) || n.source == Some(StrategySource::Propagated)));
+        let path = dir.path().join(format!("{search}.ckpt"));
+        save_strategy_file(&p, &path, true, &|_| Vec::new()).unwrap();
+        let items = load_strategy_items(&path).unwrap();
+        let mut c = ParallelContext::default();
+        c.set("device_num", &json!(8)).unwrap();
+        c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+        let fresh = network([8192, 8192, 8192, 1024], 32, false);
+        let replay = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
+        assert_eq!(p.parameter_layouts(), replay.parameter_layouts(), "{search}");
+        for (a, b) in p.nodes.iter().zip(&replay.nodes) {
+            if items.items.iter().any(|(k, _)| k.ends_with(&format!("_{}", a.name))) {
+                assert_eq!(a.strategy, b.strategy, "{search}: {}", a.name);
+            }
+        }
+    }
+}

@@ -247,6 +247,8 @@ fn auto_parallel_plans_equal_stand_alone() {
     cases.push(("gpt", case(&small_gpt(), 8, 16, 1e-5, 1e-6)));
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
     cases.push(("resnet18", case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5)));
+    // Per search: runs whose plan splits some parameter (model parallel, not only the batch).
+    let mut model_parallel = std::collections::BTreeMap::new();
     for (label, c) in &cases {
         let batches = data(c, 10, 29);
         let (want_losses, want) = serial(c, &batches);
@@ -258,9 +260,17 @@ fn auto_parallel_plans_equal_stand_alone() {
                 ctx.set("search_mode", &json!(search)).unwrap();
                 let what = format!("{label} n={n} {search}");
                 let job = ParallelJob::new(c.graph.clone(), c.loss, ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let plan = job.plan();
+                assert_eq!(plan.search.as_ref().map(|r| r.search.name()), Some(search), "{what}");
+                if plan.params.iter().any(|p| p.layout.num_slices() > 1) {
+                    *model_parallel.entry(search).or_insert(0) += 1;
+                }
                 let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_close(c, &what, &run.losses, &run.params, &want_losses, &want);
             }
         }
+    }
+    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+        assert!(model_parallel.get(search).copied().unwrap_or(0) > 0, "{search} never split a parameter: {model_parallel:?}");
     }
 }

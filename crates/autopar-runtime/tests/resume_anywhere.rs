@@ -165,3 +165,21 @@ fn resharding_into_the_folder_it_reads_or_without_its_strategy_is_refused() {
     let msg = err.to_string();
     assert!(msg.contains("strategy.json") && msg.contains("is missing"), "{msg}");
 }
+
+/// An auto_parallel run (its strategies found by the search, its slices described by the
+/// strategy.json it writes) resumes on 2 devices under data_parallel equal to the uninterrupted run.
+#[test]
+fn auto_parallel_run_resumes_on_another_device_count() {
+    let opt = momentum();
+    let uninterrupted = run(&opt, context("data_parallel", 2), vec![], 8, None, None).unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut auto = context("auto_parallel", 8);
+    auto.set_str("search_mode", "dynamic_programming").unwrap();
+    let first = run(&opt, auto, vec![], 4, Some(a.path()), None).unwrap();
+    close(&first.losses, &uninterrupted.losses[..4], "auto_parallel on 8 devices, steps 1-4");
+    assert!(a.path().join("strategy.json").is_file());
+    let second = run(&opt, context("data_parallel", 2), vec![], 8, Some(b.path()), Some(a.path().to_path_buf())).unwrap();
+    assert_eq!(second.first_step, 4);
+    close(&second.losses, &uninterrupted.losses[4..], "resumed on 2 devices, steps 5-8");
+    params_close(&second.params, &uninterrupted.params, "after auto_parallel 8 -> 2");
+}

@@ -105,3 +105,31 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// auto_parallel explains its choice: per op the strategy, its source, its cost by part and the
+/// runner-up; JSON carries the same.
+#[test]
+fn auto_parallel_plans_explain_every_search() {
+    let dir = tempfile::tempdir().unwrap();
+    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+        let opt = format!("search_mode={search}");
+        let args = ["plan", "--model", "mlp", "--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", &opt];
+        let out = ok(dir.path(), &args);
+        assert!(out.contains(&format!("strategy search: {search}")), "{out}");
+        assert!(out.contains("runner-up (extra)") && out.contains("fc1.matmul"), "{out}");
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &json_args)).unwrap();
+        assert_eq!(v["search"]["search"], search);
+        let ops = v["search"]["operators"].as_array().unwrap();
+        assert!(ops.iter().all(|o| o["compute_seconds"].as_f64().unwrap() >= 0.0), "{v}");
+    }
+    // A memory budget no strategy fits names the op and its largest tensors.
+    let o = autopar(
+        dir.path(),
+        &["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--parallel", "device_memory_capacity=1000"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("device_memory_capacity = 1000") && err.contains("largest tensors"), "{err}");
+}
