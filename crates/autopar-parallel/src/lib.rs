@@ -36,7 +36,8 @@ pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{
-    fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, strategy_item_names, PlanRequest, StrategyItems, DEFAULT_FUSION_BYTES,
+    compare_searches, fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, strategy_item_names, PlanRequest, StrategyItems,
+    DEFAULT_FUSION_BYTES,
 };
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram};
 pub use report::parameter_layout_dict;

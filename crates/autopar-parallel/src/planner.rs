@@ -25,10 +25,11 @@ use std::path::PathBuf;
 use autopar_graph::{CostCx, Graph, Node, NodeId, OpKind, ShardingRule, StrategyProblem, TensorType, Tie};
 use autopar_layout::{plan_with, DeviceAxis, DeviceMatrix, Strategy, TensorLayout};
 
+use crate::context::SearchMode;
 use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
 use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
-use crate::search::DeviceProfile;
+use crate::search::{DeviceProfile, Search, SearchReport};
 
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
@@ -62,6 +63,38 @@ pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
 
 /// Plan a job: every mode but hybrid_parallel (see [`plan_hybrid`]).
 pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
+    plan_job_with(req, Search::Mode(req.context.search_mode))
+}
+
+/// auto_parallel's plan of a job under each search side by side: recursive_programming,
+/// sharding_propagation, dynamic_programming, pure data parallel and the exact optimum of the
+/// cost model, each with the seconds it took to plan.
+pub fn compare_searches(req: &PlanRequest<'_>) -> Result<Vec<(SearchReport, f64)>> {
+    let mut ctx = req.context.clone();
+    if ctx.parallel_mode != ParallelMode::AutoParallel {
+        ctx.set("parallel_mode", &serde_json::json!("auto_parallel"))?;
+    }
+    let req = PlanRequest { context: &ctx, ..*req };
+    let searches = [
+        Search::Mode(SearchMode::RecursiveProgramming),
+        Search::Mode(SearchMode::ShardingPropagation),
+        Search::Mode(SearchMode::DynamicProgramming),
+        Search::DataParallel,
+        Search::Exact,
+    ];
+    searches
+        .into_iter()
+        .map(|s| {
+            let started = std::time::Instant::now();
+            let plan = plan_job_with(&req, s)?;
+            let seconds = started.elapsed().as_secs_f64();
+            Ok((plan.search.expect("an auto_parallel plan has a search report"), seconds))
+        })
+        .collect()
+}
+
+/// [`plan_job`] with auto_parallel's search chosen here.
+fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> {
     let ctx = req.context;
     ctx.validate()?;
     ctx.check_supported()?;
@@ -115,6 +148,13 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
     // auto_parallel: the search decides the rest.
     let mut search_report = None;
     if mode == ParallelMode::AutoParallel {
+        if search == Search::DataParallel {
+            for (i, node) in nodes.iter().enumerate() {
+                if let (ShardingRule::Spec(spec), None) = (&rules[i], &fixed[i]) {
+                    fixed[i] = Some((default_splits(spec, node, &on_data, n), StrategySource::Default));
+                }
+            }
+        }
         let builtin = DeviceProfile::builtin();
         let profile = req.profile.unwrap_or(&builtin);
         let report = crate::search::search_plan(&crate::search::SearchJob {
@@ -125,7 +165,7 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
             training: req.loss.is_some(),
             fixed: &fixed,
             input_layouts: &input_layouts,
-            search: crate::search::Search::Mode(ctx.search_mode),
+            search,
         })?;
         for op in &report.ops {
             fixed[op.node.0] = Some((op.splits.clone(), op.source));
@@ -381,7 +421,7 @@ fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Str
 }
 
 /// Whether each node's value depends on a network input (nodes are in topological order).
-fn depends_on_inputs(graph: &Graph) -> Vec<bool> {
+pub(crate) fn depends_on_inputs(graph: &Graph) -> Vec<bool> {
     let mut on_data = vec![false; graph.len()];
     for (i, node) in graph.nodes().iter().enumerate() {
         on_data[i] = matches!(node.op, OpKind::Input(_)) || node.inputs.iter().any(|x| on_data[x.0]);

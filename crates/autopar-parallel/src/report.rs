@@ -485,7 +485,7 @@ pub fn search_text(r: &SearchReport) -> String {
     );
     for o in &r.ops {
         let runner = match &o.runner_up {
-            Some((st, extra)) => format!("{st} (+{})", ms(*extra)),
+            Some((st, extra)) => format!("{st} ({:+.4} ms)", extra * 1e3),
             None if o.candidates == 1 => "- (the only one)".into(),
             None => "-".into(),
         };
@@ -528,4 +528,34 @@ pub fn search_json(r: &SearchReport) -> Value {
             "runner_up": o.runner_up.as_ref().map(|(st, extra)| json!({"strategy": st.0, "extra_seconds": extra})),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// `autopar plan --compare`: one row per search with its predicted cost by part, the seconds
+/// it took and its cost over the exact optimum's.
+pub fn compare_text(model: &str, devices: usize, rows: &[(SearchReport, f64)]) -> String {
+    let mut s = String::new();
+    let exact = rows.iter().find(|(r, _)| r.search == crate::search::Search::Exact).map(|(r, _)| r.objective);
+    let _ = writeln!(s, "autopar plan --compare: {model} on {devices} devices, predicted seconds per step (weighted objective)");
+    let _ = writeln!(
+        s,
+        "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9}",
+        "search", "objective", "compute", "comm", "redist", "grad sync", "memory", "planned", "/ exact"
+    );
+    for (r, seconds) in rows {
+        let t = r.total();
+        let _ = writeln!(
+            s,
+            "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>9.3}s {:>9}",
+            r.search.name(),
+            ms(r.objective),
+            ms(t.compute),
+            ms(t.communication),
+            ms(t.redistribution),
+            ms(t.gradient_sync),
+            human_bytes(t.memory as usize),
+            seconds,
+            exact.map(|e| format!("{:.3}", r.objective / e)).unwrap_or_else(|| "-".into())
+        );
+    }
+    s
 }

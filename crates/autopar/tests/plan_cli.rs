@@ -124,6 +124,13 @@ fn auto_parallel_plans_explain_every_search() {
         let ops = v["search"]["operators"].as_array().unwrap();
         assert!(ops.iter().all(|o| o["compute_seconds"].as_f64().unwrap() >= 0.0), "{v}");
     }
+    // --compare: every search, pure data parallel and the exact optimum, none below the optimum.
+    let out = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare"]);
+    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming", "data_parallel", "exact"] {
+        let row = out.lines().find(|l| l.trim_start().starts_with(search)).unwrap_or_else(|| panic!("{search} missing:\n{out}"));
+        let ratio: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
+        assert!(ratio >= 1.0 - 1e-9, "{row}");
+    }
     // A memory budget no strategy fits names the op and its largest tensors.
     let o = autopar(
         dir.path(),

@@ -167,6 +167,7 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let nodes = g.nodes();
 
     // Roles and candidates.
+    let on_data = crate::planner::depends_on_inputs(g);
     let mut roles = Vec::with_capacity(nodes.len());
     let mut ops: Vec<SearchOp> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -177,7 +178,11 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
                 let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
                 let (all, configured) = match &b.fixed[i] {
                     Some((s, src)) => (vec![s.clone()], Some(*src)),
-                    None => (bl.candidate_splits(spec, node.op.kind(), &ins), None),
+                    None => {
+                        // The batch: the first dimension of the first input computed from the data.
+                        let batch = node.inputs.iter().position(|x| on_data[x.0]).and_then(|i| spec.inputs[i].first().copied().flatten());
+                        (bl.candidate_splits(spec, node.op.kind(), &ins, batch), None)
+                    }
                 };
                 let mut candidates = Vec::with_capacity(all.len());
                 for splits in all {
@@ -368,7 +373,7 @@ fn is_elementwise(spec: &OpSpec) -> bool {
 }
 
 impl Builder<'_> {
-    fn candidate_splits(&self, spec: &OpSpec, kind: &'static str, ins: &[&TensorType]) -> Vec<Vec<usize>> {
+    fn candidate_splits(&self, spec: &OpSpec, kind: &'static str, ins: &[&TensorType], batch: Option<usize>) -> Vec<Vec<usize>> {
         let o = &self.b.context.search;
         let mut all = spec.valid_splits(self.n);
         if o.tensor_slice_align_enable && matches!(kind, "MatMul" | "BatchMatMul") {
@@ -392,6 +397,10 @@ impl Builder<'_> {
             let most = all.iter().map(|s| s.iter().product::<usize>()).max().unwrap_or(1);
             all.retain(|s| s.iter().product::<usize>() == most);
         }
+        // Ties go to the lower index in every search: candidates using more devices come
+        // first, then those splitting the batch more (MindSpore's preference for data
+        // parallelism).
+        all.sort_by_key(|s| (std::cmp::Reverse(s.iter().product::<usize>()), std::cmp::Reverse(batch.map_or(1, |b| s[b]))));
         all
     }
 

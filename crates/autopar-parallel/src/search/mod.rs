@@ -28,11 +28,13 @@ use crate::plan::StrategySource;
 /// The most entries a table of the exact searches may have.
 pub const TABLE_LIMIT: u128 = 1 << 26;
 
-/// Which search made a plan: one of MindSpore's three, or the exact optimum of the cost model.
+/// Which search made a plan: one of MindSpore's three, the exact optimum of the cost model, or
+/// every op on its data-parallel default (for comparison).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Search {
     Mode(SearchMode),
     Exact,
+    DataParallel,
 }
 
 impl Search {
@@ -40,6 +42,7 @@ impl Search {
         match self {
             Search::Mode(m) => m.name(),
             Search::Exact => "exact",
+            Search::DataParallel => "data_parallel",
         }
     }
 }
@@ -101,7 +104,9 @@ pub(crate) struct SearchJob<'a> {
 
 /// Build the cost graph of a job and search it.
 pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
-    let partial_use = matches!(job.search, Search::Mode(SearchMode::ShardingPropagation | SearchMode::RecursiveProgramming));
+    // Propagation and the recursive search may leave devices idle (a layout that follows its
+    // neighbour, an op not worth cutting); the exact optimum is over those candidates too.
+    let partial_use = !matches!(job.search, Search::Mode(SearchMode::DynamicProgramming));
     let cg = costgraph::build(&costgraph::Build {
         graph: job.graph,
         rules: job.rules,
@@ -127,7 +132,9 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: Option<&recursive::RecInp
         Search::Mode(SearchMode::DynamicProgramming) => {
             (solve::eliminate(&problem, Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
         }
-        Search::Exact => (solve::eliminate(&problem, Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()]),
+        Search::Exact | Search::DataParallel => {
+            (solve::eliminate(&problem, Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
+        }
         Search::Mode(SearchMode::RecursiveProgramming) => {
             let rec = rec.expect("recursive_programming gets its input");
             (recursive::choose(cg, rec), vec![false; cg.ops.len()])

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
-use autopar_parallel::report::{split_svg, PlanReport};
-use autopar_parallel::{plan_job, rank_program, PlanRequest, RankCost};
+use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport};
+use autopar_parallel::{compare_searches, plan_job, rank_program, PlanRequest, RankCost};
 use clap::Args;
 
 use super::common::{model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
@@ -22,7 +22,9 @@ use super::common::{model_options, optimizer_kind, parallel_context, read_config
     autopar plan --model gpt --depth 32 --width 1024 --heads 16 --devices 4096\n  \
     autopar plan --model mlp --devices 8 --strategy run/ckpt/strategy.json --json\n  \
     autopar plan --model resnet50 --devices 64 --parallel-mode data_parallel --svg splits.svg\n  \
-    autopar plan --model mlp --devices 8 --mindspore-layouts")]
+    autopar plan --model mlp --devices 8 --mindspore-layouts\n  \
+    autopar plan --model gpt --devices 8 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming\n  \
+    autopar plan --model mlp --devices 8 --compare")]
 pub struct PlanArgs {
     /// Read settings from a TOML file (the keys of `autopar train`; flags given here override it).
     #[arg(long, value_name = "FILE")]
@@ -49,6 +51,10 @@ pub struct PlanArgs {
     /// Print MindSpore's parameter_layout_dict lines (name: 12-tuple) instead of the report.
     #[arg(long)]
     mindspore_layouts: bool,
+    /// Plan the model under every auto_parallel search, pure data parallel and the exact optimum
+    /// of the cost model, and print their predicted costs side by side.
+    #[arg(long)]
+    compare: bool,
 }
 
 pub fn run(args: PlanArgs) -> Result<ExitCode> {
@@ -75,6 +81,21 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
 
     let started = Instant::now();
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
+    if args.compare {
+        let req = PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: None };
+        let rows = compare_searches(&req)?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            let v: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(r, s)| serde_json::json!({"search": r.search.name(), "planning_seconds": s, "report": search_json(r)}))
+                .collect();
+            writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the comparison as JSON: {e}"))?)?;
+        } else {
+            write!(out, "{}", compare_text(&format!("{} (batch {batch})", model.describe()), n, &rows))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: None })?;
     let program = rank_program(&plan, rank)?;
     let cost = RankCost::of(&program, slots)?;
