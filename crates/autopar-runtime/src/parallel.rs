@@ -37,7 +37,19 @@ impl ParallelJob {
     /// Like [`ParallelJob::new`], with the operator strategies of a strategy file applied
     /// (semi_auto_parallel).
     pub fn with_strategies(graph: Graph, loss: NodeId, ctx: ParallelContext, file: Option<&StrategyItems>) -> Result<Self> {
-        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: file, profile: None })?;
+        Self::planned(graph, loss, ctx, file, None)
+    }
+
+    /// Like [`ParallelJob::with_strategies`], with auto_parallel's cost model under `profile`
+    /// (None: the built-in one).
+    pub fn planned(
+        graph: Graph,
+        loss: NodeId,
+        ctx: ParallelContext,
+        file: Option<&StrategyItems>,
+        profile: Option<&autopar_parallel::DeviceProfile>,
+    ) -> Result<Self> {
+        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: file, profile })?;
         Ok(Self { plan })
     }
 

@@ -192,6 +192,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Batch size of evaluation.
     pub eval_batch_size: usize,
+    /// The device profile of auto_parallel's cost model (None: the built-in one).
+    pub profile: Option<autopar_parallel::DeviceProfile>,
 }
 
 impl Default for TrainConfig {
@@ -210,6 +212,7 @@ impl Default for TrainConfig {
             init_strategy: None,
             resume: None,
             eval_batch_size: 256,
+            profile: None,
         }
     }
 }
@@ -438,7 +441,7 @@ impl Trainer {
             Some(path) => Some(crate::strategy_io::load_strategy_items(Path::new(path))?),
             None => None,
         };
-        let job = ParallelJob::with_strategies(graph, net.loss, cfg.parallel.clone(), items.as_ref())?;
+        let job = ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?;
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
         if let Some(init) = &cfg.init {

@@ -39,6 +39,9 @@ enum Command {
     /// Plan a job without training it: every op's strategy and its source, layouts,
     /// redistributions, gradient buckets, communication per step and memory per device.
     Plan(Box<cli::plan::PlanArgs>),
+    /// Measure this machine's compute rate, memory bandwidth and collective latency and
+    /// bandwidth: the device profile of auto_parallel's cost model (TOML).
+    Calibrate(cli::calibrate::CalibrateArgs),
 }
 
 /// Commands whose output is read through pipes (`autopar ckpt inspect F | head`) end quietly
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Launch(args) => cli::launch::run(args),
         Command::Train(args) => cli::train::run(*args),
         Command::Plan(args) => cli::plan::run(*args),
+        Command::Calibrate(args) => cli::calibrate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -140,3 +140,21 @@ fn auto_parallel_plans_explain_every_search() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("device_memory_capacity = 1000") && err.contains("largest tensors"), "{err}");
 }
+
+/// `autopar calibrate` writes a device profile that `plan --profile` reads; a broken profile is
+/// refused naming the file and the field.
+#[test]
+fn calibrated_profiles_drive_the_cost_model() {
+    let dir = tempfile::tempdir().unwrap();
+    ok(dir.path(), &["calibrate", "--quick", "--max-ranks", "2", "--out", "machine.toml"]);
+    let text = std::fs::read_to_string(dir.path().join("machine.toml")).unwrap();
+    assert!(text.contains("flops_per_s") && text.contains("[[links]]") && text.contains("ranks = 2"), "{text}");
+    let args = ["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "machine.toml"];
+    let out = ok(dir.path(), &args);
+    assert!(out.contains("device profile: calibrated on"), "{out}");
+    std::fs::write(dir.path().join("bad.toml"), text.replace("flops_per_s", "flops")).unwrap();
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "bad.toml"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("bad.toml") && err.contains("flops_per_s"), "{err}");
+}

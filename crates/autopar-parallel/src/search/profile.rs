@@ -89,6 +89,37 @@ impl DeviceProfile {
         s
     }
 
+    /// A profile from its TOML form read as JSON (`name`, `flops_per_s`, `memory_bytes_per_s`,
+    /// `[[links]]` with `ranks`, `latency_s`, `seconds_per_byte`), checked; `source` names the
+    /// file in errors.
+    pub fn from_json(v: &serde_json::Value, source: &str) -> Result<Self> {
+        let bad = |what: String| ParallelError::BadProfile { origin: source.to_string(), problem: what };
+        let num = |obj: &serde_json::Value, key: &str, at: &str| -> Result<f64> {
+            obj.get(key).and_then(|x| x.as_f64()).ok_or_else(|| bad(format!("{at}{key} is missing or not a number")))
+        };
+        let links = v
+            .get("links")
+            .and_then(|l| l.as_array())
+            .ok_or_else(|| bad("[[links]] entries are missing".into()))?
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let at = format!("links[{i}].");
+                let ranks =
+                    l.get("ranks").and_then(|x| x.as_u64()).ok_or_else(|| bad(format!("{at}ranks is missing or not an integer")))?;
+                Ok(Link { ranks: ranks as usize, latency_s: num(l, "latency_s", &at)?, seconds_per_byte: num(l, "seconds_per_byte", &at)? })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let p = Self {
+            name: v.get("name").and_then(|x| x.as_str()).unwrap_or(source).to_string(),
+            flops_per_s: num(v, "flops_per_s", "")?,
+            memory_bytes_per_s: num(v, "memory_bytes_per_s", "")?,
+            links,
+        };
+        p.validate(source)?;
+        Ok(p)
+    }
+
     /// Check the constants: positive rates, group sizes of at least 2 in ascending order.
     pub fn validate(&self, source: &str) -> Result<()> {
         let bad = |what: String| Err(ParallelError::BadProfile { origin: source.to_string(), problem: what });

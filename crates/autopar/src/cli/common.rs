@@ -55,6 +55,23 @@ pub struct ParallelArgs {
     /// Operator strategies from this strategy file (MindSpore's strategy_ckpt_load_file).
     #[arg(long, value_name = "FILE", help_heading = "Parallel")]
     pub strategy: Option<PathBuf>,
+    /// auto_parallel's cost model under this device profile (`autopar calibrate --out FILE`;
+    /// default: the built-in one).
+    #[arg(long, value_name = "FILE", help_heading = "Parallel")]
+    pub profile: Option<PathBuf>,
+}
+
+/// The device profile at `path` (TOML, as `autopar calibrate` writes it).
+pub fn load_profile(path: Option<&Path>) -> Result<Option<autopar_parallel::DeviceProfile>> {
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!("cannot read device profile {}\nhint: write one with `autopar calibrate --out {}`", path.display(), path.display())
+    })?;
+    let doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
+        anyhow::anyhow!("device profile {} is not valid TOML: {e}\nhint: write one with `autopar calibrate --out FILE`", path.display())
+    })?;
+    let json = toml_to_json(doc.as_item()).unwrap_or(serde_json::Value::Null);
+    Ok(Some(autopar_parallel::DeviceProfile::from_json(&json, &path.display().to_string())?))
 }
 
 /// The TOML file: the flags' names with `_`, and a `[parallel]` table.

@@ -1,5 +1,6 @@
 //! One module per subcommand. Each exposes its clap `Args` and a `run` returning the exit code.
 
+pub mod calibrate;
 pub mod ckpt;
 pub mod common;
 pub mod launch;

@@ -15,7 +15,7 @@ use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport}
 use autopar_parallel::{compare_searches, plan_job, rank_program, PlanRequest, RankCost};
 use clap::Args;
 
-use super::common::{model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
+use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -79,10 +79,12 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         None => None,
     };
 
+    let profile = load_profile(args.parallel.profile.as_deref())?;
     let started = Instant::now();
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
     if args.compare {
-        let req = PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: None };
+        let req =
+            PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
         let rows = compare_searches(&req)?;
         let mut out = std::io::stdout().lock();
         if args.json {
@@ -96,7 +98,13 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: None })?;
+    let plan = plan_job(&PlanRequest {
+        graph: &graph,
+        loss: Some(m.loss),
+        context: &ctx,
+        strategy_file: items.as_ref(),
+        profile: profile.as_ref(),
+    })?;
     let program = rank_program(&plan, rank)?;
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();

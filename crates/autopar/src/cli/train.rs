@@ -19,7 +19,7 @@ use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::common::{model_options, optimizer_kind, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
+use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
 #[derive(Args, Debug, Default)]
@@ -306,6 +306,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
+        profile: load_profile(s.args.parallel.profile.as_deref())?,
     };
     if cfg.epochs == 0 && steps.is_none() {
         bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
