@@ -240,8 +240,9 @@ pub struct SearchOptions {
     pub costmodel_beta: f64Bits,
     /// Weight of gradient synchronisation time in the objective.
     pub costmodel_gamma: f64Bits,
-    /// Only strategies using every device (MindSpore's default); otherwise any power of two
-    /// dividing the device count.
+    /// dynamic_programming considers only strategies using every device (MindSpore's default);
+    /// otherwise any power of two dividing the device count. Propagated ops follow their
+    /// neighbour's layout and the recursive search its cuts, which may leave devices idle.
     pub fully_use_devices: bool,
     /// Element-wise ops take their first input's layout as it comes (no redistribution before them).
     pub elementwise_op_strategy_follow: bool,

@@ -56,6 +56,9 @@ pub enum ParallelError {
     #[error("auto_parallel: no strategy of {kind} {name:?} fits device_memory_capacity = {capacity} bytes\n  its cheapest strategy in memory needs {need} bytes per device; its largest tensors: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
     OutOfMemory { kind: &'static str, name: String, capacity: u64, need: u64, largest: String },
 
+    #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use --devices 2, 4, 8, ... or --parallel search_mode=dynamic_programming")]
+    SearchDevices { search: &'static str, devices: usize },
+
     #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use --parallel search_mode=recursive_programming or sharding_propagation, or set .shard() on some ops")]
     SearchTooWide { search: &'static str, name: String, entries: u128 },
 

@@ -29,7 +29,7 @@ use crate::context::SearchMode;
 use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
 use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
 use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
-use crate::search::{DeviceProfile, Search, SearchReport};
+use crate::search::{DeviceProfile, Search, SearchRow};
 
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
@@ -68,8 +68,9 @@ pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
 
 /// auto_parallel's plan of a job under each search side by side: recursive_programming,
 /// sharding_propagation, dynamic_programming, pure data parallel and the exact optimum of the
-/// cost model, each with the seconds it took to plan.
-pub fn compare_searches(req: &PlanRequest<'_>) -> Result<Vec<(SearchReport, f64)>> {
+/// cost model, each with the seconds it took to plan, or why it could not plan (a search that
+/// fails does not hide the others).
+pub fn compare_searches(req: &PlanRequest<'_>) -> Result<Vec<SearchRow>> {
     let mut ctx = req.context.clone();
     if ctx.parallel_mode != ParallelMode::AutoParallel {
         ctx.set("parallel_mode", &serde_json::json!("auto_parallel"))?;
@@ -82,15 +83,17 @@ pub fn compare_searches(req: &PlanRequest<'_>) -> Result<Vec<(SearchReport, f64)
         Search::DataParallel,
         Search::Exact,
     ];
-    searches
+    Ok(searches
         .into_iter()
         .map(|s| {
             let started = std::time::Instant::now();
-            let plan = plan_job_with(&req, s)?;
-            let seconds = started.elapsed().as_secs_f64();
-            Ok((plan.search.expect("an auto_parallel plan has a search report"), seconds))
+            let row = plan_job_with(&req, s).map(|plan| {
+                let seconds = started.elapsed().as_secs_f64();
+                (plan.search.expect("an auto_parallel plan has a search report"), seconds)
+            });
+            (s, row)
         })
-        .collect()
+        .collect())
 }
 
 /// [`plan_job`] with auto_parallel's search chosen here.

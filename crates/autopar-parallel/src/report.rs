@@ -532,16 +532,29 @@ pub fn search_json(r: &SearchReport) -> Value {
 
 /// `autopar plan --compare`: one row per search with its predicted cost by part, the seconds
 /// it took and its cost over the exact optimum's.
-pub fn compare_text(model: &str, devices: usize, rows: &[(SearchReport, f64)]) -> String {
+pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRow]) -> String {
     let mut s = String::new();
-    let exact = rows.iter().find(|(r, _)| r.search == crate::search::Search::Exact).map(|(r, _)| r.objective);
+    let exact = rows
+        .iter()
+        .find(|(search, _)| *search == crate::search::Search::Exact)
+        .and_then(|(_, r)| r.as_ref().ok())
+        .map(|(r, _)| r.objective)
+        .filter(|e| *e > 0.0);
     let _ = writeln!(s, "autopar plan --compare: {model} on {devices} devices, predicted seconds per step (weighted objective)");
     let _ = writeln!(
         s,
         "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9}",
         "search", "objective", "compute", "comm", "redist", "grad sync", "memory", "planned", "/ exact"
     );
-    for (r, seconds) in rows {
+    for (search, row) in rows {
+        let (r, seconds) = match row {
+            Ok(row) => row,
+            Err(e) => {
+                let first = e.to_string();
+                let _ = writeln!(s, "  {:<22} could not plan: {}", search.name(), first.lines().next().unwrap_or(""));
+                continue;
+            }
+        };
         let t = r.total();
         let _ = writeln!(
             s,

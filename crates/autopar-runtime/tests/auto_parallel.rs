@@ -159,9 +159,10 @@ fn no_search_beats_the_exact_optimum() {
             c.set("parallel_mode", &json!("auto_parallel")).unwrap();
             let req = PlanRequest { graph: g, loss: *loss, context: &c, strategy_file: None, profile: None };
             let rows = compare_searches(&req).unwrap();
-            let get = |s: &str| rows.iter().find(|(r, _)| r.search.name() == s).unwrap().0.objective;
+            let rows: Vec<_> = rows.into_iter().map(|(s, r)| (s, r.unwrap_or_else(|e| panic!("{name} n={n}: {e}")).0)).collect();
+            let get = |s: &str| rows.iter().find(|(search, _)| search.name() == s).unwrap().1.objective;
             let exact = get("exact");
-            for (r, _) in &rows {
+            for (_, r) in &rows {
                 assert!(
                     r.objective >= exact * (1.0 - 1e-9),
                     "{name} n={n}: {} {} below the exact optimum {exact}",
@@ -172,4 +173,23 @@ fn no_search_beats_the_exact_optimum() {
             assert!(get("dynamic_programming") <= get("data_parallel") * (1.0 + 1e-9), "{name} n={n}");
         }
     }
+}
+
+/// Every search keeps what the user set; the recursive search refuses device counts that are
+/// not powers of two, as MindSpore does, naming the other searches.
+#[test]
+fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
+    use autopar_parallel::StrategySource;
+    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+        let p = plan(&network([8192, 8192, 8192, 1024], 32, true), &auto(search, false)).unwrap();
+        let l1 = p.nodes.iter().find(|n| n.name == "l1.mm").unwrap();
+        assert_eq!(l1.strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "{search}");
+        assert_eq!(l1.source, Some(StrategySource::User), "{search}");
+    }
+    let mut c = auto("recursive_programming", false);
+    c.set("device_num", &json!(6)).unwrap();
+    let e = plan(&network([64, 128, 32, 16], 48, false), &c).unwrap_err().to_string();
+    assert!(e.contains("power-of-two") && e.contains("dynamic_programming"), "{e}");
+    c.set("search_mode", &json!("dynamic_programming")).unwrap();
+    plan(&network([64, 128, 32, 16], 48, false), &c).unwrap();
 }

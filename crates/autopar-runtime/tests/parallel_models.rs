@@ -259,7 +259,11 @@ fn auto_parallel_plans_equal_stand_alone() {
                 ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
                 ctx.set("search_mode", &json!(search)).unwrap();
                 let what = format!("{label} n={n} {search}");
-                let job = ParallelJob::new(c.graph.clone(), c.loss, ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let mut graph = c.graph.clone();
+                if search == "sharding_propagation" {
+                    set_first_matmul_model_parallel(&mut graph, n);
+                }
+                let job = ParallelJob::new(graph, c.loss, ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let plan = job.plan();
                 assert_eq!(plan.search.as_ref().map(|r| r.search.name()), Some(search), "{what}");
                 if plan.params.iter().any(|p| p.layout.num_slices() > 1) {
@@ -272,5 +276,19 @@ fn auto_parallel_plans_equal_stand_alone() {
     }
     for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
         assert!(model_parallel.get(search).copied().unwrap_or(0) > 0, "{search} never split a parameter: {model_parallel:?}");
+    }
+}
+
+/// Sharding propagation spreads what the user set: give the first MatMul a strategy that splits
+/// its weight (the output features) over every device it can.
+fn set_first_matmul_model_parallel(graph: &mut Graph, n: usize) {
+    use autopar_graph::{RuleCx, ShardingRule, TensorType};
+    let Some(id) = (0..graph.len()).map(NodeId).find(|&id| graph.node(id).op.kind() == "MatMul") else { return };
+    let node = graph.node(id).clone();
+    let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &graph.node(*x).ty).collect();
+    let ShardingRule::Spec(spec) = node.op.def().sharding(&RuleCx { inputs: &ins, output: &node.ty }) else { return };
+    let j = spec.dims.len() - 1;
+    if let Some(s) = spec.valid_splits(n).into_iter().filter(|s| s[j] > 1).max_by_key(|s| (s[j], s.iter().product::<usize>())) {
+        graph.node_mut(id).strategy = Some(spec.strategy_of(&s));
     }
 }

@@ -23,7 +23,7 @@
 //! gradient sync` (`costmodel_alpha/beta/gamma`, 1.0 by default: the profile already turns
 //! everything into seconds).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRule, TensorType, Tie};
 use autopar_layout::{plan_with, TensorLayout};
@@ -48,6 +48,9 @@ pub struct CostSplit {
 impl CostSplit {
     /// The objective's value of this cost.
     pub fn weighted(&self, o: &SearchOptions) -> f64 {
+        if self.redistribution >= FORBIDDEN {
+            return FORBIDDEN;
+        }
         o.costmodel_alpha.get() * self.compute
             + o.costmodel_beta.get() * (self.communication + self.redistribution)
             + o.costmodel_gamma.get() * self.gradient_sync
@@ -102,7 +105,11 @@ impl CostGraph {
             edges: self
                 .edges
                 .iter()
-                .map(|e| EdgeCost { from: e.from, to: e.to, cost: e.seconds.iter().map(|s| o.costmodel_beta.get() * s).collect() })
+                .map(|e| EdgeCost {
+                    from: e.from,
+                    to: e.to,
+                    cost: e.seconds.iter().map(|&s| if s >= FORBIDDEN { FORBIDDEN } else { o.costmodel_beta.get() * s }).collect(),
+                })
                 .collect(),
         }
     }
@@ -112,7 +119,10 @@ impl CostGraph {
         let mut out: Vec<CostSplit> = self.ops.iter().zip(choice).map(|(op, &c)| op.candidates[c].cost).collect();
         for e in &self.edges {
             let d = self.ops[e.to].candidates.len();
-            out[e.to].redistribution += e.seconds[choice[e.from] * d + choice[e.to]];
+            let s = e.seconds[choice[e.from] * d + choice[e.to]];
+            if s < FORBIDDEN {
+                out[e.to].redistribution += s;
+            }
         }
         out
     }
@@ -215,7 +225,7 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     }
 
     // Parameters: the first consumer decides the layout and pays the gradient sync.
-    let mut param_home: HashMap<NodeId, (usize, usize)> = HashMap::new(); // param -> (consumer node, slot)
+    let mut param_home: BTreeMap<NodeId, (usize, usize)> = BTreeMap::new(); // param -> (consumer node, slot)
     for (i, node) in nodes.iter().enumerate() {
         for (slot, x) in node.inputs.iter().enumerate() {
             if matches!(roles[x.0], Role::Parameter) {
@@ -416,14 +426,18 @@ impl Builder<'_> {
         let out_bytes = out.numel() * dtype.size();
         let partial: usize = l.output.partial_axes().iter().map(|&a| l.mesh.dims()[a]).product();
         if partial > 1 {
-            communication += p.comm_time(partial, (2 * out_bytes * (partial - 1)).div_ceil(partial));
+            // The all-reduce completing the partial sums, and in training its adjoint (an
+            // all-reduce of the gradient).
+            let passes = if self.b.training { 2.0 } else { 1.0 };
+            communication += passes * p.comm_time(partial, (2 * out_bytes * (partial - 1)).div_ceil(partial));
         }
         if let Tie::Stats(dims) = &spec.tie {
             let group: usize = dims.iter().map(|&d| l.splits[d]).product();
             if group > 1 {
-                let per_stat: usize = dims.iter().map(|&d| spec.dims[d].size / l.splits[d]).product::<usize>().max(1);
-                let stats = 16 * out.numel() / per_stat;
-                communication += if self.b.training { 2.0 } else { 1.0 } * p.comm_time(group, stats);
+                // One (sum, sum of squares) pair of f64 per statistic: per local position
+                // along the op's other logical dimensions.
+                let count: usize = (0..spec.dims.len()).filter(|d| !dims.contains(d)).map(|d| spec.dims[d].size / l.splits[d]).product();
+                communication += if self.b.training { 2.0 } else { 1.0 } * p.comm_time(group, 16 * count);
             }
         }
         CostSplit { compute, communication, redistribution: 0.0, gradient_sync: 0.0, memory: out_bytes as u64 }
@@ -434,7 +448,7 @@ impl Builder<'_> {
         &self,
         mut x: NodeId,
         roles: &[Role],
-        homes: &HashMap<NodeId, (usize, usize)>,
+        homes: &BTreeMap<NodeId, (usize, usize)>,
         of_node: &[Option<usize>],
     ) -> (Source, Vec<NodeId>) {
         let g = self.b.graph;
@@ -523,8 +537,9 @@ impl Builder<'_> {
                             if s.step.is_communication() {
                                 let ranks = s.step.group(0).len();
                                 let one = self.b.profile.comm_time(ranks, s.step.bytes_sent(s.input_len, elem));
-                                let back = self.b.training && !matches!(s.step, autopar_layout::Step::AllReduce { .. });
-                                t += if back { 2.0 * one } else { one };
+                                // In training each collective's adjoint runs too (all-gather <->
+                                // reduce-scatter, all-reduce -> all-reduce, all-to-all back).
+                                t += if self.b.training { 2.0 * one } else { one };
                             } else {
                                 t += self.b.profile.compute_time(0.0, s.input_len * elem);
                             }

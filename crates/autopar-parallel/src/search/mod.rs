@@ -25,7 +25,8 @@ use crate::context::SearchMode;
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
 
-/// The most entries a table of the exact searches may have.
+/// The most work one elimination of the exact searches may do: entries of the new table times
+/// the candidates eliminated.
 pub const TABLE_LIMIT: u128 = 1 << 26;
 
 /// Which search made a plan: one of MindSpore's three, the exact optimum of the cost model, or
@@ -46,6 +47,10 @@ impl Search {
         }
     }
 }
+
+/// One row of a comparison of searches: the search and its report with the seconds planning
+/// took, or why it could not plan.
+pub type SearchRow = (Search, Result<(SearchReport, f64)>);
 
 /// One op's decision and its explanation.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,11 +123,11 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         partial_use,
     })?;
     let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices(), training: job.training };
-    run(&cg, job.search, Some(&rec), job.profile)
+    run(&cg, job.search, &rec, job.profile)
 }
 
 /// Run `search` over the cost graph `cg` (built for it) of `graph`.
-pub(crate) fn run(cg: &CostGraph, search: Search, rec: Option<&recursive::RecInput<'_>>, profile: &DeviceProfile) -> Result<SearchReport> {
+pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
     let problem = cg.problem();
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let too_wide =
@@ -135,10 +140,7 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: Option<&recursive::RecInp
         Search::Exact | Search::DataParallel => {
             (solve::eliminate(&problem, Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
         }
-        Search::Mode(SearchMode::RecursiveProgramming) => {
-            let rec = rec.expect("recursive_programming gets its input");
-            (recursive::choose(cg, rec), vec![false; cg.ops.len()])
-        }
+        Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
     };
     Ok(report(cg, &problem, search, &choice, &reached, profile))
 }
@@ -152,6 +154,24 @@ fn report(
     profile: &DeviceProfile,
 ) -> SearchReport {
     let splits = cg.split_of(choice);
+    // Each op's share of the objective, with its edges found once.
+    let mut incident: Vec<Vec<usize>> = vec![Vec::new(); cg.ops.len()];
+    for (i, e) in problem.edges.iter().enumerate() {
+        incident[e.from].push(i);
+        if e.to != e.from {
+            incident[e.to].push(i);
+        }
+    }
+    let local = |k: usize, c: usize| -> f64 {
+        let mut x = problem.unary[k][c];
+        for &i in &incident[k] {
+            let e = &problem.edges[i];
+            let d = problem.domain(e.to);
+            let (a, b) = if e.from == k { (c, if e.to == k { c } else { choice[e.to] }) } else { (choice[e.from], c) };
+            x += e.cost[a * d + b];
+        }
+        x
+    };
     let ops = cg
         .ops
         .iter()
@@ -161,10 +181,10 @@ fn report(
             let runner_up = if op.configured.is_some() {
                 None
             } else {
-                let mine = problem.local(k, choice[k], choice);
+                let mine = local(k, choice[k]);
                 (0..op.candidates.len())
                     .filter(|&x| x != choice[k])
-                    .map(|x| (x, problem.local(k, x, choice) - mine))
+                    .map(|x| (x, local(k, x) - mine))
                     .min_by(|a, b| a.1.total_cmp(&b.1))
                     .map(|(x, extra)| (op.candidates[x].layouts.strategy.clone(), extra))
             };

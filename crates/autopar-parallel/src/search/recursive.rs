@@ -6,8 +6,10 @@
 //!    input (MindSpore's VirtualDataset). Every other op (element-wise ops, activations, bias
 //!    adds, reductions, reshapes, softmax, layer norm, batched matmuls, gathers) is left out and
 //!    gets its strategy afterwards. Edges pass through the ops left out: a kept op's producer is
-//!    found along first inputs; the other inputs of the ops left out are auxiliary producers.
-//!    Tensors are seen as 4-D (right-aligned), each dimension with a count of halvings.
+//!    every kept op reached through their (non-parameter) inputs. Tensors are seen as 4-D
+//!    (right-aligned), each dimension with a count of halvings. Ops the user (or a strategy
+//!    file) set keep their strategy: they are not cut, and in round r they count as having
+//!    halved the dimensions their strategy splits more than 2^r ways.
 //! 2. **log2(devices) rounds.** Each round visits every kept node once, inputs first (above 32
 //!    devices: by weight, heaviest first) and halves one dimension of it:
 //!    * MatMul `[i,k] x [k,j]` with current local sizes: cut i costs `j*k/2 * 0.1` (the weight
@@ -21,10 +23,13 @@
 //!    The ops left out follow their neighbours: sharding propagation from the kept ops, each op
 //!    taking the layout its neighbour gives (the cheapest redistribution).
 
+use std::collections::BTreeSet;
+
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
 use super::solve::{propagate, CostProblem};
+use crate::error::{ParallelError, Result};
 
 /// What the recursive search reads besides the cost graph.
 pub struct RecInput<'a> {
@@ -66,6 +71,8 @@ struct RecNode {
     out_cuts: Cuts,
     /// (input slot, producer node).
     producers: Vec<(usize, usize)>,
+    /// Set by the user or a strategy file: never cut here.
+    fixed: bool,
 }
 
 /// What a node did in the current round: the dimensions it halved in its output and input 0.
@@ -108,8 +115,12 @@ fn cut(dim: usize) -> [bool; 4] {
 
 const NONE: [bool; 4] = [false; 4];
 
-/// Each op's candidate index.
-pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
+/// Each op's candidate index, and whether propagation decided it (an op left out of the
+/// partition graph).
+pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<bool>)> {
+    if !rec.devices.is_power_of_two() {
+        return Err(ParallelError::SearchDevices { search: "recursive_programming", devices: rec.devices });
+    }
     let g = rec.graph;
     let mut nodes: Vec<RecNode> = Vec::new();
     let mut kept_of: Vec<Option<usize>> = vec![None; g.len()];
@@ -146,7 +157,34 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
             cuts: [[0; 4]; 2],
             out_cuts: [0; 4],
             producers: Vec::new(),
+            fixed: false,
         });
+    }
+    // Ops with a given strategy start (and stay) cut as it says.
+    for node in &mut nodes {
+        let Some(k) = node.op else { continue };
+        let op = &cg.ops[k];
+        if op.configured.is_none() {
+            continue;
+        }
+        let splits = &op.candidates[0].splits;
+        let log = |s: usize| s.max(1).ilog2();
+        node.fixed = true;
+        if node.kind == Kind::MatMul {
+            node.cuts = [[0, 0, log(splits[0]), log(splits[1])], [0, 0, log(splits[1]), log(splits[2])]];
+            node.out_cuts = [0, 0, log(splits[0]), log(splits[2])];
+        } else {
+            for (t, l) in op.spec.inputs[0].iter().enumerate() {
+                if let (Some(l), Some(d)) = (l, (t + 4).checked_sub(op.spec.inputs[0].len())) {
+                    node.cuts[0][d] = log(splits[*l]);
+                }
+            }
+            for (t, l) in op.spec.output.iter().enumerate() {
+                if let (Some(l), Some(d)) = (l, (t + 4).checked_sub(op.spec.output.len())) {
+                    node.out_cuts[d] = log(splits[*l]);
+                }
+            }
+        }
     }
     // Producers through the ops left out.
     for (i, node) in g.nodes().iter().enumerate() {
@@ -154,35 +192,37 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
         if matches!(node.op, OpKind::Input(_)) {
             continue;
         }
-        let mut producers = Vec::new();
+        let mut producers = BTreeSet::new();
         for (slot, x) in node.inputs.iter().enumerate().take(2) {
-            let mut found = Vec::new();
-            reach(g, *x, &kept_of, &mut found);
+            let mut found = BTreeSet::new();
+            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found);
             producers.extend(found.into_iter().map(|p| (slot, p)));
         }
-        producers.dedup();
-        nodes[k].producers = producers;
+        nodes[k].producers = producers.into_iter().collect();
     }
     let consumers: Vec<Vec<usize>> =
         (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
 
-    let rounds = rec.devices.max(1).ilog2();
-    for _ in 0..rounds {
-        let order = visit_order(&nodes, rec.devices);
-        let mut done: Vec<(usize, Round)> = Vec::new();
-        for v in order {
+    let rounds = rec.devices.ilog2();
+    for round in 0..rounds {
+        // Fixed ops first, as having made their cut of this round.
+        let mut done: Vec<(usize, Round)> =
+            (0..nodes.len()).filter(|&v| nodes[v].fixed).map(|v| (v, fixed_round(&nodes[v], round))).collect();
+        for v in visit_order(&nodes, rec.devices) {
+            if nodes[v].fixed {
+                continue;
+            }
             let r = partition(&mut nodes, v, &consumers[v], &done);
             done.push((v, r));
         }
     }
 
     // Strategies of the kept ops, then propagation to the rest.
-    let mut configured: Vec<Option<usize>> = vec![None; cg.ops.len()];
+    let mut configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     for node in &nodes {
         let Some(k) = node.op else { continue };
         let op = &cg.ops[k];
         if op.configured.is_some() {
-            configured[k] = Some(0);
             continue;
         }
         let mut splits = vec![1usize; op.spec.dims.len()];
@@ -204,10 +244,9 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
             }
             Kind::Conv | Kind::Pool | Kind::Batch => {
                 let map = &op.spec.inputs[0];
-                let r = map.len().min(4);
-                for (t, l) in map.iter().enumerate().skip(map.len() - r) {
-                    if let Some(l) = l {
-                        splits[*l] = splits[*l].max(1 << node.cuts[0][4 - map.len() + t]);
+                for (t, l) in map.iter().enumerate() {
+                    if let (Some(l), Some(d)) = (l, (t + 4).checked_sub(map.len())) {
+                        splits[*l] = splits[*l].max(1 << node.cuts[0][d]);
                     }
                 }
             }
@@ -215,19 +254,34 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Vec<usize> {
         configured[k] = op.candidates.iter().position(|c| c.splits == splits);
     }
     let problem: CostProblem = cg.problem();
-    propagate(&problem, &configured).0
+    Ok(propagate(&problem, &configured))
 }
 
-/// The kept nodes a value comes from, through the ops left out (all their non-parameter inputs).
-fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], out: &mut Vec<usize>) {
+/// What fixed node `n` counts as having halved in round `round`: the dimensions its strategy
+/// splits more than `2^round` ways.
+fn fixed_round(n: &RecNode, round: u32) -> Round {
+    let mut r = Round { out: NONE, in0: NONE };
+    for d in 0..4 {
+        r.out[d] = n.out_cuts[d] > round;
+        r.in0[d] = n.cuts[0][d] > round;
+    }
+    r
+}
+
+/// The kept nodes a value comes from, through the ops left out (all their non-parameter
+/// inputs); each node is walked once.
+fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<NodeId>, out: &mut BTreeSet<usize>) {
+    if !seen.insert(x) {
+        return;
+    }
     if let Some(k) = kept_of[x.0] {
-        out.push(k);
+        out.insert(k);
         return;
     }
     let node = g.node(x);
     for y in &node.inputs {
         if !matches!(g.node(*y).op, OpKind::Parameter(_)) {
-            reach(g, *y, kept_of, out);
+            reach(g, *y, kept_of, seen, out);
         }
     }
 }

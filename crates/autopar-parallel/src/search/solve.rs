@@ -4,11 +4,13 @@
 //!
 //! * [`eliminate`] is variable elimination: ops are eliminated one by one, each leaving a
 //!   table over its remaining neighbours of the best cost of the eliminated part; replaying
-//!   the eliminations backwards picks every op's candidate. It is exact whatever the order.
-//!   [`Order::Eliminations`] is MindSpore's dynamic_programming order (ops with one or two
-//!   neighbours first: its merge, contract, op, edge and triangle eliminations; then the rest,
-//!   as its star elimination and final enumeration); [`Order::MinFill`] is the classic
-//!   min-fill heuristic, the exact solver's order for graphs of small treewidth.
+//!   the eliminations backwards picks every op's candidate. It is exact whatever the order, so
+//!   dynamic_programming returns the optimum over the candidates it keeps (those using every
+//!   device). [`Order::Eliminations`] follows MindSpore's dynamic_programming (ops with one or
+//!   two neighbours first, as its merge, contract, op, edge and triangle eliminations remove
+//!   them; then the op with the fewest neighbours, as its star elimination and final
+//!   enumeration); [`Order::MinFill`] is the classic min-fill heuristic, the exact solver's
+//!   order for graphs of small treewidth.
 //! * [`brute_force`] enumerates every combination (tests).
 //! * [`propagate`] is sharding propagation: from the configured ops, breadth first, each
 //!   neighbour takes the candidate with the cheapest edge to the op it was reached from (ties:
@@ -45,20 +47,6 @@ impl CostProblem {
     pub fn total(&self, choice: &[usize]) -> f64 {
         let unary: f64 = self.unary.iter().zip(choice).map(|(u, &c)| u[c]).sum();
         unary + self.edges.iter().map(|e| self.edge(e, choice[e.from], choice[e.to])).sum::<f64>()
-    }
-
-    /// Op `op`'s share of the objective with candidate `c`, the other ops as in `choice`: its
-    /// own cost and its edges.
-    pub fn local(&self, op: usize, c: usize, choice: &[usize]) -> f64 {
-        let mut x = self.unary[op][c];
-        for e in &self.edges {
-            if e.from == op {
-                x += self.edge(e, c, if e.to == op { c } else { choice[e.to] });
-            } else if e.to == op {
-                x += self.edge(e, choice[e.from], c);
-            }
-        }
-        x
     }
 
     /// For each op, the other ops it shares an edge with.
@@ -140,7 +128,7 @@ pub fn eliminate(p: &CostProblem, order: Order, limit: u128) -> Result<Vec<usize
         let (bucket, rest): (Vec<Factor>, Vec<Factor>) = pool.into_iter().partition(|f| f.scope.contains(&v));
         pool = rest;
         let scope: Vec<usize> = adj[v].iter().copied().collect();
-        let entries: u128 = scope.iter().map(|&u| domains[u] as u128).product::<u128>() * domains[v] as u128;
+        let entries = scope.iter().chain([&v]).try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
         if entries > limit {
             return Err(TooWide { op: v, entries });
         }
@@ -205,7 +193,7 @@ fn next_var(order: Order, adj: &[BTreeSet<usize>], alive: &[bool], domains: &[us
                         }
                     }
                 }
-                let size: u128 = nb.iter().map(|&u| domains[u] as u128).product();
+                let size = nb.iter().try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
                 (fill, size, v)
             })
             .expect("a variable is left"),

@@ -90,7 +90,10 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         if args.json {
             let v: Vec<serde_json::Value> = rows
                 .iter()
-                .map(|(r, s)| serde_json::json!({"search": r.search.name(), "planning_seconds": s, "report": search_json(r)}))
+                .map(|(search, row)| match row {
+                    Ok((r, s)) => serde_json::json!({"search": search.name(), "planning_seconds": s, "report": search_json(r)}),
+                    Err(e) => serde_json::json!({"search": search.name(), "error": e.to_string()}),
+                })
                 .collect();
             writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the comparison as JSON: {e}"))?)?;
         } else {
