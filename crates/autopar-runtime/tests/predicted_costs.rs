@@ -2,7 +2,8 @@
 //! simulated devices (the MLP, the GPT with dropout and ResNet-18, small sizes), every rank runs
 //! one training step through a metering communicator: the bytes it hands to each kind of
 //! collective over each group equal the prediction of its program exactly, and the executor's
-//! peak of live values is within 10% of the predicted peak activation memory.
+//! peak of live values is within 10% of the predicted peak activation memory. The same holds for
+//! the plans of every auto_parallel search.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -51,39 +52,68 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
             let mut ctx = ParallelContext::default();
             ctx.set("device_num", &json!(n)).unwrap();
             ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
-            let job = ParallelJob::new(g, net.loss, ctx).unwrap();
-            let full = ParamStore::init(job.graph()).unwrap();
-            let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(RankCost, Volumes, usize)> {
-                let log = Arc::new(Mutex::new(Vec::new()));
-                let metered = Metered::new(Box::new(comm), log.clone());
-                let mut t = RankTrainer::new(&job, &metered, &full)?;
-                let predicted = RankCost::of(t.program(), 1)?;
-                metered.clear();
-                let feeds = t.local_feeds(&net.batch)?;
-                let out = t.gradients(&feeds)?;
-                let mut measured = Volumes::new();
-                for call in metered.calls() {
-                    *measured.entry((call.kind.to_string(), call.group)).or_default() += call.bytes;
-                }
-                Ok((predicted, measured, out.run.peak_live_bytes))
-            })
-            .unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
-            for (predicted, measured, peak) in results {
-                let what = format!("{label} n={n} seed={seed} rank {}", predicted.rank);
-                let want: Volumes = predicted
-                    .comm
-                    .iter()
-                    .filter(|c| c.bytes > 0 || c.kind.name() != "recv")
-                    .map(|c| ((c.kind.name().to_string(), c.group.clone()), c.bytes))
-                    .collect();
-                assert_eq!(measured, want, "{what}: bytes per (collective, group), measured vs predicted");
-                collectives += measured.len();
-                let p = predicted.memory.peak_activations as f64;
-                assert!((peak as f64 - p).abs() <= 0.1 * p, "{what}: peak live bytes {peak}, predicted {p}");
-            }
+            collectives += measure(&format!("{label} n={n} seed={seed}"), net, ParallelJob::new(g, net.loss, ctx).unwrap());
         }
     }
     collectives
+}
+
+/// Run one step of `job` on every rank through a metering communicator and compare with the
+/// predictions; the number of (collective, group) pairs seen.
+fn measure(label: &str, net: &Net, job: ParallelJob) -> usize {
+    let n = job.device_num();
+    let mut collectives = 0;
+    let full = ParamStore::init(job.graph()).unwrap();
+    let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(RankCost, Volumes, usize)> {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let metered = Metered::new(Box::new(comm), log.clone());
+        let mut t = RankTrainer::new(&job, &metered, &full)?;
+        let predicted = RankCost::of(t.program(), 1)?;
+        metered.clear();
+        let feeds = t.local_feeds(&net.batch)?;
+        let out = t.gradients(&feeds)?;
+        let mut measured = Volumes::new();
+        for call in metered.calls() {
+            *measured.entry((call.kind.to_string(), call.group)).or_default() += call.bytes;
+        }
+        Ok((predicted, measured, out.run.peak_live_bytes))
+    })
+    .unwrap_or_else(|e| panic!("{label}: {e}"));
+    for (predicted, measured, peak) in results {
+        let what = format!("{label} rank {}", predicted.rank);
+        let want: Volumes = predicted
+            .comm
+            .iter()
+            .filter(|c| c.bytes > 0 || c.kind.name() != "recv")
+            .map(|c| ((c.kind.name().to_string(), c.group.clone()), c.bytes))
+            .collect();
+        assert_eq!(measured, want, "{what}: bytes per (collective, group), measured vs predicted");
+        collectives += measured.len();
+        let p = predicted.memory.peak_activations as f64;
+        assert!((peak as f64 - p).abs() <= 0.1 * p, "{what}: peak live bytes {peak}, predicted {p}");
+    }
+    collectives
+}
+
+/// auto_parallel plans are ordinary plans: the bytes each search's plan predicts are the bytes
+/// the ranks hand to the communicator.
+#[test]
+fn auto_parallel_plans_predict_their_communication() {
+    let mlp = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![64, 32], num_classes: 8 }).unwrap();
+    let cfg = GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 1, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
+    let gpt = Gpt::new(cfg).unwrap();
+    for (label, net) in [("mlp", net(&mlp, 16, 8)), ("gpt", net(&gpt, 8, 16))] {
+        for n in [2usize, 4, 8] {
+            for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
+                let mut ctx = ParallelContext::default();
+                ctx.set("device_num", &json!(n)).unwrap();
+                ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
+                ctx.set("search_mode", &json!(search)).unwrap();
+                let job = ParallelJob::new(net.graph.clone(), net.loss, ctx).unwrap();
+                assert!(measure(&format!("{label} n={n} {search}"), &net, job) > 0, "{label} n={n} {search}: no communication");
+            }
+        }
+    }
 }
 
 #[test]
