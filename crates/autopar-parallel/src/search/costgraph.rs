@@ -23,13 +23,14 @@
 //! gradient sync` (`costmodel_alpha/beta/gamma`, 1.0 by default: the profile already turns
 //! everything into seconds).
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
 use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRule, TensorType, Tie};
 use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
-use super::solve::{CostProblem, EdgeCost};
+use super::solve::{CostProblem, Costs, EdgeCost};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
@@ -78,37 +79,66 @@ pub struct SearchOp {
     pub candidates: Vec<Candidate>,
 }
 
-/// An edge of the cost graph with its raw redistribution seconds (before weighting).
+/// An edge of the cost graph: how its redistribution seconds are found for a pair of
+/// candidates (computed on demand and cached).
 #[derive(Clone, Debug)]
-pub struct RawEdge {
+pub struct EdgeRecipe {
     pub from: usize,
     pub to: usize,
-    pub seconds: Vec<f64>,
+    /// The consumer's input slot.
+    slot: usize,
+    /// The producer is a parameter's home op: the layout is its input `slot` (None: its output).
+    param_slot: Option<usize>,
+    /// Reshapes between producer and consumer, in order.
+    chain: Vec<NodeId>,
+    elem: usize,
+    /// `elementwise_op_strategy_follow`: the pair is allowed only without redistribution.
+    follow: bool,
 }
 
 /// The cost graph of a network.
-#[derive(Clone, Debug)]
-pub struct CostGraph {
+pub struct CostGraph<'g> {
     pub ops: Vec<SearchOp>,
     /// Graph node -> op index.
     pub of_node: Vec<Option<usize>>,
-    pub edges: Vec<RawEdge>,
+    pub edges: Vec<EdgeRecipe>,
     pub options: SearchOptions,
+    pricer: RefCell<Pricer<'g>>,
 }
 
-impl CostGraph {
-    /// The weighted problem the searches solve.
+impl CostGraph<'_> {
+    /// Redistribution seconds of edge `e` (unweighted) when its producer takes candidate `a`
+    /// and its consumer `b`.
+    pub fn edge_seconds(&self, e: usize, a: usize, b: usize) -> f64 {
+        let r = &self.edges[e];
+        let mut p = self.pricer.borrow_mut();
+        let (pre, l) = match p.through_cache.get(&(e, a)) {
+            Some(x) => x.clone(),
+            None => {
+                let op = &self.ops[r.from].candidates[a].layouts;
+                let src = match r.param_slot {
+                    Some(slot) => op.inputs[slot].clone(),
+                    None => whole_values(&op.output),
+                };
+                let x = p.through(src, &r.chain, r.elem);
+                p.through_cache.insert((e, a), x.clone());
+                x
+            }
+        };
+        let dst = &self.ops[r.to].candidates[b].layouts.inputs[r.slot];
+        let forbidden = if r.follow && l != *dst { FORBIDDEN } else { 0.0 };
+        pre + p.redist(&l, dst, r.elem) + forbidden
+    }
+
+    /// The weighted problem with every edge's table filled (the elimination searches).
     pub fn problem(&self) -> CostProblem {
-        let o = &self.options;
         CostProblem {
-            unary: self.ops.iter().map(|op| op.candidates.iter().map(|c| c.cost.weighted(o)).collect()).collect(),
-            edges: self
-                .edges
-                .iter()
-                .map(|e| EdgeCost {
-                    from: e.from,
-                    to: e.to,
-                    cost: e.seconds.iter().map(|&s| if s >= FORBIDDEN { FORBIDDEN } else { o.costmodel_beta.get() * s }).collect(),
+            unary: (0..self.ops.len()).map(|k| (0..self.domain(k)).map(|c| self.unary(k, c)).collect()).collect(),
+            edges: (0..self.edges.len())
+                .map(|e| {
+                    let (from, to) = self.ends(e);
+                    let (du, dv) = (self.domain(from), self.domain(to));
+                    EdgeCost { from, to, cost: (0..du * dv).map(|i| self.edge(e, i / dv, i % dv)).collect() }
                 })
                 .collect(),
         }
@@ -117,14 +147,40 @@ impl CostGraph {
     /// Each op's cost under `choice`, edge redistributions charged to the consumer.
     pub fn split_of(&self, choice: &[usize]) -> Vec<CostSplit> {
         let mut out: Vec<CostSplit> = self.ops.iter().zip(choice).map(|(op, &c)| op.candidates[c].cost).collect();
-        for e in &self.edges {
-            let d = self.ops[e.to].candidates.len();
-            let s = e.seconds[choice[e.from] * d + choice[e.to]];
+        for (i, e) in self.edges.iter().enumerate() {
+            let s = self.edge_seconds(i, choice[e.from], choice[e.to]);
             if s < FORBIDDEN {
                 out[e.to].redistribution += s;
             }
         }
         out
+    }
+}
+
+/// The weighted objective, computed on demand.
+impl Costs for CostGraph<'_> {
+    fn ops(&self) -> usize {
+        self.ops.len()
+    }
+    fn domain(&self, op: usize) -> usize {
+        self.ops[op].candidates.len()
+    }
+    fn unary(&self, op: usize, c: usize) -> f64 {
+        self.ops[op].candidates[c].cost.weighted(&self.options)
+    }
+    fn edge_count(&self) -> usize {
+        self.edges.len()
+    }
+    fn ends(&self, e: usize) -> (usize, usize) {
+        (self.edges[e].from, self.edges[e].to)
+    }
+    fn edge(&self, e: usize, a: usize, b: usize) -> f64 {
+        let s = self.edge_seconds(e, a, b);
+        if s >= FORBIDDEN {
+            FORBIDDEN
+        } else {
+            self.options.costmodel_beta.get() * s
+        }
     }
 }
 
@@ -166,14 +222,35 @@ pub(crate) struct Build<'a> {
 struct Builder<'a> {
     b: &'a Build<'a>,
     n: usize,
+}
+
+/// Prices layouts and redistributions, with caches: the part of the builder the cost graph
+/// keeps to cost edges on demand.
+struct Pricer<'g> {
+    graph: &'g Graph,
+    profile: DeviceProfile,
+    training: bool,
+    all_to_all: bool,
+    n: usize,
     cache: HashMap<(TensorLayout, TensorLayout, usize), f64>,
+    /// (edge, producer candidate) -> seconds through the reshapes and the layout after them.
+    through_cache: HashMap<(usize, usize), (f64, TensorLayout)>,
 }
 
 /// Build the cost graph.
-pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
+pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     let g = b.graph;
     let n = b.context.devices();
-    let mut bl = Builder { b, n, cache: HashMap::new() };
+    let bl = Builder { b, n };
+    let mut pr = Pricer {
+        graph: g,
+        profile: b.profile.clone(),
+        training: b.training,
+        all_to_all: b.context.enable_alltoall,
+        n,
+        cache: HashMap::new(),
+        through_cache: HashMap::new(),
+    };
     let nodes = g.nodes();
 
     // Roles and candidates.
@@ -249,8 +326,28 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
         }
     }
 
+    // Memory capacity: candidates needing more than a device holds are dropped.
+    let cap = b.context.search.device_memory_capacity;
+    for op in &mut ops {
+        if op.candidates.iter().all(|c| c.cost.memory > cap) {
+            let need = op.candidates.iter().map(|c| c.cost.memory).min().unwrap_or(0);
+            let node = g.node(op.node);
+            let mut tensors: Vec<(String, usize)> = node
+                .inputs
+                .iter()
+                .map(|x| g.node(*x))
+                .chain(std::iter::once(node))
+                .map(|t| (t.name.clone(), t.ty.numel() * t.ty.dtype.size()))
+                .collect();
+            tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
+            let largest = tensors.iter().take(3).map(|(n, b)| format!("{n} ({b} bytes)")).collect::<Vec<_>>().join(", ");
+            return Err(ParallelError::OutOfMemory { kind: op.kind, name: op.name.clone(), capacity: cap, need, largest });
+        }
+        op.candidates.retain(|c| c.cost.memory <= cap);
+    }
+
     // Consumers: edges between ops, fixed layouts as own costs.
-    let mut edges: Vec<RawEdge> = Vec::new();
+    let mut edges: Vec<EdgeRecipe> = Vec::new();
     let gathered = if b.training { 1.min(g.outputs.len()) } else { g.outputs.len() };
     // (consumer op and slot, or None for a value needed whole; the value)
     let mut uses: Vec<(Option<(usize, usize)>, NodeId)> = Vec::new();
@@ -273,105 +370,40 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
             (None, None) => {}
             (None, Some((k, slot))) => {
                 let Source::Fixed(l) = source else { unreachable!("a source without an op is fixed") };
-                let (pre, l) = bl.through(l, &chain, elem);
-                for ci in 0..ops[k].candidates.len() {
-                    let dst = ops[k].candidates[ci].layouts.inputs[slot].clone();
-                    ops[k].candidates[ci].cost.redistribution += pre + bl.redist(&l, &dst, elem);
+                let (pre, l) = pr.through(l, &chain, elem);
+                for c in &mut ops[k].candidates {
+                    c.cost.redistribution += pre + pr.redist(&l, &c.layouts.inputs[slot], elem);
                 }
             }
             (Some(u), None) => {
-                let whole = bl.whole(&g.node(x).ty.shape);
+                let all = whole(n, &g.node(x).ty.shape);
                 for cu in 0..ops[u].candidates.len() {
-                    let (pre, l) = bl.through(bl.source_layout(&ops[u], cu, &source), &chain, elem);
-                    ops[u].candidates[cu].cost.redistribution += pre + bl.redist(&l, &whole, elem);
+                    let (pre, l) = pr.through(source_layout(&ops[u], cu, &source), &chain, elem);
+                    ops[u].candidates[cu].cost.redistribution += pre + pr.redist(&l, &all, elem);
                 }
             }
             (Some(u), Some((k, slot))) => {
-                if let Source::ParamOf { slot: home, .. } = source {
-                    if u == k && home == slot && chain.is_empty() {
-                        continue; // the parameter's own layout: nothing moves
-                    }
-                }
-                let (du, dv) = (ops[u].candidates.len(), ops[k].candidates.len());
+                let param_slot = match source {
+                    Source::ParamOf { slot: home, .. } if u == k && home == slot && chain.is_empty() => continue, // its own layout
+                    Source::ParamOf { slot: home, .. } => Some(home),
+                    _ => None,
+                };
                 if u == k {
                     // The same op reads a value twice: its own cost.
-                    for c in 0..du {
-                        let (pre, l) = bl.through(bl.source_layout(&ops[u], c, &source), &chain, elem);
-                        let dst = ops[k].candidates[c].layouts.inputs[slot].clone();
-                        ops[k].candidates[c].cost.redistribution += pre + bl.redist(&l, &dst, elem);
+                    for c in 0..ops[u].candidates.len() {
+                        let (pre, l) = pr.through(source_layout(&ops[u], c, &source), &chain, elem);
+                        let t = pre + pr.redist(&l, &ops[k].candidates[c].layouts.inputs[slot], elem);
+                        ops[k].candidates[c].cost.redistribution += t;
                     }
                     continue;
                 }
                 let follow = b.context.search.elementwise_op_strategy_follow && slot == 0 && is_elementwise(&ops[k].spec);
-                let mut seconds = vec![0.0; du * dv];
-                for cu in 0..du {
-                    let (pre, l) = bl.through(bl.source_layout(&ops[u], cu, &source), &chain, elem);
-                    for cv in 0..dv {
-                        let dst = &ops[k].candidates[cv].layouts.inputs[slot];
-                        let forbidden = if follow && l != *dst { FORBIDDEN } else { 0.0 };
-                        seconds[cu * dv + cv] = pre + bl.redist(&l, dst, elem) + forbidden;
-                    }
-                }
-                edges.push(RawEdge { from: u, to: k, seconds });
+                edges.push(EdgeRecipe { from: u, to: k, slot, param_slot, chain, elem, follow });
             }
         }
     }
 
-    // Memory capacity.
-    let cap = b.context.search.device_memory_capacity;
-    for op in &mut ops {
-        if op.candidates.iter().all(|c| c.cost.memory > cap) {
-            let need = op.candidates.iter().map(|c| c.cost.memory).min().unwrap_or(0);
-            let node = g.node(op.node);
-            let mut tensors: Vec<(String, usize)> = node
-                .inputs
-                .iter()
-                .map(|x| g.node(*x))
-                .chain(std::iter::once(node))
-                .map(|t| (t.name.clone(), t.ty.numel() * t.ty.dtype.size()))
-                .collect();
-            tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
-            let largest = tensors.iter().take(3).map(|(n, b)| format!("{n} ({b} bytes)")).collect::<Vec<_>>().join(", ");
-            return Err(ParallelError::OutOfMemory { kind: op.kind, name: op.name.clone(), capacity: cap, need, largest });
-        }
-    }
-    let keep: Vec<Vec<bool>> = ops.iter().map(|op| op.candidates.iter().map(|c| c.cost.memory <= cap).collect()).collect();
-    if keep.iter().any(|k| k.iter().any(|x| !x)) {
-        let remap: Vec<Vec<Option<usize>>> = keep
-            .iter()
-            .map(|k| {
-                let mut next = 0;
-                k.iter()
-                    .map(|&x| {
-                        x.then(|| {
-                            next += 1;
-                            next - 1
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
-        for e in &mut edges {
-            let (du, dv) = (keep[e.from].len(), keep[e.to].len());
-            let mut s = Vec::new();
-            for a in 0..du {
-                for b2 in 0..dv {
-                    if remap[e.from][a].is_some() && remap[e.to][b2].is_some() {
-                        s.push(e.seconds[a * dv + b2]);
-                    }
-                }
-            }
-            e.seconds = s;
-        }
-        for (op, k) in ops.iter_mut().zip(&keep) {
-            let mut i = 0;
-            op.candidates.retain(|_| {
-                i += 1;
-                k[i - 1]
-            });
-        }
-    }
-    Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone() })
+    Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone(), pricer: RefCell::new(pr) })
 }
 
 /// An edge cost that rules a pair out (`elementwise_op_strategy_follow`).
@@ -465,39 +497,42 @@ impl Builder<'_> {
                 }
                 Role::Input => {
                     chain.reverse();
-                    let l = self.b.input_layouts[x.0].clone().unwrap_or_else(|| self.whole(&g.node(x).ty.shape));
+                    let l = self.b.input_layouts[x.0].clone().unwrap_or_else(|| whole(self.n, &g.node(x).ty.shape));
                     return (Source::Fixed(l), chain);
                 }
                 Role::Whole => {
                     chain.reverse();
-                    return (Source::Fixed(self.whole(&g.node(x).ty.shape)), chain);
+                    return (Source::Fixed(whole(self.n, &g.node(x).ty.shape)), chain);
                 }
                 Role::Parameter => {
                     chain.reverse();
                     let home = homes.get(&x).and_then(|&(c, slot)| of_node[c].map(|op| (op, slot)));
                     return match home {
                         Some((op, slot)) => (Source::ParamOf { op, slot }, chain),
-                        None => (Source::Fixed(self.whole(&g.node(x).ty.shape)), chain),
+                        None => (Source::Fixed(whole(self.n, &g.node(x).ty.shape)), chain),
                     };
                 }
             }
         }
     }
+}
 
-    fn whole(&self, shape: &[usize]) -> TensorLayout {
-        TensorLayout::replicated(autopar_layout::DeviceMatrix::flat(self.n).expect("n >= 1"), shape.to_vec())
+/// `shape` whole on each of `n` devices.
+fn whole(n: usize, shape: &[usize]) -> TensorLayout {
+    TensorLayout::replicated(autopar_layout::DeviceMatrix::flat(n).expect("n >= 1"), shape.to_vec())
+}
+
+/// The layout a source gives under candidate `c` of its op: the op's output with its partial
+/// sums completed (the op pays for that), or the parameter's home layout.
+fn source_layout(op: &SearchOp, c: usize, src: &Source) -> TensorLayout {
+    let l = &op.candidates[c].layouts;
+    match src {
+        Source::ParamOf { slot, .. } => l.inputs[*slot].clone(),
+        _ => whole_values(&l.output),
     }
+}
 
-    /// The layout a source gives under candidate `c` of its op: the op's output with its
-    /// partial sums completed (the op pays for that), or the parameter's home layout.
-    fn source_layout(&self, op: &SearchOp, c: usize, src: &Source) -> TensorLayout {
-        let l = &op.candidates[c].layouts;
-        match src {
-            Source::ParamOf { slot, .. } => l.inputs[*slot].clone(),
-            _ => whole_values(&l.output),
-        }
-    }
-
+impl Pricer<'_> {
     /// A layout passed through reshapes: the redistribution seconds on the way and the layout
     /// at the end.
     fn through(&mut self, mut l: TensorLayout, chain: &[NodeId], elem: usize) -> (f64, TensorLayout) {
@@ -505,13 +540,13 @@ impl Builder<'_> {
         for &f in chain {
             let np = whole_values(&l);
             t += self.redist(&l, &np, elem);
-            let shape = &self.b.graph.node(f).ty.shape;
+            let shape = &self.graph.node(f).ty.shape;
             l = match reshape_layout(&np, shape) {
                 Some(o) => o,
                 None => {
-                    let w = self.whole(np.shape());
+                    let w = whole(self.n, np.shape());
                     t += self.redist(&np, &w, elem);
-                    self.whole(shape)
+                    whole(self.n, shape)
                 }
             };
         }
@@ -529,19 +564,19 @@ impl Builder<'_> {
         }
         let t = match plan_with(src, dst, false) {
             Ok(p) => {
-                let p = if self.b.context.enable_alltoall { Ok(p) } else { p.without_all_to_all() };
+                let p = if self.all_to_all { Ok(p) } else { p.without_all_to_all() };
                 match p {
                     Ok(p) => {
                         let mut t = 0.0;
                         for s in &p.steps {
                             if s.step.is_communication() {
                                 let ranks = s.step.group(0).len();
-                                let one = self.b.profile.comm_time(ranks, s.step.bytes_sent(s.input_len, elem));
+                                let one = self.profile.comm_time(ranks, s.step.bytes_sent(s.input_len, elem));
                                 // In training each collective's adjoint runs too (all-gather <->
                                 // reduce-scatter, all-reduce -> all-reduce, all-to-all back).
-                                t += if self.b.training { 2.0 * one } else { one };
+                                t += if self.training { 2.0 * one } else { one };
                             } else {
-                                t += self.b.profile.compute_time(0.0, s.input_len * elem);
+                                t += self.profile.compute_time(0.0, s.input_len * elem);
                             }
                         }
                         t

@@ -19,7 +19,7 @@ use autopar_layout::Strategy;
 
 pub use costgraph::{CostGraph, CostSplit};
 pub use profile::{DeviceProfile, Link};
-pub use solve::{CostProblem, EdgeCost, Order};
+pub use solve::{CostProblem, Costs, EdgeCost, Order};
 
 use crate::context::SearchMode;
 use crate::error::{ParallelError, Result};
@@ -127,48 +127,40 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
 }
 
 /// Run `search` over the cost graph `cg` (built for it) of `graph`.
-pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
-    let problem = cg.problem();
+pub(crate) fn run(cg: &CostGraph<'_>, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let too_wide =
         |e: solve::TooWide| ParallelError::SearchTooWide { search: search.name(), name: cg.ops[e.op].name.clone(), entries: e.entries };
     let (choice, reached) = match search {
-        Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(&problem, &configured),
+        // Propagation reads one row per edge: the cost graph computes them on demand.
+        Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(cg, &configured),
         Search::Mode(SearchMode::DynamicProgramming) => {
-            (solve::eliminate(&problem, Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
+            (solve::eliminate(&cg.problem(), Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
         }
-        Search::Exact | Search::DataParallel => {
-            (solve::eliminate(&problem, Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
-        }
+        Search::Exact => (solve::eliminate(&cg.problem(), Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()]),
+        // Every op is fixed: its one candidate.
+        Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
     };
-    Ok(report(cg, &problem, search, &choice, &reached, profile))
+    Ok(report(cg, search, &choice, &reached, profile))
 }
 
-fn report(
-    cg: &CostGraph,
-    problem: &CostProblem,
-    search: Search,
-    choice: &[usize],
-    reached: &[bool],
-    profile: &DeviceProfile,
-) -> SearchReport {
+fn report(cg: &CostGraph<'_>, search: Search, choice: &[usize], reached: &[bool], profile: &DeviceProfile) -> SearchReport {
     let splits = cg.split_of(choice);
     // Each op's share of the objective, with its edges found once.
     let mut incident: Vec<Vec<usize>> = vec![Vec::new(); cg.ops.len()];
-    for (i, e) in problem.edges.iter().enumerate() {
+    for (i, e) in cg.edges.iter().enumerate() {
         incident[e.from].push(i);
         if e.to != e.from {
             incident[e.to].push(i);
         }
     }
     let local = |k: usize, c: usize| -> f64 {
-        let mut x = problem.unary[k][c];
+        let mut x = cg.unary(k, c);
         for &i in &incident[k] {
-            let e = &problem.edges[i];
-            let d = problem.domain(e.to);
+            let e = &cg.edges[i];
             let (a, b) = if e.from == k { (c, if e.to == k { c } else { choice[e.to] }) } else { (choice[e.from], c) };
-            x += e.cost[a * d + b];
+            x += cg.edge(i, a, b);
         }
         x
     };
@@ -206,5 +198,5 @@ fn report(
             }
         })
         .collect();
-    SearchReport { search, profile: profile.name.clone(), ops, objective: problem.total(choice) }
+    SearchReport { search, profile: profile.name.clone(), ops, objective: cg.total(choice) }
 }

@@ -28,7 +28,7 @@ use std::collections::BTreeSet;
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
-use super::solve::{propagate, CostProblem};
+use super::solve::propagate;
 use crate::error::{ParallelError, Result};
 
 /// What the recursive search reads besides the cost graph.
@@ -117,7 +117,7 @@ const NONE: [bool; 4] = [false; 4];
 
 /// Each op's candidate index, and whether propagation decided it (an op left out of the
 /// partition graph).
-pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<bool>)> {
+pub fn choose(cg: &CostGraph<'_>, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<bool>)> {
     if !rec.devices.is_power_of_two() {
         return Err(ParallelError::SearchDevices { search: "recursive_programming", devices: rec.devices });
     }
@@ -253,8 +253,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         }
         configured[k] = op.candidates.iter().position(|c| c.splits == splits);
     }
-    let problem: CostProblem = cg.problem();
-    Ok(propagate(&problem, &configured))
+    Ok(propagate(cg, &configured))
 }
 
 /// What fixed node `n` counts as having halved in round `round`: the dimensions its strategy

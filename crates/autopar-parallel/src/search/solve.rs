@@ -18,6 +18,32 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+/// What the searches read of a cost graph: each op's own cost per candidate and each edge's
+/// cost per pair of candidates. [`CostProblem`] holds them all; the cost graph computes them
+/// on demand (sharding propagation reads one row per edge).
+pub trait Costs {
+    fn ops(&self) -> usize;
+    fn domain(&self, op: usize) -> usize;
+    fn unary(&self, op: usize, c: usize) -> f64;
+    fn edge_count(&self) -> usize;
+    /// (producer op, consumer op) of edge `e`.
+    fn ends(&self, e: usize) -> (usize, usize);
+    /// Edge `e`'s cost when its producer takes candidate `a` and its consumer `b`.
+    fn edge(&self, e: usize, a: usize, b: usize) -> f64;
+
+    /// The objective of a whole choice.
+    fn total(&self, choice: &[usize]) -> f64 {
+        let unary: f64 = (0..self.ops()).map(|k| self.unary(k, choice[k])).sum();
+        unary
+            + (0..self.edge_count())
+                .map(|e| {
+                    let (f, t) = self.ends(e);
+                    self.edge(e, choice[f], choice[t])
+                })
+                .sum::<f64>()
+    }
+}
+
 /// Costs of a cost graph: `unary[op][candidate]`, plus edges.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostProblem {
@@ -34,21 +60,29 @@ pub struct EdgeCost {
     pub cost: Vec<f64>,
 }
 
-impl CostProblem {
-    pub fn domain(&self, op: usize) -> usize {
+impl Costs for CostProblem {
+    fn ops(&self) -> usize {
+        self.unary.len()
+    }
+    fn domain(&self, op: usize) -> usize {
         self.unary[op].len()
     }
-
-    fn edge(&self, e: &EdgeCost, a: usize, b: usize) -> f64 {
-        e.cost[a * self.domain(e.to) + b]
+    fn unary(&self, op: usize, c: usize) -> f64 {
+        self.unary[op][c]
     }
-
-    /// The objective of a whole choice.
-    pub fn total(&self, choice: &[usize]) -> f64 {
-        let unary: f64 = self.unary.iter().zip(choice).map(|(u, &c)| u[c]).sum();
-        unary + self.edges.iter().map(|e| self.edge(e, choice[e.from], choice[e.to])).sum::<f64>()
+    fn edge_count(&self) -> usize {
+        self.edges.len()
     }
+    fn ends(&self, e: usize) -> (usize, usize) {
+        (self.edges[e].from, self.edges[e].to)
+    }
+    fn edge(&self, e: usize, a: usize, b: usize) -> f64 {
+        let e = &self.edges[e];
+        e.cost[a * self.unary[e.to].len() + b]
+    }
+}
 
+impl CostProblem {
     /// For each op, the other ops it shares an edge with.
     fn neighbours(&self) -> Vec<BTreeSet<usize>> {
         let mut adj = vec![BTreeSet::new(); self.unary.len()];
@@ -236,14 +270,15 @@ fn below(a: f64, b: f64) -> bool {
 /// walk stops with ops left, the first of them takes its cheapest candidate given its decided
 /// neighbours and the walk goes on from it. Returns each op's candidate and whether it was
 /// reached over an edge (false: configured, or the start of a walk).
-pub fn propagate(p: &CostProblem, configured: &[Option<usize>]) -> (Vec<usize>, Vec<bool>) {
-    let n = p.unary.len();
+pub fn propagate(p: &impl Costs, configured: &[Option<usize>]) -> (Vec<usize>, Vec<bool>) {
+    let n = p.ops();
     let mut choice: Vec<Option<usize>> = configured.to_vec();
     let mut incident: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, e) in p.edges.iter().enumerate() {
-        incident[e.from].push(i);
-        if e.to != e.from {
-            incident[e.to].push(i);
+    for i in 0..p.edge_count() {
+        let (from, to) = p.ends(i);
+        incident[from].push(i);
+        if to != from {
+            incident[to].push(i);
         }
     }
     let mut reached = vec![false; n];
@@ -252,15 +287,15 @@ pub fn propagate(p: &CostProblem, configured: &[Option<usize>]) -> (Vec<usize>, 
         while let Some(u) = queue.pop_front() {
             let cu = choice[u].expect("queued ops are decided");
             for &ei in &incident[u] {
-                let e = &p.edges[ei];
-                let (w, forward) = if e.from == u { (e.to, true) } else { (e.from, false) };
+                let (from, to) = p.ends(ei);
+                let (w, forward) = if from == u { (to, true) } else { (from, false) };
                 if choice[w].is_some() {
                     continue;
                 }
                 let mut best: Option<(f64, f64, usize)> = None;
                 for cw in 0..p.domain(w) {
-                    let edge = if forward { p.edge(e, cu, cw) } else { p.edge(e, cw, cu) };
-                    let own = p.unary[w][cw];
+                    let edge = if forward { p.edge(ei, cu, cw) } else { p.edge(ei, cw, cu) };
+                    let own = p.unary(w, cw);
                     let better = match best {
                         None => true,
                         Some((be, bo, _)) => below(edge, be) || (!below(be, edge) && below(own, bo)),
@@ -280,12 +315,12 @@ pub fn propagate(p: &CostProblem, configured: &[Option<usize>]) -> (Vec<usize>, 
         let decided: Vec<usize> = choice.iter().map(|c| c.unwrap_or(0)).collect();
         let mut best = (f64::INFINITY, 0);
         for c in 0..p.domain(v) {
-            let mut x = p.unary[v][c];
+            let mut x = p.unary(v, c);
             for &ei in &incident[v] {
-                let e = &p.edges[ei];
-                let other = if e.from == v { e.to } else { e.from };
+                let (from, to) = p.ends(ei);
+                let other = if from == v { to } else { from };
                 if other == v || choice[other].is_some() {
-                    x += if e.from == v { p.edge(e, c, if e.to == v { c } else { decided[e.to] }) } else { p.edge(e, decided[e.from], c) };
+                    x += if from == v { p.edge(ei, c, if to == v { c } else { decided[to] }) } else { p.edge(ei, decided[from], c) };
                 }
             }
             if below(x, best.0) {
