@@ -65,6 +65,8 @@ pub struct Candidate {
     pub layouts: OpLayouts,
     /// Its own cost (edges to other ops excluded).
     pub cost: CostSplit,
+    /// The pricer's ids of its input layouts (edges look redistributions up by id).
+    input_ids: Vec<u32>,
 }
 
 /// An op of the cost graph.
@@ -112,22 +114,30 @@ impl CostGraph<'_> {
     pub fn edge_seconds(&self, e: usize, a: usize, b: usize) -> f64 {
         let r = &self.edges[e];
         let mut p = self.pricer.borrow_mut();
-        let (pre, l) = match p.through_cache.get(&(e, a)) {
-            Some(x) => x.clone(),
+        let p = &mut *p;
+        if !p.through_cache.contains_key(&(e, a)) {
+            let op = &self.ops[r.from].candidates[a].layouts;
+            let src = match r.param_slot {
+                Some(slot) => op.inputs[slot].clone(),
+                None => whole_values(&op.output),
+            };
+            let (pre, l) = p.through(src, &r.chain, r.elem);
+            let id = p.id(&l);
+            p.through_cache.insert((e, a), (pre, l, id));
+        }
+        let (pre, ref l, src_id) = p.through_cache[&(e, a)];
+        let c = &self.ops[r.to].candidates[b];
+        let dst_id = c.input_ids[r.slot];
+        let forbidden = if r.follow && src_id != dst_id { FORBIDDEN } else { 0.0 };
+        let t = match p.cache.get(&(src_id, dst_id, r.elem)) {
+            _ if src_id == dst_id => 0.0,
+            Some(&t) => t,
             None => {
-                let op = &self.ops[r.from].candidates[a].layouts;
-                let src = match r.param_slot {
-                    Some(slot) => op.inputs[slot].clone(),
-                    None => whole_values(&op.output),
-                };
-                let x = p.through(src, &r.chain, r.elem);
-                p.through_cache.insert((e, a), x.clone());
-                x
+                let l = l.clone();
+                p.redist_ids((src_id, &l), (dst_id, &c.layouts.inputs[r.slot]), r.elem)
             }
         };
-        let dst = &self.ops[r.to].candidates[b].layouts.inputs[r.slot];
-        let forbidden = if r.follow && l != *dst { FORBIDDEN } else { 0.0 };
-        pre + p.redist(&l, dst, r.elem) + forbidden
+        pre + t + forbidden
     }
 
     /// The weighted problem with every edge's table filled (the elimination searches).
@@ -232,9 +242,12 @@ struct Pricer<'g> {
     training: bool,
     all_to_all: bool,
     n: usize,
-    cache: HashMap<(TensorLayout, TensorLayout, usize), f64>,
-    /// (edge, producer candidate) -> seconds through the reshapes and the layout after them.
-    through_cache: HashMap<(usize, usize), (f64, TensorLayout)>,
+    /// Every layout priced, by id.
+    ids: HashMap<TensorLayout, u32>,
+    /// (source id, destination id, element size) -> seconds.
+    cache: HashMap<(u32, u32, usize), f64>,
+    /// (edge, producer candidate) -> seconds through the reshapes, the layout after them and its id.
+    through_cache: HashMap<(usize, usize), (f64, TensorLayout, u32)>,
 }
 
 /// Build the cost graph.
@@ -248,6 +261,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
         training: b.training,
         all_to_all: b.context.enable_alltoall,
         n,
+        ids: HashMap::new(),
         cache: HashMap::new(),
         through_cache: HashMap::new(),
     };
@@ -274,7 +288,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
                 let mut candidates = Vec::with_capacity(all.len());
                 for splits in all {
                     let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
-                    candidates.push(Candidate { splits, layouts, cost: CostSplit::default() });
+                    candidates.push(Candidate { splits, layouts, cost: CostSplit::default(), input_ids: Vec::new() });
                 }
                 ops.push(SearchOp {
                     node: NodeId(i),
@@ -344,6 +358,12 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
             return Err(ParallelError::OutOfMemory { kind: op.kind, name: op.name.clone(), capacity: cap, need, largest });
         }
         op.candidates.retain(|c| c.cost.memory <= cap);
+    }
+
+    for op in &mut ops {
+        for c in &mut op.candidates {
+            c.input_ids = c.layouts.inputs.iter().map(|l| pr.id(l)).collect();
+        }
     }
 
     // Consumers: edges between ops, fixed layouts as own costs.
@@ -555,10 +575,26 @@ impl Pricer<'_> {
 
     /// Seconds of the redistribution from `src` to `dst` (forward and, in training, backward).
     fn redist(&mut self, src: &TensorLayout, dst: &TensorLayout, elem: usize) -> f64 {
-        if src == dst {
+        let (s, d) = (self.id(src), self.id(dst));
+        self.redist_ids((s, src), (d, dst), elem)
+    }
+
+    /// The id of layout `l` (a new one the first time).
+    fn id(&mut self, l: &TensorLayout) -> u32 {
+        if let Some(&i) = self.ids.get(l) {
+            return i;
+        }
+        let i = self.ids.len() as u32;
+        self.ids.insert(l.clone(), i);
+        i
+    }
+
+    /// [`Pricer::redist`] of layouts whose ids are known.
+    fn redist_ids(&mut self, (sid, src): (u32, &TensorLayout), (did, dst): (u32, &TensorLayout), elem: usize) -> f64 {
+        if sid == did {
             return 0.0;
         }
-        let key = (src.clone(), dst.clone(), elem);
+        let key = (sid, did, elem);
         if let Some(&t) = self.cache.get(&key) {
             return t;
         }
