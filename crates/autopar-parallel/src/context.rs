@@ -51,17 +51,9 @@ pub const OPTION_NAMES: &[&str] = &[
     "tensor_slice_align_size",
 ];
 
-/// The options of auto_parallel's strategy search that only it reads.
-pub const SEARCH_OPTION_NAMES: &[&str] = &[
-    "device_memory_capacity",
-    "costmodel_alpha",
-    "costmodel_beta",
-    "costmodel_gamma",
-    "fully_use_devices",
-    "elementwise_op_strategy_follow",
-    "tensor_slice_align_enable",
-    "tensor_slice_align_size",
-];
+/// The options of auto_parallel's strategy search that only it reads: the last ones of
+/// [`OPTION_NAMES`].
+pub const SEARCH_OPTION_NAMES: &[&str] = OPTION_NAMES.split_at(24).1;
 
 /// How the model is spread over devices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -765,6 +757,8 @@ mod tests {
             ("tensor_slice_align_size", json!(32)),
         ];
         assert_eq!(values.len(), OPTION_NAMES.len());
+        assert_eq!(SEARCH_OPTION_NAMES.first(), Some(&"device_memory_capacity"));
+        assert_eq!(SEARCH_OPTION_NAMES.len(), 8);
         let mut c = ParallelContext::default();
         for (k, v) in &values {
             c.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));
