@@ -253,9 +253,7 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
         if plans[i].is_some() {
             continue;
         }
-        let src = plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output.clone();
-        let src = TensorLayout::new(src.mesh().clone(), src.dim_axes().to_vec(), src.shape().to_vec())
-            .expect("dropping partial sums keeps a layout valid");
+        let src = whole_values(&plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output);
         let (input, output) = match reshape_layout(&src, &node.ty.shape) {
             Some(out) => (src, out),
             None => (
@@ -439,15 +437,20 @@ pub(crate) fn depends_on_inputs(graph: &Graph) -> Vec<bool> {
 /// batch) leaves a partial sum, completed by an all-reduce.
 pub fn default_splits(spec: &autopar_graph::OpSpec, node: &Node, on_data: &[bool], n: usize) -> Vec<usize> {
     let mut splits = vec![1; spec.dims.len()];
-    if let Some(i) = node.inputs.iter().position(|x| on_data[x.0]) {
-        if let Some(Some(l)) = spec.inputs[i].first() {
-            let dim = &spec.dims[*l];
-            if dim.splittable {
-                splits[*l] = gcd(n, dim.size);
-            }
+    if let Some(l) = batch_dim(spec, node, on_data) {
+        let dim = &spec.dims[l];
+        if dim.splittable {
+            splits[l] = gcd(n, dim.size);
         }
     }
     splits
+}
+
+/// The logical dimension an op's batch runs along: the first dimension of its first input
+/// computed from the network's inputs (None: an op on parameters alone).
+pub(crate) fn batch_dim(spec: &autopar_graph::OpSpec, node: &Node, on_data: &[bool]) -> Option<usize> {
+    let i = node.inputs.iter().position(|x| on_data[x.0])?;
+    spec.inputs[i].first().copied().flatten()
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -459,12 +462,24 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 fn first_use_layout(graph: &Graph, plans: &[Option<NodePlan>], id: NodeId) -> Option<TensorLayout> {
-    for (j, node) in graph.nodes().iter().enumerate().skip(id.0 + 1) {
-        if let Some(slot) = node.inputs.iter().position(|x| *x == id) {
-            return plans[j].as_ref().map(|p| p.inputs[slot].clone());
-        }
-    }
-    None
+    let (j, slot) = first_use(graph, id)?;
+    plans[j.0].as_ref().map(|p| p.inputs[slot].clone())
+}
+
+/// The first op reading value `id` and the input slot it reads it in: a parameter takes the
+/// layout this use needs.
+pub(crate) fn first_use(graph: &Graph, id: NodeId) -> Option<(NodeId, usize)> {
+    graph
+        .nodes()
+        .iter()
+        .enumerate()
+        .skip(id.0 + 1)
+        .find_map(|(j, node)| node.inputs.iter().position(|x| *x == id).map(|slot| (NodeId(j), slot)))
+}
+
+/// `l` without pending partial sums: the layout of the values once they are completed.
+pub(crate) fn whole_values(l: &TensorLayout) -> TensorLayout {
+    TensorLayout::new(l.mesh().clone(), l.dim_axes().to_vec(), l.shape().to_vec()).expect("dropping partial sums keeps a layout valid")
 }
 
 fn input_layout(

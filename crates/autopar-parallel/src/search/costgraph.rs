@@ -34,7 +34,7 @@ use super::solve::{CostProblem, Costs, EdgeCost};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
-use crate::planner::reshape_layout;
+use crate::planner::{batch_dim, depends_on_inputs, first_use, reshape_layout, whole_values};
 
 /// A cost split into the model's parts (seconds, memory in bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -268,7 +268,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     let nodes = g.nodes();
 
     // Roles and candidates.
-    let on_data = crate::planner::depends_on_inputs(g);
+    let on_data = depends_on_inputs(g);
     let mut roles = Vec::with_capacity(nodes.len());
     let mut ops: Vec<SearchOp> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -280,8 +280,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
                 let (all, configured) = match &b.fixed[i] {
                     Some((s, src)) => (vec![s.clone()], Some(*src)),
                     None => {
-                        // The batch: the first dimension of the first input computed from the data.
-                        let batch = node.inputs.iter().position(|x| on_data[x.0]).and_then(|i| spec.inputs[i].first().copied().flatten());
+                        let batch = batch_dim(spec, node, &on_data);
                         (bl.candidate_splits(spec, node.op.kind(), &ins, batch), None)
                     }
                 };
@@ -316,14 +315,12 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     }
 
     // Parameters: the first consumer decides the layout and pays the gradient sync.
-    let mut param_home: BTreeMap<NodeId, (usize, usize)> = BTreeMap::new(); // param -> (consumer node, slot)
-    for (i, node) in nodes.iter().enumerate() {
-        for (slot, x) in node.inputs.iter().enumerate() {
-            if matches!(roles[x.0], Role::Parameter) {
-                param_home.entry(*x).or_insert((i, slot));
-            }
-        }
-    }
+    // param -> (consumer node, slot)
+    let param_home: BTreeMap<NodeId, (usize, usize)> = (0..nodes.len())
+        .map(NodeId)
+        .filter(|&id| matches!(roles[id.0], Role::Parameter))
+        .filter_map(|id| first_use(g, id).map(|(c, slot)| (id, (c.0, slot))))
+        .collect();
     for (&param, &(consumer, slot)) in &param_home {
         let Some(k) = of_node[consumer] else { continue };
         let OpKind::Parameter(p) = &g.node(param).op else { continue };
@@ -625,9 +622,4 @@ impl Pricer<'_> {
         self.cache.insert(key, t);
         t
     }
-}
-
-/// `l` without pending partial sums (the values once they are completed).
-fn whole_values(l: &TensorLayout) -> TensorLayout {
-    TensorLayout::new(l.mesh().clone(), l.dim_axes().to_vec(), l.shape().to_vec()).expect("dropping partial sums keeps a layout valid")
 }

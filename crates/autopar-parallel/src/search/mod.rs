@@ -122,7 +122,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         input_layouts: job.input_layouts,
         partial_use,
     })?;
-    let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices(), training: job.training };
+    let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices() };
     run(&cg, job.search, &rec, job.profile)
 }
 

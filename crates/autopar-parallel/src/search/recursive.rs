@@ -30,12 +30,12 @@ use autopar_graph::{Graph, NodeId, OpKind};
 use super::costgraph::CostGraph;
 use super::solve::propagate;
 use crate::error::{ParallelError, Result};
+use crate::planner::{default_splits, depends_on_inputs};
 
 /// What the recursive search reads besides the cost graph.
 pub struct RecInput<'a> {
     pub graph: &'a Graph,
     pub devices: usize,
-    pub training: bool,
 }
 
 /// MindSpore 2.10's `rp_matmul_mem_coef`.
@@ -218,6 +218,7 @@ pub fn choose(cg: &CostGraph<'_>, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec
     }
 
     // Strategies of the kept ops, then propagation to the rest.
+    let on_data = depends_on_inputs(g);
     let mut configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     for node in &nodes {
         let Some(k) = node.op else { continue };
@@ -232,16 +233,7 @@ pub fn choose(cg: &CostGraph<'_>, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec
                 splits[1] = 1 << node.cuts[0][3];
                 splits[2] = 1 << node.cuts[1][3];
             }
-            Kind::Loss => {
-                if let Some(Some(l)) = op.spec.inputs[0].first() {
-                    let batch = op.spec.dims[*l].size;
-                    let mut s = 1;
-                    while s * 2 <= rec.devices && batch.is_multiple_of(s * 2) && rec.devices.is_multiple_of(s * 2) {
-                        s *= 2;
-                    }
-                    splits[*l] = s;
-                }
-            }
+            Kind::Loss => splits = default_splits(&op.spec, g.node(op.node), &on_data, rec.devices),
             Kind::Conv | Kind::Pool | Kind::Batch => {
                 let map = &op.spec.inputs[0];
                 for (t, l) in map.iter().enumerate() {
