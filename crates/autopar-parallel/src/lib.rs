@@ -21,6 +21,7 @@
 pub mod context;
 pub mod cost;
 pub mod error;
+pub mod pipeline;
 pub mod plan;
 pub mod planner;
 pub mod program;
