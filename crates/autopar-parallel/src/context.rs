@@ -587,12 +587,6 @@ impl ParallelContext {
     /// Reject options whose behaviour autopar does not implement yet (never ignore them).
     pub fn check_supported(&self) -> Result<()> {
         let unsupported = |option: &str, value: String| Err(ParallelError::NotSupportedYet { option: option.to_string(), value });
-        if self.pipeline_stages > 1 {
-            return unsupported("pipeline_stages", self.pipeline_stages.to_string());
-        }
-        if self.is_set("pipeline_config") {
-            return unsupported("pipeline_config", "(pipeline schedules come with pipeline_stages)".into());
-        }
         if self.enable_parallel_optimizer {
             return unsupported("enable_parallel_optimizer", "true".into());
         }
@@ -872,8 +866,6 @@ mod tests {
     #[test]
     fn unimplemented_behaviour_is_rejected_not_ignored() {
         for (k, v, mode) in [
-            ("pipeline_stages", json!(2), "semi_auto_parallel"),
-            ("pipeline_config", json!({"pipeline_scheduler": "gpipe"}), "semi_auto_parallel"),
             ("pipeline_result_broadcast", json!(true), "semi_auto_parallel"),
             ("enable_parallel_optimizer", json!(true), "semi_auto_parallel"),
             ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": 0}), "data_parallel"),

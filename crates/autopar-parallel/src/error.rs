@@ -68,6 +68,12 @@ pub enum ParallelError {
     #[error("the loss {name:?} is {dtype}; training differentiates a floating-point loss\nhint: Cast the loss to f32, or pass the float value it is computed from")]
     LossNotFloat { name: String, dtype: autopar_graph::DType },
 
+    #[error("pipeline_stages: {problem}\nhint: give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage), in execution order, from 0 to pipeline_stages-1")]
+    Pipeline { problem: PipelineProblem },
+
+    #[error("pipeline schedule: {0}")]
+    Schedule(#[from] crate::pipeline::ScheduleError),
+
     #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (--devices of them) with the same loss name, collectives over groups holding the rank")]
     Hybrid { problem: HybridProblem },
 }
@@ -75,6 +81,62 @@ pub enum ParallelError {
 impl From<autopar_graph::GraphError> for ParallelError {
     fn from(e: autopar_graph::GraphError) -> Self {
         ParallelError::Graph(Box::new(e))
+    }
+}
+
+/// Why a network cannot be cut into its pipeline stages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PipelineProblem {
+    /// An op placed on an earlier stage than a value it consumes.
+    ConsumerBeforeProducer {
+        kind: &'static str,
+        name: String,
+        stage: usize,
+        input: String,
+        input_stage: usize,
+    },
+    StageOutOfRange {
+        kind: &'static str,
+        name: String,
+        stage: usize,
+        stages: usize,
+    },
+    EmptyStage {
+        stage: usize,
+        stages: usize,
+    },
+    LossNotOnLastStage {
+        name: String,
+        stage: usize,
+        stages: usize,
+    },
+    /// Options the runtime does not run yet.
+    Unsupported {
+        what: &'static str,
+    },
+    /// A pipeline job handed to the one-stage planner.
+    NeedsPipelinePlanner,
+}
+
+impl fmt::Display for PipelineProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PipelineProblem::ConsumerBeforeProducer { kind, name, stage, input, input_stage } => {
+                write!(f, "{kind} {name:?} is placed on stage {stage}, before its input {input:?} on stage {input_stage}")
+            }
+            PipelineProblem::StageOutOfRange { kind, name, stage, stages } => {
+                write!(f, "{kind} {name:?} is placed on stage {stage}, but the pipeline has {stages} stages (0..{stages})")
+            }
+            PipelineProblem::EmptyStage { stage, stages } => write!(f, "stage {stage} of {stages} has no operator"),
+            PipelineProblem::LossNotOnLastStage { name, stage, stages } => {
+                write!(f, "the loss {name:?} is computed on stage {stage}; it must be on the last stage ({})", stages - 1)
+            }
+            PipelineProblem::Unsupported { what } => write!(f, "{what} is not supported yet"),
+            PipelineProblem::NeedsPipelinePlanner => write!(
+                f,
+                "a job of several stages is planned by plan_pipeline and run by the library's PipelineJob; `autopar train` and `autopar plan` do not run pipelines yet"
+            ),
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub use context::{
     SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
-pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
+pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{
     compare_searches, fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, strategy_item_names, PlanRequest, StrategyItems,

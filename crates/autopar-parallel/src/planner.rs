@@ -105,6 +105,9 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
     if mode == ParallelMode::HybridParallel {
         return Err(ParallelError::Hybrid { problem: HybridProblem::NeedsRankGraphs });
     }
+    if ctx.pipeline_stages > 1 {
+        return Err(ParallelError::Pipeline { problem: crate::error::PipelineProblem::NeedsPipelinePlanner });
+    }
     let n = ctx.devices();
     let graph = with_loss_first(req.graph, req.loss)?;
     let use_strategies = mode.is_auto();

@@ -132,6 +132,13 @@ struct Emitter {
 }
 
 impl Emitter {
+    /// Puts the nodes emitted since `first` on pipeline stage `stage`.
+    fn set_stage(&mut self, first: usize, stage: Option<usize>) {
+        for j in first..self.graph.len() {
+            self.graph.node_mut(NodeId(j)).pipeline_stage = stage;
+        }
+    }
+
     fn note_partition(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
         self.partitions.note(axes)
     }
@@ -210,6 +217,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     };
     for (i, node) in graph.nodes().iter().enumerate() {
         let np = &plan.nodes[i];
+        let first = em.graph.len();
         let slice_shape = np.output.slice_shape();
         let id = if node.op.is_leaf() {
             let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &[], block: None, rows: None });
@@ -277,14 +285,20 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             });
         }
         local[i] = Some(id);
+        // The local nodes of a global op (its input redistributions included) run on its
+        // pipeline stage; stage-less nodes stay unassigned.
+        let stage = if crate::pipeline::is_stageless(node) { None } else { node.pipeline_stage };
+        em.set_stage(first, stage);
     }
     let mut outputs = Vec::new();
     for (slot, &o) in graph.outputs.iter().enumerate() {
         let id = local[o.0].expect("outputs are nodes");
+        let first = em.graph.len();
         outputs.push(match plan.redistribution(Site::Output { slot }) {
             Some(r) => em.redistribute(&format!("{}.out", graph.node(o).name), id, r)?,
             None => id,
         });
+        em.set_stage(first, graph.node(o).pipeline_stage);
     }
     let Emitter { graph: mut g, mut partitions, .. } = em;
     g.outputs = outputs.clone();

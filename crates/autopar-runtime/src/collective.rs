@@ -33,15 +33,22 @@ impl std::fmt::Debug for CommGroups {
 }
 
 impl CommGroups {
-    /// Split `world` once per partition (a list of disjoint groups of world ranks covering
+    /// Split `world` once per partition (a list of disjoint groups of `world`'s ranks covering
     /// every rank). Collective: every rank calls it with the same partitions in the same order.
+    /// Groups are named by their ranks in `world` (a pipeline stage's communicator: positions
+    /// in the stage).
     pub fn create(world: &dyn Communicator, partitions: &[Vec<Vec<usize>>]) -> Result<Self> {
         let rank = world.rank();
         let mut groups = HashMap::new();
+        let parent = world.world_ranks();
         for (i, part) in partitions.iter().enumerate() {
             let sub = world.split(part).map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: i }))?;
             if let Some(sub) = sub {
-                let mut key = sub.world_ranks().to_vec();
+                let mut key: Vec<usize> = sub
+                    .world_ranks()
+                    .iter()
+                    .map(|w| parent.iter().position(|p| p == w).expect("a sub-group's ranks are in its parent"))
+                    .collect();
                 key.sort_unstable();
                 groups.entry(key).or_insert(sub);
             }

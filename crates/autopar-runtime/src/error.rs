@@ -23,6 +23,8 @@ pub enum CommPhase {
     GatherParameters,
     /// Starting or running the ranks.
     Run,
+    /// A transfer between pipeline stages.
+    PipelineTransfer { what: String },
 }
 
 impl fmt::Display for CommPhase {
@@ -34,6 +36,7 @@ impl fmt::Display for CommPhase {
             CommPhase::CreateGroups { partition } => write!(f, "creating the communication groups of partition {partition}"),
             CommPhase::GatherParameters => write!(f, "gathering the parameter slices"),
             CommPhase::Run => write!(f, "the parallel run"),
+            CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
         }
     }
 }
@@ -43,6 +46,9 @@ impl fmt::Display for CommPhase {
 pub enum RuntimeError {
     #[error(transparent)]
     Graph(Box<GraphError>),
+
+    #[error("pipeline rank {rank}: {problem}\nhint: this is a bug in autopar's pipeline schedules; please report it with --parallel pipeline_stages and --micro-batches")]
+    Pipeline { rank: usize, problem: String },
 
     #[error(transparent)]
     Plan(Box<autopar_parallel::ParallelError>),

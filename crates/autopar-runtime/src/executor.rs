@@ -151,6 +151,21 @@ struct RunArgs<'a> {
     feeds: &'a [(NodeId, Tensor)],
     step: u64,
     collectives: Option<&'a dyn Collectives>,
+    micro: MicroBatch,
+}
+
+/// Which micro-batch of the step a run computes: micro-batch `index` of `count` equal parts of
+/// the step's batch (dimension 0). Dropout draws its mask as the rows of the whole step's mask,
+/// so a step run in micro-batches drops exactly what the whole batch would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroBatch {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl MicroBatch {
+    /// The whole batch in one run.
+    pub const WHOLE: MicroBatch = MicroBatch { index: 0, count: 1 };
 }
 
 /// Wall time of one op in a profiled run.
@@ -265,6 +280,18 @@ impl Executor {
         step: u64,
         collectives: Option<&dyn Collectives>,
     ) -> Result<RunOutput> {
+        self.run_micro(params, feeds, step, collectives, MicroBatch::WHOLE)
+    }
+
+    /// As [`Executor::run_with`], for micro-batch `micro` of the step.
+    pub fn run_micro(
+        &self,
+        params: &mut ParamStore,
+        feeds: &[(NodeId, Tensor)],
+        step: u64,
+        collectives: Option<&dyn Collectives>,
+        micro: MicroBatch,
+    ) -> Result<RunOutput> {
         for (id, _) in feeds {
             let node = self.graph.get(*id)?;
             if !matches!(node.op, OpKind::Input(_)) {
@@ -282,7 +309,7 @@ impl Executor {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
                 match collectives {
                     Some(c) if node.op.is_communication() => c.execute(node, ins[0])?,
-                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives }, &mut caches)?,
+                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives, micro }, &mut caches)?,
                 }
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
@@ -320,7 +347,7 @@ impl Executor {
     }
 
     fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, args: &RunArgs<'_>, caches: &mut Caches) -> Result<Tensor> {
-        let RunArgs { feeds, step, collectives } = *args;
+        let RunArgs { feeds, step, collectives, micro } = *args;
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let shape = &node.ty.shape;
@@ -521,9 +548,20 @@ impl Executor {
             }
             // The mask depends on (seed, step, the element's index in the whole tensor) only, so
             // the backward Dropout node (same seed, step and block) applies the same mask to dy.
-            OpKind::Dropout(d) => match &d.block {
-                None => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
-                Some(b) => dropout::dropout_slice(cx, x[0], d.p, dropout_seed(d.seed, step), &b.global_shape, &b.begin).map_err(k)?.0,
+            // A micro-batch's mask is its rows of the whole step's.
+            OpKind::Dropout(d) => match (&d.block, micro.count) {
+                (None, 1) => dropout::dropout(cx, x[0], d.p, dropout_seed(d.seed, step)).map_err(k)?.0,
+                (block, _) => {
+                    let (mut global, mut begin) = match block {
+                        Some(b) => (b.global_shape.clone(), b.begin.clone()),
+                        None => (x[0].shape().to_vec(), vec![0; x[0].rank()]),
+                    };
+                    if let (Some(g), Some(b)) = (global.first_mut(), begin.first_mut()) {
+                        *b += micro.index * *g;
+                        *g *= micro.count;
+                    }
+                    dropout::dropout_slice(cx, x[0], d.p, dropout_seed(d.seed, step), &global, &begin).map_err(k)?.0
+                }
             },
             OpKind::SoftmaxCrossEntropy(_) => loss::softmax_cross_entropy_sparse(cx, x[0], x[1]).map_err(k)?.0,
             OpKind::AllReduce(c) => comm(&c.group)?,

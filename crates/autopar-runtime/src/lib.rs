@@ -55,12 +55,13 @@ pub mod error;
 pub mod executor;
 pub mod optim;
 pub mod parallel;
+pub mod pipeline;
 pub mod strategy_io;
 pub mod train;
 pub mod trainer;
 
 pub use error::{CommPhase, Result, RuntimeError};
-pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, OpTiming, ParamStore, RunOutput};
+pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch, OpTiming, ParamStore, RunOutput};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use train::{StepOutput, TrainStep};
 pub use trainer::{TrainConfig, TrainError, TrainReport, Trainer};

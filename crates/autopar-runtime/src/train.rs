@@ -123,17 +123,22 @@ impl TrainStep {
 /// A gradient bucket as the step runs it: where its gradients sit among the program's, and
 /// its flat buffer, allocated at the first step and reused by every later one.
 #[derive(Clone, Debug)]
-struct BucketBuffer {
+pub(crate) struct BucketBuffer {
     grads: Vec<usize>,
     flat: Option<Tensor>,
 }
 
 impl BucketBuffer {
     fn new(b: &RankBucket, program: &RankProgram) -> Result<Self> {
+        Self::over(b, &program.grads)
+    }
+
+    /// The bucket's gradients among `grads` (by parameter name).
+    pub(crate) fn over(b: &RankBucket, grads: &[(String, NodeId)]) -> Result<Self> {
         let grads = b
             .params
             .iter()
-            .map(|n| program.grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+            .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
             .collect::<Result<_>>()?;
         Ok(Self { grads, flat: None })
     }
@@ -143,7 +148,12 @@ impl BucketBuffer {
 /// copied in, cast when its dtype differs), scaled by the bucket's factor. The synchronised
 /// gradients are views of the buffer (copies for gradients of another dtype); they must be
 /// dropped before the next step, or its packing copies the buffer first.
-fn sync_bucket(b: &RankBucket, buffer: &mut BucketBuffer, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
+pub(crate) fn sync_bucket(
+    b: &RankBucket,
+    buffer: &mut BucketBuffer,
+    grads: &mut [(String, Tensor)],
+    comm: Option<&CommGroups>,
+) -> Result<()> {
     if b.group.len() < 2 {
         return Ok(());
     }

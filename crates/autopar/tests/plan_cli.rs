@@ -83,7 +83,7 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     let dir = tempfile::tempdir().unwrap();
     for (opt, needle) in [
         ("enable_parallel_optimizer=true", "not supported yet"),
-        ("pipeline_stages=2", "not supported yet"),
+        ("pipeline_stages=2", "do not run pipelines yet"),
         (r#"comm_fusion={"allgather": {"mode": "auto"}}"#, "comm_fusion.allgather"),
         ("costmodel_beta=2", "applies to auto_parallel"),
     ] {

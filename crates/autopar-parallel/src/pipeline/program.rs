@@ -1,0 +1,336 @@
+//! A pipeline job planned as data ([`PipelinePlan`]) and one rank's share of it
+//! ([`StageProgram`]).
+//!
+//! Every stage has the same number of devices, so the network is planned once on one stage's
+//! devices: each op gets its strategy there, and a value crossing from one stage to a later one
+//! has the same layout on both, so the rank at position `i` of a stage sends its slice to the
+//! rank at position `i` of the next (`rank + N/P`, as MindSpore pairs them). The local program of
+//! position `i` is then cut by stage. A value produced on stage `a` and used up to stage `b`
+//! travels through every stage between (relayed, so each transfer goes to the next stage only);
+//! its gradient travels back the same way, each stage adding what it contributed.
+//!
+//! A stage's graph: its ops, the values received from the previous stage as inputs, the values
+//! for the next stage, and for the backward pass the surrogate loss
+//! `sum(v * dv)` over the values it sends (`dv`, their gradients, received back) plus, on the
+//! last stage, the job's loss seeded with `1/micro_batches`. Differentiating it gives the
+//! stage's parameter gradients and the gradients of what it received. The graph is then cut in
+//! two: the forward pass (run when the schedule says, keeping the values the backward needs)
+//! and the backward pass (fed with them).
+
+use std::collections::BTreeSet;
+
+use autopar_graph::ops::{Add, Fill, Input, Mul, ReduceSum, Scale};
+use autopar_graph::{differentiate, Graph, NodeId, OpKind};
+
+use crate::context::{ParallelContext, PipelineScheduler};
+use crate::error::{ParallelError, PipelineProblem, Result};
+use crate::pipeline::schedule::{build, PipelineShape, Schedule};
+use crate::pipeline::stages::{assign_stages, balance_stages, has_stages};
+use crate::plan::ParallelPlan;
+use crate::planner::{plan_job, PlanRequest};
+use crate::program::{rank_program, RankProgram};
+
+/// A pipeline job: the network planned on one stage's devices, each op's stage, the schedule.
+#[derive(Clone, Debug)]
+pub struct PipelinePlan {
+    pub stages: usize,
+    pub micro_batches: usize,
+    pub device_num: usize,
+    /// The network (built for one micro-batch) planned on `device_num / stages` devices.
+    pub plan: ParallelPlan,
+    /// Every node's stage in `plan.graph` (None: parameters, inputs and constants, which every
+    /// stage using them holds).
+    pub stage_of: Vec<Option<usize>>,
+    pub schedule: Schedule,
+}
+
+impl PipelinePlan {
+    /// Devices of one stage.
+    pub fn stage_devices(&self) -> usize {
+        self.device_num / self.stages
+    }
+
+    /// The stage of global rank `rank` and its position in the stage.
+    pub fn place(&self, rank: usize) -> (usize, usize) {
+        (rank / self.stage_devices(), rank % self.stage_devices())
+    }
+
+    /// The stages that use each parameter, by name, in graph order.
+    pub fn param_stages(&self) -> Vec<(String, Vec<usize>)> {
+        let g = &self.plan.graph;
+        let users = g.users();
+        g.parameters()
+            .into_iter()
+            .map(|p| {
+                let stages: BTreeSet<usize> = users[p.0].iter().filter_map(|u| self.stage_of[u.0]).collect();
+                (g.node(p).name.clone(), stages.into_iter().collect())
+            })
+            .collect()
+    }
+}
+
+/// Plan a pipeline job: `req.graph` is the network for one micro-batch; its ops carry their
+/// stages (see [`assign_stages`]), or, when the model placed none, are cut into stages of
+/// about equal FLOPs ([`balance_stages`]); `req.context.pipeline_stages` > 1.
+pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<PipelinePlan> {
+    let ctx = req.context;
+    ctx.validate()?;
+    let p = ctx.pipeline_stages.max(1);
+    if ctx.pipeline_config.pipeline_interleave {
+        return Err(ParallelError::Pipeline {
+            problem: PipelineProblem::Unsupported { what: "pipeline_config.pipeline_interleave (virtual stages) at run time" },
+        });
+    }
+    let mut graph = req.graph.clone();
+    if !has_stages(&graph) {
+        balance_stages(&mut graph, p);
+    }
+    let stage_of = assign_stages(&graph, p, req.loss)?;
+    for (i, s) in stage_of.iter().enumerate() {
+        graph.node_mut(NodeId(i)).pipeline_stage = *s;
+    }
+    let mut stage_ctx: ParallelContext = ctx.clone();
+    stage_ctx.device_num = ctx.stage_device_num();
+    stage_ctx.pipeline_stages = 1;
+    let plan = plan_job(&PlanRequest {
+        graph: &graph,
+        loss: req.loss,
+        context: &stage_ctx,
+        strategy_file: req.strategy_file,
+        profile: req.profile,
+    })?;
+    let stage_of = plan.graph.nodes().iter().map(|n| n.pipeline_stage).collect();
+    let schedule = build(PipelineShape::new(p, micro_batches, 1), ctx.pipeline_config.pipeline_scheduler)?;
+    Ok(PipelinePlan { stages: p, micro_batches, device_num: ctx.device_num, plan, stage_of, schedule })
+}
+
+/// The scheduler of a context's `pipeline_config`.
+pub fn scheduler_of(ctx: &ParallelContext) -> PipelineScheduler {
+    ctx.pipeline_config.pipeline_scheduler
+}
+
+/// One rank's share of a pipeline job.
+#[derive(Clone, Debug)]
+pub struct StageProgram {
+    pub rank: usize,
+    pub stage: usize,
+    /// Position in the stage (the rank of the stage's communicator).
+    pub position: usize,
+    /// The whole network's program at this position (parameter and input slots, gradient
+    /// buckets and communicator partitions, in the stage's ranks).
+    pub program: RankProgram,
+    /// The stage's forward, surrogate loss and backward graph.
+    pub graph: Graph,
+    /// Inputs of `graph` for the values received from the previous stage, in transfer order.
+    pub recv: Vec<NodeId>,
+    /// Nodes of `graph` whose values go to the next stage, in transfer order.
+    pub send: Vec<NodeId>,
+    /// The job's loss on the last stage.
+    pub loss: Option<NodeId>,
+    /// Nodes of the forward pass that the backward pass reads.
+    pub saved: Vec<NodeId>,
+    /// The backward pass: its inputs for `saved` (same order), for the gradients of `send`
+    /// (None: not differentiable), the data inputs it reads by name.
+    pub backward: Graph,
+    pub saved_in: Vec<NodeId>,
+    pub grad_in: Vec<Option<NodeId>>,
+    /// Gradients of `recv` (None: not differentiable), and of this stage's trainable parameters.
+    pub grad_out: Vec<Option<NodeId>>,
+    pub param_grads: Vec<(String, NodeId)>,
+}
+
+impl StageProgram {
+    /// The forward pass's fetches: what it sends, the loss, what it saves.
+    pub fn forward_fetch(&self) -> Vec<NodeId> {
+        self.send.iter().chain(&self.loss).chain(&self.saved).copied().collect()
+    }
+
+    /// The backward pass's fetches: the received values' gradients, then the parameters'.
+    pub fn backward_fetch(&self) -> Vec<NodeId> {
+        self.grad_out.iter().flatten().chain(self.param_grads.iter().map(|(_, g)| g)).copied().collect()
+    }
+
+    /// The network inputs the stage reads, by name.
+    pub fn data_inputs(&self) -> Vec<String> {
+        let recv: BTreeSet<NodeId> = self.recv.iter().copied().collect();
+        let mut names: Vec<String> = Vec::new();
+        for (g, skip) in [(&self.graph, Some(&recv)), (&self.backward, None)] {
+            for (i, n) in g.nodes().iter().enumerate() {
+                let ours = skip.is_none_or(|r| !r.contains(&NodeId(i)));
+                if matches!(n.op, OpKind::Input(_)) && ours && !n.name.starts_with("pipe/") && !names.contains(&n.name) {
+                    names.push(n.name.clone());
+                }
+            }
+        }
+        names
+    }
+}
+
+/// The values that cross from stage `k` to `k + 1` in the local graph `g`: produced on a stage
+/// up to `k`, used on a later one. Ascending node order (both sides derive the same list).
+pub fn boundary(g: &Graph, k: usize) -> Vec<NodeId> {
+    let users = g.users();
+    (0..g.len())
+        .filter(|&i| {
+            let Some(s) = g.nodes()[i].pipeline_stage else { return false };
+            s <= k && users[i].iter().any(|u| g.node(*u).pipeline_stage.is_some_and(|t| t > k))
+        })
+        .map(NodeId)
+        .collect()
+}
+
+/// The program of global rank `rank`.
+pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
+    if rank >= pp.device_num {
+        return Err(ParallelError::RankOutOfRange { rank, devices: pp.device_num });
+    }
+    let (stage, position) = pp.place(rank);
+    // The forward program of the position: the loss gathered, nothing differentiated yet.
+    let mut forward_plan = pp.plan.clone();
+    let loss_seed = forward_plan.gradients.loss_seed;
+    let training = forward_plan.loss.take().is_some();
+    let fwd = rank_program(&forward_plan, position)?;
+    let program = rank_program(&pp.plan, position)?;
+    let g = &fwd.graph;
+    let last = stage + 1 == pp.stages;
+    let mut sg = Graph::new();
+    let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
+    let mut recv = Vec::new();
+    if stage > 0 {
+        for v in boundary(g, stage - 1) {
+            let node = g.node(v);
+            let id = sg.add(&format!("pipe/{}", node.name), Input { shape: node.ty.shape.clone(), dtype: node.ty.dtype }, &[])?;
+            map[v.0] = Some(id);
+            recv.push(id);
+        }
+    }
+    // Stage-less nodes (parameters, inputs, constants) are copied where used.
+    fn copy(g: &Graph, sg: &mut Graph, map: &mut [Option<NodeId>], v: NodeId) -> Result<NodeId> {
+        if let Some(id) = map[v.0] {
+            return Ok(id);
+        }
+        let node = g.node(v);
+        let inputs = node.inputs.iter().map(|x| copy(g, sg, map, *x)).collect::<Result<Vec<_>>>()?;
+        let id = sg.add(&node.name, node.op.clone(), &inputs)?;
+        map[v.0] = Some(id);
+        Ok(id)
+    }
+    for (i, node) in g.nodes().iter().enumerate() {
+        if node.pipeline_stage == Some(stage) && map[i].is_none() {
+            copy(g, &mut sg, &mut map, NodeId(i))?;
+        }
+    }
+    let send: Vec<NodeId> =
+        if last { Vec::new() } else { boundary(g, stage).iter().map(|v| map[v.0].expect("sent values are on the stage")).collect() };
+    let loss = if last && training { Some(map[fwd.outputs[0].0].expect("the loss is on the last stage")) } else { None };
+    // The surrogate loss.
+    let mut terms = Vec::new();
+    let mut grad_inputs = Vec::new();
+    for &v in &send {
+        let ty = sg.node(v).ty.clone();
+        if !training || !ty.dtype.is_float() {
+            grad_inputs.push(None);
+            continue;
+        }
+        let name = sg.node(v).name.trim_start_matches("pipe/").to_string();
+        let dv = sg.add(&format!("pipe/grad/{name}"), Input { shape: ty.shape.clone(), dtype: ty.dtype }, &[])?;
+        grad_inputs.push(Some(dv));
+        let prod = sg.add(&sg.unique_name(&format!("pipe/dot/{name}")), Mul, &[v, dv])?;
+        let axes = (0..ty.shape.len() as i64).collect();
+        terms.push(sg.add(&sg.unique_name(&format!("pipe/dot_sum/{name}")), ReduceSum { axes, keep_dims: false }, &[prod])?);
+    }
+    if let Some(l) = loss {
+        let ty = sg.node(l).ty.clone();
+        let seeded = sg.add("pipe/loss_seed", Scale { factor: loss_seed / pp.micro_batches as f64 }, &[l])?;
+        let axes = (0..ty.shape.len() as i64).collect();
+        terms.push(sg.add("pipe/loss_sum", ReduceSum { axes, keep_dims: false }, &[seeded])?);
+    }
+    let mut grad_out = vec![None; recv.len()];
+    let mut param_grads = Vec::new();
+    if training {
+        let mut total = match terms.first() {
+            Some(&t) => t,
+            None => sg.add("pipe/no_loss", Fill { shape: Vec::new(), dtype: autopar_graph::DType::F32, value: 0.0 }, &[])?,
+        };
+        for &t in terms.iter().skip(1) {
+            total = sg.add(&sg.unique_name("pipe/surrogate"), Add, &[total, t])?;
+        }
+        let params: Vec<(String, NodeId)> = (0..sg.len())
+            .filter_map(|i| match &sg.nodes()[i].op {
+                OpKind::Parameter(p) if p.trainable => Some((sg.nodes()[i].name.clone(), NodeId(i))),
+                _ => None,
+            })
+            .collect();
+        let float_recv: Vec<NodeId> = recv.iter().copied().filter(|&r| sg.node(r).ty.dtype.is_float()).collect();
+        let wrt: Vec<NodeId> = float_recv.iter().copied().chain(params.iter().map(|(_, p)| *p)).collect();
+        let d = differentiate(&mut sg, total, &wrt)?;
+        for (k, r) in recv.iter().enumerate() {
+            grad_out[k] = d.of(*r);
+        }
+        param_grads = params.iter().map(|(n, p)| (n.clone(), d.of(*p).expect("requested"))).collect();
+    }
+    // Cut: the forward pass computes what it sends and the loss; the backward pass the rest.
+    let fwd_roots: Vec<NodeId> = send.iter().chain(&loss).copied().collect();
+    let in_fwd = ancestors(&sg, &fwd_roots);
+    let bwd_roots: Vec<NodeId> = grad_out.iter().flatten().chain(param_grads.iter().map(|(_, g)| g)).copied().collect();
+    let in_bwd = ancestors(&sg, &bwd_roots);
+    let mut backward = Graph::new();
+    let mut bmap: Vec<Option<NodeId>> = vec![None; sg.len()];
+    let mut saved = Vec::new();
+    let mut saved_in = Vec::new();
+    for i in 0..sg.len() {
+        if !in_bwd[i] {
+            continue;
+        }
+        let node = sg.nodes()[i].clone();
+        let fwd_value = in_fwd[i] && !matches!(node.op, OpKind::Parameter(_));
+        let id = if fwd_value {
+            let id = backward.add(&format!("saved/{}", node.name), Input { shape: node.ty.shape.clone(), dtype: node.ty.dtype }, &[])?;
+            saved.push(NodeId(i));
+            saved_in.push(id);
+            id
+        } else {
+            let inputs: Vec<NodeId> = node.inputs.iter().map(|x| bmap[x.0].expect("inputs precede users")).collect();
+            let id = backward.add(&node.name, node.op.clone(), &inputs)?;
+            backward.node_mut(id).pipeline_stage = node.pipeline_stage;
+            id
+        };
+        bmap[i] = Some(id);
+    }
+    let remap = |x: NodeId| bmap[x.0].expect("backward fetches are in the backward pass");
+    let grad_in = grad_inputs.iter().map(|g| g.and_then(|g| bmap[g.0])).collect();
+    let grad_out = grad_out.iter().map(|g| g.map(remap)).collect();
+    let param_grads = param_grads.into_iter().map(|(n, g)| (n, remap(g))).collect();
+    Ok(StageProgram {
+        rank,
+        stage,
+        position,
+        program,
+        graph: sg,
+        recv,
+        send,
+        loss,
+        saved,
+        backward,
+        saved_in,
+        grad_in,
+        grad_out,
+        param_grads,
+    })
+}
+
+/// Which nodes of `g` the `roots` depend on (the roots included).
+fn ancestors(g: &Graph, roots: &[NodeId]) -> Vec<bool> {
+    let mut keep = vec![false; g.len()];
+    for r in roots {
+        keep[r.0] = true;
+    }
+    for i in (0..g.len()).rev() {
+        if keep[i] {
+            for x in &g.nodes()[i].inputs {
+                keep[x.0] = true;
+            }
+        }
+    }
+    keep
+}

@@ -1,0 +1,404 @@
+//! Pipeline-parallel training: each rank runs its stage's share of every micro-batch in the
+//! order its schedule gives ([`autopar_parallel::pipeline::Schedule`]), sending activations to
+//! the next stage and gradients to the previous one over the world communicator, keeping the
+//! values its backward passes need only while their micro-batch is in flight. After the last
+//! micro-batch the accumulated gradients are synchronised (within the stage along the data
+//! axes, and across the stages that hold a copy of a shared parameter) and the optimizer updates
+//! the stage's parameters once.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use autopar_comm::{Communicator, LocalComm};
+use autopar_graph::{Graph, NodeId, OpKind};
+use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, Pass, PipelinePlan, StageProgram};
+use autopar_parallel::{ParallelContext, PlanRequest, RankBucket};
+use autopar_tensor::{DType, ExecCtx, Tensor};
+
+use crate::collective::CommGroups;
+use crate::error::{CommPhase, Result, RuntimeError};
+use crate::executor::{Executor, MicroBatch, ParamStore};
+use crate::optim::Optimizer;
+use crate::parallel::slice_tensor;
+use crate::train::{finite_loss, sync_bucket, BucketBuffer};
+
+/// A pipeline job: the network (built for one micro-batch), planned into stages.
+#[derive(Clone, Debug)]
+pub struct PipelineJob {
+    plan: PipelinePlan,
+}
+
+impl PipelineJob {
+    /// Plan `graph` (one micro-batch's network, its ops carrying their stages) for training
+    /// `loss` with `micro_batches` micro-batches per step under `ctx` (`pipeline_stages` > 1).
+    pub fn new(graph: &Graph, loss: NodeId, ctx: &ParallelContext, micro_batches: usize) -> Result<Self> {
+        let req = PlanRequest { graph, loss: Some(loss), context: ctx, strategy_file: None, profile: None };
+        Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
+    }
+
+    pub fn plan(&self) -> &PipelinePlan {
+        &self.plan
+    }
+
+    pub fn device_num(&self) -> usize {
+        self.plan.device_num
+    }
+}
+
+/// The groups of global ranks that hold copies of the same shared parameters: for each set of
+/// stages sharing one, the ranks at each position of those stages. Every rank derives the same
+/// list (a partition per set).
+fn shared_partitions(plan: &PipelinePlan) -> Vec<(Vec<usize>, Vec<Vec<usize>>)> {
+    let d = plan.stage_devices();
+    let mut sets: Vec<Vec<usize>> = plan.param_stages().into_iter().map(|(_, s)| s).filter(|s| s.len() > 1).collect();
+    sets.sort();
+    sets.dedup();
+    sets.into_iter()
+        .map(|stages| {
+            let mut groups: Vec<Vec<usize>> = (0..d).map(|i| stages.iter().map(|s| s * d + i).collect()).collect();
+            for r in 0..plan.device_num {
+                if !stages.contains(&(r / d)) {
+                    groups.push(vec![r]);
+                }
+            }
+            (stages, groups)
+        })
+        .collect()
+}
+
+/// One rank of a pipeline job.
+pub struct StageTrainer {
+    program: StageProgram,
+    plan: PipelinePlan,
+    forward: Executor,
+    backward: Executor,
+    params: ParamStore,
+    groups: CommGroups,
+    /// The stage's communicator (its groups are split from it).
+    _stage_comm: Box<dyn Communicator>,
+    /// Shared parameters and the communicator across the stages holding their copies.
+    shared: Vec<(Vec<String>, Box<dyn Communicator>)>,
+    buckets: Vec<(RankBucket, BucketBuffer)>,
+    step: u64,
+}
+
+impl std::fmt::Debug for StageTrainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StageTrainer").field("rank", &self.program.rank).field("stage", &self.program.stage).finish()
+    }
+}
+
+impl StageTrainer {
+    /// Rank `world.rank()`'s trainer, its parameters cut from the full values in `full`.
+    /// Collective over `world`.
+    pub fn new(job: &PipelineJob, world: &dyn Communicator, full: &ParamStore) -> Result<Self> {
+        let plan = job.plan.clone();
+        if world.size() != plan.device_num {
+            return Err(RuntimeError::DeviceCount { job: plan.device_num, ranks: world.size() });
+        }
+        let program = stage_program(&plan, world.rank()).map_err(|e| RuntimeError::Plan(Box::new(e)))?;
+        let held: Vec<&str> =
+            program.graph.nodes().iter().filter(|n| matches!(n.op, OpKind::Parameter(_))).map(|n| n.name.as_str()).collect();
+        let mut params = ParamStore::new();
+        for slot in program.program.params.iter().filter(|s| held.contains(&s.name.as_str())) {
+            params.insert(&slot.name, slice_tensor(full.require(&slot.name)?, &slot.slice)?);
+        }
+        // The stage's communicator, then its groups (named by positions in the stage).
+        let d = plan.stage_devices();
+        let stage_groups: Vec<Vec<usize>> = (0..plan.stages).map(|s| (s * d..(s + 1) * d).collect()).collect();
+        let stage_comm = world
+            .split(&stage_groups)
+            .map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: 0 }))?
+            .expect("every rank is in a stage");
+        let groups = CommGroups::create(stage_comm.as_ref(), &program.program.partitions)?;
+        let mut shared = Vec::new();
+        let param_stages = plan.param_stages();
+        for (k, (stages, partition)) in shared_partitions(&plan).into_iter().enumerate() {
+            let sub = world.split(&partition).map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: 1 + k }))?;
+            let Some(sub) = sub.filter(|c| c.size() > 1) else { continue };
+            let names: Vec<String> =
+                param_stages.iter().filter(|(n, s)| *s == stages && held.contains(&n.as_str())).map(|(n, _)| n.clone()).collect();
+            shared.push((names, sub));
+        }
+        let mut buckets = Vec::new();
+        for b in &program.program.buckets {
+            let mut b = b.clone();
+            b.params.retain(|p| program.param_grads.iter().any(|(n, _)| n == p));
+            if b.params.is_empty() {
+                continue;
+            }
+            let buffer = BucketBuffer::over(&b, &program.param_grads)?;
+            buckets.push((b, buffer));
+        }
+        let ctx = if plan.device_num == 1 { ExecCtx::parallel() } else { ExecCtx::serial() };
+        let forward = Executor::new(program.graph.clone(), &program.forward_fetch())?.with_ctx(ctx);
+        let backward = Executor::new(program.backward.clone(), &program.backward_fetch())?.with_ctx(ctx);
+        Ok(Self { program, plan, forward, backward, params, groups, _stage_comm: stage_comm, shared, buckets, step: 0 })
+    }
+
+    pub fn program(&self) -> &StageProgram {
+        &self.program
+    }
+
+    /// The stage's parameter slices.
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+
+    /// One training step on the global batch `batch` (by input name; every micro-batch is an
+    /// equal part of its rows): every micro-batch through the schedule, gradients synchronised,
+    /// one update. Returns the step's loss (the mean of the micro-batches' losses), on every
+    /// rank. Collective over `world`.
+    pub fn step(&mut self, world: &dyn Communicator, opt: &mut dyn Optimizer, batch: &[(String, Tensor)]) -> Result<f64> {
+        let m = self.plan.micro_batches;
+        let d = self.plan.stage_devices();
+        let rank = self.program.rank;
+        let stage = self.program.stage;
+        let slot = |v: Option<Vec<Tensor>>, what: &str, micro: usize| {
+            v.ok_or_else(|| RuntimeError::Pipeline {
+                rank,
+                problem: format!("{what} of micro-batch {micro} is missing when the schedule needs it"),
+            })
+        };
+        let mut received: Vec<Option<Vec<Tensor>>> = vec![None; m];
+        let mut to_send: Vec<Option<Vec<Tensor>>> = vec![None; m];
+        let mut saved: Vec<Option<Vec<Tensor>>> = vec![None; m];
+        let mut grads_back: Vec<Option<Vec<Tensor>>> = vec![None; m];
+        let mut grads_in: Vec<Option<Vec<Tensor>>> = vec![None; m];
+        let mut acc: Vec<Option<Tensor>> = vec![None; self.program.param_grads.len()];
+        let mut loss_sum = 0.0;
+        let actions = self.plan.schedule.stages[stage].clone();
+        for action in actions {
+            match action {
+                Action::Compute(w) if w.pass == Pass::Forward => {
+                    let micro = MicroBatch { index: w.micro, count: m };
+                    let mut feeds = self.data_feeds(&self.program.graph, batch, w.micro)?;
+                    if !self.program.recv.is_empty() {
+                        let recv = slot(received[w.micro].take(), "the received activations", w.micro)?;
+                        feeds.extend(self.program.recv.iter().copied().zip(recv));
+                    }
+                    let out = self.forward.run_micro(&mut self.params, &feeds, self.step, Some(&self.groups), micro)?;
+                    let mut values = out.values.into_iter();
+                    to_send[w.micro] = Some(values.by_ref().take(self.program.send.len()).collect());
+                    if self.program.loss.is_some() {
+                        loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
+                    }
+                    saved[w.micro] = Some(values.collect());
+                }
+                Action::Compute(w) => {
+                    let micro = MicroBatch { index: w.micro, count: m };
+                    let mut feeds = self.data_feeds(&self.program.backward, batch, w.micro)?;
+                    feeds.extend(self.program.saved_in.iter().copied().zip(slot(saved[w.micro].take(), "the saved activations", w.micro)?));
+                    // The gradients of the float values this stage sent, in order.
+                    let mut dv = if self.float_sends().is_empty() {
+                        Vec::new().into_iter()
+                    } else {
+                        slot(grads_in[w.micro].take(), "the received gradients", w.micro)?.into_iter()
+                    };
+                    for (k, &v) in self.program.send.iter().enumerate() {
+                        if self.program.graph.node(v).ty.dtype.is_float() {
+                            let t = dv.next().expect("one gradient per float value sent");
+                            if let Some(id) = self.program.grad_in[k] {
+                                feeds.push((id, t));
+                            }
+                        }
+                    }
+                    let out = self.backward.run_micro(&mut self.params, &feeds, self.step, Some(&self.groups), micro)?;
+                    let mut values = out.values.into_iter();
+                    let n_back = self.program.grad_out.iter().flatten().count();
+                    grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
+                    for (a, g) in acc.iter_mut().zip(values) {
+                        *a = Some(match a.take() {
+                            None => g,
+                            Some(prev) => autopar_tensor::kernels::elementwise::add(&ExecCtx::serial(), &prev, &g).map_err(|e| {
+                                RuntimeError::Kernel { kind: "Add", name: "gradient accumulation".into(), source: Box::new(e) }
+                            })?,
+                        });
+                    }
+                }
+                Action::Send { work, peer } => {
+                    let dest = peer * d + rank % d;
+                    let values = if work.pass == Pass::Forward { to_send[work.micro].take() } else { grads_back[work.micro].take() };
+                    for t in slot(values, "a value to send", work.micro)? {
+                        send_tensor(world, &t, dest, work.micro)?;
+                    }
+                }
+                Action::Recv { work, peer } => {
+                    let src = peer * d + rank % d;
+                    if work.pass == Pass::Forward {
+                        let types: Vec<(Vec<usize>, autopar_graph::DType)> = self
+                            .program
+                            .recv
+                            .iter()
+                            .map(|&r| (self.program.graph.node(r).ty.shape.clone(), self.program.graph.node(r).ty.dtype))
+                            .collect();
+                        received[work.micro] =
+                            Some(types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?);
+                    } else {
+                        let types = self.float_sends();
+                        let got: Vec<Tensor> =
+                            types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?;
+                        grads_in[work.micro] = Some(got);
+                    }
+                }
+            }
+        }
+        let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(acc.len());
+        for ((name, _), g) in self.program.param_grads.iter().zip(acc) {
+            grads.push((name.clone(), g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?));
+        }
+        for (b, buffer) in &mut self.buckets {
+            sync_bucket(b, buffer, &mut grads, Some(&self.groups))?;
+        }
+        for (names, comm) in &self.shared {
+            for (n, g) in grads.iter_mut().filter(|(n, _)| names.contains(n)) {
+                *g = all_reduce_tensor(comm.as_ref(), g, n)?;
+            }
+        }
+        opt.step(&mut self.params, &grads)?;
+        self.step += 1;
+        // The loss, from the last stage's first position to every rank.
+        let mine = if self.program.loss.is_some() && self.program.position == 0 { loss_sum / m as f64 } else { 0.0 };
+        let mut v = vec![mine];
+        world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
+        finite_loss(v[0], self.step)
+    }
+
+    /// Shapes and dtypes of the float values this stage sends (their gradients come back).
+    fn float_sends(&self) -> Vec<(Vec<usize>, autopar_graph::DType)> {
+        let g = &self.program.graph;
+        self.program.send.iter().map(|&v| g.node(v).ty.clone()).filter(|ty| ty.dtype.is_float()).map(|ty| (ty.shape, ty.dtype)).collect()
+    }
+
+    /// The data inputs of `graph` for micro-batch `micro`: this rank's slice of its rows.
+    fn data_feeds(&self, graph: &Graph, batch: &[(String, Tensor)], micro: usize) -> Result<Vec<(NodeId, Tensor)>> {
+        let mut feeds = Vec::new();
+        for (i, node) in graph.nodes().iter().enumerate() {
+            if !matches!(node.op, OpKind::Input(_)) || node.name.starts_with("pipe/") || node.name.starts_with("saved/") {
+                continue;
+            }
+            let Some(slot) = self.program.program.inputs.iter().find(|s| s.name == node.name) else { continue };
+            let t = batch.iter().find(|(n, _)| *n == slot.name).map(|(_, t)| t).ok_or_else(|| RuntimeError::MissingFeed {
+                name: slot.name.clone(),
+                shape: slot.layout.shape().to_vec(),
+                dtype: node.ty.dtype,
+            })?;
+            let rows = slot.layout.shape().first().copied().unwrap_or(1);
+            let mut ranges: Vec<Range<usize>> = slot.slice.clone();
+            if let Some(r) = ranges.first_mut() {
+                *r = r.start + micro * rows..r.end + micro * rows;
+            }
+            feeds.push((NodeId(i), slice_tensor(t, &ranges)?));
+        }
+        Ok(feeds)
+    }
+}
+
+fn transfer_err(what: String) -> impl FnOnce(autopar_comm::CommError) -> RuntimeError {
+    RuntimeError::comm(CommPhase::PipelineTransfer { what })
+}
+
+fn send_tensor(world: &dyn Communicator, t: &Tensor, dest: usize, micro: usize) -> Result<()> {
+    let tag = (micro % 16384) as u32;
+    let err = || transfer_err(format!("send of micro-batch {micro} to rank {dest}"));
+    match t.dtype() {
+        DType::F32 => world.send((&t.to_vec::<f32>().expect("f32")).into(), dest, tag).map_err(err()),
+        _ => world.send((&t.to_f64_vec()).into(), dest, tag).map_err(err()),
+    }
+}
+
+fn recv_tensor(world: &dyn Communicator, shape: &[usize], dtype: autopar_graph::DType, src: usize, micro: usize) -> Result<Tensor> {
+    let tag = (micro % 16384) as u32;
+    let n: usize = shape.iter().product();
+    let err = || transfer_err(format!("receive of micro-batch {micro} from rank {src}"));
+    let k = |e| RuntimeError::Kernel { kind: "Recv", name: format!("micro-batch {micro} from rank {src}"), source: Box::new(e) };
+    let dt = crate::executor::tensor_dtype(dtype);
+    if dt == DType::F32 {
+        let mut v = vec![0f32; n];
+        world.recv((&mut v).into(), src, tag).map_err(err())?;
+        Tensor::from_vec(shape, v).map_err(k)
+    } else {
+        let mut v = vec![0f64; n];
+        world.recv((&mut v).into(), src, tag).map_err(err())?;
+        Ok(Tensor::from_vec(shape, v).map_err(k)?.cast(dt))
+    }
+}
+
+fn all_reduce_tensor(comm: &dyn Communicator, t: &Tensor, name: &str) -> Result<Tensor> {
+    let err = RuntimeError::comm(CommPhase::GradientSync { group: comm.world_ranks().to_vec() });
+    let k = |e| RuntimeError::Kernel { kind: "AllReduce", name: name.to_string(), source: Box::new(e) };
+    if t.dtype() == DType::F32 {
+        let mut v = t.to_vec::<f32>().map_err(k)?;
+        comm.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(err)?;
+        Tensor::from_vec(t.shape(), v).map_err(k)
+    } else {
+        let mut v = t.to_f64_vec();
+        comm.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(err)?;
+        Ok(Tensor::from_vec(t.shape(), v).map_err(k)?.cast(t.dtype()))
+    }
+}
+
+/// The result of an in-process pipeline run.
+#[derive(Debug)]
+pub struct PipelineRun {
+    /// The loss at every step.
+    pub losses: Vec<f64>,
+    /// Final parameters, assembled from the stages' slices (a shared parameter from its first
+    /// stage).
+    pub params: ParamStore,
+    /// Each rank's final parameters.
+    pub rank_params: Vec<ParamStore>,
+}
+
+/// Run `job` on its devices as threads over [`LocalComm`], one step per global batch.
+pub fn run_local_pipeline<F>(job: &PipelineJob, batches: &[Vec<(String, Tensor)>], make_opt: F) -> Result<PipelineRun>
+where
+    F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
+{
+    let full = ParamStore::init(&job.plan.plan.graph)?;
+    let results = LocalComm::run(job.device_num(), |comm| -> Result<(Vec<f64>, ParamStore)> {
+        let mut t = StageTrainer::new(job, &comm, &full)?;
+        let mut opt = make_opt()?;
+        let mut losses = Vec::with_capacity(batches.len());
+        for b in batches {
+            losses.push(t.step(&comm, opt.as_mut(), b)?);
+        }
+        Ok((losses, t.params().clone()))
+    })
+    .map_err(RuntimeError::comm(CommPhase::Run))?;
+    let (losses, stores): (Vec<Vec<f64>>, Vec<ParamStore>) = results.into_iter().unzip();
+    let params = assemble_pipeline_params(job, &stores)?;
+    Ok(PipelineRun { losses: losses[0].clone(), params, rank_params: stores })
+}
+
+/// Full parameters from every rank's slices: each parameter from the first stage holding it.
+pub fn assemble_pipeline_params(job: &PipelineJob, per_rank: &[ParamStore]) -> Result<ParamStore> {
+    let plan = &job.plan;
+    let d = plan.stage_devices();
+    let mut full = ParamStore::new();
+    let first_stage: BTreeMap<String, usize> = plan.param_stages().into_iter().filter_map(|(n, s)| s.first().map(|&f| (n, f))).collect();
+    for p in &plan.plan.params {
+        let Some(&stage) = first_stage.get(&p.name) else { continue };
+        let stores = &per_rank[stage * d..(stage + 1) * d];
+        let owners = p.layout.slice_owners();
+        let shape = p.layout.shape().to_vec();
+        let lay = |e: autopar_layout::LayoutError| {
+            RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: p.name.clone(), source: e }))
+        };
+        let mut values = autopar_layout::Block::<f64>::zeros(shape.clone());
+        let mut dtype = DType::F32;
+        for &o in &owners {
+            let piece = stores[o].require(&p.name)?;
+            dtype = piece.dtype();
+            let piece = autopar_layout::Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
+            values.write(&p.layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
+        }
+        let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
+            kind: "assemble",
+            name: p.name.clone(),
+            source: Box::new(e),
+        })?;
+        full.insert(&p.name, t.cast(dtype));
+    }
+    Ok(full)
+}

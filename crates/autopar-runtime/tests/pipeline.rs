@@ -1,0 +1,205 @@
+//! Pipeline parallel equals stand-alone: a network of dense blocks spread over P stages, with a
+//! weight tied between the first and the last stage (a shared parameter), a skip connection
+//! from stage 0 to the last stage and dropout, trained on 8 ranks with P in {2, 4},
+//! micro-batches M in {P, 2P+1}, GPipe and 1F1B, and random strategies inside the stages. Loss
+//! and every parameter after 10 steps match stand-alone on the whole batch within a relative
+//! 1e-5 (f32).
+
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+use autopar_parallel::{assign_random_strategies, ParallelContext};
+use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
+use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+const FEATURES: usize = 8;
+const WIDTH: usize = 16;
+const BLOCKS: usize = 4;
+
+/// The network for `batch` rows, block `i` on stage `i * stages / BLOCKS`.
+fn network(batch: usize, stages: usize) -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(7);
+    let x = b.input("x", &[batch, FEATURES], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I32).unwrap();
+    let tied = b.parameter("tied.weight", &[FEATURES, WIDTH], Initializer::HeUniform).unwrap();
+    b.set_pipeline_stage(Some(0));
+    let h0 = b.matmul("embed", x, tied).unwrap();
+    let mut h = b.relu("embed.relu", h0).unwrap();
+    for i in 0..BLOCKS {
+        b.set_pipeline_stage(Some(i * stages / BLOCKS));
+        h = b.dense(&format!("block{i}"), h, WIDTH, Initializer::HeUniform).unwrap();
+        h = b.relu(&format!("block{i}.relu"), h).unwrap();
+        if i == 1 {
+            h = b.dropout(&format!("block{i}.dropout"), h, 0.25, 11).unwrap();
+        }
+    }
+    b.set_pipeline_stage(Some(stages - 1));
+    let skip = b.add("skip", h, h0).unwrap();
+    // The head reuses the embedding weight: logits = skip @ tied^T.
+    let logits = b.matmul_t("head", skip, tied, false, true).unwrap();
+    let loss = b.softmax_cross_entropy("loss", logits, y).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn batches(batch: usize, steps: usize) -> Vec<Vec<(String, Tensor)>> {
+    let mut state = 0x9e37_79b9_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..steps)
+        .map(|_| {
+            let x: Vec<f32> = (0..batch * FEATURES).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let y: Vec<i32> = (0..batch).map(|_| (next() % FEATURES as u64) as i32).collect();
+            vec![
+                ("x".to_string(), Tensor::from_vec(&[batch, FEATURES], x).unwrap()),
+                ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap()),
+            ]
+        })
+        .collect()
+}
+
+fn optimizer() -> Box<dyn Optimizer> {
+    Box::new(Momentum::new(LrSchedule::Constant(0.05), 0.9).unwrap())
+}
+
+fn stand_alone(batch: usize, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
+    let (g, loss) = network(batch, 1);
+    let mut params = ParamStore::init(&g).unwrap();
+    let mut step = TrainStep::new(g.clone(), loss).unwrap();
+    let mut opt = optimizer();
+    let losses = data
+        .iter()
+        .map(|b| {
+            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g.find(n).unwrap(), t.clone())).collect();
+            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
+        })
+        .collect();
+    (losses, params)
+}
+
+fn assert_close(what: &str, losses: &[f64], params: &ParamStore, want_losses: &[f64], want: &ParamStore) {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 + 1e-5 * b.abs();
+    for (s, (a, b)) in losses.iter().zip(want_losses).enumerate() {
+        assert!(close(*a, *b), "{what}: loss at step {s} {a} vs stand-alone {b}");
+    }
+    for (name, w) in want.iter() {
+        let got = params.require(name).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (i, (a, b)) in got.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            assert!(close(*a, b), "{what}: {name}[{i}] {a} vs stand-alone {b}");
+        }
+    }
+}
+
+fn context(devices: usize, stages: usize, scheduler: &str) -> ParallelContext {
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(devices)).unwrap();
+    ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+    ctx.set("pipeline_stages", &json!(stages)).unwrap();
+    ctx.set("pipeline_config", &json!({"pipeline_scheduler": scheduler})).unwrap();
+    ctx
+}
+
+#[test]
+fn pipelines_equal_stand_alone_with_a_shared_weight_a_skip_and_dropout() {
+    let devices = 8;
+    let steps = 10;
+    let mut runs = 0;
+    for stages in [2usize, 4] {
+        let d = devices / stages;
+        for micro in [stages, 2 * stages + 1] {
+            let batch = micro * d * 2;
+            let data = batches(batch, steps);
+            let (want_losses, want) = stand_alone(batch, &data);
+            for (k, scheduler) in ["gpipe", "1f1b"].into_iter().enumerate() {
+                for seed in 0..2u64 {
+                    let (mut g, loss) = network(batch / micro, stages);
+                    if seed > 0 {
+                        assign_random_strategies(&mut g, d, seed * 7919 + (stages * 10 + micro + k) as u64);
+                    }
+                    let job = PipelineJob::new(&g, loss, &context(devices, stages, scheduler), micro).unwrap();
+                    let what = format!("P={stages} M={micro} {scheduler} seed={seed}");
+                    let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_close(&what, &run.losses, &run.params, &want_losses, &want);
+                    // The tied weight's copies on the first and the last stage stayed equal.
+                    let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
+                    let last = run.rank_params[devices - d].require("tied.weight").unwrap().to_f64_vec();
+                    assert_eq!(first, last, "{what}: copies of the shared weight diverged");
+                    runs += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 16);
+}
+
+#[test]
+fn stage_errors_name_the_op() {
+    let (g, loss) = network(8, 2);
+    // Three stages asked of a network placed on two.
+    let e = PipelineJob::new(&g, loss, &context(6, 3, "1f1b"), 2).unwrap_err().to_string();
+    assert!(e.contains("stage 2 of 3 has no operator"), "{e}");
+    let e = PipelineJob::new(&g, loss, &context(8, 2, "1f1b"), 0).unwrap_err().to_string();
+    assert!(e.contains("micro-batch"), "{e}");
+}
+
+/// The model zoo's GPT (tied embedding, dropout) and MLP, cut into stages of equal FLOPs,
+/// against stand-alone on the whole batch.
+#[test]
+fn zoo_models_cut_by_flops_equal_stand_alone() {
+    use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model};
+    let gpt =
+        Gpt::new(GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 2, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() })
+            .unwrap();
+    let mlp = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![16, 16, 16], num_classes: 8 }).unwrap();
+    let models: [(&str, &dyn Model, usize); 2] = [("gpt", &gpt, 16), ("mlp", &mlp, 8)];
+    let devices = 8;
+    for (label, model, classes) in models {
+        for (stages, micro, scheduler) in [(2usize, 5usize, "1f1b"), (4, 4, "gpipe")] {
+            let d = devices / stages;
+            let batch = micro * d;
+            let (g, m) = model.build_graph(batch, Mode::Train, 3).unwrap();
+            let x = g.node(m.x).clone();
+            let y = g.node(m.labels).clone();
+            let mut state = 0x2545_f491_u64 + stages as u64;
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let data: Vec<Vec<(String, Tensor)>> = (0..10)
+                .map(|_| {
+                    let nx = x.ty.numel();
+                    let xt = if x.ty.dtype.is_float() {
+                        Tensor::from_vec(&x.ty.shape, (0..nx).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect::<Vec<f32>>()).unwrap()
+                    } else {
+                        Tensor::from_vec(&x.ty.shape, (0..nx).map(|_| (next() % classes as u64) as i64).collect::<Vec<i64>>()).unwrap()
+                    };
+                    let yt =
+                        Tensor::from_vec(&y.ty.shape, (0..y.ty.numel()).map(|_| (next() % classes as u64) as i64).collect::<Vec<i64>>())
+                            .unwrap();
+                    vec![(x.name.clone(), xt), (y.name.clone(), yt)]
+                })
+                .collect();
+            let mut params = ParamStore::init(&g).unwrap();
+            let mut step = TrainStep::new(g.clone(), m.loss).unwrap();
+            let mut opt = optimizer();
+            let want_losses: Vec<f64> = data
+                .iter()
+                .map(|b| {
+                    let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g.find(n).unwrap(), t.clone())).collect();
+                    step.run(&mut params, opt.as_mut(), &feeds).unwrap()
+                })
+                .collect();
+            let (mg, mm) = model.build_graph(batch / micro, Mode::Train, 3).unwrap();
+            let job = PipelineJob::new(&mg, mm.loss, &context(devices, stages, scheduler), micro).unwrap();
+            let what = format!("{label} P={stages} M={micro} {scheduler}");
+            let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_close(&what, &run.losses, &run.params, &want_losses, &params);
+        }
+    }
+}
