@@ -15,6 +15,9 @@
 //! * [`rank_program`]: plan -> one rank's whole training step ([`RankProgram`]): local forward
 //!   graph with the communication inserted, backward by autodiff (the collectives' exact
 //!   adjoints), gradient buckets, the parameters the optimizer updates.
+//! * [`pipeline`]: pipeline stages (from the model or cut by FLOPs), the schedules (GPipe,
+//!   1F1B, interleaved) as data with a simulator that checks them under blocking sends, and
+//!   [`pipeline::stage_program`]: one rank's stage of a pipeline job.
 //! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
 //!   and group, memory.
 

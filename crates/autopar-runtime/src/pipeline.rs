@@ -80,6 +80,9 @@ pub struct StageTrainer {
     shared: Vec<(Vec<String>, Box<dyn Communicator>)>,
     buckets: Vec<(RankBucket, BucketBuffer)>,
     step: u64,
+    /// Seconds the last step spent computing (forward and backward passes) and in all.
+    busy: f64,
+    wall: f64,
 }
 
 impl std::fmt::Debug for StageTrainer {
@@ -133,7 +136,20 @@ impl StageTrainer {
         let ctx = if plan.device_num == 1 { ExecCtx::parallel() } else { ExecCtx::serial() };
         let forward = Executor::new(program.graph.clone(), &program.forward_fetch())?.with_ctx(ctx);
         let backward = Executor::new(program.backward.clone(), &program.backward_fetch())?.with_ctx(ctx);
-        Ok(Self { program, plan, forward, backward, params, groups, _stage_comm: stage_comm, shared, buckets, step: 0 })
+        Ok(Self {
+            program,
+            plan,
+            forward,
+            backward,
+            params,
+            groups,
+            _stage_comm: stage_comm,
+            shared,
+            buckets,
+            step: 0,
+            busy: 0.0,
+            wall: 0.0,
+        })
     }
 
     pub fn program(&self) -> &StageProgram {
@@ -143,6 +159,16 @@ impl StageTrainer {
     /// The stage's parameter slices.
     pub fn params(&self) -> &ParamStore {
         &self.params
+    }
+
+    /// The last step's idle share on this rank: 1 - (time in forward and backward passes) /
+    /// (the step's wall time, gradient sync and update included).
+    pub fn last_bubble(&self) -> f64 {
+        if self.wall > 0.0 {
+            1.0 - self.busy / self.wall
+        } else {
+            0.0
+        }
     }
 
     /// One training step on the global batch `batch` (by input name; every micro-batch is an
@@ -168,7 +194,11 @@ impl StageTrainer {
         let mut acc: Vec<Option<Tensor>> = vec![None; self.program.param_grads.len()];
         let mut loss_sum = 0.0;
         let actions = self.plan.schedule.stages[stage].clone();
+        let start = std::time::Instant::now();
+        self.busy = 0.0;
         for action in actions {
+            let t0 = std::time::Instant::now();
+            let compute = matches!(action, Action::Compute(_));
             match action {
                 Action::Compute(w) if w.pass == Pass::Forward => {
                     let micro = MicroBatch { index: w.micro, count: m };
@@ -242,6 +272,9 @@ impl StageTrainer {
                     }
                 }
             }
+            if compute {
+                self.busy += t0.elapsed().as_secs_f64();
+            }
         }
         let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(acc.len());
         for ((name, _), g) in self.program.param_grads.iter().zip(acc) {
@@ -257,6 +290,7 @@ impl StageTrainer {
         }
         opt.step(&mut self.params, &grads)?;
         self.step += 1;
+        self.wall = start.elapsed().as_secs_f64();
         // The loss, from the last stage's first position to every rank.
         let mine = if self.program.loss.is_some() && self.program.position == 0 { loss_sum / m as f64 } else { 0.0 };
         let mut v = vec![mine];
@@ -343,6 +377,8 @@ fn all_reduce_tensor(comm: &dyn Communicator, t: &Tensor, name: &str) -> Result<
 pub struct PipelineRun {
     /// The loss at every step.
     pub losses: Vec<f64>,
+    /// Every rank's idle share of each step ([`StageTrainer::last_bubble`]).
+    pub bubbles: Vec<Vec<f64>>,
     /// Final parameters, assembled from the stages' slices (a shared parameter from its first
     /// stage).
     pub params: ParamStore,
@@ -356,19 +392,27 @@ where
     F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
 {
     let full = ParamStore::init(&job.plan.plan.graph)?;
-    let results = LocalComm::run(job.device_num(), |comm| -> Result<(Vec<f64>, ParamStore)> {
+    let results = LocalComm::run(job.device_num(), |comm| -> Result<(Vec<f64>, Vec<f64>, ParamStore)> {
         let mut t = StageTrainer::new(job, &comm, &full)?;
         let mut opt = make_opt()?;
-        let mut losses = Vec::with_capacity(batches.len());
+        let (mut losses, mut bubbles) = (Vec::with_capacity(batches.len()), Vec::with_capacity(batches.len()));
         for b in batches {
             losses.push(t.step(&comm, opt.as_mut(), b)?);
+            bubbles.push(t.last_bubble());
         }
-        Ok((losses, t.params().clone()))
+        Ok((losses, bubbles, t.params().clone()))
     })
     .map_err(RuntimeError::comm(CommPhase::Run))?;
-    let (losses, stores): (Vec<Vec<f64>>, Vec<ParamStore>) = results.into_iter().unzip();
+    let mut losses = Vec::new();
+    let mut bubbles = Vec::new();
+    let mut stores = Vec::new();
+    for (l, b, p) in results {
+        losses.push(l);
+        bubbles.push(b);
+        stores.push(p);
+    }
     let params = assemble_pipeline_params(job, &stores)?;
-    Ok(PipelineRun { losses: losses[0].clone(), params, rank_params: stores })
+    Ok(PipelineRun { losses: losses.swap_remove(0), bubbles, params, rank_params: stores })
 }
 
 /// Full parameters from every rank's slices: each parameter from the first stage holding it.

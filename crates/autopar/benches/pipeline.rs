@@ -1,0 +1,86 @@
+//! Pipeline schedules: bubbles and activation memory, simulated and measured.
+//!
+//! (a) Simulated bubble of GPipe, 1F1B and interleaved 1F1B (2 virtual stages) against the
+//!     textbook fractions (P-1)/(M+P-1) and (P-1)/(vM+P-1), and the most micro-batches a stage
+//!     holds activations for (1F1B: P-s on stage s; GPipe: M).
+//! (b) Measured on 8 simulated devices (threads): the GPT (4 blocks, width 64, batch M*4) cut
+//!     into P stages of equal FLOPs, the ranks' mean idle share of a step beside the simulated
+//!     bubble, and samples per second, for P in {2, 4}, M in {4, 8}, GPipe and 1F1B.
+//!
+//! `cargo bench -p autopar --bench pipeline`
+
+use std::time::Instant;
+
+use autopar_models::{model_by_name, Mode, ModelOptions};
+use autopar_parallel::pipeline::{build, ideal_bubble, simulate, PipelineShape, SimCosts};
+use autopar_parallel::{ParallelContext, PipelineScheduler};
+use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
+use autopar_runtime::{LrSchedule, Momentum, Optimizer};
+use autopar_tensor::Tensor;
+use serde_json::json;
+
+fn main() {
+    println!("(a) simulated bubble vs textbook, and peak micro-batches in flight per stage");
+    println!("{:<10} {:>2} {:>3} {:>2}  {:>8} {:>8}  in flight", "schedule", "P", "M", "v", "bubble", "formula");
+    for p in [2usize, 4, 8] {
+        for m in [p, 2 * p, 4 * p] {
+            for (name, sched, v) in [
+                ("gpipe", PipelineScheduler::GPipe, 1),
+                ("1f1b", PipelineScheduler::OneFOneB, 1),
+                ("interleave", PipelineScheduler::OneFOneB, 2),
+            ] {
+                let shape = PipelineShape::new(p, m, v);
+                let sim = simulate(&build(shape, sched).unwrap(), SimCosts::unit(shape)).unwrap();
+                println!("{name:<10} {p:>2} {m:>3} {v:>2}  {:>8.4} {:>8.4}  {:?}", sim.bubble(), ideal_bubble(shape), sim.peak_in_flight);
+            }
+        }
+    }
+    println!();
+    println!("(b) measured on 8 simulated devices: GPT 4 blocks, width 64, 4 rows per device and micro-batch");
+    println!("{:<6} {:>2} {:>2}  {:>10} {:>10} {:>10}", "sched", "P", "M", "measured", "simulated", "samples/s");
+    let opts = ModelOptions { depth: Some(4), width: Some(64), heads: Some(4), ..ModelOptions::default() };
+    let model = model_by_name("gpt", &opts).unwrap();
+    for (p, m) in [(2usize, 4usize), (2, 8), (4, 4), (4, 8)] {
+        for (name, sched) in [("gpipe", "gpipe"), ("1f1b", "1f1b")] {
+            let micro_rows = 4 * (8 / p);
+            let (g, mm) = model.build_graph(micro_rows, Mode::Train, 1).unwrap();
+            let mut ctx = ParallelContext::default();
+            ctx.set("device_num", &json!(8)).unwrap();
+            ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+            ctx.set("pipeline_stages", &json!(p)).unwrap();
+            ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched})).unwrap();
+            let job = PipelineJob::new(&g, mm.loss, &ctx, m).unwrap();
+            let x = g.node(mm.x).clone();
+            let y = g.node(mm.labels).clone();
+            let rows = micro_rows * m;
+            let mut xs = x.ty.shape.clone();
+            xs[0] = rows;
+            let mut ys = y.ty.shape.clone();
+            ys[0] = rows;
+            let batch = vec![
+                (
+                    x.name.clone(),
+                    Tensor::from_vec(&xs, (0..xs.iter().product::<usize>()).map(|i| (i % 97) as i64).collect::<Vec<i64>>()).unwrap(),
+                ),
+                (
+                    y.name.clone(),
+                    Tensor::from_vec(&ys, (0..ys.iter().product::<usize>()).map(|i| (i % 89) as i64).collect::<Vec<i64>>()).unwrap(),
+                ),
+            ];
+            let steps = 6;
+            let data = vec![batch; steps];
+            let t0 = Instant::now();
+            let run =
+                run_local_pipeline(&job, &data, || Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?) as Box<dyn Optimizer>))
+                    .unwrap();
+            let secs = t0.elapsed().as_secs_f64();
+            // Steps after the first (warm), every rank.
+            let measured: Vec<f64> = run.bubbles.iter().flat_map(|b| b[1..].iter().copied()).collect();
+            let measured = measured.iter().sum::<f64>() / measured.len() as f64;
+            let shape = PipelineShape::new(p, m, 1);
+            let sched_kind = if sched == "gpipe" { PipelineScheduler::GPipe } else { PipelineScheduler::OneFOneB };
+            let sim = simulate(&build(shape, sched_kind).unwrap(), SimCosts::unit(shape)).unwrap();
+            println!("{name:<6} {p:>2} {m:>2}  {measured:>10.3} {:>10.3} {:>10.1}", sim.bubble(), (steps * rows) as f64 / secs);
+        }
+    }
+}
