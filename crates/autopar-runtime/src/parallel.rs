@@ -321,26 +321,32 @@ pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<Par
     }
     let mut full = ParamStore::new();
     for slot in &job.plan().params {
-        let owners = slot.layout.slice_owners();
-        let shape = slot.layout.shape().to_vec();
-        let first = per_rank[owners[0]].require(&slot.name)?;
-        let lay = |e: autopar_layout::LayoutError| {
-            RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: slot.name.clone(), source: e }))
-        };
-        let mut values = Block::<f64>::zeros(shape.clone());
-        for &o in &owners {
-            let piece = per_rank[o].require(&slot.name)?;
-            let piece = Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
-            values.write(&slot.layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
-        }
-        let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
-            kind: "assemble",
-            name: slot.name.clone(),
-            source: Box::new(e),
-        })?;
-        full.insert(&slot.name, t.cast(first.dtype()));
+        full.insert(&slot.name, assemble_slices(&slot.name, &slot.layout, per_rank)?);
     }
     Ok(full)
+}
+
+/// Parameter `name` whole, written from the slices its `layout` gives each of `per_rank`'s
+/// ranks (one owner per distinct slice), in the dtype of the first owner's slice.
+pub(crate) fn assemble_slices(name: &str, layout: &autopar_layout::TensorLayout, per_rank: &[ParamStore]) -> Result<Tensor> {
+    let owners = layout.slice_owners();
+    let shape = layout.shape().to_vec();
+    let first = per_rank[owners[0]].require(name)?;
+    let lay = |e: autopar_layout::LayoutError| {
+        RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: name.to_string(), source: e }))
+    };
+    let mut values = Block::<f64>::zeros(shape.clone());
+    for &o in &owners {
+        let piece = per_rank[o].require(name)?;
+        let piece = Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
+        values.write(&layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
+    }
+    let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
+        kind: "assemble",
+        name: name.to_string(),
+        source: Box::new(e),
+    })?;
+    Ok(t.cast(first.dtype()))
 }
 
 /// Every rank's local slices, gathered so that each rank holds the full parameters (for runs

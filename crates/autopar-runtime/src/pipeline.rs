@@ -19,7 +19,7 @@ use crate::collective::CommGroups;
 use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::{Executor, MicroBatch, ParamStore};
 use crate::optim::Optimizer;
-use crate::parallel::slice_tensor;
+use crate::parallel::{assemble_slices, slice_tensor};
 use crate::train::{finite_loss, sync_bucket, BucketBuffer};
 
 /// A pipeline job: the network (built for one micro-batch), planned into stages.
@@ -423,26 +423,7 @@ pub fn assemble_pipeline_params(job: &PipelineJob, per_rank: &[ParamStore]) -> R
     let first_stage: BTreeMap<String, usize> = plan.param_stages().into_iter().filter_map(|(n, s)| s.first().map(|&f| (n, f))).collect();
     for p in &plan.plan.params {
         let Some(&stage) = first_stage.get(&p.name) else { continue };
-        let stores = &per_rank[stage * d..(stage + 1) * d];
-        let owners = p.layout.slice_owners();
-        let shape = p.layout.shape().to_vec();
-        let lay = |e: autopar_layout::LayoutError| {
-            RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: p.name.clone(), source: e }))
-        };
-        let mut values = autopar_layout::Block::<f64>::zeros(shape.clone());
-        let mut dtype = DType::F32;
-        for &o in &owners {
-            let piece = stores[o].require(&p.name)?;
-            dtype = piece.dtype();
-            let piece = autopar_layout::Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
-            values.write(&p.layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
-        }
-        let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
-            kind: "assemble",
-            name: p.name.clone(),
-            source: Box::new(e),
-        })?;
-        full.insert(&p.name, t.cast(dtype));
+        full.insert(&p.name, assemble_slices(&p.name, &p.layout, &per_rank[stage * d..(stage + 1) * d])?);
     }
     Ok(full)
 }

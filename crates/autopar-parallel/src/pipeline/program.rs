@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use autopar_graph::ops::{Add, Fill, Input, Mul, ReduceSum, Scale};
 use autopar_graph::{differentiate, Graph, NodeId, OpKind};
 
-use crate::context::{ParallelContext, PipelineScheduler};
+use crate::context::ParallelContext;
 use crate::error::{ParallelError, PipelineProblem, Result};
 use crate::pipeline::schedule::{build, PipelineShape, Schedule};
 use crate::pipeline::stages::{assign_stages, balance_stages, has_stages};
@@ -104,11 +104,6 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
     Ok(PipelinePlan { stages: p, micro_batches, device_num: ctx.device_num, plan, stage_of, schedule })
 }
 
-/// The scheduler of a context's `pipeline_config`.
-pub fn scheduler_of(ctx: &ParallelContext) -> PipelineScheduler {
-    ctx.pipeline_config.pipeline_scheduler
-}
-
 /// One rank's share of a pipeline job.
 #[derive(Clone, Debug)]
 pub struct StageProgram {
@@ -148,21 +143,6 @@ impl StageProgram {
     /// The backward pass's fetches: the received values' gradients, then the parameters'.
     pub fn backward_fetch(&self) -> Vec<NodeId> {
         self.grad_out.iter().flatten().chain(self.param_grads.iter().map(|(_, g)| g)).copied().collect()
-    }
-
-    /// The network inputs the stage reads, by name.
-    pub fn data_inputs(&self) -> Vec<String> {
-        let recv: BTreeSet<NodeId> = self.recv.iter().copied().collect();
-        let mut names: Vec<String> = Vec::new();
-        for (g, skip) in [(&self.graph, Some(&recv)), (&self.backward, None)] {
-            for (i, n) in g.nodes().iter().enumerate() {
-                let ours = skip.is_none_or(|r| !r.contains(&NodeId(i)));
-                if matches!(n.op, OpKind::Input(_)) && ours && !n.name.starts_with("pipe/") && !names.contains(&n.name) {
-                    names.push(n.name.clone());
-                }
-            }
-        }
-        names
     }
 }
 
