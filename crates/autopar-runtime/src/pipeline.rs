@@ -193,6 +193,7 @@ impl StageTrainer {
         let mut grads_in: Vec<Option<Vec<Tensor>>> = vec![None; m];
         let mut acc: Vec<Option<Tensor>> = vec![None; self.program.param_grads.len()];
         let mut loss_sum = 0.0;
+        self.check_batch(batch)?;
         let actions = self.plan.schedule.stages[stage].clone();
         let start = std::time::Instant::now();
         self.busy = 0.0;
@@ -296,6 +297,30 @@ impl StageTrainer {
         let mut v = vec![mine];
         world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
         finite_loss(v[0], self.step)
+    }
+
+    /// Every network input of the step's batch holds exactly `micro_batches` micro-batches of
+    /// rows (a longer batch would leave rows unread, a shorter one micro-batches empty).
+    fn check_batch(&self, batch: &[(String, Tensor)]) -> Result<()> {
+        let m = self.plan.micro_batches;
+        for slot in &self.program.program.inputs {
+            let Some((_, t)) = batch.iter().find(|(n, _)| *n == slot.name) else { continue };
+            let mut want = slot.layout.shape().to_vec();
+            if let Some(rows) = want.first_mut() {
+                *rows *= m;
+            }
+            if t.shape() != want.as_slice() {
+                let dtype = self.program.program.graph.node(slot.local).ty.dtype;
+                return Err(RuntimeError::FeedMismatch {
+                    name: slot.name.clone(),
+                    shape: want,
+                    dtype,
+                    got: t.shape().to_vec(),
+                    got_dtype: crate::executor::graph_dtype(t.dtype()),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Shapes and dtypes of the float values this stage sends (their gradients come back).
