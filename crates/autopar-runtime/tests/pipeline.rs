@@ -147,7 +147,7 @@ fn stage_errors_name_the_op() {
     // A step's batch must be exactly M micro-batches: 2 of 8 rows here, so 16 rows.
     let job = PipelineJob::new(&g, loss, &context(8, 2, "1f1b"), 2).unwrap();
     for rows in [24usize, 8] {
-        let mut data = batches(rows, 1);
+        let data = batches(rows, 1);
         let e = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_err().to_string();
         assert!(e.contains("\"x\"") || e.contains("input x"), "{rows} rows: {e}");
         assert!(e.contains(&format!("[{rows}, 8]")) && e.contains("[16, 8]"), "{rows} rows: {e}");
