@@ -59,7 +59,7 @@ pub use ckpt::CkptWriter;
 pub use dtype::DType;
 pub use error::{CheckpointError, Misuse, Result};
 pub use safetensors::SafetensorsWriter;
-pub use strategy::{merge_strategies, GroupInfo, LayoutItem, LayoutMap, ParamLayout, StrategyFile, StrategyItem};
+pub use strategy::{merge_stage_files, merge_strategies, GroupInfo, LayoutItem, LayoutMap, ParamLayout, StrategyFile, StrategyItem};
 pub use transform::{
     rank_list_for_transform, transform_checkpoint_by_rank, transform_checkpoints, TransformOptions, TransformPlanner, TransformReport,
 };

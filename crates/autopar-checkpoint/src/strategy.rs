@@ -599,10 +599,18 @@ pub fn merge_strategies(src_dir: &Path, dst_file: &Path) -> Result<Vec<u32>> {
         loaded.push((bytes, s, f));
     }
     loaded.sort_by_key(|(_, s, p)| (s.stage().unwrap_or(0), p.clone()));
+    let (merged, stages) = merge_stage_files(loaded.into_iter().map(|(_, s, _)| (s.stage().unwrap_or(0), s)));
+    merged.save(dst_file)?;
+    Ok(stages)
+}
+
+/// The merged file of per-stage strategy files given with their stages: every layout item
+/// renamed `"<stage>-<name>"`, `current_stage` 1; a stage seen again is skipped. Returns it and
+/// the stages merged, in the order given.
+pub fn merge_stage_files(files: impl IntoIterator<Item = (u32, StrategyFile)>) -> (StrategyFile, Vec<u32>) {
     let mut merged = StrategyFile { current_stage: 1, ..Default::default() };
     let mut stages = Vec::new();
-    for (_, s, _) in loaded {
-        let stage = s.stage().unwrap_or(0);
+    for (stage, s) in files {
         if stages.contains(&stage) {
             continue;
         }
@@ -613,8 +621,7 @@ pub fn merge_strategies(src_dir: &Path, dst_file: &Path) -> Result<Vec<u32>> {
             l
         }));
     }
-    merged.save(dst_file)?;
-    Ok(stages)
+    (merged, stages)
 }
 
 #[cfg(test)]

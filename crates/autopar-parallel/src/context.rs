@@ -157,6 +157,16 @@ pub enum PipelineScheduler {
     GPipe,
 }
 
+impl PipelineScheduler {
+    /// The name `pipeline_config.pipeline_scheduler` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineScheduler::OneFOneB => "1f1b",
+            PipelineScheduler::GPipe => "gpipe",
+        }
+    }
+}
+
 /// `pipeline_config`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PipelineConfig {

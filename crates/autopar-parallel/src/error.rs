@@ -134,7 +134,7 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::Unsupported { what } => write!(f, "{what} is not supported yet"),
             PipelineProblem::NeedsPipelinePlanner => write!(
                 f,
-                "a job of several stages is planned by plan_pipeline and run by the library's PipelineJob; `autopar train` and `autopar plan` do not run pipelines yet"
+                "a job of several stages is planned by plan_pipeline (the library's PipelineJob, `autopar train --micro-batches M`), not plan_job"
             ),
         }
     }

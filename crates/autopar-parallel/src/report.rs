@@ -15,8 +15,8 @@ use crate::search::SearchReport;
 
 /// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
 /// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
-/// optimizer-shard and pipeline fields are empty: autopar does not shard optimizer state or
-/// pipeline yet).
+/// optimizer-shard fields are empty: autopar does not shard optimizer state yet; a pipeline's
+/// fields come from `pipeline::pipeline_layout_dict`).
 pub fn parameter_layout_dict(plan: &ParallelPlan) -> Vec<(String, autopar_layout::ParameterLayout)> {
     plan.nodes
         .iter()
@@ -78,7 +78,7 @@ pub fn human_bytes(b: usize) -> String {
     }
 }
 
-fn human_flops(f: f64) -> String {
+pub(crate) fn human_flops(f: f64) -> String {
     const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
     let mut v = f;
     let mut u = 0;

@@ -287,6 +287,14 @@ impl RankTrainer {
     pub fn step(&mut self, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
         self.step.run_with(&mut self.params, opt, feeds, Some(&self.groups))
     }
+
+    /// One training step accumulating the gradients of micro-batches (each one's local feeds,
+    /// in order) before one update ([`TrainStep::accumulate`]); returns the mean of their losses.
+    pub fn step_accumulated(&mut self, opt: &mut dyn Optimizer, micro_feeds: &[Vec<(NodeId, Tensor)>]) -> Result<f64> {
+        let (loss, grads) = self.step.accumulate(&mut self.params, micro_feeds, Some(&self.groups))?;
+        opt.step(&mut self.params, &grads)?;
+        crate::train::finite_loss(loss, self.step.steps())
+    }
 }
 
 /// `parameter_broadcast`: every parameter slice is copied from the first rank of its mirror

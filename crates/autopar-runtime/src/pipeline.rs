@@ -12,7 +12,7 @@ use std::ops::Range;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, Pass, PipelinePlan, StageProgram};
-use autopar_parallel::{ParallelContext, PlanRequest, RankBucket};
+use autopar_parallel::{ParallelContext, ParamSlot, PlanRequest, RankBucket};
 use autopar_tensor::{DType, ExecCtx, Tensor};
 
 use crate::collective::CommGroups;
@@ -159,6 +159,44 @@ impl StageTrainer {
     /// The stage's parameter slices.
     pub fn params(&self) -> &ParamStore {
         &self.params
+    }
+
+    pub fn params_mut(&mut self) -> &mut ParamStore {
+        &mut self.params
+    }
+
+    /// The slots of the parameters this rank holds (its stage's, shared ones included).
+    pub fn param_slots(&self) -> Vec<&ParamSlot> {
+        self.program.program.params.iter().filter(|s| self.params.get(&s.name).is_some()).collect()
+    }
+
+    /// Continue the step counter (the key of the dropout masks) at `step`.
+    pub fn set_steps(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// MindSpore's `sync_pipeline_shared_parameters`: every copy of a shared parameter takes
+    /// the value of the first stage using it (its owner), e.g. after loading weights that
+    /// might differ. Collective over the ranks holding copies (every rank calls it).
+    pub fn sync_shared_parameters(&mut self) -> Result<()> {
+        for (names, comm) in &self.shared {
+            for name in names {
+                let t = self.params.require(name)?;
+                let c = RuntimeError::comm(CommPhase::ParameterBroadcast { name: name.clone() });
+                let k = |e| RuntimeError::Kernel { kind: "Broadcast", name: name.clone(), source: Box::new(e) };
+                let out = if t.dtype() == DType::F32 {
+                    let mut v = t.to_vec::<f32>().map_err(k)?;
+                    comm.broadcast((&mut v).into(), 0).map_err(c)?;
+                    Tensor::from_vec(t.shape(), v).map_err(k)?
+                } else {
+                    let mut v = t.to_f64_vec();
+                    comm.broadcast((&mut v).into(), 0).map_err(c)?;
+                    Tensor::from_vec(t.shape(), v).map_err(k)?.cast(t.dtype())
+                };
+                self.params.insert(name, out);
+            }
+        }
+        Ok(())
     }
 
     /// The last step's idle share on this rank: 1 - (time in forward and backward passes) /
@@ -438,6 +476,44 @@ where
     }
     let params = assemble_pipeline_params(job, &stores)?;
     Ok(PipelineRun { losses: losses.swap_remove(0), bubbles, params, rank_params: stores })
+}
+
+/// Every rank's parameter slices gathered so that each rank holds the full parameters (for
+/// runs across processes). Collective over `world`.
+pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local: &ParamStore) -> Result<ParamStore> {
+    let plan = &job.plan;
+    let param_stages = plan.param_stages();
+    // What rank r holds, in plan order, and its element count: every rank computes the same.
+    let held = |r: usize| -> Vec<&autopar_parallel::ParamPlan> {
+        let (stage, _) = plan.place(r);
+        plan.plan.params.iter().filter(|p| param_stages.iter().any(|(n, s)| *n == p.name && s.contains(&stage))).collect()
+    };
+    let len = |r: usize| -> usize { held(r).iter().map(|p| p.layout.slice_shape().iter().product::<usize>()).sum() };
+    let n = world.size();
+    let width = (0..n).map(len).max().unwrap_or(0);
+    let mut mine = Vec::with_capacity(width);
+    for p in held(world.rank()) {
+        mine.extend(local.require(&p.name)?.to_f64_vec());
+    }
+    mine.resize(width, 0.0);
+    let mut all = vec![0.0f64; width * n];
+    world.all_gather((&mine).into(), (&mut all).into()).map_err(RuntimeError::comm(CommPhase::GatherParameters))?;
+    let mut stores = vec![ParamStore::new(); n];
+    for (r, store) in stores.iter_mut().enumerate() {
+        let mut at = r * width;
+        for p in held(r) {
+            let shape = p.layout.slice_shape();
+            let count: usize = shape.iter().product();
+            let t = Tensor::from_vec(&shape, all[at..at + count].to_vec()).map_err(|e| RuntimeError::Kernel {
+                kind: "AllGather",
+                name: p.name.clone(),
+                source: Box::new(e),
+            })?;
+            store.insert(&p.name, t.cast(crate::executor::tensor_dtype(p.dtype)));
+            at += count;
+        }
+    }
+    assemble_pipeline_params(job, &stores)
 }
 
 /// Full parameters from every rank's slices: each parameter from the first stage holding it.

@@ -9,7 +9,9 @@
 use std::path::Path;
 
 use autopar_checkpoint::{LayoutItem, StrategyFile, StrategyItem};
+use autopar_graph::NodeId;
 use autopar_layout::Strategy;
+use autopar_parallel::pipeline::PipelinePlan;
 use autopar_parallel::{ParallelPlan, StrategyItems};
 
 use crate::error::{Result, RuntimeError};
@@ -17,9 +19,50 @@ use crate::error::{Result, RuntimeError};
 /// The strategy file of `plan`: every trainable parameter and its optimizer state (`state_keys`
 /// names it); with `only_trainable_params` frozen parameters are left out (MindSpore's default).
 pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_keys: &dyn Fn(&str) -> Vec<String>) -> StrategyFile {
+    stage_file(plan, 0, &|_| true, &|_| true, only_trainable_params, state_keys)
+}
+
+/// The strategy files of a pipeline job, one per stage as MindSpore's ranks write them: the
+/// operators of the stage (their `stage` field set) and the parameters it holds (with their
+/// optimizer state), laid out on the stage's devices.
+pub fn pipeline_strategy_files(
+    pp: &PipelinePlan,
+    only_trainable_params: bool,
+    state_keys: &dyn Fn(&str) -> Vec<String>,
+) -> Vec<StrategyFile> {
+    let param_stages = pp.param_stages();
+    (0..pp.stages)
+        .map(|s| {
+            let holds = |name: &str| param_stages.iter().any(|(n, st)| n == name && st.contains(&s));
+            stage_file(&pp.plan, s as u32, &|id| pp.stage_of[id.0] == Some(s), &holds, only_trainable_params, state_keys)
+        })
+        .collect()
+}
+
+/// The merged strategy file of a pipeline job (MindSpore's `merge_pipeline_strategys`: layout
+/// names `"<stage>-<name>"`), which describes every rank's checkpoint.
+pub fn merged_pipeline_strategy_file(
+    pp: &PipelinePlan,
+    only_trainable_params: bool,
+    state_keys: &dyn Fn(&str) -> Vec<String>,
+) -> StrategyFile {
+    let files = pipeline_strategy_files(pp, only_trainable_params, state_keys);
+    autopar_checkpoint::merge_stage_files(files.into_iter().enumerate().map(|(s, f)| (s as u32, f))).0
+}
+
+/// The strategy file of the operators `on_stage` takes and the parameters `holds` takes, with
+/// `stage` in every strategy item.
+fn stage_file(
+    plan: &ParallelPlan,
+    stage: u32,
+    on_stage: &dyn Fn(NodeId) -> bool,
+    holds: &dyn Fn(&str) -> bool,
+    only_trainable_params: bool,
+    state_keys: &dyn Fn(&str) -> Vec<String>,
+) -> StrategyFile {
     let graph = &plan.graph;
     let mut strategy_items = Vec::new();
-    for np in &plan.nodes {
+    for np in plan.nodes.iter().filter(|np| on_stage(np.id)) {
         let node = graph.node(np.id);
         let Some(strategy) = &np.strategy else { continue };
         let Some(name) = autopar_parallel::strategy_item_names(graph, np.id).into_iter().next() else { continue };
@@ -28,12 +71,12 @@ pub fn strategy_file(plan: &ParallelPlan, only_trainable_params: bool, state_key
         }
         strategy_items.push(StrategyItem {
             node_name: name,
-            stage: node.pipeline_stage.unwrap_or(0) as u32,
+            stage: node.pipeline_stage.map_or(stage, |s| s as u32),
             parallel_strategy: strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect(),
         });
     }
     let mut layout_items = Vec::new();
-    for p in &plan.params {
+    for p in plan.params.iter().filter(|p| holds(&p.name)) {
         if only_trainable_params && !p.trainable {
             continue;
         }

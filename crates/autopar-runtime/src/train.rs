@@ -100,6 +100,60 @@ impl TrainStep {
         Ok(StepOutput { loss, grads, run: out })
     }
 
+    /// Gradient accumulation: forward and backward on each micro-batch's feeds in turn (equal
+    /// parts of the step's batch, in order), their gradients summed and scaled by
+    /// `1/micro-batches` (the gradient of the whole batch's mean loss), then the buckets
+    /// all-reduced once. Returns the mean of the micro-batches' losses and the gradients. The
+    /// step counter advances once.
+    pub fn accumulate(
+        &mut self,
+        params: &mut ParamStore,
+        micro_feeds: &[Vec<(NodeId, Tensor)>],
+        comm: Option<&CommGroups>,
+    ) -> Result<(f64, Vec<(String, Tensor)>)> {
+        let count = micro_feeds.len().max(1);
+        let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
+        let mut loss = 0.0;
+        let mut acc: Vec<Option<Tensor>> = vec![None; self.program.grads.len()];
+        let add = |a: &Tensor, b: &Tensor| {
+            autopar_tensor::kernels::elementwise::add(&ExecCtx::serial(), a, b).map_err(|e| RuntimeError::Kernel {
+                kind: "Add",
+                name: "gradient accumulation".into(),
+                source: Box::new(e),
+            })
+        };
+        for (index, feeds) in micro_feeds.iter().enumerate() {
+            let micro = crate::executor::MicroBatch { index, count };
+            let out = self.executor.run_micro(params, feeds, self.step, collectives, micro)?;
+            let mut values = out.values.into_iter();
+            loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
+            for (a, g) in acc.iter_mut().zip(values) {
+                *a = Some(match a.take() {
+                    None => g,
+                    Some(prev) => add(&prev, &g)?,
+                });
+            }
+        }
+        self.step += 1;
+        let mut grads = Vec::with_capacity(acc.len());
+        for ((name, _), g) in self.program.grads.iter().zip(acc) {
+            let g = g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?;
+            let g = if count > 1 {
+                let wide = if g.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+                autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &g.cast(wide), 1.0 / count as f64)
+                    .map_err(|e| RuntimeError::Kernel { kind: "Scale", name: name.clone(), source: Box::new(e) })?
+                    .cast(g.dtype())
+            } else {
+                g
+            };
+            grads.push((name.clone(), g));
+        }
+        for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
+            sync_bucket(b, buffer, &mut grads, comm)?;
+        }
+        Ok((loss / count as f64, grads))
+    }
+
     /// One step on one device (or a program that does not communicate): forward, backward,
     /// `opt.step`. Returns the loss.
     pub fn run(&mut self, params: &mut ParamStore, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {

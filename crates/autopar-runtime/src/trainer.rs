@@ -20,26 +20,30 @@
 
 mod ckpt;
 mod error;
+mod worker;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use autopar_checkpoint::StrategyFile;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
 use autopar_graph::{Graph, NodeId, OpKind};
-use autopar_parallel::{ParallelContext, ParallelMode};
+use autopar_parallel::{ParallelContext, ParallelMode, ParamSlot};
 use autopar_tensor::{DType, Tensor};
 
 pub use self::ckpt::{
     checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, Loaded, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
+use self::worker::{Job, Worker};
 use crate::callbacks::{Callback, StepEvent};
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, Executor, ParamStore};
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
-use crate::parallel::{assemble_params, ParallelJob, RankTrainer};
+use crate::parallel::ParallelJob;
+use crate::pipeline::PipelineJob;
 
 /// A network as the trainer sees it: a forward graph with its input, labels, logits (`[N, C]`)
 /// and scalar loss.
@@ -173,6 +177,12 @@ pub struct TrainConfig {
     pub max_steps: Option<u64>,
     /// Global batch size.
     pub batch_size: usize,
+    /// Micro-batches per step: each global batch is cut into this many equal parts whose
+    /// gradients are accumulated into one update. In a pipeline (`pipeline_stages` > 1,
+    /// MindSpore's `PipelineCell` micro_size) they flow through the stages in the order of
+    /// `pipeline_config.pipeline_scheduler`; otherwise they run one after the other (gradient
+    /// accumulation: the same update as the whole batch, but for BatchNorm's statistics).
+    pub micro_batches: usize,
     pub seed: u64,
     pub shuffle: bool,
     /// Batches prepared ahead per rank (0: none).
@@ -202,6 +212,7 @@ impl Default for TrainConfig {
             epochs: 1,
             max_steps: None,
             batch_size: 32,
+            micro_batches: 1,
             seed: 1,
             shuffle: true,
             prefetch: 2,
@@ -354,7 +365,7 @@ struct Resume {
 
 /// Facts every rank of a run shares.
 struct Plan<'a> {
-    job: &'a ParallelJob,
+    job: &'a Job,
     io: &'a Io,
     full: &'a ParamStore,
     n: usize,
@@ -432,16 +443,29 @@ impl Trainer {
         if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
             return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
         }
-        let net = self.network(cfg.batch_size, true)?;
+        let micro = self.micro_batch_size()?;
+        let net = self.network(micro, true)?;
         let graph = net.graph.clone();
         let io = Io::of(&graph, &net);
         self.check_data(&graph, &net, &io)?;
 
+        if let (true, Some(path)) = (cfg.parallel.pipeline_stages > 1, cfg.parallel.strategy_load_file()) {
+            return Err(Self::config_error(
+                "strategy_ckpt_config.load_file",
+                path,
+                "no strategy file under pipeline_stages > 1",
+                "the stages are planned by the planner (set operator strategies in the model); drop --strategy",
+            ));
+        }
         let items = match cfg.parallel.strategy_load_file() {
             Some(path) => Some(crate::strategy_io::load_strategy_items(Path::new(path))?),
             None => None,
         };
-        let job = ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?;
+        let job = if cfg.parallel.pipeline_stages > 1 {
+            Job::Pipeline { job: PipelineJob::new(&graph, net.loss, &cfg.parallel, cfg.micro_batches)?, loss: net.loss }
+        } else {
+            Job::Plain(ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?)
+        };
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
         if let Some(init) = &cfg.init {
@@ -545,7 +569,7 @@ impl Trainer {
         };
         let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
-        let params = assemble_params(&job, &stores)?;
+        let params = job.assemble(&stores)?;
         let out0 = &outs[0];
         let run = out0.last_step - first_step;
         Ok(TrainReport {
@@ -567,29 +591,67 @@ impl Trainer {
     /// The strategy files of the run: `strategy_ckpt_config.save_file` when set (its
     /// `only_trainable_params` applied), and `strategy.json` beside the checkpoints of a
     /// model-parallel run, which describes every tensor the rank checkpoints hold (frozen
-    /// parameters and optimizer state too) so that they can be resharded whole. Returns the one
-    /// written beside the checkpoints.
-    fn save_strategy_files(&self, job: &ParallelJob) -> TrainResult<Option<PathBuf>> {
+    /// parameters and optimizer state too) so that they can be resharded whole. A pipeline
+    /// writes one file per stage (`<stem>_stage<s>.<ext>` beside `save_file`, as MindSpore's
+    /// ranks of each stage do) and the merged file (`merge_pipeline_strategys`) at `save_file`;
+    /// `strategy.json` is the merged file. Returns the one written beside the checkpoints.
+    fn save_strategy_files(&self, job: &Job) -> TrainResult<Option<PathBuf>> {
         let ctx = &self.cfg.parallel;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
         let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
-        if let Some(path) = ctx.strategy_save_file() {
-            if !quiet {
-                crate::strategy_io::save_strategy_file(job.plan(), Path::new(path), ctx.strategy_ckpt_config.only_trainable_params, &keys)?;
+        let write = |file: StrategyFile, path: &Path| -> TrainResult<()> {
+            if quiet {
+                return Ok(());
             }
+            file.save(path).map_err(|e| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })
+        };
+        if let Some(path) = ctx.strategy_save_file() {
+            let path = Path::new(path);
+            let only = ctx.strategy_ckpt_config.only_trainable_params;
+            if let Job::Pipeline { job: pj, .. } = job {
+                for (s, file) in crate::strategy_io::pipeline_strategy_files(pj.plan(), only, &keys).into_iter().enumerate() {
+                    write(file, &stage_file_path(path, s))?;
+                }
+            }
+            write(job.strategy_file(only, &keys), path)?;
         }
         let mut beside = None;
         if let Some(ck) = &self.cfg.checkpoint {
-            if job.device_num() > 1 && job.mode().is_auto() {
+            if job.device_num() > 1 && ctx.parallel_mode.is_auto() {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
-                if !quiet {
-                    crate::strategy_io::save_strategy_file(job.plan(), &path, false, &keys)?;
-                }
+                write(job.strategy_file(false, &keys), &path)?;
                 beside = Some(path);
             }
         }
         Ok(beside)
+    }
+
+    /// The size of one micro-batch: the `micro_batches`-th part of the batch size (which must
+    /// divide it).
+    fn micro_batch_size(&self) -> TrainResult<usize> {
+        let cfg = &self.cfg;
+        let m = cfg.micro_batches;
+        if m == 0 {
+            return Err(Self::config_error("micro_batches", 0, "a positive number", "pass --micro-batches M (1: no micro-batches)"));
+        }
+        if m > 1 && cfg.parallel.parallel_mode == ParallelMode::HybridParallel {
+            return Err(Self::config_error(
+                "micro_batches",
+                m,
+                "1 under hybrid_parallel",
+                "hybrid_parallel ranks run their own graphs; accumulate in semi_auto_parallel or data_parallel",
+            ));
+        }
+        if !cfg.batch_size.is_multiple_of(m) {
+            return Err(Self::config_error(
+                "micro_batches",
+                m,
+                format!("a divisor of the batch size {}", cfg.batch_size),
+                "pick --batch-size a multiple of --micro-batches",
+            ));
+        }
+        Ok(cfg.batch_size / m)
     }
 
     /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
@@ -618,7 +680,7 @@ impl Trainer {
                 }
             }
             let o = self.run_rank(plan, &comm, callbacks)?;
-            let params = crate::parallel::gather_full_params(job, &comm, &o.params)?;
+            let params = job.gather(&comm, &o.params)?;
             Ok((o, params))
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
@@ -672,7 +734,7 @@ impl Trainer {
     /// The checkpoint a run resumes from (a file, or the newest in a folder), checked against
     /// this run; merged to full tensors when `job`'s layouts differ from the ones it was saved
     /// under (another device count, mode or strategy).
-    fn resume_from(&self, path: &Path, job: &ParallelJob) -> TrainResult<Resume> {
+    fn resume_from(&self, path: &Path, job: &Job) -> TrainResult<Resume> {
         let path = if path.is_dir() { latest_in(path)? } else { path.to_path_buf() };
         let ck = Loaded::open(&path)?;
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
@@ -731,11 +793,11 @@ impl Trainer {
     }
 
     /// Whether `job` gives every tensor the layout the strategy file `saved` records.
-    fn same_layouts(&self, job: &ParallelJob, saved: &Path) -> TrainResult<bool> {
+    fn same_layouts(&self, job: &Job, saved: &Path) -> TrainResult<bool> {
         let saved = autopar_checkpoint::StrategyFile::load(saved)
             .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), source: Box::new(source) })?;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
-        let now = crate::strategy_io::strategy_file(job.plan(), false, &keys);
+        let now = job.strategy_file(false, &keys);
         let by_name = |mut items: Vec<autopar_checkpoint::LayoutItem>| {
             items.sort_by(|a, b| a.name.cmp(&b.name));
             items
@@ -752,19 +814,24 @@ impl Trainer {
         let cfg = &self.cfg;
         let rank = comm.rank();
         let n = plan.n;
-        let mut trainer = RankTrainer::new(plan.job, comm, plan.full)?;
+        let mut trainer = Worker::new(plan.job, comm, plan.full, cfg.micro_batches)?;
         let mut opt = cfg.optimizer.build()?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
         if let Some(r) = &plan.resume {
             let p = match &r.merged {
-                None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?,
+                None => {
+                    let p = self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?;
+                    // Each rank read its own copy of a shared parameter: the owner's wins.
+                    trainer.sync_shared_parameters()?;
+                    p
+                }
                 Some(merged) => self.restore_merged(&mut trainer, opt.as_mut(), r, merged, &plan.trainable)?,
             };
             continue_counters(&mut trainer, opt.as_mut(), p.step)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
         // This rank reads only the rows of each global batch its inputs need.
-        let rows = trainer.rows();
+        let rows = trainer.rows(cfg.batch_size);
         let loader = self.loader(Some(rows.clone()))?;
         let mut cbs: Vec<Box<dyn Callback>> =
             if rank == 0 { callbacks.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default() } else { Vec::new() };
@@ -786,8 +853,7 @@ impl Trainer {
             for batch in loader.epoch_from(epoch, pos as usize) {
                 let named = plan.io.feeds(batch?, &self.name)?;
                 let lr = opt.current_lr();
-                let feeds = trainer.local_feeds_from(&named, rows.start)?;
-                let loss = trainer.step(opt.as_mut(), &feeds)?;
+                let loss = trainer.step(comm, opt.as_mut(), &named, rows.start)?;
                 step += 1;
                 pos += 1;
                 let now = Instant::now();
@@ -845,7 +911,7 @@ impl Trainer {
     fn save(
         &self,
         ck: &CheckpointConfig,
-        trainer: &RankTrainer,
+        trainer: &Worker,
         opt: &dyn Optimizer,
         step: u64,
         epoch: u64,
@@ -878,7 +944,7 @@ impl Trainer {
     /// under this run's layouts).
     fn restore(
         &self,
-        trainer: &mut RankTrainer,
+        trainer: &mut Worker,
         opt: &mut dyn Optimizer,
         path0: &Path,
         pos0: &RunPosition,
@@ -908,7 +974,7 @@ impl Trainer {
     /// from it when the rank was built).
     fn restore_merged(
         &self,
-        trainer: &mut RankTrainer,
+        trainer: &mut Worker,
         opt: &mut dyn Optimizer,
         r: &Resume,
         merged: &ParamStore,
@@ -917,7 +983,8 @@ impl Trainer {
         if r.pos.step == 0 {
             return Ok(r.pos.clone());
         }
-        for slot in &trainer.program().params {
+        let slots: Vec<ParamSlot> = trainer.param_slots().into_iter().cloned().collect();
+        for slot in &slots {
             if !trainable.contains(&slot.name) {
                 continue;
             }
@@ -981,6 +1048,17 @@ impl Trainer {
     }
 }
 
+/// The per-stage strategy file of stage `stage` beside `path` (`dir/stem.ext` ->
+/// `dir/stem_stage<stage>.ext`).
+fn stage_file_path(path: &Path, stage: usize) -> PathBuf {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}_stage{stage}.{}", ext.to_string_lossy()),
+        None => format!("{stem}_stage{stage}"),
+    };
+    path.with_file_name(name)
+}
+
 /// Rank `rank`'s file of the checkpoint that `path0` (rank `pos0.rank`'s file) belongs to,
 /// opened and checked to be that rank's file of the same step and device count.
 fn open_rank_file(path0: &Path, pos0: &RunPosition, rank: usize) -> TrainResult<(Loaded, RunPosition)> {
@@ -1022,8 +1100,8 @@ fn missing_state(path: &Path, key: &str) -> TrainError {
 /// Continue the counters of a resumed run at `step`: the step counter keys the dropout masks;
 /// the optimizer counts its updates (learning-rate schedule, Adam's bias correction) and is
 /// advanced with empty updates.
-fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
-    trainer.train_step().set_steps(step);
+fn continue_counters(trainer: &mut Worker, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
+    trainer.set_steps(step);
     let mut none = ParamStore::new();
     while opt.steps() < step {
         opt.step(&mut none, &[])?;

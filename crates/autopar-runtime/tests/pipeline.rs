@@ -211,3 +211,123 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
         }
     }
 }
+
+fn fixtures() -> std::path::PathBuf {
+    match std::env::var_os("AUTOPAR_FIXTURES") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mindspore")),
+    }
+}
+
+/// The fixture `pp2` network (generate_strategies.py --pp 2 --shard none --train, batch 128,
+/// micro_size 4): l1 on stage 0; l2 and the head on stage 1; for one micro-batch of 32 rows.
+fn pp2_network() -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(1);
+    let x = b.input("inputs0", &[32, 64], DType::F32).unwrap();
+    let mut h = x;
+    for (stage, name, din, dout) in [(0, "l1", 64, 128), (1, "l2", 128, 32)] {
+        b.set_pipeline_stage(Some(stage));
+        let w = b.parameter(&format!("{name}.w"), &[din, dout], Initializer::HeUniform).unwrap();
+        let bias = b.parameter(&format!("{name}.b"), &[dout], Initializer::Zeros).unwrap();
+        let m = b.matmul(&format!("{name}.mm"), h, w).unwrap();
+        let a = b.add(&format!("{name}.add"), m, bias).unwrap();
+        h = b.relu(&format!("{name}.relu"), a).unwrap();
+    }
+    let head = b.parameter("head.w", &[32, 16], Initializer::HeUniform).unwrap();
+    let o = b.matmul("head.mm", h, head).unwrap();
+    let loss = b.reduce_mean("loss", o, &[0, 1], false).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+#[test]
+fn the_pp2_stage_0_program_sends_one_8_by_128_tensor_to_rank_4_per_micro_batch_and_writes_mindspores_stage_files() {
+    use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, Pass};
+    use autopar_parallel::PlanRequest;
+    let (g, loss) = pp2_network();
+    let ctx = context(8, 2, "1f1b");
+    let pp = plan_pipeline(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }, 4).unwrap();
+    let sp = stage_program(&pp, 0).unwrap();
+    assert_eq!(sp.send.len(), 1);
+    assert_eq!(sp.graph.node(sp.send[0]).ty.shape.to_vec(), vec![8, 128]);
+    let d = pp.stage_devices();
+    let sends: Vec<(usize, usize)> = pp.schedule.stages[0]
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { work, peer } if work.pass == Pass::Forward => Some((work.micro, peer * d + sp.position)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sends, vec![(0, 4), (1, 4), (2, 4), (3, 4)]);
+
+    // The per-stage strategy files hold what MindSpore's ranks 0 and 4 wrote (MindSpore's
+    // gradient accumulation buffers accu_grads.* aside, which autopar does not keep as
+    // parameters), with the same device matrices and tensor maps.
+    let keys = |n: &str| vec![format!("moments.{n}")];
+    let ours = autopar_runtime::strategy_io::pipeline_strategy_files(&pp, false, &keys);
+    for (stage, rank) in [(0usize, 0usize), (1, 4)] {
+        let theirs =
+            autopar_checkpoint::StrategyFile::load(fixtures().join(format!("strategies/pp2/src/strategy_rank{rank}.ckpt"))).unwrap();
+        let layouts = |f: &autopar_checkpoint::StrategyFile| {
+            let mut v: Vec<(String, Vec<u32>, Vec<Vec<i32>>)> = f
+                .layout_items
+                .iter()
+                .filter(|l| !l.name.starts_with("accu_grads."))
+                .map(|l| (l.name.clone(), l.dev_matrix.clone(), l.tensor_map.clone()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(layouts(&ours[stage]), layouts(&theirs), "stage {stage}");
+        let items = |f: &autopar_checkpoint::StrategyFile| {
+            let mut v: Vec<(String, u32)> =
+                f.strategy_items.iter().filter(|s| !s.node_name.starts_with("Receive_")).map(|s| (s.node_name.clone(), s.stage)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(items(&ours[stage]), items(&theirs), "stage {stage}");
+    }
+}
+
+/// The network of the fixture `pp_shared` (generate_pp_shared.py): an embedding weight used on
+/// stage 0 and again by the head on stage 1, on 2 devices.
+#[test]
+fn a_weight_shared_by_two_stages_has_mindspores_pipeline_layout_fields_and_sync_copies_the_owners_value() {
+    use autopar_parallel::pipeline::pipeline_layout_dict;
+    let mut b = GraphBuilder::new(1);
+    let x = b.input("x", &[1, 4], DType::F32).unwrap();
+    let w = b.parameter("network.word_embedding.w", &[4, 4], Initializer::HeUniform).unwrap();
+    b.set_pipeline_stage(Some(0));
+    let e = b.matmul("embed", x, w).unwrap();
+    b.set_pipeline_stage(Some(1));
+    let o = b.matmul_t("head", e, w, false, true).unwrap();
+    let loss = b.reduce_mean("loss", o, &[0, 1], false).unwrap();
+    b.output(loss).unwrap();
+    let g = b.finish();
+    let job = PipelineJob::new(&g, loss, &context(2, 2, "1f1b"), 2).unwrap();
+    let line = |rank: usize| {
+        let dict = pipeline_layout_dict(job.plan(), rank);
+        let (name, l) = dict.iter().find(|(n, _)| n == "network.word_embedding.w").unwrap();
+        format!("{name} {l}")
+    };
+    // As MindSpore printed them (mindspore-internals.md §1).
+    assert_eq!(line(0), "network.word_embedding.w ([1], [-1, -1], [4, 4], 0, True, '', [4, 4], [4, 4], True, True, 1, 1)");
+    assert_eq!(line(1), "network.word_embedding.w ([1], [-1, -1], [4, 4], 0, True, '', [4, 4], [4, 4], True, False, 0, 1)");
+
+    // Stage 1's copy drifts; sync_shared_parameters brings back stage 0's value.
+    let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+    let values = autopar_comm::LocalComm::run(2, |comm| -> Result<Vec<f64>, String> {
+        use autopar_comm::Communicator;
+        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full).unwrap();
+        if comm.rank() == 1 {
+            let name = "network.word_embedding.w";
+            let drifted = Tensor::from_vec(&[4, 4], vec![7.0f32; 16]).unwrap();
+            t.params_mut().insert(name, drifted);
+        }
+        t.sync_shared_parameters().unwrap();
+        Ok(t.params().require("network.word_embedding.w").unwrap().to_f64_vec())
+    })
+    .unwrap();
+    assert_eq!(values[0], values[1]);
+    assert_eq!(values[0], full.require("network.word_embedding.w").unwrap().to_f64_vec());
+}

@@ -83,7 +83,6 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     let dir = tempfile::tempdir().unwrap();
     for (opt, needle) in [
         ("enable_parallel_optimizer=true", "not supported yet"),
-        ("pipeline_stages=2", "do not run pipelines yet"),
         (r#"comm_fusion={"allgather": {"mode": "auto"}}"#, "comm_fusion.allgather"),
         ("costmodel_beta=2", "applies to auto_parallel"),
     ] {
@@ -157,4 +156,40 @@ fn calibrated_profiles_drive_the_cost_model() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.toml") && err.contains("flops_per_s"), "{err}");
+}
+
+#[test]
+fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "4"];
+    let mut a = base.to_vec();
+    a.extend(["--svg", "schedule.svg"]);
+    let text = ok(dir.path(), &a);
+    assert!(text.contains("pipeline: 2 stages of 4 device(s), 4 micro-batches, 1f1b schedule"), "{text}");
+    assert!(text.contains("stage 1 (ranks 4..8)"), "{text}");
+    // Cut between two blocks: one [8 * 64 / 4, 128] value per micro-batch, on each of 4 ranks.
+    assert_eq!(text.matches("  sends ").count(), 1, "{text}");
+    assert!(text.contains("[128, 128] (64.0 KiB) to rank r+4 per micro-batch"), "{text}");
+    assert!(text.contains("x 2 in flight") && text.contains("x 1 in flight"), "{text}");
+    let svg = std::fs::read_to_string(dir.path().join("schedule.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains(">stage 1</text>"), "{svg}");
+    assert_eq!(svg.matches("<rect").count(), 2 * 2 * 4, "a forward and a backward box per stage and micro-batch");
+
+    let mut a = base.to_vec();
+    a.push("--json");
+    let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &a)).unwrap();
+    let stages = v["pipeline"]["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    assert_eq!(stages[0]["peak_in_flight"], 2);
+    assert!(stages[0]["activation_bytes"].as_u64().unwrap() > stages[1]["activation_bytes"].as_u64().unwrap());
+
+    // The tied embedding is shared: rank 4 receives it from rank 0.
+    let mut a = base.to_vec();
+    a.extend(["--mindspore-layouts", "--rank", "4"]);
+    let text = ok(dir.path(), &a);
+    let wte = text.lines().find(|l| l.starts_with("wte.weight: ")).unwrap();
+    assert!(wte.ends_with("True, False, 0, 1)"), "{wte}");
+
+    let o = autopar(dir.path(), &["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "3"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
 }

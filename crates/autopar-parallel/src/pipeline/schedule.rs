@@ -313,6 +313,8 @@ pub struct Simulation {
     pub busy: Vec<f64>,
     /// Each stage's most (chunk, micro-batch) forwards whose backward had not run yet.
     pub peak_in_flight: Vec<usize>,
+    /// Each stage's passes in the order they ran: the work, its start and its end.
+    pub spans: Vec<Vec<(Work, f64, f64)>>,
 }
 
 impl Simulation {
@@ -355,6 +357,7 @@ pub fn simulate(schedule: &Schedule, costs: SimCosts) -> Result<Simulation, Sche
     let mut received: Vec<BTreeSet<Work>> = vec![BTreeSet::new(); p];
     let mut in_flight = vec![0usize; p];
     let mut peak = vec![0usize; p];
+    let mut spans: Vec<Vec<(Work, f64, f64)>> = vec![Vec::new(); p];
     loop {
         let mut progressed = false;
         for s in 0..p {
@@ -384,6 +387,7 @@ pub fn simulate(schedule: &Schedule, costs: SimCosts) -> Result<Simulation, Sche
                             return Err(invalid(s, format!("{w} runs twice")));
                         }
                         let dt = if w.pass == Pass::Forward { costs.forward } else { costs.backward };
+                        spans[s].push((w, clock[s], clock[s] + dt));
                         clock[s] += dt;
                         busy[s] += dt;
                         pc[s] += 1;
@@ -439,7 +443,7 @@ pub fn simulate(schedule: &Schedule, costs: SimCosts) -> Result<Simulation, Sche
         }
     }
     let makespan = clock.iter().copied().fold(0.0, f64::max);
-    Ok(Simulation { makespan, busy, peak_in_flight: peak })
+    Ok(Simulation { makespan, busy, peak_in_flight: peak, spans })
 }
 
 #[cfg(test)]

@@ -20,32 +20,111 @@ pub fn has_stages(graph: &Graph) -> bool {
 }
 
 /// Cut a graph the model did not place into `stages` contiguous runs of ops (in graph order,
-/// which is execution order) of about equal forward FLOPs: every op's stage is set, so blocks
-/// of a transformer or stages of a ResNet fall on stages in order.
+/// which is execution order) whose largest forward FLOPs is as small as it can be (the stage
+/// that bounds the pipeline's pace), every run holding at least one op when the graph has that
+/// many. Cuts fall where the fewest values cross (between the blocks of a transformer or the
+/// residual blocks of a ResNet, where one value does) when there are enough such places;
+/// otherwise anywhere. Every op's stage is set.
 pub fn balance_stages(graph: &mut Graph, stages: usize) {
-    let flops: Vec<f64> = graph
-        .nodes()
+    let ops: Vec<usize> = (0..graph.len()).filter(|&i| !is_stageless(graph.node(autopar_graph::NodeId(i)))).collect();
+    let weights: Vec<f64> = ops
         .iter()
-        .map(|n| {
-            if is_stageless(n) {
-                return 0.0;
-            }
+        .map(|&i| {
+            let n = graph.node(autopar_graph::NodeId(i));
             let ins: Vec<autopar_graph::TensorType> = n.inputs.iter().map(|x| graph.node(*x).ty.clone()).collect();
             // Every op weighs at least one FLOP per output element, so cheap ops spread too.
             n.op.def().cost(&autopar_graph::CostCx { inputs: &ins, output: &n.ty, rank: 0 }).flops.max(n.ty.numel() as f64)
         })
         .collect();
-    let total: f64 = flops.iter().sum();
-    let mut before = 0.0;
-    for (i, f) in flops.iter().enumerate() {
-        let node = graph.node_mut(autopar_graph::NodeId(i));
-        if is_stageless(node) {
-            continue;
+    // Runs between the places where the fewest values cross.
+    let crossing = crossing_values(graph, &ops);
+    let fewest = crossing.iter().skip(1).copied().min().unwrap_or(0);
+    let starts: Vec<usize> = (0..ops.len()).filter(|&k| k == 0 || crossing[k] == fewest).collect();
+    let parts = if starts.len() >= stages {
+        let run_weights: Vec<f64> =
+            starts.iter().enumerate().map(|(r, &a)| weights[a..starts.get(r + 1).copied().unwrap_or(ops.len())].iter().sum()).collect();
+        let of_run = partition(&run_weights, stages);
+        let mut parts = Vec::with_capacity(ops.len());
+        for (r, &a) in starts.iter().enumerate() {
+            parts.extend(std::iter::repeat_n(of_run[r], starts.get(r + 1).copied().unwrap_or(ops.len()) - a));
         }
-        let mid = before + f / 2.0;
-        before += f;
-        node.pipeline_stage = Some(((mid / total.max(f64::MIN_POSITIVE) * stages as f64) as usize).min(stages - 1));
+        parts
+    } else {
+        partition(&weights, stages)
+    };
+    for (&i, stage) in ops.iter().zip(parts) {
+        graph.node_mut(autopar_graph::NodeId(i)).pipeline_stage = Some(stage);
     }
+}
+
+/// For each position `k` of `ops` (graph indices of the ops, ascending), how many op values
+/// produced before `ops[k]` are used by `ops[k]` or later (what a cut there would transfer).
+fn crossing_values(graph: &Graph, ops: &[usize]) -> Vec<usize> {
+    let users = graph.users();
+    let mut delta = vec![0isize; ops.len() + 1];
+    for (pos, &v) in ops.iter().enumerate() {
+        let Some(last) = users[v].iter().map(|u| u.0).max() else { continue };
+        // Live at the positions after its own up to the last op at or before its last use.
+        let end = ops.partition_point(|&o| o <= last);
+        if end > pos + 1 {
+            delta[pos + 1] += 1;
+            delta[end] -= 1;
+        }
+    }
+    let mut live = 0isize;
+    delta[..ops.len()]
+        .iter()
+        .map(|d| {
+            live += d;
+            live as usize
+        })
+        .collect()
+}
+
+/// The part of each weight when `weights` (in order) are cut into `parts` contiguous runs whose
+/// largest sum is smallest; every run is non-empty when there are at least `parts` weights.
+pub fn partition(weights: &[f64], parts: usize) -> Vec<usize> {
+    let parts = parts.max(1);
+    // The runs of greedy packing under `bound`: starts of each run.
+    let pack = |bound: f64| -> Vec<usize> {
+        let mut starts = vec![0];
+        let mut load = 0.0;
+        for (i, &w) in weights.iter().enumerate() {
+            if load > 0.0 && load + w > bound {
+                starts.push(i);
+                load = 0.0;
+            }
+            load += w;
+        }
+        starts
+    };
+    let (mut lo, mut hi) = (weights.iter().fold(0.0f64, |m, &w| m.max(w)), weights.iter().sum::<f64>().max(f64::MIN_POSITIVE));
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        if pack(mid).len() <= parts {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    let mut starts = pack(hi);
+    starts.truncate(parts);
+    // Fewer runs than parts: split the longest runs (splitting never raises the largest sum).
+    while starts.len() < parts.min(weights.len()) {
+        let ends: Vec<usize> = starts.iter().skip(1).copied().chain([weights.len()]).collect();
+        let (k, _) = starts.iter().zip(&ends).enumerate().max_by_key(|(_, (s, e))| *e - *s).expect("one run at least");
+        let (s, e) = (starts[k], ends[k]);
+        starts.insert(k + 1, s + (e - s) / 2);
+    }
+    let mut out = Vec::with_capacity(weights.len());
+    for (k, &s) in starts.iter().enumerate() {
+        let e = starts.get(k + 1).copied().unwrap_or(weights.len());
+        out.extend(std::iter::repeat_n(k, e - s));
+    }
+    out
 }
 
 /// Every node's stage (None for stage-less nodes), checked: stages in `0..stages`, no op before
@@ -150,5 +229,38 @@ mod tests {
         assert!(e.contains("placed on stage 3") && e.contains("2 stages"), "{e}");
         let (g, l) = mlp(&[Some(0), Some(2), Some(1)]);
         assert!(assign_stages(&g, 3, Some(l)).unwrap_err().to_string().contains("before its input"));
+    }
+
+    /// The smallest largest run sum over every cut of `w` into `parts` non-empty runs.
+    fn best(w: &[f64], parts: usize) -> f64 {
+        if parts == 1 {
+            return w.iter().sum();
+        }
+        (1..=w.len() + 1 - parts).map(|k| w[..k].iter().sum::<f64>().max(best(&w[k..], parts - 1))).fold(f64::INFINITY, f64::min)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn partitions_are_contiguous_non_empty_and_minimise_the_largest_run(
+            w in proptest::collection::vec(1.0f64..1000.0, 1..12), parts in 1usize..6,
+        ) {
+            let p = partition(&w, parts);
+            proptest::prop_assert_eq!(p.len(), w.len());
+            proptest::prop_assert_eq!(p[0], 0);
+            for pair in p.windows(2) {
+                proptest::prop_assert!(pair[1] == pair[0] || pair[1] == pair[0] + 1, "{:?}", p);
+            }
+            let used = p[p.len() - 1] + 1;
+            proptest::prop_assert_eq!(used, parts.min(w.len()));
+            let largest = (0..used).map(|k| w.iter().zip(&p).filter(|(_, &q)| q == k).map(|(x, _)| x).sum::<f64>()).fold(0.0, f64::max);
+            let want = best(&w, used);
+            proptest::prop_assert!(largest <= want * (1.0 + 1e-9), "largest run {} above the best {} for {:?}", largest, want, p);
+        }
+    }
+
+    #[test]
+    fn a_heavy_first_op_still_leaves_every_stage_an_op() {
+        let p = partition(&[100.0, 1.0, 1.0, 1.0], 4);
+        assert_eq!(p, vec![0, 1, 2, 3]);
     }
 }

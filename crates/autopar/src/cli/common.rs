@@ -83,6 +83,8 @@ pub struct FileConfig {
     pub epochs: Option<u64>,
     pub steps: Option<u64>,
     pub batch_size: Option<usize>,
+    pub micro_batches: Option<usize>,
+    pub grad_accumulation: Option<usize>,
     pub seed: Option<u64>,
     pub shuffle: Option<bool>,
     pub synthetic_samples: Option<usize>,

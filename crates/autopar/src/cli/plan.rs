@@ -36,6 +36,9 @@ pub struct PlanArgs {
     /// Global batch size (default: 32, or the device count when it does not divide 32).
     #[arg(long)]
     batch_size: Option<usize>,
+    /// Micro-batches per step of a pipeline (--parallel pipeline_stages=P; default P).
+    #[arg(long, value_name = "M")]
+    micro_batches: Option<usize>,
     /// The rank whose communication and memory are reported (default: global_rank, or 0).
     #[arg(long)]
     rank: Option<usize>,
@@ -45,7 +48,8 @@ pub struct PlanArgs {
     /// Print the plan as JSON instead of text.
     #[arg(long)]
     json: bool,
-    /// Draw how the biggest parameters are split over the device matrix into this SVG file.
+    /// Draw how the biggest parameters are split over the device matrix into this SVG file (a
+    /// pipeline: the schedule's timeline, one row per stage).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
     /// Print MindSpore's parameter_layout_dict lines (name: 12-tuple) instead of the report.
@@ -80,6 +84,13 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     };
 
     let profile = load_profile(args.parallel.profile.as_deref())?;
+    let micro = args.micro_batches.or(file.micro_batches);
+    if ctx.pipeline_stages > 1 {
+        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some());
+    }
+    if micro.is_some_and(|m| m != 1) {
+        bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
+    }
     let started = Instant::now();
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
     if args.compare {
@@ -139,6 +150,73 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         writeln!(out, "{text}")?;
     } else {
         write!(out, "{}", report.text())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `autopar plan` of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
+/// activation memory per stage, then the plan every stage's ops share on one stage's devices.
+fn plan_pipeline_job(
+    args: &PlanArgs,
+    ctx: &autopar_parallel::ParallelContext,
+    model: &dyn autopar_models::Model,
+    (batch, micro): (usize, Option<usize>),
+    rank: usize,
+    slots: usize,
+    has_strategy_file: bool,
+) -> Result<ExitCode> {
+    if has_strategy_file {
+        bail!("--strategy is not used under pipeline_stages > 1\nhint: the stages are planned by the planner; drop --strategy");
+    }
+    if args.compare {
+        bail!("--compare plans without stages\nhint: drop --parallel pipeline_stages, or drop --compare");
+    }
+    let m = micro.unwrap_or(ctx.pipeline_stages);
+    if m == 0 || !batch.is_multiple_of(m) {
+        bail!("--micro-batches {m} does not divide the batch size {batch}\nhint: pick --batch-size a multiple of --micro-batches");
+    }
+    let started = Instant::now();
+    let (graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
+    let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile: None };
+    let pp = autopar_parallel::pipeline::plan_pipeline(&req, m)?;
+    let report = autopar_parallel::pipeline::pipeline_report(&pp)?;
+    let (_, position) = pp.place(rank);
+    let program = rank_program(&pp.plan, position)?;
+    let cost = RankCost::of(&program, slots)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut out = std::io::stdout().lock();
+    if let Some(path) = &args.svg {
+        autopar_data::write_atomic(path, report.svg().as_bytes())
+            .with_context(|| format!("cannot write {}\nhint: check that the folder exists and is writable", path.display()))?;
+        if !args.json && !args.mindspore_layouts {
+            eprintln!("autopar plan: wrote the schedule's timeline to {}", path.display());
+        }
+    }
+    if args.mindspore_layouts {
+        for (name, l) in autopar_parallel::pipeline::pipeline_layout_dict(&pp, rank) {
+            writeln!(out, "{name}: {l}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stage_plan = PlanReport {
+        plan: &pp.plan,
+        cost: &cost,
+        model: format!(
+            "{} (micro-batch {} of batch {batch}; every stage's ops on one stage's {} devices, figures below for the whole network at position {position})",
+            model.describe(),
+            batch / m,
+            pp.stage_devices()
+        ),
+        optimizer: format!("{} slot(s) per trainable parameter: {}", slots, args.optimizer),
+        planning_seconds: seconds,
+    };
+    if args.json {
+        let v = serde_json::json!({ "pipeline": report.json(), "plan": stage_plan.json() });
+        writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?)?;
+    } else {
+        write!(out, "{}", report.text())?;
+        writeln!(out)?;
+        write!(out, "{}", stage_plan.text())?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -43,6 +43,14 @@ pub struct TrainArgs {
     /// Global batch size (split over the devices under data_parallel).
     #[arg(long, help_heading = "Run")]
     batch_size: Option<usize>,
+    /// Micro-batches per step of a pipeline (--parallel pipeline_stages=P): each global batch
+    /// is cut into M equal parts that flow through the stages; one update per step.
+    #[arg(long, value_name = "M", help_heading = "Parallel")]
+    micro_batches: Option<usize>,
+    /// Accumulate the gradients of K batches of --batch-size before each update: the same
+    /// update as one batch K times larger (BatchNorm: statistics per batch).
+    #[arg(long, value_name = "K", help_heading = "Run")]
+    grad_accumulation: Option<usize>,
     /// Seed of parameter initialisation, shuffling and augmentation.
     #[arg(long, help_heading = "Run")]
     seed: Option<u64>,
@@ -284,13 +292,30 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     let schedule_name = pick!(s, schedule).unwrap_or_else(|| "constant".into());
     let epochs = pick!(s, epochs);
     let steps = pick!(s, steps);
-    let batch_size = pick!(s, batch_size).unwrap_or(32);
+    let mut batch_size = pick!(s, batch_size).unwrap_or(32);
+    let mut micro_batches = pick!(s, micro_batches).unwrap_or(1);
+    if let Some(k) = pick!(s, grad_accumulation) {
+        if k == 0 {
+            bail!("--grad-accumulation 0 accumulates nothing\nhint: pass --grad-accumulation 1 or more");
+        }
+        if micro_batches > 1 {
+            bail!(
+                "--grad-accumulation {k} and --micro-batches {micro_batches} both given\nhint: a pipeline accumulates over its micro-batches: pass --micro-batches {} and --batch-size {}",
+                micro_batches * k,
+                batch_size * k
+            );
+        }
+        // K batches per update: one global batch K times larger, run in K micro-batches.
+        batch_size *= k;
+        micro_batches = k;
+    }
     let momentum = pick!(s, momentum).unwrap_or(0.9);
     let kind = optimizer_kind(&pick!(s, optimizer).unwrap_or_else(|| "momentum".into()), momentum)?;
     let mut cfg = TrainConfig {
         epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
         max_steps: steps,
         batch_size,
+        micro_batches,
         seed,
         shuffle: parse_bool_or(pick!(s, shuffle), true),
         prefetch: pick!(s, prefetch).unwrap_or(2),
@@ -380,9 +405,18 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     }
 
     let parallel = &trainer.config().parallel;
+    let mode_desc = match (parallel.pipeline_stages, cfg.micro_batches) {
+        (p, m) if p > 1 => format!(
+            "{}, {p} pipeline stages, {m} micro-batches, {}",
+            parallel.parallel_mode.name(),
+            parallel.pipeline_config.pipeline_scheduler.name()
+        ),
+        (_, 1) => parallel.parallel_mode.name().to_string(),
+        (_, m) => format!("{}, gradients accumulated over {m} micro-batches", parallel.parallel_mode.name()),
+    };
     let devices_desc = match parallel.devices() {
-        1 => format!("1 device ({})", parallel.parallel_mode.name()),
-        n => format!("{n} devices ({})", parallel.parallel_mode.name()),
+        1 => format!("1 device ({mode_desc})"),
+        n => format!("{n} devices ({mode_desc})"),
     };
     if !quiet {
         eprintln!(
@@ -450,6 +484,8 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     }
     if s.args.verify {
         let mut alone = cfg.clone();
+        // The same micro-batches one after the other on one device: equal to the whole batch,
+        // and for BatchNorm models (statistics per micro-batch) the right reference.
         alone.parallel = ParallelContext::default();
         alone.checkpoint = None;
         alone.resume = None;

@@ -1,0 +1,253 @@
+//! What a pipeline plan says, for people: each stage's ranks, operators, FLOPs, parameters
+//! (shared ones named), what it sends per micro-batch and the activations it keeps, the
+//! schedule's simulated bubble beside the ideal one, an SVG timeline of every stage's passes,
+//! and MindSpore's `parameter_layout_dict` with its pipeline fields (8-11).
+
+use std::fmt::Write as _;
+use std::ops::Range;
+
+use autopar_graph::{CostCx, OpKind, TensorType};
+use serde_json::{json, Value};
+
+use crate::error::{ParallelError, Result};
+use crate::pipeline::program::{stage_program, PipelinePlan};
+use crate::pipeline::schedule::{ideal_bubble, simulate, Pass, SimCosts, Simulation};
+use crate::report::{human_bytes, human_flops};
+
+/// One stage as one of its ranks sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageReport {
+    pub stage: usize,
+    pub ranks: Range<usize>,
+    /// Operators of the stage (its forward pass).
+    pub ops: usize,
+    /// Forward FLOPs of one micro-batch on one rank.
+    pub forward_flops: f64,
+    /// Parameters the stage holds, and their bytes on one rank.
+    pub params: usize,
+    pub param_bytes: usize,
+    /// Parameters other stages hold copies of too.
+    pub shared: Vec<String>,
+    /// What one rank sends to the next stage per micro-batch: (name, local shape, bytes).
+    pub sends: Vec<(String, Vec<usize>, usize)>,
+    /// Bytes of the values one micro-batch's forward keeps for its backward.
+    pub saved_bytes: usize,
+    /// The most micro-batches whose activations the schedule keeps at once.
+    pub peak_in_flight: usize,
+}
+
+impl StageReport {
+    /// Peak activation bytes: the saved values of every micro-batch in flight.
+    pub fn activation_bytes(&self) -> usize {
+        self.saved_bytes * self.peak_in_flight
+    }
+}
+
+/// A pipeline plan summarised.
+#[derive(Clone, Debug)]
+pub struct PipelineReport {
+    pub stages: Vec<StageReport>,
+    pub micro_batches: usize,
+    pub scheduler: &'static str,
+    /// The schedule run with equal stages (forward 1, backward 2, free transfers).
+    pub simulation: Simulation,
+    pub ideal_bubble: f64,
+}
+
+fn bytes_of(ty: &TensorType) -> usize {
+    ty.numel() * ty.dtype.size()
+}
+
+/// The report of `pp`, from the program of each stage's first rank.
+pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
+    let d = pp.stage_devices();
+    let simulation = simulate(&pp.schedule, SimCosts::unit(pp.schedule.shape)).map_err(ParallelError::Schedule)?;
+    let param_stages = pp.param_stages();
+    let mut stages = Vec::with_capacity(pp.stages);
+    for s in 0..pp.stages {
+        let sp = stage_program(pp, s * d)?;
+        let g = &sp.graph;
+        let (mut ops, mut flops, mut params, mut param_bytes) = (0, 0.0, 0, 0);
+        // The forward pass: the stage graph up to what it sends and its loss.
+        let mut forward = vec![false; g.len()];
+        for v in sp.forward_fetch() {
+            forward[v.0] = true;
+        }
+        for i in (0..g.len()).rev() {
+            if forward[i] {
+                for x in &g.nodes()[i].inputs {
+                    forward[x.0] = true;
+                }
+            }
+        }
+        for (i, n) in g.nodes().iter().enumerate() {
+            match &n.op {
+                OpKind::Parameter(_) => {
+                    params += 1;
+                    param_bytes += bytes_of(&n.ty);
+                }
+                OpKind::Input(_) => {}
+                _ if forward[i] && !n.inputs.is_empty() => {
+                    ops += 1;
+                    let ins: Vec<TensorType> = n.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
+                    flops += n.op.def().cost(&CostCx { inputs: &ins, output: &n.ty, rank: 0 }).flops;
+                }
+                _ => {}
+            }
+        }
+        let shared = param_stages.iter().filter(|(_, st)| st.len() > 1 && st.contains(&s)).map(|(n, _)| n.clone()).collect();
+        let sends = sp.send.iter().map(|&v| (g.node(v).name.clone(), g.node(v).ty.shape.to_vec(), bytes_of(&g.node(v).ty))).collect();
+        let saved_bytes = sp.saved.iter().map(|&v| bytes_of(&g.node(v).ty)).sum();
+        stages.push(StageReport {
+            stage: s,
+            ranks: s * d..(s + 1) * d,
+            ops,
+            forward_flops: flops,
+            params,
+            param_bytes,
+            shared,
+            sends,
+            saved_bytes,
+            peak_in_flight: simulation.peak_in_flight[s],
+        });
+    }
+    Ok(PipelineReport {
+        stages,
+        micro_batches: pp.micro_batches,
+        scheduler: pp.schedule.scheduler.name(),
+        ideal_bubble: ideal_bubble(pp.schedule.shape),
+        simulation,
+    })
+}
+
+impl PipelineReport {
+    pub fn text(&self) -> String {
+        let mut o = String::new();
+        let p = self.stages.len();
+        let _ = writeln!(
+            o,
+            "pipeline: {p} stages of {} device(s), {} micro-batches, {} schedule",
+            self.stages.first().map_or(0, |s| s.ranks.len()),
+            self.micro_batches,
+            self.scheduler
+        );
+        let _ = writeln!(
+            o,
+            "  bubble {:.1}% simulated with equal stages ((P-1)/(M+P-1) = {:.1}%)",
+            100.0 * self.simulation.bubble(),
+            100.0 * self.ideal_bubble
+        );
+        for s in &self.stages {
+            let _ = writeln!(
+                o,
+                "stage {} (ranks {}..{}): {} ops, {} forward per micro-batch, {} parameters ({}), activations {} per micro-batch x {} in flight = {}",
+                s.stage,
+                s.ranks.start,
+                s.ranks.end,
+                s.ops,
+                human_flops(s.forward_flops),
+                s.params,
+                human_bytes(s.param_bytes),
+                human_bytes(s.saved_bytes),
+                s.peak_in_flight,
+                human_bytes(s.activation_bytes())
+            );
+            if !s.shared.is_empty() {
+                let _ = writeln!(o, "  shared with other stages: {}", s.shared.join(", "));
+            }
+            for (name, shape, bytes) in &s.sends {
+                let _ = writeln!(o, "  sends {name} {shape:?} ({}) to rank r+{} per micro-batch", human_bytes(*bytes), s.ranks.len());
+            }
+        }
+        o
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "stages": self.stages.iter().map(|s| json!({
+                "stage": s.stage,
+                "ranks": [s.ranks.start, s.ranks.end],
+                "ops": s.ops,
+                "forward_flops": s.forward_flops,
+                "params": s.params,
+                "param_bytes": s.param_bytes,
+                "shared": s.shared,
+                "sends": s.sends.iter().map(|(n, sh, b)| json!({"name": n, "shape": sh, "bytes": b})).collect::<Vec<_>>(),
+                "saved_bytes_per_micro_batch": s.saved_bytes,
+                "peak_in_flight": s.peak_in_flight,
+                "activation_bytes": s.activation_bytes(),
+            })).collect::<Vec<_>>(),
+            "micro_batches": self.micro_batches,
+            "scheduler": self.scheduler,
+            "bubble": self.simulation.bubble(),
+            "ideal_bubble": self.ideal_bubble,
+        })
+    }
+
+    /// The simulated schedule as an SVG timeline: one row per stage, a box per pass (forward
+    /// light, backward dark) labelled with its micro-batch.
+    pub fn svg(&self) -> String {
+        let sim = &self.simulation;
+        let (row, left, width) = (28.0, 70.0, 900.0);
+        let scale = if sim.makespan > 0.0 { width / sim.makespan } else { 0.0 };
+        let height = row * sim.spans.len() as f64 + 40.0;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#,
+            left + width + 20.0
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="4" y="14">{} schedule, {} stages, {} micro-batches: bubble {:.1}%</text>"#,
+            self.scheduler,
+            sim.spans.len(),
+            self.micro_batches,
+            100.0 * sim.bubble()
+        );
+        for (s, spans) in sim.spans.iter().enumerate() {
+            let y = 24.0 + row * s as f64;
+            let _ = writeln!(o, r#"<text x="4" y="{}">stage {s}</text>"#, y + row * 0.6);
+            for (w, start, end) in spans {
+                let (fill, color) = if w.pass == Pass::Forward { ("#9ecae1", "#000") } else { ("#3182bd", "#fff") };
+                let x = left + start * scale;
+                let wd = ((end - start) * scale).max(1.0);
+                let _ = writeln!(
+                    o,
+                    r##"<rect x="{x:.1}" y="{y:.1}" width="{wd:.1}" height="{:.1}" fill="{fill}" stroke="#fff"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{}</text>"##,
+                    row - 4.0,
+                    x + wd / 2.0,
+                    y + row * 0.6,
+                    w.micro
+                );
+            }
+        }
+        o.push_str("</svg>\n");
+        o
+    }
+}
+
+/// MindSpore's `parameter_layout_dict` on global rank `rank` of a pipeline job: every network
+/// input and parameter laid out on its stage's devices, and for a parameter that several
+/// stages use (a shared parameter) the pipeline fields: `pipeline_shared`; `is_send` on the
+/// first stage using it, which owns the master copy, with `peer_rank` the same position on the
+/// next stage using it; on the others `peer_rank` is the owner's rank; `sr_tag` numbers the
+/// shared parameters from 1 in graph order.
+pub fn pipeline_layout_dict(pp: &PipelinePlan, rank: usize) -> Vec<(String, autopar_layout::ParameterLayout)> {
+    let (stage, pos) = pp.place(rank);
+    let d = pp.stage_devices();
+    let shared: Vec<(String, Vec<usize>)> = pp.param_stages().into_iter().filter(|(_, s)| s.len() > 1).collect();
+    crate::report::parameter_layout_dict(&pp.plan)
+        .into_iter()
+        .map(|(name, mut l)| {
+            if let Some(k) = shared.iter().position(|(n, _)| *n == name) {
+                let stages = &shared[k].1;
+                l.pipeline_shared = true;
+                l.sr_tag = k as i64 + 1;
+                l.is_send = stage == stages[0];
+                l.peer_rank = if l.is_send { stages[1] * d + pos } else { stages[0] * d + pos } as i64;
+            }
+            (name, l)
+        })
+        .collect()
+}
