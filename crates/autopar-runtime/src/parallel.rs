@@ -12,7 +12,7 @@ use autopar_graph::{Graph, NodeId};
 use autopar_layout::Block;
 use autopar_parallel::{plan_hybrid, plan_job, ParallelContext, ParallelMode, ParallelPlan, PlanRequest, RankProgram, StrategyItems};
 use autopar_tensor::kernels::shape as sh;
-use autopar_tensor::{DType, ExecCtx, Tensor};
+use autopar_tensor::{ExecCtx, Tensor};
 
 use crate::collective::CommGroups;
 use crate::error::{CommPhase, Result, RuntimeError};
@@ -302,20 +302,7 @@ impl RankTrainer {
 /// replicas start equal whatever each rank initialised.
 fn broadcast_parameters(program: &RankProgram, groups: &CommGroups, params: &mut ParamStore) -> Result<()> {
     for p in program.params.iter().filter(|p| p.mirror.len() > 1) {
-        let comm = groups.get(&p.mirror)?;
-        let t = params.require(&p.name)?;
-        let (shape, dtype) = (t.shape().to_vec(), t.dtype());
-        let c = RuntimeError::comm(CommPhase::ParameterBroadcast { name: p.name.clone() });
-        let k = |e| RuntimeError::Kernel { kind: "Broadcast", name: p.name.clone(), source: Box::new(e) };
-        let out = if dtype == DType::F64 {
-            let mut v = t.to_vec::<f64>().map_err(k)?;
-            comm.broadcast((&mut v).into(), 0).map_err(c)?;
-            Tensor::from_vec(&shape, v).map_err(k)?
-        } else {
-            let mut v = t.cast(DType::F32).to_vec::<f32>().map_err(k)?;
-            comm.broadcast((&mut v).into(), 0).map_err(c)?;
-            Tensor::from_vec(&shape, v).map_err(k)?.cast(dtype)
-        };
+        let out = crate::collective::broadcast_tensor(groups.get(&p.mirror)?, params.require(&p.name)?, &p.name)?;
         params.insert(&p.name, out);
     }
     Ok(())

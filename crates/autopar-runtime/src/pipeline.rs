@@ -20,7 +20,7 @@ use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::{Executor, MicroBatch, ParamStore};
 use crate::optim::Optimizer;
 use crate::parallel::{assemble_slices, slice_tensor};
-use crate::train::{finite_loss, sync_bucket, BucketBuffer};
+use crate::train::{accumulate_into, finite_loss, sync_bucket, BucketBuffer};
 
 /// A pipeline job: the network (built for one micro-batch), planned into stages.
 #[derive(Clone, Debug)]
@@ -181,18 +181,7 @@ impl StageTrainer {
     pub fn sync_shared_parameters(&mut self) -> Result<()> {
         for (names, comm) in &self.shared {
             for name in names {
-                let t = self.params.require(name)?;
-                let c = RuntimeError::comm(CommPhase::ParameterBroadcast { name: name.clone() });
-                let k = |e| RuntimeError::Kernel { kind: "Broadcast", name: name.clone(), source: Box::new(e) };
-                let out = if t.dtype() == DType::F32 {
-                    let mut v = t.to_vec::<f32>().map_err(k)?;
-                    comm.broadcast((&mut v).into(), 0).map_err(c)?;
-                    Tensor::from_vec(t.shape(), v).map_err(k)?
-                } else {
-                    let mut v = t.to_f64_vec();
-                    comm.broadcast((&mut v).into(), 0).map_err(c)?;
-                    Tensor::from_vec(t.shape(), v).map_err(k)?.cast(t.dtype())
-                };
+                let out = crate::collective::broadcast_tensor(comm.as_ref(), self.params.require(name)?, name)?;
                 self.params.insert(name, out);
             }
         }
@@ -276,14 +265,7 @@ impl StageTrainer {
                     let mut values = out.values.into_iter();
                     let n_back = self.program.grad_out.iter().flatten().count();
                     grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
-                    for (a, g) in acc.iter_mut().zip(values) {
-                        *a = Some(match a.take() {
-                            None => g,
-                            Some(prev) => autopar_tensor::kernels::elementwise::add(&ExecCtx::serial(), &prev, &g).map_err(|e| {
-                                RuntimeError::Kernel { kind: "Add", name: "gradient accumulation".into(), source: Box::new(e) }
-                            })?,
-                        });
-                    }
+                    accumulate_into(&mut acc, values)?;
                 }
                 Action::Send { work, peer } => {
                     let dest = peer * d + rank % d;
@@ -483,16 +465,17 @@ where
 pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local: &ParamStore) -> Result<ParamStore> {
     let plan = &job.plan;
     let param_stages = plan.param_stages();
-    // What rank r holds, in plan order, and its element count: every rank computes the same.
-    let held = |r: usize| -> Vec<&autopar_parallel::ParamPlan> {
-        let (stage, _) = plan.place(r);
-        plan.plan.params.iter().filter(|p| param_stages.iter().any(|(n, s)| *n == p.name && s.contains(&stage))).collect()
-    };
-    let len = |r: usize| -> usize { held(r).iter().map(|p| p.layout.slice_shape().iter().product::<usize>()).sum() };
+    // What each stage's ranks hold, in plan order: every rank computes the same.
+    let by_stage: Vec<Vec<&autopar_parallel::ParamPlan>> = (0..plan.stages)
+        .map(|stage| plan.plan.params.iter().filter(|p| param_stages.iter().any(|(n, s)| *n == p.name && s.contains(&stage))).collect())
+        .collect();
+    let held = |r: usize| &by_stage[plan.place(r).0];
+    let len =
+        |held: &Vec<&autopar_parallel::ParamPlan>| -> usize { held.iter().map(|p| p.layout.slice_shape().iter().product::<usize>()).sum() };
     let n = world.size();
-    let width = (0..n).map(len).max().unwrap_or(0);
+    let width = by_stage.iter().map(len).max().unwrap_or(0);
     let mut mine = Vec::with_capacity(width);
-    for p in held(world.rank()) {
+    for p in held(world.rank()).iter() {
         mine.extend(local.require(&p.name)?.to_f64_vec());
     }
     mine.resize(width, 0.0);
@@ -501,7 +484,7 @@ pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local
     let mut stores = vec![ParamStore::new(); n];
     for (r, store) in stores.iter_mut().enumerate() {
         let mut at = r * width;
-        for p in held(r) {
+        for p in held(r).iter() {
             let shape = p.layout.slice_shape();
             let count: usize = shape.iter().product();
             let t = Tensor::from_vec(&shape, all[at..at + count].to_vec()).map_err(|e| RuntimeError::Kernel {

@@ -115,24 +115,12 @@ impl TrainStep {
         let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
         let mut loss = 0.0;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.program.grads.len()];
-        let add = |a: &Tensor, b: &Tensor| {
-            autopar_tensor::kernels::elementwise::add(&ExecCtx::serial(), a, b).map_err(|e| RuntimeError::Kernel {
-                kind: "Add",
-                name: "gradient accumulation".into(),
-                source: Box::new(e),
-            })
-        };
         for (index, feeds) in micro_feeds.iter().enumerate() {
             let micro = crate::executor::MicroBatch { index, count };
             let out = self.executor.run_micro(params, feeds, self.step, collectives, micro)?;
             let mut values = out.values.into_iter();
             loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
-            for (a, g) in acc.iter_mut().zip(values) {
-                *a = Some(match a.take() {
-                    None => g,
-                    Some(prev) => add(&prev, &g)?,
-                });
-            }
+            accumulate_into(&mut acc, values)?;
         }
         self.step += 1;
         let mut grads = Vec::with_capacity(acc.len());
@@ -172,6 +160,20 @@ impl TrainStep {
         opt.step(params, &grads)?;
         finite_loss(loss.to_f64_vec().iter().sum::<f64>(), self.step)
     }
+}
+
+/// Add each of `values` to its slot of `acc` (gradient accumulation over micro-batches; an
+/// empty slot takes the value).
+pub(crate) fn accumulate_into(acc: &mut [Option<Tensor>], values: impl IntoIterator<Item = Tensor>) -> Result<()> {
+    for (a, g) in acc.iter_mut().zip(values) {
+        *a =
+            Some(match a.take() {
+                None => g,
+                Some(prev) => autopar_tensor::kernels::elementwise::add(&ExecCtx::serial(), &prev, &g)
+                    .map_err(|e| RuntimeError::Kernel { kind: "Add", name: "gradient accumulation".into(), source: Box::new(e) })?,
+            });
+    }
+    Ok(())
 }
 
 /// A gradient bucket as the step runs it: where its gradients sit among the program's, and

@@ -30,7 +30,7 @@ use autopar_checkpoint::StrategyFile;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
 use autopar_graph::{Graph, NodeId, OpKind};
-use autopar_parallel::{ParallelContext, ParallelMode, ParamSlot};
+use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
 pub use self::ckpt::{
@@ -825,7 +825,7 @@ impl Trainer {
                     trainer.sync_shared_parameters()?;
                     p
                 }
-                Some(merged) => self.restore_merged(&mut trainer, opt.as_mut(), r, merged, &plan.trainable)?,
+                Some(merged) => self.restore_merged(&trainer, opt.as_mut(), r, merged, &plan.trainable)?,
             };
             continue_counters(&mut trainer, opt.as_mut(), p.step)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
@@ -974,7 +974,7 @@ impl Trainer {
     /// from it when the rank was built).
     fn restore_merged(
         &self,
-        trainer: &mut Worker,
+        trainer: &Worker,
         opt: &mut dyn Optimizer,
         r: &Resume,
         merged: &ParamStore,
@@ -983,8 +983,7 @@ impl Trainer {
         if r.pos.step == 0 {
             return Ok(r.pos.clone());
         }
-        let slots: Vec<ParamSlot> = trainer.param_slots().into_iter().cloned().collect();
-        for slot in &slots {
+        for slot in trainer.param_slots() {
             if !trainable.contains(&slot.name) {
                 continue;
             }
