@@ -597,22 +597,17 @@ impl ParallelContext {
     /// Reject options whose behaviour autopar does not implement yet (never ignore them).
     pub fn check_supported(&self) -> Result<()> {
         let unsupported = |option: &str, value: String| Err(ParallelError::NotSupportedYet { option: option.to_string(), value });
-        if self.enable_parallel_optimizer {
-            return unsupported("enable_parallel_optimizer", "true".into());
+        if self.enable_parallel_optimizer && self.parallel_mode == ParallelMode::HybridParallel {
+            return unsupported("enable_parallel_optimizer", "true under hybrid_parallel (its graphs are written by hand)".into());
         }
-        if self.is_set("parallel_optimizer_config") {
-            return unsupported("parallel_optimizer_config", "(it configures enable_parallel_optimizer)".into());
-        }
-        for kind in ["comm_fusion.allgather", "comm_fusion.reducescatter"] {
-            if self.is_set(kind) {
-                return unsupported(kind, "(all-gather and reduce-scatter fusion come with enable_parallel_optimizer)".into());
-            }
+        if self.enable_parallel_optimizer && self.pipeline_stages > 1 {
+            return unsupported("enable_parallel_optimizer", format!("true with pipeline_stages={}", self.pipeline_stages));
         }
         if self.pipeline_result_broadcast {
             return unsupported("pipeline_result_broadcast", "true".into());
         }
-        if !self.group_ckpt_save_file.is_empty() {
-            return unsupported("group_ckpt_save_file", format!("{:?}", self.group_ckpt_save_file));
+        if !self.group_ckpt_save_file.is_empty() && (self.parallel_mode == ParallelMode::HybridParallel || self.pipeline_stages > 1) {
+            return unsupported("group_ckpt_save_file", format!("{:?} under hybrid_parallel or pipelines", self.group_ckpt_save_file));
         }
         Ok(())
     }
@@ -875,23 +870,33 @@ mod tests {
 
     #[test]
     fn unimplemented_behaviour_is_rejected_not_ignored() {
-        for (k, v, mode) in [
-            ("pipeline_result_broadcast", json!(true), "semi_auto_parallel"),
-            ("enable_parallel_optimizer", json!(true), "semi_auto_parallel"),
-            ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": 0}), "data_parallel"),
-            ("comm_fusion", json!({"allgather": {"mode": "auto"}}), "semi_auto_parallel"),
-            ("comm_fusion", json!({"reducescatter": {"mode": "size", "config": 4}}), "data_parallel"),
-            ("group_ckpt_save_file", json!("groups.pb"), "semi_auto_parallel"),
+        let opt = ("enable_parallel_optimizer", json!(true));
+        for (settings, mode) in [
+            (vec![("pipeline_result_broadcast", json!(true))], "semi_auto_parallel"),
+            (vec![opt.clone()], "hybrid_parallel"),
+            (vec![opt.clone(), ("pipeline_stages", json!(2))], "semi_auto_parallel"),
+            (vec![("group_ckpt_save_file", json!("groups.pb"))], "hybrid_parallel"),
         ] {
             let mut c = ParallelContext::default();
             c.set("device_num", &json!(8)).unwrap();
             c.set("parallel_mode", &json!(mode)).unwrap();
-            c.set(k, &v).unwrap();
+            for (k, v) in &settings {
+                c.set(k, v).unwrap();
+            }
             c.validate().unwrap();
             let e = c.check_supported().unwrap_err();
             assert!(matches!(e, ParallelError::NotSupportedYet { .. }), "{e}");
             assert!(e.to_string().contains("not supported yet"), "{e}");
         }
+        // The parallel optimizer and its fusion options are accepted where they are built.
+        let mut c = ParallelContext::default();
+        c.set("device_num", &json!(8)).unwrap();
+        c.set("parallel_mode", &json!("data_parallel")).unwrap();
+        c.set("enable_parallel_optimizer", &json!(true)).unwrap();
+        c.set("comm_fusion", &json!({"reducescatter": {"mode": "size", "config": 4}})).unwrap();
+        c.set("group_ckpt_save_file", &json!("groups.pb")).unwrap();
+        c.validate().unwrap();
+        c.check_supported().unwrap();
     }
 
     #[test]

@@ -18,12 +18,15 @@
 //! * [`pipeline`]: pipeline stages (from the model or cut by FLOPs), the schedules (GPipe,
 //!   1F1B, interleaved) as data with a simulator that checks them under blocking sends, and
 //!   [`pipeline::stage_program`]: one rank's stage of a pipeline job.
+//! * [`optimizer_shard`]: the parallel optimizer: which parameters are sharded over which
+//!   ranks (and why the others are not), and their fused all-gathers and reduce-scatters.
 //! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
 //!   and group, memory.
 
 pub mod context;
 pub mod cost;
 pub mod error;
+pub mod optimizer_shard;
 pub mod pipeline;
 pub mod plan;
 pub mod planner;
@@ -38,12 +41,13 @@ pub use context::{
 };
 pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};
+pub use optimizer_shard::{group_name, OptDecision, OptShard, ShardBucketPlan};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{
     compare_searches, fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, strategy_item_names, PlanRequest, StrategyItems,
     DEFAULT_FUSION_BYTES,
 };
-pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram};
+pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram, RankShardBucket, SlotShard};
 pub use report::parameter_layout_dict;
 pub use search::{DeviceProfile, OpChoice, Search, SearchReport};
 pub use testing::assign_random_strategies;

@@ -9,6 +9,7 @@ use autopar_graph::{DType, Graph, NodeId, OpKind};
 use autopar_layout::{group_of, DeviceAxis, RedistributionPlan, Step, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
+use crate::optimizer_shard::{OptDecision, ShardBucketPlan};
 
 /// Where an op's strategy came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,12 +171,42 @@ pub struct ParamPlan {
     /// Axes along which ranks hold the same slice: the gradient is summed over them (the
     /// mirror group). Empty: this rank's own slice.
     pub mirror: Vec<DeviceAxis>,
+    /// What the parallel optimizer does with it (`enable_parallel_optimizer`).
+    pub opt: OptDecision,
 }
 
 impl ParamPlan {
     /// The mirror group of `rank` (ascending).
     pub fn mirror_group(&self, rank: usize) -> Vec<usize> {
         sorted_group(rank, &self.mirror)
+    }
+
+    /// The piece of the full tensor `rank` stores between steps: its model-parallel slice, or
+    /// the rank's dimension-0 part of it when the optimizer shards the parameter.
+    pub fn stored_slice(&self, rank: usize) -> Result<Vec<std::ops::Range<usize>>, autopar_layout::LayoutError> {
+        let mp = self.layout.slice_of(rank)?;
+        Ok(match self.opt.shard() {
+            Some(s) => s.piece(&mp, rank),
+            None => mp,
+        })
+    }
+
+    /// The shape of [`ParamPlan::stored_slice`].
+    pub fn stored_shape(&self) -> Vec<usize> {
+        let mut shape = self.layout.slice_shape();
+        if let (Some(s), Some(d0)) = (self.opt.shard(), shape.first_mut()) {
+            *d0 /= s.size;
+        }
+        shape
+    }
+
+    /// One rank per distinct stored piece (the lowest holding it).
+    pub fn stored_owners(&self) -> Vec<usize> {
+        let owners = self.layout.slice_owners();
+        match self.opt.shard() {
+            Some(s) => owners.iter().flat_map(|&o| s.group(o)).collect(),
+            None => owners,
+        }
     }
 }
 
@@ -209,6 +240,11 @@ pub struct GradientPlan {
     /// semi_auto_parallel: MindSpore's mirror mean).
     pub mirror_mean: bool,
     pub buckets: Vec<BucketPlan>,
+    /// Parallel optimizer: the gradients of sharded parameters reduce-scattered over their
+    /// shard groups (before `buckets` all-reduce them over the other replicas).
+    pub reduce_scatter: Vec<ShardBucketPlan>,
+    /// Parallel optimizer: the sharded values all-gathered before each step's forward pass.
+    pub all_gather: Vec<ShardBucketPlan>,
 }
 
 /// Every parallel decision of one job.

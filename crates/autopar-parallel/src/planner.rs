@@ -28,6 +28,7 @@ use autopar_layout::{plan_with, DeviceAxis, DeviceMatrix, Strategy, TensorLayout
 use crate::context::SearchMode;
 use crate::context::{DatasetStrategy, FusionMode, ParallelContext, ParallelMode};
 use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result, TransferProblem};
+use crate::optimizer_shard::{self, OptDecision};
 use crate::plan::{BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 use crate::search::{DeviceProfile, Search, SearchRow};
 
@@ -315,8 +316,10 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             let node = graph.node(id);
             let OpKind::Parameter(p) = &node.op else { return None };
             let layout = nodes_plan[id.0].output.clone();
-            let mirror = layout.replica_axes().iter().map(|&a| layout.mesh().axis(a)).collect();
-            Some(ParamPlan { name: node.name.clone(), node: id, layout, dtype: p.dtype, trainable: p.trainable, mirror })
+            let mirror: Vec<DeviceAxis> = layout.replica_axes().iter().map(|&a| layout.mesh().axis(a)).collect();
+            let bytes = layout.shape().iter().product::<usize>() * p.dtype.size();
+            let opt = optimizer_shard::decide(&layout.slice_shape(), bytes, &mirror, p.trainable && req.loss.is_some(), ctx);
+            Some(ParamPlan { name: node.name.clone(), node: id, layout, dtype: p.dtype, trainable: p.trainable, mirror, opt })
         })
         .collect();
     let loss_seed = match mode {
@@ -324,7 +327,13 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
         ParallelMode::DataParallel if ctx.gradients_mean => 1.0 / n as f64,
         _ => 1.0,
     };
-    let gradients = GradientPlan { loss_seed, mirror_mean: mode.is_auto() && ctx.gradients_mean, buckets: fusion_buckets(&params, ctx) };
+    let gradients = GradientPlan {
+        loss_seed,
+        mirror_mean: mode.is_auto() && ctx.gradients_mean,
+        buckets: fusion_buckets(&params, ctx),
+        reduce_scatter: optimizer_shard::shard_buckets(&params, ctx, false, |d| gradient_comm_dtype(d, ctx)),
+        all_gather: optimizer_shard::shard_buckets(&params, ctx, true, |d| d),
+    };
     Ok(ParallelPlan {
         device_num: n,
         mode,
@@ -605,7 +614,11 @@ fn gradient_comm_dtype(dtype: autopar_graph::DType, ctx: &ParallelContext) -> au
 /// dtype); the index mode cuts the list of such parameters before the given indices;
 /// `openstate = false` gives every parameter its own all-reduce.
 pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext) -> Vec<BucketPlan> {
-    let synced: Vec<&ParamPlan> = params.iter().filter(|p| p.trainable && p.mirror.iter().map(|a| a.size).product::<usize>() > 1).collect();
+    // The parallel optimizer synchronises the gradients of the parameters it shards.
+    let synced: Vec<&ParamPlan> = params
+        .iter()
+        .filter(|p| p.trainable && p.opt.shard().is_none() && p.mirror.iter().map(|a| a.size).product::<usize>() > 1)
+        .collect();
     let fusion = &ctx.comm_fusion;
     let limit = match (&fusion.allreduce, fusion.openstate) {
         (_, false) => 0,
@@ -621,18 +634,18 @@ pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext) -> Vec<Bucket
     let mut open: HashMap<(Vec<DeviceAxis>, autopar_graph::DType), usize> = HashMap::new();
     for (i, p) in synced.iter().enumerate() {
         let dtype = gradient_comm_dtype(p.dtype, ctx);
-        let elements = p.layout.slice_len();
+        let (axes, elements) = (p.mirror.clone(), p.layout.slice_len());
         if boundaries.contains(&i) {
             open.clear();
         }
-        let key = (p.mirror.clone(), dtype);
+        let key = (axes.clone(), dtype);
         let fits = open.get(&key).is_some_and(|&b| buckets[b].bytes() + elements * dtype.size() <= limit);
         if fits {
             let b = open[&key];
             buckets[b].params.push(p.name.clone());
             buckets[b].elements += elements;
         } else {
-            buckets.push(BucketPlan { mirror: p.mirror.clone(), dtype, params: vec![p.name.clone()], elements });
+            buckets.push(BucketPlan { mirror: axes, dtype, params: vec![p.name.clone()], elements });
             open.insert(key, buckets.len() - 1);
         }
     }
@@ -765,7 +778,13 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
     }
     let nodes = (0..graph.len()).map(|i| replicated_plan(&graph, NodeId(i), &flat)).collect();
     let loss_seed = if ctx.gradients_mean { 1.0 / n as f64 } else { 1.0 };
-    let gradients = GradientPlan { loss_seed, mirror_mean: false, buckets: fusion_buckets(&params, ctx) };
+    let gradients = GradientPlan {
+        loss_seed,
+        mirror_mean: false,
+        buckets: fusion_buckets(&params, ctx),
+        reduce_scatter: Vec::new(),
+        all_gather: Vec::new(),
+    };
     Ok(ParallelPlan {
         device_num: n,
         mode: ParallelMode::HybridParallel,
@@ -802,6 +821,7 @@ fn hybrid_param(node: &Node, id: NodeId, p: &autopar_graph::ops::Parameter, flat
         dtype: p.dtype,
         trainable: p.trainable,
         mirror,
+        opt: OptDecision::Disabled,
     }
 }
 

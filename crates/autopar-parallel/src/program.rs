@@ -20,12 +20,51 @@ pub struct ParamSlot {
     /// The parameter's node in the plan's graph and in the local program.
     pub global: NodeId,
     pub local: NodeId,
+    /// The model-parallel layout (the forward pass uses the rank's slice of it).
     pub layout: TensorLayout,
-    /// This rank's slice of the full parameter.
+    /// The piece of the full parameter this rank stores between steps: its model-parallel
+    /// slice, or the rank's part of it when the optimizer shards the parameter.
     pub slice: Vec<Range<usize>>,
-    /// Ranks holding the same slice: the gradient is summed over them.
+    /// Ranks storing the same piece: its gradient is all-reduced over them.
     pub mirror: Vec<usize>,
     pub trainable: bool,
+    /// The parallel optimizer's shard: the value is all-gathered over `group` before use.
+    pub shard: Option<SlotShard>,
+}
+
+impl ParamSlot {
+    /// The shape of what the rank stores ([`ParamSlot::slice`]).
+    pub fn stored_shape(&self) -> Vec<usize> {
+        self.slice.iter().map(|r| r.len()).collect()
+    }
+}
+
+/// A rank's place in a parameter's optimizer shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotShard {
+    /// The shard group (world ranks, ascending).
+    pub group: Vec<usize>,
+    /// This rank's position in it: its dimension-0 piece of the model-parallel slice.
+    pub index: usize,
+}
+
+/// Sharded parameters whose values are all-gathered (over their shard group) or gradients
+/// reduce-scattered (over their whole replica group, then all-gathered over `rest`, see
+/// [`crate::ShardBucketPlan`]) together: the group, this rank's position in it, the
+/// dtype, the parameters in packing order, and the factor applied after a reduce-scatter's sum
+/// (the mirror mean, or 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankShardBucket {
+    pub group: Vec<usize>,
+    pub index: usize,
+    /// Reduce-scatter buckets: the ranks holding the same shard (ascending; this rank alone
+    /// when the shard group is the whole replica group).
+    pub rest: Vec<usize>,
+    /// Ranks in the shard group.
+    pub shard_size: usize,
+    pub dtype: DType,
+    pub params: Vec<String>,
+    pub scale: f64,
 }
 
 /// A network input of a rank's program.
@@ -67,6 +106,14 @@ pub struct RankProgram {
     pub grads: Vec<(String, NodeId)>,
     pub params: Vec<ParamSlot>,
     pub inputs: Vec<InputSlot>,
+    /// Parallel optimizer: sharded values gathered before the forward pass.
+    pub all_gather: Vec<RankShardBucket>,
+    /// Parallel optimizer: gradients of sharded parameters reduce-scattered after the backward
+    /// pass (before `buckets`).
+    pub reduce_scatter: Vec<RankShardBucket>,
+    /// Gradient accumulation reduce-scatters each micro-batch's gradients of sharded
+    /// parameters (`gradient_accumulation_shard`), not their sum.
+    pub accumulation_shard: bool,
     /// Gradient synchronisation after the backward pass, in order.
     pub buckets: Vec<RankBucket>,
     /// Every group partition the program's collectives use, in first-use order. Every rank
@@ -224,7 +271,10 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             let id = em.add(&node.name, op, &[])?;
             let slice = np.output.slice_of(rank).map_err(layout_err(&node.name))?;
             if let OpKind::Parameter(p) = &node.op {
-                let mirror = np.output.replica_group(rank).map_err(layout_err(&node.name))?;
+                let (slice, mirror, shard) = match plan.param(&node.name).and_then(|pp| pp.opt.shard()) {
+                    Some(s) => (s.piece(&slice, rank), s.rest_group(rank), Some(SlotShard { group: s.group(rank), index: s.index(rank) })),
+                    None => (slice, np.output.replica_group(rank).map_err(layout_err(&node.name))?, None),
+                };
                 params.push(ParamSlot {
                     name: node.name.clone(),
                     global: NodeId(i),
@@ -233,6 +283,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
                     slice,
                     mirror,
                     trainable: p.trainable,
+                    shard,
                 });
             } else {
                 inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice });
@@ -303,10 +354,46 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let Emitter { graph: mut g, mut partitions, .. } = em;
     g.outputs = outputs.clone();
     let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
+    let (all_gather, reduce_scatter) = shard_buckets(plan, &mut partitions);
     let buckets = rank_buckets(plan, &mut partitions);
     note_broadcast_groups(plan, &mut partitions);
     let partitions = partitions.list;
-    Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
+    Ok(RankProgram {
+        rank,
+        device_num: n,
+        mode: plan.mode,
+        graph: g,
+        outputs,
+        loss,
+        grads,
+        params,
+        inputs,
+        accumulation_shard: !reduce_scatter.is_empty() && plan.context.parallel_optimizer_config.gradient_accumulation_shard,
+        all_gather,
+        reduce_scatter,
+        buckets,
+        partitions,
+    })
+}
+
+/// The plan's all-gather and reduce-scatter buckets resolved for the rank (their groups
+/// noted as partitions). A reduce-scatter sums over the whole replica group and applies its
+/// mirror mean.
+fn shard_buckets(plan: &ParallelPlan, partitions: &mut Partitions) -> (Vec<RankShardBucket>, Vec<RankShardBucket>) {
+    if plan.loss.is_none() {
+        return (Vec::new(), Vec::new());
+    }
+    let rank = partitions.rank;
+    let mut resolve = |b: &crate::optimizer_shard::ShardBucketPlan, mean: bool| {
+        let group = partitions.note(&b.axes);
+        let rest = partitions.note(&b.rest);
+        let index = group.iter().position(|&r| r == rank).expect("a rank is in its own group");
+        let scale = if mean { 1.0 / group.len() as f64 } else { 1.0 };
+        RankShardBucket { group, index, rest, shard_size: b.shard_size, dtype: b.dtype, params: b.params.clone(), scale }
+    };
+    let gather = plan.gradients.all_gather.iter().map(|b| resolve(b, false)).collect();
+    let scatter = plan.gradients.reduce_scatter.iter().map(|b| resolve(b, plan.gradients.mirror_mean)).collect();
+    (gather, scatter)
 }
 
 /// The loss node of a training program and the gradient node of every trainable parameter.
@@ -354,7 +441,7 @@ fn rank_buckets(plan: &ParallelPlan, partitions: &mut Partitions) -> Vec<RankBuc
 fn note_broadcast_groups(plan: &ParallelPlan, partitions: &mut Partitions) {
     if plan.context.parameter_broadcast {
         for p in &plan.params {
-            partitions.note(&p.mirror);
+            partitions.note(p.opt.shard().map_or(&p.mirror, |s| &s.rest));
         }
     }
 }
@@ -386,6 +473,7 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
                 slice,
                 mirror: if shared { (0..n).collect() } else { vec![rank] },
                 trainable: p.trainable,
+                shard: None,
             });
         } else if let OpKind::Input(_) = &node.op {
             inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice });
@@ -403,7 +491,22 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let buckets = rank_buckets(plan, &mut partitions);
     note_broadcast_groups(plan, &mut partitions);
     let partitions = partitions.list;
-    Ok(RankProgram { rank, device_num: n, mode: plan.mode, graph: g, outputs, loss, grads, params, inputs, buckets, partitions })
+    Ok(RankProgram {
+        rank,
+        device_num: n,
+        mode: plan.mode,
+        graph: g,
+        outputs,
+        loss,
+        grads,
+        params,
+        inputs,
+        all_gather: Vec::new(),
+        reduce_scatter: Vec::new(),
+        accumulation_shard: false,
+        buckets,
+        partitions,
+    })
 }
 
 /// `force_fp32_communication` in a hand-written graph: every communication op on f16/bf16

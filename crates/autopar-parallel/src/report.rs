@@ -13,48 +13,57 @@ use crate::cost::RankCost;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 use crate::search::SearchReport;
 
-/// MindSpore's `parameter_layout_dict` of a plan: the 12-tuple of every network input and
-/// parameter, in graph order (what `Cell.parameter_layout_dict` prints after compiling; the
-/// optimizer-shard fields are empty: autopar does not shard optimizer state yet; a pipeline's
-/// fields come from `pipeline::pipeline_layout_dict`).
-pub fn parameter_layout_dict(plan: &ParallelPlan) -> Vec<(String, autopar_layout::ParameterLayout)> {
-    plan.nodes
-        .iter()
-        .filter(|p| matches!(plan.graph.node(p.id).op, OpKind::Input(_) | OpKind::Parameter(_)))
-        .map(|p| {
-            let l = &p.output;
-            let dims = l.mesh().dims();
-            let mut after = Vec::new();
-            for (d, axes) in l.dim_axes().iter().enumerate() {
-                let full = l.shape()[d];
-                if axes.len() <= 1 {
-                    after.push(full / l.split(d));
-                } else {
-                    // A dimension over several axes is viewed as one dimension per axis.
-                    let lead: usize = axes[..axes.len() - 1].iter().map(|&a| dims[a]).product();
-                    after.extend(std::iter::repeat_n(1, axes.len() - 1));
-                    after.push(full / lead / dims[axes[axes.len() - 1]]);
-                }
+/// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
+/// input and parameter, in graph order, each trainable parameter followed by its optimizer
+/// state (`state_keys` names it; MindSpore lists `moments.*`, `adam_m.*`, ... with their
+/// parameter's layout). Field 5 names the rank's optimizer-shard group as MindSpore does
+/// ([`crate::group_name`]); a pipeline's fields 8-11 come from `pipeline::pipeline_layout_dict`.
+pub fn parameter_layout_dict(
+    plan: &ParallelPlan,
+    rank: usize,
+    state_keys: &dyn Fn(&str) -> Vec<String>,
+) -> Vec<(String, autopar_layout::ParameterLayout)> {
+    let mut out = Vec::new();
+    for p in plan.nodes.iter().filter(|p| matches!(plan.graph.node(p.id).op, OpKind::Input(_) | OpKind::Parameter(_))) {
+        let l = &p.output;
+        let dims = l.mesh().dims();
+        let mut after = Vec::new();
+        for (d, axes) in l.dim_axes().iter().enumerate() {
+            let full = l.shape()[d];
+            if axes.len() <= 1 {
+                after.push(full / l.split(d));
+            } else {
+                // A dimension over several axes is viewed as one dimension per axis.
+                let lead: usize = axes[..axes.len() - 1].iter().map(|&a| dims[a]).product();
+                after.extend(std::iter::repeat_n(1, axes.len() - 1));
+                after.push(full / lead / dims[axes[axes.len() - 1]]);
             }
-            (
-                p.name.clone(),
-                autopar_layout::ParameterLayout {
-                    dev_matrix: dims.to_vec(),
-                    tensor_map: l.tensor_map().flattened(),
-                    slice_shape: l.slice_shape(),
-                    field_size: 0,
-                    uniform_split: true,
-                    opt_shard_group: String::new(),
-                    full_shape: l.shape().to_vec(),
-                    after_reshape_slice_shape: after,
-                    pipeline_shared: false,
-                    is_send: false,
-                    peer_rank: 0,
-                    sr_tag: 0,
-                },
-            )
-        })
-        .collect()
+        }
+        let param = plan.param(&p.name);
+        let opt_shard_group =
+            param.and_then(|pp| pp.opt.shard()).map(|s| crate::group_name(&s.group(rank), plan.device_num)).unwrap_or_default();
+        let layout = autopar_layout::ParameterLayout {
+            dev_matrix: dims.to_vec(),
+            tensor_map: l.tensor_map().flattened(),
+            slice_shape: l.slice_shape(),
+            field_size: 0,
+            uniform_split: true,
+            opt_shard_group,
+            full_shape: l.shape().to_vec(),
+            after_reshape_slice_shape: after,
+            pipeline_shared: false,
+            is_send: false,
+            peer_rank: 0,
+            sr_tag: 0,
+        };
+        let states = match param {
+            Some(pp) if pp.trainable && plan.loss.is_some() => state_keys(&p.name),
+            _ => Vec::new(),
+        };
+        out.push((p.name.clone(), layout.clone()));
+        out.extend(states.into_iter().map(|k| (k, layout.clone())));
+    }
+    out
 }
 
 /// A layout as `[2, 4] S(0)R`: the device matrix, then per axis what it does to the tensor.

@@ -97,7 +97,7 @@ pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Pat
             rank,
             dir: src_dir.to_path_buf(),
         })?;
-        let want = slot.layout.slice_shape();
+        let want = slot.stored_shape();
         if t.shape() != want.as_slice() {
             return Err(RuntimeError::ReshardedShape {
                 name: slot.name.clone(),

@@ -25,6 +25,8 @@ pub enum CommPhase {
     Run,
     /// A transfer between pipeline stages.
     PipelineTransfer { what: String },
+    /// The parallel optimizer's all-gather or reduce-scatter of a bucket.
+    OptimizerShard { kind: &'static str, group: Vec<usize> },
 }
 
 impl fmt::Display for CommPhase {
@@ -37,6 +39,7 @@ impl fmt::Display for CommPhase {
             CommPhase::GatherParameters => write!(f, "gathering the parameter slices"),
             CommPhase::Run => write!(f, "the parallel run"),
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
+            CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
         }
     }
 }

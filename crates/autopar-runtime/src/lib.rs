@@ -56,6 +56,7 @@ pub mod executor;
 pub mod optim;
 pub mod parallel;
 pub mod pipeline;
+mod shard;
 pub mod strategy_io;
 pub mod train;
 pub mod trainer;

@@ -188,7 +188,7 @@ impl RankTrainer {
         }
         for p in &program.params {
             let t = params.require(&p.name)?;
-            let want = p.layout.slice_shape();
+            let want = p.stored_shape();
             if t.shape() != want.as_slice() {
                 return Err(RuntimeError::SliceMismatch { name: p.name.clone(), rank: program.rank, shape: want, got: t.shape().to_vec() });
             }
@@ -316,16 +316,18 @@ pub fn assemble_params(job: &ParallelJob, per_rank: &[ParamStore]) -> Result<Par
     }
     let mut full = ParamStore::new();
     for slot in &job.plan().params {
-        full.insert(&slot.name, assemble_slices(&slot.name, &slot.layout, per_rank)?);
+        full.insert(&slot.name, assemble_slices(slot, per_rank)?);
     }
     Ok(full)
 }
 
-/// Parameter `name` whole, written from the slices its `layout` gives each of `per_rank`'s
-/// ranks (one owner per distinct slice), in the dtype of the first owner's slice.
-pub(crate) fn assemble_slices(name: &str, layout: &autopar_layout::TensorLayout, per_rank: &[ParamStore]) -> Result<Tensor> {
-    let owners = layout.slice_owners();
-    let shape = layout.shape().to_vec();
+/// Parameter `p` whole, written from the pieces each of `per_rank`'s ranks stores (its
+/// model-parallel slice, or its optimizer shard of it; one owner per distinct piece), in the
+/// dtype of the first owner's piece.
+pub(crate) fn assemble_slices(p: &autopar_parallel::ParamPlan, per_rank: &[ParamStore]) -> Result<Tensor> {
+    let name = p.name.as_str();
+    let owners = p.stored_owners();
+    let shape = p.layout.shape().to_vec();
     let first = per_rank[owners[0]].require(name)?;
     let lay = |e: autopar_layout::LayoutError| {
         RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: name.to_string(), source: e }))
@@ -334,7 +336,7 @@ pub(crate) fn assemble_slices(name: &str, layout: &autopar_layout::TensorLayout,
     for &o in &owners {
         let piece = per_rank[o].require(name)?;
         let piece = Block::new(piece.shape().to_vec(), piece.to_f64_vec()).map_err(lay)?;
-        values.write(&layout.slice_of(o).map_err(lay)?, &piece).map_err(lay)?;
+        values.write(&p.stored_slice(o).map_err(lay)?, &piece).map_err(lay)?;
     }
     let t = Tensor::from_vec(&shape, values.into_data()).map_err(|e| RuntimeError::Kernel {
         kind: "assemble",

@@ -507,7 +507,7 @@ pub fn assemble_pipeline_params(job: &PipelineJob, per_rank: &[ParamStore]) -> R
     let first_stage: BTreeMap<String, usize> = plan.param_stages().into_iter().filter_map(|(n, s)| s.first().map(|&f| (n, f))).collect();
     for p in &plan.plan.params {
         let Some(&stage) = first_stage.get(&p.name) else { continue };
-        full.insert(&p.name, assemble_slices(&p.name, &p.layout, &per_rank[stage * d..(stage + 1) * d])?);
+        full.insert(&p.name, assemble_slices(p, &per_rank[stage * d..(stage + 1) * d])?);
     }
     Ok(full)
 }

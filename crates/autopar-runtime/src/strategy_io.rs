@@ -4,7 +4,7 @@
 //! optimizer-state tensor of a trainable parameter (`moments.<name>`, `adam_m.<name>`,
 //! `adam_v.<name>`), which has its parameter's layout, so that the rank checkpoints can be
 //! merged and resharded whole by any tool; with `only_trainable_params = false` also the frozen
-//! parameters.
+//! parameters. A parameter the parallel optimizer shards records its shard (step and size).
 
 use std::path::Path;
 
@@ -87,9 +87,13 @@ fn stage_file(
         if p.trainable {
             names.extend(state_keys(&p.name));
         }
+        // The parallel optimizer's shard (MindSpore's opt_weight_shard_step / _size).
+        let (step, size) = p.opt.shard().map_or((0, 0), |s| (s.step as i32, s.configured as i32));
         for name in names {
             layout_items.push(LayoutItem {
                 tensor_shape: Some(l.shape().to_vec()),
+                opt_weight_shard_step: step,
+                opt_weight_shard_size: size,
                 ..LayoutItem::new(name, dev_matrix.clone(), tensor_map.clone())
             });
         }

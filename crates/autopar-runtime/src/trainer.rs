@@ -99,7 +99,7 @@ impl OptimizerKind {
     }
 
     /// The prefixes of the state tensors' names (`moments.` + the parameter's name, ...).
-    fn state_prefixes(&self) -> &'static [&'static str] {
+    pub fn state_prefixes(&self) -> &'static [&'static str] {
         match self {
             OptimizerKind::Sgd => &[],
             OptimizerKind::Momentum { .. } => &[crate::optim::MOMENTS],

@@ -237,7 +237,7 @@ pub fn pipeline_layout_dict(pp: &PipelinePlan, rank: usize) -> Vec<(String, auto
     let (stage, pos) = pp.place(rank);
     let d = pp.stage_devices();
     let shared: Vec<(String, Vec<usize>)> = pp.param_stages().into_iter().filter(|(_, s)| s.len() > 1).collect();
-    crate::report::parameter_layout_dict(&pp.plan)
+    crate::report::parameter_layout_dict(&pp.plan, pos, &|_| Vec::new())
         .into_iter()
         .map(|(name, mut l)| {
             if let Some(k) = shared.iter().position(|(n, _)| *n == name) {

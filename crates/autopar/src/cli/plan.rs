@@ -133,7 +133,9 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         }
     }
     if args.mindspore_layouts {
-        for (name, l) in autopar_parallel::parameter_layout_dict(&plan) {
+        let prefixes = optimizer_kind(&args.optimizer, 0.9)?.state_prefixes();
+        let keys = |name: &str| prefixes.iter().map(|p| format!("{p}{name}")).collect();
+        for (name, l) in autopar_parallel::parameter_layout_dict(&plan, rank, &keys) {
             writeln!(out, "{name}: {l}")?;
         }
         return Ok(ExitCode::SUCCESS);

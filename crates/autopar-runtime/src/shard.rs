@@ -1,0 +1,184 @@
+//! The parallel optimizer at run time. A sharded parameter is stored as the rank's dimension-0
+//! piece of its model-parallel slice: [`gather_values`] all-gathers the slices before the
+//! forward pass (fused per bucket), [`scatter_gradients`] reduce-scatters their gradients after
+//! the backward pass, so the optimizer updates, and keeps state for, the piece alone.
+
+use autopar_comm::Communicator;
+use autopar_parallel::{RankProgram, RankShardBucket};
+use autopar_tensor::{DType, ExecCtx, Tensor};
+
+use crate::collective::CommGroups;
+use crate::error::{CommPhase, Result, RuntimeError};
+use crate::executor::{tensor_dtype, ParamStore};
+
+fn kernel(kind: &'static str, name: &str) -> impl FnOnce(autopar_tensor::TensorError) -> RuntimeError {
+    let name = name.to_string();
+    move |e| RuntimeError::Kernel { kind, name, source: Box::new(e) }
+}
+
+fn group_comm<'a>(comm: Option<&'a CommGroups>, b: &RankShardBucket, kind: &'static str) -> Result<&'a dyn Communicator> {
+    comm.ok_or_else(|| RuntimeError::NeedsCommunicator { kind, name: b.params.join(", "), group: b.group.clone() })?.get(&b.group)
+}
+
+/// Replaces every sharded parameter's stored piece in `params` by its model-parallel slice,
+/// all-gathered over its shard group; returns the pieces, for [`restore_values`]. Collective.
+pub(crate) fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&CommGroups>) -> Result<Vec<(String, Tensor)>> {
+    let mut stored = Vec::new();
+    for b in &program.all_gather {
+        let c = group_comm(comm, b, "AllGather")?;
+        let dtype = tensor_dtype(b.dtype);
+        let mut pieces = Vec::with_capacity(b.params.len());
+        let mut shapes = Vec::with_capacity(b.params.len());
+        for name in &b.params {
+            let slot = program.param(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.clone() })?;
+            let t = params.require(name)?;
+            pieces.push(t.cast(dtype).contiguous());
+            shapes.push(slot.layout.slice_shape());
+        }
+        let full = match dtype {
+            DType::F64 => gather_packed::<f64>(c, b, &pieces, &shapes)?,
+            DType::F32 => gather_packed::<f32>(c, b, &pieces, &shapes)?,
+            DType::F16 => gather_packed::<half::f16>(c, b, &pieces, &shapes)?,
+            DType::BF16 => gather_packed::<half::bf16>(c, b, &pieces, &shapes)?,
+            DType::I32 => gather_packed::<i32>(c, b, &pieces, &shapes)?,
+            DType::I64 => gather_packed::<i64>(c, b, &pieces, &shapes)?,
+        };
+        for (name, t) in b.params.iter().zip(full) {
+            let own = params.require(name)?.dtype();
+            let piece = params.insert(name, if t.dtype() == own { t } else { t.cast(own) });
+            stored.push((name.clone(), piece.expect("required above")));
+        }
+    }
+    Ok(stored)
+}
+
+/// Puts the stored pieces [`gather_values`] returned back in place of the gathered slices.
+pub(crate) fn restore_values(params: &mut ParamStore, stored: Vec<(String, Tensor)>) {
+    for (name, t) in stored {
+        params.insert(&name, t);
+    }
+}
+
+fn gather_packed<T: autopar_tensor::Element + autopar_comm::Element>(
+    comm: &dyn Communicator,
+    b: &RankShardBucket,
+    pieces: &[Tensor],
+    shapes: &[Vec<usize>],
+) -> Result<Vec<Tensor>> {
+    let k = b.group.len();
+    let lens: Vec<usize> = pieces.iter().map(|t| t.numel()).collect();
+    let total: usize = lens.iter().sum();
+    let mut send: Vec<T> = Vec::with_capacity(total);
+    for t in pieces {
+        send.extend_from_slice(t.as_slice::<T>().expect("contiguous, of the bucket's dtype"));
+    }
+    let mut recv = vec![T::default(); total * k];
+    comm.all_gather((&send).into(), (&mut recv).into())
+        .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "all-gather of the sharded parameters", group: b.group.clone() }))?;
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut off = 0;
+    for ((name, len), shape) in b.params.iter().zip(&lens).zip(shapes) {
+        let mut v = Vec::with_capacity(len * k);
+        for r in 0..k {
+            v.extend_from_slice(&recv[r * total + off..r * total + off + len]);
+        }
+        off += len;
+        out.push(Tensor::from_vec(shape, v).map_err(kernel("AllGather", name))?);
+    }
+    Ok(out)
+}
+
+/// Replaces the gradient (a model-parallel slice) of every sharded parameter in `grads` by the
+/// rank's shard of its sum over the replica group, scaled by the bucket's factor. Collective.
+pub(crate) fn scatter_gradients(program: &RankProgram, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
+    for b in &program.reduce_scatter {
+        let c = group_comm(comm, b, "ReduceScatter")?;
+        let rest = if b.rest.len() > 1 {
+            let groups = comm.expect("checked by group_comm");
+            Some(groups.get(&b.rest)?)
+        } else {
+            None
+        };
+        let dtype = tensor_dtype(b.dtype);
+        let idx: Vec<usize> = b
+            .params
+            .iter()
+            .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+            .collect::<Result<_>>()?;
+        let slices: Vec<Tensor> = idx.iter().map(|&i| grads[i].1.cast(dtype).contiguous()).collect();
+        let pieces = match dtype {
+            DType::F64 => scatter_packed::<f64>(c, rest, b, &slices)?,
+            DType::F32 => scatter_packed::<f32>(c, rest, b, &slices)?,
+            DType::F16 => scatter_packed::<half::f16>(c, rest, b, &slices)?,
+            DType::BF16 => scatter_packed::<half::bf16>(c, rest, b, &slices)?,
+            DType::I32 => scatter_packed::<i32>(c, rest, b, &slices)?,
+            DType::I64 => scatter_packed::<i64>(c, rest, b, &slices)?,
+        };
+        for (&i, piece) in idx.iter().zip(pieces) {
+            let (name, g) = &mut grads[i];
+            let piece = if b.scale == 1.0 {
+                piece
+            } else {
+                let wide = if piece.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+                autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &piece.cast(wide), b.scale)
+                    .map_err(kernel("ReduceScatter", name))?
+            };
+            *g = if piece.dtype() == g.dtype() { piece } else { piece.cast(g.dtype()) };
+        }
+    }
+    Ok(())
+}
+
+/// The reduce-scatter of one bucket. With `g` replicas in shard groups of `k` (`r = g / k`
+/// groups), the rank at position `c * k + i` of the replica group (shard index `i`, `c` its
+/// place among the ranks holding shard `i`) receives part `i * r + c` of every gradient (in `g`
+/// parts along dimension 0); the ranks holding shard `i` then all-gather their parts, in order
+/// `c`, into the shard.
+fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
+    comm: &dyn Communicator,
+    rest: Option<&dyn Communicator>,
+    b: &RankShardBucket,
+    slices: &[Tensor],
+) -> Result<Vec<Tensor>> {
+    let g = b.group.len();
+    let k = b.shard_size;
+    let r = g / k;
+    let parts: Vec<usize> = slices.iter().map(|t| t.numel() / g).collect();
+    let total: usize = parts.iter().sum();
+    let mut send: Vec<T> = Vec::with_capacity(total * g);
+    for pos in 0..g {
+        let part = (pos % k) * r + pos / k;
+        for (t, len) in slices.iter().zip(&parts) {
+            send.extend_from_slice(&t.as_slice::<T>().expect("contiguous, of the bucket's dtype")[part * len..(part + 1) * len]);
+        }
+    }
+    let mut mine = vec![T::default(); total];
+    comm.reduce_scatter((&send).into(), (&mut mine).into(), autopar_comm::ReduceOp::Sum)
+        .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "reduce-scatter of the gradients", group: b.group.clone() }))?;
+    let gathered = match rest {
+        Some(rest) => {
+            let mut all = vec![T::default(); total * r];
+            rest.all_gather((&mine).into(), (&mut all).into()).map_err(RuntimeError::comm(CommPhase::OptimizerShard {
+                kind: "all-gather of the gradient parts",
+                group: b.rest.clone(),
+            }))?;
+            all
+        }
+        None => mine,
+    };
+    let mut out = Vec::with_capacity(slices.len());
+    let mut off = 0;
+    for ((name, t), len) in b.params.iter().zip(slices).zip(&parts) {
+        let mut shape = t.shape().to_vec();
+        if let Some(d0) = shape.first_mut() {
+            *d0 /= k;
+        }
+        let mut v = Vec::with_capacity(len * r);
+        for c in 0..r {
+            v.extend_from_slice(&gathered[c * total + off..c * total + off + len]);
+        }
+        off += len;
+        out.push(Tensor::from_vec(&shape, v).map_err(kernel("ReduceScatter", name))?);
+    }
+    Ok(out)
+}
