@@ -25,11 +25,13 @@ pub struct CommVolume {
 /// Memory a rank holds for a step, in bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// This rank's slices of every parameter (trainable and frozen).
+    /// What this rank stores of every parameter (trainable and frozen) between steps: its
+    /// slices, or its optimizer shards of them.
     pub parameters: usize,
     /// Gradients of the trainable slices.
     pub gradients: usize,
-    /// Optimizer state: `slots` tensors per trainable slice (Momentum 1, Adam 2).
+    /// Optimizer state: `slots` tensors per trainable slice, or optimizer shard (Momentum 1,
+    /// Adam 2).
     pub optimizer_state: usize,
     /// The most bytes held by the step's values at once (activations, the gradients as they are
     /// formed, the parameter and input values the graph reads), as the executor schedules them.
@@ -85,20 +87,36 @@ impl RankCost {
             e.0 += 1;
             e.1 += elements * b.dtype.size();
         }
+        // The parallel optimizer's collectives: values gathered to whole slices, gradients
+        // reduce-scattered over the replicas (and their parts gathered over the rest).
+        let slice_elements =
+            |names: &[String]| -> usize { names.iter().filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).sum() };
+        for b in &program.all_gather {
+            let e = comm.entry((Collective::AllGather, b.group.clone())).or_default();
+            e.0 += 1;
+            e.1 += slice_elements(&b.params) * b.dtype.size();
+        }
+        for b in &program.reduce_scatter {
+            let e = comm.entry((Collective::ReduceScatter, b.group.clone())).or_default();
+            e.0 += 1;
+            e.1 += slice_elements(&b.params) * b.dtype.size();
+            if b.rest.len() > 1 {
+                let e = comm.entry((Collective::AllGather, b.rest.clone())).or_default();
+                e.0 += 1;
+                e.1 += slice_elements(&b.params) / b.shard_size * b.dtype.size();
+            }
+        }
         let slice_bytes = |p: &crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
-        let parameters = program.params.iter().map(slice_bytes).sum();
+        let stored_bytes = |p: &crate::program::ParamSlot| p.stored_shape().iter().product::<usize>() * g.node(p.local).ty.dtype.size();
+        let parameters = program.params.iter().map(stored_bytes).sum();
         let gradients: usize = program.params.iter().filter(|p| p.trainable).map(slice_bytes).sum();
+        let state: usize = program.params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
         Ok(RankCost {
             rank: program.rank,
             flops,
             bytes_moved,
             comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
-            memory: Memory {
-                parameters,
-                gradients,
-                optimizer_state: optimizer_slots * gradients,
-                peak_activations: schedule.peak_bytes(g),
-            },
+            memory: Memory { parameters, gradients, optimizer_state: optimizer_slots * state, peak_activations: schedule.peak_bytes(g) },
         })
     }
 

@@ -126,6 +126,34 @@ impl RankProgram {
         self.params.iter().find(|p| p.name == name)
     }
 
+    /// The communication groups of this rank as MindSpore lists them in its group-info file
+    /// (`group_ckpt_save_file`): the groups of the program's collectives in graph order, then
+    /// per trainable parameter its optimizer-shard group and the ranks holding the same shard,
+    /// or its mirror group; each once, without single ranks and the group of every rank.
+    pub fn communication_groups(&self) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let n = self.device_num;
+        let mut push = |g: &[usize]| {
+            let mut g = g.to_vec();
+            g.sort_unstable();
+            if g.len() > 1 && g.len() < n && !out.contains(&g) {
+                out.push(g);
+            }
+        };
+        for node in self.graph.nodes() {
+            if let Some(group) = node.op.collective().and_then(|c| c.group()) {
+                push(group);
+            }
+        }
+        for p in self.params.iter().filter(|p| p.trainable) {
+            if let Some(s) = &p.shard {
+                push(&s.group);
+            }
+            push(&p.mirror);
+        }
+        out
+    }
+
     /// The values a training step computes: the loss and every gradient (the forward outputs
     /// for a forward-only program).
     pub fn fetch(&self) -> Vec<NodeId> {

@@ -10,6 +10,7 @@ use autopar_layout::TensorLayout;
 use serde_json::{json, Value};
 
 use crate::cost::RankCost;
+use crate::optimizer_shard::OptDecision;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 use crate::search::SearchReport;
 
@@ -218,6 +219,9 @@ impl PlanReport<'_> {
                 buckets.get(p.name.as_str()).map(|b| b.to_string()).unwrap_or_else(|| "-".into())
             );
         }
+        if plan.context.enable_parallel_optimizer {
+            s.push_str(&optimizer_text(plan, cost.rank));
+        }
         let _ = writeln!(s, "\nredistributions ({})", plan.redistributions.len());
         for r in &plan.redistributions {
             let _ = writeln!(
@@ -319,6 +323,17 @@ impl PlanReport<'_> {
                     "mirror_ranks": p.mirror.iter().map(|a| a.size).product::<usize>(),
                     "mirror_group": p.mirror_group(cost.rank),
                     "bucket": buckets.get(p.name.as_str()),
+                    "optimizer_shard": match &p.opt {
+                        OptDecision::Disabled => Value::Null,
+                        OptDecision::Sharded(sh) => json!({
+                            "size": sh.size,
+                            "step": sh.step,
+                            "group": sh.group(cost.rank),
+                            "group_name": crate::group_name(&sh.group(cost.rank), plan.device_num),
+                            "rest_group": sh.rest_group(cost.rank),
+                        }),
+                        OptDecision::Whole(why) => json!({ "unsharded": why }),
+                    },
                 })
             })
             .collect();
@@ -376,6 +391,41 @@ impl PlanReport<'_> {
             },
         })
     }
+}
+
+/// The parallel optimizer's decisions: per parameter its shard group on `rank` (or why it
+/// stays whole), then the fused all-gather and reduce-scatter buckets.
+fn optimizer_text(plan: &ParallelPlan, rank: usize) -> String {
+    let mut s = String::new();
+    let cfg = &plan.context.parallel_optimizer_config;
+    let _ = writeln!(
+        s,
+        "\nparallel optimizer (threshold {} KB, shard size {}, gradient_accumulation_shard {})",
+        cfg.parallel_optimizer_threshold, cfg.optimizer_weight_shard_size, cfg.gradient_accumulation_shard
+    );
+    for p in &plan.params {
+        let what = match &p.opt {
+            OptDecision::Disabled => continue,
+            OptDecision::Sharded(sh) => format!(
+                "sharded over {} ({}), stores {:?}, step {}; gradient summed over {}",
+                group_text(&sh.group(rank)),
+                crate::group_name(&sh.group(rank), plan.device_num),
+                p.stored_shape(),
+                sh.step,
+                group_text(&p.mirror_group(rank)),
+            ),
+            OptDecision::Whole(why) => format!("whole: {why}"),
+        };
+        let _ = writeln!(s, "  {:<34} {what}", p.name);
+    }
+    for (kind, buckets) in [("all-gather", &plan.gradients.all_gather), ("reduce-scatter", &plan.gradients.reduce_scatter)] {
+        for (i, b) in buckets.iter().enumerate() {
+            let ranks: usize = b.axes.iter().map(|a| a.size).product();
+            let _ =
+                writeln!(s, "  {kind} bucket {i}: {} params, {} elements of {}, over {ranks} ranks", b.params.len(), b.elements, b.dtype);
+        }
+    }
+    s
 }
 
 /// An SVG of how the `count` biggest parameters are split over the device matrix: each tensor

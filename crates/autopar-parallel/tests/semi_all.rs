@@ -145,7 +145,8 @@ fn parameter_layout_dict_prints_mindspores_lines() {
     let text = std::fs::read_to_string(fixtures().join("strategies/semi_all/layout_rank0.txt")).unwrap();
     let g = fixture_network(true);
     let p = plan(&g, &semi_auto(8)).unwrap();
-    let ours: Vec<String> = autopar_parallel::parameter_layout_dict(&p).iter().map(|(n, l)| format!("{n}: {l}")).collect();
+    let ours: Vec<String> =
+        autopar_parallel::parameter_layout_dict(&p, 0, &|_| Vec::new()).iter().map(|(n, l)| format!("{n}: {l}")).collect();
     let theirs: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ours, theirs);
 }

@@ -130,10 +130,11 @@ pub(crate) fn scatter_gradients(program: &RankProgram, grads: &mut [(String, Ten
 }
 
 /// The reduce-scatter of one bucket. With `g` replicas in shard groups of `k` (`r = g / k`
-/// groups), the rank at position `c * k + i` of the replica group (shard index `i`, `c` its
-/// place among the ranks holding shard `i`) receives part `i * r + c` of every gradient (in `g`
-/// parts along dimension 0); the ranks holding shard `i` then all-gather their parts, in order
-/// `c`, into the shard.
+/// groups), every gradient's shard `i` (part `i` of `k` along dimension 0) is cut into `r`
+/// parts (the last padded with zeros where `r` does not divide it); the rank at position
+/// `c * k + i` of the replica group (shard index `i`, `c` its place among the ranks holding
+/// shard `i`) receives part `c` of shard `i`, summed over the replicas, and the ranks holding
+/// shard `i` then all-gather their parts, in order `c`, into the shard.
 fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     comm: &dyn Communicator,
     rest: Option<&dyn Communicator>,
@@ -143,13 +144,18 @@ fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     let g = b.group.len();
     let k = b.shard_size;
     let r = g / k;
-    let parts: Vec<usize> = slices.iter().map(|t| t.numel() / g).collect();
+    let shards: Vec<usize> = slices.iter().map(|t| t.numel() / k).collect();
+    let parts: Vec<usize> = shards.iter().map(|s| s.div_ceil(r)).collect();
     let total: usize = parts.iter().sum();
     let mut send: Vec<T> = Vec::with_capacity(total * g);
     for pos in 0..g {
-        let part = (pos % k) * r + pos / k;
-        for (t, len) in slices.iter().zip(&parts) {
-            send.extend_from_slice(&t.as_slice::<T>().expect("contiguous, of the bucket's dtype")[part * len..(part + 1) * len]);
+        let (i, c) = (pos % k, pos / k);
+        for ((t, &shard), &len) in slices.iter().zip(&shards).zip(&parts) {
+            let data = t.as_slice::<T>().expect("contiguous, of the bucket's dtype");
+            let start = (i * shard + c * len).min((i + 1) * shard);
+            let end = (start + len).min((i + 1) * shard);
+            send.extend_from_slice(&data[start..end]);
+            send.resize(send.len() + len - (end - start), T::default());
         }
     }
     let mut mine = vec![T::default(); total];
@@ -168,7 +174,7 @@ fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     };
     let mut out = Vec::with_capacity(slices.len());
     let mut off = 0;
-    for ((name, t), len) in b.params.iter().zip(slices).zip(&parts) {
+    for (((name, t), &shard), &len) in b.params.iter().zip(slices).zip(&shards).zip(&parts) {
         let mut shape = t.shape().to_vec();
         if let Some(d0) = shape.first_mut() {
             *d0 /= k;
@@ -177,6 +183,7 @@ fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
         for c in 0..r {
             v.extend_from_slice(&gathered[c * total + off..c * total + off + len]);
         }
+        v.truncate(shard);
         off += len;
         out.push(Tensor::from_vec(&shape, v).map_err(kernel("ReduceScatter", name))?);
     }

@@ -8,11 +8,11 @@
 
 use std::path::Path;
 
-use autopar_checkpoint::{LayoutItem, StrategyFile, StrategyItem};
+use autopar_checkpoint::{GroupInfo, LayoutItem, StrategyFile, StrategyItem};
 use autopar_graph::NodeId;
 use autopar_layout::Strategy;
 use autopar_parallel::pipeline::PipelinePlan;
-use autopar_parallel::{ParallelPlan, StrategyItems};
+use autopar_parallel::{group_name, ParallelPlan, RankProgram, StrategyItems};
 
 use crate::error::{Result, RuntimeError};
 
@@ -99,6 +99,24 @@ fn stage_file(
         }
     }
     StrategyFile { current_stage: 2, strategy_items, layout_items }
+}
+
+/// MindSpore's group-info file (`group_ckpt_save_file`) of `program`'s rank: its
+/// communication groups under MindSpore's names ([`RankProgram::communication_groups`]) and
+/// the ranks whose checkpoints can restore its own: for a training job the ranks storing the
+/// same piece of every trainable parameter (MindSpore 2.10 records the rank alone once
+/// `enable_parallel_optimizer` is on, whatever it shards), none for a forward-only job.
+pub fn group_info(plan: &ParallelPlan, program: &RankProgram) -> GroupInfo {
+    let n = plan.device_num;
+    let groups = program.communication_groups().into_iter().map(|g| (group_name(&g, n), g.iter().map(|&r| r as u32).collect())).collect();
+    let restore: Vec<usize> = if plan.loss.is_none() {
+        Vec::new()
+    } else if plan.context.enable_parallel_optimizer {
+        vec![program.rank]
+    } else {
+        (0..n).filter(|r| program.params.iter().filter(|p| p.trainable).all(|p| p.mirror.contains(r))).collect()
+    };
+    GroupInfo { groups, restore_rank_list: restore.into_iter().map(|r| r as u32).collect() }
 }
 
 /// Write the strategy file of `plan` to `path` (`.json` -> JSON, else protobuf), atomically.

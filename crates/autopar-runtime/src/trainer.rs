@@ -615,9 +615,13 @@ impl Trainer {
             }
             write(job.strategy_file(only, &keys), path)?;
         }
+        if !ctx.group_ckpt_save_file.is_empty() {
+            self.save_group_files(job, Path::new(&ctx.group_ckpt_save_file))?;
+        }
         let mut beside = None;
         if let Some(ck) = &self.cfg.checkpoint {
-            if job.device_num() > 1 && ctx.parallel_mode.is_auto() {
+            // Data-parallel checkpoints hold whole tensors unless the optimizer shards them.
+            if job.device_num() > 1 && (ctx.parallel_mode.is_auto() || ctx.enable_parallel_optimizer) {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
                 write(job.strategy_file(false, &keys), &path)?;
@@ -625,6 +629,24 @@ impl Trainer {
             }
         }
         Ok(beside)
+    }
+
+    /// `group_ckpt_save_file`: each rank's group-info file, `<stem>_rank<R>.<ext>` beside the
+    /// given path (under mpirun, each process writes its own rank's).
+    fn save_group_files(&self, job: &Job, path: &Path) -> TrainResult<()> {
+        let Job::Plain(pj) = job else { return Ok(()) };
+        let ranks: Vec<usize> = match autopar_comm::launch::mpi_rank() {
+            Some(r) => vec![r],
+            None => (0..pj.device_num()).collect(),
+        };
+        for r in ranks {
+            let program = pj.program(r)?;
+            let info = crate::strategy_io::group_info(pj.plan(), &program);
+            let file = rank_file_path(path, r);
+            autopar_checkpoint::io::write_atomic(&file, &info.to_protobuf())
+                .map_err(|e| TrainError::Checkpoint { path: file.clone(), source: Box::new(e) })?;
+        }
+        Ok(())
     }
 
     /// The size of one micro-batch: the `micro_batches`-th part of the batch size (which must
@@ -750,8 +772,10 @@ impl Trainer {
         let world = pos.world_size;
         let root = if world > 1 { path.parent().and_then(Path::parent) } else { path.parent() }.unwrap_or(Path::new("."));
         let strategy = root.join("strategy.json");
-        // Only a model-parallel run's files hold slices; the others hold whole tensors.
-        let sliced = world > 1 && ParallelMode::parse(&pos.parallel_mode).is_some_and(|m| m.is_auto());
+        // Only a model-parallel run's files, or those of a run whose optimizer sharded its
+        // parameters (which writes strategy.json in any mode), hold slices; the others hold
+        // whole tensors.
+        let sliced = world > 1 && (ParallelMode::parse(&pos.parallel_mode).is_some_and(|m| m.is_auto()) || strategy.is_file());
         let same = world == n && pos.parallel_mode == mode && (!sliced || !strategy.is_file() || self.same_layouts(job, &strategy)?);
         if same {
             return Ok(Resume { path, pos, merged: None });
@@ -1050,10 +1074,19 @@ impl Trainer {
 /// The per-stage strategy file of stage `stage` beside `path` (`dir/stem.ext` ->
 /// `dir/stem_stage<stage>.ext`).
 fn stage_file_path(path: &Path, stage: usize) -> PathBuf {
+    suffixed(path, &format!("_stage{stage}"))
+}
+
+/// `<stem>_rank<r>.<ext>` beside `path`.
+fn rank_file_path(path: &Path, rank: usize) -> PathBuf {
+    suffixed(path, &format!("_rank{rank}"))
+}
+
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let name = match path.extension() {
-        Some(ext) => format!("{stem}_stage{stage}.{}", ext.to_string_lossy()),
-        None => format!("{stem}_stage{stage}"),
+        Some(ext) => format!("{stem}{suffix}.{}", ext.to_string_lossy()),
+        None => format!("{stem}{suffix}"),
     };
     path.with_file_name(name)
 }

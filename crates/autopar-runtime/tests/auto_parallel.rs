@@ -70,7 +70,7 @@ fn assert_matches(p: &ParallelPlan, folder: &str) {
     }
     // MindSpore's parameter_layout_dict (the input x included), line by line.
     let text = std::fs::read_to_string(fixtures().join(format!("strategies/{folder}/layout_rank0.txt"))).unwrap();
-    let ours: Vec<String> = parameter_layout_dict(p).iter().map(|(n, l)| format!("{n}: {l}")).collect();
+    let ours: Vec<String> = parameter_layout_dict(p, 0, &|_| Vec::new()).iter().map(|(n, l)| format!("{n}: {l}")).collect();
     let theirs: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     assert_eq!(ours, theirs, "{folder}: parameter_layout_dict");
 }

@@ -183,3 +183,63 @@ fn auto_parallel_run_resumes_on_another_device_count() {
     close(&second.losses, &uninterrupted.losses[4..], "resumed on 2 devices, steps 5-8");
     params_close(&second.params, &uninterrupted.params, "after auto_parallel 8 -> 2");
 }
+
+fn sharded(mut ctx: ParallelContext, size: i64) -> ParallelContext {
+    ctx.set_str("enable_parallel_optimizer", "true").unwrap();
+    ctx.set("parallel_optimizer_config", &serde_json::json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size}))
+        .unwrap();
+    ctx
+}
+
+/// The parallel optimizer in the trainer: a sharded run equals the unsharded one; its rank
+/// files hold shard-sized parameters and optimizer state that `strategy.json` describes, so
+/// they merge to the stand-alone state, resume on the same layout, and resume on another
+/// device count and mode (8 semi_auto sharded -> 4 data_parallel sharded -> 2 data_parallel).
+#[test]
+fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
+    let opt = adamw();
+    let uninterrupted = run(&opt, context("data_parallel", 2), vec![], 12, None, None).unwrap();
+    let plain8 = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, None, None).unwrap();
+    let (a, b, c, merged_dir) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = run(&opt, sharded(context("semi_auto_parallel", 8), 2), strategies_8(), 4, Some(a.path()), None).unwrap();
+    assert_eq!(first.losses, plain8.losses, "sharded vs unsharded on 8 devices");
+    params_close(&first.params, &plain8.params, "sharded vs unsharded on 8 devices");
+
+    // A rank file holds its shard: fc1.weight [32,16] split 2x2 -> slice [16,8], shard [8,8].
+    let rank1 = autopar_runtime::distributed::load_checkpoint(&a.path().join("rank_1/net-4_1.safetensors")).unwrap();
+    let strategy = autopar_checkpoint::StrategyFile::load(a.path().join("strategy.json")).unwrap();
+    for name in ["fc1.weight", "adam_m.fc1.weight", "adam_v.fc1.weight"] {
+        let item = strategy.layout_items.iter().find(|l| l.name == name).unwrap();
+        assert_eq!((item.opt_weight_shard_size, item.opt_weight_shard_step), (2, 4), "{name}: replicas 4 ranks apart");
+        let slice: usize = item.tensor_shape.as_ref().unwrap().iter().product::<usize>() / 4;
+        assert_eq!(rank1.require(name).unwrap().numel(), slice / 2, "{name}");
+    }
+    // The rank files merge to the run's parameters.
+    let report = autopar_checkpoint::transform_checkpoints(
+        a.path(),
+        merged_dir.path(),
+        Some(&a.path().join("strategy.json")),
+        None,
+        &autopar_checkpoint::TransformOptions::default(),
+    )
+    .unwrap();
+    let merged = autopar_runtime::distributed::load_checkpoint(&report.files[0]).unwrap();
+    for (name, want) in first.params.iter() {
+        close(&merged.require(name).unwrap().to_f64_vec(), &want.to_f64_vec(), name);
+    }
+
+    // Same layout: the rank files are restored as they are.
+    let same = run(&opt, sharded(context("semi_auto_parallel", 8), 2), strategies_8(), 8, None, Some(a.path().to_path_buf())).unwrap();
+    assert_eq!(same.first_step, 4);
+    close(&same.losses, &uninterrupted.losses[4..8], "resumed sharded on 8 devices");
+    // Other layouts: 4 devices data_parallel sharded over the whole group, then 2 unsharded.
+    let second = run(&opt, sharded(context("data_parallel", 4), -1), vec![], 8, Some(b.path()), Some(a.path().to_path_buf())).unwrap();
+    assert_eq!(second.first_step, 4);
+    close(&second.losses, &uninterrupted.losses[4..8], "resumed on 4 devices, steps 5-8");
+    params_close(&second.params, &same.params, "4-device sharded vs 8-device sharded");
+    let third = run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().to_path_buf())).unwrap();
+    assert_eq!(third.first_step, 8);
+    close(&third.losses, &uninterrupted.losses[8..], "resumed on 2 devices, steps 9-12");
+    params_close(&third.params, &uninterrupted.params, "after sharded 8 -> 4 -> 2");
+}

@@ -19,7 +19,7 @@ fn fixtures() -> PathBuf {
 fn network(shard: bool) -> Graph {
     let s = |t: &str| -> Strategy { t.parse().unwrap() };
     let mut b = GraphBuilder::new(0);
-    let x = b.input("x", &[256, 64], DType::F32).unwrap();
+    let x = b.input("inputs0", &[256, 64], DType::F32).unwrap();
     let mut h = x;
     for (name, din, dout, mm, add, relu) in
         [("l1", 64, 128, "((2,1),(1,4))", "((2,4),(4,))", "((2,4),)"), ("l2", 128, 32, "((2,4),(4,1))", "((2,1),(1,))", "((2,1),)")]
@@ -109,4 +109,49 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
         .to_string();
     assert!(e.contains("matches no operator") && e.contains("s.json"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The training fixtures (TrainOneStepCell with Momentum), with and without the parallel
+/// optimizer: autopar's `parameter_layout_dict` and group-info file of each rank MindSpore
+/// saved are MindSpore's byte for byte; its strategy file holds MindSpore's items (their order
+/// in MindSpore's file is its hash map's).
+#[test]
+fn training_fixture_layouts_and_group_files_are_mindspores() {
+    use autopar_checkpoint::GroupInfo;
+    use autopar_parallel::rank_program;
+    use autopar_runtime::strategy_io::group_info;
+    let g = network(true);
+    let loss = g.outputs[0];
+    for (folder, shard, ranks) in [
+        ("semi_train", None, &[0usize][..]),
+        ("semi_train_optshard", Some(json!({"parallel_optimizer_threshold": 0})), &[0]),
+        ("optshard2", Some(json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": 2})), &[0, 5]),
+        ("optshard_thr64", Some(json!({"parallel_optimizer_threshold": 64})), &[0]),
+    ] {
+        let mut c = ctx();
+        if let Some(cfg) = &shard {
+            c.set("enable_parallel_optimizer", &json!(true)).unwrap();
+            c.set("parallel_optimizer_config", cfg).unwrap();
+        }
+        let p = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
+        let dir = fixtures().join("strategies").join(folder);
+        let keys = |name: &str| vec![format!("moments.{name}")];
+        let ours = strategy_file(&p, true, &keys);
+        let theirs = StrategyFile::load(dir.join("strategy_rank0.ckpt")).unwrap();
+        // The protobuf form has no full shapes.
+        let mut shapeless = sorted(ours.clone());
+        shapeless.layout_items.iter_mut().for_each(|l| l.tensor_shape = None);
+        assert_eq!(shapeless, sorted(theirs), "{folder}: strategy file");
+        for &r in ranks {
+            let text = std::fs::read_to_string(dir.join(format!("layout_rank{r}.txt"))).unwrap();
+            let lines: Vec<String> =
+                autopar_parallel::parameter_layout_dict(&p, r, &keys).iter().map(|(n, l)| format!("{n}: {l}")).collect();
+            assert_eq!(lines, text.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(), "{folder} rank {r}: parameter_layout_dict");
+            let program = rank_program(&p, r).unwrap();
+            let info = group_info(&p, &program);
+            let want = GroupInfo::load(dir.join(format!("group_info_rank{r}.pb"))).unwrap();
+            assert_eq!(info, want, "{folder} rank {r}: group info");
+            assert_eq!(info.to_protobuf(), std::fs::read(dir.join(format!("group_info_rank{r}.pb"))).unwrap(), "{folder} rank {r}");
+        }
+    }
 }

@@ -282,6 +282,21 @@ pub enum CollectiveOp<'a> {
     Recv(&'a Recv),
 }
 
+impl<'a> CollectiveOp<'a> {
+    /// The ranks of a collective (None for point-to-point transfers).
+    pub fn group(self) -> Option<&'a [usize]> {
+        match self {
+            CollectiveOp::AllReduce(a) => Some(&a.group),
+            CollectiveOp::AllGather(a) => Some(&a.group),
+            CollectiveOp::ReduceScatter(a) => Some(&a.group),
+            CollectiveOp::AllToAll(a) => Some(&a.group),
+            CollectiveOp::Broadcast(a) => Some(&a.group),
+            CollectiveOp::Reduce(a) => Some(&a.group),
+            CollectiveOp::Send(_) | CollectiveOp::Recv(_) => None,
+        }
+    }
+}
+
 /// What shape inference sees: the op's name and its inputs' types.
 pub struct InferCx<'a> {
     pub kind: &'static str,
