@@ -151,6 +151,24 @@ resume_anywhere() {
 }
 check resume_anywhere
 
+# The parallel optimizer under mpirun -n 4 (semi_auto, shards over part of each replica group,
+# AdamW): the same losses, evaluation and group-info files as 4 in-process devices.
+parallel_optimizer() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" dir mpi local
+    dir=$(mktemp -d)
+    local args=(train --model mlp --data synthetic --synthetic-samples 1024 --batch-size 32 --steps 6 --devices 4 --optimizer adamw
+        --strategy fixtures/autopar/strategies/mp4.json --parallel enable_parallel_optimizer=true
+        --parallel 'parallel_optimizer_config={"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": 2}')
+    echo "mpi-tests: an optimizer-sharded run under mpirun -n 4 equals 4 in-process devices"
+    mkdir -p "$dir/mpi" "$dir/local"
+    mpi=$(timeout 300 mpirun -n 4 "${flags[@]}" "$bin" "${args[@]}" --parallel group_ckpt_save_file="$dir/mpi/g.pb" 2>&1) || { echo "$mpi" >&2; return 1; }
+    local=$("$bin" "${args[@]}" --parallel group_ckpt_save_file="$dir/local/g.pb" 2>&1) || { echo "$local" >&2; return 1; }
+    echo "$mpi"
+    [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
+    for r in 0 1 2 3; do cmp "$dir/mpi/g_rank$r.pb" "$dir/local/g_rank$r.pb" || return 1; done
+}
+check parallel_optimizer
+
 # global_rank is checked against the process's MPI rank, and `autopar launch` starts an MPI build.
 global_rank_mismatch() {
     local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" out rc=0
