@@ -20,7 +20,8 @@ use crate::plan::{sorted_group, ParamPlan};
 pub struct OptShard {
     /// Axes of the shard group (the chunk), outermost first.
     pub axes: Vec<DeviceAxis>,
-    /// The other replica axes: each shard's gradient is all-reduced over them.
+    /// The other replica axes: the ranks along them store the same shard (and gather its
+    /// gradient's parts).
     pub rest: Vec<DeviceAxis>,
     /// Ranks in the shard group (k).
     pub size: usize,
@@ -37,7 +38,7 @@ impl OptShard {
         sorted_group(rank, &self.axes)
     }
 
-    /// The ranks holding the same shard as `rank` (ascending): its gradient's all-reduce group.
+    /// The ranks holding the same shard as `rank` (ascending).
     pub fn rest_group(&self, rank: usize) -> Vec<usize> {
         sorted_group(rank, &self.rest)
     }

@@ -241,7 +241,7 @@ pub struct GradientPlan {
     pub mirror_mean: bool,
     pub buckets: Vec<BucketPlan>,
     /// Parallel optimizer: the gradients of sharded parameters reduce-scattered over their
-    /// shard groups (before `buckets` all-reduce them over the other replicas).
+    /// replica groups, the parts then gathered into each rank's shard (no `buckets` entry).
     pub reduce_scatter: Vec<ShardBucketPlan>,
     /// Parallel optimizer: the sharded values all-gathered before each step's forward pass.
     pub all_gather: Vec<ShardBucketPlan>,

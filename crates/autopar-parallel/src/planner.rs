@@ -614,7 +614,7 @@ fn gradient_comm_dtype(dtype: autopar_graph::DType, ctx: &ParallelContext) -> au
 /// dtype); the index mode cuts the list of such parameters before the given indices;
 /// `openstate = false` gives every parameter its own all-reduce.
 pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext) -> Vec<BucketPlan> {
-    // The parallel optimizer synchronises the gradients of the parameters it shards.
+    // The parallel optimizer synchronises the gradients of the parameters it shards itself.
     let synced: Vec<&ParamPlan> = params
         .iter()
         .filter(|p| p.trainable && p.opt.shard().is_none() && p.mirror.iter().map(|a| a.size).product::<usize>() > 1)
@@ -634,18 +634,18 @@ pub fn fusion_buckets(params: &[ParamPlan], ctx: &ParallelContext) -> Vec<Bucket
     let mut open: HashMap<(Vec<DeviceAxis>, autopar_graph::DType), usize> = HashMap::new();
     for (i, p) in synced.iter().enumerate() {
         let dtype = gradient_comm_dtype(p.dtype, ctx);
-        let (axes, elements) = (p.mirror.clone(), p.layout.slice_len());
+        let elements = p.layout.slice_len();
         if boundaries.contains(&i) {
             open.clear();
         }
-        let key = (axes.clone(), dtype);
+        let key = (p.mirror.clone(), dtype);
         let fits = open.get(&key).is_some_and(|&b| buckets[b].bytes() + elements * dtype.size() <= limit);
         if fits {
             let b = open[&key];
             buckets[b].params.push(p.name.clone());
             buckets[b].elements += elements;
         } else {
-            buckets.push(BucketPlan { mirror: axes, dtype, params: vec![p.name.clone()], elements });
+            buckets.push(BucketPlan { mirror: p.mirror.clone(), dtype, params: vec![p.name.clone()], elements });
             open.insert(key, buckets.len() - 1);
         }
     }

@@ -25,7 +25,8 @@ pub struct ParamSlot {
     /// The piece of the full parameter this rank stores between steps: its model-parallel
     /// slice, or the rank's part of it when the optimizer shards the parameter.
     pub slice: Vec<Range<usize>>,
-    /// Ranks storing the same piece: its gradient is all-reduced over them.
+    /// Ranks storing the same piece (the mirror group of an unsharded parameter, whose
+    /// gradient is all-reduced over it).
     pub mirror: Vec<usize>,
     pub trainable: bool,
     /// The parallel optimizer's shard: the value is all-gathered over `group` before use.
@@ -379,16 +380,29 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         });
         em.set_stage(first, graph.node(o).pipeline_stage);
     }
-    let Emitter { graph: mut g, mut partitions, .. } = em;
-    g.outputs = outputs.clone();
+    let Emitter { graph: mut g, partitions, .. } = em;
+    g.outputs = outputs;
+    finish_program(plan, g, params, inputs, partitions)
+}
+
+/// A rank's program from its forward graph (outputs set), parameters, inputs and the
+/// partitions its forward collectives use: the backward pass, the gradient synchronisation
+/// and the groups everything communicates over.
+fn finish_program(
+    plan: &ParallelPlan,
+    mut g: Graph,
+    params: Vec<ParamSlot>,
+    inputs: Vec<InputSlot>,
+    mut partitions: Partitions,
+) -> Result<RankProgram> {
+    let outputs = g.outputs.clone();
     let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
     let (all_gather, reduce_scatter) = shard_buckets(plan, &mut partitions);
     let buckets = rank_buckets(plan, &mut partitions);
     note_broadcast_groups(plan, &mut partitions);
-    let partitions = partitions.list;
     Ok(RankProgram {
-        rank,
-        device_num: n,
+        rank: partitions.rank,
+        device_num: plan.device_num,
         mode: plan.mode,
         graph: g,
         outputs,
@@ -400,7 +414,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         all_gather,
         reduce_scatter,
         buckets,
-        partitions,
+        partitions: partitions.list,
     })
 }
 
@@ -479,7 +493,7 @@ fn note_broadcast_groups(plan: &ParallelPlan, partitions: &mut Partitions) {
 /// packed into partitions of disjoint groups (every rank derives the same list).
 fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let n = plan.device_num;
-    let mut g = if plan.context.force_fp32_communication {
+    let g = if plan.context.force_fp32_communication {
         widen_half_collectives(&plan.rank_graphs[rank])?
     } else {
         plan.rank_graphs[rank].clone()
@@ -514,27 +528,7 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
             None => partitions.list.push(vec![grp]),
         }
     }
-    let outputs = g.outputs.clone();
-    let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
-    let buckets = rank_buckets(plan, &mut partitions);
-    note_broadcast_groups(plan, &mut partitions);
-    let partitions = partitions.list;
-    Ok(RankProgram {
-        rank,
-        device_num: n,
-        mode: plan.mode,
-        graph: g,
-        outputs,
-        loss,
-        grads,
-        params,
-        inputs,
-        all_gather: Vec::new(),
-        reduce_scatter: Vec::new(),
-        accumulation_shard: false,
-        buckets,
-        partitions,
-    })
+    finish_program(plan, g, params, inputs, partitions)
 }
 
 /// `force_fp32_communication` in a hand-written graph: every communication op on f16/bf16

@@ -20,9 +20,25 @@ fn group_comm<'a>(comm: Option<&'a CommGroups>, b: &RankShardBucket, kind: &'sta
     comm.ok_or_else(|| RuntimeError::NeedsCommunicator { kind, name: b.params.join(", "), group: b.group.clone() })?.get(&b.group)
 }
 
+/// Runs `f` with every sharded parameter of `params` all-gathered to its model-parallel slice,
+/// then puts the stored pieces back (whatever `f` returns). Collective.
+pub(crate) fn with_gathered<T>(
+    program: &RankProgram,
+    params: &mut ParamStore,
+    comm: Option<&CommGroups>,
+    f: impl FnOnce(&mut ParamStore) -> Result<T>,
+) -> Result<T> {
+    let stored = gather_values(program, params, comm)?;
+    let out = f(params);
+    for (name, t) in stored {
+        params.insert(&name, t);
+    }
+    out
+}
+
 /// Replaces every sharded parameter's stored piece in `params` by its model-parallel slice,
-/// all-gathered over its shard group; returns the pieces, for [`restore_values`]. Collective.
-pub(crate) fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&CommGroups>) -> Result<Vec<(String, Tensor)>> {
+/// all-gathered over its shard group; returns the pieces. Collective.
+fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&CommGroups>) -> Result<Vec<(String, Tensor)>> {
     let mut stored = Vec::new();
     for b in &program.all_gather {
         let c = group_comm(comm, b, "AllGather")?;
@@ -50,13 +66,6 @@ pub(crate) fn gather_values(program: &RankProgram, params: &mut ParamStore, comm
         }
     }
     Ok(stored)
-}
-
-/// Puts the stored pieces [`gather_values`] returned back in place of the gathered slices.
-pub(crate) fn restore_values(params: &mut ParamStore, stored: Vec<(String, Tensor)>) {
-    for (name, t) in stored {
-        params.insert(&name, t);
-    }
 }
 
 fn gather_packed<T: autopar_tensor::Element + autopar_comm::Element>(

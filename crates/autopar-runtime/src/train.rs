@@ -89,10 +89,8 @@ impl TrainStep {
     /// run's statistics.
     pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
         let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
-        let stored = crate::shard::gather_values(&self.program, params, comm)?;
-        let out = self.executor.run_with(params, feeds, self.step, collectives);
-        crate::shard::restore_values(params, stored);
-        let out = out?;
+        let executor = &self.executor;
+        let out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
         self.step += 1;
         let mut values = out.values.iter().cloned();
         let loss = values.next().expect("the loss is fetched first");
@@ -122,27 +120,24 @@ impl TrainStep {
         // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered at
         // once, so only the rank's pieces accumulate.
         let shard_each = self.program.accumulation_shard;
-        let stored = crate::shard::gather_values(&self.program, params, comm)?;
-        let mut run = || -> Result<f64> {
+        let (executor, program, step) = (&self.executor, &self.program, self.step);
+        loss += crate::shard::with_gathered(program, params, comm, |params| {
             let mut loss = 0.0;
             for (index, feeds) in micro_feeds.iter().enumerate() {
                 let micro = crate::executor::MicroBatch { index, count };
-                let out = self.executor.run_micro(params, feeds, self.step, collectives, micro)?;
+                let out = executor.run_micro(params, feeds, step, collectives, micro)?;
                 let mut values = out.values.into_iter();
                 loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
                 if shard_each {
-                    let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-                    crate::shard::scatter_gradients(&self.program, &mut grads, comm)?;
+                    let mut grads: Vec<(String, Tensor)> = program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
+                    crate::shard::scatter_gradients(program, &mut grads, comm)?;
                     accumulate_into(&mut acc, grads.into_iter().map(|(_, g)| g))?;
                 } else {
                     accumulate_into(&mut acc, values)?;
                 }
             }
             Ok(loss)
-        };
-        let ran = run();
-        crate::shard::restore_values(params, stored);
-        loss += ran?;
+        })?;
         self.step += 1;
         let mut grads = Vec::with_capacity(acc.len());
         for ((name, _), g) in self.program.grads.iter().zip(acc) {

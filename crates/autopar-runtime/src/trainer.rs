@@ -643,8 +643,7 @@ impl Trainer {
             let program = pj.program(r)?;
             let info = crate::strategy_io::group_info(pj.plan(), &program);
             let file = rank_file_path(path, r);
-            autopar_checkpoint::io::write_atomic(&file, &info.to_protobuf())
-                .map_err(|e| TrainError::Checkpoint { path: file.clone(), source: Box::new(e) })?;
+            info.save(&file).map_err(|e| TrainError::Checkpoint { path: file.clone(), source: Box::new(e) })?;
         }
         Ok(())
     }
