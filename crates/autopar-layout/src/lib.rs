@@ -26,6 +26,7 @@ pub mod layout;
 pub mod mesh;
 pub mod mindspore;
 pub mod redistribution;
+pub mod redundancy;
 pub mod simulate;
 pub mod strategy;
 

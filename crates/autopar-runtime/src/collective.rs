@@ -17,20 +17,20 @@ use half::{bf16, f16};
 
 use crate::error::{CommPhase, Result, RuntimeError};
 
-/// `t` from rank 0 of `comm` (its value on the other ranks is replaced), sent as f32 for f32,
+/// `t` from rank `root` of `comm` (its value on the other ranks is replaced), sent as f32 for f32,
 /// f16 and bf16 tensors and as f64 for the others (both exact); `name` appears in errors.
-pub(crate) fn broadcast_tensor(comm: &dyn Communicator, t: &Tensor, name: &str) -> Result<Tensor> {
+pub(crate) fn broadcast_tensor(comm: &dyn Communicator, t: &Tensor, name: &str, root: usize) -> Result<Tensor> {
     let c = RuntimeError::comm(CommPhase::ParameterBroadcast { name: name.to_string() });
     let k = |e| RuntimeError::Kernel { kind: "Broadcast", name: name.to_string(), source: Box::new(e) };
     let out = match t.dtype() {
         DType::F32 | DType::F16 | DType::BF16 => {
             let mut v = t.cast(DType::F32).to_vec::<f32>().map_err(k)?;
-            comm.broadcast((&mut v).into(), 0).map_err(c)?;
+            comm.broadcast((&mut v).into(), root).map_err(c)?;
             Tensor::from_vec(t.shape(), v).map_err(k)?
         }
         DType::F64 | DType::I32 | DType::I64 => {
             let mut v = t.to_f64_vec();
-            comm.broadcast((&mut v).into(), 0).map_err(c)?;
+            comm.broadcast((&mut v).into(), root).map_err(c)?;
             Tensor::from_vec(t.shape(), v).map_err(k)?
         }
     };

@@ -141,6 +141,9 @@ pub enum RuntimeError {
 
     #[error("cannot write {}: {source}\nhint: check that the folder exists and is writable", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+
+    #[error(transparent)]
+    Broadcast(Box<crate::broadcast::BroadcastError>),
 }
 
 impl From<GraphError> for RuntimeError {

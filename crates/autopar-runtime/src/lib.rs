@@ -48,6 +48,7 @@
 //! * The executor owns no threads: kernels use the current rayon pool, or run serially with
 //!   `ExecCtx::serial()` (the simulated ranks of the parallel runtime).
 
+pub mod broadcast;
 pub mod callbacks;
 pub mod collective;
 pub mod distributed;
@@ -61,6 +62,7 @@ pub mod strategy_io;
 pub mod train;
 pub mod trainer;
 
+pub use broadcast::{parameter_broadcast, BroadcastError, BroadcastReport, LayoutSource, Replicas};
 pub use error::{CommPhase, Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch, OpTiming, ParamStore, RunOutput};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};

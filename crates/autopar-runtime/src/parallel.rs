@@ -302,7 +302,7 @@ impl RankTrainer {
 /// replicas start equal whatever each rank initialised.
 fn broadcast_parameters(program: &RankProgram, groups: &CommGroups, params: &mut ParamStore) -> Result<()> {
     for p in program.params.iter().filter(|p| p.mirror.len() > 1) {
-        let out = crate::collective::broadcast_tensor(groups.get(&p.mirror)?, params.require(&p.name)?, &p.name)?;
+        let out = crate::collective::broadcast_tensor(groups.get(&p.mirror)?, params.require(&p.name)?, &p.name, 0)?;
         params.insert(&p.name, out);
     }
     Ok(())

@@ -156,6 +156,10 @@ impl StageTrainer {
         &self.program
     }
 
+    pub fn plan(&self) -> &PipelinePlan {
+        &self.plan
+    }
+
     /// The stage's parameter slices.
     pub fn params(&self) -> &ParamStore {
         &self.params
@@ -181,7 +185,7 @@ impl StageTrainer {
     pub fn sync_shared_parameters(&mut self) -> Result<()> {
         for (names, comm) in &self.shared {
             for name in names {
-                let out = crate::collective::broadcast_tensor(comm.as_ref(), self.params.require(name)?, name)?;
+                let out = crate::collective::broadcast_tensor(comm.as_ref(), self.params.require(name)?, name, 0)?;
                 self.params.insert(name, out);
             }
         }

@@ -203,3 +203,40 @@ fn inspect_into_a_closed_pipe_ends_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
 }
+
+#[test]
+fn ckpt_redundancy_gives_mindspores_groups_and_owners_for_its_files() {
+    // MindSpore 2.10: get_parameter_redundancy(file, initial_rank) and remove_param_redundancy.
+    let run = |file: &str, initial: &str| -> serde_json::Value {
+        let o = autopar(&["ckpt", "redundancy", s(&fixtures().join("strategies").join(file)), "--initial-rank", initial, "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let v = run("optshard_thr64/strategy_rank0.ckpt", "0");
+    assert_eq!(v["redundancy"]["l1.w"], serde_json::json!([[0, 4], [1, 5], [2, 6], [3, 7]]));
+    assert_eq!(v["redundancy"]["head.w"], serde_json::json!([[0, 1, 2, 3, 4, 5, 6, 7]]));
+    assert_eq!(v["owners"]["0"], serde_json::json!(["head.w", "l1.b", "l2.w", "moments.l1.w"]));
+    assert_eq!(v["owners"]["1"], serde_json::json!(["l1.b", "l2.b", "l2.w", "moments.l1.w"]));
+    assert_eq!(v["owners"]["4"], serde_json::json!(["l1.w", "moments.l1.b", "moments.l2.w"]));
+    let v = run("optshard2/strategy_rank0.ckpt", "0");
+    assert_eq!(v["redundancy"]["head.w"], serde_json::json!([[0, 2, 4, 6], [1, 3, 5, 7]]));
+    assert_eq!(v["redundancy"]["l1.w"], serde_json::json!([[0], [4], [1], [5], [2], [6], [3], [7]]));
+    assert_eq!(
+        v["owners"]["6"],
+        serde_json::json!(["l1.b", "l1.w", "l2.w", "moments.l1.b", "moments.l1.w", "moments.l2.b", "moments.l2.w"])
+    );
+    let v = run("pp2/strategy_rank4.ckpt", "4");
+    assert_eq!(v["redundancy"]["l2.w"], serde_json::json!([[4, 5, 6, 7]]));
+    assert_eq!(v["owners"]["4"], serde_json::json!(["accu_grads.head.w", "l2.b", "moments.l2.w"]));
+    assert_eq!(v["owners"]["7"], serde_json::json!(["head.w", "moments.l2.b"]));
+    // The layout dict of the optimizer-sharded fixture: every group is one rank.
+    let v = run("semi_train_optshard/layout_rank0.txt", "0");
+    assert!(v["redundancy"].as_object().unwrap().values().all(|gs| gs
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g.as_array().unwrap().len() == 1)));
+    let o = autopar(&["ckpt", "redundancy", "/nonexistent/strategy.ckpt"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/strategy.ckpt"));
+}

@@ -94,6 +94,25 @@ enum CkptCommand {
         /// Merged file; .json writes JSON, anything else protobuf.
         dst_file: PathBuf,
     },
+    /// Which ranks hold the same piece of each parameter and which one owns it: MindSpore's
+    /// get_parameter_redundancy and remove_param_redundancy (the owners parameter_broadcast uses).
+    #[command(after_help = "Examples:\n  \
+        autopar ckpt redundancy strategy_rank0.ckpt\n  \
+        autopar ckpt redundancy layout_rank4.txt --initial-rank 4 --json\n\n\
+        LAYOUT is a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict).")]
+    Redundancy {
+        /// Strategy file or parameter_layout_dict text.
+        layout: PathBuf,
+        /// The first global rank of the pipeline stage the layout describes.
+        #[arg(long, default_value_t = 0)]
+        initial_rank: usize,
+        /// Ranks of the whole job (the size of `hccl_world_group`); default: the layout's devices.
+        #[arg(long)]
+        world_size: Option<usize>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a checkpoint's tensors, a strategy file's layouts or a group-info file's groups.
     #[command(
         after_help = "Examples:\n  autopar ckpt inspect rank_0/net_0.safetensors\n  autopar ckpt inspect strategy_rank0.ckpt --json"
@@ -150,6 +169,25 @@ enum Kind {
 
 pub fn run(args: CkptArgs) -> Result<ExitCode> {
     match args.command {
+        CkptCommand::Redundancy { layout, initial_rank, world_size, json } => {
+            let source = autopar_runtime::LayoutSource::load(&layout)?;
+            let world = world_size.unwrap_or_else(|| source.devices().max(1));
+            let groups = source.redundancy(initial_rank, world)?;
+            let owners = autopar_layout::redundancy::single_owners(&groups);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&json!({ "redundancy": groups, "owners": owners }))?);
+            } else {
+                let text = |g: &Vec<usize>| format!("({})", g.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","));
+                println!("groups of ranks holding the same piece:");
+                for (name, gs) in &groups {
+                    println!("  {name}: {}", gs.iter().map(text).collect::<Vec<_>>().join(" "));
+                }
+                println!("single owner of each piece, by rank:");
+                for (rank, names) in &owners {
+                    println!("  {rank}: {}", names.iter().cloned().collect::<Vec<_>>().join(", "));
+                }
+            }
+        }
         CkptCommand::RankList { rank, strategies, minimal, json } => {
             let (src, dst) = (strategies.src_strategy.as_deref(), strategies.dst_strategy.as_deref());
             let list = if minimal {

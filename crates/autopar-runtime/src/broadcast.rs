@@ -1,0 +1,481 @@
+//! `parameter_broadcast(trainer, layout, cur_rank, initial_rank)`: make every replica of every
+//! parameter equal to one owner's value, after ranks initialised or loaded their slices
+//! independently (different seeds, partial checkpoints).
+//!
+//! The layout is MindSpore's `parameter_layout_dict` (or its text, as `autopar plan
+//! --layout-dict` prints it) or a strategy file. Its groups of ranks holding the same piece and
+//! the single owner of each parameter in each group are MindSpore's
+//! (`get_parameter_redundancy` / `remove_param_redundancy`, [`autopar_layout::redundancy`]);
+//! the owner's value is broadcast to the other members of its group (MindSpore zeroes the
+//! others and all-reduces, which gives the same values).
+//!
+//! Unlike MindSpore, a bad call cannot hang the job: every rank checks its arguments and the
+//! layout against its own program first, then the ranks agree (one all-gather over the world)
+//! before any group is created, so when one rank fails every rank returns an error naming
+//! that rank and what was wrong.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use autopar_checkpoint::strategy::state_parameter;
+use autopar_checkpoint::StrategyFile;
+use autopar_comm::Communicator;
+use autopar_layout::redundancy::{group_owners, opt_pieces, replica_groups, split_by_opt_shard};
+use autopar_layout::{LayoutError, ParameterLayout};
+use thiserror::Error;
+
+use crate::collective::{broadcast_tensor, CommGroups};
+use crate::error::{CommPhase, Result, RuntimeError};
+use crate::executor::ParamStore;
+use crate::optim::Optimizer;
+use crate::parallel::RankTrainer;
+use crate::pipeline::StageTrainer;
+
+/// Why `parameter_broadcast` refused to run. Raised on every rank: the rank that found the
+/// problem returns it, the others [`BroadcastError::OnRank`] with its text.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BroadcastError {
+    #[error(
+        "parameter_broadcast: cur_rank {cur_rank} is not this rank, which is rank {rank}\n  hint: pass the caller's own rank as cur_rank"
+    )]
+    CurRank { cur_rank: usize, rank: usize },
+
+    #[error("parameter_broadcast: initial_rank {initial_rank} is not the first rank of rank {rank}'s pipeline stage, which is {start} ({stages} stage(s) of {stage_devices} ranks)\n  hint: pass initial_rank = (rank / {stage_devices}) * {stage_devices}")]
+    InitialRank { initial_rank: usize, rank: usize, start: usize, stages: usize, stage_devices: usize },
+
+    #[error("parameter_broadcast: layout name {name:?} is not a parameter of the network{}\n  hint: pass the layout of this network (its parameter_layout_dict or strategy file)", closest.as_ref().map(|c| format!("; did you mean {c:?}?")).unwrap_or_default())]
+    UnknownName { name: String, closest: Option<String> },
+
+    #[error("parameter_broadcast: the layout of {name} spans {devices} devices (device matrix {dev_matrix:?}), but a pipeline stage of this job has {stage_devices}\n  hint: pass the layout of this job (its parameter_layout_dict or strategy file)")]
+    Devices { name: String, dev_matrix: Vec<usize>, devices: usize, stage_devices: usize },
+
+    #[error("parameter_broadcast: the layout puts rank {rank}'s piece of {name} on ranks {layout:?}, but this job stores it on ranks {job:?}\n  hint: the layout comes from another strategy; pass this job's parameter_layout_dict or strategy file")]
+    Replicas { name: String, rank: usize, layout: Vec<usize>, job: Vec<usize> },
+
+    #[error("parameter_broadcast: layout of {name}: {reason}")]
+    Layout { name: String, reason: String },
+
+    #[error("parameter_broadcast: cannot read layout {}: {reason}\n  hint: pass a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict)", path.display())]
+    Read { path: PathBuf, reason: String },
+
+    #[error("parameter_broadcast failed on rank {rank}, so no rank changed its parameters:\n{message}")]
+    OnRank { rank: usize, message: String },
+}
+
+/// Where the layout of `parameter_broadcast` comes from.
+#[derive(Clone, Debug)]
+pub enum LayoutSource {
+    /// MindSpore's `parameter_layout_dict` (`autopar_parallel::parameter_layout_dict`): the
+    /// optimizer shard is field 5's group (`"<size>-<hash>"`, `hccl_world_group`, or none).
+    Dict(Vec<(String, ParameterLayout)>),
+    /// A strategy file: the optimizer shard is `opt_weight_shard_step` / `_size`.
+    Strategy(StrategyFile),
+}
+
+impl LayoutSource {
+    /// A strategy file (`.ckpt` protobuf or `.json`), or a text file of `parameter_layout_dict`
+    /// lines (`name: (12-tuple)`).
+    pub fn load(path: &Path) -> Result<Self, BroadcastError> {
+        let read = |reason: String| BroadcastError::Read { path: path.to_path_buf(), reason };
+        let bytes = std::fs::read(path).map_err(|e| read(e.to_string()))?;
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            if text.lines().any(|l| l.contains(": (")) {
+                let dict = text
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(ParameterLayout::parse_line)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| read(e.to_string()))?;
+                return Ok(LayoutSource::Dict(dict));
+            }
+        }
+        StrategyFile::load(path).map(LayoutSource::Strategy).map_err(|e| read(e.to_string()))
+    }
+
+    /// The devices of the first layout entry's device matrix (one pipeline stage's).
+    pub fn devices(&self) -> usize {
+        self.entries().first().map_or(0, |e| e.dev_matrix.iter().product())
+    }
+
+    /// Every layout name with its device matrix, flattened tensor map and optimizer shard.
+    fn entries(&self) -> Vec<Entry> {
+        match self {
+            LayoutSource::Dict(d) => d
+                .iter()
+                .map(|(name, l)| Entry {
+                    name: name.clone(),
+                    dev_matrix: l.dev_matrix.clone(),
+                    tensor_map: l.tensor_map.clone(),
+                    opt: OptSource::Group(l.opt_shard_group.clone()),
+                })
+                .collect(),
+            LayoutSource::Strategy(f) => f
+                .layout_items
+                .iter()
+                .map(|it| Entry {
+                    name: it.name.clone(),
+                    dev_matrix: it.dev_matrix.iter().map(|&d| d as usize).collect(),
+                    tensor_map: it.tensor_map.iter().flatten().map(|&v| v as i64).collect(),
+                    opt: OptSource::StepSize(it.opt_weight_shard_step as i64, it.opt_weight_shard_size as i64),
+                })
+                .collect(),
+        }
+    }
+
+    /// MindSpore's `get_parameter_redundancy(layout, initial_rank)`: for every layout name, the
+    /// groups of global ranks holding the same piece (optimizer shard included), by name.
+    pub fn redundancy(&self, initial_rank: usize, world_size: usize) -> Result<BTreeMap<String, Vec<Vec<usize>>>, BroadcastError> {
+        let mut out = BTreeMap::new();
+        for e in self.entries() {
+            let bad = |reason: String| BroadcastError::Layout { name: e.name.clone(), reason };
+            let groups = replica_groups(&e.dev_matrix, &e.tensor_map, initial_rank).map_err(|x: LayoutError| bad(x.to_string()))?;
+            let pieces = match &e.opt {
+                OptSource::StepSize(step, size) => opt_pieces(*step, *size, &groups),
+                OptSource::Group(g) if g.is_empty() => None,
+                OptSource::Group(g) if g == "hccl_world_group" => Some(world_size),
+                OptSource::Group(g) => Some(
+                    g.split_once('-')
+                        .and_then(|(n, _)| n.parse::<usize>().ok())
+                        .ok_or_else(|| bad(format!("optimizer-shard group {g:?} is not named <size>-<hash> or hccl_world_group")))?,
+                ),
+            };
+            out.insert(
+                e.name,
+                match pieces {
+                    Some(k) => split_by_opt_shard(groups, k),
+                    None => groups,
+                },
+            );
+        }
+        Ok(out)
+    }
+}
+
+struct Entry {
+    name: String,
+    dev_matrix: Vec<usize>,
+    tensor_map: Vec<i64>,
+    opt: OptSource,
+}
+
+enum OptSource {
+    Group(String),
+    StepSize(i64, i64),
+}
+
+/// What a rank of a job offers `parameter_broadcast`: its stored pieces and where the job
+/// keeps their copies. Implemented by [`RankTrainer`] and [`StageTrainer`].
+pub trait Replicas {
+    /// The rank's stored parameter pieces.
+    fn pieces_mut(&mut self) -> &mut ParamStore;
+    /// Pipeline stages and ranks per stage.
+    fn stages(&self) -> (usize, usize);
+    /// The global ranks storing the same piece of `name` as this rank (`None`: not a
+    /// parameter this rank holds).
+    fn holders(&self, name: &str) -> Option<Vec<usize>>;
+    /// Whether `name` is an input or a parameter of the network, held here or not (layout
+    /// dicts list inputs too, and a pipeline rank's the other stages' parameters).
+    fn in_network(&self, name: &str) -> bool;
+    /// The parameters this rank holds, for suggestions.
+    fn held_names(&self) -> Vec<String>;
+}
+
+impl Replicas for RankTrainer {
+    fn pieces_mut(&mut self) -> &mut ParamStore {
+        self.params_mut()
+    }
+    fn stages(&self) -> (usize, usize) {
+        (1, self.groups().size())
+    }
+    fn holders(&self, name: &str) -> Option<Vec<usize>> {
+        self.program()
+            .params
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| if p.mirror.is_empty() { vec![self.rank()] } else { p.mirror.clone() })
+    }
+    fn in_network(&self, name: &str) -> bool {
+        self.program().inputs.iter().any(|s| s.name == name) || self.program().params.iter().any(|s| s.name == name)
+    }
+    fn held_names(&self) -> Vec<String> {
+        self.program().params.iter().map(|s| s.name.clone()).collect()
+    }
+}
+
+impl Replicas for StageTrainer {
+    fn pieces_mut(&mut self) -> &mut ParamStore {
+        self.params_mut()
+    }
+    fn stages(&self) -> (usize, usize) {
+        (self.plan().stages, self.plan().stage_devices())
+    }
+    fn holders(&self, name: &str) -> Option<Vec<usize>> {
+        let start = self.program().stage * self.plan().stage_devices();
+        let rank = self.program().rank;
+        self.param_slots().into_iter().find(|p| p.name == name).map(|p| {
+            if p.mirror.is_empty() {
+                vec![rank]
+            } else {
+                p.mirror.iter().map(|r| r + start).collect()
+            }
+        })
+    }
+    fn in_network(&self, name: &str) -> bool {
+        let p = &self.program().program;
+        p.inputs.iter().any(|s| s.name == name) || p.params.iter().any(|s| s.name == name)
+    }
+    fn held_names(&self) -> Vec<String> {
+        self.param_slots().iter().map(|s| s.name.clone()).collect()
+    }
+}
+
+/// What `parameter_broadcast` did on this rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BroadcastReport {
+    /// MindSpore's `get_parameter_redundancy`: by layout name, the groups holding one piece.
+    pub redundancy: BTreeMap<String, Vec<Vec<usize>>>,
+    /// MindSpore's `remove_param_redundancy`: the names each rank is the single owner of.
+    pub owners: BTreeMap<usize, BTreeSet<String>>,
+    /// Names this rank sent (it owns them in a group of more than one rank).
+    pub sent: Vec<String>,
+    /// Names this rank received from their owner.
+    pub received: Vec<String>,
+}
+
+/// A name of the layout this rank takes part in broadcasting: the store it lives in, the
+/// group (global ranks) and the owner.
+struct Transfer {
+    name: String,
+    in_state: bool,
+    group: Vec<usize>,
+    owner: usize,
+}
+
+/// MindSpore's `parameter_broadcast(net, layout, cur_rank, initial_rank)` on one rank of a job:
+/// every piece of every parameter named by `layout` (and, given `optimizer`, every state entry
+/// such as `moments.<name>` it names) takes its single owner's value on every rank of its
+/// group. Collective over `world`: every rank of the job calls it. Layout names that are
+/// network inputs, or optimizer state when no optimizer is given, are left alone.
+///
+/// Errors, checked on every rank before any communication and then agreed by all ranks (so no
+/// rank hangs): `cur_rank` is not this rank; `initial_rank` is not the first rank of this
+/// rank's pipeline stage; a layout name this rank would broadcast is not a parameter of the
+/// network (the closest name is suggested); the layout spans another device count or puts a
+/// piece on other ranks than the job does.
+pub fn parameter_broadcast(
+    trainer: &mut dyn Replicas,
+    optimizer: Option<&mut dyn Optimizer>,
+    world: &dyn Communicator,
+    layout: &LayoutSource,
+    cur_rank: usize,
+    initial_rank: usize,
+) -> Result<BroadcastReport> {
+    let rank = world.rank();
+    if world.size() <= 1 || layout.entries().is_empty() {
+        return Ok(BroadcastReport::default());
+    }
+    let state_names: Option<BTreeSet<String>> = optimizer.as_ref().map(|o| o.state().iter().map(|(n, _)| n.clone()).collect());
+    let checked = check(&*trainer, state_names.as_ref(), rank, layout, cur_rank, initial_rank, world.size());
+    agree(world, checked.as_ref().err())?;
+    let (report, transfers) = checked.expect("a failed check returned above");
+
+    // The stage's communicator, then one group per distinct partition (positions in the stage).
+    let (stages, d) = trainer.stages();
+    let stage_list: Vec<Vec<usize>> = (0..stages).map(|s| (s * d..(s + 1) * d).collect()).collect();
+    let phase = |partition| CommPhase::CreateGroups { partition };
+    let stage = world.split(&stage_list).map_err(RuntimeError::comm(phase(0)))?.expect("every rank is in a stage");
+    let mut partitions: Vec<Vec<Vec<usize>>> = Vec::new();
+    for groups in report.redundancy.values() {
+        let local: Vec<Vec<usize>> = groups.iter().filter(|g| g.len() > 1).map(|g| g.iter().map(|r| r - initial_rank).collect()).collect();
+        if !local.is_empty() && !partitions.contains(&local) {
+            partitions.push(local);
+        }
+    }
+    let groups = CommGroups::create(stage.as_ref(), &partitions)?;
+    let mut state = optimizer;
+    for t in &transfers {
+        let local: Vec<usize> = t.group.iter().map(|r| r - initial_rank).collect();
+        let comm = groups.get(&local)?;
+        let root = t.group.iter().position(|&r| r == t.owner).expect("the owner is in its group");
+        let store = match (&mut state, t.in_state) {
+            (Some(o), true) => o.state_mut(),
+            _ => trainer.pieces_mut(),
+        };
+        let out = broadcast_tensor(comm, store.require(&t.name)?, &t.name, root).map_err(|e| match e {
+            RuntimeError::Comm { source, .. } => {
+                RuntimeError::Comm { during: CommPhase::ParameterBroadcast { name: t.name.clone() }, source }
+            }
+            e => e,
+        })?;
+        store.insert(&t.name, out);
+    }
+    Ok(report)
+}
+
+/// This rank's checks and its part of the broadcast, or what is wrong.
+fn check(
+    trainer: &dyn Replicas,
+    state_names: Option<&BTreeSet<String>>,
+    rank: usize,
+    layout: &LayoutSource,
+    cur_rank: usize,
+    initial_rank: usize,
+    world_size: usize,
+) -> Result<(BroadcastReport, Vec<Transfer>), BroadcastError> {
+    if cur_rank != rank {
+        return Err(BroadcastError::CurRank { cur_rank, rank });
+    }
+    let (stages, d) = trainer.stages();
+    let start = rank / d * d;
+    if initial_rank != start {
+        return Err(BroadcastError::InitialRank { initial_rank, rank, start, stages, stage_devices: d });
+    }
+    for e in layout.entries() {
+        let devices: usize = e.dev_matrix.iter().product();
+        if devices != d {
+            return Err(BroadcastError::Devices { name: e.name, dev_matrix: e.dev_matrix, devices, stage_devices: d });
+        }
+    }
+    let redundancy = layout.redundancy(initial_rank, world_size)?;
+    let owners = group_owners(&redundancy);
+    let mut transfers = Vec::new();
+    let mut report = BroadcastReport { owners: autopar_layout::redundancy::single_owners(&redundancy), ..Default::default() };
+    for (name, groups) in &redundancy {
+        let holders = trainer.holders(name);
+        let group = groups.iter().find(|g| g.contains(&rank)).cloned().unwrap_or_default();
+        if let Some(job) = holders.as_ref().filter(|job| **job != group) {
+            return Err(BroadcastError::Replicas { name: name.clone(), rank, layout: group, job: job.clone() });
+        }
+        if group.len() <= 1 {
+            continue;
+        }
+        let in_state = match holders {
+            Some(_) => false,
+            None if trainer.in_network(name) => continue,
+            None => match (state_parameter(name), state_names) {
+                (Some(p), names) if trainer.in_network(p) => match names {
+                    Some(n) if n.contains(name.as_str()) => true,
+                    _ => continue,
+                },
+                _ => return Err(unknown(trainer, name)),
+            },
+        };
+        let owner = owners[&(name.clone(), group.clone())];
+        if owner == rank { &mut report.sent } else { &mut report.received }.push(name.clone());
+        transfers.push(Transfer { name: name.clone(), in_state, group: group.clone(), owner });
+    }
+    report.redundancy = redundancy;
+    Ok((report, transfers))
+}
+
+/// `name` is not the network's: suggest the closest name the rank holds.
+fn unknown(trainer: &dyn Replicas, name: &str) -> BroadcastError {
+    let closest = trainer
+        .held_names()
+        .into_iter()
+        .map(|h| (edit_distance(name, &h), h))
+        .min()
+        .filter(|(d, h)| *d <= h.len().max(name.len()) / 2 + 1)
+        .map(|(_, h)| h);
+    BroadcastError::UnknownName { name: name.to_string(), closest }
+}
+
+/// Levenshtein distance between two names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The longest error text one rank sends the others.
+const MAX_MESSAGE: usize = 2048;
+
+/// Every rank learns whether any rank failed its checks (one all-gather over `world`); the
+/// failing rank returns its own error, the others the first failing rank's text.
+fn agree(world: &dyn Communicator, failed: Option<&BroadcastError>) -> Result<()> {
+    let mut mine = vec![0i32; MAX_MESSAGE + 1];
+    if let Some(e) = failed {
+        let text = e.to_string();
+        let bytes = &text.as_bytes()[..text.len().min(MAX_MESSAGE)];
+        mine[0] = bytes.len() as i32 + 1;
+        for (d, &b) in mine[1..].iter_mut().zip(bytes) {
+            *d = b as i32;
+        }
+    }
+    let mut all = vec![0i32; (MAX_MESSAGE + 1) * world.size()];
+    world
+        .all_gather((&mine).into(), (&mut all).into())
+        .map_err(RuntimeError::comm(CommPhase::ParameterBroadcast { name: "(checks)".into() }))?;
+    if let Some(e) = failed {
+        return Err(RuntimeError::Broadcast(Box::new(e.clone())));
+    }
+    for (r, part) in all.chunks(MAX_MESSAGE + 1).enumerate() {
+        if part[0] > 0 {
+            let bytes: Vec<u8> = part[1..part[0] as usize].iter().map(|&b| b as u8).collect();
+            let message = String::from_utf8_lossy(&bytes).into_owned();
+            return Err(RuntimeError::Broadcast(Box::new(BroadcastError::OnRank { rank: r, message })));
+        }
+    }
+    Ok(())
+}
+
+impl RankTrainer {
+    /// [`parameter_broadcast`] on this rank (`world`: the communicator the job runs on).
+    pub fn parameter_broadcast(
+        &mut self,
+        optimizer: Option<&mut dyn Optimizer>,
+        world: &dyn Communicator,
+        layout: &LayoutSource,
+        cur_rank: usize,
+        initial_rank: usize,
+    ) -> Result<BroadcastReport> {
+        parameter_broadcast(self, optimizer, world, layout, cur_rank, initial_rank)
+    }
+}
+
+impl StageTrainer {
+    /// [`parameter_broadcast`] on this rank (`world`: the communicator the job runs on).
+    pub fn parameter_broadcast(
+        &mut self,
+        optimizer: Option<&mut dyn Optimizer>,
+        world: &dyn Communicator,
+        layout: &LayoutSource,
+        cur_rank: usize,
+        initial_rank: usize,
+    ) -> Result<BroadcastReport> {
+        parameter_broadcast(self, optimizer, world, layout, cur_rank, initial_rank)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_edits() {
+        assert_eq!(edit_distance("l1.w", "l1.w"), 0);
+        assert_eq!(edit_distance("l1.w", "l2.w"), 1);
+        assert_eq!(edit_distance("fc.weight", "fc.wieght"), 2);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
+
+    #[test]
+    fn fixture_layout_dict_gives_mindspores_groups() {
+        // MindSpore 2.10's layout of the optimizer-sharded fixture on rank 0 (8 devices).
+        let text = "l1.w: ([2, 4], [-1, 0], [64, 32], 0, True, '2-16453000547691086251', [64, 128], [64, 32], False, False, 0, 0)\n\
+                    l2.b: ([2, 4], [-1], [32], 0, True, 'hccl_world_group', [32], [32], False, False, 0, 0)\n\
+                    inputs0: ([8], [0, -1], [32, 64], 0, True, '', [256, 64], [32, 64], False, False, 0, 0)";
+        let dict = text.lines().map(|l| ParameterLayout::parse_line(l.trim()).unwrap()).collect();
+        let r = LayoutSource::Dict(dict).redundancy(0, 8).unwrap();
+        assert_eq!(r["l1.w"], vec![vec![0], vec![4], vec![1], vec![5], vec![2], vec![6], vec![3], vec![7]]);
+        assert_eq!(r["l2.b"], (0..8).map(|i| vec![i]).collect::<Vec<_>>());
+        assert_eq!(r["inputs0"], (0..8).map(|i| vec![i]).collect::<Vec<_>>());
+    }
+}
