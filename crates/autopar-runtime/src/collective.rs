@@ -54,7 +54,7 @@ impl std::fmt::Debug for CommGroups {
 
 impl CommGroups {
     /// Split `world` once per partition (a list of disjoint groups of `world`'s ranks covering
-    /// every rank). Collective: every rank calls it with the same partitions in the same order.
+    /// every rank), and once more for the group of every rank if no partition is it. Collective: every rank calls it with the same partitions in the same order.
     /// Groups are named by their ranks in `world` (a pipeline stage's communicator: positions
     /// in the stage).
     pub fn create(world: &dyn Communicator, partitions: &[Vec<Vec<usize>>]) -> Result<Self> {
@@ -72,6 +72,14 @@ impl CommGroups {
                 key.sort_unstable();
                 groups.entry(key).or_insert(sub);
             }
+        }
+        // The group of every rank (the sums of clipping by global norm), unless a partition made it.
+        let all: Vec<usize> = (0..world.size()).collect();
+        if all.len() > 1 && !groups.contains_key(&all) {
+            let whole = world
+                .split(std::slice::from_ref(&all))
+                .map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: partitions.len() }))?;
+            groups.insert(all, whole.expect("every rank is in the group of every rank"));
         }
         Ok(Self { rank, size: world.size(), groups })
     }

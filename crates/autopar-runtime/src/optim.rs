@@ -79,12 +79,26 @@ pub fn decay_except_norm(name: &str) -> bool {
 }
 
 /// Scales `grads` in place so that their global L2 norm is at most `max_norm`; returns the norm
-/// before clipping (MindSpore's `ClipByGlobalNorm`).
+/// before clipping (MindSpore's `ClipByGlobalNorm`). One device's form of
+/// [`clip_gradients`].
 pub fn clip_by_global_norm(grads: &mut [(String, Tensor)], max_norm: f64) -> Result<f64> {
-    if !(max_norm > 0.0 && max_norm.is_finite()) {
-        return Err(RuntimeError::BadHyperparameter { what: "max_norm", value: max_norm, expected: "a finite value > 0" });
-    }
-    let norm = grads.iter().map(|(_, g)| g.to_f64_vec().iter().map(|v| v * v).sum::<f64>()).sum::<f64>().sqrt();
+    clip_gradients(grads, max_norm, |_| true, Ok)
+}
+
+/// Gradient clipping by global norm over pieces held by many ranks: the squares of the
+/// gradients `counted` selects (each distinct piece counted on exactly one rank) are summed in
+/// f64, `total` turns this rank's sum into the job's (an all-reduce over every rank; the
+/// identity on one device), and when the norm exceeds `max_norm` every gradient is scaled by
+/// `max_norm / norm`. Returns the norm before clipping.
+pub fn clip_gradients(
+    grads: &mut [(String, Tensor)],
+    max_norm: f64,
+    counted: impl Fn(&str) -> bool,
+    total: impl FnOnce(f64) -> Result<f64>,
+) -> Result<f64> {
+    check_max_norm(max_norm)?;
+    let local = grads.iter().filter(|(n, _)| counted(n)).map(|(_, g)| g.to_f64_vec().iter().map(|v| v * v).sum::<f64>()).sum::<f64>();
+    let norm = total(local)?.sqrt();
     if norm > max_norm {
         let scale = max_norm / norm;
         for (name, g) in grads.iter_mut() {
@@ -93,6 +107,15 @@ pub fn clip_by_global_norm(grads: &mut [(String, Tensor)], max_norm: f64) -> Res
         }
     }
     Ok(norm)
+}
+
+/// A clipping norm must be finite and positive.
+pub fn check_max_norm(max_norm: f64) -> Result<()> {
+    if max_norm > 0.0 && max_norm.is_finite() {
+        Ok(())
+    } else {
+        Err(RuntimeError::BadHyperparameter { what: "max_norm", value: max_norm, expected: "a finite value > 0 (--clip-grad-norm)" })
+    }
 }
 
 /// Updates parameters from their gradients.

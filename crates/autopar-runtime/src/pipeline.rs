@@ -80,6 +80,8 @@ pub struct StageTrainer {
     shared: Vec<(Vec<String>, Box<dyn Communicator>)>,
     buckets: Vec<(RankBucket, BucketBuffer)>,
     step: u64,
+    /// Clip the gradients to this global norm over every stage (None: no clipping).
+    clip_grad_norm: Option<f64>,
     /// Seconds the last step spent computing (forward and backward passes) and in all.
     busy: f64,
     wall: f64,
@@ -147,6 +149,7 @@ impl StageTrainer {
             shared,
             buckets,
             step: 0,
+            clip_grad_norm: None,
             busy: 0.0,
             wall: 0.0,
         })
@@ -172,6 +175,17 @@ impl StageTrainer {
     /// The slots of the parameters this rank holds (its stage's, shared ones included).
     pub fn param_slots(&self) -> Vec<&ParamSlot> {
         self.program.program.params.iter().filter(|s| self.params.get(&s.name).is_some()).collect()
+    }
+
+    /// Clip every step's gradients to global norm `max_norm` over the whole network (None: no
+    /// clipping): each distinct piece is counted once, on the first rank of its stage holding
+    /// it, and a shared parameter on the first stage using it.
+    pub fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
+        if let Some(m) = max_norm {
+            crate::optim::check_max_norm(m)?;
+        }
+        self.clip_grad_norm = max_norm;
+        Ok(())
     }
 
     /// Continue the step counter (the key of the dropout masks) at `step`.
@@ -312,6 +326,20 @@ impl StageTrainer {
             for (n, g) in grads.iter_mut().filter(|(n, _)| names.contains(n)) {
                 *g = all_reduce_tensor(comm.as_ref(), g, n)?;
             }
+        }
+        if let Some(max_norm) = self.clip_grad_norm {
+            let stages = self.plan.param_stages();
+            let program = &self.program;
+            let counted = |name: &str| {
+                let first_stage = stages.iter().find(|(n, _)| n == name).is_none_or(|(_, s)| s.first() == Some(&stage));
+                let first_holder = program.program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == program.position));
+                first_stage && first_holder
+            };
+            crate::optim::clip_gradients(&mut grads, max_norm, counted, |local| {
+                let mut v = vec![local];
+                world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
+                Ok(v[0])
+            })?;
         }
         opt.step(&mut self.params, &grads)?;
         self.step += 1;

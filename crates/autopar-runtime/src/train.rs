@@ -31,6 +31,8 @@ pub struct TrainStep {
     executor: Executor,
     step: u64,
     buckets: Vec<BucketBuffer>,
+    /// Clip the synchronised gradients to this global norm (over every rank's pieces).
+    clip_grad_norm: Option<f64>,
 }
 
 impl TrainStep {
@@ -47,7 +49,7 @@ impl TrainStep {
     pub fn from_program(program: RankProgram) -> Result<Self> {
         let executor = Executor::new(program.graph.clone(), &program.fetch())?;
         let buckets = program.buckets.iter().map(|b| BucketBuffer::new(b, &program)).collect::<Result<_>>()?;
-        Ok(Self { program, executor, step: 0, buckets })
+        Ok(Self { program, executor, step: 0, buckets, clip_grad_norm: None })
     }
 
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
@@ -58,6 +60,18 @@ impl TrainStep {
     pub fn with_profiling(mut self, on: bool) -> Self {
         self.executor = self.executor.with_profiling(on);
         self
+    }
+
+    /// Clip the synchronised gradients of every step to global norm `max_norm` (None: no
+    /// clipping), MindSpore's `ClipByGlobalNorm` over the whole job's gradients: each distinct
+    /// piece is counted once (on the first rank holding it) and the sum is all-reduced, so
+    /// sharded and replicated runs clip as one device does.
+    pub fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
+        if let Some(m) = max_norm {
+            crate::optim::check_max_norm(m)?;
+        }
+        self.clip_grad_norm = max_norm;
+        Ok(())
     }
 
     /// The rank's program.
@@ -99,6 +113,7 @@ impl TrainStep {
         for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
             sync_bucket(b, buffer, &mut grads, comm)?;
         }
+        self.clip(&mut grads, comm)?;
         Ok(StepOutput { loss, grads, run: out })
     }
 
@@ -158,7 +173,30 @@ impl TrainStep {
         for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
             sync_bucket(b, buffer, &mut grads, comm)?;
         }
+        self.clip(&mut grads, comm)?;
         Ok((loss / count as f64, grads))
+    }
+
+    /// Clipping by global norm ([`TrainStep::set_clip_grad_norm`]) of the synchronised
+    /// gradients: this rank counts the pieces it is the first holder of.
+    fn clip(&self, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
+        let Some(max_norm) = self.clip_grad_norm else { return Ok(()) };
+        let program = &self.program;
+        let first_holder = |name: &str| program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == program.rank));
+        let n = program.device_num;
+        crate::optim::clip_gradients(grads, max_norm, first_holder, |local| match comm {
+            Some(groups) if n > 1 => {
+                let all: Vec<usize> = (0..n).collect();
+                let mut v = vec![local];
+                groups
+                    .get(&all)?
+                    .all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum)
+                    .map_err(RuntimeError::comm(CommPhase::GradientSync { group: all }))?;
+                Ok(v[0])
+            }
+            _ => Ok(local),
+        })?;
+        Ok(())
     }
 
     /// One step on one device (or a program that does not communicate): forward, backward,

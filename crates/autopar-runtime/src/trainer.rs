@@ -116,6 +116,9 @@ pub struct OptimizerConfig {
     pub weight_decay: f64,
     /// Leave normalisation parameters (`gamma`, `beta`) out of weight decay.
     pub decay_except_norm: bool,
+    /// Clip the gradients of every step to this global norm, over the whole job's gradients
+    /// (MindSpore's `ClipByGlobalNorm`; None: no clipping).
+    pub clip_grad_norm: Option<f64>,
 }
 
 impl Default for OptimizerConfig {
@@ -125,6 +128,7 @@ impl Default for OptimizerConfig {
             schedule: LrSchedule::Constant(0.01),
             weight_decay: 0.0,
             decay_except_norm: false,
+            clip_grad_norm: None,
         }
     }
 }
@@ -132,6 +136,9 @@ impl Default for OptimizerConfig {
 impl OptimizerConfig {
     /// A fresh optimizer.
     pub fn build(&self) -> TrainResult<Box<dyn Optimizer>> {
+        if let Some(m) = self.clip_grad_norm {
+            crate::optim::check_max_norm(m)?;
+        }
         let filter = if self.decay_except_norm { Some(decay_except_norm as fn(&str) -> bool) } else { None };
         let s = self.schedule.clone();
         Ok(match self.kind {
@@ -839,6 +846,7 @@ impl Trainer {
         let n = plan.n;
         let mut trainer = Worker::new(plan.job, comm, plan.full, cfg.micro_batches)?;
         let mut opt = cfg.optimizer.build()?;
+        trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
         if let Some(r) = &plan.resume {
             let p = match &r.merged {

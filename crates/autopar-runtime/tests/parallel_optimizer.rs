@@ -3,7 +3,8 @@
 //! LocalComm, whether the shard covers the whole replica group or part of it (the gradient sum
 //! runs over the replicas in one pass, as the unsharded all-reduce does);
 //! data_parallel and semi_auto_parallel (fixed and random strategies), Momentum and AdamW,
-//! thresholds 0 and 64 KB, shard sizes -1, 2 and 4, gradient accumulation. Each rank stores
+//! thresholds 0 and 64 KB, shard sizes -1, 2 and 4, gradient accumulation, clipping by global
+//! norm (equal to one device's clipping). Each rank stores
 //! only its piece of a sharded parameter and of its optimizer state.
 
 use autopar_comm::LocalComm;
@@ -94,9 +95,15 @@ struct Run {
 }
 
 fn run(job: &ParallelJob, data: &[Vec<(String, Tensor)>], opt: Opt, micro: usize) -> Run {
+    run_clipped(job, data, opt, micro, None)
+}
+
+/// [`run`] with every step's gradients clipped to global norm `clip`.
+fn run_clipped(job: &ParallelJob, data: &[Vec<(String, Tensor)>], opt: Opt, micro: usize, clip: Option<f64>) -> Run {
     let full = ParamStore::init(job.graph()).unwrap();
     let out = LocalComm::run(job.device_num(), |comm| {
         let mut t = RankTrainer::new(job, &comm, &full).unwrap();
+        t.train_step().set_clip_grad_norm(clip).unwrap();
         let mut o = opt.build();
         let mut losses = Vec::new();
         for batch in data {
@@ -258,5 +265,41 @@ fn gradient_accumulation_shards_each_micro_batch_or_the_sum() {
         let got = run(&job, &data, Opt::Momentum, 2);
         // Shards of each micro-batch's sum add up in another order than the whole slices.
         compare(&format!("accumulation, gradient_accumulation_shard {each}"), &got, &plain, !each);
+    }
+}
+
+/// Clipping by global norm counts every distinct piece once over all ranks: sharded runs clip
+/// exactly as unsharded ones, and both as one device does.
+#[test]
+fn clipping_by_global_norm_stays_exact_when_sharded() {
+    let batch = 16;
+    let data = batches(batch, 21);
+    let clip = Some(0.5);
+    for (mode, n, strategies) in [("data_parallel", 4, false), ("semi_auto_parallel", 8, true)] {
+        let (graph, loss) = network(batch, strategies);
+        // One device with the same clipping.
+        let mut alone = ParallelContext::default();
+        alone.set("device_num", &json!(1)).unwrap();
+        let one = ParallelJob::new(graph.clone(), loss, alone).unwrap();
+        for opt in [Opt::Momentum, Opt::AdamW] {
+            let plain_job = ParallelJob::new(graph.clone(), loss, context(mode, n, None)).unwrap();
+            let plain = run_clipped(&plain_job, &data, opt, 1, clip);
+            let unclipped = run(&plain_job, &data, opt, 1);
+            let what = format!("{mode} on {n}, {opt:?}, clipped");
+            assert!(
+                plain.params.iter().any(|(k, v)| v.to_f64_vec() != unclipped.params.require(k).unwrap().to_f64_vec()),
+                "{what}: clipping changed nothing (the norm never exceeded {clip:?})"
+            );
+            if mode == "data_parallel" {
+                // data_parallel averages the ranks' gradients: the same update as one device.
+                let single = run_clipped(&one, &data, opt, 1, clip);
+                assert_close(&format!("{what}: against one device"), &plain.params, &single.params, 1e-5);
+            }
+            for size in [-1i64, 2] {
+                let job = ParallelJob::new(graph.clone(), loss, context(mode, n, Some((size, 0)))).unwrap();
+                let got = run_clipped(&job, &data, opt, 1, clip);
+                compare(&format!("{what}, shard size {size}"), &got, &plain, whole_groups(&job));
+            }
+        }
     }
 }

@@ -331,3 +331,45 @@ fn a_weight_shared_by_two_stages_has_mindspores_pipeline_layout_fields_and_sync_
     assert_eq!(values[0], values[1]);
     assert_eq!(values[0], full.require("network.word_embedding.w").unwrap().to_f64_vec());
 }
+
+/// Clipping by global norm over every stage (the tied weight counted once) equals one
+/// device's clipping.
+#[test]
+fn clipping_by_global_norm_spans_every_stage() {
+    let (devices, stages, micro) = (4usize, 2usize, 2usize);
+    let batch = micro * 2 * 2;
+    let data = batches(batch, 6);
+    let clip = 0.05;
+    let (g1, loss1) = network(batch, 1);
+    let clipped_alone = |clip: Option<f64>| {
+        let mut params = ParamStore::init(&g1).unwrap();
+        let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
+        step.set_clip_grad_norm(clip).unwrap();
+        let mut opt = optimizer();
+        let losses: Vec<f64> = data
+            .iter()
+            .map(|b| {
+                let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
+                step.run(&mut params, opt.as_mut(), &feeds).unwrap()
+            })
+            .collect();
+        (losses, params)
+    };
+    let (want_losses, want) = clipped_alone(Some(clip));
+    let (_, unclipped) = clipped_alone(None);
+    assert!(want.iter().any(|(k, v)| v.to_f64_vec() != unclipped.require(k).unwrap().to_f64_vec()), "the norm never exceeded {clip}");
+    let (g, loss) = network(batch / micro, stages);
+    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
+    let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+    let out = autopar_comm::LocalComm::run(devices, |comm| -> Result<(Vec<f64>, ParamStore), autopar_runtime::RuntimeError> {
+        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full)?;
+        t.set_clip_grad_norm(Some(clip))?;
+        let mut opt = optimizer();
+        let losses = data.iter().map(|b| t.step(&comm, opt.as_mut(), b)).collect::<Result<Vec<_>, _>>()?;
+        Ok((losses, t.params().clone()))
+    })
+    .unwrap();
+    let stores: Vec<ParamStore> = out.iter().map(|o| o.1.clone()).collect();
+    let params = autopar_runtime::pipeline::assemble_pipeline_params(&job, &stores).unwrap();
+    assert_close("pipeline, clipped", &out[0].0, &params, &want_losses, &want);
+}

@@ -24,6 +24,7 @@ fn adamw() -> OptimizerConfig {
         schedule: LrSchedule::WarmupCosine { base_lr: 0.01, min_lr: 0.001, warmup_steps: 4, total_steps: 12 },
         weight_decay: 0.01,
         decay_except_norm: true,
+        clip_grad_norm: None,
     }
 }
 

@@ -78,6 +78,7 @@ fn a_small_gpt_learns_next_tokens() {
         schedule: LrSchedule::Constant(0.01),
         weight_decay: 0.0,
         decay_except_norm: true,
+        clip_grad_norm: None,
     };
     let t = Trainer::new("gpt", builder("gpt", opts, vec![]), source(data), c);
     let report = t.fit(vec![]).unwrap();
@@ -161,6 +162,7 @@ fn resume_equals_an_uninterrupted_run_with_adamw_and_a_warmup_cosine_schedule() 
         schedule: LrSchedule::WarmupCosine { base_lr: 0.01, min_lr: 0.001, warmup_steps: 6, total_steps: 28 },
         weight_decay: 0.01,
         decay_except_norm: true,
+        clip_grad_norm: None,
     };
     resume_matches(opt, ParallelContext::default());
 }

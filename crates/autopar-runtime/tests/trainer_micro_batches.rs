@@ -57,6 +57,7 @@ fn momentum() -> OptimizerConfig {
         schedule: LrSchedule::Constant(0.05),
         weight_decay: 0.0,
         decay_except_norm: true,
+        clip_grad_norm: None,
     }
 }
 

@@ -133,6 +133,7 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--parallel", "nonsense"], &["nonsense"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--schedule", "step"], &["unknown schedule"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--bogus-flag"], &["--bogus-flag"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--clip-grad-norm", "0"], &["--clip-grad-norm 0"]);
 
     // A truncated CIFAR-10 file, and one with a label out of range.
     let mut rec = vec![3u8];
@@ -264,6 +265,8 @@ fn verify_trains_stand_alone_beside_a_parallel_run() {
             "32",
             "--devices",
             "4",
+            "--clip-grad-norm",
+            "0.05",
             "--verify",
         ])
         .output()
@@ -271,6 +274,7 @@ fn verify_trains_stand_alone_beside_a_parallel_run() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("verify: beside stand_alone on the same data, largest loss difference"), "{stdout}");
+    assert!(!stdout.contains("MISMATCH"), "clipped over 4 devices as on one: {stdout}");
 }
 
 #[test]

@@ -97,6 +97,14 @@ impl Worker {
         })
     }
 
+    /// Clip every step's gradients to this global norm over the whole job (None: none).
+    pub(super) fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
+        match self {
+            Worker::Plain { trainer, .. } => trainer.train_step().set_clip_grad_norm(max_norm),
+            Worker::Stage(t) => t.set_clip_grad_norm(max_norm),
+        }
+    }
+
     /// The rows of each global batch of `batch_size` rows this rank reads (a rank that runs
     /// micro-batches reads every micro-batch's rows).
     pub(super) fn rows(&self, batch_size: usize) -> Range<usize> {

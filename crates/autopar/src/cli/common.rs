@@ -96,6 +96,7 @@ pub struct FileConfig {
     pub min_lr: Option<f64>,
     pub momentum: Option<f64>,
     pub weight_decay: Option<f64>,
+    pub clip_grad_norm: Option<f64>,
     pub width: Option<usize>,
     pub depth: Option<usize>,
     pub heads: Option<usize>,

@@ -86,6 +86,9 @@ pub struct TrainArgs {
     /// Weight decay (not applied to normalisation parameters).
     #[arg(long, help_heading = "Optimizer")]
     weight_decay: Option<f64>,
+    /// Clip each step's gradients to this global L2 norm, over the whole job (MindSpore's ClipByGlobalNorm).
+    #[arg(long, value_name = "NORM", help_heading = "Optimizer")]
+    clip_grad_norm: Option<f64>,
 
     /// Save checkpoints in this folder.
     #[arg(long, value_name = "DIR", help_heading = "Checkpoints")]
@@ -309,6 +312,10 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         batch_size *= k;
         micro_batches = k;
     }
+    let clip_grad_norm = pick!(s, clip_grad_norm);
+    if let Some(c) = clip_grad_norm.filter(|c| !(*c > 0.0 && c.is_finite())) {
+        bail!("--clip-grad-norm {c} is not a norm\nhint: pass a finite value > 0, such as --clip-grad-norm 1.0");
+    }
     let momentum = pick!(s, momentum).unwrap_or(0.9);
     let kind = optimizer_kind(&pick!(s, optimizer).unwrap_or_else(|| "momentum".into()), momentum)?;
     let mut cfg = TrainConfig {
@@ -324,6 +331,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             schedule: LrSchedule::Constant(lr),
             weight_decay: pick!(s, weight_decay).unwrap_or(0.0),
             decay_except_norm: true,
+            clip_grad_norm,
         },
         parallel: ctx,
         checkpoint: None,
