@@ -426,34 +426,6 @@ fn agree(world: &dyn Communicator, failed: Option<&BroadcastError>) -> Result<()
     Ok(())
 }
 
-impl RankTrainer {
-    /// [`parameter_broadcast`] on this rank (`world`: the communicator the job runs on).
-    pub fn parameter_broadcast(
-        &mut self,
-        optimizer: Option<&mut dyn Optimizer>,
-        world: &dyn Communicator,
-        layout: &LayoutSource,
-        cur_rank: usize,
-        initial_rank: usize,
-    ) -> Result<BroadcastReport> {
-        parameter_broadcast(self, optimizer, world, layout, cur_rank, initial_rank)
-    }
-}
-
-impl StageTrainer {
-    /// [`parameter_broadcast`] on this rank (`world`: the communicator the job runs on).
-    pub fn parameter_broadcast(
-        &mut self,
-        optimizer: Option<&mut dyn Optimizer>,
-        world: &dyn Communicator,
-        layout: &LayoutSource,
-        cur_rank: usize,
-        initial_rank: usize,
-    ) -> Result<BroadcastReport> {
-        parameter_broadcast(self, optimizer, world, layout, cur_rank, initial_rank)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use autopar_layout::Strategy;
 use autopar_parallel::{assign_random_strategies, parameter_layout_dict, ParallelContext};
 use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
 use autopar_runtime::pipeline::{PipelineJob, StageTrainer};
-use autopar_runtime::{BroadcastError, LayoutSource, Momentum, Optimizer, ParamStore, RuntimeError, TrainStep};
+use autopar_runtime::{parameter_broadcast, BroadcastError, LayoutSource, Momentum, Optimizer, ParamStore, RuntimeError, TrainStep};
 use autopar_runtime::{LrSchedule, Result};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -119,7 +119,7 @@ fn broadcast_then_train(job: &ParallelJob, full: &ParamStore, data: &[Vec<(Strin
         let rank = comm.rank();
         let mut t = RankTrainer::new(job, &comm, &seeded(full, rank))?;
         let before = t.params().clone();
-        let report = t.parameter_broadcast(None, &comm, &layout(job, rank, from_file), rank, 0)?;
+        let report = parameter_broadcast(&mut t, None, &comm, &layout(job, rank, from_file), rank, 0)?;
         let after = t.params().clone();
         let mut opt = momentum();
         let mut losses = Vec::new();
@@ -229,7 +229,7 @@ fn failing_run(
             let mut dict = parameter_layout_dict(job.plan(), rank, &|_| Vec::new());
             edit(&mut dict);
             let (cur, initial) = args(rank);
-            let e = t.parameter_broadcast(None, &comm, &LayoutSource::Dict(dict), cur, initial).err();
+            let e = parameter_broadcast(&mut t, None, &comm, &LayoutSource::Dict(dict), cur, initial).err();
             let unchanged = t.params().iter().all(|(n, v)| before.require(n).unwrap().to_f64_vec() == v.to_f64_vec());
             Ok((e, unchanged))
         })
@@ -343,7 +343,7 @@ fn pipeline_stages_broadcast_from_their_first_rank_and_refuse_another_initial_ra
                 let mut t = StageTrainer::new(&job, &comm, &seeded(&start, rank))?;
                 let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), rank);
                 let initial = if wrong { 0 } else { rank / 2 * 2 };
-                let r = t.parameter_broadcast(None, &comm, &LayoutSource::Dict(dict), rank, initial);
+                let r = parameter_broadcast(&mut t, None, &comm, &LayoutSource::Dict(dict), rank, initial);
                 Ok((r.map(|r| r.redundancy), t.params().clone()))
             })
             .unwrap()
@@ -390,7 +390,7 @@ fn optimizer_state_named_by_the_layout_follows_its_owner_too() {
         let before = opt.state().require(name)?.to_f64_vec();
         let keys = |p: &str| vec![format!("moments.{p}")];
         let dict = LayoutSource::Dict(parameter_layout_dict(job.plan(), rank, &keys));
-        let report = t.parameter_broadcast(Some(opt.as_mut()), &comm, &dict, rank, 0)?;
+        let report = parameter_broadcast(&mut t, Some(opt.as_mut()), &comm, &dict, rank, 0)?;
         Ok((before, opt.state().require(name)?.to_f64_vec(), report))
     })
     .unwrap();
