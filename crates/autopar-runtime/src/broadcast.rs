@@ -301,12 +301,7 @@ pub fn parameter_broadcast(
             (Some(o), true) => o.state_mut(),
             _ => trainer.pieces_mut(),
         };
-        let out = broadcast_tensor(comm, store.require(&t.name)?, &t.name, root).map_err(|e| match e {
-            RuntimeError::Comm { source, .. } => {
-                RuntimeError::Comm { during: CommPhase::ParameterBroadcast { name: t.name.clone() }, source }
-            }
-            e => e,
-        })?;
+        let out = broadcast_tensor(comm, store.require(&t.name)?, &t.name, root)?;
         store.insert(&t.name, out);
     }
     Ok(report)

@@ -80,8 +80,9 @@ pub struct StageTrainer {
     shared: Vec<(Vec<String>, Box<dyn Communicator>)>,
     buckets: Vec<(RankBucket, BucketBuffer)>,
     step: u64,
-    /// Clip the gradients to this global norm over every stage (None: no clipping).
-    clip_grad_norm: Option<f64>,
+    /// Clip the gradients to this global norm over every stage (None: no clipping), and the
+    /// gradients this rank counts in the norm (decided once, in `set_clip_grad_norm`).
+    clip_grad_norm: Option<(f64, Vec<String>)>,
     /// Seconds the last step spent computing (forward and backward passes) and in all.
     busy: f64,
     wall: f64,
@@ -181,10 +182,26 @@ impl StageTrainer {
     /// clipping): each distinct piece is counted once, on the first rank of its stage holding
     /// it, and a shared parameter on the first stage using it.
     pub fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
-        if let Some(m) = max_norm {
-            crate::optim::check_max_norm(m)?;
-        }
-        self.clip_grad_norm = max_norm;
+        let Some(m) = max_norm else {
+            self.clip_grad_norm = None;
+            return Ok(());
+        };
+        crate::optim::check_max_norm(m)?;
+        let stages = self.plan.param_stages();
+        let (stage, position) = (self.program.stage, self.program.position);
+        let counted = self
+            .program
+            .param_grads
+            .iter()
+            .map(|(name, _)| name)
+            .filter(|name| {
+                let first_stage = stages.iter().find(|(n, _)| n == *name).is_none_or(|(_, s)| s.first() == Some(&stage));
+                let first_holder = self.program.program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == position));
+                first_stage && first_holder
+            })
+            .cloned()
+            .collect();
+        self.clip_grad_norm = Some((m, counted));
         Ok(())
     }
 
@@ -327,19 +344,17 @@ impl StageTrainer {
                 *g = all_reduce_tensor(comm.as_ref(), g, n)?;
             }
         }
-        if let Some(max_norm) = self.clip_grad_norm {
-            let stages = self.plan.param_stages();
-            let program = &self.program;
-            let counted = |name: &str| {
-                let first_stage = stages.iter().find(|(n, _)| n == name).is_none_or(|(_, s)| s.first() == Some(&stage));
-                let first_holder = program.program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == program.position));
-                first_stage && first_holder
-            };
-            crate::optim::clip_gradients(&mut grads, max_norm, counted, |local| {
-                let mut v = vec![local];
-                world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
-                Ok(v[0])
-            })?;
+        if let Some((max_norm, counted)) = &self.clip_grad_norm {
+            crate::optim::clip_gradients(
+                &mut grads,
+                *max_norm,
+                |name| counted.iter().any(|c| c == name),
+                |local| {
+                    let mut v = vec![local];
+                    world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
+                    Ok(v[0])
+                },
+            )?;
         }
         opt.step(&mut self.params, &grads)?;
         self.step += 1;
