@@ -58,6 +58,9 @@ pub enum BroadcastError {
     #[error("parameter_broadcast: cannot read layout {}: {reason}\n  hint: pass a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict)", path.display())]
     Read { path: PathBuf, reason: String },
 
+    #[error("parameter_broadcast: rank {rank} and rank {peer} would broadcast different parameters or optimizer state to each other (their layouts or optimizers differ)\n  hint: pass the same layout and the same optimizer type on every rank")]
+    Disagree { rank: usize, peer: usize },
+
     #[error("parameter_broadcast failed on rank {rank}, so no rank changed its parameters:\n{message}")]
     OnRank { rank: usize, message: String },
 }
@@ -246,22 +249,26 @@ pub struct BroadcastReport {
 /// group (global ranks) and the owner.
 struct Transfer {
     name: String,
-    in_state: bool,
+    /// The parameter whose optimizer state `name` is (None: `name` is a parameter).
+    state_of: Option<String>,
     group: Vec<usize>,
     owner: usize,
 }
 
 /// MindSpore's `parameter_broadcast(net, layout, cur_rank, initial_rank)` on one rank of a job:
 /// every piece of every parameter named by `layout` (and, given `optimizer`, every state entry
-/// such as `moments.<name>` it names) takes its single owner's value on every rank of its
-/// group. Collective over `world`: every rank of the job calls it. Layout names that are
-/// network inputs, or optimizer state when no optimizer is given, are left alone.
+/// such as `moments.<name>` it names and the optimizer keeps) takes its single owner's value on
+/// every rank of its group. Collective over `world`: every rank of the job calls it. Layout
+/// names that are network inputs, or optimizer state when no optimizer is given, are left
+/// alone. A state entry the optimizer has not created yet (it does so at the first update) is
+/// taken as the zeros it would start from.
 ///
 /// Errors, checked on every rank before any communication and then agreed by all ranks (so no
 /// rank hangs): `cur_rank` is not this rank; `initial_rank` is not the first rank of this
 /// rank's pipeline stage; a layout name this rank would broadcast is not a parameter of the
 /// network (the closest name is suggested); the layout spans another device count or puts a
-/// piece on other ranks than the job does.
+/// piece on other ranks than the job does; two ranks of one group would broadcast different
+/// names (their layouts or optimizers differ).
 pub fn parameter_broadcast(
     trainer: &mut dyn Replicas,
     optimizer: Option<&mut dyn Optimizer>,
@@ -271,12 +278,22 @@ pub fn parameter_broadcast(
     initial_rank: usize,
 ) -> Result<BroadcastReport> {
     let rank = world.rank();
-    if world.size() <= 1 || layout.entries().is_empty() {
-        return Ok(BroadcastReport::default());
-    }
-    let state_names: Option<BTreeSet<String>> = optimizer.as_ref().map(|o| o.state().iter().map(|(n, _)| n.clone()).collect());
-    let checked = check(&*trainer, state_names.as_ref(), rank, layout, cur_rank, initial_rank, world.size());
-    agree(world, checked.as_ref().err())?;
+    let checked = check(&*trainer, optimizer.as_deref(), rank, layout, cur_rank, initial_rank, world.size());
+    let peers = match &checked {
+        Ok((_, transfers)) => peer_fingerprints(transfers, world.size()),
+        Err(_) => vec![0; world.size()],
+    };
+    let mut theirs = vec![0i64; world.size()];
+    world
+        .all_to_all((&peers).into(), (&mut theirs).into())
+        .map_err(RuntimeError::comm(CommPhase::ParameterBroadcast { name: "(checks)".into() }))?;
+    let failed = match &checked {
+        Err(e) => Some(Failure { error: e.clone(), primary: true }),
+        Ok(_) => (0..world.size())
+            .find(|&m| peers[m] != theirs[m])
+            .map(|peer| Failure { error: BroadcastError::Disagree { rank, peer }, primary: false }),
+    };
+    agree(world, failed.as_ref())?;
     let (report, transfers) = checked.expect("a failed check returned above");
 
     // The stage's communicator, then one group per distinct partition (positions in the stage).
@@ -297,20 +314,53 @@ pub fn parameter_broadcast(
         let local: Vec<usize> = t.group.iter().map(|r| r - initial_rank).collect();
         let comm = groups.get(&local)?;
         let root = t.group.iter().position(|&r| r == t.owner).expect("the owner is in its group");
-        let store = match (&mut state, t.in_state) {
-            (Some(o), true) => o.state_mut(),
-            _ => trainer.pieces_mut(),
+        let value = match (&mut state, &t.state_of) {
+            (Some(o), Some(param)) => match o.state().get(&t.name) {
+                Some(v) => broadcast_tensor(comm, v, &t.name, root)?,
+                None => {
+                    let p = trainer.pieces_mut().require(param)?;
+                    broadcast_tensor(comm, &autopar_tensor::Tensor::zeros(p.shape(), p.dtype()), &t.name, root)?
+                }
+            },
+            _ => broadcast_tensor(comm, trainer.pieces_mut().require(&t.name)?, &t.name, root)?,
         };
-        let out = broadcast_tensor(comm, store.require(&t.name)?, &t.name, root)?;
-        store.insert(&t.name, out);
+        match (&mut state, &t.state_of) {
+            (Some(o), Some(_)) => o.state_mut().insert(&t.name, value),
+            _ => trainer.pieces_mut().insert(&t.name, value),
+        };
     }
     Ok(report)
+}
+
+/// For every rank `m` of the world, a fingerprint of the names and groups this rank broadcasts
+/// with `m` (0: none). Two ranks that agree on what they share send each other equal values.
+fn peer_fingerprints(transfers: &[Transfer], world_size: usize) -> Vec<i64> {
+    let mut out = vec![0i64; world_size];
+    for t in transfers {
+        let h = fingerprint(&t.name, &t.group);
+        for &m in &t.group {
+            if let Some(slot) = out.get_mut(m) {
+                *slot ^= h;
+            }
+        }
+    }
+    out
+}
+
+/// FNV-1a over a name and its group: the same on every process.
+fn fingerprint(name: &str, group: &[usize]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = name.bytes().chain([0u8]).chain(group.iter().flat_map(|&r| (r as u64).to_le_bytes()));
+    for b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
 }
 
 /// This rank's checks and its part of the broadcast, or what is wrong.
 fn check(
     trainer: &dyn Replicas,
-    state_names: Option<&BTreeSet<String>>,
+    optimizer: Option<&dyn Optimizer>,
     rank: usize,
     layout: &LayoutSource,
     cur_rank: usize,
@@ -336,28 +386,32 @@ fn check(
     let mut transfers = Vec::new();
     let mut report = BroadcastReport { owners: autopar_layout::redundancy::single_owners(&redundancy), ..Default::default() };
     for (name, groups) in &redundancy {
-        let holders = trainer.holders(name);
         let group = groups.iter().find(|g| g.contains(&rank)).cloned().unwrap_or_default();
-        if let Some(job) = holders.as_ref().filter(|job| **job != group) {
-            return Err(BroadcastError::Replicas { name: name.clone(), rank, layout: group, job: job.clone() });
+        // A parameter, or the optimizer state of one: where the job stores this rank's piece.
+        let state_of = match trainer.holders(name) {
+            Some(_) => None,
+            None if trainer.in_network(name) => continue,
+            None => match state_parameter(name) {
+                Some(p) if trainer.in_network(p) => {
+                    let keeps = optimizer.is_some_and(|o| o.state_keys(p).iter().any(|k| k == name));
+                    if !keeps || trainer.holders(p).is_none() {
+                        continue;
+                    }
+                    Some(p.to_string())
+                }
+                _ => return Err(unknown(trainer, name)),
+            },
+        };
+        let job = trainer.holders(state_of.as_deref().unwrap_or(name)).expect("held: checked above");
+        if job != group {
+            return Err(BroadcastError::Replicas { name: name.clone(), rank, layout: group, job });
         }
         if group.len() <= 1 {
             continue;
         }
-        let in_state = match holders {
-            Some(_) => false,
-            None if trainer.in_network(name) => continue,
-            None => match (state_parameter(name), state_names) {
-                (Some(p), names) if trainer.in_network(p) => match names {
-                    Some(n) if n.contains(name.as_str()) => true,
-                    _ => continue,
-                },
-                _ => return Err(unknown(trainer, name)),
-            },
-        };
         let owner = owners[&(name.clone(), group.clone())];
         if owner == rank { &mut report.sent } else { &mut report.received }.push(name.clone());
-        transfers.push(Transfer { name: name.clone(), in_state, group: group.clone(), owner });
+        transfers.push(Transfer { name: name.clone(), state_of, group: group.clone(), owner });
     }
     report.redundancy = redundancy;
     Ok((report, transfers))
@@ -392,33 +446,40 @@ fn edit_distance(a: &str, b: &str) -> usize {
 /// The longest error text one rank sends the others.
 const MAX_MESSAGE: usize = 2048;
 
-/// Every rank learns whether any rank failed its checks (one all-gather over `world`); the
-/// failing rank returns its own error, the others the first failing rank's text.
-fn agree(world: &dyn Communicator, failed: Option<&BroadcastError>) -> Result<()> {
-    let mut mine = vec![0i32; MAX_MESSAGE + 1];
-    if let Some(e) = failed {
-        let text = e.to_string();
+/// A rank's reason to refuse: `primary` when its own checks failed, not when it only found
+/// that a peer disagrees (a peer whose checks failed disagrees with everyone).
+struct Failure {
+    error: BroadcastError,
+    primary: bool,
+}
+
+/// Every rank learns whether any rank refused (one all-gather over `world`). A rank whose own
+/// checks failed returns its error; the others the text of the first rank whose checks failed
+/// or, when none did, of the first rank that found a disagreement.
+fn agree(world: &dyn Communicator, failed: Option<&Failure>) -> Result<()> {
+    let mut mine = vec![0i32; MAX_MESSAGE + 2];
+    if let Some(f) = failed {
+        let text = f.error.to_string();
         let bytes = &text.as_bytes()[..text.len().min(MAX_MESSAGE)];
         mine[0] = bytes.len() as i32 + 1;
-        for (d, &b) in mine[1..].iter_mut().zip(bytes) {
+        mine[1] = i32::from(f.primary);
+        for (d, &b) in mine[2..].iter_mut().zip(bytes) {
             *d = b as i32;
         }
     }
-    let mut all = vec![0i32; (MAX_MESSAGE + 1) * world.size()];
+    let mut all = vec![0i32; (MAX_MESSAGE + 2) * world.size()];
     world
         .all_gather((&mine).into(), (&mut all).into())
         .map_err(RuntimeError::comm(CommPhase::ParameterBroadcast { name: "(checks)".into() }))?;
-    if let Some(e) = failed {
-        return Err(RuntimeError::Broadcast(Box::new(e.clone())));
+    let parts: Vec<&[i32]> = all.chunks(MAX_MESSAGE + 2).collect();
+    let first = |primary: bool| parts.iter().position(|p| p[0] > 0 && (p[1] == 1) == primary);
+    let Some(r) = first(true).or_else(|| first(false)) else { return Ok(()) };
+    if let Some(f) = failed.filter(|f| f.primary || r == world.rank()) {
+        return Err(RuntimeError::Broadcast(Box::new(f.error.clone())));
     }
-    for (r, part) in all.chunks(MAX_MESSAGE + 1).enumerate() {
-        if part[0] > 0 {
-            let bytes: Vec<u8> = part[1..part[0] as usize].iter().map(|&b| b as u8).collect();
-            let message = String::from_utf8_lossy(&bytes).into_owned();
-            return Err(RuntimeError::Broadcast(Box::new(BroadcastError::OnRank { rank: r, message })));
-        }
-    }
-    Ok(())
+    let bytes: Vec<u8> = parts[r][2..parts[r][0] as usize + 1].iter().map(|&b| b as u8).collect();
+    let message = String::from_utf8_lossy(&bytes).into_owned();
+    Err(RuntimeError::Broadcast(Box::new(BroadcastError::OnRank { rank: r, message })))
 }
 
 #[cfg(test)]

@@ -126,6 +126,9 @@ pub trait Optimizer {
     fn state(&self) -> &ParamStore;
     /// Mutable state, for restoring from a checkpoint.
     fn state_mut(&mut self) -> &mut ParamStore;
+    /// The state entries this optimizer keeps for parameter `param` (created as zeros shaped
+    /// like the parameter at its first update), under MindSpore's names.
+    fn state_keys(&self, param: &str) -> Vec<String>;
     /// Updates applied so far.
     fn steps(&self) -> u64;
     /// The learning rate the next update uses.
@@ -294,6 +297,9 @@ impl Optimizer for Sgd {
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
     }
+    fn state_keys(&self, _param: &str) -> Vec<String> {
+        Vec::new()
+    }
     fn steps(&self) -> u64 {
         self.step
     }
@@ -385,6 +391,9 @@ impl Optimizer for Momentum {
     }
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
+    }
+    fn state_keys(&self, param: &str) -> Vec<String> {
+        vec![format!("{MOMENTS}{param}")]
     }
     fn steps(&self) -> u64 {
         self.step
@@ -501,6 +510,9 @@ impl Optimizer for AdamW {
     }
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
+    }
+    fn state_keys(&self, param: &str) -> Vec<String> {
+        vec![format!("{ADAM_M}{param}"), format!("{ADAM_V}{param}")]
     }
     fn steps(&self) -> u64 {
         self.step

@@ -194,7 +194,11 @@ impl TrainStep {
                     .map_err(RuntimeError::comm(CommPhase::GradientSync { group: all }))?;
                 Ok(v[0])
             }
-            _ => Ok(local),
+            Some(_) => Ok(local),
+            None if n <= 1 => Ok(local),
+            None => {
+                Err(RuntimeError::NeedsCommunicator { kind: "ClipByGlobalNorm", name: "the global norm".into(), group: (0..n).collect() })
+            }
         })?;
         Ok(())
     }

@@ -400,3 +400,121 @@ fn optimizer_state_named_by_the_layout_follows_its_owner_too() {
     }
     assert_ne!(out[0].0, out[1].0, "the ranks' state differed before");
 }
+
+/// What each rank of a 4-rank data_parallel job returns from a broadcast with a momentum
+/// state it may have dropped, an optimizer it chooses and a layout it may edit; `None` when it
+/// succeeded, with the state of `moments.fc1.weight` before (None: absent) and after.
+type StateRun = Vec<(Option<RuntimeError>, Option<Vec<f64>>, Option<Vec<f64>>)>;
+
+fn state_run(
+    optimizer: fn(usize) -> Box<dyn Optimizer>,
+    drop_state: fn(usize) -> bool,
+    edit: fn(usize, &mut Vec<(String, autopar_layout::ParameterLayout)>),
+) -> StateRun {
+    let (g, loss) = network(16, false);
+    let job = ParallelJob::new(g.clone(), loss, context("data_parallel", 4, None)).unwrap();
+    let full = ParamStore::init(&g).unwrap();
+    let data = run_data(&g);
+    within_a_minute("broadcast of optimizer state", move || {
+        LocalComm::run(4, |comm| -> Result<_> {
+            let rank = comm.rank();
+            let name = "moments.fc1.weight";
+            let mut t = RankTrainer::new(&job, &comm, &full)?;
+            let mut opt = optimizer(rank);
+            let feeds = t.local_feeds(&data[0])?;
+            t.step(opt.as_mut(), &feeds)?;
+            if let Some(m) = opt.state_mut().remove(name) {
+                let drifted: Vec<f32> = m.to_f64_vec().iter().map(|v| *v as f32 + rank as f32).collect();
+                opt.state_mut().insert(name, Tensor::from_vec(m.shape(), drifted).unwrap());
+            }
+            if drop_state(rank) {
+                opt.state_mut().remove(name);
+            }
+            let before = opt.state().get(name).map(|t| t.to_f64_vec());
+            let keys = |p: &str| vec![format!("moments.{p}")];
+            let mut dict = parameter_layout_dict(job.plan(), rank, &keys);
+            edit(rank, &mut dict);
+            let e = parameter_broadcast(&mut t, Some(opt.as_mut()), &comm, &LayoutSource::Dict(dict), rank, 0).err();
+            Ok((e, before, opt.state().get(name).map(|t| t.to_f64_vec())))
+        })
+        .unwrap()
+    })
+}
+
+#[test]
+fn optimizer_state_missing_on_some_ranks_is_taken_as_zeros_without_a_hang() {
+    // Ranks 1 and 3 have not created moments.fc1.weight (as before their first update): they
+    // take part all the same and end with the owner's value; an owner without it sends zeros.
+    let out = state_run(|_| momentum(), |r| r % 2 == 1, |_, _| {});
+    let owner = {
+        let keys = |p: &str| vec![format!("moments.{p}")];
+        let (g, loss) = network(16, false);
+        let job = ParallelJob::new(g, loss, context("data_parallel", 4, None)).unwrap();
+        let red = LayoutSource::Dict(parameter_layout_dict(job.plan(), 0, &keys)).redundancy(0, 4).unwrap();
+        group_owners(&red)[&("moments.fc1.weight".to_string(), vec![0, 1, 2, 3])]
+    };
+    let want = out[owner].1.clone().unwrap_or_else(|| vec![0.0; 32 * 64]);
+    for (r, (e, before, after)) in out.iter().enumerate() {
+        assert!(e.is_none(), "rank {r}: {e:?}");
+        assert_eq!(before.is_none(), r % 2 == 1);
+        assert_eq!(after.as_ref(), Some(&want), "rank {r} does not hold the owner's (rank {owner}) state");
+    }
+}
+
+/// The rank found a disagreement, or heard of one.
+fn disagree(e: &Option<RuntimeError>) -> bool {
+    match broadcast_error(e) {
+        BroadcastError::Disagree { .. } => true,
+        BroadcastError::OnRank { message, .. } => message.contains("would broadcast different"),
+        _ => false,
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_the_state_or_the_layout_fail_together() {
+    // Rank 0 runs AdamW (no moments.*), the others Momentum: rank 0 would skip what they send.
+    let out = state_run(
+        |r| if r == 0 { Box::new(autopar_runtime::AdamW::new(LrSchedule::Constant(0.01)).unwrap()) } else { momentum() },
+        |_| false,
+        |_, _| {},
+    );
+    for (r, (e, before, after)) in out.iter().enumerate() {
+        assert!(disagree(e), "rank {r}: {e:?}");
+        assert!(broadcast_error(e).to_string().contains("layouts or optimizers differ"), "{e:?}");
+        assert_eq!(before, after, "rank {r} changed its state");
+    }
+
+    // Rank 2 passes an empty layout, the others the job's.
+    let out = state_run(
+        |_| momentum(),
+        |_| false,
+        |r, d| {
+            if r == 2 {
+                d.clear()
+            }
+        },
+    );
+    for (r, (e, ..)) in out.iter().enumerate() {
+        assert!(disagree(e), "rank {r}: {e:?}");
+    }
+
+    // The layout's moments.fc1.weight is split, but the job keeps it whole on every rank.
+    let out = state_run(
+        |_| momentum(),
+        |_| false,
+        |_, d| {
+            for (_, l) in d.iter_mut().filter(|(n, _)| n == "moments.fc1.weight") {
+                l.tensor_map = vec![-1, 0];
+            }
+        },
+    );
+    for (r, (e, before, after)) in out.iter().enumerate() {
+        let e = broadcast_error(e);
+        assert!(
+            matches!(e, BroadcastError::Replicas { name, .. } if name == "moments.fc1.weight")
+                || matches!(e, BroadcastError::OnRank { message, .. } if message.contains("moments.fc1.weight")),
+            "rank {r}: {e}"
+        );
+        assert_eq!(before, after);
+    }
+}
