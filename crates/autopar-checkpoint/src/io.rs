@@ -37,6 +37,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     f.commit()
 }
 
+/// Removes from `dir` the temp files (`.<target>.tmp-<pid>-<n>`) that a killed process left,
+/// for the targets `wanted` accepts: those of processes that no longer run (on Linux, no
+/// `/proc/<pid>`; elsewhere, any other process's). Returns how many were removed.
+pub fn remove_stale_temps(dir: &Path, wanted: impl Fn(&str) -> bool) -> Result<usize> {
+    let own = std::process::id();
+    let mut removed = 0;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(name) = e.file_name().into_string() else { continue };
+        let Some((target, pid)) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".tmp-")).and_then(|(t, rest)| {
+            let (pid, counter) = rest.split_once('-')?;
+            counter.bytes().all(|b| b.is_ascii_digit()).then_some((t, pid.parse::<u32>().ok()?))
+        }) else {
+            continue;
+        };
+        let alive = pid == own || (cfg!(target_os = "linux") && Path::new(&format!("/proc/{pid}")).exists());
+        if !alive && wanted(target) {
+            match fs::remove_file(e.path()) {
+                Ok(()) => removed += 1,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => return Err(CheckpointError::Io { op: "remove stale temp file", path: e.path(), source: err }),
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// Data handed to the kernel between two writeback requests.
 pub(crate) const WRITEBACK_STEP: u64 = 8 << 20;
 
@@ -91,6 +117,7 @@ impl AtomicFile {
         };
         fs::create_dir_all(&dir).map_err(CheckpointError::io("create folder", &dir))?;
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        remove_stale_temps(&dir, |target| target == name)?;
         let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
         let file = File::create(&tmp).map_err(CheckpointError::io("create", &tmp))?;
@@ -283,6 +310,25 @@ mod tests {
         };
         copy_box(&mut read, &[4, 6], &[1, 2], &mut dst, &[3, 4], &[1, 1], &[2, 3], 1).unwrap();
         assert_eq!(dst, vec![0, 0, 0, 0, 0, 12, 13, 14, 0, 22, 23, 24]);
+    }
+
+    #[test]
+    fn temp_files_of_dead_processes_are_removed_when_the_target_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let own = std::process::id();
+        for name in [".x.bin.tmp-4000000000-0", ".y.bin.tmp-4000000000-3", &format!(".x.bin.tmp-{own}-99"), ".x.bin.tmp-notapid-1"] {
+            fs::write(d.join(name), b"partial").unwrap();
+        }
+        write_atomic(&d.join("x.bin"), b"whole").unwrap();
+        let mut left: Vec<String> = fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        // The dead process's temp of x.bin went; y.bin's, this process's and a foreign name stay.
+        let mut want =
+            vec![".x.bin.tmp-notapid-1".to_string(), format!(".x.bin.tmp-{own}-99"), ".y.bin.tmp-4000000000-3".into(), "x.bin".into()];
+        want.sort();
+        assert_eq!(left, want);
+        assert_eq!(remove_stale_temps(d, |t| t == "y.bin").unwrap(), 1);
     }
 
     #[test]

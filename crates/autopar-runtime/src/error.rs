@@ -27,6 +27,8 @@ pub enum CommPhase {
     PipelineTransfer { what: String },
     /// The parallel optimizer's all-gather or reduce-scatter of a bucket.
     OptimizerShard { kind: &'static str, group: Vec<usize> },
+    /// Waiting for every rank to write its checkpoint of a step.
+    Checkpoint { step: u64 },
 }
 
 impl fmt::Display for CommPhase {
@@ -40,6 +42,7 @@ impl fmt::Display for CommPhase {
             CommPhase::Run => write!(f, "the parallel run"),
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
             CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
+            CommPhase::Checkpoint { step } => write!(f, "waiting for every rank's checkpoint of step {step}"),
         }
     }
 }

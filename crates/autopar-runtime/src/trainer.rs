@@ -375,7 +375,6 @@ struct Plan<'a> {
     job: &'a Job,
     io: &'a Io,
     full: &'a ParamStore,
-    n: usize,
     steps_per_epoch: u64,
     total: u64,
     resume: Option<Resume>,
@@ -543,7 +542,7 @@ impl Trainer {
         }
 
         let strategy_file = self.save_strategy_files(&job)?;
-        let plan = Plan { job: &job, io: &io, full: &full, n, steps_per_epoch, total, resume, trainable };
+        let plan = Plan { job: &job, io: &io, full: &full, steps_per_epoch, total, resume, trainable };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
@@ -843,7 +842,6 @@ impl Trainer {
     ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
-        let n = plan.n;
         let mut trainer = Worker::new(plan.job, comm, plan.full, cfg.micro_batches)?;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
@@ -861,6 +859,12 @@ impl Trainer {
             continue_counters(&mut trainer, opt.as_mut(), p.step)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
+        // Every checkpoint of the run (resumed runs included) carries its id, so that a rank
+        // file of another run is refused on resume.
+        let run_id = match plan.resume.as_ref().map(|r| r.pos.run_id.clone()).filter(|id| !id.is_empty()) {
+            Some(id) => id,
+            None => new_run_id(comm)?,
+        };
         // This rank reads only the rows of each global batch its inputs need.
         let rows = trainer.rows(cfg.batch_size);
         let loader = self.loader(Some(rows.clone()))?;
@@ -904,7 +908,7 @@ impl Trainer {
                 };
                 if let Some(ck) = &cfg.checkpoint {
                     if ck.every_steps > 0 && step.is_multiple_of(ck.every_steps) {
-                        checkpoints.push(self.save(ck, &trainer, opt.as_ref(), step, epoch, pos, rank, n)?);
+                        checkpoints.push(self.save(ck, &trainer, opt.as_ref(), comm, &run_id, (step, epoch, pos))?);
                         saved_at = Some(step);
                     }
                 }
@@ -929,7 +933,7 @@ impl Trainer {
         }
         if let Some(ck) = &cfg.checkpoint {
             if saved_at != Some(step) && step > 0 {
-                checkpoints.push(self.save(ck, &trainer, opt.as_ref(), step, epoch, pos, rank, n)?);
+                checkpoints.push(self.save(ck, &trainer, opt.as_ref(), comm, &run_id, (step, epoch, pos))?);
             }
         }
         for cb in cbs.iter_mut() {
@@ -938,18 +942,20 @@ impl Trainer {
         Ok(RankOut { losses, params: trainer.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// This rank's checkpoint at `step`, written atomically. With `keep_checkpoint_max`, the
+    /// oldest files go only after every rank has written its file of `step` (a barrier), so a
+    /// run killed at any moment leaves a complete checkpoint ([`latest_in`] finds it). Temp
+    /// files a killed earlier run left in the rank's folder are removed.
     fn save(
         &self,
         ck: &CheckpointConfig,
         trainer: &Worker,
         opt: &dyn Optimizer,
-        step: u64,
-        epoch: u64,
-        pos: u64,
-        rank: usize,
-        n: usize,
+        comm: &dyn Communicator,
+        run_id: &str,
+        (step, epoch, pos): (u64, u64, u64),
     ) -> TrainResult<PathBuf> {
+        let (rank, n) = (comm.rank(), comm.size());
         let position = RunPosition {
             step,
             epoch,
@@ -958,10 +964,16 @@ impl Trainer {
             rank,
             batch_size: self.cfg.batch_size,
             parallel_mode: self.cfg.parallel.parallel_mode.name().to_string(),
+            run_id: run_id.to_string(),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
+        // Temp files of a killed earlier run, whichever step it was writing.
+        let folder = path.parent().unwrap_or(Path::new("."));
+        autopar_checkpoint::io::remove_stale_temps(folder, |target| target.starts_with(&format!("{}-", ck.prefix)))
+            .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), source: Box::new(source) })?;
         save_checkpoint(&path, trainer.params(), opt.state(), &position)?;
         if ck.keep_max > 0 {
+            comm.barrier().map_err(|e| TrainError::Runtime(RuntimeError::comm(CommPhase::Checkpoint { step })(e)))?;
             let found = list_checkpoints(&ck.dir, &ck.prefix, rank, n);
             let excess = found.len().saturating_sub(ck.keep_max);
             for (_, old) in found.into_iter().take(excess) {
@@ -1104,6 +1116,19 @@ fn open_rank_file(path0: &Path, pos0: &RunPosition, rank: usize) -> TrainResult<
     let path = rank_file(path0, pos0.rank, rank, pos0.world_size);
     let ck = Loaded::open(&path)?;
     let p = RunPosition::from_metadata(&path, ck.file.metadata())?;
+    if !p.run_id.is_empty() && !pos0.run_id.is_empty() && p.run_id != pos0.run_id {
+        return Err(TrainError::Resume {
+            path,
+            problem: format!(
+                "it belongs to another run (run id {}) than rank {}'s file {} (run id {})",
+                p.run_id,
+                pos0.rank,
+                path0.display(),
+                pos0.run_id
+            ),
+            hint: "keep every rank's files of one checkpoint together: a rank_<k> folder was copied from another run".into(),
+        });
+    }
     if p.rank != rank || p.step != pos0.step || p.world_size != pos0.world_size {
         return Err(TrainError::Resume {
             path,
@@ -1148,25 +1173,49 @@ fn continue_counters(trainer: &mut Worker, opt: &mut dyn Optimizer, step: u64) -
     Ok(())
 }
 
-/// The newest checkpoint under `dir`: a stand-alone `<prefix>-<step>.safetensors`, or rank 0's
-/// file of a parallel run (`rank_0/<prefix>-<step>_0.safetensors`).
+/// A new run's id: rank 0's random 64 bits, in hex, broadcast to every rank.
+fn new_run_id(comm: &dyn Communicator) -> TrainResult<String> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mut id = vec![(nanos ^ (u64::from(std::process::id()) << 32)) as i64];
+    comm.broadcast((&mut id).into(), 0).map_err(|e| TrainError::Runtime(RuntimeError::comm(CommPhase::Run)(e)))?;
+    Ok(format!("{:016x}", id[0] as u64))
+}
+
+/// The newest complete checkpoint under `dir`: a stand-alone `<prefix>-<step>.safetensors`, or
+/// rank 0's file of a parallel run (`rank_0/<prefix>-<step>_0.safetensors`) whose every rank
+/// wrote its file. A step some rank has not written (the run was killed while saving) is
+/// passed over; a file that cannot be read is an error naming it.
 pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
-    let mut best: Option<(u64, PathBuf)> = None;
+    let mut found: Vec<(u64, PathBuf)> = Vec::new();
     for (folder, suffix) in [(dir.to_path_buf(), ""), (dir.join("rank_0"), "_0")] {
         for e in std::fs::read_dir(&folder).into_iter().flatten().flatten() {
             let Ok(name) = e.file_name().into_string() else { continue };
             let Some(stem) = name.strip_suffix(&format!("{suffix}.safetensors")) else { continue };
             let Some((_, digits)) = stem.rsplit_once('-') else { continue };
             if let Ok(s) = digits.parse::<u64>() {
-                if best.as_ref().is_none_or(|(b, _)| s > *b) {
-                    best = Some((s, e.path()));
-                }
+                found.push((s, e.path()));
             }
         }
     }
-    best.map(|(_, p)| p).ok_or_else(|| TrainError::Resume {
+    found.sort();
+    let mut incomplete = Vec::new();
+    for (step, path) in found.into_iter().rev() {
+        let ck = Loaded::open(&path)?;
+        let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
+        let missing: Vec<usize> =
+            (0..pos.world_size).filter(|&r| r != pos.rank && !rank_file(&path, pos.rank, r, pos.world_size).is_file()).collect();
+        if missing.is_empty() {
+            return Ok(path);
+        }
+        incomplete.push(format!("step {step} (no file of rank(s) {missing:?})"));
+    }
+    Err(TrainError::Resume {
         path: dir.to_path_buf(),
-        problem: "the folder holds no checkpoint (<prefix>-<step>.safetensors or rank_0/<prefix>-<step>_0.safetensors)".into(),
+        problem: if incomplete.is_empty() {
+            "the folder holds no checkpoint (<prefix>-<step>.safetensors or rank_0/<prefix>-<step>_0.safetensors)".into()
+        } else {
+            format!("the folder holds no complete checkpoint: {}", incomplete.join(", "))
+        },
         hint: "pass a checkpoint file, or the folder given to --checkpoint-dir".into(),
     })
 }

@@ -30,6 +30,9 @@ pub struct RunPosition {
     /// Global batch size (the data position is counted in its batches).
     pub batch_size: usize,
     pub parallel_mode: String,
+    /// The run's id, the same in every checkpoint of a run and its resumptions (empty: a file
+    /// written before autopar recorded it).
+    pub run_id: String,
 }
 
 impl RunPosition {
@@ -43,6 +46,7 @@ impl RunPosition {
         m.insert("rank".into(), self.rank.to_string());
         m.insert("batch_size".into(), self.batch_size.to_string());
         m.insert("parallel_mode".into(), self.parallel_mode.clone());
+        m.insert("run_id".into(), self.run_id.clone());
         m
     }
 
@@ -69,6 +73,7 @@ impl RunPosition {
             rank: num("rank")? as usize,
             batch_size: num("batch_size")? as usize,
             parallel_mode: m.get("parallel_mode").cloned().unwrap_or_else(|| "stand_alone".into()),
+            run_id: m.get("run_id").cloned().unwrap_or_default(),
         })
     }
 }
@@ -239,6 +244,7 @@ mod tests {
             rank: 0,
             batch_size: 16,
             parallel_mode: "stand_alone".into(),
+            run_id: "0123456789abcdef".into(),
         };
         save_checkpoint(&path, &params, &state, &pos).unwrap();
         let names: Vec<String> =
