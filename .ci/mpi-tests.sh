@@ -184,6 +184,55 @@ global_rank_mismatch() {
 }
 check global_rank_mismatch
 
+# A rank killed with SIGKILL in the middle of training: the job ends within 30 s with an error
+# naming that rank, and no process of the job is left behind.
+killed_rank() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" dir pid victim rank start took rc=0 i p
+    dir=$(mktemp -d)
+    echo "mpi-tests: SIGKILL one rank of mpirun -n 4 autopar train mid-run"
+    mpirun -n 4 "${flags[@]}" "$bin" train --model mlp --data synthetic --synthetic-samples 4096 --batch-size 32 --epochs 1000 \
+        --devices 4 --eval false --log-every 1 >"$dir/out" 2>&1 &
+    pid=$!
+    # Wait until training prints its first steps, then pick a rank process.
+    for i in $(seq 1 600); do
+        grep -q "step: 2," "$dir/out" 2>/dev/null && break
+        sleep 0.1
+    done
+    victim=""
+    for p in $(pgrep -f "$bin train --model mlp --data synthetic --synthetic-samples 4096" || true); do
+        rank=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+        if [ "$rank" = 2 ]; then victim=$p; fi
+    done
+    if [ -z "$victim" ]; then
+        cat "$dir/out" >&2
+        echo "mpi-tests: no rank 2 process found" >&2
+        kill "$pid" 2>/dev/null || true
+        return 1
+    fi
+    start=$(date +%s%N)
+    kill -9 "$victim"
+    for i in $(seq 1 600); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    wait "$pid" || rc=$?
+    took=$((($(date +%s%N) - start) / 1000000))
+    echo "mpi-tests: the job ended ${took} ms after rank 2 was killed, exit code $rc:"
+    grep -E "rank 2 .*(signal 9|Killed)" "$dir/out" || true
+    sleep 1
+    if [ "$rc" = 0 ] || [ "$took" -gt 30000 ] || ! grep -qE "rank 2 .*(signal 9|Killed)" "$dir/out"; then
+        cat "$dir/out" >&2
+        return 1
+    fi
+    if pgrep -f "$bin train --model mlp --data synthetic --synthetic-samples 4096" >/dev/null; then
+        echo "mpi-tests: orphan processes left:" >&2
+        pgrep -af "$bin train" >&2
+        pkill -9 -f "$bin train --model mlp --data synthetic --synthetic-samples 4096" || true
+        return 1
+    fi
+}
+check killed_rank
+
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi
 

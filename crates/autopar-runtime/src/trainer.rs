@@ -375,6 +375,9 @@ struct Plan<'a> {
     job: &'a Job,
     io: &'a Io,
     full: &'a ParamStore,
+    /// Devices of the job (under MPI, checked against the world's size).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    n: usize,
     steps_per_epoch: u64,
     total: u64,
     resume: Option<Resume>,
@@ -542,7 +545,7 @@ impl Trainer {
         }
 
         let strategy_file = self.save_strategy_files(&job)?;
-        let plan = Plan { job: &job, io: &io, full: &full, steps_per_epoch, total, resume, trainable };
+        let plan = Plan { job: &job, io: &io, full: &full, n, steps_per_epoch, total, resume, trainable };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]

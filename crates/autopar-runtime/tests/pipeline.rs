@@ -5,6 +5,7 @@
 //! and every parameter after 10 steps match stand-alone on the whole batch within a relative
 //! 1e-5 (f32).
 
+use autopar_comm::Communicator;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
 use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
@@ -372,4 +373,41 @@ fn clipping_by_global_norm_spans_every_stage() {
     let stores: Vec<ParamStore> = out.iter().map(|o| o.1.clone()).collect();
     let params = autopar_runtime::pipeline::assemble_pipeline_params(&job, &stores).unwrap();
     assert_close("pipeline, clipped", &out[0].0, &params, &want_losses, &want);
+}
+
+#[test]
+fn a_rank_that_dies_mid_schedule_fails_every_other_rank_naming_it() {
+    // 8 ranks, 4 stages of 2, 1F1B: rank 5 (stage 2) panics at the start of the second step,
+    // while the others are inside that step's schedule, waiting on its sends and receives.
+    let (devices, stages, micro) = (8usize, 4usize, 4usize);
+    let batch = micro * 2 * 2;
+    let data = batches(batch, 3);
+    let (g, loss) = network(batch / micro, stages);
+    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
+    let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+    let seen = std::sync::Mutex::new(vec![None::<String>; devices]);
+    let start = std::time::Instant::now();
+    let options = autopar_comm::LocalOptions::default().timeout(std::time::Duration::from_secs(600));
+    let out = autopar_comm::LocalComm::run_with(devices, options, |comm| -> Result<(), autopar_runtime::RuntimeError> {
+        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full)?;
+        let mut opt = optimizer();
+        let r = data.iter().enumerate().try_for_each(|(s, b)| {
+            if s == 1 && comm.rank() == 5 {
+                panic!("rank 5 dies on purpose");
+            }
+            t.step(&comm, opt.as_mut(), b).map(|_| ())
+        });
+        if let Err(e) = &r {
+            seen.lock().unwrap()[comm.rank()] = Some(e.to_string());
+        }
+        r
+    });
+    let took = start.elapsed();
+    assert!(took < std::time::Duration::from_secs(30), "the ranks took {took:?} to notice");
+    let e = out.expect_err("a rank died").to_string();
+    assert!(e.contains("rank 5") && e.contains("dies on purpose"), "{e}");
+    for (r, s) in seen.into_inner().unwrap().iter().enumerate().filter(|(r, _)| *r != 5) {
+        let s = s.as_deref().unwrap_or_else(|| panic!("rank {r} returned without an error"));
+        assert!(s.contains("rank 5 failed") && s.contains("dies on purpose"), "rank {r}: {s}");
+    }
 }
