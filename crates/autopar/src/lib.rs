@@ -5,6 +5,8 @@
 
 pub use autopar_layout as layout;
 
+pub mod config;
+
 /// The names a user program needs, in one import.
 pub mod prelude {
     pub use autopar_layout::{
