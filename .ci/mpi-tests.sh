@@ -19,6 +19,11 @@ if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! have_lib
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev libclang-dev
 fi
 
+# Every temp folder of these checks (mktemp -d below) lives under one folder removed at exit.
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch"
+
 flags=(--oversubscribe --mca btl_vader_single_copy_mechanism none)
 if [ "$(id -u)" = 0 ]; then
     flags=(--allow-run-as-root "${flags[@]}")
