@@ -314,20 +314,23 @@ pub fn parameter_broadcast(
         let local: Vec<usize> = t.group.iter().map(|r| r - initial_rank).collect();
         let comm = groups.get(&local)?;
         let root = t.group.iter().position(|&r| r == t.owner).expect("the owner is in its group");
-        let value = match (&mut state, &t.state_of) {
-            (Some(o), Some(param)) => match o.state().get(&t.name) {
-                Some(v) => broadcast_tensor(comm, v, &t.name, root)?,
-                None => {
-                    let p = trainer.pieces_mut().require(param)?;
-                    broadcast_tensor(comm, &autopar_tensor::Tensor::zeros(p.shape(), p.dtype()), &t.name, root)?
-                }
-            },
-            _ => broadcast_tensor(comm, trainer.pieces_mut().require(&t.name)?, &t.name, root)?,
-        };
         match (&mut state, &t.state_of) {
-            (Some(o), Some(_)) => o.state_mut().insert(&t.name, value),
-            _ => trainer.pieces_mut().insert(&t.name, value),
-        };
+            (Some(o), Some(param)) => {
+                let value = match o.state().get(&t.name) {
+                    Some(v) => broadcast_tensor(comm, v, &t.name, root)?,
+                    None => {
+                        let p = trainer.pieces_mut().require(param)?;
+                        broadcast_tensor(comm, &autopar_tensor::Tensor::zeros(p.shape(), p.dtype()), &t.name, root)?
+                    }
+                };
+                o.state_mut().insert(&t.name, value);
+            }
+            _ => {
+                let store = trainer.pieces_mut();
+                let value = broadcast_tensor(comm, store.require(&t.name)?, &t.name, root)?;
+                store.insert(&t.name, value);
+            }
+        }
     }
     Ok(report)
 }
@@ -388,21 +391,20 @@ fn check(
     for (name, groups) in &redundancy {
         let group = groups.iter().find(|g| g.contains(&rank)).cloned().unwrap_or_default();
         // A parameter, or the optimizer state of one: where the job stores this rank's piece.
-        let state_of = match trainer.holders(name) {
-            Some(_) => None,
+        let (state_of, job) = match trainer.holders(name) {
+            Some(job) => (None, job),
             None if trainer.in_network(name) => continue,
             None => match state_parameter(name) {
                 Some(p) if trainer.in_network(p) => {
                     let keeps = optimizer.is_some_and(|o| o.state_keys(p).iter().any(|k| k == name));
-                    if !keeps || trainer.holders(p).is_none() {
-                        continue;
+                    match trainer.holders(p) {
+                        Some(job) if keeps => (Some(p.to_string()), job),
+                        _ => continue,
                     }
-                    Some(p.to_string())
                 }
                 _ => return Err(unknown(trainer, name)),
             },
         };
-        let job = trainer.holders(state_of.as_deref().unwrap_or(name)).expect("held: checked above");
         if job != group {
             return Err(BroadcastError::Replicas { name: name.clone(), rank, layout: group, job });
         }

@@ -126,9 +126,13 @@ pub trait Optimizer {
     fn state(&self) -> &ParamStore;
     /// Mutable state, for restoring from a checkpoint.
     fn state_mut(&mut self) -> &mut ParamStore;
+    /// The prefixes of the state entries it keeps for each parameter (`moments.`, ...).
+    fn state_prefixes(&self) -> &'static [&'static str];
     /// The state entries this optimizer keeps for parameter `param` (created as zeros shaped
     /// like the parameter at its first update), under MindSpore's names.
-    fn state_keys(&self, param: &str) -> Vec<String>;
+    fn state_keys(&self, param: &str) -> Vec<String> {
+        self.state_prefixes().iter().map(|p| format!("{p}{param}")).collect()
+    }
     /// Updates applied so far.
     fn steps(&self) -> u64;
     /// The learning rate the next update uses.
@@ -258,6 +262,9 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// No state.
+    pub const STATE: &'static [&'static str] = &[];
+
     pub fn new(schedule: LrSchedule) -> Result<Self> {
         schedule.check()?;
         Ok(Self { schedule, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
@@ -297,8 +304,8 @@ impl Optimizer for Sgd {
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
     }
-    fn state_keys(&self, _param: &str) -> Vec<String> {
-        Vec::new()
+    fn state_prefixes(&self) -> &'static [&'static str] {
+        Self::STATE
     }
     fn steps(&self) -> u64 {
         self.step
@@ -321,6 +328,9 @@ pub struct Momentum {
 }
 
 impl Momentum {
+    /// The accumulated velocity, `moments.<name>`.
+    pub const STATE: &'static [&'static str] = &[MOMENTS];
+
     pub fn new(schedule: LrSchedule, momentum: f64) -> Result<Self> {
         schedule.check()?;
         check_non_negative("momentum", momentum)?;
@@ -392,8 +402,8 @@ impl Optimizer for Momentum {
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
     }
-    fn state_keys(&self, param: &str) -> Vec<String> {
-        vec![format!("{MOMENTS}{param}")]
+    fn state_prefixes(&self) -> &'static [&'static str] {
+        Self::STATE
     }
     fn steps(&self) -> u64 {
         self.step
@@ -418,6 +428,9 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// The first and second moments, `adam_m.<name>` and `adam_v.<name>`.
+    pub const STATE: &'static [&'static str] = &[ADAM_M, ADAM_V];
+
     /// Defaults: betas (0.9, 0.999), eps 1e-8, weight decay 0.01, bias correction on.
     pub fn new(schedule: LrSchedule) -> Result<Self> {
         schedule.check()?;
@@ -511,8 +524,8 @@ impl Optimizer for AdamW {
     fn state_mut(&mut self) -> &mut ParamStore {
         &mut self.state
     }
-    fn state_keys(&self, param: &str) -> Vec<String> {
-        vec![format!("{ADAM_M}{param}"), format!("{ADAM_V}{param}")]
+    fn state_prefixes(&self) -> &'static [&'static str] {
+        Self::STATE
     }
     fn steps(&self) -> u64 {
         self.step

@@ -101,9 +101,9 @@ impl OptimizerKind {
     /// The prefixes of the state tensors' names (`moments.` + the parameter's name, ...).
     pub fn state_prefixes(&self) -> &'static [&'static str] {
         match self {
-            OptimizerKind::Sgd => &[],
-            OptimizerKind::Momentum { .. } => &[crate::optim::MOMENTS],
-            OptimizerKind::AdamW { .. } => &[crate::optim::ADAM_M, crate::optim::ADAM_V],
+            OptimizerKind::Sgd => crate::optim::Sgd::STATE,
+            OptimizerKind::Momentum { .. } => crate::optim::Momentum::STATE,
+            OptimizerKind::AdamW { .. } => crate::optim::AdamW::STATE,
         }
     }
 }
