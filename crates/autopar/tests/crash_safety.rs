@@ -21,34 +21,21 @@ fn autopar(dir: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// The words of a command line.
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(String::from).collect()
+}
+
+/// `autopar ARGS` in `dir` with the words of `line`.
+fn autopar_line(dir: &Path, line: &str) -> Command {
+    autopar(dir, &words(line).iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 fn train_args(ck: &str, resume: bool) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        "synthetic",
-        "--synthetic-samples",
-        "256",
-        "--width",
-        "16",
-        "--batch-size",
-        "16",
-        "--optimizer",
-        "adamw",
-        "--lr",
-        "0.01",
-        "--eval",
-        "false",
-        "--log-every",
-        "0",
-        "--checkpoint-every",
-        "1",
-        "--keep-checkpoint-max",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut a = words(
+        "train --model mlp --data synthetic --synthetic-samples 256 --width 16 --batch-size 16 --optimizer adamw --lr 0.01 \
+         --eval false --log-every 0 --checkpoint-every 1 --keep-checkpoint-max",
+    );
     a.push(KEEP.to_string());
     a.extend(["--steps".into(), STEPS.to_string(), "--devices".into(), DEVICES.to_string(), "--checkpoint-dir".into(), ck.into()]);
     if resume {
@@ -217,31 +204,10 @@ fn a_transform_killed_mid_way_leaves_no_half_written_file_and_a_rerun_completes_
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::create_dir_all(d.join("run")).unwrap();
-    let o = autopar(
+    let o = autopar_line(
         &d.join("run"),
-        &[
-            "train",
-            "--model",
-            "mlp",
-            "--data",
-            "synthetic",
-            "--synthetic-samples",
-            "64",
-            "--width",
-            "512",
-            "--batch-size",
-            "16",
-            "--steps",
-            "1",
-            "--eval",
-            "false",
-            "--devices",
-            "4",
-            "--checkpoint-dir",
-            "ck",
-            "--optimizer",
-            "momentum",
-        ],
+        "train --model mlp --data synthetic --synthetic-samples 64 --width 512 --batch-size 16 --steps 1 --eval false \
+         --devices 4 --checkpoint-dir ck --optimizer momentum",
     )
     .output()
     .unwrap();
@@ -363,29 +329,10 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     copy("a", "x");
     let other = dir.path().join("other");
     std::fs::create_dir_all(&other).unwrap();
-    let o = autopar(
+    let o = autopar_line(
         &other,
-        &[
-            "train",
-            "--model",
-            "mlp",
-            "--data",
-            "synthetic",
-            "--synthetic-samples",
-            "64",
-            "--width",
-            "24",
-            "--batch-size",
-            "16",
-            "--steps",
-            "1",
-            "--eval",
-            "false",
-            "--devices",
-            "2",
-            "--checkpoint-dir",
-            "ck",
-        ],
+        "train --model mlp --data synthetic --synthetic-samples 64 --width 24 --batch-size 16 --steps 1 --eval false \
+         --devices 2 --checkpoint-dir ck",
     )
     .output()
     .unwrap();
