@@ -388,9 +388,14 @@ impl CheckpointWriter {
 
 /// Write in-memory tensors to `path` (format from the extension).
 pub fn save(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<String, String>) -> Result<()> {
+    save_with(path, tensors, metadata, false)
+}
+
+/// [`save`], with MindSpore's CRC trailer on a `.ckpt` when `crc` is set.
+pub fn save_with(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<String, String>, crc: bool) -> Result<()> {
     let specs: Vec<TensorSpec> = tensors.iter().map(|(s, _)| s.clone()).collect();
     let by_name: HashMap<&str, &Vec<u8>> = tensors.iter().map(|(s, d)| (s.name.as_str(), d)).collect();
-    let mut w = CheckpointWriter::create(path, specs, metadata, false)?;
+    let mut w = CheckpointWriter::create(path, specs, metadata, crc)?;
     for i in 0..w.order().len() {
         let name = w.order()[i].name.clone();
         w.write_next(by_name[name.as_str()])?;
