@@ -1,6 +1,7 @@
 //! `autopar._native`: the Rust side of the `autopar` Python package.
 //!
-//! Thin bindings over `autopar-checkpoint`: every function takes plain paths, numbers and
+//! Thin bindings over `autopar-checkpoint` and the command line (`autopar::cli`, for `plan` and
+//! `train`): every function takes plain paths, numbers and
 //! strings, releases the interpreter lock while it works, and turns a [`CheckpointError`] into
 //! the Python exception MindSpore raises in the same case (`NotADirectoryError` for a folder
 //! that is not one, `ValueError` for everything a file or strategy got wrong). The argument
@@ -14,7 +15,7 @@ use autopar_checkpoint::{
     transform_checkpoints as all_ranks, CheckpointError, CheckpointFile, DType, Format, OpenOptions, TensorSpec, TransformOptions,
     TransformReport,
 };
-use pyo3::exceptions::{PyNotADirectoryError, PyValueError};
+use pyo3::exceptions::{PyNotADirectoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 
@@ -165,6 +166,32 @@ fn write_checkpoint(
     py.detach(|| save_with(&path, &specs, &metadata, crc)).map_err(to_py)
 }
 
+/// Run `autopar WORDS...` in this process: `(exit code, what it printed as its result)`.
+/// `plan` and `train` print their report into the returned string, other commands on stdout.
+/// A bad flag is a `ValueError` with clap's message; a failed run a `RuntimeError` with the
+/// message the command line prints.
+#[pyfunction]
+fn run_cli(py: Python<'_>, words: Vec<String>) -> PyResult<(u8, String)> {
+    let cli = autopar::cli::parse_args(&words).map_err(PyValueError::new_err)?;
+    let mut out = Vec::new();
+    let code = py.detach(|| autopar::cli::run(cli, &mut out));
+    match code {
+        Ok(code) => Ok((exit_code(code), String::from_utf8_lossy(&out).into_owned())),
+        Err(err) => Err(PyRuntimeError::new_err(autopar::cli::error_text(&err).trim_end().to_string())),
+    }
+}
+
+/// The number of a `std::process::ExitCode` (0, 1 or 2 here).
+fn exit_code(code: std::process::ExitCode) -> u8 {
+    if code == std::process::ExitCode::SUCCESS {
+        0
+    } else if code == std::process::ExitCode::from(1) {
+        1
+    } else {
+        2
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -173,6 +200,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transform_checkpoints, m)?)?;
     m.add_function(wrap_pyfunction!(merge_pipeline_strategys, m)?)?;
     m.add_function(wrap_pyfunction!(write_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_class::<CheckpointReader>()?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 
 pub use autopar_layout as layout;
 
+pub mod cli;
 pub mod config;
 
 /// The names a user program needs, in one import.

@@ -356,3 +356,24 @@ fn a_failing_rank_is_named_in_the_error() {
     assert!((line.starts_with("autopar[0]: ") || line.starts_with("autopar[1]: ")) && line.contains("the loss is"), "{err}");
     assert!(err.contains("hint: lower --lr"), "{err}");
 }
+
+#[test]
+fn json_prints_the_summary_alone_on_stdout_and_the_step_lines_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["train"];
+    args.extend(SMALL);
+    args.extend(["--steps", "6", "--log-every", "2", "--devices", "2", "--verify", "--json", "--checkpoint-dir", "ck"]);
+    let out = autopar(dir.path(), &args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {stdout}"));
+    assert_eq!(v["devices"], 2);
+    assert_eq!((v["first_step"].as_u64(), v["last_step"].as_u64()), (Some(0), Some(6)));
+    assert_eq!(v["losses"].as_array().unwrap().len(), 6);
+    assert_eq!(v["loss_last"], v["losses"][5]);
+    assert_eq!(v["verify"]["ok"], true);
+    assert!(v["verify"]["loss_relative"].as_f64().unwrap() < 1e-5);
+    assert!(v["eval"]["accuracy"].as_f64().is_some());
+    assert!(dir.path().join(v["checkpoint"].as_str().unwrap()).is_file());
+    assert!(stderr.contains("loss is"), "the step lines moved to stderr: {stderr}");
+}

@@ -19,6 +19,7 @@ from .checkpoint import (
     transform_checkpoints,
 )
 from . import parallel
+from .run import command_line, plan, train
 
 __all__ = [
     "__version__",
@@ -32,4 +33,7 @@ __all__ = [
     "transform_checkpoint_by_rank",
     "transform_checkpoints",
     "parallel",
+    "plan",
+    "train",
+    "command_line",
 ]

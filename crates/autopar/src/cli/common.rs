@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub use crate::config::{read_config, toml_to_json, FileConfig};
 use anyhow::{anyhow, bail, Context, Result};
-pub use autopar::config::{read_config, toml_to_json, FileConfig};
 use autopar_models::{ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_runtime::trainer::OptimizerKind;

@@ -1,4 +1,14 @@
-//! One module per subcommand. Each exposes its clap `Args` and a `run` returning the exit code.
+//! The `autopar` command line, as a library: the binary parses [`Cli`] and calls [`run`]; the
+//! Python package calls [`parse_args`] and [`run`] with the keyword arguments of `autopar.plan` / `autopar.train`
+//! turned into flags. One module per subcommand, each exposing its clap `Args` and a `run`
+//! returning the exit code. Results go to the given writer (plan reports, train summaries) or
+//! stdout, progress and errors to stderr. Exit codes: 0 success, 1 a "no" answer (e.g. a
+//! verification found a mismatch), 2 an error.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 pub mod calibrate;
 pub mod ckpt;
@@ -8,26 +18,93 @@ pub mod layout;
 pub mod plan;
 pub mod train;
 
-/// Print an error as `autopar: <first line>` followed by indented facts and causes; the error
-/// of a failed rank as `autopar[RANK]: ...`.
-pub fn report_error(err: &anyhow::Error) {
+/// The version, with whether this build runs under mpirun (`autopar launch` checks it).
+pub const VERSION: &str =
+    if cfg!(feature = "mpi") { concat!(env!("CARGO_PKG_VERSION"), " (mpi)") } else { concat!(env!("CARGO_PKG_VERSION"), " (no mpi)") };
+
+/// autopar: distributed, automatically parallel deep-learning training.
+///
+/// Write a model once, say how it is split across devices (or let autopar find the split), and
+/// run it on 1 to 4096 devices with the same numbers as on one device.
+#[derive(Parser, Debug)]
+#[command(name = "autopar", version = VERSION, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show how a tensor is split: each rank's slice and replica group, or a strategy's layouts,
+    /// or the redistribution plan between two layouts.
+    Layout(layout::LayoutArgs),
+    /// Distributed checkpoints and strategy files: inspect, merge pipeline strategies, list the
+    /// source ranks a destination rank needs, transform checkpoints between strategies.
+    Ckpt(ckpt::CkptArgs),
+    /// Start a job of N processes through OpenMPI's mpirun (one rank each, across hosts with
+    /// --hostfile); says how to install OpenMPI when it is missing.
+    Launch(launch::LaunchArgs),
+    /// Train a model (mlp, resnet18/34/50, gpt) on CIFAR-10, MNIST, a tensor file or synthetic
+    /// data, on one device or --devices N; checkpoints, resume, metrics, evaluation.
+    Train(Box<train::TrainArgs>),
+    /// Plan a job without training it: every op's strategy and its source, layouts,
+    /// redistributions, gradient buckets, communication per step and memory per device.
+    Plan(Box<plan::PlanArgs>),
+    /// Measure this machine's compute rate, memory bandwidth and collective latency and
+    /// bandwidth: the device profile of auto_parallel's cost model (TOML).
+    Calibrate(calibrate::CalibrateArgs),
+}
+
+/// Run one parsed command line; `plan` and `train` write their report to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Layout(args) => layout::run(args),
+        Command::Ckpt(args) => ckpt::run(args),
+        Command::Launch(args) => launch::run(args),
+        Command::Train(args) => train::run(*args, out),
+        Command::Plan(args) => plan::run(*args, out),
+        Command::Calibrate(args) => calibrate::run(args),
+    }
+}
+
+/// Parse `words` (what follows `autopar` on a command line) without exiting the process: a
+/// bad flag is clap's message, usage and hint included.
+pub fn parse_args<I, S>(words: I) -> Result<Cli, String>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<std::ffi::OsString> + Clone,
+{
+    let argv = std::iter::once(std::ffi::OsString::from("autopar")).chain(words.into_iter().map(Into::into));
+    Cli::try_parse_from(argv).map_err(|e| e.render().to_string().trim_end().to_string())
+}
+
+/// An error as the command line shows it: `autopar: <first line>` followed by indented facts,
+/// hints and causes; the error of a failed rank as `autopar[RANK]: ...`.
+pub fn error_text(err: &anyhow::Error) -> String {
     let (prefix, text) = match err.downcast_ref::<autopar_runtime::TrainError>() {
         Some(autopar_runtime::TrainError::Rank { rank, source }) => (format!("autopar[{rank}]"), source.to_string()),
         _ => ("autopar".to_string(), format!("{err}")),
     };
+    let mut out = String::new();
     let mut lines = text.lines();
     if let Some(first) = lines.next() {
-        eprintln!("{prefix}: {first}");
+        out.push_str(&format!("{prefix}: {first}\n"));
     }
     for line in lines {
         let line = line.trim_start();
         if line.starts_with("hint:") {
-            eprintln!("{line}");
+            out.push_str(&format!("{line}\n"));
         } else {
-            eprintln!("  {line}");
+            out.push_str(&format!("  {line}\n"));
         }
     }
     for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
+        out.push_str(&format!("  caused by: {cause}\n"));
     }
+    out
+}
+
+/// Print [`error_text`] on stderr.
+pub fn report_error(err: &anyhow::Error) {
+    eprint!("{}", error_text(err));
 }

@@ -61,7 +61,7 @@ pub struct PlanArgs {
     compare: bool,
 }
 
-pub fn run(args: PlanArgs) -> Result<ExitCode> {
+pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
     let ctx = parallel_context(&args.parallel, &file)?;
     let (name, opts) = model_options(&args.model, &file)?;
@@ -86,7 +86,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     let profile = load_profile(args.parallel.profile.as_deref())?;
     let micro = args.micro_batches.or(file.micro_batches);
     if ctx.pipeline_stages > 1 {
-        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some());
+        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some(), out);
     }
     if micro.is_some_and(|m| m != 1) {
         bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
@@ -97,7 +97,6 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         let req =
             PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
         let rows = compare_searches(&req)?;
-        let mut out = std::io::stdout().lock();
         if args.json {
             let v: Vec<serde_json::Value> = rows
                 .iter()
@@ -123,7 +122,6 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();
 
-    let mut out = std::io::stdout().lock();
     if let Some(path) = &args.svg {
         let svg = split_svg(&plan, 4);
         autopar_data::write_atomic(path, svg.as_bytes())
@@ -158,6 +156,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
 
 /// `autopar plan` of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
 /// activation memory per stage, then the plan every stage's ops share on one stage's devices.
+#[allow(clippy::too_many_arguments)]
 fn plan_pipeline_job(
     args: &PlanArgs,
     ctx: &autopar_parallel::ParallelContext,
@@ -166,6 +165,7 @@ fn plan_pipeline_job(
     rank: usize,
     slots: usize,
     has_strategy_file: bool,
+    out: &mut dyn Write,
 ) -> Result<ExitCode> {
     if has_strategy_file {
         bail!("--strategy is not used under pipeline_stages > 1\nhint: the stages are planned by the planner; drop --strategy");
@@ -186,7 +186,6 @@ fn plan_pipeline_job(
     let program = rank_program(&pp.plan, position)?;
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();
-    let mut out = std::io::stdout().lock();
     if let Some(path) = &args.svg {
         autopar_data::write_atomic(path, report.svg().as_bytes())
             .with_context(|| format!("cannot write {}\nhint: check that the folder exists and is writable", path.display()))?;

@@ -134,6 +134,10 @@ pub struct TrainArgs {
     /// differences; exit code 1 when one exceeds a relative 1e-3.
     #[arg(long, help_heading = "Parallel")]
     verify: bool,
+
+    /// Print the summary as one JSON object on stdout (the step lines go to stderr).
+    #[arg(long, help_heading = "Output")]
+    json: bool,
 }
 
 /// The flags merged over the file.
@@ -181,10 +185,12 @@ impl Callback for Progress {
     }
 }
 
-/// Stdout lines that do not tear the progress bar.
+/// Stdout lines that do not tear the progress bar (stderr lines with `--json`, whose stdout is
+/// the summary alone).
 struct BarStdout {
     bar: Option<ProgressBar>,
     buf: Vec<u8>,
+    to_stderr: bool,
 }
 
 impl Write for BarStdout {
@@ -193,9 +199,12 @@ impl Write for BarStdout {
         while let Some(i) = self.buf.iter().position(|&c| c == b'\n') {
             let line: Vec<u8> = self.buf.drain(..=i).collect();
             let out = || {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(&line);
-                let _ = o.flush();
+                let _ = if self.to_stderr {
+                    std::io::stderr().lock().write_all(&line)
+                } else {
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(&line).and_then(|()| o.flush())
+                };
             };
             match &self.bar {
                 Some(bar) => bar.suspend(out),
@@ -209,7 +218,7 @@ impl Write for BarStdout {
     }
 }
 
-pub fn run(args: TrainArgs) -> Result<ExitCode> {
+pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
 
@@ -383,6 +392,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     let trainer = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
     // Under mpirun every process trains one rank; only rank 0 prints results.
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
+    let json = s.args.json;
 
     // Callbacks (rank 0).
     let show_bar = std::io::stderr().is_terminal();
@@ -395,7 +405,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
     });
     let log_every = pick!(s, log_every).unwrap_or(spe.clamp(1, 100));
     let mut callbacks: Vec<Box<dyn Callback>> =
-        vec![Box::new(LossMonitor::with_writer(log_every, Box::new(BarStdout { bar: bar.clone(), buf: Vec::new() })))];
+        vec![Box::new(LossMonitor::with_writer(log_every, Box::new(BarStdout { bar: bar.clone(), buf: Vec::new(), to_stderr: json })))];
     let plot = s.args.plot || s.file.plot.unwrap_or(false);
     let metrics = pick!(s, metrics);
     if plot && metrics.is_none() {
@@ -437,44 +447,16 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
+    // The summary, as data: printed as text, or as one JSON object with --json.
     let run = report.last_step - report.first_step;
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "trained {name} for {run} steps (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
-        report.first_step, report.last_step, report.wall_secs, report.samples_per_sec
-    )?;
-    if let (Some(first), Some(last)) = (report.losses.first(), report.losses.last()) {
-        let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
-        writeln!(
-            out,
-            "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {:.4})",
-            tail.len(),
-            tail.iter().sum::<f64>() / tail.len() as f64
-        )?;
-    }
-    if parse_bool_or(pick!(s, eval), true) && run > 0 {
-        match &eval_data {
-            Some(data) => {
-                let e = trainer.evaluate(&report.params, data)?;
-                writeln!(
-                    out,
-                    "  eval: accuracy {:.2}% loss {:.4} on {} samples ({} predictions)",
-                    e.accuracy * 100.0,
-                    e.loss,
-                    e.samples,
-                    e.predictions
-                )?;
-            }
-            None => writeln!(out, "  eval: skipped (the data have no test split)")?,
-        }
-    }
-    if let Some(last) = report.checkpoints.last() {
-        writeln!(out, "  checkpoint: {}", last.display())?;
-    }
-    if let Some(sf) = &report.strategy_file {
-        writeln!(out, "  strategy file: {}", sf.display())?;
-    }
+    let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
+    let tail_mean = (!tail.is_empty()).then(|| tail.iter().sum::<f64>() / tail.len() as f64);
+    let eval = match (&eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
+        (Some(data), true) => Some(Some(trainer.evaluate(&report.params, data)?)),
+        (None, true) => Some(None),
+        (_, false) => None,
+    };
+    let verify = if s.args.verify { Some(verify_against_stand_alone(&cfg, &name, build, train, &report)?) } else { None };
     if !report.init_ignored.is_empty() {
         eprintln!(
             "--init: {} entr{} of the checkpoint are not parameters of this network and were not loaded: {}",
@@ -483,47 +465,143 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
             report.init_ignored.join(", ")
         );
     }
+    let mismatch = verify.as_ref().is_some_and(|v| !v.ok());
+    let plot_path = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
+    if json {
+        let eval_json = match &eval {
+            Some(Some(e)) => {
+                serde_json::json!({"accuracy": e.accuracy, "loss": e.loss, "samples": e.samples, "predictions": e.predictions})
+            }
+            Some(None) => serde_json::json!("skipped: the data have no test split"),
+            None => serde_json::Value::Null,
+        };
+        let summary = serde_json::json!({
+            "model": name,
+            "description": model.describe(),
+            "data": data_desc,
+            "devices": parallel.devices(),
+            "parallel_mode": parallel.parallel_mode.name(),
+            "mode": mode_desc,
+            "batch_size": batch_size,
+            "steps_per_epoch": spe,
+            "first_step": report.first_step,
+            "last_step": report.last_step,
+            "wall_seconds": report.wall_secs,
+            "samples_per_sec": report.samples_per_sec,
+            "losses": report.losses,
+            "loss_first": report.losses.first(),
+            "loss_last": report.losses.last(),
+            "loss_tail_mean": tail_mean,
+            "eval": eval_json,
+            "checkpoint": report.checkpoints.last().map(|p| p.display().to_string()),
+            "checkpoints": report.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "strategy_file": report.strategy_file.as_ref().map(|p| p.display().to_string()),
+            "metrics": metrics.as_ref().map(|p| p.display().to_string()),
+            "plot": plot_path.as_ref().map(|p| p.display().to_string()),
+            "init_ignored": report.init_ignored,
+            "verify": verify.as_ref().map(|v| serde_json::json!({
+                "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
+                "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
+                "tolerance": VERIFY_RTOL, "ok": v.ok(),
+            })),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&summary).map_err(|e| anyhow!("cannot print the summary as JSON: {e}"))?)?;
+        return Ok(if mismatch { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
+    writeln!(
+        out,
+        "trained {name} for {run} steps (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
+        report.first_step, report.last_step, report.wall_secs, report.samples_per_sec
+    )?;
+    if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), tail_mean) {
+        writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", tail.len())?;
+    }
+    match &eval {
+        Some(Some(e)) => writeln!(
+            out,
+            "  eval: accuracy {:.2}% loss {:.4} on {} samples ({} predictions)",
+            e.accuracy * 100.0,
+            e.loss,
+            e.samples,
+            e.predictions
+        )?,
+        Some(None) => writeln!(out, "  eval: skipped (the data have no test split)")?,
+        None => {}
+    }
+    if let Some(last) = report.checkpoints.last() {
+        writeln!(out, "  checkpoint: {}", last.display())?;
+    }
+    if let Some(sf) = &report.strategy_file {
+        writeln!(out, "  strategy file: {}", sf.display())?;
+    }
     if let Some(m) = &metrics {
         write!(out, "  metrics: {}", m.display())?;
-        if plot {
-            write!(out, " (loss curve: {})", MetricsWriter::plot_path(m).display())?;
+        if let Some(p) = &plot_path {
+            write!(out, " (loss curve: {})", p.display())?;
         }
         writeln!(out)?;
     }
-    if s.args.verify {
-        let mut alone = cfg.clone();
-        // The same micro-batches one after the other on one device: equal to the whole batch,
-        // and for BatchNorm models (statistics per micro-batch) the right reference.
-        alone.parallel = ParallelContext::default();
-        alone.checkpoint = None;
-        alone.resume = None;
-        let reference = Trainer::new(name, build, train, alone).fit(Vec::new()).context("the stand_alone reference run of --verify")?;
-        let (loss_diff, loss_rel) = largest_difference(report.losses.iter().copied().zip(reference.losses.iter().copied()));
-        let mut worst = (0.0f64, 0.0f64, String::new());
-        for (pname, want) in reference.params.iter() {
-            let got = report.params.get(pname).ok_or_else(|| anyhow!("--verify: parameter {pname} is missing from the parallel run"))?;
-            let want = want.to_f64_vec();
-            // Relative to the tensor's largest value, but not below VERIFY_FLOOR: a tensor whose
-            // gradient is zero in exact arithmetic (a key bias under softmax) holds rounding
-            // noise of 1e-12 whose differences say nothing.
-            let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(VERIFY_FLOOR);
-            let d = got.to_f64_vec().iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-            let r = d / scale;
-            if r > worst.1 || (r == worst.1 && d > worst.0) {
-                worst = (d, r, pname.clone());
-            }
-        }
+    if let Some(v) = &verify {
         writeln!(
             out,
-            "  verify: beside stand_alone on the same data, largest loss difference {loss_diff:.3e} (relative {loss_rel:.3e}), largest parameter difference {:.3e} (relative {:.3e} to the tensor's largest value, {})",
-            worst.0, worst.1, worst.2
+            "  verify: beside stand_alone on the same data, largest loss difference {:.3e} (relative {:.3e}), largest parameter difference {:.3e} (relative {:.3e} to the tensor's largest value, {})",
+            v.loss_diff, v.loss_rel, v.param_diff, v.param_rel, v.param
         )?;
-        if loss_rel > VERIFY_RTOL || worst.1 > VERIFY_RTOL {
+        if mismatch {
             writeln!(out, "  verify: MISMATCH above a relative {VERIFY_RTOL:e}")?;
             return Ok(ExitCode::from(1));
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `--verify` found beside the stand-alone run.
+struct Verified {
+    loss_diff: f64,
+    loss_rel: f64,
+    param_diff: f64,
+    param_rel: f64,
+    param: String,
+}
+
+impl Verified {
+    fn ok(&self) -> bool {
+        self.loss_rel <= VERIFY_RTOL && self.param_rel <= VERIFY_RTOL
+    }
+}
+
+/// Train stand_alone on the same data and compare losses and final parameters with `report`.
+fn verify_against_stand_alone(
+    cfg: &TrainConfig,
+    name: &str,
+    build: BuildNetwork,
+    train: DataSource,
+    report: &autopar_runtime::trainer::TrainReport,
+) -> Result<Verified> {
+    let mut alone = cfg.clone();
+    // The same micro-batches one after the other on one device: equal to the whole batch,
+    // and for BatchNorm models (statistics per micro-batch) the right reference.
+    alone.parallel = ParallelContext::default();
+    alone.checkpoint = None;
+    alone.resume = None;
+    let reference =
+        Trainer::new(name.to_string(), build, train, alone).fit(Vec::new()).context("the stand_alone reference run of --verify")?;
+    let (loss_diff, loss_rel) = largest_difference(report.losses.iter().copied().zip(reference.losses.iter().copied()));
+    let mut worst = (0.0f64, 0.0f64, String::new());
+    for (pname, want) in reference.params.iter() {
+        let got = report.params.get(pname).ok_or_else(|| anyhow!("--verify: parameter {pname} is missing from the parallel run"))?;
+        let want = want.to_f64_vec();
+        // Relative to the tensor's largest value, but not below VERIFY_FLOOR: a tensor whose
+        // gradient is zero in exact arithmetic (a key bias under softmax) holds rounding
+        // noise of 1e-12 whose differences say nothing.
+        let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(VERIFY_FLOOR);
+        let d = got.to_f64_vec().iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        let r = d / scale;
+        if r > worst.1 || (r == worst.1 && d > worst.0) {
+            worst = (d, r, pname.clone());
+        }
+    }
+    Ok(Verified { loss_diff, loss_rel, param_diff: worst.0, param_rel: worst.1, param: worst.2 })
 }
 
 /// Tolerance of `--verify` (float sums in another order drift over long runs).

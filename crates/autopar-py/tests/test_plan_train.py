@@ -1,0 +1,49 @@
+"""plan() and train() drive the engine with the command line's options as keyword arguments."""
+
+import json
+
+import numpy as np
+import pytest
+
+import autopar
+
+
+def test_keyword_arguments_become_the_command_lines_flags():
+    words = autopar.command_line(
+        "train", model="mlp", batch_size=64, verify=True, eval=False, seed=None, parallel={"pipeline_stages": 2, "comm_fusion": {"allreduce": {"mode": "size"}}}
+    )
+    assert words == [
+        "train", "--model", "mlp", "--batch-size", "64", "--verify",
+        "--parallel", "pipeline_stages=2", "--parallel", 'comm_fusion={"allreduce": {"mode": "size"}}',
+    ]
+
+
+def test_plan_returns_the_report_as_a_dict():
+    report = autopar.plan(model="mlp", devices=8, parallel_mode="semi_auto_parallel")
+    text = json.dumps(report)
+    assert "fc1.weight" in text
+    pipeline = autopar.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
+    assert set(pipeline) == {"pipeline", "plan"}
+    layouts = autopar.plan(model="mlp", devices=8, mindspore_layouts=True)
+    assert isinstance(layouts, str) and "fc1.weight: ([8]" in layouts
+
+
+def test_train_on_simulated_devices_equals_stand_alone(tmp_path):
+    summary = autopar.train(
+        model="mlp", data="synthetic", synthetic_samples=512, steps=4, devices=4, parallel_mode="data_parallel",
+        verify=True, checkpoint_dir=str(tmp_path / "ckpt"),
+    )
+    assert summary["devices"] == 4 and summary["last_step"] == 4 and len(summary["losses"]) == 4
+    assert summary["verify"]["ok"] and summary["verify"]["loss_relative"] < 1e-5
+    # the checkpoint it wrote reads back through the package
+    params = autopar.load_checkpoint(summary["checkpoint"], format="safetensors")
+    assert params["fc1.weight"].dtype == np.float32
+
+
+def test_bad_options_and_failed_runs_raise():
+    with pytest.raises(ValueError, match="--no-such-flag"):
+        autopar.train(model="mlp", no_such_flag=3)
+    with pytest.raises(RuntimeError, match="hint"):
+        autopar.train(model="mlp", data="synthetic", steps=1, devices=3, parallel_mode="semi_auto_parallel", strategy="/nonexistent.json")
+    with pytest.raises(TypeError, match="json"):
+        autopar.plan(model="mlp", json=True)
