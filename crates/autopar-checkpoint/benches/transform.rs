@@ -6,7 +6,10 @@
 //!
 //! `cargo bench -p autopar-checkpoint --bench transform` (scratch files under $TMPDIR or /tmp,
 //! deleted afterwards; `AUTOPAR_BENCH_DIM=1024` for a quick run, `AUTOPAR_BENCH_JOBS=2`,
-//! `AUTOPAR_BENCH_FORMATS=ckpt,safetensors` to choose the source formats and their order).
+//! `AUTOPAR_BENCH_FORMATS=ckpt,safetensors` to choose the source formats and their order;
+//! `AUTOPAR_BENCH_KEEP=DIR` only writes the `.ckpt` source (`DIR/src/rank_<r>/net_<r>.ckpt`) and
+//! both strategy files into DIR and stops, for other tools to transform the same files:
+//! `crates/autopar-py/bench/versus_mindspore.py DIR`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -168,6 +171,16 @@ fn main() {
     if std::env::var_os("AUTOPAR_BENCH_CHILD").is_some() {
         let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
         child(&args);
+        return;
+    }
+    if let Some(dir) = std::env::var_os("AUTOPAR_BENCH_KEEP") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let src_s = strategy(&[2, 4], src_map);
+        src_s.save(dir.join("src_strategy.ckpt")).unwrap();
+        strategy(&[4], |_| vec![-1, -1]).save(dir.join("dp4_strategy.ckpt")).unwrap();
+        let bytes = write_source(&dir.join("src"), &src_s, "ckpt");
+        println!("wrote an 8-rank .ckpt checkpoint of {:.3} GB and its strategy files into {}", bytes as f64 / 1e9, dir.display());
         return;
     }
     let jobs: usize = std::env::var("AUTOPAR_BENCH_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
