@@ -706,17 +706,24 @@ fn run_plans(plans: Vec<RankPlan>, files: &BTreeMap<usize, CheckpointFile>, opts
     }
     let abort = AtomicBool::new(false);
     let inc = |n: u64| bar.inc(n);
-    let result =
-        run_tasks(leaders.len(), opts.jobs, &abort, &|k| execute(&plans[leaders[k]], files, opts.crc, &inc, &abort)).and_then(|()| {
-            run_tasks(followers.len(), opts.jobs, &abort, &|k| {
-                let (i, from) = followers[k];
-                let mut out = AtomicFile::create(&plans[i].path)?;
-                out.copy_from(&plans[from].path)?;
-                out.commit()?;
-                inc(plans[i].bytes);
-                Ok(())
-            })
-        });
+    let result = run_tasks(leaders.len(), opts.jobs, &abort, &|k| {
+        let plan = &plans[leaders[k]];
+        let t = std::time::Instant::now();
+        execute(plan, files, opts.crc, &inc, &abort)?;
+        tracing::info!(path = %plan.path.display(), bytes = plan.bytes, ms = t.elapsed().as_secs_f64() * 1e3, "checkpoint written");
+        Ok(())
+    })
+    .and_then(|()| {
+        run_tasks(followers.len(), opts.jobs, &abort, &|k| {
+            let (i, from) = followers[k];
+            let mut out = AtomicFile::create(&plans[i].path)?;
+            out.copy_from(&plans[from].path)?;
+            out.commit()?;
+            tracing::info!(path = %plans[i].path.display(), same_as = %plans[from].path.display(), "checkpoint copied");
+            inc(plans[i].bytes);
+            Ok(())
+        })
+    });
     bar.finish_and_clear();
     result.map(|()| total)
 }

@@ -64,7 +64,19 @@ pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
 
 /// Plan a job: every mode but hybrid_parallel (see [`plan_hybrid`]).
 pub fn plan_job(req: &PlanRequest<'_>) -> Result<ParallelPlan> {
-    plan_job_with(req, Search::Mode(req.context.search_mode))
+    let started = std::time::Instant::now();
+    let plan = plan_job_with(req, Search::Mode(req.context.search_mode))?;
+    tracing::info!(
+        mode = plan.mode.name(),
+        devices = plan.device_num,
+        ops = plan.nodes.len(),
+        redistributions = plan.redistributions.len(),
+        parameters = plan.params.len(),
+        search = ?plan.search.as_ref().map(|_| req.context.search_mode),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "planned"
+    );
+    Ok(plan)
 }
 
 /// auto_parallel's plan of a job under each search side by side: recursive_programming,

@@ -195,6 +195,10 @@ fn exit_code(code: std::process::ExitCode) -> u8 {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // AUTOPAR_LOG shows the checkpoint functions' logs too (plan/train also take verbose=N).
+    if std::env::var_os("AUTOPAR_LOG").is_some() {
+        autopar::logging::init(0).map_err(PyValueError::new_err)?;
+    }
     m.add_function(wrap_pyfunction!(rank_list_for_transform, m)?)?;
     m.add_function(wrap_pyfunction!(transform_checkpoint_by_rank, m)?)?;
     m.add_function(wrap_pyfunction!(transform_checkpoints, m)?)?;

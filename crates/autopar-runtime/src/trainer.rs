@@ -877,6 +877,7 @@ impl Trainer {
             cb.on_train_begin(step, plan.total)?;
         }
         let spe = plan.steps_per_epoch;
+        tracing::info!(rank, rows = ?rows, from_step = step, total_steps = plan.total, "rank starts training");
         let mut losses = Vec::new();
         let mut checkpoints = Vec::new();
         let started = Instant::now();
@@ -897,6 +898,7 @@ impl Trainer {
                 let now = Instant::now();
                 let dt = (now - last).as_secs_f64();
                 last = now;
+                tracing::debug!(rank, step, loss, lr, ms = dt * 1e3, "step");
                 losses.push(loss);
                 let event = StepEvent {
                     step,
@@ -942,6 +944,7 @@ impl Trainer {
         for cb in cbs.iter_mut() {
             cb.on_train_end()?;
         }
+        tracing::info!(rank, last_step = step, seconds = started.elapsed().as_secs_f64(), "rank finished");
         Ok(RankOut { losses, params: trainer.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
     }
 
@@ -974,13 +977,16 @@ impl Trainer {
         let folder = path.parent().unwrap_or(Path::new("."));
         autopar_checkpoint::io::remove_stale_temps(folder, |target| target.starts_with(&format!("{}-", ck.prefix)))
             .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), source: Box::new(source) })?;
+        let t = Instant::now();
         save_checkpoint(&path, trainer.params(), opt.state(), &position)?;
+        tracing::info!(rank, step, path = %path.display(), ms = t.elapsed().as_secs_f64() * 1e3, "checkpoint written");
         if ck.keep_max > 0 {
             comm.barrier().map_err(|e| TrainError::Runtime(RuntimeError::comm(CommPhase::Checkpoint { step })(e)))?;
             let found = list_checkpoints(&ck.dir, &ck.prefix, rank, n);
             let excess = found.len().saturating_sub(ck.keep_max);
             for (_, old) in found.into_iter().take(excess) {
                 std::fs::remove_file(&old).map_err(|source| TrainError::Write { path: old.clone(), source })?;
+                tracing::debug!(rank, path = %old.display(), "old checkpoint removed (keep_checkpoint_max)");
             }
         }
         Ok(path)

@@ -7,6 +7,7 @@ pub use autopar_layout as layout;
 
 pub mod cli;
 pub mod config;
+pub mod logging;
 
 /// The names a user program needs, in one import.
 pub mod prelude {

@@ -377,3 +377,25 @@ fn json_prints_the_summary_alone_on_stdout_and_the_step_lines_on_stderr() {
     assert!(dir.path().join(v["checkpoint"].as_str().unwrap()).is_file());
     assert!(stderr.contains("loss is"), "the step lines moved to stderr: {stderr}");
 }
+
+#[test]
+fn verbose_flags_and_autopar_log_show_the_plan_and_each_ranks_steps_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["train", "-v"];
+    args.extend(SMALL);
+    args.extend(["--steps", "2", "--devices", "2", "--checkpoint-dir", "ck"]);
+    let (_, quiet) = text(&autopar(dir.path(), &args[..1].iter().chain(&args[2..]).copied().collect::<Vec<_>>()));
+    assert!(!quiet.contains("planned"), "no logs without -v: {quiet}");
+    let (_, info) = text(&autopar(dir.path(), &args));
+    for needle in ["planned", "rank-0", "rank-1", "rank starts training", "checkpoint written", "rank finished"] {
+        assert!(info.contains(needle), "-v shows {needle:?}: {info}");
+    }
+    assert!(!info.contains("DEBUG"), "-v stays at info: {info}");
+    args[1] = "-vv";
+    let (_, debug) = text(&autopar(dir.path(), &args));
+    assert!(debug.matches(" step ").count() >= 4, "-vv shows every step of both ranks: {debug}");
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir.path()).env("AUTOPAR_LOG", "==bad").args(&args).output().unwrap();
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("invalid AUTOPAR_LOG") && err.contains("hint:"), "{err}");
+}

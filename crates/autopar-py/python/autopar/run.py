@@ -4,7 +4,7 @@ Python with their flags as keyword arguments, run in this process.
 A keyword is its flag with ``_`` for ``-`` (``batch_size=64`` is ``--batch-size 64``); ``True``
 gives a bare flag, ``False`` and ``None`` leave it out, a list repeats it. ``parallel`` takes a
 dict of ``set_auto_parallel_context`` options (``--parallel KEY=VALUE`` each; dict and list
-values as JSON)::
+values as JSON); ``verbose=N`` logs on stderr as ``-v`` N times does (or set ``AUTOPAR_LOG``)::
 
     import autopar
     report = autopar.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
@@ -33,6 +33,9 @@ def command_line(command, **options):
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is None or value is False:
+            continue
+        if key == "verbose":  # verbose=2 is -vv: logs on stderr
+            words.append("-" + "v" * int(value))
             continue
         if value is True:
             words.append(flag)

@@ -31,6 +31,10 @@ pub const VERSION: &str =
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log what autopar does on stderr: -v what was planned and each rank's milestones, -vv every
+    /// step of every rank with timings, -vvv everything (AUTOPAR_LOG=FILTER overrides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -57,6 +61,7 @@ pub enum Command {
 
 /// Run one parsed command line; `plan` and `train` write their report to `out`.
 pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    crate::logging::init(cli.verbose).map_err(|e| anyhow::anyhow!(e))?;
     match cli.command {
         Command::Layout(args) => layout::run(args),
         Command::Ckpt(args) => ckpt::run(args),
