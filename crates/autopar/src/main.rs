@@ -22,7 +22,8 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Layout(_) | Command::Ckpt(_) | Command::Plan(_)) {
         quiet_on_closed_pipe();
     }
-    let result = cli::run(cli, &mut std::io::stdout().lock());
+    // Not a held lock: rank threads print step lines to stdout while the command runs.
+    let result = cli::run(cli, &mut std::io::stdout());
     match result {
         Ok(code) => code,
         Err(err) => {
