@@ -59,8 +59,8 @@ def _run(command, options):
     layouts = options.get("mindspore_layouts")
     if not layouts:
         words.append("--json")
-    code, out = _native.run_cli(words)
-    return out if layouts else json.loads(out), code
+    out = _native.run_cli(words)
+    return out if layouts else json.loads(out)
 
 
 def plan(**options):
@@ -68,11 +68,11 @@ def plan(**options):
     dict: every op's strategy and its source, the layouts, redistributions, gradient buckets,
     communication per step and memory per device. With ``mindspore_layouts=True``, MindSpore's
     ``parameter_layout_dict`` lines as a string."""
-    return _run("plan", options)[0]
+    return _run("plan", options)
 
 
 def train(**options):
     """Train in this process (``--devices N`` simulated devices as threads) and return the
     summary (``autopar train --json``) as a dict: losses, samples/s, evaluation, checkpoint and
     strategy files, and with ``verify=True`` the comparison with stand-alone (``verify.ok``)."""
-    return _run("train", options)[0]
+    return _run("train", options)
