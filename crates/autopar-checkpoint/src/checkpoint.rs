@@ -18,11 +18,14 @@ use crate::safetensors::{self as st, SafetensorsWriter};
 /// The two checkpoint formats. The file extension decides: `.safetensors`, otherwise `.ckpt`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
+    /// MindSpore's protobuf `.ckpt` format.
     Ckpt,
+    /// The safetensors format (`.safetensors`).
     Safetensors,
 }
 
 impl Format {
+    /// The file extension, without the dot.
     pub fn extension(self) -> &'static str {
         match self {
             Format::Ckpt => "ckpt",
@@ -30,6 +33,7 @@ impl Format {
         }
     }
 
+    /// The format a path's extension names; `None` for any other extension.
     pub fn of_path(path: &Path) -> Option<Format> {
         match path.extension().and_then(|e| e.to_str()) {
             Some("ckpt") => Some(Format::Ckpt),
@@ -54,13 +58,18 @@ impl std::str::FromStr for Format {
 /// (one range, or one per chunk for `.ckpt` values over 512 MiB).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorEntry {
+    /// The tensor's name (MindSpore's parameter name).
     pub name: String,
+    /// The element type.
     pub dtype: DType,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
+    /// Byte ranges of the tensor's data in the file, in order.
     pub segments: Vec<Range<u64>>,
 }
 
 impl TensorEntry {
+    /// Bytes of data the file holds for the tensor (all segments together).
     pub fn byte_len(&self) -> u64 {
         self.segments.iter().map(|s| s.end - s.start).sum()
     }
@@ -74,6 +83,7 @@ impl TensorEntry {
     }
 }
 
+/// Options for [`CheckpointFile::open_with`].
 #[derive(Clone, Copy, Debug)]
 pub struct OpenOptions {
     /// Verify a `.ckpt` CRC trailer or a safetensors `crc_num` when present (reads the whole file once).
@@ -108,10 +118,12 @@ impl std::fmt::Debug for CheckpointFile {
 }
 
 impl CheckpointFile {
+    /// Opens a checkpoint and reads its index, verifying its CRC when it has one; the format comes from the extension.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, OpenOptions::default())
     }
 
+    /// [`Self::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
         let path = path.as_ref();
         let format = Format::of_path(path).ok_or_else(|| CheckpointError::UnknownFormat { path: path.to_path_buf() })?;
@@ -165,10 +177,12 @@ impl CheckpointFile {
         Ok(me)
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The file's format.
     pub fn format(&self) -> Format {
         self.format
     }
@@ -178,6 +192,7 @@ impl CheckpointFile {
         &self.tensors
     }
 
+    /// The safetensors header's `__metadata__` entries (empty for `.ckpt`).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }
@@ -187,6 +202,7 @@ impl CheckpointFile {
         self.crc
     }
 
+    /// The index entry of the tensor called `name`, if the file holds it.
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
@@ -317,8 +333,11 @@ impl CheckpointFile {
 /// Tensor description for writers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// The tensor's name.
     pub name: String,
+    /// The element type.
     pub dtype: DType,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
 }
 
@@ -359,6 +378,7 @@ impl CheckpointWriter {
         Ok(Self { inner, order, next: 0 })
     }
 
+    /// The tensors in the order they must be written.
     pub fn order(&self) -> &[TensorSpec] {
         &self.order
     }
@@ -375,6 +395,7 @@ impl CheckpointWriter {
         Ok(())
     }
 
+    /// Completes the file and renames it into place; fails when not every tensor was written.
     pub fn finish(self) -> Result<()> {
         if self.next != self.order.len() {
             return Err(CheckpointError::InvalidArgument(Misuse::MissingTensors { written: self.next, declared: self.order.len() }));
@@ -406,8 +427,11 @@ pub fn save_with(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTre
 /// A loaded tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tensor {
+    /// The element type.
     pub dtype: DType,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
+    /// The raw element bytes, row-major.
     pub data: Vec<u8>,
 }
 
@@ -415,11 +439,14 @@ pub struct Tensor {
 /// `filter_prefix` (drop these), as in MindSpore's `load_segmented_checkpoints`.
 #[derive(Clone, Debug, Default)]
 pub struct NameFilter {
+    /// Keep only names starting with one of these (all names when empty).
     pub specify_prefix: Vec<String>,
+    /// Drop names starting with one of these.
     pub filter_prefix: Vec<String>,
 }
 
 impl NameFilter {
+    /// Whether the filter keeps the tensor called `name`.
     pub fn keeps(&self, name: &str) -> bool {
         (self.specify_prefix.is_empty() || self.specify_prefix.iter().any(|p| name.starts_with(p.as_str())))
             && !self.filter_prefix.iter().any(|p| name.starts_with(p.as_str()))

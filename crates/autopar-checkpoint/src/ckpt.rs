@@ -235,6 +235,8 @@ pub struct CkptWriter {
 }
 
 impl CkptWriter {
+    /// Starts a `.ckpt` file at `path` (written to a temporary file until finished), chunking values over 512 MiB as MindSpore does; `crc`
+    /// adds MindSpore's CRC trailer.
     pub fn create(path: &Path, crc: bool) -> Result<Self> {
         Self::with_chunk_bytes(path, crc, CHUNK_BYTES)
     }

@@ -2,26 +2,41 @@
 
 use std::fmt;
 
+/// The element type of a checkpoint tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// Boolean, one byte.
     Bool,
+    /// Signed 8-bit integer.
     Int8,
+    /// Signed 16-bit integer.
     Int16,
+    /// Signed 32-bit integer.
     Int32,
+    /// Signed 64-bit integer.
     Int64,
+    /// Unsigned 8-bit integer.
     UInt8,
+    /// Unsigned 16-bit integer.
     UInt16,
+    /// Unsigned 32-bit integer.
     UInt32,
+    /// Unsigned 64-bit integer.
     UInt64,
+    /// IEEE half precision (`float16`).
     Float16,
+    /// Brain floating point (`bfloat16`).
     BFloat16,
+    /// IEEE single precision (`float32`).
     Float32,
+    /// IEEE double precision (`float64`).
     Float64,
     /// MindSpore string values (`tensor_type = "str"`): UTF-32LE, 4 bytes per character.
     Str,
 }
 
 impl DType {
+    /// Every element type.
     pub const ALL: [DType; 14] = [
         DType::Bool,
         DType::Int8,
@@ -69,6 +84,7 @@ impl DType {
         }
     }
 
+    /// The element type with MindSpore's `tensor_type` name `name`, if any.
     pub fn from_mindspore(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.mindspore_name() == name)
     }
@@ -93,6 +109,7 @@ impl DType {
         })
     }
 
+    /// The element type with safetensors dtype code `name`, if any.
     pub fn from_safetensors(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.safetensors_name() == Some(name))
     }

@@ -13,7 +13,7 @@ use crate::error::{CheckpointError, Result};
 /// [`AtomicFile::commit`]. Dropped without commit, the temp file is removed: a failed write never
 /// leaves a partial file under the final name.
 ///
-/// On Linux the kernel is asked to start writing each 8 MiB ([`WRITEBACK_STEP`]) of data to disk as soon
+/// On Linux the kernel is asked to start writing each 8 MiB (`WRITEBACK_STEP`) of data to disk as soon
 /// as it has been handed over (`sync_file_range`), so the disk works while later bytes are still
 /// being assembled and the fsync of [`AtomicFile::commit`] only waits for the tail; without it,
 /// the whole file would be written back after the last byte. Durability still rests on that
@@ -110,6 +110,8 @@ const COPY_STEP: u64 = 64 << 20;
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl AtomicFile {
+    /// Creates the temporary file next to `path` (and `path`'s folder if needed), first removing temporary files for the same
+    /// target that processes which have ended left behind.
     pub fn create(path: &Path) -> Result<Self> {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -133,14 +135,17 @@ impl AtomicFile {
         }
     }
 
+    /// The final path the file is renamed to on commit.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// Bytes written so far.
     pub fn written(&self) -> u64 {
         self.written
     }
 
+    /// Appends `bytes` to the file.
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
         let out = self.out.as_mut().expect("AtomicFile used after commit");
         out.write_all(bytes).map_err(CheckpointError::io("write", &self.tmp))?;

@@ -5,6 +5,22 @@
 //! files (protobuf `ParallelStrategyMap` and its JSON variant), group-info files, and transforms
 //! checkpoints between strategies (MindSpore's `checkpoint_transform` module).
 //!
+//! ```no_run
+//! use std::path::Path;
+//! use autopar_checkpoint::{rank_list_for_transform, transform_checkpoints, CheckpointFile, TransformOptions};
+//!
+//! // A run's per-rank files `src/rank_<k>/*.ckpt`, saved under src_strategy.ckpt, resharded for
+//! // the strategy of another job (MindSpore's `transform_checkpoints`).
+//! let (src, dst) = (Path::new("src_strategy.ckpt"), Path::new("dst_strategy.ckpt"));
+//! println!("rank 0 needs {:?}", rank_list_for_transform(0, Some(src), Some(dst))?);
+//! let report = transform_checkpoints(Path::new("src"), Path::new("dst"), Some(src), Some(dst), &TransformOptions::default())?;
+//! let rank0 = CheckpointFile::open(&report.files[0])?;
+//! for t in rank0.tensors() {
+//!     println!("{} {:?} {:?}", t.name, t.dtype, t.shape);
+//! }
+//! # Ok::<(), autopar_checkpoint::CheckpointError>(())
+//! ```
+//!
 //! Key decisions:
 //! * **Index first, bytes on demand.** Opening a checkpoint reads only its index (the safetensors
 //!   header; for `.ckpt` a walk over the protobuf wire format that records where each tensor's

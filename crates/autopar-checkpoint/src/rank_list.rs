@@ -32,7 +32,9 @@ use crate::strategy::StrategyFile;
 /// holds the whole map in one message, a list when it holds one message per dimension.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MapEntry {
+    /// A plain tensor-map value.
     One(i64),
+    /// The values of one tensor dimension split over several device axes.
     Many(Vec<i64>),
 }
 
@@ -48,11 +50,17 @@ impl MapEntry {
 /// A parameter's layout as `_convert_to_list` builds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedLayout {
+    /// Parameter name, without a `"<stage>-"` prefix.
     pub name: String,
+    /// The device matrix (MindSpore's `dev_matrix`).
     pub dev_matrix: Vec<usize>,
+    /// The tensor map, one entry per tensor dimension.
     pub tensor_map: Vec<MapEntry>,
+    /// MindSpore's `opt_weight_shard_step`: the rank distance between members of an optimizer-shard group (0 = not sharded).
     pub opt_shard_step: i64,
+    /// MindSpore's `opt_weight_shard_size`: 0 = not sharded, -1 = the whole replica group, k > 0 = groups of k.
     pub opt_shard_size: i64,
+    /// Pipeline stages holding the parameter, in file order.
     pub stages: Vec<u32>,
 }
 

@@ -161,6 +161,7 @@ impl SafetensorsWriter {
         Ok(Self { out, order, next: 0 })
     }
 
+    /// The tensors (name, dtype, shape) in the order they must be written: sorted by name.
     pub fn write_order(&self) -> impl Iterator<Item = &(String, DType, Vec<usize>)> {
         self.order.iter()
     }
@@ -191,6 +192,7 @@ impl SafetensorsWriter {
         Ok(())
     }
 
+    /// Completes the file and renames it into place; fails when not every tensor was written.
     pub fn finish(self) -> Result<()> {
         if self.next != self.order.len() {
             return Err(CheckpointError::InvalidArgument(Misuse::MissingTensors { written: self.next, declared: self.order.len() }));

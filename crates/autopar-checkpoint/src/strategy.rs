@@ -20,8 +20,11 @@ use crate::proto::straspb as pb;
 /// One operator's strategy: `"<PrimName>_<param>"`, its pipeline stage and per-input split counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StrategyItem {
+    /// The operator's name, `"<PrimName>_<param>"`.
     pub node_name: String,
+    /// The operator's pipeline stage.
     pub stage: u32,
+    /// Split counts: one list per input, one count per input dimension.
     pub parallel_strategy: Vec<Vec<u32>>,
 }
 
@@ -30,13 +33,18 @@ pub struct StrategyItem {
 pub struct LayoutItem {
     /// Parameter name; `"<stage>-<name>"` in merged pipeline files.
     pub name: String,
+    /// The device matrix (MindSpore's `dev_matrix`).
     pub dev_matrix: Vec<u32>,
     /// The `TensorMap` messages: one holding the whole map, or one per tensor dimension when a
     /// dimension is split over several device axes (`[[-1], [0, 1]]`).
     pub tensor_map: Vec<Vec<i32>>,
+    /// The `ParamSplitShape` messages as stored (MindSpore's per-slice sizes of an unevenly split parameter; empty when not used).
     pub param_split_shape: Vec<Vec<i64>>,
+    /// The `IndicesOffset` messages as stored (MindSpore's slice offsets that go with `param_split_shape`).
     pub indices_offset: Vec<Vec<i64>>,
+    /// MindSpore's `field` value, as stored (0 when unused).
     pub field: i32,
+    /// MindSpore's `opt_weight_shard_step`: the rank distance between members of an optimizer-shard group (0 = not sharded).
     pub opt_weight_shard_step: i32,
     /// 0 = not sharded, -1 = the whole replica group, k > 0 = groups of k.
     pub opt_weight_shard_size: i32,
@@ -85,7 +93,9 @@ impl LayoutItem {
 pub struct StrategyFile {
     /// MindSpore 2.10 writes 2 in fresh files and 1 in merged ones; readers ignore it.
     pub current_stage: u32,
+    /// Operator strategies, in file order.
     pub strategy_items: Vec<StrategyItem>,
+    /// Parameter layouts, in file order.
     pub layout_items: Vec<LayoutItem>,
 }
 
@@ -117,6 +127,7 @@ impl StrategyFile {
         f.commit()
     }
 
+    /// Decodes the protobuf form; `path` is for error messages.
     pub fn from_protobuf(path: &Path, bytes: &[u8]) -> Result<Self> {
         let m = pb::ParallelStrategyMap::decode(bytes).map_err(|e| CheckpointError::Decode {
             what: "strategy file",
@@ -157,6 +168,7 @@ impl StrategyFile {
         Ok(Self { current_stage: m.current_stage, strategy_items, layout_items })
     }
 
+    /// Encodes the protobuf form (`ParallelStrategyMap`).
     pub fn to_protobuf(&self) -> Vec<u8> {
         let m = pb::ParallelStrategyMap {
             current_stage: self.current_stage,
@@ -191,6 +203,7 @@ impl StrategyFile {
         m.encode_to_vec()
     }
 
+    /// Decodes the JSON form; `path` is for error messages.
     pub fn from_json(path: &Path, bytes: &[u8]) -> Result<Self> {
         let invalid = |reason: String| CheckpointError::InvalidStrategy { path: path.to_path_buf(), reason };
         let v: Value = serde_json::from_slice(bytes).map_err(|e| CheckpointError::Decode {
@@ -377,13 +390,19 @@ impl StrategyFile {
 /// One parameter's layout in memory (MindSpore's 7-list).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamLayout {
+    /// The device matrix (MindSpore's `dev_matrix`).
     pub dev_matrix: Vec<usize>,
+    /// The tensor map.
     pub tensor_map: TensorMap,
+    /// MindSpore's `field` value, as stored (0 when unused).
     pub field: i32,
+    /// MindSpore's `opt_weight_shard_step`: the rank distance between members of an optimizer-shard group (0 = not sharded).
     pub opt_shard_step: i64,
+    /// MindSpore's `opt_weight_shard_size`: 0 = not sharded, -1 = the whole replica group, k > 0 = groups of k.
     pub opt_shard_size: i64,
     /// Pipeline stages holding the parameter (the first is the one whose layout this is).
     pub stages: Vec<u32>,
+    /// Full shape, when the strategy file records it (only the JSON form does).
     pub tensor_shape: Option<Vec<usize>>,
     /// The file held the whole tensor map in one message. For a 1-d tensor whose only
     /// dimension is split over several axes that is ambiguous (`[0, 1]`); see [`Self::for_ndim`].
@@ -426,10 +445,12 @@ impl ParamLayout {
         }
     }
 
+    /// Devices the layout spans: the product of the device matrix.
     pub fn device_num(&self) -> usize {
         self.dev_matrix.iter().product()
     }
 
+    /// The layout as autopar's `TensorLayout` for a tensor of `full_shape`; fails when they do not fit together.
     pub fn tensor_layout(&self, full_shape: &[usize]) -> autopar_layout::Result<TensorLayout> {
         TensorLayout::from_mindspore(&self.dev_matrix, &self.tensor_map, full_shape)
     }
@@ -452,9 +473,13 @@ impl ParamLayout {
 /// (`moments.`), Adam's first and second moments and gradient accumulation; autopar's
 /// optimizers name their state the same way.
 pub const MOMENTS: &str = "moments.";
+/// Prefix of Adam's first-moment state.
 pub const ADAM_M: &str = "adam_m.";
+/// Prefix of Adam's second-moment state.
 pub const ADAM_V: &str = "adam_v.";
+/// Prefix of gradient-accumulation state.
 pub const ACCU_GRADS: &str = "accu_grads.";
+/// Every per-parameter state prefix.
 pub const STATE_PREFIXES: [&str; 4] = [MOMENTS, ADAM_M, ADAM_V, ACCU_GRADS];
 
 /// The parameter a state tensor belongs to (`moments.fc1.weight` -> `fc1.weight`).
@@ -465,6 +490,7 @@ pub fn state_parameter(name: &str) -> Option<&str> {
 /// Name -> layout for one strategy file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayoutMap {
+    /// Parameter name -> layout (for a parameter in several stages, the lowest stage's layout).
     pub params: BTreeMap<String, ParamLayout>,
     per_stage: BTreeMap<(String, u32), ParamLayout>,
 }
@@ -511,11 +537,14 @@ impl LayoutMap {
 /// A group-info file: every communication group a rank created, and its restore rank list.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct GroupInfo {
+    /// Communication groups: name and member ranks.
     pub groups: Vec<(String, Vec<u32>)>,
+    /// MindSpore's `ckpt_restore_rank_list`: the ranks whose checkpoints restore this rank.
     pub restore_rank_list: Vec<u32>,
 }
 
 impl GroupInfo {
+    /// Reads a group-info file (protobuf `ParallelGroupMap`).
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let bytes = fs::read(path).map_err(|e| match e.kind() {
@@ -533,6 +562,7 @@ impl GroupInfo {
         })
     }
 
+    /// Encodes the protobuf form (`ParallelGroupMap`).
     pub fn to_protobuf(&self) -> Vec<u8> {
         pb::ParallelGroupMap {
             parallel_group_item: self
@@ -548,6 +578,7 @@ impl GroupInfo {
         .encode_to_vec()
     }
 
+    /// Writes the protobuf form atomically.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let mut f = AtomicFile::create(path.as_ref())?;
         f.write_all(&self.to_protobuf())?;

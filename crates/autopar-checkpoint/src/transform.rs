@@ -57,7 +57,9 @@ impl Default for TransformOptions {
 /// What a transform did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TransformReport {
+    /// The checkpoint files written.
     pub files: Vec<PathBuf>,
+    /// Bytes written, all files together.
     pub bytes_written: u64,
     /// Tensors in one strategy but not the other: copied unchanged from the paired source rank,
     /// as MindSpore does (an error under `strict`).
@@ -307,7 +309,7 @@ impl TransformPlanner {
         })
     }
 
-    /// The source stage of a per-stage transform (see [`Self::new_with`]).
+    /// The source stage of a per-stage transform (set when a `.ckpt` transform covers one pipeline stage).
     pub fn per_stage(&self) -> Option<u32> {
         self.by_stage
     }

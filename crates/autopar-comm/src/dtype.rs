@@ -14,11 +14,17 @@ use half::{bf16, f16};
 /// The element types collectives move and reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE half precision (`f16`).
     F16,
+    /// Brain floating point (`bf16`).
     BF16,
+    /// IEEE single precision (`f32`).
     F32,
+    /// IEEE double precision (`f64`).
     F64,
+    /// Signed 32-bit integer.
     I32,
+    /// Signed 64-bit integer.
     I64,
 }
 
@@ -57,14 +63,20 @@ impl fmt::Display for DType {
 /// How an all-reduce or reduce-scatter combines the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// The sum (MindSpore's `ReduceOp.SUM`).
     Sum,
+    /// The sum divided by the group size.
     Mean,
+    /// The largest value (MindSpore's `ReduceOp.MAX`).
     Max,
+    /// The smallest value (MindSpore's `ReduceOp.MIN`).
     Min,
+    /// The product (MindSpore's `ReduceOp.PROD`).
     Prod,
 }
 
 impl ReduceOp {
+    /// Every reduction operation, for tests and tables.
     pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
 }
 
@@ -89,13 +101,21 @@ mod sealed {
 /// `Acc` is the type values are combined in (f32 for the 16-bit floats). The combining functions
 /// are the single definition of the reduction semantics; backends and tests use them.
 pub trait Element: sealed::Sealed + Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
+    /// The type's [`DType`] tag.
     const DTYPE: DType;
+    /// The type values are combined in.
     type Acc: Copy + Send + Sync + Default + fmt::Debug;
+    /// The value in the accumulator type.
     fn widen(self) -> Self::Acc;
+    /// An accumulated value back in this type (rounded for the 16-bit floats).
     fn narrow(acc: Self::Acc) -> Self;
+    /// `a + b`; integers wrap on overflow.
     fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// `a * b`; integers wrap on overflow.
     fn mul(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The larger of `a` and `b`; for floats, NaN when either is NaN.
     fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The smaller of `a` and `b`; for floats, NaN when either is NaN.
     fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     /// `sum / n` for a mean over `n` ranks.
     fn div(a: Self::Acc, n: usize) -> Self::Acc;
@@ -280,22 +300,34 @@ integer!(i64, I64);
 /// A read-only buffer of one of the supported element types.
 #[derive(Clone, Copy, Debug)]
 pub enum Buf<'a> {
+    /// Half-precision values.
     F16(&'a [f16]),
+    /// Bfloat16 values.
     BF16(&'a [bf16]),
+    /// Single-precision values.
     F32(&'a [f32]),
+    /// Double-precision values.
     F64(&'a [f64]),
+    /// 32-bit integers.
     I32(&'a [i32]),
+    /// 64-bit integers.
     I64(&'a [i64]),
 }
 
 /// A writable buffer of one of the supported element types.
 #[derive(Debug)]
 pub enum BufMut<'a> {
+    /// Half-precision values.
     F16(&'a mut [f16]),
+    /// Bfloat16 values.
     BF16(&'a mut [bf16]),
+    /// Single-precision values.
     F32(&'a mut [f32]),
+    /// Double-precision values.
     F64(&'a mut [f64]),
+    /// 32-bit integers.
     I32(&'a mut [i32]),
+    /// 64-bit integers.
     I64(&'a mut [i64]),
 }
 
@@ -313,6 +345,7 @@ macro_rules! each_buf {
 }
 
 impl<'a> Buf<'a> {
+    /// The element type.
     pub fn dtype(&self) -> DType {
         match self {
             Buf::F16(_) => DType::F16,
@@ -327,6 +360,7 @@ impl<'a> Buf<'a> {
     pub fn len(&self) -> usize {
         each_buf!(self, Buf, s => s.len())
     }
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -346,15 +380,19 @@ impl<'a> Buf<'a> {
 }
 
 impl<'a> BufMut<'a> {
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.as_buf().dtype()
     }
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.as_buf().len()
     }
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Size in bytes.
     pub fn byte_len(&self) -> usize {
         self.as_buf().byte_len()
     }

@@ -9,6 +9,19 @@
 //! * `MpiComm` (cargo feature `mpi`): one rank per process over OpenMPI, started by
 //!   `mpirun -n N` (or `autopar launch -n N`), across hosts with a hostfile.
 //!
+//! ```
+//! use autopar_comm::{Communicator, LocalComm, ReduceOp};
+//!
+//! // Four ranks as four threads; each contributes its rank + 1.
+//! let sums = LocalComm::run(4, |comm| -> Result<Vec<f32>, autopar_comm::CommError> {
+//!     let mut v = vec![comm.rank() as f32 + 1.0; 3];
+//!     comm.all_reduce((&mut v).into(), ReduceOp::Sum)?;
+//!     Ok(v)
+//! })?;
+//! assert!(sums.iter().all(|v| v == &vec![10.0; 3]));
+//! # Ok::<(), autopar_comm::CommError>(())
+//! ```
+//!
 //! Key decisions:
 //! * **Trait objects.** `Communicator` is object safe; the runtime holds a
 //!   `Box<dyn Communicator>` and sub-groups come back from [`Communicator::split`] as
@@ -35,6 +48,8 @@
 //!   check predicted communication against what a step does.
 //! * [`launch`] builds the `mpirun` command line (`autopar launch`): root, oversubscription and
 //!   container flags, and an install hint when OpenMPI is missing.
+
+#![warn(missing_docs)]
 
 pub mod comm;
 pub mod conformance;

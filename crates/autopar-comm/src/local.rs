@@ -55,6 +55,7 @@ impl Default for LocalOptions {
 }
 
 impl LocalOptions {
+    /// These options with the timeout set to `timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

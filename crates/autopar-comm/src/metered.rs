@@ -17,6 +17,7 @@ pub struct MeteredCall {
     pub kind: &'static str,
     /// World ranks of the group, ascending.
     pub group: Vec<usize>,
+    /// Bytes of the buffer the rank handed over (the send buffer, or the in-place buffer of all-reduce and broadcast; 0 for recv).
     pub bytes: usize,
 }
 

@@ -42,6 +42,8 @@
 //! - **Transforms checked before reading.** A [`Transforms`] list computes its output shape from
 //!   the dataset's sample shape when the loader is built; a step that cannot apply fails then.
 
+#![warn(missing_docs)]
+
 mod cifar;
 mod error;
 mod fsio;
@@ -77,7 +79,9 @@ pub mod cifar10 {
 /// Training or test part of a dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
+    /// The training part (CIFAR-10's `data_batch_*.bin`, MNIST's `train-*` files).
     Train,
+    /// The test part (CIFAR-10's `test_batch.bin`, MNIST's `t10k-*` files).
     Test,
 }
 

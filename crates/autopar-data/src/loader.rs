@@ -63,12 +63,17 @@ impl LoaderConfig {
 /// is `y_shape = [n, ...label shape]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
+    /// The samples, row-major, shape `x_shape`.
     pub x: Vec<f32>,
+    /// Shape of `x`: `[n, ...sample shape]`.
     pub x_shape: Vec<usize>,
+    /// The labels, row-major, shape `y_shape`; `None` when the dataset has no labels.
     pub y: Option<Vec<i64>>,
+    /// Shape of `y`: `[n, ...label shape]`.
     pub y_shape: Vec<usize>,
     /// The dataset index of each sample.
     pub indices: Vec<usize>,
+    /// The epoch the batch belongs to, counted from 0.
     pub epoch: u64,
     /// The batch's position in this shard's epoch.
     pub step: usize,

@@ -17,11 +17,17 @@ pub const NUM_CLASSES: usize = 10;
 /// The element type of an IDX file (the third magic byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdxType {
+    /// Unsigned byte (`0x08`).
     U8 = 0x08,
+    /// Signed byte (`0x09`).
     I8 = 0x09,
+    /// Big-endian `i16` (`0x0B`).
     I16 = 0x0B,
+    /// Big-endian `i32` (`0x0C`).
     I32 = 0x0C,
+    /// Big-endian `f32` (`0x0D`).
     F32 = 0x0D,
+    /// Big-endian `f64` (`0x0E`).
     F64 = 0x0E,
 }
 
@@ -52,8 +58,11 @@ impl IdxType {
 /// A decoded IDX file: its type, dimensions and the raw big-endian values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IdxArray {
+    /// The element type.
     pub dtype: IdxType,
+    /// The dimensions, outermost first.
     pub dims: Vec<usize>,
+    /// The values as stored: big-endian, row-major.
     pub data: Vec<u8>,
 }
 

@@ -16,11 +16,30 @@ use crate::Dataset;
 #[derive(Debug, Clone, PartialEq)]
 pub enum SyntheticTask {
     /// Gaussian clusters, one per class.
-    Clusters { num_classes: usize, shape: Vec<usize>, noise: f32 },
+    Clusters {
+        /// Number of classes.
+        num_classes: usize,
+        /// Shape of one sample.
+        shape: Vec<usize>,
+        /// Standard deviation of the noise added to each entry.
+        noise: f32,
+    },
     /// Labels from a random linear teacher.
-    Teacher { num_classes: usize, shape: Vec<usize> },
+    Teacher {
+        /// Number of classes.
+        num_classes: usize,
+        /// Shape of one sample.
+        shape: Vec<usize>,
+    },
     /// Next-token prediction on sequences with learnable successor structure.
-    Tokens { vocab: usize, seq_len: usize, noise: f32 },
+    Tokens {
+        /// Number of token ids.
+        vocab: usize,
+        /// Tokens per sample (input and label alike).
+        seq_len: usize,
+        /// Probability that a token is drawn uniformly instead of being the successor.
+        noise: f32,
+    },
 }
 
 /// A synthetic dataset.

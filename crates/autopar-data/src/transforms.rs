@@ -24,15 +24,42 @@ pub enum Layout {
 pub enum Transform {
     /// Pads the image (`padding` = left, top, right, bottom, as MindSpore's `RandomCrop`) with
     /// `fill`, then cuts a `height` x `width` window at a uniformly drawn offset.
-    RandomCrop { height: usize, width: usize, padding: [usize; 4], fill: f32 },
+    RandomCrop {
+        /// Output height in pixels.
+        height: usize,
+        /// Output width in pixels.
+        width: usize,
+        /// Padding in pixels: left, top, right, bottom.
+        padding: [usize; 4],
+        /// Value of the padded pixels.
+        fill: f32,
+    },
     /// Mirrors the image left-right with probability `prob`.
-    RandomHorizontalFlip { prob: f32 },
+    RandomHorizontalFlip {
+        /// Probability of mirroring, in `[0, 1]`.
+        prob: f32,
+    },
     /// Bilinear resize with half-pixel centres (OpenCV's and MindSpore's `Inter.LINEAR`).
-    Resize { height: usize, width: usize },
+    Resize {
+        /// Output height in pixels.
+        height: usize,
+        /// Output width in pixels.
+        width: usize,
+    },
     /// `x * scale + shift`.
-    Rescale { scale: f32, shift: f32 },
+    Rescale {
+        /// Factor each value is multiplied by.
+        scale: f32,
+        /// Offset added after scaling.
+        shift: f32,
+    },
     /// `(x - mean[c]) / std[c]` per channel (one value for all channels when the lists have one entry).
-    Normalize { mean: Vec<f32>, std: Vec<f32> },
+    Normalize {
+        /// Mean per channel (or one for all).
+        mean: Vec<f32>,
+        /// Standard deviation per channel (or one for all).
+        std: Vec<f32>,
+    },
     /// HWC to CHW.
     HwcToChw,
 }

@@ -15,6 +15,7 @@ use crate::types::{DType, NodeId, Shape};
 /// The result of [`differentiate`]: the loss and, for each requested leaf, its gradient node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
+    /// The loss node that was differentiated.
     pub loss: NodeId,
     /// `(leaf, gradient)` in the order requested.
     pub grads: Vec<(NodeId, NodeId)>,
@@ -149,10 +150,12 @@ impl GradCx<'_> {
         self.dy
     }
 
+    /// Shape of node `id`.
     pub fn shape(&self, id: NodeId) -> Shape {
         self.graph.node(id).ty.shape.clone()
     }
 
+    /// Element type of node `id`.
     pub fn dtype(&self, id: NodeId) -> DType {
         self.graph.node(id).ty.dtype
     }
@@ -192,30 +195,37 @@ impl GradCx<'_> {
         Ok(id)
     }
 
+    /// Adds a backward `Add` node: `a + b`.
     pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(Add, &[a, b])
     }
 
+    /// Adds a backward `Sub` node: `a - b`.
     pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(Sub, &[a, b])
     }
 
+    /// Adds a backward `Mul` node: `a * b`.
     pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(Mul, &[a, b])
     }
 
+    /// Adds a backward `Div` node: `a / b`.
     pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(Div, &[a, b])
     }
 
+    /// Adds a backward `Neg` node: `-a`.
     pub fn neg(&mut self, a: NodeId) -> Result<NodeId> {
         self.op(Neg, &[a])
     }
 
+    /// Adds a backward `Scale` node: `a * factor`.
     pub fn scale(&mut self, a: NodeId, factor: f64) -> Result<NodeId> {
         self.op(Scale { factor }, &[a])
     }
 
+    /// `a` reshaped to `shape`: `a` itself when it already has that shape, else a new `Reshape` node.
     pub fn reshape(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
         if self.shape(a) == shape {
             return Ok(a);
@@ -223,6 +233,7 @@ impl GradCx<'_> {
         self.op(Reshape { shape: shape.iter().map(|&d| d as i64).collect() }, &[a])
     }
 
+    /// `a` broadcast to `shape`: `a` itself when it already has that shape, else a new `BroadcastTo` node.
     pub fn broadcast_to(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
         if self.shape(a) == shape {
             return Ok(a);
@@ -238,10 +249,12 @@ impl GradCx<'_> {
         self.op(SumTo { shape: shape.to_vec() }, &[a])
     }
 
+    /// Adds a backward `ReduceSum` node over `axes` (dimensions counted from 0), keeping them as size 1 when `keep_dims`.
     pub fn reduce_sum(&mut self, a: NodeId, axes: &[usize], keep_dims: bool) -> Result<NodeId> {
         self.op(ReduceSum { axes: axes.iter().map(|&d| d as i64).collect(), keep_dims }, &[a])
     }
 
+    /// Adds a backward `Fill` node: a tensor of `shape` and `dtype` with every element `value`.
     pub fn fill(&mut self, shape: &[usize], dtype: DType, value: f64) -> Result<NodeId> {
         self.op(Fill { shape: shape.to_vec(), dtype, value }, &[])
     }

@@ -26,29 +26,37 @@ use crate::types::{DType, NodeId};
 /// How to create a parameter beyond the defaults of [`GraphBuilder::parameter`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamSpec {
+    /// The parameter's shape.
     pub shape: Vec<usize>,
+    /// The parameter's element type (f32 by default).
     pub dtype: DType,
+    /// How its initial values are drawn.
     pub init: Initializer,
     /// `None`: derived from the builder's seed and the parameter's name.
     pub seed: Option<u64>,
+    /// Whether optimizers update it (true by default); running statistics and masks are frozen.
     pub trainable: bool,
 }
 
 impl ParamSpec {
+    /// A trainable f32 parameter of `shape` drawn from `init`, its seed derived from its name.
     pub fn new(shape: &[usize], init: Initializer) -> Self {
         Self { shape: shape.to_vec(), dtype: DType::F32, init, seed: None, trainable: true }
     }
 
+    /// This spec with element type `dtype`.
     pub fn dtype(mut self, dtype: DType) -> Self {
         self.dtype = dtype;
         self
     }
 
+    /// This spec with a fixed initialiser seed instead of the derived one.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
     }
 
+    /// This spec made non-trainable (a frozen parameter such as a running statistic).
     pub fn frozen(mut self) -> Self {
         self.trainable = false;
         self
@@ -75,10 +83,12 @@ impl GraphBuilder {
         Self { graph, seed, stage: None }
     }
 
+    /// The graph built so far.
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
 
+    /// Ends building and returns the graph.
     pub fn finish(self) -> Graph {
         self.graph
     }
@@ -115,6 +125,7 @@ impl GraphBuilder {
         Ok(id)
     }
 
+    /// A graph input `name` that the caller feeds at every run (a batch, labels).
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<NodeId> {
         self.op(name, Input { shape: shape.to_vec(), dtype }, &[])
     }
@@ -124,6 +135,7 @@ impl GraphBuilder {
         self.parameter_with(name, ParamSpec::new(shape, init))
     }
 
+    /// A parameter as `spec` describes it; errors when its initialiser cannot fill its shape.
     pub fn parameter_with(&mut self, name: &str, spec: ParamSpec) -> Result<NodeId> {
         let seed = spec.seed.unwrap_or_else(|| derive_seed(self.seed, name));
         // Validate the initialiser against the shape now rather than at the first run.
@@ -133,42 +145,52 @@ impl GraphBuilder {
         self.op(name, Parameter { shape: spec.shape, dtype: spec.dtype, init: spec.init, seed, trainable: spec.trainable }, &[])
     }
 
+    /// A constant tensor of `shape` and `dtype` with every element `value`.
     pub fn fill(&mut self, name: &str, shape: &[usize], dtype: DType, value: f64) -> Result<NodeId> {
         self.op(name, Fill { shape: shape.to_vec(), dtype, value }, &[])
     }
 
+    /// The 2-D matrix product `a b` (MindSpore's `MatMul`).
     pub fn matmul(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(name, MatMul { transpose_a: false, transpose_b: false }, &[a, b])
     }
 
+    /// The 2-D matrix product with either operand transposed (MindSpore's `MatMul` with `transpose_a`/`transpose_b`).
     pub fn matmul_t(&mut self, name: &str, a: NodeId, b: NodeId, transpose_a: bool, transpose_b: bool) -> Result<NodeId> {
         self.op(name, MatMul { transpose_a, transpose_b }, &[a, b])
     }
 
+    /// The batched matrix product over equal leading dimensions, either operand's last two dimensions transposed.
     pub fn batch_matmul(&mut self, name: &str, a: NodeId, b: NodeId, transpose_a: bool, transpose_b: bool) -> Result<NodeId> {
         self.op(name, BatchMatMul { transpose_a, transpose_b }, &[a, b])
     }
 
+    /// Element-wise `a + b`, broadcasting.
     pub fn add(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(name, Add, &[a, b])
     }
 
+    /// Element-wise `a - b`, broadcasting.
     pub fn sub(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(name, Sub, &[a, b])
     }
 
+    /// Element-wise `a * b`, broadcasting.
     pub fn mul(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(name, Mul, &[a, b])
     }
 
+    /// Element-wise `a / b`, broadcasting.
     pub fn div(&mut self, name: &str, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.op(name, Div, &[a, b])
     }
 
+    /// Adds the `[C]` vector `bias` along dimension 1 of `x` (`[N, C, ...]`).
     pub fn bias_add(&mut self, name: &str, x: NodeId, bias: NodeId) -> Result<NodeId> {
         self.op(name, BiasAdd, &[x, bias])
     }
 
+    /// `max(x, 0)`.
     pub fn relu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Relu, &[x])
     }
@@ -178,62 +200,77 @@ impl GraphBuilder {
         self.op(name, Gelu { approximate: true }, &[x])
     }
 
+    /// Hyperbolic tangent.
     pub fn tanh(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Tanh, &[x])
     }
 
+    /// Logistic sigmoid.
     pub fn sigmoid(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Sigmoid, &[x])
     }
 
+    /// `e^x`.
     pub fn exp(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Exp, &[x])
     }
 
+    /// Natural logarithm.
     pub fn log(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Log, &[x])
     }
 
+    /// Square root.
     pub fn sqrt(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Sqrt, &[x])
     }
 
+    /// `-x`.
     pub fn neg(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Neg, &[x])
     }
 
+    /// `x * factor` for a constant `factor`.
     pub fn scale(&mut self, name: &str, x: NodeId, factor: f64) -> Result<NodeId> {
         self.op(name, Scale { factor }, &[x])
     }
 
+    /// Softmax along `axis` (negative counts from the end).
     pub fn softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
         self.op(name, Softmax { axis, group: Vec::new() }, &[x])
     }
 
+    /// Log of the softmax along `axis` (negative counts from the end), computed stably.
     pub fn log_softmax(&mut self, name: &str, x: NodeId, axis: i64) -> Result<NodeId> {
         self.op(name, LogSoftmax { axis, group: Vec::new() }, &[x])
     }
 
+    /// Sum over `axes` (negative counts from the end, empty means all), keeping them as size 1 when `keep_dims`.
     pub fn reduce_sum(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
         self.op(name, ReduceSum { axes: axes.to_vec(), keep_dims }, &[x])
     }
 
+    /// Mean over `axes` (negative counts from the end, empty means all), keeping them as size 1 when `keep_dims`.
     pub fn reduce_mean(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
         self.op(name, ReduceMean { axes: axes.to_vec(), keep_dims }, &[x])
     }
 
+    /// Maximum over `axes` (negative counts from the end, empty means all), keeping them as size 1 when `keep_dims`.
     pub fn reduce_max(&mut self, name: &str, x: NodeId, axes: &[i64], keep_dims: bool) -> Result<NodeId> {
         self.op(name, ReduceMax { axes: axes.to_vec(), keep_dims }, &[x])
     }
 
+    /// `x` with a new shape of the same size; one entry may be `-1` (inferred).
     pub fn reshape(&mut self, name: &str, x: NodeId, shape: &[i64]) -> Result<NodeId> {
         self.op(name, Reshape { shape: shape.to_vec() }, &[x])
     }
 
+    /// `x` with its dimensions permuted: output dimension `i` is input dimension `perm[i]`.
     pub fn transpose(&mut self, name: &str, x: NodeId, perm: &[usize]) -> Result<NodeId> {
         self.op(name, Transpose { perm: perm.to_vec() }, &[x])
     }
 
+    /// `[N, d1, d2, ...] -> [N, d1 * d2 * ...]`.
     pub fn flatten(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Flatten, &[x])
     }
@@ -243,18 +280,22 @@ impl GraphBuilder {
         self.op(name, Gather { axis, shard: None }, &[params, indices])
     }
 
+    /// One-hot encoding (1 and 0) of integer `indices` along a new last axis of size `depth`.
     pub fn one_hot(&mut self, name: &str, indices: NodeId, depth: usize, dtype: DType) -> Result<NodeId> {
         self.op(name, OneHot { depth, on_value: 1.0, off_value: 0.0, dtype }, &[indices])
     }
 
+    /// Concatenation of `xs` along `axis` (negative counts from the end); all other dimensions must agree.
     pub fn concat(&mut self, name: &str, xs: &[NodeId], axis: i64) -> Result<NodeId> {
         self.op(name, Concat { axis }, xs)
     }
 
+    /// The block `begin .. begin + size` of `x`.
     pub fn slice(&mut self, name: &str, x: NodeId, begin: &[usize], size: &[usize]) -> Result<NodeId> {
         self.op(name, Slice { begin: begin.to_vec(), size: size.to_vec() }, &[x])
     }
 
+    /// 2-D convolution of `x [N, Cin, H, W]` with filter `w [Cout, Cin/groups, kh, kw]`.
     pub fn conv2d(&mut self, name: &str, x: NodeId, w: NodeId, conv: ConvAttrs) -> Result<NodeId> {
         self.op(name, Conv2D { conv }, &[x, w])
     }
@@ -270,22 +311,27 @@ impl GraphBuilder {
         self.op(name, BatchNorm { training: true, eps, momentum, group: group.to_vec() }, &inputs)
     }
 
+    /// Layer normalisation of `x` over the dimensions from `begin_norm_axis` on, scaled by `gamma` and shifted by `beta`.
     pub fn layer_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, beta: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
         self.op(name, LayerNorm { begin_norm_axis, eps, group: Vec::new() }, &[x, gamma, beta])
     }
 
+    /// Max pooling of `x [N, C, H, W]`.
     pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
         self.op(name, MaxPool { pool }, &[x])
     }
 
+    /// Average pooling of `x [N, C, H, W]` (padding counts as zeros).
     pub fn avg_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
         self.op(name, AvgPool { pool }, &[x])
     }
 
+    /// Mean over the spatial dimensions: `[N, C, H, W] -> [N, C]`.
     pub fn global_avg_pool(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, GlobalAvgPool, &[x])
     }
 
+    /// Dropout of `x` with drop probability `p` in `[0, 1)`, the mask drawn from `seed`.
     pub fn dropout(&mut self, name: &str, x: NodeId, p: f64, seed: u64) -> Result<NodeId> {
         self.op(name, Dropout { p, seed, block: None }, &[x])
     }
@@ -296,34 +342,42 @@ impl GraphBuilder {
         self.op(name, Dropout { p, seed, block: Some(block) }, &[x])
     }
 
+    /// Mean softmax cross-entropy of `logits [N, C]` against integer `labels [N]`; a scalar.
     pub fn softmax_cross_entropy(&mut self, name: &str, logits: NodeId, labels: NodeId) -> Result<NodeId> {
         self.op(name, SoftmaxCrossEntropy, &[logits, labels])
     }
 
+    /// Element-wise reduction `op` across the global ranks `group`; every rank gets the result.
     pub fn all_reduce(&mut self, name: &str, x: NodeId, op: ReduceOp, group: &[usize]) -> Result<NodeId> {
         self.op(name, AllReduce { op, group: group.to_vec() }, &[x])
     }
 
+    /// Concatenation of the tensors of the global ranks `group` along `dim`, in group order.
     pub fn all_gather(&mut self, name: &str, x: NodeId, dim: usize, group: &[usize]) -> Result<NodeId> {
         self.op(name, AllGather { dim, group: group.to_vec() }, &[x])
     }
 
+    /// Reduction `op` across the global ranks `group`, rank `k` of the group keeping block `k` of `dim`.
     pub fn reduce_scatter(&mut self, name: &str, x: NodeId, op: ReduceOp, dim: usize, group: &[usize]) -> Result<NodeId> {
         self.op(name, ReduceScatter { op, dim, group: group.to_vec() }, &[x])
     }
 
+    /// Splits `split_dim` into one block per rank of `group`, exchanges the blocks and concatenates them along `concat_dim`.
     pub fn all_to_all(&mut self, name: &str, x: NodeId, split_dim: usize, concat_dim: usize, group: &[usize]) -> Result<NodeId> {
         self.op(name, AllToAll { split_dim, concat_dim, group: group.to_vec() }, &[x])
     }
 
+    /// Every rank of `group` receives the tensor of global rank `root`.
     pub fn broadcast(&mut self, name: &str, x: NodeId, root: usize, group: &[usize]) -> Result<NodeId> {
         self.op(name, Broadcast { root, group: group.to_vec() }, &[x])
     }
 
+    /// Sends `x` to global rank `peer` with tag `tag`; the output is `x` itself.
     pub fn send(&mut self, name: &str, x: NodeId, peer: usize, tag: u32) -> Result<NodeId> {
         self.op(name, Send { peer, tag }, &[x])
     }
 
+    /// Receives from global rank `peer` the tensor sent with tag `tag`; `like` gives its shape and dtype.
     pub fn recv(&mut self, name: &str, like: NodeId, peer: usize, tag: u32) -> Result<NodeId> {
         self.op(name, Recv { peer, tag }, &[like])
     }

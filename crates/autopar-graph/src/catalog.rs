@@ -26,7 +26,9 @@ pub enum Values {
 pub struct OpCase {
     /// The [`OpKind`] variant name (as in [`OpKind::ALL_KINDS`]).
     pub kind: &'static str,
+    /// The graph: the leaves, any helper ops that shape their values, and the op under test.
     pub graph: Graph,
+    /// The node of the op under test.
     pub output: NodeId,
     /// The leaves feeding the op (inputs, or parameters for the Parameter case) and their values.
     pub leaves: Vec<(NodeId, Values)>,

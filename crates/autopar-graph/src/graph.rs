@@ -14,7 +14,9 @@ use crate::types::{NodeId, TensorType};
 pub struct Node {
     /// Unique name: a parameter's dotted name (`l1.w`) or an op's name (`l1.matmul`).
     pub name: String,
+    /// The op and its attributes.
     pub op: OpKind,
+    /// The nodes whose outputs are the op's inputs, in the op's input order.
     pub inputs: Vec<NodeId>,
     /// Inferred output type.
     pub ty: TensorType,
@@ -63,18 +65,22 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// All nodes, in topological order; a node's index is its [`NodeId`].
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
 
+    /// Number of nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Whether the graph has no nodes.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -84,6 +90,7 @@ impl Graph {
         &self.nodes[id.0]
     }
 
+    /// The node `id`, or [`GraphError::UnknownNode`] when the id is out of range.
     pub fn get(&self, id: NodeId) -> Result<&Node> {
         self.check_id(id)?;
         Ok(&self.nodes[id.0])
@@ -95,6 +102,7 @@ impl Graph {
         &mut self.nodes[id.0]
     }
 
+    /// Checks that `id` names a node of this graph; otherwise [`GraphError::UnknownNode`].
     pub fn check_id(&self, id: NodeId) -> Result<()> {
         if id.0 < self.nodes.len() {
             Ok(())
@@ -193,6 +201,7 @@ impl Graph {
         Ok(())
     }
 
+    /// Puts node `id` in pipeline stage `stage` (MindSpore's `cell.pipeline_stage`), counted from 0.
     pub fn set_pipeline_stage(&mut self, id: NodeId, stage: usize) -> Result<()> {
         self.check_id(id)?;
         self.nodes[id.0].pipeline_stage = Some(stage);

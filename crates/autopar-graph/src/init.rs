@@ -12,30 +12,41 @@ use crate::error::{GraphError, Result};
 /// How a parameter's initial values are drawn.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Initializer {
+    /// All zeros (MindSpore's `Zero`).
     Zeros,
+    /// All ones (MindSpore's `One`).
     Ones,
+    /// Every element the given value (MindSpore's `Constant`).
     Constant(f64),
     /// N(mean, std^2).
     Normal {
+        /// The mean.
         mean: f64,
+        /// The standard deviation; must be non-negative.
         std: f64,
     },
     /// N(mean, std^2) redrawn until within mean +- 2 std.
     TruncatedNormal {
+        /// The mean.
         mean: f64,
+        /// The standard deviation; must be non-negative.
         std: f64,
     },
     /// U(low, high).
     Uniform {
+        /// The lower bound; must not exceed `high`.
         low: f64,
+        /// The upper bound.
         high: f64,
     },
     /// Glorot: U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)).
     XavierUniform {
+        /// Gain multiplying the bound (MindSpore's default is 1).
         gain: f64,
     },
     /// Glorot: N(0, gain^2 * 2 / (fan_in + fan_out)).
     XavierNormal {
+        /// Gain multiplying the standard deviation (MindSpore's default is 1).
         gain: f64,
     },
     /// Kaiming (fan_in, ReLU gain sqrt(2)): U(-a, a), a = sqrt(6 / fan_in).
@@ -45,6 +56,7 @@ pub enum Initializer {
     /// An additive causal attention mask over the last two dimensions `[.., S, T]`: 0 where
     /// `t <= s`, `masked` above the diagonal (a frozen buffer of a decoder).
     CausalMask {
+        /// The value above the diagonal (a large negative number, so that softmax ignores those positions).
         masked: f64,
     },
 }
@@ -183,10 +195,12 @@ pub struct Rng {
 }
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         Self { state: seed, spare: None }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
         splitmix(self.state)

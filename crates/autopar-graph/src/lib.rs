@@ -6,6 +6,26 @@
 //! seeded parameters, `.shard(strategy)` and pipeline-stage annotations), [`differentiate`]
 //! appends the backward pass, and the executor in `autopar-runtime` runs it.
 //!
+//! ```
+//! use autopar_graph::{backward, DType, GraphBuilder, Initializer};
+//!
+//! let mut b = GraphBuilder::new(0); // the seed of every parameter's initial values
+//! let x = b.input("x", &[8, 4], DType::F32)?;
+//! let y = b.input("y", &[8], DType::I32)?;
+//! let w = b.parameter("fc.weight", &[6, 4], Initializer::HeUniform)?;
+//! let logits = b.matmul_t("fc", x, w, false, true)?;
+//! b.shard(logits, "((2, 1), (2, 1))".parse()?)?; // MindSpore's ops.MatMul().shard(...)
+//! let loss = b.softmax_cross_entropy("loss", logits, y)?;
+//! let mut graph = b.finish();
+//! assert_eq!(graph.node(logits).ty.shape, vec![8, 6]);
+//!
+//! let grads = backward(&mut graph, loss)?; // the backward pass, appended to the graph
+//! let dw = grads.of(w).expect("fc.weight is trainable");
+//! assert_eq!(graph.node(dw).ty.shape, vec![6, 4]);
+//! println!("{graph}"); // one line per node
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Key decisions:
 //! * **Plain data.** The graph is a `Vec<Node>` with public fields for annotations; the planner
 //!   (`autopar-parallel`) reads it and builds each rank's local graph from it, inserting
@@ -31,6 +51,8 @@
 //!   on them, and a test fails when a new op kind has no case.
 //! * Shape errors name the op kind, the node and the facts: `MatMul l2: inner dimensions 128 and
 //!   64 differ`.
+
+#![warn(missing_docs)]
 
 pub mod autodiff;
 pub mod builder;

@@ -31,21 +31,26 @@ use crate::types::{DType, TensorType};
 /// One loop dimension of an op.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogicalDim {
+    /// The dimension's size (iterations of the loop).
     pub size: usize,
     /// Whether this dimension may be split; when not, `why` says so in errors.
     pub splittable: bool,
     /// A reduced dimension: splitting it leaves a partial sum in the output.
     pub reduced: bool,
+    /// Why the dimension cannot be split, for errors; empty when it can.
     pub why: &'static str,
 }
 
 impl LogicalDim {
+    /// A dimension that may be split and is not reduced.
     pub fn free(size: usize) -> Self {
         Self { size, splittable: true, reduced: false, why: "" }
     }
+    /// A dimension that may not be split, `why` saying why.
     pub fn fixed(size: usize, why: &'static str) -> Self {
         Self { size, splittable: false, reduced: false, why }
     }
+    /// A reduced dimension that may be split (leaving a partial sum in the output).
     pub fn reduced(size: usize) -> Self {
         Self { size, splittable: true, reduced: true, why: "" }
     }
@@ -65,20 +70,28 @@ pub enum Tie {
     Block,
     /// Input `input` holds rows `dim` of a table split across ranks (Gather on a split
     /// vocabulary): the local op gets which rows.
-    Rows { input: usize, dim: usize },
+    Rows {
+        /// Position of the table input, counted from 0.
+        input: usize,
+        /// The table's row dimension, counted from 0.
+        dim: usize,
+    },
 }
 
 /// The sharding description of one op.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpSpec {
+    /// The op's logical dimensions, in logical order.
     pub dims: Vec<LogicalDim>,
     /// Per input, per tensor dimension: the logical dimension it runs along (None: a broadcast
     /// dimension of size 1 or one that is never split).
     pub inputs: Vec<Vec<Option<usize>>>,
+    /// Per output tensor dimension: the logical dimension it runs along (None: never split).
     pub output: Vec<Option<usize>>,
     /// The output is a mean over the reduced dimensions: each rank's local result is scaled by
     /// its share before the partial sum is completed.
     pub mean_over_reduced: bool,
+    /// How a rank's op is tied to the whole tensor when split.
     pub tie: Tie,
 }
 
@@ -97,14 +110,18 @@ pub enum ShardingRule {
 
 /// What a sharding rule sees: the node's input and output types.
 pub struct RuleCx<'a> {
+    /// Types of the node's inputs, in input order.
     pub inputs: &'a [&'a TensorType],
+    /// Type of the node's output.
     pub output: &'a TensorType,
 }
 
 impl RuleCx<'_> {
+    /// Shape of input `i`.
     pub fn shape(&self, i: usize) -> &[usize] {
         &self.inputs[i].shape
     }
+    /// Shape of the output.
     pub fn out(&self) -> &[usize] {
         &self.output.shape
     }
@@ -126,12 +143,16 @@ pub struct LocalCx<'a> {
 
 /// What a cost rule sees: the (local) input and output types and the rank running the op.
 pub struct CostCx<'a> {
+    /// Local types of the op's inputs, in input order.
     pub inputs: &'a [TensorType],
+    /// Local type of the op's output.
     pub output: &'a TensorType,
+    /// Global rank running the op.
     pub rank: usize,
 }
 
 impl CostCx<'_> {
+    /// Bytes of a tensor of type `t`: elements times element size.
     pub fn bytes_of(t: &TensorType) -> usize {
         t.numel() * t.dtype.size()
     }
@@ -160,17 +181,24 @@ impl CostCx<'_> {
 /// The collectives a communicator offers, by the call a rank makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Collective {
+    /// All-reduce.
     AllReduce,
+    /// All-gather.
     AllGather,
+    /// Reduce-scatter.
     ReduceScatter,
+    /// All-to-all.
     AllToAll,
+    /// Broadcast from a root rank.
     Broadcast,
+    /// A point-to-point send.
     Send,
     /// A receive: no bytes sent, listed so its pair group is known.
     Recv,
 }
 
 impl Collective {
+    /// The call's name in snake case (`all_reduce`), also its `Display`.
     pub fn name(self) -> &'static str {
         match self {
             Collective::AllReduce => "all_reduce",
@@ -194,8 +222,11 @@ impl fmt::Display for Collective {
 /// this rank hands to it (the payload of its send buffer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommCall {
+    /// Which call.
     pub kind: Collective,
+    /// The ranks taking part: world ranks, ascending.
     pub group: Vec<usize>,
+    /// Bytes this rank hands to the call (its send buffer).
     pub bytes: usize,
 }
 
@@ -211,6 +242,7 @@ pub struct OpCost {
 }
 
 impl OpCost {
+    /// This cost with `comm` as the op's own communication.
     pub fn with_comm(mut self, comm: Vec<CommCall>) -> Self {
         self.comm = comm;
         self
@@ -295,21 +327,73 @@ pub fn matmul_spec(a: &[usize], b: &[usize], ta: bool, tb: bool) -> OpSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StrategyProblem {
     /// The strategy gives `given` split tuples for an op of `inputs` inputs.
-    InputCount { inputs: usize, given: usize },
+    InputCount {
+        /// Inputs of the op.
+        inputs: usize,
+        /// Split tuples in the strategy.
+        given: usize,
+    },
     /// Input `input` has `dims` dimensions, its split tuple `given` entries.
-    Rank { input: usize, dims: usize, given: usize },
+    Rank {
+        /// Position of the input, counted from 0.
+        input: usize,
+        /// The input's rank (its number of dimensions).
+        dims: usize,
+        /// Entries in its split tuple.
+        given: usize,
+    },
     /// A split of 0.
-    ZeroSplit { input: usize, dim: usize },
+    ZeroSplit {
+        /// Position of the input, counted from 0.
+        input: usize,
+        /// The input's dimension, counted from 0.
+        dim: usize,
+    },
     /// A dimension that is broadcast (or never split) is split.
-    NotSplittable { input: usize, dim: usize, split: usize },
+    NotSplittable {
+        /// Position of the input, counted from 0.
+        input: usize,
+        /// The input's dimension, counted from 0.
+        dim: usize,
+        /// The split count asked for.
+        split: usize,
+    },
     /// Two inputs split the same logical dimension differently.
-    Mismatch { input: usize, dim: usize, split: usize, other: usize },
+    Mismatch {
+        /// Position of the input, counted from 0.
+        input: usize,
+        /// The input's dimension, counted from 0.
+        dim: usize,
+        /// Its split count.
+        split: usize,
+        /// The split count an earlier input gives the same logical dimension.
+        other: usize,
+    },
     /// A logical dimension the op cannot split.
-    Fixed { logical: usize, split: usize, why: &'static str },
+    Fixed {
+        /// The logical dimension, counted from 0.
+        logical: usize,
+        /// The split count asked for.
+        split: usize,
+        /// Why the op cannot split it.
+        why: &'static str,
+    },
     /// The splits use more devices than there are, or a number that does not divide them.
-    Devices { used: usize, devices: usize },
+    Devices {
+        /// Devices the splits use: the product of the split counts.
+        used: usize,
+        /// Devices available.
+        devices: usize,
+    },
     /// The layouts the strategy gives are invalid (a split that does not divide a dimension).
-    Layout { what: &'static str, input: usize, detail: String },
+    Layout {
+        /// What has the invalid layout, in words (`input`, `output`, `device matrix of input`).
+        what: &'static str,
+        /// Position of the input, counted from 0 (0 for the output and the device matrix).
+        input: usize,
+        /// The layout error, as text.
+        detail: String,
+    },
     /// The op has no sharded form.
     NoShardedForm,
 }
@@ -340,11 +424,13 @@ impl fmt::Display for StrategyProblem {
 /// A chosen strategy with the layouts it gives (global shapes).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpLayouts {
+    /// The strategy, per input and per tensor dimension.
     pub strategy: Strategy,
     /// Split count per logical dimension.
     pub splits: Vec<usize>,
     /// The device-matrix axis each logical dimension is split over (None: not split).
     pub logical_axes: Vec<Option<usize>>,
+    /// The device matrix (MindSpore's `dev_matrix`): the split counts plus the repeat axis on the right.
     pub mesh: DeviceMatrix,
     /// Layouts the inputs must have (never partial).
     pub inputs: Vec<TensorLayout>,

@@ -5,11 +5,17 @@ use std::fmt;
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE 754 half precision (MindSpore's `float16`).
     F16,
+    /// bfloat16: 8 exponent bits, 7 mantissa bits (MindSpore's `bfloat16`).
     BF16,
+    /// IEEE 754 single precision (MindSpore's `float32`).
     F32,
+    /// IEEE 754 double precision (MindSpore's `float64`).
     F64,
+    /// 32-bit signed integer (MindSpore's `int32`).
     I32,
+    /// 64-bit signed integer (MindSpore's `int64`); labels and indices.
     I64,
 }
 
@@ -56,11 +62,14 @@ pub type Shape = Vec<usize>;
 /// Shape and element type of one node's output.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
+    /// Size of each dimension; empty for a scalar.
     pub shape: Shape,
+    /// Element type.
     pub dtype: DType,
 }
 
 impl TensorType {
+    /// A tensor type of `shape` and `dtype`.
     pub fn new(shape: impl Into<Shape>, dtype: DType) -> Self {
         Self { shape: shape.into(), dtype }
     }
@@ -70,6 +79,7 @@ impl TensorType {
         self.shape.iter().product()
     }
 
+    /// Number of dimensions (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.shape.len()
     }

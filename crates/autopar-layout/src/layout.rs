@@ -95,6 +95,7 @@ impl TensorLayout {
         Ok(())
     }
 
+    /// The device matrix the tensor is laid out on.
     pub fn mesh(&self) -> &DeviceMatrix {
         &self.mesh
     }
@@ -119,6 +120,7 @@ impl TensorLayout {
         &self.partial
     }
 
+    /// Whether the tensor is a pending partial sum along any device axis.
     pub fn is_partial(&self) -> bool {
         !self.partial.is_empty()
     }

@@ -9,7 +9,27 @@
 //!   matrix and tensor maps, repeat axis included;
 //! * [`RedistributionPlan`]: the steps (slice, all-gather, all-to-all, all-reduce,
 //!   reduce-scatter, permutation) between two layouts, with the bytes each rank sends, and
-//!   [`simulate`] to run a plan on real data for all ranks at once.
+//!   [`simulate()`] to run a plan on real data for all ranks at once.
+//!
+//! ```
+//! use autopar_layout::{plan, strategy_layouts, DevMatrixRule, Strategy, TensorLayout};
+//!
+//! // MatMul x[64, 32] @ w[32, 16] with MindSpore's strategy ((2, 4), (4, 1)) on 8 devices:
+//! // rows of x over 2 devices, the contracted dimension over 4.
+//! let strategy: Strategy = "((2, 4), (4, 1))".parse()?;
+//! let op = strategy_layouts(DevMatrixRule::MatMul { transpose_a: false, transpose_b: false }, &strategy, 8, true)?;
+//! assert_eq!(op.dev_matrix.dims(), &[2, 4]);
+//! let x = op.input_layout(0, &[64, 32])?;
+//! assert_eq!(x.slice_shape(), vec![32, 8]);
+//! assert_eq!(x.slice_of(5)?, vec![32..64, 8..16]); // rank 5 = row 1, column 1 of the grid
+//!
+//! // To rows only (columns gathered): one all-gather over each row of the grid.
+//! let rows = TensorLayout::new(x.mesh().clone(), vec![vec![0], vec![]], vec![64, 32])?;
+//! let plan = plan(&x, &rows)?;
+//! assert_eq!(plan.num_communications(), 1);
+//! println!("{plan}: {}", plan.describe(4));
+//! # Ok::<(), autopar_layout::LayoutError>(())
+//! ```
 //!
 //! Key decisions:
 //! * Inside autopar a device axis is counted from the **left**; MindSpore's right-counted
@@ -20,6 +40,8 @@
 //!   planner's transition table is at the top of [`redistribution`].
 //! * Only uniform splits exist (as in MindSpore's checkpoint tools): every split must divide
 //!   its dimension.
+
+#![warn(missing_docs)]
 
 pub mod error;
 pub mod layout;

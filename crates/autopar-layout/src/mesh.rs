@@ -74,6 +74,7 @@ impl DeviceMatrix {
         Self { dims }
     }
 
+    /// The axis sizes, from the left (MindSpore's `device_matrix`).
     pub fn dims(&self) -> &[usize] {
         &self.dims
     }
@@ -185,7 +186,9 @@ impl fmt::Display for DeviceMatrix {
 /// neighbours along it. Plans store these so that a step can be executed without its mesh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceAxis {
+    /// Devices along the axis.
     pub size: usize,
+    /// Rank distance between neighbours along the axis.
     pub stride: usize,
 }
 

@@ -32,10 +32,12 @@ impl TensorMap {
         self.0.iter().flatten().copied().collect()
     }
 
+    /// The number of entries (tensor dimensions).
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether the map has no entries (a scalar).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -199,19 +201,29 @@ pub fn parse_usize_list(what: &'static str, s: &str) -> Result<Vec<usize>> {
 /// `reference/mindspore-internals.md` §1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParameterLayout {
+    /// The device matrix (field 0).
     pub dev_matrix: Vec<usize>,
     /// Flattened tensor map (multi-axis entries spliced in place).
     pub tensor_map: Vec<i64>,
     /// Model-parallel slice shape (before optimizer sharding).
     pub slice_shape: Vec<usize>,
+    /// MindSpore's `field_size` (field 3; autopar writes 0).
     pub field_size: i64,
+    /// Whether the tensor splits into equal slices (field 4; autopar writes `True`).
     pub uniform_split: bool,
+    /// The optimizer-shard group (field 5): `<size>-<hash>`, `hccl_world_group`, or empty for none.
     pub opt_shard_group: String,
+    /// The full (unsplit) shape (field 6).
     pub full_shape: Vec<usize>,
+    /// The slice shape with a dimension split over several axes viewed as one dimension per axis (field 7).
     pub after_reshape_slice_shape: Vec<usize>,
+    /// Whether several pipeline stages use the parameter (field 8).
     pub pipeline_shared: bool,
+    /// Whether this stage owns the shared parameter's master copy and sends it (field 9).
     pub is_send: bool,
+    /// The global rank of the shared parameter's peer copy (field 10): the owner's rank, or on the owner the next stage's.
     pub peer_rank: i64,
+    /// Send/receive tag of a shared parameter, numbering them from 1 (field 11; 0: not shared).
     pub sr_tag: i64,
 }
 

@@ -36,21 +36,52 @@ use crate::mesh::{group_of, DeviceAxis, DeviceMatrix};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Keep piece `axis.coord(rank)` of `axis.size` pieces along `dim`. Local.
-    Slice { dim: usize, axis: DeviceAxis },
+    Slice {
+        /// The tensor dimension sliced, counted from 0.
+        dim: usize,
+        /// The device axis whose coordinate picks the piece.
+        axis: DeviceAxis,
+    },
     /// Concatenate the pieces of the group along `axis`, in coordinate order, along `dim`.
-    AllGather { dim: usize, axis: DeviceAxis },
+    AllGather {
+        /// The tensor dimension concatenated, counted from 0.
+        dim: usize,
+        /// The device axis of the group.
+        axis: DeviceAxis,
+    },
     /// Split along `split_dim` into `axis.size` pieces, send piece k to the k-th group member,
     /// concatenate what arrives along `concat_dim`.
-    AllToAll { split_dim: usize, concat_dim: usize, axis: DeviceAxis },
+    AllToAll {
+        /// The tensor dimension split, counted from 0.
+        split_dim: usize,
+        /// The tensor dimension concatenated, counted from 0.
+        concat_dim: usize,
+        /// The device axis of the group.
+        axis: DeviceAxis,
+    },
     /// Sum over the group along `axes` (partial sums become whole values).
-    AllReduce { axes: Vec<DeviceAxis> },
+    AllReduce {
+        /// The device axes of the group.
+        axes: Vec<DeviceAxis>,
+    },
     /// Sum over the group along `axis`, each member keeping piece `coord` along `dim`.
-    ReduceScatter { dim: usize, axis: DeviceAxis },
+    ReduceScatter {
+        /// The tensor dimension scattered, counted from 0.
+        dim: usize,
+        /// The device axis of the group.
+        axis: DeviceAxis,
+    },
     /// Make the tensor a partial sum along `axis`: coordinate 0 keeps its values, the others
     /// hold zeros. Local.
-    MakePartial { axis: DeviceAxis },
+    MakePartial {
+        /// The device axis of the partial sum.
+        axis: DeviceAxis,
+    },
     /// Point-to-point: rank `r` receives the local data of rank `source[r]`.
-    Permute { source: Vec<usize> },
+    Permute {
+        /// For every rank, the rank whose local data it receives.
+        source: Vec<usize>,
+    },
 }
 
 impl Step {
@@ -134,22 +165,29 @@ impl fmt::Display for Step {
 /// A step with the local element count before it and the layout after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlannedStep {
+    /// The operation.
     pub step: Step,
+    /// Local elements per rank before the step.
     pub input_len: usize,
+    /// The layout after the step.
     pub after: TensorLayout,
 }
 
 /// The steps from `src` to `dst`. Plans are plain data: print, compare, simulate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedistributionPlan {
+    /// The source layout, as given.
     pub src: TensorLayout,
+    /// The destination layout, as given.
     pub dst: TensorLayout,
     /// The source layout on the planning mesh (the start of the chain `Display` prints).
     pub start: TensorLayout,
+    /// The steps, in execution order.
     pub steps: Vec<PlannedStep>,
 }
 
 impl RedistributionPlan {
+    /// Whether the plan has no step (the layouts are the same).
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }

@@ -11,6 +11,7 @@ use crate::redistribution::{RedistributionPlan, Step};
 
 /// An element type the simulator can move and (for partial sums) add.
 pub trait Element: Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static {
+    /// `self + other` (wrapping for integers).
     fn add(self, other: Self) -> Self;
 }
 
@@ -31,6 +32,7 @@ pub struct Block<T> {
 }
 
 impl<T: Element> Block<T> {
+    /// A block of `shape` holding `data` row-major; errors unless `data` has exactly the shape's element count.
     pub fn new(shape: Vec<usize>, data: Vec<T>) -> Result<Self> {
         let n: usize = shape.iter().product();
         if n != data.len() {
@@ -39,6 +41,7 @@ impl<T: Element> Block<T> {
         Ok(Self { shape, data })
     }
 
+    /// A block of `shape` filled with `T::default()` (zero).
     pub fn zeros(shape: Vec<usize>) -> Self {
         let n = shape.iter().product();
         Self { shape, data: vec![T::default(); n] }
@@ -50,18 +53,22 @@ impl<T: Element> Block<T> {
         Self { shape, data: (0..n).map(f).collect() }
     }
 
+    /// The block's shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// The elements, row-major.
     pub fn data(&self) -> &[T] {
         &self.data
     }
 
+    /// The elements, row-major, for changing them.
     pub fn data_mut(&mut self) -> &mut [T] {
         &mut self.data
     }
 
+    /// The elements, row-major, consuming the block.
     pub fn into_data(self) -> Vec<T> {
         self.data
     }

@@ -22,6 +22,7 @@ use crate::mindspore::{split_top_level, TensorMap};
 pub struct Strategy(pub Vec<Vec<usize>>);
 
 impl Strategy {
+    /// A strategy with the given split counts per input.
     pub fn new(inputs: Vec<Vec<usize>>) -> Self {
         Self(inputs)
     }
@@ -98,7 +99,12 @@ pub enum DevMatrixRule {
     Elementwise,
     /// `MatMul`/`BatchMatMul`: `[b.., i, k, j]`. Strategies are written for the inputs as
     /// stored, so with `transpose_b` the second input's strategy is `(j, k)`.
-    MatMul { transpose_a: bool, transpose_b: bool },
+    MatMul {
+        /// Whether the first input is transposed.
+        transpose_a: bool,
+        /// Whether the second input is transposed.
+        transpose_b: bool,
+    },
 }
 
 /// Device matrix and tensor maps of one operator under one strategy.
@@ -106,7 +112,9 @@ pub enum DevMatrixRule {
 pub struct OpLayout {
     /// Device matrix after squeezing axes of size 1 (as MindSpore reports it).
     pub dev_matrix: DeviceMatrix,
+    /// The tensor map of each input, in MindSpore's right-counted form.
     pub inputs: Vec<TensorMap>,
+    /// The output's tensor map.
     pub output: TensorMap,
     /// Size of the repeated-calculation axis (1 if the strategy uses every device).
     pub repeat: usize,

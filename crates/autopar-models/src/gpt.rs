@@ -23,12 +23,15 @@ use crate::{positive, Mode, Model, ModelGraph};
 /// Sizes of a [`Gpt`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
+    /// Vocabulary size: token ids are `0..vocab`, and the LM head has one logit per token.
     pub vocab: usize,
     /// Tokens per sequence (the context length; also the position-embedding rows).
     pub context: usize,
     /// Model width (embedding size).
     pub width: usize,
+    /// Attention heads; must divide the width.
     pub heads: usize,
+    /// Transformer blocks.
     pub layers: usize,
     /// MLP hidden size as a multiple of the width.
     pub mlp_ratio: usize,
@@ -36,6 +39,7 @@ pub struct GptConfig {
     pub dropout: f64,
     /// Seed of the dropout masks (mixed with each dropout op's name).
     pub dropout_seed: u64,
+    /// Epsilon added to the variance in every LayerNorm.
     pub ln_eps: f64,
     /// The LM head reuses `wte.weight`; when false it has its own `lm_head.weight`.
     pub tie_embeddings: bool,
@@ -73,6 +77,8 @@ pub struct Gpt {
 }
 
 impl Gpt {
+    /// Checks the configuration: every size positive, `heads` dividing `width`, `dropout` in `[0, 1)` and `ln_eps`
+    /// positive; otherwise [`ModelError::BadConfig`].
     pub fn new(cfg: GptConfig) -> Result<Self> {
         for (field, v) in [
             ("vocab", cfg.vocab),
@@ -99,6 +105,7 @@ impl Gpt {
         Ok(Self { cfg })
     }
 
+    /// The configuration this model was built from.
     pub fn config(&self) -> &GptConfig {
         &self.cfg
     }

@@ -38,6 +38,7 @@ pub(crate) fn dense(
 pub struct BatchNormConfig {
     /// `running = momentum * running + (1 - momentum) * batch` (MindSpore's convention).
     pub momentum: f64,
+    /// Epsilon added to the variance before the square root.
     pub eps: f64,
 }
 

@@ -41,6 +41,8 @@
 //! Throughput against PyTorch: `cargo bench -p autopar-models --bench models` (see
 //! `benches/models.rs`).
 
+#![warn(missing_docs)]
+
 mod error;
 mod gpt;
 mod layers;
@@ -62,11 +64,14 @@ pub use resnet::{Block, ResNet, ResNetConfig, Stem};
 /// Training (batch statistics, dropout on) or evaluation (running statistics, dropout off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// Training: batch norm uses batch statistics and dropout is on.
     Train,
+    /// Evaluation: batch norm uses running statistics and dropout is off.
     Eval,
 }
 
 impl Mode {
+    /// Whether this is [`Mode::Train`].
     pub fn is_training(self) -> bool {
         self == Mode::Train
     }
@@ -167,9 +172,13 @@ impl ModelGraph {
 /// Numbers of parameter elements and tensors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ParamCount {
+    /// Elements of trainable parameters.
     pub trainable: usize,
+    /// Elements of frozen (non-trainable) parameters: running statistics, the causal mask.
     pub frozen: usize,
+    /// Number of trainable parameter tensors.
     pub trainable_tensors: usize,
+    /// Number of frozen parameter tensors.
     pub frozen_tensors: usize,
 }
 

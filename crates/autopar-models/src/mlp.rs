@@ -19,6 +19,7 @@ pub struct MlpConfig {
     pub input_shape: Vec<usize>,
     /// Width of each hidden layer.
     pub hidden: Vec<usize>,
+    /// Output classes: the width of the last layer (the logits).
     pub num_classes: usize,
 }
 
@@ -37,6 +38,7 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// Checks that the class count, the input size and every hidden width are positive; otherwise `ModelError::BadConfig`.
     pub fn new(cfg: MlpConfig) -> Result<Self> {
         positive("mlp", "num_classes", cfg.num_classes)?;
         positive("mlp", "input size", cfg.input_shape.iter().product())?;
@@ -46,6 +48,7 @@ impl Mlp {
         Ok(Self { cfg })
     }
 
+    /// The configuration this model was built from.
     pub fn config(&self) -> &MlpConfig {
         &self.cfg
     }

@@ -74,16 +74,20 @@ impl std::str::FromStr for Stem {
 /// Architecture and sizes of a [`ResNet`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResNetConfig {
+    /// Residual block type: basic (ResNet-18/34) or bottleneck (ResNet-50 and deeper).
     pub block: Block,
     /// Blocks per stage.
     pub layers: [usize; 4],
+    /// Output classes: the width of the classifier `end_point`.
     pub num_classes: usize,
+    /// The layers before the residual stages.
     pub stem: Stem,
     /// Channels of the stem and the first stage (64 in the papers); stage `s` has `width << s`
     /// base channels. Small widths make test-sized models.
     pub width: usize,
     /// `[C, H, W]` of one image.
     pub input_shape: Vec<usize>,
+    /// Settings of every batch norm.
     pub bn: BatchNormConfig,
     /// Start the gamma of each block's last batch norm at zero, so every residual block begins
     /// as the identity (MindSpore's model zoo `_bn_last`; torchvision's `zero_init_residual`).
@@ -126,12 +130,14 @@ impl ResNetConfig {
         Self::resnet50(10)
     }
 
+    /// This configuration with another stem and image shape `[C, H, W]`.
     pub fn with_stem(mut self, stem: Stem, input_shape: &[usize]) -> Self {
         self.stem = stem;
         self.input_shape = input_shape.to_vec();
         self
     }
 
+    /// This configuration with another base channel count (`width`).
     pub fn with_width(mut self, width: usize) -> Self {
         self.width = width;
         self
@@ -146,6 +152,9 @@ pub struct ResNet {
 }
 
 impl ResNet {
+    /// Checks the configuration (positive class count, width and blocks per stage; `input_shape` is `[C, H, W]` with
+    /// positive sizes), otherwise [`ModelError::BadConfig`]. The model's name (`resnet18`, ..., or `resnet`) follows
+    /// from the block type and stage sizes.
     pub fn new(cfg: ResNetConfig) -> Result<Self> {
         let name = match (cfg.block, cfg.layers) {
             (Block::Basic, [2, 2, 2, 2]) => "resnet18".to_string(),
@@ -171,6 +180,7 @@ impl ResNet {
         Ok(Self { cfg, name })
     }
 
+    /// The configuration this model was built from.
     pub fn config(&self) -> &ResNetConfig {
         &self.cfg
     }

@@ -14,9 +14,11 @@ use crate::program::RankProgram;
 /// The bytes a rank hands to one kind of collective over one group in a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommVolume {
+    /// The collective's kind.
     pub kind: Collective,
     /// World ranks, ascending.
     pub group: Vec<usize>,
+    /// The number of calls of this kind over this group in the step.
     pub calls: usize,
     /// Payload of the send buffers (what the rank passes to the communicator).
     pub bytes: usize,
@@ -39,6 +41,7 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// The sum of the four parts, in bytes.
     pub fn total(&self) -> usize {
         self.parameters + self.gradients + self.optimizer_state + self.peak_activations
     }
@@ -47,6 +50,7 @@ impl Memory {
 /// The predicted cost of one rank's step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankCost {
+    /// The rank, counted in the world.
     pub rank: usize,
     /// Floating-point operations of the step (forward and backward).
     pub flops: f64,
@@ -54,6 +58,7 @@ pub struct RankCost {
     pub bytes_moved: usize,
     /// Communication by (kind, group), sorted.
     pub comm: Vec<CommVolume>,
+    /// The memory the rank holds for the step.
     pub memory: Memory,
 }
 

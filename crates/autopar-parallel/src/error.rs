@@ -8,74 +8,202 @@ use thiserror::Error;
 
 use crate::context::ParallelMode;
 
+/// Everything that can go wrong while configuring and planning a parallel job.
 #[derive(Debug, Error)]
 pub enum ParallelError {
+    /// A parallel option name (or a key of a table option) that MindSpore's `set_auto_parallel_context` does not have.
     #[error("unknown parallel option {option:?}\n  valid options: {}\nhint: check the spelling; options use MindSpore's set_auto_parallel_context names", valid.join(", "))]
-    UnknownOption { option: String, valid: Vec<String> },
+    UnknownOption {
+        /// The name given, as `option.key` for a key of a table option.
+        option: String,
+        /// The names valid in that place.
+        valid: Vec<String>,
+    },
 
+    /// A parallel option set to a value of the wrong type or out of range.
     #[error("invalid value {value} for parallel option {option}\n  expected {expected}\nhint: pass --parallel {option}=VALUE with a value of that form")]
-    InvalidOption { option: String, value: String, expected: String },
+    InvalidOption {
+        /// The option's name.
+        option: String,
+        /// The value given, as JSON text.
+        value: String,
+        /// What was expected, in words.
+        expected: String,
+    },
 
+    /// Two parallel options that cannot be used together (found by `ParallelContext::validate`).
     #[error("parallel option {option} conflicts with the other options\n  {conflict}")]
-    Conflict { option: &'static str, conflict: Conflict },
+    Conflict {
+        /// The option reported as conflicting.
+        option: &'static str,
+        /// Why it conflicts.
+        conflict: Conflict,
+    },
 
+    /// An op whose sharding rule cannot be planned by the planner.
     #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it (the library's ParallelJob::hybrid runs hand-written rank graphs that place their own collectives)")]
-    UnsupportedOp { kind: &'static str, name: String, why: &'static str },
+    UnsupportedOp {
+        /// The op's kind (its primitive's name).
+        kind: &'static str,
+        /// The node's name.
+        name: String,
+        /// Why the op cannot be planned, in words.
+        why: &'static str,
+    },
 
+    /// A network input whose batch dimension (dimension 0) the device count does not divide, under a data-parallel dataset strategy.
     #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or (semi_auto_parallel) --parallel dataset_strategy=full_batch")]
-    BatchNotDivisible { input: String, shape: Vec<usize>, devices: usize, mode: &'static str },
+    BatchNotDivisible {
+        /// The input's name.
+        input: String,
+        /// The input's whole shape.
+        shape: Vec<usize>,
+        /// The number of devices the batch is split over.
+        devices: usize,
+        /// The parallel mode's MindSpore name.
+        mode: &'static str,
+    },
 
+    /// An explicit `dataset_strategy` that does not fit the network's inputs.
     #[error("invalid dataset_strategy\n  {problem}\nhint: give one split list per network input, e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'")]
-    DatasetStrategy { problem: DatasetProblem },
+    DatasetStrategy {
+        /// What does not fit.
+        problem: DatasetProblem,
+    },
 
+    /// A tensor layout or device matrix that cannot be built.
     #[error("{node}: {source}")]
     Layout {
+        /// The node whose layout failed (or what was being built, e.g. "device matrix").
         node: String,
+        /// The layout error.
         #[source]
         source: autopar_layout::LayoutError,
     },
 
+    /// An error of the graph (building it, checking it, or a strategy that does not fit an op).
     #[error(transparent)]
     Graph(Box<autopar_graph::GraphError>),
 
+    /// A rank at or above the job's device count.
     #[error("rank {rank} is out of range for {devices} devices\nhint: pass a rank below --devices")]
-    RankOutOfRange { rank: usize, devices: usize },
+    RankOutOfRange {
+        /// The rank asked for, counted in the world.
+        rank: usize,
+        /// The job's device count.
+        devices: usize,
+    },
 
+    /// A local node whose shape differs from the one its planned layout gives (a bug in the planner).
     #[error("internal planner error on rank {rank}: local {kind} {name:?} has shape {got:?}, its layout expects {want:?}\nhint: this is a bug in autopar; please report it with the graph and strategies")]
-    LocalShape { rank: usize, kind: &'static str, name: String, got: Vec<usize>, want: Vec<usize> },
+    LocalShape {
+        /// The rank whose program was built.
+        rank: usize,
+        /// The op's kind.
+        kind: &'static str,
+        /// The node's name.
+        name: String,
+        /// The local shape the node has.
+        got: Vec<usize>,
+        /// The local shape its layout expects.
+        want: Vec<usize>,
+    },
 
+    /// A redistribution inside the graph that needs a point-to-point permutation (a bug in the planner).
     #[error("internal planner error: a graph redistribution for {node:?} planned a point-to-point permutation\nhint: this is a bug in autopar; please report it with the graph and strategies")]
-    PermutationInGraph { node: String },
+    PermutationInGraph {
+        /// The name of the value being redistributed.
+        node: String,
+    },
 
+    /// An option autopar parses and validates but whose behaviour it does not implement.
     #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from --parallel and the [parallel] table")]
-    NotSupportedYet { option: String, value: String },
+    NotSupportedYet {
+        /// The option's name.
+        option: String,
+        /// The value it was set to (with what makes it unsupported, if that is another option), in words.
+        value: String,
+    },
 
+    /// A device profile that cannot be read or is invalid.
     #[error("device profile {origin}: {problem}\nhint: write a profile with `autopar calibrate --out FILE`, or leave --profile out for the built-in one")]
-    BadProfile { origin: String, problem: String },
+    BadProfile {
+        /// Where the profile came from (a file path or a description).
+        origin: String,
+        /// What is wrong with it, in words.
+        problem: String,
+    },
 
+    /// An op none of whose strategies fits `device_memory_capacity` (auto_parallel search).
     #[error("auto_parallel: no strategy of {kind} {name:?} fits device_memory_capacity = {capacity} bytes\n  its cheapest strategy in memory needs {need} bytes per device; its largest tensors: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
-    OutOfMemory { kind: &'static str, name: String, capacity: u64, need: u64, largest: String },
+    OutOfMemory {
+        /// The op's kind.
+        kind: &'static str,
+        /// The node's name.
+        name: String,
+        /// The memory a device holds, in bytes (`device_memory_capacity`).
+        capacity: u64,
+        /// The memory its cheapest strategy needs per device, in bytes.
+        need: u64,
+        /// Its largest tensors (at most three) with their sizes in bytes, in words.
+        largest: String,
+    },
 
+    /// A search mode that needs a power-of-two device count (recursive_programming) given another.
     #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use --devices 2, 4, 8, ... or --parallel search_mode=dynamic_programming")]
-    SearchDevices { search: &'static str, devices: usize },
+    SearchDevices {
+        /// The search mode's MindSpore name.
+        search: &'static str,
+        /// The device count given.
+        devices: usize,
+    },
 
+    /// A cost graph whose exact search would need too large a table when eliminating an op.
     #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use --parallel search_mode=recursive_programming or sharding_propagation, or set .shard() on some ops")]
-    SearchTooWide { search: &'static str, name: String, entries: u128 },
+    SearchTooWide {
+        /// The search mode's MindSpore name.
+        search: &'static str,
+        /// The name of the op being eliminated.
+        name: String,
+        /// The number of entries its table would need.
+        entries: u128,
+    },
 
+    /// The strategy file names an operator the network lacks.
     #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
-    UnknownStrategyItem { file: PathBuf, item: String },
+    UnknownStrategyItem {
+        /// The strategy file that was read.
+        file: PathBuf,
+        /// The item's name, `<Prim>_<parameter>`.
+        item: String,
+    },
 
+    /// A loss whose dtype is not floating-point.
     #[error("the loss {name:?} is {dtype}; training differentiates a floating-point loss\nhint: Cast the loss to f32, or pass the float value it is computed from")]
-    LossNotFloat { name: String, dtype: autopar_graph::DType },
+    LossNotFloat {
+        /// The loss node's name.
+        name: String,
+        /// The loss's dtype.
+        dtype: autopar_graph::DType,
+    },
 
+    /// A network that cannot be cut into its pipeline stages.
     #[error("pipeline_stages: {problem}\nhint: give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage), in execution order, from 0 to pipeline_stages-1")]
-    Pipeline { problem: PipelineProblem },
+    Pipeline {
+        /// Why it cannot.
+        problem: PipelineProblem,
+    },
 
+    /// A pipeline schedule that cannot be built or does not run.
     #[error("pipeline schedule: {0}")]
     Schedule(#[from] crate::pipeline::ScheduleError),
 
+    /// A set of hybrid_parallel rank graphs that cannot run together.
     #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (--devices of them) with the same loss name, collectives over groups holding the rank")]
-    Hybrid { problem: HybridProblem },
+    Hybrid {
+        /// What is wrong with them.
+        problem: HybridProblem,
+    },
 }
 
 impl From<autopar_graph::GraphError> for ParallelError {
@@ -89,29 +217,47 @@ impl From<autopar_graph::GraphError> for ParallelError {
 pub enum PipelineProblem {
     /// An op placed on an earlier stage than a value it consumes.
     ConsumerBeforeProducer {
+        /// The op's kind.
         kind: &'static str,
+        /// The op's name.
         name: String,
+        /// The stage the op is placed on, counted from 0.
         stage: usize,
+        /// The name of the input it consumes.
         input: String,
+        /// The stage of that input, counted from 0.
         input_stage: usize,
     },
+    /// An op placed on a stage at or above `pipeline_stages`.
     StageOutOfRange {
+        /// The op's kind.
         kind: &'static str,
+        /// The op's name.
         name: String,
+        /// The stage the op is placed on, counted from 0.
         stage: usize,
+        /// The number of stages (`pipeline_stages`).
         stages: usize,
     },
+    /// A stage no operator is placed on.
     EmptyStage {
+        /// The empty stage, counted from 0.
         stage: usize,
+        /// The number of stages (`pipeline_stages`).
         stages: usize,
     },
+    /// A loss computed on a stage other than the last.
     LossNotOnLastStage {
+        /// The loss node's name.
         name: String,
+        /// The stage it is computed on, counted from 0.
         stage: usize,
+        /// The number of stages (`pipeline_stages`).
         stages: usize,
     },
     /// Options the runtime does not run yet.
     Unsupported {
+        /// The option (and setting) not supported, in words.
         what: &'static str,
     },
     /// A pipeline job handed to the one-stage planner.
@@ -143,25 +289,37 @@ impl fmt::Display for PipelineProblem {
 /// Why two parallel options cannot be used together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Conflict {
+    /// A `global_rank` at or above `device_num`.
     GlobalRankNotBelowDeviceNum {
+        /// The `global_rank` set.
         global_rank: usize,
+        /// The `device_num` set.
         device_num: usize,
     },
     /// `option` (set to a non-default value) does not apply to `mode`.
     ModeDoesNotSupport {
+        /// The parallel mode of the context.
         mode: ParallelMode,
+        /// The modes the option applies to, in words.
         applies_to: &'static str,
     },
+    /// A `pipeline_stages` that does not divide `device_num`.
     StagesDoNotDivide {
+        /// The number of pipeline stages.
         stages: usize,
+        /// The `device_num` set.
         device_num: usize,
     },
+    /// An `optimizer_weight_shard_size` above the number of devices of one pipeline stage.
     OptimizerShardSizeAboveStage {
+        /// The `optimizer_weight_shard_size` set.
         size: i64,
+        /// The devices of one pipeline stage (`device_num / pipeline_stages`).
         stage_devices: usize,
     },
     /// Two options that set the same thing.
     AlsoSetBy {
+        /// The other option's name.
         other: &'static str,
     },
 }
@@ -185,10 +343,44 @@ impl fmt::Display for Conflict {
 /// Why a dataset strategy does not fit the network.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DatasetProblem {
-    MissingInput { input: String, index: usize, given: usize },
-    Rank { input: String, shape: Vec<usize>, splits: Vec<usize> },
-    Devices { input: String, splits: Vec<usize>, used: usize, devices: usize },
-    NotDivisible { input: String, shape: Vec<usize>, splits: Vec<usize> },
+    /// A network input the dataset strategy lists no split list for.
+    MissingInput {
+        /// The input's name.
+        input: String,
+        /// The input's position among the network's inputs, counted from 0.
+        index: usize,
+        /// The number of split lists the dataset strategy gives.
+        given: usize,
+    },
+    /// A split list whose length differs from the input's rank (number of dimensions).
+    Rank {
+        /// The input's name.
+        input: String,
+        /// The input's shape.
+        shape: Vec<usize>,
+        /// The input's split list, one entry per dimension.
+        splits: Vec<usize>,
+    },
+    /// A split list whose product (the devices it uses) is 0 or does not divide the device count.
+    Devices {
+        /// The input's name.
+        input: String,
+        /// The input's split list.
+        splits: Vec<usize>,
+        /// The product of the splits.
+        used: usize,
+        /// The job's device count.
+        devices: usize,
+    },
+    /// A split that does not divide its dimension of the input's shape.
+    NotDivisible {
+        /// The input's name.
+        input: String,
+        /// The input's shape.
+        shape: Vec<usize>,
+        /// The input's split list.
+        splits: Vec<usize>,
+    },
 }
 
 impl fmt::Display for DatasetProblem {
@@ -213,63 +405,100 @@ impl fmt::Display for DatasetProblem {
 /// What is wrong with a set of hybrid_parallel rank graphs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HybridProblem {
+    /// A number of rank graphs other than `device_num`.
     GraphCount {
+        /// The number of rank graphs given.
         graphs: usize,
+        /// The job's device count.
         devices: usize,
     },
+    /// A rank graph without a node named like the loss.
     MissingLoss {
+        /// The rank whose graph lacks it.
         rank: usize,
+        /// The loss's name.
         loss: String,
     },
+    /// A name marked layerwise that is not a parameter of a rank's graph.
     NotAParameter {
+        /// The rank whose graph was checked.
         rank: usize,
+        /// The layerwise name.
         name: String,
     },
     /// A collective (or synchronised op) whose group lacks the rank or names a rank out of range.
     BadGroup {
+        /// The rank whose graph holds the op.
         rank: usize,
+        /// The op's kind.
         kind: &'static str,
+        /// The op's name.
         name: String,
+        /// The op's group, as global ranks.
         group: Vec<usize>,
     },
     /// A replicated parameter whose shape, dtype or trainability (`what`) differs between ranks.
     ParameterDiffers {
+        /// The parameter's name.
         name: String,
+        /// The rank whose copy differs from rank 0's.
         rank: usize,
+        /// What differs: "shape", "dtype" or "trainable".
         what: &'static str,
+        /// Its value on `rank`, in words.
         here: String,
+        /// Its value on rank 0, in words.
         rank0: String,
     },
     /// A replicated parameter of `rank` missing from the graph of `missing_from`.
     MissingParameter {
+        /// The parameter's name.
         name: String,
+        /// The rank whose graph holds it.
         rank: usize,
+        /// The rank whose graph lacks it.
         missing_from: usize,
     },
     /// A communicating op that does not lead to its rank's loss.
     OffLossPath {
+        /// The rank whose graph holds the op.
         rank: usize,
+        /// The op's kind.
         kind: &'static str,
+        /// The op's name.
         name: String,
     },
     /// The ranks of a group call different collectives over it.
     CollectivesDiffer {
+        /// The group, as global ranks.
         group: Vec<usize>,
+        /// The rank whose calls differ from those of the group's first rank.
         rank: usize,
+        /// The collectives `rank` calls over the group, in graph order.
         here: Vec<String>,
+        /// The group's first rank.
         first: usize,
+        /// The collectives `first` calls over the group, in graph order.
         there: Vec<String>,
     },
     /// A Send or Receive (`name`, on `rank`) of the transfer `from` -> `to` with `tag`.
     Transfer {
+        /// The rank whose graph holds the op.
         rank: usize,
+        /// The Send's or Receive's name.
         name: String,
+        /// The sending rank.
         from: usize,
+        /// The receiving rank.
         to: usize,
+        /// The transfer's tag.
         tag: u32,
+        /// What is wrong with the transfer.
         problem: TransferProblem,
     },
+    /// Rank graphs given to a context whose parallel mode is not hybrid_parallel.
     WrongMode {
+        /// The context's parallel mode.
         mode: ParallelMode,
     },
     /// A whole graph given for hybrid_parallel, which runs one graph per rank.
@@ -322,7 +551,12 @@ pub enum TransferProblem {
     /// Two Sends (or two Receives) of the same ranks and tag.
     Repeated,
     /// The Receive expects another shape or dtype than the Send sends.
-    TypeDiffers { send: String, receive: String },
+    TypeDiffers {
+        /// The type the Send sends, in words.
+        send: String,
+        /// The type the Receive expects, in words.
+        receive: String,
+    },
     /// A rank sending to itself.
     ToItself,
     /// The value sent, or the Receive's template, depends on a trainable parameter.
@@ -345,4 +579,5 @@ impl fmt::Display for TransferProblem {
     }
 }
 
+/// The result type of autopar-parallel, with [`ParallelError`] as its default error.
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;

@@ -22,6 +22,35 @@
 //!   ranks (and why the others are not), and their fused all-gathers and reduce-scatters.
 //! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
 //!   and group, memory.
+//!
+//! ```
+//! use autopar_graph::{DType, GraphBuilder, Initializer};
+//! use autopar_parallel::{plan_job, ParallelContext, PlanRequest};
+//! use serde_json::json;
+//!
+//! let mut b = GraphBuilder::new(0);
+//! let x = b.input("x", &[32, 16], DType::F32)?;
+//! let y = b.input("y", &[32], DType::I32)?;
+//! let w = b.parameter("fc.weight", &[8, 16], Initializer::HeUniform)?;
+//! let logits = b.matmul_t("fc", x, w, false, true)?;
+//! b.shard(logits, "((2, 2), (1, 2))".parse()?)?; // rows over 2, the contracted dimension over 2
+//! let loss = b.softmax_cross_entropy("loss", logits, y)?;
+//! let graph = b.finish();
+//!
+//! let mut ctx = ParallelContext::new();
+//! ctx.set("parallel_mode", &json!("semi_auto_parallel"))?;
+//! ctx.set("device_num", &json!(4))?;
+//! let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })?;
+//! // fc.weight is split by columns over 2 devices and mirrored over the other 2: its gradient is
+//! // all-reduced over the ranks holding the same slice.
+//! let fc = plan.param("fc.weight").expect("planned");
+//! assert_eq!(fc.layout.slice_shape(), vec![8, 8]);
+//! assert_eq!(fc.mirror_group(0).len(), 2);
+//! println!("{}", plan.describe()); // every decision, as `autopar plan` prints it
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
 
 pub mod context;
 pub mod cost;

@@ -65,12 +65,14 @@ impl OptShard {
 pub enum OptDecision {
     /// `enable_parallel_optimizer` is off.
     Disabled,
+    /// Sharded over the given shard group.
     Sharded(OptShard),
     /// Left whole, and why.
     Whole(String),
 }
 
 impl OptDecision {
+    /// The shard, when the parameter is sharded.
     pub fn shard(&self) -> Option<&OptShard> {
         match self {
             OptDecision::Sharded(s) => Some(s),
@@ -152,12 +154,15 @@ pub fn decide(slice: &[usize], bytes: usize, mirror: &[DeviceAxis], trainable: b
 /// all-reduce takes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardBucketPlan {
+    /// The collective's group axes: the shard group (all-gather) or the whole replica group (reduce-scatter), outermost first.
     pub axes: Vec<DeviceAxis>,
     /// Reduce-scatter buckets: the replica axes outside the shard group.
     pub rest: Vec<DeviceAxis>,
     /// Ranks in the shard group.
     pub shard_size: usize,
+    /// The dtype communicated (for reduce-scatters, the gradients' communication dtype).
     pub dtype: DType,
+    /// The names of the bucket's parameters, in parameter order.
     pub params: Vec<String>,
     /// Elements of the collective's input (MindSpore's fusion size: the shard for an
     /// all-gather, the slice for a reduce-scatter).

@@ -1,4 +1,4 @@
-//! [`ParallelPlan`]: every parallel decision of a job, as data. The planner ([`crate::plan`],
+//! [`ParallelPlan`]: every parallel decision of a job, as data. The planner ([`crate::plan()`],
 //! [`crate::plan_hybrid`]) makes it; [`crate::rank_program`] turns it into one rank's program;
 //! [`crate::RankCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
 
@@ -28,6 +28,7 @@ pub enum StrategySource {
 }
 
 impl StrategySource {
+    /// The source's short name, as reports print it ("user", "file", "default", "propagated", "searched").
     pub fn name(self) -> &'static str {
         match self {
             StrategySource::User => "user",
@@ -51,7 +52,12 @@ pub enum InOpSync {
     /// A Dropout whose input is split: it draws its block of the whole mask.
     Block,
     /// A Gather whose table (input `input`) is split on its rows `dim`: it looks up its rows.
-    Rows { input: usize, dim: usize },
+    Rows {
+        /// The table's input position, counted from 0.
+        input: usize,
+        /// The table's row dimension, which is split.
+        dim: usize,
+    },
 }
 
 impl InOpSync {
@@ -63,6 +69,7 @@ impl InOpSync {
         }
     }
 
+    /// The tie in words for reports; empty for [`InOpSync::None`].
     pub fn describe(&self) -> String {
         match self {
             InOpSync::None => String::new(),
@@ -83,12 +90,16 @@ pub fn sorted_group(rank: usize, axes: &[DeviceAxis]) -> Vec<usize> {
 /// The plan of one node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodePlan {
+    /// The node.
     pub id: NodeId,
+    /// The node's name.
     pub name: String,
+    /// The op's kind.
     pub kind: &'static str,
     /// The strategy the op runs with; None for leaves and ops whose layout follows their input
     /// or that run replicated.
     pub strategy: Option<Strategy>,
+    /// Where `strategy` came from; None when there is none.
     pub source: Option<StrategySource>,
     /// Layouts the inputs must have when the op runs.
     pub inputs: Vec<TensorLayout>,
@@ -104,17 +115,31 @@ pub struct NodePlan {
 /// `slot` (gathered whole: the loss of a training plan, every output of a forward-only one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Site {
-    Input { consumer: NodeId, slot: usize },
-    Output { slot: usize },
+    /// Before an input of an op.
+    Input {
+        /// The op consuming the value.
+        consumer: NodeId,
+        /// The input's position, counted from 0.
+        slot: usize,
+    },
+    /// Before a graph output.
+    Output {
+        /// The output's position, counted from 0.
+        slot: usize,
+    },
 }
 
 /// One redistribution of the forward pass; its backward is the adjoint of every step in
 /// reverse order (run when a gradient flows through it).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Redistribution {
+    /// Where it runs.
     pub site: Site,
+    /// The node producing the value.
     pub producer: NodeId,
+    /// The value's dtype.
     pub dtype: DType,
+    /// The steps from the producer's layout to the one needed.
     pub plan: RedistributionPlan,
     /// `force_fp32_communication` on a f16/bf16 value: the collectives run in f32 (the value
     /// is cast around them).
@@ -126,7 +151,12 @@ pub struct Redistribution {
 pub enum AdjointStep {
     /// Local: zero padding around the slice (the adjoint of a local slice; the gradient becomes
     /// a partial sum completed by the gradient synchronisation).
-    Pad { dim: usize, axis: DeviceAxis },
+    Pad {
+        /// The dimension padded, counted from 0.
+        dim: usize,
+        /// The device axis the forward slice was taken along.
+        axis: DeviceAxis,
+    },
     /// Local: the same scale (the adjoint of making a value partial).
     Scale,
     /// A collective (the adjoint of a collective step).
@@ -163,10 +193,15 @@ impl Redistribution {
 /// A parameter: its layout and the ranks its gradient is summed over.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamPlan {
+    /// The parameter's name.
     pub name: String,
+    /// The parameter's node.
     pub node: NodeId,
+    /// The parameter's layout: its model-parallel slices.
     pub layout: TensorLayout,
+    /// The parameter's dtype.
     pub dtype: DType,
+    /// Whether the optimizer updates it.
     pub trainable: bool,
     /// Axes along which ranks hold the same slice: the gradient is summed over them (the
     /// mirror group). Empty: this rank's own slice.
@@ -213,15 +248,18 @@ impl ParamPlan {
 /// Gradients all-reduced together in one buffer: same mirror axes, same communication dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketPlan {
+    /// The mirror axes shared by the bucket's parameters: the buffer is all-reduced over them.
     pub mirror: Vec<DeviceAxis>,
     /// The dtype the buffer is reduced in.
     pub dtype: DType,
+    /// The names of the bucket's parameters, in order in the buffer.
     pub params: Vec<String>,
     /// Elements of the buffer.
     pub elements: usize,
 }
 
 impl BucketPlan {
+    /// Bytes of the buffer, in its communication dtype.
     pub fn bytes(&self) -> usize {
         self.elements * self.dtype.size()
     }
@@ -239,6 +277,7 @@ pub struct GradientPlan {
     /// Divide each synchronised gradient by its mirror group's size (`gradients_mean` under
     /// semi_auto_parallel: MindSpore's mirror mean).
     pub mirror_mean: bool,
+    /// The gradient all-reduce buckets (fused as `comm_fusion` says).
     pub buckets: Vec<BucketPlan>,
     /// Parallel optimizer: the gradients of sharded parameters reduce-scattered over their
     /// replica groups, the parts then gathered into each rank's shard (no `buckets` entry).
@@ -250,7 +289,9 @@ pub struct GradientPlan {
 /// Every parallel decision of one job.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParallelPlan {
+    /// The number of devices the plan is for.
     pub device_num: usize,
+    /// The parallel mode planned.
     pub mode: ParallelMode,
     /// The options the plan was made under.
     pub context: ParallelContext,
@@ -260,10 +301,15 @@ pub struct ParallelPlan {
     pub rank_graphs: Vec<Graph>,
     /// The loss, when the job trains (a loss of several elements trains their sum).
     pub loss: Option<NodeId>,
+    /// The plan of every node of `graph`, indexed by node.
     pub nodes: Vec<NodePlan>,
+    /// Every redistribution of the forward pass.
     pub redistributions: Vec<Redistribution>,
+    /// Every parameter, in graph order.
     pub params: Vec<ParamPlan>,
+    /// How the gradients are formed and synchronised.
     pub gradients: GradientPlan,
+    /// How the dataset is split over the ranks.
     pub dataset: DatasetStrategy,
     /// The strategy file the plan applied, if any.
     pub strategy_file: Option<PathBuf>,

@@ -39,16 +39,20 @@ pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
 /// that kind taking that parameter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StrategyItems {
+    /// The strategy file they were read from.
     pub path: PathBuf,
+    /// Each item's name (`"<Prim>_<param>"`) with its strategy, in file order.
     pub items: Vec<(String, Strategy)>,
 }
 
 /// What to plan.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanRequest<'a> {
+    /// The network: a forward graph.
     pub graph: &'a Graph,
     /// The loss of a training job (None: a forward-only plan); one of several elements trains their sum.
     pub loss: Option<NodeId>,
+    /// The parallel options to plan under.
     pub context: &'a ParallelContext,
     /// Strategies of a strategy file (semi_auto_parallel, auto_parallel), applied before the
     /// model's own.

@@ -16,9 +16,11 @@ use crate::plan::{sorted_group, InOpSync, ParallelPlan, Redistribution, Site};
 /// A parameter of a rank's program.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamSlot {
+    /// The parameter's name.
     pub name: String,
     /// The parameter's node in the plan's graph and in the local program.
     pub global: NodeId,
+    /// The parameter's node in the local program.
     pub local: NodeId,
     /// The model-parallel layout (the forward pass uses the rank's slice of it).
     pub layout: TensorLayout,
@@ -28,6 +30,7 @@ pub struct ParamSlot {
     /// Ranks storing the same piece (the mirror group of an unsharded parameter, whose
     /// gradient is all-reduced over it).
     pub mirror: Vec<usize>,
+    /// Whether the optimizer updates it.
     pub trainable: bool,
     /// The parallel optimizer's shard: the value is all-gathered over `group` before use.
     pub shard: Option<SlotShard>,
@@ -56,24 +59,33 @@ pub struct SlotShard {
 /// (the mirror mean, or 1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankShardBucket {
+    /// The collective's group (world ranks, ascending): the shard group for an all-gather, the whole replica group for a reduce-scatter.
     pub group: Vec<usize>,
+    /// This rank's position in `group`.
     pub index: usize,
     /// Reduce-scatter buckets: the ranks holding the same shard (ascending; this rank alone
     /// when the shard group is the whole replica group).
     pub rest: Vec<usize>,
     /// Ranks in the shard group.
     pub shard_size: usize,
+    /// The dtype communicated.
     pub dtype: DType,
+    /// The names of the bucket's parameters, in packing order.
     pub params: Vec<String>,
+    /// The factor applied after a reduce-scatter's sum: 1/group size under the mirror mean, else 1.
     pub scale: f64,
 }
 
 /// A network input of a rank's program.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputSlot {
+    /// The input's name.
     pub name: String,
+    /// The input's node in the plan's graph.
     pub global: NodeId,
+    /// The input's node in the local program.
     pub local: NodeId,
+    /// The input's layout (the dataset strategy's split of it).
     pub layout: TensorLayout,
     /// This rank's slice of the global input.
     pub slice: Vec<Range<usize>>,
@@ -83,17 +95,24 @@ pub struct InputSlot {
 /// is reduced in, and the factor applied after the sum (the mirror mean, or 1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankBucket {
+    /// The group the buffer is all-reduced over (world ranks, ascending).
     pub group: Vec<usize>,
+    /// The dtype the buffer is reduced in.
     pub dtype: DType,
+    /// The names of the bucket's parameters, in order in the buffer.
     pub params: Vec<String>,
+    /// The factor applied after the sum: 1/group size under the mirror mean, else 1.
     pub scale: f64,
 }
 
 /// What one rank runs every step.
 #[derive(Clone, Debug)]
 pub struct RankProgram {
+    /// The rank, counted in the world.
     pub rank: usize,
+    /// The number of devices of the job.
     pub device_num: usize,
+    /// The parallel mode of the plan.
     pub mode: ParallelMode,
     /// Local forward (and, for a training job, backward) graph.
     pub graph: Graph,
@@ -105,7 +124,9 @@ pub struct RankProgram {
     pub loss: Option<NodeId>,
     /// The gradient node of every trainable parameter, by name, in parameter order.
     pub grads: Vec<(String, NodeId)>,
+    /// Every parameter of the program, in parameter order.
     pub params: Vec<ParamSlot>,
+    /// Every network input of the program.
     pub inputs: Vec<InputSlot>,
     /// Parallel optimizer: sharded values gathered before the forward pass.
     pub all_gather: Vec<RankShardBucket>,
@@ -123,6 +144,7 @@ pub struct RankProgram {
 }
 
 impl RankProgram {
+    /// The parameter named `name`, if the program has one.
     pub fn param(&self, name: &str) -> Option<&ParamSlot> {
         self.params.iter().find(|p| p.name == name)
     }

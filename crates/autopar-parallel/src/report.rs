@@ -125,13 +125,16 @@ fn group_text(g: &[usize]) -> String {
 
 /// What `autopar plan` prints: the plan, with the predicted cost of one rank's step.
 pub struct PlanReport<'a> {
+    /// The plan reported.
     pub plan: &'a ParallelPlan,
+    /// The predicted cost of one rank's step.
     pub cost: &'a RankCost,
     /// A line describing the model (name, sizes).
     pub model: String,
     /// The optimizer the memory figure counts state for, as printed beside it (e.g. "1 slot(s)
     /// per trainable parameter: momentum").
     pub optimizer: String,
+    /// Seconds planning took (wall clock).
     pub planning_seconds: f64,
 }
 

@@ -35,34 +35,102 @@ use crate::pipeline::StageTrainer;
 /// problem returns it, the others [`BroadcastError::OnRank`] with its text.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum BroadcastError {
+    /// `cur_rank` is not the calling rank.
     #[error(
         "parameter_broadcast: cur_rank {cur_rank} is not this rank, which is rank {rank}\n  hint: pass the caller's own rank as cur_rank"
     )]
-    CurRank { cur_rank: usize, rank: usize },
+    CurRank {
+        /// The `cur_rank` argument that was passed.
+        cur_rank: usize,
+        /// This rank, global.
+        rank: usize,
+    },
 
+    /// `initial_rank` is not the first global rank of this rank's pipeline stage.
     #[error("parameter_broadcast: initial_rank {initial_rank} is not the first rank of rank {rank}'s pipeline stage, which is {start} ({stages} stage(s) of {stage_devices} ranks)\n  hint: pass initial_rank = (rank / {stage_devices}) * {stage_devices}")]
-    InitialRank { initial_rank: usize, rank: usize, start: usize, stages: usize, stage_devices: usize },
+    InitialRank {
+        /// The `initial_rank` argument that was passed.
+        initial_rank: usize,
+        /// This rank, global.
+        rank: usize,
+        /// The first global rank of this rank's pipeline stage (the expected `initial_rank`).
+        start: usize,
+        /// Pipeline stages of the job.
+        stages: usize,
+        /// Ranks per pipeline stage.
+        stage_devices: usize,
+    },
 
+    /// A layout name this rank would broadcast is neither a parameter nor kept optimizer state of the network.
     #[error("parameter_broadcast: layout name {name:?} is not a parameter of the network{}\n  hint: pass the layout of this network (its parameter_layout_dict or strategy file)", closest.as_ref().map(|c| format!("; did you mean {c:?}?")).unwrap_or_default())]
-    UnknownName { name: String, closest: Option<String> },
+    UnknownName {
+        /// The layout name that was not found.
+        name: String,
+        /// The closest parameter name this rank holds, if one is close enough.
+        closest: Option<String>,
+    },
 
+    /// A layout entry's device matrix spans another number of devices than a pipeline stage of the job.
     #[error("parameter_broadcast: the layout of {name} spans {devices} devices (device matrix {dev_matrix:?}), but a pipeline stage of this job has {stage_devices}\n  hint: pass the layout of this job (its parameter_layout_dict or strategy file)")]
-    Devices { name: String, dev_matrix: Vec<usize>, devices: usize, stage_devices: usize },
+    Devices {
+        /// The layout name.
+        name: String,
+        /// The entry's device matrix.
+        dev_matrix: Vec<usize>,
+        /// The devices the device matrix spans (the product of its axes).
+        devices: usize,
+        /// The ranks of one pipeline stage of this job.
+        stage_devices: usize,
+    },
 
+    /// The layout puts this rank's piece of a parameter on other ranks than the job stores it on.
     #[error("parameter_broadcast: the layout puts rank {rank}'s piece of {name} on ranks {layout:?}, but this job stores it on ranks {job:?}\n  hint: the layout comes from another strategy; pass this job's parameter_layout_dict or strategy file")]
-    Replicas { name: String, rank: usize, layout: Vec<usize>, job: Vec<usize> },
+    Replicas {
+        /// The layout name (parameter or optimizer state).
+        name: String,
+        /// This rank, global.
+        rank: usize,
+        /// The global ranks the layout puts this rank's piece on.
+        layout: Vec<usize>,
+        /// The global ranks the job stores this rank's piece on.
+        job: Vec<usize>,
+    },
 
+    /// A layout entry is invalid: its replica groups cannot be computed or its optimizer-shard group is malformed.
     #[error("parameter_broadcast: layout of {name}: {reason}")]
-    Layout { name: String, reason: String },
+    Layout {
+        /// The layout name (parameter or optimizer state).
+        name: String,
+        /// What is wrong, in words.
+        reason: String,
+    },
 
+    /// The layout file cannot be read or parsed as a strategy file or `parameter_layout_dict` lines.
     #[error("parameter_broadcast: cannot read layout {}: {reason}\n  hint: pass a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict)", path.display())]
-    Read { path: PathBuf, reason: String },
+    Read {
+        /// The file that was read.
+        path: PathBuf,
+        /// Why reading or parsing failed.
+        reason: String,
+    },
 
+    /// Two ranks of one group would broadcast different names or groups to each other (their layouts or optimizers differ).
     #[error("parameter_broadcast: rank {rank} and rank {peer} would broadcast different parameters or optimizer state to each other (their layouts or optimizers differ)\n  hint: pass the same layout and the same optimizer type on every rank")]
-    Disagree { rank: usize, peer: usize },
+    Disagree {
+        /// This rank, global.
+        rank: usize,
+        /// The rank it disagrees with, global.
+        peer: usize,
+    },
 
+    /// Another rank's checks failed; every other rank returns this, with that rank's error text.
     #[error("parameter_broadcast failed on rank {rank}, so no rank changed its parameters:\n{message}")]
-    OnRank { rank: usize, message: String },
+    OnRank {
+        /// The rank whose checks failed, global.
+        rank: usize,
+        /// That rank's error text (at most 2048 bytes).
+        message: String,
+    },
 }
 
 /// Where the layout of `parameter_broadcast` comes from.

@@ -18,6 +18,7 @@ pub struct StepEvent {
     pub epoch: u64,
     /// Step within the epoch, counted from 1.
     pub step_in_epoch: u64,
+    /// Steps in one epoch.
     pub steps_per_epoch: u64,
     /// The last step of the run.
     pub total_steps: u64,
@@ -37,11 +38,13 @@ pub trait Callback: Send {
     fn on_train_begin(&mut self, _first_step: u64, _total_steps: u64) -> TrainResult<()> {
         Ok(())
     }
+    /// A step finished; `event` says which and how it went.
     fn on_step_end(&mut self, event: &StepEvent) -> TrainResult<()>;
     /// `epoch` counted from 1.
     fn on_epoch_end(&mut self, _epoch: u64, _last: &StepEvent) -> TrainResult<()> {
         Ok(())
     }
+    /// Training finished: called once after the last step (and its final checkpoint).
     fn on_train_end(&mut self) -> TrainResult<()> {
         Ok(())
     }
@@ -60,6 +63,7 @@ impl LossMonitor {
         Self { per_print_times, out: Box::new(std::io::stdout()) }
     }
 
+    /// Prints to `out` every `per_print_times` steps (0: never).
     pub fn with_writer(per_print_times: u64, out: Box<dyn Write + Send>) -> Self {
         Self { per_print_times, out }
     }

@@ -89,6 +89,7 @@ impl CommGroups {
         self.rank
     }
 
+    /// The number of ranks of the communicator the groups were created from.
     pub fn size(&self) -> usize {
         self.size
     }

@@ -12,23 +12,50 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CommPhase {
     /// A communication op of the rank's program.
-    Op { kind: &'static str, name: String, rank: usize },
+    Op {
+        /// The op's kind.
+        kind: &'static str,
+        /// The op's name.
+        name: String,
+        /// The rank, global.
+        rank: usize,
+    },
     /// The all-reduce of a gradient bucket.
-    GradientSync { group: Vec<usize> },
+    GradientSync {
+        /// The ranks of the all-reduce's group.
+        group: Vec<usize>,
+    },
     /// `parameter_broadcast` of a parameter.
-    ParameterBroadcast { name: String },
+    ParameterBroadcast {
+        /// The parameter's name (`(checks)` for the ranks' agreement before any broadcast).
+        name: String,
+    },
     /// Creating the sub-communicators of the program's groups.
-    CreateGroups { partition: usize },
+    CreateGroups {
+        /// The partition being created, counted from 0.
+        partition: usize,
+    },
     /// Gathering the parameter slices of every rank.
     GatherParameters,
     /// Starting or running the ranks.
     Run,
     /// A transfer between pipeline stages.
-    PipelineTransfer { what: String },
+    PipelineTransfer {
+        /// The transfer, in words (e.g. "send of micro-batch 3 to rank 4").
+        what: String,
+    },
     /// The parallel optimizer's all-gather or reduce-scatter of a bucket.
-    OptimizerShard { kind: &'static str, group: Vec<usize> },
+    OptimizerShard {
+        /// The collective, in words.
+        kind: &'static str,
+        /// The ranks of the bucket's group.
+        group: Vec<usize>,
+    },
     /// Waiting for every rank to write its checkpoint of a step.
-    Checkpoint { step: u64 },
+    Checkpoint {
+        /// The step of the checkpoint.
+        step: u64,
+    },
 }
 
 impl fmt::Display for CommPhase {
@@ -50,101 +77,307 @@ impl fmt::Display for CommPhase {
 /// Everything that can go wrong while running a graph or updating parameters.
 #[derive(Debug, Error)]
 pub enum RuntimeError {
+    /// Building, checking or differentiating the graph failed.
     #[error(transparent)]
     Graph(Box<GraphError>),
 
+    /// A pipeline schedule went wrong on a rank (a bug in autopar).
     #[error("pipeline rank {rank}: {problem}\nhint: this is a bug in autopar's pipeline schedules; please report it with --parallel pipeline_stages and --micro-batches")]
-    Pipeline { rank: usize, problem: String },
+    Pipeline {
+        /// The rank, global.
+        rank: usize,
+        /// What went wrong, in words.
+        problem: String,
+    },
 
+    /// Planning the parallel job failed.
     #[error(transparent)]
     Plan(Box<autopar_parallel::ParallelError>),
 
+    /// A tensor kernel failed.
     #[error("{kind} {name} failed: {source}")]
-    Kernel { kind: &'static str, name: String, source: Box<TensorError> },
+    Kernel {
+        /// The op kind, or what ran the kernel (e.g. "Optimizer").
+        kind: &'static str,
+        /// The node or parameter name (may be empty).
+        name: String,
+        /// The kernel's error.
+        source: Box<TensorError>,
+    },
 
+    /// A kernel's output has another shape or element type than the graph inferred (a bug in the op definition).
     #[error("{kind} {name} produced {got_dtype}{got:?}, but the graph inferred {dtype}{shape:?}\n  hint: the op's shape inference and its kernel disagree; this is a bug in the op definition")]
-    TypeMismatch { kind: &'static str, name: String, shape: Vec<usize>, dtype: DType, got: Vec<usize>, got_dtype: DType },
+    TypeMismatch {
+        /// The op's kind.
+        kind: &'static str,
+        /// The node's name.
+        name: String,
+        /// The shape the graph inferred.
+        shape: Vec<usize>,
+        /// The element type the graph inferred.
+        dtype: DType,
+        /// The output's shape.
+        got: Vec<usize>,
+        /// The output's element type.
+        got_dtype: DType,
+    },
 
+    /// A network input was not fed.
     #[error(
         "input {name} was not fed\n  expected: {dtype}{shape:?}\nhint: the data must provide every network input; check --data and --model"
     )]
-    MissingFeed { name: String, shape: Vec<usize>, dtype: DType },
+    MissingFeed {
+        /// The input's name.
+        name: String,
+        /// The input's shape.
+        shape: Vec<usize>,
+        /// The input's element type.
+        dtype: DType,
+    },
 
+    /// An input was fed a tensor of another shape or element type than the graph declares.
     #[error("input {name} was fed {got_dtype}{got:?}, expected {dtype}{shape:?}\nhint: the batch does not fit the network; check --batch-size and --input-shape")]
-    FeedMismatch { name: String, shape: Vec<usize>, dtype: DType, got: Vec<usize>, got_dtype: DType },
+    FeedMismatch {
+        /// The input's name.
+        name: String,
+        /// The shape the graph declares.
+        shape: Vec<usize>,
+        /// The element type the graph declares.
+        dtype: DType,
+        /// The fed tensor's shape.
+        got: Vec<usize>,
+        /// The fed tensor's element type.
+        got_dtype: DType,
+    },
 
+    /// A feed names a node that is not a network input.
     #[error("node %{id} ({name}) is fed but is not an input\nhint: only network inputs come from the data; parameters come from initialisation, --init or --resume")]
-    FeedNotInput { id: usize, name: String },
+    FeedNotInput {
+        /// The node's id in the graph.
+        id: usize,
+        /// The node's name.
+        name: String,
+    },
 
+    /// The graph needs a parameter the parameter store lacks.
     #[error("parameter {name} is missing from the parameter store\nhint: the network or the checkpoint lacks it; check --model, --init and --resume")]
-    MissingParameter { name: String },
+    MissingParameter {
+        /// The parameter's name.
+        name: String,
+    },
 
+    /// A stored parameter's shape or element type differs from what the graph expects.
     #[error("parameter {name} in the store is {got_dtype}{got:?}, the graph expects {dtype}{shape:?}\nhint: check --init, --resume and the model options (--width, --depth, --num-classes, --input-shape)")]
-    ParameterMismatch { name: String, shape: Vec<usize>, dtype: DType, got: Vec<usize>, got_dtype: DType },
+    ParameterMismatch {
+        /// The parameter's name.
+        name: String,
+        /// The shape the graph expects.
+        shape: Vec<usize>,
+        /// The element type the graph expects.
+        dtype: DType,
+        /// The stored tensor's shape.
+        got: Vec<usize>,
+        /// The stored tensor's element type.
+        got_dtype: DType,
+    },
 
+    /// An op over several ranks ran without a communicator (on a single-device executor).
     #[error("{kind} {name} on group {group:?} needs a communicator; this executor runs one device\nhint: ops over several ranks run under --devices N (or mpirun)")]
-    NeedsCommunicator { kind: &'static str, name: String, group: Vec<usize> },
+    NeedsCommunicator {
+        /// The op's kind.
+        kind: &'static str,
+        /// The op's name.
+        name: String,
+        /// The ranks of the op's group.
+        group: Vec<usize>,
+    },
 
+    /// The optimizer got no gradient for a trainable parameter (a bug in autopar).
     #[error("optimizer: no gradient given for trainable parameter {name}\nhint: this is a bug in autopar (every trained parameter gets a gradient); please report it")]
-    MissingGradient { name: String },
+    MissingGradient {
+        /// The parameter's name.
+        name: String,
+    },
 
+    /// A gradient's shape differs from its parameter's (a bug in autopar).
     #[error(
         "optimizer: gradient of {name} has shape {got:?}, the parameter has {shape:?}\nhint: this is a bug in autopar; please report it"
     )]
-    GradientMismatch { name: String, shape: Vec<usize>, got: Vec<usize> },
+    GradientMismatch {
+        /// The parameter's name.
+        name: String,
+        /// The parameter's shape.
+        shape: Vec<usize>,
+        /// The gradient's shape.
+        got: Vec<usize>,
+    },
 
+    /// A rank's stored parameter has another shape than its slice under the plan.
     #[error("parameter {name} of rank {rank} has shape {got:?}, its slice under the plan is {shape:?}\nhint: the per-rank parameters come from another strategy; reshard them with --init DIR --init-strategy FILE")]
-    SliceMismatch { name: String, rank: usize, shape: Vec<usize>, got: Vec<usize> },
+    SliceMismatch {
+        /// The parameter's name.
+        name: String,
+        /// The rank, global.
+        rank: usize,
+        /// The slice's shape under the plan.
+        shape: Vec<usize>,
+        /// The stored tensor's shape.
+        got: Vec<usize>,
+    },
 
+    /// An optimizer hyperparameter is out of range.
     #[error("optimizer: {what} = {value} is invalid; expected {expected}")]
-    BadHyperparameter { what: &'static str, value: f64, expected: &'static str },
+    BadHyperparameter {
+        /// The hyperparameter's name.
+        what: &'static str,
+        /// The value that was given.
+        value: f64,
+        /// What was expected, in words.
+        expected: &'static str,
+    },
 
+    /// A step's loss is NaN or infinite.
     #[error("the loss is {loss} at step {step}\nhint: lower --lr or check the data for NaN/inf")]
-    NonFiniteLoss { step: u64, loss: f64 },
+    NonFiniteLoss {
+        /// The step, counted from 1.
+        step: u64,
+        /// The loss of that step.
+        loss: f64,
+    },
 
+    /// A communicator call failed.
     #[error("{during} failed\n  {source}")]
     Comm {
+        /// What the rank was doing.
         during: CommPhase,
+        /// The communicator's error.
         #[source]
         source: Box<autopar_comm::CommError>,
     },
 
+    /// A collective needs a group the rank created no sub-communicator for (a bug in autopar).
     #[error("rank {rank} has no communicator for group {group:?}\nhint: this is a bug in autopar (the plan lists every group its collectives use); please report it")]
-    MissingGroup { rank: usize, group: Vec<usize> },
+    MissingGroup {
+        /// The rank that lacks the group.
+        rank: usize,
+        /// The group's ranks, as the collective named them.
+        group: Vec<usize>,
+    },
 
+    /// A node run as a collective is not a communication op.
     #[error("{kind} {name} is not a communication op")]
-    NotCommunication { kind: &'static str, name: String },
+    NotCommunication {
+        /// The node's op kind.
+        kind: &'static str,
+        /// The node's name.
+        name: String,
+    },
 
+    /// A tensor that must be floating point (a trained parameter, a gradient) is not.
     #[error("{what} must be a float tensor, got {dtype} ({name})")]
-    NotFloat { what: &'static str, name: String, dtype: DType },
+    NotFloat {
+        /// What the tensor is, in words (e.g. "a trained parameter").
+        what: &'static str,
+        /// The tensor's name.
+        name: String,
+        /// The tensor's element type.
+        dtype: DType,
+    },
 
+    /// The job's device count differs from the communicator's number of ranks.
     #[error("the job has {job} devices but the communicator has {ranks} ranks\nhint: run with as many ranks as --devices (mpirun -n N with --devices N)")]
-    DeviceCount { job: usize, ranks: usize },
+    DeviceCount {
+        /// The job's device count (`device_num`).
+        job: usize,
+        /// The communicator's number of ranks.
+        ranks: usize,
+    },
 
+    /// The `global_rank` option is not this process's rank in the communicator.
     #[error("global_rank {global_rank} does not match this process, rank {rank} of {size}\nhint: drop --parallel global_rank (each process learns its rank from mpirun), or pass this process's rank")]
-    GlobalRank { global_rank: usize, rank: usize, size: usize },
+    GlobalRank {
+        /// The `global_rank` that was configured.
+        global_rank: usize,
+        /// This process's rank in the communicator.
+        rank: usize,
+        /// The communicator's number of ranks.
+        size: usize,
+    },
 
+    /// `global_rank` was set for a run that simulates every rank in one process.
     #[error("global_rank applies to one process per rank (mpirun); this run simulates all {devices} ranks in one process\nhint: drop --parallel global_rank, or start the job with mpirun -n {devices}")]
-    GlobalRankInProcess { devices: usize },
+    GlobalRankInProcess {
+        /// The devices of the job.
+        devices: usize,
+    },
 
+    /// An input's batch dimension does not split evenly across the ranks.
     #[error("input {name:?} has shape {shape:?}; its first dimension must split into {parts} equal parts\nhint: use a --batch-size divisible by --devices")]
-    BatchSplit { name: String, shape: Vec<usize>, parts: usize },
+    BatchSplit {
+        /// The input's name.
+        name: String,
+        /// The input's shape.
+        shape: Vec<usize>,
+        /// The number of equal parts dimension 0 must split into.
+        parts: usize,
+    },
 
+    /// Reading or writing a checkpoint failed.
     #[error("checkpoint {}: {source}", path.display())]
-    Checkpoint { path: PathBuf, source: Box<autopar_checkpoint::CheckpointError> },
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The checkpoint crate's error.
+        source: Box<autopar_checkpoint::CheckpointError>,
+    },
 
+    /// A checkpoint tensor has an element type autopar cannot train (not a float type).
     #[error("checkpoint {}: tensor {name} has element type {dtype}, which autopar cannot train\nhint: store parameters as float16/bfloat16/float32/float64", path.display())]
-    CheckpointDType { path: PathBuf, name: String, dtype: String },
+    CheckpointDType {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The tensor's name.
+        name: String,
+        /// The tensor's element type, as the checkpoint names it.
+        dtype: String,
+    },
 
+    /// No checkpoint of the folder holds a parameter the rank needs.
     #[error("load_distributed_checkpoint: parameter {name} of rank {rank} is in no checkpoint of {}\nhint: the checkpoints were saved from another network, or --init-strategy lacks this parameter", dir.display())]
-    NotResharded { name: String, rank: usize, dir: PathBuf },
+    NotResharded {
+        /// The parameter's name.
+        name: String,
+        /// The rank that needs it, global.
+        rank: usize,
+        /// The folder of checkpoints that was read.
+        dir: PathBuf,
+    },
 
+    /// A parameter slice resharded from distributed checkpoints has another shape than the job's slice.
     #[error("load_distributed_checkpoint: parameter {name} of rank {rank} resharded to shape {got:?}, the job needs {want:?} (full {full:?})\nhint: check --init-strategy")]
-    ReshardedShape { name: String, rank: usize, got: Vec<usize>, want: Vec<usize>, full: Vec<usize> },
+    ReshardedShape {
+        /// The parameter's name.
+        name: String,
+        /// The rank whose slice it is, global.
+        rank: usize,
+        /// The shape resharding produced.
+        got: Vec<usize>,
+        /// The shape of the slice the job stores.
+        want: Vec<usize>,
+        /// The parameter's full (unsharded) shape.
+        full: Vec<usize>,
+    },
 
+    /// Writing a file or creating a folder failed.
     #[error("cannot write {}: {source}\nhint: check that the folder exists and is writable", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file or folder that was written.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 
+    /// `parameter_broadcast` refused to run.
     #[error(transparent)]
     Broadcast(Box<crate::broadcast::BroadcastError>),
 }
@@ -168,4 +401,5 @@ impl RuntimeError {
     }
 }
 
+/// This crate's result type; the error defaults to [`RuntimeError`].
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

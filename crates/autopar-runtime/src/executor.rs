@@ -53,6 +53,7 @@ pub struct ParamStore {
 }
 
 impl ParamStore {
+    /// An empty store.
     pub fn new() -> Self {
         Self::default()
     }
@@ -71,6 +72,7 @@ impl ParamStore {
         Ok(store)
     }
 
+    /// The tensor `name`, if stored.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.map.get(name)
     }
@@ -85,22 +87,27 @@ impl ParamStore {
         self.map.get_mut(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.to_string() })
     }
 
+    /// The tensor `name` for an update in place, if stored.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
         self.map.get_mut(name)
     }
 
+    /// Stores `t` as `name`; returns the tensor it replaced, if any.
     pub fn insert(&mut self, name: &str, t: Tensor) -> Option<Tensor> {
         self.map.insert(name.to_string(), t)
     }
 
+    /// Removes `name`; returns its tensor, if it was stored.
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {
         self.map.remove(name)
     }
 
+    /// The number of stored tensors.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no tensor is stored.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
@@ -116,6 +123,7 @@ impl ParamStore {
 /// AllGather, ReduceScatter, AllToAll, Broadcast, Reduce, Send, Recv) with its input, and
 /// expects a tensor of the node's inferred type back.
 pub trait Collectives {
+    /// Runs communication node `node` on `input`; returns a tensor of the node's inferred type.
     fn execute(&self, node: &Node, input: &Tensor) -> Result<Tensor>;
     /// The element-wise reduction of `input` over the world ranks of `group`, for ops that
     /// communicate inside (statistics over a split batch or a split normalised axis); `node`
@@ -159,7 +167,9 @@ struct RunArgs<'a> {
 /// so a step run in micro-batches drops exactly what the whole batch would.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MicroBatch {
+    /// The micro-batch, counted from 0.
     pub index: usize,
+    /// The number of micro-batches the step's batch splits into.
     pub count: usize,
 }
 
@@ -171,9 +181,13 @@ impl MicroBatch {
 /// Wall time of one op in a profiled run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpTiming {
+    /// The op's node.
     pub node: NodeId,
+    /// The node's name.
     pub name: String,
+    /// The op's kind (e.g. `MatMul`).
     pub kind: &'static str,
+    /// Wall time of the op, in seconds.
     pub seconds: f64,
 }
 
@@ -247,10 +261,12 @@ impl Executor {
         self
     }
 
+    /// The planned graph.
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
 
+    /// The fetched nodes, in the order given to [`Executor::new`].
     pub fn fetch(&self) -> &[NodeId] {
         &self.fetch
     }

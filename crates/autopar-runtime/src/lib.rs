@@ -48,6 +48,8 @@
 //! * The executor owns no threads: kernels use the current rayon pool, or run serially with
 //!   `ExecCtx::serial()` (the simulated ranks of the parallel runtime).
 
+#![warn(missing_docs)]
+
 pub mod broadcast;
 pub mod callbacks;
 pub mod collective;

@@ -25,18 +25,24 @@ pub use autopar_checkpoint::strategy::{ADAM_M, ADAM_V, MOMENTS};
 /// Learning rate as a function of the step (counted from 0).
 #[derive(Clone, Debug, PartialEq)]
 pub enum LrSchedule {
+    /// The same learning rate at every step.
     Constant(f64),
     /// Linear warm-up from `base_lr / warmup_steps` to `base_lr` over `warmup_steps`, then cosine
     /// decay to `min_lr` at `total_steps` (and `min_lr` after).
     WarmupCosine {
+        /// The learning rate at the end of warm-up.
         base_lr: f64,
+        /// The learning rate at and after `total_steps`.
         min_lr: f64,
+        /// Steps of linear warm-up.
         warmup_steps: u64,
+        /// The step at which the cosine decay reaches `min_lr`.
         total_steps: u64,
     },
 }
 
 impl LrSchedule {
+    /// The learning rate of `step` (counted from 0).
     pub fn lr(&self, step: u64) -> f64 {
         match *self {
             LrSchedule::Constant(lr) => lr,
@@ -254,8 +260,11 @@ fn fused<const S: usize>(
 /// Stochastic gradient descent with optional weight decay.
 #[derive(Clone, Debug)]
 pub struct Sgd {
+    /// The learning rate by step.
     pub schedule: LrSchedule,
+    /// Weight decay added to the gradient (`wd`).
     pub weight_decay: f64,
+    /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
     step: u64,
     state: ParamStore,
@@ -265,11 +274,13 @@ impl Sgd {
     /// No state.
     pub const STATE: &'static [&'static str] = &[];
 
+    /// SGD without weight decay; errors when the schedule is invalid.
     pub fn new(schedule: LrSchedule) -> Result<Self> {
         schedule.check()?;
         Ok(Self { schedule, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
     }
 
+    /// Sets the weight decay and the parameters it applies to (`None`: all); errors unless `wd` is finite and >= 0.
     pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
         check_non_negative("weight_decay", wd)?;
         self.weight_decay = wd;
@@ -318,10 +329,15 @@ impl Optimizer for Sgd {
 /// MindSpore's Momentum optimizer.
 #[derive(Clone, Debug)]
 pub struct Momentum {
+    /// The learning rate by step.
     pub schedule: LrSchedule,
+    /// The momentum coefficient.
     pub momentum: f64,
+    /// Whether the update uses Nesterov momentum.
     pub nesterov: bool,
+    /// Weight decay added to the gradient (`wd`).
     pub weight_decay: f64,
+    /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
     step: u64,
     state: ParamStore,
@@ -331,17 +347,20 @@ impl Momentum {
     /// The accumulated velocity, `moments.<name>`.
     pub const STATE: &'static [&'static str] = &[MOMENTS];
 
+    /// Momentum without Nesterov or weight decay; errors when the schedule or `momentum` is invalid.
     pub fn new(schedule: LrSchedule, momentum: f64) -> Result<Self> {
         schedule.check()?;
         check_non_negative("momentum", momentum)?;
         Ok(Self { schedule, momentum, nesterov: false, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
     }
 
+    /// Turns Nesterov momentum on or off.
     pub fn with_nesterov(mut self, on: bool) -> Self {
         self.nesterov = on;
         self
     }
 
+    /// Sets the weight decay and the parameters it applies to (`None`: all); errors unless `wd` is finite and >= 0.
     pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
         check_non_negative("weight_decay", wd)?;
         self.weight_decay = wd;
@@ -416,12 +435,19 @@ impl Optimizer for Momentum {
 /// Adam with decoupled weight decay.
 #[derive(Clone, Debug)]
 pub struct AdamW {
+    /// The learning rate by step.
     pub schedule: LrSchedule,
+    /// Decay rate of the first moment (`b1`).
     pub beta1: f64,
+    /// Decay rate of the second moment (`b2`).
     pub beta2: f64,
+    /// Term added to the denominator for numerical stability.
     pub eps: f64,
+    /// Decoupled weight decay (`wd`).
     pub weight_decay: f64,
+    /// Whether the moments are bias-corrected (off: MindSpore's `AdamWeightDecay`).
     pub bias_correction: bool,
+    /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
     step: u64,
     state: ParamStore,
@@ -447,6 +473,7 @@ impl AdamW {
         })
     }
 
+    /// Sets the decay rates of the first and second moments; errors unless both are in [0, 1).
     pub fn with_betas(mut self, beta1: f64, beta2: f64) -> Result<Self> {
         for (what, b) in [("beta1", beta1), ("beta2", beta2)] {
             if !(0.0..1.0).contains(&b) {
@@ -458,6 +485,7 @@ impl AdamW {
         Ok(self)
     }
 
+    /// Sets epsilon, the term added to the denominator; errors unless it is finite and > 0.
     pub fn with_eps(mut self, eps: f64) -> Result<Self> {
         if !(eps > 0.0 && eps.is_finite()) {
             return Err(RuntimeError::BadHyperparameter { what: "eps", value: eps, expected: "a finite value > 0" });
@@ -466,6 +494,7 @@ impl AdamW {
         Ok(self)
     }
 
+    /// Sets the weight decay and the parameters it applies to (`None`: all); errors unless `wd` is finite and >= 0.
     pub fn with_weight_decay(mut self, wd: f64, filter: Option<DecayFilter>) -> Result<Self> {
         check_non_negative("weight_decay", wd)?;
         self.weight_decay = wd;

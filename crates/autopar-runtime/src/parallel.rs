@@ -72,6 +72,7 @@ impl ParallelJob {
         &self.plan
     }
 
+    /// The parallel mode (MindSpore's `parallel_mode`).
     pub fn mode(&self) -> ParallelMode {
         self.plan.mode
     }
@@ -91,6 +92,7 @@ impl ParallelJob {
         self.plan.loss.unwrap_or(self.plan.graph.outputs[0])
     }
 
+    /// The parallel context the job was planned under.
     pub fn context(&self) -> &ParallelContext {
         &self.plan.context
     }
@@ -203,18 +205,22 @@ impl RankTrainer {
         Ok(Self { step, params, groups })
     }
 
+    /// This trainer's rank, global.
     pub fn rank(&self) -> usize {
         self.step.program().rank
     }
 
+    /// The rank's program.
     pub fn program(&self) -> &RankProgram {
         self.step.program()
     }
 
+    /// The rank's parameter slices.
     pub fn params(&self) -> &ParamStore {
         &self.params
     }
 
+    /// The rank's parameter slices, for changing them.
     pub fn params_mut(&mut self) -> &mut ParamStore {
         &mut self.params
     }

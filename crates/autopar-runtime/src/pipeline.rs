@@ -36,10 +36,12 @@ impl PipelineJob {
         Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
     }
 
+    /// The pipeline plan: stages, micro-batches, each op's stage and the schedule.
     pub fn plan(&self) -> &PipelinePlan {
         &self.plan
     }
 
+    /// Ranks of the job, all stages together.
     pub fn device_num(&self) -> usize {
         self.plan.device_num
     }
@@ -156,10 +158,12 @@ impl StageTrainer {
         })
     }
 
+    /// This rank's program in its stage.
     pub fn program(&self) -> &StageProgram {
         &self.program
     }
 
+    /// The job's pipeline plan.
     pub fn plan(&self) -> &PipelinePlan {
         &self.plan
     }
@@ -169,6 +173,7 @@ impl StageTrainer {
         &self.params
     }
 
+    /// The stage's parameter slices, for changing them.
     pub fn params_mut(&mut self) -> &mut ParamStore {
         &mut self.params
     }

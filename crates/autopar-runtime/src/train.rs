@@ -52,11 +52,13 @@ impl TrainStep {
         Ok(Self { program, executor, step: 0, buckets, clip_grad_norm: None })
     }
 
+    /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
         self.executor = self.executor.with_ctx(ctx);
         self
     }
 
+    /// Records each op's wall time in [`StepOutput::run`] (see [`Executor::with_profiling`]).
     pub fn with_profiling(mut self, on: bool) -> Self {
         self.executor = self.executor.with_profiling(on);
         self
@@ -84,6 +86,7 @@ impl TrainStep {
         self.executor.graph()
     }
 
+    /// The executor running the forward+backward graph.
     pub fn executor(&self) -> &Executor {
         &self.executor
     }

@@ -12,11 +12,17 @@ use crate::tensor::{Storage, Tensor};
 /// Runtime element type of a [`Tensor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// 32-bit IEEE float (MindSpore's `float32`).
     F32,
+    /// 64-bit IEEE float (`float64`).
     F64,
+    /// 16-bit IEEE half float (`float16`), a storage type.
     F16,
+    /// 16-bit brain float (`bfloat16`), a storage type.
     BF16,
+    /// 32-bit signed integer (`int32`).
     I32,
+    /// 64-bit signed integer (`int64`).
     I64,
 }
 

@@ -67,6 +67,8 @@
 //! assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod dtype;
 mod error;

@@ -79,6 +79,7 @@ impl OpDef for ReluGrad {
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, else the exact `0.5 x (1 + erf(x / sqrt 2))`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gelu {
+    /// Use the tanh approximation instead of the exact erf form.
     pub approximate: bool,
 }
 
@@ -111,6 +112,7 @@ impl OpDef for Gelu {
 /// `dy * gelu'(x)`. Inputs `(dy, x)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GeluGrad {
+    /// Differentiate the tanh approximation instead of the exact erf form (as the forward [`Gelu`]).
     pub approximate: bool,
 }
 
@@ -218,7 +220,9 @@ impl OpDef for Sigmoid {
 /// gradient sums over it (an AllReduce in the backward graph). Empty: `axis` is whole here.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Softmax {
+    /// The axis to normalise over; negative counts from the end.
     pub axis: i64,
+    /// World ranks (ascending) whose slices together form the whole `axis`; empty when it is not split.
     pub group: Vec<usize>,
 }
 
@@ -287,7 +291,9 @@ impl OpDef for Softmax {
 /// Log of softmax along `axis`, computed stably. `group` as for [`Softmax`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogSoftmax {
+    /// The axis to normalise over; negative counts from the end.
     pub axis: i64,
+    /// World ranks (ascending) whose slices together form the whole `axis`; empty when it is not split.
     pub group: Vec<usize>,
 }
 

@@ -39,9 +39,13 @@ fn pair_call(cx: &CostCx<'_>, kind: Collective, peer: usize, bytes: usize) -> Op
 /// The reduction of AllReduce / Reduce / ReduceScatter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Element-wise sum.
     Sum,
+    /// Element-wise mean: the sum divided by the group size.
     Mean,
+    /// Element-wise maximum (not differentiable).
     Max,
+    /// Element-wise minimum (not differentiable).
     Min,
 }
 
@@ -76,7 +80,9 @@ fn linear_reduce(g: &mut GradCx<'_>, op: ReduceOp) -> Result<ReduceOp> {
 /// Element-wise reduction across `group`; every rank gets the result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllReduce {
+    /// The reduction.
     pub op: ReduceOp,
+    /// The global ranks taking part: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -111,7 +117,9 @@ impl OpDef for AllReduce {
 /// Concatenation of every rank's tensor along `dim`, in group order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllGather {
+    /// The dimension to concatenate along, counted from 0.
     pub dim: usize,
+    /// The global ranks taking part, in concatenation order: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -150,8 +158,11 @@ impl OpDef for AllGather {
 /// Reduction across `group`, rank `k` of the group keeping block `k` of `dim`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceScatter {
+    /// The reduction.
     pub op: ReduceOp,
+    /// The dimension to scatter, counted from 0; its size must be divisible by the group size.
     pub dim: usize,
+    /// The global ranks taking part, in block order: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -193,8 +204,11 @@ impl OpDef for ReduceScatter {
 /// Splits `split_dim` into one block per rank, exchanges blocks, concatenates along `concat_dim`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllToAll {
+    /// The dimension split into one block per rank, counted from 0; its size must be divisible by the group size.
     pub split_dim: usize,
+    /// The dimension the received blocks are concatenated along, counted from 0.
     pub concat_dim: usize,
+    /// The global ranks taking part, in block order: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -238,7 +252,9 @@ impl OpDef for AllToAll {
 /// Every rank receives `root`'s tensor (`root` is a global rank in `group`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Broadcast {
+    /// The global rank whose tensor is sent; must be in `group`.
     pub root: usize,
+    /// The global ranks taking part: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -275,8 +291,11 @@ impl OpDef for Broadcast {
 /// Reduction across `group` delivered to `root`; the other ranks get zeros.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reduce {
+    /// The reduction.
     pub op: ReduceOp,
+    /// The global rank that receives the result; must be in `group`.
     pub root: usize,
+    /// The global ranks taking part: non-empty and distinct.
     pub group: Vec<usize>,
 }
 
@@ -317,7 +336,9 @@ impl OpDef for Reduce {
 /// which keeps the send ordered before its users; on one device it is the identity.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Send {
+    /// The receiving global rank.
     pub peer: usize,
+    /// Tag pairing this send with the matching [`Recv`] on `peer` (MindSpore's `sr_tag`).
     pub tag: u32,
 }
 
@@ -351,7 +372,9 @@ impl OpDef for Send {
 /// value itself on one device, where Recv is the identity).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recv {
+    /// The sending global rank.
     pub peer: usize,
+    /// Tag pairing this receive with the matching [`Send`] on `peer` (MindSpore's `sr_tag`).
     pub tag: u32,
 }
 

@@ -150,6 +150,7 @@ unary_op!(Sqrt, "Square root.", 2.0, |g, dy| {
 /// `x * factor` for a constant factor (loss scaling, means, learning rates inside graphs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scale {
+    /// The constant multiplier.
     pub factor: f64,
 }
 
@@ -183,6 +184,7 @@ impl OpDef for Scale {
 /// `force_fp32_communication` asks for f32 communication of f16/bf16 values).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cast {
+    /// The target type; must be floating-point.
     pub dtype: DType,
 }
 

@@ -35,11 +35,14 @@ pub use source::*;
 /// How many inputs an op takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arity {
+    /// Exactly this many inputs.
     Exactly(usize),
+    /// This many inputs or more (Concat).
     AtLeast(usize),
 }
 
 impl Arity {
+    /// Whether an op of this arity accepts `n` inputs.
     pub fn accepts(self, n: usize) -> bool {
         match self {
             Arity::Exactly(k) => n == k,
@@ -62,6 +65,7 @@ impl fmt::Display for Arity {
 pub trait OpDef: fmt::Debug {
     /// MindSpore-style op name (`"MatMul"`), used in errors, printing and strategy files.
     fn kind(&self) -> &'static str;
+    /// How many inputs the op takes.
     fn arity(&self) -> Arity;
     /// Output type from the input types; errors name the op, the node and the shapes.
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType>;
@@ -84,7 +88,10 @@ macro_rules! op_kinds {
         /// case (or any other per-op rule) does not compile.
         #[derive(Clone, Debug, PartialEq)]
         pub enum OpKind {
-            $($ty($ty)),*
+            $(
+                /// The op of the same name, with its attributes.
+                $ty($ty)
+            ),*
         }
 
         impl OpKind {
@@ -179,6 +186,7 @@ op_kinds!(
 );
 
 impl OpKind {
+    /// MindSpore-style op name (`"MatMul"`), as [`OpDef::kind`].
     pub fn kind(&self) -> &'static str {
         self.def().kind()
     }
@@ -272,13 +280,21 @@ impl fmt::Display for OpKind {
 /// A communication op's attributes, by kind.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CollectiveOp<'a> {
+    /// An [`AllReduce`].
     AllReduce(&'a AllReduce),
+    /// An [`AllGather`].
     AllGather(&'a AllGather),
+    /// A [`ReduceScatter`].
     ReduceScatter(&'a ReduceScatter),
+    /// An [`AllToAll`].
     AllToAll(&'a AllToAll),
+    /// A [`Broadcast`].
     Broadcast(&'a Broadcast),
+    /// A [`Reduce`].
     Reduce(&'a Reduce),
+    /// A [`Send`].
     Send(&'a Send),
+    /// A [`Recv`].
     Recv(&'a Recv),
 }
 
@@ -299,32 +315,41 @@ impl<'a> CollectiveOp<'a> {
 
 /// What shape inference sees: the op's name and its inputs' types.
 pub struct InferCx<'a> {
+    /// The op kind (MindSpore's name, `MatMul`).
     pub kind: &'static str,
+    /// The node's name, for errors.
     pub name: &'a str,
+    /// The input types, in input order.
     pub inputs: &'a [TensorType],
 }
 
 impl<'a> InferCx<'a> {
+    /// Type of input `i`.
     pub fn ty(&self, i: usize) -> &'a TensorType {
         &self.inputs[i]
     }
 
+    /// Shape of input `i`.
     pub fn shape(&self, i: usize) -> &'a Shape {
         &self.inputs[i].shape
     }
 
+    /// Element type of input `i`.
     pub fn dtype(&self, i: usize) -> DType {
         self.inputs[i].dtype
     }
 
+    /// The error for two sizes `a` and `b` that must agree (`what` names them, e.g. `"inner dimensions"`).
     pub fn dim_mismatch(&self, what: &'static str, a: usize, b: usize) -> GraphError {
         GraphError::DimMismatch { kind: self.kind, name: self.name.to_string(), what, a, b }
     }
 
+    /// The error for input `input` having a shape the op does not accept (`expected` says what it accepts).
     pub fn bad_shape(&self, input: usize, expected: &'static str) -> GraphError {
         GraphError::BadShape { kind: self.kind, name: self.name.to_string(), input, shape: self.shape(input).clone(), expected }
     }
 
+    /// The error for attribute `attr` having an invalid `value` for the input shapes (`expected` says what is valid).
     pub fn bad_attr(&self, attr: &'static str, value: impl fmt::Debug, expected: &'static str) -> GraphError {
         GraphError::BadAttr {
             kind: self.kind,

@@ -90,7 +90,9 @@ fn matmul_grad(g: &mut GradCx<'_>, ta: bool, tb: bool, make: fn(bool, bool) -> c
 /// 2-D matrix product `op(a) op(b)`, `op` transposing when the flag is set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatMul {
+    /// Use `a` transposed.
     pub transpose_a: bool,
+    /// Use `b` transposed.
     pub transpose_b: bool,
 }
 
@@ -123,7 +125,9 @@ impl OpDef for MatMul {
 /// Batched matrix product over equal leading dimensions.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchMatMul {
+    /// Transpose the last two dimensions of `a`.
     pub transpose_a: bool,
+    /// Transpose the last two dimensions of `b`.
     pub transpose_b: bool,
 }
 
@@ -208,9 +212,13 @@ impl OpDef for BiasAdd {
 /// (MindSpore's `pad` list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvAttrs {
+    /// Stride along height and width.
     pub stride: [usize; 2],
+    /// Zero padding `[top, bottom, left, right]`.
     pub padding: [usize; 4],
+    /// Dilation along height and width (1: none).
     pub dilation: [usize; 2],
+    /// Groups the channels are split into (1: an ordinary convolution).
     pub groups: usize,
 }
 
@@ -255,6 +263,7 @@ fn conv_out_shape(cx: &InferCx<'_>, c: &ConvAttrs, x: &Shape, w: &Shape) -> Resu
 /// 2-D convolution. Inputs `(x [N, Cin, H, W], w [Cout, Cin/groups, kh, kw])`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Conv2D {
+    /// Stride, padding, dilation and groups.
     pub conv: ConvAttrs,
 }
 
@@ -322,7 +331,9 @@ impl OpDef for Conv2D {
 /// Gradient of a convolution's input (the transposed convolution). Inputs `(dy, w)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Conv2DGradInput {
+    /// The forward convolution's settings.
     pub conv: ConvAttrs,
+    /// Shape of the forward convolution's input `x` (the output's shape).
     pub input_shape: Shape,
 }
 
@@ -374,7 +385,9 @@ impl OpDef for Conv2DGradInput {
 /// Gradient of a convolution's filter. Inputs `(dy, x)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Conv2DGradFilter {
+    /// The forward convolution's settings.
     pub conv: ConvAttrs,
+    /// Shape of the forward convolution's filter `w` (the output's shape).
     pub filter_shape: Shape,
 }
 
@@ -425,8 +438,11 @@ impl OpDef for Conv2DGradFilter {
 /// Pooling window settings; `padding` is `[top, bottom, left, right]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolAttrs {
+    /// Window height and width.
     pub kernel: [usize; 2],
+    /// Stride along height and width.
     pub stride: [usize; 2],
+    /// Padding `[top, bottom, left, right]`.
     pub padding: [usize; 4],
 }
 
@@ -455,6 +471,7 @@ fn pool_infer(cx: &InferCx<'_>, p: &PoolAttrs) -> Result<TensorType> {
 /// Max pooling over NCHW.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaxPool {
+    /// Window, stride and padding.
     pub pool: PoolAttrs,
 }
 
@@ -487,6 +504,7 @@ impl OpDef for MaxPool {
 /// Routes each window's gradient to its maximum (first on ties). Inputs `(x, dy)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaxPoolGrad {
+    /// The forward pooling's window, stride and padding.
     pub pool: PoolAttrs,
 }
 
@@ -524,6 +542,7 @@ impl OpDef for MaxPoolGrad {
 /// Average pooling over NCHW (padding counts as zeros in the average).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AvgPool {
+    /// Window, stride and padding.
     pub pool: PoolAttrs,
 }
 
@@ -556,7 +575,9 @@ impl OpDef for AvgPool {
 /// Spreads each window's gradient evenly over it (the adjoint of [`AvgPool`]). Input `dy`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AvgPoolGrad {
+    /// The forward pooling's window, stride and padding.
     pub pool: PoolAttrs,
+    /// Shape of the forward pooling's input (the output's shape).
     pub input_shape: Shape,
 }
 
@@ -631,7 +652,9 @@ impl OpDef for GlobalAvgPool {
 /// Which input a normalisation's gradient op computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormGradOf {
+    /// The gradient of the normalised input `x`.
     Input,
+    /// The gradient of the scale `gamma`.
     Gamma,
 }
 
@@ -648,9 +671,13 @@ pub enum NormGradOf {
 /// rank alone): the statistics of this rank's batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchNorm {
+    /// Normalise with the batch statistics and update the running ones; else use the running statistics.
     pub training: bool,
+    /// Epsilon added to the variance before the square root.
     pub eps: f64,
+    /// Weight of the old running statistics in their update (MindSpore's convention; 0.9 by default there).
     pub momentum: f64,
+    /// World ranks (ascending) of a synchronised batch norm; empty for this rank's batch alone.
     pub group: Vec<usize>,
 }
 
@@ -729,9 +756,13 @@ impl OpDef for BatchNorm {
 /// this rank's share (summed over the group by the gradient synchronisation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchNormGrad {
+    /// Whether the forward [`BatchNorm`] used batch statistics (training) or the running ones.
     pub training: bool,
+    /// The forward [`BatchNorm`]'s epsilon.
     pub eps: f64,
+    /// Which gradient this op computes.
     pub of: NormGradOf,
+    /// The forward [`BatchNorm`]'s synchronisation group.
     pub group: Vec<usize>,
 }
 
@@ -788,8 +819,11 @@ impl OpDef for BatchNormGrad {
 /// gradient's row sums (backward) over the group. Empty: the normalised dimensions are whole.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNorm {
+    /// The first normalised dimension; negative counts from the end.
     pub begin_norm_axis: i64,
+    /// Epsilon added to the variance before the square root.
     pub eps: f64,
+    /// World ranks (ascending) whose slices together form the normalised dimensions; empty when they are whole.
     pub group: Vec<usize>,
 }
 
@@ -875,9 +909,13 @@ impl OpDef for LayerNorm {
 /// the ranks holding the same slice by the gradient synchronisation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNormGrad {
+    /// The forward [`LayerNorm`]'s first normalised dimension.
     pub begin_norm_axis: i64,
+    /// The forward [`LayerNorm`]'s epsilon.
     pub eps: f64,
+    /// Which gradient this op computes.
     pub of: NormGradOf,
+    /// The forward [`LayerNorm`]'s group.
     pub group: Vec<usize>,
 }
 
@@ -926,7 +964,9 @@ impl OpDef for LayerNormGrad {
 /// by slice, the mask of the unsharded tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dropout {
+    /// Drop probability, in `[0, 1)`.
     pub p: f64,
+    /// Seed of the mask.
     pub seed: u64,
     /// Set when the input is one block of a larger tensor: the mask is that block of the
     /// larger tensor's mask. None: the input is the whole tensor.
@@ -936,7 +976,9 @@ pub struct Dropout {
 /// Where a local block sits in the whole tensor: its offset per dimension and the whole shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DropoutBlock {
+    /// Shape of the whole tensor.
     pub global_shape: Vec<usize>,
+    /// Offset of the block in each dimension of the whole tensor.
     pub begin: Vec<usize>,
 }
 

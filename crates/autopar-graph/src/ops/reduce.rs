@@ -24,7 +24,9 @@ fn expand(g: &mut GradCx<'_>, dy: crate::NodeId, axes: &[i64]) -> Result<crate::
 /// Sum over `axes`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceSum {
+    /// The axes to reduce; negative counts from the end, empty means all axes.
     pub axes: Vec<i64>,
+    /// Keep each reduced axis as a dimension of size 1 (MindSpore's `keep_dims`).
     pub keep_dims: bool,
 }
 
@@ -58,7 +60,9 @@ impl OpDef for ReduceSum {
 /// Mean over `axes`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceMean {
+    /// The axes to reduce; negative counts from the end, empty means all axes.
     pub axes: Vec<i64>,
+    /// Keep each reduced axis as a dimension of size 1 (MindSpore's `keep_dims`).
     pub keep_dims: bool,
 }
 
@@ -96,7 +100,9 @@ impl OpDef for ReduceMean {
 /// Maximum over `axes`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceMax {
+    /// The axes to reduce; negative counts from the end, empty means all axes.
     pub axes: Vec<i64>,
+    /// Keep each reduced axis as a dimension of size 1 (MindSpore's `keep_dims`).
     pub keep_dims: bool,
 }
 
@@ -130,7 +136,9 @@ impl OpDef for ReduceMax {
 /// Routes `dy` to the position of each maximum of `x` (the first one on ties). Inputs `(x, dy)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReduceMaxGrad {
+    /// The forward [`ReduceMax`]'s axes.
     pub axes: Vec<i64>,
+    /// The forward [`ReduceMax`]'s `keep_dims`.
     pub keep_dims: bool,
 }
 

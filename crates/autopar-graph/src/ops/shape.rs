@@ -15,6 +15,7 @@ fn checked_axis(a: i64, rank: usize) -> usize {
 /// View with a new shape of the same size; one entry may be `-1` (inferred).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reshape {
+    /// The new shape; at most one entry may be `-1`, inferred from the element count.
     pub shape: Vec<i64>,
 }
 
@@ -70,6 +71,7 @@ impl OpDef for Reshape {
 /// Permutes dimensions: output dimension `i` is input dimension `perm[i]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Transpose {
+    /// The permutation: output dimension `i` is input dimension `perm[i]`.
     pub perm: Vec<usize>,
 }
 
@@ -152,6 +154,7 @@ impl OpDef for Flatten {
 /// Broadcasts to `shape` (NumPy rules).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BroadcastTo {
+    /// The output shape.
     pub shape: Shape,
 }
 
@@ -188,6 +191,7 @@ impl OpDef for BroadcastTo {
 /// [`BroadcastTo`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SumTo {
+    /// The output shape; it must broadcast to the input's shape.
     pub shape: Shape,
 }
 
@@ -223,6 +227,7 @@ impl OpDef for SumTo {
 /// Concatenation along `axis`; all other dimensions must agree.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Concat {
+    /// The axis to concatenate along; negative counts from the end.
     pub axis: i64,
 }
 
@@ -299,7 +304,9 @@ impl OpDef for Concat {
 /// The block `begin .. begin + size`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Slice {
+    /// Start of the block in each dimension.
     pub begin: Vec<usize>,
+    /// Size of the block in each dimension.
     pub size: Vec<usize>,
 }
 
@@ -346,7 +353,9 @@ impl OpDef for Slice {
 /// Zero padding: `before[d]` zeros before and `after[d]` after along each dimension.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pad {
+    /// Zeros added before the data, per dimension.
     pub before: Vec<usize>,
+    /// Zeros added after the data, per dimension.
     pub after: Vec<usize>,
 }
 
@@ -393,6 +402,7 @@ impl OpDef for Pad {
 /// Inputs `(params, indices)`; output `params[..axis] ++ indices.shape ++ params[axis+1..]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gather {
+    /// The axis of `params` to index; negative counts from the end.
     pub axis: i64,
     /// Set when `params` holds only some rows (along `axis`) of a table split across ranks.
     pub shard: Option<TableShard>,
@@ -403,7 +413,9 @@ pub struct Gather {
 /// ranks' results is the gather from the whole table; an index outside `0..total` is an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableShard {
+    /// The first row this rank holds.
     pub start: usize,
+    /// Rows of the whole table.
     pub total: usize,
 }
 
@@ -474,8 +486,11 @@ impl OpDef for Gather {
 /// With a `shard` the result is the gradient of this rank's rows only.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GatherGrad {
+    /// The gathered axis, counted from 0.
     pub axis: usize,
+    /// Size of the gathered parameter along `axis` (the output's size there).
     pub dim_size: usize,
+    /// Set when the parameter holds only some rows of a table split across ranks (as for [`Gather`]).
     pub shard: Option<TableShard>,
 }
 
@@ -520,9 +535,13 @@ impl OpDef for GatherGrad {
 /// One-hot encoding of integer `indices` along a new last axis of size `depth`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OneHot {
+    /// Size of the new last axis (the number of classes); at least 1.
     pub depth: usize,
+    /// Value at the index's position.
     pub on_value: f64,
+    /// Value everywhere else.
     pub off_value: f64,
+    /// Output element type.
     pub dtype: DType,
 }
 

@@ -10,7 +10,9 @@ use crate::types::{DType, Shape, TensorType};
 /// A value fed by the caller at every run (a batch, labels).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Input {
+    /// Shape of the value the caller feeds.
     pub shape: Shape,
+    /// Element type of the value the caller feeds.
     pub dtype: DType,
 }
 
@@ -42,9 +44,13 @@ impl OpDef for Input {
 /// A persistent tensor (weights, running statistics) with a seeded initialiser.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parameter {
+    /// The parameter's shape.
     pub shape: Shape,
+    /// The parameter's element type.
     pub dtype: DType,
+    /// How its initial values are drawn.
     pub init: Initializer,
+    /// Seed of the initialiser (by default derived from the graph seed and the parameter's name).
     pub seed: u64,
     /// Optimizers update trainable parameters; running statistics are not trainable.
     pub trainable: bool,
@@ -78,8 +84,11 @@ impl OpDef for Parameter {
 /// A tensor of one repeated value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fill {
+    /// Output shape.
     pub shape: Shape,
+    /// Output element type.
     pub dtype: DType,
+    /// The value of every element.
     pub value: f64,
 }
 

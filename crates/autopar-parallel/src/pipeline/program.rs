@@ -33,14 +33,18 @@ use crate::program::{rank_program, RankProgram};
 /// A pipeline job: the network planned on one stage's devices, each op's stage, the schedule.
 #[derive(Clone, Debug)]
 pub struct PipelinePlan {
+    /// The number of pipeline stages (`pipeline_stages`).
     pub stages: usize,
+    /// Micro-batches per step.
     pub micro_batches: usize,
+    /// Devices of the whole job, every stage's together.
     pub device_num: usize,
     /// The network (built for one micro-batch) planned on `device_num / stages` devices.
     pub plan: ParallelPlan,
     /// Every node's stage in `plan.graph` (None: parameters, inputs and constants, which every
     /// stage using them holds).
     pub stage_of: Vec<Option<usize>>,
+    /// Each stage's actions of one step, in order.
     pub schedule: Schedule,
 }
 
@@ -107,7 +111,9 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
 /// One rank's share of a pipeline job.
 #[derive(Clone, Debug)]
 pub struct StageProgram {
+    /// The rank, counted in the world.
     pub rank: usize,
+    /// The rank's stage, counted from 0.
     pub stage: usize,
     /// Position in the stage (the rank of the stage's communicator).
     pub position: usize,
@@ -127,10 +133,13 @@ pub struct StageProgram {
     /// The backward pass: its inputs for `saved` (same order), for the gradients of `send`
     /// (None: not differentiable), the data inputs it reads by name.
     pub backward: Graph,
+    /// Inputs of `backward` for the values of `saved`, in the same order.
     pub saved_in: Vec<NodeId>,
+    /// Inputs of `backward` for the gradients of `send`, in transfer order (None: not differentiable).
     pub grad_in: Vec<Option<NodeId>>,
     /// Gradients of `recv` (None: not differentiable), and of this stage's trainable parameters.
     pub grad_out: Vec<Option<NodeId>>,
+    /// Each trainable parameter of the stage, by name, with the node of `backward` that is its gradient.
     pub param_grads: Vec<(String, NodeId)>,
 }
 

@@ -17,7 +17,9 @@ use crate::report::{human_bytes, human_flops};
 /// One stage as one of its ranks sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageReport {
+    /// The stage, counted from 0.
     pub stage: usize,
+    /// The stage's global ranks.
     pub ranks: Range<usize>,
     /// Operators of the stage (its forward pass).
     pub ops: usize,
@@ -25,6 +27,7 @@ pub struct StageReport {
     pub forward_flops: f64,
     /// Parameters the stage holds, and their bytes on one rank.
     pub params: usize,
+    /// Bytes of the stage's parameters on one rank.
     pub param_bytes: usize,
     /// Parameters other stages hold copies of too.
     pub shared: Vec<String>,
@@ -46,11 +49,15 @@ impl StageReport {
 /// A pipeline plan summarised.
 #[derive(Clone, Debug)]
 pub struct PipelineReport {
+    /// Every stage, in order.
     pub stages: Vec<StageReport>,
+    /// Micro-batches per step.
     pub micro_batches: usize,
+    /// The schedule's name as `pipeline_config.pipeline_scheduler` takes it.
     pub scheduler: &'static str,
     /// The schedule run with equal stages (forward 1, backward 2, free transfers).
     pub simulation: Simulation,
+    /// The ideal bubble, `(P-1)/(M+P-1)`: the share of the step a stage is idle.
     pub ideal_bubble: f64,
 }
 
@@ -121,6 +128,7 @@ pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
 }
 
 impl PipelineReport {
+    /// The report as text for people: the pipeline's shape and bubble, then one line per stage.
     pub fn text(&self) -> String {
         let mut o = String::new();
         let p = self.stages.len();
@@ -162,6 +170,7 @@ impl PipelineReport {
         o
     }
 
+    /// The report as JSON.
     pub fn json(&self) -> Value {
         json!({
             "stages": self.stages.iter().map(|s| json!({

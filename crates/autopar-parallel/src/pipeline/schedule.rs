@@ -23,13 +23,16 @@ use crate::context::PipelineScheduler;
 /// The size of a pipeline: stages, micro-batches per step, chunks (virtual stages) per stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PipelineShape {
+    /// Pipeline stages.
     pub stages: usize,
+    /// Micro-batches per step.
     pub micro_batches: usize,
     /// Chunks per stage: 1 without interleaving, the virtual stages with it.
     pub chunks: usize,
 }
 
 impl PipelineShape {
+    /// The shape of `stages` stages, `micro_batches` micro-batches and `chunks` chunks per stage.
     pub fn new(stages: usize, micro_batches: usize, chunks: usize) -> Self {
         Self { stages, micro_batches, chunks }
     }
@@ -60,23 +63,30 @@ impl PipelineShape {
 /// Forward or backward pass of one piece.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Pass {
+    /// The forward pass.
     Forward,
+    /// The backward pass.
     Backward,
 }
 
 /// One pass of one chunk of a stage over one micro-batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Work {
+    /// Forward or backward.
     pub pass: Pass,
+    /// The chunk of the stage, counted from 0.
     pub chunk: usize,
+    /// The micro-batch, counted from 0.
     pub micro: usize,
 }
 
 impl Work {
+    /// The forward of chunk `chunk` over micro-batch `micro`.
     pub fn forward(chunk: usize, micro: usize) -> Self {
         Self { pass: Pass::Forward, chunk, micro }
     }
 
+    /// The backward of chunk `chunk` over micro-batch `micro`.
     pub fn backward(chunk: usize, micro: usize) -> Self {
         Self { pass: Pass::Backward, chunk, micro }
     }
@@ -100,9 +110,19 @@ pub enum Action {
     Compute(Work),
     /// Send what `work` produced (activations of a forward, input gradients of a backward) to
     /// stage `peer`.
-    Send { work: Work, peer: usize },
+    Send {
+        /// The pass whose result is sent.
+        work: Work,
+        /// The receiving stage.
+        peer: usize,
+    },
     /// Receive from stage `peer` what `work` needs before it runs.
-    Recv { work: Work, peer: usize },
+    Recv {
+        /// The pass that needs what is received.
+        work: Work,
+        /// The sending stage.
+        peer: usize,
+    },
 }
 
 impl fmt::Display for Action {
@@ -118,19 +138,37 @@ impl fmt::Display for Action {
 /// Each stage's actions, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schedule {
+    /// The pipeline's size.
     pub shape: PipelineShape,
+    /// The scheduler that ordered the passes.
     pub scheduler: PipelineScheduler,
+    /// Each stage's actions, indexed by stage.
     pub stages: Vec<Vec<Action>>,
 }
 
+/// Why a pipeline schedule cannot be built, or does not run under blocking sends.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
+    /// A shape with no stage, no micro-batch or no chunk.
     #[error("a pipeline needs at least one stage, micro-batch and chunk, got {} stages, {} micro-batches, {} chunks\nhint: pass --micro-batches M with M >= 1", shape.stages, shape.micro_batches, shape.chunks)]
-    Empty { shape: PipelineShape },
+    Empty {
+        /// The shape given.
+        shape: PipelineShape,
+    },
+    /// A schedule in which some stage waits forever when every send blocks until its receive is posted.
     #[error("the pipeline schedule deadlocks with blocking sends\n  {}\nhint: this is a bug in autopar's schedules; please report it with --parallel pipeline_stages and --micro-batches", blocked.join("\n  "))]
-    Deadlock { blocked: Vec<String> },
+    Deadlock {
+        /// Each blocked stage and what it waits at, in words.
+        blocked: Vec<String>,
+    },
+    /// A schedule [`simulate`] finds wrong (a pass out of the pipeline, run twice, missing or too early; a mismatched send).
     #[error("the pipeline schedule of stage {stage} is wrong: {problem}\nhint: this is a bug in autopar's schedules; please report it")]
-    Invalid { stage: usize, problem: String },
+    Invalid {
+        /// The stage whose actions are wrong, counted from 0 (the number of stage lists when that number is wrong).
+        stage: usize,
+        /// What is wrong, in words.
+        problem: String,
+    },
 }
 
 /// Every stage's forwards and backwards in the order it takes them: micro-batches go through
@@ -291,6 +329,7 @@ pub fn build(shape: PipelineShape, scheduler: PipelineScheduler) -> Result<Sched
 pub struct SimCosts {
     /// One chunk's forward over one micro-batch.
     pub forward: f64,
+    /// One chunk's backward over one micro-batch.
     pub backward: f64,
     /// One transfer (the receiver waits for it).
     pub transfer: f64,

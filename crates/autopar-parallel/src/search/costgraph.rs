@@ -39,10 +39,15 @@ use crate::planner::{batch_dim, depends_on_inputs, first_use, reshape_layout, wh
 /// A cost split into the model's parts (seconds, memory in bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CostSplit {
+    /// Seconds of computation (forward, and backward in training).
     pub compute: f64,
+    /// Seconds of the op's own communication (completing partial sums, synchronised statistics).
     pub communication: f64,
+    /// Seconds of the redistributions before the op's inputs.
     pub redistribution: f64,
+    /// Seconds of the gradient synchronisation of the parameters whose layout the op decides.
     pub gradient_sync: f64,
+    /// Bytes per device: the output slice, and its parameters' slices with their gradients and one optimizer slot.
     pub memory: u64,
 }
 
@@ -61,7 +66,9 @@ impl CostSplit {
 /// One strategy an op may take.
 #[derive(Clone, Debug)]
 pub struct Candidate {
+    /// Split count per logical dimension of the op.
     pub splits: Vec<usize>,
+    /// The strategy and the layouts it gives.
     pub layouts: OpLayouts,
     /// Its own cost (edges to other ops excluded).
     pub cost: CostSplit,
@@ -72,12 +79,17 @@ pub struct Candidate {
 /// An op of the cost graph.
 #[derive(Clone, Debug)]
 pub struct SearchOp {
+    /// The op's node.
     pub node: NodeId,
+    /// The op's name.
     pub name: String,
+    /// The op's kind.
     pub kind: &'static str,
+    /// The op's sharding description.
     pub spec: OpSpec,
     /// Set by the user or a strategy file: its one candidate is that strategy.
     pub configured: Option<StrategySource>,
+    /// The strategies the op may take.
     pub candidates: Vec<Candidate>,
 }
 
@@ -85,7 +97,9 @@ pub struct SearchOp {
 /// candidates (computed on demand and cached).
 #[derive(Clone, Debug)]
 pub struct EdgeRecipe {
+    /// The producer's index in `CostGraph::ops`.
     pub from: usize,
+    /// The consumer's index in `CostGraph::ops`.
     pub to: usize,
     /// The consumer's input slot.
     slot: usize,
@@ -100,10 +114,13 @@ pub struct EdgeRecipe {
 
 /// The cost graph of a network.
 pub struct CostGraph<'g> {
+    /// Every op with a sharding rule, with its candidates.
     pub ops: Vec<SearchOp>,
     /// Graph node -> op index.
     pub of_node: Vec<Option<usize>>,
+    /// Every producer-consumer edge between two different ops.
     pub edges: Vec<EdgeRecipe>,
+    /// The search options the costs are weighted with.
     pub options: SearchOptions,
     pricer: RefCell<Pricer<'g>>,
 }

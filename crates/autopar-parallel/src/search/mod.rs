@@ -33,12 +33,16 @@ pub const TABLE_LIMIT: u128 = 1 << 26;
 /// every op on its data-parallel default (for comparison).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Search {
+    /// One of MindSpore's search modes.
     Mode(SearchMode),
+    /// The exact optimum of the cost model.
     Exact,
+    /// Every op on its data-parallel default.
     DataParallel,
 }
 
 impl Search {
+    /// The search's name: the search mode's MindSpore name, "exact" or "data_parallel".
     pub fn name(self) -> &'static str {
         match self {
             Search::Mode(m) => m.name(),
@@ -55,11 +59,17 @@ pub type SearchRow = (Search, Result<(SearchReport, f64)>);
 /// One op's decision and its explanation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpChoice {
+    /// The op's node.
     pub node: NodeId,
+    /// The op's name.
     pub name: String,
+    /// The op's kind.
     pub kind: &'static str,
+    /// The chosen split count per logical dimension of the op.
     pub splits: Vec<usize>,
+    /// The chosen strategy, per input and per tensor dimension.
     pub strategy: Strategy,
+    /// Where the strategy came from.
     pub source: StrategySource,
     /// Its cost, the redistributions before its inputs included.
     pub cost: CostSplit,
@@ -73,8 +83,11 @@ pub struct OpChoice {
 /// What a search decided.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchReport {
+    /// The search that decided.
     pub search: Search,
+    /// The name of the device profile the costs were computed under.
     pub profile: String,
+    /// Every op of the cost graph with its decision, in cost-graph order.
     pub ops: Vec<OpChoice>,
     /// The objective of the plan (weighted seconds per step).
     pub objective: f64,

@@ -11,6 +11,7 @@ use crate::error::{ParallelError, Result};
 /// Alpha-beta constants of collectives over groups of `ranks` ranks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Link {
+    /// The group size these constants are for.
     pub ranks: usize,
     /// Seconds per call (alpha).
     pub latency_s: f64,
@@ -21,6 +22,7 @@ pub struct Link {
 /// The constants of the cost model for one kind of device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceProfile {
+    /// The profile's name, as reports print it.
     pub name: String,
     /// Arithmetic rate of one device (matrix products dominate), FLOP/s.
     pub flops_per_s: f64,

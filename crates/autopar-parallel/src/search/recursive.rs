@@ -34,7 +34,9 @@ use crate::planner::{default_splits, depends_on_inputs};
 
 /// What the recursive search reads besides the cost graph.
 pub struct RecInput<'a> {
+    /// The network.
     pub graph: &'a Graph,
+    /// The number of devices to cut for.
     pub devices: usize,
 }
 

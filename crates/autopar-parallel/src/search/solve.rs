@@ -22,9 +22,13 @@ use std::collections::{BTreeSet, VecDeque};
 /// cost per pair of candidates. [`CostProblem`] holds them all; the cost graph computes them
 /// on demand (sharding propagation reads one row per edge).
 pub trait Costs {
+    /// The number of ops.
     fn ops(&self) -> usize;
+    /// The number of candidates of `op`.
     fn domain(&self, op: usize) -> usize;
+    /// The own cost of `op` taking candidate `c` (weighted seconds).
     fn unary(&self, op: usize, c: usize) -> f64;
+    /// The number of edges.
     fn edge_count(&self) -> usize;
     /// (producer op, consumer op) of edge `e`.
     fn ends(&self, e: usize) -> (usize, usize);
@@ -47,7 +51,9 @@ pub trait Costs {
 /// Costs of a cost graph: `unary[op][candidate]`, plus edges.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostProblem {
+    /// Each op's own cost per candidate.
     pub unary: Vec<Vec<f64>>,
+    /// Every edge with its costs.
     pub edges: Vec<EdgeCost>,
 }
 
@@ -55,8 +61,11 @@ pub struct CostProblem {
 /// `from` takes candidate `a` and `to` candidate `b`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EdgeCost {
+    /// The producer op.
     pub from: usize,
+    /// The consumer op.
     pub to: usize,
+    /// The cost of every pair of candidates, producer's major.
     pub cost: Vec<f64>,
 }
 
@@ -109,7 +118,9 @@ pub enum Order {
 /// The table an elimination would need is larger than the limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TooWide {
+    /// The op whose elimination would need the table.
     pub op: usize,
+    /// The entries the table would need.
     pub entries: u128,
 }
 

@@ -25,10 +25,13 @@ pub struct RunPosition {
     pub epoch: u64,
     /// Batches of that epoch already consumed.
     pub step_in_epoch: u64,
+    /// Ranks of the run that wrote the checkpoint.
     pub world_size: usize,
+    /// The rank whose file this is, global.
     pub rank: usize,
     /// Global batch size (the data position is counted in its batches).
     pub batch_size: usize,
+    /// The run's parallel mode, as MindSpore names it (`stand_alone`, `data_parallel`, ...).
     pub parallel_mode: String,
     /// The run's id, the same in every checkpoint of a run and its resumptions (empty: a file
     /// written before autopar recorded it).
@@ -36,6 +39,7 @@ pub struct RunPosition {
 }
 
 impl RunPosition {
+    /// The position as safetensors `__metadata__` entries, with `format` set to [`FORMAT`].
     pub fn to_metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         m.insert("format".into(), FORMAT.into());
@@ -50,6 +54,8 @@ impl RunPosition {
         m
     }
 
+    /// The position a checkpoint's metadata records; `path` names the file in errors, which say
+    /// when the metadata is not a training checkpoint's or a key is missing or malformed.
     pub fn from_metadata(path: &Path, m: &BTreeMap<String, String>) -> TrainResult<Self> {
         let bad = |problem: String| TrainError::Resume {
             path: path.to_path_buf(),
@@ -136,11 +142,14 @@ pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, pos
 
 /// An opened checkpoint file.
 pub struct Loaded {
+    /// The file that was opened.
     pub path: PathBuf,
+    /// The file's tensors and metadata.
     pub file: CheckpointFile,
 }
 
 impl Loaded {
+    /// Opens the checkpoint at `path`; errors when it does not exist or is not a checkpoint file.
     pub fn open(path: &Path) -> TrainResult<Self> {
         if !path.is_file() {
             return Err(TrainError::Resume {
@@ -154,6 +163,7 @@ impl Loaded {
         Ok(Self { path: path.to_path_buf(), file })
     }
 
+    /// Whether the file holds a tensor `name`.
     pub fn has(&self, name: &str) -> bool {
         self.file.get(name).is_some()
     }

@@ -11,44 +11,128 @@ use crate::error::RuntimeError;
 /// Everything that can go wrong while setting up or running a training job.
 #[derive(Debug, Error)]
 pub enum TrainError {
+    /// Running the graph, updating parameters or communicating failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
 
+    /// Opening or reading the dataset failed.
     #[error(transparent)]
     Data(Box<DataError>),
 
+    /// Building the network failed.
     #[error("cannot build the network {model}: {source}")]
-    Network { model: String, source: Box<dyn std::error::Error + Send + Sync> },
+    Network {
+        /// The network's name.
+        model: String,
+        /// The builder's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
+    /// The network's loss is not a scalar.
     #[error("the network {model} has a loss of shape {shape:?}; the trainer reports the mean loss per sample and needs a scalar loss\nhint: end the network with a mean over the batch (ReduceMean), or train it with TrainStep, which takes any float loss")]
-    LossNotScalar { model: String, shape: Vec<usize> },
+    LossNotScalar {
+        /// The network's name.
+        model: String,
+        /// The loss's shape.
+        shape: Vec<usize>,
+    },
 
+    /// A training option has an invalid value, or options contradict each other.
     #[error("invalid training option {option} = {value}\n  expected {expected}\nhint: {hint}")]
-    Config { option: &'static str, value: String, expected: String, hint: String },
+    Config {
+        /// The option's name.
+        option: &'static str,
+        /// The value that was given, as text.
+        value: String,
+        /// What was expected, in words.
+        expected: String,
+        /// How to fix it.
+        hint: String,
+    },
 
+    /// The data's samples or labels do not fit the network's input or labels.
     #[error("the data do not fit the network\n  {what}: the data give {data:?}, the network {network} expects {expected:?}\nhint: {hint}")]
-    DataMismatch { what: &'static str, network: String, data: Vec<usize>, expected: Vec<usize>, hint: String },
+    DataMismatch {
+        /// What does not fit (e.g. "batch shape", "labels").
+        what: &'static str,
+        /// The network's name.
+        network: String,
+        /// The shape the data give.
+        data: Vec<usize>,
+        /// The shape the network expects.
+        expected: Vec<usize>,
+        /// How to fix it.
+        hint: String,
+    },
 
+    /// Reading or writing a checkpoint file failed.
     #[error("checkpoint {}: {source}", path.display())]
-    Checkpoint { path: PathBuf, source: Box<CheckpointError> },
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The checkpoint crate's error.
+        source: Box<CheckpointError>,
+    },
 
+    /// The checkpoint lacks a parameter the network needs.
     #[error("checkpoint {} has no parameter {name}\n  the network needs {name} {shape:?}\nhint: the checkpoint was saved from another network; check --model and its sizes", path.display())]
-    InitMissing { path: PathBuf, name: String, shape: Vec<usize> },
+    InitMissing {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The parameter's name.
+        name: String,
+        /// The parameter's shape in the network.
+        shape: Vec<usize>,
+    },
 
+    /// A parameter in the checkpoint has another shape than the network's.
     #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes; check the model options (width, depth, classes, input shape)", path.display())]
-    InitShape { path: PathBuf, name: String, shape: Vec<usize>, got: Vec<usize> },
+    InitShape {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The parameter's name.
+        name: String,
+        /// The shape the network expects.
+        shape: Vec<usize>,
+        /// The shape in the checkpoint.
+        got: Vec<usize>,
+    },
 
+    /// The checkpoint to resume from is missing or does not record a training position.
     #[error("cannot resume from {}\n  {problem}\nhint: {hint}", path.display())]
-    Resume { path: PathBuf, problem: String, hint: String },
+    Resume {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What is wrong with it, in words.
+        problem: String,
+        /// How to fix it.
+        hint: String,
+    },
 
+    /// Writing a file (metrics, a loss curve) or creating a folder failed.
     #[error("cannot write {}: {source}\nhint: check that the folder exists and is writable", path.display())]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        /// The file or folder that was written.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
 
+    /// A rank of a run simulated in one process failed.
     #[error("rank {rank} failed: {source}")]
-    Rank { rank: usize, source: Box<TrainError> },
+    Rank {
+        /// The rank that failed, global.
+        rank: usize,
+        /// That rank's error.
+        source: Box<TrainError>,
+    },
 
+    /// The process was started by mpirun, but autopar was built without the `mpi` feature.
     #[error("this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev), then start it with mpirun or autopar launch")]
-    MpiNotBuilt { size: usize },
+    MpiNotBuilt {
+        /// The number of processes mpirun started.
+        size: usize,
+    },
 }
 
 impl From<DataError> for TrainError {

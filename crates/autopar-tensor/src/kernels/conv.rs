@@ -25,9 +25,13 @@ use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 /// Conv2D attributes. `padding` is `[top, bottom, left, right]` (MindSpore's `pad` list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Conv2dParams {
+    /// Stride along height and width.
     pub stride: [usize; 2],
+    /// Zero padding, `[top, bottom, left, right]`.
     pub padding: [usize; 4],
+    /// Dilation along height and width.
     pub dilation: [usize; 2],
+    /// Groups the input and output channels are split into (1: a dense convolution).
     pub groups: usize,
 }
 

@@ -11,9 +11,13 @@ use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 /// The four broadcasting arithmetic ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
+    /// `a / b`.
     Div,
 }
 
@@ -232,16 +236,24 @@ pub fn add_scalar(ctx: &ExecCtx, x: &Tensor, s: f64) -> Result<Tensor> {
 /// The unary activations and math functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `max(x, 0)`.
     Relu,
     /// GELU; `approximate` selects the tanh form (MindSpore's default) over the exact erf form.
     Gelu {
+        /// Whether to use the tanh approximation.
         approximate: bool,
     },
+    /// Hyperbolic tangent.
     Tanh,
+    /// `1 / (1 + exp(-x))`.
     Sigmoid,
+    /// `e^x`.
     Exp,
+    /// Natural logarithm.
     Log,
+    /// Square root.
     Sqrt,
+    /// `-x`.
     Neg,
 }
 
@@ -273,8 +285,11 @@ impl UnaryOp {
 /// What a unary backward reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Saved {
+    /// The forward input.
     Input,
+    /// The forward output.
     Output,
+    /// Only `dy`.
     Nothing,
 }
 

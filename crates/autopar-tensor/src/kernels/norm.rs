@@ -16,7 +16,9 @@ use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 /// What normalisation's backward needs from its forward: per-group mean and 1/sqrt(var + eps).
 #[derive(Debug, Clone)]
 pub struct NormSaved {
+    /// Mean per group (a channel for BatchNorm, a row for LayerNorm).
     pub mean: Tensor,
+    /// `1 / sqrt(var + eps)` per group.
     pub inv_std: Tensor,
 }
 
@@ -266,8 +268,11 @@ fn bn_backward_eval(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, saved: &NormSaved
 /// BatchNorm): `count` elements per channel in the whole batch, their mean and biased variance.
 #[derive(Debug, Clone)]
 pub struct BatchStats {
+    /// Mean per channel over the whole batch, `[C]`.
     pub mean: Tensor,
+    /// Biased variance per channel over the whole batch, `[C]`.
     pub var: Tensor,
+    /// Elements per channel in the whole batch.
     pub count: usize,
 }
 

@@ -9,8 +9,11 @@ use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 /// Pooling attributes. `padding` is `[top, bottom, left, right]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pool2dParams {
+    /// Window height and width.
     pub kernel: [usize; 2],
+    /// Stride along height and width.
     pub stride: [usize; 2],
+    /// Padding, `[top, bottom, left, right]`.
     pub padding: [usize; 4],
     /// AvgPool only: divide by the full window size (true) or by the count of real pixels.
     pub count_include_pad: bool,

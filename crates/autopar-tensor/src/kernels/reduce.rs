@@ -12,8 +12,11 @@ use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 /// Which reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The arithmetic mean.
     Mean,
+    /// The largest element.
     Max,
 }
 
