@@ -174,6 +174,20 @@ parallel_optimizer() {
 }
 check parallel_optimizer
 
+# The library examples under mpirun: one process per rank, each checked equal to stand-alone
+# (which rank 0 runs in process) by the example itself.
+echo "mpi-tests: building the autopar examples with --features mpi"
+cargo build -p autopar --features mpi --examples
+library_example() {
+    local n=$1 name=$2 out
+    echo "mpi-tests: mpirun -n $n examples/$name"
+    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" "${CARGO_TARGET_DIR:-target}/debug/examples/$name" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out"
+    grep -q "beside one device" <<<"$out"
+}
+check library_example 8 custom_network
+check library_example 4 pipeline_stages
+
 # global_rank is checked against the process's MPI rank, and `autopar launch` starts an MPI build.
 global_rank_mismatch() {
     local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" out rc=0

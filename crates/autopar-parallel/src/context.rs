@@ -72,8 +72,10 @@ pub enum ParallelMode {
 }
 
 impl ParallelMode {
+    /// Every mode's MindSpore name, as `parallel_mode` takes it.
     pub const NAMES: &'static [&'static str] = &["stand_alone", "data_parallel", "hybrid_parallel", "semi_auto_parallel", "auto_parallel"];
 
+    /// The mode's MindSpore name, e.g. "semi_auto_parallel".
     pub fn name(self) -> &'static str {
         match self {
             ParallelMode::StandAlone => "stand_alone",
@@ -84,6 +86,7 @@ impl ParallelMode {
         }
     }
 
+    /// The mode of a MindSpore name; `None` for any other text.
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "stand_alone" => ParallelMode::StandAlone,
@@ -110,15 +113,20 @@ impl fmt::Display for ParallelMode {
 /// Strategy search of `auto_parallel`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum SearchMode {
+    /// "recursive_programming": MindSpore's default, greedy binary cuts of every op without the cost graph.
     #[default]
     RecursiveProgramming,
+    /// "sharding_propagation": strategies spread from the ops that have one to their neighbours.
     ShardingPropagation,
+    /// "dynamic_programming": variable elimination over the cost graph.
     DynamicProgramming,
 }
 
 impl SearchMode {
+    /// Every search mode's MindSpore name, as `search_mode` takes it.
     pub const NAMES: &'static [&'static str] = &["recursive_programming", "sharding_propagation", "dynamic_programming"];
 
+    /// The search mode's MindSpore name, e.g. "dynamic_programming".
     pub fn name(self) -> &'static str {
         match self {
             SearchMode::RecursiveProgramming => "recursive_programming",
@@ -152,8 +160,10 @@ pub enum DatasetStrategy {
 /// Pipeline schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PipelineScheduler {
+    /// "1f1b": one forward, one backward, in turn once the pipeline is full (the default).
     #[default]
     OneFOneB,
+    /// "gpipe": every micro-batch's forward, then every backward.
     GPipe,
 }
 
@@ -170,13 +180,16 @@ impl PipelineScheduler {
 /// `pipeline_config`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PipelineConfig {
+    /// `pipeline_interleave`: several virtual stages per rank (not run yet).
     pub pipeline_interleave: bool,
+    /// `pipeline_scheduler`: the schedule of the micro-batches.
     pub pipeline_scheduler: PipelineScheduler,
 }
 
 /// `parallel_optimizer_config`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParallelOptimizerConfig {
+    /// Gradient accumulation reduce-scatters each micro-batch's gradients of sharded parameters, not their sum.
     pub gradient_accumulation_shard: bool,
     /// Parameters smaller than this many KB are not sharded.
     pub parallel_optimizer_threshold: u64,
@@ -207,9 +220,11 @@ pub enum FusionMode {
 pub struct f64Bits(u64);
 
 impl f64Bits {
+    /// The bits of `v`.
     pub fn new(v: f64) -> Self {
         Self(v.to_bits())
     }
+    /// The `f64` held.
     pub fn get(self) -> f64 {
         f64::from_bits(self.0)
     }
@@ -218,9 +233,13 @@ impl f64Bits {
 /// `comm_fusion`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CommFusion {
+    /// Whether fusion is on; `false` gives every parameter its own collective.
     pub openstate: bool,
+    /// Fusion of the gradient all-reduces.
     pub allreduce: FusionMode,
+    /// Fusion of the parallel optimizer's parameter all-gathers.
     pub allgather: FusionMode,
+    /// Fusion of the parallel optimizer's gradient reduce-scatters.
     pub reducescatter: FusionMode,
 }
 
@@ -250,6 +269,7 @@ pub struct SearchOptions {
     pub elementwise_op_strategy_follow: bool,
     /// MatMul slices' last two dimensions must be multiples of `tensor_slice_align_size`.
     pub tensor_slice_align_enable: bool,
+    /// The multiple `tensor_slice_align_enable` asks for, in elements.
     pub tensor_slice_align_size: usize,
 }
 
@@ -271,8 +291,11 @@ impl Default for SearchOptions {
 /// `strategy_ckpt_config`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StrategyCkptConfig {
+    /// The strategy file to load; empty for none.
     pub load_file: String,
+    /// The strategy file to save; empty for none.
     pub save_file: String,
+    /// The saved strategy file holds the layouts of trainable parameters only.
     pub only_trainable_params: bool,
 }
 
@@ -285,25 +308,45 @@ impl Default for StrategyCkptConfig {
 /// The parallel context of one job. `Default` is MindSpore's `reset_auto_parallel_context`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParallelContext {
+    /// The number of devices (ranks) of the job.
     pub device_num: usize,
+    /// This process's global rank, counted from 0.
     pub global_rank: usize,
+    /// Gradients are averaged over the data-parallel ranks, not summed.
     pub gradients_mean: bool,
+    /// Half-precision gradients are synchronised in f32 (semi_auto_parallel and auto_parallel).
     pub gradient_fp32_sync: bool,
+    /// The backward starts from 1/device_num instead of 1 (semi_auto_parallel and auto_parallel).
     pub loss_repeated_mean: bool,
+    /// How the model is spread over devices.
     pub parallel_mode: ParallelMode,
+    /// The strategy search of auto_parallel (`search_mode`, or `auto_parallel_search_mode`).
     pub search_mode: SearchMode,
+    /// Parameters are broadcast over their mirror groups before training.
     pub parameter_broadcast: bool,
+    /// How the dataset is split over ranks (`dataset_strategy`, or `full_batch`).
     pub dataset_strategy: DatasetStrategy,
+    /// The parallel optimizer: parameters and optimizer state sharded over their data-parallel ranks.
     pub enable_parallel_optimizer: bool,
+    /// Redistributions may use AllToAll.
     pub enable_alltoall: bool,
+    /// Half-precision values are communicated in f32.
     pub force_fp32_communication: bool,
+    /// The number of pipeline stages; 1 for no pipeline.
     pub pipeline_stages: usize,
+    /// The last stage broadcasts the pipeline's result to every stage (not supported yet).
     pub pipeline_result_broadcast: bool,
+    /// `pipeline_config`.
     pub pipeline_config: PipelineConfig,
+    /// `parallel_optimizer_config`.
     pub parallel_optimizer_config: ParallelOptimizerConfig,
+    /// `comm_fusion` (its all-reduce mode also set by `all_reduce_fusion_config`).
     pub comm_fusion: CommFusion,
+    /// `strategy_ckpt_config` (its files also set by `strategy_ckpt_load_file` and `strategy_ckpt_save_file`).
     pub strategy_ckpt_config: StrategyCkptConfig,
+    /// The group-info file each rank's communication groups are saved to (one file per rank beside it); empty for none.
     pub group_ckpt_save_file: String,
+    /// The strategy search's knobs (auto_parallel only).
     pub search: SearchOptions,
     /// Names set explicitly (for the mode checks of `validate`).
     explicit: BTreeSet<&'static str>,
@@ -372,6 +415,20 @@ impl ParallelContext {
     /// Back to MindSpore's defaults (`reset_auto_parallel_context`).
     pub fn reset(&mut self) {
         *self = Self::default();
+    }
+
+    /// MindSpore's defaults: stand_alone on one device.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// This context with option `name` set (MindSpore's `set_auto_parallel_context(name=value)`),
+    /// for chaining: `ParallelContext::new().with("parallel_mode", "semi_auto_parallel")?.with("device_num", 8)?`.
+    /// Values are what [`set`](Self::set) takes: strings, numbers, booleans, and JSON tables
+    /// (`serde_json::json!({"pipeline_scheduler": "1f1b"})`) for the nested options.
+    pub fn with(mut self, name: &str, value: impl Into<Value>) -> Result<Self> {
+        self.set(name, &value.into())?;
+        Ok(self)
     }
 
     /// The devices a job of this context runs on: 1 in stand_alone (whatever `device_num`

@@ -4,7 +4,7 @@
 //!
 //! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`], or, in a
 //! build with the `mpi` feature started by `mpirun`, one rank per process over `MpiComm` (one rank
-//! for stand_alone), each a [`RankTrainer`] of the [`ParallelJob`]: the same training step in
+//! for stand_alone), each running its rank of the [`ParallelJob`]: the same training step in
 //! every mode. The network is built for the global batch; each rank reads only the rows of
 //! every global batch its inputs' layouts give it (under the dataset strategy `data_parallel`
 //! its part of the batch, under `full_batch` all of it) and cuts its slices from them. The data
@@ -49,10 +49,15 @@ use crate::pipeline::PipelineJob;
 /// and scalar loss.
 #[derive(Clone, Debug)]
 pub struct Network {
+    /// The forward graph.
     pub graph: Graph,
+    /// The input node (the data's samples).
     pub x: NodeId,
+    /// The labels node.
     pub labels: NodeId,
+    /// The logits node, `[N, C]`.
     pub logits: NodeId,
+    /// The scalar loss node.
     pub loss: NodeId,
 }
 
@@ -66,16 +71,40 @@ pub type BuildNetwork = Arc<dyn Fn(usize, bool) -> Result<Network, BuildError> +
 /// A dataset and the transforms its samples go through.
 #[derive(Clone, Debug)]
 pub struct DataSource {
+    /// The samples.
     pub dataset: Arc<dyn Dataset>,
+    /// The transforms applied to every sample.
     pub transforms: Transforms,
+}
+
+impl DataSource {
+    /// `dataset` as it is, without transforms.
+    pub fn new(dataset: impl Dataset + 'static) -> Self {
+        Self { dataset: Arc::new(dataset), transforms: Transforms::new() }
+    }
 }
 
 /// The update rule.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OptimizerKind {
+    /// Stochastic gradient descent ([`Sgd`]).
     Sgd,
-    Momentum { momentum: f64, nesterov: bool },
-    AdamW { beta1: f64, beta2: f64, eps: f64 },
+    /// MindSpore's Momentum ([`Momentum`]).
+    Momentum {
+        /// The momentum coefficient.
+        momentum: f64,
+        /// Whether the update uses Nesterov momentum.
+        nesterov: bool,
+    },
+    /// Adam with decoupled weight decay ([`AdamW`]).
+    AdamW {
+        /// Decay rate of the first moment.
+        beta1: f64,
+        /// Decay rate of the second moment.
+        beta2: f64,
+        /// Term added to the denominator for numerical stability.
+        eps: f64,
+    },
 }
 
 impl OptimizerKind {
@@ -111,8 +140,11 @@ impl OptimizerKind {
 /// Optimizer, learning-rate schedule and weight decay.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimizerConfig {
+    /// The update rule and its hyperparameters.
     pub kind: OptimizerKind,
+    /// The learning rate by step.
     pub schedule: LrSchedule,
+    /// Weight decay (0: none).
     pub weight_decay: f64,
     /// Leave normalisation parameters (`gamma`, `beta`) out of weight decay.
     pub decay_except_norm: bool,
@@ -161,7 +193,9 @@ impl OptimizerConfig {
 /// The checkpoint callback's settings (MindSpore's `CheckpointConfig` + `ModelCheckpoint`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointConfig {
+    /// The folder checkpoints are written to (per-rank files under `rank_<k>/`).
     pub dir: PathBuf,
+    /// The start of every checkpoint's file name (`<prefix>-<step>.safetensors`).
     pub prefix: String,
     /// Save every this many steps (0: only at the end).
     pub every_steps: u64,
@@ -190,11 +224,15 @@ pub struct TrainConfig {
     /// `pipeline_config.pipeline_scheduler`; otherwise they run one after the other (gradient
     /// accumulation: the same update as the whole batch, but for BatchNorm's statistics).
     pub micro_batches: usize,
+    /// Seed of the data shuffle and the random augmentations.
     pub seed: u64,
+    /// Whether the data is shuffled every epoch.
     pub shuffle: bool,
     /// Batches prepared ahead per rank (0: none).
     pub prefetch: usize,
+    /// Optimizer, learning-rate schedule and weight decay.
     pub optimizer: OptimizerConfig,
+    /// The parallel settings (MindSpore's `set_auto_parallel_context`).
     pub parallel: ParallelContext,
     /// Checkpoints (None: none).
     pub checkpoint: Option<CheckpointConfig>,
@@ -238,10 +276,13 @@ impl Default for TrainConfig {
 /// Accuracy and mean loss over an evaluation set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalResult {
+    /// The fraction of predictions whose largest logit is the label's class (0 to 1).
     pub accuracy: f64,
+    /// Mean loss per sample.
     pub loss: f64,
     /// Predictions scored (samples, or token positions for a language model).
     pub predictions: usize,
+    /// Samples evaluated.
     pub samples: usize,
 }
 
@@ -252,9 +293,11 @@ pub struct TrainReport {
     pub first_step: u64,
     /// The step it ended at.
     pub last_step: u64,
+    /// Steps in one epoch.
     pub steps_per_epoch: u64,
     /// Loss of every step run (global; rank 0's view).
     pub losses: Vec<f64>,
+    /// Wall time of rank 0's training loop, in seconds.
     pub wall_secs: f64,
     /// Global samples per second over the run.
     pub samples_per_sec: f64,
@@ -262,8 +305,11 @@ pub struct TrainReport {
     pub params: ParamStore,
     /// Checkpoint files rank 0 wrote (the others wrote theirs beside).
     pub checkpoints: Vec<PathBuf>,
+    /// The strategy file written beside the checkpoints (None: none was written).
     pub strategy_file: Option<PathBuf>,
+    /// Ranks of the job.
     pub device_num: usize,
+    /// The run's parallel mode.
     pub mode: ParallelMode,
     /// Entries of the `init` checkpoint that are not parameters of this network (optimizer
     /// state, counters), which were not loaded.
@@ -271,11 +317,14 @@ pub struct TrainReport {
 }
 
 /// Trains one network on one dataset.
+#[derive(Clone)]
 pub struct Trainer {
     name: String,
     build: BuildNetwork,
     train: DataSource,
     cfg: TrainConfig,
+    /// Ranks as threads of this process even when started by mpirun.
+    in_process: bool,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -387,9 +436,18 @@ struct Plan<'a> {
 impl Trainer {
     /// A trainer of the network `build` makes (named `name` in messages) on `train`.
     pub fn new(name: impl Into<String>, build: BuildNetwork, train: DataSource, cfg: TrainConfig) -> Self {
-        Self { name: name.into(), build, train, cfg }
+        Self { name: name.into(), build, train, cfg, in_process: false }
     }
 
+    /// Runs every rank as a thread of this process, even in a process started by `mpirun`
+    /// (which otherwise runs one rank per process): e.g. a stand-alone reference run beside an
+    /// MPI job.
+    pub fn in_process(mut self) -> Self {
+        self.in_process = true;
+        self
+    }
+
+    /// The run's configuration.
     pub fn config(&self) -> &TrainConfig {
         &self.cfg
     }
@@ -436,22 +494,9 @@ impl Trainer {
         Ok(DataLoader::new(self.train.dataset.clone(), self.train.transforms.clone(), cfg)?)
     }
 
-    /// Runs the training; `callbacks` run on rank 0 after every step.
-    pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
+    /// The network for the micro-batch, its inputs, and the job planned for it.
+    fn plan_job(&self) -> TrainResult<(Network, Io, Job)> {
         let cfg = &self.cfg;
-        let n = self.devices();
-        let mode = cfg.parallel.parallel_mode;
-        if cfg.batch_size == 0 {
-            return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
-        }
-        let mpi = autopar_comm::launch::mpi_world_size();
-        #[cfg(not(feature = "mpi"))]
-        if let Some(size) = mpi {
-            return Err(TrainError::MpiNotBuilt { size });
-        }
-        if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
-            return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
-        }
         let micro = self.micro_batch_size()?;
         let net = self.network(micro, true)?;
         let graph = net.graph.clone();
@@ -475,6 +520,35 @@ impl Trainer {
         } else {
             Job::Plain(ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?)
         };
+        Ok((net, io, job))
+    }
+
+    /// The strategy file of this job, planned but not trained: what a run writes as
+    /// `strategy.json` beside its checkpoints (every parameter, frozen ones included, and the
+    /// optimizer state), e.g. the destination strategy of [`autopar_checkpoint::transform_checkpoints`]
+    /// for checkpoints this job will load. A pipeline gives the merged file of its stages.
+    pub fn strategy_file(&self) -> TrainResult<StrategyFile> {
+        let (_, _, job) = self.plan_job()?;
+        Ok(job.strategy_file(false, &|name: &str| self.cfg.optimizer.state_keys(name)))
+    }
+
+    /// Runs the training; `callbacks` run on rank 0 after every step.
+    pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
+        let cfg = &self.cfg;
+        let n = self.devices();
+        let mode = cfg.parallel.parallel_mode;
+        if cfg.batch_size == 0 {
+            return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
+        }
+        let mpi = autopar_comm::launch::mpi_world_size().filter(|_| !self.in_process);
+        #[cfg(not(feature = "mpi"))]
+        if let Some(size) = mpi {
+            return Err(TrainError::MpiNotBuilt { size });
+        }
+        if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
+            return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
+        }
+        let (_, io, job) = self.plan_job()?;
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
         if let Some(init) = &cfg.init {

@@ -11,49 +11,91 @@ use serde::Deserialize;
 #[derive(Deserialize, Debug, Default)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// `--model` (see `autopar train --help`).
     pub model: Option<String>,
+    /// `--data` (see `autopar train --help`).
     pub data: Option<String>,
+    /// `--epochs` (see `autopar train --help`).
     pub epochs: Option<u64>,
+    /// `--steps` (see `autopar train --help`).
     pub steps: Option<u64>,
+    /// `--batch-size` (see `autopar train --help`).
     pub batch_size: Option<usize>,
+    /// `--micro-batches` (see `autopar train --help`).
     pub micro_batches: Option<usize>,
+    /// `--grad-accumulation` (see `autopar train --help`).
     pub grad_accumulation: Option<usize>,
+    /// `--seed` (see `autopar train --help`).
     pub seed: Option<u64>,
+    /// `--shuffle` (see `autopar train --help`).
     pub shuffle: Option<bool>,
+    /// `--synthetic-samples` (see `autopar train --help`).
     pub synthetic_samples: Option<usize>,
+    /// `--prefetch` (see `autopar train --help`).
     pub prefetch: Option<usize>,
+    /// `--optimizer` (see `autopar train --help`).
     pub optimizer: Option<String>,
+    /// `--lr` (see `autopar train --help`).
     pub lr: Option<f64>,
+    /// `--schedule` (see `autopar train --help`).
     pub schedule: Option<String>,
+    /// `--warmup-steps` (see `autopar train --help`).
     pub warmup_steps: Option<u64>,
+    /// `--min-lr` (see `autopar train --help`).
     pub min_lr: Option<f64>,
+    /// `--momentum` (see `autopar train --help`).
     pub momentum: Option<f64>,
+    /// `--weight-decay` (see `autopar train --help`).
     pub weight_decay: Option<f64>,
+    /// `--clip-grad-norm` (see `autopar train --help`).
     pub clip_grad_norm: Option<f64>,
+    /// `--width` (see `autopar train --help`).
     pub width: Option<usize>,
+    /// `--depth` (see `autopar train --help`).
     pub depth: Option<usize>,
+    /// `--heads` (see `autopar train --help`).
     pub heads: Option<usize>,
+    /// `--num-classes` (see `autopar train --help`).
     pub num_classes: Option<usize>,
+    /// `--input-shape` (see `autopar train --help`).
     pub input_shape: Option<serde_json::Value>,
+    /// `--stem` (see `autopar train --help`).
     pub stem: Option<String>,
+    /// `--checkpoint-dir` (see `autopar train --help`).
     pub checkpoint_dir: Option<PathBuf>,
+    /// `--checkpoint-every` (see `autopar train --help`).
     pub checkpoint_every: Option<u64>,
+    /// `--keep-checkpoint-max` (see `autopar train --help`).
     pub keep_checkpoint_max: Option<usize>,
+    /// `--checkpoint-prefix` (see `autopar train --help`).
     pub checkpoint_prefix: Option<String>,
+    /// `--init` (see `autopar train --help`).
     pub init: Option<PathBuf>,
+    /// `--init-strategy` (see `autopar train --help`).
     pub init_strategy: Option<PathBuf>,
+    /// `--resume` (see `autopar train --help`).
     pub resume: Option<PathBuf>,
+    /// `--metrics` (see `autopar train --help`).
     pub metrics: Option<PathBuf>,
+    /// `--plot` (see `autopar train --help`).
     pub plot: Option<bool>,
+    /// `--log-every` (see `autopar train --help`).
     pub log_every: Option<u64>,
+    /// `--eval` (see `autopar train --help`).
     pub eval: Option<bool>,
+    /// `--eval-batch-size` (see `autopar train --help`).
     pub eval_batch_size: Option<usize>,
+    /// `--devices` (see `autopar train --help`).
     pub devices: Option<usize>,
+    /// `--parallel-mode` (see `autopar train --help`).
     pub parallel_mode: Option<String>,
+    /// `--strategy` (see `autopar train --help`).
     pub strategy: Option<PathBuf>,
+    /// The `[parallel]` table: `set_auto_parallel_context` options by name, as `--parallel KEY=VALUE`.
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+/// A TOML item as the JSON value `ParallelContext::set` takes (None for an empty item).
 pub fn toml_to_json(item: &toml_edit::Item) -> Option<serde_json::Value> {
     use serde_json::Value;
     match item {

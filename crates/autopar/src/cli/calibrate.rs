@@ -15,6 +15,7 @@ use autopar_parallel::search::{DeviceProfile, Link};
 use autopar_tensor::{ExecCtx, Tensor};
 use clap::Args;
 
+/// The flags of `autopar calibrate`.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     autopar calibrate --out machine.toml\n  \
@@ -43,6 +44,7 @@ fn median(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(t[t.len() / 2])
 }
 
+/// Runs `autopar calibrate`: measures this machine and writes (or prints) its device profile.
 pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
     if args.max_ranks < 2 || !args.max_ranks.is_power_of_two() {
         bail!("invalid --max-ranks {}: a power of two, at least 2, is expected\nhint: pass --max-ranks 8", args.max_ranks);

@@ -14,6 +14,7 @@ use autopar_checkpoint::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::json;
 
+/// The subcommands of `autopar ckpt`.
 #[derive(Args, Debug)]
 pub struct CkptArgs {
     #[command(subcommand)]
@@ -167,6 +168,7 @@ enum Kind {
     Group,
 }
 
+/// Runs an `autopar ckpt` subcommand.
 pub fn run(args: CkptArgs) -> Result<ExitCode> {
     match args.command {
         CkptCommand::Redundancy { layout, initial_rank, world_size, json } => {

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use autopar_comm::launch::{mpirun_args, mpirun_command, LaunchSpec};
 use clap::Args;
 
+/// The flags of `autopar launch`.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     autopar launch -n 4 -- autopar train --config gpt.toml\n  \
@@ -86,6 +87,7 @@ fn version_of(program: &OsString, limit: Duration) -> Option<String> {
     Some(out)
 }
 
+/// Runs `autopar launch`: starts the command under mpirun.
 pub fn run(args: LaunchArgs) -> Result<ExitCode> {
     if args.ranks == 0 {
         bail!("invalid number of ranks: 0\nhint: pass -n N with N >= 1, e.g. autopar launch -n 4 -- <command>");

@@ -8,6 +8,7 @@ use autopar_layout::mindspore::parse_usize_list;
 use autopar_layout::{plan, strategy_layouts, DevMatrixRule, Strategy, TensorLayout, TensorMap};
 use clap::{Args, ValueEnum};
 
+/// The flags of `autopar layout`.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     autopar layout --dev-matrix 2,4 --tensor-map -1,0 --shape 64,128\n  \
@@ -72,6 +73,7 @@ enum OpFamily {
     Elementwise,
 }
 
+/// Runs `autopar layout`: prints slices, layouts or a redistribution plan.
 pub fn run(args: LayoutArgs) -> Result<ExitCode> {
     if let Some(strategy) = &args.strategy {
         return run_strategy(&args, strategy);

@@ -29,6 +29,7 @@ pub const VERSION: &str =
 #[derive(Parser, Debug)]
 #[command(name = "autopar", version = VERSION, about, long_about = None, propagate_version = true)]
 pub struct Cli {
+    /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
     /// Log what autopar does on stderr: -v what was planned and each rank's milestones, -vv every
@@ -37,6 +38,7 @@ pub struct Cli {
     pub verbose: u8,
 }
 
+/// The subcommands of `autopar`.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Show how a tensor is split: each rank's slice and replica group, or a strategy's layouts,

@@ -17,6 +17,7 @@ use clap::Args;
 
 use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
 
+/// The flags of `autopar plan`.
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     autopar plan --model gpt --depth 32 --width 1024 --heads 16 --devices 4096\n  \
@@ -61,6 +62,7 @@ pub struct PlanArgs {
     compare: bool,
 }
 
+/// Runs `autopar plan`: writes the plan report to `out`.
 pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
     let ctx = parallel_context(&args.parallel, &file)?;

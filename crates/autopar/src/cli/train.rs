@@ -11,15 +11,15 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
-use autopar_models::{model_by_name, Mode, Model};
-use autopar_parallel::ParallelContext;
+use autopar_models::{model_by_name, Model};
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
-use autopar_runtime::trainer::{BuildError, BuildNetwork, CheckpointConfig, DataSource, Network, OptimizerConfig, TrainResult, Trainer};
+use autopar_runtime::trainer::{CheckpointConfig, DataSource, OptimizerConfig, TrainResult, Trainer};
 use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
+use crate::verify;
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
 #[derive(Args, Debug, Default)]
@@ -103,7 +103,7 @@ pub struct TrainArgs {
     #[arg(long, help_heading = "Checkpoints")]
     checkpoint_prefix: Option<String>,
     /// Load parameters by name before training: a checkpoint file, or a folder of per-rank
-    /// checkpoints (rank_<k>/...) saved under any strategy and device count (see --init-strategy)
+    /// checkpoints (folders rank_0, rank_1, ...) saved under any strategy and device count (see --init-strategy)
     #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
     init: Option<PathBuf>,
     /// The strategy file the per-rank --init checkpoints were saved under
@@ -218,6 +218,7 @@ impl Write for BarStdout {
     }
 }
 
+/// Runs `autopar train`: the summary goes to `out`, step lines to stdout (stderr with `--json`).
 pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
@@ -290,14 +291,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     };
     let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
 
-    let build: BuildNetwork = {
-        let model = model.clone();
-        Arc::new(move |batch, train| {
-            let mode = if train { Mode::Train } else { Mode::Eval };
-            let (graph, m) = model.build_graph(batch, mode, seed).map_err(|e| Box::new(e) as BuildError)?;
-            Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
-        })
-    };
+    let build = crate::model_network(model.clone(), seed);
 
     // The optimizer.
     let lr = pick!(s, lr).unwrap_or(0.01);
@@ -456,7 +450,12 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         (None, true) => Some(None),
         (_, false) => None,
     };
-    let verify = if s.args.verify { Some(verify_against_stand_alone(&cfg, &name, build, train, &report)?) } else { None };
+    let verify = if s.args.verify {
+        let reference = verify::stand_alone(&trainer).context("the stand_alone reference run of --verify")?;
+        Some(verify::compare(&report, &reference).context("--verify")?)
+    } else {
+        None
+    };
     if !report.init_ignored.is_empty() {
         eprintln!(
             "--init: {} entr{} of the checkpoint are not parameters of this network and were not loaded: {}",
@@ -465,7 +464,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             report.init_ignored.join(", ")
         );
     }
-    let mismatch = verify.as_ref().is_some_and(|v| !v.ok());
+    let mismatch = verify.as_ref().is_some_and(|v| !v.within(verify::RTOL));
     let plot_path = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
     if json {
         let eval_json = match &eval {
@@ -502,7 +501,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             "verify": verify.as_ref().map(|v| serde_json::json!({
                 "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
                 "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
-                "tolerance": VERIFY_RTOL, "ok": v.ok(),
+                "tolerance": verify::RTOL, "ok": v.within(verify::RTOL),
             })),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&summary).map_err(|e| anyhow!("cannot print the summary as JSON: {e}"))?)?;
@@ -542,78 +541,11 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         writeln!(out)?;
     }
     if let Some(v) = &verify {
-        writeln!(
-            out,
-            "  verify: beside stand_alone on the same data, largest loss difference {:.3e} (relative {:.3e}), largest parameter difference {:.3e} (relative {:.3e} to the tensor's largest value, {})",
-            v.loss_diff, v.loss_rel, v.param_diff, v.param_rel, v.param
-        )?;
+        writeln!(out, "  verify: beside stand_alone on the same data, {v}")?;
         if mismatch {
-            writeln!(out, "  verify: MISMATCH above a relative {VERIFY_RTOL:e}")?;
+            writeln!(out, "  verify: MISMATCH above a relative {:e}", verify::RTOL)?;
             return Ok(ExitCode::from(1));
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What `--verify` found beside the stand-alone run.
-struct Verified {
-    loss_diff: f64,
-    loss_rel: f64,
-    param_diff: f64,
-    param_rel: f64,
-    param: String,
-}
-
-impl Verified {
-    fn ok(&self) -> bool {
-        self.loss_rel <= VERIFY_RTOL && self.param_rel <= VERIFY_RTOL
-    }
-}
-
-/// Train stand_alone on the same data and compare losses and final parameters with `report`.
-fn verify_against_stand_alone(
-    cfg: &TrainConfig,
-    name: &str,
-    build: BuildNetwork,
-    train: DataSource,
-    report: &autopar_runtime::trainer::TrainReport,
-) -> Result<Verified> {
-    let mut alone = cfg.clone();
-    // The same micro-batches one after the other on one device: equal to the whole batch,
-    // and for BatchNorm models (statistics per micro-batch) the right reference.
-    alone.parallel = ParallelContext::default();
-    alone.checkpoint = None;
-    alone.resume = None;
-    let reference =
-        Trainer::new(name.to_string(), build, train, alone).fit(Vec::new()).context("the stand_alone reference run of --verify")?;
-    let (loss_diff, loss_rel) = largest_difference(report.losses.iter().copied().zip(reference.losses.iter().copied()));
-    let mut worst = (0.0f64, 0.0f64, String::new());
-    for (pname, want) in reference.params.iter() {
-        let got = report.params.get(pname).ok_or_else(|| anyhow!("--verify: parameter {pname} is missing from the parallel run"))?;
-        let want = want.to_f64_vec();
-        // Relative to the tensor's largest value, but not below VERIFY_FLOOR: a tensor whose
-        // gradient is zero in exact arithmetic (a key bias under softmax) holds rounding
-        // noise of 1e-12 whose differences say nothing.
-        let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(VERIFY_FLOOR);
-        let d = got.to_f64_vec().iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-        let r = d / scale;
-        if r > worst.1 || (r == worst.1 && d > worst.0) {
-            worst = (d, r, pname.clone());
-        }
-    }
-    Ok(Verified { loss_diff, loss_rel, param_diff: worst.0, param_rel: worst.1, param: worst.2 })
-}
-
-/// Tolerance of `--verify` (float sums in another order drift over long runs).
-const VERIFY_RTOL: f64 = 1e-3;
-/// The smallest scale a parameter's differences are measured against in `--verify`.
-const VERIFY_FLOOR: f64 = 1e-6;
-
-/// Largest absolute difference of the pairs, and the largest relative one (against the
-/// reference, with a floor of 1e-6 near zero).
-fn largest_difference(pairs: impl Iterator<Item = (f64, f64)>) -> (f64, f64) {
-    pairs.fold((0.0f64, 0.0f64), |(d, r), (a, b)| {
-        let diff = (a - b).abs();
-        (d.max(diff), r.max(diff / b.abs().max(1e-6)))
-    })
 }
