@@ -174,3 +174,38 @@ pub fn optimizer_kind(name: &str, momentum: f64) -> Result<OptimizerKind> {
     OptimizerKind::by_name(name, momentum)
         .ok_or_else(|| anyhow!("unknown optimizer {name:?}\n  valid optimizers: {}\nhint: pass --optimizer momentum", OptimizerKind::NAMES))
 }
+
+/// A spinner on stderr for a long step without a known length (planning a large graph), with
+/// the step's name and the elapsed time; drawn only on a terminal, cleared when dropped.
+pub struct Spinner(indicatif::ProgressBar);
+
+impl Spinner {
+    /// Starts the spinner with `msg`.
+    pub fn start(msg: impl Into<String>) -> Self {
+        use std::io::IsTerminal;
+        let target = if std::io::stderr().is_terminal() && std::env::var_os("AUTOPAR_PROGRESS").is_none_or(|v| v != "0") {
+            indicatif::ProgressDrawTarget::stderr()
+        } else {
+            indicatif::ProgressDrawTarget::hidden()
+        };
+        let bar = indicatif::ProgressBar::with_draw_target(None, target);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.set_message(msg.into());
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        Self(bar)
+    }
+
+    /// Names the next step.
+    pub fn step(&self, msg: impl Into<String>) {
+        self.0.set_message(msg.into());
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}

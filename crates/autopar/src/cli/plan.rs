@@ -12,10 +12,10 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
 use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport};
-use autopar_parallel::{compare_searches, plan_job, rank_program, PlanRequest, RankCost};
+use autopar_parallel::{compare_searches, plan_job, rank_program, ParallelMode, PlanRequest, RankCost};
 use clap::Args;
 
-use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs};
+use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs, Spinner};
 
 /// The flags of `autopar plan`.
 #[derive(Args, Debug)]
@@ -94,8 +94,11 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
     }
     let started = Instant::now();
+    let spinner = Spinner::start(format!("building {} for batch {batch}", model.name()));
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
+    let what = format!("{} ops on {n} devices", graph.len());
     if args.compare {
+        spinner.step(format!("planning {what} with every search"));
         let req =
             PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
         let rows = compare_searches(&req)?;
@@ -113,6 +116,10 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    spinner.step(match ctx.parallel_mode {
+        ParallelMode::AutoParallel => format!("planning {what}: {}", ctx.search_mode.name()),
+        mode => format!("planning {what}: {}", mode.name()),
+    });
     let plan = plan_job(&PlanRequest {
         graph: &graph,
         loss: Some(m.loss),
@@ -120,9 +127,11 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         strategy_file: items.as_ref(),
         profile: profile.as_ref(),
     })?;
+    spinner.step(format!("rank {rank}'s program"));
     let program = rank_program(&plan, rank)?;
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();
+    drop(spinner);
 
     if let Some(path) = &args.svg {
         let svg = split_svg(&plan, 4);
@@ -180,7 +189,9 @@ fn plan_pipeline_job(
         bail!("--micro-batches {m} does not divide the batch size {batch}\nhint: pick --batch-size a multiple of --micro-batches");
     }
     let started = Instant::now();
+    let spinner = Spinner::start(format!("building {} for micro-batch {}", model.name(), batch / m));
     let (graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
+    spinner.step(format!("planning {} ops in {} stages on {} devices", graph.len(), ctx.pipeline_stages, ctx.devices()));
     let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile: None };
     let pp = autopar_parallel::pipeline::plan_pipeline(&req, m)?;
     let report = autopar_parallel::pipeline::pipeline_report(&pp)?;
@@ -188,6 +199,7 @@ fn plan_pipeline_job(
     let program = rank_program(&pp.plan, position)?;
     let cost = RankCost::of(&program, slots)?;
     let seconds = started.elapsed().as_secs_f64();
+    drop(spinner);
     if let Some(path) = &args.svg {
         autopar_data::write_atomic(path, report.svg().as_bytes())
             .with_context(|| format!("cannot write {}\nhint: check that the folder exists and is writable", path.display()))?;
