@@ -95,6 +95,34 @@ fn assert_pieces(dir: &Path, fmt: Format, params: &[(&Param, &PLayout, u32)], wh
     }
 }
 
+/// Writes `params` under layouts `la` (random format and strategy format), transforms A -> B
+/// (checking B's pieces) and B -> A, and asserts every rank's tensors came back bit for bit.
+fn assert_round_trip(rng: &mut Rng, what: &str, params: &[Param], la: &[PLayout], lb: &[PLayout]) {
+    let a: Vec<_> = params.iter().zip(la).map(|(p, l)| (p, l, 0)).collect();
+    let b: Vec<_> = params.iter().zip(lb).map(|(p, l)| (p, l, 0)).collect();
+    let na: usize = la[0].dev.iter().product();
+    let fa = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
+    let fb = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
+    let tmp = tempfile::tempdir().unwrap();
+    let sa = write_strategy(tmp.path(), "a", &a, rng.below(2) == 0);
+    let sb = write_strategy(tmp.path(), "b", &b, rng.below(2) == 0);
+    write_ranks(&tmp.path().join("a"), fa.extension(), &a, &[]);
+    transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(fb, 1 + rng.below(3)))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_pieces(&tmp.path().join("b"), fb, &b, what);
+    transform_checkpoints(&tmp.path().join("b"), &tmp.path().join("a2"), Some(&sb), Some(&sa), &opts(fa, 2))
+        .unwrap_or_else(|e| panic!("{what}: B -> A: {e}"));
+    for r in 0..na {
+        let orig = CheckpointFile::open(tmp.path().join(format!("a/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
+        let back = CheckpointFile::open(tmp.path().join(format!("a2/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
+        for p in params {
+            let (o, bk) = (orig.get(&p.name).unwrap(), back.get(&p.name).unwrap());
+            assert_eq!((o.dtype, &o.shape), (bk.dtype, &bk.shape), "{what}: rank {r} {} after A -> B -> A", p.name);
+            assert!(orig.read(&p.name).unwrap() == back.read(&p.name).unwrap(), "{what}: rank {r} {} after A -> B -> A", p.name);
+        }
+    }
+}
+
 #[test]
 fn a_to_b_to_a_round_trips_are_bit_exact_over_random_layouts_and_device_counts() {
     for case in 0..24u64 {
@@ -103,27 +131,8 @@ fn a_to_b_to_a_round_trips_are_bit_exact_over_random_layouts_and_device_counts()
         let (na, nb) = (1 << rng.below(4), 1 << rng.below(4));
         let la: Vec<PLayout> = params.iter().map(|p| random_layout(&mut rng, na, p.shape.len(), true)).collect();
         let lb: Vec<PLayout> = params.iter().map(|p| random_layout(&mut rng, nb, p.shape.len(), true)).collect();
-        let a: Vec<_> = params.iter().zip(&la).map(|(p, l)| (p, l, 0)).collect();
-        let b: Vec<_> = params.iter().zip(&lb).map(|(p, l)| (p, l, 0)).collect();
-        let fa = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
-        let fb = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
         let what = format!("case {case}: A {:?} -> B {:?}", la, lb);
-        let tmp = tempfile::tempdir().unwrap();
-        let sa = write_strategy(tmp.path(), "a", &a, rng.below(2) == 0);
-        let sb = write_strategy(tmp.path(), "b", &b, rng.below(2) == 0);
-        write_ranks(&tmp.path().join("a"), fa.extension(), &a, &[]);
-        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(fb, 1 + rng.below(3)))
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_pieces(&tmp.path().join("b"), fb, &b, &what);
-        transform_checkpoints(&tmp.path().join("b"), &tmp.path().join("a2"), Some(&sb), Some(&sa), &opts(fa, 2))
-            .unwrap_or_else(|e| panic!("{what}: B -> A: {e}"));
-        for r in 0..na {
-            let orig = CheckpointFile::open(tmp.path().join(format!("a/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
-            let back = CheckpointFile::open(tmp.path().join(format!("a2/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
-            for p in &params {
-                assert!(orig.read(&p.name).unwrap() == back.read(&p.name).unwrap(), "{what}: rank {r} {} after A -> B -> A", p.name);
-            }
-        }
+        assert_round_trip(&mut rng, &what, &params, &la, &lb);
     }
 }
 
@@ -167,30 +176,9 @@ fn a_to_b_to_a_round_trips_are_bit_exact_up_to_64_devices_and_every_dtype() {
         let (na, nb) = (1usize << rng.below(7), 1usize << rng.below(7));
         let la: Vec<PLayout> = params.iter().map(|p| random_valid_layout(&mut rng, na, &p.shape, true)).collect();
         let lb: Vec<PLayout> = params.iter().map(|p| random_valid_layout(&mut rng, nb, &p.shape, true)).collect();
-        let a: Vec<_> = params.iter().zip(&la).map(|(p, l)| (p, l, 0)).collect();
-        let b: Vec<_> = params.iter().zip(&lb).map(|(p, l)| (p, l, 0)).collect();
-        let fa = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
-        let fb = if rng.below(2) == 0 { Format::Ckpt } else { Format::Safetensors };
         let what =
             format!("case {case}: {na} -> {nb} devices, {:?}, A {la:?} -> B {lb:?}", params.iter().map(|p| p.dtype).collect::<Vec<_>>());
-        let tmp = tempfile::tempdir().unwrap();
-        let sa = write_strategy(tmp.path(), "a", &a, rng.below(2) == 0);
-        let sb = write_strategy(tmp.path(), "b", &b, rng.below(2) == 0);
-        write_ranks(&tmp.path().join("a"), fa.extension(), &a, &[]);
-        transform_checkpoints(&tmp.path().join("a"), &tmp.path().join("b"), Some(&sa), Some(&sb), &opts(fb, 1 + rng.below(3)))
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_pieces(&tmp.path().join("b"), fb, &b, &what);
-        transform_checkpoints(&tmp.path().join("b"), &tmp.path().join("a2"), Some(&sb), Some(&sa), &opts(fa, 2))
-            .unwrap_or_else(|e| panic!("{what}: B -> A: {e}"));
-        for r in 0..na {
-            let orig = CheckpointFile::open(tmp.path().join(format!("a/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
-            let back = CheckpointFile::open(tmp.path().join(format!("a2/rank_{r}/net_{r}.{}", fa.extension()))).unwrap();
-            for p in &params {
-                let (o, bk) = (orig.get(&p.name).unwrap(), back.get(&p.name).unwrap());
-                assert_eq!((o.dtype, &o.shape), (bk.dtype, &bk.shape), "{what}: rank {r} {} after A -> B -> A", p.name);
-                assert!(orig.read(&p.name).unwrap() == back.read(&p.name).unwrap(), "{what}: rank {r} {} after A -> B -> A", p.name);
-            }
-        }
+        assert_round_trip(&mut rng, &what, &params, &la, &lb);
     }
 }
 
