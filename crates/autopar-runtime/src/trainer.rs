@@ -494,8 +494,8 @@ impl Trainer {
         Ok(DataLoader::new(self.train.dataset.clone(), self.train.transforms.clone(), cfg)?)
     }
 
-    /// The network for the micro-batch, its inputs, and the job planned for it.
-    fn plan_job(&self) -> TrainResult<(Network, Io, Job)> {
+    /// The inputs of the network built for the micro-batch, and the job planned for it.
+    fn plan_job(&self) -> TrainResult<(Io, Job)> {
         let cfg = &self.cfg;
         let micro = self.micro_batch_size()?;
         let net = self.network(micro, true)?;
@@ -520,7 +520,7 @@ impl Trainer {
         } else {
             Job::Plain(ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?)
         };
-        Ok((net, io, job))
+        Ok((io, job))
     }
 
     /// The strategy file of this job, planned but not trained: what a run writes as
@@ -528,7 +528,7 @@ impl Trainer {
     /// optimizer state), e.g. the destination strategy of [`autopar_checkpoint::transform_checkpoints`]
     /// for checkpoints this job will load. A pipeline gives the merged file of its stages.
     pub fn strategy_file(&self) -> TrainResult<StrategyFile> {
-        let (_, _, job) = self.plan_job()?;
+        let (_, job) = self.plan_job()?;
         Ok(job.strategy_file(false, &|name: &str| self.cfg.optimizer.state_keys(name)))
     }
 
@@ -548,7 +548,7 @@ impl Trainer {
         if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
             return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
         }
-        let (_, io, job) = self.plan_job()?;
+        let (io, job) = self.plan_job()?;
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
         if let Some(init) = &cfg.init {
