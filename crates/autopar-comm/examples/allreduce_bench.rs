@@ -157,7 +157,7 @@ mod raw_mpi {
         raw.all_reduce_into(send, recv, SystemOperation::sum());
     }
 
-    /// MPI_Allreduce in place through the mpi crate's bindings: the call MpiComm makes, bare.
+    /// MPI_Allreduce in place through the mpi crate's bindings (MPI picks the reduction order).
     pub fn all_reduce_in_place(raw: &SimpleCommunicator, buf: &mut [f32]) {
         // SAFETY: `buf` is valid for `buf.len()` f32; an in-place sum over the communicator.
         let rc = unsafe {
@@ -182,8 +182,9 @@ fn mpi_mode() {
         let n = comm.size();
         if comm.rank() == 0 {
             println!("all-reduce (f32 sum) on {n} MPI processes; median of {REPS} blocks of each, interleaved in rotating order");
-            println!("raw_ip = MPI_Allreduce(MPI_IN_PLACE) through the mpi crate's bindings (the call MpiComm makes);");
-            println!("raw_oop = MPI_Allreduce with separate send/recv buffers through the mpi crate's safe API; comm = MpiComm (in place)");
+            println!("raw_ip = MPI_Allreduce(MPI_IN_PLACE) through the mpi crate's bindings (MPI's own reduction order);");
+            println!("raw_oop = MPI_Allreduce with separate send/recv buffers through the mpi crate's safe API;");
+            println!("comm = MpiComm: all-to-all, a rank-order fold of each chunk, all-gather (LocalComm's bits)");
             println!(
                 "{:>8} {:>5} {:>13} {:>13} {:>13} {:>13} {:>13} {:>9}",
                 "size", "ranks", "raw_oop_us", "raw_ip_us", "raw_ip_GB/s", "comm_us", "comm_bus_GB/s", "comm/raw"

@@ -5,10 +5,10 @@
 //! Every rank can compute every other rank's input (inputs are a hash of rank, index and a
 //! salt), so each rank checks its own result without extra communication. Inputs are
 //! multiples of 1/8 (and for products a few small values), so sums and products are exact in
-//! every element type's accumulator and the expected results hold for any reduction order:
-//! the same suite runs on [`crate::LocalComm`] and under `mpirun` on `MpiComm`.
-//! `LocalComm`'s stronger promise (bit-identical to the rank-order fold for arbitrary inputs)
-//! is tested on its own.
+//! every element type's accumulator and those checks hold for any reduction order. Then sums and
+//! means of arbitrary values (any exponent, rounding at every step) check the stronger promise
+//! every backend keeps: the bits of the rank-order fold [`reduce_serial`], so a run gives the
+//! same numbers on [`crate::LocalComm`] and under `mpirun` on `MpiComm`.
 
 use half::{bf16, f16};
 
@@ -25,6 +25,11 @@ pub const LENGTHS: [usize; 4] = [1, 3, 37, 2053];
 trait Sample: Element {
     /// k / 8 for floats, k for integers.
     fn from_k(k: i64) -> Self;
+    /// An arbitrary value from a hash: for floats any sign, mantissa and an exponent in
+    /// [-8, 8], so sums round and their order shows in the bits.
+    fn rough(h: u64) -> Self {
+        Self::from_k((h % 1_000_003) as i64 - 500_001)
+    }
 }
 
 macro_rules! float_sample {
@@ -32,6 +37,10 @@ macro_rules! float_sample {
         impl Sample for $t {
             fn from_k(k: i64) -> Self {
                 $conv(k as f64 / 8.0)
+            }
+            fn rough(h: u64) -> Self {
+                let unit = (h >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+                $conv(unit * f64::powi(2.0, (h % 17) as i32 - 8))
             }
         }
     };
@@ -130,6 +139,25 @@ fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
                 .collect();
             cx.expect(|| format!("reduce_scatter {op} {dt} block {block} on {n} ranks"), &recv, &want)?;
         }
+    }
+    // Arbitrary values: every backend gives the rank-order fold's bits.
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        for len in LENGTHS {
+            let salt = cx.next_salt();
+            let rough = |r: usize, i: usize| T::rough(mix(salt, r, i));
+            let mut buf: Vec<T> = (0..len).map(|i| rough(me, i)).collect();
+            comm.all_reduce((&mut buf).into(), op)?;
+            let want: Vec<T> = (0..len).map(|i| reduce_serial(&(0..n).map(|r| rough(r, i)).collect::<Vec<_>>(), op)).collect();
+            cx.expect(|| format!("all_reduce {op} {dt} x {len} of arbitrary values on {n} ranks (rank-order bits)"), &buf, &want)?;
+        }
+        let block = 37;
+        let salt = cx.next_salt();
+        let rough = |r: usize, i: usize| T::rough(mix(salt, r, i));
+        let send: Vec<T> = (0..block * n).map(|i| rough(me, i)).collect();
+        let mut recv = vec![T::from_k(0); block];
+        comm.reduce_scatter((&send).into(), (&mut recv).into(), op)?;
+        let want: Vec<T> = (0..block).map(|i| reduce_serial(&(0..n).map(|r| rough(r, me * block + i)).collect::<Vec<_>>(), op)).collect();
+        cx.expect(|| format!("reduce_scatter {op} {dt} block {block} of arbitrary values on {n} ranks (rank-order bits)"), &recv, &want)?;
     }
     // all_gather
     for len in [1, 3, 37] {

@@ -31,8 +31,9 @@
 //! * **One reduction semantics** ([`dtype`]): f16/bf16 combine in f32 and round once; integers
 //!   wrap; mean = sum / group size; NaN propagates through max/min. [`reduce_serial`] is that
 //!   definition, used by the backends' tests as the serial reference.
-//! * **Bit-reproducible in-process runs.** `LocalComm` reduces in rank order
-//!   `((x0 + x1) + x2) + ...` whatever the chunking, so a run repeats exactly.
+//! * **Bit-reproducible runs, on either backend.** Both backends reduce in rank order
+//!   `((x0 + x1) + x2) + ...` with one kernel, whatever the chunking, so a run repeats exactly
+//!   and a checkpoint saved in process continues under `mpirun` (and back) bit for bit.
 //! * **No hangs.** `LocalComm` poisons the whole world when a rank panics, errs, times out or
 //!   finds a peer gone, and wakes every waiter; [`LocalComm::run`] returns the first failure
 //!   with its rank. Under MPI, `MpiComm::run` prints the failing rank's message and calls
@@ -55,6 +56,7 @@ pub mod comm;
 pub mod conformance;
 pub mod dtype;
 pub mod error;
+mod fold;
 pub mod launch;
 pub mod local;
 pub mod metered;

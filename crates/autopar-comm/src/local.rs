@@ -32,11 +32,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use half::{bf16, f16};
-
 use crate::comm::{groups_hash, validate_groups, Check, Communicator};
-use crate::dtype::{Buf, BufMut, DType, Element, ReduceOp};
+use crate::dtype::{Buf, BufMut, DType, ReduceOp};
 use crate::error::{CallDesc, CommError, Result};
+use crate::fold::fold;
 
 /// Options of a group of in-process ranks.
 #[derive(Clone, Debug)]
@@ -65,9 +64,6 @@ impl LocalOptions {
 const POLL: Duration = Duration::from_millis(100);
 const SPINS: u32 = 100;
 const YIELDS: u32 = 50;
-/// Elements reduced per step: every source's values for them are loaded into registers, combined
-/// in rank order and stored into every destination (64 bytes of f32: one cache line).
-const LANES: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -490,115 +486,6 @@ impl LocalComm {
     }
 }
 
-/// Reduce `srcs[..]` (all of one element type, rank order) over `range` and write the result
-/// into every buffer of `dsts`.
-///
-/// # Safety
-/// Every pointer must be valid for `range` of type `T`; no one else reads or writes those
-/// ranges of `srcs` or `dsts` meanwhile (a `dst` may equal a `src`: each piece is read from all
-/// sources before it is written).
-#[inline(always)]
-unsafe fn reduce_typed<T: Element>(srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
-    match op {
-        ReduceOp::Sum => reduce_with::<T, _>(srcs, dsts, range, false, T::add),
-        ReduceOp::Mean => reduce_with::<T, _>(srcs, dsts, range, true, T::add),
-        ReduceOp::Prod => reduce_with::<T, _>(srcs, dsts, range, false, T::mul),
-        ReduceOp::Max => reduce_with::<T, _>(srcs, dsts, range, false, T::max),
-        ReduceOp::Min => reduce_with::<T, _>(srcs, dsts, range, false, T::min),
-    }
-}
-
-/// Load `LANES` elements at `ptr[at..]`, widened to the accumulator type.
-#[inline(always)]
-unsafe fn load<T: Element>(ptr: *const u8, at: usize) -> [T::Acc; LANES] {
-    std::ptr::read_unaligned((ptr as *const T).add(at) as *const [T; LANES]).map(T::widen)
-}
-
-/// Reduce `LANES` elements at `at` of every source, in rank order, and store them into every
-/// destination. All loads happen before the first store, so a destination may be a source.
-#[inline(always)]
-unsafe fn reduce_lanes<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(srcs: &[*const u8], dsts: &[*mut u8], at: usize, mean: bool, f: &F) {
-    let mut acc = load::<T>(srcs[0], at);
-    for &s in &srcs[1..] {
-        let x = load::<T>(s, at);
-        for (a, x) in acc.iter_mut().zip(x) {
-            *a = f(*a, x);
-        }
-    }
-    if mean {
-        for a in acc.iter_mut() {
-            *a = T::div(*a, srcs.len());
-        }
-    }
-    let out = acc.map(T::narrow);
-    for &d in dsts {
-        std::ptr::write_unaligned((d as *mut T).add(at) as *mut [T; LANES], out);
-    }
-}
-
-/// The scalar form of [`reduce_lanes`], for the tail of a range.
-#[inline(always)]
-unsafe fn reduce_one<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(srcs: &[*const u8], dsts: &[*mut u8], at: usize, mean: bool, f: &F) {
-    let get = |s: *const u8| (s as *const T).add(at).read_unaligned().widen();
-    let mut acc = get(srcs[0]);
-    for &s in &srcs[1..] {
-        acc = f(acc, get(s));
-    }
-    if mean {
-        acc = T::div(acc, srcs.len());
-    }
-    for &d in dsts {
-        (d as *mut T).add(at).write_unaligned(T::narrow(acc));
-    }
-}
-
-#[inline(always)]
-unsafe fn reduce_with<T: Element, F: Fn(T::Acc, T::Acc) -> T::Acc>(
-    srcs: &[*const u8],
-    dsts: &[*mut u8],
-    range: Range<usize>,
-    mean: bool,
-    f: F,
-) {
-    let mut at = range.start;
-    while at + LANES <= range.end {
-        reduce_lanes::<T, F>(srcs, dsts, at, mean, &f);
-        at += LANES;
-    }
-    for at in at..range.end {
-        reduce_one::<T, F>(srcs, dsts, at, mean, &f);
-    }
-}
-
-#[inline(always)]
-unsafe fn reduce_any(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
-    match dtype {
-        DType::F16 => reduce_typed::<f16>(srcs, dsts, range, op),
-        DType::BF16 => reduce_typed::<bf16>(srcs, dsts, range, op),
-        DType::F32 => reduce_typed::<f32>(srcs, dsts, range, op),
-        DType::F64 => reduce_typed::<f64>(srcs, dsts, range, op),
-        DType::I32 => reduce_typed::<i32>(srcs, dsts, range, op),
-        DType::I64 => reduce_typed::<i64>(srcs, dsts, range, op),
-    }
-}
-
-/// [`reduce_any`] compiled for 256-bit vectors. Lane-wise operations give the same bits at any
-/// vector width, so this changes speed only.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn reduce_any_avx2(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
-    reduce_any(dtype, srcs, dsts, range, op)
-}
-
-/// Reduce with the widest vectors this CPU has (see [`reduce_typed`] for the contract).
-unsafe fn reduce_dyn(dtype: DType, srcs: &[*const u8], dsts: &[*mut u8], range: Range<usize>, op: ReduceOp) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        return reduce_any_avx2(dtype, srcs, dsts, range, op);
-    }
-    reduce_any(dtype, srcs, dsts, range, op)
-}
-
 impl Communicator for LocalComm {
     fn rank(&self) -> usize {
         self.rank
@@ -631,7 +518,7 @@ impl Communicator for LocalComm {
         let dsts: Vec<*mut u8> = slots.iter().map(|s| s.recv).collect();
         // SAFETY: every peer is blocked in this call until barrier B; chunk `rank` of every
         // buffer is read and written by this rank only (reduced once, then written to all).
-        unsafe { reduce_dyn(dtype, &srcs, &dsts, chunk_range(len, n, self.rank, es), op) };
+        unsafe { fold(dtype, &srcs, &dsts, chunk_range(len, n, self.rank, es), op) };
         self.done(&desc);
         Ok(())
     }
@@ -673,7 +560,7 @@ impl Communicator for LocalComm {
         let off = self.rank * block * dtype.size();
         // SAFETY: send buffers are read-only for everyone until barrier B; `recv` is ours.
         let srcs: Vec<*const u8> = slots.iter().map(|s| unsafe { s.send.add(off) }).collect();
-        unsafe { reduce_dyn(dtype, &srcs, &[out], 0..block, op) };
+        unsafe { fold(dtype, &srcs, &[out], 0..block, op) };
         self.done(&desc);
         Ok(())
     }

@@ -3,11 +3,13 @@
 //! * Rank and size come from MPI; sub-groups are `MPI_Comm_split` of the parent (color = index
 //!   of the group, key = position in it). Ranks first check with one small all-reduce that they
 //!   all passed the same group lists.
-//! * Collectives call MPI directly on the caller's buffers: all-reduce is in place
-//!   (`MPI_IN_PLACE`, exported by a small C shim because its value differs between MPI
-//!   implementations), so it costs what a raw `MPI_Allreduce` costs. f16 and bf16 move as 16-bit
-//!   words; they are reduced by widening to f32, reducing in f32 and rounding once, as
-//!   [`crate::LocalComm`] does.
+//! * Collectives call MPI directly on the caller's buffers. Reductions give
+//!   [`crate::LocalComm`]'s bits for any input: rank j receives every rank's copy of chunk j
+//!   (`MPI_Alltoallv`), folds them in rank order with the kernel `LocalComm` uses (f16 and bf16
+//!   in f32, rounded once) and the chunks go back to all (`MPI_Allgatherv`, in place through
+//!   `MPI_IN_PLACE`, exported by a small C shim because its value differs between MPI
+//!   implementations). That is a ring all-reduce's traffic, and a run resumed across backends
+//!   continues bit for bit.
 //! * Failures end the job: MPI's default error handler aborts on any MPI error (with MPI's
 //!   message), and [`MpiComm::run`] turns an error or panic of the rank's work into
 //!   `autopar[rank]: message` on stderr and `MPI_Abort`, which stops every process of the job.
@@ -15,19 +17,20 @@
 //!   thread (one call at a time per communicator: `MpiComm` is `Send`, not `Sync`).
 
 use std::fmt;
+use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use half::{bf16, f16};
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 
 use crate::comm::{groups_hash, validate_groups, Check, Communicator};
-use crate::dtype::{Buf, BufMut, DType, Element, ReduceOp};
+use crate::dtype::{Buf, BufMut, DType, ReduceOp};
 use crate::error::{CommError, Result};
+use crate::fold::fold;
 
 extern "C" {
     fn autopar_mpi_in_place() -> *mut c_void;
@@ -75,53 +78,11 @@ fn datatype(d: DType) -> ffi::MPI_Datatype {
     }
 }
 
-fn mpi_op(op: ReduceOp) -> ffi::MPI_Op {
-    // SAFETY: predefined handles.
-    unsafe {
-        match op {
-            ReduceOp::Sum | ReduceOp::Mean => ffi::RSMPI_SUM,
-            ReduceOp::Prod => ffi::RSMPI_PROD,
-            ReduceOp::Max => ffi::RSMPI_MAX,
-            ReduceOp::Min => ffi::RSMPI_MIN,
-        }
-    }
-}
-
-fn divide<T: Element>(s: &mut [T], n: usize) {
-    for x in s {
-        *x = T::narrow(T::div(x.widen(), n));
-    }
-}
-
-fn divide_buf(buf: &mut BufMut<'_>, n: usize) {
-    match buf {
-        BufMut::F16(s) => divide(s, n),
-        BufMut::BF16(s) => divide(s, n),
-        BufMut::F32(s) => divide(s, n),
-        BufMut::F64(s) => divide(s, n),
-        BufMut::I32(s) => divide(s, n),
-        BufMut::I64(s) => divide(s, n),
-    }
-}
-
-fn widen16(buf: &Buf<'_>) -> Vec<f32> {
-    match buf {
-        Buf::F16(s) => s.iter().map(|x| x.to_f32()).collect(),
-        Buf::BF16(s) => s.iter().map(|x| x.to_f32()).collect(),
-        _ => unreachable!("widen16 is called for 16-bit floats only"),
-    }
-}
-
-fn narrow16(src: &[f32], dst: &mut BufMut<'_>) {
-    match dst {
-        BufMut::F16(d) => d.iter_mut().zip(src).for_each(|(o, &x)| *o = f16::from_f32(x)),
-        BufMut::BF16(d) => d.iter_mut().zip(src).for_each(|(o, &x)| *o = bf16::from_f32(x)),
-        _ => unreachable!("narrow16 is called for 16-bit floats only"),
-    }
-}
-
-fn is16(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16)
+/// Chunk `i` of `len` elements over `n` ranks.
+fn chunk(len: usize, n: usize, i: usize) -> Range<usize> {
+    let per = len.div_ceil(n);
+    let start = (i * per).min(len);
+    start..(start + per).min(len)
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -218,22 +179,6 @@ impl MpiComm {
         }
         Ok(())
     }
-
-    fn all_reduce_f32(&self, v: &mut [f32], op: ReduceOp) -> Result<()> {
-        let count = self.count("all_reduce", v.len())?;
-        // SAFETY: `v` is valid for `count` f32; in-place all-reduce.
-        let rc = unsafe {
-            ffi::MPI_Allreduce(
-                autopar_mpi_in_place(),
-                v.as_mut_ptr() as *mut c_void,
-                count,
-                ffi::RSMPI_FLOAT,
-                mpi_op(op),
-                self.comm.as_raw(),
-            )
-        };
-        self.rc("all_reduce", rc)
-    }
 }
 
 impl Communicator for MpiComm {
@@ -254,33 +199,58 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        let dtype = buf.dtype();
-        if is16(dtype) {
-            let mut wide = widen16(&buf.as_buf());
-            self.all_reduce_f32(&mut wide, op)?;
-            if op == ReduceOp::Mean {
-                divide(&mut wide, self.size);
-            }
-            narrow16(&wide, &mut buf);
+        let (n, len, dtype) = (self.size, buf.len(), buf.dtype());
+        self.count("all_reduce", len)?;
+        if n == 1 {
             return Ok(());
         }
-        let count = self.count("all_reduce", buf.len())?;
-        // SAFETY: `buf` is valid for `count` elements of `dtype`; in-place all-reduce.
+        // Rank j owns chunk j: every rank's copy of it comes to j (all-to-all), j folds them in
+        // rank order, and the folded chunks go to everyone (all-gather): a ring all-reduce's
+        // traffic, and LocalComm's bits.
+        let chunks: Vec<Range<usize>> = (0..n).map(|j| chunk(len, n, j)).collect();
+        let counts: Vec<c_int> = chunks.iter().map(|r| r.len() as c_int).collect();
+        let displs: Vec<c_int> = chunks.iter().map(|r| r.start as c_int).collect();
+        let mine = chunks[self.rank].clone();
+        let (m, es) = (mine.len(), dtype.size());
+        // Never empty: an empty Vec<u8>'s dangling pointer is 0x1, OpenMPI's MPI_IN_PLACE.
+        let mut copies = vec![0u8; (n * m * es).max(es)];
+        let recv_counts = vec![m as c_int; n];
+        let recv_displs: Vec<c_int> = (0..n).map(|k| (k * m) as c_int).collect();
+        let dt = datatype(dtype);
+        // SAFETY: counts and displacements lie within `buf` (len elements) and `copies`
+        // (n * m elements); every rank computes the same chunks.
         let rc = unsafe {
-            ffi::MPI_Allreduce(
-                autopar_mpi_in_place(),
-                buf.as_mut_ptr() as *mut c_void,
-                count,
-                datatype(dtype),
-                mpi_op(op),
+            ffi::MPI_Alltoallv(
+                buf.as_mut_ptr() as *const c_void,
+                counts.as_ptr(),
+                displs.as_ptr(),
+                dt,
+                copies.as_mut_ptr() as *mut c_void,
+                recv_counts.as_ptr(),
+                recv_displs.as_ptr(),
+                dt,
                 self.comm.as_raw(),
             )
         };
         self.rc("all_reduce", rc)?;
-        if op == ReduceOp::Mean {
-            divide_buf(&mut buf, self.size);
-        }
-        Ok(())
+        let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
+        // SAFETY: each source holds m elements of `dtype`; the destination is this rank's
+        // chunk of `buf`, which nothing else touches until the all-gather below.
+        unsafe { fold(dtype, &srcs, &[buf.as_mut_ptr().add(mine.start * es)], 0..m, op) };
+        // SAFETY: in place: this rank's chunk is already at its displacement in `buf`.
+        let rc = unsafe {
+            ffi::MPI_Allgatherv(
+                autopar_mpi_in_place(),
+                0,
+                dt,
+                buf.as_mut_ptr() as *mut c_void,
+                counts.as_ptr(),
+                displs.as_ptr(),
+                dt,
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("all_reduce", rc)
     }
 
     fn all_gather(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
@@ -307,44 +277,20 @@ impl Communicator for MpiComm {
         c.same_dtype(&send, &recv)?;
         c.len("send buffer", send.len(), recv.len() * self.size, "reduce_scatter sends one block per rank: send = recv x group size")?;
         self.count("reduce_scatter", send.len())?;
-        let count = self.count("reduce_scatter", recv.len())?;
-        let dtype = send.dtype();
-        if is16(dtype) {
-            let wide_send = widen16(&send);
-            let mut wide_recv = vec![0f32; recv.len()];
-            // SAFETY: lengths checked above.
-            let rc = unsafe {
-                ffi::MPI_Reduce_scatter_block(
-                    wide_send.as_ptr() as *const c_void,
-                    wide_recv.as_mut_ptr() as *mut c_void,
-                    count,
-                    ffi::RSMPI_FLOAT,
-                    mpi_op(op),
-                    self.comm.as_raw(),
-                )
-            };
-            self.rc("reduce_scatter", rc)?;
-            if op == ReduceOp::Mean {
-                divide(&mut wide_recv, self.size);
-            }
-            narrow16(&wide_recv, &mut recv);
-            return Ok(());
-        }
+        let block = self.count("reduce_scatter", recv.len())?;
+        let (n, m, dtype) = (self.size, recv.len(), send.dtype());
+        let es = dtype.size();
+        // Block j of every rank comes to rank j, which folds them in rank order (as LocalComm).
+        let mut copies = vec![0u8; (n * m * es).max(es)];
+        let dt = datatype(dtype);
         // SAFETY: lengths checked above.
         let rc = unsafe {
-            ffi::MPI_Reduce_scatter_block(
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                count,
-                datatype(dtype),
-                mpi_op(op),
-                self.comm.as_raw(),
-            )
+            ffi::MPI_Alltoall(send.as_ptr() as *const c_void, block, dt, copies.as_mut_ptr() as *mut c_void, block, dt, self.comm.as_raw())
         };
         self.rc("reduce_scatter", rc)?;
-        if op == ReduceOp::Mean {
-            divide_buf(&mut recv, self.size);
-        }
+        let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
+        // SAFETY: each source holds m elements of `dtype`, and so does `recv`.
+        unsafe { fold(dtype, &srcs, &[recv.as_mut_ptr()], 0..m, op) };
         Ok(())
     }
 
