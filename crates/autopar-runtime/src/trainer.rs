@@ -973,7 +973,10 @@ impl Trainer {
                 let dt = (now - last).as_secs_f64();
                 last = now;
                 tracing::debug!(rank, step, loss, lr, ms = dt * 1e3, "step");
-                losses.push(loss);
+                if rank == 0 {
+                    // Only rank 0's losses reach the report: other ranks keep no history.
+                    losses.push(loss);
+                }
                 let event = StepEvent {
                     step,
                     epoch: epoch + 1,

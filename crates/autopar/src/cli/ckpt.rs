@@ -250,7 +250,15 @@ pub fn run(args: CkptArgs) -> Result<ExitCode> {
 }
 
 fn options(c: &CommonArgs, format: Format, prefix: String, jobs: usize) -> TransformOptions {
-    TransformOptions { format, prefix, jobs, strict: c.strict, progress: true, crc: c.crc, verify_crc: !c.no_verify_crc }
+    TransformOptions {
+        format,
+        prefix,
+        jobs,
+        strict: c.strict,
+        progress: super::common::progress_enabled(),
+        crc: c.crc,
+        verify_crc: !c.no_verify_crc,
+    }
 }
 
 fn print_report(r: &TransformReport, secs: f64, as_json: bool) {

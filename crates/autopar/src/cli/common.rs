@@ -175,6 +175,13 @@ pub fn optimizer_kind(name: &str, momentum: f64) -> Result<OptimizerKind> {
         .ok_or_else(|| anyhow!("unknown optimizer {name:?}\n  valid optimizers: {}\nhint: pass --optimizer momentum", OptimizerKind::NAMES))
 }
 
+/// Whether progress bars and spinners are drawn: only on a terminal, and not with
+/// `AUTOPAR_PROGRESS=0`.
+pub fn progress_enabled() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("AUTOPAR_PROGRESS").is_none_or(|v| v != "0")
+}
+
 /// A spinner on stderr for a long step without a known length (planning a large graph), with
 /// the step's name and the elapsed time; drawn only on a terminal, cleared when dropped.
 pub struct Spinner(indicatif::ProgressBar);
@@ -182,12 +189,7 @@ pub struct Spinner(indicatif::ProgressBar);
 impl Spinner {
     /// Starts the spinner with `msg`.
     pub fn start(msg: impl Into<String>) -> Self {
-        use std::io::IsTerminal;
-        let target = if std::io::stderr().is_terminal() && std::env::var_os("AUTOPAR_PROGRESS").is_none_or(|v| v != "0") {
-            indicatif::ProgressDrawTarget::stderr()
-        } else {
-            indicatif::ProgressDrawTarget::hidden()
-        };
+        let target = if progress_enabled() { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() };
         let bar = indicatif::ProgressBar::with_draw_target(None, target);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")

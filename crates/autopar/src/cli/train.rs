@@ -4,7 +4,7 @@
 //! plus a `[parallel]` table of `set_auto_parallel_context` options); flags given on the
 //! command line override the file. Unknown keys are errors.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -183,6 +183,47 @@ impl Callback for Progress {
         self.bar.finish_and_clear();
         Ok(())
     }
+}
+
+/// This process's memory at one step: peak and current resident set (Linux `/proc/self/status`
+/// `VmHWM` / `VmRSS`), in bytes.
+#[derive(Clone, Copy, Debug)]
+struct MemorySample {
+    step: u64,
+    peak_rss: u64,
+    rss: u64,
+}
+
+/// `VmHWM` and `VmRSS` of this process in bytes; `None` where `/proc` does not exist.
+fn resident_memory() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|kb| kb * 1024)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}
+
+/// Samples the memory of the process every `every` steps and at the last step, so a long run
+/// shows whether memory stays flat (the summary prints the first and last samples).
+struct MemoryProbe {
+    every: u64,
+    samples: Arc<std::sync::Mutex<Vec<MemorySample>>>,
+}
+
+impl Callback for MemoryProbe {
+    fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
+        if e.step.is_multiple_of(self.every) || e.step == e.total_steps {
+            if let Some((peak_rss, rss)) = resident_memory() {
+                self.samples.lock().unwrap_or_else(|p| p.into_inner()).push(MemorySample { step: e.step, peak_rss, rss });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Stdout lines that do not tear the progress bar (stderr lines with `--json`, whose stdout is
@@ -389,7 +430,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let json = s.args.json;
 
     // Callbacks (rank 0).
-    let show_bar = std::io::stderr().is_terminal();
+    let show_bar = super::common::progress_enabled();
     let bar = show_bar.then(|| {
         let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         b.set_style(
@@ -415,6 +456,11 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if let Some(b) = &bar {
         callbacks.push(Box::new(Progress { bar: b.clone() }));
     }
+    // Memory at every checkpoint (else at every log line) and at the end.
+    let memory = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
+    let probe_every = if probe_every > 0 { probe_every } else { log_every.max(1) };
+    callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone() }));
 
     let parallel = &trainer.config().parallel;
     let mode_desc = match (parallel.pipeline_stages, cfg.micro_batches) {
@@ -466,6 +512,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let mismatch = verify.as_ref().is_some_and(|v| !v.within(verify::RTOL));
     let plot_path = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
+    let memory: Vec<MemorySample> = memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if json {
         let eval_json = match &eval {
             Some(Some(e)) => {
@@ -498,6 +545,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             "metrics": metrics.as_ref().map(|p| p.display().to_string()),
             "plot": plot_path.as_ref().map(|p| p.display().to_string()),
             "init_ignored": report.init_ignored,
+            "memory": memory.iter().map(|m| serde_json::json!({"step": m.step, "peak_rss_bytes": m.peak_rss, "rss_bytes": m.rss})).collect::<Vec<_>>(),
             "verify": verify.as_ref().map(|v| serde_json::json!({
                 "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
                 "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
@@ -526,6 +574,20 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         )?,
         Some(None) => writeln!(out, "  eval: skipped (the data have no test split)")?,
         None => {}
+    }
+    match (memory.first(), memory.last()) {
+        (Some(a), Some(b)) if a.step != b.step => writeln!(
+            out,
+            "  memory: peak RSS {:.1} MiB at step {}, {:.1} MiB at step {} (resident {:.1} -> {:.1} MiB)",
+            mib(a.peak_rss),
+            a.step,
+            mib(b.peak_rss),
+            b.step,
+            mib(a.rss),
+            mib(b.rss)
+        )?,
+        (Some(a), _) => writeln!(out, "  memory: peak RSS {:.1} MiB at step {}", mib(a.peak_rss), a.step)?,
+        _ => {}
     }
     if let Some(last) = report.checkpoints.last() {
         writeln!(out, "  checkpoint: {}", last.display())?;
