@@ -156,6 +156,55 @@ resume_anywhere() {
 }
 check resume_anywhere
 
+# The long run of crates/autopar/tests/long_run.rs across backends: 8 in-process devices run
+# 5,000 steps (a checkpoint every 500); that run stopped at a random checkpoint continues under
+# mpirun -n 8, and the MPI run stopped at a later random checkpoint continues in process. Every
+# checkpoint written after each stop equals the uninterrupted run's, byte for byte (both
+# backends reduce in rank order).
+long_run_across_backends() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" dir k1 k2 r s out
+    dir=$(mktemp -d)
+    cat >"$dir/strategy8.json" <<'JSON'
+{"current_stage": 2, "parallel_strategy_item": {
+  "MatMul_fc1.weight": {"stage": 0, "parallel_strategy": [[2, 1], [4, 1]]},
+  "MatMul_fc2.weight": {"stage": 0, "parallel_strategy": [[2, 4], [1, 4]]}},
+  "parallel_layout_item": {}}
+JSON
+    local args=(train --model mlp --width 32 --data synthetic --synthetic-samples 2048 --batch-size 32 --devices 8
+        --strategy "$dir/strategy8.json" --optimizer adamw --lr 0.003 --schedule cosine --warmup-steps 100 --steps 5000
+        --checkpoint-every 500 --keep-checkpoint-max 0 --log-every 0 --eval false)
+    k1=$(((RANDOM % 8 + 1) * 500))
+    k2=$((k1 + (RANDOM % ((4500 - k1) / 500) + 1) * 500))
+    echo "mpi-tests: 8 devices x 5000 steps in process; stopped at step $k1, resumed by mpirun -n 8; stopped at $k2, resumed in process"
+    # The checkpoints of run $1 up to step $3, as a run stopped there left them, in folder $2.
+    stopped_at() {
+        for r in 0 1 2 3 4 5 6 7; do
+            mkdir -p "$2/rank_$r"
+            for s in $(seq 500 500 "$3"); do cp "$1/rank_$r/mlp-${s}_$r.safetensors" "$2/rank_$r/"; done
+        done
+        cp "$1/strategy.json" "$2/"
+    }
+    # Every checkpoint of run $1 after step $2 equals the uninterrupted run's.
+    same_after() {
+        for s in $(seq $(($2 + 500)) 500 5000); do
+            for r in 0 1 2 3 4 5 6 7; do
+                cmp "$dir/whole/rank_$r/mlp-${s}_$r.safetensors" "$1/rank_$r/mlp-${s}_$r.safetensors" || return 1
+            done
+        done
+    }
+    out=$("$bin" "${args[@]}" --checkpoint-dir "$dir/whole" 2>&1) || { echo "$out" >&2; return 1; }
+    grep -E "^  memory" <<<"$out"
+    stopped_at "$dir/whole" "$dir/mpi" "$k1"
+    out=$(timeout 600 mpirun -n 8 "${flags[@]}" "$bin" "${args[@]}" --checkpoint-dir "$dir/mpi" --resume "$dir/mpi" 2>&1) || { echo "$out" >&2; return 1; }
+    grep -q "step $k1 to 5000" <<<"$out" || { echo "$out" >&2; return 1; }
+    same_after "$dir/mpi" "$k1" || return 1
+    stopped_at "$dir/mpi" "$dir/local" "$k2"
+    out=$("$bin" "${args[@]}" --checkpoint-dir "$dir/local" --resume "$dir/local" 2>&1) || { echo "$out" >&2; return 1; }
+    grep -q "step $k2 to 5000" <<<"$out" || { echo "$out" >&2; return 1; }
+    same_after "$dir/local" "$k2"
+}
+check long_run_across_backends
+
 # The parallel optimizer under mpirun -n 4 (semi_auto, shards over part of each replica group,
 # AdamW): the same losses, evaluation and group-info files as 4 in-process devices.
 parallel_optimizer() {
