@@ -16,6 +16,7 @@
 //! * MPI is initialized requesting `MPI_THREAD_MULTIPLE`, so communicators may be used from any
 //!   thread (one call at a time per communicator: `MpiComm` is `Send`, not `Sync`).
 
+use std::cell::RefCell;
 use std::fmt;
 use std::ops::Range;
 use std::os::raw::{c_int, c_void};
@@ -49,6 +50,9 @@ pub struct MpiComm {
     size: usize,
     world_ranks: Vec<usize>,
     env: Arc<Env>,
+    /// Every rank's copy of this rank's chunk during a reduction, kept between calls so that a
+    /// step's gradient all-reduces do not allocate (and page-fault) a fresh buffer each.
+    scratch: RefCell<Vec<u8>>,
 }
 
 // SAFETY: MPI is initialized with MPI_THREAD_MULTIPLE (see `threading`); an MpiComm is used by
@@ -121,7 +125,14 @@ impl MpiComm {
             .ok_or_else(|| mpi_err("MPI is already initialized in this process (MpiComm::init may be called once)"))?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Ok(MpiComm { comm: world, rank, size, world_ranks: (0..size).collect(), env: Arc::new(Env { _universe: universe, threading }) })
+        Ok(MpiComm {
+            comm: world,
+            rank,
+            size,
+            world_ranks: (0..size).collect(),
+            env: Arc::new(Env { _universe: universe, threading }),
+            scratch: RefCell::default(),
+        })
     }
 
     /// Initialize MPI, run `f` on this process's rank and return its result. When `f` returns
@@ -173,6 +184,16 @@ impl MpiComm {
         c_int::try_from(len).map_err(|_| CommError::TooLarge { op, rank: self.world_rank(), len, max: c_int::MAX as usize })
     }
 
+    /// The scratch buffer, at least `bytes` long (and never empty: an empty `Vec<u8>`'s
+    /// dangling pointer is 0x1, which is OpenMPI's `MPI_IN_PLACE`).
+    fn scratch(&self, bytes: usize) -> std::cell::RefMut<'_, Vec<u8>> {
+        let mut s = self.scratch.borrow_mut();
+        if s.len() < bytes.max(1) {
+            s.resize(bytes.max(1), 0);
+        }
+        s
+    }
+
     fn rc(&self, op: &'static str, rc: c_int) -> Result<()> {
         if rc != 0 {
             return Err(mpi_err(format!("{op} on rank {} returned MPI error code {rc}", self.world_rank())));
@@ -212,8 +233,7 @@ impl Communicator for MpiComm {
         let displs: Vec<c_int> = chunks.iter().map(|r| r.start as c_int).collect();
         let mine = chunks[self.rank].clone();
         let (m, es) = (mine.len(), dtype.size());
-        // Never empty: an empty Vec<u8>'s dangling pointer is 0x1, OpenMPI's MPI_IN_PLACE.
-        let mut copies = vec![0u8; (n * m * es).max(es)];
+        let mut copies = self.scratch(n * m * es);
         let recv_counts = vec![m as c_int; n];
         let recv_displs: Vec<c_int> = (0..n).map(|k| (k * m) as c_int).collect();
         let dt = datatype(dtype);
@@ -281,7 +301,7 @@ impl Communicator for MpiComm {
         let (n, m, dtype) = (self.size, recv.len(), send.dtype());
         let es = dtype.size();
         // Block j of every rank comes to rank j, which folds them in rank order (as LocalComm).
-        let mut copies = vec![0u8; (n * m * es).max(es)];
+        let mut copies = self.scratch(n * m * es);
         let dt = datatype(dtype);
         // SAFETY: lengths checked above.
         let rc = unsafe {
@@ -395,7 +415,8 @@ impl Communicator for MpiComm {
             (Some(comm), Some((gi, pos))) => {
                 let world_ranks: Vec<usize> = groups[gi].iter().map(|&r| self.world_ranks[r]).collect();
                 let size = world_ranks.len();
-                Some(Box::new(MpiComm { comm, rank: pos, size, world_ranks, env: self.env.clone() }) as Box<dyn Communicator>)
+                Some(Box::new(MpiComm { comm, rank: pos, size, world_ranks, env: self.env.clone(), scratch: RefCell::default() })
+                    as Box<dyn Communicator>)
             }
             _ => None,
         })
