@@ -27,7 +27,12 @@ while [ $# -gt 0 ]; do
         *) only+=("$1"); shift ;;
     esac
 done
-if [ "$runs" != 0 ]; then seconds=0; fi
+if ! [[ "$runs" =~ ^(0|[1-9][0-9]*)$ ]] || ! [[ "$seconds" =~ ^[0-9]+$ ]]; then
+    echo "fuzz: --runs and SECONDS take whole numbers, e.g. --runs 10000000 (got --runs $runs, SECONDS $seconds)" >&2
+    exit 2
+fi
+runs_flag=-1
+if [ "$runs" != 0 ]; then seconds=0 runs_flag=$runs; fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
     echo "fuzz: no nightly toolchain (rustup toolchain install nightly); skipping the fuzz runs" >&2
@@ -48,7 +53,10 @@ fi
 progress=0
 if [ -t 2 ] && [ "${AUTOPAR_PROGRESS:-1}" != 0 ]; then progress=1; fi
 work=$(mktemp -d)
+pid=""
+# Ctrl-C or a kill stops the running fuzzer too (it runs in the background of this script).
 trap 'rm -rf "$work"' EXIT
+trap '[ -n "$pid" ] && pkill -TERM -P "$pid" 2>/dev/null; [ -n "$pid" ] && kill "$pid" 2>/dev/null; exit 130' INT TERM
 cargo +nightly fuzz build -O
 count=$(wc -w <<<"$targets")
 failed=0 i=0
@@ -58,7 +66,7 @@ for t in $targets; do
     mkdir -p "$work/$t"
     cp fuzz/corpus/"$t"/* "$work/$t"/
     start=$(date +%s)
-    cargo +nightly fuzz run -O "$t" "$work/$t" -- -max_total_time="$seconds" -runs="${runs/#0/-1}" -rss_limit_mb=2048 \
+    cargo +nightly fuzz run -O "$t" "$work/$t" -- -max_total_time="$seconds" -runs="$runs_flag" -rss_limit_mb=2048 \
         -malloc_limit_mb=512 -timeout=10 -max_len=65536 -print_final_stats=1 >"$work/$t.log" 2>&1 &
     pid=$!
     if [ "$progress" = 1 ]; then
@@ -75,7 +83,7 @@ for t in $targets; do
         printf '\r\033[K' >&2
     fi
     if wait "$pid"; then
-        execs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$work/$t.log" | awk '{print $2}')
+        execs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$work/$t.log" | awk '{print $2}' || true)
         echo "fuzz: [$i/$count] $t: $execs executions in $(($(date +%s) - start)) s, no finding"
         if [ "$merge" = 1 ]; then
             before=$(ls fuzz/corpus/"$t" | wc -l)

@@ -180,7 +180,7 @@ JSON
     stopped_at() {
         for r in 0 1 2 3 4 5 6 7; do
             mkdir -p "$2/rank_$r"
-            for s in $(seq 500 500 "$3"); do cp "$1/rank_$r/mlp-${s}_$r.safetensors" "$2/rank_$r/"; done
+            for s in $(seq 500 500 "$3"); do cp "$1/rank_$r/mlp-${s}_$r.safetensors" "$2/rank_$r/" || return 1; done
         done
         cp "$1/strategy.json" "$2/"
     }
@@ -193,12 +193,12 @@ JSON
         done
     }
     out=$("$bin" "${args[@]}" --checkpoint-dir "$dir/whole" 2>&1) || { echo "$out" >&2; return 1; }
-    grep -E "^  memory" <<<"$out"
-    stopped_at "$dir/whole" "$dir/mpi" "$k1"
+    grep -E "^  memory: peak RSS .* at step 500, .* at step 5000" <<<"$out" || { echo "$out" >&2; return 1; }
+    stopped_at "$dir/whole" "$dir/mpi" "$k1" || return 1
     out=$(timeout 600 mpirun -n 8 "${flags[@]}" "$bin" "${args[@]}" --checkpoint-dir "$dir/mpi" --resume "$dir/mpi" 2>&1) || { echo "$out" >&2; return 1; }
     grep -q "step $k1 to 5000" <<<"$out" || { echo "$out" >&2; return 1; }
     same_after "$dir/mpi" "$k1" || return 1
-    stopped_at "$dir/mpi" "$dir/local" "$k2"
+    stopped_at "$dir/mpi" "$dir/local" "$k2" || return 1
     out=$("$bin" "${args[@]}" --checkpoint-dir "$dir/local" --resume "$dir/local" 2>&1) || { echo "$out" >&2; return 1; }
     grep -q "step $k2 to 5000" <<<"$out" || { echo "$out" >&2; return 1; }
     same_after "$dir/local" "$k2"

@@ -82,6 +82,10 @@ fn datatype(d: DType) -> ffi::MPI_Datatype {
     }
 }
 
+/// Reductions work on segments of at most this many bytes, so the scratch buffer that holds
+/// every rank's copy of a chunk stays this small whatever the buffer's size.
+const SEGMENT_BYTES: usize = 16 << 20;
+
 /// Chunk `i` of `len` elements over `n` ranks.
 fn chunk(len: usize, n: usize, i: usize) -> Range<usize> {
     let per = len.div_ceil(n);
@@ -194,6 +198,51 @@ impl MpiComm {
         s
     }
 
+    /// All-reduce of `len` elements of `dtype` at `ptr`: rank j owns chunk j; every rank's
+    /// copy of it comes to j (all-to-all), j folds them in rank order, and the folded chunks
+    /// go to everyone (all-gather): a ring all-reduce's traffic, and LocalComm's bits.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` elements of `dtype`, and every rank calls
+    /// this with the same `len`.
+    unsafe fn all_reduce_segment(&self, ptr: *mut u8, len: usize, dtype: DType, op: ReduceOp) -> Result<()> {
+        let n = self.size;
+        let chunks: Vec<Range<usize>> = (0..n).map(|j| chunk(len, n, j)).collect();
+        let counts: Vec<c_int> = chunks.iter().map(|r| r.len() as c_int).collect();
+        let displs: Vec<c_int> = chunks.iter().map(|r| r.start as c_int).collect();
+        let mine = chunks[self.rank].clone();
+        let (m, es) = (mine.len(), dtype.size());
+        let mut copies = self.scratch(n * m * es);
+        let recv_counts = vec![m as c_int; n];
+        let recv_displs: Vec<c_int> = (0..n).map(|k| (k * m) as c_int).collect();
+        let dt = datatype(dtype);
+        // SAFETY: counts and displacements lie within the segment (len elements) and `copies`
+        // (n * m elements); every rank computes the same chunks.
+        let rc = unsafe {
+            ffi::MPI_Alltoallv(
+                ptr as *const c_void,
+                counts.as_ptr(),
+                displs.as_ptr(),
+                dt,
+                copies.as_mut_ptr() as *mut c_void,
+                recv_counts.as_ptr(),
+                recv_displs.as_ptr(),
+                dt,
+                self.comm.as_raw(),
+            )
+        };
+        self.rc("all_reduce", rc)?;
+        let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
+        // SAFETY: each source holds m elements of `dtype`; the destination is this rank's
+        // chunk of the segment, which nothing else touches until the all-gather below.
+        unsafe { fold(dtype, &srcs, &[ptr.add(mine.start * es)], 0..m, op) };
+        // SAFETY: in place: this rank's chunk is already at its displacement in the segment.
+        let rc = unsafe {
+            ffi::MPI_Allgatherv(autopar_mpi_in_place(), 0, dt, ptr as *mut c_void, counts.as_ptr(), displs.as_ptr(), dt, self.comm.as_raw())
+        };
+        self.rc("all_reduce", rc)
+    }
+
     fn rc(&self, op: &'static str, rc: c_int) -> Result<()> {
         if rc != 0 {
             return Err(mpi_err(format!("{op} on rank {} returned MPI error code {rc}", self.world_rank())));
@@ -225,52 +274,14 @@ impl Communicator for MpiComm {
         if n == 1 {
             return Ok(());
         }
-        // Rank j owns chunk j: every rank's copy of it comes to j (all-to-all), j folds them in
-        // rank order, and the folded chunks go to everyone (all-gather): a ring all-reduce's
-        // traffic, and LocalComm's bits.
-        let chunks: Vec<Range<usize>> = (0..n).map(|j| chunk(len, n, j)).collect();
-        let counts: Vec<c_int> = chunks.iter().map(|r| r.len() as c_int).collect();
-        let displs: Vec<c_int> = chunks.iter().map(|r| r.start as c_int).collect();
-        let mine = chunks[self.rank].clone();
-        let (m, es) = (mine.len(), dtype.size());
-        let mut copies = self.scratch(n * m * es);
-        let recv_counts = vec![m as c_int; n];
-        let recv_displs: Vec<c_int> = (0..n).map(|k| (k * m) as c_int).collect();
-        let dt = datatype(dtype);
-        // SAFETY: counts and displacements lie within `buf` (len elements) and `copies`
-        // (n * m elements); every rank computes the same chunks.
-        let rc = unsafe {
-            ffi::MPI_Alltoallv(
-                buf.as_mut_ptr() as *const c_void,
-                counts.as_ptr(),
-                displs.as_ptr(),
-                dt,
-                copies.as_mut_ptr() as *mut c_void,
-                recv_counts.as_ptr(),
-                recv_displs.as_ptr(),
-                dt,
-                self.comm.as_raw(),
-            )
-        };
-        self.rc("all_reduce", rc)?;
-        let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
-        // SAFETY: each source holds m elements of `dtype`; the destination is this rank's
-        // chunk of `buf`, which nothing else touches until the all-gather below.
-        unsafe { fold(dtype, &srcs, &[buf.as_mut_ptr().add(mine.start * es)], 0..m, op) };
-        // SAFETY: in place: this rank's chunk is already at its displacement in `buf`.
-        let rc = unsafe {
-            ffi::MPI_Allgatherv(
-                autopar_mpi_in_place(),
-                0,
-                dt,
-                buf.as_mut_ptr() as *mut c_void,
-                counts.as_ptr(),
-                displs.as_ptr(),
-                dt,
-                self.comm.as_raw(),
-            )
-        };
-        self.rc("all_reduce", rc)
+        let es = dtype.size();
+        let segment = (SEGMENT_BYTES / es).max(n);
+        let base = buf.as_mut_ptr();
+        for start in (0..len).step_by(segment) {
+            // SAFETY: start..start + the segment's length lies within `buf`.
+            unsafe { self.all_reduce_segment(base.add(start * es), segment.min(len - start), dtype, op)? };
+        }
+        Ok(())
     }
 
     fn all_gather(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
@@ -297,20 +308,38 @@ impl Communicator for MpiComm {
         c.same_dtype(&send, &recv)?;
         c.len("send buffer", send.len(), recv.len() * self.size, "reduce_scatter sends one block per rank: send = recv x group size")?;
         self.count("reduce_scatter", send.len())?;
-        let block = self.count("reduce_scatter", recv.len())?;
         let (n, m, dtype) = (self.size, recv.len(), send.dtype());
         let es = dtype.size();
-        // Block j of every rank comes to rank j, which folds them in rank order (as LocalComm).
-        let mut copies = self.scratch(n * m * es);
+        // Elements a of every rank's block j come to rank j, which folds them in rank order (as
+        // LocalComm), a segment of the block at a time so that the scratch stays bounded.
+        let segment = (SEGMENT_BYTES / es / n).max(1);
         let dt = datatype(dtype);
-        // SAFETY: lengths checked above.
-        let rc = unsafe {
-            ffi::MPI_Alltoall(send.as_ptr() as *const c_void, block, dt, copies.as_mut_ptr() as *mut c_void, block, dt, self.comm.as_raw())
-        };
-        self.rc("reduce_scatter", rc)?;
-        let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
-        // SAFETY: each source holds m elements of `dtype`, and so does `recv`.
-        unsafe { fold(dtype, &srcs, &[recv.as_mut_ptr()], 0..m, op) };
+        for a in (0..m).step_by(segment) {
+            let s = segment.min(m - a);
+            let counts = vec![s as c_int; n];
+            let displs: Vec<c_int> = (0..n).map(|j| (j * m + a) as c_int).collect();
+            let recv_displs: Vec<c_int> = (0..n).map(|k| (k * s) as c_int).collect();
+            let mut copies = self.scratch(n * s * es);
+            // SAFETY: block j's elements a..a + s lie within `send` (n * m elements, counted
+            // above), and `copies` holds n * s elements.
+            let rc = unsafe {
+                ffi::MPI_Alltoallv(
+                    send.as_ptr() as *const c_void,
+                    counts.as_ptr(),
+                    displs.as_ptr(),
+                    dt,
+                    copies.as_mut_ptr() as *mut c_void,
+                    counts.as_ptr(),
+                    recv_displs.as_ptr(),
+                    dt,
+                    self.comm.as_raw(),
+                )
+            };
+            self.rc("reduce_scatter", rc)?;
+            let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * s * es..].as_ptr()).collect();
+            // SAFETY: each source holds s elements of `dtype`; `recv` holds m >= a + s.
+            unsafe { fold(dtype, &srcs, &[recv.as_mut_ptr().add(a * es)], 0..s, op) };
+        }
         Ok(())
     }
 

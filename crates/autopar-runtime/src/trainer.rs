@@ -295,7 +295,8 @@ pub struct TrainReport {
     pub last_step: u64,
     /// Steps in one epoch.
     pub steps_per_epoch: u64,
-    /// Loss of every step run (global; rank 0's view).
+    /// Loss of every step run (global; rank 0's view). Under `mpirun`, processes other than
+    /// rank 0 keep no loss history: this is empty there.
     pub losses: Vec<f64>,
     /// Wall time of rank 0's training loop, in seconds.
     pub wall_secs: f64,

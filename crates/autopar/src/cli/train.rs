@@ -456,10 +456,10 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if let Some(b) = &bar {
         callbacks.push(Box::new(Progress { bar: b.clone() }));
     }
-    // Memory at every checkpoint (else at every log line) and at the end.
+    // Memory at every checkpoint (else ten times over the run) and at the end.
     let memory = Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
-    let probe_every = if probe_every > 0 { probe_every } else { log_every.max(1) };
+    let probe_every = if probe_every > 0 { probe_every } else { (total / 10).max(1) };
     callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone() }));
 
     let parallel = &trainer.config().parallel;
