@@ -99,27 +99,30 @@ impl Ctx<'_> {
         self.salt
     }
 
+    /// `got` must equal `want` element by element.
     fn expect<T: Element>(&mut self, check: impl FnOnce() -> String, got: &[T], want: &[T]) -> Result<()> {
-        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-            return Err(CommError::Conformance {
-                rank: self.comm.world_ranks()[self.comm.rank()],
-                check: check(),
-                detail: format!("element {i} of {}: got {:?}, expected {:?}", want.len(), got[i], want[i]),
-            });
-        }
-        self.checks += 1;
-        Ok(())
+        self.expect_where(check, got, want, |i| got[i] == want[i])
     }
 
     /// As [`Ctx::expect`], comparing the bytes (so -0.0 is not 0.0 and NaNs must match).
     fn expect_bits<T: Element>(&mut self, check: impl FnOnce() -> String, got: &[T], want: &[T]) -> Result<()> {
         let es = T::DTYPE.size();
         let (g, w) = (Buf::from(got).as_bytes(), Buf::from(want).as_bytes());
-        if let Some(i) = (0..want.len()).find(|&i| g[i * es..(i + 1) * es] != w[i * es..(i + 1) * es]) {
+        self.expect_where(check, got, want, |i| g[i * es..(i + 1) * es] == w[i * es..(i + 1) * es])
+    }
+
+    fn expect_where<T: Element>(
+        &mut self,
+        check: impl FnOnce() -> String,
+        got: &[T],
+        want: &[T],
+        same: impl Fn(usize) -> bool,
+    ) -> Result<()> {
+        if let Some(i) = (0..want.len()).find(|&i| !same(i)) {
             return Err(CommError::Conformance {
                 rank: self.comm.world_ranks()[self.comm.rank()],
                 check: check(),
-                detail: format!("element {i} of {}: got {:?}, expected {:?} (other bits)", want.len(), got[i], want[i]),
+                detail: format!("element {i} of {}: got {:?}, expected {:?}", want.len(), got[i], want[i]),
             });
         }
         self.checks += 1;
