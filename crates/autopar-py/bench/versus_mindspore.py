@@ -1,15 +1,17 @@
 """The package's transform_checkpoints beside MindSpore's on the same files, side by side.
 
     AUTOPAR_BENCH_KEEP=/tmp/b cargo bench -p autopar-checkpoint --bench transform   # 1 GiB model, 8 ranks
-    python crates/autopar-py/bench/versus_mindspore.py /tmp/b [python-with-mindspore]
+    python crates/autopar-py/bench/versus_mindspore.py /tmp/b [python-with-mindspore] [--repeat N]
 
 Each tool runs in its own child process (its peak RSS is the child's ru_maxrss), transforming
 `DIR/src` (8 ranks, (2,4) model parallel) to 4 ranks data parallel; the outputs are compared byte
 for byte. The interpreter given second (default: this one) must have mindspore installed;
-without it only autopar runs.
+without it only autopar runs. With `--repeat N` the two run N times each, interleaved and in
+alternating order (autopar first, then MindSpore first, ...), and the medians are compared.
 """
 
 import filecmp
+import statistics
 import os
 import shutil
 import subprocess
@@ -40,24 +42,47 @@ def run(python, which, base, dst):
 
 
 def main():
-    base = sys.argv[1]
-    ms_python = sys.argv[2] if len(sys.argv) > 2 else sys.executable
+    args = sys.argv[1:]
+    repeat = 1
+    if "--repeat" in args:
+        k = args.index("--repeat")
+        repeat = int(args[k + 1])
+        del args[k : k + 2]
+    base = args[0]
+    ms_python = args[1] if len(args) > 1 else sys.executable
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f"{base}/src") for f in fs)
-    print(f"source: {size / 2**30:.2f} GiB in 8 rank files; destination: 4 ranks data parallel")
-    rows = {"autopar": run(sys.executable, "autopar", base, f"{base}/dst_autopar")}
-    try:
-        rows["mindspore"] = run(ms_python, "mindspore", base, f"{base}/dst_mindspore")
-    except subprocess.CalledProcessError as e:
-        print(f"mindspore did not run: {e.stderr.strip().splitlines()[-1] if e.stderr else e}")
+    print(f"source: {size / 2**30:.2f} GiB in 8 rank files; destination: 4 ranks data parallel; {repeat} run(s) each, interleaved")
+    runs = {"autopar": [], "mindspore": []}
+    same = None
+    for i in range(repeat):
+        order = ["autopar", "mindspore"] if i % 2 == 0 else ["mindspore", "autopar"]
+        for which in order:
+            if which == "mindspore" and runs["mindspore"] is None:
+                continue
+            python = sys.executable if which == "autopar" else ms_python
+            try:
+                secs, mib = run(python, which, base, f"{base}/dst_{which}")
+            except subprocess.CalledProcessError as e:
+                print(f"mindspore did not run: {e.stderr.strip().splitlines()[-1] if e.stderr else e}")
+                runs["mindspore"] = None
+                continue
+            runs[which].append((secs, mib))
+            print(f"  run {i + 1}: {which:<10} {secs:7.2f} s   peak RSS {mib:7.0f} MiB")
+        if runs["mindspore"]:
+            same = (same is not False) and all(
+                filecmp.cmp(f"{base}/dst_autopar/rank_{r}/net_{r}.ckpt", f"{base}/dst_mindspore/rank_{r}/net_{r}.ckpt", shallow=False)
+                for r in range(4)
+            )
+    rows = {k: (statistics.median(s for s, _ in v), statistics.median(m for _, m in v)) for k, v in runs.items() if v}
     for name, (secs, mib) in rows.items():
-        print(f"  {name:<10} {secs:7.2f} s   peak RSS {mib:7.0f} MiB")
+        print(f"  median {name:<10} {secs:7.2f} s   peak RSS {mib:7.0f} MiB")
     if len(rows) == 2:
-        same = all(
-            filecmp.cmp(f"{base}/dst_autopar/rank_{r}/net_{r}.ckpt", f"{base}/dst_mindspore/rank_{r}/net_{r}.ckpt", shallow=False)
-            for r in range(4)
-        )
         a, m = rows["autopar"], rows["mindspore"]
-        print(f"  autopar: {m[0] / a[0]:.1f}x faster, {m[1] / a[1]:.1f}x less memory; outputs byte-identical: {same}")
+        ratios = sorted(ms[0] / au[0] for au, ms in zip(runs["autopar"], runs["mindspore"]))
+        print(
+            f"  autopar: {m[0] / a[0]:.1f}x faster (per pair {ratios[0]:.1f}x to {ratios[-1]:.1f}x), "
+            f"{m[1] / a[1]:.1f}x less memory; outputs byte-identical: {same}"
+        )
     for d in ("dst_autopar", "dst_mindspore"):
         shutil.rmtree(f"{base}/{d}", ignore_errors=True)
 
