@@ -211,16 +211,46 @@ impl MpiComm {
         let counts: Vec<c_int> = chunks.iter().map(|r| r.len() as c_int).collect();
         let displs: Vec<c_int> = chunks.iter().map(|r| r.start as c_int).collect();
         let mine = chunks[self.rank].clone();
-        let (m, es) = (mine.len(), dtype.size());
+        // SAFETY: counts and displacements lie within the segment (len elements); every rank
+        // computes the same chunks; this rank's chunk of the segment is the destination.
+        unsafe { self.fold_copies("all_reduce", ptr, &counts, &displs, mine.len(), dtype, op, ptr.add(mine.start * dtype.size()))? };
+        let dt = datatype(dtype);
+        // SAFETY: in place: this rank's chunk is already at its displacement in the segment.
+        let rc = unsafe {
+            ffi::MPI_Allgatherv(autopar_mpi_in_place(), 0, dt, ptr as *mut c_void, counts.as_ptr(), displs.as_ptr(), dt, self.comm.as_raw())
+        };
+        self.rc("all_reduce", rc)
+    }
+
+    /// Sends `counts[j]` elements at `displs[j]` of `send` to rank j and receives `m` elements
+    /// from every rank (all-to-all into the scratch buffer), then folds the n copies in rank
+    /// order into `dst`: the step every reduction shares.
+    ///
+    /// # Safety
+    /// `send` is valid for every `displs[j] + counts[j]` elements of `dtype`, every rank sends
+    /// this rank `m` elements, and `dst` is valid for writes of `m` elements that nothing else
+    /// touches meanwhile (it may lie within `send`: the all-to-all completes before the fold).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fold_copies(
+        &self,
+        op_name: &'static str,
+        send: *const u8,
+        counts: &[c_int],
+        displs: &[c_int],
+        m: usize,
+        dtype: DType,
+        op: ReduceOp,
+        dst: *mut u8,
+    ) -> Result<()> {
+        let (n, es) = (self.size, dtype.size());
         let mut copies = self.scratch(n * m * es);
         let recv_counts = vec![m as c_int; n];
         let recv_displs: Vec<c_int> = (0..n).map(|k| (k * m) as c_int).collect();
         let dt = datatype(dtype);
-        // SAFETY: counts and displacements lie within the segment (len elements) and `copies`
-        // (n * m elements); every rank computes the same chunks.
+        // SAFETY: the caller vouches for `send`; `copies` holds n * m elements.
         let rc = unsafe {
             ffi::MPI_Alltoallv(
-                ptr as *const c_void,
+                send as *const c_void,
                 counts.as_ptr(),
                 displs.as_ptr(),
                 dt,
@@ -231,16 +261,11 @@ impl MpiComm {
                 self.comm.as_raw(),
             )
         };
-        self.rc("all_reduce", rc)?;
+        self.rc(op_name, rc)?;
         let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * m * es..].as_ptr()).collect();
-        // SAFETY: each source holds m elements of `dtype`; the destination is this rank's
-        // chunk of the segment, which nothing else touches until the all-gather below.
-        unsafe { fold(dtype, &srcs, &[ptr.add(mine.start * es)], 0..m, op) };
-        // SAFETY: in place: this rank's chunk is already at its displacement in the segment.
-        let rc = unsafe {
-            ffi::MPI_Allgatherv(autopar_mpi_in_place(), 0, dt, ptr as *mut c_void, counts.as_ptr(), displs.as_ptr(), dt, self.comm.as_raw())
-        };
-        self.rc("all_reduce", rc)
+        // SAFETY: each source holds m elements of `dtype`; the caller vouches for `dst`.
+        unsafe { fold(dtype, &srcs, &[dst], 0..m, op) };
+        Ok(())
     }
 
     fn rc(&self, op: &'static str, rc: c_int) -> Result<()> {
@@ -313,32 +338,13 @@ impl Communicator for MpiComm {
         // Elements a of every rank's block j come to rank j, which folds them in rank order (as
         // LocalComm), a segment of the block at a time so that the scratch stays bounded.
         let segment = (SEGMENT_BYTES / es / n).max(1);
-        let dt = datatype(dtype);
         for a in (0..m).step_by(segment) {
             let s = segment.min(m - a);
             let counts = vec![s as c_int; n];
             let displs: Vec<c_int> = (0..n).map(|j| (j * m + a) as c_int).collect();
-            let recv_displs: Vec<c_int> = (0..n).map(|k| (k * s) as c_int).collect();
-            let mut copies = self.scratch(n * s * es);
             // SAFETY: block j's elements a..a + s lie within `send` (n * m elements, counted
-            // above), and `copies` holds n * s elements.
-            let rc = unsafe {
-                ffi::MPI_Alltoallv(
-                    send.as_ptr() as *const c_void,
-                    counts.as_ptr(),
-                    displs.as_ptr(),
-                    dt,
-                    copies.as_mut_ptr() as *mut c_void,
-                    counts.as_ptr(),
-                    recv_displs.as_ptr(),
-                    dt,
-                    self.comm.as_raw(),
-                )
-            };
-            self.rc("reduce_scatter", rc)?;
-            let srcs: Vec<*const u8> = (0..n).map(|k| copies[k * s * es..].as_ptr()).collect();
-            // SAFETY: each source holds s elements of `dtype`; `recv` holds m >= a + s.
-            unsafe { fold(dtype, &srcs, &[recv.as_mut_ptr().add(a * es)], 0..s, op) };
+            // above); `recv` holds m >= a + s elements.
+            unsafe { self.fold_copies("reduce_scatter", send.as_ptr(), &counts, &displs, s, dtype, op, recv.as_mut_ptr().add(a * es))? };
         }
         Ok(())
     }
