@@ -25,6 +25,8 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRule, TensorType, Tie};
 use autopar_layout::{plan_with, TensorLayout};
@@ -66,14 +68,34 @@ impl CostSplit {
 /// One strategy an op may take.
 #[derive(Clone, Debug)]
 pub struct Candidate {
+    /// The strategy, its layouts and its cost without parameters or fixed inputs: built once
+    /// for every op of the same kind, shapes and sharding (the blocks of a deep network) and
+    /// shared by them.
+    pub shared: Arc<SharedCandidate>,
+    /// Its own cost (edges to other ops excluded).
+    pub cost: CostSplit,
+}
+
+/// What identical ops' candidates have in common.
+#[derive(Debug)]
+pub struct SharedCandidate {
     /// Split count per logical dimension of the op.
     pub splits: Vec<usize>,
     /// The strategy and the layouts it gives.
     pub layouts: OpLayouts,
-    /// Its own cost (edges to other ops excluded).
-    pub cost: CostSplit,
+    /// Compute, in-op communication and the output's memory.
+    own: CostSplit,
     /// The pricer's ids of its input layouts (edges look redistributions up by id).
     input_ids: Vec<u32>,
+    /// The pricer's id of its output with the partial sums completed (what consumers read).
+    output_id: u32,
+}
+
+impl std::ops::Deref for Candidate {
+    type Target = SharedCandidate;
+    fn deref(&self) -> &SharedCandidate {
+        &self.shared
+    }
 }
 
 /// An op of the cost graph.
@@ -105,15 +127,15 @@ pub struct EdgeRecipe {
     slot: usize,
     /// The producer is a parameter's home op: the layout is its input `slot` (None: its output).
     param_slot: Option<usize>,
-    /// Reshapes between producer and consumer, in order.
-    chain: Vec<NodeId>,
+    /// The pricer's id of the reshapes between producer and consumer (their output shapes, in order).
+    chain: u32,
     elem: usize,
     /// `elementwise_op_strategy_follow`: the pair is allowed only without redistribution.
     follow: bool,
 }
 
 /// The cost graph of a network.
-pub struct CostGraph<'g> {
+pub struct CostGraph {
     /// Every op with a sharding rule, with its candidates.
     pub ops: Vec<SearchOp>,
     /// Graph node -> op index.
@@ -122,39 +144,24 @@ pub struct CostGraph<'g> {
     pub edges: Vec<EdgeRecipe>,
     /// The search options the costs are weighted with.
     pub options: SearchOptions,
-    pricer: RefCell<Pricer<'g>>,
+    pricer: RefCell<Pricer>,
 }
 
-impl CostGraph<'_> {
+impl CostGraph {
     /// Redistribution seconds of edge `e` (unweighted) when its producer takes candidate `a`
     /// and its consumer `b`.
     pub fn edge_seconds(&self, e: usize, a: usize, b: usize) -> f64 {
         let r = &self.edges[e];
-        let mut p = self.pricer.borrow_mut();
-        let p = &mut *p;
-        if !p.through_cache.contains_key(&(e, a)) {
-            let op = &self.ops[r.from].candidates[a].layouts;
-            let src = match r.param_slot {
-                Some(slot) => op.inputs[slot].clone(),
-                None => whole_values(&op.output),
-            };
-            let (pre, l) = p.through(src, &r.chain, r.elem);
-            let id = p.id(&l);
-            p.through_cache.insert((e, a), (pre, l, id));
-        }
-        let (pre, ref l, src_id) = p.through_cache[&(e, a)];
-        let c = &self.ops[r.to].candidates[b];
-        let dst_id = c.input_ids[r.slot];
-        let forbidden = if r.follow && src_id != dst_id { FORBIDDEN } else { 0.0 };
-        let t = match p.cache.get(&(src_id, dst_id, r.elem)) {
-            _ if src_id == dst_id => 0.0,
-            Some(&t) => t,
-            None => {
-                let l = l.clone();
-                p.redist_ids((src_id, &l), (dst_id, &c.layouts.inputs[r.slot]), r.elem)
-            }
+        let from = &self.ops[r.from].candidates[a];
+        let src = match r.param_slot {
+            Some(slot) => from.input_ids[slot],
+            None => from.output_id,
         };
-        pre + t + forbidden
+        let dst_id = self.ops[r.to].candidates[b].input_ids[r.slot];
+        let mut p = self.pricer.borrow_mut();
+        let (pre, src_id) = p.through_id(src, r.chain, r.elem);
+        let forbidden = if r.follow && src_id != dst_id { FORBIDDEN } else { 0.0 };
+        pre + p.redist_ids(src_id, dst_id, r.elem) + forbidden
     }
 
     /// The weighted problem with every edge's table filled (the elimination searches).
@@ -185,7 +192,7 @@ impl CostGraph<'_> {
 }
 
 /// The weighted objective, computed on demand.
-impl Costs for CostGraph<'_> {
+impl Costs for CostGraph {
     fn ops(&self) -> usize {
         self.ops.len()
     }
@@ -253,34 +260,74 @@ struct Builder<'a> {
 
 /// Prices layouts and redistributions, with caches: the part of the builder the cost graph
 /// keeps to cost edges on demand.
-struct Pricer<'g> {
-    graph: &'g Graph,
+struct Pricer {
     profile: DeviceProfile,
     training: bool,
     all_to_all: bool,
     n: usize,
-    /// Every layout priced, by id.
-    ids: HashMap<TensorLayout, u32>,
+    /// Every layout priced: its id, and the layout of each id.
+    ids: FastMap<TensorLayout, u32>,
+    layouts: Vec<TensorLayout>,
+    /// Every chain of reshapes (their output shapes): its id, and the chain of each id (0: none).
+    chain_ids: FastMap<Vec<Vec<usize>>, u32>,
+    chains: Vec<Vec<Vec<usize>>>,
     /// (source id, destination id, element size) -> seconds.
-    cache: HashMap<(u32, u32, usize), f64>,
-    /// (edge, producer candidate) -> seconds through the reshapes, the layout after them and its id.
-    through_cache: HashMap<(usize, usize), (f64, TensorLayout, u32)>,
+    cache: FastMap<(u32, u32, usize), f64>,
+    /// (layout id, chain id, element size) -> seconds through the reshapes and the id of the layout after them.
+    through_cache: FastMap<(u32, u32, usize), (f64, u32)>,
 }
 
+/// FxHash's multiply-and-rotate: the cost graph hashes millions of small keys, where the
+/// standard library's DoS-resistant hasher dominated planning time.
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl FastHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
 /// Build the cost graph.
-pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
+pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let g = b.graph;
     let n = b.context.devices();
     let bl = Builder { b, n };
     let mut pr = Pricer {
-        graph: g,
         profile: b.profile.clone(),
         training: b.training,
         all_to_all: b.context.enable_alltoall,
         n,
-        ids: HashMap::new(),
-        cache: HashMap::new(),
-        through_cache: HashMap::new(),
+        ids: FastMap::default(),
+        layouts: Vec::new(),
+        chain_ids: FastMap::from_iter([(Vec::new(), 0)]),
+        chains: vec![Vec::new()],
+        cache: FastMap::default(),
+        through_cache: FastMap::default(),
     };
     let nodes = g.nodes();
 
@@ -288,24 +335,44 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     let on_data = depends_on_inputs(g);
     let mut roles = Vec::with_capacity(nodes.len());
     let mut ops: Vec<SearchOp> = Vec::new();
+    let mut alike: HashMap<String, Arc<Vec<Arc<SharedCandidate>>>> = HashMap::new();
     for (i, node) in nodes.iter().enumerate() {
         let role = match (&node.op, &b.rules[i]) {
             (OpKind::Input(_), _) => Role::Input,
             (OpKind::Parameter(_), _) => Role::Parameter,
             (_, ShardingRule::Spec(spec)) => {
                 let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
-                let (all, configured) = match &b.fixed[i] {
-                    Some((s, src)) => (vec![s.clone()], Some(*src)),
+                let (all, configured, key) = match &b.fixed[i] {
+                    Some((s, src)) => (vec![s.clone()], Some(*src), None),
                     None => {
                         let batch = batch_dim(spec, node, &on_data);
-                        (bl.candidate_splits(spec, node.op.kind(), &ins, batch), None)
+                        // Ops alike in everything the candidates depend on share them.
+                        let key = format!("{:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.op, node.ty);
+                        match alike.get(&key) {
+                            Some(shared) => (Vec::new(), None, Some((key, Some(Arc::clone(shared))))),
+                            None => (bl.candidate_splits(spec, node.op.kind(), &ins, batch), None, Some((key, None))),
+                        }
                     }
                 };
-                let mut candidates = Vec::with_capacity(all.len());
-                for splits in all {
-                    let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
-                    candidates.push(Candidate { splits, layouts, cost: CostSplit::default(), input_ids: Vec::new() });
-                }
+                let shared: Arc<Vec<Arc<SharedCandidate>>> = match key {
+                    Some((_, Some(shared))) => shared,
+                    key => {
+                        let mut list = Vec::with_capacity(all.len());
+                        for splits in all {
+                            let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
+                            let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype);
+                            let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
+                            let output_id = pr.id(&whole_values(&layouts.output));
+                            list.push(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }));
+                        }
+                        let list = Arc::new(list);
+                        if let Some((key, None)) = key {
+                            alike.insert(key, Arc::clone(&list));
+                        }
+                        list
+                    }
+                };
+                let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own }).collect();
                 ops.push(SearchOp {
                     node: NodeId(i),
                     name: node.name.clone(),
@@ -323,14 +390,6 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     }
     let of_node: Vec<Option<usize>> = roles.iter().map(|r| if let Role::Op(k) = r { Some(*k) } else { None }).collect();
 
-    // Own costs: compute, in-op communication, memory of the output.
-    for op in &mut ops {
-        let node = g.node(op.node);
-        for c in &mut op.candidates {
-            c.cost = bl.own_cost(node.op.def(), &op.spec, &c.layouts, node.ty.dtype);
-        }
-    }
-
     // Parameters: the first consumer decides the layout and pays the gradient sync.
     // param -> (consumer node, slot)
     let param_home: BTreeMap<NodeId, (usize, usize)> = (0..nodes.len())
@@ -343,7 +402,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
         let OpKind::Parameter(p) = &g.node(param).op else { continue };
         let elem = p.dtype.size();
         for c in &mut ops[k].candidates {
-            let l = &c.layouts.inputs[slot];
+            let l = &c.shared.layouts.inputs[slot];
             let bytes = l.slice_len() * elem;
             c.cost.memory += 3 * bytes as u64;
             let replicas = n / l.num_slices().max(1);
@@ -374,12 +433,6 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
         op.candidates.retain(|c| c.cost.memory <= cap);
     }
 
-    for op in &mut ops {
-        for c in &mut op.candidates {
-            c.input_ids = c.layouts.inputs.iter().map(|l| pr.id(l)).collect();
-        }
-    }
-
     // Consumers: edges between ops, fixed layouts as own costs.
     let mut edges: Vec<EdgeRecipe> = Vec::new();
     let gathered = if b.training { 1.min(g.outputs.len()) } else { g.outputs.len() };
@@ -395,6 +448,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
     uses.extend(g.outputs.iter().take(gathered).map(|&o| (None, o)));
     for (consumer, x) in uses {
         let (source, chain) = bl.source_of(x, &roles, &param_home, &of_node);
+        let chain: Vec<Vec<usize>> = chain.iter().map(|f| g.node(*f).ty.shape.clone()).collect();
         let elem = g.node(x).ty.dtype.size();
         let producer = match &source {
             Source::Op(u) | Source::ParamOf { op: u, .. } => Some(*u),
@@ -432,6 +486,7 @@ pub(crate) fn build<'g>(b: &Build<'g>) -> Result<CostGraph<'g>> {
                     continue;
                 }
                 let follow = b.context.search.elementwise_op_strategy_follow && slot == 0 && is_elementwise(&ops[k].spec);
+                let chain = pr.chain_id(chain);
                 edges.push(EdgeRecipe { from: u, to: k, slot, param_slot, chain, elem, follow });
             }
         }
@@ -566,15 +621,14 @@ fn source_layout(op: &SearchOp, c: usize, src: &Source) -> TensorLayout {
     }
 }
 
-impl Pricer<'_> {
-    /// A layout passed through reshapes: the redistribution seconds on the way and the layout
-    /// at the end.
-    fn through(&mut self, mut l: TensorLayout, chain: &[NodeId], elem: usize) -> (f64, TensorLayout) {
+impl Pricer {
+    /// A layout passed through reshapes (their output shapes, in order): the redistribution
+    /// seconds on the way and the layout at the end.
+    fn through(&mut self, mut l: TensorLayout, chain: &[Vec<usize>], elem: usize) -> (f64, TensorLayout) {
         let mut t = 0.0;
-        for &f in chain {
+        for shape in chain {
             let np = whole_values(&l);
             t += self.redist(&l, &np, elem);
-            let shape = &self.graph.node(f).ty.shape;
             l = match reshape_layout(&np, shape) {
                 Some(o) => o,
                 None => {
@@ -587,10 +641,26 @@ impl Pricer<'_> {
         (t, l)
     }
 
+    /// [`Pricer::through`] of the layout and chain of these ids: the seconds and the id of
+    /// the layout at the end.
+    fn through_id(&mut self, src: u32, chain: u32, elem: usize) -> (f64, u32) {
+        if chain == 0 {
+            return (0.0, src);
+        }
+        if let Some(&hit) = self.through_cache.get(&(src, chain, elem)) {
+            return hit;
+        }
+        let shapes = self.chains[chain as usize].clone();
+        let (t, l) = self.through(self.layouts[src as usize].clone(), &shapes, elem);
+        let out = (t, self.id(&l));
+        self.through_cache.insert((src, chain, elem), out);
+        out
+    }
+
     /// Seconds of the redistribution from `src` to `dst` (forward and, in training, backward).
     fn redist(&mut self, src: &TensorLayout, dst: &TensorLayout, elem: usize) -> f64 {
         let (s, d) = (self.id(src), self.id(dst));
-        self.redist_ids((s, src), (d, dst), elem)
+        self.redist_ids(s, d, elem)
     }
 
     /// The id of layout `l` (a new one the first time).
@@ -598,13 +668,25 @@ impl Pricer<'_> {
         if let Some(&i) = self.ids.get(l) {
             return i;
         }
-        let i = self.ids.len() as u32;
+        let i = self.layouts.len() as u32;
         self.ids.insert(l.clone(), i);
+        self.layouts.push(l.clone());
         i
     }
 
-    /// [`Pricer::redist`] of layouts whose ids are known.
-    fn redist_ids(&mut self, (sid, src): (u32, &TensorLayout), (did, dst): (u32, &TensorLayout), elem: usize) -> f64 {
+    /// The id of a chain of reshapes (their output shapes; 0 for none).
+    fn chain_id(&mut self, chain: Vec<Vec<usize>>) -> u32 {
+        if let Some(&i) = self.chain_ids.get(&chain) {
+            return i;
+        }
+        let i = self.chains.len() as u32;
+        self.chain_ids.insert(chain.clone(), i);
+        self.chains.push(chain);
+        i
+    }
+
+    /// [`Pricer::redist`] of layouts by id.
+    fn redist_ids(&mut self, sid: u32, did: u32, elem: usize) -> f64 {
         if sid == did {
             return 0.0;
         }
@@ -612,6 +694,7 @@ impl Pricer<'_> {
         if let Some(&t) = self.cache.get(&key) {
             return t;
         }
+        let (src, dst) = (&self.layouts[sid as usize], &self.layouts[did as usize]);
         let t = match plan_with(src, dst, false) {
             Ok(p) => {
                 let p = if self.all_to_all { Ok(p) } else { p.without_all_to_all() };

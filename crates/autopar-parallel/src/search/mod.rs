@@ -140,7 +140,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
 }
 
 /// Run `search` over the cost graph `cg` (built for it) of `graph`.
-pub(crate) fn run(cg: &CostGraph<'_>, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
+pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let too_wide =
         |e: solve::TooWide| ParallelError::SearchTooWide { search: search.name(), name: cg.ops[e.op].name.clone(), entries: e.entries };
@@ -158,7 +158,7 @@ pub(crate) fn run(cg: &CostGraph<'_>, search: Search, rec: &recursive::RecInput<
     Ok(report(cg, search, &choice, &reached, profile))
 }
 
-fn report(cg: &CostGraph<'_>, search: Search, choice: &[usize], reached: &[bool], profile: &DeviceProfile) -> SearchReport {
+fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], profile: &DeviceProfile) -> SearchReport {
     let splits = cg.split_of(choice);
     // Each op's share of the objective, with its edges found once.
     let mut incident: Vec<Vec<usize>> = vec![Vec::new(); cg.ops.len()];

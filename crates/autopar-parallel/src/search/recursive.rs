@@ -119,7 +119,7 @@ const NONE: [bool; 4] = [false; 4];
 
 /// Each op's candidate index, and whether propagation decided it (an op left out of the
 /// partition graph).
-pub fn choose(cg: &CostGraph<'_>, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<bool>)> {
+pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<bool>)> {
     if !rec.devices.is_power_of_two() {
         return Err(ParallelError::SearchDevices { search: "recursive_programming", devices: rec.devices });
     }
