@@ -91,6 +91,8 @@ pub struct FileConfig {
     pub parallel_mode: Option<String>,
     /// `--strategy` (see `autopar train --help`).
     pub strategy: Option<PathBuf>,
+    /// `--profile` (see `autopar train --help`).
+    pub profile: Option<PathBuf>,
     /// The `[parallel]` table: `set_auto_parallel_context` options by name, as `--parallel KEY=VALUE`.
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
 }

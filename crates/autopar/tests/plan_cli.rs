@@ -147,6 +147,16 @@ fn calibrated_profiles_drive_the_cost_model() {
     let args = ["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "machine.toml"];
     let out = ok(dir.path(), &args);
     assert!(out.contains("device profile: calibrated on"), "{out}");
+    // the same from a config file's `profile` key, and the flag wins over it
+    std::fs::write(
+        dir.path().join("run.toml"),
+        "model = \"mlp\"\ndevices = 2\nparallel_mode = \"auto_parallel\"\nprofile = \"machine.toml\"\n",
+    )
+    .unwrap();
+    let out = ok(dir.path(), &["plan", "--config", "run.toml"]);
+    assert!(out.contains("device profile: calibrated on"), "{out}");
+    let o = autopar(dir.path(), &["plan", "--config", "run.toml", "--profile", "missing.toml"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"), "--profile overrides the file's key");
     std::fs::write(dir.path().join("bad.toml"), text.replace("flops_per_s", "flops")).unwrap();
     let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "bad.toml"]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -61,9 +61,10 @@ pub struct ParallelArgs {
     pub profile: Option<PathBuf>,
 }
 
-/// The device profile at `path` (TOML, as `autopar calibrate` writes it).
-pub fn load_profile(path: Option<&Path>) -> Result<Option<autopar_parallel::DeviceProfile>> {
-    let Some(path) = path else { return Ok(None) };
+/// The device profile of `--profile`, else of the config file's `profile` key (TOML, as
+/// `autopar calibrate` writes it); None for the built-in one.
+pub fn load_profile(p: &ParallelArgs, file: &FileConfig) -> Result<Option<autopar_parallel::DeviceProfile>> {
+    let Some(path) = p.profile.as_deref().or(file.profile.as_deref()) else { return Ok(None) };
     let text = std::fs::read_to_string(path).with_context(|| {
         format!("cannot read device profile {}\nhint: write one with `autopar calibrate --out {}`", path.display(), path.display())
     })?;

@@ -85,7 +85,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         None => None,
     };
 
-    let profile = load_profile(args.parallel.profile.as_deref())?;
+    let profile = load_profile(&args.parallel, &file)?;
     let micro = args.micro_batches.or(file.micro_batches);
     if ctx.pipeline_stages > 1 {
         return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some(), out);

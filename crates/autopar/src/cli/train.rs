@@ -383,7 +383,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
-        profile: load_profile(s.args.parallel.profile.as_deref())?,
+        profile: load_profile(&s.args.parallel, &s.file)?,
     };
     if cfg.epochs == 0 && steps.is_none() {
         bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
