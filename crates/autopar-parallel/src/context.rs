@@ -49,6 +49,8 @@ pub const OPTION_NAMES: &[&str] = &[
     "elementwise_op_strategy_follow",
     "tensor_slice_align_enable",
     "tensor_slice_align_size",
+    // MindSpore's `set_op_strategy_config(mode, path)` (sharding_propagation only).
+    "op_strategy_config",
 ];
 
 /// The options of auto_parallel's strategy search that only it reads: the last ones of
@@ -271,6 +273,27 @@ pub struct SearchOptions {
     pub tensor_slice_align_enable: bool,
     /// The multiple `tensor_slice_align_enable` asks for, in elements.
     pub tensor_slice_align_size: usize,
+    /// `op_strategy_config`: save every operator's strategy to, or load them all from, a JSON
+    /// operator strategy file (MindSpore's `set_op_strategy_config`).
+    pub op_strategy: Option<OpStrategyConfig>,
+}
+
+/// `op_strategy_config`: MindSpore's `set_op_strategy_config(mode, path)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpStrategyConfig {
+    /// Whether the file is written after planning or read before it.
+    pub mode: OpStrategyMode,
+    /// The `.json` file.
+    pub path: String,
+}
+
+/// What `op_strategy_config` does with its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpStrategyMode {
+    /// `"SAVE"`: write every operator's strategy after planning.
+    Save,
+    /// `"LOAD"`: take every operator's strategy from the file instead of searching.
+    Load,
 }
 
 impl Default for SearchOptions {
@@ -284,6 +307,7 @@ impl Default for SearchOptions {
             elementwise_op_strategy_follow: false,
             tensor_slice_align_enable: false,
             tensor_slice_align_size: 16,
+            op_strategy: None,
         }
     }
 }
@@ -566,6 +590,23 @@ impl ParallelContext {
             "elementwise_op_strategy_follow" => self.search.elementwise_op_strategy_follow = as_bool(key, v)?,
             "tensor_slice_align_enable" => self.search.tensor_slice_align_enable = as_bool(key, v)?,
             "tensor_slice_align_size" => self.search.tensor_slice_align_size = as_int(key, v, 1, 1 << 20)? as usize,
+            "op_strategy_config" => {
+                let o = as_object(key, v, &["mode", "path"])?;
+                let mode = match o.get("mode") {
+                    None => OpStrategyMode::Save,
+                    Some(m) => one_of("op_strategy_config.mode", m, &["SAVE", "LOAD"], |m| match m {
+                        "SAVE" => Some(OpStrategyMode::Save),
+                        "LOAD" => Some(OpStrategyMode::Load),
+                        _ => None,
+                    })?,
+                };
+                let path = o.get("path").ok_or_else(|| bad(key, v, "a table with a path (the .json file)"))?;
+                let path = as_str("op_strategy_config.path", path)?;
+                if !path.ends_with(".json") {
+                    return Err(bad("op_strategy_config.path", &Value::String(path.into()), "a path ending in .json"));
+                }
+                self.search.op_strategy = Some(OpStrategyConfig { mode, path: path.to_string() });
+            }
             _ => unreachable!("every name of OPTION_NAMES has an arm"),
         }
         self.explicit.insert(key);
@@ -620,6 +661,17 @@ impl ParallelContext {
                 return conflict(option, Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
             }
         }
+        if let Some(op) = &self.search.op_strategy {
+            if mode == ParallelMode::AutoParallel && self.search_mode != SearchMode::ShardingPropagation {
+                return conflict(
+                    "op_strategy_config",
+                    Conflict::SearchModeDoesNotSupport { search_mode: self.search_mode.name(), applies_to: "sharding_propagation" },
+                );
+            }
+            if op.mode == OpStrategyMode::Load && self.strategy_load_file().is_some() {
+                return conflict("op_strategy_config", Conflict::AlsoSetBy { other: "strategy_ckpt_config.load_file" });
+            }
+        }
         if self.dataset_strategy != DatasetStrategy::DataParallel && !mode.is_auto() {
             return auto_only(if self.is_set("full_batch") { "full_batch" } else { "dataset_strategy" });
         }
@@ -660,6 +712,9 @@ impl ParallelContext {
         if self.enable_parallel_optimizer && self.pipeline_stages > 1 {
             return unsupported("enable_parallel_optimizer", format!("true with pipeline_stages={}", self.pipeline_stages));
         }
+        if let (Some(op), true) = (&self.search.op_strategy, self.pipeline_stages > 1) {
+            return unsupported("op_strategy_config", format!("{:?} with pipeline_stages={}", op.path, self.pipeline_stages));
+        }
         if self.pipeline_result_broadcast {
             return unsupported("pipeline_result_broadcast", "true".into());
         }
@@ -673,6 +728,16 @@ impl ParallelContext {
     /// `strategy_ckpt_save_file`).
     pub fn strategy_save_file(&self) -> Option<&str> {
         Some(self.strategy_ckpt_config.save_file.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// The operator strategy file to read (`op_strategy_config` in mode `LOAD`), if any.
+    pub fn op_strategy_load_file(&self) -> Option<&str> {
+        self.search.op_strategy.as_ref().filter(|o| o.mode == OpStrategyMode::Load).map(|o| o.path.as_str())
+    }
+
+    /// The operator strategy file to write (`op_strategy_config` in mode `SAVE`), if any.
+    pub fn op_strategy_save_file(&self) -> Option<&str> {
+        self.search.op_strategy.as_ref().filter(|o| o.mode == OpStrategyMode::Save).map(|o| o.path.as_str())
     }
 
     /// The strategy file to load, if any (`strategy_ckpt_config.load_file` or
@@ -811,10 +876,11 @@ mod tests {
             ("elementwise_op_strategy_follow", json!(true)),
             ("tensor_slice_align_enable", json!(true)),
             ("tensor_slice_align_size", json!(32)),
+            ("op_strategy_config", json!({"mode": "LOAD", "path": "/tmp/ops.json"})),
         ];
         assert_eq!(values.len(), OPTION_NAMES.len());
         assert_eq!(SEARCH_OPTION_NAMES.first(), Some(&"device_memory_capacity"));
-        assert_eq!(SEARCH_OPTION_NAMES.len(), 8);
+        assert_eq!(SEARCH_OPTION_NAMES.len(), 9);
         let mut c = ParallelContext::default();
         for (k, v) in &values {
             c.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));

@@ -178,6 +178,26 @@ pub enum ParallelError {
         item: String,
     },
 
+    /// An operator strategy file names an operator the network lacks.
+    #[error("operator strategy file {}: operator {op:?} is not in the network\nhint: the file was saved for another network or configuration; save it again with op_strategy_config mode SAVE", file.display())]
+    UnknownOperator {
+        /// The operator strategy file that was read.
+        file: PathBuf,
+        /// The operator's name.
+        op: String,
+    },
+
+    /// An operator strategy file lacks an operator of the network.
+    #[error("operator strategy file {}: no strategy for operator {op:?} ({kind})\n  a loaded operator strategy file gives every operator its strategy\nhint: the file was saved for another network or configuration; save it again with op_strategy_config mode SAVE", file.display())]
+    MissingOperator {
+        /// The operator strategy file that was read.
+        file: PathBuf,
+        /// The operator's name.
+        op: String,
+        /// The operator's kind.
+        kind: &'static str,
+    },
+
     /// A loss whose dtype is not floating-point.
     #[error("the loss {name:?} is {dtype}; training differentiates a floating-point loss\nhint: Cast the loss to f32, or pass the float value it is computed from")]
     LossNotFloat {
@@ -317,6 +337,13 @@ pub enum Conflict {
         /// The devices of one pipeline stage (`device_num / pipeline_stages`).
         stage_devices: usize,
     },
+    /// An option that applies to other search modes than the one set.
+    SearchModeDoesNotSupport {
+        /// The `search_mode` set.
+        search_mode: &'static str,
+        /// The search modes the option applies to, in words.
+        applies_to: &'static str,
+    },
     /// Two options that set the same thing.
     AlsoSetBy {
         /// The other option's name.
@@ -332,6 +359,9 @@ impl fmt::Display for Conflict {
             }
             Conflict::ModeDoesNotSupport { mode, applies_to } => write!(f, "{mode} does not support it: it applies to {applies_to}"),
             Conflict::StagesDoNotDivide { stages, device_num } => write!(f, "{stages} stages do not divide device_num {device_num}"),
+            Conflict::SearchModeDoesNotSupport { search_mode, applies_to } => {
+                write!(f, "search_mode {search_mode} does not support it: it applies to {applies_to}")
+            }
             Conflict::AlsoSetBy { other } => write!(f, "{other} sets the same thing; set one of them"),
             Conflict::OptimizerShardSizeAboveStage { size, stage_devices } => {
                 write!(f, "{size} is above the {stage_devices} devices of a pipeline stage")

@@ -65,8 +65,8 @@ pub mod search;
 pub mod testing;
 
 pub use context::{
-    CommFusion, DatasetStrategy, FusionMode, ParallelContext, ParallelMode, ParallelOptimizerConfig, PipelineConfig, PipelineScheduler,
-    SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
+    CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, ParallelContext, ParallelMode, ParallelOptimizerConfig,
+    PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};

@@ -35,14 +35,17 @@ use crate::search::{DeviceProfile, Search, SearchRow};
 /// Default AllReduce fusion threshold (MindSpore's `comm_fusion` auto mode): 64 MB.
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
 
-/// Operator strategies read from a strategy file: item `"<Prim>_<param>"` applies to every op of
-/// that kind taking that parameter.
+/// Operator strategies read from a file: a strategy checkpoint's items `"<Prim>_<param>"`,
+/// each applying to every op of that kind taking that parameter, or an operator strategy file
+/// (`op_strategy_config`) naming every operator.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StrategyItems {
     /// The strategy file they were read from.
     pub path: PathBuf,
-    /// Each item's name (`"<Prim>_<param>"`) with its strategy, in file order.
+    /// Each item's name (`"<Prim>_<param>"`, or an operator's name) with its strategy, in file order.
     pub items: Vec<(String, Strategy)>,
+    /// The items name operators, and every operator must have one (an operator strategy file).
+    pub by_operator: bool,
 }
 
 /// What to plan.
@@ -161,6 +164,9 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
     for (i, node) in nodes.iter().enumerate() {
         if let ShardingRule::Spec(spec) = &rules[i] {
             let kind = node.op.kind();
+            if let (Some(file), None) = (req.strategy_file.filter(|f| f.by_operator && use_strategies), &from_file[i]) {
+                return Err(ParallelError::MissingOperator { file: file.path.clone(), op: node.name.clone(), kind });
+            }
             fixed[i] = match (&from_file[i], &node.strategy) {
                 (Some(s), _) => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::StrategyFile)),
                 (None, Some(s)) if use_strategies => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User)),
@@ -434,6 +440,14 @@ pub fn strategy_item_names(graph: &Graph, id: NodeId) -> Vec<String> {
 /// every op of that kind taking that parameter. An item matching no op is an error naming it.
 fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Strategy>>> {
     let mut out = vec![None; graph.len()];
+    if file.by_operator {
+        let by_name: HashMap<&str, usize> = graph.nodes().iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+        for (op, strategy) in &file.items {
+            let i = by_name.get(op.as_str()).ok_or_else(|| ParallelError::UnknownOperator { file: file.path.clone(), op: op.clone() })?;
+            out[*i] = Some(strategy.clone());
+        }
+        return Ok(out);
+    }
     for (key, strategy) in &file.items {
         let mut hit = false;
         for (i, slot) in out.iter_mut().enumerate() {

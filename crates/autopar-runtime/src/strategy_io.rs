@@ -12,7 +12,7 @@ use autopar_checkpoint::{GroupInfo, LayoutItem, StrategyFile, StrategyItem};
 use autopar_graph::NodeId;
 use autopar_layout::Strategy;
 use autopar_parallel::pipeline::PipelinePlan;
-use autopar_parallel::{group_name, ParallelPlan, RankProgram, StrategyItems};
+use autopar_parallel::{group_name, ParallelContext, ParallelPlan, RankProgram, StrategyItems};
 
 use crate::error::{Result, RuntimeError};
 
@@ -147,5 +147,41 @@ pub fn strategy_items(file: &StrategyFile, path: &Path) -> StrategyItems {
             (item.node_name.clone(), Strategy(item.parallel_strategy.iter().map(|d| d.iter().map(|&s| s as usize).collect()).collect()))
         })
         .collect();
-    StrategyItems { path: path.to_path_buf(), items }
+    StrategyItems { path: path.to_path_buf(), items, by_operator: false }
+}
+
+/// The strategies a job under `ctx` plans with, read from their file: the strategy checkpoint
+/// (`strategy_ckpt_config.load_file`) or the operator strategy file (`op_strategy_config` in
+/// mode `LOAD`, which must name every operator); None without either.
+pub fn load_plan_strategies(ctx: &ParallelContext) -> Result<Option<StrategyItems>> {
+    if let Some(path) = ctx.strategy_load_file() {
+        return load_strategy_items(Path::new(path)).map(Some);
+    }
+    match ctx.op_strategy_load_file() {
+        Some(path) => {
+            let path = Path::new(path);
+            let mut items = load_strategy_items(path)?;
+            items.by_operator = true;
+            Ok(Some(items))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The operator strategy file of `plan` (MindSpore's `save_operator_strategy_file`): every
+/// operator's strategy under its name, stage 0, no parameter layouts.
+pub fn operator_strategy_file(plan: &ParallelPlan) -> StrategyFile {
+    let strategy_items = plan
+        .nodes
+        .iter()
+        .filter_map(|np| {
+            let strategy = np.strategy.as_ref()?;
+            Some(StrategyItem {
+                node_name: plan.graph.node(np.id).name.clone(),
+                stage: 0,
+                parallel_strategy: strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect(),
+            })
+        })
+        .collect();
+    StrategyFile { current_stage: 0, strategy_items, layout_items: Vec::new() }
 }

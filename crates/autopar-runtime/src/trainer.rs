@@ -512,10 +512,7 @@ impl Trainer {
                 "the stages are planned by the planner (set operator strategies in the model); drop --strategy",
             ));
         }
-        let items = match cfg.parallel.strategy_load_file() {
-            Some(path) => Some(crate::strategy_io::load_strategy_items(Path::new(path))?),
-            None => None,
-        };
+        let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
         let job = if cfg.parallel.pipeline_stages > 1 {
             Job::Pipeline { job: PipelineJob::new(&graph, net.loss, &cfg.parallel, cfg.micro_batches)?, loss: net.loss }
         } else {
@@ -698,6 +695,9 @@ impl Trainer {
                 }
             }
             write(job.strategy_file(only, &keys), path)?;
+        }
+        if let (Some(path), Job::Plain(j)) = (ctx.op_strategy_save_file(), job) {
+            write(crate::strategy_io::operator_strategy_file(j.plan()), Path::new(path))?;
         }
         if !ctx.group_ckpt_save_file.is_empty() {
             self.save_group_files(job, Path::new(&ctx.group_ckpt_save_file))?;

@@ -193,3 +193,67 @@ fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
     c.set("search_mode", &json!("dynamic_programming")).unwrap();
     plan(&network([64, 128, 32, 16], 48, false), &c).unwrap();
 }
+
+/// `op_strategy_config` (MindSpore's `set_op_strategy_config`): sharding propagation saves every
+/// operator's strategy by name; loading the file gives every operator that strategy (an edited
+/// strategy is followed), and a file that lacks or adds an operator, or another search mode, is
+/// refused naming it.
+#[test]
+fn operator_strategy_files_save_and_load_every_operator() {
+    use autopar_parallel::{plan_job, ParallelError, PlanRequest, StrategySource};
+    use autopar_runtime::strategy_io::{load_plan_strategies, operator_strategy_file};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ops.json");
+    let with = |mode: &str, search: &str| {
+        let mut c = auto(search, false);
+        c.set("op_strategy_config", &json!({"mode": mode, "path": path.display().to_string()})).unwrap();
+        c
+    };
+    let g = network([8192, 8192, 8192, 1024], 32, true);
+    let saving = with("SAVE", "sharding_propagation");
+    assert_eq!(saving.op_strategy_save_file(), Some(path.to_str().unwrap()));
+    let p = plan(&g, &saving).unwrap();
+    operator_strategy_file(&p).save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let planned: Vec<&autopar_parallel::NodePlan> = p.nodes.iter().filter(|n| n.strategy.is_some()).collect();
+    for n in &planned {
+        assert!(text.contains(&format!("\"{}\"", n.name)), "{} is not in {text}", n.name);
+    }
+
+    // Loaded: every operator takes the file's strategy, marked as read from a file.
+    let loading = with("LOAD", "sharding_propagation");
+    let items = load_plan_strategies(&loading).unwrap().expect("LOAD reads the file");
+    assert!(items.by_operator && items.items.len() == planned.len());
+    let fresh = network([8192, 8192, 8192, 1024], 32, false);
+    let req = |items| PlanRequest { graph: &fresh, loss: None, context: &loading, strategy_file: Some(items), profile: None };
+    let replay = plan_job(&req(&items)).unwrap();
+    assert_eq!(p.parameter_layouts(), replay.parameter_layouts());
+    for (a, b) in p.nodes.iter().zip(&replay.nodes) {
+        assert_eq!(a.strategy, b.strategy, "{}", a.name);
+        if b.strategy.is_some() {
+            assert_eq!(b.source, Some(StrategySource::StrategyFile), "{}", b.name);
+        }
+    }
+    // An edited strategy is what the operator runs with.
+    let mut edited = items.clone();
+    let head = edited.items.iter_mut().find(|(name, _)| name == "head.mm").unwrap();
+    head.1 = "((1, 8), (8, 1))".parse().unwrap();
+    let replay = plan_job(&req(&edited)).unwrap();
+    let node = replay.nodes.iter().find(|n| n.name == "head.mm").unwrap();
+    assert_eq!(node.strategy, Some("((1, 8), (8, 1))".parse().unwrap()));
+
+    // A missing operator, an unknown one, another search mode: refused, naming them.
+    let mut missing = items.clone();
+    missing.items.retain(|(name, _)| name != "l2.add");
+    let e = plan_job(&req(&missing)).unwrap_err();
+    assert!(matches!(&e, ParallelError::MissingOperator { op, .. } if op == "l2.add"), "{e}");
+    assert!(e.to_string().contains("ops.json") && e.to_string().contains("\"l2.add\""), "{e}");
+    let mut unknown = items.clone();
+    unknown.items.push(("l9.mm".into(), "((8, 1), (1, 1))".parse().unwrap()));
+    let e = plan_job(&req(&unknown)).unwrap_err();
+    assert!(e.to_string().contains("\"l9.mm\" is not in the network"), "{e}");
+    let e = with("LOAD", "recursive_programming").validate().unwrap_err();
+    assert!(e.to_string().contains("op_strategy_config") && e.to_string().contains("sharding_propagation"), "{e}");
+    let e = auto("sharding_propagation", false).set("op_strategy_config", &json!({"mode": "LOAD", "path": "ops.txt"})).unwrap_err();
+    assert!(e.to_string().contains(".json"), "{e}");
+}

@@ -199,3 +199,30 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     let o = autopar(dir.path(), &["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "3"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
 }
+
+/// `op_strategy_config`: `plan` saves the operator strategies, `train` loads them (and trains
+/// equal to stand-alone); `--compare` refuses to save.
+#[test]
+fn operator_strategy_files_from_plan_drive_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["--model", "mlp", "--devices", "4", "--parallel-mode", "auto_parallel", "--parallel", "search_mode=sharding_propagation"];
+    let save = r#"op_strategy_config={"mode": "SAVE", "path": "ops.json"}"#;
+    let mut a = vec!["plan"];
+    a.extend(base);
+    a.extend(["--parallel", save]);
+    ok(dir.path(), &a);
+    let text = std::fs::read_to_string(dir.path().join("ops.json")).unwrap();
+    assert!(text.contains("\"parallel_strategy_item\"") && text.contains("\"fc1.matmul\""), "{text}");
+    let mut a = vec!["train"];
+    a.extend(base);
+    a.extend(["--parallel", r#"op_strategy_config={"mode": "LOAD", "path": "ops.json"}"#]);
+    a.extend(["--data", "synthetic", "--synthetic-samples", "256", "--steps", "3", "--batch-size", "32", "--verify", "--eval", "false"]);
+    let out = ok(dir.path(), &a);
+    assert!(out.contains("verify:"), "{out}");
+    let mut a = vec!["plan", "--compare"];
+    a.extend(base);
+    a.extend(["--parallel", save]);
+    let o = autopar(dir.path(), &a);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--compare"));
+}

@@ -80,10 +80,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if rank >= n {
         bail!("--rank {rank} is not a rank of {n} devices\nhint: pass --rank between 0 and {}", n - 1);
     }
-    let items = match ctx.strategy_load_file() {
-        Some(path) => Some(autopar_runtime::strategy_io::load_strategy_items(std::path::Path::new(path))?),
-        None => None,
-    };
+    let items = autopar_runtime::strategy_io::load_plan_strategies(&ctx)?;
 
     let profile = load_profile(&args.parallel, &file)?;
     let micro = args.micro_batches.or(file.micro_batches);
@@ -98,6 +95,9 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
     let what = format!("{} ops on {n} devices", graph.len());
     if args.compare {
+        if let Some(path) = ctx.op_strategy_save_file() {
+            bail!("--compare plans with every search; op_strategy_config saves one plan's operator strategies ({path})\nhint: drop --compare to save them, or drop op_strategy_config");
+        }
         spinner.step(format!("planning {what} with every search"));
         let req =
             PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
@@ -133,6 +133,14 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let seconds = started.elapsed().as_secs_f64();
     drop(spinner);
 
+    if let Some(path) = ctx.op_strategy_save_file() {
+        autopar_runtime::strategy_io::operator_strategy_file(&plan).save(path).with_context(|| {
+            format!("cannot write the operator strategy file {path}\nhint: check that the folder exists and is writable")
+        })?;
+        if !args.json && !args.mindspore_layouts {
+            eprintln!("autopar plan: wrote the operator strategy file {path}");
+        }
+    }
     if let Some(path) = &args.svg {
         let svg = split_svg(&plan, 4);
         autopar_data::write_atomic(path, svg.as_bytes())
