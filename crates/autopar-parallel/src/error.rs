@@ -208,7 +208,7 @@ pub enum ParallelError {
     },
 
     /// A network that cannot be cut into its pipeline stages.
-    #[error("pipeline_stages: {problem}\nhint: give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage), in execution order, from 0 to pipeline_stages-1")]
+    #[error("pipeline_stages: {problem}\nhint: {}", problem.hint())]
     Pipeline {
         /// Why it cannot.
         problem: PipelineProblem,
@@ -275,6 +275,27 @@ pub enum PipelineProblem {
         /// The number of stages (`pipeline_stages`).
         stages: usize,
     },
+    /// A split (`--pipeline-split`) naming other than `stages - 1` ops.
+    SplitCount {
+        /// The ops named.
+        given: usize,
+        /// The number of stages (`pipeline_stages`).
+        stages: usize,
+    },
+    /// A split naming something that is not an op of the network.
+    SplitNotAnOp {
+        /// The name given.
+        name: String,
+    },
+    /// A split naming its ops out of network order (or one twice).
+    SplitOrder {
+        /// The op named out of order.
+        name: String,
+        /// The op named before it, which comes later (or is the same).
+        after: String,
+    },
+    /// A split for a model that places its ops on stages itself.
+    SplitOfPlacedModel,
     /// Options the runtime does not run yet.
     Unsupported {
         /// The option (and setting) not supported, in words.
@@ -282,6 +303,24 @@ pub enum PipelineProblem {
     },
     /// A pipeline job handed to the one-stage planner.
     NeedsPipelinePlanner,
+}
+
+impl PipelineProblem {
+    /// What to do about it, in one line.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            PipelineProblem::SplitCount { .. } | PipelineProblem::SplitNotAnOp { .. } | PipelineProblem::SplitOrder { .. } => {
+                "--pipeline-split names the first op of each stage after the first, in network order, as `autopar plan` lists them"
+            }
+            PipelineProblem::SplitOfPlacedModel => "drop --pipeline-split: the model's own stages apply",
+            PipelineProblem::ConsumerBeforeProducer { .. }
+            | PipelineProblem::StageOutOfRange { .. }
+            | PipelineProblem::EmptyStage { .. }
+            | PipelineProblem::LossNotOnLastStage { .. }
+            | PipelineProblem::Unsupported { .. }
+            | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage), in execution order, from 0 to pipeline_stages-1",
+        }
+    }
 }
 
 impl fmt::Display for PipelineProblem {
@@ -296,6 +335,18 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::EmptyStage { stage, stages } => write!(f, "stage {stage} of {stages} has no operator"),
             PipelineProblem::LossNotOnLastStage { name, stage, stages } => {
                 write!(f, "the loss {name:?} is computed on stage {stage}; it must be on the last stage ({})", stages - 1)
+            }
+            PipelineProblem::SplitCount { given, stages } => {
+                write!(f, "the split names {given} op(s); {stages} stages begin at {} ops after the first", stages - 1)
+            }
+            PipelineProblem::SplitNotAnOp { name } => {
+                write!(f, "the split names {name:?}, which is not an op of the network (parameters and inputs belong to no stage)")
+            }
+            PipelineProblem::SplitOrder { name, after } => {
+                write!(f, "the split names {name:?} after {after:?}, which does not come before it in the network; name the ops in network order")
+            }
+            PipelineProblem::SplitOfPlacedModel => {
+                write!(f, "the model places its ops on stages itself (set_pipeline_stage); a split would override it")
             }
             PipelineProblem::Unsupported { what } => write!(f, "{what} is not supported yet"),
             PipelineProblem::NeedsPipelinePlanner => write!(

@@ -224,6 +224,10 @@ pub struct TrainConfig {
     /// `pipeline_config.pipeline_scheduler`; otherwise they run one after the other (gradient
     /// accumulation: the same update as the whole batch, but for BatchNorm's statistics).
     pub micro_batches: usize,
+    /// Where a pipeline's stages begin (`--pipeline-split`): the first op of each stage after
+    /// the first, in network order. Empty: the model's `set_pipeline_stage`, else stages of
+    /// about equal FLOPs cut between blocks.
+    pub pipeline_split: Vec<String>,
     /// Seed of the data shuffle and the random augmentations.
     pub seed: u64,
     /// Whether the data is shuffled every epoch.
@@ -258,6 +262,7 @@ impl Default for TrainConfig {
             max_steps: None,
             batch_size: 32,
             micro_batches: 1,
+            pipeline_split: Vec::new(),
             seed: 1,
             shuffle: true,
             prefetch: 2,
@@ -513,6 +518,19 @@ impl Trainer {
             ));
         }
         let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
+        let mut graph = graph;
+        if !cfg.pipeline_split.is_empty() {
+            if cfg.parallel.pipeline_stages < 2 {
+                return Err(Self::config_error(
+                    "pipeline_split",
+                    cfg.pipeline_split.join(","),
+                    "a split only with pipeline_stages > 1",
+                    "set --parallel pipeline_stages=P, or drop --pipeline-split",
+                ));
+            }
+            autopar_parallel::pipeline::split_before(&mut graph, cfg.parallel.pipeline_stages, &cfg.pipeline_split)
+                .map_err(crate::RuntimeError::from)?;
+        }
         let job = if cfg.parallel.pipeline_stages > 1 {
             Job::Pipeline { job: PipelineJob::new(&graph, net.loss, &cfg.parallel, cfg.micro_batches)?, loss: net.loss }
         } else {

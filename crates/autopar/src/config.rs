@@ -93,6 +93,8 @@ pub struct FileConfig {
     pub strategy: Option<PathBuf>,
     /// `--profile` (see `autopar train --help`).
     pub profile: Option<PathBuf>,
+    /// `--pipeline-split` (see `autopar train --help`), as a list of op names.
+    pub pipeline_split: Option<Vec<String>>,
     /// The `[parallel]` table: `set_auto_parallel_context` options by name, as `--parallel KEY=VALUE`.
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
 }

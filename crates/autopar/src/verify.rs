@@ -87,6 +87,7 @@ pub fn stand_alone(trainer: &Trainer) -> Result<TrainReport, VerifyError> {
     let mut alone = trainer.clone().in_process();
     let cfg = alone.config_mut();
     cfg.parallel = ParallelContext::default();
+    cfg.pipeline_split.clear();
     cfg.checkpoint = None;
     cfg.resume = None;
     alone.fit(Vec::new()).map_err(|e| VerifyError::Reference(Box::new(e)))

@@ -226,3 +226,71 @@ fn operator_strategy_files_from_plan_drive_train() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--compare"));
 }
+
+/// `--pipeline-split`: stage 1 begins at the named op (plan and train, from the flag or the
+/// config file), and a name that is not an op is refused naming it.
+#[test]
+fn pipeline_split_starts_stages_at_the_named_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["plan", "--model", "gpt", "--devices", "4", "--parallel", "pipeline_stages=2", "--micro-batches", "2", "--json"];
+    let stage_ops = |extra: &[&str]| -> Vec<u64> {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &a)).unwrap();
+        v["pipeline"]["stages"].as_array().unwrap().iter().map(|s| s["ops"].as_u64().unwrap()).collect()
+    };
+    let balanced = stage_ops(&[]);
+    let early = stage_ops(&["--pipeline-split", "blocks.1.ln1"]);
+    assert_eq!(balanced.iter().sum::<u64>(), early.iter().sum::<u64>());
+    assert!(early[0] < balanced[0] && early[0] * 2 < early[1], "{balanced:?} vs {early:?}");
+    std::fs::write(dir.path().join("split.toml"), "pipeline_split = [\"blocks.1.ln1\"]\n").unwrap();
+    assert_eq!(stage_ops(&["--config", "split.toml"]), early);
+
+    let mut a = base.to_vec();
+    a.extend(["--pipeline-split", "blocks.9.ln1"]);
+    let o = autopar(dir.path(), &a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("\"blocks.9.ln1\"") && err.contains("--pipeline-split"), "{err}");
+
+    let out = ok(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            "gpt",
+            "--width",
+            "32",
+            "--depth",
+            "3",
+            "--heads",
+            "2",
+            "--input-shape",
+            "16",
+            "--num-classes",
+            "32",
+            "--data",
+            "synthetic",
+            "--synthetic-samples",
+            "128",
+            "--steps",
+            "2",
+            "--batch-size",
+            "8",
+            "--devices",
+            "2",
+            "--parallel",
+            "pipeline_stages=2",
+            "--micro-batches",
+            "2",
+            "--pipeline-split",
+            "blocks.2.ln1",
+            "--optimizer",
+            "momentum",
+            "--verify",
+            "--eval",
+            "false",
+        ],
+    );
+    assert!(out.contains("verify:") && !out.contains("MISMATCH"), "{out}");
+}

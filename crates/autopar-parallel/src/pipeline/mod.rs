@@ -9,4 +9,4 @@ pub mod stages;
 pub use program::{boundary, plan_pipeline, stage_program, PipelinePlan, StageProgram};
 pub use report::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
 pub use schedule::{build, ideal_bubble, simulate, Action, Pass, PipelineShape, Schedule, ScheduleError, SimCosts, Simulation, Work};
-pub use stages::{assign_stages, balance_stages, has_stages, is_stageless};
+pub use stages::{assign_stages, balance_stages, has_stages, is_stageless, split_before};

@@ -127,6 +127,40 @@ pub fn partition(weights: &[f64], parts: usize) -> Vec<usize> {
     out
 }
 
+/// Cut a graph the model did not place into stages at the named ops (`--pipeline-split`):
+/// `starts` names, in network order, the first op of each stage after the first, so stage
+/// `s + 1` runs from `starts[s]` up to the next one. Every op's stage is set.
+pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String]) -> Result<()> {
+    let err = |problem| Err(ParallelError::Pipeline { problem });
+    if has_stages(graph) {
+        return err(PipelineProblem::SplitOfPlacedModel);
+    }
+    if starts.len() + 1 != stages {
+        return err(PipelineProblem::SplitCount { given: starts.len(), stages });
+    }
+    let mut at = Vec::with_capacity(starts.len());
+    for name in starts {
+        let i = graph.nodes().iter().position(|n| n.name == *name && !is_stageless(n));
+        let Some(i) = i else { return err(PipelineProblem::SplitNotAnOp { name: name.clone() }) };
+        if let Some(&prev) = at.last() {
+            if i <= prev {
+                return err(PipelineProblem::SplitOrder {
+                    name: name.clone(),
+                    after: graph.node(autopar_graph::NodeId(prev)).name.clone(),
+                });
+            }
+        }
+        at.push(i);
+    }
+    for i in 0..graph.len() {
+        let id = autopar_graph::NodeId(i);
+        if !is_stageless(graph.node(id)) {
+            graph.node_mut(id).pipeline_stage = Some(at.iter().filter(|&&a| a <= i).count());
+        }
+    }
+    Ok(())
+}
+
 /// Every node's stage (None for stage-less nodes), checked: stages in `0..stages`, no op before
 /// one of its inputs, no empty stage, the loss (if any) on the last stage.
 pub fn assign_stages(graph: &Graph, stages: usize, loss: Option<autopar_graph::NodeId>) -> Result<Vec<Option<usize>>> {
@@ -203,6 +237,31 @@ mod tests {
             };
             assert_eq!(*stage, want, "{}", node.name);
         }
+    }
+
+    #[test]
+    fn a_split_starts_each_stage_at_its_op_and_refuses_bad_names() {
+        let (mut g, l) = mlp(&[None, None, None]);
+        split_before(&mut g, 3, &["act".into(), "loss".into()]).unwrap();
+        let s = assign_stages(&g, 3, Some(l)).unwrap();
+        let of = |name: &str| s[g.nodes().iter().position(|n| n.name == name).unwrap()];
+        assert_eq!((of("fc1"), of("act"), of("fc2"), of("loss"), of("w1")), (Some(0), Some(1), Some(1), Some(2), None));
+        let problem = |starts: &[&str], stages: usize, g: &Graph| {
+            let mut g = g.clone();
+            match split_before(&mut g, stages, &starts.iter().map(|s| s.to_string()).collect::<Vec<_>>()) {
+                Err(ParallelError::Pipeline { problem }) => problem,
+                other => panic!("{starts:?}: {other:?}"),
+            }
+        };
+        let (fresh, _) = mlp(&[None, None, None]);
+        assert_eq!(problem(&["act"], 3, &fresh), PipelineProblem::SplitCount { given: 1, stages: 3 });
+        assert_eq!(problem(&["w2"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "w2".into() });
+        assert_eq!(problem(&["nope"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "nope".into() });
+        assert_eq!(problem(&["fc2", "act"], 3, &fresh), PipelineProblem::SplitOrder { name: "act".into(), after: "fc2".into() });
+        let (placed, _) = mlp(&[Some(0), Some(1), None]);
+        assert_eq!(problem(&["act"], 2, &placed), PipelineProblem::SplitOfPlacedModel);
+        let msg = ParallelError::Pipeline { problem: problem(&["fc2", "act"], 3, &fresh) }.to_string();
+        assert!(msg.contains("\"act\"") && msg.contains("network order"), "{msg}");
     }
 
     #[test]

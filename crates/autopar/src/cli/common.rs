@@ -59,6 +59,21 @@ pub struct ParallelArgs {
     /// default: the built-in one).
     #[arg(long, value_name = "FILE", help_heading = "Parallel")]
     pub profile: Option<PathBuf>,
+    /// Where pipeline stages begin (with --parallel pipeline_stages=P): the first op of each
+    /// stage after the first, in network order (names as `autopar plan` prints them), e.g.
+    /// blocks.2.ln1; default: the model's own stages, else stages of about equal FLOPs cut
+    /// between blocks.
+    #[arg(long, value_name = "OP,...", value_delimiter = ',', help_heading = "Parallel")]
+    pub pipeline_split: Option<Vec<String>>,
+}
+
+/// `--pipeline-split`, else the config file's `pipeline_split`; empty for none.
+pub fn pipeline_split(p: &ParallelArgs, file: &FileConfig) -> Result<Vec<String>> {
+    let split = p.pipeline_split.clone().or_else(|| file.pipeline_split.clone()).unwrap_or_default();
+    if let Some(bad) = split.iter().find(|s| s.trim().is_empty()) {
+        bail!("--pipeline-split has an empty op name ({bad:?})\nhint: name ops separated by commas, e.g. --pipeline-split blocks.2.ln1");
+    }
+    Ok(split)
 }
 
 /// The device profile of `--profile`, else of the config file's `profile` key (TOML, as

@@ -15,7 +15,9 @@ use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport}
 use autopar_parallel::{compare_searches, plan_job, rank_program, ParallelMode, PlanRequest, RankCost};
 use clap::Args;
 
-use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, ModelArgs, ParallelArgs, Spinner};
+use super::common::{
+    load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, ModelArgs, ParallelArgs, Spinner,
+};
 
 /// The flags of `autopar plan`.
 #[derive(Args, Debug)]
@@ -85,7 +87,11 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let profile = load_profile(&args.parallel, &file)?;
     let micro = args.micro_batches.or(file.micro_batches);
     if ctx.pipeline_stages > 1 {
-        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some(), out);
+        let split = pipeline_split(&args.parallel, &file)?;
+        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some(), &split, out);
+    }
+    if args.parallel.pipeline_split.is_some() || file.pipeline_split.is_some() {
+        bail!("--pipeline-split cuts pipeline stages\nhint: set --parallel pipeline_stages=P, or drop --pipeline-split");
     }
     if micro.is_some_and(|m| m != 1) {
         bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
@@ -184,6 +190,7 @@ fn plan_pipeline_job(
     rank: usize,
     slots: usize,
     has_strategy_file: bool,
+    split: &[String],
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
     if has_strategy_file {
@@ -198,7 +205,10 @@ fn plan_pipeline_job(
     }
     let started = Instant::now();
     let spinner = Spinner::start(format!("building {} for micro-batch {}", model.name(), batch / m));
-    let (graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
+    let (mut graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
+    if !split.is_empty() {
+        autopar_parallel::pipeline::split_before(&mut graph, ctx.pipeline_stages, split)?;
+    }
     spinner.step(format!("planning {} ops in {} stages on {} devices", graph.len(), ctx.pipeline_stages, ctx.devices()));
     let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile: None };
     let pp = autopar_parallel::pipeline::plan_pipeline(&req, m)?;

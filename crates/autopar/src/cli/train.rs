@@ -18,7 +18,9 @@ use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::common::{load_profile, model_options, optimizer_kind, parallel_context, read_config, FileConfig, ModelArgs, ParallelArgs};
+use super::common::{
+    load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, FileConfig, ModelArgs, ParallelArgs,
+};
 use crate::verify;
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
@@ -367,6 +369,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         max_steps: steps,
         batch_size,
         micro_batches,
+        pipeline_split: pipeline_split(&s.args.parallel, &s.file)?,
         seed,
         shuffle: parse_bool_or(pick!(s, shuffle), true),
         prefetch: pick!(s, prefetch).unwrap_or(2),
