@@ -87,7 +87,7 @@ check exits
 
 # A parallel training job over MPI equals the same job on in-process ranks.
 echo "mpi-tests: building autopar-runtime with --features mpi"
-cargo build -p autopar-runtime --features mpi --example mpi_equals_local
+cargo build -p autopar-runtime --features mpi --example mpi_equals_local --example mpi_parameter_broadcast
 training() {
     local n=$1 mode=$2 out
     echo "mpi-tests: $mode training under mpirun -n $n equals LocalComm"
@@ -98,6 +98,29 @@ training() {
 check training 2 semi_auto_parallel
 check training 4 semi_auto_parallel
 check training 2 data_parallel
+
+# parameter_broadcast over MPI: ranks that start from different values end with equal replicas
+# and train bit for bit as in process; a wrong cur_rank on rank 1 fails every rank (no hang).
+broadcast() {
+    local n=$1 out
+    echo "mpi-tests: parameter_broadcast under mpirun -n $n equals LocalComm"
+    out=$(timeout 300 mpirun -n "$n" "${flags[@]}" "${CARGO_TARGET_DIR:-target}/debug/examples/mpi_parameter_broadcast" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out"
+    grep -q "mpi-parameter-broadcast: OK" <<<"$out"
+}
+broadcast_refused() {
+    local out rc=0
+    echo "mpi-tests: parameter_broadcast with a wrong cur_rank on rank 1 of 4 fails the job"
+    out=$(timeout 120 mpirun -n 4 "${flags[@]}" "${CARGO_TARGET_DIR:-target}/debug/examples/mpi_parameter_broadcast" bad 2>&1) || rc=$?
+    if [ "$rc" = 0 ] || [ "$rc" = 124 ] || ! grep -q "cur_rank 0 is not this rank, which is rank 1" <<<"$out"; then
+        echo "$out" >&2
+        echo "mpi-tests: expected every rank to fail with the cur_rank error, got exit $rc" >&2
+        return 1
+    fi
+}
+check broadcast 2
+check broadcast 4
+check broadcast_refused
 check training 4 data_parallel
 
 # An autopar built without MPI support refuses to run under mpirun (instead of every process

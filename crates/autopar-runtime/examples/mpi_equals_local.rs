@@ -66,8 +66,8 @@ fn main() {
         let mut trainer = RankTrainer::new(&job, &comm, &full).map_err(|e| e.to_string())?;
         let mut opt = optimizer().map_err(|e| e.to_string())?;
         let mut losses = Vec::new();
-        for s in 0..steps {
-            let feeds = trainer.local_feeds(&data[s]).map_err(|e| e.to_string())?;
+        for batch in &data {
+            let feeds = trainer.local_feeds(batch).map_err(|e| e.to_string())?;
             losses.push(trainer.step(opt.as_mut(), &feeds).map_err(|e| e.to_string())?);
         }
         // Every rank's slices, gathered (each process holds only its own).
