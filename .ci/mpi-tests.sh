@@ -162,6 +162,8 @@ check train_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthe
 check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4
 check train_cli 4 --model mlp --data synthetic --synthetic-samples 1024 --steps 6 --batch-size 32 --parallel pipeline_stages=4 --parallel 'pipeline_config={"pipeline_scheduler":"gpipe"}' --micro-batches 8
 check train_cli 2 --model mlp --data synthetic --synthetic-samples 1024 --steps 6 --batch-size 16 --grad-accumulation 2
+# The parallel optimizer inside a pipeline (each stage's replicas shard its parameters).
+check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4 --parallel enable_parallel_optimizer=true --parallel 'parallel_optimizer_config={"parallel_optimizer_threshold":0,"gradient_accumulation_shard":true}'
 # auto_parallel: dynamic_programming splits some of ResNet-50's convolutions over channels on 8 ranks.
 check train_cli 8 --model resnet50 --width 8 --input-shape 3,32,32 --data synthetic --synthetic-samples 256 --steps 3 --batch-size 64 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming --eval false
 

@@ -709,9 +709,6 @@ impl ParallelContext {
         if self.enable_parallel_optimizer && self.parallel_mode == ParallelMode::HybridParallel {
             return unsupported("enable_parallel_optimizer", "true under hybrid_parallel (its graphs are written by hand)".into());
         }
-        if self.enable_parallel_optimizer && self.pipeline_stages > 1 {
-            return unsupported("enable_parallel_optimizer", format!("true with pipeline_stages={}", self.pipeline_stages));
-        }
         if let (Some(op), true) = (&self.search.op_strategy, self.pipeline_stages > 1) {
             return unsupported("op_strategy_config", format!("{:?} with pipeline_stages={}", op.path, self.pipeline_stages));
         }

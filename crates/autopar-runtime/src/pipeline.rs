@@ -104,9 +104,19 @@ impl StageTrainer {
         if world.size() != plan.device_num {
             return Err(RuntimeError::DeviceCount { job: plan.device_num, ranks: world.size() });
         }
-        let program = stage_program(&plan, world.rank()).map_err(|e| RuntimeError::Plan(Box::new(e)))?;
-        let held: Vec<&str> =
-            program.graph.nodes().iter().filter(|n| matches!(n.op, OpKind::Parameter(_))).map(|n| n.name.as_str()).collect();
+        let mut program = stage_program(&plan, world.rank()).map_err(|e| RuntimeError::Plan(Box::new(e)))?;
+        let held: Vec<String> =
+            program.graph.nodes().iter().filter(|n| matches!(n.op, OpKind::Parameter(_))).map(|n| n.name.clone()).collect();
+        let held: Vec<&str> = held.iter().map(String::as_str).collect();
+        // The parallel optimizer's buckets cover the stage's own parameters (every rank of a
+        // shard group is in this stage and holds the same ones, so the packing agrees).
+        let graded: Vec<String> = program.param_grads.iter().map(|(n, _)| n.clone()).collect();
+        let rp = &mut program.program;
+        rp.all_gather.iter_mut().for_each(|b| b.params.retain(|p| held.contains(&p.as_str())));
+        rp.all_gather.retain(|b| !b.params.is_empty());
+        rp.reduce_scatter.iter_mut().for_each(|b| b.params.retain(|p| graded.contains(p)));
+        rp.reduce_scatter.retain(|b| !b.params.is_empty());
+        rp.accumulation_shard &= !rp.reduce_scatter.is_empty();
         let mut params = ParamStore::new();
         for slot in program.program.params.iter().filter(|s| held.contains(&s.name.as_str())) {
             params.insert(&slot.name, slice_tensor(full.require(&slot.name)?, &slot.slice)?);
@@ -263,83 +273,108 @@ impl StageTrainer {
         self.check_batch(batch)?;
         let actions = self.plan.schedule.stages[stage].clone();
         let start = std::time::Instant::now();
-        self.busy = 0.0;
-        for action in actions {
-            let t0 = std::time::Instant::now();
-            let compute = matches!(action, Action::Compute(_));
-            match action {
-                Action::Compute(w) if w.pass == Pass::Forward => {
-                    let micro = MicroBatch { index: w.micro, count: m };
-                    let mut feeds = self.data_feeds(&self.program.graph, batch, w.micro)?;
-                    if !self.program.recv.is_empty() {
-                        let recv = slot(received[w.micro].take(), "the received activations", w.micro)?;
-                        feeds.extend(self.program.recv.iter().copied().zip(recv));
+        let mut busy = 0.0;
+        // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered at
+        // once, so only the rank's pieces accumulate.
+        let shard_each = self.program.program.accumulation_shard;
+        let mut params = std::mem::take(&mut self.params);
+        let this = &*self;
+        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
+            for action in actions {
+                let t0 = std::time::Instant::now();
+                let compute = matches!(action, Action::Compute(_));
+                match action {
+                    Action::Compute(w) if w.pass == Pass::Forward => {
+                        let micro = MicroBatch { index: w.micro, count: m };
+                        let mut feeds = this.data_feeds(&this.program.graph, batch, w.micro)?;
+                        if !this.program.recv.is_empty() {
+                            let recv = slot(received[w.micro].take(), "the received activations", w.micro)?;
+                            feeds.extend(this.program.recv.iter().copied().zip(recv));
+                        }
+                        let out = this.forward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
+                        let mut values = out.values.into_iter();
+                        to_send[w.micro] = Some(values.by_ref().take(this.program.send.len()).collect());
+                        if this.program.loss.is_some() {
+                            loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
+                        }
+                        saved[w.micro] = Some(values.collect());
                     }
-                    let out = self.forward.run_micro(&mut self.params, &feeds, self.step, Some(&self.groups), micro)?;
-                    let mut values = out.values.into_iter();
-                    to_send[w.micro] = Some(values.by_ref().take(self.program.send.len()).collect());
-                    if self.program.loss.is_some() {
-                        loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
-                    }
-                    saved[w.micro] = Some(values.collect());
-                }
-                Action::Compute(w) => {
-                    let micro = MicroBatch { index: w.micro, count: m };
-                    let mut feeds = self.data_feeds(&self.program.backward, batch, w.micro)?;
-                    feeds.extend(self.program.saved_in.iter().copied().zip(slot(saved[w.micro].take(), "the saved activations", w.micro)?));
-                    // The gradients of the float values this stage sent, in order.
-                    let mut dv = if self.float_sends().is_empty() {
-                        Vec::new().into_iter()
-                    } else {
-                        slot(grads_in[w.micro].take(), "the received gradients", w.micro)?.into_iter()
-                    };
-                    for (k, &v) in self.program.send.iter().enumerate() {
-                        if self.program.graph.node(v).ty.dtype.is_float() {
-                            let t = dv.next().expect("one gradient per float value sent");
-                            if let Some(id) = self.program.grad_in[k] {
-                                feeds.push((id, t));
+                    Action::Compute(w) => {
+                        let micro = MicroBatch { index: w.micro, count: m };
+                        let mut feeds = this.data_feeds(&this.program.backward, batch, w.micro)?;
+                        feeds.extend(this.program.saved_in.iter().copied().zip(slot(
+                            saved[w.micro].take(),
+                            "the saved activations",
+                            w.micro,
+                        )?));
+                        // The gradients of the float values this stage sent, in order.
+                        let mut dv = if this.float_sends().is_empty() {
+                            Vec::new().into_iter()
+                        } else {
+                            slot(grads_in[w.micro].take(), "the received gradients", w.micro)?.into_iter()
+                        };
+                        for (k, &v) in this.program.send.iter().enumerate() {
+                            if this.program.graph.node(v).ty.dtype.is_float() {
+                                let t = dv.next().expect("one gradient per float value sent");
+                                if let Some(id) = this.program.grad_in[k] {
+                                    feeds.push((id, t));
+                                }
                             }
                         }
+                        let out = this.backward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
+                        let mut values = out.values.into_iter();
+                        let n_back = this.program.grad_out.iter().flatten().count();
+                        grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
+                        if shard_each {
+                            let mut grads: Vec<(String, Tensor)> =
+                                this.program.param_grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
+                            crate::shard::scatter_gradients(&this.program.program, &mut grads, Some(&this.groups))?;
+                            accumulate_into(&mut acc, grads.into_iter().map(|(_, g)| g))?;
+                        } else {
+                            accumulate_into(&mut acc, values)?;
+                        }
                     }
-                    let out = self.backward.run_micro(&mut self.params, &feeds, self.step, Some(&self.groups), micro)?;
-                    let mut values = out.values.into_iter();
-                    let n_back = self.program.grad_out.iter().flatten().count();
-                    grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
-                    accumulate_into(&mut acc, values)?;
+                    Action::Send { work, peer } => {
+                        let dest = peer * d + rank % d;
+                        let values = if work.pass == Pass::Forward { to_send[work.micro].take() } else { grads_back[work.micro].take() };
+                        for t in slot(values, "a value to send", work.micro)? {
+                            send_tensor(world, &t, dest, work.micro)?;
+                        }
+                    }
+                    Action::Recv { work, peer } => {
+                        let src = peer * d + rank % d;
+                        if work.pass == Pass::Forward {
+                            let types: Vec<(Vec<usize>, autopar_graph::DType)> = self
+                                .program
+                                .recv
+                                .iter()
+                                .map(|&r| (this.program.graph.node(r).ty.shape.clone(), this.program.graph.node(r).ty.dtype))
+                                .collect();
+                            received[work.micro] =
+                                Some(types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?);
+                        } else {
+                            let types = this.float_sends();
+                            let got: Vec<Tensor> =
+                                types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?;
+                            grads_in[work.micro] = Some(got);
+                        }
+                    }
                 }
-                Action::Send { work, peer } => {
-                    let dest = peer * d + rank % d;
-                    let values = if work.pass == Pass::Forward { to_send[work.micro].take() } else { grads_back[work.micro].take() };
-                    for t in slot(values, "a value to send", work.micro)? {
-                        send_tensor(world, &t, dest, work.micro)?;
-                    }
-                }
-                Action::Recv { work, peer } => {
-                    let src = peer * d + rank % d;
-                    if work.pass == Pass::Forward {
-                        let types: Vec<(Vec<usize>, autopar_graph::DType)> = self
-                            .program
-                            .recv
-                            .iter()
-                            .map(|&r| (self.program.graph.node(r).ty.shape.clone(), self.program.graph.node(r).ty.dtype))
-                            .collect();
-                        received[work.micro] =
-                            Some(types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?);
-                    } else {
-                        let types = self.float_sends();
-                        let got: Vec<Tensor> =
-                            types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?;
-                        grads_in[work.micro] = Some(got);
-                    }
+                if compute {
+                    busy += t0.elapsed().as_secs_f64();
                 }
             }
-            if compute {
-                self.busy += t0.elapsed().as_secs_f64();
-            }
-        }
+            Ok(())
+        });
+        self.params = params;
+        self.busy = busy;
+        run?;
         let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(acc.len());
         for ((name, _), g) in self.program.param_grads.iter().zip(acc) {
             grads.push((name.clone(), g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?));
+        }
+        if !shard_each {
+            crate::shard::scatter_gradients(&self.program.program, &mut grads, Some(&self.groups))?;
         }
         for (b, buffer) in &mut self.buckets {
             sync_bucket(b, buffer, &mut grads, Some(&self.groups))?;
@@ -522,10 +557,23 @@ pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local
         .map(|stage| plan.plan.params.iter().filter(|p| param_stages.iter().any(|(n, s)| *n == p.name && s.contains(&stage))).collect())
         .collect();
     let held = |r: usize| &by_stage[plan.place(r).0];
-    let len =
-        |held: &Vec<&autopar_parallel::ParamPlan>| -> usize { held.iter().map(|p| p.layout.slice_shape().iter().product::<usize>()).sum() };
+    // What rank r stores of `p` (its model-parallel slice, or its optimizer shard of it).
+    let d = plan.stage_devices();
+    let stored = |p: &autopar_parallel::ParamPlan, r: usize| -> Result<Vec<usize>> {
+        let slice = p
+            .stored_slice(r % d)
+            .map_err(|e| RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: p.name.clone(), source: e })))?;
+        Ok(slice.iter().map(|x| x.len()).collect())
+    };
     let n = world.size();
-    let width = by_stage.iter().map(len).max().unwrap_or(0);
+    let mut width = 0;
+    for r in 0..n {
+        let mut len = 0;
+        for p in held(r).iter() {
+            len += stored(p, r)?.iter().product::<usize>();
+        }
+        width = width.max(len);
+    }
     let mut mine = Vec::with_capacity(width);
     for p in held(world.rank()).iter() {
         mine.extend(local.require(&p.name)?.to_f64_vec());
@@ -537,7 +585,7 @@ pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local
     for (r, store) in stores.iter_mut().enumerate() {
         let mut at = r * width;
         for p in held(r).iter() {
-            let shape = p.layout.slice_shape();
+            let shape = stored(p, r)?;
             let count: usize = shape.iter().product();
             let t = Tensor::from_vec(&shape, all[at..at + count].to_vec()).map_err(|e| RuntimeError::Kernel {
                 kind: "AllGather",
