@@ -994,8 +994,15 @@ mod tests {
         for (settings, mode) in [
             (vec![("pipeline_result_broadcast", json!(true))], "semi_auto_parallel"),
             (vec![opt.clone()], "hybrid_parallel"),
-            (vec![opt.clone(), ("pipeline_stages", json!(2))], "semi_auto_parallel"),
             (vec![("group_ckpt_save_file", json!("groups.pb"))], "hybrid_parallel"),
+            (
+                vec![
+                    ("pipeline_stages", json!(2)),
+                    ("search_mode", json!("sharding_propagation")),
+                    ("op_strategy_config", json!({"path": "ops.json"})),
+                ],
+                "auto_parallel",
+            ),
         ] {
             let mut c = ParallelContext::default();
             c.set("device_num", &json!(8)).unwrap();
@@ -1015,6 +1022,12 @@ mod tests {
         c.set("enable_parallel_optimizer", &json!(true)).unwrap();
         c.set("comm_fusion", &json!({"reducescatter": {"mode": "size", "config": 4}})).unwrap();
         c.set("group_ckpt_save_file", &json!("groups.pb")).unwrap();
+        c.validate().unwrap();
+        c.check_supported().unwrap();
+        // ... and inside pipelines.
+        c.set("group_ckpt_save_file", &json!("")).unwrap();
+        c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+        c.set("pipeline_stages", &json!(2)).unwrap();
         c.validate().unwrap();
         c.check_supported().unwrap();
     }

@@ -92,23 +92,28 @@ impl RankCost {
             e.0 += 1;
             e.1 += elements * b.dtype.size();
         }
-        // The parallel optimizer's collectives: values gathered to whole slices, gradients
-        // reduce-scattered over the replicas (and their parts gathered over the rest).
-        let slice_elements =
-            |names: &[String]| -> usize { names.iter().filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).sum() };
+        // The parallel optimizer's collectives, counted like every other one by the send
+        // buffer: the stored pieces all-gathered into slices over the shard group; the
+        // gradients reduce-scattered over the replica group, each shard cut into one part per
+        // rank holding it (the last part padded), then those parts all-gathered over them.
+        let slices =
+            |names: &[String]| -> Vec<usize> { names.iter().filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).collect() };
         for b in &program.all_gather {
             let e = comm.entry((Collective::AllGather, b.group.clone())).or_default();
             e.0 += 1;
-            e.1 += slice_elements(&b.params) * b.dtype.size();
+            e.1 += slices(&b.params).iter().map(|s| s / b.group.len()).sum::<usize>() * b.dtype.size();
         }
         for b in &program.reduce_scatter {
+            let (g, k) = (b.group.len(), b.shard_size);
+            let holders = g / k;
+            let parts: usize = slices(&b.params).iter().map(|s| (s / k).div_ceil(holders)).sum();
             let e = comm.entry((Collective::ReduceScatter, b.group.clone())).or_default();
             e.0 += 1;
-            e.1 += slice_elements(&b.params) * b.dtype.size();
+            e.1 += parts * g * b.dtype.size();
             if b.rest.len() > 1 {
                 let e = comm.entry((Collective::AllGather, b.rest.clone())).or_default();
                 e.0 += 1;
-                e.1 += slice_elements(&b.params) / b.shard_size * b.dtype.size();
+                e.1 += parts * b.dtype.size();
             }
         }
         let slice_bytes = |p: &crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();

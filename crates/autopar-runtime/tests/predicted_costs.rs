@@ -3,7 +3,7 @@
 //! one training step through a metering communicator: the bytes it hands to each kind of
 //! collective over each group equal the prediction of its program exactly, and the executor's
 //! peak of live values is within 10% of the predicted peak activation memory. The same holds for
-//! the plans of every auto_parallel search.
+//! the plans of every auto_parallel search and for the parallel optimizer's collectives.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -132,4 +132,35 @@ fn predicted_bytes_equal_the_metered_bytes_and_peak_memory_is_close_for_the_gpt(
 fn predicted_bytes_equal_the_metered_bytes_and_peak_memory_is_close_for_resnet18() {
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
     assert!(check("resnet18", &net(&ResNet::new(cfg).unwrap(), 8, 4), 3) > 0);
+}
+
+/// The parallel optimizer's all-gathers and reduce-scatters are counted like every other
+/// collective (the send buffer): shards over whole replica groups and over groups of 2, data
+/// parallel and with random strategies.
+#[test]
+fn the_parallel_optimizer_predicts_its_communication() {
+    let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![16, 16], num_classes: 8 }).unwrap();
+    let net = net(&m, 16, 8);
+    let mut sharded = 0;
+    for n in [4usize, 8] {
+        for (mode, seed) in [("data_parallel", 0u64), ("semi_auto_parallel", 1), ("semi_auto_parallel", 2)] {
+            for size in [-1i64, 2] {
+                let mut g = net.graph.clone();
+                if mode == "semi_auto_parallel" {
+                    assign_random_strategies(&mut g, n, seed * 31 + n as u64);
+                }
+                let mut ctx = ParallelContext::default();
+                ctx.set("device_num", &json!(n)).unwrap();
+                ctx.set("parallel_mode", &json!(mode)).unwrap();
+                ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+                ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size}))
+                    .unwrap();
+                let job = ParallelJob::new(g, net.loss, ctx).unwrap();
+                let program = job.program(0).unwrap();
+                sharded += usize::from(!program.reduce_scatter.is_empty());
+                measure(&format!("{mode} seed={seed} n={n} shard size {size}"), &net, job);
+            }
+        }
+    }
+    assert!(sharded >= 8, "only {sharded} runs sharded anything");
 }
