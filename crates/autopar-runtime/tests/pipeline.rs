@@ -445,6 +445,12 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
             )
             .unwrap();
             let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
+            if seed == 0 && size == -1 {
+                // parameter_layout_dict names the shard group by world ranks: stage 1's ranks 4-7.
+                let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), 5);
+                let (_, l) = dict.iter().find(|(n, _)| n == "block3.weight").expect("stage 1 holds block3");
+                assert_eq!(l.opt_shard_group, autopar_parallel::group_name(&[4, 5, 6, 7], devices), "{what}");
+            }
             let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
             // Sharded: some rank stores less of a weight than the unsharded pipeline does.
             let stored = |r: &ParamStore| r.iter().map(|(_, t)| t.numel()).sum::<usize>();

@@ -5,15 +5,21 @@
 //!     holds activations for (1F1B: P-s on stage s; GPipe: M).
 //! (b) Measured on 8 simulated devices (threads): the GPT (4 blocks, width 64, batch M*4) cut
 //!     into P stages of equal FLOPs, the ranks' mean idle share of a step beside the simulated
-//!     bubble, and samples per second, for P in {2, 4}, M in {4, 8}, GPipe and 1F1B.
+//!     bubble, and samples per second, for P in {2, 4}, M in {4, 8}, GPipe and 1F1B; beside
+//!     it the same work without stages (data parallel over the 8 devices, P = 1).
+//! (c) Peak activation memory per rank against M (the plan's figures: the values one
+//!     micro-batch's forward keeps for its backward times the micro-batches a stage holds at
+//!     once, largest stage): the same GPT on 8 devices in 4 stages, 4 rows per device and
+//!     micro-batch, GPipe against 1F1B.
 //!
 //! `cargo bench -p autopar --bench pipeline`
 
 use std::time::Instant;
 
 use autopar_models::{model_by_name, Mode, ModelOptions};
-use autopar_parallel::pipeline::{build, ideal_bubble, simulate, PipelineShape, SimCosts};
-use autopar_parallel::{ParallelContext, PipelineScheduler};
+use autopar_parallel::pipeline::{build, ideal_bubble, pipeline_report, plan_pipeline, simulate, PipelineShape, SimCosts};
+use autopar_parallel::{ParallelContext, PipelineScheduler, PlanRequest};
+use autopar_runtime::parallel::{run_local, ParallelJob};
 use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer};
 use autopar_tensor::Tensor;
@@ -82,5 +88,41 @@ fn main() {
             let sim = simulate(&build(shape, sched_kind).unwrap(), SimCosts::unit(shape)).unwrap();
             println!("{name:<6} {p:>2} {m:>2}  {measured:>10.3} {:>10.3} {:>10.1}", sim.bubble(), (steps * rows) as f64 / secs);
         }
+    }
+    // P = 1: no stages, the batch of a P = 2, M = 4 step split over the 8 devices.
+    let rows = 4 * 4 * 4;
+    let (g, mm) = model.build_graph(rows, Mode::Train, 1).unwrap();
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(8)).unwrap();
+    ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
+    let job = ParallelJob::new(g.clone(), mm.loss, ctx).unwrap();
+    let tokens = |id: autopar_graph::NodeId, m: usize| {
+        let n = g.node(id);
+        (n.name.clone(), Tensor::from_vec(&n.ty.shape, (0..n.ty.numel()).map(|i| (i % m) as i64).collect::<Vec<i64>>()).unwrap())
+    };
+    let steps = 6;
+    let data = vec![vec![tokens(mm.x, 97), tokens(mm.labels, 89)]; steps];
+    let t0 = Instant::now();
+    run_local(&job, &data, || Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?) as Box<dyn Optimizer>)).unwrap();
+    println!("{:<6} {:>2} {:>2}  {:>10} {:>10} {:>10.1}", "-", 1, 1, "-", "-", (steps * rows) as f64 / t0.elapsed().as_secs_f64());
+
+    println!();
+    println!("(c) peak activation memory per rank (MiB, largest stage), GPT 4 blocks width 64, 8 devices in 4 stages");
+    println!("{:>3}  {:>10} {:>10}", "M", "gpipe", "1f1b");
+    let (g, mm) = model.build_graph(4 * 2, Mode::Train, 1).unwrap();
+    for m in [4usize, 8, 16] {
+        let mut row = Vec::new();
+        for sched in ["gpipe", "1f1b"] {
+            let mut ctx = ParallelContext::default();
+            ctx.set("device_num", &json!(8)).unwrap();
+            ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+            ctx.set("pipeline_stages", &json!(4)).unwrap();
+            ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched})).unwrap();
+            let req = PlanRequest { graph: &g, loss: Some(mm.loss), context: &ctx, strategy_file: None, profile: None };
+            let report = pipeline_report(&plan_pipeline(&req, m).unwrap()).unwrap();
+            let peak = report.stages.iter().map(|s| s.activation_bytes()).max().unwrap_or(0);
+            row.push(peak as f64 / (1 << 20) as f64);
+        }
+        println!("{m:>3}  {:>10.2} {:>10.2}", row[0], row[1]);
     }
 }

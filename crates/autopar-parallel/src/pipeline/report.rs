@@ -249,6 +249,11 @@ pub fn pipeline_layout_dict(pp: &PipelinePlan, rank: usize) -> Vec<(String, auto
     crate::report::parameter_layout_dict(&pp.plan, pos, &|_| Vec::new())
         .into_iter()
         .map(|(name, mut l)| {
+            // The optimizer-shard group in world ranks (the stage's plan names positions).
+            if let Some(shard) = pp.plan.param(&name).and_then(|p| p.opt.shard()) {
+                let group: Vec<usize> = shard.group(pos).iter().map(|&r| stage * d + r).collect();
+                l.opt_shard_group = crate::group_name(&group, pp.device_num);
+            }
             if let Some(k) = shared.iter().position(|(n, _)| *n == name) {
                 let stages = &shared[k].1;
                 l.pipeline_shared = true;
