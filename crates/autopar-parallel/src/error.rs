@@ -178,13 +178,21 @@ pub enum ParallelError {
         item: String,
     },
 
-    /// An operator strategy file names an operator the network lacks.
-    #[error("operator strategy file {}: operator {op:?} is not in the network\nhint: the file was saved for another network or configuration; save it again with op_strategy_config mode SAVE", file.display())]
+    /// An operator strategy file names an operator the network lacks (or a node that takes no
+    /// strategy: a parameter, an input, a reshape).
+    #[error("operator strategy file {}: operator {op:?} is not in the network, or takes no strategy\nhint: the file was saved for another network or configuration; save it again with op_strategy_config mode SAVE", file.display())]
     UnknownOperator {
         /// The operator strategy file that was read.
         file: PathBuf,
         /// The operator's name.
         op: String,
+    },
+
+    /// `op_strategy_config` in mode LOAD without the operator strategies read from its file.
+    #[error("op_strategy_config loads {path:?}, but the plan request carries no operator strategies\nhint: read them with autopar_runtime::strategy_io::load_plan_strategies and pass them as PlanRequest::strategy_file")]
+    OperatorStrategiesNotGiven {
+        /// The file `op_strategy_config` names.
+        path: String,
     },
 
     /// An operator strategy file lacks an operator of the network.
@@ -296,6 +304,20 @@ pub enum PipelineProblem {
     },
     /// A split for a model that places its ops on stages itself.
     SplitOfPlacedModel,
+    /// A split without pipeline stages.
+    SplitWithoutStages,
+    /// A split naming the network's first op (stage 0 would be empty).
+    SplitAtFirstOp {
+        /// The op named.
+        name: String,
+    },
+    /// A split naming an op after the loss (the loss would not be on the last stage).
+    SplitAfterLoss {
+        /// The op named.
+        name: String,
+        /// The loss's name.
+        loss: String,
+    },
     /// Options the runtime does not run yet.
     Unsupported {
         /// The option (and setting) not supported, in words.
@@ -309,16 +331,21 @@ impl PipelineProblem {
     /// What to do about it, in one line.
     pub fn hint(&self) -> &'static str {
         match self {
-            PipelineProblem::SplitCount { .. } | PipelineProblem::SplitNotAnOp { .. } | PipelineProblem::SplitOrder { .. } => {
+            PipelineProblem::SplitCount { .. }
+            | PipelineProblem::SplitNotAnOp { .. }
+            | PipelineProblem::SplitOrder { .. }
+            | PipelineProblem::SplitAtFirstOp { .. }
+            | PipelineProblem::SplitAfterLoss { .. } => {
                 "--pipeline-split names the first op of each stage after the first, in network order, as `autopar plan` lists them"
             }
             PipelineProblem::SplitOfPlacedModel => "drop --pipeline-split: the model's own stages apply",
+            PipelineProblem::SplitWithoutStages => "set --parallel pipeline_stages=P, or drop --pipeline-split",
             PipelineProblem::ConsumerBeforeProducer { .. }
             | PipelineProblem::StageOutOfRange { .. }
             | PipelineProblem::EmptyStage { .. }
             | PipelineProblem::LossNotOnLastStage { .. }
             | PipelineProblem::Unsupported { .. }
-            | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage), in execution order, from 0 to pipeline_stages-1",
+            | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or --pipeline-split, in execution order, from 0 to pipeline_stages-1",
         }
     }
 }
@@ -347,6 +374,13 @@ impl fmt::Display for PipelineProblem {
             }
             PipelineProblem::SplitOfPlacedModel => {
                 write!(f, "the model places its ops on stages itself (set_pipeline_stage); a split would override it")
+            }
+            PipelineProblem::SplitWithoutStages => write!(f, "a split cuts pipeline stages, but pipeline_stages is 1"),
+            PipelineProblem::SplitAtFirstOp { name } => {
+                write!(f, "the split names {name:?}, the network's first op: stage 0 would have no operator")
+            }
+            PipelineProblem::SplitAfterLoss { name, loss } => {
+                write!(f, "the split names {name:?}, which comes after the loss {loss:?}: the loss must be on the last stage")
             }
             PipelineProblem::Unsupported { what } => write!(f, "{what} is not supported yet"),
             PipelineProblem::NeedsPipelinePlanner => write!(

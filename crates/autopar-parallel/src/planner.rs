@@ -128,6 +128,12 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
     if ctx.pipeline_stages > 1 {
         return Err(ParallelError::Pipeline { problem: crate::error::PipelineProblem::NeedsPipelinePlanner });
     }
+    // The planner reads no file: a LOAD context comes with the operator strategies read from it.
+    if let Some(path) = ctx.op_strategy_load_file() {
+        if !req.strategy_file.is_some_and(|f| f.by_operator) {
+            return Err(ParallelError::OperatorStrategiesNotGiven { path: path.into() });
+        }
+    }
     let n = ctx.devices();
     let graph = with_loss_first(req.graph, req.loss)?;
     let use_strategies = mode.is_auto();
@@ -151,6 +157,12 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             }
         })
         .collect();
+    // An operator strategy file names operators that take a strategy, nothing else.
+    if let Some(file) = req.strategy_file.filter(|f| f.by_operator && use_strategies) {
+        if let Some(i) = (0..nodes.len()).find(|&i| from_file[i].is_some() && !matches!(rules[i], ShardingRule::Spec(_))) {
+            return Err(ParallelError::UnknownOperator { file: file.path.clone(), op: nodes[i].name.clone() });
+        }
+    }
     let mut input_layouts: Vec<Option<TensorLayout>> = vec![None; nodes.len()];
     let mut input_index = 0usize;
     for (i, node) in nodes.iter().enumerate() {
@@ -437,7 +449,8 @@ pub fn strategy_item_names(graph: &Graph, id: NodeId) -> Vec<String> {
 }
 
 /// For each node, the strategy a strategy file gives it: item `"<Prim>_<param>"` applies to
-/// every op of that kind taking that parameter. An item matching no op is an error naming it.
+/// every op of that kind taking that parameter; an operator strategy file's item to the node
+/// of that name. An item matching no node is an error naming it.
 fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Strategy>>> {
     let mut out = vec![None; graph.len()];
     if file.by_operator {

@@ -1,9 +1,10 @@
 //! Run under `mpirun -n N` (N even): `parameter_broadcast` over `MpiComm`. Every process starts
 //! its rank of a semi_auto_parallel MLP from parameters of its own (so replicas differ), calls
 //! `parameter_broadcast` with the job's `parameter_layout_dict` and trains 3 steps. Checked on
-//! every rank: replicas differed before and are equal after (each piece its owner's value).
-//! Rank 0 also runs the same ranks in-process over `LocalComm` and checks that the broadcast
-//! and the training give the same bits. Prints `mpi-parameter-broadcast: OK ...` on rank 0.
+//! every rank, over MPI: the replicated parameters differed between the ranks before and are
+//! equal after. Rank 0 also runs the same ranks in-process over `LocalComm` and checks that the
+//! broadcast and the training give the same bits. Prints `mpi-parameter-broadcast: OK ...` on
+//! rank 0.
 //!
 //! With `bad` as an argument, rank 1 passes a wrong `cur_rank`: every rank must fail with that
 //! error (exit 2) and none may hang.
@@ -101,6 +102,22 @@ fn main() {
         let full = ParamStore::init(job.graph()).map_err(|e| e.to_string())?;
         let cur_rank = if bad && comm.rank() == 1 { 0 } else { comm.rank() };
         let (before, after, losses, trained) = rank_run(&job, &comm, &full, cur_rank)?;
+        // Every rank sees every rank's replicated parameters, before and after the broadcast.
+        for name in ["fc1.bias", "fc2.weight"] {
+            let every = |store: &ParamStore| -> Result<Vec<Vec<u64>>, String> {
+                let mine = store.require(name).map_err(|e| e.to_string())?.to_f64_vec();
+                let mut all = vec![0.0f64; mine.len() * n];
+                comm.all_gather((&mine).into(), (&mut all).into()).map_err(|e| e.to_string())?;
+                Ok(all.chunks(mine.len()).map(|c| c.iter().map(|x| x.to_bits()).collect()).collect())
+            };
+            let (was, now) = (every(&before)?, every(&after)?);
+            if was.windows(2).all(|w| w[0] == w[1]) {
+                return Err(format!("{name}: the ranks started equal, so the check would prove nothing"));
+            }
+            if !now.windows(2).all(|w| w[0] == w[1]) {
+                return Err(format!("rank {}: {name} differs between the ranks after the broadcast", comm.rank()));
+            }
+        }
         // Every rank's trained slices (each process holds its own).
         let mpi_trained = gather_full_params(&job, &comm, &trained).map_err(|e| e.to_string())?;
         if comm.rank() != 0 {
@@ -108,19 +125,6 @@ fn main() {
         }
         // The same ranks in process: the broadcast and the training give the same bits.
         let local = LocalComm::run(n, |c| rank_run(&job, &c, &full, c.rank())).map_err(|e| e.to_string())?;
-        let replicated = ["fc1.bias", "fc2.weight"];
-        for name in replicated {
-            let firsts: Vec<Vec<u64>> =
-                local.iter().map(|(b, ..)| b.require(name).unwrap().to_f64_vec().iter().map(|x| x.to_bits()).collect()).collect();
-            if firsts.windows(2).all(|w| w[0] == w[1]) {
-                return Err(format!("{name}: the ranks started equal, so the check would prove nothing"));
-            }
-            let afters: Vec<Vec<u64>> =
-                local.iter().map(|(_, a, ..)| a.require(name).unwrap().to_f64_vec().iter().map(|x| x.to_bits()).collect()).collect();
-            if !afters.windows(2).all(|w| w[0] == w[1]) {
-                return Err(format!("{name}: replicas differ after the broadcast"));
-            }
-        }
         if bits(&before) != bits(&local[0].0) || bits(&after) != bits(&local[0].1) {
             return Err("rank 0's parameters after the MPI broadcast differ from the in-process broadcast".into());
         }

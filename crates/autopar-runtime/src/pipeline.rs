@@ -32,7 +32,19 @@ impl PipelineJob {
     /// Plan `graph` (one micro-batch's network, its ops carrying their stages) for training
     /// `loss` with `micro_batches` micro-batches per step under `ctx` (`pipeline_stages` > 1).
     pub fn new(graph: &Graph, loss: NodeId, ctx: &ParallelContext, micro_batches: usize) -> Result<Self> {
-        let req = PlanRequest { graph, loss: Some(loss), context: ctx, strategy_file: None, profile: None };
+        Self::planned(graph, loss, ctx, micro_batches, None)
+    }
+
+    /// Like [`PipelineJob::new`], with auto_parallel's cost model (inside the stages) under
+    /// `profile` (None: the built-in one).
+    pub fn planned(
+        graph: &Graph,
+        loss: NodeId,
+        ctx: &ParallelContext,
+        micro_batches: usize,
+        profile: Option<&autopar_parallel::DeviceProfile>,
+    ) -> Result<Self> {
+        let req = PlanRequest { graph, loss: Some(loss), context: ctx, strategy_file: None, profile };
         Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
     }
 
@@ -178,7 +190,8 @@ impl StageTrainer {
         &self.plan
     }
 
-    /// The stage's parameter slices.
+    /// The stage's parameters as this rank stores them between steps: its slices, or its
+    /// optimizer shards of them.
     pub fn params(&self) -> &ParamStore {
         &self.params
     }
@@ -326,10 +339,13 @@ impl StageTrainer {
                         let n_back = this.program.grad_out.iter().flatten().count();
                         grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
                         if shard_each {
-                            let mut grads: Vec<(String, Tensor)> =
-                                this.program.param_grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-                            crate::shard::scatter_gradients(&this.program.program, &mut grads, Some(&this.groups))?;
-                            accumulate_into(&mut acc, grads.into_iter().map(|(_, g)| g))?;
+                            crate::shard::accumulate_scattered(
+                                &this.program.program,
+                                &this.program.param_grads,
+                                values,
+                                &mut acc,
+                                Some(&this.groups),
+                            )?;
                         } else {
                             accumulate_into(&mut acc, values)?;
                         }
@@ -557,23 +573,10 @@ pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local
         .map(|stage| plan.plan.params.iter().filter(|p| param_stages.iter().any(|(n, s)| *n == p.name && s.contains(&stage))).collect())
         .collect();
     let held = |r: usize| &by_stage[plan.place(r).0];
-    // What rank r stores of `p` (its model-parallel slice, or its optimizer shard of it).
-    let d = plan.stage_devices();
-    let stored = |p: &autopar_parallel::ParamPlan, r: usize| -> Result<Vec<usize>> {
-        let slice = p
-            .stored_slice(r % d)
-            .map_err(|e| RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::Layout { node: p.name.clone(), source: e })))?;
-        Ok(slice.iter().map(|x| x.len()).collect())
-    };
+    // What a rank stores of each parameter: its slice, or its optimizer shard of it.
+    let len = |held: &Vec<&autopar_parallel::ParamPlan>| -> usize { held.iter().map(|p| p.stored_shape().iter().product::<usize>()).sum() };
     let n = world.size();
-    let mut width = 0;
-    for r in 0..n {
-        let mut len = 0;
-        for p in held(r).iter() {
-            len += stored(p, r)?.iter().product::<usize>();
-        }
-        width = width.max(len);
-    }
+    let width = by_stage.iter().map(len).max().unwrap_or(0);
     let mut mine = Vec::with_capacity(width);
     for p in held(world.rank()).iter() {
         mine.extend(local.require(&p.name)?.to_f64_vec());
@@ -585,7 +588,7 @@ pub fn gather_pipeline_params(job: &PipelineJob, world: &dyn Communicator, local
     for (r, store) in stores.iter_mut().enumerate() {
         let mut at = r * width;
         for p in held(r).iter() {
-            let shape = stored(p, r)?;
+            let shape = p.stored_shape();
             let count: usize = shape.iter().product();
             let t = Tensor::from_vec(&shape, all[at..at + count].to_vec()).map_err(|e| RuntimeError::Kernel {
                 kind: "AllGather",

@@ -138,6 +138,21 @@ pub(crate) fn scatter_gradients(program: &RankProgram, grads: &mut [(String, Ten
     Ok(())
 }
 
+/// `gradient_accumulation_shard`: one micro-batch's gradients (`values`, in the order of
+/// `names`) reduce-scattered at once ([`scatter_gradients`]) and only the rank's pieces added to
+/// `acc`. Collective.
+pub(crate) fn accumulate_scattered(
+    program: &RankProgram,
+    names: &[(String, autopar_graph::NodeId)],
+    values: impl IntoIterator<Item = Tensor>,
+    acc: &mut [Option<Tensor>],
+    comm: Option<&CommGroups>,
+) -> Result<()> {
+    let mut grads: Vec<(String, Tensor)> = names.iter().map(|(n, _)| n.clone()).zip(values).collect();
+    scatter_gradients(program, &mut grads, comm)?;
+    crate::train::accumulate_into(acc, grads.into_iter().map(|(_, g)| g))
+}
+
 /// The reduce-scatter of one bucket. With `g` replicas in shard groups of `k` (`r = g / k`
 /// groups), every gradient's shard `i` (part `i` of `k` along dimension 0) is cut into `r`
 /// parts (the last padded with zeros where `r` does not divide it); the rank at position

@@ -147,9 +147,7 @@ impl TrainStep {
                 let mut values = out.values.into_iter();
                 loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
                 if shard_each {
-                    let mut grads: Vec<(String, Tensor)> = program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-                    crate::shard::scatter_gradients(program, &mut grads, comm)?;
-                    accumulate_into(&mut acc, grads.into_iter().map(|(_, g)| g))?;
+                    crate::shard::accumulate_scattered(program, &program.grads, values, &mut acc, comm)?;
                 } else {
                     accumulate_into(&mut acc, values)?;
                 }

@@ -520,19 +520,14 @@ impl Trainer {
         let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
         let mut graph = graph;
         if !cfg.pipeline_split.is_empty() {
-            if cfg.parallel.pipeline_stages < 2 {
-                return Err(Self::config_error(
-                    "pipeline_split",
-                    cfg.pipeline_split.join(","),
-                    "a split only with pipeline_stages > 1",
-                    "set --parallel pipeline_stages=P, or drop --pipeline-split",
-                ));
-            }
-            autopar_parallel::pipeline::split_before(&mut graph, cfg.parallel.pipeline_stages, &cfg.pipeline_split)
+            autopar_parallel::pipeline::split_before(&mut graph, cfg.parallel.pipeline_stages, &cfg.pipeline_split, Some(net.loss))
                 .map_err(crate::RuntimeError::from)?;
         }
         let job = if cfg.parallel.pipeline_stages > 1 {
-            Job::Pipeline { job: PipelineJob::new(&graph, net.loss, &cfg.parallel, cfg.micro_batches)?, loss: net.loss }
+            Job::Pipeline {
+                job: PipelineJob::planned(&graph, net.loss, &cfg.parallel, cfg.micro_batches, cfg.profile.as_ref())?,
+                loss: net.loss,
+            }
         } else {
             Job::Plain(ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?)
         };
@@ -693,7 +688,8 @@ impl Trainer {
     /// parameters and optimizer state too) so that they can be resharded whole. A pipeline
     /// writes one file per stage (`<stem>_stage<s>.<ext>` beside `save_file`, as MindSpore's
     /// ranks of each stage do) and the merged file (`merge_pipeline_strategys`) at `save_file`;
-    /// `strategy.json` is the merged file. Returns the one written beside the checkpoints.
+    /// `strategy.json` is the merged file. With `op_strategy_config` in mode SAVE, the operator
+    /// strategy file too. Returns the one written beside the checkpoints.
     fn save_strategy_files(&self, job: &Job) -> TrainResult<Option<PathBuf>> {
         let ctx = &self.cfg.parallel;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);

@@ -252,6 +252,13 @@ fn operator_strategy_files_save_and_load_every_operator() {
     unknown.items.push(("l9.mm".into(), "((8, 1), (1, 1))".parse().unwrap()));
     let e = plan_job(&req(&unknown)).unwrap_err();
     assert!(e.to_string().contains("\"l9.mm\" is not in the network"), "{e}");
+    let mut parameter = items.clone();
+    parameter.items.push(("l1.w".into(), "((8, 1),)".parse().unwrap()));
+    let e = plan_job(&req(&parameter)).unwrap_err();
+    assert!(matches!(&e, ParallelError::UnknownOperator { op, .. } if op == "l1.w"), "a parameter takes no strategy: {e}");
+    // A LOAD context without the strategies read from its file is refused, not searched.
+    let e = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &loading, strategy_file: None, profile: None }).unwrap_err();
+    assert!(matches!(&e, ParallelError::OperatorStrategiesNotGiven { .. }), "{e}");
     let e = with("LOAD", "recursive_programming").validate().unwrap_err();
     assert!(e.to_string().contains("op_strategy_config") && e.to_string().contains("sharding_propagation"), "{e}");
     let e = auto("sharding_propagation", false).set("op_strategy_config", &json!({"mode": "LOAD", "path": "ops.txt"})).unwrap_err();

@@ -293,16 +293,16 @@ fn set_first_matmul_model_parallel(graph: &mut Graph, n: usize) {
     }
 }
 
-/// auto_parallel at scale: ResNet-50 (bottleneck blocks, ImageNet stem; width 4, 32x32 images)
-/// on 64 simulated devices, planned by recursive_programming and by dynamic_programming (whose
-/// plan splits more than the batch there), trains equal to stand-alone.
+/// auto_parallel at scale: ResNet-50 (bottleneck blocks, ImageNet stem; width 8, 32x32 images,
+/// 10 classes) on 64 simulated devices, planned by recursive_programming and by
+/// dynamic_programming (whose plan splits some weights there: model parallel), trains equal to
+/// stand-alone.
 #[test]
 fn resnet50_auto_parallel_on_64_devices_equals_stand_alone() {
     let cfg = ResNetConfig::resnet50(10).with_width(8).with_stem(autopar_models::Stem::ImageNet, &[3, 32, 32]);
     let c = case(&ResNet::new(cfg).unwrap(), 64, 10, 1e-5, 1e-5);
     let batches = data(&c, 3, 31);
     let (want_losses, want) = serial(&c, &batches);
-    let mut beyond_the_batch = 0;
     for search in ["recursive_programming", "dynamic_programming"] {
         let mut ctx = ParallelContext::default();
         ctx.set("device_num", &json!(64)).unwrap();
@@ -310,13 +310,11 @@ fn resnet50_auto_parallel_on_64_devices_equals_stand_alone() {
         ctx.set("search_mode", &json!(search)).unwrap();
         let what = format!("resnet50 n=64 {search}");
         let job = ParallelJob::new(c.graph.clone(), c.loss, ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let report = job.plan().search.as_ref().expect("an auto plan carries its search report");
-        let batch_only = |s: &[usize]| s.iter().skip(1).all(|&k| k == 1);
-        if report.ops.iter().any(|o| !batch_only(&o.splits)) {
-            beyond_the_batch += 1;
+        let split_weights = job.plan().params.iter().filter(|p| p.layout.num_slices() > 1).count();
+        if search == "dynamic_programming" {
+            assert!(split_weights > 0, "{what}: no weight is split, so the test would not exercise model parallelism");
         }
         let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_close(&c, &what, &run.losses, &run.params, &want_losses, &want);
     }
-    assert!(beyond_the_batch > 0, "no search split more than the batch: the test would not exercise model parallelism");
 }

@@ -318,3 +318,94 @@ fn a_pipeline_run_transforms_to_one_device_and_back() {
         }
     }
 }
+
+/// A pipeline run with the parallel optimizer (each stage's replicas store quarter shards of
+/// parameters and AdamW state) moves to one device and back like any other: on one device it
+/// equals the same run unsharded, tensor for tensor, and back on its strategy it gives its own
+/// rank files again.
+#[test]
+fn a_sharded_pipeline_run_transforms_like_the_unsharded_one() {
+    use autopar::checkpoint::CheckpointFile;
+    let dir = TempDir::new();
+    let train = |folder: &str, sharded: bool| -> PathBuf {
+        let run = dir.path().join(folder);
+        let mut a = vec![
+            "train",
+            "--model",
+            "mlp",
+            "--input-shape",
+            "32",
+            "--width",
+            "64",
+            "--depth",
+            "3",
+            "--num-classes",
+            "8",
+            "--data",
+            "synthetic",
+            "--synthetic-samples",
+            "256",
+            "--devices",
+            "8",
+            "--parallel",
+            "pipeline_stages=2",
+            "--micro-batches",
+            "2",
+            "--steps",
+            "2",
+            "--batch-size",
+            "32",
+            "--optimizer",
+            "adamw",
+            "--eval",
+            "false",
+            "--checkpoint-dir",
+            s(&run),
+        ];
+        if sharded {
+            a.extend([
+                "--parallel",
+                "enable_parallel_optimizer=true",
+                "--parallel",
+                r#"parallel_optimizer_config={"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": false}"#,
+            ]);
+        }
+        let o = autopar(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        run
+    };
+    let (sharded, whole) = (train("sharded", true), train("whole", false));
+    let rank_file = |root: &Path, r: usize| -> PathBuf {
+        let d = root.join(format!("rank_{r}"));
+        std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "safetensors")).unwrap()
+    };
+    let shapes = |f: &CheckpointFile| f.tensors().iter().map(|t| (t.name.clone(), t.shape.clone())).collect::<Vec<_>>();
+    let (a, b) = (CheckpointFile::open(rank_file(&sharded, 0)).unwrap(), CheckpointFile::open(rank_file(&whole, 0)).unwrap());
+    assert_ne!(shapes(&a), shapes(&b), "the sharded run stores smaller pieces");
+    let to_one = |run: &Path, out: &str| -> CheckpointFile {
+        let dst = dir.path().join(out);
+        let strategy = run.join("strategy.json");
+        let o =
+            autopar(&["ckpt", "transform", s(run), s(&dst), "--src-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        CheckpointFile::open(rank_file(&dst, 0)).unwrap()
+    };
+    let (one_sharded, one_whole) = (to_one(&sharded, "one_sharded"), to_one(&whole, "one_whole"));
+    assert_eq!(shapes(&one_sharded), shapes(&one_whole));
+    for t in one_whole.tensors() {
+        assert!(one_sharded.read(&t.name).unwrap() == one_whole.read(&t.name).unwrap(), "{} differs on one device", t.name);
+    }
+    let back = dir.path().join("back");
+    let strategy = sharded.join("strategy.json");
+    let one = dir.path().join("one_sharded");
+    let o =
+        autopar(&["ckpt", "transform", s(&one), s(&back), "--dst-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for r in 0..8 {
+        let (was, now) = (CheckpointFile::open(rank_file(&sharded, r)).unwrap(), CheckpointFile::open(rank_file(&back, r)).unwrap());
+        assert_eq!(shapes(&now), shapes(&was), "rank {r}");
+        for t in was.tensors() {
+            assert!(now.read(&t.name).unwrap() == was.read(&t.name).unwrap(), "rank {r}: {} differs after the round trip", t.name);
+        }
+    }
+}

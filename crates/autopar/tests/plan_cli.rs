@@ -200,31 +200,54 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
 }
 
-/// `op_strategy_config`: `plan` saves the operator strategies, `train` loads them (and trains
-/// equal to stand-alone); `--compare` refuses to save.
+/// `op_strategy_config`: `plan` and `train` save the operator strategies (the same file), `plan`
+/// and `train` load them (an edited strategy is the one planned; the run equals stand-alone);
+/// `--compare` refuses to save; a missing file to load is named.
 #[test]
 fn operator_strategy_files_from_plan_drive_train() {
     let dir = tempfile::tempdir().unwrap();
     let base = ["--model", "mlp", "--devices", "4", "--parallel-mode", "auto_parallel", "--parallel", "search_mode=sharding_propagation"];
-    let save = r#"op_strategy_config={"mode": "SAVE", "path": "ops.json"}"#;
-    let mut a = vec!["plan"];
-    a.extend(base);
-    a.extend(["--parallel", save]);
-    ok(dir.path(), &a);
+    let data = ["--data", "synthetic", "--synthetic-samples", "256", "--steps", "2", "--batch-size", "32", "--eval", "false"];
+    let op = |mode: &str, path: &str| format!(r#"op_strategy_config={{"mode": "{mode}", "path": "{path}"}}"#);
+    let run = |cmd: &str, option: &str, extra: &[&str]| {
+        let mut a = vec![cmd];
+        a.extend(base);
+        a.extend(["--parallel", option]);
+        a.extend(extra);
+        ok(dir.path(), &a)
+    };
+    run("plan", &op("SAVE", "ops.json"), &[]);
+    run("train", &op("SAVE", "ops_train.json"), &data);
     let text = std::fs::read_to_string(dir.path().join("ops.json")).unwrap();
     assert!(text.contains("\"parallel_strategy_item\"") && text.contains("\"fc1.matmul\""), "{text}");
-    let mut a = vec!["train"];
-    a.extend(base);
-    a.extend(["--parallel", r#"op_strategy_config={"mode": "LOAD", "path": "ops.json"}"#]);
-    a.extend(["--data", "synthetic", "--synthetic-samples", "256", "--steps", "3", "--batch-size", "32", "--verify", "--eval", "false"]);
-    let out = ok(dir.path(), &a);
-    assert!(out.contains("verify:"), "{out}");
+    assert_eq!(text, std::fs::read_to_string(dir.path().join("ops_train.json")).unwrap(), "plan and train save the same plan");
+
+    // Edit fc1's strategy: the loaded plan runs it, marked as read from the file.
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["parallel_strategy_item"]["fc1.matmul"]["parallel_strategy"] = serde_json::json!([[1, 1], [4, 1]]);
+    std::fs::write(dir.path().join("edited.json"), v.to_string()).unwrap();
+    let out = run("plan", &op("LOAD", "edited.json"), &[]);
+    let line = out.lines().find(|l| l.trim_start().starts_with("fc1.matmul ")).unwrap();
+    assert!(line.contains("((1, 1), (4, 1))") && line.contains("file"), "{line}");
+    let mut extra = data.to_vec();
+    extra.push("--verify");
+    let out = run("train", &op("LOAD", "edited.json"), &extra);
+    assert!(out.contains("verify:") && !out.contains("MISMATCH"), "{out}");
+
     let mut a = vec!["plan", "--compare"];
     a.extend(base);
-    a.extend(["--parallel", save]);
+    let save = op("SAVE", "ops.json");
+    a.extend(["--parallel", save.as_str()]);
     let o = autopar(dir.path(), &a);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--compare"));
+    let mut a = vec!["plan"];
+    a.extend(base);
+    let load = op("LOAD", "missing.json");
+    a.extend(["--parallel", load.as_str()]);
+    let o = autopar(dir.path(), &a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && err.contains("missing.json") && err.contains("op_strategy_config"), "{err}");
 }
 
 /// `--pipeline-split`: stage 1 begins at the named op (plan and train, from the flag or the
@@ -253,9 +276,9 @@ fn pipeline_split_starts_stages_at_the_named_ops() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("\"blocks.9.ln1\"") && err.contains("--pipeline-split"), "{err}");
 
-    let out = ok(
-        dir.path(),
-        &[
+    // train: the stages' parameters (strategy.json beside the checkpoints) follow the split.
+    let train = |split: Option<&str>, folder: &str| -> String {
+        let mut a = vec![
             "train",
             "--model",
             "gpt",
@@ -283,14 +306,25 @@ fn pipeline_split_starts_stages_at_the_named_ops() {
             "pipeline_stages=2",
             "--micro-batches",
             "2",
-            "--pipeline-split",
-            "blocks.2.ln1",
             "--optimizer",
             "momentum",
             "--verify",
             "--eval",
             "false",
-        ],
-    );
-    assert!(out.contains("verify:") && !out.contains("MISMATCH"), "{out}");
+            "--checkpoint-dir",
+            folder,
+        ];
+        if let Some(op) = split {
+            a.extend(["--pipeline-split", op]);
+        }
+        let out = ok(dir.path(), &a);
+        assert!(out.contains("verify:") && !out.contains("MISMATCH"), "{out}");
+        std::fs::read_to_string(dir.path().join(folder).join("strategy.json")).unwrap()
+    };
+    for (op, last_on_0, first_on_1) in
+        [("blocks.1.ln1", "0-blocks.0.ln1.gamma", "1-blocks.1.ln1.gamma"), ("blocks.2.ln1", "0-blocks.1.ln1.gamma", "1-blocks.2.ln1.gamma")]
+    {
+        let file = train(Some(op), op);
+        assert!(file.contains(last_on_0) && file.contains(first_on_1), "split at {op}: {file}");
+    }
 }

@@ -129,19 +129,30 @@ pub fn partition(weights: &[f64], parts: usize) -> Vec<usize> {
 
 /// Cut a graph the model did not place into stages at the named ops (`--pipeline-split`):
 /// `starts` names, in network order, the first op of each stage after the first, so stage
-/// `s + 1` runs from `starts[s]` up to the next one. Every op's stage is set.
-pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String]) -> Result<()> {
+/// `s + 1` runs from `starts[s]` up to the next one, and the loss (if given) is on the last.
+/// Every op's stage is set.
+pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String], loss: Option<autopar_graph::NodeId>) -> Result<()> {
     let err = |problem| Err(ParallelError::Pipeline { problem });
+    if stages < 2 {
+        return err(PipelineProblem::SplitWithoutStages);
+    }
     if has_stages(graph) {
         return err(PipelineProblem::SplitOfPlacedModel);
     }
     if starts.len() + 1 != stages {
         return err(PipelineProblem::SplitCount { given: starts.len(), stages });
     }
+    let first_op = graph.nodes().iter().position(|n| !is_stageless(n));
     let mut at = Vec::with_capacity(starts.len());
     for name in starts {
         let i = graph.nodes().iter().position(|n| n.name == *name && !is_stageless(n));
         let Some(i) = i else { return err(PipelineProblem::SplitNotAnOp { name: name.clone() }) };
+        if Some(i) == first_op {
+            return err(PipelineProblem::SplitAtFirstOp { name: name.clone() });
+        }
+        if let Some(l) = loss.filter(|l| l.0 < i) {
+            return err(PipelineProblem::SplitAfterLoss { name: name.clone(), loss: graph.node(l).name.clone() });
+        }
         if let Some(&prev) = at.last() {
             if i <= prev {
                 return err(PipelineProblem::SplitOrder {
@@ -242,13 +253,13 @@ mod tests {
     #[test]
     fn a_split_starts_each_stage_at_its_op_and_refuses_bad_names() {
         let (mut g, l) = mlp(&[None, None, None]);
-        split_before(&mut g, 3, &["act".into(), "loss".into()]).unwrap();
+        split_before(&mut g, 3, &["act".into(), "loss".into()], Some(l)).unwrap();
         let s = assign_stages(&g, 3, Some(l)).unwrap();
         let of = |name: &str| s[g.nodes().iter().position(|n| n.name == name).unwrap()];
         assert_eq!((of("fc1"), of("act"), of("fc2"), of("loss"), of("w1")), (Some(0), Some(1), Some(1), Some(2), None));
         let problem = |starts: &[&str], stages: usize, g: &Graph| {
             let mut g = g.clone();
-            match split_before(&mut g, stages, &starts.iter().map(|s| s.to_string()).collect::<Vec<_>>()) {
+            match split_before(&mut g, stages, &starts.iter().map(|s| s.to_string()).collect::<Vec<_>>(), None) {
                 Err(ParallelError::Pipeline { problem }) => problem,
                 other => panic!("{starts:?}: {other:?}"),
             }
@@ -258,6 +269,11 @@ mod tests {
         assert_eq!(problem(&["w2"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "w2".into() });
         assert_eq!(problem(&["nope"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "nope".into() });
         assert_eq!(problem(&["fc2", "act"], 3, &fresh), PipelineProblem::SplitOrder { name: "act".into(), after: "fc2".into() });
+        assert_eq!(problem(&["fc1"], 2, &fresh), PipelineProblem::SplitAtFirstOp { name: "fc1".into() });
+        assert_eq!(problem(&["act"], 1, &fresh), PipelineProblem::SplitWithoutStages);
+        let (mut g2, l2) = mlp(&[None, None, None]);
+        let after = split_before(&mut g2, 2, &["loss".into()], Some(l2));
+        assert!(after.is_ok(), "the loss itself may begin the last stage: {after:?}");
         let (placed, _) = mlp(&[Some(0), Some(1), None]);
         assert_eq!(problem(&["act"], 2, &placed), PipelineProblem::SplitOfPlacedModel);
         let msg = ParallelError::Pipeline { problem: problem(&["fc2", "act"], 3, &fresh) }.to_string();

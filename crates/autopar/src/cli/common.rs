@@ -182,6 +182,11 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
             bail!("strategy file {path:?} not found\n  it was given as the strategy to load (--strategy or strategy_ckpt_config.load_file)\nhint: check the path, or write one with --parallel 'strategy_ckpt_config={{\"save_file\": \"{path}\"}}'");
         }
     }
+    if let Some(path) = ctx.op_strategy_load_file() {
+        if !Path::new(path).is_file() {
+            bail!("operator strategy file {path:?} not found\n  it was given as op_strategy_config's file to LOAD\nhint: check the path, or write one with --parallel 'op_strategy_config={{\"mode\": \"SAVE\", \"path\": \"{path}\"}}'");
+        }
+    }
     Ok(ctx)
 }
 

@@ -88,10 +88,13 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let micro = args.micro_batches.or(file.micro_batches);
     if ctx.pipeline_stages > 1 {
         let split = pipeline_split(&args.parallel, &file)?;
-        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, items.is_some(), &split, out);
+        let stages = PipelineArgs { split: &split, profile: profile.as_ref(), has_strategy_file: items.is_some() };
+        return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, stages, out);
     }
-    if args.parallel.pipeline_split.is_some() || file.pipeline_split.is_some() {
-        bail!("--pipeline-split cuts pipeline stages\nhint: set --parallel pipeline_stages=P, or drop --pipeline-split");
+    let split = pipeline_split(&args.parallel, &file)?;
+    if !split.is_empty() {
+        // Refused (one stage), with the reason.
+        autopar_parallel::pipeline::split_before(&mut autopar_graph::Graph::default(), ctx.pipeline_stages, &split, None)?;
     }
     if micro.is_some_and(|m| m != 1) {
         bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
@@ -179,6 +182,16 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a pipeline plan takes beyond an ordinary one.
+struct PipelineArgs<'a> {
+    /// `--pipeline-split`.
+    split: &'a [String],
+    /// `--profile`.
+    profile: Option<&'a autopar_parallel::DeviceProfile>,
+    /// Whether a strategy file was given (refused with stages).
+    has_strategy_file: bool,
+}
+
 /// `autopar plan` of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
 /// activation memory per stage, then the plan every stage's ops share on one stage's devices.
 #[allow(clippy::too_many_arguments)]
@@ -189,8 +202,7 @@ fn plan_pipeline_job(
     (batch, micro): (usize, Option<usize>),
     rank: usize,
     slots: usize,
-    has_strategy_file: bool,
-    split: &[String],
+    PipelineArgs { split, profile, has_strategy_file }: PipelineArgs<'_>,
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
     if has_strategy_file {
@@ -207,10 +219,10 @@ fn plan_pipeline_job(
     let spinner = Spinner::start(format!("building {} for micro-batch {}", model.name(), batch / m));
     let (mut graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
     if !split.is_empty() {
-        autopar_parallel::pipeline::split_before(&mut graph, ctx.pipeline_stages, split)?;
+        autopar_parallel::pipeline::split_before(&mut graph, ctx.pipeline_stages, split, Some(net.loss))?;
     }
     spinner.step(format!("planning {} ops in {} stages on {} devices", graph.len(), ctx.pipeline_stages, ctx.devices()));
-    let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile: None };
+    let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile };
     let pp = autopar_parallel::pipeline::plan_pipeline(&req, m)?;
     let report = autopar_parallel::pipeline::pipeline_report(&pp)?;
     let (_, position) = pp.place(rank);
