@@ -241,15 +241,11 @@ fn ckpt_redundancy_gives_mindspores_groups_and_owners_for_its_files() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/strategy.ckpt"));
 }
 
-/// A pipeline run (2 stages of 4 devices, AdamW) moves to one device with `ckpt transform` and
-/// its merged `strategy.json`, every parameter and optimizer-state tensor whole; and from there
-/// back to the pipeline's rank files, tensor for tensor.
-#[test]
-fn a_pipeline_run_transforms_to_one_device_and_back() {
-    use autopar::checkpoint::CheckpointFile;
-    let dir = TempDir::new();
-    let run = dir.path().join("run");
-    let o = autopar(&[
+/// Trains a pipeline run (an MLP in 2 stages of 4 devices, AdamW, 2 steps) into `dir/folder`,
+/// with `extra` flags; returns the folder.
+fn train_pipeline(dir: &Path, folder: &str, extra: &[&str]) -> PathBuf {
+    let run = dir.join(folder);
+    let mut a = vec![
         "train",
         "--model",
         "mlp",
@@ -281,17 +277,52 @@ fn a_pipeline_run_transforms_to_one_device_and_back() {
         "false",
         "--checkpoint-dir",
         s(&run),
-    ]);
+    ];
+    a.extend(extra);
+    let o = autopar(&a);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run
+}
+
+/// The checkpoint file of rank `r` under `root` (`rank_<r>/*.safetensors`).
+fn rank_file(root: &Path, r: usize) -> PathBuf {
+    let d = root.join(format!("rank_{r}"));
+    std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "safetensors")).unwrap()
+}
+
+/// `ckpt transform` of `src` (`--src-strategy`/`--dst-strategy` as given) into `dst`, as safetensors.
+fn transform(src: &Path, dst: &Path, strategies: &[&str]) {
+    let mut a = vec!["ckpt", "transform", s(src), s(dst), "--format", "safetensors", "--prefix", "net_"];
+    a.extend(strategies);
+    let o = autopar(&a);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Every rank file of `back` holds the tensors of `was`'s, byte for byte.
+fn assert_same_rank_files(was: &Path, back: &Path, ranks: usize) {
+    use autopar::checkpoint::CheckpointFile;
+    for r in 0..ranks {
+        let (was, now) = (CheckpointFile::open(rank_file(was, r)).unwrap(), CheckpointFile::open(rank_file(back, r)).unwrap());
+        let held: Vec<&str> = was.tensors().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(now.tensors().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), held, "rank {r}");
+        assert!(held.iter().any(|n| n.starts_with("adam_m.")), "rank {r}: {held:?}");
+        for name in held {
+            assert!(now.read(name).unwrap() == was.read(name).unwrap(), "rank {r}: {name} differs after the round trip");
+        }
+    }
+}
+
+/// A pipeline run (2 stages of 4 devices, AdamW) moves to one device with `ckpt transform` and
+/// its merged `strategy.json`, every parameter and optimizer-state tensor whole; and from there
+/// back to the pipeline's rank files, tensor for tensor.
+#[test]
+fn a_pipeline_run_transforms_to_one_device_and_back() {
+    use autopar::checkpoint::CheckpointFile;
+    let dir = TempDir::new();
+    let run = train_pipeline(dir.path(), "run", &[]);
     let strategy = run.join("strategy.json");
-    let rank_file = |root: &Path, r: usize| -> PathBuf {
-        let d = root.join(format!("rank_{r}"));
-        std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "safetensors")).unwrap()
-    };
     let one = dir.path().join("one");
-    let o =
-        autopar(&["ckpt", "transform", s(&run), s(&one), "--src-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    transform(&run, &one, &["--src-strategy", s(&strategy)]);
     let whole = CheckpointFile::open(rank_file(&one, 0)).unwrap();
     let names: Vec<String> = whole.tensors().iter().map(|t| t.name.clone()).collect();
     // Each stage holds its layers whole (data parallel inside a stage): rank 0 the first, rank 4 the last.
@@ -303,20 +334,9 @@ fn a_pipeline_run_transforms_to_one_device_and_back() {
         }
     }
     assert!(!names.iter().any(|n| n.contains("fc1.weight") && n.starts_with("1-")), "stage prefixes stay out of tensor names");
-
     let back = dir.path().join("back");
-    let o =
-        autopar(&["ckpt", "transform", s(&one), s(&back), "--dst-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for r in 0..8 {
-        let (was, now) = (CheckpointFile::open(rank_file(&run, r)).unwrap(), CheckpointFile::open(rank_file(&back, r)).unwrap());
-        let held: Vec<&str> = was.tensors().iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(now.tensors().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), held, "rank {r}");
-        assert!(held.iter().any(|n| n.starts_with("adam_m.")), "rank {r}: {held:?}");
-        for name in held {
-            assert!(now.read(name).unwrap() == was.read(name).unwrap(), "rank {r}: {name} differs after the round trip");
-        }
-    }
+    transform(&one, &back, &["--dst-strategy", s(&strategy)]);
+    assert_same_rank_files(&run, &back, 8);
 }
 
 /// A pipeline run with the parallel optimizer (each stage's replicas store quarter shards of
@@ -327,67 +347,19 @@ fn a_pipeline_run_transforms_to_one_device_and_back() {
 fn a_sharded_pipeline_run_transforms_like_the_unsharded_one() {
     use autopar::checkpoint::CheckpointFile;
     let dir = TempDir::new();
-    let train = |folder: &str, sharded: bool| -> PathBuf {
-        let run = dir.path().join(folder);
-        let mut a = vec![
-            "train",
-            "--model",
-            "mlp",
-            "--input-shape",
-            "32",
-            "--width",
-            "64",
-            "--depth",
-            "3",
-            "--num-classes",
-            "8",
-            "--data",
-            "synthetic",
-            "--synthetic-samples",
-            "256",
-            "--devices",
-            "8",
-            "--parallel",
-            "pipeline_stages=2",
-            "--micro-batches",
-            "2",
-            "--steps",
-            "2",
-            "--batch-size",
-            "32",
-            "--optimizer",
-            "adamw",
-            "--eval",
-            "false",
-            "--checkpoint-dir",
-            s(&run),
-        ];
-        if sharded {
-            a.extend([
-                "--parallel",
-                "enable_parallel_optimizer=true",
-                "--parallel",
-                r#"parallel_optimizer_config={"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": false}"#,
-            ]);
-        }
-        let o = autopar(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        run
-    };
-    let (sharded, whole) = (train("sharded", true), train("whole", false));
-    let rank_file = |root: &Path, r: usize| -> PathBuf {
-        let d = root.join(format!("rank_{r}"));
-        std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "safetensors")).unwrap()
-    };
+    let shard = [
+        "--parallel",
+        "enable_parallel_optimizer=true",
+        "--parallel",
+        r#"parallel_optimizer_config={"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": false}"#,
+    ];
+    let (sharded, whole) = (train_pipeline(dir.path(), "sharded", &shard), train_pipeline(dir.path(), "whole", &[]));
     let shapes = |f: &CheckpointFile| f.tensors().iter().map(|t| (t.name.clone(), t.shape.clone())).collect::<Vec<_>>();
     let (a, b) = (CheckpointFile::open(rank_file(&sharded, 0)).unwrap(), CheckpointFile::open(rank_file(&whole, 0)).unwrap());
     assert_ne!(shapes(&a), shapes(&b), "the sharded run stores smaller pieces");
     let to_one = |run: &Path, out: &str| -> CheckpointFile {
         let dst = dir.path().join(out);
-        let strategy = run.join("strategy.json");
-        let o =
-            autopar(&["ckpt", "transform", s(run), s(&dst), "--src-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        transform(run, &dst, &["--src-strategy", s(&run.join("strategy.json"))]);
         CheckpointFile::open(rank_file(&dst, 0)).unwrap()
     };
     let (one_sharded, one_whole) = (to_one(&sharded, "one_sharded"), to_one(&whole, "one_whole"));
@@ -396,16 +368,6 @@ fn a_sharded_pipeline_run_transforms_like_the_unsharded_one() {
         assert!(one_sharded.read(&t.name).unwrap() == one_whole.read(&t.name).unwrap(), "{} differs on one device", t.name);
     }
     let back = dir.path().join("back");
-    let strategy = sharded.join("strategy.json");
-    let one = dir.path().join("one_sharded");
-    let o =
-        autopar(&["ckpt", "transform", s(&one), s(&back), "--dst-strategy", s(&strategy), "--format", "safetensors", "--prefix", "net_"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for r in 0..8 {
-        let (was, now) = (CheckpointFile::open(rank_file(&sharded, r)).unwrap(), CheckpointFile::open(rank_file(&back, r)).unwrap());
-        assert_eq!(shapes(&now), shapes(&was), "rank {r}");
-        for t in was.tensors() {
-            assert!(now.read(&t.name).unwrap() == was.read(&t.name).unwrap(), "rank {r}: {} differs after the round trip", t.name);
-        }
-    }
+    transform(&dir.path().join("one_sharded"), &back, &["--dst-strategy", s(&sharded.join("strategy.json"))]);
+    assert_same_rank_files(&sharded, &back, 8);
 }
