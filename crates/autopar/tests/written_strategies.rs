@@ -64,69 +64,32 @@ fn ctx(options: &[(&str, serde_json::Value)]) -> ParallelContext {
 
 fn cases() -> Vec<Case> {
     let mp8 = fixtures().join("mp8.json").display().to_string();
-    let opt = |extra: serde_json::Value| {
-        let mut config = json!({ "parallel_optimizer_threshold": 0 });
-        config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        config
+    // The zoo MLP under `parallel`, with the parallel optimizer (threshold 0) and `shard_size`.
+    let sharded = |file, optimizer, parallel: &[(&str, serde_json::Value)], shard_size: i64| {
+        let mut options = parallel.to_vec();
+        options.push(("enable_parallel_optimizer", json!(true)));
+        options
+            .push(("parallel_optimizer_config", json!({ "parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": shard_size })));
+        Case { file, network: mlp(), features: 32, optimizer, parallel: ctx(&options) }
     };
+    let mp8 = [("parallel_mode", json!("semi_auto_parallel")), ("device_num", json!(8)), ("strategy_ckpt_load_file", json!(mp8))];
+    let stages = [("parallel_mode", json!("semi_auto_parallel")), ("device_num", json!(8)), ("pipeline_stages", json!(2))];
     vec![
         // semi_auto_parallel under mp8.json with every qualifying parameter's AdamW state sharded
-        // over its whole replica group
-        Case {
-            file: "mp8_optshard.json",
-            network: mlp(),
-            features: 32,
-            optimizer: "adamw",
-            parallel: ctx(&[
-                ("parallel_mode", json!("semi_auto_parallel")),
-                ("device_num", json!(8)),
-                ("strategy_ckpt_load_file", json!(mp8)),
-                ("enable_parallel_optimizer", json!(true)),
-                ("parallel_optimizer_config", opt(json!({}))),
-            ]),
-        },
-        // the same, sharded over 2 ranks of each replica group
-        Case {
-            file: "mp8_optshard2.json",
-            network: mlp(),
-            features: 32,
-            optimizer: "adamw",
-            parallel: ctx(&[
-                ("parallel_mode", json!("semi_auto_parallel")),
-                ("device_num", json!(8)),
-                ("strategy_ckpt_load_file", json!(mp8)),
-                ("enable_parallel_optimizer", json!(true)),
-                ("parallel_optimizer_config", opt(json!({ "optimizer_weight_shard_size": 2 }))),
-            ]),
-        },
+        // over its whole replica group, then over 2 ranks of each replica group
+        sharded("mp8_optshard.json", "adamw", &mp8, -1),
+        sharded("mp8_optshard2.json", "adamw", &mp8, 2),
         // data_parallel on 4 devices with Momentum's state sharded
-        Case {
-            file: "dp4_optshard.json",
-            network: mlp(),
-            features: 32,
-            optimizer: "momentum",
-            parallel: ctx(&[
-                ("parallel_mode", json!("data_parallel")),
-                ("device_num", json!(4)),
-                ("enable_parallel_optimizer", json!(true)),
-                ("parallel_optimizer_config", opt(json!({}))),
-            ]),
-        },
+        sharded("dp4_optshard.json", "momentum", &[("parallel_mode", json!("data_parallel")), ("device_num", json!(4))], -1),
         // 2 pipeline stages of 4 devices, data parallel within each (the merged file)
-        Case {
-            file: "pp2_dp8_merged.json",
-            network: mlp(),
-            features: 32,
-            optimizer: "momentum",
-            parallel: ctx(&[("parallel_mode", json!("semi_auto_parallel")), ("device_num", json!(8)), ("pipeline_stages", json!(2))]),
-        },
+        Case { file: "pp2_dp8_merged.json", network: mlp(), features: 32, optimizer: "momentum", parallel: ctx(&stages) },
         // 2 pipeline stages of 4 devices, model parallel within each, a shared weight (merged)
         Case {
             file: "pp2_mp8_shared_merged.json",
             network: Arc::new(tied_stages),
             features: 16,
             optimizer: "adamw",
-            parallel: ctx(&[("parallel_mode", json!("semi_auto_parallel")), ("device_num", json!(8)), ("pipeline_stages", json!(2))]),
+            parallel: ctx(&stages),
         },
     ]
 }
