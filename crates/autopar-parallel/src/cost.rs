@@ -96,17 +96,16 @@ impl RankCost {
         // buffer: the stored pieces all-gathered into slices over the shard group; the
         // gradients reduce-scattered over the replica group, each shard cut into one part per
         // rank holding it (the last part padded), then those parts all-gathered over them.
-        let slices =
-            |names: &[String]| -> Vec<usize> { names.iter().filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).collect() };
+        let params = |names: &[String]| -> Vec<&crate::program::ParamSlot> { names.iter().filter_map(|n| program.param(n)).collect() };
         for b in &program.all_gather {
             let e = comm.entry((Collective::AllGather, b.group.clone())).or_default();
             e.0 += 1;
-            e.1 += slices(&b.params).iter().map(|s| s / b.group.len()).sum::<usize>() * b.dtype.size();
+            e.1 += params(&b.params).iter().map(|p| p.stored_shape().iter().product::<usize>()).sum::<usize>() * b.dtype.size();
         }
         for b in &program.reduce_scatter {
             let (g, k) = (b.group.len(), b.shard_size);
             let holders = g / k;
-            let parts: usize = slices(&b.params).iter().map(|s| (s / k).div_ceil(holders)).sum();
+            let parts: usize = params(&b.params).iter().map(|p| (p.layout.slice_len() / k).div_ceil(holders)).sum();
             let e = comm.entry((Collective::ReduceScatter, b.group.clone())).or_default();
             e.0 += 1;
             e.1 += parts * g * b.dtype.size();

@@ -153,7 +153,7 @@ impl StageTrainer {
         let mut buckets = Vec::new();
         for b in &program.program.buckets {
             let mut b = b.clone();
-            b.params.retain(|p| program.param_grads.iter().any(|(n, _)| n == p));
+            b.params.retain(|p| graded.contains(p));
             if b.params.is_empty() {
                 continue;
             }

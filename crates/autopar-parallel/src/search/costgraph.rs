@@ -335,41 +335,40 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let on_data = depends_on_inputs(g);
     let mut roles = Vec::with_capacity(nodes.len());
     let mut ops: Vec<SearchOp> = Vec::new();
-    let mut alike: HashMap<String, Arc<Vec<Arc<SharedCandidate>>>> = HashMap::new();
+    let mut alike: HashMap<String, Arc<[Arc<SharedCandidate>]>> = HashMap::new();
     for (i, node) in nodes.iter().enumerate() {
         let role = match (&node.op, &b.rules[i]) {
             (OpKind::Input(_), _) => Role::Input,
             (OpKind::Parameter(_), _) => Role::Parameter,
             (_, ShardingRule::Spec(spec)) => {
                 let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
-                let (all, configured, key) = match &b.fixed[i] {
-                    Some((s, src)) => (vec![s.clone()], Some(*src), None),
-                    None => {
-                        let batch = batch_dim(spec, node, &on_data);
-                        // Ops alike in everything the candidates depend on share them.
-                        let key = format!("{:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.op, node.ty);
-                        match alike.get(&key) {
-                            Some(shared) => (Vec::new(), None, Some((key, Some(Arc::clone(shared))))),
-                            None => (bl.candidate_splits(spec, node.op.kind(), &ins, batch), None, Some((key, None))),
-                        }
-                    }
-                };
-                let shared: Arc<Vec<Arc<SharedCandidate>>> = match key {
-                    Some((_, Some(shared))) => shared,
-                    key => {
-                        let mut list = Vec::with_capacity(all.len());
-                        for splits in all {
+                // Each candidate's strategy, layouts, own cost and layout ids.
+                let mut price = |all: Vec<Vec<usize>>| -> Result<Arc<[Arc<SharedCandidate>]>> {
+                    all.into_iter()
+                        .map(|splits| {
                             let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
                             let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype);
                             let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
                             let output_id = pr.id(&whole_values(&layouts.output));
-                            list.push(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }));
-                        }
-                        let list = Arc::new(list);
-                        if let Some((key, None)) = key {
-                            alike.insert(key, Arc::clone(&list));
-                        }
-                        list
+                            Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
+                        })
+                        .collect()
+                };
+                let (shared, configured) = match &b.fixed[i] {
+                    Some((s, src)) => (price(vec![s.clone()])?, Some(*src)),
+                    None => {
+                        let batch = batch_dim(spec, node, &on_data);
+                        // Ops alike in everything the candidates depend on share them.
+                        let key = format!("{:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.op, node.ty);
+                        let shared = match alike.get(&key) {
+                            Some(shared) => Arc::clone(shared),
+                            None => {
+                                let shared = price(bl.candidate_splits(spec, node.op.kind(), &ins, batch))?;
+                                alike.insert(key, Arc::clone(&shared));
+                                shared
+                            }
+                        };
+                        (shared, None)
                     }
                 };
                 let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own }).collect();

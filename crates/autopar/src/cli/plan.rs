@@ -86,12 +86,11 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
 
     let profile = load_profile(&args.parallel, &file)?;
     let micro = args.micro_batches.or(file.micro_batches);
+    let split = pipeline_split(&args.parallel, &file)?;
     if ctx.pipeline_stages > 1 {
-        let split = pipeline_split(&args.parallel, &file)?;
         let stages = PipelineArgs { split: &split, profile: profile.as_ref(), has_strategy_file: items.is_some() };
         return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, stages, out);
     }
-    let split = pipeline_split(&args.parallel, &file)?;
     if !split.is_empty() {
         // Refused (one stage), with the reason.
         autopar_parallel::pipeline::split_before(&mut autopar_graph::Graph::default(), ctx.pipeline_stages, &split, None)?;
