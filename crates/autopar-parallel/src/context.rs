@@ -182,7 +182,9 @@ impl PipelineScheduler {
 /// `pipeline_config`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PipelineConfig {
-    /// `pipeline_interleave`: several virtual stages per rank (not run yet).
+    /// `pipeline_interleave`: several chunks (virtual stages) per rank. The model's stages
+    /// repeat in execution order (a lower stage than the op before starts a chunk), a
+    /// `--pipeline-split` names `chunks * stages - 1` ops, or autopar cuts 2 chunks per stage.
     pub pipeline_interleave: bool,
     /// `pipeline_scheduler`: the schedule of the micro-batches.
     pub pipeline_scheduler: PipelineScheduler,

@@ -283,12 +283,15 @@ pub enum PipelineProblem {
         /// The number of stages (`pipeline_stages`).
         stages: usize,
     },
-    /// A split (`--pipeline-split`) naming other than `stages - 1` ops.
+    /// A split (`--pipeline-split`) naming other than `stages - 1` ops (with
+    /// `pipeline_interleave`, other than `chunks * stages - 1`).
     SplitCount {
         /// The ops named.
         given: usize,
         /// The number of stages (`pipeline_stages`).
         stages: usize,
+        /// Whether the pipeline is interleaved.
+        interleave: bool,
     },
     /// A split naming something that is not an op of the network.
     SplitNotAnOp {
@@ -318,10 +321,14 @@ pub enum PipelineProblem {
         /// The loss's name.
         loss: String,
     },
-    /// Options the runtime does not run yet.
-    Unsupported {
-        /// The option (and setting) not supported, in words.
-        what: &'static str,
+    /// An interleaved pipeline's chunk (virtual stage) no operator is placed on.
+    EmptyChunk {
+        /// The stage, counted from 0.
+        stage: usize,
+        /// The chunk of the stage, counted from 0.
+        chunk: usize,
+        /// The chunks every stage has.
+        chunks: usize,
     },
     /// A pipeline job handed to the one-stage planner.
     NeedsPipelinePlanner,
@@ -344,7 +351,7 @@ impl PipelineProblem {
             | PipelineProblem::StageOutOfRange { .. }
             | PipelineProblem::EmptyStage { .. }
             | PipelineProblem::LossNotOnLastStage { .. }
-            | PipelineProblem::Unsupported { .. }
+            | PipelineProblem::EmptyChunk { .. }
             | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or --pipeline-split, in execution order, from 0 to pipeline_stages-1",
         }
     }
@@ -363,9 +370,15 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::LossNotOnLastStage { name, stage, stages } => {
                 write!(f, "the loss {name:?} is computed on stage {stage}; it must be on the last stage ({})", stages - 1)
             }
-            PipelineProblem::SplitCount { given, stages } => {
+            PipelineProblem::SplitCount { given, stages, interleave: false } => {
                 write!(f, "the split names {given} op(s); {stages} stages begin at {} ops after the first", stages - 1)
             }
+            PipelineProblem::SplitCount { given, stages, interleave: true } => write!(
+                f,
+                "the split names {given} op(s); with pipeline_interleave, {stages} stages of k chunks each begin at k*{stages}-1 ops after the first ({}, {}, ...)",
+                stages - 1,
+                2 * stages - 1
+            ),
             PipelineProblem::SplitNotAnOp { name } => {
                 write!(f, "the split names {name:?}, which is not an op of the network (parameters and inputs belong to no stage)")
             }
@@ -382,7 +395,10 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::SplitAfterLoss { name, loss } => {
                 write!(f, "the split names {name:?}, which comes after the loss {loss:?}: the loss must be on the last stage")
             }
-            PipelineProblem::Unsupported { what } => write!(f, "{what} is not supported yet"),
+            PipelineProblem::EmptyChunk { stage, chunk, chunks } => write!(
+                f,
+                "chunk {chunk} (virtual stage) of stage {stage} has no operator; with pipeline_interleave every stage runs {chunks} chunks, the stages 0..P repeated in execution order"
+            ),
             PipelineProblem::NeedsPipelinePlanner => write!(
                 f,
                 "a job of several stages is planned by plan_pipeline (the library's PipelineJob, `autopar train --micro-batches M`), not plan_job"

@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{Graph, NodeId, OpKind};
-use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, Pass, PipelinePlan, StageProgram};
+use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, ChunkProgram, Pass, PipelinePlan, StageProgram, Work};
 use autopar_parallel::{ParallelContext, ParamSlot, PlanRequest, RankBucket};
 use autopar_tensor::{DType, ExecCtx, Tensor};
 
@@ -20,7 +20,7 @@ use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::{Executor, MicroBatch, ParamStore};
 use crate::optim::Optimizer;
 use crate::parallel::{assemble_slices, slice_tensor};
-use crate::train::{accumulate_into, finite_loss, sync_bucket, BucketBuffer};
+use crate::train::{accumulate_at, finite_loss, sync_bucket, BucketBuffer};
 
 /// A pipeline job: the network (built for one micro-batch), planned into stages.
 #[derive(Clone, Debug)]
@@ -80,12 +80,23 @@ fn shared_partitions(plan: &PipelinePlan) -> Vec<(Vec<usize>, Vec<Vec<usize>>)> 
         .collect()
 }
 
+/// One chunk of a rank's stage as the trainer runs it.
+struct ChunkRun {
+    forward: Executor,
+    backward: Executor,
+    /// Where each of the chunk's parameter gradients accumulates among the stage's (`grads`).
+    at: Vec<usize>,
+    /// The reduce-scatter buckets of the chunk's gradients (`gradient_accumulation_shard`).
+    scatter: Vec<autopar_parallel::RankShardBucket>,
+}
+
 /// One rank of a pipeline job.
 pub struct StageTrainer {
     program: StageProgram,
     plan: PipelinePlan,
-    forward: Executor,
-    backward: Executor,
+    chunks: Vec<ChunkRun>,
+    /// The stage's trainable parameters, once each, in the order the gradients accumulate.
+    grads: Vec<String>,
     params: ParamStore,
     groups: CommGroups,
     /// The stage's communicator (its groups are split from it).
@@ -117,20 +128,18 @@ impl StageTrainer {
             return Err(RuntimeError::DeviceCount { job: plan.device_num, ranks: world.size() });
         }
         let mut program = stage_program(&plan, world.rank()).map_err(|e| RuntimeError::Plan(Box::new(e)))?;
-        let held: Vec<String> =
-            program.graph.nodes().iter().filter(|n| matches!(n.op, OpKind::Parameter(_))).map(|n| n.name.clone()).collect();
-        let held: Vec<&str> = held.iter().map(String::as_str).collect();
+        let held = program.held_params();
         // The parallel optimizer's buckets cover the stage's own parameters (every rank of a
         // shard group is in this stage and holds the same ones, so the packing agrees).
-        let graded: Vec<String> = program.param_grads.iter().map(|(n, _)| n.clone()).collect();
+        let graded = program.param_names();
         let rp = &mut program.program;
-        rp.all_gather.iter_mut().for_each(|b| b.params.retain(|p| held.contains(&p.as_str())));
+        rp.all_gather.iter_mut().for_each(|b| b.params.retain(|p| held.contains(p)));
         rp.all_gather.retain(|b| !b.params.is_empty());
         rp.reduce_scatter.iter_mut().for_each(|b| b.params.retain(|p| graded.contains(p)));
         rp.reduce_scatter.retain(|b| !b.params.is_empty());
         rp.accumulation_shard &= !rp.reduce_scatter.is_empty();
         let mut params = ParamStore::new();
-        for slot in program.program.params.iter().filter(|s| held.contains(&s.name.as_str())) {
+        for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
             params.insert(&slot.name, slice_tensor(full.require(&slot.name)?, &slot.slice)?);
         }
         // The stage's communicator, then its groups (named by positions in the stage).
@@ -147,7 +156,7 @@ impl StageTrainer {
             let sub = world.split(&partition).map_err(RuntimeError::comm(CommPhase::CreateGroups { partition: 1 + k }))?;
             let Some(sub) = sub.filter(|c| c.size() > 1) else { continue };
             let names: Vec<String> =
-                param_stages.iter().filter(|(n, s)| *s == stages && held.contains(&n.as_str())).map(|(n, _)| n.clone()).collect();
+                param_stages.iter().filter(|(n, s)| *s == stages && held.contains(n)).map(|(n, _)| n.clone()).collect();
             shared.push((names, sub));
         }
         let mut buckets = Vec::new();
@@ -157,17 +166,29 @@ impl StageTrainer {
             if b.params.is_empty() {
                 continue;
             }
-            let buffer = BucketBuffer::over(&b, &program.param_grads)?;
+            let names: Vec<&str> = graded.iter().map(String::as_str).collect();
+            let buffer = BucketBuffer::over_names(&b, &names)?;
             buckets.push((b, buffer));
         }
         let ctx = if plan.device_num == 1 { ExecCtx::parallel() } else { ExecCtx::serial() };
-        let forward = Executor::new(program.graph.clone(), &program.forward_fetch())?.with_ctx(ctx);
-        let backward = Executor::new(program.backward.clone(), &program.backward_fetch())?.with_ctx(ctx);
+        let mut chunks = Vec::with_capacity(program.chunks.len());
+        for c in &program.chunks {
+            let names: Vec<String> = c.param_grads.iter().map(|(n, _)| n.clone()).collect();
+            let mut scatter = program.program.reduce_scatter.clone();
+            scatter.iter_mut().for_each(|b| b.params.retain(|p| names.contains(p)));
+            scatter.retain(|b| !b.params.is_empty());
+            chunks.push(ChunkRun {
+                forward: Executor::new(c.graph.clone(), &c.forward_fetch())?.with_ctx(ctx),
+                backward: Executor::new(c.backward.clone(), &c.backward_fetch())?.with_ctx(ctx),
+                at: names.iter().map(|n| graded.iter().position(|g| g == n).expect("a chunk's gradient is the stage's")).collect(),
+                scatter,
+            });
+        }
         Ok(Self {
             program,
             plan,
-            forward,
-            backward,
+            chunks,
+            grads: graded,
             params,
             groups,
             _stage_comm: stage_comm,
@@ -218,10 +239,8 @@ impl StageTrainer {
         let stages = self.plan.param_stages();
         let (stage, position) = (self.program.stage, self.program.position);
         let counted = self
-            .program
-            .param_grads
+            .grads
             .iter()
-            .map(|(name, _)| name)
             .filter(|name| {
                 let first_stage = stages.iter().find(|(n, _)| n == *name).is_none_or(|(_, s)| s.first() == Some(&stage));
                 let first_holder = self.program.program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == position));
@@ -268,20 +287,23 @@ impl StageTrainer {
     pub fn step(&mut self, world: &dyn Communicator, opt: &mut dyn Optimizer, batch: &[(String, Tensor)]) -> Result<f64> {
         let m = self.plan.micro_batches;
         let d = self.plan.stage_devices();
+        let p = self.plan.stages;
         let rank = self.program.rank;
         let stage = self.program.stage;
-        let slot = |v: Option<Vec<Tensor>>, what: &str, micro: usize| {
+        let slot = |v: Option<Vec<Tensor>>, what: &str, w: Work| {
             v.ok_or_else(|| RuntimeError::Pipeline {
                 rank,
-                problem: format!("{what} of micro-batch {micro} is missing when the schedule needs it"),
+                problem: format!("{what} of micro-batch {} (chunk {}) is missing when the schedule needs it", w.micro, w.chunk),
             })
         };
-        let mut received: Vec<Option<Vec<Tensor>>> = vec![None; m];
-        let mut to_send: Vec<Option<Vec<Tensor>>> = vec![None; m];
-        let mut saved: Vec<Option<Vec<Tensor>>> = vec![None; m];
-        let mut grads_back: Vec<Option<Vec<Tensor>>> = vec![None; m];
-        let mut grads_in: Vec<Option<Vec<Tensor>>> = vec![None; m];
-        let mut acc: Vec<Option<Tensor>> = vec![None; self.program.param_grads.len()];
+        // Per chunk and micro-batch: what arrived, what is to go, what the backward keeps.
+        let cells = || vec![vec![None; m]; self.chunks.len()];
+        let mut received: Vec<Vec<Option<Vec<Tensor>>>> = cells();
+        let mut to_send: Vec<Vec<Option<Vec<Tensor>>>> = cells();
+        let mut saved: Vec<Vec<Option<Vec<Tensor>>>> = cells();
+        let mut grads_back: Vec<Vec<Option<Vec<Tensor>>>> = cells();
+        let mut grads_in: Vec<Vec<Option<Vec<Tensor>>>> = cells();
+        let mut acc: Vec<Option<Tensor>> = vec![None; self.grads.len()];
         let mut loss_sum = 0.0;
         self.check_batch(batch)?;
         let actions = self.plan.schedule.stages[stage].clone();
@@ -298,81 +320,88 @@ impl StageTrainer {
                 let compute = matches!(action, Action::Compute(_));
                 match action {
                     Action::Compute(w) if w.pass == Pass::Forward => {
+                        let (cp, run) = (&this.program.chunks[w.chunk], &this.chunks[w.chunk]);
                         let micro = MicroBatch { index: w.micro, count: m };
-                        let mut feeds = this.data_feeds(&this.program.graph, batch, w.micro)?;
-                        if !this.program.recv.is_empty() {
-                            let recv = slot(received[w.micro].take(), "the received activations", w.micro)?;
-                            feeds.extend(this.program.recv.iter().copied().zip(recv));
+                        let mut feeds = this.data_feeds(&cp.graph, batch, w.micro)?;
+                        if !cp.recv.is_empty() {
+                            let recv = slot(received[w.chunk][w.micro].take(), "the received activations", w)?;
+                            feeds.extend(cp.recv.iter().copied().zip(recv));
                         }
-                        let out = this.forward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
+                        let out = run.forward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
                         let mut values = out.values.into_iter();
-                        to_send[w.micro] = Some(values.by_ref().take(this.program.send.len()).collect());
-                        if this.program.loss.is_some() {
+                        to_send[w.chunk][w.micro] = Some(values.by_ref().take(cp.send.len()).collect());
+                        if cp.loss.is_some() {
                             loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
                         }
-                        saved[w.micro] = Some(values.collect());
+                        saved[w.chunk][w.micro] = Some(values.collect());
                     }
                     Action::Compute(w) => {
+                        let (cp, run) = (&this.program.chunks[w.chunk], &this.chunks[w.chunk]);
                         let micro = MicroBatch { index: w.micro, count: m };
-                        let mut feeds = this.data_feeds(&this.program.backward, batch, w.micro)?;
-                        feeds.extend(this.program.saved_in.iter().copied().zip(slot(
-                            saved[w.micro].take(),
-                            "the saved activations",
-                            w.micro,
-                        )?));
-                        // The gradients of the float values this stage sent, in order.
-                        let mut dv = if this.float_sends().is_empty() {
+                        let mut feeds = this.data_feeds(&cp.backward, batch, w.micro)?;
+                        feeds.extend(cp.saved_in.iter().copied().zip(slot(saved[w.chunk][w.micro].take(), "the saved activations", w)?));
+                        // The gradients of the float values this chunk sent, in order.
+                        let mut dv = if float_sends(cp).is_empty() {
                             Vec::new().into_iter()
                         } else {
-                            slot(grads_in[w.micro].take(), "the received gradients", w.micro)?.into_iter()
+                            slot(grads_in[w.chunk][w.micro].take(), "the received gradients", w)?.into_iter()
                         };
-                        for (k, &v) in this.program.send.iter().enumerate() {
-                            if this.program.graph.node(v).ty.dtype.is_float() {
+                        for (k, &v) in cp.send.iter().enumerate() {
+                            if cp.graph.node(v).ty.dtype.is_float() {
                                 let t = dv.next().expect("one gradient per float value sent");
-                                if let Some(id) = this.program.grad_in[k] {
+                                if let Some(id) = cp.grad_in[k] {
                                     feeds.push((id, t));
                                 }
                             }
                         }
-                        let out = this.backward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
+                        let out = run.backward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
                         let mut values = out.values.into_iter();
-                        let n_back = this.program.grad_out.iter().flatten().count();
-                        grads_back[w.micro] = Some(values.by_ref().take(n_back).collect());
+                        let n_back = cp.grad_out.iter().flatten().count();
+                        grads_back[w.chunk][w.micro] = Some(values.by_ref().take(n_back).collect());
                         if shard_each {
                             crate::shard::accumulate_scattered(
-                                &this.program.program,
-                                &this.program.param_grads,
+                                &run.scatter,
+                                cp.param_grads.iter().map(|(n, _)| n),
                                 values,
                                 &mut acc,
+                                Some(&run.at),
                                 Some(&this.groups),
                             )?;
                         } else {
-                            accumulate_into(&mut acc, values)?;
+                            accumulate_at(&mut acc, Some(&run.at), values)?;
                         }
                     }
                     Action::Send { work, peer } => {
                         let dest = peer * d + rank % d;
-                        let values = if work.pass == Pass::Forward { to_send[work.micro].take() } else { grads_back[work.micro].take() };
-                        for t in slot(values, "a value to send", work.micro)? {
-                            send_tensor(world, &t, dest, work.micro)?;
+                        let piece = work.chunk * p + stage;
+                        let (values, tag) = if work.pass == Pass::Forward {
+                            (to_send[work.chunk][work.micro].take(), transfer_tag(work, piece))
+                        } else {
+                            (grads_back[work.chunk][work.micro].take(), transfer_tag(work, piece - 1))
+                        };
+                        for t in slot(values, "a value to send", work)? {
+                            send_tensor(world, &t, dest, work.micro, tag)?;
                         }
                     }
                     Action::Recv { work, peer } => {
                         let src = peer * d + rank % d;
-                        if work.pass == Pass::Forward {
-                            let types: Vec<(Vec<usize>, autopar_graph::DType)> = self
-                                .program
-                                .recv
-                                .iter()
-                                .map(|&r| (this.program.graph.node(r).ty.shape.clone(), this.program.graph.node(r).ty.dtype))
-                                .collect();
-                            received[work.micro] =
-                                Some(types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?);
+                        let cp = &this.program.chunks[work.chunk];
+                        let piece = work.chunk * p + stage;
+                        let (types, tag): (Vec<(Vec<usize>, autopar_graph::DType)>, u32) = if work.pass == Pass::Forward {
+                            let g = &cp.graph;
+                            (
+                                cp.recv.iter().map(|&r| (g.node(r).ty.shape.clone(), g.node(r).ty.dtype)).collect(),
+                                transfer_tag(work, piece - 1),
+                            )
                         } else {
-                            let types = this.float_sends();
-                            let got: Vec<Tensor> =
-                                types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro)).collect::<Result<_>>()?;
-                            grads_in[work.micro] = Some(got);
+                            (float_sends(cp), transfer_tag(work, piece))
+                        };
+                        let got: Vec<Tensor> =
+                            types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro, tag)).collect::<Result<_>>()?;
+                        if work.pass == Pass::Forward {
+                            received[work.chunk][work.micro] = Some(got);
+                        } else {
+                            grads_in[work.chunk][work.micro] = Some(got);
                         }
                     }
                 }
@@ -386,7 +415,7 @@ impl StageTrainer {
         self.busy = busy;
         run?;
         let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(acc.len());
-        for ((name, _), g) in self.program.param_grads.iter().zip(acc) {
+        for (name, g) in self.grads.iter().zip(acc) {
             grads.push((name.clone(), g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?));
         }
         if !shard_each {
@@ -416,7 +445,8 @@ impl StageTrainer {
         self.step += 1;
         self.wall = start.elapsed().as_secs_f64();
         // The loss, from the last stage's first position to every rank.
-        let mine = if self.program.loss.is_some() && self.program.position == 0 { loss_sum / m as f64 } else { 0.0 };
+        let last_stage = stage + 1 == p;
+        let mine = if last_stage && self.program.position == 0 { loss_sum / m as f64 } else { 0.0 };
         let mut v = vec![mine];
         world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
         finite_loss(v[0], self.step)
@@ -446,12 +476,6 @@ impl StageTrainer {
         Ok(())
     }
 
-    /// Shapes and dtypes of the float values this stage sends (their gradients come back).
-    fn float_sends(&self) -> Vec<(Vec<usize>, autopar_graph::DType)> {
-        let g = &self.program.graph;
-        self.program.send.iter().map(|&v| g.node(v).ty.clone()).filter(|ty| ty.dtype.is_float()).map(|ty| (ty.shape, ty.dtype)).collect()
-    }
-
     /// The data inputs of `graph` for micro-batch `micro`: this rank's slice of its rows.
     fn data_feeds(&self, graph: &Graph, batch: &[(String, Tensor)], micro: usize) -> Result<Vec<(NodeId, Tensor)>> {
         let mut feeds = Vec::new();
@@ -476,12 +500,26 @@ impl StageTrainer {
     }
 }
 
+/// Shapes and dtypes of the float values chunk `cp` sends (their gradients come back).
+fn float_sends(cp: &ChunkProgram) -> Vec<(Vec<usize>, autopar_graph::DType)> {
+    let g = &cp.graph;
+    cp.send.iter().map(|&v| g.node(v).ty.clone()).filter(|ty| ty.dtype.is_float()).map(|ty| (ty.shape, ty.dtype)).collect()
+}
+
+/// The message tag of the transfer across piece boundary `boundary` (piece `boundary` to
+/// `boundary + 1` forward, back for the gradients) of `work`'s micro-batch: sender and
+/// receiver derive the same one, and no two transfers between one pair of ranks in one step
+/// share it (below MPI's least tag bound, 32767, it wraps only past 8192 micro-batch boundaries).
+fn transfer_tag(work: Work, boundary: usize) -> u32 {
+    let pass = u32::from(work.pass == Pass::Backward);
+    ((work.micro as u32).wrapping_mul(64).wrapping_add(boundary as u32 % 64).wrapping_mul(2).wrapping_add(pass)) % 16384
+}
+
 fn transfer_err(what: String) -> impl FnOnce(autopar_comm::CommError) -> RuntimeError {
     RuntimeError::comm(CommPhase::PipelineTransfer { what })
 }
 
-fn send_tensor(world: &dyn Communicator, t: &Tensor, dest: usize, micro: usize) -> Result<()> {
-    let tag = (micro % 16384) as u32;
+fn send_tensor(world: &dyn Communicator, t: &Tensor, dest: usize, micro: usize, tag: u32) -> Result<()> {
     let err = || transfer_err(format!("send of micro-batch {micro} to rank {dest}"));
     match t.dtype() {
         DType::F32 => world.send((&t.to_vec::<f32>().expect("f32")).into(), dest, tag).map_err(err()),
@@ -489,8 +527,14 @@ fn send_tensor(world: &dyn Communicator, t: &Tensor, dest: usize, micro: usize) 
     }
 }
 
-fn recv_tensor(world: &dyn Communicator, shape: &[usize], dtype: autopar_graph::DType, src: usize, micro: usize) -> Result<Tensor> {
-    let tag = (micro % 16384) as u32;
+fn recv_tensor(
+    world: &dyn Communicator,
+    shape: &[usize],
+    dtype: autopar_graph::DType,
+    src: usize,
+    micro: usize,
+    tag: u32,
+) -> Result<Tensor> {
     let n: usize = shape.iter().product();
     let err = || transfer_err(format!("receive of micro-batch {micro} from rank {src}"));
     let k = |e| RuntimeError::Kernel { kind: "Recv", name: format!("micro-batch {micro} from rank {src}"), source: Box::new(e) };

@@ -100,7 +100,13 @@ fn gather_packed<T: autopar_tensor::Element + autopar_comm::Element>(
 /// Replaces the gradient (a model-parallel slice) of every sharded parameter in `grads` by the
 /// rank's shard of its sum over the replica group, scaled by the bucket's factor. Collective.
 pub(crate) fn scatter_gradients(program: &RankProgram, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
-    for b in &program.reduce_scatter {
+    scatter_buckets(&program.reduce_scatter, grads, comm)
+}
+
+/// [`scatter_gradients`] over the reduce-scatter buckets `buckets` (a program's, or those of
+/// the gradients one pipeline chunk computes). Collective.
+pub(crate) fn scatter_buckets(buckets: &[RankShardBucket], grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
+    for b in buckets {
         let c = group_comm(comm, b, "ReduceScatter")?;
         let rest = if b.rest.len() > 1 {
             let groups = comm.expect("checked by group_comm");
@@ -139,18 +145,19 @@ pub(crate) fn scatter_gradients(program: &RankProgram, grads: &mut [(String, Ten
 }
 
 /// `gradient_accumulation_shard`: one micro-batch's gradients (`values`, in the order of
-/// `names`) reduce-scattered at once ([`scatter_gradients`]) and only the rank's pieces added to
-/// `acc`. Collective.
-pub(crate) fn accumulate_scattered(
-    program: &RankProgram,
-    names: &[(String, autopar_graph::NodeId)],
+/// `names`) reduce-scattered at once over `buckets` ([`scatter_buckets`]) and only the rank's
+/// pieces added to `acc`, gradient `i` at `acc[at[i]]` (None: at `acc[i]`). Collective.
+pub(crate) fn accumulate_scattered<'a>(
+    buckets: &[RankShardBucket],
+    names: impl IntoIterator<Item = &'a String>,
     values: impl IntoIterator<Item = Tensor>,
     acc: &mut [Option<Tensor>],
+    at: Option<&[usize]>,
     comm: Option<&CommGroups>,
 ) -> Result<()> {
-    let mut grads: Vec<(String, Tensor)> = names.iter().map(|(n, _)| n.clone()).zip(values).collect();
-    scatter_gradients(program, &mut grads, comm)?;
-    crate::train::accumulate_into(acc, grads.into_iter().map(|(_, g)| g))
+    let mut grads: Vec<(String, Tensor)> = names.into_iter().cloned().zip(values).collect();
+    scatter_buckets(buckets, &mut grads, comm)?;
+    crate::train::accumulate_at(acc, at, grads.into_iter().map(|(_, g)| g))
 }
 
 /// The reduce-scatter of one bucket. With `g` replicas in shard groups of `k` (`r = g / k`

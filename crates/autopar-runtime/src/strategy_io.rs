@@ -63,7 +63,6 @@ fn stage_file(
     let graph = &plan.graph;
     let mut strategy_items = Vec::new();
     for np in plan.nodes.iter().filter(|np| on_stage(np.id)) {
-        let node = graph.node(np.id);
         let Some(strategy) = &np.strategy else { continue };
         let Some(name) = autopar_parallel::strategy_item_names(graph, np.id).into_iter().next() else { continue };
         if strategy_items.iter().any(|s: &StrategyItem| s.node_name == name) {
@@ -71,7 +70,7 @@ fn stage_file(
         }
         strategy_items.push(StrategyItem {
             node_name: name,
-            stage: node.pipeline_stage.map_or(stage, |s| s as u32),
+            stage,
             parallel_strategy: strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect(),
         });
     }

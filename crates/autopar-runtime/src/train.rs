@@ -147,7 +147,14 @@ impl TrainStep {
                 let mut values = out.values.into_iter();
                 loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
                 if shard_each {
-                    crate::shard::accumulate_scattered(program, &program.grads, values, &mut acc, comm)?;
+                    crate::shard::accumulate_scattered(
+                        &program.reduce_scatter,
+                        program.grads.iter().map(|(n, _)| n),
+                        values,
+                        &mut acc,
+                        None,
+                        comm,
+                    )?;
                 } else {
                     accumulate_into(&mut acc, values)?;
                 }
@@ -227,7 +234,20 @@ impl TrainStep {
 /// Add each of `values` to its slot of `acc` (gradient accumulation over micro-batches; an
 /// empty slot takes the value).
 pub(crate) fn accumulate_into(acc: &mut [Option<Tensor>], values: impl IntoIterator<Item = Tensor>) -> Result<()> {
-    for (a, g) in acc.iter_mut().zip(values) {
+    accumulate_at(acc, None, values)
+}
+
+/// Adds value `i` of `values` to `acc[at[i]]` (None: to `acc[i]`), or puts it there when empty.
+pub(crate) fn accumulate_at(acc: &mut [Option<Tensor>], at: Option<&[usize]>, values: impl IntoIterator<Item = Tensor>) -> Result<()> {
+    for (i, g) in values.into_iter().enumerate() {
+        let k = match at {
+            Some(at) => match at.get(i) {
+                Some(&k) => k,
+                None => break,
+            },
+            None => i,
+        };
+        let Some(a) = acc.get_mut(k) else { break };
         *a =
             Some(match a.take() {
                 None => g,
@@ -253,10 +273,15 @@ impl BucketBuffer {
 
     /// The bucket's gradients among `grads` (by parameter name).
     pub(crate) fn over(b: &RankBucket, grads: &[(String, NodeId)]) -> Result<Self> {
+        Self::over_names(b, &grads.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
+    }
+
+    /// The bucket's gradients among `names`.
+    pub(crate) fn over_names(b: &RankBucket, names: &[&str]) -> Result<Self> {
         let grads = b
             .params
             .iter()
-            .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
+            .map(|n| names.iter().position(|g| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
             .collect::<Result<_>>()?;
         Ok(Self { grads, flat: None })
     }

@@ -520,8 +520,14 @@ impl Trainer {
         let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
         let mut graph = graph;
         if !cfg.pipeline_split.is_empty() {
-            autopar_parallel::pipeline::split_before(&mut graph, cfg.parallel.pipeline_stages, &cfg.pipeline_split, Some(net.loss))
-                .map_err(crate::RuntimeError::from)?;
+            autopar_parallel::pipeline::split_before(
+                &mut graph,
+                cfg.parallel.pipeline_stages,
+                &cfg.pipeline_split,
+                Some(net.loss),
+                cfg.parallel.pipeline_config.pipeline_interleave,
+            )
+            .map_err(crate::RuntimeError::from)?;
         }
         let job = if cfg.parallel.pipeline_stages > 1 {
             Job::Pipeline {

@@ -1,9 +1,9 @@
 //! Pipeline parallel equals stand-alone: a network of dense blocks spread over P stages, with a
 //! weight tied between the first and the last stage (a shared parameter), a skip connection
 //! from stage 0 to the last stage and dropout, trained on 8 ranks with P in {2, 4},
-//! micro-batches M in {P, 2P+1}, GPipe and 1F1B, and random strategies inside the stages. Loss
-//! and every parameter after 10 steps match stand-alone on the whole batch within a relative
-//! 1e-5 (f32).
+//! micro-batches M in {P, 2P+1}, GPipe and 1F1B, plain and interleaved (2 chunks per stage),
+//! and random strategies inside the stages. Loss and every parameter after 10 steps match
+//! stand-alone on the whole batch within a relative 1e-5 (f32).
 
 use autopar_comm::Communicator;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
@@ -155,8 +155,8 @@ fn stage_errors_name_the_op() {
     }
 }
 
-/// The model zoo's GPT (tied embedding, dropout) and MLP, cut into stages of equal FLOPs,
-/// against stand-alone on the whole batch.
+/// The model zoo's GPT (tied embedding, dropout) and MLP, cut into stages (or, interleaved,
+/// 2 chunks per stage) of equal FLOPs, against stand-alone on the whole batch.
 #[test]
 fn zoo_models_cut_by_flops_equal_stand_alone() {
     use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model};
@@ -167,7 +167,7 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
     let models: [(&str, &dyn Model, usize); 2] = [("gpt", &gpt, 16), ("mlp", &mlp, 8)];
     let devices = 8;
     for (label, model, classes) in models {
-        for (stages, micro, scheduler) in [(2usize, 5usize, "1f1b"), (4, 4, "gpipe")] {
+        for (stages, micro, scheduler, interleave) in [(2usize, 5usize, "1f1b", false), (4, 4, "gpipe", false), (2, 5, "1f1b", true)] {
             let d = devices / stages;
             let batch = micro * d;
             let (g, m) = model.build_graph(batch, Mode::Train, 3).unwrap();
@@ -205,8 +205,11 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
                 })
                 .collect();
             let (mg, mm) = model.build_graph(batch / micro, Mode::Train, 3).unwrap();
-            let job = PipelineJob::new(&mg, mm.loss, &context(devices, stages, scheduler), micro).unwrap();
-            let what = format!("{label} P={stages} M={micro} {scheduler}");
+            let ctx =
+                if interleave { interleaved(context(devices, stages, scheduler), scheduler) } else { context(devices, stages, scheduler) };
+            let job = PipelineJob::new(&mg, mm.loss, &ctx, micro).unwrap();
+            assert_eq!(job.plan().chunks, if interleave { 2 } else { 1 });
+            let what = format!("{label} P={stages} M={micro} {scheduler} interleave={interleave}");
             let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_close(&what, &run.losses, &run.params, &want_losses, &params);
         }
@@ -249,8 +252,10 @@ fn the_pp2_stage_0_program_sends_one_8_by_128_tensor_to_rank_4_per_micro_batch_a
     let ctx = context(8, 2, "1f1b");
     let pp = plan_pipeline(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }, 4).unwrap();
     let sp = stage_program(&pp, 0).unwrap();
-    assert_eq!(sp.send.len(), 1);
-    assert_eq!(sp.graph.node(sp.send[0]).ty.shape.to_vec(), vec![8, 128]);
+    assert_eq!(sp.chunks.len(), 1);
+    let chunk = &sp.chunks[0];
+    assert_eq!(chunk.send.len(), 1);
+    assert_eq!(chunk.graph.node(chunk.send[0]).ty.shape.to_vec(), vec![8, 128]);
     let d = pp.stage_devices();
     let sends: Vec<(usize, usize)> = pp.schedule.stages[0]
         .iter()
@@ -464,5 +469,134 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
             let last = run.rank_params[devices - d].require("tied.weight").unwrap().to_f64_vec();
             assert_eq!(first, last, "{what}: copies of the shared weight diverged");
         }
+    }
+}
+
+/// Blocks of the interleaved network: 8, so 2 chunks of 2 or 4 stages get at least one each.
+const INTERLEAVED_BLOCKS: usize = 8;
+
+/// The network for `batch` rows cut into `stages * chunks` pieces, block `i` on piece
+/// `i * stages * chunks / 8` and so on stage `piece % stages` (the stages repeat in execution
+/// order, as MindSpore's interleaved models place their cells): the embedding weight tied to
+/// the head (stage 0 and the last), a weight used by block 0 and block 4 (stage 0 in chunks 0
+/// and 1 of a 2-chunk pipeline: one rank computes both gradients), a skip from the first piece
+/// to the last (relayed from the last stage back to the first between chunks) and dropout.
+fn interleaved_network(batch: usize, stages: usize, chunks: usize) -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(7);
+    let x = b.input("x", &[batch, FEATURES], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I32).unwrap();
+    let tied = b.parameter("tied.weight", &[FEATURES, WIDTH], Initializer::HeUniform).unwrap();
+    let looped = b.parameter("loop.weight", &[WIDTH, WIDTH], Initializer::HeUniform).unwrap();
+    b.set_pipeline_stage(Some(0));
+    let h0 = b.matmul("embed", x, tied).unwrap();
+    let mut h = b.relu("embed.relu", h0).unwrap();
+    for i in 0..INTERLEAVED_BLOCKS {
+        let piece = i * stages * chunks / INTERLEAVED_BLOCKS;
+        b.set_pipeline_stage(Some(piece % stages));
+        h = b.dense(&format!("block{i}"), h, WIDTH, Initializer::HeUniform).unwrap();
+        if i % 4 == 0 {
+            let l = b.matmul(&format!("block{i}.loop"), h, looped).unwrap();
+            h = b.add(&format!("block{i}.loop_add"), h, l).unwrap();
+        }
+        h = b.relu(&format!("block{i}.relu"), h).unwrap();
+        if i == 2 {
+            h = b.dropout(&format!("block{i}.dropout"), h, 0.25, 11).unwrap();
+        }
+    }
+    b.set_pipeline_stage(Some(stages - 1));
+    let skip = b.add("skip", h, h0).unwrap();
+    let logits = b.matmul_t("head", skip, tied, false, true).unwrap();
+    let loss = b.softmax_cross_entropy("loss", logits, y).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn interleaved(mut ctx: ParallelContext, scheduler: &str) -> ParallelContext {
+    ctx.set("pipeline_config", &json!({"pipeline_scheduler": scheduler, "pipeline_interleave": true})).unwrap();
+    ctx
+}
+
+#[test]
+fn interleaved_pipelines_of_two_chunks_equal_stand_alone() {
+    let devices = 8;
+    let steps = 10;
+    let mut runs = 0;
+    for stages in [2usize, 4] {
+        let d = devices / stages;
+        for micro in [stages, 2 * stages + 1] {
+            let batch = micro * d * 2;
+            let data = batches(batch, steps);
+            let (g1, loss1) = interleaved_network(batch, 1, 1);
+            let mut want = ParamStore::init(&g1).unwrap();
+            let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
+            let mut opt = optimizer();
+            let want_losses: Vec<f64> = data
+                .iter()
+                .map(|b| {
+                    let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
+                    step.run(&mut want, opt.as_mut(), &feeds).unwrap()
+                })
+                .collect();
+            for scheduler in ["gpipe", "1f1b"] {
+                for seed in 0..2u64 {
+                    let (mut g, loss) = interleaved_network(batch / micro, stages, 2);
+                    if seed > 0 {
+                        assign_random_strategies(&mut g, d, seed * 7919 + (stages * 10 + micro) as u64);
+                    }
+                    let job = PipelineJob::new(&g, loss, &interleaved(context(devices, stages, scheduler), scheduler), micro).unwrap();
+                    let what = format!("interleaved P={stages} M={micro} {scheduler} seed={seed}");
+                    assert_eq!(job.plan().chunks, 2, "{what}");
+                    assert_eq!(job.plan().schedule.shape.chunks, 2, "{what}");
+                    // Stage 0 runs two chunks, and the last stage's first chunk sends to stage 0.
+                    let sp = autopar_parallel::pipeline::stage_program(job.plan(), devices - d).unwrap();
+                    assert_eq!(sp.chunks.iter().map(|c| c.piece).collect::<Vec<_>>(), vec![stages - 1, 2 * stages - 1], "{what}");
+                    assert!(!sp.chunks[0].send.is_empty() && sp.chunks[1].loss.is_some(), "{what}");
+                    let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_close(&what, &run.losses, &run.params, &want_losses, &want);
+                    let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
+                    let last = run.rank_params[devices - d].require("tied.weight").unwrap().to_f64_vec();
+                    assert_eq!(first, last, "{what}: copies of the shared weight diverged");
+                    runs += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 16);
+}
+
+/// Without the interleave flag the same placement is an error naming the op placed before
+/// its input; the model zoo cut into 2 chunks per stage by FLOPs (no placement) trains equal
+/// to the plain pipeline's stand-alone, with the parallel optimizer and
+/// gradient_accumulation_shard too.
+#[test]
+fn interleave_is_what_lets_stages_repeat_and_autopar_cuts_two_chunks_when_the_model_places_none() {
+    let (g, loss) = interleaved_network(8, 2, 2);
+    let e = PipelineJob::new(&g, loss, &context(4, 2, "1f1b"), 2).unwrap_err().to_string();
+    assert!(e.contains("before its input"), "{e}");
+    let (devices, stages, micro) = (8usize, 2usize, 4usize);
+    let d = devices / stages;
+    let batch = micro * d * 2;
+    let data = batches(batch, 6);
+    let (want_losses, want) = stand_alone(batch, &data);
+    // `network` with no placement at all: autopar balances 4 pieces.
+    let unplaced = || {
+        let (mut g, loss) = network(batch / micro, stages);
+        for i in 0..g.len() {
+            g.node_mut(NodeId(i)).pipeline_stage = None;
+        }
+        (g, loss)
+    };
+    let (g, loss) = unplaced();
+    for (shard, each) in [(false, false), (true, false), (true, true)] {
+        let mut ctx = interleaved(context(devices, stages, "1f1b"), "1f1b");
+        if shard {
+            ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+            ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each})).unwrap();
+        }
+        let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
+        let what = format!("balanced interleave, parallel optimizer {shard}, gradient_accumulation_shard {each}");
+        assert_eq!(job.plan().chunks, autopar_parallel::pipeline::DEFAULT_CHUNKS, "{what}");
+        let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_close(&what, &run.losses, &run.params, &want_losses, &want);
     }
 }

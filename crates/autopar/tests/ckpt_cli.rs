@@ -371,3 +371,28 @@ fn a_sharded_pipeline_run_transforms_like_the_unsharded_one() {
     transform(&dir.path().join("one_sharded"), &back, &["--dst-strategy", s(&sharded.join("strategy.json"))]);
     assert_same_rank_files(&sharded, &back, 8);
 }
+
+/// An interleaved pipeline run (2 chunks per stage) stores both of its chunks' parameters in
+/// each stage's rank files, and moves to one device and back like the plain pipeline.
+#[test]
+fn an_interleaved_pipeline_run_transforms_to_one_device_and_back() {
+    use autopar::checkpoint::CheckpointFile;
+    let dir = TempDir::new();
+    let run = train_pipeline(dir.path(), "run", &["--parallel", r#"pipeline_config={"pipeline_interleave": true}"#]);
+    let held =
+        |r: usize| -> Vec<String> { CheckpointFile::open(rank_file(&run, r)).unwrap().tensors().iter().map(|t| t.name.clone()).collect() };
+    // Pieces 0 and 2 on stage 0, 1 and 3 on stage 1: the first and the last layer on different stages.
+    let (first, last) = (held(0), held(4));
+    assert!(first.contains(&"fc1.weight".to_string()) && !first.contains(&"fc4.weight".to_string()), "{first:?}");
+    assert!(last.contains(&"fc4.weight".to_string()) && last.contains(&"fc2.weight".to_string()), "{last:?}");
+    assert!(first.contains(&"fc3.weight".to_string()), "stage 0's second chunk holds fc3: {first:?}");
+    let one = dir.path().join("one");
+    transform(&run, &one, &["--src-strategy", s(&run.join("strategy.json"))]);
+    let whole = CheckpointFile::open(rank_file(&one, 0)).unwrap();
+    for name in ["fc1.weight", "fc2.weight", "fc3.weight", "fc4.weight", "adam_v.fc3.weight"] {
+        assert!(whole.tensors().iter().any(|t| t.name == name), "{name} missing on one device");
+    }
+    let back = dir.path().join("back");
+    transform(&one, &back, &["--dst-strategy", s(&run.join("strategy.json"))]);
+    assert_same_rank_files(&run, &back, 8);
+}

@@ -175,7 +175,7 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     assert!(text.contains("stage 1 (ranks 4..8)"), "{text}");
     // Cut between two blocks: one [8 * 64 / 4, 128] value per micro-batch, on each of 4 ranks.
     assert_eq!(text.matches("  sends ").count(), 1, "{text}");
-    assert!(text.contains("[128, 128] (64.0 KiB) to rank r+4 per micro-batch"), "{text}");
+    assert!(text.contains("[128, 128] (64.0 KiB) to stage 1 (rank r+4) per micro-batch"), "{text}");
     assert!(text.contains("x 2 in flight") && text.contains("x 1 in flight"), "{text}");
     let svg = std::fs::read_to_string(dir.path().join("schedule.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains(">stage 1</text>"), "{svg}");

@@ -6,7 +6,7 @@ pub mod report;
 pub mod schedule;
 pub mod stages;
 
-pub use program::{boundary, plan_pipeline, stage_program, PipelinePlan, StageProgram};
+pub use program::{boundary, plan_pipeline, stage_program, ChunkProgram, PipelinePlan, StageProgram, DEFAULT_CHUNKS};
 pub use report::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
 pub use schedule::{build, ideal_bubble, simulate, Action, Pass, PipelineShape, Schedule, ScheduleError, SimCosts, Simulation, Work};
-pub use stages::{assign_stages, balance_stages, has_stages, is_stageless, split_before};
+pub use stages::{assign_stages, balance_stages, has_stages, is_stageless, number_chunks, split_before};

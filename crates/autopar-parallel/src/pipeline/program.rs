@@ -9,6 +9,11 @@
 //! travels through every stage between (relayed, so each transfer goes to the next stage only);
 //! its gradient travels back the same way, each stage adding what it contributed.
 //!
+//! With `pipeline_interleave` the network is cut into `chunks * stages` pieces whose stages
+//! repeat (piece `k` runs on stage `k % stages` as its chunk `k / stages`), and everything
+//! above holds piece by piece: a rank runs one program per chunk, and piece `k` sends to piece
+//! `k + 1`, the last stage's chunk `c` to the first stage's chunk `c + 1`.
+//!
 //! A stage's graph: its ops, the values received from the previous stage as inputs, the values
 //! for the next stage, and for the backward pass the surrogate loss
 //! `sum(v * dv)` over the values it sends (`dv`, their gradients, received back) plus, on the
@@ -23,27 +28,37 @@ use autopar_graph::ops::{Add, Fill, Input, Mul, ReduceSum, Scale};
 use autopar_graph::{differentiate, Graph, NodeId, OpKind};
 
 use crate::context::ParallelContext;
-use crate::error::{ParallelError, PipelineProblem, Result};
+use crate::error::{ParallelError, Result};
 use crate::pipeline::schedule::{build, PipelineShape, Schedule};
-use crate::pipeline::stages::{assign_stages, balance_stages, has_stages};
+use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks};
 use crate::plan::ParallelPlan;
 use crate::planner::{plan_job, PlanRequest};
 use crate::program::{rank_program, RankProgram};
+
+/// Chunks per stage of an interleaved pipeline whose ops autopar places itself (the model
+/// placed none and no `--pipeline-split` was given).
+pub const DEFAULT_CHUNKS: usize = 2;
 
 /// A pipeline job: the network planned on one stage's devices, each op's stage, the schedule.
 #[derive(Clone, Debug)]
 pub struct PipelinePlan {
     /// The number of pipeline stages (`pipeline_stages`).
     pub stages: usize,
+    /// Chunks (virtual stages) per stage: 1, or more with `pipeline_interleave`.
+    pub chunks: usize,
     /// Micro-batches per step.
     pub micro_batches: usize,
     /// Devices of the whole job, every stage's together.
     pub device_num: usize,
-    /// The network (built for one micro-batch) planned on `device_num / stages` devices.
+    /// The network (built for one micro-batch) planned on `device_num / stages` devices; each
+    /// node's `pipeline_stage` is its piece (see `piece_of`).
     pub plan: ParallelPlan,
     /// Every node's stage in `plan.graph` (None: parameters, inputs and constants, which every
     /// stage using them holds).
     pub stage_of: Vec<Option<usize>>,
+    /// Every node's piece: chunk `c` of stage `s` is piece `c * stages + s`, and the pieces
+    /// run in order (equal to `stage_of` without interleaving).
+    pub piece_of: Vec<Option<usize>>,
     /// Each stage's actions of one step, in order.
     pub schedule: Schedule,
 }
@@ -57,6 +72,11 @@ impl PipelinePlan {
     /// The stage of global rank `rank` and its position in the stage.
     pub fn place(&self, rank: usize) -> (usize, usize) {
         (rank / self.stage_devices(), rank % self.stage_devices())
+    }
+
+    /// Pieces of the network: `stages * chunks`.
+    pub fn pieces(&self) -> usize {
+        self.stages * self.chunks
     }
 
     /// The stages that use each parameter, by name, in graph order.
@@ -75,22 +95,25 @@ impl PipelinePlan {
 
 /// Plan a pipeline job: `req.graph` is the network for one micro-batch; its ops carry their
 /// stages (see [`assign_stages`]), or, when the model placed none, are cut into stages of
-/// about equal FLOPs ([`balance_stages`]); `req.context.pipeline_stages` > 1.
+/// about equal FLOPs ([`balance_stages`]); `req.context.pipeline_stages` > 1. With
+/// `pipeline_config.pipeline_interleave` every stage runs several chunks: the model's stages
+/// repeat in execution order ([`number_chunks`]), or autopar cuts [`DEFAULT_CHUNKS`] per stage.
 pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<PipelinePlan> {
     let ctx = req.context;
     ctx.validate()?;
     let p = ctx.pipeline_stages.max(1);
-    if ctx.pipeline_config.pipeline_interleave {
-        return Err(ParallelError::Pipeline {
-            problem: PipelineProblem::Unsupported { what: "pipeline_config.pipeline_interleave (virtual stages) at run time" },
-        });
-    }
     let mut graph = req.graph.clone();
-    if !has_stages(&graph) {
-        balance_stages(&mut graph, p);
-    }
-    let stage_of = assign_stages(&graph, p, req.loss)?;
-    for (i, s) in stage_of.iter().enumerate() {
+    let chunks = match (has_stages(&graph), ctx.pipeline_config.pipeline_interleave) {
+        (true, true) => number_chunks(&mut graph, p)?,
+        (true, false) => 1,
+        (false, interleave) => {
+            let chunks = if interleave { DEFAULT_CHUNKS } else { 1 };
+            balance_stages(&mut graph, p * chunks);
+            chunks
+        }
+    };
+    let piece_of = assign_stages(&graph, p * chunks, req.loss)?;
+    for (i, s) in piece_of.iter().enumerate() {
         graph.node_mut(NodeId(i)).pipeline_stage = *s;
     }
     let mut stage_ctx: ParallelContext = ctx.clone();
@@ -103,12 +126,13 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
         strategy_file: req.strategy_file,
         profile: req.profile,
     })?;
-    let stage_of = plan.graph.nodes().iter().map(|n| n.pipeline_stage).collect();
-    let schedule = build(PipelineShape::new(p, micro_batches, 1), ctx.pipeline_config.pipeline_scheduler)?;
-    Ok(PipelinePlan { stages: p, micro_batches, device_num: ctx.device_num, plan, stage_of, schedule })
+    let piece_of: Vec<Option<usize>> = plan.graph.nodes().iter().map(|n| n.pipeline_stage).collect();
+    let stage_of = piece_of.iter().map(|k| k.map(|k| k % p)).collect();
+    let schedule = build(PipelineShape::new(p, micro_batches, chunks), ctx.pipeline_config.pipeline_scheduler)?;
+    Ok(PipelinePlan { stages: p, chunks, micro_batches, device_num: ctx.device_num, plan, stage_of, piece_of, schedule })
 }
 
-/// One rank's share of a pipeline job.
+/// One rank's share of a pipeline job: the program of its position, cut into its chunks.
 #[derive(Clone, Debug)]
 pub struct StageProgram {
     /// The rank, counted in the world.
@@ -120,13 +144,48 @@ pub struct StageProgram {
     /// The whole network's program at this position (parameter and input slots, gradient
     /// buckets and communicator partitions, in the stage's ranks).
     pub program: RankProgram,
-    /// The stage's forward, surrogate loss and backward graph.
+    /// The stage's chunks, in order (one without interleaving).
+    pub chunks: Vec<ChunkProgram>,
+}
+
+impl StageProgram {
+    /// Each trainable parameter of the stage, by name, once (a parameter several chunks use
+    /// has its gradients summed over them), in chunk order.
+    pub fn param_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for (n, _) in self.chunks.iter().flat_map(|c| &c.param_grads) {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+        names
+    }
+
+    /// Every parameter the stage's chunks read, by name, once.
+    pub fn held_params(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for n in self.chunks.iter().flat_map(|c| c.graph.nodes()) {
+            if matches!(n.op, OpKind::Parameter(_)) && !names.contains(&n.name) {
+                names.push(n.name.clone());
+            }
+        }
+        names
+    }
+}
+
+/// One piece of the network as one rank runs it: its forward, and its backward cut from the
+/// surrogate loss.
+#[derive(Clone, Debug)]
+pub struct ChunkProgram {
+    /// The piece: chunk `c` of stage `s` is piece `c * stages + s`.
+    pub piece: usize,
+    /// The piece's forward, surrogate loss and backward graph.
     pub graph: Graph,
-    /// Inputs of `graph` for the values received from the previous stage, in transfer order.
+    /// Inputs of `graph` for the values received from the previous piece, in transfer order.
     pub recv: Vec<NodeId>,
-    /// Nodes of `graph` whose values go to the next stage, in transfer order.
+    /// Nodes of `graph` whose values go to the next piece, in transfer order.
     pub send: Vec<NodeId>,
-    /// The job's loss on the last stage.
+    /// The job's loss on the last piece.
     pub loss: Option<NodeId>,
     /// Nodes of the forward pass that the backward pass reads.
     pub saved: Vec<NodeId>,
@@ -139,11 +198,11 @@ pub struct StageProgram {
     pub grad_in: Vec<Option<NodeId>>,
     /// Gradients of `recv` (None: not differentiable), and of this stage's trainable parameters.
     pub grad_out: Vec<Option<NodeId>>,
-    /// Each trainable parameter of the stage, by name, with the node of `backward` that is its gradient.
+    /// Each trainable parameter of the piece, by name, with the node of `backward` that is its gradient.
     pub param_grads: Vec<(String, NodeId)>,
 }
 
-impl StageProgram {
+impl ChunkProgram {
     /// The forward pass's fetches: what it sends, the loss, what it saves.
     pub fn forward_fetch(&self) -> Vec<NodeId> {
         self.send.iter().chain(&self.loss).chain(&self.saved).copied().collect()
@@ -155,8 +214,9 @@ impl StageProgram {
     }
 }
 
-/// The values that cross from stage `k` to `k + 1` in the local graph `g`: produced on a stage
-/// up to `k`, used on a later one. Ascending node order (both sides derive the same list).
+/// The values that cross from piece `k` to `k + 1` in the local graph `g` (whose nodes'
+/// `pipeline_stage` are their pieces): produced on a piece up to `k`, used on a later one.
+/// Ascending node order (both sides derive the same list).
 pub fn boundary(g: &Graph, k: usize) -> Vec<NodeId> {
     let users = g.users();
     (0..g.len())
@@ -176,17 +236,27 @@ pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
     let (stage, position) = pp.place(rank);
     // The forward program of the position: the loss gathered, nothing differentiated yet.
     let mut forward_plan = pp.plan.clone();
-    let loss_seed = forward_plan.gradients.loss_seed;
+    let loss_seed = forward_plan.gradients.loss_seed / pp.micro_batches as f64;
     let training = forward_plan.loss.take().is_some();
     let fwd = rank_program(&forward_plan, position)?;
     let program = rank_program(&pp.plan, position)?;
+    let chunks = (0..pp.chunks)
+        .map(|c| chunk_program(&fwd, c * pp.stages + stage, pp.pieces(), training.then_some(loss_seed)))
+        .collect::<Result<_>>()?;
+    Ok(StageProgram { rank, stage, position, program, chunks })
+}
+
+/// Piece `piece` of `pieces` cut from `fwd` (a position's forward program, its nodes carrying
+/// their pieces); `loss_seed` is the loss's gradient per micro-batch (None: no training).
+fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, loss_seed: Option<f64>) -> Result<ChunkProgram> {
     let g = &fwd.graph;
-    let last = stage + 1 == pp.stages;
+    let training = loss_seed.is_some();
+    let last = piece + 1 == pieces;
     let mut sg = Graph::new();
     let mut map: Vec<Option<NodeId>> = vec![None; g.len()];
     let mut recv = Vec::new();
-    if stage > 0 {
-        for v in boundary(g, stage - 1) {
+    if piece > 0 {
+        for v in boundary(g, piece - 1) {
             let node = g.node(v);
             let id = sg.add(&format!("pipe/{}", node.name), Input { shape: node.ty.shape.clone(), dtype: node.ty.dtype }, &[])?;
             map[v.0] = Some(id);
@@ -205,13 +275,13 @@ pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
         Ok(id)
     }
     for (i, node) in g.nodes().iter().enumerate() {
-        if node.pipeline_stage == Some(stage) && map[i].is_none() {
+        if node.pipeline_stage == Some(piece) && map[i].is_none() {
             copy(g, &mut sg, &mut map, NodeId(i))?;
         }
     }
     let send: Vec<NodeId> =
-        if last { Vec::new() } else { boundary(g, stage).iter().map(|v| map[v.0].expect("sent values are on the stage")).collect() };
-    let loss = if last && training { Some(map[fwd.outputs[0].0].expect("the loss is on the last stage")) } else { None };
+        if last { Vec::new() } else { boundary(g, piece).iter().map(|v| map[v.0].expect("sent values are on the piece")).collect() };
+    let loss = if last && training { Some(map[fwd.outputs[0].0].expect("the loss is on the last piece")) } else { None };
     // The surrogate loss.
     let mut terms = Vec::new();
     let mut grad_inputs = Vec::new();
@@ -228,9 +298,9 @@ pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
         let axes = (0..ty.shape.len() as i64).collect();
         terms.push(sg.add(&sg.unique_name(&format!("pipe/dot_sum/{name}")), ReduceSum { axes, keep_dims: false }, &[prod])?);
     }
-    if let Some(l) = loss {
+    if let (Some(l), Some(seed)) = (loss, loss_seed) {
         let ty = sg.node(l).ty.clone();
-        let seeded = sg.add("pipe/loss_seed", Scale { factor: loss_seed / pp.micro_batches as f64 }, &[l])?;
+        let seeded = sg.add("pipe/loss_seed", Scale { factor: seed }, &[l])?;
         let axes = (0..ty.shape.len() as i64).collect();
         terms.push(sg.add("pipe/loss_sum", ReduceSum { axes, keep_dims: false }, &[seeded])?);
     }
@@ -290,22 +360,7 @@ pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
     let grad_in = grad_inputs.iter().map(|g| g.and_then(|g| bmap[g.0])).collect();
     let grad_out = grad_out.iter().map(|g| g.map(remap)).collect();
     let param_grads = param_grads.into_iter().map(|(n, g)| (n, remap(g))).collect();
-    Ok(StageProgram {
-        rank,
-        stage,
-        position,
-        program,
-        graph: sg,
-        recv,
-        send,
-        loss,
-        saved,
-        backward,
-        saved_in,
-        grad_in,
-        grad_out,
-        param_grads,
-    })
+    Ok(ChunkProgram { piece, graph: sg, recv, send, loss, saved, backward, saved_in, grad_in, grad_out, param_grads })
 }
 
 /// Which nodes of `g` the `roots` depend on (the roots included).

@@ -31,11 +31,12 @@ pub struct StageReport {
     pub param_bytes: usize,
     /// Parameters other stages hold copies of too.
     pub shared: Vec<String>,
-    /// What one rank sends to the next stage per micro-batch: (name, local shape, bytes).
-    pub sends: Vec<(String, Vec<usize>, usize)>,
-    /// Bytes of the values one micro-batch's forward keeps for its backward.
+    /// What one rank sends per micro-batch: (name, local shape, bytes, receiving stage).
+    pub sends: Vec<(String, Vec<usize>, usize, usize)>,
+    /// Bytes of the values one micro-batch's forward of one chunk keeps for its backward
+    /// (the mean over the stage's chunks).
     pub saved_bytes: usize,
-    /// The most micro-batches whose activations the schedule keeps at once.
+    /// The most (chunk, micro-batch) forwards whose activations the schedule keeps at once.
     pub peak_in_flight: usize,
 }
 
@@ -53,6 +54,8 @@ pub struct PipelineReport {
     pub stages: Vec<StageReport>,
     /// Micro-batches per step.
     pub micro_batches: usize,
+    /// Chunks (virtual stages) per stage: more than 1 with `pipeline_interleave`.
+    pub chunks: usize,
     /// The schedule's name as `pipeline_config.pipeline_scheduler` takes it.
     pub scheduler: &'static str,
     /// The schedule run with equal stages (forward 1, backward 2, free transfers).
@@ -73,38 +76,45 @@ pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
     let mut stages = Vec::with_capacity(pp.stages);
     for s in 0..pp.stages {
         let sp = stage_program(pp, s * d)?;
-        let g = &sp.graph;
         let (mut ops, mut flops, mut params, mut param_bytes) = (0, 0.0, 0, 0);
-        // The forward pass: the stage graph up to what it sends and its loss.
-        let mut forward = vec![false; g.len()];
-        for v in sp.forward_fetch() {
-            forward[v.0] = true;
-        }
-        for i in (0..g.len()).rev() {
-            if forward[i] {
-                for x in &g.nodes()[i].inputs {
-                    forward[x.0] = true;
+        let mut counted: Vec<&str> = Vec::new();
+        let mut sends = Vec::new();
+        let mut saved_total = 0;
+        for chunk in &sp.chunks {
+            let g = &chunk.graph;
+            // The forward pass: the chunk's graph up to what it sends and its loss.
+            let mut forward = vec![false; g.len()];
+            for v in chunk.forward_fetch() {
+                forward[v.0] = true;
+            }
+            for i in (0..g.len()).rev() {
+                if forward[i] {
+                    for x in &g.nodes()[i].inputs {
+                        forward[x.0] = true;
+                    }
                 }
             }
-        }
-        for (i, n) in g.nodes().iter().enumerate() {
-            match &n.op {
-                OpKind::Parameter(_) => {
-                    params += 1;
-                    param_bytes += bytes_of(&n.ty);
+            for (i, n) in g.nodes().iter().enumerate() {
+                match &n.op {
+                    OpKind::Parameter(_) if !counted.contains(&n.name.as_str()) => {
+                        counted.push(&n.name);
+                        params += 1;
+                        param_bytes += bytes_of(&n.ty);
+                    }
+                    OpKind::Parameter(_) | OpKind::Input(_) => {}
+                    _ if forward[i] && !n.inputs.is_empty() => {
+                        ops += 1;
+                        let ins: Vec<TensorType> = n.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
+                        flops += n.op.def().cost(&CostCx { inputs: &ins, output: &n.ty, rank: 0 }).flops;
+                    }
+                    _ => {}
                 }
-                OpKind::Input(_) => {}
-                _ if forward[i] && !n.inputs.is_empty() => {
-                    ops += 1;
-                    let ins: Vec<TensorType> = n.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
-                    flops += n.op.def().cost(&CostCx { inputs: &ins, output: &n.ty, rank: 0 }).flops;
-                }
-                _ => {}
             }
+            let to = (chunk.piece + 1) % pp.stages;
+            sends.extend(chunk.send.iter().map(|&v| (g.node(v).name.clone(), g.node(v).ty.shape.to_vec(), bytes_of(&g.node(v).ty), to)));
+            saved_total += chunk.saved.iter().map(|&v| bytes_of(&g.node(v).ty)).sum::<usize>();
         }
         let shared = param_stages.iter().filter(|(_, st)| st.len() > 1 && st.contains(&s)).map(|(n, _)| n.clone()).collect();
-        let sends = sp.send.iter().map(|&v| (g.node(v).name.clone(), g.node(v).ty.shape.to_vec(), bytes_of(&g.node(v).ty))).collect();
-        let saved_bytes = sp.saved.iter().map(|&v| bytes_of(&g.node(v).ty)).sum();
         stages.push(StageReport {
             stage: s,
             ranks: s * d..(s + 1) * d,
@@ -114,13 +124,14 @@ pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
             param_bytes,
             shared,
             sends,
-            saved_bytes,
+            saved_bytes: saved_total / pp.chunks,
             peak_in_flight: simulation.peak_in_flight[s],
         });
     }
     Ok(PipelineReport {
         stages,
         micro_batches: pp.micro_batches,
+        chunks: pp.chunks,
         scheduler: pp.schedule.scheduler.name(),
         ideal_bubble: ideal_bubble(pp.schedule.shape),
         simulation,
@@ -132,16 +143,18 @@ impl PipelineReport {
     pub fn text(&self) -> String {
         let mut o = String::new();
         let p = self.stages.len();
+        let interleave = if self.chunks > 1 { format!(", {} chunks per stage (interleaved)", self.chunks) } else { String::new() };
         let _ = writeln!(
             o,
-            "pipeline: {p} stages of {} device(s), {} micro-batches, {} schedule",
+            "pipeline: {p} stages of {} device(s){interleave}, {} micro-batches, {} schedule",
             self.stages.first().map_or(0, |s| s.ranks.len()),
             self.micro_batches,
             self.scheduler
         );
+        let ideal = if self.chunks > 1 { "(P-1)/(v*M+P-1)" } else { "(P-1)/(M+P-1)" };
         let _ = writeln!(
             o,
-            "  bubble {:.1}% simulated with equal stages ((P-1)/(M+P-1) = {:.1}%)",
+            "  bubble {:.1}% simulated with equal stages ({ideal} = {:.1}%)",
             100.0 * self.simulation.bubble(),
             100.0 * self.ideal_bubble
         );
@@ -163,8 +176,13 @@ impl PipelineReport {
             if !s.shared.is_empty() {
                 let _ = writeln!(o, "  shared with other stages: {}", s.shared.join(", "));
             }
-            for (name, shape, bytes) in &s.sends {
-                let _ = writeln!(o, "  sends {name} {shape:?} ({}) to rank r+{} per micro-batch", human_bytes(*bytes), s.ranks.len());
+            for (name, shape, bytes, to) in &s.sends {
+                let _ = writeln!(
+                    o,
+                    "  sends {name} {shape:?} ({}) to stage {to} (rank r{:+}) per micro-batch",
+                    human_bytes(*bytes),
+                    (*to as i64 - s.stage as i64) * s.ranks.len() as i64
+                );
             }
         }
         o
@@ -181,12 +199,13 @@ impl PipelineReport {
                 "params": s.params,
                 "param_bytes": s.param_bytes,
                 "shared": s.shared,
-                "sends": s.sends.iter().map(|(n, sh, b)| json!({"name": n, "shape": sh, "bytes": b})).collect::<Vec<_>>(),
+                "sends": s.sends.iter().map(|(n, sh, b, to)| json!({"name": n, "shape": sh, "bytes": b, "to_stage": to})).collect::<Vec<_>>(),
                 "saved_bytes_per_micro_batch": s.saved_bytes,
                 "peak_in_flight": s.peak_in_flight,
                 "activation_bytes": s.activation_bytes(),
             })).collect::<Vec<_>>(),
             "micro_batches": self.micro_batches,
+            "chunks": self.chunks,
             "scheduler": self.scheduler,
             "bubble": self.simulation.bubble(),
             "ideal_bubble": self.ideal_bubble,
@@ -227,7 +246,7 @@ impl PipelineReport {
                     row - 4.0,
                     x + wd / 2.0,
                     y + row * 0.6,
-                    w.micro
+                    if w.chunk > 0 { format!("{}.{}", w.micro, w.chunk) } else { w.micro.to_string() }
                 );
             }
         }

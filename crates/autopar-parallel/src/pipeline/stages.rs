@@ -130,8 +130,16 @@ pub fn partition(weights: &[f64], parts: usize) -> Vec<usize> {
 /// Cut a graph the model did not place into stages at the named ops (`--pipeline-split`):
 /// `starts` names, in network order, the first op of each stage after the first, so stage
 /// `s + 1` runs from `starts[s]` up to the next one, and the loss (if given) is on the last.
-/// Every op's stage is set.
-pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String], loss: Option<autopar_graph::NodeId>) -> Result<()> {
+/// With `interleave` it names the first op of each piece after the first, `chunks * stages`
+/// pieces whose stages run `0..stages` over and over (chunk `c` of stage `s` is piece
+/// `c * stages + s`), as MindSpore's interleaved models place their cells. Every op's stage is set.
+pub fn split_before(
+    graph: &mut Graph,
+    stages: usize,
+    starts: &[String],
+    loss: Option<autopar_graph::NodeId>,
+    interleave: bool,
+) -> Result<()> {
     let err = |problem| Err(ParallelError::Pipeline { problem });
     if stages < 2 {
         return err(PipelineProblem::SplitWithoutStages);
@@ -139,8 +147,9 @@ pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String], loss: O
     if has_stages(graph) {
         return err(PipelineProblem::SplitOfPlacedModel);
     }
-    if starts.len() + 1 != stages {
-        return err(PipelineProblem::SplitCount { given: starts.len(), stages });
+    let pieces = starts.len() + 1;
+    if (!interleave && pieces != stages) || (interleave && !pieces.is_multiple_of(stages)) {
+        return err(PipelineProblem::SplitCount { given: starts.len(), stages, interleave });
     }
     let first_op = graph.nodes().iter().position(|n| !is_stageless(n));
     let mut at = Vec::with_capacity(starts.len());
@@ -166,10 +175,41 @@ pub fn split_before(graph: &mut Graph, stages: usize, starts: &[String], loss: O
     for i in 0..graph.len() {
         let id = autopar_graph::NodeId(i);
         if !is_stageless(graph.node(id)) {
-            graph.node_mut(id).pipeline_stage = Some(at.iter().filter(|&&a| a <= i).count());
+            graph.node_mut(id).pipeline_stage = Some(at.iter().filter(|&&a| a <= i).count() % stages);
         }
     }
     Ok(())
+}
+
+/// Number the chunks (virtual stages) of an interleaved pipeline whose ops the model placed on
+/// stages: walking the ops in execution order, an op placed on a lower stage than the one
+/// before starts a new chunk (MindSpore's rule), and its stage becomes its piece
+/// `chunk * stages + stage`. Returns the number of chunks, after checking every stage of
+/// every chunk has an op.
+pub fn number_chunks(graph: &mut Graph, stages: usize) -> Result<usize> {
+    let err = |problem| Err(ParallelError::Pipeline { problem });
+    let (mut chunk, mut last) = (0, 0);
+    for i in 0..graph.len() {
+        let id = autopar_graph::NodeId(i);
+        let node = graph.node(id);
+        let Some(s) = node.pipeline_stage.filter(|_| !is_stageless(node)) else { continue };
+        if s >= stages {
+            return err(PipelineProblem::StageOutOfRange { kind: node.op.kind(), name: node.name.clone(), stage: s, stages });
+        }
+        if s < last {
+            chunk += 1;
+        }
+        last = s;
+        graph.node_mut(id).pipeline_stage = Some(chunk * stages + s);
+    }
+    let chunks = chunk + 1;
+    let placed: Vec<usize> = graph.nodes().iter().filter(|n| !is_stageless(n)).filter_map(|n| n.pipeline_stage).collect();
+    for piece in 0..chunks * stages {
+        if !placed.contains(&piece) {
+            return err(PipelineProblem::EmptyChunk { stage: piece % stages, chunk: piece / stages, chunks });
+        }
+    }
+    Ok(chunks)
 }
 
 /// Every node's stage (None for stage-less nodes), checked: stages in `0..stages`, no op before
@@ -253,31 +293,68 @@ mod tests {
     #[test]
     fn a_split_starts_each_stage_at_its_op_and_refuses_bad_names() {
         let (mut g, l) = mlp(&[None, None, None]);
-        split_before(&mut g, 3, &["act".into(), "loss".into()], Some(l)).unwrap();
+        split_before(&mut g, 3, &["act".into(), "loss".into()], Some(l), false).unwrap();
         let s = assign_stages(&g, 3, Some(l)).unwrap();
         let of = |name: &str| s[g.nodes().iter().position(|n| n.name == name).unwrap()];
         assert_eq!((of("fc1"), of("act"), of("fc2"), of("loss"), of("w1")), (Some(0), Some(1), Some(1), Some(2), None));
         let problem = |starts: &[&str], stages: usize, g: &Graph| {
             let mut g = g.clone();
-            match split_before(&mut g, stages, &starts.iter().map(|s| s.to_string()).collect::<Vec<_>>(), None) {
+            match split_before(&mut g, stages, &starts.iter().map(|s| s.to_string()).collect::<Vec<_>>(), None, false) {
                 Err(ParallelError::Pipeline { problem }) => problem,
                 other => panic!("{starts:?}: {other:?}"),
             }
         };
         let (fresh, _) = mlp(&[None, None, None]);
-        assert_eq!(problem(&["act"], 3, &fresh), PipelineProblem::SplitCount { given: 1, stages: 3 });
+        assert_eq!(problem(&["act"], 3, &fresh), PipelineProblem::SplitCount { given: 1, stages: 3, interleave: false });
         assert_eq!(problem(&["w2"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "w2".into() });
         assert_eq!(problem(&["nope"], 2, &fresh), PipelineProblem::SplitNotAnOp { name: "nope".into() });
         assert_eq!(problem(&["fc2", "act"], 3, &fresh), PipelineProblem::SplitOrder { name: "act".into(), after: "fc2".into() });
         assert_eq!(problem(&["fc1"], 2, &fresh), PipelineProblem::SplitAtFirstOp { name: "fc1".into() });
         assert_eq!(problem(&["act"], 1, &fresh), PipelineProblem::SplitWithoutStages);
         let (mut g2, l2) = mlp(&[None, None, None]);
-        let after = split_before(&mut g2, 2, &["loss".into()], Some(l2));
+        let after = split_before(&mut g2, 2, &["loss".into()], Some(l2), false);
         assert!(after.is_ok(), "the loss itself may begin the last stage: {after:?}");
         let (placed, _) = mlp(&[Some(0), Some(1), None]);
         assert_eq!(problem(&["act"], 2, &placed), PipelineProblem::SplitOfPlacedModel);
         let msg = ParallelError::Pipeline { problem: problem(&["fc2", "act"], 3, &fresh) }.to_string();
         assert!(msg.contains("\"act\"") && msg.contains("network order"), "{msg}");
+    }
+
+    #[test]
+    fn interleaved_stages_repeat_and_a_lower_stage_starts_a_new_chunk() {
+        // The model's own placement: stages 0, 1, 0, 1 in execution order are pieces 0..4.
+        let (g, l) = mlp(&[Some(0), Some(1), None]);
+        let mut b = GraphBuilder::new(1);
+        let x = b.input("x", &[4, 8], DType::F32).unwrap();
+        let w = b.parameter("w", &[8, 8], Initializer::Zeros).unwrap();
+        let mut h = x;
+        for (k, stage) in [0, 1, 0, 1].into_iter().enumerate() {
+            b.set_pipeline_stage(Some(stage));
+            h = b.matmul(&format!("fc{k}"), h, w).unwrap();
+        }
+        let loss = b.reduce_mean("loss", h, &[0, 1], false).unwrap();
+        let mut placed = b.finish();
+        assert_eq!(number_chunks(&mut placed, 2).unwrap(), 2);
+        let s = assign_stages(&placed, 4, Some(loss)).unwrap();
+        let of = |name: &str| s[placed.find(name).unwrap().0];
+        assert_eq!((of("fc0"), of("fc1"), of("fc2"), of("fc3"), of("loss"), of("w")), (Some(0), Some(1), Some(2), Some(3), Some(3), None));
+        // A chunk that skips a stage, and a stage out of range, are named.
+        let e = number_chunks(&mut g.clone(), 3).unwrap_err().to_string();
+        assert!(e.contains("chunk 0 (virtual stage) of stage 2 has no operator"), "{e}");
+        let (mut far, _) = mlp(&[Some(0), Some(2), None]);
+        assert!(number_chunks(&mut far, 2).unwrap_err().to_string().contains("placed on stage 2"));
+        // A split with interleave names the first op of every piece; its stages repeat.
+        let (mut fresh, _) = mlp(&[None, None, None]);
+        split_before(&mut fresh, 2, &["act".into(), "fc2".into(), "loss".into()], Some(l), true).unwrap();
+        let stage = |g: &Graph, name: &str| g.node(g.find(name).unwrap()).pipeline_stage;
+        assert_eq!(
+            (stage(&fresh, "fc1"), stage(&fresh, "act"), stage(&fresh, "fc2"), stage(&fresh, "loss")),
+            (Some(0), Some(1), Some(0), Some(1))
+        );
+        assert_eq!(number_chunks(&mut fresh, 2).unwrap(), 2);
+        let (mut odd, _) = mlp(&[None, None, None]);
+        let e = split_before(&mut odd, 2, &["act".into(), "fc2".into()], Some(l), true).unwrap_err();
+        assert!(e.to_string().contains("k*2-1 ops"), "{e}");
     }
 
     #[test]

@@ -93,7 +93,13 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     if !split.is_empty() {
         // Refused (one stage), with the reason.
-        autopar_parallel::pipeline::split_before(&mut autopar_graph::Graph::default(), ctx.pipeline_stages, &split, None)?;
+        autopar_parallel::pipeline::split_before(
+            &mut autopar_graph::Graph::default(),
+            ctx.pipeline_stages,
+            &split,
+            None,
+            ctx.pipeline_config.pipeline_interleave,
+        )?;
     }
     if micro.is_some_and(|m| m != 1) {
         bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
@@ -218,7 +224,13 @@ fn plan_pipeline_job(
     let spinner = Spinner::start(format!("building {} for micro-batch {}", model.name(), batch / m));
     let (mut graph, net) = model.build_graph(batch / m, Mode::Train, 1)?;
     if !split.is_empty() {
-        autopar_parallel::pipeline::split_before(&mut graph, ctx.pipeline_stages, split, Some(net.loss))?;
+        autopar_parallel::pipeline::split_before(
+            &mut graph,
+            ctx.pipeline_stages,
+            split,
+            Some(net.loss),
+            ctx.pipeline_config.pipeline_interleave,
+        )?;
     }
     spinner.step(format!("planning {} ops in {} stages on {} devices", graph.len(), ctx.pipeline_stages, ctx.devices()));
     let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile };

@@ -468,9 +468,10 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let parallel = &trainer.config().parallel;
     let mode_desc = match (parallel.pipeline_stages, cfg.micro_batches) {
         (p, m) if p > 1 => format!(
-            "{}, {p} pipeline stages, {m} micro-batches, {}",
+            "{}, {p} pipeline stages, {m} micro-batches, {}{}",
             parallel.parallel_mode.name(),
-            parallel.pipeline_config.pipeline_scheduler.name()
+            parallel.pipeline_config.pipeline_scheduler.name(),
+            if parallel.pipeline_config.pipeline_interleave { " interleaved" } else { "" }
         ),
         (_, 1) => parallel.parallel_mode.name().to_string(),
         (_, m) => format!("{}, gradients accumulated over {m} micro-batches", parallel.parallel_mode.name()),
