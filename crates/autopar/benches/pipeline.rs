@@ -5,7 +5,8 @@
 //!     holds activations for (1F1B: P-s on stage s; GPipe: M).
 //! (b) Measured on 8 simulated devices (threads): the GPT (4 blocks, width 64, batch M*4) cut
 //!     into P stages of equal FLOPs, the ranks' mean idle share of a step beside the simulated
-//!     bubble, and samples per second, for P in {2, 4}, M in {4, 8}, GPipe and 1F1B; beside
+//!     bubble, and samples per second, for P in {2, 4}, M in {4, 8}, GPipe, 1F1B and
+//!     interleaved 1F1B with 2 chunks per stage (`1f1b-i2`); beside
 //!     it the same work without stages (data parallel over the 8 devices, P = 1).
 //! (c) Peak activation memory per rank against M (the plan's figures: the values one
 //!     micro-batch's forward keeps for its backward times the micro-batches a stage holds at
@@ -43,18 +44,18 @@ fn main() {
     }
     println!();
     println!("(b) measured on 8 simulated devices: GPT 4 blocks, width 64, 4 rows per device and micro-batch");
-    println!("{:<6} {:>2} {:>2}  {:>10} {:>10} {:>10}", "sched", "P", "M", "measured", "simulated", "samples/s");
+    println!("{:<8} {:>2} {:>2}  {:>10} {:>10} {:>10}", "sched", "P", "M", "measured", "simulated", "samples/s");
     let opts = ModelOptions { depth: Some(4), width: Some(64), heads: Some(4), ..ModelOptions::default() };
     let model = model_by_name("gpt", &opts).unwrap();
     for (p, m) in [(2usize, 4usize), (2, 8), (4, 4), (4, 8)] {
-        for (name, sched) in [("gpipe", "gpipe"), ("1f1b", "1f1b")] {
+        for (name, sched, chunks) in [("gpipe", "gpipe", 1usize), ("1f1b", "1f1b", 1), ("1f1b-i2", "1f1b", 2)] {
             let micro_rows = 4 * (8 / p);
             let (g, mm) = model.build_graph(micro_rows, Mode::Train, 1).unwrap();
             let mut ctx = ParallelContext::default();
             ctx.set("device_num", &json!(8)).unwrap();
             ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
             ctx.set("pipeline_stages", &json!(p)).unwrap();
-            ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched})).unwrap();
+            ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched, "pipeline_interleave": chunks > 1})).unwrap();
             let job = PipelineJob::new(&g, mm.loss, &ctx, m).unwrap();
             let x = g.node(mm.x).clone();
             let y = g.node(mm.labels).clone();
@@ -83,10 +84,10 @@ fn main() {
             // Steps after the first (warm), every rank.
             let measured: Vec<f64> = run.bubbles.iter().flat_map(|b| b[1..].iter().copied()).collect();
             let measured = measured.iter().sum::<f64>() / measured.len() as f64;
-            let shape = PipelineShape::new(p, m, 1);
+            let shape = PipelineShape::new(p, m, chunks);
             let sched_kind = if sched == "gpipe" { PipelineScheduler::GPipe } else { PipelineScheduler::OneFOneB };
             let sim = simulate(&build(shape, sched_kind).unwrap(), SimCosts::unit(shape)).unwrap();
-            println!("{name:<6} {p:>2} {m:>2}  {measured:>10.3} {:>10.3} {:>10.1}", sim.bubble(), (steps * rows) as f64 / secs);
+            println!("{name:<8} {p:>2} {m:>2}  {measured:>10.3} {:>10.3} {:>10.1}", sim.bubble(), (steps * rows) as f64 / secs);
         }
     }
     // P = 1: no stages, the batch of a P = 2, M = 4 step split over the 8 devices.
@@ -104,7 +105,7 @@ fn main() {
     let data = vec![vec![tokens(mm.x, 97), tokens(mm.labels, 89)]; steps];
     let t0 = Instant::now();
     run_local(&job, &data, || Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?) as Box<dyn Optimizer>)).unwrap();
-    println!("{:<6} {:>2} {:>2}  {:>10} {:>10} {:>10.1}", "-", 1, 1, "-", "-", (steps * rows) as f64 / t0.elapsed().as_secs_f64());
+    println!("{:<8} {:>2} {:>2}  {:>10} {:>10} {:>10.1}", "-", 1, 1, "-", "-", (steps * rows) as f64 / t0.elapsed().as_secs_f64());
 
     println!();
     println!("(c) peak activation memory per rank (MiB, largest stage), GPT 4 blocks width 64, 8 devices in 4 stages");
