@@ -167,7 +167,17 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
     let models: [(&str, &dyn Model, usize); 2] = [("gpt", &gpt, 16), ("mlp", &mlp, 8)];
     let devices = 8;
     for (label, model, classes) in models {
-        for (stages, micro, scheduler, interleave) in [(2usize, 5usize, "1f1b", false), (4, 4, "gpipe", false), (2, 5, "1f1b", true)] {
+        // Plain pipelines, then every interleaved shape the issue names: P in {2, 4}, M in {P, 2P+1},
+        // gpipe and 1f1b; random strategies inside the stages on every other run.
+        let mut configs = vec![(2usize, 5usize, "1f1b", false, None), (4, 4, "gpipe", false, None)];
+        for stages in [2usize, 4] {
+            for micro in [stages, 2 * stages + 1] {
+                for (k, scheduler) in ["gpipe", "1f1b"].into_iter().enumerate() {
+                    configs.push((stages, micro, scheduler, true, (k == 1).then_some((stages * 31 + micro) as u64)));
+                }
+            }
+        }
+        for (stages, micro, scheduler, interleave, random) in configs {
             let d = devices / stages;
             let batch = micro * d;
             let (g, m) = model.build_graph(batch, Mode::Train, 3).unwrap();
@@ -204,12 +214,15 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
                     step.run(&mut params, opt.as_mut(), &feeds).unwrap()
                 })
                 .collect();
-            let (mg, mm) = model.build_graph(batch / micro, Mode::Train, 3).unwrap();
+            let (mut mg, mm) = model.build_graph(batch / micro, Mode::Train, 3).unwrap();
+            if let Some(seed) = random {
+                assign_random_strategies(&mut mg, d, seed);
+            }
             let ctx =
                 if interleave { interleaved(context(devices, stages, scheduler), scheduler) } else { context(devices, stages, scheduler) };
             let job = PipelineJob::new(&mg, mm.loss, &ctx, micro).unwrap();
             assert_eq!(job.plan().chunks, if interleave { 2 } else { 1 });
-            let what = format!("{label} P={stages} M={micro} {scheduler} interleave={interleave}");
+            let what = format!("{label} P={stages} M={micro} {scheduler} interleave={interleave} random={random:?}");
             let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_close(&what, &run.losses, &run.params, &want_losses, &params);
         }
