@@ -87,7 +87,7 @@ check exits
 
 # A parallel training job over MPI equals the same job on in-process ranks.
 echo "mpi-tests: building autopar-runtime with --features mpi"
-cargo build -p autopar-runtime --features mpi --example mpi_equals_local --example mpi_parameter_broadcast
+cargo build -p autopar-runtime --features mpi --example mpi_equals_local --example mpi_parameter_broadcast --example mpi_pipeline_predict
 training() {
     local n=$1 mode=$2 out
     echo "mpi-tests: $mode training under mpirun -n $n equals LocalComm"
@@ -98,6 +98,17 @@ training() {
 check training 2 semi_auto_parallel
 check training 4 semi_auto_parallel
 check training 2 data_parallel
+
+# Pipeline inference over MPI: the outputs reach every rank with pipeline_result_broadcast and
+# the last stage's alone without it, equal to the stand-alone forward.
+pipeline_predict() {
+    local out
+    echo "mpi-tests: pipeline inference under mpirun -n 4"
+    out=$(timeout 300 mpirun -n 4 "${flags[@]}" "${CARGO_TARGET_DIR:-target}/debug/examples/mpi_pipeline_predict" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out"
+    grep -q "mpi-pipeline-predict: OK" <<<"$out"
+}
+check pipeline_predict
 
 # parameter_broadcast over MPI: ranks that start from different values end with equal replicas
 # and train bit for bit as in process; a wrong cur_rank on rank 1 fails every rank (no hang).

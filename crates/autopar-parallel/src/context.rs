@@ -360,7 +360,8 @@ pub struct ParallelContext {
     pub force_fp32_communication: bool,
     /// The number of pipeline stages; 1 for no pipeline.
     pub pipeline_stages: usize,
-    /// The last stage broadcasts the pipeline's result to every stage (not supported yet).
+    /// Pipeline inference (`StageTrainer::predict`): the last stage's outputs reach every rank,
+    /// not only the last stage's (pipelines only).
     pub pipeline_result_broadcast: bool,
     /// `pipeline_config`.
     pub pipeline_config: PipelineConfig,
@@ -663,6 +664,9 @@ impl ParallelContext {
                 return conflict(option, Conflict::ModeDoesNotSupport { mode, applies_to: "auto_parallel" });
             }
         }
+        if self.pipeline_result_broadcast && self.pipeline_stages <= 1 {
+            return conflict("pipeline_result_broadcast", Conflict::NeedsPipelineStages);
+        }
         if let Some(op) = &self.search.op_strategy {
             if mode == ParallelMode::AutoParallel && self.search_mode != SearchMode::ShardingPropagation {
                 return conflict(
@@ -713,9 +717,6 @@ impl ParallelContext {
         }
         if let (Some(op), true) = (&self.search.op_strategy, self.pipeline_stages > 1) {
             return unsupported("op_strategy_config", format!("{:?} with pipeline_stages={}", op.path, self.pipeline_stages));
-        }
-        if self.pipeline_result_broadcast {
-            return unsupported("pipeline_result_broadcast", "true".into());
         }
         if !self.group_ckpt_save_file.is_empty() && (self.parallel_mode == ParallelMode::HybridParallel || self.pipeline_stages > 1) {
             return unsupported("group_ckpt_save_file", format!("{:?} under hybrid_parallel or pipelines", self.group_ckpt_save_file));
@@ -994,7 +995,6 @@ mod tests {
     fn unimplemented_behaviour_is_rejected_not_ignored() {
         let opt = ("enable_parallel_optimizer", json!(true));
         for (settings, mode) in [
-            (vec![("pipeline_result_broadcast", json!(true))], "semi_auto_parallel"),
             (vec![opt.clone()], "hybrid_parallel"),
             (vec![("group_ckpt_save_file", json!("groups.pb"))], "hybrid_parallel"),
             (
@@ -1032,6 +1032,12 @@ mod tests {
         c.set("pipeline_stages", &json!(2)).unwrap();
         c.validate().unwrap();
         c.check_supported().unwrap();
+        // pipeline_result_broadcast applies to pipelines alone.
+        c.set("pipeline_result_broadcast", &json!(true)).unwrap();
+        c.validate().unwrap();
+        c.set("pipeline_stages", &json!(1)).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("pipeline_result_broadcast") && e.contains("pipeline_stages"), "{e}");
     }
 
     #[test]

@@ -321,6 +321,13 @@ pub enum PipelineProblem {
         /// The loss's name.
         loss: String,
     },
+    /// A network output (of a job without a loss) computed before the last stage.
+    OutputNotOnLastStage {
+        /// The output's name.
+        name: String,
+        /// The piece it is computed on (its stage without interleaving).
+        stage: usize,
+    },
     /// An interleaved pipeline's chunk (virtual stage) no operator is placed on.
     EmptyChunk {
         /// The stage, counted from 0.
@@ -352,6 +359,7 @@ impl PipelineProblem {
             | PipelineProblem::EmptyStage { .. }
             | PipelineProblem::LossNotOnLastStage { .. }
             | PipelineProblem::EmptyChunk { .. }
+            | PipelineProblem::OutputNotOnLastStage { .. }
             | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or --pipeline-split, in execution order, from 0 to pipeline_stages-1",
         }
     }
@@ -395,6 +403,10 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::SplitAfterLoss { name, loss } => {
                 write!(f, "the split names {name:?}, which comes after the loss {loss:?}: the loss must be on the last stage")
             }
+            PipelineProblem::OutputNotOnLastStage { name, stage } => write!(
+                f,
+                "the network output {name:?} is computed on stage {stage}; a pipeline's outputs come from its last stage"
+            ),
             PipelineProblem::EmptyChunk { stage, chunk, chunks } => write!(
                 f,
                 "chunk {chunk} (virtual stage) of stage {stage} has no operator; with pipeline_interleave every stage runs {chunks} chunks, the stages 0..P repeated in execution order"
@@ -445,6 +457,8 @@ pub enum Conflict {
         /// The search modes the option applies to, in words.
         applies_to: &'static str,
     },
+    /// An option of pipelines without pipeline stages.
+    NeedsPipelineStages,
     /// Two options that set the same thing.
     AlsoSetBy {
         /// The other option's name.
@@ -464,6 +478,7 @@ impl fmt::Display for Conflict {
                 write!(f, "search_mode {search_mode} does not support it: it applies to {applies_to}")
             }
             Conflict::AlsoSetBy { other } => write!(f, "{other} sets the same thing; set one of them"),
+            Conflict::NeedsPipelineStages => write!(f, "it applies to pipelines; set pipeline_stages to 2 or more"),
             Conflict::OptimizerShardSizeAboveStage { size, stage_devices } => {
                 write!(f, "{size} is above the {stage_devices} devices of a pipeline stage")
             }

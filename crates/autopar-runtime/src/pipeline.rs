@@ -48,6 +48,14 @@ impl PipelineJob {
         Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
     }
 
+    /// Plan `graph` (one micro-batch's network, without a loss: its outputs are what it
+    /// computes) for pipeline inference with `micro_batches` micro-batches per call
+    /// ([`StageTrainer::predict`]); `ctx.pipeline_result_broadcast` sends the outputs to every rank.
+    pub fn inference(graph: &Graph, ctx: &ParallelContext, micro_batches: usize) -> Result<Self> {
+        let req = PlanRequest { graph, loss: None, context: ctx, strategy_file: None, profile: None };
+        Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
+    }
+
     /// The pipeline plan: stages, micro-batches, each op's stage and the schedule.
     pub fn plan(&self) -> &PipelinePlan {
         &self.plan
@@ -286,139 +294,35 @@ impl StageTrainer {
     /// rank. Collective over `world`.
     pub fn step(&mut self, world: &dyn Communicator, opt: &mut dyn Optimizer, batch: &[(String, Tensor)]) -> Result<f64> {
         let m = self.plan.micro_batches;
-        let d = self.plan.stage_devices();
         let p = self.plan.stages;
-        let rank = self.program.rank;
         let stage = self.program.stage;
-        let slot = |v: Option<Vec<Tensor>>, what: &str, w: Work| {
-            v.ok_or_else(|| RuntimeError::Pipeline {
-                rank,
-                problem: format!("{what} of micro-batch {} (chunk {}) is missing when the schedule needs it", w.micro, w.chunk),
-            })
-        };
-        // Per chunk and micro-batch: what arrived, what is to go, what the backward keeps.
-        let cells = || vec![vec![None; m]; self.chunks.len()];
-        let mut received: Vec<Vec<Option<Vec<Tensor>>>> = cells();
-        let mut to_send: Vec<Vec<Option<Vec<Tensor>>>> = cells();
-        let mut saved: Vec<Vec<Option<Vec<Tensor>>>> = cells();
-        let mut grads_back: Vec<Vec<Option<Vec<Tensor>>>> = cells();
-        let mut grads_in: Vec<Vec<Option<Vec<Tensor>>>> = cells();
-        let mut acc: Vec<Option<Tensor>> = vec![None; self.grads.len()];
-        let mut loss_sum = 0.0;
+        if self.plan.plan.loss.is_none() {
+            return Err(RuntimeError::Pipeline {
+                rank: self.program.rank,
+                problem: "the job was planned without a loss (PipelineJob::inference): it predicts, it does not train".into(),
+            });
+        }
+        let mut st = StepState::new(self.chunks.len(), m, self.grads.len());
         self.check_batch(batch)?;
         let actions = self.plan.schedule.stages[stage].clone();
         let start = std::time::Instant::now();
-        let mut busy = 0.0;
-        // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered at
-        // once, so only the rank's pieces accumulate.
-        let shard_each = self.program.program.accumulation_shard;
         let mut params = std::mem::take(&mut self.params);
         let this = &*self;
         let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
             for action in actions {
-                let t0 = std::time::Instant::now();
-                let compute = matches!(action, Action::Compute(_));
-                match action {
-                    Action::Compute(w) if w.pass == Pass::Forward => {
-                        let (cp, run) = (&this.program.chunks[w.chunk], &this.chunks[w.chunk]);
-                        let micro = MicroBatch { index: w.micro, count: m };
-                        let mut feeds = this.data_feeds(&cp.graph, batch, w.micro)?;
-                        if !cp.recv.is_empty() {
-                            let recv = slot(received[w.chunk][w.micro].take(), "the received activations", w)?;
-                            feeds.extend(cp.recv.iter().copied().zip(recv));
-                        }
-                        let out = run.forward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
-                        let mut values = out.values.into_iter();
-                        to_send[w.chunk][w.micro] = Some(values.by_ref().take(cp.send.len()).collect());
-                        if cp.loss.is_some() {
-                            loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
-                        }
-                        saved[w.chunk][w.micro] = Some(values.collect());
-                    }
-                    Action::Compute(w) => {
-                        let (cp, run) = (&this.program.chunks[w.chunk], &this.chunks[w.chunk]);
-                        let micro = MicroBatch { index: w.micro, count: m };
-                        let mut feeds = this.data_feeds(&cp.backward, batch, w.micro)?;
-                        feeds.extend(cp.saved_in.iter().copied().zip(slot(saved[w.chunk][w.micro].take(), "the saved activations", w)?));
-                        // The gradients of the float values this chunk sent, in order.
-                        let mut dv = if float_sends(cp).is_empty() {
-                            Vec::new().into_iter()
-                        } else {
-                            slot(grads_in[w.chunk][w.micro].take(), "the received gradients", w)?.into_iter()
-                        };
-                        for (k, &v) in cp.send.iter().enumerate() {
-                            if cp.graph.node(v).ty.dtype.is_float() {
-                                let t = dv.next().expect("one gradient per float value sent");
-                                if let Some(id) = cp.grad_in[k] {
-                                    feeds.push((id, t));
-                                }
-                            }
-                        }
-                        let out = run.backward.run_micro(params, &feeds, this.step, Some(&this.groups), micro)?;
-                        let mut values = out.values.into_iter();
-                        let n_back = cp.grad_out.iter().flatten().count();
-                        grads_back[w.chunk][w.micro] = Some(values.by_ref().take(n_back).collect());
-                        if shard_each {
-                            crate::shard::accumulate_scattered(
-                                &run.scatter,
-                                cp.param_grads.iter().map(|(n, _)| n),
-                                values,
-                                &mut acc,
-                                Some(&run.at),
-                                Some(&this.groups),
-                            )?;
-                        } else {
-                            accumulate_at(&mut acc, Some(&run.at), values)?;
-                        }
-                    }
-                    Action::Send { work, peer } => {
-                        let dest = peer * d + rank % d;
-                        let piece = work.chunk * p + stage;
-                        let (values, tag) = if work.pass == Pass::Forward {
-                            (to_send[work.chunk][work.micro].take(), transfer_tag(work, piece))
-                        } else {
-                            (grads_back[work.chunk][work.micro].take(), transfer_tag(work, piece - 1))
-                        };
-                        for t in slot(values, "a value to send", work)? {
-                            send_tensor(world, &t, dest, work.micro, tag)?;
-                        }
-                    }
-                    Action::Recv { work, peer } => {
-                        let src = peer * d + rank % d;
-                        let cp = &this.program.chunks[work.chunk];
-                        let piece = work.chunk * p + stage;
-                        let (types, tag): (Vec<(Vec<usize>, autopar_graph::DType)>, u32) = if work.pass == Pass::Forward {
-                            let g = &cp.graph;
-                            (
-                                cp.recv.iter().map(|&r| (g.node(r).ty.shape.clone(), g.node(r).ty.dtype)).collect(),
-                                transfer_tag(work, piece - 1),
-                            )
-                        } else {
-                            (float_sends(cp), transfer_tag(work, piece))
-                        };
-                        let got: Vec<Tensor> =
-                            types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro, tag)).collect::<Result<_>>()?;
-                        if work.pass == Pass::Forward {
-                            received[work.chunk][work.micro] = Some(got);
-                        } else {
-                            grads_in[work.chunk][work.micro] = Some(got);
-                        }
-                    }
-                }
-                if compute {
-                    busy += t0.elapsed().as_secs_f64();
-                }
+                this.run_action(world, params, batch, action, &mut st)?;
             }
             Ok(())
         });
         self.params = params;
-        self.busy = busy;
+        self.busy = st.busy;
         run?;
+        let (acc, loss_sum) = (st.acc, st.loss_sum);
         let mut grads: Vec<(String, Tensor)> = Vec::with_capacity(acc.len());
         for (name, g) in self.grads.iter().zip(acc) {
             grads.push((name.clone(), g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?));
         }
-        if !shard_each {
+        if !self.program.program.accumulation_shard {
             crate::shard::scatter_gradients(&self.program.program, &mut grads, Some(&self.groups))?;
         }
         for (b, buffer) in &mut self.buckets {
@@ -450,6 +354,205 @@ impl StageTrainer {
         let mut v = vec![mine];
         world.all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum).map_err(RuntimeError::comm(CommPhase::Run))?;
         finite_loss(v[0], self.step)
+    }
+
+    /// Pipeline inference on the global batch `batch` (by input name; every micro-batch an
+    /// equal part of its rows) with a job planned without a loss ([`PipelineJob::inference`]):
+    /// every micro-batch's forward through the stages, in the order of the schedule's forward
+    /// actions. Returns the network's outputs, each the micro-batches' results joined along
+    /// dimension 0 (a scalar output: one value per micro-batch), on the last stage's ranks, and
+    /// with `pipeline_result_broadcast` on every rank (sent from the last stage's first rank);
+    /// None on the other ranks without it. Collective over `world`.
+    pub fn predict(&mut self, world: &dyn Communicator, batch: &[(String, Tensor)]) -> Result<Option<Vec<Tensor>>> {
+        let m = self.plan.micro_batches;
+        let (stage, p, d) = (self.program.stage, self.plan.stages, self.plan.stage_devices());
+        if self.plan.plan.loss.is_some() {
+            return Err(RuntimeError::Pipeline {
+                rank: self.program.rank,
+                problem: "predict runs a job planned without a loss (PipelineJob::inference); this one trains".into(),
+            });
+        }
+        self.check_batch(batch)?;
+        let mut st = StepState::new(self.chunks.len(), m, 0);
+        let actions: Vec<Action> = self.plan.schedule.stages[stage]
+            .iter()
+            .copied()
+            .filter(|a| match a {
+                Action::Compute(w) | Action::Send { work: w, .. } | Action::Recv { work: w, .. } => w.pass == Pass::Forward,
+            })
+            .collect();
+        let mut params = std::mem::take(&mut self.params);
+        let this = &*self;
+        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
+            for action in actions {
+                this.run_action(world, params, batch, action, &mut st)?;
+            }
+            Ok(())
+        });
+        self.params = params;
+        run?;
+        let g = &self.plan.plan.graph;
+        let kernel = |name: &str| {
+            let name = name.to_string();
+            move |e| RuntimeError::Kernel { kind: "Concat", name, source: Box::new(e) }
+        };
+        let mut joined = Vec::with_capacity(g.outputs.len());
+        if stage + 1 == p {
+            let mut per_micro: Vec<Vec<Tensor>> = Vec::with_capacity(m);
+            for (micro, o) in st.outputs.into_iter().enumerate() {
+                per_micro.push(o.ok_or_else(|| RuntimeError::Pipeline {
+                    rank: self.program.rank,
+                    problem: format!("the outputs of micro-batch {micro} were never computed"),
+                })?);
+            }
+            for (j, &o) in g.outputs.iter().enumerate() {
+                let name = &g.node(o).name;
+                let parts: Vec<Tensor> = per_micro
+                    .iter()
+                    .map(|outs| {
+                        if outs[j].shape().is_empty() {
+                            autopar_tensor::kernels::shape::reshape_to(&outs[j], &[1])
+                        } else {
+                            Ok(outs[j].clone())
+                        }
+                    })
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(kernel(name))?;
+                let refs: Vec<&Tensor> = parts.iter().collect();
+                joined.push(autopar_tensor::kernels::shape::concat(&refs, 0).map_err(kernel(name))?);
+            }
+        }
+        if !self.plan.result_broadcast {
+            return Ok((stage + 1 == p).then_some(joined));
+        }
+        // Every rank learns the shapes from the plan; the last stage's first rank sends.
+        let root = (p - 1) * d;
+        let mut out = Vec::with_capacity(g.outputs.len());
+        for (j, &o) in g.outputs.iter().enumerate() {
+            let node = g.node(o);
+            let t = match joined.get(j) {
+                Some(t) => t.clone(),
+                None => {
+                    let mut shape = if node.ty.shape.is_empty() { vec![1] } else { node.ty.shape.to_vec() };
+                    shape[0] *= m;
+                    Tensor::zeros(&shape, crate::executor::tensor_dtype(node.ty.dtype))
+                }
+            };
+            out.push(crate::collective::broadcast_tensor(world, &t, &format!("output {}", node.name), root)?);
+        }
+        Ok(Some(out))
+    }
+
+    /// One action of the schedule: a pass of a chunk over a micro-batch, or a transfer.
+    fn run_action(
+        &self,
+        world: &dyn Communicator,
+        params: &mut ParamStore,
+        batch: &[(String, Tensor)],
+        action: Action,
+        st: &mut StepState,
+    ) -> Result<()> {
+        let m = self.plan.micro_batches;
+        let (d, p) = (self.plan.stage_devices(), self.plan.stages);
+        let (rank, stage) = (self.program.rank, self.program.stage);
+        let slot = |v: Option<Vec<Tensor>>, what: &str, w: Work| {
+            v.ok_or_else(|| RuntimeError::Pipeline {
+                rank,
+                problem: format!("{what} of micro-batch {} (chunk {}) is missing when the schedule needs it", w.micro, w.chunk),
+            })
+        };
+        let t0 = std::time::Instant::now();
+        match action {
+            Action::Compute(w) if w.pass == Pass::Forward => {
+                let (cp, run) = (&self.program.chunks[w.chunk], &self.chunks[w.chunk]);
+                let micro = MicroBatch { index: w.micro, count: m };
+                let mut feeds = self.data_feeds(&cp.graph, batch, w.micro)?;
+                if !cp.recv.is_empty() {
+                    let recv = slot(st.received[w.chunk][w.micro].take(), "the received activations", w)?;
+                    feeds.extend(cp.recv.iter().copied().zip(recv));
+                }
+                let out = run.forward.run_micro(params, &feeds, self.step, Some(&self.groups), micro)?;
+                let mut values = out.values.into_iter();
+                st.to_send[w.chunk][w.micro] = Some(values.by_ref().take(cp.send.len()).collect());
+                if cp.loss.is_some() {
+                    st.loss_sum += values.next().expect("the loss is fetched").to_f64_vec().iter().sum::<f64>();
+                }
+                if !cp.outputs.is_empty() {
+                    st.outputs[w.micro] = Some(values.by_ref().take(cp.outputs.len()).collect());
+                }
+                st.saved[w.chunk][w.micro] = Some(values.collect());
+                st.busy += t0.elapsed().as_secs_f64();
+            }
+            Action::Compute(w) => {
+                let (cp, run) = (&self.program.chunks[w.chunk], &self.chunks[w.chunk]);
+                let micro = MicroBatch { index: w.micro, count: m };
+                let mut feeds = self.data_feeds(&cp.backward, batch, w.micro)?;
+                feeds.extend(cp.saved_in.iter().copied().zip(slot(st.saved[w.chunk][w.micro].take(), "the saved activations", w)?));
+                // The gradients of the float values this chunk sent, in order.
+                let mut dv = if float_sends(cp).is_empty() {
+                    Vec::new().into_iter()
+                } else {
+                    slot(st.grads_in[w.chunk][w.micro].take(), "the received gradients", w)?.into_iter()
+                };
+                for (k, &v) in cp.send.iter().enumerate() {
+                    if cp.graph.node(v).ty.dtype.is_float() {
+                        let t = dv.next().expect("one gradient per float value sent");
+                        if let Some(id) = cp.grad_in[k] {
+                            feeds.push((id, t));
+                        }
+                    }
+                }
+                let out = run.backward.run_micro(params, &feeds, self.step, Some(&self.groups), micro)?;
+                let mut values = out.values.into_iter();
+                let n_back = cp.grad_out.iter().flatten().count();
+                st.grads_back[w.chunk][w.micro] = Some(values.by_ref().take(n_back).collect());
+                // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered
+                // at once, so only the rank's pieces accumulate.
+                if self.program.program.accumulation_shard {
+                    crate::shard::accumulate_scattered(
+                        &run.scatter,
+                        cp.param_grads.iter().map(|(n, _)| n),
+                        values,
+                        &mut st.acc,
+                        Some(&run.at),
+                        Some(&self.groups),
+                    )?;
+                } else {
+                    accumulate_at(&mut st.acc, Some(&run.at), values)?;
+                }
+                st.busy += t0.elapsed().as_secs_f64();
+            }
+            Action::Send { work, peer } => {
+                let dest = peer * d + rank % d;
+                let piece = work.chunk * p + stage;
+                let (values, tag) = if work.pass == Pass::Forward {
+                    (st.to_send[work.chunk][work.micro].take(), transfer_tag(work, piece))
+                } else {
+                    (st.grads_back[work.chunk][work.micro].take(), transfer_tag(work, piece - 1))
+                };
+                for t in slot(values, "a value to send", work)? {
+                    send_tensor(world, &t, dest, work.micro, tag)?;
+                }
+            }
+            Action::Recv { work, peer } => {
+                let src = peer * d + rank % d;
+                let cp = &self.program.chunks[work.chunk];
+                let piece = work.chunk * p + stage;
+                let (types, tag): (Vec<(Vec<usize>, autopar_graph::DType)>, u32) = if work.pass == Pass::Forward {
+                    let g = &cp.graph;
+                    (cp.recv.iter().map(|&r| (g.node(r).ty.shape.clone(), g.node(r).ty.dtype)).collect(), transfer_tag(work, piece - 1))
+                } else {
+                    (float_sends(cp), transfer_tag(work, piece))
+                };
+                let got: Vec<Tensor> = types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro, tag)).collect::<Result<_>>()?;
+                if work.pass == Pass::Forward {
+                    st.received[work.chunk][work.micro] = Some(got);
+                } else {
+                    st.grads_in[work.chunk][work.micro] = Some(got);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every network input of the step's batch holds exactly `micro_batches` micro-batches of
@@ -497,6 +600,38 @@ impl StageTrainer {
             feeds.push((NodeId(i), slice_tensor(t, &ranges)?));
         }
         Ok(feeds)
+    }
+}
+
+/// What one step (or one inference) holds while its schedule runs: per chunk and micro-batch,
+/// what arrived, what is to go and what the backward keeps; the accumulated gradients, the
+/// loss, the outputs of each micro-batch (inference), and the seconds spent computing.
+struct StepState {
+    received: Vec<Vec<Option<Vec<Tensor>>>>,
+    to_send: Vec<Vec<Option<Vec<Tensor>>>>,
+    saved: Vec<Vec<Option<Vec<Tensor>>>>,
+    grads_back: Vec<Vec<Option<Vec<Tensor>>>>,
+    grads_in: Vec<Vec<Option<Vec<Tensor>>>>,
+    acc: Vec<Option<Tensor>>,
+    loss_sum: f64,
+    outputs: Vec<Option<Vec<Tensor>>>,
+    busy: f64,
+}
+
+impl StepState {
+    fn new(chunks: usize, micro_batches: usize, grads: usize) -> Self {
+        let cells = || vec![vec![None; micro_batches]; chunks];
+        Self {
+            received: cells(),
+            to_send: cells(),
+            saved: cells(),
+            grads_back: cells(),
+            grads_in: cells(),
+            acc: vec![None; grads],
+            loss_sum: 0.0,
+            outputs: vec![None; micro_batches],
+            busy: 0.0,
+        }
     }
 }
 

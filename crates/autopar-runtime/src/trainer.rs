@@ -517,6 +517,14 @@ impl Trainer {
                 "the stages are planned by the planner (set operator strategies in the model); drop --strategy",
             ));
         }
+        if cfg.parallel.pipeline_result_broadcast {
+            return Err(Self::config_error(
+                "pipeline_result_broadcast",
+                true,
+                "false in training (it applies to pipeline inference)",
+                "training already reports the loss on every rank; pipeline inference is StageTrainer::predict on a PipelineJob::inference",
+            ));
+        }
         let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
         let mut graph = graph;
         if !cfg.pipeline_split.is_empty() {

@@ -495,9 +495,14 @@ const INTERLEAVED_BLOCKS: usize = 8;
 /// and 1 of a 2-chunk pipeline: one rank computes both gradients), a skip from the first piece
 /// to the last (relayed from the last stage back to the first between chunks) and dropout.
 fn interleaved_network(batch: usize, stages: usize, chunks: usize) -> (Graph, NodeId) {
+    blocks_network(batch, stages, chunks, true)
+}
+
+/// [`interleaved_network`]; without `train`, no dropout and no loss: the network's output is
+/// its logits (and the node returned).
+fn blocks_network(batch: usize, stages: usize, chunks: usize, train: bool) -> (Graph, NodeId) {
     let mut b = GraphBuilder::new(7);
     let x = b.input("x", &[batch, FEATURES], DType::F32).unwrap();
-    let y = b.input("y", &[batch], DType::I32).unwrap();
     let tied = b.parameter("tied.weight", &[FEATURES, WIDTH], Initializer::HeUniform).unwrap();
     let looped = b.parameter("loop.weight", &[WIDTH, WIDTH], Initializer::HeUniform).unwrap();
     b.set_pipeline_stage(Some(0));
@@ -512,13 +517,18 @@ fn interleaved_network(batch: usize, stages: usize, chunks: usize) -> (Graph, No
             h = b.add(&format!("block{i}.loop_add"), h, l).unwrap();
         }
         h = b.relu(&format!("block{i}.relu"), h).unwrap();
-        if i == 2 {
+        if i == 2 && train {
             h = b.dropout(&format!("block{i}.dropout"), h, 0.25, 11).unwrap();
         }
     }
     b.set_pipeline_stage(Some(stages - 1));
     let skip = b.add("skip", h, h0).unwrap();
     let logits = b.matmul_t("head", skip, tied, false, true).unwrap();
+    if !train {
+        b.output(logits).unwrap();
+        return (b.finish(), logits);
+    }
+    let y = b.input("y", &[batch], DType::I32).unwrap();
     let loss = b.softmax_cross_entropy("loss", logits, y).unwrap();
     b.output(loss).unwrap();
     (b.finish(), loss)
@@ -612,4 +622,67 @@ fn interleave_is_what_lets_stages_repeat_and_autopar_cuts_two_chunks_when_the_mo
         let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_close(&what, &run.losses, &run.params, &want_losses, &want);
     }
+}
+
+/// Pipeline inference: the network's logits, micro-batch by micro-batch through the stages
+/// (plain and interleaved, random strategies inside the stages), equal the stand-alone forward
+/// on the whole batch; they reach the last stage's ranks, and every rank with
+/// pipeline_result_broadcast. A training job refuses to predict and an inference job to train.
+#[test]
+fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_every_rank_with_result_broadcast() {
+    use autopar_runtime::pipeline::StageTrainer;
+    let (devices, stages, micro) = (4usize, 2usize, 3usize);
+    let d = devices / stages;
+    let batch = micro * d * 2;
+    let data = batches(batch, 1).remove(0);
+    let x: Vec<(String, Tensor)> = data.into_iter().filter(|(n, _)| n == "x").collect();
+    let (g1, logits1) = blocks_network(batch, 1, 1, false);
+    let mut alone = ParamStore::init(&g1).unwrap();
+    let want = autopar_runtime::Executor::new(g1.clone(), &[logits1])
+        .unwrap()
+        .run(&mut alone, &[(g1.find("x").unwrap(), x[0].1.clone())], 0)
+        .unwrap()
+        .values
+        .remove(0);
+    for (chunks, broadcast, seed) in [(1usize, false, None), (1, true, Some(5u64)), (2, true, None), (2, false, Some(9))] {
+        let (mut g, _) = blocks_network(batch / micro, stages, chunks, false);
+        if let Some(seed) = seed {
+            assign_random_strategies(&mut g, d, seed);
+        }
+        let mut ctx = context(devices, stages, "1f1b");
+        ctx.set("pipeline_config", &json!({"pipeline_interleave": chunks > 1})).unwrap();
+        ctx.set("pipeline_result_broadcast", &json!(broadcast)).unwrap();
+        let job = PipelineJob::inference(&g, &ctx, micro).unwrap();
+        assert_eq!(job.plan().chunks, chunks);
+        let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+        let what = format!("chunks={chunks} broadcast={broadcast} random={seed:?}");
+        let outs = autopar_comm::LocalComm::run(devices, |comm| -> Result<Option<Vec<Tensor>>, autopar_runtime::RuntimeError> {
+            let mut t = StageTrainer::new(&job, &comm, &full)?;
+            let e = t.step(&comm, optimizer().as_mut(), &x).unwrap_err().to_string();
+            assert!(e.contains("planned without a loss"), "{e}");
+            t.predict(&comm, &x)
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (r, out) in outs.iter().enumerate() {
+            match out {
+                None => assert!(!broadcast && r < devices - d, "{what}: rank {r} got no outputs"),
+                Some(o) => {
+                    assert!(broadcast || r >= devices - d, "{what}: rank {r} got outputs without pipeline_result_broadcast");
+                    assert_eq!(o.len(), 1);
+                    assert_eq!(o[0].shape(), want.shape(), "{what}");
+                    assert!(o[0].allclose(&want, 1e-5, 1e-6), "{what}: rank {r}: {:?} vs stand-alone", o[0].max_abs_diff(&want));
+                }
+            }
+        }
+    }
+    // A training job refuses to predict.
+    let (g, loss) = network(4, 2);
+    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), 2).unwrap();
+    let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+    let errs = autopar_comm::LocalComm::run(devices, |comm| -> Result<String, autopar_runtime::RuntimeError> {
+        let mut t = StageTrainer::new(&job, &comm, &full)?;
+        Ok(t.predict(&comm, &batches(8, 1)[0]).unwrap_err().to_string())
+    })
+    .unwrap();
+    assert!(errs.iter().all(|e| e.contains("this one trains")), "{errs:?}");
 }

@@ -81,7 +81,7 @@ fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() 
 #[test]
 fn options_autopar_does_not_implement_are_refused_before_planning() {
     let dir = tempfile::tempdir().unwrap();
-    for (opt, needle) in [("pipeline_result_broadcast=true", "not supported yet"), ("costmodel_beta=2", "applies to auto_parallel")] {
+    for (opt, needle) in [("pipeline_result_broadcast=true", "applies to pipelines"), ("costmodel_beta=2", "applies to auto_parallel")] {
         let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--parallel", opt]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{opt}: {err}");

@@ -134,6 +134,24 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--schedule", "step"], &["unknown schedule"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--bogus-flag"], &["--bogus-flag"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--clip-grad-norm", "0"], &["--clip-grad-norm 0"]);
+    // pipeline_result_broadcast applies to pipeline inference, not to training.
+    fails(
+        d,
+        &[
+            "train",
+            "--model",
+            "mlp",
+            "--data",
+            "synthetic",
+            "--devices",
+            "4",
+            "--parallel",
+            "pipeline_stages=2",
+            "--parallel",
+            "pipeline_result_broadcast=true",
+        ],
+        &["pipeline_result_broadcast", "StageTrainer::predict"],
+    );
 
     // A truncated CIFAR-10 file, and one with a label out of range.
     let mut rec = vec![3u8];

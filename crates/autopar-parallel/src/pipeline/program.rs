@@ -28,7 +28,7 @@ use autopar_graph::ops::{Add, Fill, Input, Mul, ReduceSum, Scale};
 use autopar_graph::{differentiate, Graph, NodeId, OpKind};
 
 use crate::context::ParallelContext;
-use crate::error::{ParallelError, Result};
+use crate::error::{ParallelError, PipelineProblem, Result};
 use crate::pipeline::schedule::{build, PipelineShape, Schedule};
 use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks};
 use crate::plan::ParallelPlan;
@@ -61,6 +61,8 @@ pub struct PipelinePlan {
     pub piece_of: Vec<Option<usize>>,
     /// Each stage's actions of one step, in order.
     pub schedule: Schedule,
+    /// `pipeline_result_broadcast`: inference outputs reach every rank, not only the last stage's.
+    pub result_broadcast: bool,
 }
 
 impl PipelinePlan {
@@ -119,6 +121,7 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
     let mut stage_ctx: ParallelContext = ctx.clone();
     stage_ctx.device_num = ctx.stage_device_num();
     stage_ctx.pipeline_stages = 1;
+    stage_ctx.pipeline_result_broadcast = false;
     let plan = plan_job(&PlanRequest {
         graph: &graph,
         loss: req.loss,
@@ -129,7 +132,17 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
     let piece_of: Vec<Option<usize>> = plan.graph.nodes().iter().map(|n| n.pipeline_stage).collect();
     let stage_of = piece_of.iter().map(|k| k.map(|k| k % p)).collect();
     let schedule = build(PipelineShape::new(p, micro_batches, chunks), ctx.pipeline_config.pipeline_scheduler)?;
-    Ok(PipelinePlan { stages: p, chunks, micro_batches, device_num: ctx.device_num, plan, stage_of, piece_of, schedule })
+    Ok(PipelinePlan {
+        stages: p,
+        chunks,
+        micro_batches,
+        device_num: ctx.device_num,
+        plan,
+        stage_of,
+        piece_of,
+        schedule,
+        result_broadcast: ctx.pipeline_result_broadcast,
+    })
 }
 
 /// One rank's share of a pipeline job: the program of its position, cut into its chunks.
@@ -187,6 +200,8 @@ pub struct ChunkProgram {
     pub send: Vec<NodeId>,
     /// The job's loss on the last piece.
     pub loss: Option<NodeId>,
+    /// The network's outputs, whole, on the last piece of a job without a loss (inference).
+    pub outputs: Vec<NodeId>,
     /// Nodes of the forward pass that the backward pass reads.
     pub saved: Vec<NodeId>,
     /// The backward pass: its inputs for `saved` (same order), for the gradients of `send`
@@ -203,9 +218,9 @@ pub struct ChunkProgram {
 }
 
 impl ChunkProgram {
-    /// The forward pass's fetches: what it sends, the loss, what it saves.
+    /// The forward pass's fetches: what it sends, the loss, the outputs, what it saves.
     pub fn forward_fetch(&self) -> Vec<NodeId> {
-        self.send.iter().chain(&self.loss).chain(&self.saved).copied().collect()
+        self.send.iter().chain(&self.loss).chain(&self.outputs).chain(&self.saved).copied().collect()
     }
 
     /// The backward pass's fetches: the received values' gradients, then the parameters'.
@@ -282,6 +297,15 @@ fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, loss_seed: Opti
     let send: Vec<NodeId> =
         if last { Vec::new() } else { boundary(g, piece).iter().map(|v| map[v.0].expect("sent values are on the piece")).collect() };
     let loss = if last && training { Some(map[fwd.outputs[0].0].expect("the loss is on the last piece")) } else { None };
+    let mut outputs = Vec::new();
+    if last && !training {
+        for &o in &fwd.outputs {
+            let name = &g.node(o).name;
+            outputs.push(map[o.0].ok_or_else(|| ParallelError::Pipeline {
+                problem: PipelineProblem::OutputNotOnLastStage { name: name.clone(), stage: g.node(o).pipeline_stage.unwrap_or(0) },
+            })?);
+        }
+    }
     // The surrogate loss.
     let mut terms = Vec::new();
     let mut grad_inputs = Vec::new();
@@ -360,7 +384,7 @@ fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, loss_seed: Opti
     let grad_in = grad_inputs.iter().map(|g| g.and_then(|g| bmap[g.0])).collect();
     let grad_out = grad_out.iter().map(|g| g.map(remap)).collect();
     let param_grads = param_grads.into_iter().map(|(n, g)| (n, remap(g))).collect();
-    Ok(ChunkProgram { piece, graph: sg, recv, send, loss, saved, backward, saved_in, grad_in, grad_out, param_grads })
+    Ok(ChunkProgram { piece, graph: sg, recv, send, loss, outputs, saved, backward, saved_in, grad_in, grad_out, param_grads })
 }
 
 /// Which nodes of `g` the `roots` depend on (the roots included).

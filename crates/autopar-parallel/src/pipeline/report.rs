@@ -56,6 +56,8 @@ pub struct PipelineReport {
     pub micro_batches: usize,
     /// Chunks (virtual stages) per stage: more than 1 with `pipeline_interleave`.
     pub chunks: usize,
+    /// `pipeline_result_broadcast`: the rank that sends inference outputs to every rank.
+    pub result_broadcast_root: Option<usize>,
     /// The schedule's name as `pipeline_config.pipeline_scheduler` takes it.
     pub scheduler: &'static str,
     /// The schedule run with equal stages (forward 1, backward 2, free transfers).
@@ -132,6 +134,7 @@ pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
         stages,
         micro_batches: pp.micro_batches,
         chunks: pp.chunks,
+        result_broadcast_root: pp.result_broadcast.then_some((pp.stages - 1) * d),
         scheduler: pp.schedule.scheduler.name(),
         ideal_bubble: ideal_bubble(pp.schedule.shape),
         simulation,
@@ -158,6 +161,12 @@ impl PipelineReport {
             100.0 * self.simulation.bubble(),
             100.0 * self.ideal_bubble
         );
+        if let Some(root) = self.result_broadcast_root {
+            let _ = writeln!(
+                o,
+                "  inference outputs: broadcast from rank {root} (the last stage's first) to every rank (pipeline_result_broadcast)"
+            );
+        }
         for s in &self.stages {
             let _ = writeln!(
                 o,
@@ -206,6 +215,7 @@ impl PipelineReport {
             })).collect::<Vec<_>>(),
             "micro_batches": self.micro_batches,
             "chunks": self.chunks,
+            "result_broadcast_root": self.result_broadcast_root,
             "scheduler": self.scheduler,
             "bubble": self.simulation.bubble(),
             "ideal_bubble": self.ideal_bubble,
