@@ -136,9 +136,69 @@ pub struct PlanReport<'a> {
     pub optimizer: String,
     /// Seconds planning took (wall clock).
     pub planning_seconds: f64,
+    /// For a pipeline's stage plan, whose ranks are positions in a stage: the world rank of
+    /// position `p` on the first stage holding parameter `name`, and the job's ranks; groups
+    /// are then printed and named in world ranks, as MindSpore names them. None: the plan's
+    /// ranks are the world's.
+    pub world: Option<(&'a dyn Fn(&str, usize) -> usize, usize)>,
 }
 
 impl PlanReport<'_> {
+    /// The parallel optimizer's decisions: per parameter its shard group on `rank` (or why it
+    /// stays whole), then the fused all-gather and reduce-scatter buckets.
+    fn optimizer_text(&self) -> String {
+        let (plan, rank) = (self.plan, self.cost.rank);
+        let mut s = String::new();
+        let cfg = &plan.context.parallel_optimizer_config;
+        let _ = writeln!(
+            s,
+            "\nparallel optimizer (threshold {} KB, shard size {}, gradient_accumulation_shard {})",
+            cfg.parallel_optimizer_threshold, cfg.optimizer_weight_shard_size, cfg.gradient_accumulation_shard
+        );
+        for p in &plan.params {
+            let what = match &p.opt {
+                OptDecision::Disabled => continue,
+                OptDecision::Sharded(sh) => {
+                    let (group, name) = self.world_group(&p.name, &sh.group(rank));
+                    format!(
+                        "sharded over {} ({name}), stores {:?}, step {}; gradient summed over {}",
+                        group_text(&group),
+                        p.stored_shape(),
+                        sh.step,
+                        group_text(&self.world_group(&p.name, &p.mirror_group(rank)).0),
+                    )
+                }
+                OptDecision::Whole(why) => format!("whole: {why}"),
+            };
+            let _ = writeln!(s, "  {:<34} {what}", p.name);
+        }
+        for (kind, buckets) in [("all-gather", &plan.gradients.all_gather), ("reduce-scatter", &plan.gradients.reduce_scatter)] {
+            for (i, b) in buckets.iter().enumerate() {
+                let ranks: usize = b.axes.iter().map(|a| a.size).product();
+                let _ = writeln!(
+                    s,
+                    "  {kind} bucket {i}: {} params, {} elements of {}, over {ranks} ranks",
+                    b.params.len(),
+                    b.elements,
+                    b.dtype
+                );
+            }
+        }
+        s
+    }
+
+    /// Group `g` of the plan's ranks, for parameter `name`, in world ranks, and its MindSpore name.
+    fn world_group(&self, name: &str, g: &[usize]) -> (Vec<usize>, String) {
+        match self.world {
+            Some((rank_of, n)) => {
+                let w: Vec<usize> = g.iter().map(|&r| rank_of(name, r)).collect();
+                let label = crate::group_name(&w, n);
+                (w, label)
+            }
+            None => (g.to_vec(), crate::group_name(g, self.plan.device_num)),
+        }
+    }
+
     /// The bucket each parameter's gradient is synchronised in.
     fn bucket_of(&self) -> BTreeMap<&str, usize> {
         let mut out = BTreeMap::new();
@@ -223,7 +283,7 @@ impl PlanReport<'_> {
             );
         }
         if plan.context.enable_parallel_optimizer {
-            s.push_str(&optimizer_text(plan, cost.rank));
+            s.push_str(&self.optimizer_text());
         }
         let _ = writeln!(s, "\nredistributions ({})", plan.redistributions.len());
         for r in &plan.redistributions {
@@ -328,13 +388,16 @@ impl PlanReport<'_> {
                     "bucket": buckets.get(p.name.as_str()),
                     "optimizer_shard": match &p.opt {
                         OptDecision::Disabled => Value::Null,
-                        OptDecision::Sharded(sh) => json!({
-                            "size": sh.size,
-                            "step": sh.step,
-                            "group": sh.group(cost.rank),
-                            "group_name": crate::group_name(&sh.group(cost.rank), plan.device_num),
-                            "rest_group": sh.rest_group(cost.rank),
-                        }),
+                        OptDecision::Sharded(sh) => {
+                            let (group, name) = self.world_group(&p.name, &sh.group(cost.rank));
+                            json!({
+                                "size": sh.size,
+                                "step": sh.step,
+                                "group": group,
+                                "group_name": name,
+                                "rest_group": self.world_group(&p.name, &sh.rest_group(cost.rank)).0,
+                            })
+                        }
                         OptDecision::Whole(why) => json!({ "unsharded": why }),
                     },
                 })
@@ -394,41 +457,6 @@ impl PlanReport<'_> {
             },
         })
     }
-}
-
-/// The parallel optimizer's decisions: per parameter its shard group on `rank` (or why it
-/// stays whole), then the fused all-gather and reduce-scatter buckets.
-fn optimizer_text(plan: &ParallelPlan, rank: usize) -> String {
-    let mut s = String::new();
-    let cfg = &plan.context.parallel_optimizer_config;
-    let _ = writeln!(
-        s,
-        "\nparallel optimizer (threshold {} KB, shard size {}, gradient_accumulation_shard {})",
-        cfg.parallel_optimizer_threshold, cfg.optimizer_weight_shard_size, cfg.gradient_accumulation_shard
-    );
-    for p in &plan.params {
-        let what = match &p.opt {
-            OptDecision::Disabled => continue,
-            OptDecision::Sharded(sh) => format!(
-                "sharded over {} ({}), stores {:?}, step {}; gradient summed over {}",
-                group_text(&sh.group(rank)),
-                crate::group_name(&sh.group(rank), plan.device_num),
-                p.stored_shape(),
-                sh.step,
-                group_text(&p.mirror_group(rank)),
-            ),
-            OptDecision::Whole(why) => format!("whole: {why}"),
-        };
-        let _ = writeln!(s, "  {:<34} {what}", p.name);
-    }
-    for (kind, buckets) in [("all-gather", &plan.gradients.all_gather), ("reduce-scatter", &plan.gradients.reduce_scatter)] {
-        for (i, b) in buckets.iter().enumerate() {
-            let ranks: usize = b.axes.iter().map(|a| a.size).product();
-            let _ =
-                writeln!(s, "  {kind} bucket {i}: {} params, {} elements of {}, over {ranks} ranks", b.params.len(), b.elements, b.dtype);
-        }
-    }
-    s
 }
 
 /// An SVG of how the `count` biggest parameters are split over the device matrix: each tensor

@@ -196,6 +196,33 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     let wte = text.lines().find(|l| l.starts_with("wte.weight: ")).unwrap();
     assert!(wte.ends_with("True, False, 0, 1)"), "{wte}");
 
+    // With the parallel optimizer, shard groups are named by world ranks: stage 1's by 4-7.
+    let mut a = base.to_vec();
+    a.extend([
+        "--parallel",
+        "enable_parallel_optimizer=true",
+        "--parallel",
+        r#"parallel_optimizer_config={"parallel_optimizer_threshold": 0}"#,
+    ]);
+    let text = ok(dir.path(), &a);
+    let line = |name: &str| {
+        text.lines().find(|l| l.trim_start().starts_with(name) && l.contains("sharded over")).unwrap_or_else(|| panic!("{name}: {text}"))
+    };
+    assert!(
+        line("blocks.0.attn.q_proj.weight").contains(&format!("[0, 1, 2, 3] ({})", autopar::parallel::group_name(&[0, 1, 2, 3], 8))),
+        "{text}"
+    );
+    assert!(
+        line("blocks.3.attn.q_proj.weight").contains(&format!("[4, 5, 6, 7] ({})", autopar::parallel::group_name(&[4, 5, 6, 7], 8))),
+        "{text}"
+    );
+    assert!(!text.contains("hccl_world_group"), "{text}");
+    // Interleaved: 2 chunks per stage, and the last stage's first chunk sends back to stage 0.
+    let mut a = base.to_vec();
+    a.extend(["--parallel", r#"pipeline_config={"pipeline_interleave": true}"#]);
+    let text = ok(dir.path(), &a);
+    assert!(text.contains("2 chunks per stage (interleaved)") && text.contains("to stage 0 (rank r-4)"), "{text}");
+
     let o = autopar(dir.path(), &["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "3"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
 }

@@ -177,6 +177,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         model: format!("{} (batch {batch})", model.describe()),
         optimizer: format!("{} slot(s) per trainable parameter: {}", slots, args.optimizer),
         planning_seconds: seconds,
+        world: None,
     };
     if args.json {
         let text = serde_json::to_string_pretty(&report.json()).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?;
@@ -254,6 +255,11 @@ fn plan_pipeline_job(
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // Groups in world ranks: a parameter's on the first stage holding it.
+    let first_stage: std::collections::HashMap<String, usize> =
+        pp.param_stages().into_iter().filter_map(|(n, s)| s.first().map(|&f| (n, f))).collect();
+    let d = pp.stage_devices();
+    let rank_of = |name: &str, position: usize| first_stage.get(name).copied().unwrap_or(0) * d + position;
     let stage_plan = PlanReport {
         plan: &pp.plan,
         cost: &cost,
@@ -265,6 +271,7 @@ fn plan_pipeline_job(
         ),
         optimizer: format!("{} slot(s) per trainable parameter: {}", slots, args.optimizer),
         planning_seconds: seconds,
+        world: Some((&rank_of, pp.device_num)),
     };
     if args.json {
         let v = serde_json::json!({ "pipeline": report.json(), "plan": stage_plan.json() });
