@@ -123,6 +123,9 @@ fn group_text(g: &[usize]) -> String {
     }
 }
 
+/// The world rank of a position of a pipeline stage, for a parameter (by name) of that stage.
+pub type WorldRankOf<'a> = dyn Fn(&str, usize) -> usize + 'a;
+
 /// What `autopar plan` prints: the plan, with the predicted cost of one rank's step.
 pub struct PlanReport<'a> {
     /// The plan reported.
@@ -140,7 +143,7 @@ pub struct PlanReport<'a> {
     /// position `p` on the first stage holding parameter `name`, and the job's ranks; groups
     /// are then printed and named in world ranks, as MindSpore names them. None: the plan's
     /// ranks are the world's.
-    pub world: Option<(&'a dyn Fn(&str, usize) -> usize, usize)>,
+    pub world: Option<(&'a WorldRankOf<'a>, usize)>,
 }
 
 impl PlanReport<'_> {
