@@ -1,8 +1,11 @@
-//! The parallel optimizer (`enable_parallel_optimizer`): memory per rank and step time, sharded
-//! against unsharded, on 8 simulated devices (data parallel, AdamW: two state tensors per
-//! parameter). Memory is the plan's (parameters, gradients and optimizer state a rank holds
-//! between steps, and the peak of its step's values); time is measured in this process
-//! (threads sharing the machine's cores): the median over 3 repetitions of (7 steps - 2 steps) / 5.
+//! The parallel optimizer (`enable_parallel_optimizer`): memory per rank, communication and
+//! step time, sharded against unsharded, on 8 simulated devices (data parallel, AdamW: two state
+//! tensors per parameter), with `optimizer_weight_shard_size` off, 2, 4 and 8. Memory is the
+//! plan's (parameters, gradients and optimizer state a rank holds between steps, and the peak of
+//! its step's values); communication is the plan's bytes a rank sends per step (all-reduce,
+//! reduce-scatter and all-gather send buffers); time is measured in this process (threads
+//! sharing the machine's cores): the median over the repetitions of (long - short) / steps.
+//! The models: the MLP 784-512-512-10 and a GPT of 8 blocks of width 512 (about 25M parameters).
 //!
 //! `cargo bench -p autopar --bench parallel_optimizer`
 
@@ -23,14 +26,22 @@ fn mib(bytes: usize) -> f64 {
 fn main() {
     println!("parallel optimizer on 8 simulated devices, data_parallel, AdamW");
     println!(
-        "{:<22} {:<9} {:>11} {:>10} {:>10} {:>11} {:>10} {:>9}",
-        "model", "optimizer", "params MiB", "grads MiB", "state MiB", "peak act MiB", "total MiB", "step ms"
+        "{:<24} {:<8} {:>11} {:>10} {:>10} {:>12} {:>10} {:>10} {:>9}",
+        "model", "shard", "params MiB", "grads MiB", "state MiB", "peak act MiB", "total MiB", "comm MiB", "step ms"
     );
-    let models: Vec<(&str, &str, ModelOptions, usize)> = vec![
-        ("mlp 784-512-512-10", "mlp", ModelOptions::default(), 64),
-        ("gpt 4 blocks (w128)", "gpt", ModelOptions { depth: Some(4), width: Some(128), heads: Some(4), ..ModelOptions::default() }, 16),
+    // (label, model, options, global batch, (short, long) steps timed, repetitions)
+    let models: Vec<(&str, &str, ModelOptions, usize, (usize, usize), usize)> = vec![
+        ("mlp 784-512-512-10", "mlp", ModelOptions::default(), 64, (2, 7), 3),
+        (
+            "gpt 8 blocks w512 (25M)",
+            "gpt",
+            ModelOptions { depth: Some(8), width: Some(512), heads: Some(8), ..ModelOptions::default() },
+            8,
+            (1, 3),
+            1,
+        ),
     ];
-    for (label, name, opts, batch) in &models {
+    for (label, name, opts, batch, (short, long), reps) in &models {
         let model = model_by_name(name, opts).unwrap();
         let (graph, m) = model.build_graph(*batch, Mode::Train, 1).unwrap();
         let classes = *graph.node(m.logits).ty.shape.last().unwrap();
@@ -47,36 +58,45 @@ fn main() {
             };
             (n.name.clone(), t.unwrap())
         };
-        let data: Vec<_> = (0..7).map(|s| vec![input(m.x, s), input(m.labels, s)]).collect();
-        for sharded in [false, true] {
+        let data: Vec<_> = (0..*long).map(|s| vec![input(m.x, s), input(m.labels, s)]).collect();
+        let mut state_whole = 0;
+        for shard in [None, Some(2i64), Some(4), Some(8)] {
             let mut ctx = ParallelContext::default();
             ctx.set("device_num", &json!(8)).unwrap();
             ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
             ctx.set("gradients_mean", &json!(true)).unwrap();
-            if sharded {
+            if let Some(k) = shard {
                 ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
-                ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0})).unwrap();
+                ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": k}))
+                    .unwrap();
             }
             let job = ParallelJob::new(graph.clone(), m.loss, ctx).unwrap();
-            let mem = RankCost::of(&job.program(0).unwrap(), 2).unwrap().memory;
+            let cost = RankCost::of(&job.program(0).unwrap(), 2).unwrap();
+            let mem = &cost.memory;
+            let comm: usize = cost.comm.iter().map(|c| c.bytes).sum();
             let opt = || -> autopar::runtime::Result<Box<dyn Optimizer>> { Ok(Box::new(AdamW::new(LrSchedule::Constant(1e-3))?)) };
             let time = |steps: usize| {
                 let t0 = Instant::now();
                 run_local(&job, &data[..steps], opt).unwrap();
                 t0.elapsed().as_secs_f64()
             };
-            let mut reps: Vec<f64> = (0..3).map(|_| (time(7) - time(2)) / 5.0).collect();
-            reps.sort_by(f64::total_cmp);
+            let mut times: Vec<f64> = (0..*reps).map(|_| (time(*long) - time(*short)) / (long - short) as f64).collect();
+            times.sort_by(f64::total_cmp);
+            if shard.is_none() {
+                state_whole = mem.optimizer_state;
+            }
             println!(
-                "{:<22} {:<9} {:>11.2} {:>10.2} {:>10.2} {:>11.2} {:>10.2} {:>9.2}",
+                "{:<24} {:<8} {:>11.2} {:>10.2} {:>10.2} {:>12.2} {:>10.2} {:>10.2} {:>9.1}   state 1/{:.2}",
                 label,
-                if sharded { "sharded" } else { "whole" },
+                shard.map_or("off".to_string(), |k| k.to_string()),
                 mib(mem.parameters),
                 mib(mem.gradients),
                 mib(mem.optimizer_state),
                 mib(mem.peak_activations),
                 mib(mem.total()),
-                reps[1] * 1e3
+                mib(comm),
+                times[times.len() / 2] * 1e3,
+                state_whole as f64 / mem.optimizer_state.max(1) as f64,
             );
         }
     }
