@@ -23,14 +23,17 @@ fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
 
+/// A model of the bench: label, zoo name, options, global batch, the (short, long) step
+/// counts timed, repetitions.
+type Case = (&'static str, &'static str, ModelOptions, usize, (usize, usize), usize);
+
 fn main() {
     println!("parallel optimizer on 8 simulated devices, data_parallel, AdamW");
     println!(
         "{:<24} {:<8} {:>11} {:>10} {:>10} {:>12} {:>10} {:>10} {:>9}",
         "model", "shard", "params MiB", "grads MiB", "state MiB", "peak act MiB", "total MiB", "comm MiB", "step ms"
     );
-    // (label, model, options, global batch, (short, long) steps timed, repetitions)
-    let models: Vec<(&str, &str, ModelOptions, usize, (usize, usize), usize)> = vec![
+    let models: Vec<Case> = vec![
         ("mlp 784-512-512-10", "mlp", ModelOptions::default(), 64, (2, 7), 3),
         (
             "gpt 8 blocks w512 (25M)",
