@@ -506,9 +506,8 @@ impl Executor {
                         };
                         self.synced_batch_norm_grad(node, x, &bn.group, &stats, bn.eps, need_dx, collectives)?
                     } else if bn.training {
-                        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-                        let fwd = norm::batch_norm_train(cx, x[1], x[2], &zeros, x[3], x[4], 0.0, bn.eps).map_err(k)?;
-                        let (dx, dgamma, _) = norm::batch_norm_backward(cx, x[1], x[2], &fwd.saved, x[0]).map_err(k)?;
+                        let saved = norm::batch_norm_saved(cx, x[1], bn.eps).map_err(k)?;
+                        let (dx, dgamma, _) = norm::batch_norm_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?;
                         (dx, dgamma)
                     } else {
                         let var = x[4].to_f64_vec();
@@ -548,8 +547,7 @@ impl Executor {
                         let need_dx = ln.of == NormGradOf::Input || self.shared_norm.contains(&key);
                         self.synced_layer_norm_grad(node, x, ln, &stats, need_dx, collectives)?
                     } else {
-                        let zeros = Tensor::zeros(x[2].shape(), x[2].dtype());
-                        let (_, saved) = norm::layer_norm(cx, x[1], x[2], &zeros, ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                        let saved = norm::layer_norm_saved(cx, x[1], ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
                         let (dx, dgamma, _) =
                             norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
                         (dx, dgamma)

@@ -154,6 +154,8 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    // As the `autopar` binary runs (the quick-start rows run the binary itself).
+    autopar::keep_freed_memory();
     let rounds: usize = env_or("AUTOPAR_BENCH_ROUNDS", 3usize).max(1);
     let seconds: f64 = env_or("AUTOPAR_BENCH_SECONDS", 3.0);
     let epochs: String = env_or("AUTOPAR_BENCH_EPOCHS", "3".to_string());

@@ -18,6 +18,7 @@ fn quiet_on_closed_pipe() {
 }
 
 fn main() -> ExitCode {
+    autopar::keep_freed_memory();
     let cli = Cli::parse();
     if matches!(cli.command, Command::Layout(_) | Command::Ckpt(_) | Command::Plan(_)) {
         quiet_on_closed_pipe();

@@ -134,6 +134,29 @@ pub fn batch_norm_train(
     batch_norm_train_with(ctx, x, gamma, beta, running_mean, running_var, &stats, momentum, eps)
 }
 
+/// The statistics [`batch_norm_train`] saves for its backward (the batch's mean and
+/// `1/sqrt(var + eps)` per channel), without normalising: what a backward pass recomputes.
+pub fn batch_norm_saved(ctx: &ExecCtx, x: &Tensor, eps: f64) -> Result<NormSaved> {
+    let op = "batch_norm";
+    let (n, c, s) = bn_geo(op, x, &[])?;
+    if n * s == 0 {
+        return Err(TensorError::BadShape {
+            op,
+            what: "input",
+            shape: x.shape().to_vec(),
+            expected: "at least one element per channel".into(),
+        });
+    }
+    float_dispatch!(op, x.dtype(), T => {
+        let xc = x.contiguous();
+        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
+        let (mean, var) = channel_stats(ctx, xs, n, c, s);
+        let e = T::c(eps);
+        let inv_std: Vec<T> = var.iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        Ok(NormSaved { mean: Tensor::from_vec(&[c], mean)?, inv_std: Tensor::from_vec(&[c], inv_std)? })
+    })
+}
+
 /// BatchNorm in inference mode: normalises with the running statistics.
 pub fn batch_norm_eval(
     ctx: &ExecCtx,
@@ -427,6 +450,23 @@ pub fn layer_norm(
     layer_norm_with(ctx, x, gamma, beta, begin_norm_axis, &mean, &var, eps)
 }
 
+/// The row statistics [`layer_norm`] saves for its backward (mean and `1/sqrt(var + eps)` per
+/// row), without normalising: what a backward pass recomputes.
+pub fn layer_norm_saved(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, eps: f64) -> Result<NormSaved> {
+    let op = "layer_norm";
+    let (_, _, d) = ln_geo(op, x, begin_norm_axis, &[])?;
+    if d == 0 {
+        return Err(TensorError::BadShape { op, what: "input", shape: x.shape().to_vec(), expected: "non-empty normalised dims".into() });
+    }
+    let mean = per_element(&row_sums(ctx, x, begin_norm_axis, None)?, d)?;
+    let var = per_element(&row_sums(ctx, x, begin_norm_axis, Some(&mean))?, d)?;
+    float_dispatch!(op, x.dtype(), T => {
+        let e = T::c(eps);
+        let inv: Vec<T> = vec_of::<T>(&var).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        Ok(NormSaved { inv_std: Tensor::from_vec(mean.shape(), inv)?, mean })
+    })
+}
+
 /// `sums / count`, element-wise, in the sums' type.
 fn per_element(sums: &Tensor, count: usize) -> Result<Tensor> {
     float_dispatch!("layer_norm", sums.dtype(), T => {
@@ -630,6 +670,19 @@ pub fn layer_norm_backward_with(
 mod tests {
     use super::*;
     use crate::DType;
+
+    #[test]
+    fn the_saved_statistics_alone_are_those_the_forward_saves() {
+        let x = crate::random::uniform(&[3, 4, 5, 6], -1., 2., 9, DType::F32);
+        let (g, b) = (Tensor::ones(&[4], DType::F32), Tensor::zeros(&[4], DType::F32));
+        let fwd = batch_norm_train(&ExecCtx::serial(), &x, &g, &b, &b, &g, 0.1, 1e-5).unwrap();
+        let saved = batch_norm_saved(&ExecCtx::serial(), &x, 1e-5).unwrap();
+        assert!(saved.mean.bit_eq(&fwd.saved.mean) && saved.inv_std.bit_eq(&fwd.saved.inv_std));
+        let (g, b) = (Tensor::ones(&[5, 6], DType::F32), Tensor::zeros(&[5, 6], DType::F32));
+        let (_, ln) = layer_norm(&ExecCtx::serial(), &x, &g, &b, 2, 1e-5).unwrap();
+        let saved = layer_norm_saved(&ExecCtx::serial(), &x, 2, 1e-5).unwrap();
+        assert!(saved.mean.bit_eq(&ln.mean) && saved.inv_std.bit_eq(&ln.inv_std));
+    }
 
     fn t(shape: &[usize], v: &[f64]) -> Tensor {
         Tensor::from_vec(shape, v.to_vec()).unwrap()
