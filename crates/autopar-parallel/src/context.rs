@@ -183,8 +183,10 @@ impl PipelineScheduler {
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct PipelineConfig {
     /// `pipeline_interleave`: several chunks (virtual stages) per rank. The model's stages
-    /// repeat in execution order (a lower stage than the op before starts a chunk), a
+    /// repeat in execution order (a lower stage than the op before starts a chunk; a model that
+    /// places stages `0..P` once has one chunk per stage, so nothing is interleaved), a
     /// `--pipeline-split` names `chunks * stages - 1` ops, or autopar cuts 2 chunks per stage.
+    /// Needs `pipeline_stages` > 1.
     pub pipeline_interleave: bool,
     /// `pipeline_scheduler`: the schedule of the micro-batches.
     pub pipeline_scheduler: PipelineScheduler,
@@ -667,6 +669,9 @@ impl ParallelContext {
         if self.pipeline_result_broadcast && self.pipeline_stages <= 1 {
             return conflict("pipeline_result_broadcast", Conflict::NeedsPipelineStages);
         }
+        if self.pipeline_config.pipeline_interleave && self.pipeline_stages <= 1 {
+            return conflict("pipeline_config.pipeline_interleave", Conflict::NeedsPipelineStages);
+        }
         if let Some(op) = &self.search.op_strategy {
             if mode == ParallelMode::AutoParallel && self.search_mode != SearchMode::ShardingPropagation {
                 return conflict(
@@ -1038,6 +1043,10 @@ mod tests {
         c.set("pipeline_stages", &json!(1)).unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("pipeline_result_broadcast") && e.contains("pipeline_stages"), "{e}");
+        c.set("pipeline_result_broadcast", &json!(false)).unwrap();
+        c.set("pipeline_config", &json!({"pipeline_interleave": true})).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("pipeline_interleave") && e.contains("pipeline_stages"), "{e}");
     }
 
     #[test]

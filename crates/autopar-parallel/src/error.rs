@@ -321,6 +321,19 @@ pub enum PipelineProblem {
         /// The loss's name.
         loss: String,
     },
+    /// The loss of an interleaved pipeline computed before the last chunk of the last stage.
+    LossNotOnLastChunk {
+        /// The loss node's name.
+        name: String,
+        /// The stage it is computed on, counted from 0.
+        stage: usize,
+        /// The chunk of that stage, counted from 0.
+        chunk: usize,
+        /// The number of stages.
+        stages: usize,
+        /// Chunks per stage.
+        chunks: usize,
+    },
     /// A network output (of a job without a loss) computed before the last stage.
     OutputNotOnLastStage {
         /// The output's name.
@@ -360,6 +373,7 @@ impl PipelineProblem {
             | PipelineProblem::LossNotOnLastStage { .. }
             | PipelineProblem::EmptyChunk { .. }
             | PipelineProblem::OutputNotOnLastStage { .. }
+            | PipelineProblem::LossNotOnLastChunk { .. }
             | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or --pipeline-split, in execution order, from 0 to pipeline_stages-1",
         }
     }
@@ -383,7 +397,7 @@ impl fmt::Display for PipelineProblem {
             }
             PipelineProblem::SplitCount { given, stages, interleave: true } => write!(
                 f,
-                "the split names {given} op(s); with pipeline_interleave, {stages} stages of k chunks each begin at k*{stages}-1 ops after the first ({}, {}, ...)",
+                "the split names {given} op(s); with pipeline_interleave it must name k*{stages}-1 ops for k chunks per stage ({}, {}, ...)",
                 stages - 1,
                 2 * stages - 1
             ),
@@ -403,6 +417,12 @@ impl fmt::Display for PipelineProblem {
             PipelineProblem::SplitAfterLoss { name, loss } => {
                 write!(f, "the split names {name:?}, which comes after the loss {loss:?}: the loss must be on the last stage")
             }
+            PipelineProblem::LossNotOnLastChunk { name, stage, chunk, stages, chunks } => write!(
+                f,
+                "the loss {name:?} is computed in chunk {chunk} of stage {stage}; it must be in the last chunk ({}) of the last stage ({})",
+                chunks - 1,
+                stages - 1
+            ),
             PipelineProblem::OutputNotOnLastStage { name, stage } => write!(
                 f,
                 "the network output {name:?} is computed on stage {stage}; a pipeline's outputs come from its last stage"

@@ -1,10 +1,16 @@
 //! Pipeline-parallel training: each rank runs its stage's share of every micro-batch in the
 //! order its schedule gives ([`autopar_parallel::pipeline::Schedule`]), sending activations to
-//! the next stage and gradients to the previous one over the world communicator, keeping the
-//! values its backward passes need only while their micro-batch is in flight. After the last
-//! micro-batch the accumulated gradients are synchronised (within the stage along the data
-//! axes, and across the stages that hold a copy of a shared parameter) and the optimizer updates
-//! the stage's parameters once.
+//! the next piece and gradients to the previous one over the world communicator, keeping the
+//! values its backward passes need only while their micro-batch is in flight. Without
+//! interleaving a stage is one piece; with it, a stage runs several chunks, and the last
+//! stage's chunk `c` sends to the first stage's chunk `c + 1`. After the last micro-batch the
+//! accumulated gradients (a parameter used by several chunks summed over them) are
+//! synchronised (within the stage along the data axes, and across the stages that hold a copy
+//! of a shared parameter) and the optimizer updates the stage's parameters once.
+//!
+//! Pipeline inference ([`PipelineJob::inference`], [`StageTrainer::predict`]) runs the
+//! schedule's forward actions alone; the outputs reach the last stage's ranks, or every rank
+//! with `pipeline_result_broadcast`.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -328,9 +334,13 @@ impl StageTrainer {
         for (b, buffer) in &mut self.buckets {
             sync_bucket(b, buffer, &mut grads, Some(&self.groups))?;
         }
+        // In the shared parameters' graph order, which every rank holding them agrees on (the
+        // gradients' own order follows each stage's first use).
         for (names, comm) in &self.shared {
-            for (n, g) in grads.iter_mut().filter(|(n, _)| names.contains(n)) {
-                *g = all_reduce_tensor(comm.as_ref(), g, n)?;
+            for name in names {
+                if let Some((n, g)) = grads.iter_mut().find(|(n, _)| n == name) {
+                    *g = all_reduce_tensor(comm.as_ref(), g, n)?;
+                }
             }
         }
         if let Some((max_norm, counted)) = &self.clip_grad_norm {
@@ -504,6 +514,7 @@ impl StageTrainer {
                 }
                 let out = run.backward.run_micro(params, &feeds, self.step, Some(&self.groups), micro)?;
                 let mut values = out.values.into_iter();
+                // One gradient per float value received (autodiff gives zeros where none flows back).
                 let n_back = cp.grad_out.iter().flatten().count();
                 st.grads_back[w.chunk][w.micro] = Some(values.by_ref().take(n_back).collect());
                 // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered
@@ -643,8 +654,10 @@ fn float_sends(cp: &ChunkProgram) -> Vec<(Vec<usize>, autopar_graph::DType)> {
 
 /// The message tag of the transfer across piece boundary `boundary` (piece `boundary` to
 /// `boundary + 1` forward, back for the gradients) of `work`'s micro-batch: sender and
-/// receiver derive the same one, and no two transfers between one pair of ranks in one step
-/// share it (below MPI's least tag bound, 32767, it wraps only past 8192 micro-batch boundaries).
+/// receiver derive the same one. It tells micro-batches, boundaries and passes apart up to
+/// 128 micro-batches and 64 boundaries (below MPI's least tag bound, 32767); past that tags
+/// repeat, which is safe because both sides take the transfers between a pair of ranks in the
+/// same order and messages of one tag arrive in order.
 fn transfer_tag(work: Work, boundary: usize) -> u32 {
     let pass = u32::from(work.pass == Pass::Backward);
     ((work.micro as u32).wrapping_mul(64).wrapping_add(boundary as u32 % 64).wrapping_mul(2).wrapping_add(pass)) % 16384

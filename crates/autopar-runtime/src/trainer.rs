@@ -225,8 +225,9 @@ pub struct TrainConfig {
     /// accumulation: the same update as the whole batch, but for BatchNorm's statistics).
     pub micro_batches: usize,
     /// Where a pipeline's stages begin (`--pipeline-split`): the first op of each stage after
-    /// the first, in network order. Empty: the model's `set_pipeline_stage`, else stages of
-    /// about equal FLOPs cut between blocks.
+    /// the first, in network order (with `pipeline_interleave`, of each piece: `chunks * P - 1`
+    /// ops). Empty: the model's `set_pipeline_stage`, else stages of about equal FLOPs cut
+    /// between blocks.
     pub pipeline_split: Vec<String>,
     /// Seed of the data shuffle and the random augmentations.
     pub seed: u64,

@@ -501,12 +501,19 @@ fn interleaved_network(batch: usize, stages: usize, chunks: usize) -> (Graph, No
 /// [`interleaved_network`]; without `train`, no dropout and no loss: the network's output is
 /// its logits (and the node returned).
 fn blocks_network(batch: usize, stages: usize, chunks: usize, train: bool) -> (Graph, NodeId) {
+    blocks_network_with(batch, stages, chunks, train, false)
+}
+
+/// [`blocks_network`]; with `dead_branch`, a value of the first piece ("side") is used on the
+/// last piece by an op that reaches no output ("dead").
+fn blocks_network_with(batch: usize, stages: usize, chunks: usize, train: bool, dead_branch: bool) -> (Graph, NodeId) {
     let mut b = GraphBuilder::new(7);
     let x = b.input("x", &[batch, FEATURES], DType::F32).unwrap();
     let tied = b.parameter("tied.weight", &[FEATURES, WIDTH], Initializer::HeUniform).unwrap();
     let looped = b.parameter("loop.weight", &[WIDTH, WIDTH], Initializer::HeUniform).unwrap();
     b.set_pipeline_stage(Some(0));
     let h0 = b.matmul("embed", x, tied).unwrap();
+    let side = dead_branch.then(|| b.relu("side", h0).unwrap());
     let mut h = b.relu("embed.relu", h0).unwrap();
     for i in 0..INTERLEAVED_BLOCKS {
         let piece = i * stages * chunks / INTERLEAVED_BLOCKS;
@@ -522,6 +529,9 @@ fn blocks_network(batch: usize, stages: usize, chunks: usize, train: bool) -> (G
         }
     }
     b.set_pipeline_stage(Some(stages - 1));
+    if let Some(side) = side {
+        b.add("dead", side, side).unwrap();
+    }
     let skip = b.add("skip", h, h0).unwrap();
     let logits = b.matmul_t("head", skip, tied, false, true).unwrap();
     if !train {
@@ -685,4 +695,39 @@ fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_ever
     })
     .unwrap();
     assert!(errs.iter().all(|e| e.contains("this one trains")), "{errs:?}");
+}
+
+/// A value that crosses from the first piece to the last but does not reach the loss (a dead
+/// branch) gets a zero gradient back, and the run equals stand-alone, plain and interleaved.
+/// Without interleaving the network also has two weights shared by both stages and first used
+/// in another order on each: their gradients are summed across the stages in one order.
+#[test]
+fn a_dead_branch_across_stages_and_two_shared_weights_equal_stand_alone() {
+    let build = |batch: usize, stages: usize, chunks: usize| blocks_network_with(batch, stages, chunks, true, true);
+    let (devices, stages, micro) = (4usize, 2usize, 2usize);
+    let batch = micro * 2 * 2;
+    let data = batches(batch, 3);
+    let (g1, loss1) = build(batch, 1, 1);
+    let mut want = ParamStore::init(&g1).unwrap();
+    let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
+    let mut opt = optimizer();
+    let want_losses: Vec<f64> = data
+        .iter()
+        .map(|b| {
+            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
+            step.run(&mut want, opt.as_mut(), &feeds).unwrap()
+        })
+        .collect();
+    for chunks in [1usize, 2] {
+        let (g, loss) = build(batch / micro, stages, chunks);
+        let mut ctx = context(devices, stages, "1f1b");
+        ctx.set("pipeline_config", &json!({"pipeline_interleave": chunks > 1})).unwrap();
+        let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
+        let sp = autopar_parallel::pipeline::stage_program(job.plan(), devices - 2).unwrap();
+        let last = sp.chunks.last().unwrap();
+        assert!(last.recv.iter().any(|&r| last.graph.node(r).name == "pipe/side"), "chunks={chunks}: side is received");
+        let what = format!("dead branch, chunks={chunks}");
+        let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_close(&what, &run.losses, &run.params, &want_losses, &want);
+    }
 }

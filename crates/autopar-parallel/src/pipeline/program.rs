@@ -14,8 +14,8 @@
 //! above holds piece by piece: a rank runs one program per chunk, and piece `k` sends to piece
 //! `k + 1`, the last stage's chunk `c` to the first stage's chunk `c + 1`.
 //!
-//! A stage's graph: its ops, the values received from the previous stage as inputs, the values
-//! for the next stage, and for the backward pass the surrogate loss
+//! A piece's graph: its ops, the values received from the previous piece as inputs, the values
+//! for the next piece, and for the backward pass the surrogate loss
 //! `sum(v * dv)` over the values it sends (`dv`, their gradients, received back) plus, on the
 //! last stage, the job's loss seeded with `1/micro_batches`. Differentiating it gives the
 //! stage's parameter gradients and the gradients of what it received. The graph is then cut in
@@ -114,7 +114,7 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
             chunks
         }
     };
-    let piece_of = assign_stages(&graph, p * chunks, req.loss)?;
+    let piece_of = assign_stages(&graph, p * chunks, req.loss).map_err(|e| in_stages(e, p, chunks))?;
     for (i, s) in piece_of.iter().enumerate() {
         graph.node_mut(NodeId(i)).pipeline_stage = *s;
     }
@@ -122,6 +122,7 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
     stage_ctx.device_num = ctx.stage_device_num();
     stage_ctx.pipeline_stages = 1;
     stage_ctx.pipeline_result_broadcast = false;
+    stage_ctx.pipeline_config.pipeline_interleave = false;
     let plan = plan_job(&PlanRequest {
         graph: &graph,
         loss: req.loss,
@@ -143,6 +144,23 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
         schedule,
         result_broadcast: ctx.pipeline_result_broadcast,
     })
+}
+
+/// A problem [`assign_stages`] found among the pieces of an interleaved pipeline, told in
+/// stages and chunks (the pieces are the stages without interleaving).
+fn in_stages(e: ParallelError, stages: usize, chunks: usize) -> ParallelError {
+    if chunks == 1 {
+        return e;
+    }
+    match e {
+        ParallelError::Pipeline { problem: PipelineProblem::EmptyStage { stage: piece, .. } } => {
+            ParallelError::Pipeline { problem: PipelineProblem::EmptyChunk { stage: piece % stages, chunk: piece / stages, chunks } }
+        }
+        ParallelError::Pipeline { problem: PipelineProblem::LossNotOnLastStage { name, stage: piece, .. } } => ParallelError::Pipeline {
+            problem: PipelineProblem::LossNotOnLastChunk { name, stage: piece % stages, chunk: piece / stages, stages, chunks },
+        },
+        other => other,
+    }
 }
 
 /// One rank's share of a pipeline job: the program of its position, cut into its chunks.
@@ -256,14 +274,15 @@ pub fn stage_program(pp: &PipelinePlan, rank: usize) -> Result<StageProgram> {
     let fwd = rank_program(&forward_plan, position)?;
     let program = rank_program(&pp.plan, position)?;
     let chunks = (0..pp.chunks)
-        .map(|c| chunk_program(&fwd, c * pp.stages + stage, pp.pieces(), training.then_some(loss_seed)))
+        .map(|c| chunk_program(&fwd, c * pp.stages + stage, pp.pieces(), pp.stages, training.then_some(loss_seed)))
         .collect::<Result<_>>()?;
     Ok(StageProgram { rank, stage, position, program, chunks })
 }
 
-/// Piece `piece` of `pieces` cut from `fwd` (a position's forward program, its nodes carrying
-/// their pieces); `loss_seed` is the loss's gradient per micro-batch (None: no training).
-fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, loss_seed: Option<f64>) -> Result<ChunkProgram> {
+/// Piece `piece` of `pieces` (of a pipeline of `stages` stages) cut from `fwd` (a position's
+/// forward program, its nodes carrying their pieces); `loss_seed` is the loss's gradient per
+/// micro-batch (None: no training).
+fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stages: usize, loss_seed: Option<f64>) -> Result<ChunkProgram> {
     let g = &fwd.graph;
     let training = loss_seed.is_some();
     let last = piece + 1 == pieces;
@@ -302,7 +321,10 @@ fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, loss_seed: Opti
         for &o in &fwd.outputs {
             let name = &g.node(o).name;
             outputs.push(map[o.0].ok_or_else(|| ParallelError::Pipeline {
-                problem: PipelineProblem::OutputNotOnLastStage { name: name.clone(), stage: g.node(o).pipeline_stage.unwrap_or(0) },
+                problem: PipelineProblem::OutputNotOnLastStage {
+                    name: name.clone(),
+                    stage: g.node(o).pipeline_stage.unwrap_or(0) % stages,
+                },
             })?);
         }
     }
@@ -401,4 +423,20 @@ fn ancestors(g: &Graph, roots: &[NodeId]) -> Vec<bool> {
         }
     }
     keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_among_the_pieces_of_an_interleaved_pipeline_are_told_in_stages_and_chunks() {
+        let empty = || ParallelError::Pipeline { problem: PipelineProblem::EmptyStage { stage: 3, stages: 4 } };
+        let e = in_stages(empty(), 2, 2).to_string();
+        assert!(e.contains("chunk 1 (virtual stage) of stage 1 has no operator"), "{e}");
+        assert_eq!(in_stages(empty(), 4, 1).to_string(), empty().to_string(), "without interleaving pieces are stages");
+        let loss = ParallelError::Pipeline { problem: PipelineProblem::LossNotOnLastStage { name: "loss".into(), stage: 2, stages: 4 } };
+        let e = in_stages(loss, 2, 2).to_string();
+        assert!(e.contains("chunk 1 of stage 0") && e.contains("last chunk (1) of the last stage (1)"), "{e}");
+    }
 }

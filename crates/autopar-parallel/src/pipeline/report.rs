@@ -34,7 +34,7 @@ pub struct StageReport {
     /// What one rank sends per micro-batch: (name, local shape, bytes, receiving stage).
     pub sends: Vec<(String, Vec<usize>, usize, usize)>,
     /// Bytes of the values one micro-batch's forward of one chunk keeps for its backward
-    /// (the mean over the stage's chunks).
+    /// (the mean over the stage's chunks, so an estimate when chunks differ).
     pub saved_bytes: usize,
     /// The most (chunk, micro-batch) forwards whose activations the schedule keeps at once.
     pub peak_in_flight: usize,
@@ -62,7 +62,7 @@ pub struct PipelineReport {
     pub scheduler: &'static str,
     /// The schedule run with equal stages (forward 1, backward 2, free transfers).
     pub simulation: Simulation,
-    /// The ideal bubble, `(P-1)/(M+P-1)`: the share of the step a stage is idle.
+    /// The ideal bubble, `(P-1)/(v*M+P-1)` (`v` chunks per stage): the share of the step a stage is idle.
     pub ideal_bubble: f64,
 }
 

@@ -255,11 +255,16 @@ fn plan_pipeline_job(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    // Groups in world ranks: a parameter's on the first stage holding it.
-    let first_stage: std::collections::HashMap<String, usize> =
-        pp.param_stages().into_iter().filter_map(|(n, s)| s.first().map(|&f| (n, f))).collect();
+    // Groups in world ranks: a parameter's on the reported rank's stage when it holds it (as
+    // --mindspore-layouts names them), else on the first stage holding it.
+    let own_stage = pp.place(rank).0;
+    let stage_of: std::collections::HashMap<String, usize> = pp
+        .param_stages()
+        .into_iter()
+        .filter_map(|(n, s)| (if s.contains(&own_stage) { Some(own_stage) } else { s.first().copied() }).map(|f| (n, f)))
+        .collect();
     let d = pp.stage_devices();
-    let rank_of = |name: &str, position: usize| first_stage.get(name).copied().unwrap_or(0) * d + position;
+    let rank_of = |name: &str, position: usize| stage_of.get(name).copied().unwrap_or(0) * d + position;
     let stage_plan = PlanReport {
         plan: &pp.plan,
         cost: &cost,
