@@ -312,15 +312,7 @@ impl StageTrainer {
         self.check_batch(batch)?;
         let actions = self.plan.schedule.stages[stage].clone();
         let start = std::time::Instant::now();
-        let mut params = std::mem::take(&mut self.params);
-        let this = &*self;
-        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
-            for action in actions {
-                this.run_action(world, params, batch, action, &mut st)?;
-            }
-            Ok(())
-        });
-        self.params = params;
+        let run = self.run_actions(world, batch, actions, &mut st);
         self.busy = st.busy;
         run?;
         let (acc, loss_sum) = (st.acc, st.loss_sum);
@@ -391,16 +383,7 @@ impl StageTrainer {
                 Action::Compute(w) | Action::Send { work: w, .. } | Action::Recv { work: w, .. } => w.pass == Pass::Forward,
             })
             .collect();
-        let mut params = std::mem::take(&mut self.params);
-        let this = &*self;
-        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
-            for action in actions {
-                this.run_action(world, params, batch, action, &mut st)?;
-            }
-            Ok(())
-        });
-        self.params = params;
-        run?;
+        self.run_actions(world, batch, actions, &mut st)?;
         let g = &self.plan.plan.graph;
         let kernel = |name: &str| {
             let name = name.to_string();
@@ -451,6 +434,26 @@ impl StageTrainer {
             out.push(crate::collective::broadcast_tensor(world, &t, &format!("output {}", node.name), root)?);
         }
         Ok(Some(out))
+    }
+
+    /// `actions` in order, with the sharded parameters all-gathered around them.
+    fn run_actions(
+        &mut self,
+        world: &dyn Communicator,
+        batch: &[(String, Tensor)],
+        actions: Vec<Action>,
+        st: &mut StepState,
+    ) -> Result<()> {
+        let mut params = std::mem::take(&mut self.params);
+        let this = &*self;
+        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
+            for action in actions {
+                this.run_action(world, params, batch, action, st)?;
+            }
+            Ok(())
+        });
+        self.params = params;
+        run
     }
 
     /// One action of the schedule: a pass of a chunk over a micro-batch, or a transfer.

@@ -69,6 +69,11 @@ fn optimizer() -> Box<dyn Optimizer> {
 
 fn stand_alone(batch: usize, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
     let (g, loss) = network(batch, 1);
+    stand_alone_of(g, loss, data)
+}
+
+/// Losses and final parameters of `g` trained on one device.
+fn stand_alone_of(g: Graph, loss: NodeId, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
     let mut params = ParamStore::init(&g).unwrap();
     let mut step = TrainStep::new(g.clone(), loss).unwrap();
     let mut opt = optimizer();
@@ -93,6 +98,17 @@ fn assert_close(what: &str, losses: &[f64], params: &ParamStore, want_losses: &[
             assert!(close(*a, b), "{what}: {name}[{i}] {a} vs stand-alone {b}");
         }
     }
+}
+
+/// Trains `job` on `data` and checks it against stand-alone (`want`: losses and parameters),
+/// and that the tied weight's copies on the first and the last stage stayed equal.
+fn train_tied_and_check(what: &str, job: &PipelineJob, data: &[Vec<(String, Tensor)>], want: (&[f64], &ParamStore)) {
+    let run = run_local_pipeline(job, data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_close(what, &run.losses, &run.params, want.0, want.1);
+    let last_stage = job.device_num() - job.plan().stage_devices();
+    let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
+    let last = run.rank_params[last_stage].require("tied.weight").unwrap().to_f64_vec();
+    assert_eq!(first, last, "{what}: copies of the shared weight diverged");
 }
 
 fn context(devices: usize, stages: usize, scheduler: &str) -> ParallelContext {
@@ -123,12 +139,7 @@ fn pipelines_equal_stand_alone_with_a_shared_weight_a_skip_and_dropout() {
                     }
                     let job = PipelineJob::new(&g, loss, &context(devices, stages, scheduler), micro).unwrap();
                     let what = format!("P={stages} M={micro} {scheduler} seed={seed}");
-                    let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert_close(&what, &run.losses, &run.params, &want_losses, &want);
-                    // The tied weight's copies on the first and the last stage stayed equal.
-                    let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
-                    let last = run.rank_params[devices - d].require("tied.weight").unwrap().to_f64_vec();
-                    assert_eq!(first, last, "{what}: copies of the shared weight diverged");
+                    train_tied_and_check(&what, &job, &data, (&want_losses, &want));
                     runs += 1;
                 }
             }
@@ -560,16 +571,7 @@ fn interleaved_pipelines_of_two_chunks_equal_stand_alone() {
             let batch = micro * d * 2;
             let data = batches(batch, steps);
             let (g1, loss1) = interleaved_network(batch, 1, 1);
-            let mut want = ParamStore::init(&g1).unwrap();
-            let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
-            let mut opt = optimizer();
-            let want_losses: Vec<f64> = data
-                .iter()
-                .map(|b| {
-                    let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
-                    step.run(&mut want, opt.as_mut(), &feeds).unwrap()
-                })
-                .collect();
+            let (want_losses, want) = stand_alone_of(g1, loss1, &data);
             for scheduler in ["gpipe", "1f1b"] {
                 for seed in 0..2u64 {
                     let (mut g, loss) = interleaved_network(batch / micro, stages, 2);
@@ -584,11 +586,7 @@ fn interleaved_pipelines_of_two_chunks_equal_stand_alone() {
                     let sp = autopar_parallel::pipeline::stage_program(job.plan(), devices - d).unwrap();
                     assert_eq!(sp.chunks.iter().map(|c| c.piece).collect::<Vec<_>>(), vec![stages - 1, 2 * stages - 1], "{what}");
                     assert!(!sp.chunks[0].send.is_empty() && sp.chunks[1].loss.is_some(), "{what}");
-                    let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
-                    assert_close(&what, &run.losses, &run.params, &want_losses, &want);
-                    let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
-                    let last = run.rank_params[devices - d].require("tied.weight").unwrap().to_f64_vec();
-                    assert_eq!(first, last, "{what}: copies of the shared weight diverged");
+                    train_tied_and_check(&what, &job, &data, (&want_losses, &want));
                     runs += 1;
                 }
             }
@@ -708,16 +706,7 @@ fn a_dead_branch_across_stages_and_two_shared_weights_equal_stand_alone() {
     let batch = micro * 2 * 2;
     let data = batches(batch, 3);
     let (g1, loss1) = build(batch, 1, 1);
-    let mut want = ParamStore::init(&g1).unwrap();
-    let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
-    let mut opt = optimizer();
-    let want_losses: Vec<f64> = data
-        .iter()
-        .map(|b| {
-            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
-            step.run(&mut want, opt.as_mut(), &feeds).unwrap()
-        })
-        .collect();
+    let (want_losses, want) = stand_alone_of(g1, loss1, &data);
     for chunks in [1usize, 2] {
         let (g, loss) = build(batch / micro, stages, chunks);
         let mut ctx = context(devices, stages, "1f1b");

@@ -115,28 +115,23 @@ pub fn batch_norm_train(
     momentum: f64,
     eps: f64,
 ) -> Result<BatchNormOutput> {
-    let op = "batch_norm";
-    let (n, c, s) = bn_geo(op, x, &[])?;
-    if n * s == 0 {
-        return Err(TensorError::BadShape {
-            op,
-            what: "input",
-            shape: x.shape().to_vec(),
-            expected: "at least one element per channel".into(),
-        });
-    }
-    let stats = float_dispatch!(op, x.dtype(), T => {
-        let xc = x.contiguous();
-        let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
-        let (mean, var) = channel_stats(ctx, xs, n, c, s);
-        Ok(BatchStats { mean: Tensor::from_vec(&[c], mean)?, var: Tensor::from_vec(&[c], var)?, count: n * s })
-    })?;
+    let stats = batch_stats(ctx, x)?;
     batch_norm_train_with(ctx, x, gamma, beta, running_mean, running_var, &stats, momentum, eps)
 }
 
 /// The statistics [`batch_norm_train`] saves for its backward (the batch's mean and
 /// `1/sqrt(var + eps)` per channel), without normalising: what a backward pass recomputes.
 pub fn batch_norm_saved(ctx: &ExecCtx, x: &Tensor, eps: f64) -> Result<NormSaved> {
+    let stats = batch_stats(ctx, x)?;
+    float_dispatch!("batch_norm", x.dtype(), T => {
+        let e = T::c(eps);
+        let inv_std: Vec<T> = vec_of::<T>(&stats.var).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        Ok(NormSaved { inv_std: Tensor::from_vec(stats.var.shape(), inv_std)?, mean: stats.mean })
+    })
+}
+
+/// The per-channel mean and biased variance of `x` `[N, C, ...]`, in a fixed order.
+fn batch_stats(ctx: &ExecCtx, x: &Tensor) -> Result<BatchStats> {
     let op = "batch_norm";
     let (n, c, s) = bn_geo(op, x, &[])?;
     if n * s == 0 {
@@ -151,9 +146,7 @@ pub fn batch_norm_saved(ctx: &ExecCtx, x: &Tensor, eps: f64) -> Result<NormSaved
         let xc = x.contiguous();
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let (mean, var) = channel_stats(ctx, xs, n, c, s);
-        let e = T::c(eps);
-        let inv_std: Vec<T> = var.iter().map(|&v| T::one() / (v + e).sqrt()).collect();
-        Ok(NormSaved { mean: Tensor::from_vec(&[c], mean)?, inv_std: Tensor::from_vec(&[c], inv_std)? })
+        Ok(BatchStats { mean: Tensor::from_vec(&[c], mean)?, var: Tensor::from_vec(&[c], var)?, count: n * s })
     })
 }
 
