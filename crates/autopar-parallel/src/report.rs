@@ -140,7 +140,7 @@ pub struct PlanReport<'a> {
     /// Seconds planning took (wall clock).
     pub planning_seconds: f64,
     /// For a pipeline's stage plan, whose ranks are positions in a stage: the world rank of
-    /// position `p` on the first stage holding parameter `name`, and the job's ranks; groups
+    /// position `p` on the stage the report shows parameter `name` for, and the job's ranks; groups
     /// are then printed and named in world ranks, as MindSpore names them. None: the plan's
     /// ranks are the world's.
     pub world: Option<(&'a WorldRankOf<'a>, usize)>,

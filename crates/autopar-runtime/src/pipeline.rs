@@ -102,6 +102,10 @@ struct ChunkRun {
     at: Vec<usize>,
     /// The reduce-scatter buckets of the chunk's gradients (`gradient_accumulation_shard`).
     scatter: Vec<autopar_parallel::RankShardBucket>,
+    /// Shapes and dtypes of what the chunk receives, and of the gradients of what it sends
+    /// (its float values), in transfer order.
+    recv_types: Vec<(Vec<usize>, autopar_graph::DType)>,
+    grad_types: Vec<(Vec<usize>, autopar_graph::DType)>,
 }
 
 /// One rank of a pipeline job.
@@ -174,13 +178,13 @@ impl StageTrainer {
             shared.push((names, sub));
         }
         let mut buckets = Vec::new();
+        let names: Vec<&str> = graded.iter().map(String::as_str).collect();
         for b in &program.program.buckets {
             let mut b = b.clone();
             b.params.retain(|p| graded.contains(p));
             if b.params.is_empty() {
                 continue;
             }
-            let names: Vec<&str> = graded.iter().map(String::as_str).collect();
             let buffer = BucketBuffer::over_names(&b, &names)?;
             buckets.push((b, buffer));
         }
@@ -196,6 +200,8 @@ impl StageTrainer {
                 backward: Executor::new(c.backward.clone(), &c.backward_fetch())?.with_ctx(ctx),
                 at: names.iter().map(|n| graded.iter().position(|g| g == n).expect("a chunk's gradient is the stage's")).collect(),
                 scatter,
+                recv_types: c.recv.iter().map(|&r| (c.graph.node(r).ty.shape.clone(), c.graph.node(r).ty.dtype)).collect(),
+                grad_types: float_sends(c),
             });
         }
         Ok(Self {
@@ -502,7 +508,7 @@ impl StageTrainer {
                 let mut feeds = self.data_feeds(&cp.backward, batch, w.micro)?;
                 feeds.extend(cp.saved_in.iter().copied().zip(slot(st.saved[w.chunk][w.micro].take(), "the saved activations", w)?));
                 // The gradients of the float values this chunk sent, in order.
-                let mut dv = if float_sends(cp).is_empty() {
+                let mut dv = if run.grad_types.is_empty() {
                     Vec::new().into_iter()
                 } else {
                     slot(st.grads_in[w.chunk][w.micro].take(), "the received gradients", w)?.into_iter()
@@ -550,13 +556,12 @@ impl StageTrainer {
             }
             Action::Recv { work, peer } => {
                 let src = peer * d + rank % d;
-                let cp = &self.program.chunks[work.chunk];
+                let run = &self.chunks[work.chunk];
                 let piece = work.chunk * p + stage;
-                let (types, tag): (Vec<(Vec<usize>, autopar_graph::DType)>, u32) = if work.pass == Pass::Forward {
-                    let g = &cp.graph;
-                    (cp.recv.iter().map(|&r| (g.node(r).ty.shape.clone(), g.node(r).ty.dtype)).collect(), transfer_tag(work, piece - 1))
+                let (types, tag) = if work.pass == Pass::Forward {
+                    (&run.recv_types, transfer_tag(work, piece - 1))
                 } else {
-                    (float_sends(cp), transfer_tag(work, piece))
+                    (&run.grad_types, transfer_tag(work, piece))
                 };
                 let got: Vec<Tensor> = types.iter().map(|(s, t)| recv_tensor(world, s, *t, src, work.micro, tag)).collect::<Result<_>>()?;
                 if work.pass == Pass::Forward {

@@ -51,14 +51,12 @@ pub struct PipelinePlan {
     /// Devices of the whole job, every stage's together.
     pub device_num: usize,
     /// The network (built for one micro-batch) planned on `device_num / stages` devices; each
-    /// node's `pipeline_stage` is its piece (see `piece_of`).
+    /// node's `pipeline_stage` is its piece: chunk `c` of stage `s` is piece `c * stages + s`,
+    /// and the pieces run in order (the stage itself without interleaving).
     pub plan: ParallelPlan,
     /// Every node's stage in `plan.graph` (None: parameters, inputs and constants, which every
     /// stage using them holds).
     pub stage_of: Vec<Option<usize>>,
-    /// Every node's piece: chunk `c` of stage `s` is piece `c * stages + s`, and the pieces
-    /// run in order (equal to `stage_of` without interleaving).
-    pub piece_of: Vec<Option<usize>>,
     /// Each stage's actions of one step, in order.
     pub schedule: Schedule,
     /// `pipeline_result_broadcast`: inference outputs reach every rank, not only the last stage's.
@@ -130,8 +128,7 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
         strategy_file: req.strategy_file,
         profile: req.profile,
     })?;
-    let piece_of: Vec<Option<usize>> = plan.graph.nodes().iter().map(|n| n.pipeline_stage).collect();
-    let stage_of = piece_of.iter().map(|k| k.map(|k| k % p)).collect();
+    let stage_of = plan.graph.nodes().iter().map(|n| n.pipeline_stage.map(|k| k % p)).collect();
     let schedule = build(PipelineShape::new(p, micro_batches, chunks), ctx.pipeline_config.pipeline_scheduler)?;
     Ok(PipelinePlan {
         stages: p,
@@ -140,7 +137,6 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
         device_num: ctx.device_num,
         plan,
         stage_of,
-        piece_of,
         schedule,
         result_broadcast: ctx.pipeline_result_broadcast,
     })
