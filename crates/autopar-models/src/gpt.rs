@@ -5,9 +5,15 @@
 //! Names (dotted like PyTorch, LayerNorm parameters as MindSpore's `gamma`/`beta`):
 //! `wte.weight [vocab, width]` (lookup `wte.gather` and LM head `lm_head.matmul`),
 //! `wpe.weight [context, width]`, the frozen `causal_mask [context, context]`, and per block `i`
-//! `blocks.<i>.ln1.{gamma, beta}`, `blocks.<i>.attn.{q_proj, k_proj, v_proj, out_proj}.{weight,
-//! bias}`, `blocks.<i>.ln2.{gamma, beta}`, `blocks.<i>.mlp.{fc1, fc2}.{weight, bias}`; then
-//! `ln_f.{gamma, beta}`. Dense weights are `[out, in]` applied with MatMul `transpose_b`.
+//! `blocks.<i>.ln1.{gamma, beta}`, `blocks.<i>.attn.{q_proj, v_proj, out_proj}.{weight, bias}`,
+//! `blocks.<i>.attn.k_proj.weight`, `blocks.<i>.ln2.{gamma, beta}`,
+//! `blocks.<i>.mlp.{fc1, fc2}.{weight, bias}`; then `ln_f.{gamma, beta}`. Dense weights are
+//! `[out, in]` applied with MatMul `transpose_b`.
+//!
+//! The key projection has no bias (as in Whisper): a key bias adds the same amount to every
+//! score of a query's row, which the softmax cancels, so its gradient is zero in exact
+//! arithmetic. It would only hold rounding noise, which Adam-style optimizers normalise into
+//! full-size updates that differ from one summation order to the next.
 //!
 //! The residual stream is kept as `[N * T, width]` so every projection is one 2-D MatMul;
 //! attention reshapes to `[N, heads, T, head_dim]` for two BatchMatMuls (`attn.scores`,
@@ -136,7 +142,7 @@ impl Gpt {
         // Causal self-attention.
         let a = layer_norm(b, &p("ln1"), h, c.ln_eps)?;
         let q = dense(b, &p("attn.q_proj"), a, c.width, proj.clone(), zeros.clone())?;
-        let k = dense(b, &p("attn.k_proj"), a, c.width, proj.clone(), zeros.clone())?;
+        let k = dense(b, &p("attn.k_proj"), a, c.width, proj.clone(), None)?;
         let v = dense(b, &p("attn.v_proj"), a, c.width, proj.clone(), zeros.clone())?;
         let q = self.split_heads(b, &p("attn.q"), q, n)?;
         let k = self.split_heads(b, &p("attn.k"), k, n)?;
@@ -235,7 +241,8 @@ mod tests {
     fn gpt2_small_has_124_million_parameters_with_tied_embeddings() {
         let (g, m) = Gpt::new(GptConfig::gpt2_small()).unwrap().build_graph(1, Mode::Train, 0).unwrap();
         let count = m.parameter_count(&g);
-        assert_eq!(count.trainable, 124_439_808);
+        // GPT-2's 124,439,808 less its 12 x 768 key biases, which have no effect.
+        assert_eq!(count.trainable, 124_439_808 - 12 * 768);
         assert_eq!((count.frozen, count.frozen_tensors), (1024 * 1024, 1));
     }
 
@@ -253,10 +260,11 @@ mod tests {
         assert_eq!(shape("ln_f.gamma"), vec![8]);
         assert!(!m.params.contains_key("lm_head.weight"));
         let d = c.width;
-        let per_block = 4 * (d * d + d) + 2 * (4 * d * d) + 4 * d + d + 2 * 2 * d;
+        let per_block = 4 * (d * d + d) - d + 2 * (4 * d * d) + 4 * d + d + 2 * 2 * d;
         let expected = c.vocab * d + c.context * d + c.layers * per_block + 2 * d;
         assert_eq!(m.parameter_count(&g).trainable, expected);
-        assert_eq!(m.params.len(), 3 + c.layers * 16 + 2);
+        assert_eq!(m.params.len(), 3 + c.layers * 15 + 2);
+        assert!(m.params.contains_key("blocks.1.attn.k_proj.weight") && !m.params.contains_key("blocks.1.attn.k_proj.bias"));
         // Shapes through the graph.
         assert_eq!(g.node(m.x).ty, autopar_graph::TensorType::new(vec![3, 6], DType::I64));
         assert_eq!(g.node(m.ops["blocks.0.attn.scores"]).ty.shape, vec![3, 2, 6, 6]);

@@ -57,7 +57,7 @@ class Block(nn.Module):
         self.heads = heads
         self.ln1 = nn.LayerNorm(d)
         self.q = nn.Linear(d, d)
-        self.k = nn.Linear(d, d)
+        self.k = nn.Linear(d, d, bias=False)  # as autopar's GPT: a key bias has no effect
         self.v = nn.Linear(d, d)
         self.o = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d)
