@@ -571,6 +571,10 @@ pub fn search_text(r: &SearchReport) -> String {
         ms(t.redistribution),
         ms(t.gradient_sync)
     );
+    for t in &r.tied {
+        let _ =
+            writeln!(s, "  tied: {} copies of a {}-op block ({} .. {}) take one choice, searched once", t.copies, t.ops, t.first, t.last);
+    }
     let _ = writeln!(
         s,
         "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  runner-up (extra)",
@@ -607,6 +611,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "profile": r.profile,
         "objective_seconds": r.objective,
         "predicted_seconds": {"compute": t.compute, "communication": t.communication, "redistribution": t.redistribution, "gradient_sync": t.gradient_sync},
+        "tied_blocks": r.tied.iter().map(|t| json!({"first": t.first, "last": t.last, "ops": t.ops, "copies": t.copies})).collect::<Vec<_>>(),
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,

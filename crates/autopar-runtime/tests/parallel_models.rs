@@ -279,6 +279,30 @@ fn auto_parallel_plans_equal_stand_alone() {
     }
 }
 
+/// dynamic_programming's plan of a 3-block GPT, whose blocks it ties to one choice (model
+/// parallel on 8 devices), trains equal to stand-alone, with dropout.
+#[test]
+fn a_tied_dynamic_programming_plan_equals_stand_alone() {
+    let cfg = GptConfig { vocab: 32, context: 8, width: 256, heads: 2, layers: 3, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
+    let c = case(&Gpt::new(cfg).unwrap(), 8, 32, 1e-5, 1e-6);
+    let batches = data(&c, 10, 31);
+    let (want_losses, want) = serial(&c, &batches);
+    for n in [4usize, 8] {
+        let mut ctx = ParallelContext::default();
+        ctx.set("device_num", &json!(n)).unwrap();
+        ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
+        ctx.set("search_mode", &json!("dynamic_programming")).unwrap();
+        let job = ParallelJob::new(c.graph.clone(), c.loss, ctx).unwrap();
+        let report = job.plan().search.as_ref().unwrap();
+        assert_eq!(report.tied.iter().map(|t| t.copies).collect::<Vec<_>>(), vec![2], "n={n}");
+        if n == 8 {
+            assert!(job.plan().params.iter().any(|p| p.layout.num_slices() > 1), "n={n}: data parallel only");
+        }
+        let run = run_local(&job, &batches, || Ok(optimizer())).unwrap();
+        assert_close(&c, &format!("tied gpt n={n}"), &run.losses, &run.params, &want_losses, &want);
+    }
+}
+
 /// Sharding propagation spreads what the user set: give the first MatMul a strategy that splits
 /// its weight (the output features) over every device it can.
 fn set_first_matmul_model_parallel(graph: &mut Graph, n: usize) {

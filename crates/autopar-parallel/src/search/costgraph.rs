@@ -32,7 +32,7 @@ use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRu
 use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
-use super::solve::{CostProblem, Costs, EdgeCost};
+use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
@@ -176,6 +176,100 @@ impl CostGraph {
                 })
                 .collect(),
         }
+    }
+
+    /// One signature per op, equal for two ops only when they are interchangeable in a search:
+    /// the same candidates (shared, in the same order, at the same own costs), both configured
+    /// or both not, and the same incoming edges (input slot, what the producer gives, the
+    /// reshapes between) from producers the same number of ops back, or, for a parameter
+    /// several ops read (a mask every layer adds), from the same op (the one whose layout the
+    /// parameter takes). The copies of a repeated block (a network's layers) have equal
+    /// signatures position by position.
+    pub fn signatures(&self) -> Vec<usize> {
+        let mut incoming: Vec<Vec<u64>> = vec![Vec::new(); self.ops.len()];
+        for e in &self.edges {
+            let (producer, param) = match e.param_slot {
+                Some(slot) => (e.from as u64, slot as u64),
+                None => ((e.to as i64 - e.from as i64) as u64, u64::MAX),
+            };
+            incoming[e.to].extend([producer, e.slot as u64, param, e.chain as u64, e.elem as u64, e.follow as u64]);
+        }
+        let mut ids: FastMap<Vec<u64>, usize> = FastMap::default();
+        self.ops
+            .iter()
+            .zip(incoming)
+            .map(|(op, edges)| {
+                let mut key = vec![op.configured.is_some() as u64, op.candidates.len() as u64];
+                for c in &op.candidates {
+                    let s = &c.cost;
+                    key.extend([Arc::as_ptr(&c.shared) as usize as u64, s.compute.to_bits(), s.communication.to_bits()]);
+                    key.extend([s.redistribution.to_bits(), s.gradient_sync.to_bits(), s.memory]);
+                }
+                key.extend(edges);
+                let next = ids.len();
+                *ids.entry(key).or_insert(next)
+            })
+            .collect()
+    }
+
+    /// Each op's representative when the copies of every repeated block are tied to one
+    /// choice: copies of a block of at least two ops repeated back to back
+    /// ([`super::solve::tandem_repeats`] over [`CostGraph::signatures`]) take the first copy's
+    /// op at the same position; every other op is its own.
+    pub fn tied_ops(&self) -> (Vec<usize>, Vec<Repeat>) {
+        let repeats = tandem_repeats(&self.signatures(), 2);
+        let mut rep: Vec<usize> = (0..self.ops.len()).collect();
+        for r in &repeats {
+            for k in r.span() {
+                rep[k] = r.start + (k - r.start) % r.period;
+            }
+        }
+        (rep, repeats)
+    }
+
+    /// The weighted problem with the ops tied as `rep` says (each op merged into `rep[k]`,
+    /// which has the same candidates), as [`CostProblem::tied`] makes it from
+    /// [`CostGraph::problem`], but pricing the edges that tying merges into one (the same
+    /// recipe between the same representatives) once: a deep network's problem costs what
+    /// one block's does. Returns it and each op's index in it.
+    pub fn tied_problem(&self, rep: &[usize]) -> (CostProblem, Vec<usize>) {
+        let domains: Vec<usize> = (0..self.ops.len()).map(|k| self.domain(k)).collect();
+        let (index, merged) = tied_index(rep, &domains);
+        let mut unary: Vec<Vec<f64>> = merged.iter().map(|&d| vec![0.0; d]).collect();
+        for (k, &i) in index.iter().enumerate() {
+            for (c, u) in unary[i].iter_mut().enumerate() {
+                *u += self.unary(k, c);
+            }
+        }
+        // Edges alike after tying: (representatives, recipe) -> (an edge, how many).
+        let mut alike: BTreeMap<TiedEdge, (usize, f64)> = BTreeMap::new();
+        for (i, e) in self.edges.iter().enumerate() {
+            let key = (rep[e.from], rep[e.to], e.slot, e.param_slot, e.chain, e.elem, e.follow);
+            alike.entry(key).or_insert((i, 0.0)).1 += 1.0;
+        }
+        let mut edges: Vec<EdgeCost> = Vec::new();
+        let mut at: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        for &(e, times) in alike.values() {
+            let (from, to) = self.ends(e);
+            let (du, dv) = (domains[from], domains[to]);
+            let cost = (0..du * dv).map(|x| {
+                let c = self.edge(e, x / dv, x % dv);
+                if c >= FORBIDDEN {
+                    FORBIDDEN
+                } else {
+                    times * c
+                }
+            });
+            let ends = (index[from], index[to]);
+            match at.get(&ends) {
+                Some(&j) => edges[j].cost.iter_mut().zip(cost).for_each(|(a, b)| *a = (*a + b).min(FORBIDDEN)),
+                None => {
+                    at.insert(ends, edges.len());
+                    edges.push(EdgeCost { from: ends.0, to: ends.1, cost: cost.collect() });
+                }
+            }
+        }
+        (CostProblem { unary, edges }, index)
     }
 
     /// Each op's cost under `choice`, edge redistributions charged to the consumer.
@@ -358,8 +452,13 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
                     Some((s, src)) => (price(vec![s.clone()])?, Some(*src)),
                     None => {
                         let batch = batch_dim(spec, node, &on_data);
-                        // Ops alike in everything the candidates depend on share them.
-                        let key = format!("{:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.op, node.ty);
+                        // Ops alike in everything the candidates depend on share them (a
+                        // dropout's seed changes its mask, not its strategies or costs).
+                        let op = match &node.op {
+                            OpKind::Dropout(d) => OpKind::Dropout(autopar_graph::ops::Dropout { seed: 0, ..d.clone() }),
+                            op => op.clone(),
+                        };
+                        let key = format!("{op:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.ty);
                         let shared = match alike.get(&key) {
                             Some(shared) => Arc::clone(shared),
                             None => {
@@ -493,6 +592,11 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
 
     Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone(), pricer: RefCell::new(pr) })
 }
+
+/// An edge once its ends are tied: (producer's and consumer's representatives, the consumer's
+/// slot, the parameter slot, the reshape chain, the element size, follow); edges with the same
+/// key have the same costs.
+type TiedEdge = (usize, usize, usize, Option<usize>, u32, usize, bool);
 
 /// An edge cost that rules a pair out (`elementwise_op_strategy_follow`).
 pub const FORBIDDEN: f64 = 1e30;

@@ -19,7 +19,7 @@ use autopar_layout::Strategy;
 
 pub use costgraph::{CostGraph, CostSplit};
 pub use profile::{DeviceProfile, Link};
-pub use solve::{CostProblem, Costs, EdgeCost, Order};
+pub use solve::{CostProblem, Costs, EdgeCost, Order, Repeat};
 
 use crate::context::SearchMode;
 use crate::error::{ParallelError, Result};
@@ -27,7 +27,7 @@ use crate::plan::StrategySource;
 
 /// The most work one elimination of the exact searches may do: entries of the new table times
 /// the candidates eliminated.
-pub const TABLE_LIMIT: u128 = 1 << 26;
+pub const TABLE_LIMIT: u128 = 1 << 30;
 
 /// Which search made a plan: one of MindSpore's three, the exact optimum of the cost model, or
 /// every op on its data-parallel default (for comparison).
@@ -80,6 +80,20 @@ pub struct OpChoice {
     pub candidates: usize,
 }
 
+/// Identical blocks that a search tied to one choice: every copy's op takes the choice of the
+/// first copy's op at the same position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TiedBlocks {
+    /// The first copy's first op.
+    pub first: String,
+    /// The first copy's last op.
+    pub last: String,
+    /// Ops in a copy.
+    pub ops: usize,
+    /// Copies, back to back.
+    pub copies: usize,
+}
+
 /// What a search decided.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchReport {
@@ -91,6 +105,8 @@ pub struct SearchReport {
     pub ops: Vec<OpChoice>,
     /// The objective of the plan (weighted seconds per step).
     pub objective: f64,
+    /// The repeated blocks the search tied to one choice (dynamic_programming).
+    pub tied: Vec<TiedBlocks>,
 }
 
 impl SearchReport {
@@ -144,18 +160,43 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let too_wide =
         |e: solve::TooWide| ParallelError::SearchTooWide { search: search.name(), name: cg.ops[e.op].name.clone(), entries: e.entries };
+    let mut repeats = Vec::new();
     let (choice, reached) = match search {
         // Propagation reads one row per edge: the cost graph computes them on demand.
         Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(cg, &configured),
+        // The copies of a repeated block (a network's layers) are tied to one choice, so the
+        // search sees one block however deep the network is.
         Search::Mode(SearchMode::DynamicProgramming) => {
-            (solve::eliminate(&cg.problem(), Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()])
+            let (rep, found) = cg.tied_ops();
+            let choice = if found.is_empty() {
+                solve::eliminate(&cg.problem(), Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?
+            } else {
+                let (problem, index) = cg.tied_problem(&rep);
+                let tied = solve::eliminate(&problem, Order::Eliminations, TABLE_LIMIT).map_err(|e| {
+                    let op = index.iter().position(|&i| i == e.op).expect("every merged op has a member");
+                    too_wide(solve::TooWide { op, entries: e.entries })
+                })?;
+                index.iter().map(|&i| tied[i]).collect()
+            };
+            repeats = found;
+            (choice, vec![false; cg.ops.len()])
         }
         Search::Exact => (solve::eliminate(&cg.problem(), Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()]),
         // Every op is fixed: its one candidate.
         Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
     };
-    Ok(report(cg, search, &choice, &reached, profile))
+    let mut r = report(cg, search, &choice, &reached, profile);
+    r.tied = repeats
+        .iter()
+        .map(|t| TiedBlocks {
+            first: cg.ops[t.start].name.clone(),
+            last: cg.ops[t.start + t.period - 1].name.clone(),
+            ops: t.period,
+            copies: t.count,
+        })
+        .collect();
+    Ok(r)
 }
 
 fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], profile: &DeviceProfile) -> SearchReport {
@@ -211,5 +252,5 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
             }
         })
         .collect();
-    SearchReport { search, profile: profile.name.clone(), ops, objective: cg.total(choice) }
+    SearchReport { search, profile: profile.name.clone(), ops, objective: cg.total(choice), tied: Vec::new() }
 }

@@ -15,6 +15,9 @@
 //! * [`propagate`] is sharding propagation: from the configured ops, breadth first, each
 //!   neighbour takes the candidate with the cheapest edge to the op it was reached from (ties:
 //!   its own cost).
+//! * [`tandem_repeats`] finds identical blocks repeated back to back in a sequence of op
+//!   signatures (the layers of a deep network); [`CostProblem::tied`] merges the copies into
+//!   one op each, so dynamic_programming searches one block however deep the network is.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -138,6 +141,18 @@ impl Factor {
         }
         i
     }
+
+    /// The step of this factor's index per unit of variable `v` (0 when `v` is not in scope).
+    fn stride(&self, v: usize, domains: &[usize]) -> usize {
+        let mut stride = 1;
+        for &u in self.scope.iter().rev() {
+            if u == v {
+                return stride;
+            }
+            stride *= domains[u];
+        }
+        0
+    }
 }
 
 /// The best choice by variable elimination in `order`; tables are limited to `limit` entries.
@@ -179,16 +194,26 @@ pub fn eliminate(p: &CostProblem, order: Order, limit: u128) -> Result<Vec<usize
         }
         let size: usize = scope.iter().map(|&u| domains[u]).product();
         let mut table = vec![0.0; size];
+        // Each factor's step per candidate of v; its offset for an entry of the new table is
+        // found once per entry, so the loop over v's candidates is a strided sum.
+        let strides: Vec<usize> = bucket.iter().map(|f| f.stride(v, &domains)).collect();
+        let mut bases = vec![0usize; bucket.len()];
         for (i, slot) in table.iter_mut().enumerate() {
             let mut rem = i;
             for &u in scope.iter().rev() {
                 assign[u] = rem % domains[u];
                 rem /= domains[u];
             }
+            assign[v] = 0;
+            for (base, f) in bases.iter_mut().zip(&bucket) {
+                *base = f.index(&assign, &domains);
+            }
             let mut best = f64::INFINITY;
             for x in 0..domains[v] {
-                assign[v] = x;
-                let c: f64 = bucket.iter().map(|f| f.table[f.index(&assign, &domains)]).sum();
+                let mut c = 0.0;
+                for ((f, &base), &stride) in bucket.iter().zip(&bases).zip(&strides) {
+                    c += f.table[base + x * stride];
+                }
                 if c < best {
                     best = c;
                 }
@@ -243,6 +268,117 @@ fn next_var(order: Order, adj: &[BTreeSet<usize>], alive: &[bool], domains: &[us
             })
             .expect("a variable is left"),
     }
+}
+
+/// `count` copies of a block of `period` consecutive ops, the first starting at op `start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repeat {
+    /// The first op of the first copy.
+    pub start: usize,
+    /// The ops in a copy.
+    pub period: usize,
+    /// The copies, back to back (at least 2).
+    pub count: usize,
+}
+
+impl Repeat {
+    /// The ops the copies cover: `start..start + period * count`.
+    pub fn span(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.period * self.count
+    }
+}
+
+/// Identical blocks repeated back to back in `sig` (one signature per op, in graph order; two
+/// ops with equal signatures are interchangeable): greedily the repeat that covers the most
+/// ops beyond its first copy (ties: the shorter period, then the earlier start), then again
+/// among the ops no repeat covers yet, until no block of at least `min_period` ops repeats.
+/// The repeats do not overlap and are sorted by start.
+pub fn tandem_repeats(sig: &[usize], min_period: usize) -> Vec<Repeat> {
+    let n = sig.len();
+    let mut used = vec![false; n];
+    let mut found = Vec::new();
+    loop {
+        // (ops saved, period, start) of the best repeat.
+        let mut best: Option<(usize, usize, usize)> = None;
+        for period in min_period.max(1)..=n / 2 {
+            // run: how many k in a row have sig[k] == sig[k + period], both free.
+            let mut run = 0usize;
+            for k in 0..n - period {
+                if sig[k] == sig[k + period] && !used[k] && !used[k + period] {
+                    run += 1;
+                } else {
+                    run = 0;
+                }
+                // sig[k + 1 - run ..= k + period] repeats with this period.
+                let count = (run + period) / period;
+                if count >= 2 {
+                    let saved = (count - 1) * period;
+                    let start = k + 1 - run;
+                    let better = match best {
+                        None => true,
+                        Some((s, p, st)) => saved > s || (saved == s && (period < p || (period == p && start < st))),
+                    };
+                    if better {
+                        best = Some((saved, period, start));
+                    }
+                }
+            }
+        }
+        let Some((saved, period, start)) = best else { break };
+        let r = Repeat { start, period, count: saved / period + 1 };
+        used[r.span()].iter_mut().for_each(|u| *u = true);
+        found.push(r);
+    }
+    found.sort_by_key(|r| r.start);
+    found
+}
+
+impl CostProblem {
+    /// The problem with every op `k` merged into op `rep[k]` (ops tied to one choice; tied
+    /// ops must have the same candidates): the merged op's own cost is the sum of its
+    /// members', and an edge between members of two merged ops joins those (an edge inside
+    /// one merged op counts on its diagonal). Returns the problem over the merged ops, in
+    /// order of first appearance, and each op's index in it.
+    pub fn tied(&self, rep: &[usize]) -> (CostProblem, Vec<usize>) {
+        let (index, domains) = tied_index(rep, &self.unary.iter().map(Vec::len).collect::<Vec<_>>());
+        let mut unary: Vec<Vec<f64>> = domains.iter().map(|&d| vec![0.0; d]).collect();
+        for (k, u) in self.unary.iter().enumerate() {
+            unary[index[k]].iter_mut().zip(u).for_each(|(a, b)| *a += b);
+        }
+        let mut edges: Vec<EdgeCost> = Vec::new();
+        let mut at: std::collections::HashMap<(usize, usize), usize> = std::collections::HashMap::new();
+        for e in &self.edges {
+            let (from, to) = (index[e.from], index[e.to]);
+            match at.get(&(from, to)) {
+                Some(&i) => edges[i].cost.iter_mut().zip(&e.cost).for_each(|(a, b)| *a += b),
+                None => {
+                    at.insert((from, to), edges.len());
+                    edges.push(EdgeCost { from, to, cost: e.cost.clone() });
+                }
+            }
+        }
+        (CostProblem { unary, edges }, index)
+    }
+}
+
+/// Each op's index among the merged ops of `rep` (numbered in order of first appearance) and
+/// each merged op's domain; tied ops must have the same domain.
+pub(crate) fn tied_index(rep: &[usize], domains: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut number = vec![usize::MAX; rep.len()];
+    let mut merged = Vec::new();
+    let index = rep
+        .iter()
+        .enumerate()
+        .map(|(k, &r)| {
+            assert_eq!(domains[k], domains[r], "tied ops {k} and {r} have different candidates");
+            if number[r] == usize::MAX {
+                number[r] = merged.len();
+                merged.push(domains[r]);
+            }
+            number[r]
+        })
+        .collect();
+    (index, merged)
 }
 
 /// Every combination, the first best one (tests; tiny problems only).
@@ -385,6 +521,85 @@ mod tests {
             let configured = vec![None; n];
             prop_assert!(p.total(&propagate(&p, &configured).0) >= best - 1e-9 * best.abs().max(1.0));
         }
+    }
+
+    /// A sequence of signatures: a random prefix, `count` copies of a random block, a random
+    /// suffix (signatures drawn from a small alphabet, so accidental repeats happen too).
+    fn repeated(prefix: &[usize], block: &[usize], count: usize, suffix: &[usize]) -> Vec<usize> {
+        let mut s = prefix.to_vec();
+        for _ in 0..count {
+            s.extend_from_slice(block);
+        }
+        s.extend_from_slice(suffix);
+        s
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Every repeat found is real (each copy equals the first), repeats do not overlap,
+        /// and a block repeated `count` times is found covering at least `count - 1` copies.
+        #[test]
+        fn tandem_repeats_are_real_and_found(
+            prefix in proptest::collection::vec(0usize..4, 0..6),
+            block in proptest::collection::vec(0usize..4, 1..7),
+            count in 1usize..6,
+            suffix in proptest::collection::vec(0usize..4, 0..6),
+            min_period in 1usize..3,
+        ) {
+            let sig = repeated(&prefix, &block, count, &suffix);
+            let found = tandem_repeats(&sig, min_period);
+            let mut covered = vec![false; sig.len()];
+            for r in &found {
+                prop_assert!(r.count >= 2 && r.period >= min_period);
+                for i in r.span() {
+                    prop_assert!(!covered[i], "{found:?} overlap");
+                    covered[i] = true;
+                    prop_assert_eq!(sig[i], sig[r.start + (i - r.start) % r.period]);
+                }
+            }
+            let saved: usize = found.iter().map(|r| (r.count - 1) * r.period).sum();
+            if block.len() >= min_period && count >= 2 {
+                // The greedy first pick alone saves at least what the planted repeat would.
+                prop_assert!(saved >= (count - 1) * block.len(), "{sig:?}: {found:?}");
+            }
+        }
+
+        /// A tied problem's objective at a tied choice equals the untied problem's at the
+        /// expanded choice; tying ops of a random problem never finds a cheaper plan than the
+        /// untied optimum, and elimination of the tied problem is exact over tied choices.
+        #[test]
+        fn a_tied_problem_prices_tied_choices(
+            block in proptest::collection::vec(1usize..4, 1..4),
+            count in 2usize..4,
+            seed in any::<u64>(),
+        ) {
+            let domains: Vec<usize> = (0..count).flat_map(|_| block.clone()).collect();
+            let n = domains.len();
+            let edges: Vec<(usize, usize)> = (0..n - 1).map(|i| (i, i + 1)).chain([(0, n - 1)]).collect();
+            let p = problem(&domains, &edges, seed);
+            let rep: Vec<usize> = (0..n).map(|k| k % block.len()).collect();
+            let (t, index) = p.tied(&rep);
+            prop_assert_eq!(t.unary.len(), block.len());
+            let tc = brute_force(&t);
+            let expanded: Vec<usize> = index.iter().map(|&i| tc[i]).collect();
+            prop_assert!((t.total(&tc) - p.total(&expanded)).abs() <= 1e-9 * p.total(&expanded).abs().max(1.0));
+            let best = p.total(&brute_force(&p));
+            prop_assert!(p.total(&expanded) >= best - 1e-9 * best.abs().max(1.0));
+            let e = eliminate(&t, Order::Eliminations, 1 << 30).unwrap();
+            prop_assert!((t.total(&e) - t.total(&tc)).abs() <= 1e-9 * t.total(&tc).abs().max(1.0));
+        }
+    }
+
+    #[test]
+    fn the_layers_of_a_network_are_one_repeat() {
+        // embed, 5 blocks of [ln, q, k, v, attn, add], head: one repeat of period 6.
+        let sig = repeated(&[9, 8], &[1, 2, 2, 3, 4, 5], 5, &[1, 7]);
+        assert_eq!(tandem_repeats(&sig, 2), vec![Repeat { start: 2, period: 6, count: 5 }]);
+        // Nothing repeats: nothing found; a period below the minimum is not taken.
+        assert!(tandem_repeats(&[1, 2, 3, 4], 1).is_empty());
+        assert!(tandem_repeats(&[1, 1, 1, 1], 2).len() == 1);
+        assert_eq!(tandem_repeats(&[1, 1, 1, 1], 1), vec![Repeat { start: 0, period: 1, count: 4 }]);
     }
 
     #[test]
