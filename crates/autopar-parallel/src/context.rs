@@ -259,7 +259,8 @@ impl Default for CommFusion {
 /// keys that apply to autopar's cost model; see `search`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SearchOptions {
-    /// Bytes one device holds; strategies whose op needs more are not considered.
+    /// Bytes one device holds; strategies whose op needs more are not considered, and the
+    /// elimination searches keep the plan's memory (summed over its ops) within it.
     pub device_memory_capacity: u64,
     /// Weight of computation time in the objective.
     pub costmodel_alpha: f64Bits,

@@ -158,6 +158,20 @@ pub enum ParallelError {
         devices: usize,
     },
 
+    /// No plan of an elimination search fits `device_memory_capacity`: the ops' memory per
+    /// device, summed, exceeds it under every choice of strategies.
+    #[error("auto_parallel ({search}): no plan fits device_memory_capacity = {capacity} bytes\n  whatever the strategies, the ops need at least {least} bytes per device; those needing the most: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
+    PlanOverMemory {
+        /// The search mode's name.
+        search: &'static str,
+        /// The memory a device holds, in bytes (`device_memory_capacity`).
+        capacity: u64,
+        /// The least memory per device any plan needs, in bytes.
+        least: u64,
+        /// The ops whose least memory is largest (at most three), with their bytes, in words.
+        largest: String,
+    },
+
     /// A cost graph whose exact search would need too large a table when eliminating an op.
     #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use --parallel search_mode=recursive_programming or sharding_propagation, or set .shard() on some ops")]
     SearchTooWide {

@@ -314,3 +314,52 @@ fn dynamic_programming_ties_the_layers_of_a_deep_network() {
     }
     assert!(block_ops.windows(2).all(|w| w[0] == w[1]), "a copy's ops depend on depth: {block_ops:?}");
 }
+
+/// Under a memory budget the fastest plan exceeds, dynamic_programming keeps (time, memory)
+/// cost lists and returns the fastest plan whose memory fits, as the exact solver does; below
+/// the least memory any plan needs, both refuse naming the ops that need the most.
+#[test]
+fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
+    use autopar_parallel::{compare_searches, ParallelError, PlanRequest};
+    let g = network([256, 1024, 1024, 16], 64, false);
+    let rows = |capacity: Option<u64>| {
+        let mut c = auto("dynamic_programming", false);
+        c.set("fully_use_devices", &json!(false)).unwrap();
+        if let Some(b) = capacity {
+            c.set("device_memory_capacity", &json!(b)).unwrap();
+        }
+        compare_searches(&PlanRequest { graph: &g, loss: None, context: &c, strategy_file: None, profile: None }).unwrap()
+    };
+    let free = rows(None);
+    fn get<'a>(rows: &'a [autopar_parallel::search::SearchRow], s: &str) -> Result<&'a autopar_parallel::SearchReport, &'a ParallelError> {
+        rows.iter().find(|(x, _)| x.name() == s).unwrap().1.as_ref().map(|r| &r.0)
+    }
+    let fastest = get(&free, "dynamic_programming").unwrap();
+    let most = fastest.total().memory;
+    let capacity = most * 2 / 3;
+    let within = rows(Some(capacity));
+    let dp = get(&within, "dynamic_programming").unwrap();
+    let exact = get(&within, "exact").unwrap();
+    assert!(dp.total().memory <= capacity, "{} over {capacity}", dp.total().memory);
+    assert!(dp.objective > fastest.objective, "the fastest plan ({most} bytes) does not fit {capacity}");
+    assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective, "{} vs exact {}", dp.objective, exact.objective);
+    assert!(dp.ops.iter().any(|o| o.splits.iter().skip(1).any(|&s| s > 1)), "some weight is split to fit");
+    // Budgets every op fits alone but no plan as a whole: refused, naming the ops.
+    let mut refused = 0;
+    for k in 2..40u64 {
+        let some = rows(Some(most / k));
+        match (get(&some, "dynamic_programming"), get(&some, "exact")) {
+            (Err(ParallelError::PlanOverMemory { least, largest, .. }), Err(ParallelError::PlanOverMemory { .. })) => {
+                assert!(*least > most / k && largest.contains("mm ("), "{least} {largest}");
+                refused += 1;
+            }
+            (Ok(dp), Ok(exact)) => {
+                assert!(dp.total().memory <= most / k);
+                assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective);
+            }
+            (Err(ParallelError::OutOfMemory { .. }), Err(ParallelError::OutOfMemory { .. })) => break,
+            (a, b) => panic!("budget {}: dynamic_programming {a:?}, exact {b:?}", most / k),
+        }
+    }
+    assert!(refused > 0, "no budget between one op's and the whole plan's least memory was tried");
+}

@@ -17,7 +17,8 @@
 //!   first consumer). Gradients travel in fused buckets, so a parameter pays for its bytes and
 //!   not for a call's latency.
 //! * **Memory**: the op's output slice and its parameters' slices with their gradients and one
-//!   optimizer slot; candidates above `device_memory_capacity` are dropped.
+//!   optimizer slot; candidates above `device_memory_capacity` are dropped, and the
+//!   elimination searches keep the plan's memory, summed over its ops, within it.
 //!
 //! The objective is `alpha * compute + beta * (communication + redistribution) + gamma *
 //! gradient sync` (`costmodel_alpha/beta/gamma`, 1.0 by default: the profile already turns
@@ -270,6 +271,23 @@ impl CostGraph {
             }
         }
         (CostProblem { unary, edges }, index)
+    }
+
+    /// The memory per device of `choice`: its ops' memory summed (bytes).
+    pub fn memory_of(&self, choice: &[usize]) -> u64 {
+        self.ops.iter().zip(choice).map(|(op, &c)| op.candidates[c].cost.memory).sum()
+    }
+
+    /// Each merged op's memory per candidate when op `k` is merged into `index[k]` (of
+    /// `merged` ops): the sum of its members' (bytes).
+    pub fn memory_table(&self, index: &[usize], merged: usize) -> Vec<Vec<f64>> {
+        let mut table: Vec<Vec<f64>> = vec![Vec::new(); merged];
+        for (op, &i) in self.ops.iter().zip(index) {
+            let t = &mut table[i];
+            t.resize(op.candidates.len(), 0.0);
+            t.iter_mut().zip(&op.candidates).for_each(|(m, c)| *m += c.cost.memory as f64);
+        }
+        table
     }
 
     /// Each op's cost under `choice`, edge redistributions charged to the consumer.

@@ -158,8 +158,6 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
 /// Run `search` over the cost graph `cg` (built for it) of `graph`.
 pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
-    let too_wide =
-        |e: solve::TooWide| ParallelError::SearchTooWide { search: search.name(), name: cg.ops[e.op].name.clone(), entries: e.entries };
     let mut repeats = Vec::new();
     let (choice, reached) = match search {
         // Propagation reads one row per edge: the cost graph computes them on demand.
@@ -168,20 +166,14 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         // search sees one block however deep the network is.
         Search::Mode(SearchMode::DynamicProgramming) => {
             let (rep, found) = cg.tied_ops();
-            let choice = if found.is_empty() {
-                solve::eliminate(&cg.problem(), Order::Eliminations, TABLE_LIMIT).map_err(too_wide)?
-            } else {
-                let (problem, index) = cg.tied_problem(&rep);
-                let tied = solve::eliminate(&problem, Order::Eliminations, TABLE_LIMIT).map_err(|e| {
-                    let op = index.iter().position(|&i| i == e.op).expect("every merged op has a member");
-                    too_wide(solve::TooWide { op, entries: e.entries })
-                })?;
-                index.iter().map(|&i| tied[i]).collect()
-            };
             repeats = found;
-            (choice, vec![false; cg.ops.len()])
+            let (problem, index) = if repeats.is_empty() { (cg.problem(), (0..cg.ops.len()).collect()) } else { cg.tied_problem(&rep) };
+            (eliminate_fitting(cg, search, &problem, &index, Order::Eliminations)?, vec![false; cg.ops.len()])
         }
-        Search::Exact => (solve::eliminate(&cg.problem(), Order::MinFill, TABLE_LIMIT).map_err(too_wide)?, vec![false; cg.ops.len()]),
+        Search::Exact => {
+            let index: Vec<usize> = (0..cg.ops.len()).collect();
+            (eliminate_fitting(cg, search, &cg.problem(), &index, Order::MinFill)?, vec![false; cg.ops.len()])
+        }
         // Every op is fixed: its one candidate.
         Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
@@ -197,6 +189,36 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         })
         .collect();
     Ok(r)
+}
+
+/// The fastest choice of the elimination searches over `problem` (the cost graph's, its op
+/// `k` merged into `index[k]`) whose memory fits `device_memory_capacity`: the plain
+/// elimination, and when its plan's memory summed over the ops does not fit, the elimination
+/// with (time, memory) cost lists (MindSpore's dynamic_programming under its memory limit).
+fn eliminate_fitting(cg: &CostGraph, search: Search, problem: &CostProblem, index: &[usize], order: Order) -> Result<Vec<usize>> {
+    let too_wide = |e: solve::TooWide| {
+        let op = index.iter().position(|&i| i == e.op).expect("every merged op has a member");
+        ParallelError::SearchTooWide { search: search.name(), name: cg.ops[op].name.clone(), entries: e.entries }
+    };
+    let expand = |merged: Vec<usize>| -> Vec<usize> { index.iter().map(|&i| merged[i]).collect() };
+    let choice = expand(solve::eliminate(problem, order, TABLE_LIMIT).map_err(too_wide)?);
+    let capacity = cg.options.device_memory_capacity;
+    if cg.memory_of(&choice) <= capacity {
+        return Ok(choice);
+    }
+    let memory = cg.memory_table(index, problem.unary.len());
+    match solve::eliminate_within(problem, &memory, capacity as f64, order, TABLE_LIMIT) {
+        Ok(merged) => Ok(expand(merged)),
+        Err(solve::NoPlan::TooWide(e)) => Err(too_wide(e)),
+        Err(solve::NoPlan::OverBudget { least }) => {
+            // The ops whose least memory is largest.
+            let mut need: Vec<(u64, &str)> =
+                cg.ops.iter().map(|op| (op.candidates.iter().map(|c| c.cost.memory).min().unwrap_or(0), op.name.as_str())).collect();
+            need.sort_by_key(|n| std::cmp::Reverse(n.0));
+            let largest = need.iter().take(3).map(|(b, n)| format!("{n} ({b} bytes)")).collect::<Vec<_>>().join(", ");
+            Err(ParallelError::PlanOverMemory { search: search.name(), capacity, least: least as u64, largest })
+        }
+    }
 }
 
 fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], profile: &DeviceProfile) -> SearchReport {

@@ -15,6 +15,11 @@
 //! * [`propagate`] is sharding propagation: from the configured ops, breadth first, each
 //!   neighbour takes the candidate with the cheapest edge to the op it was reached from (ties:
 //!   its own cost).
+//! * [`eliminate_within`] is the same elimination with MindSpore's (time, memory) cost lists:
+//!   every table entry keeps the Pareto front of the eliminated part (less memory, or less
+//!   time), points above the memory budget dropped, so the plan is the fastest whose memory
+//!   summed over the ops fits `device_memory_capacity`. dynamic_programming runs it when the
+//!   fastest plan does not fit.
 //! * [`tandem_repeats`] finds identical blocks repeated back to back in a sequence of op
 //!   signatures (the layers of a deep network); [`CostProblem::tied`] merges the copies into
 //!   one op each, so dynamic_programming searches one block however deep the network is.
@@ -268,6 +273,218 @@ fn next_var(order: Order, adj: &[BTreeSet<usize>], alive: &[bool], domains: &[us
             })
             .expect("a variable is left"),
     }
+}
+
+/// The most points a cost list keeps (MindSpore's `Simplify` keeps every Pareto point; past
+/// this many, points evenly spread in memory are kept, the extremes always).
+pub const LIST_LIMIT: usize = 64;
+
+/// Why [`eliminate_within`] found no plan.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NoPlan {
+    /// A table too large to build.
+    TooWide(TooWide),
+    /// No choice's memory fits the budget; the least any choice needs.
+    OverBudget {
+        /// The least memory a choice needs (the sum over the ops).
+        least: f64,
+    },
+}
+
+/// One point of a cost list: the time and memory of the eliminated part, and where it came from.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    time: f64,
+    memory: f64,
+    /// Index of its origin in the factor's `origins` (created factors only).
+    origin: u32,
+}
+
+/// A table of cost lists over `scope`; a factor made by an elimination remembers, per point,
+/// the eliminated op's candidate and the point taken from each factor of its bucket.
+struct ListFactor {
+    scope: Vec<usize>,
+    lists: Vec<Vec<Point>>,
+    /// (eliminated op, the factors of its bucket) for a factor made by an elimination.
+    made: Option<(usize, Vec<usize>)>,
+    /// Per origin: the eliminated op's candidate, then one point index per bucket factor.
+    origins: Vec<u32>,
+}
+
+impl ListFactor {
+    fn index(&self, assign: &[usize], domains: &[usize]) -> usize {
+        let mut i = 0;
+        for &v in &self.scope {
+            i = i * domains[v] + assign[v];
+        }
+        i
+    }
+}
+
+/// Keeps the Pareto front of `points` (sorted by memory, each kept point strictly faster than
+/// the one before), then at most [`LIST_LIMIT`] of them.
+fn pareto(points: &mut Vec<Point>) {
+    points.sort_by(|a, b| a.memory.total_cmp(&b.memory).then(a.time.total_cmp(&b.time)));
+    let mut kept: Vec<Point> = Vec::with_capacity(points.len());
+    for p in points.drain(..) {
+        if kept.last().is_none_or(|l| below(p.time, l.time)) {
+            kept.push(p);
+        }
+    }
+    if kept.len() > LIST_LIMIT {
+        let last = kept.len() - 1;
+        kept = (0..LIST_LIMIT).map(|i| kept[i * last / (LIST_LIMIT - 1)]).collect();
+    }
+    *points = kept;
+}
+
+/// The fastest choice whose memory, `memory[op][candidate]` summed over the ops, is at most
+/// `budget`: variable elimination in `order` with a cost list per table entry (the Pareto
+/// front of time and memory, points over the budget dropped). Exact while no list is longer
+/// than [`LIST_LIMIT`].
+pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order: Order, limit: u128) -> Result<Vec<usize>, NoPlan> {
+    let n = p.unary.len();
+    let domains: Vec<usize> = p.unary.iter().map(|u| u.len()).collect();
+    let single = |time: f64, memory: f64| vec![Point { time, memory, origin: 0 }];
+    let mut factors: Vec<ListFactor> = Vec::new();
+    for (v, u) in p.unary.iter().enumerate() {
+        let lists = u.iter().zip(&memory[v]).map(|(&t, &m)| if m <= budget { single(t, m) } else { Vec::new() }).collect();
+        factors.push(ListFactor { scope: vec![v], lists, made: None, origins: Vec::new() });
+    }
+    for e in &p.edges {
+        let (df, dt) = (domains[e.from], domains[e.to]);
+        let (scope, lists) = if e.from == e.to {
+            (vec![e.from], (0..df).map(|c| single(e.cost[c * df + c], 0.0)).collect())
+        } else {
+            (vec![e.from, e.to], (0..df * dt).map(|i| single(e.cost[i], 0.0)).collect())
+        };
+        factors.push(ListFactor { scope, lists, made: None, origins: Vec::new() });
+    }
+    let mut pool: Vec<usize> = (0..factors.len()).collect();
+    let mut adj = p.neighbours();
+    let mut alive = vec![true; n];
+    let mut assign = vec![0usize; n];
+    for _ in 0..n {
+        let v = next_var(order, &adj, &alive, &domains);
+        alive[v] = false;
+        let (bucket, rest): (Vec<usize>, Vec<usize>) = pool.into_iter().partition(|&f| factors[f].scope.contains(&v));
+        pool = rest;
+        let scope: Vec<usize> = adj[v].iter().copied().collect();
+        let entries = scope.iter().chain([&v]).try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
+        if entries > limit {
+            return Err(NoPlan::TooWide(TooWide { op: v, entries }));
+        }
+        let size: usize = scope.iter().map(|&u| domains[u]).product();
+        let mut lists = Vec::with_capacity(size);
+        let mut origins: Vec<u32> = Vec::new();
+        // Partial sums over the bucket: (time, memory, points taken so far).
+        let mut partial: Vec<(f64, f64, Vec<u32>)> = Vec::new();
+        let mut next: Vec<(f64, f64, Vec<u32>)> = Vec::new();
+        for i in 0..size {
+            let mut rem = i;
+            for &u in scope.iter().rev() {
+                assign[u] = rem % domains[u];
+                rem /= domains[u];
+            }
+            let mut points: Vec<Point> = Vec::new();
+            let mut found: Vec<(u32, Vec<u32>)> = Vec::new();
+            for x in 0..domains[v] {
+                assign[v] = x;
+                partial.clear();
+                partial.push((0.0, 0.0, Vec::new()));
+                for &f in &bucket {
+                    let list = &factors[f].lists[factors[f].index(&assign, &domains)];
+                    next.clear();
+                    for (t, m, picks) in &partial {
+                        for (j, q) in list.iter().enumerate() {
+                            if m + q.memory <= budget {
+                                let mut picks = picks.clone();
+                                picks.push(j as u32);
+                                next.push((t + q.time, m + q.memory, picks));
+                            }
+                        }
+                    }
+                    // Keep the partial sums' Pareto front.
+                    next.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.total_cmp(&b.0)));
+                    partial.clear();
+                    for c in next.drain(..) {
+                        if partial.last().is_none_or(|l| below(c.0, l.0)) {
+                            partial.push(c);
+                        }
+                    }
+                }
+                for (t, m, picks) in partial.drain(..) {
+                    points.push(Point { time: t, memory: m, origin: found.len() as u32 });
+                    found.push((x as u32, picks));
+                }
+            }
+            pareto(&mut points);
+            for pt in &mut points {
+                let (x, picks) = &found[pt.origin as usize];
+                pt.origin = (origins.len() / (bucket.len() + 1)) as u32;
+                origins.push(*x);
+                origins.extend_from_slice(picks);
+            }
+            lists.push(points);
+        }
+        for &a in &scope {
+            adj[a].remove(&v);
+            for &b in &scope {
+                if a != b {
+                    adj[a].insert(b);
+                }
+            }
+        }
+        adj[v].clear();
+        factors.push(ListFactor { scope, lists, made: Some((v, bucket)), origins });
+        pool.push(factors.len() - 1);
+    }
+    // Every factor left has an empty scope: the whole problem's front is their sum.
+    let mut best: Option<(f64, Vec<u32>)> = None;
+    let mut partial: Vec<(f64, f64, Vec<u32>)> = vec![(0.0, 0.0, Vec::new())];
+    for &f in &pool {
+        let list = &factors[f].lists[0];
+        partial = partial
+            .iter()
+            .flat_map(|(t, m, picks)| {
+                list.iter().enumerate().filter(move |(_, q)| m + q.memory <= budget).map(move |(j, q)| {
+                    let mut picks = picks.clone();
+                    picks.push(j as u32);
+                    (t + q.time, m + q.memory, picks)
+                })
+            })
+            .collect();
+        partial.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.total_cmp(&b.0)));
+        let mut front: Vec<(f64, f64, Vec<u32>)> = Vec::new();
+        for c in partial.drain(..) {
+            if front.last().is_none_or(|l| below(c.0, l.0)) {
+                front.push(c);
+            }
+        }
+        partial = front;
+    }
+    for (t, _, picks) in partial {
+        if best.as_ref().is_none_or(|b| below(t, b.0)) {
+            best = Some((t, picks));
+        }
+    }
+    let Some((_, picks)) = best else {
+        // Memory is the ops' own: the least a choice needs is each op's least.
+        let least = memory.iter().map(|m| m.iter().copied().fold(f64::INFINITY, f64::min)).sum();
+        return Err(NoPlan::OverBudget { least });
+    };
+    // Replay: each made factor's point names its op's candidate and its bucket's points.
+    let mut choice = vec![0usize; n];
+    let mut stack: Vec<(usize, u32)> = pool.iter().copied().zip(picks).collect();
+    while let Some((f, j)) = stack.pop() {
+        let fac = &factors[f];
+        let Some((v, bucket)) = &fac.made else { continue };
+        let point = fac.lists[fac.index(&choice, &domains)][j as usize];
+        let at = point.origin as usize * (bucket.len() + 1);
+        choice[*v] = fac.origins[at] as usize;
+        stack.extend(bucket.iter().copied().zip(fac.origins[at + 1..at + 1 + bucket.len()].iter().copied()));
+    }
+    Ok(choice)
 }
 
 /// `count` copies of a block of `period` consecutive ops, the first starting at op `start`.
@@ -588,6 +805,65 @@ mod tests {
             prop_assert!(p.total(&expanded) >= best - 1e-9 * best.abs().max(1.0));
             let e = eliminate(&t, Order::Eliminations, 1 << 30).unwrap();
             prop_assert!((t.total(&e) - t.total(&tc)).abs() <= 1e-9 * t.total(&tc).abs().max(1.0));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// With cost lists, elimination in either order finds the fastest choice whose summed
+        /// memory fits the budget (brute force over every choice), and says when none fits;
+        /// with no budget it is as fast as the plain elimination.
+        #[test]
+        fn elimination_within_a_budget_equals_brute_force(
+            domains in proptest::collection::vec(1usize..4, 1..=7),
+            raw_edges in proptest::collection::vec((0usize..7, 0usize..7), 0..12),
+            seed in any::<u64>(),
+            budget_share in 0.0f64..1.2,
+        ) {
+            let n = domains.len();
+            let edges: Vec<(usize, usize)> = raw_edges.into_iter().map(|(a, b)| (a % n, b % n)).collect();
+            let p = problem(&domains, &edges, seed);
+            // Memory per candidate from another stream of the same generator.
+            let memory: Vec<Vec<f64>> = problem(&domains, &[], seed ^ 0x9e37_79b9).unary;
+            let mem = |c: &[usize]| c.iter().enumerate().map(|(k, &x)| memory[k][x]).sum::<f64>();
+            let (least, most): (f64, f64) = (
+                memory.iter().map(|m| m.iter().cloned().fold(f64::INFINITY, f64::min)).sum(),
+                memory.iter().map(|m| m.iter().cloned().fold(0.0, f64::max)).sum(),
+            );
+            let budget = least + budget_share * (most - least) - 0.05;
+            // Brute force: the fastest choice within the budget.
+            let mut cur = vec![0usize; n];
+            let mut best: Option<f64> = None;
+            loop {
+                if mem(&cur) <= budget {
+                    let t = p.total(&cur);
+                    best = Some(best.map_or(t, |b: f64| b.min(t)));
+                }
+                let mut i = n;
+                let mut done = false;
+                loop {
+                    if i == 0 { done = true; break; }
+                    i -= 1;
+                    cur[i] += 1;
+                    if cur[i] < domains[i] { break; }
+                    cur[i] = 0;
+                }
+                if done { break; }
+            }
+            for order in [Order::Eliminations, Order::MinFill] {
+                match (eliminate_within(&p, &memory, budget, order, 1 << 30), best) {
+                    (Ok(c), Some(b)) => {
+                        prop_assert!(mem(&c) <= budget, "{order:?}: {} over {budget}", mem(&c));
+                        prop_assert!((p.total(&c) - b).abs() <= 1e-9 * b.abs().max(1.0), "{order:?}: {} vs {b}", p.total(&c));
+                    }
+                    (Err(NoPlan::OverBudget { least: l }), None) => prop_assert!((l - least).abs() <= 1e-9 * least.max(1.0)),
+                    (got, want) => prop_assert!(false, "{order:?}: {got:?} but brute force {want:?}"),
+                }
+            }
+            let free = eliminate_within(&p, &memory, f64::INFINITY, Order::Eliminations, 1 << 30).unwrap();
+            let plain = eliminate(&p, Order::Eliminations, 1 << 30).unwrap();
+            prop_assert!((p.total(&free) - p.total(&plain)).abs() <= 1e-9 * p.total(&plain).abs().max(1.0));
         }
     }
 
