@@ -276,7 +276,7 @@ fn dynamic_programming_ties_the_layers_of_a_deep_network() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};
     use autopar_parallel::{compare_searches, PlanRequest};
     let mut block_ops = Vec::new();
-    for layers in [3usize, 6] {
+    for (layers, follow) in [(3usize, false), (6, false), (3, true)] {
         let cfg = GptConfig { vocab: 32, context: 8, width: 256, heads: 2, layers, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
         let (g, ids) = Gpt::new(cfg).unwrap().build_graph(8, Mode::Train, 1).unwrap();
         for n in [4usize, 8] {
@@ -285,11 +285,14 @@ fn dynamic_programming_ties_the_layers_of_a_deep_network() {
             c.set("parallel_mode", &json!("auto_parallel")).unwrap();
             // The exact solver's candidates: every power-of-two split, idle devices allowed.
             c.set("fully_use_devices", &json!(false)).unwrap();
+            // Element-wise ops forbidden to redistribute their first input: forbidden pairs on
+            // the tied edges too.
+            c.set("elementwise_op_strategy_follow", &json!(follow)).unwrap();
             let req = PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None };
             let rows = compare_searches(&req).unwrap();
             let get = |s: &str| rows.iter().find(|(x, _)| x.name() == s).unwrap().1.as_ref().unwrap().0.clone();
             let dp = get("dynamic_programming");
-            let what = format!("{layers} layers on {n}");
+            let what = format!("{layers} layers on {n}, follow {follow}");
             assert_eq!(dp.tied.len(), 1, "{what}: {:?}", dp.tied);
             let t = &dp.tied[0];
             assert_eq!(t.copies, layers - 1, "{what}: {t:?}");
@@ -362,4 +365,29 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
         }
     }
     assert!(refused > 0, "no budget between one op's and the whole plan's least memory was tried");
+
+    // A network whose layers dynamic_programming ties: under a budget that binds, the layers
+    // are searched apart (they may do best with different strategies), memory priced into the
+    // objective: the exact solver's plan.
+    use autopar_models::{Gpt, GptConfig, Mode, Model};
+    let cfg = GptConfig { vocab: 32, context: 4, width: 128, heads: 2, layers: 3, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
+    let (g, ids) = Gpt::new(cfg).unwrap().build_graph(8, Mode::Train, 1).unwrap();
+    let gpt_rows = |capacity: Option<u64>| {
+        let mut c = auto("dynamic_programming", false);
+        c.set("fully_use_devices", &json!(false)).unwrap();
+        if let Some(b) = capacity {
+            c.set("device_memory_capacity", &json!(b)).unwrap();
+        }
+        compare_searches(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap()
+    };
+    let free = gpt_rows(None);
+    let fastest = get(&free, "dynamic_programming").unwrap();
+    assert!(!fastest.tied.is_empty());
+    let capacity = fastest.total().memory * 9 / 10;
+    let within = gpt_rows(Some(capacity));
+    let (dp, exact) = (get(&within, "dynamic_programming").unwrap(), get(&within, "exact").unwrap());
+    assert!(dp.total().memory <= capacity && dp.objective > fastest.objective);
+    assert!(exact.total().memory <= capacity);
+    assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective, "{} vs exact {}", dp.objective, exact.objective);
+    assert!(dp.tied.is_empty(), "searched apart under the budget: {:?}", dp.tied);
 }

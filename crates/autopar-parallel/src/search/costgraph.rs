@@ -273,6 +273,12 @@ impl CostGraph {
         (CostProblem { unary, edges }, index)
     }
 
+    /// The costs [`CostGraph::problem`] would hold: every op's candidates and every edge's pairs.
+    pub fn problem_size(&self) -> u128 {
+        let d = |k: usize| self.ops[k].candidates.len() as u128;
+        (0..self.ops.len()).map(d).sum::<u128>() + self.edges.iter().map(|e| d(e.from) * d(e.to)).sum::<u128>()
+    }
+
     /// The memory per device of `choice`: its ops' memory summed (bytes).
     pub fn memory_of(&self, choice: &[usize]) -> u64 {
         self.ops.iter().zip(choice).map(|(op, &c)| op.candidates[c].cost.memory).sum()

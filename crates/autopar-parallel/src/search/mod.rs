@@ -166,14 +166,13 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         // search sees one block however deep the network is.
         Search::Mode(SearchMode::DynamicProgramming) => {
             let (rep, found) = cg.tied_ops();
-            repeats = found;
-            let (problem, index) = if repeats.is_empty() { (cg.problem(), (0..cg.ops.len()).collect()) } else { cg.tied_problem(&rep) };
-            (eliminate_fitting(cg, search, &problem, &index, Order::Eliminations)?, vec![false; cg.ops.len()])
+            let (choice, tied) = eliminate_fitting(cg, search, (!found.is_empty()).then_some(&rep[..]), Order::Eliminations)?;
+            if tied {
+                repeats = found;
+            }
+            (choice, vec![false; cg.ops.len()])
         }
-        Search::Exact => {
-            let index: Vec<usize> = (0..cg.ops.len()).collect();
-            (eliminate_fitting(cg, search, &cg.problem(), &index, Order::MinFill)?, vec![false; cg.ops.len()])
-        }
+        Search::Exact => (eliminate_fitting(cg, search, None, Order::MinFill)?.0, vec![false; cg.ops.len()]),
         // Every op is fixed: its one candidate.
         Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
@@ -191,25 +190,65 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
     Ok(r)
 }
 
-/// The fastest choice of the elimination searches over `problem` (the cost graph's, its op
-/// `k` merged into `index[k]`) whose memory fits `device_memory_capacity`: the plain
-/// elimination, and when its plan's memory summed over the ops does not fit, the elimination
-/// with (time, memory) cost lists (MindSpore's dynamic_programming under its memory limit).
-fn eliminate_fitting(cg: &CostGraph, search: Search, problem: &CostProblem, index: &[usize], order: Order) -> Result<Vec<usize>> {
-    let too_wide = |e: solve::TooWide| {
+/// The most costs an untied problem may hold for the search under a memory budget to drop
+/// the ties (1 GiB).
+const UNTIED_LIMIT: u128 = 1 << 27;
+
+/// The most costs a problem may hold for the search under a memory budget to also run the
+/// elimination with cost lists (which grows with the fronts' length, not only the tables').
+const LIST_PROBLEM_LIMIT: u128 = 1 << 14;
+
+/// The fastest choice of an elimination search over the cost graph (its ops tied to
+/// `rep[k]`, if given) whose memory fits `device_memory_capacity`, and whether the ties
+/// held. The plain elimination first; when its plan's memory summed over the ops does not
+/// fit, the fastest plan that fits of two searches: the elimination with memory priced into
+/// the objective (the price bisected), and on small problems the elimination with MindSpore's
+/// (time, memory) cost lists. Untied when the whole problem is small enough: under a budget,
+/// layers may do best with different strategies.
+fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<(Vec<usize>, bool)> {
+    let untied = || (cg.problem(), (0..cg.ops.len()).collect::<Vec<usize>>());
+    let (problem, index) = match rep {
+        Some(rep) => cg.tied_problem(rep),
+        None => untied(),
+    };
+    let too_wide = |index: &[usize], e: solve::TooWide| {
         let op = index.iter().position(|&i| i == e.op).expect("every merged op has a member");
         ParallelError::SearchTooWide { search: search.name(), name: cg.ops[op].name.clone(), entries: e.entries }
     };
-    let expand = |merged: Vec<usize>| -> Vec<usize> { index.iter().map(|&i| merged[i]).collect() };
-    let choice = expand(solve::eliminate(problem, order, TABLE_LIMIT).map_err(too_wide)?);
+    let expand = |index: &[usize], merged: Vec<usize>| -> Vec<usize> { index.iter().map(|&i| merged[i]).collect() };
+    let merged = solve::eliminate(&problem, order, TABLE_LIMIT).map_err(|e| too_wide(&index, e))?;
+    let choice = expand(&index, merged.clone());
+    // Tying prices the merged edges once: the tied problem's cost of its choice is the whole
+    // graph's cost of the expanded choice (unless a forbidden pair is in it).
+    debug_assert!({
+        let (tied, whole) = (problem.total(&merged), cg.total(&choice));
+        whole >= costgraph::FORBIDDEN || (tied - whole).abs() <= 1e-9 * whole.abs().max(1e-12)
+    });
     let capacity = cg.options.device_memory_capacity;
     if cg.memory_of(&choice) <= capacity {
-        return Ok(choice);
+        return Ok((choice, rep.is_some()));
     }
-    let memory = cg.memory_table(index, problem.unary.len());
-    match solve::eliminate_within(problem, &memory, capacity as f64, order, TABLE_LIMIT) {
-        Ok(merged) => Ok(expand(merged)),
-        Err(solve::NoPlan::TooWide(e)) => Err(too_wide(e)),
+    let (problem, index, tied) = if rep.is_some() && cg.problem_size() <= UNTIED_LIMIT {
+        let (p, i) = untied();
+        (p, i, false)
+    } else {
+        (problem, index, rep.is_some())
+    };
+    let memory = cg.memory_table(&index, problem.unary.len());
+    let budget = capacity as f64;
+    // Memory priced into the objective (fast, any size); on small problems also MindSpore's
+    // cost lists (exact there): the faster plan that fits.
+    let mut found = solve::eliminate_priced_within(&problem, &memory, budget, order, TABLE_LIMIT);
+    if problem.size() <= LIST_PROBLEM_LIMIT {
+        if let Ok(listed) = solve::eliminate_within(&problem, &memory, budget, order, TABLE_LIMIT) {
+            if found.as_ref().is_ok_and(|priced| problem.total(&listed) < problem.total(priced)) || found.is_err() {
+                found = Ok(listed);
+            }
+        }
+    }
+    match found {
+        Ok(merged) => Ok((expand(&index, merged), tied)),
+        Err(solve::NoPlan::TooWide(e)) => Err(too_wide(&index, e)),
         Err(solve::NoPlan::OverBudget { least }) => {
             // The ops whose least memory is largest.
             let mut need: Vec<(u64, &str)> =
