@@ -172,6 +172,7 @@ check train_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthe
 # Pipelines (stages talking over blocking MPI sends) and gradient accumulation.
 check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4
 check train_cli 4 --model mlp --data synthetic --synthetic-samples 1024 --steps 6 --batch-size 32 --parallel pipeline_stages=4 --parallel 'pipeline_config={"pipeline_scheduler":"gpipe"}' --micro-batches 8
+check train_cli 4 --model resnet50 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 128 --steps 3 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4
 # Interleaved: 2 chunks per stage, the last stage's first chunk sending back to stage 0.
 check train_cli 4 --model gpt --width 32 --depth 4 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --parallel 'pipeline_config={"pipeline_interleave":true}' --micro-batches 4
 check train_cli 2 --model mlp --data synthetic --synthetic-samples 1024 --steps 6 --batch-size 16 --grad-accumulation 2
