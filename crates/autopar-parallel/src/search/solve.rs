@@ -245,16 +245,7 @@ fn eliminate_priced(p: &CostProblem, priced: Option<(&[Vec<f64>], f64)>, order: 
             }
             *slot = best;
         }
-        // The neighbours become one clique.
-        for &a in &scope {
-            adj[a].remove(&v);
-            for &b in &scope {
-                if a != b {
-                    adj[a].insert(b);
-                }
-            }
-        }
-        adj[v].clear();
+        eliminated(&mut adj, v, &scope);
         pool.push(Factor { scope, table });
         steps.push((v, bucket));
     }
@@ -271,6 +262,19 @@ fn eliminate_priced(p: &CostProblem, priced: Option<(&[Vec<f64>], f64)>, order: 
         choice[*v] = best.1;
     }
     Ok(choice)
+}
+
+/// `v` leaves the graph `adj`: its neighbours `scope` become one clique.
+fn eliminated(adj: &mut [BTreeSet<usize>], v: usize, scope: &[usize]) {
+    for &a in scope {
+        adj[a].remove(&v);
+        for &b in scope {
+            if a != b {
+                adj[a].insert(b);
+            }
+        }
+    }
+    adj[v].clear();
 }
 
 fn next_var(order: Order, adj: &[BTreeSet<usize>], alive: &[bool], domains: &[usize]) -> usize {
@@ -480,15 +484,7 @@ pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order
             }
             lists.push(points);
         }
-        for &a in &scope {
-            adj[a].remove(&v);
-            for &b in &scope {
-                if a != b {
-                    adj[a].insert(b);
-                }
-            }
-        }
-        adj[v].clear();
+        eliminated(&mut adj, v, &scope);
         let covered = bucket.iter().map(|&f| factors[f].least).sum();
         factors.push(ListFactor { scope, lists, made: Some((v, bucket)), origins, least: covered });
         pool.push(factors.len() - 1);
@@ -667,14 +663,26 @@ pub fn eliminate_priced_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64
 
 /// Every combination, the first best one (tests; tiny problems only).
 pub fn brute_force(p: &CostProblem) -> Vec<usize> {
+    brute_force_where(p, |_| true).expect("a problem has at least one choice")
+}
+
+/// Every combination that `keep` accepts, the first best one; None when it accepts none
+/// (tests; tiny problems only).
+pub fn brute_force_where(p: &CostProblem, keep: impl Fn(&[usize]) -> bool) -> Option<Vec<usize>> {
     let n = p.unary.len();
     let mut cur = vec![0usize; n];
-    let mut best = (p.total(&cur), cur.clone());
+    let mut best: Option<(f64, Vec<usize>)> = None;
     loop {
+        if keep(&cur) {
+            let t = p.total(&cur);
+            if best.as_ref().is_none_or(|b| t < b.0) {
+                best = Some((t, cur.clone()));
+            }
+        }
         let mut i = n;
         loop {
             if i == 0 {
-                return best.1;
+                return best.map(|b| b.1);
             }
             i -= 1;
             cur[i] += 1;
@@ -682,10 +690,6 @@ pub fn brute_force(p: &CostProblem) -> Vec<usize> {
                 break;
             }
             cur[i] = 0;
-        }
-        let t = p.total(&cur);
-        if t < best.0 {
-            best = (t, cur.clone());
         }
     }
 }
@@ -848,10 +852,6 @@ mod tests {
                 prop_assert!(saved >= (count - 1) * block.len(), "{sig:?}: {found:?}");
             }
         }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// With cost lists, elimination in either order finds the fastest choice whose summed
         /// memory fits the budget (brute force over every choice), and says when none fits;
@@ -876,24 +876,7 @@ mod tests {
             );
             let budget = least + budget_share * (most - least) - 0.05;
             // Brute force: the fastest choice within the budget.
-            let mut cur = vec![0usize; n];
-            let mut best: Option<f64> = None;
-            loop {
-                if mem(&cur) <= budget {
-                    let t = p.total(&cur);
-                    best = Some(best.map_or(t, |b: f64| b.min(t)));
-                }
-                let mut i = n;
-                let mut done = false;
-                loop {
-                    if i == 0 { done = true; break; }
-                    i -= 1;
-                    cur[i] += 1;
-                    if cur[i] < domains[i] { break; }
-                    cur[i] = 0;
-                }
-                if done { break; }
-            }
+            let best = brute_force_where(&p, |c| mem(c) <= budget).map(|c| p.total(&c));
             for order in [Order::Eliminations, Order::MinFill] {
                 match (eliminate_within(&p, &memory, budget, order, 1 << 30), best) {
                     (Ok(c), Some(b)) => {
