@@ -228,11 +228,12 @@ impl CostGraph {
         (rep, repeats)
     }
 
-    /// The weighted problem with the ops tied as `rep` says (each op merged into `rep[k]`,
-    /// which has the same candidates), as [`CostProblem::tied`] makes it from
-    /// [`CostGraph::problem`], but pricing the edges that tying merges into one (the same
-    /// recipe between the same representatives) once: a deep network's problem costs what
-    /// one block's does. Returns it and each op's index in it.
+    /// The weighted problem with the ops tied as `rep` says: each op merged into `rep[k]`
+    /// (which has the same candidates), a merged op's own cost the sum of its members', an
+    /// edge between members of two merged ops joining those (inside one merged op, on its
+    /// diagonal). The edges that tying makes alike (the same recipe between the same
+    /// representatives) are priced once, so a deep network's problem costs what one block's
+    /// does. Returns it and each op's index in it (merged ops numbered by first member).
     pub fn tied_problem(&self, rep: &[usize]) -> (CostProblem, Vec<usize>) {
         let domains: Vec<usize> = (0..self.ops.len()).map(|k| self.domain(k)).collect();
         let (index, merged) = tied_index(rep, &domains);
