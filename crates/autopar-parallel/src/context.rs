@@ -580,7 +580,7 @@ impl ParallelContext {
             }
             "group_ckpt_save_file" => self.group_ckpt_save_file = as_str(key, v)?.to_string(),
             "device_memory_capacity" => {
-                let x = v.as_f64().filter(|x| *x > 0.0).ok_or_else(|| bad(key, v, "a positive number of bytes"))?;
+                let x = v.as_f64().filter(|x| *x >= 1.0).ok_or_else(|| bad(key, v, "a number of bytes, at least 1"))?;
                 self.search.device_memory_capacity = x as u64;
             }
             "costmodel_alpha" | "costmodel_beta" | "costmodel_gamma" => {

@@ -9,10 +9,11 @@ use autopar_graph::OpKind;
 use autopar_layout::TensorLayout;
 use serde_json::{json, Value};
 
+use crate::context::SearchMode;
 use crate::cost::RankCost;
 use crate::optimizer_shard::OptDecision;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
-use crate::search::SearchReport;
+use crate::search::{Search, SearchReport};
 
 /// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
 /// input and parameter, in graph order, each trainable parameter followed by its optimizer
@@ -571,17 +572,42 @@ pub fn search_text(r: &SearchReport) -> String {
         ms(t.redistribution),
         ms(t.gradient_sync)
     );
-    for t in &r.tied {
-        let _ =
-            writeln!(s, "  tied: {} copies of a {}-op block ({} .. {}) take one choice, searched once", t.copies, t.ops, t.first, t.last);
+    for tie in &r.tied {
+        let _ = writeln!(
+            s,
+            "  tied: the {} ops {} .. {} repeat {} times back to back; every copy takes the first copy's strategies (searched once)",
+            tie.ops, tie.first, tie.last, tie.copies
+        );
+    }
+    if let Some((need, objective)) = r.fastest {
+        let _ = writeln!(
+            s,
+            "  memory: the fastest plan ({}) needs {need} bytes per device (its ops' outputs, parameters, gradients and one optimizer slot, summed), over device_memory_capacity = {} bytes; this plan needs {} bytes",
+            ms(objective),
+            r.capacity,
+            t.memory
+        );
+    } else if t.memory > r.capacity {
+        let _ = writeln!(
+            s,
+            "  memory: this plan needs {} bytes per device (its ops' summed), over device_memory_capacity = {} bytes: {} checks each op alone",
+            t.memory,
+            r.capacity,
+            r.search.name()
+        );
     }
     let _ = writeln!(
         s,
         "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  runner-up (extra)",
         "name", "strategy", "source", "compute", "comm", "redist", "grad sync", "memory"
     );
+    let mut cheaper = false;
     for o in &r.ops {
         let runner = match &o.runner_up {
+            Some((st, extra)) if *extra < 0.0 => {
+                cheaper = true;
+                format!("{st} ({:+.4} ms)*", extra * 1e3)
+            }
             Some((st, extra)) => format!("{st} ({:+.4} ms)", extra * 1e3),
             None if o.candidates == 1 => "- (the only one)".into(),
             None => "-".into(),
@@ -600,6 +626,18 @@ pub fn search_text(r: &SearchReport) -> String {
             runner
         );
     }
+    if cheaper {
+        let _ = writeln!(
+            s,
+            "  * cheaper with the rest of the plan unchanged, not chosen: {}",
+            match r.search {
+                Search::Mode(SearchMode::RecursiveProgramming) => "recursive_programming cuts greedily, without the cost graph",
+                Search::Mode(SearchMode::ShardingPropagation) => "sharding_propagation follows the edge it reached the op over",
+                _ if r.fastest.is_some() => "with it the plan would not fit device_memory_capacity",
+                _ => "ties to a repeated block's first copy",
+            }
+        );
+    }
     s
 }
 
@@ -611,7 +649,10 @@ pub fn search_json(r: &SearchReport) -> Value {
         "profile": r.profile,
         "objective_seconds": r.objective,
         "predicted_seconds": {"compute": t.compute, "communication": t.communication, "redistribution": t.redistribution, "gradient_sync": t.gradient_sync},
-        "tied_blocks": r.tied.iter().map(|t| json!({"first": t.first, "last": t.last, "ops": t.ops, "copies": t.copies})).collect::<Vec<_>>(),
+        "tied_blocks": r.tied.iter().map(|t| json!({"first_copy_first_op": t.first, "first_copy_last_op": t.last, "ops_per_copy": t.ops, "copies": t.copies})).collect::<Vec<_>>(),
+        "memory_bytes": t.memory,
+        "device_memory_capacity": r.capacity,
+        "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,
@@ -667,6 +708,20 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
             seconds,
             exact.map(|e| format!("{:.3}", r.objective / e)).unwrap_or_else(|| "-".into())
         );
+    }
+    // Plans over the capacity: the searches that check each op alone.
+    for (search, row) in rows {
+        if let Ok((r, _)) = row {
+            if r.total().memory > r.capacity {
+                let _ = writeln!(
+                    s,
+                    "  {}: its plan needs {} bytes per device (the ops' summed), over device_memory_capacity = {} bytes (it checks each op alone), so it may beat the exact plan, which fits",
+                    search.name(),
+                    r.total().memory,
+                    r.capacity
+                );
+            }
+        }
     }
     s
 }

@@ -347,6 +347,14 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
     assert!(dp.objective > fastest.objective, "the fastest plan ({most} bytes) does not fit {capacity}");
     assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective, "{} vs exact {}", dp.objective, exact.objective);
     assert!(dp.ops.iter().any(|o| o.splits.iter().skip(1).any(|&s| s > 1)), "some weight is split to fit");
+    // The report says which searches' plans are over the capacity (here the candidates over
+    // it, dropped op by op, already leave dynamic_programming a plan that fits).
+    assert_eq!(dp.capacity, capacity);
+    let rec = get(&within, "recursive_programming").unwrap();
+    if rec.total().memory > capacity {
+        let text = autopar_parallel::report::compare_text("mlp", 8, &within);
+        assert!(text.contains("recursive_programming: its plan needs") && text.contains("checks each op alone"), "{text}");
+    }
     // Budgets every op fits alone but no plan as a whole: refused, naming the ops.
     let mut refused = 0;
     for k in 2..40u64 {
@@ -390,4 +398,7 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
     assert!(exact.total().memory <= capacity);
     assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective, "{} vs exact {}", dp.objective, exact.objective);
     assert!(dp.tied.is_empty(), "searched apart under the budget: {:?}", dp.tied);
+    // The report says the budget bound: the fastest plan's memory and objective.
+    assert_eq!(dp.fastest, Some((fastest.total().memory, fastest.objective)));
+    assert!(autopar_parallel::report::search_text(dp).contains("memory: the fastest plan"));
 }

@@ -107,6 +107,11 @@ pub struct SearchReport {
     pub objective: f64,
     /// The repeated blocks the search tied to one choice (dynamic_programming).
     pub tied: Vec<TiedBlocks>,
+    /// `device_memory_capacity` the search planned under (bytes per device).
+    pub capacity: u64,
+    /// When the fastest plan did not fit the capacity (the elimination searches): its memory
+    /// (the ops' summed, bytes) and objective.
+    pub fastest: Option<(u64, f64)>,
 }
 
 impl SearchReport {
@@ -159,6 +164,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
 pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let mut repeats = Vec::new();
+    let mut fastest = None;
     let (choice, reached) = match search {
         // Propagation reads one row per edge: the cost graph computes them on demand.
         Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(cg, &configured),
@@ -166,13 +172,18 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         // search sees one block however deep the network is.
         Search::Mode(SearchMode::DynamicProgramming) => {
             let (rep, found) = cg.tied_ops();
-            let (choice, tied) = eliminate_fitting(cg, search, (!found.is_empty()).then_some(&rep[..]), Order::Eliminations)?;
-            if tied {
+            let fit = eliminate_fitting(cg, search, (!found.is_empty()).then_some(&rep[..]), Order::Eliminations)?;
+            if fit.tied {
                 repeats = found;
             }
-            (choice, vec![false; cg.ops.len()])
+            fastest = fit.fastest;
+            (fit.choice, vec![false; cg.ops.len()])
         }
-        Search::Exact => (eliminate_fitting(cg, search, None, Order::MinFill)?.0, vec![false; cg.ops.len()]),
+        Search::Exact => {
+            let fit = eliminate_fitting(cg, search, None, Order::MinFill)?;
+            fastest = fit.fastest;
+            (fit.choice, vec![false; cg.ops.len()])
+        }
         // Every op is fixed: its one candidate.
         Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
@@ -187,7 +198,17 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
             copies: t.count,
         })
         .collect();
+    r.fastest = fastest;
     Ok(r)
+}
+
+/// What [`eliminate_fitting`] chose.
+struct Fitted {
+    choice: Vec<usize>,
+    /// The ties held.
+    tied: bool,
+    /// The fastest plan's memory and objective, when it did not fit.
+    fastest: Option<(u64, f64)>,
 }
 
 /// The most costs an untied problem may hold for the search under a memory budget to drop
@@ -205,7 +226,7 @@ const LIST_PROBLEM_LIMIT: u128 = 1 << 14;
 /// the objective (the price bisected), and on small problems the elimination with MindSpore's
 /// (time, memory) cost lists. Untied when the whole problem is small enough: under a budget,
 /// layers may do best with different strategies.
-fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<(Vec<usize>, bool)> {
+fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<Fitted> {
     let untied = || (cg.problem(), (0..cg.ops.len()).collect::<Vec<usize>>());
     let (problem, index) = match rep {
         Some(rep) => cg.tied_problem(rep),
@@ -226,8 +247,9 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
     });
     let capacity = cg.options.device_memory_capacity;
     if cg.memory_of(&choice) <= capacity {
-        return Ok((choice, rep.is_some()));
+        return Ok(Fitted { choice, tied: rep.is_some(), fastest: None });
     }
+    let fastest = Some((cg.memory_of(&choice), cg.total(&choice)));
     let (problem, index, tied) = if rep.is_some() && cg.problem_size() <= UNTIED_LIMIT {
         let (p, i) = untied();
         (p, i, false)
@@ -247,7 +269,7 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
         }
     }
     match found {
-        Ok(merged) => Ok((expand(&index, merged), tied)),
+        Ok(merged) => Ok(Fitted { choice: expand(&index, merged), tied, fastest }),
         Err(solve::NoPlan::TooWide(e)) => Err(too_wide(&index, e)),
         Err(solve::NoPlan::OverBudget { least }) => {
             // The ops whose least memory is largest.
@@ -313,5 +335,13 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
             }
         })
         .collect();
-    SearchReport { search, profile: profile.name.clone(), ops, objective: cg.total(choice), tied: Vec::new() }
+    SearchReport {
+        search,
+        profile: profile.name.clone(),
+        ops,
+        objective: cg.total(choice),
+        tied: Vec::new(),
+        capacity: cg.options.device_memory_capacity,
+        fastest: None,
+    }
 }
