@@ -237,12 +237,7 @@ impl CostGraph {
     pub fn tied_problem(&self, rep: &[usize]) -> (CostProblem, Vec<usize>) {
         let domains: Vec<usize> = (0..self.ops.len()).map(|k| self.domain(k)).collect();
         let (index, merged) = tied_index(rep, &domains);
-        let mut unary: Vec<Vec<f64>> = merged.iter().map(|&d| vec![0.0; d]).collect();
-        for (k, &i) in index.iter().enumerate() {
-            for (c, u) in unary[i].iter_mut().enumerate() {
-                *u += self.unary(k, c);
-            }
-        }
+        let unary = self.merged_sums(&index, merged.len(), |k, c| self.unary(k, c));
         // Edges alike after tying: (representatives, recipe) -> (an edge, how many).
         let mut alike: BTreeMap<TiedEdge, (usize, f64)> = BTreeMap::new();
         for (i, e) in self.edges.iter().enumerate() {
@@ -288,11 +283,17 @@ impl CostGraph {
     /// Each merged op's memory per candidate when op `k` is merged into `index[k]` (of
     /// `merged` ops): the sum of its members' (bytes).
     pub fn memory_table(&self, index: &[usize], merged: usize) -> Vec<Vec<f64>> {
+        self.merged_sums(index, merged, |k, c| self.ops[k].candidates[c].cost.memory as f64)
+    }
+
+    /// `value(op, candidate)` summed per candidate over the members of each merged op, when op
+    /// `k` is merged into `index[k]` (of `merged` ops, whose members share their candidates).
+    fn merged_sums(&self, index: &[usize], merged: usize, value: impl Fn(usize, usize) -> f64) -> Vec<Vec<f64>> {
         let mut table: Vec<Vec<f64>> = vec![Vec::new(); merged];
-        for (op, &i) in self.ops.iter().zip(index) {
+        for (k, &i) in index.iter().enumerate() {
             let t = &mut table[i];
-            t.resize(op.candidates.len(), 0.0);
-            t.iter_mut().zip(&op.candidates).for_each(|(m, c)| *m += c.cost.memory as f64);
+            t.resize(self.ops[k].candidates.len(), 0.0);
+            t.iter_mut().enumerate().for_each(|(c, x)| *x += value(k, c));
         }
         table
     }

@@ -246,10 +246,11 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
         whole >= costgraph::FORBIDDEN || (tied - whole).abs() <= 1e-9 * whole.abs().max(1e-12)
     });
     let capacity = cg.options.device_memory_capacity;
-    if cg.memory_of(&choice) <= capacity {
+    let need = cg.memory_of(&choice);
+    if need <= capacity {
         return Ok(Fitted { choice, tied: rep.is_some(), fastest: None });
     }
-    let fastest = Some((cg.memory_of(&choice), cg.total(&choice)));
+    let fastest = Some((need, cg.total(&choice)));
     let (problem, index, tied) = if rep.is_some() && cg.problem_size() <= UNTIED_LIMIT {
         let (p, i) = untied();
         (p, i, false)

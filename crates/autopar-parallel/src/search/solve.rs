@@ -377,6 +377,12 @@ pub const MAX_TABLE: u128 = 1 << 24;
 /// [`LIST_LIMIT`] points).
 pub const MAX_LIST_TABLE: u128 = 1 << 18;
 
+/// Each op's least memory over its candidates (memory is the ops' own, so a choice needs at
+/// least their sum).
+fn least_memory(memory: &[Vec<f64>]) -> Vec<f64> {
+    memory.iter().map(|m| m.iter().copied().fold(f64::INFINITY, f64::min)).collect()
+}
+
 /// The fastest choice whose memory, `memory[op][candidate]` summed over the ops, is at most
 /// `budget`: variable elimination in `order` with a cost list per table entry (the Pareto
 /// front of time and memory, points over the budget dropped). Exact while no front is longer
@@ -385,7 +391,7 @@ pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order
     let n = p.unary.len();
     let domains: Vec<usize> = p.unary.iter().map(|u| u.len()).collect();
     // Memory is the ops' own: a point covering some ops needs at least the others' least too.
-    let least: Vec<f64> = memory.iter().map(|m| m.iter().copied().fold(f64::INFINITY, f64::min)).collect();
+    let least = least_memory(memory);
     let total_least: f64 = least.iter().sum();
     if total_least > budget {
         return Err(NoPlan::OverBudget { least: total_least });
@@ -512,9 +518,7 @@ pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order
         }
     }
     let Some((_, picks)) = best else {
-        // Memory is the ops' own: the least a choice needs is each op's least.
-        let least = memory.iter().map(|m| m.iter().copied().fold(f64::INFINITY, f64::min)).sum();
-        return Err(NoPlan::OverBudget { least });
+        return Err(NoPlan::OverBudget { least: total_least });
     };
     // Replay: each made factor's point names its op's candidate and its bucket's points.
     let mut choice = vec![0usize; n];
@@ -619,7 +623,7 @@ pub(crate) fn tied_index(rep: &[usize], domains: &[usize]) -> (Vec<usize>, Vec<u
 /// Every plan it returns fits; each is the exact optimum of its priced problem, so the plan
 /// is optimal among the plans on the convex hull of the (memory, time) front.
 pub fn eliminate_priced_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order: Order, limit: u128) -> Result<Vec<usize>, NoPlan> {
-    let least: f64 = memory.iter().map(|m| m.iter().copied().fold(f64::INFINITY, f64::min)).sum();
+    let least: f64 = least_memory(memory).iter().sum();
     if least > budget {
         return Err(NoPlan::OverBudget { least });
     }
