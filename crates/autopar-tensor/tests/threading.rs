@@ -75,6 +75,9 @@ fn convolution_normalisation_and_pooling_are_identical_serial_and_parallel() {
     for (w, p) in [(r(&[12, 4, 3, 3], 10), p), (r(&[6, 8, 1, 1], 21), Conv2dParams::default())] {
         check_conv(&xc, &w, &p);
     }
+    // Small planes, one block of all four images: the block's im2col, output copy and dY
+    // transpose run on the threads inside the block.
+    check_conv(&r(&[4, 8, 6, 6], 24), &r(&[6, 8, 3, 3], 25), &Conv2dParams::new(1, 1));
     // Enough channels per group for the shifted-GEMM forward (and the flipped-kernel dx).
     check_conv(&r(&[5, 32, 9, 9], 22), &r(&[40, 32, 3, 3], 23), &Conv2dParams::new(1, 1));
     let g = r(&[16], 12);

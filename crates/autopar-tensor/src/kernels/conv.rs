@@ -207,34 +207,58 @@ fn image_block(g: &Geo) -> usize {
 /// Fills the `[kg, hwo]` im2col matrix of image `b` and group `grp` into `col`, whose rows are
 /// `ld` apart (`hwo` for one image; `B*hwo` when a block of images sits side by side).
 fn im2col<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, col: &mut [T], ld: usize) {
-    let hwo = g.hwo();
     for r in 0..g.kg {
-        let row = &mut col[r * ld..][..hwo];
-        let c = r / (g.kh * g.kw);
-        let i = (r / g.kw) % g.kh;
-        let j = r % g.kw;
-        let plane = &x[(b * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
-        let off = (j * g.dw) as isize - g.pl as isize;
-        let (lo, hi) = g.ow_range(off);
-        for oh in 0..g.ho {
-            let dst = &mut row[oh * g.wo..][..g.wo];
-            let ih = (oh * g.sh + i * g.dh) as isize - g.pt as isize;
-            if ih < 0 || ih >= g.h as isize || lo == hi {
-                dst.fill(T::zero());
-                continue;
-            }
-            let src = &plane[ih as usize * g.w..][..g.w];
-            dst[..lo].fill(T::zero());
-            dst[hi..].fill(T::zero());
-            if g.sw == 1 {
-                let s0 = (lo as isize + off) as usize;
-                dst[lo..hi].copy_from_slice(&src[s0..s0 + hi - lo]);
-            } else {
-                for (ow, d) in dst[lo..hi].iter_mut().enumerate() {
-                    *d = src[((lo + ow) as isize * g.sw as isize + off) as usize];
-                }
+        im2col_row(x, g, b, grp, r, &mut col[r * ld..][..g.hwo()]);
+    }
+}
+
+/// The im2col matrix of `count` images from `first`, side by side (`[kg, count*hwo]`), rows
+/// filled in parallel when `par` and the context says the size is worth it.
+#[allow(clippy::too_many_arguments)]
+fn im2col_block<T: Float>(ctx: &ExecCtx, par: bool, x: &[T], g: &Geo, first: usize, count: usize, grp: usize, col: &mut [T]) {
+    let (hwo, ch) = (g.hwo(), count * g.hwo());
+    chunks_on(ctx, par, &mut col[..g.kg * ch], ch, |r, row| {
+        for k in 0..count {
+            im2col_row(x, g, first + k, grp, r, &mut row[k * hwo..][..hwo]);
+        }
+    });
+}
+
+/// Row `r` (one kernel tap of one channel) of image `b`'s im2col matrix, `hwo` values.
+fn im2col_row<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, r: usize, row: &mut [T]) {
+    let c = r / (g.kh * g.kw);
+    let i = (r / g.kw) % g.kh;
+    let j = r % g.kw;
+    let plane = &x[(b * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
+    let off = (j * g.dw) as isize - g.pl as isize;
+    let (lo, hi) = g.ow_range(off);
+    for oh in 0..g.ho {
+        let dst = &mut row[oh * g.wo..][..g.wo];
+        let ih = (oh * g.sh + i * g.dh) as isize - g.pt as isize;
+        if ih < 0 || ih >= g.h as isize || lo == hi {
+            dst.fill(T::zero());
+            continue;
+        }
+        let src = &plane[ih as usize * g.w..][..g.w];
+        dst[..lo].fill(T::zero());
+        dst[hi..].fill(T::zero());
+        if g.sw == 1 {
+            let s0 = (lo as isize + off) as usize;
+            dst[lo..hi].copy_from_slice(&src[s0..s0 + hi - lo]);
+        } else {
+            for (ow, d) in dst[lo..hi].iter_mut().enumerate() {
+                *d = src[((lo + ow) as isize * g.sw as isize + off) as usize];
             }
         }
+    }
+}
+
+/// [`ExecCtx::for_chunks`] when `par` (the caller may use threads), else on this thread.
+fn chunks_on<T: Float>(ctx: &ExecCtx, par: bool, out: &mut [T], per: usize, f: impl Fn(usize, &mut [T]) + Send + Sync) {
+    if par {
+        ctx.for_chunks(out, per, f)
+    } else {
+        ExecCtx::serial().for_chunks(out, per, f)
     }
 }
 
@@ -342,16 +366,15 @@ fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, block: us
             let (first, count) = (bi * block, yb.len() / (g.o * hwo));
             let ch = count * hwo;
             for grp in 0..g.g {
-                for k in 0..count {
-                    im2col(x, g, first + k, grp, &mut col[k * hwo..], ch);
-                }
+                im2col_block(ctx, par, x, g, first, count, grp, col);
                 let wg = mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg);
                 gemm_on(ctx, par, wg, mat(&col[..g.kg * ch], g.kg, ch), mat_mut(&mut tmp[..g.og * ch], g.og, ch), false);
-                for k in 0..count {
+                let tmp = &tmp[..g.og * ch];
+                chunks_on(ctx, par, yb, g.o * hwo, |k, yk| {
                     for o in 0..g.og {
-                        yb[(k * g.o + grp * g.og + o) * hwo..][..hwo].copy_from_slice(&tmp[o * ch + k * hwo..][..hwo]);
+                        yk[(grp * g.og + o) * hwo..][..hwo].copy_from_slice(&tmp[o * ch + k * hwo..][..hwo]);
                     }
-                }
+                });
             }
         });
         return y;
@@ -466,15 +489,9 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
     Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 
-/// The input gradient by col2im, one image at a time (measured faster than blocks of images
-/// here: the scatter of a block's columns misses the cache).
-fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T> {
-    let hwo = g.hwo();
-    let plane = g.h * g.w;
-    let mut dx = vec![T::zero(); g.n * g.c * plane];
-    let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
-    // W^T per group, row-major (the GEMM's fast layout), made once per call.
-    let wt_all: Vec<T> = (0..g.g)
+/// `W^T` per group, row-major (the GEMM's fast layout): `[g][kg, og]`.
+fn transposed_weight<T: Float>(w: &[T], g: &Geo) -> Vec<T> {
+    (0..g.g)
         .flat_map(|grp| {
             mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg)
                 .reversed_axes()
@@ -483,7 +500,17 @@ fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T>
                 .into_raw_vec_and_offset()
                 .0
         })
-        .collect();
+        .collect()
+}
+
+/// The input gradient by col2im, one image at a time (measured faster than blocks of images
+/// here: the scatter of a block's columns misses the cache).
+fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T> {
+    let hwo = g.hwo();
+    let plane = g.h * g.w;
+    let mut dx = vec![T::zero(); g.n * g.c * plane];
+    let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
+    let wt_all = transposed_weight(w, g);
     per_image(ctx, &mut dx, g.c * plane, scratch, |b, dxb, col, par| {
         for grp in 0..g.g {
             let wt = mat(&wt_all[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
@@ -580,29 +607,39 @@ fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, b
         let count = block.min(g.n.saturating_sub(first));
         let ch = count * hwo;
         for grp in 0..g.g {
-            for k in 0..count {
-                im2col(x, g, first + k, grp, &mut col[k * hwo..], ch);
+            im2col_block(ctx, par, x, g, first, count, grp, col);
+            chunks_on(ctx, par, &mut dyt[..ch * g.og], hwo * g.og, |k, dk| {
                 let dyg = mat(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], g.og, hwo);
-                mat_mut(&mut dyt[k * hwo * g.og..][..hwo * g.og], hwo, g.og).assign(&dyg.t());
-            }
+                mat_mut(dk, hwo, g.og).assign(&dyg.t());
+            });
             let out = mat_mut(&mut dwt[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
             gemm_on(ctx, par, mat(&col[..g.kg * ch], g.kg, ch), mat(&dyt[..ch * g.og], ch, g.og), out, false);
         }
     });
-    sum_transposed_partials(&partial, wlen, g)
+    sum_transposed_partials(ctx, &partial, wlen, g)
 }
 
 /// The sum of per-group-of-images partials of `dW^T` (`[kg, og]` per group), in order, as
-/// `dW`.
-fn sum_transposed_partials<T: Float>(partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
+/// `dW`. Pieces of the sum and tiles of the transpose run in parallel; every value is summed
+/// over the partials in order, as a serial loop would.
+fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
+    const PIECE: usize = 1 << 14;
+    const TILE: usize = 32;
+    let par = ctx.is_parallel();
     let mut sum = partial[..wlen].to_vec();
-    for p in partial[wlen..].chunks(wlen) {
-        sum.iter_mut().zip(p).for_each(|(a, &b)| *a += b);
-    }
+    chunks_on(ctx, par, &mut sum, PIECE, |k, piece| {
+        for p in partial[wlen..].chunks(wlen) {
+            piece.iter_mut().zip(&p[k * PIECE..]).for_each(|(a, &b)| *a += b);
+        }
+    });
     let mut dw = vec![T::zero(); wlen];
-    for grp in 0..g.g {
-        let src = mat(&sum[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
-        mat_mut(&mut dw[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg).assign(&src.t());
+    let per_group = g.og * g.kg;
+    for (grp, dwg) in dw.chunks_mut(per_group).enumerate() {
+        let src = mat(&sum[grp * per_group..][..per_group], g.kg, g.og);
+        chunks_on(ctx, par, dwg, TILE * g.kg, |t, rows| {
+            let (o0, n) = (t * TILE, rows.len() / g.kg);
+            mat_mut(rows, n, g.kg).assign(&src.slice(ndarray::s![.., o0..o0 + n]).t());
+        });
     }
     dw
 }
@@ -633,7 +670,7 @@ fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -
             }
         }
     });
-    sum_transposed_partials(&partial, wlen, g)
+    sum_transposed_partials(ctx, &partial, wlen, g)
 }
 
 /// Conv2D forward: `x [N, C, H, W]`, `w [O, C/groups, kH, kW]` -> `[N, O, Ho, Wo]` (no bias;
