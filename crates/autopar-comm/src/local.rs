@@ -75,6 +75,83 @@ struct World {
     failure: Mutex<Option<(usize, String)>>,
     finished: Vec<AtomicBool>,
     groups: Mutex<Vec<Weak<Group>>>,
+    /// The machine's cores, when [`LocalComm::run`] starts more ranks than there are.
+    cores: Option<Arc<Cores>>,
+}
+
+/// The cores that more simulated ranks than the machine has take turns on: a rank thread of
+/// [`LocalComm::run`] holds one while it computes and gives it back while it waits in a
+/// collective or a receive, so no more ranks run at once than there are cores (no time-slicing
+/// of computing ranks, which costs context switches and each other's caches).
+struct Cores {
+    /// Cores free; below zero after a rank stopped waiting for one.
+    free: Mutex<isize>,
+    cv: Condvar,
+    /// How long a rank waits for a core before it runs without one (the world's timeout: a
+    /// rank stuck while holding a core never turns the others' errors into a hang).
+    patience: Duration,
+}
+
+impl Cores {
+    fn take(&self) {
+        let start = Instant::now();
+        let mut free = lock(&self.free);
+        while *free <= 0 && start.elapsed() < self.patience {
+            free = self.cv.wait_timeout(free, POLL).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        *free -= 1;
+    }
+
+    fn give(&self) {
+        *lock(&self.free) += 1;
+        self.cv.notify_one();
+    }
+}
+
+thread_local! {
+    /// The cores this thread holds one of (a rank thread of an oversubscribed `run`).
+    static HELD_CORE: std::cell::RefCell<Option<Arc<Cores>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Holds one of `cores` for the life of a rank thread.
+struct CoreHold;
+
+impl CoreHold {
+    fn new(cores: Option<&Arc<Cores>>) -> Option<CoreHold> {
+        let cores = cores?;
+        cores.take();
+        HELD_CORE.with(|h| *h.borrow_mut() = Some(cores.clone()));
+        Some(CoreHold)
+    }
+}
+
+impl Drop for CoreHold {
+    fn drop(&mut self) {
+        if let Some(c) = HELD_CORE.with(|h| h.borrow_mut().take()) {
+            c.give();
+        }
+    }
+}
+
+/// This thread's core given back while it waits, and taken again when the wait ends.
+struct CoreLent(Option<Arc<Cores>>);
+
+impl CoreLent {
+    fn new() -> CoreLent {
+        let cores = HELD_CORE.with(|h| h.borrow().clone());
+        if let Some(c) = &cores {
+            c.give();
+        }
+        CoreLent(cores)
+    }
+}
+
+impl Drop for CoreLent {
+    fn drop(&mut self) {
+        if let Some(c) = &self.0 {
+            c.take();
+        }
+    }
 }
 
 impl World {
@@ -275,7 +352,9 @@ impl LocalComm {
                 let guard = comm.guard.clone();
                 let w = world.clone();
                 let spawned = thread::Builder::new().name(format!("rank-{r}")).stack_size(opts.stack_size).spawn_scoped(s, move || {
+                    let core = CoreHold::new(w.cores.as_ref());
                     let out = catch_unwind(AssertUnwindSafe(|| f(comm)));
+                    drop(core);
                     let value = match out {
                         Ok(Ok(v)) => {
                             w.finish(r);
@@ -337,6 +416,11 @@ impl LocalComm {
             failure: Mutex::new(None),
             finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
             groups: Mutex::new(Vec::new()),
+            cores: thread::available_parallelism()
+                .ok()
+                .map(|c| c.get())
+                .filter(|&c| n > c)
+                .map(|c| Arc::new(Cores { free: Mutex::new(c as isize), cv: Condvar::new(), patience: opts.timeout })),
         });
         let group = Group::new(&world, (0..n).collect());
         Ok((0..n)
@@ -435,6 +519,9 @@ impl LocalComm {
                 Err(x) => v = x,
             }
         };
+        // Peers that have not arrived may need this thread's core. (Yielding before parking
+        // still pays with more ranks than cores: parking at once measured slower.)
+        let _lent = CoreLent::new();
         for i in 0..g.spins + YIELDS {
             if g.state.load(SeqCst) >> 32 != gen {
                 return Ok(());
@@ -619,6 +706,8 @@ impl Communicator for LocalComm {
         self.check("recv").p2p(src, self.rank, tag)?;
         let g = &*self.group;
         let start = Instant::now();
+        // Declared before the mailbox lock so it is dropped (its core taken again) after it.
+        let mut lent: Option<CoreLent> = None;
         let mut mb = lock(&g.mailbox);
         let msg = loop {
             let src_gone = g.world.finished[g.members[src]].load(SeqCst);
@@ -644,9 +733,11 @@ impl Communicator for LocalComm {
                 return Err(self.fail(e));
             }
             let wait_for = (g.world.timeout - elapsed).min(POLL);
+            lent.get_or_insert_with(CoreLent::new);
             mb = g.cv.wait_timeout(mb, wait_for).unwrap_or_else(|e| e.into_inner()).0;
         };
         drop(mb);
+        drop(lent);
         if msg.dtype != buf.dtype() || msg.len != buf.len() {
             return Err(CommError::MessageMismatch {
                 rank: self.world_rank(),

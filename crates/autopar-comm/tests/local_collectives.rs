@@ -2,7 +2,7 @@
 //! odd sizes, sub-groups; and bit-reproducibility for arbitrary inputs.
 
 use autopar_comm::conformance::run_suite;
-use autopar_comm::{reduce_serial, Communicator, LocalComm, ReduceOp};
+use autopar_comm::{reduce_serial, Buf, BufMut, Communicator, LocalComm, ReduceOp};
 
 #[test]
 fn every_collective_matches_the_serial_reference_on_1_to_8_ranks() {
@@ -108,4 +108,33 @@ fn empty_buffers_are_valid_for_every_collective() {
         Ok(())
     })
     .unwrap();
+}
+
+#[test]
+fn more_ranks_than_cores_take_turns_on_the_cores() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let n = 2 * cores + 1;
+    let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    LocalComm::run(n, |comm| -> Result<(), autopar_comm::CommError> {
+        for round in 0..3 {
+            // "Computing": counted while it lasts.
+            let now = running.fetch_add(1, SeqCst) + 1;
+            most.fetch_max(now, SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            running.fetch_sub(1, SeqCst);
+            // Waiting: a point-to-point ring and a barrier give the core back.
+            let (next, prev) = ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n);
+            comm.send(Buf::I64(&[round]), next, 7)?;
+            let mut got = [0i64];
+            comm.recv(BufMut::I64(&mut got), prev, 7)?;
+            assert_eq!(got[0], round);
+            comm.barrier()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let most = most.load(SeqCst);
+    assert!(most <= cores, "{most} of {n} ranks computed at once on {cores} cores");
+    assert!(most >= 1);
 }
