@@ -38,7 +38,7 @@ fn main() {
             t.step(&mut opt, &feeds).map_err(e)?;
         }
         comm.barrier().map_err(|e| e.to_string())?;
-        let steps = 30;
+        let steps = 300;
         let start = Instant::now();
         for _ in 0..steps {
             t.step(&mut opt, &feeds).map_err(e)?;

@@ -7,11 +7,16 @@
 //! schedule, evaluation and checkpoint; its time is measured inside the script, so Python's
 //! start-up and `import torch` are not counted against it), the same job on one device, and the
 //! training steps of the MLP 784-512-512-10 (batch 64 and 256), ResNet-18 (CIFAR, batch 32) and
-//! the small GPT (batch 16) on 1 and 2 threads (`benches/peers/{step,models}_torch.py`).
+//! the small GPT (batch 16) on 1 and 2 threads (`benches/peers/{step,models}_torch.py`); then
+//! data_parallel on 2 and 4 in-process ranks of 64 rows each beside PyTorch DDP over gloo with
+//! one single-threaded process per rank (`peers/ddp_torch.py`), and 8 simulated devices with
+//! the (2, 4) data x model strategy at global batch 128 beside JAX on 8 CPU devices with the
+//! same sharding (`peers/mesh_jax.py`; that row needs `jax` in the same Python).
 //!
 //! `AUTOPAR_BENCH_PYTHON=/path/to/python cargo bench -p autopar --bench versus`
 //! (a Python with torch; without it the PyTorch columns say n/a). `AUTOPAR_BENCH_ROUNDS` (3),
-//! `AUTOPAR_BENCH_SECONDS` per step row and side (3), `AUTOPAR_BENCH_EPOCHS` of the quick-start (3).
+//! `AUTOPAR_BENCH_SECONDS` per step row and side (3), `AUTOPAR_BENCH_EPOCHS` of the quick-start (3),
+//! `AUTOPAR_BENCH_ROWS` (only the rows whose name contains it, e.g. `DDP`).
 
 use std::process::Command;
 use std::time::Instant;
@@ -145,6 +150,115 @@ fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> R
     .ok_or_else(|| format!("no timing in the output of {script}: {text}"))
 }
 
+/// The in-process parallel rows: the MLP trained by `ranks` simulated devices (`LocalComm`,
+/// one thread each, kernels serial on each) on a fixed global batch of `global` rows, either
+/// data_parallel or the (2, 4) data x model strategy on 8 devices; seconds per step (the
+/// slowest rank's).
+#[derive(Clone, Copy)]
+enum Parallel {
+    /// data_parallel over `ranks`, each rank 64 rows (the DDP row's split).
+    Data { ranks: usize },
+    /// semi_auto_parallel on 8 devices: the batch split 2 ways, the hidden layers 4 ways
+    /// (column- then row-parallel), the global batch `global`.
+    Mesh24 { global: usize },
+}
+
+fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
+    use autopar_comm::{Communicator, LocalComm};
+    use autopar_parallel::ParallelContext;
+    use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+    let (ranks, global) = match run {
+        Parallel::Data { ranks } => (ranks, 64 * ranks),
+        Parallel::Mesh24 { global } => (8, global),
+    };
+    let model = Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp");
+    let (mut g, m) = model.build_graph(global, Mode::Train, 1).expect("graph");
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &serde_json::json!(ranks)).expect("device_num");
+    match run {
+        Parallel::Data { .. } => {
+            ctx.set("parallel_mode", &serde_json::json!("data_parallel")).expect("mode");
+            ctx.set("gradients_mean", &serde_json::json!(true)).expect("gradients_mean");
+        }
+        Parallel::Mesh24 { .. } => {
+            ctx.set("parallel_mode", &serde_json::json!("semi_auto_parallel")).expect("mode");
+            for (op, st) in [("fc1.matmul", "((2,1),(4,1))"), ("fc2.matmul", "((2,4),(1,4))"), ("fc3.matmul", "((2,1),(1,1))")] {
+                m.shard_graph(&mut g, op, st.parse().expect("strategy")).expect("shard");
+            }
+        }
+    }
+    let job = ParallelJob::new(g, m.loss, ctx).expect("job");
+    let full = ParamStore::init(job.graph()).expect("init");
+    let mut rng = autopar_graph::Rng::new(7);
+    let x = Tensor::from_vec(&[global, 784], (0..global * 784).map(|_| rng.normal() as f32).collect()).expect("x");
+    let y = Tensor::from_vec(&[global], (0..global).map(|_| (rng.next_u64() % 10) as i64).collect::<Vec<i64>>()).expect("y");
+    let global_feeds = vec![("x".to_string(), x), ("labels".to_string(), y)];
+    let times = LocalComm::run(ranks, |comm| -> autopar_runtime::Result<f64> {
+        let mut t = RankTrainer::new(&job, &comm, &full)?;
+        let mut opt = Sgd::new(LrSchedule::Constant(0.01))?;
+        let feeds = t.local_feeds(&global_feeds)?;
+        for _ in 0..10 {
+            t.step(&mut opt, &feeds)?;
+        }
+        // Every rank runs the same number of steps: rank 0 sizes the run from 10 probe steps
+        // and broadcasts it (ranks deciding on their own clocks would leave a collective).
+        let comm_err = || autopar_runtime::RuntimeError::comm(autopar_runtime::CommPhase::Run);
+        let start = Instant::now();
+        for _ in 0..10 {
+            t.step(&mut opt, &feeds)?;
+        }
+        let per_step = start.elapsed().as_secs_f64() / 10.0;
+        let mut total = [((seconds / per_step) as i64).max(5)];
+        comm.broadcast(autopar_comm::BufMut::I64(&mut total), 0).map_err(comm_err())?;
+        comm.barrier().map_err(comm_err())?;
+        let start = Instant::now();
+        for _ in 0..total[0] {
+            t.step(&mut opt, &feeds)?;
+        }
+        Ok(start.elapsed().as_secs_f64() / total[0] as f64)
+    })
+    .expect("parallel run");
+    times.into_iter().fold(0.0, f64::max)
+}
+
+fn parallel_peer(run: Parallel, seconds: f64) -> Result<f64, String> {
+    let s = seconds.to_string();
+    let (script, args, key): (&str, Vec<String>, &str) = match run {
+        Parallel::Data { ranks } => (
+            "ddp_torch.py",
+            ["--ranks", &ranks.to_string(), "--batch", "64", "--seconds", &s].map(String::from).to_vec(),
+            "seconds_per_step",
+        ),
+        Parallel::Mesh24 { global } => {
+            ("mesh_jax.py", ["--batch", &global.to_string(), "--seconds", &s].map(String::from).to_vec(), "seconds_per_step")
+        }
+    };
+    let text = peer(script, &args)?;
+    number_after(&text, &format!("\"{key}\"")).ok_or_else(|| format!("no timing in the output of {script}: {text}"))
+}
+
+/// `mpi_dp_bench` (data_parallel over MPI, 64 rows per rank) beside this bench, when it was
+/// built: `cargo build --release -p autopar-runtime --features mpi --example mpi_dp_bench`.
+fn mpi_dp_bench() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.parent()?.join("examples").join("mpi_dp_bench");
+    (path.is_file() && Command::new("mpirun").arg("--version").output().is_ok()).then_some(path)
+}
+
+/// ms per step of `mpirun -n ranks mpi_dp_bench`.
+fn mpi_autopar(bench: &std::path::Path, ranks: usize) -> f64 {
+    let mut cmd = Command::new("mpirun");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.arg("--allow-run-as-root");
+    }
+    let out = cmd.args(["--oversubscribe", "-n", &ranks.to_string()]).arg(bench).output().expect("mpirun runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "data_parallel over MPI, 2 ranks x batch 64: 1.95 ms/step, ..."
+    let ms = text.split(": ").nth(1).and_then(|t| t.split_whitespace().next()).and_then(|v| v.parse().ok());
+    ms.filter(|_| out.status.success()).unwrap_or_else(|| panic!("mpi_dp_bench failed: {text}"))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -184,6 +298,41 @@ fn main() {
             ));
         }
     }
+    for ranks in [2, 4] {
+        let run = Parallel::Data { ranks };
+        rows.push((
+            format!("data_parallel {ranks} x 64 vs DDP (gloo)"),
+            "ms/step",
+            Box::new(move || 1e3 * parallel_autopar(run, seconds)),
+            Box::new(move || parallel_peer(run, seconds).map(|s| 1e3 * s)),
+        ));
+    }
+    match mpi_dp_bench() {
+        Some(bench) => {
+            for ranks in [2, 4] {
+                let bench = bench.clone();
+                rows.push((
+                    format!("data_parallel {ranks} x 64, mpirun vs DDP (gloo)"),
+                    "ms/step",
+                    Box::new(move || mpi_autopar(&bench, ranks)),
+                    Box::new(move || parallel_peer(Parallel::Data { ranks }, seconds).map(|s| 1e3 * s)),
+                ));
+            }
+        }
+        None => eprintln!(
+            "no MPI rows: build `cargo build --release -p autopar-runtime --features mpi --example mpi_dp_bench` (and have mpirun) for them"
+        ),
+    }
+    let run = Parallel::Mesh24 { global: 128 };
+    rows.push((
+        "8 devices (2,4), batch 128 vs JAX".to_string(),
+        "ms/step",
+        Box::new(move || 1e3 * parallel_autopar(run, seconds)),
+        Box::new(move || parallel_peer(run, seconds).map(|s| 1e3 * s)),
+    ));
+    if let Ok(only) = std::env::var("AUTOPAR_BENCH_ROWS") {
+        rows.retain(|(name, ..)| name.contains(&only));
+    }
     let mut results: Vec<(Vec<f64>, Vec<f64>, Option<String>)> = rows.iter().map(|_| (Vec::new(), Vec::new(), None)).collect();
     for round in 1..=rounds {
         for (i, (name, unit, ours, theirs)) in rows.iter().enumerate() {
@@ -195,21 +344,21 @@ fn main() {
                     Err(e) => results[i].2 = Some(e),
                 }
             }
-            eprintln!("round {round}: {name}: autopar {a:.3} {unit}, pytorch {:?}", results[i].1.last());
+            eprintln!("round {round}: {name}: autopar {a:.3} {unit}, peer {:?}", results[i].1.last());
         }
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("autopar vs PyTorch on this machine ({cores} cores), median of {rounds} interleaved rounds");
-    println!("{:<40} {:>8} {:>10} {:>10} {:>14}", "work", "unit", "autopar", "pytorch", "ratio (median)");
+    println!("autopar vs PyTorch (JAX where the row says) on this machine ({cores} cores), median of {rounds} interleaved rounds");
+    println!("{:<44} {:>8} {:>10} {:>10} {:>14}", "work", "unit", "autopar", "peer", "ratio (median)");
     for ((name, unit, _, _), (ours, theirs, err)) in rows.iter().zip(results) {
         let a = median(ours.clone());
         if theirs.len() == ours.len() {
             let ratio = median(ours.iter().zip(&theirs).map(|(a, t)| a / t).collect());
-            println!("{name:<40} {unit:>8} {a:>10.3} {:>10.3} {ratio:>14.2}", median(theirs));
+            println!("{name:<44} {unit:>8} {a:>10.3} {:>10.3} {ratio:>14.2}", median(theirs));
         } else {
-            println!("{name:<40} {unit:>8} {a:>10.3} {:>10} {:>14}", "n/a", "n/a");
+            println!("{name:<44} {unit:>8} {a:>10.3} {:>10} {:>14}", "n/a", "n/a");
             if let Some(e) = err {
-                eprintln!("  pytorch: {e}");
+                eprintln!("  peer: {e}");
             }
         }
     }
