@@ -1,11 +1,13 @@
 //! Kernel benchmark: GEMM 1024x1024, the MLP 784-512-512-10 training step at batch 64 (forward,
 //! loss, backward, SGD update), Conv2D 64->64 3x3 (pad 1) on 32x32 at batch 32 forward and
 //! backward. Each case runs single-threaded and on every core of the rayon pool; each figure
-//! is the best of several runs (the machine is shared, so the best run is the least disturbed).
+//! is the median of several runs.
 //!
 //! `cargo bench -p autopar-tensor --bench kernels` prints the table. With
 //! `AUTOPAR_BENCH_PYTHON=/path/to/python` (an interpreter with torch and numpy), the same cases
-//! run in PyTorch (and GEMM in numpy) at the same thread counts, side by side, in one run.
+//! run in PyTorch (and GEMM in numpy) at the same thread counts, interleaved with autopar round
+//! by round (`AUTOPAR_BENCH_ROUNDS`, 3): the table gives each side's median over the rounds and
+//! the median of the per-round ratios time(autopar) / time(PyTorch) (below 1: autopar faster).
 
 use std::process::Command;
 use std::time::Instant;
@@ -13,19 +15,23 @@ use std::time::Instant;
 use autopar_tensor::kernels::{conv, elementwise as ew, loss, matmul};
 use autopar_tensor::{random, Conv2dParams, DType, ExecCtx, Tensor};
 
-fn best_ms(iters: usize, mut f: impl FnMut()) -> f64 {
+fn median_ms(iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..2 {
         f();
     }
-    let mut t: Vec<f64> = (0..iters)
+    let t: Vec<f64> = (0..iters)
         .map(|_| {
             let s = Instant::now();
             f();
             s.elapsed().as_secs_f64() * 1e3
         })
         .collect();
-    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    t[0]
+    median(t)
+}
+
+fn median(mut t: Vec<f64>) -> f64 {
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
 }
 
 struct Mlp {
@@ -66,7 +72,7 @@ fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
     // GEMM.
     let a = random::uniform(&[1024, 1024], -1.0, 1.0, 1, DType::F32);
     let b = random::uniform(&[1024, 1024], -1.0, 1.0, 2, DType::F32);
-    let ms = best_ms(15, || {
+    let ms = median_ms(15, || {
         matmul::matmul(&c, &a, &b, false, false).unwrap();
     });
     rows.push(("gemm 1024x1024x1024 f32".to_string(), ms, 2.0 * 1024f64.powi(3) / ms / 1e6));
@@ -79,7 +85,7 @@ fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
     let x = random::uniform(&[64, 784], 0.0, 1.0, 3, DType::F32);
     let labels = Tensor::from_vec(&[64], (0..64).map(|i| (i * 7 % 10) as i64).collect()).unwrap();
     let flops = 3.0 * 2.0 * 64.0 * (784.0 * 512.0 + 512.0 * 512.0 + 512.0 * 10.0);
-    let ms = best_ms(50, || {
+    let ms = median_ms(50, || {
         mlp_step(&c, &mut m, &x, &labels, 0.01);
     });
     rows.push(("mlp 784-512-512-10 step, batch 64".to_string(), ms, flops / ms / 1e6));
@@ -89,20 +95,20 @@ fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
     let w = random::normal(&[64, 64, 3, 3], 0.0, 0.05, 5, DType::F32);
     let dy = random::uniform(&[32, 64, 32, 32], -1.0, 1.0, 6, DType::F32);
     let cflops = 2.0 * 32.0 * 64.0 * 32.0 * 32.0 * 64.0 * 9.0;
-    let ms = best_ms(7, || {
+    let ms = median_ms(7, || {
         conv::conv2d(&c, &xi, &w, &p).unwrap();
     });
     rows.push(("conv2d 64->64 3x3 32x32 b32 forward".to_string(), ms, cflops / ms / 1e6));
-    let ms = best_ms(5, || {
+    let ms = median_ms(5, || {
         conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
         conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
     });
     rows.push(("conv2d 64->64 3x3 32x32 b32 backward (dx+dw)".to_string(), ms, 2.0 * cflops / ms / 1e6));
-    let ms = best_ms(5, || {
+    let ms = median_ms(5, || {
         conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
     });
     rows.push(("  of which dx".to_string(), ms, cflops / ms / 1e6));
-    let ms = best_ms(5, || {
+    let ms = median_ms(5, || {
         conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
     });
     rows.push(("  of which dw".to_string(), ms, cflops / ms / 1e6));
@@ -131,29 +137,46 @@ fn main() {
     // `cargo bench` passes `--bench`; nothing else to parse.
     let all = rayon::current_num_threads();
     let python = std::env::var("AUTOPAR_BENCH_PYTHON").ok();
-    println!("autopar-tensor kernels ({} threads available, backend {})", all, ExecCtx::default().backend().name());
+    let rounds: usize = std::env::var("AUTOPAR_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     println!(
-        "{:<48} {:>7} {:>11} {:>9} {:>12} {:>12} {:>8}",
-        "case", "threads", "autopar ms", "GFLOP/s", "torch ms", "numpy ms", "speedup"
+        "autopar-tensor kernels ({} threads available, backend {}), medians of {rounds} interleaved rounds",
+        all,
+        ExecCtx::default().backend().name()
     );
+    println!("{:<48} {:>7} {:>11} {:>9} {:>12} {:>12} {:>8}", "case", "threads", "autopar ms", "GFLOP/s", "torch ms", "numpy ms", "ratio");
     let mut counts = vec![1];
     if all > 1 {
         counts.push(all);
     }
     for threads in counts {
-        let refs = python.as_deref().and_then(|p| reference(p, threads)).unwrap_or_default();
-        let find = |k: &str| refs.iter().find(|(n, _)| n == k).map(|r| r.1);
-        for (name, ms, gflops) in run_cases(threads) {
-            let torch = find(&format!("torch {name}"));
-            let numpy = find(&format!("numpy {name}"));
-            let fmt = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
-            let best = match (torch, numpy) {
-                (Some(t), Some(n)) => Some(t.min(n)),
-                (t, n) => t.or(n),
+        // Per case: autopar's ms and GFLOP/s, PyTorch's and numpy's ms, one entry per round.
+        let mut ours: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+        let mut peers: Vec<(Vec<f64>, Vec<f64>)> = Vec::new();
+        for _ in 0..rounds {
+            let cases = run_cases(threads);
+            let refs = python.as_deref().and_then(|p| reference(p, threads)).unwrap_or_default();
+            let find = |k: &str| refs.iter().find(|(n, _)| n == k).map(|r| r.1);
+            for (i, (name, ms, gflops)) in cases.into_iter().enumerate() {
+                if ours.len() <= i {
+                    ours.push((name.clone(), Vec::new(), Vec::new()));
+                    peers.push((Vec::new(), Vec::new()));
+                }
+                ours[i].1.push(ms);
+                ours[i].2.push(gflops);
+                peers[i].0.extend(find(&format!("torch {name}")));
+                peers[i].1.extend(find(&format!("numpy {name}")));
+            }
+        }
+        for ((name, ms, gflops), (torch, numpy)) in ours.into_iter().zip(peers) {
+            let fmt = |v: &[f64]| if v.len() == rounds { format!("{:.3}", median(v.to_vec())) } else { "-".into() };
+            let ratio = if torch.len() == rounds {
+                format!("{:.2}", median(ms.iter().zip(&torch).map(|(a, t)| a / t).collect()))
+            } else {
+                "-".into()
             };
-            let speed = best.map(|b| format!("{:.2}x", b / ms)).unwrap_or_else(|| "-".into());
-            println!("{name:<48} {threads:>7} {ms:>11.3} {gflops:>9.1} {:>12} {:>12} {speed:>8}", fmt(torch), fmt(numpy));
+            let (m, g) = (median(ms), median(gflops));
+            println!("{name:<48} {threads:>7} {m:>11.3} {g:>9.1} {:>12} {:>12} {ratio:>8}", fmt(&torch), fmt(&numpy));
         }
     }
-    println!("speedup = fastest reference time / autopar time (>1 means autopar is faster)");
+    println!("ratio = median over rounds of time(autopar) / time(PyTorch) (below 1: autopar is faster)");
 }

@@ -1,6 +1,6 @@
 """Reference timings for benches/kernels.rs: the same cases in PyTorch (and GEMM in numpy).
 
-Usage: python torch_reference.py THREADS   -> lines "<engine> <case>\t<best ms>"
+Usage: python torch_reference.py THREADS   -> lines "<engine> <case>\t<median ms>"
 """
 import os
 import sys
@@ -17,7 +17,7 @@ torch.set_num_threads(threads)
 torch.manual_seed(0)
 
 
-def best_ms(iters, f):
+def median_ms(iters, f):
     for _ in range(2):
         f()
     ts = []
@@ -26,7 +26,7 @@ def best_ms(iters, f):
         f()
         ts.append((time.perf_counter() - s) * 1e3)
     ts.sort()
-    return ts[0]
+    return ts[len(ts) // 2]
 
 
 def emit(name, ms):
@@ -35,9 +35,9 @@ def emit(name, ms):
 
 a = np.random.rand(1024, 1024).astype(np.float32)
 b = np.random.rand(1024, 1024).astype(np.float32)
-emit("numpy gemm 1024x1024x1024 f32", best_ms(15, lambda: a @ b))
+emit("numpy gemm 1024x1024x1024 f32", median_ms(15, lambda: a @ b))
 ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-emit("torch gemm 1024x1024x1024 f32", best_ms(15, lambda: ta @ tb))
+emit("torch gemm 1024x1024x1024 f32", median_ms(15, lambda: ta @ tb))
 
 model = torch.nn.Sequential(
     torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
@@ -54,19 +54,19 @@ def step():
     opt.step()
 
 
-emit("torch mlp 784-512-512-10 step, batch 64", best_ms(50, step))
+emit("torch mlp 784-512-512-10 step, batch 64", median_ms(50, step))
 
 xi = torch.rand(32, 64, 32, 32) * 2 - 1
 w = torch.randn(64, 64, 3, 3) * 0.05
 dy = torch.rand(32, 64, 32, 32) * 2 - 1
 with torch.no_grad():
-    emit("torch conv2d 64->64 3x3 32x32 b32 forward", best_ms(7, lambda: torch.nn.functional.conv2d(xi, w, padding=1)))
+    emit("torch conv2d 64->64 3x3 32x32 b32 forward", median_ms(7, lambda: torch.nn.functional.conv2d(xi, w, padding=1)))
 xg = xi.clone().requires_grad_(True)
 wg = w.clone().requires_grad_(True)
 out = torch.nn.functional.conv2d(xg, wg, padding=1)
 emit(
     "torch conv2d 64->64 3x3 32x32 b32 backward (dx+dw)",
-    best_ms(5, lambda: torch.autograd.grad(out, [xg, wg], dy, retain_graph=True)),
+    median_ms(5, lambda: torch.autograd.grad(out, [xg, wg], dy, retain_graph=True)),
 )
-emit("torch   of which dx", best_ms(5, lambda: torch.autograd.grad(out, [xg], dy, retain_graph=True)))
-emit("torch   of which dw", best_ms(5, lambda: torch.autograd.grad(out, [wg], dy, retain_graph=True)))
+emit("torch   of which dx", median_ms(5, lambda: torch.autograd.grad(out, [xg], dy, retain_graph=True)))
+emit("torch   of which dw", median_ms(5, lambda: torch.autograd.grad(out, [wg], dy, retain_graph=True)))
