@@ -87,19 +87,29 @@ struct Cores {
     /// Cores free; below zero after a rank stopped waiting for one.
     free: Mutex<isize>,
     cv: Condvar,
-    /// How long a rank waits for a core before it runs without one (the world's timeout: a
-    /// rank stuck while holding a core never turns the others' errors into a hang).
+    /// How long a rank waits for a core before it runs without one: a quarter of the world's
+    /// timeout, so a rank stuck while holding a core neither hangs the others nor, by starving
+    /// one of them, makes its peers time out in a collective.
     patience: Duration,
+    /// Set when the world fails: from then on nobody waits for a core (errors come back at
+    /// once, as without the pool).
+    abandoned: AtomicBool,
 }
 
 impl Cores {
     fn take(&self) {
         let start = Instant::now();
         let mut free = lock(&self.free);
-        while *free <= 0 && start.elapsed() < self.patience {
+        while *free <= 0 && !self.abandoned.load(SeqCst) && start.elapsed() < self.patience {
             free = self.cv.wait_timeout(free, POLL).unwrap_or_else(|e| e.into_inner()).0;
         }
         *free -= 1;
+    }
+
+    fn abandon(&self) {
+        self.abandoned.store(true, SeqCst);
+        let _l = lock(&self.free);
+        self.cv.notify_all();
     }
 
     fn give(&self) {
@@ -163,6 +173,9 @@ impl World {
             }
         }
         self.poisoned.store(true, SeqCst);
+        if let Some(c) = &self.cores {
+            c.abandon();
+        }
         self.wake_all();
     }
 
@@ -241,7 +254,9 @@ impl Group {
             mailbox: Mutex::new(Mailbox::default()),
             cv: Condvar::new(),
             split_out: Mutex::new(Vec::new()),
-            spins: if n > thread::available_parallelism().map_or(1, |p| p.get()) { 0 } else { SPINS },
+            // No spinning either when the world's ranks take turns on the cores: a waiting rank
+            // has lent its core to one that computes.
+            spins: if n > thread::available_parallelism().map_or(1, |p| p.get()) || world.cores.is_some() { 0 } else { SPINS },
         });
         world.register(&g);
         g
@@ -327,6 +342,11 @@ impl LocalComm {
     /// When a rank panics or returns an error, every other rank's pending and later
     /// collectives fail at once and this returns [`CommError::RankFailed`] naming the first
     /// rank that failed and its message.
+    ///
+    /// With more ranks than the machine has cores, the ranks take turns on the cores: a rank
+    /// computes while it holds one and lends it while it waits in a collective or a receive.
+    /// Ranks should wait on each other only through the communicator (a rank blocked on
+    /// anything else keeps its core).
     pub fn run<R, E, F>(n: usize, f: F) -> Result<Vec<R>>
     where
         R: Send,
@@ -346,6 +366,8 @@ impl LocalComm {
         let comms = Self::group_with(n, opts.clone())?;
         let world = comms[0].group.world.clone();
         let f = &f;
+        // A rank thread that runs a nested group lends its core while it waits for it.
+        let lent = CoreLent::new();
         let results: Vec<Option<R>> = thread::scope(|s| {
             let mut handles = Vec::with_capacity(n);
             for (r, comm) in comms.into_iter().enumerate() {
@@ -393,6 +415,7 @@ impl LocalComm {
                 })
                 .collect()
         });
+        drop(lent);
         if let Some((rank, message)) = world.failure() {
             return Err(CommError::RankFailed { rank, message });
         }
@@ -416,11 +439,14 @@ impl LocalComm {
             failure: Mutex::new(None),
             finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
             groups: Mutex::new(Vec::new()),
-            cores: thread::available_parallelism()
-                .ok()
-                .map(|c| c.get())
-                .filter(|&c| n > c)
-                .map(|c| Arc::new(Cores { free: Mutex::new(c as isize), cv: Condvar::new(), patience: opts.timeout })),
+            cores: thread::available_parallelism().ok().map(|c| c.get()).filter(|&c| n > c).map(|c| {
+                Arc::new(Cores {
+                    free: Mutex::new(c as isize),
+                    cv: Condvar::new(),
+                    patience: opts.timeout / 4,
+                    abandoned: AtomicBool::new(false),
+                })
+            }),
         });
         let group = Group::new(&world, (0..n).collect());
         Ok((0..n)
