@@ -237,8 +237,9 @@ struct Group {
     mailbox: Mutex<Mailbox>,
     cv: Condvar,
     split_out: Mutex<Vec<Arc<Group>>>,
-    /// Busy-wait rounds at a barrier before yielding: none when the group has more ranks than
-    /// the machine has cores, since a spinning rank then holds a core a late peer needs.
+    /// Busy-wait rounds at a barrier before yielding: none when the world has more ranks than
+    /// the machine has cores (they take turns on the cores, and a spinning rank would hold a
+    /// core a late peer needs).
     spins: u32,
 }
 
@@ -254,9 +255,7 @@ impl Group {
             mailbox: Mutex::new(Mailbox::default()),
             cv: Condvar::new(),
             split_out: Mutex::new(Vec::new()),
-            // No spinning either when the world's ranks take turns on the cores: a waiting rank
-            // has lent its core to one that computes.
-            spins: if n > thread::available_parallelism().map_or(1, |p| p.get()) || world.cores.is_some() { 0 } else { SPINS },
+            spins: if world.cores.is_some() { 0 } else { SPINS },
         });
         world.register(&g);
         g

@@ -223,18 +223,14 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
 
 fn parallel_peer(run: Parallel, seconds: f64) -> Result<f64, String> {
     let s = seconds.to_string();
-    let (script, args, key): (&str, Vec<String>, &str) = match run {
-        Parallel::Data { ranks } => (
-            "ddp_torch.py",
-            ["--ranks", &ranks.to_string(), "--batch", "64", "--seconds", &s].map(String::from).to_vec(),
-            "seconds_per_step",
-        ),
-        Parallel::Mesh24 { global } => {
-            ("mesh_jax.py", ["--batch", &global.to_string(), "--seconds", &s].map(String::from).to_vec(), "seconds_per_step")
+    let (script, args): (&str, Vec<String>) = match run {
+        Parallel::Data { ranks } => {
+            ("ddp_torch.py", ["--ranks", &ranks.to_string(), "--batch", "64", "--seconds", &s].map(String::from).to_vec())
         }
+        Parallel::Mesh24 { global } => ("mesh_jax.py", ["--batch", &global.to_string(), "--seconds", &s].map(String::from).to_vec()),
     };
     let text = peer(script, &args)?;
-    number_after(&text, &format!("\"{key}\"")).ok_or_else(|| format!("no timing in the output of {script}: {text}"))
+    number_after(&text, "\"seconds_per_step\"").ok_or_else(|| format!("no timing in the output of {script}: {text}"))
 }
 
 /// `mpi_dp_bench` (data_parallel over MPI, 64 rows per rank) beside this bench, when it was

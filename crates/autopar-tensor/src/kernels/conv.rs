@@ -625,9 +625,8 @@ fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, b
 fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
     const PIECE: usize = 1 << 14;
     const TILE: usize = 32;
-    let par = ctx.is_parallel();
     let mut sum = partial[..wlen].to_vec();
-    chunks_on(ctx, par, &mut sum, PIECE, |k, piece| {
+    ctx.for_chunks(&mut sum, PIECE, |k, piece| {
         for p in partial[wlen..].chunks(wlen) {
             piece.iter_mut().zip(&p[k * PIECE..]).for_each(|(a, &b)| *a += b);
         }
@@ -636,7 +635,7 @@ fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, 
     let per_group = g.og * g.kg;
     for (grp, dwg) in dw.chunks_mut(per_group).enumerate() {
         let src = mat(&sum[grp * per_group..][..per_group], g.kg, g.og);
-        chunks_on(ctx, par, dwg, TILE * g.kg, |t, rows| {
+        ctx.for_chunks(dwg, TILE * g.kg, |t, rows| {
             let (o0, n) = (t * TILE, rows.len() / g.kg);
             mat_mut(rows, n, g.kg).assign(&src.slice(ndarray::s![.., o0..o0 + n]).t());
         });
