@@ -6,7 +6,8 @@
 //!
 //! Knobs (environment): `RAYON_NUM_THREADS` (default all cores), `BENCH_SECONDS` (timed seconds
 //! per model and round, default 5), `BENCH_ROUNDS` (3), `RESNET_BATCH` (32), `GPT_BATCH` (16),
-//! `BENCH_PROFILE` (print op time by kind for one step of each model).
+//! `BENCH_MODELS` (`resnet18`, `gpt` or both, comma-separated; default both), `BENCH_PROFILE`
+//! (print op time by kind for one step of each model).
 
 use std::time::Instant;
 
@@ -105,14 +106,24 @@ fn main() {
 
     let resnet = ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18");
     let gpt = Gpt::new(gpt_cfg.clone()).expect("gpt");
-    let mut runners = [
-        (
-            "resnet18",
-            "resnet18 (cifar stem)",
-            Runner::new(&resnet, resnet_batch, Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9).expect("momentum"))),
-        ),
-        ("gpt", "gpt (small)", Runner::new(&gpt, gpt_batch, Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")))),
-    ];
+    let wanted = std::env::var("BENCH_MODELS").unwrap_or_else(|_| "resnet18,gpt".into());
+    let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+    let mut runners = Vec::new();
+    if wanted.contains(&"resnet18") {
+        let opt = Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9).expect("momentum"));
+        runners.push(("resnet18", "resnet18 (cifar stem)", Runner::new(&resnet, resnet_batch, opt)));
+    }
+    if wanted.contains(&"gpt") {
+        runners.push((
+            "gpt",
+            "gpt (small)",
+            Runner::new(&gpt, gpt_batch, Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw"))),
+        ));
+    }
+    if runners.is_empty() {
+        eprintln!("BENCH_MODELS={wanted:?} names no model; use resnet18, gpt or both (comma-separated)");
+        std::process::exit(2);
+    }
     if std::env::var_os("BENCH_PROFILE").is_some() {
         for (name, _, r) in runners.iter_mut() {
             r.profile(name);

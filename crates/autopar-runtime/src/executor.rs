@@ -308,6 +308,22 @@ impl Executor {
         collectives: Option<&dyn Collectives>,
         micro: MicroBatch,
     ) -> Result<RunOutput> {
+        match collectives {
+            // A communicator belongs to the thread of its rank.
+            Some(_) => self.run_here(params, feeds, step, collectives, micro),
+            None => self.ctx.on_pool(|| self.run_here(params, feeds, step, None, micro)),
+        }
+    }
+
+    /// [`Executor::run_micro`] on the calling thread.
+    fn run_here(
+        &self,
+        params: &mut ParamStore,
+        feeds: &[(NodeId, Tensor)],
+        step: u64,
+        collectives: Option<&dyn Collectives>,
+        micro: MicroBatch,
+    ) -> Result<RunOutput> {
         for (id, _) in feeds {
             let node = self.graph.get(*id)?;
             if !matches!(node.op, OpKind::Input(_)) {

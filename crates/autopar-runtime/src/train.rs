@@ -105,7 +105,7 @@ impl TrainStep {
     /// `comm` (needed when the program communicates). Returns the loss, the gradients and the
     /// run's statistics.
     pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
-        let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
+        let collectives = self.collectives(comm);
         let executor = &self.executor;
         let out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
         self.step += 1;
@@ -132,7 +132,7 @@ impl TrainStep {
         comm: Option<&CommGroups>,
     ) -> Result<(f64, Vec<(String, Tensor)>)> {
         let count = micro_feeds.len().max(1);
-        let collectives = comm.map(|c| c as &dyn crate::executor::Collectives);
+        let collectives = self.collectives(comm);
         let mut loss = 0.0;
         let mut acc: Vec<Option<Tensor>> = vec![None; self.program.grads.len()];
         // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered at
@@ -183,6 +183,12 @@ impl TrainStep {
         }
         self.clip(&mut grads, comm)?;
         Ok((loss / count as f64, grads))
+    }
+
+    /// The executor's collectives: none on one device, where every group has one rank and the
+    /// executor runs communication as identities (and may run the graph on a pool thread).
+    fn collectives<'a>(&self, comm: Option<&'a CommGroups>) -> Option<&'a dyn crate::executor::Collectives> {
+        comm.filter(|_| self.program.device_num > 1).map(|c| c as &dyn crate::executor::Collectives)
     }
 
     /// Clipping by global norm ([`TrainStep::set_clip_grad_norm`]) of the synchronised
