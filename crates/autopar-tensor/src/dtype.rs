@@ -181,9 +181,11 @@ impl Float for f32 {
     fn erf(self) -> Self {
         libm::erff(self)
     }
+    #[inline(always)]
     fn vexp(self) -> Self {
         crate::fastmath::exp_f32(self)
     }
+    #[inline(always)]
     fn vtanh(self) -> Self {
         crate::fastmath::tanh_f32(self)
     }

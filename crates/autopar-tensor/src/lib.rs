@@ -75,6 +75,7 @@ mod error;
 pub mod fastmath;
 pub mod kernels;
 pub mod random;
+pub mod simd;
 mod tensor;
 
 pub use backend::{Backend, Cpu, ExecCtx};

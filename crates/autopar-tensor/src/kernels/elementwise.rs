@@ -3,7 +3,7 @@
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
-use super::{float_dispatch, map, map2, map3, same_dtype, same_shape};
+use super::{float_dispatch, map, map2, map2_vec, map3, map_vec, same_dtype, same_shape};
 use crate::kernels::reduce::sum_axes;
 use crate::tensor::{broadcast_shapes, normalize_axis};
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
@@ -311,6 +311,35 @@ fn gelu_tanh_grad<T: Float>(v: T, d: T) -> T {
     d * (half * (T::one() + t) + half * v * (T::one() - t * t) * s * (T::one() + T::c(3.0) * c * v * v))
 }
 
+/// The transcendental unary functions and their gradients as [`crate::simd`] element functions
+/// (the rest of the ops only move memory, where the vector width does not matter).
+mod vector_fns {
+    use super::{gelu_tanh, gelu_tanh_grad};
+    use crate::simd::{BinaryFn, UnaryFn};
+    use crate::Float;
+
+    macro_rules! element_fns {
+        ($($name:ident: $kind:ident |$($arg:ident),*| $body:expr;)*) => {$(
+            #[derive(Clone, Copy)]
+            pub(super) struct $name;
+            impl<T: Float> $kind<T> for $name {
+                #[inline(always)]
+                fn apply(self, $($arg: T),*) -> T {
+                    $body
+                }
+            }
+        )*};
+    }
+
+    element_fns! {
+        GeluTanh: UnaryFn |x| gelu_tanh(x);
+        GeluTanhGrad: BinaryFn |v, d| gelu_tanh_grad(v, d);
+        Tanh: UnaryFn |x| x.vtanh();
+        Sigmoid: UnaryFn |x| T::one() / (T::one() + (-x).vexp());
+        Exp: UnaryFn |x| x.vexp();
+    }
+}
+
 fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
     let half = T::c(0.5);
     let inv_sqrt2 = T::c(std::f64::consts::FRAC_1_SQRT_2);
@@ -381,8 +410,10 @@ pub fn unary(ctx: &ExecCtx, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         let out = match op {
             UnaryOp::Relu => map(ctx, &xv, |v| if v > 0.0 { v } else { 0.0 }),
             UnaryOp::Neg => map(ctx, &xv, |v| -v),
-            UnaryOp::Exp => map(ctx, &xv, |v| v.vexp()),
-            UnaryOp::Gelu { approximate: true } => map(ctx, &xv, gelu_tanh::<T>),
+            UnaryOp::Gelu { approximate: true } => map_vec(ctx, &xv, vector_fns::GeluTanh),
+            UnaryOp::Tanh => map_vec(ctx, &xv, vector_fns::Tanh),
+            UnaryOp::Sigmoid => map_vec(ctx, &xv, vector_fns::Sigmoid),
+            UnaryOp::Exp => map_vec(ctx, &xv, vector_fns::Exp),
             _ => per_op!(op, unary_f, |f| map(ctx, &xv, f)),
         };
         Ok(Tensor::from_array(out))
@@ -399,7 +430,7 @@ pub fn unary_backward(ctx: &ExecCtx, op: UnaryOp, saved: &Tensor, dy: &Tensor) -
         let (v, d) = (saved.typed::<T>(name, "saved tensor")?, dy.typed::<T>(name, "output gradient")?);
         let out = match op {
             UnaryOp::Relu => map2(ctx, dy.shape(), &v, &d, |s, g| if s > 0.0 { g } else { 0.0 }),
-            UnaryOp::Gelu { approximate: true } => map2(ctx, dy.shape(), &v, &d, gelu_tanh_grad::<T>),
+            UnaryOp::Gelu { approximate: true } => map2_vec(ctx, dy.shape(), &v, &d, vector_fns::GeluTanhGrad),
             _ => per_op!(op, unary_df, |f| map2(ctx, dy.shape(), &v, &d, f)),
         };
         Ok(Tensor::from_array(out))
@@ -472,6 +503,28 @@ mod tests {
         let y = add(&cx(), &t(&[2, 3], &[1., 2., 3., 4., 5., 6.]), &t(&[3], &[10., 20., 30.])).unwrap();
         assert_eq!(y.shape(), &[2, 3]);
         assert_eq!(v(&y), vec![11., 22., 33., 14., 25., 36.]);
+    }
+
+    #[test]
+    fn a_block_repeated_along_leading_axes_broadcasts_on_either_side() {
+        // Shapes whose rows straddle the parallel chunks (16384 elements), and blocks of one or
+        // more trailing axes, given with and without leading 1s.
+        let cases: [(&[usize], &[usize]); 5] =
+            [(&[70, 300], &[300]), (&[70, 300], &[1, 300]), (&[3, 7, 5], &[7, 5]), (&[9, 41, 60], &[1, 1, 60]), (&[4, 6], &[4, 6])];
+        for (big, small) in cases {
+            let n: usize = big.iter().product();
+            let m: usize = small.iter().product();
+            let a = t(big, &(0..n).map(|i| (i % 97) as f32 + 1.0).collect::<Vec<_>>());
+            let b = t(small, &(0..m).map(|i| (i % 13) as f32 + 2.0).collect::<Vec<_>>());
+            let av = v(&a);
+            let bv = v(&b);
+            let want_ab: Vec<f32> = (0..n).map(|i| av[i] - bv[i % m]).collect();
+            let want_ba: Vec<f32> = (0..n).map(|i| bv[i % m] / av[i]).collect();
+            for ctx in [cx(), ExecCtx::parallel().with_min_parallel_len(0)] {
+                assert_eq!(v(&sub(&ctx, &a, &b).unwrap()), want_ab, "{big:?} - {small:?}");
+                assert_eq!(v(&div(&ctx, &b, &a).unwrap()), want_ba, "{small:?} / {big:?}");
+            }
+        }
     }
 
     #[test]

@@ -82,6 +82,16 @@ where
         )
         .expect("same element count");
     }
+    // One operand whole, the other a block repeated along the leading axes (a bias, a mask).
+    if let (Some(xs), true, Some(ys)) = (a.as_slice(), a.shape() == shape, repeating_suffix(b, shape)) {
+        return ArrayD::from_shape_vec(IxDyn(shape), map_slices(ctx, xs.len(), |i, o: &mut [T]| repeat_rows(i, o, xs, ys, &f)))
+            .expect("same element count");
+    }
+    if let (Some(ys), true, Some(xs)) = (b.as_slice(), b.shape() == shape, repeating_suffix(a, shape)) {
+        let g = |y: T, x: T| f(x, y);
+        return ArrayD::from_shape_vec(IxDyn(shape), map_slices(ctx, ys.len(), |i, o: &mut [T]| repeat_rows(i, o, ys, xs, &g)))
+            .expect("same element count");
+    }
     let mut out = ArrayD::<T>::zeros(IxDyn(shape));
     let z = Zip::from(&mut out).and_broadcast(a).and_broadcast(b);
     if ctx.par(out_len(shape)) {
@@ -90,6 +100,30 @@ where
         z.for_each(|o, &x, &y| *o = f(x, y));
     }
     out
+}
+
+/// The values of `b` when, broadcast to `shape`, it is one contiguous block repeated along the
+/// leading axes: its shape without leading 1s is a suffix of `shape`.
+fn repeating_suffix<'a, T>(b: &'a ArrayViewD<'_, T>, shape: &[usize]) -> Option<&'a [T]> {
+    let dims = b.shape();
+    let lead = dims.iter().take_while(|&&d| d == 1).count();
+    let rest = &dims[lead..];
+    (rest.len() <= shape.len() && shape.ends_with(rest) && !rest.is_empty()).then_some(())?;
+    b.as_slice().filter(|v| !v.is_empty())
+}
+
+/// `o[k] = f(xs[i + k], ys[(i + k) % ys.len()])`, in runs that start where `ys` starts over.
+fn repeat_rows<T: Float, F: Fn(T, T) -> T>(i: usize, o: &mut [T], xs: &[T], ys: &[T], f: &F) {
+    let inner = ys.len();
+    let (mut pos, mut j) = (0, i % inner);
+    while pos < o.len() {
+        let n = (inner - j).min(o.len() - pos);
+        for ((o, &x), &y) in o[pos..pos + n].iter_mut().zip(&xs[i + pos..i + pos + n]).zip(&ys[j..j + n]) {
+            *o = f(x, y);
+        }
+        pos += n;
+        j = 0;
+    }
 }
 
 /// `f(a, b, c)` element-wise over three same-shaped (or broadcastable) inputs.
@@ -112,6 +146,39 @@ where
         z.for_each(|o, &x, &y, &w| *o = f(x, y, w));
     }
     out
+}
+
+/// As [`map`], for a function whose loop pays to compile for the CPU's vector unit
+/// ([`crate::simd`]: transcendental functions; a loop that only moves memory does not gain).
+pub(crate) fn map_vec<T: Float, F: crate::simd::UnaryFn<T>>(ctx: &ExecCtx, x: &ArrayViewD<'_, T>, f: F) -> ArrayD<T> {
+    match x.as_slice() {
+        Some(xs) => {
+            ArrayD::from_shape_vec(x.raw_dim(), map_slices(ctx, xs.len(), |i, o: &mut [T]| crate::simd::map1(o, &xs[i..i + o.len()], f)))
+                .expect("same element count")
+        }
+        None => map(ctx, x, |v| f.apply(v)),
+    }
+}
+
+/// As [`map2`], for a function whose loop pays to compile for the CPU's vector unit.
+pub(crate) fn map2_vec<T: Float, F: crate::simd::BinaryFn<T>>(
+    ctx: &ExecCtx,
+    shape: &[usize],
+    a: &ArrayViewD<'_, T>,
+    b: &ArrayViewD<'_, T>,
+    f: F,
+) -> ArrayD<T> {
+    match (a.as_slice(), b.as_slice(), a.shape() == shape && b.shape() == shape) {
+        (Some(xs), Some(ys), true) => ArrayD::from_shape_vec(
+            IxDyn(shape),
+            map_slices(ctx, xs.len(), |i, o: &mut [T]| {
+                let n = o.len();
+                crate::simd::map2(o, &xs[i..i + n], &ys[i..i + n], f)
+            }),
+        )
+        .expect("same element count"),
+        _ => map2(ctx, shape, a, b, |x, y| f.apply(x, y)),
+    }
 }
 
 /// A fresh vector of `len` elements filled by `fill(start, chunk)` over consecutive chunks

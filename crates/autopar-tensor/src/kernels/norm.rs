@@ -508,8 +508,8 @@ pub fn row_sums(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, mean: Option<
         let sum = |r: usize| {
             let row = &xs[r * d..][..d];
             match &mu {
-                None => row.iter().fold(T::zero(), |a, &v| a + v),
-                Some(mu) => row.iter().fold(T::zero(), |a, &v| a + (v - mu[r]) * (v - mu[r])),
+                None => crate::simd::sum(row),
+                Some(mu) => crate::simd::sum_map(row, |v| (v - mu[r]) * (v - mu[r])),
             }
         };
         let sums: Vec<T> = if ctx.par(xs.len()) {
@@ -547,8 +547,9 @@ pub fn layer_norm_with(
         let inv: Vec<T> = vec_of::<T>(var).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
         let mut y = vec![T::zero(); xs.len()];
         ctx.for_chunks(&mut y, d.max(1), |r, out| {
-            for (i, (o, &v)) in out.iter_mut().zip(&xs[r * d..][..d]).enumerate() {
-                *o = (v - mu[r]) * inv[r] * g[i] + b[i];
+            let (m, iv) = (mu[r], inv[r]);
+            for (((o, &v), &gv), &bv) in out.iter_mut().zip(&xs[r * d..][..d]).zip(&g[..d]).zip(&b[..d]) {
+                *o = (v - m) * iv * gv + bv;
             }
         });
         let sshape = &x.shape()[..ax];
@@ -577,12 +578,10 @@ pub fn layer_norm_grad_sums(
         let ds = dc.shared::<T>()?.as_slice().expect("contiguous");
         let (mean, inv, g) = (vec_of::<T>(&saved.mean), vec_of::<T>(&saved.inv_std), vec_of::<T>(gamma));
         let sums = |r: usize| {
-            let (mut s1, mut s2) = (T::zero(), T::zero());
-            for i in 0..d {
-                let dxh = ds[r * d + i] * g[i];
-                s1 += dxh;
-                s2 += dxh * (xs[r * d + i] - mean[r]) * inv[r];
-            }
+            let (x, dy) = (&xs[r * d..][..d], &ds[r * d..][..d]);
+            let s1 = crate::simd::dot(dy, &g);
+            let (mu, iv) = (mean[r], inv[r]);
+            let s2 = crate::simd::sum_map3(dy, &g, x, |dv, gv, xv| dv * gv * (xv - mu) * iv);
             (s1, s2)
         };
         let per: Vec<(T, T)> = if ctx.par(xs.len()) {
@@ -636,20 +635,25 @@ pub fn layer_norm_backward_with(
         let dn = T::c(count as f64);
         let mut dx = vec![T::zero(); xs.len()];
         ctx.for_chunks(&mut dx, d.max(1), |r, out| {
-            for (i, o) in out.iter_mut().enumerate() {
-                let xh = (xs[r * d + i] - mean[r]) * inv[r];
-                *o = inv[r] / dn * (dn * ds[r * d + i] * g[i] - s1[r] - xh * s2[r]);
+            let (x, dy) = (&xs[r * d..][..d], &ds[r * d..][..d]);
+            let (mu, iv, a, b) = (mean[r], inv[r], s1[r], s2[r]);
+            let k = iv / dn;
+            for (((o, &xv), &dv), &gv) in out.iter_mut().zip(x).zip(dy).zip(&g[..d]) {
+                let xh = (xv - mu) * iv;
+                *o = k * (dn * dv * gv - a - xh * b);
             }
         });
         let mut pg = vec![T::zero(); xs.len()];
         ctx.for_chunks(&mut pg, d.max(1), |r, out| {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = ds[r * d + i] * (xs[r * d + i] - mean[r]) * inv[r];
+            let (x, dy) = (&xs[r * d..][..d], &ds[r * d..][..d]);
+            let (mu, iv) = (mean[r], inv[r]);
+            for ((o, &xv), &dv) in out.iter_mut().zip(x).zip(dy) {
+                *o = dv * (xv - mu) * iv;
             }
         });
         let pg = ArrayD::from_shape_vec(IxDyn(&[rows, d]), pg).expect("count");
         let dgamma = sum_axes(ctx, pg.view(), &[0]);
-        let dbeta = sum_axes(ctx, ArrayD::from_shape_vec(IxDyn(&[rows, d]), ds.to_vec()).expect("count").view(), &[0]);
+        let dbeta = sum_axes(ctx, ndarray::ArrayViewD::from_shape(IxDyn(&[rows, d]), ds).expect("count"), &[0]);
         let pshape = &x.shape()[ax..];
         Ok((
             Tensor::from_vec(x.shape(), dx)?,

@@ -302,21 +302,63 @@ where
     }
 }
 
-fn softmax_row<T: Float>(x: &[T], o: &mut [T], log: bool) {
-    let m = x.iter().fold(T::neg_infinity(), |a, &b| if b > a { b } else { a });
-    let mut s = T::zero();
-    for (oi, &xi) in o.iter_mut().zip(x) {
-        *oi = (xi - m).vexp();
-        s += *oi;
-    }
-    if log {
-        let ls = s.ln();
+/// One row of (log-)softmax, as a vector loop.
+struct SoftmaxRow<'a, T> {
+    x: &'a [T],
+    o: &'a mut [T],
+    log: bool,
+}
+
+impl<T: Float> crate::simd::VectorLoop for SoftmaxRow<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let SoftmaxRow { x, o, log } = self;
+        let m = crate::simd::max(x);
         for (oi, &xi) in o.iter_mut().zip(x) {
-            *oi = xi - m - ls;
+            *oi = (xi - m).vexp();
         }
-    } else {
-        let inv = T::one() / s;
-        o.iter_mut().for_each(|v| *v *= inv);
+        let s = crate::simd::sum(o);
+        if log {
+            let ls = s.ln();
+            for (oi, &xi) in o.iter_mut().zip(x) {
+                *oi = xi - m - ls;
+            }
+        } else {
+            let inv = T::one() / s;
+            o.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+}
+
+fn softmax_row<T: Float>(x: &[T], o: &mut [T], log: bool) {
+    crate::simd::vectorized(SoftmaxRow { x, o, log })
+}
+
+/// One row of the (log-)softmax backward, as a vector loop.
+struct SoftmaxGradRow<'a, T> {
+    g: &'a [T],
+    y: &'a [T],
+    o: &'a mut [T],
+    log: bool,
+}
+
+impl<T: Float> crate::simd::VectorLoop for SoftmaxGradRow<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let SoftmaxGradRow { g, y, o, log } = self;
+        if log {
+            let s = crate::simd::sum(g);
+            for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(y) {
+                *oi = gi - yi.vexp() * s;
+            }
+        } else {
+            let s = crate::simd::dot(g, y);
+            for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(y) {
+                *oi = yi * (gi - s);
+            }
+        }
     }
 }
 
@@ -352,19 +394,8 @@ fn softmax_like_backward(ctx: &ExecCtx, name: &'static str, y: &Tensor, dy: &Ten
     let ax = normalize_axis(name, axis, y.rank())?;
     float_dispatch!(name, y.dtype(), T => {
         let (yv, gv) = (y.typed::<T>(name, "output")?, dy.typed::<T>(name, "output gradient")?);
-        Ok(Tensor::from_array(along_axis(ctx, gv, Some(yv), ax, move |g, yr, o| {
-            let yr = yr.expect("output given");
-            if log {
-                let s = g.iter().fold(T::zero(), |a, &b| a + b);
-                for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(yr) {
-                    *oi = gi - yi.vexp() * s;
-                }
-            } else {
-                let s = g.iter().zip(yr).fold(T::zero(), |a, (&gi, &yi)| a + gi * yi);
-                for ((oi, &gi), &yi) in o.iter_mut().zip(g).zip(yr) {
-                    *oi = yi * (gi - s);
-                }
-            }
+        Ok(Tensor::from_array(along_axis(ctx, gv, Some(yv), ax, move |g, y, o| {
+            crate::simd::vectorized(SoftmaxGradRow { g, y: y.expect("output given"), o, log })
         })))
     })
 }
