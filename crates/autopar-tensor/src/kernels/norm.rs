@@ -9,7 +9,7 @@
 use ndarray::{ArrayD, IxDyn};
 
 use super::{float_dispatch, same_dtype};
-use crate::kernels::reduce::sum_axes;
+use crate::kernels::reduce::{lockstep_sums, sum_axes, LOCKSTEP};
 use crate::tensor::normalize_axis;
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
@@ -59,35 +59,44 @@ fn vec_of<T: Float>(t: &Tensor) -> Vec<T> {
     t.to_vec::<T>().expect("dtype checked")
 }
 
-/// Per-channel (sum, sum of squared deviations from the mean) over [N, C, S] data, in a fixed order.
+/// Per-channel (mean, biased variance) over [N, C, S] data, in a fixed order: each plane
+/// summed from zero, the planes added in batch order (channels side by side, [`lockstep_sums`]).
 fn channel_stats<T: Float>(ctx: &ExecCtx, x: &[T], n: usize, c: usize, s: usize) -> (Vec<T>, Vec<T>) {
     let m = T::c((n * s) as f64);
-    let mut mean = vec![T::zero(); c];
-    let mut var = vec![T::zero(); c];
-    let work = ctx.par(x.len());
-    let stat = |ch: usize| {
-        let mut sum = T::zero();
+    let mut stats = vec![(T::zero(), T::zero()); c];
+    let group = |gi: usize, out: &mut [(T, T)]| {
+        let (c0, w) = (gi * LOCKSTEP, out.len());
+        let planes = |b: usize| -> Vec<&[T]> { (0..w).map(|i| &x[(b * c + c0 + i) * s..][..s]).collect() };
+        let mut sum = vec![T::zero(); w];
         for b in 0..n {
-            sum += x[(b * c + ch) * s..][..s].iter().fold(T::zero(), |a, &v| a + v);
+            let mut plane = vec![T::zero(); w];
+            lockstep_sums(&mut plane, &planes(b), |_, v| v);
+            sum.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
         }
-        let mu = sum / m;
-        let mut sq = T::zero();
+        let mu: Vec<T> = sum.iter().map(|&v| v / m).collect();
+        let mut sq = vec![T::zero(); w];
         for b in 0..n {
-            sq += x[(b * c + ch) * s..][..s].iter().fold(T::zero(), |a, &v| a + (v - mu) * (v - mu));
+            let mut plane = vec![T::zero(); w];
+            lockstep_sums(&mut plane, &planes(b), |i, v| (v - mu[i]) * (v - mu[i]));
+            sq.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
         }
-        (mu, sq / m)
+        for (o, (&mu, &sq)) in out.iter_mut().zip(mu.iter().zip(&sq)) {
+            *o = (mu, sq / m);
+        }
     };
-    let stats: Vec<(T, T)> = if work {
+    by_channel_groups(ctx, x.len(), &mut stats, group);
+    stats.into_iter().unzip()
+}
+
+/// Runs `group(index, out)` over [`LOCKSTEP`]-channel pieces of `out`, on several threads when
+/// the `work` (elements read) is large.
+fn by_channel_groups<V: Send>(ctx: &ExecCtx, work: usize, out: &mut [V], group: impl Fn(usize, &mut [V]) + Sync + Send) {
+    if ctx.par(work) && out.len() > LOCKSTEP {
         use rayon::prelude::*;
-        (0..c).into_par_iter().map(stat).collect()
+        out.par_chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, o)| group(gi, o));
     } else {
-        (0..c).map(stat).collect()
-    };
-    for (ch, (mu, v)) in stats.into_iter().enumerate() {
-        mean[ch] = mu;
-        var[ch] = v;
+        out.chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, o)| group(gi, o));
     }
-    (mean, var)
 }
 
 /// y = (x - mean[c]) * scale[c] + shift[c] over [N, C, S] data.
@@ -235,26 +244,31 @@ fn bn_backward_parts(
     })
 }
 
-/// Per-channel `(Σ dy, Σ dy·x̂)` over [N, C, S] data, in a fixed order.
+/// Per-channel `(Σ dy, Σ dy·x̂)` over [N, C, S] data, in a fixed order: one running sum per
+/// channel over the planes in batch order (channels side by side, [`lockstep_sums`]).
 fn dy_sums<T: Float>(ctx: &ExecCtx, xs: &[T], ds: &[T], mean: &[T], inv: &[T], (n, c, s): (usize, usize, usize)) -> (Vec<T>, Vec<T>) {
-    let sums = |ch: usize| {
-        let (mut sd, mut sdx) = (T::zero(), T::zero());
+    let mut sums = vec![(T::zero(), T::zero()); c];
+    let group = |gi: usize, out: &mut [(T, T)]| {
+        let (c0, w) = (gi * LOCKSTEP, out.len());
+        let (mut sd, mut sdx) = (vec![T::zero(); w], vec![T::zero(); w]);
         for b in 0..n {
-            let base = (b * c + ch) * s;
-            for (&xv, &dv) in xs[base..base + s].iter().zip(&ds[base..base + s]) {
-                sd += dv;
-                sdx += dv * (xv - mean[ch]) * inv[ch];
+            let at = |i: usize| (b * c + c0 + i) * s;
+            let dys: Vec<&[T]> = (0..w).map(|i| &ds[at(i)..][..s]).collect();
+            lockstep_sums(&mut sd, &dys, |_, v| v);
+            // Σ dy·x̂ walks dy and x together: pair each channel's planes by position.
+            for j in 0..s {
+                for i in 0..w {
+                    let (dv, xv) = (ds[at(i) + j], xs[at(i) + j]);
+                    sdx[i] += dv * (xv - mean[c0 + i]) * inv[c0 + i];
+                }
             }
         }
-        (sd, sdx)
+        for (o, (&a, &b)) in out.iter_mut().zip(sd.iter().zip(&sdx)) {
+            *o = (a, b);
+        }
     };
-    let per: Vec<(T, T)> = if ctx.par(xs.len()) {
-        use rayon::prelude::*;
-        (0..c).into_par_iter().map(sums).collect()
-    } else {
-        (0..c).map(sums).collect()
-    };
-    per.into_iter().unzip()
+    by_channel_groups(ctx, xs.len(), &mut sums, group);
+    sums.into_iter().unzip()
 }
 
 /// Evaluation backward (statistics are constants): `(dx, dgamma, dbeta)`.
@@ -305,23 +319,20 @@ pub fn channel_sums(ctx: &ExecCtx, x: &Tensor, mean: Option<&Tensor>) -> Result<
         let xc = x.contiguous();
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let mu: Option<Vec<T>> = mean.map(vec_of::<T>);
-        let sum = |ch: usize| {
-            let mut acc = T::zero();
+        let mut sums = vec![T::zero(); c];
+        let group = |gi: usize, acc: &mut [T]| {
+            let (c0, w) = (gi * LOCKSTEP, acc.len());
             for b in 0..n {
-                let row = &xs[(b * c + ch) * s..][..s];
-                acc += match &mu {
-                    None => row.iter().fold(T::zero(), |a, &v| a + v),
-                    Some(mu) => row.iter().fold(T::zero(), |a, &v| a + (v - mu[ch]) * (v - mu[ch])),
-                };
+                let rows: Vec<&[T]> = (0..w).map(|i| &xs[(b * c + c0 + i) * s..][..s]).collect();
+                let mut plane = vec![T::zero(); w];
+                match &mu {
+                    None => lockstep_sums(&mut plane, &rows, |_, v| v),
+                    Some(mu) => lockstep_sums(&mut plane, &rows, |i, v| (v - mu[c0 + i]) * (v - mu[c0 + i])),
+                }
+                acc.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
             }
-            acc
         };
-        let sums: Vec<T> = if ctx.par(xs.len()) {
-            use rayon::prelude::*;
-            (0..c).into_par_iter().map(sum).collect()
-        } else {
-            (0..c).map(sum).collect()
-        };
+        by_channel_groups(ctx, xs.len(), &mut sums, group);
         Tensor::from_vec(&[c], sums)
     })
 }
