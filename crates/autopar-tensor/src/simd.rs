@@ -185,7 +185,8 @@ pub fn dot<T: Float>(x: &[T], y: &[T]) -> T {
     sum_map2(x, y, |a, b| a * b)
 }
 
-/// The largest element (`-inf` for none; NaNs are skipped unless all are NaN), over lanes.
+/// The largest element over lanes (`-inf` for none; NaNs are skipped, so all-NaN gives `-inf`,
+/// as the sequential `if v > m` fold does).
 #[inline(always)]
 pub fn max<T: Float>(x: &[T]) -> T {
     let mut acc = [T::neg_infinity(); LANES];
@@ -250,14 +251,14 @@ fn detect() -> Level {
 mod x86 {
     /// # Safety
     /// The CPU must have AVX-512 F, VL, DQ, BW, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")]
     pub(super) unsafe fn avx512<L: super::VectorLoop>(l: L) -> L::Output {
         l.run()
     }
 
     /// # Safety
     /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn avx2<L: super::VectorLoop>(l: L) -> L::Output {
         l.run()
     }

@@ -9,7 +9,7 @@
 use ndarray::{ArrayD, IxDyn};
 
 use super::{float_dispatch, same_dtype};
-use crate::kernels::reduce::{lockstep_sums, sum_axes, LOCKSTEP};
+use crate::kernels::reduce::{in_lockstep_groups, lockstep_rows, lockstep_sums, sum_axes, LOCKSTEP};
 use crate::tensor::normalize_axis;
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
@@ -64,39 +64,28 @@ fn vec_of<T: Float>(t: &Tensor) -> Vec<T> {
 fn channel_stats<T: Float>(ctx: &ExecCtx, x: &[T], n: usize, c: usize, s: usize) -> (Vec<T>, Vec<T>) {
     let m = T::c((n * s) as f64);
     let mut stats = vec![(T::zero(), T::zero()); c];
-    let group = |gi: usize, out: &mut [(T, T)]| {
-        let (c0, w) = (gi * LOCKSTEP, out.len());
-        let planes = |b: usize| -> Vec<&[T]> { (0..w).map(|i| &x[(b * c + c0 + i) * s..][..s]).collect() };
+    let group = |c0: usize, out: &mut [(T, T)]| {
+        let w = out.len();
+        let planes = |b: usize| lockstep_rows(w, |i| &x[(b * c + c0 + i) * s..][..s]);
         let mut sum = vec![T::zero(); w];
         for b in 0..n {
-            let mut plane = vec![T::zero(); w];
-            lockstep_sums(&mut plane, &planes(b), |_, v| v);
+            let mut plane = [T::zero(); LOCKSTEP];
+            lockstep_sums(&mut plane[..w], &planes(b)[..w], |_, v| v);
             sum.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
         }
         let mu: Vec<T> = sum.iter().map(|&v| v / m).collect();
         let mut sq = vec![T::zero(); w];
         for b in 0..n {
-            let mut plane = vec![T::zero(); w];
-            lockstep_sums(&mut plane, &planes(b), |i, v| (v - mu[i]) * (v - mu[i]));
+            let mut plane = [T::zero(); LOCKSTEP];
+            lockstep_sums(&mut plane[..w], &planes(b)[..w], |i, v| (v - mu[i]) * (v - mu[i]));
             sq.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
         }
         for (o, (&mu, &sq)) in out.iter_mut().zip(mu.iter().zip(&sq)) {
             *o = (mu, sq / m);
         }
     };
-    by_channel_groups(ctx, x.len(), &mut stats, group);
+    in_lockstep_groups(ctx, x.len(), &mut stats, group);
     stats.into_iter().unzip()
-}
-
-/// Runs `group(index, out)` over [`LOCKSTEP`]-channel pieces of `out`, on several threads when
-/// the `work` (elements read) is large.
-fn by_channel_groups<V: Send>(ctx: &ExecCtx, work: usize, out: &mut [V], group: impl Fn(usize, &mut [V]) + Sync + Send) {
-    if ctx.par(work) && out.len() > LOCKSTEP {
-        use rayon::prelude::*;
-        out.par_chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, o)| group(gi, o));
-    } else {
-        out.chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, o)| group(gi, o));
-    }
 }
 
 /// y = (x - mean[c]) * scale[c] + shift[c] over [N, C, S] data.
@@ -248,13 +237,13 @@ fn bn_backward_parts(
 /// channel over the planes in batch order (channels side by side, [`lockstep_sums`]).
 fn dy_sums<T: Float>(ctx: &ExecCtx, xs: &[T], ds: &[T], mean: &[T], inv: &[T], (n, c, s): (usize, usize, usize)) -> (Vec<T>, Vec<T>) {
     let mut sums = vec![(T::zero(), T::zero()); c];
-    let group = |gi: usize, out: &mut [(T, T)]| {
-        let (c0, w) = (gi * LOCKSTEP, out.len());
+    let group = |c0: usize, out: &mut [(T, T)]| {
+        let w = out.len();
         let (mut sd, mut sdx) = (vec![T::zero(); w], vec![T::zero(); w]);
         for b in 0..n {
             let at = |i: usize| (b * c + c0 + i) * s;
-            let dys: Vec<&[T]> = (0..w).map(|i| &ds[at(i)..][..s]).collect();
-            lockstep_sums(&mut sd, &dys, |_, v| v);
+            let dys = lockstep_rows(w, |i| &ds[at(i)..][..s]);
+            lockstep_sums(&mut sd, &dys[..w], |_, v| v);
             // Σ dy·x̂ walks dy and x together: pair each channel's planes by position.
             for j in 0..s {
                 for i in 0..w {
@@ -267,7 +256,7 @@ fn dy_sums<T: Float>(ctx: &ExecCtx, xs: &[T], ds: &[T], mean: &[T], inv: &[T], (
             *o = (a, b);
         }
     };
-    by_channel_groups(ctx, xs.len(), &mut sums, group);
+    in_lockstep_groups(ctx, xs.len(), &mut sums, group);
     sums.into_iter().unzip()
 }
 
@@ -320,19 +309,19 @@ pub fn channel_sums(ctx: &ExecCtx, x: &Tensor, mean: Option<&Tensor>) -> Result<
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let mu: Option<Vec<T>> = mean.map(vec_of::<T>);
         let mut sums = vec![T::zero(); c];
-        let group = |gi: usize, acc: &mut [T]| {
-            let (c0, w) = (gi * LOCKSTEP, acc.len());
+        let group = |c0: usize, acc: &mut [T]| {
+            let w = acc.len();
             for b in 0..n {
-                let rows: Vec<&[T]> = (0..w).map(|i| &xs[(b * c + c0 + i) * s..][..s]).collect();
-                let mut plane = vec![T::zero(); w];
+                let rows = lockstep_rows(w, |i| &xs[(b * c + c0 + i) * s..][..s]);
+                let mut plane = [T::zero(); LOCKSTEP];
                 match &mu {
-                    None => lockstep_sums(&mut plane, &rows, |_, v| v),
-                    Some(mu) => lockstep_sums(&mut plane, &rows, |i, v| (v - mu[c0 + i]) * (v - mu[c0 + i])),
+                    None => lockstep_sums(&mut plane[..w], &rows[..w], |_, v| v),
+                    Some(mu) => lockstep_sums(&mut plane[..w], &rows[..w], |i, v| (v - mu[c0 + i]) * (v - mu[c0 + i])),
                 }
                 acc.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
             }
         };
-        by_channel_groups(ctx, xs.len(), &mut sums, group);
+        in_lockstep_groups(ctx, xs.len(), &mut sums, group);
         Tensor::from_vec(&[c], sums)
     })
 }

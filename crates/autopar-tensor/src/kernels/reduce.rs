@@ -119,24 +119,38 @@ pub(crate) fn lockstep_sums<T: Float>(acc: &mut [T], rows: &[&[T]], f: impl Fn(u
     }
 }
 
+/// Runs `f(first, piece)` over consecutive pieces of `out` of at most [`LOCKSTEP`] entries
+/// (`first`: the piece's offset), on several threads when the `work` (elements read) is worth
+/// it, in pieces small enough then that every thread gets some. Each entry is computed alone,
+/// so the pieces never change a result.
+pub(crate) fn in_lockstep_groups<V: Send>(ctx: &ExecCtx, work: usize, out: &mut [V], f: impl Fn(usize, &mut [V]) + Sync + Send) {
+    if ctx.par(work) && out.len() > 1 {
+        use rayon::prelude::*;
+        let size = out.len().div_ceil(rayon::current_num_threads()).clamp(1, LOCKSTEP);
+        out.par_chunks_mut(size).enumerate().for_each(|(gi, o)| f(gi * size, o));
+    } else {
+        out.chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, o)| f(gi * LOCKSTEP, o));
+    }
+}
+
+/// `row(i)` for `i < w` (at most [`LOCKSTEP`]; the rest empty), without allocating.
+#[inline(always)]
+pub(crate) fn lockstep_rows<'a, T>(w: usize, row: impl Fn(usize) -> &'a [T]) -> [&'a [T]; LOCKSTEP] {
+    std::array::from_fn(|i| if i < w { row(i) } else { &[] })
+}
+
 /// Sums over the axes around one block of kept axes of a standard-layout `x` viewed as
 /// `[outer, kept, inner]`: `out[k] = Σ_a Σ_b x[a, k, b]`, each in the order of the generic path
 /// (`a` outer, `b` inner), several `k` side by side.
 fn sum_around<T: Float>(ctx: &ExecCtx, data: &[T], outer: usize, kept: usize, inner: usize) -> Vec<T> {
     let mut out = vec![T::zero(); kept];
-    let group = |gi: usize, acc: &mut [T]| {
-        let k0 = gi * LOCKSTEP;
+    in_lockstep_groups(ctx, data.len(), &mut out, |k0, acc| {
+        let w = acc.len();
         for a in 0..outer {
-            let rows: Vec<&[T]> = (0..acc.len()).map(|i| &data[(a * kept + k0 + i) * inner..][..inner]).collect();
-            lockstep_sums(acc, &rows, |_, v| v);
+            let rows = lockstep_rows(w, |i| &data[(a * kept + k0 + i) * inner..][..inner]);
+            lockstep_sums(acc, &rows[..w], |_, v| v);
         }
-    };
-    if ctx.par(data.len()) && kept > LOCKSTEP {
-        use rayon::prelude::*;
-        out.par_chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, acc)| group(gi, acc));
-    } else {
-        out.chunks_mut(LOCKSTEP).enumerate().for_each(|(gi, acc)| group(gi, acc));
-    }
+    });
     out
 }
 
