@@ -108,7 +108,9 @@ fn repeating_suffix<'a, T>(b: &'a ArrayViewD<'_, T>, shape: &[usize]) -> Option<
     let dims = b.shape();
     let lead = dims.iter().take_while(|&&d| d == 1).count();
     let rest = &dims[lead..];
-    (rest.len() <= shape.len() && shape.ends_with(rest) && !rest.is_empty()).then_some(())?;
+    if rest.is_empty() || !shape.ends_with(rest) {
+        return None;
+    }
     b.as_slice().filter(|v| !v.is_empty())
 }
 

@@ -59,32 +59,34 @@ fn vec_of<T: Float>(t: &Tensor) -> Vec<T> {
     t.to_vec::<T>().expect("dtype checked")
 }
 
-/// Per-channel (mean, biased variance) over [N, C, S] data, in a fixed order: each plane
-/// summed from zero, the planes added in batch order (channels side by side, [`lockstep_sums`]).
+/// Adds to `acc[i]` the sum of `f(i, v)` over channel `c0 + i`'s plane of each image in turn
+/// ([N, C, S] data): each plane summed from zero, the planes added in batch order, the channels
+/// of `acc` side by side ([`lockstep_sums`]).
+fn add_plane_sums<T: Float>(x: &[T], (n, c, s): (usize, usize, usize), c0: usize, acc: &mut [T], f: impl Fn(usize, T) -> T) {
+    let w = acc.len();
+    for b in 0..n {
+        let rows = lockstep_rows(w, |i| &x[(b * c + c0 + i) * s..][..s]);
+        let mut plane = [T::zero(); LOCKSTEP];
+        lockstep_sums(&mut plane[..w], &rows[..w], &f);
+        acc.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
+    }
+}
+
+/// Per-channel (mean, biased variance) over [N, C, S] data, in a fixed order ([`add_plane_sums`]).
 fn channel_stats<T: Float>(ctx: &ExecCtx, x: &[T], n: usize, c: usize, s: usize) -> (Vec<T>, Vec<T>) {
     let m = T::c((n * s) as f64);
     let mut stats = vec![(T::zero(), T::zero()); c];
-    let group = |c0: usize, out: &mut [(T, T)]| {
+    in_lockstep_groups(ctx, x.len(), &mut stats, |c0, out: &mut [(T, T)]| {
         let w = out.len();
-        let planes = |b: usize| lockstep_rows(w, |i| &x[(b * c + c0 + i) * s..][..s]);
         let mut sum = vec![T::zero(); w];
-        for b in 0..n {
-            let mut plane = [T::zero(); LOCKSTEP];
-            lockstep_sums(&mut plane[..w], &planes(b)[..w], |_, v| v);
-            sum.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
-        }
+        add_plane_sums(x, (n, c, s), c0, &mut sum, |_, v| v);
         let mu: Vec<T> = sum.iter().map(|&v| v / m).collect();
         let mut sq = vec![T::zero(); w];
-        for b in 0..n {
-            let mut plane = [T::zero(); LOCKSTEP];
-            lockstep_sums(&mut plane[..w], &planes(b)[..w], |i, v| (v - mu[i]) * (v - mu[i]));
-            sq.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
-        }
+        add_plane_sums(x, (n, c, s), c0, &mut sq, |i, v| (v - mu[i]) * (v - mu[i]));
         for (o, (&mu, &sq)) in out.iter_mut().zip(mu.iter().zip(&sq)) {
             *o = (mu, sq / m);
         }
-    };
-    in_lockstep_groups(ctx, x.len(), &mut stats, group);
+    });
     stats.into_iter().unzip()
 }
 
@@ -309,19 +311,10 @@ pub fn channel_sums(ctx: &ExecCtx, x: &Tensor, mean: Option<&Tensor>) -> Result<
         let xs = xc.shared::<T>()?.as_slice().expect("contiguous");
         let mu: Option<Vec<T>> = mean.map(vec_of::<T>);
         let mut sums = vec![T::zero(); c];
-        let group = |c0: usize, acc: &mut [T]| {
-            let w = acc.len();
-            for b in 0..n {
-                let rows = lockstep_rows(w, |i| &xs[(b * c + c0 + i) * s..][..s]);
-                let mut plane = [T::zero(); LOCKSTEP];
-                match &mu {
-                    None => lockstep_sums(&mut plane[..w], &rows[..w], |_, v| v),
-                    Some(mu) => lockstep_sums(&mut plane[..w], &rows[..w], |i, v| (v - mu[c0 + i]) * (v - mu[c0 + i])),
-                }
-                acc.iter_mut().zip(&plane).for_each(|(a, &p)| *a += p);
-            }
-        };
-        in_lockstep_groups(ctx, xs.len(), &mut sums, group);
+        in_lockstep_groups(ctx, xs.len(), &mut sums, |c0, acc: &mut [T]| match &mu {
+            None => add_plane_sums(xs, (n, c, s), c0, acc, |_, v| v),
+            Some(mu) => add_plane_sums(xs, (n, c, s), c0, acc, |i, v| (v - mu[c0 + i]) * (v - mu[c0 + i])),
+        });
         Tensor::from_vec(&[c], sums)
     })
 }
