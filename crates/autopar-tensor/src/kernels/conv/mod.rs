@@ -1,6 +1,11 @@
 //! Conv2D (NCHW input, OIHW weight; stride, padding, dilation, groups) on GEMMs, and its input
 //! and weight gradients.
 //!
+//! 3x3 stride-1 undilated convolutions with at least 16 channels per group (most of a ResNet)
+//! run by Winograd's F(2x2, 3x3) (`conv/winograd.rs`): 16 GEMMs on transformed tiles, 2.25x fewer
+//! flops; so do their input gradients (a forward convolution here) and, when the batch has
+//! enough tiles, their weight gradients (F(3x3, 2x2)). The rest, below:
+//!
 //! The forward pass and the weight gradient of small output planes (fewer than 256 pixels) are
 //! computed for blocks of images at once: the im2col matrices of the block side by side
 //! (`[C/g*kH*kW, B*Ho*Wo]`, about 512 columns), so that the GEMMs of deep layers are not
@@ -18,6 +23,8 @@
 //! identical.
 
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
+
+mod winograd;
 
 use super::{float_dispatch, same_dtype};
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
@@ -352,6 +359,9 @@ fn shifted_gemm_ok(g: &Geo) -> bool {
 }
 
 fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
+    if winograd::applies(g) {
+        return winograd::conv_fwd(ctx, x, w, g);
+    }
     conv_fwd_blocks(ctx, x, w, g, image_block(g))
 }
 
@@ -583,6 +593,9 @@ fn conv_bwd_weight_shifted<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) 
 }
 
 fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
+    if winograd::applies_to_weight_gradient(g) {
+        return winograd::conv_bwd_weight(ctx, dy, x, g);
+    }
     let block = image_block(g);
     if block > 1 {
         return conv_bwd_weight_blocks(ctx, dy, x, g, block);
@@ -619,18 +632,26 @@ fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, b
     sum_transposed_partials(ctx, &partial, wlen, g)
 }
 
+/// The sum of the `len`-long partials laid end to end in `partial`, added in order. Pieces of
+/// the sum run in parallel; every value is summed over the partials in order, as a serial loop
+/// would.
+fn sum_partials<T: Float>(ctx: &ExecCtx, partial: &[T], len: usize) -> Vec<T> {
+    const PIECE: usize = 1 << 14;
+    let mut sum = partial[..len].to_vec();
+    ctx.for_chunks(&mut sum, PIECE, |k, piece| {
+        for p in partial[len..].chunks(len) {
+            piece.iter_mut().zip(&p[k * PIECE..]).for_each(|(a, &b)| *a += b);
+        }
+    });
+    sum
+}
+
 /// The sum of per-group-of-images partials of `dW^T` (`[kg, og]` per group), in order, as
 /// `dW`. Pieces of the sum and tiles of the transpose run in parallel; every value is summed
 /// over the partials in order, as a serial loop would.
 fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
-    const PIECE: usize = 1 << 14;
     const TILE: usize = 32;
-    let mut sum = partial[..wlen].to_vec();
-    ctx.for_chunks(&mut sum, PIECE, |k, piece| {
-        for p in partial[wlen..].chunks(wlen) {
-            piece.iter_mut().zip(&p[k * PIECE..]).for_each(|(a, &b)| *a += b);
-        }
-    });
+    let sum = sum_partials(ctx, partial, wlen);
     let mut dw = vec![T::zero(); wlen];
     let per_group = g.og * g.kg;
     for (grp, dwg) in dw.chunks_mut(per_group).enumerate() {

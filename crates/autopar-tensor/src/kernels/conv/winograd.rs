@@ -1,0 +1,496 @@
+//! 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) (Lavin and Gray,
+//! "Fast Algorithms for Convolutional Neural Networks", 2016).
+//!
+//! Each 2x2 tile of output comes from a 4x4 tile of input: `Y = Aᵀ [U ⊙ V] A` with the
+//! transformed filter `U = G g Gᵀ` and the transformed input tile `V = Bᵀ d B`. Summed over the
+//! input channels, the 16 element-wise products become 16 matrix products
+//! `M_e [og, tiles] = U_e [og, cg] x V_e [cg, tiles]`, one per position `e` of the 4x4
+//! transform: 16 multiplies per tile and channel pair instead of the direct form's 36, so 2.25x
+//! fewer flops. The products run on the same GEMM as the rest of the kernels; the transforms
+//! are additions and halvings. The results differ from the direct form's in the last bits (the
+//! transforms round; the error stays within a few ulp of the products' magnitude), and depend on
+//! the shapes alone (images per block are fixed by the plane size), not on the thread count.
+
+use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
+
+use super::{chunks_on, gemm_on, mat, mat_mut, per_image, sum_partials, Geo};
+use crate::simd::{vectorized, VectorLoop};
+use crate::{ExecCtx, Float};
+
+/// The 16 positions of a 4x4 transformed tile.
+const E: usize = 16;
+
+/// Channels per group below which the products are too thin for the transforms to pay.
+const MIN_CHANNELS: usize = 16;
+
+/// Tiles (GEMM columns) a block of images aims at.
+const BLOCK_TILES: usize = 256;
+
+/// Whether the forward convolution of `g` runs as F(2x2, 3x3): a 3x3 kernel, stride 1, no
+/// dilation, and at least 16 input and output channels per group.
+pub(super) fn applies(g: &Geo) -> bool {
+    g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.cg >= MIN_CHANNELS && g.og >= MIN_CHANNELS
+}
+
+/// Whether the weight gradient of `g` runs as F(3x3, 2x2): [`applies`], and the batch has at
+/// least twice as many tiles as a group has channels. Each of its 16 products sums over the
+/// tiles into a full `[cg, og]` matrix, so with few tiles (deep layers of small planes) the
+/// products are thin and writing their outputs costs more than the flops saved.
+pub(super) fn applies_to_weight_gradient(g: &Geo) -> bool {
+    let (th, tw) = tiles(g);
+    applies(g) && g.n * th * tw >= 2 * g.cg.max(g.og)
+}
+
+/// Output tiles per image, `(rows, columns)`.
+fn tiles(g: &Geo) -> (usize, usize) {
+    (g.ho.div_ceil(2), g.wo.div_ceil(2))
+}
+
+/// Images per block: enough for about [`BLOCK_TILES`] tiles. Fixed by the shapes.
+pub(super) fn image_block(g: &Geo) -> usize {
+    let (th, tw) = tiles(g);
+    BLOCK_TILES.div_ceil((th * tw).max(1)).clamp(1, g.n.max(1))
+}
+
+/// `G g Gᵀ` for each `[og, cg]` filter of every group, laid out `[grp][e][og][cg]`, with
+/// `G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`. Each output channel's
+/// filters are first laid out tap-major (`[9][cg]`), so the transform runs along whole rows.
+fn filter_transform<T: Float>(w: &[T], g: &Geo) -> Vec<T> {
+    let cg = g.cg;
+    let mut u = vec![T::zero(); g.g * E * g.og * cg];
+    let mut taps = vec![T::zero(); 9 * cg];
+    let mut gw = vec![T::zero(); 12 * cg];
+    for grp in 0..g.g {
+        let ug = &mut u[grp * E * g.og * cg..][..E * g.og * cg];
+        for o in 0..g.og {
+            let filters = &w[(grp * g.og + o) * cg * 9..][..cg * 9];
+            for (c, k) in filters.chunks_exact(9).enumerate() {
+                for (t, &v) in k.iter().enumerate() {
+                    taps[t * cg + c] = v;
+                }
+            }
+            // G g: column j of the 3x3 kernel (taps j, 3 + j, 6 + j) into rows 3a + j ...
+            for j in 0..3 {
+                let x: [_; 3] = std::array::from_fn(|i| &taps[(3 * i + j) * cg..][..cg]);
+                vectorized(GRows { x, out: rows_mut(&mut gw, j * cg, 3 * cg, cg) });
+            }
+            // ... then G along each row a of G g, into u[e = 4a + b][o].
+            for a in 0..4 {
+                let x: [_; 3] = std::array::from_fn(|j| &gw[(3 * a + j) * cg..][..cg]);
+                vectorized(GRows { x, out: rows_mut(ug, (4 * a * g.og + o) * cg, g.og * cg, cg) });
+            }
+        }
+    }
+    u
+}
+
+/// `G x` for the 3-vectors `(x0[i], x1[i], x2[i])` into `(out0[i], .., out3[i])`.
+struct GRows<'a, T> {
+    x: [&'a [T]; 3],
+    out: [&'a mut [T]; 4],
+}
+
+impl<T: Float> VectorLoop for GRows<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let half = T::c(0.5);
+        let [o0, o1, o2, o3] = self.out;
+        let n = o0.len();
+        let (x0, x1, x2) = (&self.x[0][..n], &self.x[1][..n], &self.x[2][..n]);
+        let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+        for i in 0..n {
+            let (a, b, c) = (x0[i], x1[i], x2[i]);
+            o0[i] = a;
+            o1[i] = (a + b + c) * half;
+            o2[i] = (a - b + c) * half;
+            o3[i] = c;
+        }
+    }
+}
+
+/// `Bᵀ d` along a 4-vector: `Bᵀ = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]`.
+#[inline(always)]
+fn bt<T: Float>(d0: T, d1: T, d2: T, d3: T) -> [T; 4] {
+    [d0 - d2, d1 + d2, d2 - d1, d1 - d3]
+}
+
+/// `Aᵀ m` along a 4-vector: `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, -1]]`.
+#[inline(always)]
+fn at<T: Float>(m0: T, m1: T, m2: T, m3: T) -> [T; 2] {
+    [m0 + m1 + m2, m1 - m2 - m3]
+}
+
+/// `N` disjoint rows of `len` values, `stride` apart from `at` on.
+fn rows_mut<T, const N: usize>(v: &mut [T], at: usize, stride: usize, len: usize) -> [&mut [T]; N] {
+    let mut rest = &mut v[at..];
+    std::array::from_fn(|e| {
+        let (row, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        if e + 1 < N {
+            rest = &mut tail[stride - len..];
+        }
+        row
+    })
+}
+
+/// A 4-point transform applied in place across four rows, value by value.
+struct Across4<'a, T, const IN: bool> {
+    rows: [&'a mut [T]; 4],
+}
+
+impl<T: Float, const IN: bool> VectorLoop for Across4<'_, T, IN> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let [r0, r1, r2, r3] = self.rows;
+        for (((a, b), c), d) in r0.iter_mut().zip(r1.iter_mut()).zip(r2.iter_mut()).zip(r3.iter_mut()) {
+            if IN {
+                [*a, *b, *c, *d] = bt(*a, *b, *c, *d);
+            } else {
+                [*a, *b] = at(*a, *b, *c, *d);
+            }
+        }
+    }
+}
+
+/// Applies `Bᵀ · B` (`input`) or `Aᵀ · A` to every 4x4 tile of `t`, laid out `[e][cols]` (tile
+/// position `e = 4a + b` of tile `p` at `t[e * cols + p]`), along whole rows of tiles. `Aᵀ M A`
+/// leaves output position `(i, j)` in row `4i + j`.
+fn transform_tiles<T: Float>(t: &mut [T], cols: usize, input: bool) {
+    let run = |t: &mut [T], at: usize, stride: usize| {
+        let rows = rows_mut(t, at, stride, cols);
+        if input {
+            vectorized(Across4::<T, true> { rows })
+        } else {
+            vectorized(Across4::<T, false> { rows })
+        }
+    };
+    // Down the columns of each tile (rows b, 4 + b, 8 + b, 12 + b): `Bᵀ d` or `Aᵀ M` (whose
+    // two values land in rows b and 4 + b) ...
+    for b in 0..4 {
+        run(t, b * cols, 4 * cols);
+    }
+    // ... then along the rows (4a .. 4a + 3) that hold values.
+    for a in 0..if input { 4 } else { 2 } {
+        run(t, 4 * a * cols, cols);
+    }
+}
+
+/// Gathers the 4x4 input tiles of one plane (tiles 2 apart, over the zero-padded plane) into
+/// `out[e * cols + first + tile]`; `pad` is scratch. The padded plane is kept as its even and
+/// its odd columns, so that each tile position of a row of tiles is one contiguous copy.
+fn gather_tiles<T: Float>(plane: &[T], g: &Geo, out: &mut [T], cols: usize, first: usize, pad: &mut Vec<T>) {
+    let (th, tw) = tiles(g);
+    let (hp, wp, half) = (2 * th + 2, 2 * tw + 2, tw + 1);
+    pad.clear();
+    pad.resize(wp + 2 * hp * half, T::zero());
+    let (row, planes) = pad.split_at_mut(wp);
+    let (even, odd) = planes.split_at_mut(hp * half);
+    let ws = g.w.min(wp.saturating_sub(g.pl));
+    for r in 0..hp {
+        let ih = r as isize - g.pt as isize;
+        if ih < 0 || ih as usize >= g.h || ws == 0 {
+            continue;
+        }
+        row.fill(T::zero());
+        row[g.pl..][..ws].copy_from_slice(&plane[ih as usize * g.w..][..ws]);
+        let (pairs, _) = row.as_chunks::<2>();
+        for ((&[a, b], e), o) in pairs.iter().zip(&mut even[r * half..][..half]).zip(&mut odd[r * half..][..half]) {
+            (*e, *o) = (a, b);
+        }
+    }
+    for e in 0..E {
+        // Column 2tj + s is even[tj + s/2] for even s, odd[tj + s/2] for odd s.
+        let (r, s) = (e / 4, e % 4);
+        let src = if s % 2 == 0 { &*even } else { &*odd };
+        let dst = &mut out[e * cols + first..][..th * tw];
+        for (ti, d) in dst.chunks_exact_mut(tw).enumerate() {
+            d.copy_from_slice(&src[(2 * ti + r) * half + s / 2..][..tw]);
+        }
+    }
+}
+
+/// Scatters output tiles (position `(i, j)` of tile `first + tile` at `m[(4i + j) * cols +
+/// first + tile]`) into one output plane, cropped to it.
+fn scatter_tiles<T: Float>(m: &[T], g: &Geo, cols: usize, first: usize, y: &mut [T]) {
+    let (th, tw) = tiles(g);
+    for ti in 0..th {
+        for i in 0..2 {
+            let oh = 2 * ti + i;
+            if oh >= g.ho {
+                break;
+            }
+            let c0 = &m[4 * i * cols + first + ti * tw..][..tw];
+            let c1 = &m[(4 * i + 1) * cols + first + ti * tw..][..tw];
+            let row = &mut y[oh * g.wo..][..g.wo];
+            let (pairs, tail) = row.as_chunks_mut::<2>();
+            for ((p, &a), &b) in pairs.iter_mut().zip(c0).zip(c1) {
+                *p = [a, b];
+            }
+            if let Some(last) = tail.first_mut() {
+                *last = c0[tw - 1];
+            }
+        }
+    }
+}
+
+/// The forward convolution `y [N, O, Ho, Wo]` of `x` by `w` as F(2x2, 3x3); `g` must satisfy
+/// [`applies`].
+pub(super) fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
+    debug_assert!(applies(g));
+    conv_fwd_blocks(ctx, x, w, g, image_block(g))
+}
+
+/// [`conv_fwd`] with `block` images per set of 16 products.
+pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, block: usize) -> Vec<T> {
+    let hwo = g.hwo();
+    let (th, tw) = tiles(g);
+    let per_image_tiles = th * tw;
+    let u = filter_transform(w, g);
+    let cap = block * per_image_tiles;
+    let mut y = vec![T::zero(); g.n * g.o * hwo];
+    // Scratch: the transformed input of one group [cg][e][cols] and the products of every
+    // group [o][e][cols].
+    per_image(ctx, &mut y, block * g.o * hwo, (g.cg + g.o) * E * cap, |bi, yb, buf, par| {
+        let first = bi * block;
+        let count = yb.len() / (g.o * hwo);
+        let cols = count * per_image_tiles;
+        let (v, m) = buf.split_at_mut(g.cg * E * cap);
+        let (v, m) = (&mut v[..g.cg * E * cols], &mut m[..g.o * E * cols]);
+        for grp in 0..g.g {
+            chunks_on(ctx, par, v, E * cols, |c, out| {
+                let mut pad = Vec::new();
+                for k in 0..count {
+                    let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
+                    gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
+                }
+                transform_tiles(out, cols, true);
+            });
+            let mg = &mut m[grp * g.og * E * cols..][..g.og * E * cols];
+            for e in 0..E {
+                let ue = mat(&u[(grp * E + e) * g.og * g.cg..][..g.og * g.cg], g.og, g.cg);
+                let ve = ArrayView2::from_shape((g.cg, cols).strides((E * cols, 1)), &v[e * cols..]).expect("view inside the tiles");
+                let me =
+                    ArrayViewMut2::from_shape((g.og, cols).strides((E * cols, 1)), &mut mg[e * cols..]).expect("view inside the products");
+                gemm_on(ctx, par, ue, ve, me, false);
+            }
+        }
+        chunks_on(ctx, par, m, E * cols, |_, mo| transform_tiles(mo, cols, false));
+        let m = &*m;
+        chunks_on(ctx, par, yb, hwo, |plane, y| {
+            let (k, o) = (plane / g.o, plane % g.o);
+            scatter_tiles(&m[o * E * cols..][..E * cols], g, cols, k * per_image_tiles, y);
+        });
+    });
+    y
+}
+
+/// The output-gradient tiles of one image for the weight gradient, laid out `[tile][e][og]`:
+/// each 2x2 tile of `dy` (zero past the plane) as `G dy Gᵀ` with F(3, 2)'s
+/// `G = [[1, 0], [1/2, 1/2], [1/2, -1/2], [0, 1]]`, every output channel side by side.
+/// `dyt` is the image's gradient laid out `[Ho * Wo][og]`, `zeros` `og` zeros.
+struct GradientTiles<'a, T> {
+    dyt: &'a [T],
+    zeros: &'a [T],
+    g: &'a Geo,
+    out: &'a mut [T],
+}
+
+impl<T: Float> VectorLoop for GradientTiles<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let GradientTiles { dyt, zeros, g, out } = self;
+        let (og, half) = (g.og, T::c(0.5));
+        let (th, tw) = tiles(g);
+        let gx = |x0: T, x1: T| [x0, (x0 + x1) * half, (x0 - x1) * half, x1];
+        for (p, tile) in out.chunks_exact_mut(E * og).take(th * tw).enumerate() {
+            let (oh, ow) = (2 * (p / tw), 2 * (p % tw));
+            let at = |u: usize, v: usize| {
+                if oh + u < g.ho && ow + v < g.wo {
+                    &dyt[((oh + u) * g.wo + ow + v) * og..][..og]
+                } else {
+                    &zeros[..og]
+                }
+            };
+            let (x00, x01, x10, x11) = (at(0, 0), at(0, 1), at(1, 0), at(1, 1));
+            let rows: [&mut [T]; E] = rows_mut(tile, 0, og, og);
+            for o in 0..og {
+                // G down the two columns, then G along each of the four rows: e = 4a + b.
+                let (c0, c1) = (gx(x00[o], x10[o]), gx(x01[o], x11[o]));
+                for a in 0..4 {
+                    let r = gx(c0[a], c1[a]);
+                    for b in 0..4 {
+                        rows[4 * a + b][o] = r[b];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The weight gradient `dW [O, C/g, 3, 3]` as F(3x3, 2x2): per tile, `Aᵀ [(G dy Gᵀ) ⊙ (Bᵀ d B)] A`
+/// with `d` the same 4x4 input tiles as the forward pass and `dy` the tile's 2x2 output
+/// gradient; summed over tiles and images inside 16 products `M_eᵀ [cg, og] = V_e [cg, tiles] x
+/// DY_e [tiles, og]` (both operands with their rows contiguous, the GEMM's fast layout). F(3, 2)'s `Bᵀ` is F(2, 3)'s with its last row negated, so its input tiles are the
+/// forward pass's with that sign moved into `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, 0], [0, 1, 1, -1]]`.
+/// Blocks of images (fixed by the shapes) give partial sums, added in block order.
+pub(super) fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
+    debug_assert!(applies_to_weight_gradient(g));
+    conv_bwd_weight_blocks(ctx, dy, x, g, image_block(g))
+}
+
+/// [`conv_bwd_weight`] with `block` images per set of 16 products.
+pub(super) fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, block: usize) -> Vec<T> {
+    let hwo = g.hwo();
+    let (th, tw) = tiles(g);
+    let per_image_tiles = th * tw;
+    let cap = block * per_image_tiles;
+    let part = g.g * E * g.og * g.cg;
+    let parts = g.n.div_ceil(block).max(1);
+    let mut partial = vec![T::zero(); parts * part];
+    per_image(ctx, &mut partial, part, (g.cg + g.og) * E * cap, |bi, mw, buf, par| {
+        let first = bi * block;
+        let count = block.min(g.n.saturating_sub(first));
+        let cols = count * per_image_tiles;
+        let (v, d) = buf.split_at_mut(g.cg * E * cap);
+        let (v, d) = (&mut v[..g.cg * E * cols], &mut d[..g.og * E * cols]);
+        for grp in 0..g.g {
+            chunks_on(ctx, par, v, E * cols, |c, out| {
+                let mut pad = Vec::new();
+                for k in 0..count {
+                    let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
+                    gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
+                }
+                transform_tiles(out, cols, true);
+            });
+            chunks_on(ctx, par, d, per_image_tiles * E * g.og, |k, out| {
+                let mut dyt = vec![T::zero(); hwo * g.og];
+                for o in 0..g.og {
+                    let plane = &dy[((first + k) * g.o + grp * g.og + o) * hwo..][..hwo];
+                    for (i, &v) in plane.iter().enumerate() {
+                        dyt[i * g.og + o] = v;
+                    }
+                }
+                let zeros = vec![T::zero(); g.og];
+                vectorized(GradientTiles { dyt: &dyt, zeros: &zeros, g, out });
+            });
+            for e in 0..E {
+                let ve = ArrayView2::from_shape((g.cg, cols).strides((E * cols, 1)), &v[e * cols..]).expect("view inside the tiles");
+                let de = ArrayView2::from_shape((cols, g.og).strides((E * g.og, 1)), &d[e * g.og..]).expect("view inside the tiles");
+                let out = &mut mw[(grp * E + e) * g.cg * g.og..][..g.cg * g.og];
+                gemm_on(ctx, par, ve, de, mat_mut(out, g.cg, g.og), false);
+            }
+        }
+    });
+    let sum = sum_partials(ctx, &partial, part);
+    // Aᵀ M A per (o, c): 16 products (`M_eᵀ [cg, og]` each), `cg * og` apart, into the 3x3 kernel.
+    let at3 = |m0: T, m1: T, m2: T, m3: T| [m0 + m1 + m2, m1 - m2, m1 + m2 - m3];
+    let mut dw = vec![T::zero(); g.o * g.cg * 9];
+    let plane = g.og * g.cg;
+    ctx.for_chunks(&mut dw, g.cg * 9, |go, out| {
+        let (grp, o) = (go / g.og, go % g.og);
+        let m = &sum[grp * E * plane + o..];
+        for (c, k) in out.chunks_exact_mut(9).enumerate() {
+            let me = |e: usize| m[e * plane + c * g.og];
+            let s: [[T; 3]; 4] = std::array::from_fn(|a| at3(me(4 * a), me(4 * a + 1), me(4 * a + 2), me(4 * a + 3)));
+            for j in 0..3 {
+                let col = at3(s[0][j], s[1][j], s[2][j], s[3][j]);
+                for i in 0..3 {
+                    k[i * 3 + j] = col[i];
+                }
+            }
+        }
+    });
+    dw
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::geometry;
+    use super::*;
+    use crate::kernels::conv::Conv2dParams;
+    use crate::{random, DType};
+
+    fn data(shape: &[usize], seed: u64) -> Vec<f64> {
+        random::uniform(shape, -1., 1., seed, DType::F64).to_vec::<f64>().unwrap()
+    }
+
+    #[test]
+    fn winograd_forward_matches_the_direct_forms_across_shapes_padding_and_groups() {
+        let cases = [
+            ([2, 16, 6, 7], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+            ([3, 16, 5, 5], [20, 16, 3, 3], Conv2dParams::new(1, 0)),
+            ([1, 32, 7, 4], [32, 16, 3, 3], Conv2dParams { padding: [2, 0, 1, 2], groups: 2, ..Default::default() }),
+            ([2, 17, 4, 4], [16, 17, 3, 3], Conv2dParams::new(1, 2)),
+            ([5, 16, 2, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            assert!(applies(&g), "case {k}");
+            let (x, w) = (data(&xs, k as u64), data(&ws, 30 + k as u64));
+            let want = super::super::conv_fwd_blocks(&ExecCtx::serial(), &x, &w, &g, 1);
+            for block in [1, 2, image_block(&g), g.n] {
+                for ctx in [ExecCtx::serial(), ExecCtx::parallel().with_min_parallel_len(1)] {
+                    let got = conv_fwd_blocks(&ctx, &x, &w, &g, block);
+                    assert_eq!(got.len(), want.len());
+                    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                    assert!(worst < 1e-12, "case {k}, block {block}: off by {worst}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn winograd_weight_gradient_matches_the_direct_forms() {
+        let cases = [
+            ([2, 16, 6, 7], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+            ([3, 16, 5, 5], [20, 16, 3, 3], Conv2dParams::new(1, 0)),
+            ([1, 32, 7, 4], [32, 16, 3, 3], Conv2dParams { padding: [2, 0, 1, 2], groups: 2, ..Default::default() }),
+            ([2, 17, 4, 4], [16, 17, 3, 3], Conv2dParams::new(1, 2)),
+            ([5, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            let (x, dy) = (data(&xs, k as u64), data(&[g.n, g.o, g.ho, g.wo], 60 + k as u64));
+            let want = super::super::conv_bwd_weight_im2col(&ExecCtx::serial(), &dy, &x, &g);
+            for block in [1, 2, image_block(&g), g.n] {
+                for ctx in [ExecCtx::serial(), ExecCtx::parallel().with_min_parallel_len(1)] {
+                    let got = conv_bwd_weight_blocks(&ctx, &dy, &x, &g, block);
+                    assert_eq!(got.len(), want.len());
+                    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                    assert!(worst < 1e-11, "case {k}, block {block}: off by {worst}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn winograd_results_do_not_depend_on_the_thread_count() {
+        let g = geometry("t", &[6, 16, 9, 9], &[24, 16, 3, 3], &Conv2dParams::new(1, 1)).unwrap();
+        let x: Vec<f32> = data(&[6, 16, 9, 9], 1).into_iter().map(|v| v as f32).collect();
+        let w: Vec<f32> = data(&[24, 16, 3, 3], 2).into_iter().map(|v| v as f32).collect();
+        let serial = conv_fwd(&ExecCtx::serial(), &x, &w, &g);
+        let parallel = conv_fwd(&ExecCtx::parallel().with_min_parallel_len(1), &x, &w, &g);
+        assert!(serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let dy: Vec<f32> = data(&[6, 24, 9, 9], 3).into_iter().map(|v| v as f32).collect();
+        let serial = conv_bwd_weight(&ExecCtx::serial(), &dy, &x, &g);
+        let parallel = conv_bwd_weight(&ExecCtx::parallel().with_min_parallel_len(1), &dy, &x, &g);
+        assert!(serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn only_3x3_stride_1_undilated_kernels_with_enough_channels_apply() {
+        let ok = |xs: [usize; 4], ws: [usize; 4], p: Conv2dParams| applies(&geometry("t", &xs, &ws, &p).unwrap());
+        assert!(ok([1, 16, 8, 8], [16, 16, 3, 3], Conv2dParams::new(1, 1)));
+        assert!(!ok([1, 16, 8, 8], [16, 16, 3, 3], Conv2dParams::new(2, 1)));
+        assert!(!ok([1, 16, 8, 8], [16, 16, 3, 3], Conv2dParams { dilation: [2, 2], ..Conv2dParams::new(1, 2) }));
+        assert!(!ok([1, 16, 8, 8], [16, 16, 1, 1], Conv2dParams::default()));
+        assert!(!ok([1, 8, 8, 8], [16, 8, 3, 3], Conv2dParams::new(1, 1)));
+        assert!(!ok([1, 16, 8, 8], [8, 16, 3, 3], Conv2dParams::new(1, 1)));
+        let weights =
+            |xs: [usize; 4], ws: [usize; 4]| applies_to_weight_gradient(&geometry("t", &xs, &ws, &Conv2dParams::new(1, 1)).unwrap());
+        assert!(weights([32, 64, 32, 32], [64, 64, 3, 3]));
+        assert!(!weights([32, 512, 4, 4], [512, 512, 3, 3]), "128 tiles for 512 channels");
+    }
+}
