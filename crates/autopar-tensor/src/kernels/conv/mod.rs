@@ -479,38 +479,36 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
     let (eh, ew) = (g.dh * (g.kh - 1), g.dw * (g.kw - 1));
     let pad = [eh.checked_sub(p.padding[0])?, eh.checked_sub(p.padding[1])?, ew.checked_sub(p.padding[2])?, ew.checked_sub(p.padding[3])?];
     // w' [C, O/g, kh, kw]: w'[grp*cg + c, o, i, j] = w[grp*og + o, c, kh-1-i, kw-1-j].
+    let taps = g.kh * g.kw;
     let mut wf = vec![T::zero(); w.len()];
-    for grp in 0..g.g {
-        for o in 0..g.og {
-            for c in 0..g.cg {
-                for i in 0..g.kh {
-                    for j in 0..g.kw {
-                        let src = (((grp * g.og + o) * g.cg + c) * g.kh + g.kh - 1 - i) * g.kw + g.kw - 1 - j;
-                        let dst = (((grp * g.cg + c) * g.og + o) * g.kh + i) * g.kw + j;
-                        wf[dst] = w[src];
-                    }
-                }
+    // One input channel's filters (all og of its group, contiguous in w') per chunk.
+    ctx.for_chunks(&mut wf, g.og * taps, |gc, out| {
+        let (grp, c) = (gc / g.cg, gc % g.cg);
+        for (o, dst) in out.chunks_exact_mut(taps).enumerate() {
+            let src = &w[((grp * g.og + o) * g.cg + c) * taps..][..taps];
+            // Tap (i, j) of w' is tap (kh-1-i, kw-1-j) of w: the taps reversed.
+            for (d, &v) in dst.iter_mut().zip(src.iter().rev()) {
+                *d = v;
             }
         }
-    }
+    });
     let q = Conv2dParams { stride: [1, 1], padding: pad, dilation: p.dilation, groups: g.g };
     let gq = geometry("conv2d_backward_input", &[g.n, g.o, g.ho, g.wo], &[g.c, g.og, g.kh, g.kw], &q).ok()?;
     debug_assert_eq!((gq.ho, gq.wo), (g.h, g.w));
     Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 
-/// `W^T` per group, row-major (the GEMM's fast layout): `[g][kg, og]`.
-fn transposed_weight<T: Float>(w: &[T], g: &Geo) -> Vec<T> {
-    (0..g.g)
-        .flat_map(|grp| {
-            mat(&w[grp * g.og * g.kg..][..g.og * g.kg], g.og, g.kg)
-                .reversed_axes()
-                .as_standard_layout()
-                .into_owned()
-                .into_raw_vec_and_offset()
-                .0
-        })
-        .collect()
+/// `W^T` per group, row-major (the GEMM's fast layout): `[g][kg, og]`. Tiles of rows in
+/// parallel.
+fn transposed_weight<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
+    const TILE: usize = 32;
+    let per_group = g.og * g.kg;
+    let mut wt = vec![T::zero(); w.len()];
+    for (grp, wtg) in wt.chunks_mut(per_group.max(1)).enumerate() {
+        let src = &w[grp * per_group..][..per_group];
+        ctx.for_chunks(wtg, TILE * g.og, |t, rows| transpose_into(src, g.kg, t * TILE, rows, g.og));
+    }
+    wt
 }
 
 /// The input gradient by col2im, one image at a time (measured faster than blocks of images
@@ -520,7 +518,7 @@ fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T>
     let plane = g.h * g.w;
     let mut dx = vec![T::zero(); g.n * g.c * plane];
     let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
-    let wt_all = transposed_weight(w, g);
+    let wt_all = transposed_weight(ctx, w, g);
     per_image(ctx, &mut dx, g.c * plane, scratch, |b, dxb, col, par| {
         for grp in 0..g.g {
             let wt = mat(&wt_all[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
@@ -622,14 +620,36 @@ fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, b
         for grp in 0..g.g {
             im2col_block(ctx, par, x, g, first, count, grp, col);
             chunks_on(ctx, par, &mut dyt[..ch * g.og], hwo * g.og, |k, dk| {
-                let dyg = mat(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], g.og, hwo);
-                mat_mut(dk, hwo, g.og).assign(&dyg.t());
+                let dyg = &dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo];
+                transpose_into(dyg, hwo, 0, dk, g.og);
             });
             let out = mat_mut(&mut dwt[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
             gemm_on(ctx, par, mat(&col[..g.kg * ch], g.kg, ch), mat(&dyt[..ch * g.og], ch, g.og), out, false);
         }
     });
     sum_transposed_partials(ctx, &partial, wlen, g)
+}
+
+/// Columns `first..` of the row-major `src` (rows `src_cols` long) as the rows of `dst` (rows
+/// `dst_cols` long, one per column of `src`; `dst_cols` is the number of rows of `src` read), in
+/// 8x8 tiles so that neither side walks the cache at a large stride for long.
+fn transpose_into<T: Copy>(src: &[T], src_cols: usize, first: usize, dst: &mut [T], dst_cols: usize) {
+    const TILE: usize = 8;
+    if dst_cols == 0 {
+        return;
+    }
+    let n = dst.len() / dst_cols;
+    for i0 in (0..dst_cols).step_by(TILE) {
+        let i1 = (i0 + TILE).min(dst_cols);
+        for j0 in (0..n).step_by(TILE) {
+            for j in j0..(j0 + TILE).min(n) {
+                let row = &mut dst[j * dst_cols..][i0..i1];
+                for (i, d) in (i0..i1).zip(row) {
+                    *d = src[i * src_cols + first + j];
+                }
+            }
+        }
+    }
 }
 
 /// The sum of the `len`-long partials laid end to end in `partial`, added in order. Pieces of
@@ -655,11 +675,8 @@ fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, 
     let mut dw = vec![T::zero(); wlen];
     let per_group = g.og * g.kg;
     for (grp, dwg) in dw.chunks_mut(per_group).enumerate() {
-        let src = mat(&sum[grp * per_group..][..per_group], g.kg, g.og);
-        ctx.for_chunks(dwg, TILE * g.kg, |t, rows| {
-            let (o0, n) = (t * TILE, rows.len() / g.kg);
-            mat_mut(rows, n, g.kg).assign(&src.slice(ndarray::s![.., o0..o0 + n]).t());
-        });
+        let src = &sum[grp * per_group..][..per_group];
+        ctx.for_chunks(dwg, TILE * g.kg, |t, rows| transpose_into(src, g.og, t * TILE, rows, g.kg));
     }
     dw
 }
@@ -677,8 +694,7 @@ fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -
         let (col, dyt) = buf.split_at_mut(col_len);
         for (k, b) in (pi * group..((pi + 1) * group).min(g.n)).enumerate() {
             for grp in 0..g.g {
-                let dyg = mat(&dy[(b * g.o + grp * g.og) * hwo..][..g.og * hwo], g.og, hwo);
-                mat_mut(dyt, hwo, g.og).assign(&dyg.t());
+                transpose_into(&dy[(b * g.o + grp * g.og) * hwo..][..g.og * hwo], hwo, 0, dyt, g.og);
                 let out = mat_mut(&mut dwt[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
                 if g.pointwise() {
                     let xg = mat(&x[(b * g.c + grp * g.cg) * hwo..][..g.kg * hwo], g.kg, hwo);
@@ -918,6 +934,21 @@ mod tests {
                 assert!(close(&conv_bwd_weight_blocks(&cx(), &dy, &x, &g, block), &dw1), "weight gradient, case {k}, block {block}");
             }
             assert!(image_block(&g) > 1, "case {k}: small planes go in blocks");
+        }
+    }
+
+    #[test]
+    fn transpose_into_copies_columns_as_rows_past_the_tile_edges() {
+        let (rows, cols) = (11, 19);
+        let src: Vec<usize> = (0..rows * cols).collect();
+        for (first, n) in [(0, cols), (3, 9), (10, 9)] {
+            let mut dst = vec![usize::MAX; n * rows];
+            transpose_into(&src, cols, first, &mut dst, rows);
+            for j in 0..n {
+                for i in 0..rows {
+                    assert_eq!(dst[j * rows + i], src[i * cols + first + j], "first {first}, ({j}, {i})");
+                }
+            }
         }
     }
 

@@ -13,7 +13,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
 
-use super::{chunks_on, gemm_on, mat, mat_mut, per_image, sum_partials, Geo};
+use super::{chunks_on, gemm_on, mat_mut, per_image, sum_partials, transpose_into, Geo};
 use crate::simd::{vectorized, VectorLoop};
 use crate::{ExecCtx, Float};
 
@@ -52,35 +52,33 @@ pub(super) fn image_block(g: &Geo) -> usize {
     BLOCK_TILES.div_ceil((th * tw).max(1)).clamp(1, g.n.max(1))
 }
 
-/// `G g Gᵀ` for each `[og, cg]` filter of every group, laid out `[grp][e][og][cg]`, with
-/// `G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`. Each output channel's
-/// filters are first laid out tap-major (`[9][cg]`), so the transform runs along whole rows.
-fn filter_transform<T: Float>(w: &[T], g: &Geo) -> Vec<T> {
+/// `G g Gᵀ` for each filter, laid out `[O][e][cg]` (so `U_e` of group `grp` is a view with rows
+/// `16 * cg` apart), with `G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`. Each
+/// output channel's filters are first laid out tap-major (`[9][cg]`), so the transform runs
+/// along whole rows; output channels run in parallel.
+fn filter_transform<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
     let cg = g.cg;
-    let mut u = vec![T::zero(); g.g * E * g.og * cg];
-    let mut taps = vec![T::zero(); 9 * cg];
-    let mut gw = vec![T::zero(); 12 * cg];
-    for grp in 0..g.g {
-        let ug = &mut u[grp * E * g.og * cg..][..E * g.og * cg];
-        for o in 0..g.og {
-            let filters = &w[(grp * g.og + o) * cg * 9..][..cg * 9];
-            for (c, k) in filters.chunks_exact(9).enumerate() {
-                for (t, &v) in k.iter().enumerate() {
-                    taps[t * cg + c] = v;
-                }
-            }
-            // G g: column j of the 3x3 kernel (taps j, 3 + j, 6 + j) into rows 3a + j ...
-            for j in 0..3 {
-                let x: [_; 3] = std::array::from_fn(|i| &taps[(3 * i + j) * cg..][..cg]);
-                vectorized(GRows { x, out: rows_mut(&mut gw, j * cg, 3 * cg, cg) });
-            }
-            // ... then G along each row a of G g, into u[e = 4a + b][o].
-            for a in 0..4 {
-                let x: [_; 3] = std::array::from_fn(|j| &gw[(3 * a + j) * cg..][..cg]);
-                vectorized(GRows { x, out: rows_mut(ug, (4 * a * g.og + o) * cg, g.og * cg, cg) });
+    let mut u = vec![T::zero(); g.o * E * cg];
+    ctx.for_chunks(&mut u, E * cg, |o, uo| {
+        let filters = &w[o * cg * 9..][..cg * 9];
+        let mut taps = vec![T::zero(); 9 * cg];
+        let mut gw = vec![T::zero(); 12 * cg];
+        for (c, k) in filters.chunks_exact(9).enumerate() {
+            for (t, &v) in k.iter().enumerate() {
+                taps[t * cg + c] = v;
             }
         }
-    }
+        // G g: column j of the 3x3 kernel (taps j, 3 + j, 6 + j) into rows 3a + j ...
+        for j in 0..3 {
+            let x: [_; 3] = std::array::from_fn(|i| &taps[(3 * i + j) * cg..][..cg]);
+            vectorized(GRows { x, out: rows_mut(&mut gw, j * cg, 3 * cg, cg) });
+        }
+        // ... then G along each row a of G g, into e = 4a + b.
+        for a in 0..4 {
+            let x: [_; 3] = std::array::from_fn(|j| &gw[(3 * a + j) * cg..][..cg]);
+            vectorized(GRows { x, out: rows_mut(uo, 4 * a * cg, cg, cg) });
+        }
+    });
     u
 }
 
@@ -246,7 +244,7 @@ pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo
     let hwo = g.hwo();
     let (th, tw) = tiles(g);
     let per_image_tiles = th * tw;
-    let u = filter_transform(w, g);
+    let u = filter_transform(ctx, w, g);
     let cap = block * per_image_tiles;
     let mut y = vec![T::zero(); g.n * g.o * hwo];
     // Scratch: the transformed input of one group [cg][e][cols] and the products of every
@@ -268,7 +266,8 @@ pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo
             });
             let mg = &mut m[grp * g.og * E * cols..][..g.og * E * cols];
             for e in 0..E {
-                let ue = mat(&u[(grp * E + e) * g.og * g.cg..][..g.og * g.cg], g.og, g.cg);
+                let ue = ArrayView2::from_shape((g.og, g.cg).strides((E * g.cg, 1)), &u[(grp * g.og * E + e) * g.cg..])
+                    .expect("view inside the filters");
                 let ve = ArrayView2::from_shape((g.cg, cols).strides((E * cols, 1)), &v[e * cols..]).expect("view inside the tiles");
                 let me =
                     ArrayViewMut2::from_shape((g.og, cols).strides((E * cols, 1)), &mut mg[e * cols..]).expect("view inside the products");
@@ -366,12 +365,7 @@ pub(super) fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T],
             });
             chunks_on(ctx, par, d, per_image_tiles * E * g.og, |k, out| {
                 let mut dyt = vec![T::zero(); hwo * g.og];
-                for o in 0..g.og {
-                    let plane = &dy[((first + k) * g.o + grp * g.og + o) * hwo..][..hwo];
-                    for (i, &v) in plane.iter().enumerate() {
-                        dyt[i * g.og + o] = v;
-                    }
-                }
+                transpose_into(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], hwo, 0, &mut dyt, g.og);
                 let zeros = vec![T::zero(); g.og];
                 vectorized(GradientTiles { dyt: &dyt, zeros: &zeros, g, out });
             });
