@@ -9,7 +9,8 @@
 use ndarray::{ArrayD, IxDyn};
 
 use super::{float_dispatch, same_dtype};
-use crate::kernels::reduce::{in_lockstep_groups, lockstep_rows, lockstep_sums, sum_axes, LOCKSTEP};
+use crate::kernels::reduce::{in_lockstep_groups, lockstep_rows, lockstep_sums, lockstep_sums2, sum_axes, LOCKSTEP};
+use crate::simd::{vectorized, VectorLoop};
 use crate::tensor::normalize_axis;
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
@@ -95,12 +96,29 @@ fn affine<T: Float>(ctx: &ExecCtx, x: &[T], c: usize, s: usize, mean: &[T], scal
     let mut y = vec![T::zero(); x.len()];
     ctx.for_chunks(&mut y, s.max(1), |p, out| {
         let ch = p % c;
-        let src = &x[p * s..][..s];
-        for (o, &v) in out.iter_mut().zip(src) {
-            *o = (v - mean[ch]) * scale[ch] + shift[ch];
-        }
+        vectorized(Affine { out, x: &x[p * s..][..s], mean: mean[ch], scale: scale[ch], shift: shift[ch] });
     });
     y
+}
+
+/// `(x - mean) * scale + shift` over one plane, at the CPU's vector width.
+struct Affine<'a, T> {
+    out: &'a mut [T],
+    x: &'a [T],
+    mean: T,
+    scale: T,
+    shift: T,
+}
+
+impl<T: Float> VectorLoop for Affine<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let Affine { out, x, mean, scale, shift } = self;
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (v - mean) * scale + shift;
+        }
+    }
 }
 
 /// BatchNorm in training mode: normalises with the batch statistics and updates the running ones.
@@ -224,15 +242,39 @@ fn bn_backward_parts(
         let mut dx = vec![T::zero(); xs.len()];
         ctx.for_chunks(&mut dx, s.max(1), |p, out| {
             let ch = p % c;
-            let k = g[ch] * inv[ch];
-            let (src, d) = (&xs[p * s..][..s], &ds[p * s..][..s]);
-            for ((o, &xv), &dv) in out.iter_mut().zip(src).zip(d) {
-                let xh = (xv - mean[ch]) * inv[ch];
-                *o = k * (dv - sum_dy[ch] / m - xh * sum_dyx[ch] / m);
-            }
+            let (x, dy) = (&xs[p * s..][..s], &ds[p * s..][..s]);
+            let (mean, inv, sum_dy, sum_dyx) = (mean[ch], inv[ch], sum_dy[ch], sum_dyx[ch]);
+            vectorized(BnInputGrad { out, x, dy, k: g[ch] * inv, mean, inv, sum_dy, sum_dyx, m });
         });
         Ok((Tensor::from_vec(x.shape(), dx)?, Tensor::from_vec(&[c], dgamma)?, Tensor::from_vec(&[c], dbeta)?))
     })
+}
+
+/// One plane of BatchNorm's input gradient, `k (dy - Σdy/m - x̂ Σdy·x̂/m)` with `x̂ = (x - mean)
+/// inv`, at the CPU's vector width.
+struct BnInputGrad<'a, T> {
+    out: &'a mut [T],
+    x: &'a [T],
+    dy: &'a [T],
+    k: T,
+    mean: T,
+    inv: T,
+    sum_dy: T,
+    sum_dyx: T,
+    m: T,
+}
+
+impl<T: Float> VectorLoop for BnInputGrad<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run(self) {
+        let BnInputGrad { out, x, dy, k, mean, inv, sum_dy, sum_dyx, m } = self;
+        let n = out.len();
+        for ((o, &xv), &dv) in out.iter_mut().zip(&x[..n]).zip(&dy[..n]) {
+            let xh = (xv - mean) * inv;
+            *o = k * (dv - sum_dy / m - xh * sum_dyx / m);
+        }
+    }
 }
 
 /// Per-channel `(Σ dy, Σ dy·x̂)` over [N, C, S] data, in a fixed order: one running sum per
@@ -245,14 +287,10 @@ fn dy_sums<T: Float>(ctx: &ExecCtx, xs: &[T], ds: &[T], mean: &[T], inv: &[T], (
         for b in 0..n {
             let at = |i: usize| (b * c + c0 + i) * s;
             let dys = lockstep_rows(w, |i| &ds[at(i)..][..s]);
+            let xrows = lockstep_rows(w, |i| &xs[at(i)..][..s]);
             lockstep_sums(&mut sd, &dys[..w], |_, v| v);
-            // Σ dy·x̂ walks dy and x together: pair each channel's planes by position.
-            for j in 0..s {
-                for i in 0..w {
-                    let (dv, xv) = (ds[at(i) + j], xs[at(i) + j]);
-                    sdx[i] += dv * (xv - mean[c0 + i]) * inv[c0 + i];
-                }
-            }
+            // Σ dy·x̂ walks dy and x together.
+            lockstep_sums2(&mut sdx, &dys[..w], &xrows[..w], |i, dv, xv| dv * (xv - mean[c0 + i]) * inv[c0 + i]);
         }
         for (o, (&a, &b)) in out.iter_mut().zip(sd.iter().zip(&sdx)) {
             *o = (a, b);

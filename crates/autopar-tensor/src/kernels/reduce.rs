@@ -98,22 +98,30 @@ pub(crate) const LOCKSTEP: usize = 8;
 /// a one-row-at-a-time fold does, so the sums are bitwise that fold's; but the rows' adds do not
 /// wait on each other, so they overlap instead of each waiting out the one before.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // `j` walks every row at once
 pub(crate) fn lockstep_sums<T: Float>(acc: &mut [T], rows: &[&[T]], f: impl Fn(usize, T) -> T) {
-    let len = rows.first().map_or(0, |r| r.len());
-    if rows.len() == LOCKSTEP && acc.len() == LOCKSTEP {
-        let rows: [&[T]; LOCKSTEP] = std::array::from_fn(|i| &rows[i][..len]);
-        let mut a: [T; LOCKSTEP] = std::array::from_fn(|i| acc[i]);
+    lockstep_sums2(acc, rows, rows, |i, v, _| f(i, v))
+}
+
+/// [`lockstep_sums`] of `f(i, a[i][j], b[i][j])`, two rows of each channel walked together
+/// (`b`'s rows at least as long as `a`'s).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `j` walks every row at once
+pub(crate) fn lockstep_sums2<T: Float>(acc: &mut [T], a: &[&[T]], b: &[&[T]], f: impl Fn(usize, T, T) -> T) {
+    let len = a.first().map_or(0, |r| r.len());
+    if a.len() == LOCKSTEP && b.len() == LOCKSTEP && acc.len() == LOCKSTEP {
+        let a: [&[T]; LOCKSTEP] = std::array::from_fn(|i| &a[i][..len]);
+        let b: [&[T]; LOCKSTEP] = std::array::from_fn(|i| &b[i][..len]);
+        let mut s: [T; LOCKSTEP] = std::array::from_fn(|i| acc[i]);
         for j in 0..len {
             for i in 0..LOCKSTEP {
-                a[i] += f(i, rows[i][j]);
+                s[i] += f(i, a[i][j], b[i][j]);
             }
         }
-        acc.copy_from_slice(&a);
+        acc.copy_from_slice(&s);
     } else {
         for j in 0..len {
-            for (i, r) in rows.iter().enumerate() {
-                acc[i] += f(i, r[j]);
+            for (i, (ra, rb)) in a.iter().zip(b).enumerate() {
+                acc[i] += f(i, ra[j], rb[j]);
             }
         }
     }
