@@ -170,10 +170,13 @@ fn write_checkpoint(
 /// and `train` print their report into it, other commands on stdout). The exit code is not
 /// returned: `train --verify` reports a mismatch in its summary (`verify.ok`). A bad flag is a
 /// `ValueError` with clap's message; a failed run a `RuntimeError` with the message the command
-/// line prints.
+/// line prints. Like the `autopar` binary, it first keeps freed memory in the process
+/// ([`autopar::keep_freed_memory`]) so that a training run does not page-fault its buffers in
+/// again at every step.
 #[pyfunction]
 fn run_cli(py: Python<'_>, words: Vec<String>) -> PyResult<String> {
     let cli = autopar::cli::parse_args(&words).map_err(PyValueError::new_err)?;
+    autopar::keep_freed_memory();
     let mut out = Vec::new();
     match py.detach(|| autopar::cli::run(cli, &mut out)) {
         Ok(_) => Ok(String::from_utf8_lossy(&out).into_owned()),

@@ -72,7 +72,8 @@ use autopar_runtime::trainer::{BuildError, BuildNetwork, Network};
 /// of returning it to the system and page-faulting it in again at every step: glibc's mmap
 /// threshold is raised to its 32 MiB maximum (buffers below it come from the heap and are
 /// reused) and its trim threshold to 256 MiB. Measured on ResNet-18 (batch 32, 2 threads):
-/// 8% more samples/s. The `autopar` binary calls it first; a program embedding autopar may.
+/// 8% more samples/s. The `autopar` binary and the Python package's `run_cli` call it first; a
+/// program embedding autopar may.
 /// Does nothing outside glibc.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
