@@ -674,7 +674,7 @@ fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, 
     let sum = sum_partials(ctx, partial, wlen);
     let mut dw = vec![T::zero(); wlen];
     let per_group = g.og * g.kg;
-    for (grp, dwg) in dw.chunks_mut(per_group).enumerate() {
+    for (grp, dwg) in dw.chunks_mut(per_group.max(1)).enumerate() {
         let src = &sum[grp * per_group..][..per_group];
         ctx.for_chunks(dwg, TILE * g.kg, |t, rows| transpose_into(src, g.og, t * TILE, rows, g.kg));
     }

@@ -29,20 +29,43 @@ const MIN_CHANNELS: usize = 16;
 /// dearer).
 const BLOCK_TILES: usize = 128;
 
+/// Tiles per image above which an image is not transformed whole (its transformed tiles and
+/// products, `16 * (cg + o)` values per tile, would be far from cache): outputs up to 64x64.
+const MAX_IMAGE_TILES: usize = 1024;
+
 /// Whether the forward convolution of `g` runs as F(2x2, 3x3): a 3x3 kernel, stride 1, no
-/// dilation, and at least 16 input and output channels per group.
+/// dilation, at least 16 input and output channels per group, an output of at least 2x2 (a
+/// tile of one row or column saves little) and at most [`MAX_IMAGE_TILES`] tiles per image.
 pub(super) fn applies(g: &Geo) -> bool {
-    g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 && g.cg >= MIN_CHANNELS && g.og >= MIN_CHANNELS
+    let (th, tw) = tiles(g);
+    g.kh == 3
+        && g.kw == 3
+        && g.sh == 1
+        && g.sw == 1
+        && g.dh == 1
+        && g.dw == 1
+        && g.cg >= MIN_CHANNELS
+        && g.og >= MIN_CHANNELS
+        && g.ho >= 2
+        && g.wo >= 2
+        && th * tw <= MAX_IMAGE_TILES
 }
 
-/// Whether the weight gradient of `g` runs as F(3x3, 2x2): [`applies`], and the batch has at
-/// least twice as many tiles as a group has channels. Each of its 16 products sums over the
-/// tiles into a full `[cg, og]` matrix, so with few tiles (deep layers of small planes) the
-/// products are thin and writing their outputs costs more than the flops saved (ResNet-18's
-/// 512-channel layer, 128 tiles: 55-63 ms against 33 ms for im2col).
+/// Whether the weight gradient of `g` runs as F(3x3, 2x2): [`applies`], and a block of images
+/// has at least half as many tiles as a group has channels. Each block's 16 products sum over
+/// its tiles into a full `[cg, og]` matrix, so with few tiles for many channels (deep layers of
+/// small planes) the products are thin and writing their outputs costs more than the flops
+/// saved (ResNet-18's 512-channel layer, 128 tiles a block: 55-63 ms against 33 ms for
+/// im2col; its 256-channel layer, 128 tiles: 22 against 30 ms).
 pub(super) fn applies_to_weight_gradient(g: &Geo) -> bool {
     let (th, tw) = tiles(g);
-    applies(g) && g.n * th * tw >= 2 * g.cg.max(g.og)
+    applies(g) && 2 * image_block(g) * th * tw >= g.cg.max(g.og)
+}
+
+/// Blocks of images whose products one partial weight gradient accumulates: at most 16
+/// partials whatever the batch, fixed by the shapes.
+fn blocks_per_partial(blocks: usize) -> usize {
+    blocks.div_ceil(16).max(1)
 }
 
 /// Output tiles per image, `(rows, columns)`.
@@ -335,9 +358,11 @@ impl<T: Float> VectorLoop for GradientTiles<'_, T> {
 /// The weight gradient `dW [O, C/g, 3, 3]` as F(3x3, 2x2): per tile, `Aᵀ [(G dy Gᵀ) ⊙ (Bᵀ d B)] A`
 /// with `d` the same 4x4 input tiles as the forward pass and `dy` the tile's 2x2 output
 /// gradient; summed over tiles and images inside 16 products `M_eᵀ [cg, og] = V_e [cg, tiles] x
-/// DY_e [tiles, og]` (both operands with their rows contiguous, the GEMM's fast layout). F(3, 2)'s `Bᵀ` is F(2, 3)'s with its last row negated, so its input tiles are the
-/// forward pass's with that sign moved into `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, 0], [0, 1, 1, -1]]`.
-/// Blocks of images (fixed by the shapes) give partial sums, added in block order.
+/// DY_e [tiles, og]` (both operands with their rows contiguous, the GEMM's fast layout).
+/// F(3, 2)'s `Bᵀ` is F(2, 3)'s with its last row negated, so its input tiles are the forward
+/// pass's with that sign moved into `Aᵀ = [[1, 1, 1, 0], [0, 1, -1, 0], [0, 1, 1, -1]]`.
+/// Blocks of images (fixed by the shapes) accumulate, a fixed number of blocks each, into at
+/// most 16 partial sums, added in order.
 pub(super) fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {
     debug_assert!(applies_to_weight_gradient(g));
     conv_bwd_weight_blocks(ctx, dy, x, g, image_block(g))
@@ -345,40 +370,17 @@ pub(super) fn conv_bwd_weight<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Ge
 
 /// [`conv_bwd_weight`] with `block` images per set of 16 products.
 pub(super) fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo, block: usize) -> Vec<T> {
-    let hwo = g.hwo();
     let (th, tw) = tiles(g);
-    let per_image_tiles = th * tw;
-    let cap = block * per_image_tiles;
+    let cap = block * th * tw;
     let part = g.g * E * g.og * g.cg;
-    let parts = g.n.div_ceil(block).max(1);
+    let blocks = g.n.div_ceil(block).max(1);
+    let per_part = blocks_per_partial(blocks);
+    let parts = blocks.div_ceil(per_part);
     let mut partial = vec![T::zero(); parts * part];
-    per_image(ctx, &mut partial, part, (g.cg + g.og) * E * cap, |bi, mw, buf, par| {
-        let first = bi * block;
-        let count = block.min(g.n.saturating_sub(first));
-        let cols = count * per_image_tiles;
-        let (v, d) = buf.split_at_mut(g.cg * E * cap);
-        let (v, d) = (&mut v[..g.cg * E * cols], &mut d[..g.og * E * cols]);
-        for grp in 0..g.g {
-            chunks_on(ctx, par, v, E * cols, |c, out| {
-                let mut pad = Vec::new();
-                for k in 0..count {
-                    let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
-                    gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
-                }
-                transform_tiles(out, cols, true);
-            });
-            chunks_on(ctx, par, d, per_image_tiles * E * g.og, |k, out| {
-                let mut dyt = vec![T::zero(); hwo * g.og];
-                transpose_into(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], hwo, 0, &mut dyt, g.og);
-                let zeros = vec![T::zero(); g.og];
-                vectorized(GradientTiles { dyt: &dyt, zeros: &zeros, g, out });
-            });
-            for e in 0..E {
-                let ve = ArrayView2::from_shape((g.cg, cols).strides((E * cols, 1)), &v[e * cols..]).expect("view inside the tiles");
-                let de = ArrayView2::from_shape((cols, g.og).strides((E * g.og, 1)), &d[e * g.og..]).expect("view inside the tiles");
-                let out = &mut mw[(grp * E + e) * g.cg * g.og..][..g.cg * g.og];
-                gemm_on(ctx, par, ve, de, mat_mut(out, g.cg, g.og), false);
-            }
+    per_image(ctx, &mut partial, part, (g.cg + g.og) * E * cap, |pi, mw, buf, par| {
+        for (kb, bi) in (pi * per_part..((pi + 1) * per_part).min(blocks)).enumerate() {
+            let (first, count) = (bi * block, block.min(g.n.saturating_sub(bi * block)));
+            weight_block(ctx, par, (dy, x, g), (first, count, cap), buf, mw, kb > 0);
         }
     });
     let sum = sum_partials(ctx, &partial, part);
@@ -403,6 +405,47 @@ pub(super) fn conv_bwd_weight_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T],
         }
     });
     dw
+}
+
+/// One block's 16 products `M_eᵀ [cg, og] = V_e [cg, tiles] x DY_e [tiles, og]` for every
+/// group, into `mw` (`[grp][e][cg][og]`), added to it when `acc`.
+fn weight_block<T: Float>(
+    ctx: &ExecCtx,
+    par: bool,
+    (dy, x, g): (&[T], &[T], &Geo),
+    (first, count, cap): (usize, usize, usize),
+    buf: &mut [T],
+    mw: &mut [T],
+    acc: bool,
+) {
+    let hwo = g.hwo();
+    let (th, tw) = tiles(g);
+    let per_image_tiles = th * tw;
+    let cols = count * per_image_tiles;
+    let (v, d) = buf.split_at_mut(g.cg * E * cap);
+    let (v, d) = (&mut v[..g.cg * E * cols], &mut d[..g.og * E * cols]);
+    for grp in 0..g.g {
+        chunks_on(ctx, par, v, E * cols, |c, out| {
+            let mut pad = Vec::new();
+            for k in 0..count {
+                let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
+                gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
+            }
+            transform_tiles(out, cols, true);
+        });
+        chunks_on(ctx, par, d, per_image_tiles * E * g.og, |k, out| {
+            let mut dyt = vec![T::zero(); hwo * g.og];
+            transpose_into(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], hwo, 0, &mut dyt, g.og);
+            let zeros = vec![T::zero(); g.og];
+            vectorized(GradientTiles { dyt: &dyt, zeros: &zeros, g, out });
+        });
+        for e in 0..E {
+            let ve = ArrayView2::from_shape((g.cg, cols).strides((E * cols, 1)), &v[e * cols..]).expect("view inside the tiles");
+            let de = ArrayView2::from_shape((cols, g.og).strides((E * g.og, 1)), &d[e * g.og..]).expect("view inside the tiles");
+            let out = &mut mw[(grp * E + e) * g.cg * g.og..][..g.cg * g.og];
+            gemm_on(ctx, par, ve, de, mat_mut(out, g.cg, g.og), acc);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -449,6 +492,8 @@ mod tests {
             ([1, 32, 7, 4], [32, 16, 3, 3], Conv2dParams { padding: [2, 0, 1, 2], groups: 2, ..Default::default() }),
             ([2, 17, 4, 4], [16, 17, 3, 3], Conv2dParams::new(1, 2)),
             ([5, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+            // 40 blocks of one image: partials of 3 blocks each, accumulated in the products.
+            ([40, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
         ];
         for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
             let g = geometry("t", &xs, &ws, &p).unwrap();
@@ -467,16 +512,59 @@ mod tests {
 
     #[test]
     fn winograd_results_do_not_depend_on_the_thread_count() {
-        let g = geometry("t", &[6, 16, 9, 9], &[24, 16, 3, 3], &Conv2dParams::new(1, 1)).unwrap();
-        let x: Vec<f32> = data(&[6, 16, 9, 9], 1).into_iter().map(|v| v as f32).collect();
-        let w: Vec<f32> = data(&[24, 16, 3, 3], 2).into_iter().map(|v| v as f32).collect();
-        let serial = conv_fwd(&ExecCtx::serial(), &x, &w, &g);
-        let parallel = conv_fwd(&ExecCtx::parallel().with_min_parallel_len(1), &x, &w, &g);
-        assert!(serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits()));
-        let dy: Vec<f32> = data(&[6, 24, 9, 9], 3).into_iter().map(|v| v as f32).collect();
-        let serial = conv_bwd_weight(&ExecCtx::serial(), &dy, &x, &g);
-        let parallel = conv_bwd_weight(&ExecCtx::parallel().with_min_parallel_len(1), &dy, &x, &g);
-        assert!(serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // 100 images of 25 tiles: 17 blocks of 6 images (the last one of 4), so blocks run on
+        // the pool's threads, and the weight gradient's partials take 2 blocks each.
+        let g = geometry("t", &[100, 16, 9, 9], &[24, 16, 3, 3], &Conv2dParams::new(1, 1)).unwrap();
+        let blocks = g.n.div_ceil(image_block(&g));
+        assert!(blocks == 17 && !g.n.is_multiple_of(image_block(&g)) && blocks_per_partial(blocks) == 2 && applies_to_weight_gradient(&g));
+        let f32s = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+        let (x, w, dy) = (f32s(data(&[100, 16, 9, 9], 1)), f32s(data(&[24, 16, 3, 3], 2)), f32s(data(&[100, 24, 9, 9], 3)));
+        let serial = (conv_fwd(&ExecCtx::serial(), &x, &w, &g), conv_bwd_weight(&ExecCtx::serial(), &dy, &x, &g));
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let ctx = ExecCtx::parallel().with_min_parallel_len(1);
+        let parallel = pool.install(|| (conv_fwd(&ctx, &x, &w, &g), conv_bwd_weight(&ctx, &dy, &x, &g)));
+        let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same(&serial.0, &parallel.0), "forward");
+        assert!(same(&serial.1, &parallel.1), "weight gradient");
+    }
+
+    #[test]
+    fn winograd_input_gradient_matches_col2im() {
+        let cases = [
+            ([2, 32, 7, 6], [32, 16, 3, 3], Conv2dParams { padding: [1, 2, 0, 1], groups: 2, ..Default::default() }),
+            ([3, 16, 5, 5], [24, 16, 3, 3], Conv2dParams::new(1, 1)),
+            ([1, 20, 6, 9], [18, 20, 3, 3], Conv2dParams { padding: [2, 2, 1, 0], ..Default::default() }),
+        ];
+        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
+            let g = geometry("t", &xs, &ws, &p).unwrap();
+            let (w, dy) = (data(&ws, k as u64), data(&[g.n, g.o, g.ho, g.wo], 70 + k as u64));
+            let fast = super::super::bwd_input_as_conv(&ExecCtx::serial(), &dy, &w, &g, &p).expect("stride 1, padding within the kernel");
+            let flipped = Conv2dParams { padding: p.padding.map(|v| 2 - v), ..p };
+            let gq = geometry("t", &[g.n, g.o, g.ho, g.wo], &[g.c, g.og, 3, 3], &flipped).unwrap();
+            assert!(applies(&gq), "case {k}: the flipped convolution runs as Winograd");
+            let slow = super::super::conv_bwd_input(&ExecCtx::serial(), &dy, &w, &g);
+            let worst = fast.iter().zip(&slow).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(fast.len() == slow.len() && worst < 1e-12, "case {k}: off by {worst}");
+        }
+    }
+
+    #[test]
+    fn winograd_in_f32_stays_within_the_direct_forms_rounding() {
+        // ResNet-like shapes: the transforms' rounding stays of the order of the products'.
+        let g = geometry("t", &[4, 64, 8, 8], &[64, 64, 3, 3], &Conv2dParams::new(1, 1)).unwrap();
+        let (x, w, dy) = (data(&[4, 64, 8, 8], 5), data(&[64, 64, 3, 3], 6), data(&[4, 64, 8, 8], 7));
+        let f32s = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let exact_y = super::super::conv_fwd_blocks(&ExecCtx::serial(), &x, &w, &g, 1);
+        let exact_dw = super::super::conv_bwd_weight_im2col(&ExecCtx::serial(), &dy, &x, &g);
+        let y = conv_fwd(&ExecCtx::serial(), &f32s(&x), &f32s(&w), &g);
+        let dw = conv_bwd_weight(&ExecCtx::serial(), &f32s(&dy), &f32s(&x), &g);
+        // Errors relative to the largest magnitude: f32's epsilon times a small factor.
+        let rel = |a: &[f32], b: &[f64]| {
+            let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            a.iter().zip(b).map(|(&a, &b)| (a as f64 - b).abs() / scale).fold(0.0, f64::max)
+        };
+        assert!(rel(&y, &exact_y) < 2e-6, "forward: {}", rel(&y, &exact_y));
+        assert!(rel(&dw, &exact_dw) < 2e-6, "weight gradient: {}", rel(&dw, &exact_dw));
     }
 
     #[test]
@@ -488,9 +576,13 @@ mod tests {
         assert!(!ok([1, 16, 8, 8], [16, 16, 1, 1], Conv2dParams::default()));
         assert!(!ok([1, 8, 8, 8], [16, 8, 3, 3], Conv2dParams::new(1, 1)));
         assert!(!ok([1, 16, 8, 8], [8, 16, 3, 3], Conv2dParams::new(1, 1)));
+        assert!(!ok([4, 16, 1, 6], [16, 16, 3, 3], Conv2dParams::new(1, 1)), "one output row");
+        assert!(!ok([1, 16, 130, 130], [16, 16, 3, 3], Conv2dParams::new(1, 1)), "65 x 65 tiles an image");
         let weights =
             |xs: [usize; 4], ws: [usize; 4]| applies_to_weight_gradient(&geometry("t", &xs, &ws, &Conv2dParams::new(1, 1)).unwrap());
         assert!(weights([32, 64, 32, 32], [64, 64, 3, 3]));
-        assert!(!weights([32, 512, 4, 4], [512, 512, 3, 3]), "128 tiles for 512 channels");
+        assert!(weights([32, 256, 8, 8], [256, 256, 3, 3]), "128 tiles a block for 256 channels");
+        assert!(!weights([32, 512, 4, 4], [512, 512, 3, 3]), "128 tiles a block for 512 channels");
+        assert!(!weights([256, 512, 4, 4], [512, 512, 3, 3]), "a larger batch has more blocks, no larger ones");
     }
 }
