@@ -259,6 +259,21 @@ fn scatter_tiles<T: Float>(m: &[T], g: &Geo, cols: usize, first: usize, y: &mut 
     }
 }
 
+/// The transformed input tiles `Bᵀ d B` of group `grp` of the images from `first` on, as many
+/// as `v` (`[cg][e][tiles]`) holds, channels in parallel when `par`.
+fn input_tiles<T: Float>(ctx: &ExecCtx, par: bool, x: &[T], g: &Geo, grp: usize, first: usize, v: &mut [T]) {
+    let (th, tw) = tiles(g);
+    let cols = v.len() / (g.cg * E).max(1);
+    chunks_on(ctx, par, v, E * cols, |c, out| {
+        let mut pad = Vec::new();
+        for k in 0..cols / (th * tw) {
+            let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
+            gather_tiles(plane, g, out, cols, k * th * tw, &mut pad);
+        }
+        transform_tiles(out, cols, true);
+    });
+}
+
 /// The forward convolution `y [N, O, Ho, Wo]` of `x` by `w` as F(2x2, 3x3); `g` must satisfy
 /// [`applies`].
 pub(super) fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
@@ -283,14 +298,7 @@ pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo
         let (v, m) = buf.split_at_mut(g.cg * E * cap);
         let (v, m) = (&mut v[..g.cg * E * cols], &mut m[..g.o * E * cols]);
         for grp in 0..g.g {
-            chunks_on(ctx, par, v, E * cols, |c, out| {
-                let mut pad = Vec::new();
-                for k in 0..count {
-                    let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
-                    gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
-                }
-                transform_tiles(out, cols, true);
-            });
+            input_tiles(ctx, par, x, g, grp, first, v);
             let mg = &mut m[grp * g.og * E * cols..][..g.og * E * cols];
             for e in 0..E {
                 let ue = ArrayView2::from_shape((g.og, g.cg).strides((E * g.cg, 1)), &u[(grp * g.og * E + e) * g.cg..])
@@ -425,14 +433,7 @@ fn weight_block<T: Float>(
     let (v, d) = buf.split_at_mut(g.cg * E * cap);
     let (v, d) = (&mut v[..g.cg * E * cols], &mut d[..g.og * E * cols]);
     for grp in 0..g.g {
-        chunks_on(ctx, par, v, E * cols, |c, out| {
-            let mut pad = Vec::new();
-            for k in 0..count {
-                let plane = &x[((first + k) * g.c + grp * g.cg + c) * g.h * g.w..][..g.h * g.w];
-                gather_tiles(plane, g, out, cols, k * per_image_tiles, &mut pad);
-            }
-            transform_tiles(out, cols, true);
-        });
+        input_tiles(ctx, par, x, g, grp, first, v);
         chunks_on(ctx, par, d, per_image_tiles * E * g.og, |k, out| {
             let mut dyt = vec![T::zero(); hwo * g.og];
             transpose_into(&dy[((first + k) * g.o + grp * g.og) * hwo..][..g.og * hwo], hwo, 0, &mut dyt, g.og);
@@ -460,51 +461,35 @@ mod tests {
     }
 
     #[test]
-    fn winograd_forward_matches_the_direct_forms_across_shapes_padding_and_groups() {
+    fn winograd_matches_the_direct_forms_across_shapes_padding_groups_and_blocks() {
         let cases = [
             ([2, 16, 6, 7], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
             ([3, 16, 5, 5], [20, 16, 3, 3], Conv2dParams::new(1, 0)),
             ([1, 32, 7, 4], [32, 16, 3, 3], Conv2dParams { padding: [2, 0, 1, 2], groups: 2, ..Default::default() }),
             ([2, 17, 4, 4], [16, 17, 3, 3], Conv2dParams::new(1, 2)),
             ([5, 16, 2, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+            ([5, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
+            // 40 blocks of one image: weight-gradient partials of 3 blocks each.
+            ([40, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
         ];
         for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
             let g = geometry("t", &xs, &ws, &p).unwrap();
             assert!(applies(&g), "case {k}");
             let (x, w) = (data(&xs, k as u64), data(&ws, 30 + k as u64));
-            let want = super::super::conv_fwd_blocks(&ExecCtx::serial(), &x, &w, &g, 1);
+            let dy = data(&[g.n, g.o, g.ho, g.wo], 60 + k as u64);
+            let serial = ExecCtx::serial();
+            let want_y = super::super::conv_fwd_blocks(&serial, &x, &w, &g, 1);
+            let want_dw = super::super::conv_bwd_weight_im2col(&serial, &dy, &x, &g);
+            let worst = |a: &[f64], b: &[f64]| {
+                assert_eq!(a.len(), b.len());
+                a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max)
+            };
             for block in [1, 2, image_block(&g), g.n] {
                 for ctx in [ExecCtx::serial(), ExecCtx::parallel().with_min_parallel_len(1)] {
-                    let got = conv_fwd_blocks(&ctx, &x, &w, &g, block);
-                    assert_eq!(got.len(), want.len());
-                    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-                    assert!(worst < 1e-12, "case {k}, block {block}: off by {worst}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn winograd_weight_gradient_matches_the_direct_forms() {
-        let cases = [
-            ([2, 16, 6, 7], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
-            ([3, 16, 5, 5], [20, 16, 3, 3], Conv2dParams::new(1, 0)),
-            ([1, 32, 7, 4], [32, 16, 3, 3], Conv2dParams { padding: [2, 0, 1, 2], groups: 2, ..Default::default() }),
-            ([2, 17, 4, 4], [16, 17, 3, 3], Conv2dParams::new(1, 2)),
-            ([5, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
-            // 40 blocks of one image: partials of 3 blocks each, accumulated in the products.
-            ([40, 16, 3, 2], [16, 16, 3, 3], Conv2dParams::new(1, 1)),
-        ];
-        for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
-            let g = geometry("t", &xs, &ws, &p).unwrap();
-            let (x, dy) = (data(&xs, k as u64), data(&[g.n, g.o, g.ho, g.wo], 60 + k as u64));
-            let want = super::super::conv_bwd_weight_im2col(&ExecCtx::serial(), &dy, &x, &g);
-            for block in [1, 2, image_block(&g), g.n] {
-                for ctx in [ExecCtx::serial(), ExecCtx::parallel().with_min_parallel_len(1)] {
-                    let got = conv_bwd_weight_blocks(&ctx, &dy, &x, &g, block);
-                    assert_eq!(got.len(), want.len());
-                    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-                    assert!(worst < 1e-11, "case {k}, block {block}: off by {worst}");
+                    let off = worst(&conv_fwd_blocks(&ctx, &x, &w, &g, block), &want_y);
+                    assert!(off < 1e-12, "forward, case {k}, block {block}: off by {off}");
+                    let off = worst(&conv_bwd_weight_blocks(&ctx, &dy, &x, &g, block), &want_dw);
+                    assert!(off < 1e-11, "weight gradient, case {k}, block {block}: off by {off}");
                 }
             }
         }
