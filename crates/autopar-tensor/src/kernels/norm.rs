@@ -10,7 +10,7 @@ use ndarray::{ArrayD, IxDyn};
 
 use super::{float_dispatch, same_dtype};
 use crate::kernels::reduce::{in_lockstep_groups, lockstep_rows, lockstep_sums, lockstep_sums2, sum_axes, LOCKSTEP};
-use crate::simd::{vectorized, VectorLoop};
+use crate::simd::{self, BinaryFn, UnaryFn};
 use crate::tensor::normalize_axis;
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
@@ -96,28 +96,23 @@ fn affine<T: Float>(ctx: &ExecCtx, x: &[T], c: usize, s: usize, mean: &[T], scal
     let mut y = vec![T::zero(); x.len()];
     ctx.for_chunks(&mut y, s.max(1), |p, out| {
         let ch = p % c;
-        vectorized(Affine { out, x: &x[p * s..][..s], mean: mean[ch], scale: scale[ch], shift: shift[ch] });
+        simd::map1(out, &x[p * s..][..s], Affine { mean: mean[ch], scale: scale[ch], shift: shift[ch] });
     });
     y
 }
 
-/// `(x - mean) * scale + shift` over one plane, at the CPU's vector width.
-struct Affine<'a, T> {
-    out: &'a mut [T],
-    x: &'a [T],
+/// `(x - mean) * scale + shift`, one plane's constants, for [`simd::map1`].
+#[derive(Clone, Copy)]
+struct Affine<T> {
     mean: T,
     scale: T,
     shift: T,
 }
 
-impl<T: Float> VectorLoop for Affine<'_, T> {
-    type Output = ();
+impl<T: Float> UnaryFn<T> for Affine<T> {
     #[inline(always)]
-    fn run(self) {
-        let Affine { out, x, mean, scale, shift } = self;
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = (v - mean) * scale + shift;
-        }
+    fn apply(self, v: T) -> T {
+        (v - self.mean) * self.scale + self.shift
     }
 }
 
@@ -244,18 +239,16 @@ fn bn_backward_parts(
             let ch = p % c;
             let (x, dy) = (&xs[p * s..][..s], &ds[p * s..][..s]);
             let (mean, inv, sum_dy, sum_dyx) = (mean[ch], inv[ch], sum_dy[ch], sum_dyx[ch]);
-            vectorized(BnInputGrad { out, x, dy, k: g[ch] * inv, mean, inv, sum_dy, sum_dyx, m });
+            simd::map2(out, x, dy, BnInputGrad { k: g[ch] * inv, mean, inv, sum_dy, sum_dyx, m });
         });
         Ok((Tensor::from_vec(x.shape(), dx)?, Tensor::from_vec(&[c], dgamma)?, Tensor::from_vec(&[c], dbeta)?))
     })
 }
 
-/// One plane of BatchNorm's input gradient, `k (dy - Σdy/m - x̂ Σdy·x̂/m)` with `x̂ = (x - mean)
-/// inv`, at the CPU's vector width.
-struct BnInputGrad<'a, T> {
-    out: &'a mut [T],
-    x: &'a [T],
-    dy: &'a [T],
+/// One plane's BatchNorm input gradient `k (dy - Σdy/m - x̂ Σdy·x̂/m)` with `x̂ = (x - mean) inv`,
+/// of `(x, dy)`, for [`simd::map2`].
+#[derive(Clone, Copy)]
+struct BnInputGrad<T> {
     k: T,
     mean: T,
     inv: T,
@@ -264,16 +257,12 @@ struct BnInputGrad<'a, T> {
     m: T,
 }
 
-impl<T: Float> VectorLoop for BnInputGrad<'_, T> {
-    type Output = ();
+impl<T: Float> BinaryFn<T> for BnInputGrad<T> {
     #[inline(always)]
-    fn run(self) {
-        let BnInputGrad { out, x, dy, k, mean, inv, sum_dy, sum_dyx, m } = self;
-        let n = out.len();
-        for ((o, &xv), &dv) in out.iter_mut().zip(&x[..n]).zip(&dy[..n]) {
-            let xh = (xv - mean) * inv;
-            *o = k * (dv - sum_dy / m - xh * sum_dyx / m);
-        }
+    fn apply(self, xv: T, dv: T) -> T {
+        let BnInputGrad { k, mean, inv, sum_dy, sum_dyx, m } = self;
+        let xh = (xv - mean) * inv;
+        k * (dv - sum_dy / m - xh * sum_dyx / m)
     }
 }
 

@@ -3,8 +3,8 @@
 //!
 //! 3x3 stride-1 undilated convolutions with at least 16 channels per group (most of a ResNet)
 //! run by Winograd's F(2x2, 3x3) (`conv/winograd.rs`): 16 GEMMs on transformed tiles, 2.25x fewer
-//! flops; so do their input gradients (a forward convolution here) and, when the batch has
-//! enough tiles, their weight gradients (F(3x3, 2x2)). The rest, below:
+//! flops; so do their input gradients (a forward convolution here) and, when a block of images
+//! has enough tiles, their weight gradients (F(3x3, 2x2)). The rest, below:
 //!
 //! The forward pass and the weight gradient of small output planes (fewer than 256 pixels) are
 //! computed for blocks of images at once: the im2col matrices of the block side by side
@@ -498,17 +498,22 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
     Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 
-/// `W^T` per group, row-major (the GEMM's fast layout): `[g][kg, og]`. Tiles of rows in
-/// parallel.
+/// `W^T` per group, row-major (the GEMM's fast layout): `[g][kg, og]`.
 fn transposed_weight<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
+    transpose_groups(ctx, w, g.g, g.og, g.kg)
+}
+
+/// Each of the `groups` row-major `[rows, cols]` matrices laid end to end in `src`, transposed
+/// (`[cols, rows]`), tiles of rows in parallel.
+fn transpose_groups<T: Float>(ctx: &ExecCtx, src: &[T], groups: usize, rows: usize, cols: usize) -> Vec<T> {
     const TILE: usize = 32;
-    let per_group = g.og * g.kg;
-    let mut wt = vec![T::zero(); w.len()];
-    for (grp, wtg) in wt.chunks_mut(per_group.max(1)).enumerate() {
-        let src = &w[grp * per_group..][..per_group];
-        ctx.for_chunks(wtg, TILE * g.og, |t, rows| transpose_into(src, g.kg, t * TILE, rows, g.og));
+    let per_group = rows * cols;
+    let mut out = vec![T::zero(); groups * per_group];
+    for (grp, og) in out.chunks_mut(per_group.max(1)).enumerate() {
+        let src = &src[grp * per_group..][..per_group];
+        ctx.for_chunks(og, TILE * rows, |t, dst| transpose_into(src, cols, t * TILE, dst, rows));
     }
-    wt
+    out
 }
 
 /// The input gradient by col2im, one image at a time (measured faster than blocks of images
@@ -670,15 +675,7 @@ fn sum_partials<T: Float>(ctx: &ExecCtx, partial: &[T], len: usize) -> Vec<T> {
 /// `dW`. Pieces of the sum and tiles of the transpose run in parallel; every value is summed
 /// over the partials in order, as a serial loop would.
 fn sum_transposed_partials<T: Float>(ctx: &ExecCtx, partial: &[T], wlen: usize, g: &Geo) -> Vec<T> {
-    const TILE: usize = 32;
-    let sum = sum_partials(ctx, partial, wlen);
-    let mut dw = vec![T::zero(); wlen];
-    let per_group = g.og * g.kg;
-    for (grp, dwg) in dw.chunks_mut(per_group.max(1)).enumerate() {
-        let src = &sum[grp * per_group..][..per_group];
-        ctx.for_chunks(dwg, TILE * g.kg, |t, rows| transpose_into(src, g.og, t * TILE, rows, g.kg));
-    }
-    dw
+    transpose_groups(ctx, &sum_partials(ctx, partial, wlen), g.g, g.kg, g.og)
 }
 
 fn conv_bwd_weight_im2col<T: Float>(ctx: &ExecCtx, dy: &[T], x: &[T], g: &Geo) -> Vec<T> {

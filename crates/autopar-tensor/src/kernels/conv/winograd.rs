@@ -90,11 +90,7 @@ fn filter_transform<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
         let filters = &w[o * cg * 9..][..cg * 9];
         let mut taps = vec![T::zero(); 9 * cg];
         let mut gw = vec![T::zero(); 12 * cg];
-        for (c, k) in filters.chunks_exact(9).enumerate() {
-            for (t, &v) in k.iter().enumerate() {
-                taps[t * cg + c] = v;
-            }
-        }
+        transpose_into(filters, 9, 0, &mut taps, cg);
         // G g: column j of the 3x3 kernel (taps j, 3 + j, 6 + j) into rows 3a + j ...
         for j in 0..3 {
             let x: [_; 3] = std::array::from_fn(|i| &taps[(3 * i + j) * cg..][..cg]);
