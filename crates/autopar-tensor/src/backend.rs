@@ -9,7 +9,7 @@
 //! Every kernel gives bit-identical results serially and in parallel: work is split over output
 //! elements (or fixed-size chunks), never over a reduction in a thread-count-dependent way.
 
-use ndarray::{ArrayView2, ArrayViewMut2};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
 /// The compute primitives a device must provide. The CPU backend ([`Cpu`]) uses `gemm`; a GPU
 /// backend would route these to cuBLAS. Kernels reach it through [`ExecCtx::backend`].
@@ -20,6 +20,19 @@ pub trait Backend: Send + Sync {
     fn gemm_f32(&self, parallel: bool, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: ArrayViewMut2<'_, f32>, accumulate: bool);
     /// As [`Backend::gemm_f32`] in f64.
     fn gemm_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>, c: ArrayViewMut2<'_, f64>, accumulate: bool);
+    /// `a*b` as a new row-major array. By default a zero-filled array given to
+    /// [`Backend::gemm_f32`]; a backend that writes every element without reading it skips the fill.
+    fn gemm_new_f32(&self, parallel: bool, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Array2<f32> {
+        let mut c = Array2::zeros((a.nrows(), b.ncols()));
+        self.gemm_f32(parallel, a, b, c.view_mut(), false);
+        c
+    }
+    /// As [`Backend::gemm_new_f32`] in f64.
+    fn gemm_new_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>) -> Array2<f64> {
+        let mut c = Array2::zeros((a.nrows(), b.ncols()));
+        self.gemm_f64(parallel, a, b, c.view_mut(), false);
+        c
+    }
 }
 
 /// The CPU backend: `gemm` 0.19 (AVX-512 kernels picked at run time) with rayon parallelism.
@@ -29,6 +42,9 @@ pub struct Cpu;
 /// The process-wide CPU backend instance.
 pub static CPU: Cpu = Cpu;
 
+/// `c := a*b`, or `c += a*b` when `accumulate`. Without `accumulate`, every element of `c` is
+/// written and none is read (nor referenced), so `c` may view uninitialised memory
+/// ([`gemm_cpu_new`]).
 fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     parallel: bool,
     a: ArrayView2<'_, T>,
@@ -44,7 +60,13 @@ fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     }
     if k == 0 {
         if !accumulate {
-            c.fill(T::zero());
+            let (p, rs, cs) = (c.as_mut_ptr(), c.strides()[0], c.strides()[1]);
+            for i in 0..m as isize {
+                for j in 0..n as isize {
+                    // SAFETY: (i, j) lies inside the view; written without reading.
+                    unsafe { p.offset(i * rs + j * cs).write(T::zero()) };
+                }
+            }
         }
         return;
     }
@@ -57,8 +79,13 @@ fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     let c_rows = c.strides()[1] == 1 && c.strides()[0] != 1;
     if b_cols && c_rows && m > 1 {
         if m < k {
-            let mut t = ndarray::Array2::<T>::zeros((n, m));
-            gemm_cpu(parallel, a, b, t.view_mut().reversed_axes(), false);
+            let mut t = Array2::<T>::uninit((n, m));
+            // SAFETY: the view covers `t`'s own buffer, every element of which `gemm_cpu`
+            // writes (without `accumulate`) and none of which it reads.
+            let t = unsafe {
+                gemm_cpu(parallel, a, b, ArrayViewMut2::from_shape_ptr((n, m), t.as_mut_ptr() as *mut T).reversed_axes(), false);
+                t.assume_init()
+            };
             add_transposed(t.view(), c, accumulate);
             return;
         }
@@ -108,16 +135,39 @@ fn add_transposed<T: 'static + Copy + num_traits::Zero + num_traits::One>(
 ) {
     const TILE: usize = 16;
     let (m, n) = c.dim();
+    let (p, rs, cs) = (c.as_mut_ptr(), c.strides()[0], c.strides()[1]);
     for i0 in (0..m).step_by(TILE) {
         for j0 in (0..n).step_by(TILE) {
             for i in i0..(i0 + TILE).min(m) {
                 for j in j0..(j0 + TILE).min(n) {
                     let v = t[(j, i)];
-                    let d = &mut c[(i, j)];
-                    *d = if accumulate { *d + v } else { v };
+                    // SAFETY: (i, j) lies inside the view; without `accumulate` the element is
+                    // only written (it may be uninitialised, see `gemm_cpu`).
+                    unsafe {
+                        let d = p.offset(i as isize * rs + j as isize * cs);
+                        d.write(if accumulate { d.read() + v } else { v });
+                    }
                 }
             }
         }
+    }
+}
+
+/// `a*b` in a new row-major array, each element written once by [`gemm_cpu`] (no zero fill
+/// first: for a weight gradient of a data-parallel rank that fill was a tenth of its step).
+fn gemm_cpu_new<T: 'static + Copy + num_traits::Zero + num_traits::One>(
+    parallel: bool,
+    a: ArrayView2<'_, T>,
+    b: ArrayView2<'_, T>,
+) -> Array2<T> {
+    let (m, n) = (a.nrows(), b.ncols());
+    let mut c = Array2::<T>::uninit((m, n));
+    // SAFETY: the view covers `c`'s own (row-major, m x n) buffer; `gemm_cpu` without
+    // `accumulate` writes every element of it and reads none, so `c` is initialised after.
+    unsafe {
+        let view = ArrayViewMut2::from_shape_ptr((m, n), c.as_mut_ptr() as *mut T);
+        gemm_cpu(parallel, a, b, view, false);
+        c.assume_init()
     }
 }
 
@@ -153,6 +203,12 @@ impl Backend for Cpu {
     }
     fn gemm_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>, c: ArrayViewMut2<'_, f64>, accumulate: bool) {
         gemm_cpu(parallel, a, b, c, accumulate)
+    }
+    fn gemm_new_f32(&self, parallel: bool, a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>) -> Array2<f32> {
+        gemm_cpu_new(parallel, a, b)
+    }
+    fn gemm_new_f64(&self, parallel: bool, a: ArrayView2<'_, f64>, b: ArrayView2<'_, f64>) -> Array2<f64> {
+        gemm_cpu_new(parallel, a, b)
     }
 }
 
@@ -226,6 +282,12 @@ impl ExecCtx {
         T::backend_gemm(self.backend, self.parallel, a, b, c, accumulate)
     }
 
+    /// `a*b` as a new row-major array on this context's backend (the CPU writes each element
+    /// once, with no zero fill first).
+    pub fn gemm_new<T: crate::Float>(&self, a: ArrayView2<'_, T>, b: ArrayView2<'_, T>) -> Array2<T> {
+        T::backend_gemm_new(self.backend, self.parallel, a, b)
+    }
+
     /// As [`ExecCtx::gemm`] but always on the calling thread (used inside parallel loops).
     pub fn gemm_serial<T: crate::Float>(&self, a: ArrayView2<'_, T>, b: ArrayView2<'_, T>, c: ArrayViewMut2<'_, T>, accumulate: bool) {
         T::backend_gemm(self.backend, false, a, b, c, accumulate)
@@ -291,12 +353,34 @@ mod tests {
                 let (a, b) = (filled((m, k), a_cols, 0.1), filled((k, n), b_cols, 0.7));
                 let want = naive(&a, &b);
                 for accumulate in [false, true] {
-                    let mut c = filled((m, n), c_cols, 1.3);
+                    // Without accumulation the destination is only written: NaNs there must
+                    // not reach the product (0 * NaN is NaN).
+                    let mut c = if accumulate { filled((m, n), c_cols, 1.3) } else { filled((m, n), c_cols, 1.3).mapv(|_| f64::NAN) };
                     let before = c.clone();
                     ExecCtx::serial().gemm(a.view(), b.view(), c.view_mut(), accumulate);
                     let expected = if accumulate { &before + &want } else { want.clone() };
                     let err = (&c - &expected).iter().fold(0f64, |e, v| e.max(v.abs()));
                     assert!(err < 1e-12, "m{m} k{k} n{n} a_cols {a_cols} b_cols {b_cols} c_cols {c_cols} acc {accumulate}: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_product_is_every_element_written_over_whatever_memory_it_gets() {
+        // `gemm_new` skips the zero fill; the allocator hands back freed NaN-filled buffers of
+        // the same size, so an element left unwritten (or read before written) shows as NaN.
+        for (m, k, n) in [(16, 40, 24), (48, 8, 20), (3, 5, 4), (1, 30, 17), (5, 0, 7)] {
+            for (a_cols, b_cols) in (0..4).map(|i| (i & 1 == 1, i & 2 == 2)) {
+                let (a, b) = (filled((m, k), a_cols, 0.1), filled((k, n), b_cols, 0.7));
+                let want = naive(&a, &b);
+                for ctx in [ExecCtx::serial(), ExecCtx::parallel()] {
+                    drop(vec![f64::NAN; m * n]);
+                    drop(vec![f64::NAN; m * n]);
+                    let c = ctx.gemm_new(a.view(), b.view());
+                    assert!(c.is_standard_layout());
+                    let err = (&c - &want).iter().fold(0f64, |e, v| if v.is_nan() { f64::INFINITY } else { e.max(v.abs()) });
+                    assert!(err < 1e-12, "m{m} k{k} n{n} a_cols {a_cols} b_cols {b_cols}: {err}");
                 }
             }
         }

@@ -175,6 +175,14 @@ pub trait Float:
         c: ndarray::ArrayViewMut2<'_, Self>,
         accumulate: bool,
     );
+    /// `a*b` as a new row-major array through a backend.
+    #[doc(hidden)]
+    fn backend_gemm_new(
+        backend: &dyn Backend,
+        parallel: bool,
+        a: ndarray::ArrayView2<'_, Self>,
+        b: ndarray::ArrayView2<'_, Self>,
+    ) -> ndarray::Array2<Self>;
 }
 
 impl Float for f32 {
@@ -199,6 +207,14 @@ impl Float for f32 {
     ) {
         backend.gemm_f32(parallel, a, b, c, accumulate)
     }
+    fn backend_gemm_new(
+        backend: &dyn Backend,
+        parallel: bool,
+        a: ndarray::ArrayView2<'_, f32>,
+        b: ndarray::ArrayView2<'_, f32>,
+    ) -> ndarray::Array2<f32> {
+        backend.gemm_new_f32(parallel, a, b)
+    }
 }
 
 impl Float for f64 {
@@ -220,6 +236,14 @@ impl Float for f64 {
         accumulate: bool,
     ) {
         backend.gemm_f64(parallel, a, b, c, accumulate)
+    }
+    fn backend_gemm_new(
+        backend: &dyn Backend,
+        parallel: bool,
+        a: ndarray::ArrayView2<'_, f64>,
+        b: ndarray::ArrayView2<'_, f64>,
+    ) -> ndarray::Array2<f64> {
+        backend.gemm_new_f64(parallel, a, b)
     }
 }
 

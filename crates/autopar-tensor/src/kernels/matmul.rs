@@ -45,9 +45,7 @@ pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpos
                 transpose_b,
             });
         }
-        let mut out = ndarray::Array2::<T>::zeros((x.nrows(), y.ncols()));
-        ctx.gemm(x, y, out.view_mut(), false);
-        Ok(Tensor::from_array(out.into_dyn()))
+        Ok(Tensor::from_array(ctx.gemm_new(x, y).into_dyn()))
     })
 }
 

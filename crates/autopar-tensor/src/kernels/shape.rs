@@ -195,6 +195,23 @@ pub fn concat(xs: &[&Tensor], axis: isize) -> Result<Tensor> {
         }
     }
     fn cat<T: crate::Element>(xs: &[&Tensor], ax: usize) -> Tensor {
+        // Row-major inputs: for each index of the axes before `ax`, each input's block in turn
+        // (memcpy-sized pieces instead of an element-by-element copy).
+        let slices: Option<Vec<&[T]>> = xs.iter().map(|t| t.as_slice::<T>()).collect();
+        if let Some(slices) = slices {
+            let mut shape = xs[0].shape().to_vec();
+            shape[ax] = xs.iter().map(|t| t.shape()[ax]).sum();
+            let outer: usize = shape[..ax].iter().product();
+            let inner: usize = shape[ax + 1..].iter().product();
+            let mut out = Vec::with_capacity(shape.iter().product());
+            for o in 0..outer {
+                for (s, t) in slices.iter().zip(xs) {
+                    let block = t.shape()[ax] * inner;
+                    out.extend_from_slice(&s[o * block..(o + 1) * block]);
+                }
+            }
+            return Tensor::from_vec(&shape, out).expect("sized");
+        }
         let views: Vec<_> = xs.iter().map(|t| T::unwrap(t).expect("dtype checked").view()).collect();
         Tensor::from_array(ndarray::concatenate(Axis(ax), &views).expect("shapes checked"))
     }
@@ -461,6 +478,30 @@ mod tests {
         let dy = Tensor::from_vec(&[1, 2], vec![1f32, 2.]).unwrap();
         assert_eq!(v(&slice_backward(&dy, &[2, 3], &[1, 1]).unwrap()), vec![0., 0., 0., 0., 1., 2.]);
         assert!(slice_backward(&dy, &[2, 3], &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn concat_of_row_major_inputs_is_ndarrays_concatenate_on_every_axis() {
+        for ax in 0..3 {
+            let mut shapes = vec![vec![2, 3, 4]; 3];
+            shapes[1][ax] = 1;
+            shapes[2][ax] = 5;
+            let xs: Vec<Tensor> = shapes
+                .iter()
+                .enumerate()
+                .map(|(k, s)| crate::kernels::elementwise::scale(&ExecCtx::serial(), &ar(s), k as f64 + 1.5).unwrap())
+                .collect();
+            let refs: Vec<&Tensor> = xs.iter().collect();
+            let views: Vec<_> = xs.iter().map(|t| t.shared::<f32>().unwrap().view()).collect();
+            let want = ndarray::concatenate(Axis(ax), &views).unwrap();
+            let got = concat(&refs, ax as isize).unwrap();
+            assert_eq!(got.shape(), want.shape(), "axis {ax}");
+            assert_eq!(v(&got), want.iter().copied().collect::<Vec<_>>(), "axis {ax}");
+            // A strided input takes the element-wise path, with the same result.
+            let t = transpose(&transpose(&xs[0], &[2, 1, 0]).unwrap().contiguous(), &[2, 1, 0]).unwrap();
+            assert!(!t.is_contiguous());
+            assert_eq!(v(&concat(&[&t, &xs[1], &xs[2]], ax as isize).unwrap()), v(&got), "axis {ax}");
+        }
     }
 
     #[test]
