@@ -11,7 +11,6 @@ use std::collections::HashMap;
 
 use autopar_comm::{Buf, BufMut, Communicator, ReduceOp as CommReduce};
 use autopar_graph::{CollectiveOp, Node, ReduceOp};
-use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, Tensor};
 use half::{bf16, f16};
 
@@ -147,15 +146,55 @@ impl Flat {
         })
     }
 
-    fn zeros_like(&self, len: usize) -> Self {
-        match self {
-            Flat::F16(_) => Flat::F16(vec![f16::ZERO; len]),
-            Flat::BF16(_) => Flat::BF16(vec![bf16::ZERO; len]),
-            Flat::F32(_) => Flat::F32(vec![0.0; len]),
-            Flat::F64(_) => Flat::F64(vec![0.0; len]),
-            Flat::I32(_) => Flat::I32(vec![0; len]),
-            Flat::I64(_) => Flat::I64(vec![0; len]),
+    fn zeros(dtype: DType, len: usize) -> Self {
+        match dtype {
+            DType::F16 => Flat::F16(vec![f16::ZERO; len]),
+            DType::BF16 => Flat::BF16(vec![bf16::ZERO; len]),
+            DType::F32 => Flat::F32(vec![0.0; len]),
+            DType::F64 => Flat::F64(vec![0.0; len]),
+            DType::I32 => Flat::I32(vec![0; len]),
+            DType::I64 => Flat::I64(vec![0; len]),
         }
+    }
+
+    /// The elements read as `[a][b][block]`, written as `[b][a][block]`.
+    fn regroup(&self, a: usize, b: usize, block: usize) -> Self {
+        fn run<T: Copy>(src: &[T], a: usize, b: usize, block: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(src.len());
+            for j in 0..b {
+                for i in 0..a {
+                    let at = (i * b + j) * block;
+                    out.extend_from_slice(&src[at..at + block]);
+                }
+            }
+            out
+        }
+        match self {
+            Flat::F16(v) => Flat::F16(run(v, a, b, block)),
+            Flat::BF16(v) => Flat::BF16(run(v, a, b, block)),
+            Flat::F32(v) => Flat::F32(run(v, a, b, block)),
+            Flat::F64(v) => Flat::F64(run(v, a, b, block)),
+            Flat::I32(v) => Flat::I32(run(v, a, b, block)),
+            Flat::I64(v) => Flat::I64(run(v, a, b, block)),
+        }
+    }
+
+    /// `x`'s elements with the `g` equal blocks of axis `dim` brought to the front, as
+    /// `concat(split(x, dim, g), 0)` orders them (what a communicator sends in rank order).
+    fn blocks_first(x: &Tensor, dim: usize, g: usize) -> Result<Self> {
+        let flat = Flat::of(x)?;
+        let outer: usize = x.shape()[..dim].iter().product();
+        Ok(if outer == 1 { flat } else { flat.regroup(outer, g, x.numel() / outer / g) })
+    }
+
+    /// The inverse of [`Flat::blocks_first`]: `g` pieces of `piece` shape stacked in rank
+    /// order, joined along axis `dim` of the piece.
+    fn join_blocks(self, piece: &[usize], dim: usize, g: usize) -> Result<Tensor> {
+        let outer: usize = piece[..dim].iter().product();
+        let mut shape = piece.to_vec();
+        shape[dim] *= g;
+        let joined = if outer == 1 { self } else { self.regroup(g, outer, piece.iter().product::<usize>() / outer) };
+        joined.into_tensor(&shape)
     }
 
     fn buf(&self) -> Buf<'_> {
@@ -172,12 +211,29 @@ impl Flat {
     }
 }
 
-/// Concatenate `parts` (equal shapes) in order into one flat buffer.
-fn flatten_parts(parts: &[Tensor]) -> Result<Flat> {
-    let refs: Vec<&Tensor> = parts.iter().collect();
-    let k = |e: autopar_tensor::TensorError| RuntimeError::Kernel { kind: "communication", name: String::new(), source: Box::new(e) };
-    let joined = sh::concat(&refs, 0).map_err(k)?;
-    Flat::of(&joined)
+/// `x`'s elements as a send buffer without a copy, when `x` is row-major contiguous.
+fn slice_buf(x: &Tensor) -> Option<Buf<'_>> {
+    match x.dtype() {
+        DType::F16 => x.as_slice::<f16>().map(Buf::from),
+        DType::BF16 => x.as_slice::<bf16>().map(Buf::from),
+        DType::F32 => x.as_slice::<f32>().map(Buf::from),
+        DType::F64 => x.as_slice::<f64>().map(Buf::from),
+        DType::I32 => x.as_slice::<i32>().map(Buf::from),
+        DType::I64 => x.as_slice::<i64>().map(Buf::from),
+    }
+}
+
+/// An error unless axis `dim` of `x` exists and splits into `g` equal blocks.
+fn check_split(x: &Tensor, dim: usize, g: usize) -> std::result::Result<(), autopar_tensor::TensorError> {
+    if dim >= x.rank() || !x.shape()[dim].is_multiple_of(g) {
+        return Err(autopar_tensor::TensorError::InvalidArgument {
+            op: "split",
+            name: "parts",
+            value: format!("{g} for axis {dim} of shape {:?}", x.shape()),
+            expected: "a divisor of the dimension",
+        });
+    }
+    Ok(())
 }
 
 /// Execute communication op `op` (node `name`) on input `x` (the rank's local value);
@@ -215,49 +271,59 @@ pub fn execute(
         CollectiveOp::AllGather(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
-            let flat = Flat::of(x)?;
-            let mut recv = flat.zeros_like(x.numel() * g);
-            comm.all_gather(flat.buf(), recv.buf_mut()).map_err(c())?;
-            let mut stacked_shape = vec![g];
-            stacked_shape.extend_from_slice(x.shape());
-            let stacked = recv.into_tensor(&stacked_shape)?;
-            let parts: Vec<Tensor> = sh::split(&stacked, 0, g)
-                .map_err(k)?
-                .into_iter()
-                .map(|p| sh::reshape_to(&p, x.shape()))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(k)?;
-            let refs: Vec<&Tensor> = parts.iter().collect();
-            sh::concat(&refs, a.dim as isize).map_err(k)
+            if a.dim >= x.rank() {
+                return Err(k(autopar_tensor::TensorError::InvalidArgument {
+                    op: "all_gather",
+                    name: "dim",
+                    value: format!("{} for shape {:?}", a.dim, x.shape()),
+                    expected: "an axis of the input",
+                }));
+            }
+            // A row-major input is sent as it is; the stacked pieces are joined along the
+            // op's axis (a no-op for the leading one).
+            let copy;
+            let send = match slice_buf(x) {
+                Some(b) => b,
+                None => {
+                    copy = Flat::of(x)?;
+                    copy.buf()
+                }
+            };
+            let mut recv = Flat::zeros(x.dtype(), x.numel() * g);
+            comm.all_gather(send, recv.buf_mut()).map_err(c())?;
+            recv.join_blocks(x.shape(), a.dim, g)
         }
         CollectiveOp::ReduceScatter(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
-            let parts = sh::split(x, a.dim as isize, g).map_err(k)?;
-            let send = flatten_parts(&parts)?;
-            let mut recv = send.zeros_like(x.numel() / g);
-            comm.reduce_scatter(send.buf(), recv.buf_mut(), comm_op(a.op)).map_err(c())?;
+            check_split(x, a.dim, g).map_err(k)?;
+            let outer: usize = x.shape()[..a.dim].iter().product();
+            let mut recv = Flat::zeros(x.dtype(), x.numel() / g);
+            match slice_buf(x).filter(|_| outer == 1) {
+                Some(send) => comm.reduce_scatter(send, recv.buf_mut(), comm_op(a.op)),
+                None => comm.reduce_scatter(Flat::blocks_first(x, a.dim, g)?.buf(), recv.buf_mut(), comm_op(a.op)),
+            }
+            .map_err(c())?;
             recv.into_tensor(out_shape)
         }
         CollectiveOp::AllToAll(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
-            let parts = sh::split(x, a.split_dim as isize, g).map_err(k)?;
-            let piece_shape = parts[0].shape().to_vec();
-            let send = flatten_parts(&parts)?;
-            let mut recv = send.zeros_like(x.numel());
+            check_split(x, a.split_dim, g).map_err(k)?;
+            let mut piece = x.shape().to_vec();
+            piece[a.split_dim] /= g;
+            if a.concat_dim >= piece.len() {
+                return Err(k(autopar_tensor::TensorError::InvalidArgument {
+                    op: "all_to_all",
+                    name: "concat_dim",
+                    value: format!("{} for shape {:?}", a.concat_dim, x.shape()),
+                    expected: "an axis of the input",
+                }));
+            }
+            let send = Flat::blocks_first(x, a.split_dim, g)?;
+            let mut recv = Flat::zeros(x.dtype(), x.numel());
             comm.all_to_all(send.buf(), recv.buf_mut()).map_err(c())?;
-            let mut stacked_shape = vec![g];
-            stacked_shape.extend_from_slice(&piece_shape);
-            let stacked = recv.into_tensor(&stacked_shape)?;
-            let pieces: Vec<Tensor> = sh::split(&stacked, 0, g)
-                .map_err(k)?
-                .into_iter()
-                .map(|p| sh::reshape_to(&p, &piece_shape))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(k)?;
-            let refs: Vec<&Tensor> = pieces.iter().collect();
-            sh::concat(&refs, a.concat_dim as isize).map_err(k)
+            recv.join_blocks(&piece, a.concat_dim, g)
         }
         CollectiveOp::Broadcast(b) => {
             let comm = groups.get(&b.group)?;
@@ -292,7 +358,7 @@ pub fn execute(
         CollectiveOp::Recv(r) => {
             let comm = groups.get(&[groups.rank().min(r.peer), groups.rank().max(r.peer)])?;
             let peer = comm.world_ranks().iter().position(|&w| w == r.peer).expect("the pair group holds the peer");
-            let mut flat = Flat::of(x)?.zeros_like(out_shape.iter().product());
+            let mut flat = Flat::zeros(x.dtype(), out_shape.iter().product());
             comm.recv(flat.buf_mut(), peer, r.tag).map_err(c())?;
             flat.into_tensor(out_shape)
         }
@@ -313,5 +379,70 @@ impl crate::executor::Collectives for CommGroups {
     fn all_reduce(&self, node: &Node, group: &[usize], op: ReduceOp, input: &Tensor) -> Result<Tensor> {
         let reduce = autopar_graph::ops::AllReduce { op, group: group.to_vec() };
         execute(CollectiveOp::AllReduce(&reduce), node.op.kind(), &node.name, input, input.shape(), self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_comm::LocalComm;
+    use autopar_graph::ops::{AllGather, AllToAll, ReduceScatter};
+    use autopar_tensor::kernels::shape as sh;
+
+    /// Rank `r`'s input: distinct values, so a block in the wrong place shows.
+    fn input(r: usize) -> Tensor {
+        Tensor::from_vec(&[6, 6, 6], (0..216).map(|i| (r * 1000 + i) as f64).collect()).unwrap()
+    }
+
+    fn piece(x: &Tensor, dim: usize, g: usize, r: usize) -> Tensor {
+        sh::split(x, dim as isize, g).unwrap()[r].clone()
+    }
+
+    #[test]
+    fn collectives_along_every_axis_join_and_split_the_pieces_in_rank_order() {
+        for g in [2usize, 3] {
+            let group: Vec<usize> = (0..g).collect();
+            LocalComm::run(g, |comm| -> Result<()> {
+                let groups = CommGroups::create(&comm, &[vec![group.clone()]])?;
+                let r = comm.rank();
+                let xs: Vec<Tensor> = (0..g).map(input).collect();
+                let refs: Vec<&Tensor> = xs.iter().collect();
+                for dim in 0..3 {
+                    let gather = AllGather { dim, group: group.clone() };
+                    let got = execute(CollectiveOp::AllGather(&gather), "AllGather", "t", &xs[r], &[], &groups)?;
+                    let want = sh::concat(&refs, dim as isize).unwrap();
+                    assert_eq!((got.shape(), got.to_f64_vec()), (want.shape(), want.to_f64_vec()), "all_gather g {g} dim {dim}");
+
+                    let scatter = ReduceScatter { op: ReduceOp::Sum, dim, group: group.clone() };
+                    let want = (0..g)
+                        .map(|q| piece(&xs[q], dim, g, r))
+                        .reduce(|a, b| autopar_tensor::kernels::elementwise::add(&Default::default(), &a, &b).unwrap())
+                        .unwrap();
+                    let got = execute(CollectiveOp::ReduceScatter(&scatter), "ReduceScatter", "t", &xs[r], want.shape(), &groups)?;
+                    assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "reduce_scatter g {g} dim {dim}");
+
+                    for concat_dim in 0..3 {
+                        let a2a = AllToAll { split_dim: dim, concat_dim, group: group.clone() };
+                        let pieces: Vec<Tensor> = (0..g).map(|q| piece(&xs[q], dim, g, r)).collect();
+                        let want = sh::concat(&pieces.iter().collect::<Vec<_>>(), concat_dim as isize).unwrap();
+                        let got = execute(CollectiveOp::AllToAll(&a2a), "AllToAll", "t", &xs[r], want.shape(), &groups)?;
+                        assert_eq!(
+                            (got.shape(), got.to_f64_vec()),
+                            (want.shape(), want.to_f64_vec()),
+                            "all_to_all g {g} {dim} -> {concat_dim}"
+                        );
+                    }
+                }
+                // A strided input (a transposed view) is sent in row-major order.
+                let t = sh::transpose(&xs[r], &[1, 0, 2]).unwrap();
+                let gather = AllGather { dim: 1, group: group.clone() };
+                let got = execute(CollectiveOp::AllGather(&gather), "AllGather", "t", &t, &[], &groups)?;
+                let ts: Vec<Tensor> = xs.iter().map(|x| sh::transpose(x, &[1, 0, 2]).unwrap()).collect();
+                let want = sh::concat(&ts.iter().collect::<Vec<_>>(), 1).unwrap();
+                assert_eq!(got.to_f64_vec(), want.to_f64_vec(), "all_gather of a strided input, g {g}");
+                Ok(())
+            })
+            .unwrap();
+        }
     }
 }
