@@ -1,6 +1,6 @@
 //! The [`Communicator`] trait: the only way autopar's ranks talk to each other.
 
-use crate::dtype::{Buf, BufMut, ReduceOp};
+use crate::dtype::{Buf, BufMut, DType, Element, ReduceOp};
 use crate::error::{CommError, GroupProblem, Result, MAX_TAG};
 
 /// A group of ranks and the collectives they run together.
@@ -25,6 +25,16 @@ pub trait Communicator: Send {
 
     /// Reduce `buf` over all ranks, in place; every rank gets the result.
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
+    /// Reduce each of `parts` over all ranks, in place, as one all-reduce of their
+    /// concatenation (a fused gradient bucket): every rank passes parts of one element type
+    /// with the same lengths in the same order; the results are those of [`all_reduce`] on
+    /// the concatenation, bit for bit. By default the parts are copied into one buffer and
+    /// back; [`crate::LocalComm`] reduces them where they lie.
+    ///
+    /// [`all_reduce`]: Communicator::all_reduce
+    fn all_reduce_parts(&self, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        packed_all_reduce(self, parts, op)
+    }
     /// Concatenate every rank's `send` in rank order into `recv` (`size()` times as long).
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
     /// Reduce `send` (`size()` equal blocks) over all ranks; rank r keeps block r in `recv`.
@@ -50,6 +60,48 @@ pub trait Communicator: Send {
 impl std::fmt::Debug for dyn Communicator + '_ {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} communicator: rank {} of {} (world ranks {:?})", self.backend(), self.rank(), self.size(), self.world_ranks())
+    }
+}
+
+/// The element type shared by `parts` (None when there are none), or an error naming the first
+/// part of another type; `rank` (counted in the world) is the caller's, for the error.
+pub(crate) fn parts_dtype(parts: &[BufMut<'_>], rank: usize) -> Result<Option<DType>> {
+    let Some(first) = parts.first().map(BufMut::dtype) else {
+        return Ok(None);
+    };
+    match parts.iter().position(|p| p.dtype() != first) {
+        Some(part) => Err(CommError::MixedParts { op: "all_reduce", rank, part, got: parts[part].dtype(), expected: first }),
+        None => Ok(Some(first)),
+    }
+}
+
+/// [`Communicator::all_reduce_parts`] through one packed buffer: the parts copied in, one
+/// [`Communicator::all_reduce`], the results copied back.
+pub(crate) fn packed_all_reduce<C: Communicator + ?Sized>(comm: &C, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+    fn packed<T: Element, C: Communicator + ?Sized>(comm: &C, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        let mut flat: Vec<T> = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for p in parts.iter() {
+            flat.extend_from_slice(T::from_buf(&p.as_buf()).expect("the parts share the element type"));
+        }
+        comm.all_reduce(T::buf_mut(&mut flat), op)?;
+        let mut at = 0;
+        for p in parts.iter_mut() {
+            let n = p.len();
+            p.as_bytes_mut().copy_from_slice(T::buf(&flat[at..at + n]).as_bytes());
+            at += n;
+        }
+        Ok(())
+    }
+    let rank = comm.world_ranks().get(comm.rank()).copied().unwrap_or(comm.rank());
+    match parts_dtype(parts, rank)? {
+        // No parts: still one (empty) collective, so every rank counts the same calls.
+        None => comm.all_reduce(BufMut::F32(&mut []), op),
+        Some(DType::F16) => packed::<half::f16, C>(comm, parts, op),
+        Some(DType::BF16) => packed::<half::bf16, C>(comm, parts, op),
+        Some(DType::F32) => packed::<f32, C>(comm, parts, op),
+        Some(DType::F64) => packed::<f64, C>(comm, parts, op),
+        Some(DType::I32) => packed::<i32, C>(comm, parts, op),
+        Some(DType::I64) => packed::<i64, C>(comm, parts, op),
     }
 }
 

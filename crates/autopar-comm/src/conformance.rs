@@ -181,6 +181,27 @@ fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
             &want,
         )?;
     }
+    // all_reduce_parts: the bits of one all_reduce of the concatenation, parts of odd lengths
+    // (an empty one among them) straddling the ranks' chunks.
+    for op in [ReduceOp::Sum, ReduceOp::Max] {
+        let lens = [37usize, 0, 1, 2053, 3];
+        let salt = cx.next_salt();
+        let rough = |r: usize, i: usize| T::rough(mix(salt, r, i));
+        let total: usize = lens.iter().sum();
+        let mut mine: Vec<T> = (0..total).map(|i| rough(me, i)).collect();
+        {
+            let mut rest = mine.as_mut_slice();
+            let mut parts = Vec::new();
+            for &l in &lens {
+                let (part, tail) = rest.split_at_mut(l);
+                parts.push(crate::dtype::BufMut::from(part));
+                rest = tail;
+            }
+            comm.all_reduce_parts(&mut parts, op)?;
+        }
+        let want: Vec<T> = (0..total).map(|i| reduce_serial(&(0..n).map(|r| rough(r, i)).collect::<Vec<_>>(), op)).collect();
+        cx.expect_bits(|| format!("all_reduce_parts {op} {dt} parts {lens:?} on {n} ranks (rank-order bits)"), &mine, &want)?;
+    }
     // all_gather
     for len in [1, 3, 37] {
         let salt = cx.next_salt();

@@ -84,6 +84,38 @@ pub enum CommError {
         recv: DType,
     },
 
+    /// The parts of one all-reduce have different element types.
+    #[error("{op} on rank {rank}: part {part} is {got}, part 0 is {expected}\nhint: the parts of one all_reduce_parts call share an element type; reduce each type in a call of its own")]
+    MixedParts {
+        /// The call (`all_reduce`).
+        op: &'static str,
+        /// The rank that saw the problem, counted in the world.
+        rank: usize,
+        /// The first part of another type, counted from 0.
+        part: usize,
+        /// Its element type.
+        got: DType,
+        /// The first part's element type.
+        expected: DType,
+    },
+
+    /// Ranks passed parts of different lengths to one all-reduce of parts.
+    #[error("{op}: part {part} holds {got} elements on rank {peer} but {expected} on rank {rank}\nhint: every rank passes the parts of a fused all-reduce with the same lengths in the same order")]
+    PartsMismatch {
+        /// The call (`all_reduce`).
+        op: &'static str,
+        /// The group's first rank, counted in the world.
+        rank: usize,
+        /// The rank whose part differs, counted in the world.
+        peer: usize,
+        /// The part, counted from 0 (or the count of parts, when that differs).
+        part: usize,
+        /// Its length on `peer` (elements; the number of parts when those differ).
+        got: usize,
+        /// Its length on `rank`.
+        expected: usize,
+    },
+
     /// A peer rank is not in the group.
     #[error("{op} on rank {rank}: {what} {peer} is not in this group of {size} ranks\nhint: ranks inside a group count from 0 to {size} - 1; use the group's own ranks, not global ones")]
     RankOutOfRange {
@@ -311,6 +343,8 @@ impl CommError {
             | CommError::SelfMessage { rank, .. }
             | CommError::TagOutOfRange { rank, .. }
             | CommError::Mismatch { rank, .. }
+            | CommError::MixedParts { rank, .. }
+            | CommError::PartsMismatch { rank, .. }
             | CommError::MessageMismatch { rank, .. }
             | CommError::PeerExited { rank, .. }
             | CommError::Timeout { rank, .. }

@@ -208,7 +208,11 @@ struct Slot {
     desc: CallDesc,
     send: *const u8,
     recv: *mut u8,
+    /// An all-reduce of parts: the caller's table of (address, elements), and its length.
+    parts: (*const (*mut u8, usize), usize),
 }
+
+const NO_PARTS: (*const (*mut u8, usize), usize) = (std::ptr::null(), 0);
 
 // SAFETY: the addresses are only dereferenced between the barriers of one call, while their
 // owner is blocked inside the same call (see the module docs).
@@ -249,7 +253,9 @@ impl Group {
         let g = Arc::new(Group {
             world: world.clone(),
             members,
-            slots: (0..n).map(|_| Mutex::new(Slot { desc: EMPTY_DESC, send: std::ptr::null(), recv: std::ptr::null_mut() })).collect(),
+            slots: (0..n)
+                .map(|_| Mutex::new(Slot { desc: EMPTY_DESC, send: std::ptr::null(), recv: std::ptr::null_mut(), parts: NO_PARTS }))
+                .collect(),
             state: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
             mailbox: Mutex::new(Mailbox::default()),
@@ -510,7 +516,13 @@ impl LocalComm {
     /// Publish this rank's call, wait for all (abortable), check that everyone made the same
     /// call, and return all slots.
     fn exchange(&self, desc: CallDesc, send: *const u8, recv: *mut u8) -> Result<Vec<Slot>> {
-        *lock(&self.group.slots[self.rank]) = Slot { desc, send, recv };
+        self.exchange_slot(Slot { desc, send, recv, parts: NO_PARTS })
+    }
+
+    /// [`LocalComm::exchange`] of a whole slot.
+    fn exchange_slot(&self, slot: Slot) -> Result<Vec<Slot>> {
+        let desc = slot.desc;
+        *lock(&self.group.slots[self.rank]) = slot;
         self.wait(&desc, true).map_err(|e| self.fail(e))?;
         let slots: Vec<Slot> = self.group.slots.iter().map(|s| *lock(s)).collect();
         for (k, s) in slots.iter().enumerate().skip(1) {
@@ -631,6 +643,64 @@ impl Communicator for LocalComm {
         // SAFETY: every peer is blocked in this call until barrier B; chunk `rank` of every
         // buffer is read and written by this rank only (reduced once, then written to all).
         unsafe { fold(dtype, &srcs, &dsts, chunk_range(len, n, self.rank, es), op) };
+        self.done(&desc);
+        Ok(())
+    }
+
+    fn all_reduce_parts(&self, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        self.ensure_alive("all_reduce")?;
+        let Some(dtype) = crate::comm::parts_dtype(parts, self.world_rank())? else {
+            return self.all_reduce(BufMut::F32(&mut []), op);
+        };
+        let (n, es) = (self.n(), dtype.size());
+        let len: usize = parts.iter().map(BufMut::len).sum();
+        let mut desc = self.desc("all_reduce", Some(dtype), len, len);
+        desc.reduce = Some(op);
+        if n == 1 {
+            return Ok(());
+        }
+        let table: Vec<(*mut u8, usize)> = parts.iter_mut().map(|p| (p.as_mut_ptr(), p.len())).collect();
+        let slots =
+            self.exchange_slot(Slot { desc, send: std::ptr::null(), recv: std::ptr::null_mut(), parts: (table.as_ptr(), table.len()) })?;
+        // SAFETY: every peer's table lives on its stack until it leaves this call, after the
+        // final barrier; the tables are only read.
+        let tables: Vec<&[(*mut u8, usize)]> = slots.iter().map(|s| unsafe { std::slice::from_raw_parts(s.parts.0, s.parts.1) }).collect();
+        // Every rank compares every table with the first one's, so all ranks see the same
+        // mismatch; they leave the call together, after the final barrier (a peer may still
+        // be reading this rank's table).
+        let mismatch = tables.iter().enumerate().skip(1).find_map(|(k, t)| {
+            let part = (0..t.len().max(tables[0].len())).find(|&p| t.get(p).map(|e| e.1) != tables[0].get(p).map(|e| e.1))?;
+            let (got, expected) = match (t.get(part), tables[0].get(part)) {
+                (Some(a), Some(b)) => (a.1, b.1),
+                _ => (t.len(), tables[0].len()),
+            };
+            Some(CommError::PartsMismatch {
+                op: "all_reduce",
+                rank: self.group.members[0],
+                peer: self.group.members[k],
+                part,
+                got,
+                expected,
+            })
+        });
+        if let Some(e) = mismatch {
+            self.done(&desc);
+            return Err(e);
+        }
+        // This rank's chunk of the concatenation, reduced part by part where the parts lie.
+        let chunk = chunk_range(len, n, self.rank, es);
+        let mut at = 0;
+        for (p, &(_, part_len)) in tables[0].iter().enumerate() {
+            let (lo, hi) = (chunk.start.max(at), chunk.end.min(at + part_len));
+            if lo < hi {
+                let dsts: Vec<*mut u8> = tables.iter().map(|t| t[p].0).collect();
+                let srcs: Vec<*const u8> = dsts.iter().map(|&d| d as *const u8).collect();
+                // SAFETY: every peer is blocked in this call until the final barrier; these
+                // elements of every rank's part are read and written by this rank only.
+                unsafe { fold(dtype, &srcs, &dsts, lo - at..hi - at, op) };
+            }
+            at += part_len;
+        }
         self.done(&desc);
         Ok(())
     }

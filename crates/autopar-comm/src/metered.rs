@@ -67,6 +67,10 @@ impl Communicator for Metered {
         self.record("all_reduce", buf.byte_len());
         self.inner.all_reduce(buf, op)
     }
+    fn all_reduce_parts(&self, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        self.record("all_reduce", parts.iter().map(BufMut::byte_len).sum());
+        self.inner.all_reduce_parts(parts, op)
+    }
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         self.record("all_gather", send.byte_len());
         self.inner.all_gather(send, recv)

@@ -138,6 +138,27 @@ fn buffers_of_different_lengths_on_different_ranks_are_a_mismatch_error() {
 }
 
 #[test]
+fn parts_of_different_lengths_or_types_are_errors_on_every_rank() {
+    // Same total, different split: every rank sees the mismatch and leaves the call.
+    let (out, seen, took) = run_and_collect(3, |comm| {
+        let mut v = vec![1f32; 10];
+        let (a, b) = v.split_at_mut(if comm.rank() == 1 { 4 } else { 6 });
+        comm.all_reduce_parts(&mut [a.into(), b.into()], ReduceOp::Sum)
+    });
+    assert!(took < QUICK, "{took:?}");
+    let msg = out.unwrap_err().to_string();
+    assert!(msg.contains("part 0 holds 4 elements on rank 1 but 6 on rank 0"), "{msg}");
+    assert!(seen.iter().all(|s| s.as_deref().is_some_and(|s| s.contains("part 0 holds 4"))), "{seen:?}");
+    // Parts of two element types in one call.
+    let out = LocalComm::run(2, |comm| {
+        let (mut a, mut b) = (vec![1f32; 3], vec![1f64; 3]);
+        comm.all_reduce_parts(&mut [(&mut a).into(), (&mut b).into()], ReduceOp::Sum)
+    });
+    let msg = out.unwrap_err().to_string();
+    assert!(msg.contains("part 1 is f64, part 0 is f32"), "{msg}");
+}
+
+#[test]
 fn a_wrong_receive_buffer_names_the_rank_and_the_expected_length() {
     let out = LocalComm::run(4, |comm| {
         let send = vec![1.0f32; 3];

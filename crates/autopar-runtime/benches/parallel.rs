@@ -3,7 +3,8 @@
 //! on 2 and 8 ranks, and 8 simulated devices with a (2, 4) data x model strategy (each rank's
 //! kernels on one thread). Prints ms/step, samples/s and the ratio to the stand-alone step
 //! (the goal: at most 1.3).
-//! Run: `cargo bench -p autopar-runtime --bench parallel`.
+//! Run: `cargo bench -p autopar-runtime --bench parallel` (`AUTOPAR_BENCH_ROWS=data_parallel`:
+//! only the rows whose name contains it, and the stand-alone rows they are compared with).
 //! (Over MPI: `mpirun -n 2 target/release/examples/mpi_dp_bench` with `--features mpi`.)
 
 use std::time::Instant;
@@ -67,14 +68,22 @@ fn main() {
     for global in [64usize, 128] {
         let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
         let alone = time_job(&ParallelJob::new(g, m.loss, ctx(1, "stand_alone")).unwrap(), &batch(global));
+        let only = std::env::var("AUTOPAR_BENCH_ROWS").unwrap_or_default();
+        let wanted = |name: &str| name.contains(only.as_str());
         let report = |name: String, secs: f64| {
             println!("{name:<46} {:>10.2} {:>12.0} {:>14.2}", secs * 1e3, global as f64 / secs, secs / alone);
         };
         report(format!("stand_alone, batch {global}"), alone);
         for n in [2usize, 8] {
+            if !wanted(&format!("data_parallel, {n} ranks, batch {global}")) {
+                continue;
+            }
             let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
             let dp = ParallelJob::new(g, m.loss, ctx(n, "data_parallel")).unwrap();
             report(format!("data_parallel, {n} ranks, batch {global}"), time_job(&dp, &batch(global)));
+        }
+        if !wanted(&format!("semi_auto_parallel, 8 devices (2,4), batch {global}")) {
+            continue;
         }
         let (mut g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
         // (2, 4): batch split 2 ways, the hidden layers 4 ways (column- then row-parallel).

@@ -109,7 +109,10 @@ impl TrainStep {
         let executor = &self.executor;
         let out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
         self.step += 1;
-        let mut values = out.values.iter().cloned();
+        let mut out = out;
+        // The values move out of the run's output, so the gradients are their tensors' only
+        // owners and a bucket reduces them in place.
+        let mut values = std::mem::take(&mut out.values).into_iter();
         let loss = values.next().expect("the loss is fetched first");
         let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
         crate::shard::scatter_gradients(&self.program, &mut grads, comm)?;
@@ -293,10 +296,12 @@ impl BucketBuffer {
     }
 }
 
-/// All-reduce one bucket's gradients in its flat buffer of the bucket's dtype (each gradient
-/// copied in, cast when its dtype differs), scaled by the bucket's factor. The synchronised
-/// gradients are views of the buffer (copies for gradients of another dtype); they must be
-/// dropped before the next step, or its packing copies the buffer first.
+/// All-reduce one bucket's gradients, scaled by the bucket's factor. Gradients all of the
+/// bucket's dtype (f32 or f64) are reduced where they lie, as one collective over the parts
+/// ([`autopar_comm::Communicator::all_reduce_parts`]) and scaled in place. Otherwise they are
+/// copied (cast where their dtype differs) into the bucket's flat buffer, reduced there, and
+/// become views of it (copies for gradients of another dtype), which must be dropped before
+/// the next step, or its packing copies the buffer first. Either way the same bits.
 pub(crate) fn sync_bucket(
     b: &RankBucket,
     buffer: &mut BucketBuffer,
@@ -310,6 +315,13 @@ pub(crate) fn sync_bucket(
         .ok_or_else(|| RuntimeError::NeedsCommunicator { kind: "AllReduce", name: "gradient bucket".into(), group: b.group.clone() })?
         .get(&b.group)?;
     let dtype = tensor_dtype(b.dtype);
+    if buffer.grads.iter().all(|&i| grads[i].1.dtype() == dtype) {
+        match dtype {
+            DType::F32 => return reduce_in_place::<f32>(comm, grads, &buffer.grads, b),
+            DType::F64 => return reduce_in_place::<f64>(comm, grads, &buffer.grads, b),
+            DType::F16 | DType::BF16 | DType::I32 | DType::I64 => {}
+        }
+    }
     let total: usize = buffer.grads.iter().map(|&i| grads[i].1.numel()).sum();
     let flat = match &mut buffer.flat {
         Some(t) if t.dtype() == dtype && t.numel() == total => t,
@@ -324,6 +336,38 @@ pub(crate) fn sync_bucket(
         DType::I32 => reduce_packed::<i32>(comm, flat, grads, idx, b),
         DType::I64 => reduce_packed::<i64>(comm, flat, grads, idx, b),
     }
+}
+
+/// The bucket's gradients `grads[idx]` (all of dtype `T`) all-reduced in place, in bucket
+/// order, then scaled in place by the bucket's factor.
+fn reduce_in_place<T: autopar_tensor::Float + autopar_comm::Element>(
+    comm: &dyn autopar_comm::Communicator,
+    grads: &mut [(String, Tensor)],
+    idx: &[usize],
+    b: &RankBucket,
+) -> Result<()> {
+    let mut in_order: Vec<Option<&mut (String, Tensor)>> = (0..idx.len()).map(|_| None).collect();
+    for (i, g) in grads.iter_mut().enumerate() {
+        if let Some(at) = idx.iter().position(|&j| j == i) {
+            in_order[at] = Some(g);
+        }
+    }
+    let mut slices: Vec<&mut [T]> = Vec::with_capacity(idx.len());
+    for g in in_order {
+        let (name, t) = g.expect("a bucket lists each gradient once");
+        let slice =
+            t.as_mut_slice::<T>().map_err(|e| RuntimeError::Kernel { kind: "AllReduce", name: name.clone(), source: Box::new(e) })?;
+        slices.push(slice);
+    }
+    let mut parts: Vec<autopar_comm::BufMut<'_>> = slices.iter_mut().map(|s| autopar_comm::BufMut::from(&mut **s)).collect();
+    comm.all_reduce_parts(&mut parts, autopar_comm::ReduceOp::Sum)
+        .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
+    drop(parts);
+    if b.scale != 1.0 {
+        let c = <T as autopar_tensor::Element>::from_f64(b.scale);
+        slices.into_iter().flatten().for_each(|v| *v *= c);
+    }
+    Ok(())
 }
 
 fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
@@ -396,4 +440,69 @@ pub(crate) fn finite_loss(loss: f64, step: u64) -> Result<f64> {
         return Err(RuntimeError::NonFiniteLoss { step, loss });
     }
     Ok(loss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_comm::{reduce_serial, Communicator, LocalComm, ReduceOp};
+
+    /// Rank `r`'s value of element `i` of gradient `g`: arbitrary, so sums round and their order
+    /// shows in the bits.
+    fn value(r: usize, g: usize, i: usize) -> f32 {
+        ((r * 131 + g * 17 + i) as f32 * 0.377).sin() * 10f32.powi((i % 5) as i32 - 2)
+    }
+
+    /// The bucket's result: the rank-order fold of the three ranks' values, times `scale`.
+    fn expected(g: usize, len: usize, scale: f32) -> Vec<f32> {
+        (0..len).map(|i| reduce_serial(&(0..3).map(|r| value(r, g, i)).collect::<Vec<_>>(), ReduceOp::Sum) * scale).collect()
+    }
+
+    #[test]
+    fn a_buckets_gradients_are_reduced_where_they_lie_with_the_packed_buffers_bits() {
+        let shapes: [&[usize]; 3] = [&[3, 5], &[4], &[7]];
+        let names = ["a", "b", "c"];
+        let scale = 1.0 / 3.0;
+        let bucket = RankBucket { group: vec![0, 1, 2], dtype: autopar_graph::DType::F32, params: vec!["a".into(), "c".into()], scale };
+        LocalComm::run(3, |comm| -> Result<()> {
+            let groups = CommGroups::create(&comm, &[vec![vec![0, 1, 2]]])?;
+            let r = comm.rank();
+            let grads = |c_dtype: DType| -> Vec<(String, Tensor)> {
+                names
+                    .iter()
+                    .zip(shapes)
+                    .enumerate()
+                    .map(|(g, (n, s))| {
+                        let len = s.iter().product();
+                        let t = Tensor::from_vec(s, (0..len).map(|i| value(r, g, i)).collect::<Vec<f32>>()).unwrap();
+                        (n.to_string(), if g == 2 { t.cast(c_dtype) } else { t })
+                    })
+                    .collect()
+            };
+            let c = <f32 as autopar_tensor::Element>::from_f64(scale);
+            // All of the bucket's dtype: reduced where they lie.
+            let mut gs = grads(DType::F32);
+            let before: Vec<usize> = gs.iter().map(|(_, t)| t.as_slice::<f32>().unwrap().as_ptr() as usize).collect();
+            let mut buffer = BucketBuffer::over_names(&bucket, &names)?;
+            sync_bucket(&bucket, &mut buffer, &mut gs, Some(&groups))?;
+            let after: Vec<usize> = gs.iter().map(|(_, t)| t.as_slice::<f32>().unwrap().as_ptr() as usize).collect();
+            assert_eq!(before, after, "reduced in place");
+            assert!(buffer.flat.is_none(), "no bucket buffer");
+            for (g, len) in [(0, 15), (2, 7)] {
+                let got: Vec<u32> = gs[g].1.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+                let want: Vec<u32> = expected(g, len, c).iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "gradient {g}");
+            }
+            assert_eq!(gs[1].1.to_vec::<f32>().unwrap(), (0..4).map(|i| value(r, 1, i)).collect::<Vec<_>>(), "outside the bucket");
+            // A gradient of another dtype: through the packed buffer, the same bits.
+            let mut gs = grads(DType::F64);
+            sync_bucket(&bucket, &mut buffer, &mut gs, Some(&groups))?;
+            assert!(buffer.flat.is_some(), "packed");
+            assert_eq!(gs[0].1.to_vec::<f32>().unwrap(), expected(0, 15, c));
+            assert_eq!(gs[2].1.dtype(), DType::F64);
+            assert_eq!(gs[2].1.to_f64_vec(), expected(2, 7, c).iter().map(|&v| v as f64).collect::<Vec<_>>());
+            Ok(())
+        })
+        .unwrap();
+    }
 }

@@ -1,6 +1,6 @@
-//! A training step allocates its state once: on 2 data-parallel ranks the synchronised gradients
-//! of a bucket are views of one buffer that every step reuses, and the optimizer updates the
-//! parameters and its state where they lie.
+//! A training step allocates its state once: on 2 data-parallel ranks the optimizer updates the
+//! parameters and its state where they lie, and a bucket's gradients are reduced where the
+//! backward pass left them (no bucket buffer is packed; `train::tests` checks the addresses).
 
 use autopar_comm::LocalComm;
 use autopar_models::{Mlp, MlpConfig, Mode, Model};
@@ -32,16 +32,8 @@ fn buckets_parameters_and_optimizer_state_keep_their_buffers_from_step_to_step()
         let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
         t.step(&mut opt, &feeds)?;
         let (params, state) = (addresses(t.params()), addresses(opt.state()));
-        let mut bucket = None;
         for _ in 0..3 {
             let out = t.gradients(&feeds)?;
-            let grads: Vec<&Tensor> = out.grads.iter().map(|(_, g)| g).collect();
-            // Views of one buffer: the first and the last gradient lie within one allocation.
-            let lo = grads.iter().map(|g| g.as_slice::<f32>().unwrap().as_ptr() as usize).min().unwrap();
-            let bytes: usize = grads.iter().map(|g| g.nbytes()).sum();
-            let hi = grads.iter().map(|g| g.as_slice::<f32>().unwrap().as_ptr() as usize + g.nbytes()).max().unwrap();
-            assert_eq!(hi - lo, bytes, "the gradients are packed back to back in the bucket");
-            assert_eq!(*bucket.get_or_insert(lo), lo, "every step reuses the bucket");
             opt.step(t.params_mut(), &out.grads)?;
         }
         assert_eq!(addresses(t.params()), params, "parameters are updated in place");

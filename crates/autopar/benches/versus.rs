@@ -11,7 +11,9 @@
 //! data_parallel on 2 and 4 in-process ranks of 64 rows each beside PyTorch DDP over gloo with
 //! one single-threaded process per rank (`peers/ddp_torch.py`), and 8 simulated devices with
 //! the (2, 4) data x model strategy at global batch 128 beside JAX on 8 CPU devices with the
-//! same sharding (`peers/mesh_jax.py`; that row needs `jax` in the same Python).
+//! same sharding (`peers/mesh_jax.py`; that row needs `jax` in the same Python). Last, the
+//! simulated devices against one: data_parallel on 2 and 8 devices and the (2, 4) strategy on
+//! 8, global batch 128, beside autopar's stand-alone step on every core (no Python needed).
 //!
 //! `AUTOPAR_BENCH_PYTHON=/path/to/python cargo bench -p autopar --bench versus`
 //! (a Python with torch; without it the PyTorch columns say n/a). `AUTOPAR_BENCH_ROUNDS` (3),
@@ -156,8 +158,8 @@ fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> R
 /// slowest rank's).
 #[derive(Clone, Copy)]
 enum Parallel {
-    /// data_parallel over `ranks`, each rank 64 rows (the DDP row's split).
-    Data { ranks: usize },
+    /// data_parallel over `ranks` on a global batch of `global` rows.
+    Data { ranks: usize, global: usize },
     /// semi_auto_parallel on 8 devices: the batch split 2 ways, the hidden layers 4 ways
     /// (column- then row-parallel), the global batch `global`.
     Mesh24 { global: usize },
@@ -168,7 +170,7 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
     use autopar_parallel::ParallelContext;
     use autopar_runtime::parallel::{ParallelJob, RankTrainer};
     let (ranks, global) = match run {
-        Parallel::Data { ranks } => (ranks, 64 * ranks),
+        Parallel::Data { ranks, global } => (ranks, global),
         Parallel::Mesh24 { global } => (8, global),
     };
     let model = Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp");
@@ -224,9 +226,10 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
 fn parallel_peer(run: Parallel, seconds: f64) -> Result<f64, String> {
     let s = seconds.to_string();
     let (script, args): (&str, Vec<String>) = match run {
-        Parallel::Data { ranks } => {
-            ("ddp_torch.py", ["--ranks", &ranks.to_string(), "--batch", "64", "--seconds", &s].map(String::from).to_vec())
-        }
+        Parallel::Data { ranks, global } => (
+            "ddp_torch.py",
+            ["--ranks", &ranks.to_string(), "--batch", &(global / ranks).to_string(), "--seconds", &s].map(String::from).to_vec(),
+        ),
         Parallel::Mesh24 { global } => ("mesh_jax.py", ["--batch", &global.to_string(), "--seconds", &s].map(String::from).to_vec()),
     };
     let text = peer(script, &args)?;
@@ -295,7 +298,7 @@ fn main() {
         }
     }
     for ranks in [2, 4] {
-        let run = Parallel::Data { ranks };
+        let run = Parallel::Data { ranks, global: 64 * ranks };
         rows.push((
             format!("data_parallel {ranks} x 64 vs DDP (gloo)"),
             "ms/step",
@@ -311,7 +314,7 @@ fn main() {
                     format!("data_parallel {ranks} x 64, mpirun vs DDP (gloo)"),
                     "ms/step",
                     Box::new(move || mpi_autopar(&bench, ranks)),
-                    Box::new(move || parallel_peer(Parallel::Data { ranks }, seconds).map(|s| 1e3 * s)),
+                    Box::new(move || parallel_peer(Parallel::Data { ranks, global: 64 * ranks }, seconds).map(|s| 1e3 * s)),
                 ));
             }
         }
@@ -326,6 +329,21 @@ fn main() {
         Box::new(move || 1e3 * parallel_autopar(run, seconds)),
         Box::new(move || parallel_peer(run, seconds).map(|s| 1e3 * s)),
     ));
+    // N simulated devices against one device with every core, the same global batch: the
+    // "peer" of these rows is autopar's own stand-alone step (the MLP step rows' code).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (label, run) in [
+        ("data_parallel, 2 devices", Parallel::Data { ranks: 2, global: 128 }),
+        ("data_parallel, 8 devices", Parallel::Data { ranks: 8, global: 128 }),
+        ("8 devices (2,4)", Parallel::Mesh24 { global: 128 }),
+    ] {
+        rows.push((
+            format!("{label}, batch 128 vs stand-alone"),
+            "ms/step",
+            Box::new(move || 1e3 * parallel_autopar(run, seconds)),
+            Box::new(move || Ok(1e3 * step_autopar(StepModel::Mlp, 128, cores, seconds))),
+        ));
+    }
     if let Ok(only) = std::env::var("AUTOPAR_BENCH_ROWS") {
         rows.retain(|(name, ..)| name.contains(&only));
     }
@@ -343,16 +361,15 @@ fn main() {
             eprintln!("round {round}: {name}: autopar {a:.3} {unit}, peer {:?}", results[i].1.last());
         }
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("autopar vs PyTorch (JAX where the row says) on this machine ({cores} cores), median of {rounds} interleaved rounds");
-    println!("{:<44} {:>8} {:>10} {:>10} {:>14}", "work", "unit", "autopar", "peer", "ratio (median)");
+    println!("autopar vs PyTorch (JAX, or autopar stand-alone, where the row says) on this machine ({cores} cores), median of {rounds} interleaved rounds");
+    println!("{:<52} {:>8} {:>10} {:>10} {:>14}", "work", "unit", "autopar", "peer", "ratio (median)");
     for ((name, unit, _, _), (ours, theirs, err)) in rows.iter().zip(results) {
         let a = median(ours.clone());
         if theirs.len() == ours.len() {
             let ratio = median(ours.iter().zip(&theirs).map(|(a, t)| a / t).collect());
-            println!("{name:<44} {unit:>8} {a:>10.3} {:>10.3} {ratio:>14.2}", median(theirs));
+            println!("{name:<52} {unit:>8} {a:>10.3} {:>10.3} {ratio:>14.2}", median(theirs));
         } else {
-            println!("{name:<44} {unit:>8} {a:>10.3} {:>10} {:>14}", "n/a", "n/a");
+            println!("{name:<52} {unit:>8} {a:>10.3} {:>10} {:>14}", "n/a", "n/a");
             if let Some(e) = err {
                 eprintln!("  peer: {e}");
             }
