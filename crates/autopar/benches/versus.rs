@@ -161,7 +161,9 @@ enum Parallel {
     /// data_parallel over `ranks` on a global batch of `global` rows.
     Data { ranks: usize, global: usize },
     /// semi_auto_parallel on 8 devices: the batch split 2 ways, the hidden layers 4 ways
-    /// (column- then row-parallel), the global batch `global`.
+    /// (column- then row-parallel), the global batch `global`. Every op of a layer has its
+    /// strategy (the first layer's bias and ReLU stay split by column, as JAX's propagation
+    /// keeps them), not only the matrix products.
     Mesh24 { global: usize },
 }
 
@@ -184,7 +186,17 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
         }
         Parallel::Mesh24 { .. } => {
             ctx.set("parallel_mode", &serde_json::json!("semi_auto_parallel")).expect("mode");
-            for (op, st) in [("fc1.matmul", "((2,1),(4,1))"), ("fc2.matmul", "((2,4),(1,4))"), ("fc3.matmul", "((2,1),(1,1))")] {
+            for (op, st) in [
+                ("fc1.matmul", "((2,1),(4,1))"),
+                ("fc1.bias_add", "((2,4),(4,))"),
+                ("relu1", "((2,4),)"),
+                ("fc2.matmul", "((2,4),(1,4))"),
+                ("fc2.bias_add", "((2,1),(1,))"),
+                ("relu2", "((2,1),)"),
+                ("fc3.matmul", "((2,1),(1,1))"),
+                ("fc3.bias_add", "((2,1),(1,))"),
+                ("loss", "((2,1),(2,))"),
+            ] {
                 m.shard_graph(&mut g, op, st.parse().expect("strategy")).expect("shard");
             }
         }
