@@ -141,7 +141,7 @@ fn buffers_of_different_lengths_on_different_ranks_are_a_mismatch_error() {
 fn parts_of_different_lengths_or_types_are_errors_on_every_rank() {
     // Same total, different split: every rank sees the mismatch and leaves the call.
     let (out, seen, took) = run_and_collect(3, |comm| {
-        let mut v = vec![1f32; 10];
+        let mut v = [1f32; 10];
         let (a, b) = v.split_at_mut(if comm.rank() == 1 { 4 } else { 6 });
         comm.all_reduce_parts(&mut [a.into(), b.into()], ReduceOp::Sum)
     });
