@@ -70,7 +70,7 @@ pub(crate) fn parts_dtype(parts: &[BufMut<'_>], rank: usize) -> Result<Option<DT
         return Ok(None);
     };
     match parts.iter().position(|p| p.dtype() != first) {
-        Some(part) => Err(CommError::MixedParts { op: "all_reduce", rank, part, got: parts[part].dtype(), expected: first }),
+        Some(part) => Err(CommError::MixedParts { op: "all_reduce_parts", rank, part, got: parts[part].dtype(), expected: first }),
         None => Ok(Some(first)),
     }
 }

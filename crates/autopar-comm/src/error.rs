@@ -87,7 +87,7 @@ pub enum CommError {
     /// The parts of one all-reduce have different element types.
     #[error("{op} on rank {rank}: part {part} is {got}, part 0 is {expected}\nhint: the parts of one all_reduce_parts call share an element type; reduce each type in a call of its own")]
     MixedParts {
-        /// The call (`all_reduce`).
+        /// The call (`all_reduce_parts`).
         op: &'static str,
         /// The rank that saw the problem, counted in the world.
         rank: usize,
@@ -102,7 +102,7 @@ pub enum CommError {
     /// Ranks passed parts of different lengths to one all-reduce of parts.
     #[error("{op}: part {part} holds {got} elements on rank {peer} but {expected} on rank {rank}\nhint: every rank passes the parts of a fused all-reduce with the same lengths in the same order")]
     PartsMismatch {
-        /// The call (`all_reduce`).
+        /// The call (`all_reduce_parts`).
         op: &'static str,
         /// The group's first rank, counted in the world.
         rank: usize,

@@ -648,13 +648,13 @@ impl Communicator for LocalComm {
     }
 
     fn all_reduce_parts(&self, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
-        self.ensure_alive("all_reduce")?;
-        let Some(dtype) = crate::comm::parts_dtype(parts, self.world_rank())? else {
-            return self.all_reduce(BufMut::F32(&mut []), op);
-        };
+        self.ensure_alive("all_reduce_parts")?;
+        // Mixed types fail the world, so that the peers' calls end at once too.
+        let dtype = crate::comm::parts_dtype(parts, self.world_rank()).map_err(|e| self.fail(e))?.unwrap_or(DType::F32);
         let (n, es) = (self.n(), dtype.size());
         let len: usize = parts.iter().map(BufMut::len).sum();
-        let mut desc = self.desc("all_reduce", Some(dtype), len, len);
+        // A call of its own name: a peer calling `all_reduce` at this point is a mismatch.
+        let mut desc = self.desc("all_reduce_parts", Some(dtype), len, len);
         desc.reduce = Some(op);
         if n == 1 {
             return Ok(());
@@ -675,7 +675,7 @@ impl Communicator for LocalComm {
                 _ => (t.len(), tables[0].len()),
             };
             Some(CommError::PartsMismatch {
-                op: "all_reduce",
+                op: "all_reduce_parts",
                 rank: self.group.members[0],
                 peer: self.group.members[k],
                 part,

@@ -149,6 +149,17 @@ fn parts_of_different_lengths_or_types_are_errors_on_every_rank() {
     let msg = out.unwrap_err().to_string();
     assert!(msg.contains("part 0 holds 4 elements on rank 1 but 6 on rank 0"), "{msg}");
     assert!(seen.iter().all(|s| s.as_deref().is_some_and(|s| s.contains("part 0 holds 4"))), "{seen:?}");
+    // A plain all-reduce beside an all-reduce of parts of the same total: a mismatch.
+    let out = LocalComm::run(2, |comm| {
+        let mut v = [1f32; 4];
+        if comm.rank() == 0 {
+            comm.all_reduce((&mut v[..]).into(), ReduceOp::Sum)
+        } else {
+            comm.all_reduce_parts(&mut [(&mut v[..]).into()], ReduceOp::Sum)
+        }
+    });
+    let msg = out.unwrap_err().to_string();
+    assert!(msg.contains("ranks called different collectives") && msg.contains("all_reduce_parts"), "{msg}");
     // Parts of two element types in one call.
     let out = LocalComm::run(2, |comm| {
         let (mut a, mut b) = (vec![1f32; 3], vec![1f64; 3]);

@@ -184,7 +184,7 @@ impl Flat {
     fn blocks_first(x: &Tensor, dim: usize, g: usize) -> Result<Self> {
         let flat = Flat::of(x)?;
         let outer: usize = x.shape()[..dim].iter().product();
-        Ok(if outer == 1 { flat } else { flat.regroup(outer, g, x.numel() / outer / g) })
+        Ok(if outer <= 1 || x.numel() == 0 { flat } else { flat.regroup(outer, g, x.numel() / outer / g) })
     }
 
     /// The inverse of [`Flat::blocks_first`]: `g` pieces of `piece` shape stacked in rank
@@ -193,7 +193,8 @@ impl Flat {
         let outer: usize = piece[..dim].iter().product();
         let mut shape = piece.to_vec();
         shape[dim] *= g;
-        let joined = if outer == 1 { self } else { self.regroup(g, outer, piece.iter().product::<usize>() / outer) };
+        let len: usize = piece.iter().product();
+        let joined = if outer <= 1 || len == 0 { self } else { self.regroup(g, outer, len / outer) };
         joined.into_tensor(&shape)
     }
 
@@ -432,6 +433,19 @@ mod tests {
                             "all_to_all g {g} {dim} -> {concat_dim}"
                         );
                     }
+                }
+                // Empty tensors (a zero-sized axis before the op's).
+                let empty = Tensor::zeros(&[0, 6], DType::F64);
+                for dim in 0..2 {
+                    let gather = AllGather { dim, group: group.clone() };
+                    let got = execute(CollectiveOp::AllGather(&gather), "AllGather", "t", &empty, &[], &groups)?;
+                    assert_eq!(got.shape(), if dim == 0 { vec![0, 6] } else { vec![0, 6 * g] }, "all_gather of an empty tensor");
+                    let scatter = ReduceScatter { op: ReduceOp::Sum, dim: 1, group: group.clone() };
+                    let got = execute(CollectiveOp::ReduceScatter(&scatter), "ReduceScatter", "t", &empty, &[0, 6 / g], &groups)?;
+                    assert_eq!(got.numel(), 0);
+                    let a2a = AllToAll { split_dim: 1, concat_dim: dim, group: group.clone() };
+                    let got = execute(CollectiveOp::AllToAll(&a2a), "AllToAll", "t", &empty, &[], &groups)?;
+                    assert_eq!(got.numel(), 0);
                 }
                 // A strided input (a transposed view) is sent in row-major order.
                 let t = sh::transpose(&xs[r], &[1, 0, 2]).unwrap();

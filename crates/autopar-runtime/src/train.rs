@@ -20,7 +20,8 @@ pub struct StepOutput {
     pub loss: Tensor,
     /// Synchronised gradients by parameter name.
     pub grads: Vec<(String, Tensor)>,
-    /// The run's statistics (timings when profiling, peak live memory).
+    /// The run's statistics (timings when profiling, peak live memory); its `values` are
+    /// empty (they became `loss` and `grads`).
     pub run: RunOutput,
 }
 
@@ -315,7 +316,8 @@ pub(crate) fn sync_bucket(
         .ok_or_else(|| RuntimeError::NeedsCommunicator { kind: "AllReduce", name: "gradient bucket".into(), group: b.group.clone() })?
         .get(&b.group)?;
     let dtype = tensor_dtype(b.dtype);
-    if buffer.grads.iter().all(|&i| grads[i].1.dtype() == dtype) {
+    let distinct = buffer.grads.iter().enumerate().all(|(k, i)| !buffer.grads[..k].contains(i));
+    if distinct && buffer.grads.iter().all(|&i| grads[i].1.dtype() == dtype) {
         match dtype {
             DType::F32 => return reduce_in_place::<f32>(comm, grads, &buffer.grads, b),
             DType::F64 => return reduce_in_place::<f64>(comm, grads, &buffer.grads, b),

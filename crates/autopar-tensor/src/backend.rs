@@ -43,8 +43,8 @@ pub struct Cpu;
 pub static CPU: Cpu = Cpu;
 
 /// `c := a*b`, or `c += a*b` when `accumulate`. Without `accumulate`, every element of `c` is
-/// written and none is read (nor referenced), so `c` may view uninitialised memory
-/// ([`gemm_cpu_new`]).
+/// written and none is read, so `c` may view uninitialised memory when it is not a vector
+/// ([`gemm_cpu_new`]; the gemm crate's matrix-vector path makes a slice of the output).
 fn gemm_cpu<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     parallel: bool,
     a: ArrayView2<'_, T>,
@@ -161,6 +161,13 @@ fn gemm_cpu_new<T: 'static + Copy + num_traits::Zero + num_traits::One>(
     b: ArrayView2<'_, T>,
 ) -> Array2<T> {
     let (m, n) = (a.nrows(), b.ncols());
+    if m <= 1 || n <= 1 {
+        // A vector: the gemm crate's matrix-vector kernels take the output as a slice, which
+        // must not hold uninitialised values; its fill costs nothing beside the product.
+        let mut c = Array2::zeros((m, n));
+        gemm_cpu(parallel, a, b, c.view_mut(), false);
+        return c;
+    }
     let mut c = Array2::<T>::uninit((m, n));
     // SAFETY: the view covers `c`'s own (row-major, m x n) buffer; `gemm_cpu` without
     // `accumulate` writes every element of it and reads none, so `c` is initialised after.
@@ -370,7 +377,7 @@ mod tests {
     fn a_new_product_is_every_element_written_over_whatever_memory_it_gets() {
         // `gemm_new` skips the zero fill; the allocator hands back freed NaN-filled buffers of
         // the same size, so an element left unwritten (or read before written) shows as NaN.
-        for (m, k, n) in [(16, 40, 24), (48, 8, 20), (3, 5, 4), (1, 30, 17), (5, 0, 7)] {
+        for (m, k, n) in [(16, 40, 24), (48, 8, 20), (3, 5, 4), (1, 30, 17), (5, 0, 7), (7, 1, 20), (7, 2, 20), (9, 30, 1)] {
             for (a_cols, b_cols) in (0..4).map(|i| (i & 1 == 1, i & 2 == 2)) {
                 let (a, b) = (filled((m, k), a_cols, 0.1), filled((k, n), b_cols, 0.7));
                 let want = naive(&a, &b);
