@@ -18,6 +18,9 @@ use autopar_runtime::{LrSchedule, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
+#[path = "../../autopar/benches/common/mesh24.rs"]
+mod mesh24;
+
 const WARMUP: usize = 3;
 const STEPS: usize = 20;
 
@@ -86,20 +89,8 @@ fn main() {
             continue;
         }
         let (mut g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
-        // (2, 4): batch split 2 ways, the hidden layers 4 ways (column- then row-parallel),
-        // every op of a layer with its strategy (an op left out would take the default, the
-        // batch split 8 ways, and redistributions around it).
-        for (op, s) in [
-            ("fc1.matmul", "((2,1),(4,1))"),
-            ("fc1.bias_add", "((2,4),(4,))"),
-            ("relu1", "((2,4),)"),
-            ("fc2.matmul", "((2,4),(1,4))"),
-            ("fc2.bias_add", "((2,1),(1,))"),
-            ("relu2", "((2,1),)"),
-            ("fc3.matmul", "((2,1),(1,1))"),
-            ("fc3.bias_add", "((2,1),(1,))"),
-            ("loss", "((2,1),(2,))"),
-        ] {
+        // (2, 4): batch split 2 ways, the hidden layers 4 ways (column- then row-parallel).
+        for (op, s) in mesh24::MESH_2X4 {
             m.shard_graph(&mut g, op, s.parse::<Strategy>().unwrap()).unwrap();
         }
         let semi = ParallelJob::new(g, m.loss, ctx(8, "semi_auto_parallel")).unwrap();

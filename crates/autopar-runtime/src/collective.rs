@@ -224,6 +224,19 @@ fn slice_buf(x: &Tensor) -> Option<Buf<'_>> {
     }
 }
 
+/// An error unless `x` has an axis `dim` (argument `name` of `op`).
+fn check_axis(x: &Tensor, dim: usize, op: &'static str, name: &'static str) -> std::result::Result<(), autopar_tensor::TensorError> {
+    if dim >= x.rank() {
+        return Err(autopar_tensor::TensorError::InvalidArgument {
+            op,
+            name,
+            value: format!("{dim} for shape {:?}", x.shape()),
+            expected: "an axis of the input",
+        });
+    }
+    Ok(())
+}
+
 /// An error unless axis `dim` of `x` exists and splits into `g` equal blocks.
 fn check_split(x: &Tensor, dim: usize, g: usize) -> std::result::Result<(), autopar_tensor::TensorError> {
     if dim >= x.rank() || !x.shape()[dim].is_multiple_of(g) {
@@ -272,14 +285,7 @@ pub fn execute(
         CollectiveOp::AllGather(a) => {
             let comm = groups.get(&a.group)?;
             let g = comm.size();
-            if a.dim >= x.rank() {
-                return Err(k(autopar_tensor::TensorError::InvalidArgument {
-                    op: "all_gather",
-                    name: "dim",
-                    value: format!("{} for shape {:?}", a.dim, x.shape()),
-                    expected: "an axis of the input",
-                }));
-            }
+            check_axis(x, a.dim, "all_gather", "dim").map_err(k)?;
             // A row-major input is sent as it is; the stacked pieces are joined along the
             // op's axis (a no-op for the leading one).
             let copy;
@@ -313,14 +319,7 @@ pub fn execute(
             check_split(x, a.split_dim, g).map_err(k)?;
             let mut piece = x.shape().to_vec();
             piece[a.split_dim] /= g;
-            if a.concat_dim >= piece.len() {
-                return Err(k(autopar_tensor::TensorError::InvalidArgument {
-                    op: "all_to_all",
-                    name: "concat_dim",
-                    value: format!("{} for shape {:?}", a.concat_dim, x.shape()),
-                    expected: "an axis of the input",
-                }));
-            }
+            check_axis(x, a.concat_dim, "all_to_all", "concat_dim").map_err(k)?;
             let send = Flat::blocks_first(x, a.split_dim, g)?;
             let mut recv = Flat::zeros(x.dtype(), x.numel());
             comm.all_to_all(send.buf(), recv.buf_mut()).map_err(c())?;

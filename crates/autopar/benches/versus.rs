@@ -28,6 +28,9 @@ use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNet
 use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore, Sgd, TrainStep};
 use autopar_tensor::Tensor;
 
+#[path = "common/mesh24.rs"]
+mod mesh24;
+
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -186,17 +189,7 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
         }
         Parallel::Mesh24 { .. } => {
             ctx.set("parallel_mode", &serde_json::json!("semi_auto_parallel")).expect("mode");
-            for (op, st) in [
-                ("fc1.matmul", "((2,1),(4,1))"),
-                ("fc1.bias_add", "((2,4),(4,))"),
-                ("relu1", "((2,4),)"),
-                ("fc2.matmul", "((2,4),(1,4))"),
-                ("fc2.bias_add", "((2,1),(1,))"),
-                ("relu2", "((2,1),)"),
-                ("fc3.matmul", "((2,1),(1,1))"),
-                ("fc3.bias_add", "((2,1),(1,))"),
-                ("loss", "((2,1),(2,))"),
-            ] {
+            for (op, st) in mesh24::MESH_2X4 {
                 m.shard_graph(&mut g, op, st.parse().expect("strategy")).expect("shard");
             }
         }
