@@ -241,7 +241,7 @@ impl PlanReport<'_> {
             let _ = writeln!(s, "  strategies from {}", f.display());
         }
         let _ = writeln!(s, "\noperators");
-        let _ = writeln!(s, "  {:<34} {:<22} {:<26} {:<8} {:<40} in-op", "name", "op", "strategy", "source", "inputs -> output");
+        let mut rows = vec![["name", "op", "strategy", "source", "inputs -> output", "in-op"].map(String::from)];
         for p in &plan.nodes {
             let node = plan.graph.node(p.id);
             if node.op.is_leaf() {
@@ -250,17 +250,16 @@ impl PlanReport<'_> {
             let strategy = p.strategy.as_ref().map(|x| x.to_string()).unwrap_or_else(|| "-".into());
             let ins: Vec<String> = p.inputs.iter().map(|l| l.to_string()).collect();
             let out = format!("{}{}", p.output, if p.output.is_partial() { " (partial)" } else { "" });
-            let _ = writeln!(
-                s,
-                "  {:<34} {:<22} {:<26} {:<8} {:<40} {}",
-                p.name,
-                p.kind,
+            rows.push([
+                p.name.clone(),
+                p.kind.to_string(),
                 strategy,
-                p.source.map(|x| x.name()).unwrap_or("-"),
+                p.source.map(|x| x.name()).unwrap_or("-").to_string(),
                 format!("{:?} {} -> {}", p.output.mesh().dims(), ins.join(" "), out),
-                p.sync.describe()
-            );
+                p.sync.describe(),
+            ]);
         }
+        s.push_str(&aligned(&rows));
         if let Some(r) = &plan.search {
             s.push_str(&search_text(r));
         }
@@ -724,4 +723,31 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
         }
     }
     s
+}
+
+/// `rows` (the first one the header) as text columns, each as wide as its longest cell, two
+/// spaces of indent; the last column is not padded.
+fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut s = String::new();
+    for r in rows {
+        let cells: Vec<String> =
+            r.iter().zip(&widths).enumerate().map(|(c, (v, &w))| if c + 1 == N { v.clone() } else { format!("{v:<w$}") }).collect();
+        let _ = writeln!(s, "  {}", cells.join(" ").trim_end());
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::aligned;
+
+    #[test]
+    fn columns_are_as_wide_as_their_longest_cell() {
+        let rows = [["name", "op", "in-op"].map(String::from), ["loss", "SoftmaxCrossEntropyWithLogits", ""].map(String::from)];
+        let text = aligned(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], format!("  name {:<29} in-op", "op"));
+        assert_eq!(lines[1], "  loss SoftmaxCrossEntropyWithLogits");
+    }
 }
