@@ -108,9 +108,8 @@ impl TrainStep {
     pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
         let collectives = self.collectives(comm);
         let executor = &self.executor;
-        let out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
+        let mut out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
         self.step += 1;
-        let mut out = out;
         // The values move out of the run's output, so the gradients are their tensors' only
         // owners and a bucket reduces them in place.
         let mut values = std::mem::take(&mut out.values).into_iter();
@@ -366,8 +365,7 @@ fn reduce_in_place<T: autopar_tensor::Float + autopar_comm::Element>(
         .map_err(RuntimeError::comm(CommPhase::GradientSync { group: b.group.clone() }))?;
     drop(parts);
     if b.scale != 1.0 {
-        let c = <T as autopar_tensor::Element>::from_f64(b.scale);
-        slices.into_iter().flatten().for_each(|v| *v *= c);
+        slices.into_iter().for_each(|s| scale_slice(s, b.scale));
     }
     Ok(())
 }
@@ -425,8 +423,7 @@ fn reduce_packed<T: autopar_tensor::Element + autopar_comm::Element>(
 /// `flat *= scale` in place for an f32 or f64 tensor; false (nothing done) for other dtypes.
 fn scale_in_place(flat: &mut Tensor, scale: f64) -> bool {
     fn run<F: autopar_tensor::Float>(flat: &mut Tensor, scale: f64) -> bool {
-        let c = <F as autopar_tensor::Element>::from_f64(scale);
-        flat.as_mut_slice::<F>().expect("dtype checked").iter_mut().for_each(|v| *v *= c);
+        scale_slice(flat.as_mut_slice::<F>().expect("dtype checked"), scale);
         true
     }
     match flat.dtype() {
@@ -434,6 +431,12 @@ fn scale_in_place(flat: &mut Tensor, scale: f64) -> bool {
         DType::F64 => run::<f64>(flat, scale),
         DType::F16 | DType::BF16 | DType::I32 | DType::I64 => false,
     }
+}
+
+/// `v *= scale` in the element type (the factor rounded to it once).
+fn scale_slice<F: autopar_tensor::Float>(v: &mut [F], scale: f64) {
+    let c = <F as autopar_tensor::Element>::from_f64(scale);
+    v.iter_mut().for_each(|x| *x *= c);
 }
 
 /// `loss`, or an error when training has diverged (a NaN or infinite loss).
