@@ -237,17 +237,10 @@ fn check_axis(x: &Tensor, dim: usize, op: &'static str, name: &'static str) -> s
     Ok(())
 }
 
-/// An error unless axis `dim` of `x` exists and splits into `g` equal blocks.
+/// An error unless axis `dim` of `x` exists and splits into `g` equal blocks (the shape
+/// kernels' own check: their zero-copy split, dropped).
 fn check_split(x: &Tensor, dim: usize, g: usize) -> std::result::Result<(), autopar_tensor::TensorError> {
-    if dim >= x.rank() || !x.shape()[dim].is_multiple_of(g) {
-        return Err(autopar_tensor::TensorError::InvalidArgument {
-            op: "split",
-            name: "parts",
-            value: format!("{g} for axis {dim} of shape {:?}", x.shape()),
-            expected: "a divisor of the dimension",
-        });
-    }
-    Ok(())
+    autopar_tensor::kernels::shape::split(x, dim as isize, g).map(drop)
 }
 
 /// Execute communication op `op` (node `name`) on input `x` (the rank's local value);
