@@ -37,8 +37,27 @@ pub trait Communicator: Send {
     }
     /// Concatenate every rank's `send` in rank order into `recv` (`size()` times as long).
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
+    /// All-gather each of `send` into the `recv` part of the same index (`size()` times as
+    /// long: every rank's `send[i]` in rank order), as one all-gather of the concatenated
+    /// sends (a fused bucket of sharded parameters): every rank passes parts of one element
+    /// type with the same lengths in the same order. By default the sends are copied into one
+    /// buffer and the result out of one; [`crate::LocalComm`] copies each part from where it
+    /// lies to where it goes.
+    fn all_gather_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>]) -> Result<()> {
+        packed_all_gather(self, send, recv)
+    }
     /// Reduce `send` (`size()` equal blocks) over all ranks; rank r keeps block r in `recv`.
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()>;
+    /// Reduce-scatter each of `send` (`size()` equal blocks) into the `recv` part of the same
+    /// index (rank r keeps block r), as one reduce-scatter of a buffer holding, for each rank
+    /// in turn, its block of every part (a fused bucket of gradients): the same bits, the same
+    /// rules as [`all_gather_parts`]. By default packed; [`crate::LocalComm`] reduces the
+    /// blocks where they lie.
+    ///
+    /// [`all_gather_parts`]: Communicator::all_gather_parts
+    fn reduce_scatter_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        packed_reduce_scatter(self, send, recv, op)
+    }
     /// Copy `buf` of rank `root` into `buf` of every rank.
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()>;
     /// Block j of `send` goes to rank j; block i of `recv` comes from rank i (`size()` equal
@@ -65,14 +84,39 @@ impl std::fmt::Debug for dyn Communicator + '_ {
 
 /// The element type shared by `parts` (None when there are none), or an error naming the first
 /// part of another type; `rank` (counted in the world) is the caller's, for the error.
-pub(crate) fn parts_dtype(parts: &[BufMut<'_>], rank: usize) -> Result<Option<DType>> {
-    let Some(first) = parts.first().map(BufMut::dtype) else {
+pub(crate) fn parts_dtype(op: &'static str, parts: impl IntoIterator<Item = DType>, rank: usize) -> Result<Option<DType>> {
+    let mut parts = parts.into_iter().enumerate();
+    let Some((_, first)) = parts.next() else {
         return Ok(None);
     };
-    match parts.iter().position(|p| p.dtype() != first) {
-        Some(part) => Err(CommError::MixedParts { op: "all_reduce_parts", rank, part, got: parts[part].dtype(), expected: first }),
+    match parts.find(|&(_, d)| d != first) {
+        Some((part, got)) => Err(CommError::MixedParts { op, rank, part, got, expected: first }),
         None => Ok(Some(first)),
     }
+}
+
+/// The checks of a call of parts on its own rank ([`Communicator::all_gather_parts`],
+/// [`Communicator::reduce_scatter_parts`]): as many receive parts as send parts, one element
+/// type, and each receive part `size()` times (gather) or `1 / size()` of (scatter) its send
+/// part. Returns the element type (None: no parts).
+pub(crate) fn check_parts(c: &Check<'_>, send: &[Buf<'_>], recv: &[BufMut<'_>], gather: bool) -> Result<Option<DType>> {
+    c.len("list of receive parts", recv.len(), send.len(), "pass one receive part for each send part")?;
+    let dtype = parts_dtype(c.op, send.iter().map(Buf::dtype), c.rank)?;
+    for (s, r) in send.iter().zip(recv) {
+        c.same_dtype(s, r)?;
+        if gather {
+            c.len(
+                "receive part",
+                r.len(),
+                s.len() * c.size,
+                "each receive part holds its send part from every rank: recv = send x group size",
+            )?;
+        } else {
+            c.divisible("send part", s.len())?;
+            c.len("receive part", r.len(), s.len() / c.size, "each send part holds one block per rank: recv = send / group size")?;
+        }
+    }
+    Ok(dtype)
 }
 
 /// [`Communicator::all_reduce_parts`] through one packed buffer: the parts copied in, one
@@ -93,7 +137,7 @@ pub(crate) fn packed_all_reduce<C: Communicator + ?Sized>(comm: &C, parts: &mut 
         Ok(())
     }
     let rank = comm.world_ranks().get(comm.rank()).copied().unwrap_or(comm.rank());
-    match parts_dtype(parts, rank)? {
+    match parts_dtype("all_reduce_parts", parts.iter().map(BufMut::dtype), rank)? {
         // No parts: still one (empty) collective, so every rank counts the same calls.
         None => comm.all_reduce(BufMut::F32(&mut []), op),
         Some(DType::F16) => packed::<half::f16, C>(comm, parts, op),
@@ -103,6 +147,91 @@ pub(crate) fn packed_all_reduce<C: Communicator + ?Sized>(comm: &C, parts: &mut 
         Some(DType::I32) => packed::<i32, C>(comm, parts, op),
         Some(DType::I64) => packed::<i64, C>(comm, parts, op),
     }
+}
+
+/// The part lengths of `send`, and their sum.
+fn part_lens(send: &[Buf<'_>]) -> (Vec<usize>, usize) {
+    let lens: Vec<usize> = send.iter().map(Buf::len).collect();
+    let total = lens.iter().sum();
+    (lens, total)
+}
+
+/// Calls `$f::<T, C>(...)` for the element type `$dtype` (None: f32, an empty call).
+macro_rules! for_dtype {
+    ($dtype:expr, $f:ident, $($arg:expr),*) => {
+        match $dtype.unwrap_or(DType::F32) {
+            DType::F16 => $f::<half::f16, C>($($arg),*),
+            DType::BF16 => $f::<half::bf16, C>($($arg),*),
+            DType::F32 => $f::<f32, C>($($arg),*),
+            DType::F64 => $f::<f64, C>($($arg),*),
+            DType::I32 => $f::<i32, C>($($arg),*),
+            DType::I64 => $f::<i64, C>($($arg),*),
+        }
+    };
+}
+
+/// [`Communicator::all_gather_parts`] through one packed buffer: the sends concatenated, one
+/// [`Communicator::all_gather`], each rank's pieces copied out to their parts.
+pub(crate) fn packed_all_gather<C: Communicator + ?Sized>(comm: &C, send: &[Buf<'_>], recv: &mut [BufMut<'_>]) -> Result<()> {
+    fn packed<T: Element, C: Communicator + ?Sized>(comm: &C, send: &[Buf<'_>], recv: &mut [BufMut<'_>]) -> Result<()> {
+        let (lens, total) = part_lens(send);
+        let mut flat: Vec<T> = Vec::with_capacity(total);
+        for p in send {
+            flat.extend_from_slice(T::from_buf(p).expect("the parts share the element type"));
+        }
+        let mut all = vec![T::narrow(T::Acc::default()); total * comm.size()];
+        comm.all_gather(T::buf(&flat), T::buf_mut(&mut all))?;
+        let es = std::mem::size_of::<T>();
+        let mut at = 0;
+        for (r, len) in recv.iter_mut().zip(lens) {
+            if len > 0 {
+                for (k, block) in r.as_bytes_mut().chunks_exact_mut(len * es).enumerate() {
+                    block.copy_from_slice(T::buf(&all[k * total + at..k * total + at + len]).as_bytes());
+                }
+            }
+            at += len;
+        }
+        Ok(())
+    }
+    let dtype = check_parts(&own_check(comm, "all_gather_parts"), send, recv, true)?;
+    for_dtype!(dtype, packed, comm, send, recv)
+}
+
+/// [`Communicator::reduce_scatter_parts`] through one packed buffer: for each rank in turn its
+/// block of every part, one [`Communicator::reduce_scatter`], the result copied out to the parts.
+pub(crate) fn packed_reduce_scatter<C: Communicator + ?Sized>(
+    comm: &C,
+    send: &[Buf<'_>],
+    recv: &mut [BufMut<'_>],
+    op: ReduceOp,
+) -> Result<()> {
+    fn packed<T: Element, C: Communicator + ?Sized>(comm: &C, send: &[Buf<'_>], recv: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        let n = comm.size();
+        let lens: Vec<usize> = recv.iter().map(BufMut::len).collect();
+        let total: usize = lens.iter().sum();
+        let mut flat: Vec<T> = Vec::with_capacity(total * n);
+        for k in 0..n {
+            for (p, &len) in send.iter().zip(&lens) {
+                flat.extend_from_slice(&T::from_buf(p).expect("the parts share the element type")[k * len..(k + 1) * len]);
+            }
+        }
+        let mut mine = vec![T::narrow(T::Acc::default()); total];
+        comm.reduce_scatter(T::buf(&flat), T::buf_mut(&mut mine), op)?;
+        let mut at = 0;
+        for (r, len) in recv.iter_mut().zip(lens) {
+            r.as_bytes_mut().copy_from_slice(T::buf(&mine[at..at + len]).as_bytes());
+            at += len;
+        }
+        Ok(())
+    }
+    let dtype = check_parts(&own_check(comm, "reduce_scatter_parts"), send, recv, false)?;
+    for_dtype!(dtype, packed, comm, send, recv, op)
+}
+
+/// The checks of `op` on the caller's rank, for a default method that knows only the trait.
+fn own_check<'a, C: Communicator + ?Sized>(comm: &'a C, op: &'static str) -> Check<'a> {
+    let world = comm.world_ranks();
+    Check { op, rank: world.get(comm.rank()).copied().unwrap_or(comm.rank()), size: comm.size(), _world: world }
 }
 
 /// The arguments a collective checks on its own rank before it talks to anyone.

@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use autopar_layout::DeviceMatrix;
 
 use crate::comm::Communicator;
-use crate::dtype::{reduce_serial, Buf, DType, Element, ReduceOp};
+use crate::dtype::{reduce_serial, Buf, BufMut, DType, Element, ReduceOp};
 use crate::error::{CommError, Result};
 
 /// Odd and awkward lengths: one element, fewer elements than ranks, not a multiple of the cache
@@ -194,13 +194,50 @@ fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
             let mut parts = Vec::new();
             for &l in &lens {
                 let (part, tail) = rest.split_at_mut(l);
-                parts.push(crate::dtype::BufMut::from(part));
+                parts.push(BufMut::from(part));
                 rest = tail;
             }
             comm.all_reduce_parts(&mut parts, op)?;
         }
         let want: Vec<T> = (0..total).map(|i| reduce_serial(&(0..n).map(|r| rough(r, i)).collect::<Vec<_>>(), op)).collect();
         cx.expect_bits(|| format!("all_reduce_parts {op} {dt} parts {lens:?} on {n} ranks (rank-order bits)"), &mine, &want)?;
+    }
+    // all_gather_parts / reduce_scatter_parts: the bits of one all_gather / reduce_scatter of
+    // the packed parts (odd lengths, an empty one among them).
+    let lens = [37usize, 0, 1, 2053, 3];
+    {
+        let salt = cx.next_salt();
+        let value = |r: usize, p: usize, i: usize| T::rough(mix(salt, r, p * 4096 + i));
+        let send: Vec<Vec<T>> = lens.iter().enumerate().map(|(p, &l)| (0..l).map(|i| value(me, p, i)).collect()).collect();
+        let mut recv: Vec<Vec<T>> = lens.iter().map(|&l| vec![T::from_k(0); l * n]).collect();
+        {
+            let send: Vec<Buf<'_>> = send.iter().map(|v| T::buf(v)).collect();
+            let mut recv: Vec<BufMut<'_>> = recv.iter_mut().map(|v| T::buf_mut(v)).collect();
+            comm.all_gather_parts(&send, &mut recv)?;
+        }
+        for (p, &l) in lens.iter().enumerate() {
+            let want: Vec<T> = (0..n).flat_map(|r| (0..l).map(move |i| value(r, p, i))).collect();
+            cx.expect_bits(|| format!("all_gather_parts {dt} part {p} of {lens:?} on {n} ranks"), &recv[p], &want)?;
+        }
+    }
+    for op in [ReduceOp::Sum, ReduceOp::Max] {
+        let salt = cx.next_salt();
+        let value = |r: usize, p: usize, i: usize| T::rough(mix(salt, r, p * 65536 + i));
+        let send: Vec<Vec<T>> = lens.iter().enumerate().map(|(p, &l)| (0..l * n).map(|i| value(me, p, i)).collect()).collect();
+        let mut recv: Vec<Vec<T>> = lens.iter().map(|&l| vec![T::from_k(0); l]).collect();
+        {
+            let send: Vec<Buf<'_>> = send.iter().map(|v| T::buf(v)).collect();
+            let mut recv: Vec<BufMut<'_>> = recv.iter_mut().map(|v| T::buf_mut(v)).collect();
+            comm.reduce_scatter_parts(&send, &mut recv, op)?;
+        }
+        for (p, &l) in lens.iter().enumerate() {
+            let want: Vec<T> = (0..l).map(|i| reduce_serial(&(0..n).map(|r| value(r, p, me * l + i)).collect::<Vec<_>>(), op)).collect();
+            cx.expect_bits(
+                || format!("reduce_scatter_parts {op} {dt} part {p} of {lens:?} on {n} ranks (rank-order bits)"),
+                &recv[p],
+                &want,
+            )?;
+        }
     }
     // all_gather
     for len in [1, 3, 37] {

@@ -84,10 +84,10 @@ pub enum CommError {
         recv: DType,
     },
 
-    /// The parts of one all-reduce have different element types.
-    #[error("{op} on rank {rank}: part {part} is {got}, part 0 is {expected}\nhint: the parts of one all_reduce_parts call share an element type; reduce each type in a call of its own")]
+    /// The parts of one call of parts have different element types.
+    #[error("{op} on rank {rank}: part {part} is {got}, part 0 is {expected}\nhint: the parts of one {op} call share an element type; pass each type in a call of its own")]
     MixedParts {
-        /// The call (`all_reduce_parts`).
+        /// The call (`all_reduce_parts`, `all_gather_parts`, `reduce_scatter_parts`).
         op: &'static str,
         /// The rank that saw the problem, counted in the world.
         rank: usize,
@@ -99,10 +99,10 @@ pub enum CommError {
         expected: DType,
     },
 
-    /// Ranks passed parts of different lengths to one all-reduce of parts.
-    #[error("{op}: part {part} holds {got} elements on rank {peer} but {expected} on rank {rank}\nhint: every rank passes the parts of a fused all-reduce with the same lengths in the same order")]
+    /// Ranks passed parts of different lengths to one call of parts.
+    #[error("{op}: part {part} holds {got} elements on rank {peer} but {expected} on rank {rank}\nhint: every rank passes the parts of a fused {op} with the same lengths in the same order")]
     PartsMismatch {
-        /// The call (`all_reduce_parts`).
+        /// The call (`all_reduce_parts`, `all_gather_parts`, `reduce_scatter_parts`).
         op: &'static str,
         /// The group's first rank, counted in the world.
         rank: usize,

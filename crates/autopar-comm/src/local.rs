@@ -538,6 +538,35 @@ impl LocalComm {
         Ok(slots)
     }
 
+    /// A call of parts: publish this rank's `table` (each part's address and elements), wait
+    /// for every rank, check that every table has the first one's lengths, run `f` over all
+    /// ranks' tables (in rank order) and leave after the final barrier, so that a peer may
+    /// read this rank's parts until then. A length mismatch is an error on every rank.
+    fn with_tables<R>(&self, desc: CallDesc, table: &[(*mut u8, usize)], f: impl FnOnce(&[&[(*mut u8, usize)]]) -> R) -> Result<R> {
+        let slots =
+            self.exchange_slot(Slot { desc, send: std::ptr::null(), recv: std::ptr::null_mut(), parts: (table.as_ptr(), table.len()) })?;
+        // SAFETY: every peer's table lives until it leaves this call, after the final barrier;
+        // the tables are only read.
+        let tables: Vec<&[(*mut u8, usize)]> = slots.iter().map(|s| unsafe { std::slice::from_raw_parts(s.parts.0, s.parts.1) }).collect();
+        // Every rank compares every table with the first one's, so all ranks see the same
+        // mismatch; they leave the call together, after the final barrier (a peer may still
+        // be reading this rank's table).
+        let mismatch = tables.iter().enumerate().skip(1).find_map(|(k, t)| {
+            let part = (0..t.len().max(tables[0].len())).find(|&p| t.get(p).map(|e| e.1) != tables[0].get(p).map(|e| e.1))?;
+            let (got, expected) = match (t.get(part), tables[0].get(part)) {
+                (Some(a), Some(b)) => (a.1, b.1),
+                _ => (t.len(), tables[0].len()),
+            };
+            Some(CommError::PartsMismatch { op: desc.op, rank: self.group.members[0], peer: self.group.members[k], part, got, expected })
+        });
+        let out = match mismatch {
+            Some(e) => Err(e),
+            None => Ok(f(&tables)),
+        };
+        self.done(&desc);
+        out
+    }
+
     /// A barrier of the group. `abortable`: may be left on failure, exited peer or timeout.
     fn wait(&self, desc: &CallDesc, abortable: bool) -> Result<()> {
         let g = &*self.group;
@@ -650,7 +679,9 @@ impl Communicator for LocalComm {
     fn all_reduce_parts(&self, parts: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
         self.ensure_alive("all_reduce_parts")?;
         // Mixed types fail the world, so that the peers' calls end at once too.
-        let dtype = crate::comm::parts_dtype(parts, self.world_rank()).map_err(|e| self.fail(e))?.unwrap_or(DType::F32);
+        let dtype = crate::comm::parts_dtype("all_reduce_parts", parts.iter().map(BufMut::dtype), self.world_rank())
+            .map_err(|e| self.fail(e))?
+            .unwrap_or(DType::F32);
         let (n, es) = (self.n(), dtype.size());
         let len: usize = parts.iter().map(BufMut::len).sum();
         // A call of its own name: a peer calling `all_reduce` at this point is a mismatch.
@@ -660,49 +691,63 @@ impl Communicator for LocalComm {
             return Ok(());
         }
         let table: Vec<(*mut u8, usize)> = parts.iter_mut().map(|p| (p.as_mut_ptr(), p.len())).collect();
-        let slots =
-            self.exchange_slot(Slot { desc, send: std::ptr::null(), recv: std::ptr::null_mut(), parts: (table.as_ptr(), table.len()) })?;
-        // SAFETY: every peer's table lives on its stack until it leaves this call, after the
-        // final barrier; the tables are only read.
-        let tables: Vec<&[(*mut u8, usize)]> = slots.iter().map(|s| unsafe { std::slice::from_raw_parts(s.parts.0, s.parts.1) }).collect();
-        // Every rank compares every table with the first one's, so all ranks see the same
-        // mismatch; they leave the call together, after the final barrier (a peer may still
-        // be reading this rank's table).
-        let mismatch = tables.iter().enumerate().skip(1).find_map(|(k, t)| {
-            let part = (0..t.len().max(tables[0].len())).find(|&p| t.get(p).map(|e| e.1) != tables[0].get(p).map(|e| e.1))?;
-            let (got, expected) = match (t.get(part), tables[0].get(part)) {
-                (Some(a), Some(b)) => (a.1, b.1),
-                _ => (t.len(), tables[0].len()),
-            };
-            Some(CommError::PartsMismatch {
-                op: "all_reduce_parts",
-                rank: self.group.members[0],
-                peer: self.group.members[k],
-                part,
-                got,
-                expected,
-            })
-        });
-        if let Some(e) = mismatch {
-            self.done(&desc);
-            return Err(e);
-        }
-        // This rank's chunk of the concatenation, reduced part by part where the parts lie.
-        let chunk = chunk_range(len, n, self.rank, es);
-        let mut at = 0;
-        for (p, &(_, part_len)) in tables[0].iter().enumerate() {
-            let (lo, hi) = (chunk.start.max(at), chunk.end.min(at + part_len));
-            if lo < hi {
-                let dsts: Vec<*mut u8> = tables.iter().map(|t| t[p].0).collect();
-                let srcs: Vec<*const u8> = dsts.iter().map(|&d| d as *const u8).collect();
-                // SAFETY: every peer is blocked in this call until the final barrier; these
-                // elements of every rank's part are read and written by this rank only.
-                unsafe { fold(dtype, &srcs, &dsts, lo - at..hi - at, op) };
+        self.with_tables(desc, &table, |tables| {
+            // This rank's chunk of the concatenation, reduced part by part where the parts lie.
+            let chunk = chunk_range(len, n, self.rank, es);
+            let mut at = 0;
+            for (p, &(_, part_len)) in tables[0].iter().enumerate() {
+                let (lo, hi) = (chunk.start.max(at), chunk.end.min(at + part_len));
+                if lo < hi {
+                    let dsts: Vec<*mut u8> = tables.iter().map(|t| t[p].0).collect();
+                    let srcs: Vec<*const u8> = dsts.iter().map(|&d| d as *const u8).collect();
+                    // SAFETY: every peer is blocked in this call until the final barrier;
+                    // these elements of every rank's part are read and written by this rank only.
+                    unsafe { fold(dtype, &srcs, &dsts, lo - at..hi - at, op) };
+                }
+                at += part_len;
             }
-            at += part_len;
-        }
-        self.done(&desc);
-        Ok(())
+        })
+    }
+
+    fn all_gather_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>]) -> Result<()> {
+        self.ensure_alive("all_gather_parts")?;
+        let dtype = crate::comm::check_parts(&self.check("all_gather_parts"), send, recv, true).map_err(|e| self.fail(e))?;
+        let es = dtype.map_or(0, DType::size);
+        let len: usize = send.iter().map(Buf::len).sum();
+        let desc = self.desc("all_gather_parts", dtype, len, len * self.n());
+        // Only read by the peers.
+        let table: Vec<(*mut u8, usize)> = send.iter().map(|p| (p.as_ptr() as *mut u8, p.len())).collect();
+        self.with_tables(desc, &table, |tables| {
+            for (p, out) in recv.iter_mut().enumerate() {
+                let bytes = tables[0][p].1 * es;
+                let out = out.as_mut_ptr();
+                for (k, t) in tables.iter().enumerate() {
+                    // SAFETY: the peers' send parts are live and unmodified until the final
+                    // barrier; `out` is this rank's, `size()` parts long (checked).
+                    unsafe { std::ptr::copy_nonoverlapping(t[p].0 as *const u8, out.add(k * bytes), bytes) };
+                }
+            }
+        })
+    }
+
+    fn reduce_scatter_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        self.ensure_alive("reduce_scatter_parts")?;
+        let dtype = crate::comm::check_parts(&self.check("reduce_scatter_parts"), send, recv, false).map_err(|e| self.fail(e))?;
+        let len: usize = send.iter().map(Buf::len).sum();
+        let mut desc = self.desc("reduce_scatter_parts", dtype, len, len / self.n());
+        desc.reduce = Some(op);
+        let table: Vec<(*mut u8, usize)> = send.iter().map(|p| (p.as_ptr() as *mut u8, p.len())).collect();
+        self.with_tables(desc, &table, |tables| {
+            let Some(dtype) = dtype else { return };
+            for (p, out) in recv.iter_mut().enumerate() {
+                let block = out.len();
+                let off = self.rank * block * dtype.size();
+                // SAFETY: the peers' send parts are read-only for everyone until the final
+                // barrier; `out` is this rank's, one block long (checked).
+                let srcs: Vec<*const u8> = tables.iter().map(|t| unsafe { (t[p].0 as *const u8).add(off) }).collect();
+                unsafe { fold(dtype, &srcs, &[out.as_mut_ptr()], 0..block, op) };
+            }
+        })
     }
 
     fn all_gather(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {

@@ -75,9 +75,17 @@ impl Communicator for Metered {
         self.record("all_gather", send.byte_len());
         self.inner.all_gather(send, recv)
     }
+    fn all_gather_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>]) -> Result<()> {
+        self.record("all_gather", send.iter().map(Buf::byte_len).sum());
+        self.inner.all_gather_parts(send, recv)
+    }
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.record("reduce_scatter", send.byte_len());
         self.inner.reduce_scatter(send, recv, op)
+    }
+    fn reduce_scatter_parts(&self, send: &[Buf<'_>], recv: &mut [BufMut<'_>], op: ReduceOp) -> Result<()> {
+        self.record("reduce_scatter", send.iter().map(Buf::byte_len).sum());
+        self.inner.reduce_scatter_parts(send, recv, op)
     }
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
         self.record("broadcast", buf.byte_len());

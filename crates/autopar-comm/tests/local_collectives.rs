@@ -138,3 +138,57 @@ fn more_ranks_than_cores_take_turns_on_the_cores() {
     assert!(most <= cores, "{most} of {n} ranks computed at once on {cores} cores");
     assert!(most >= 1);
 }
+
+/// LocalComm seen through the trait's required methods only: the default (packed) calls of
+/// parts, which MPI uses.
+struct Defaults(LocalComm);
+
+impl Communicator for Defaults {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn world_ranks(&self) -> &[usize] {
+        self.0.world_ranks()
+    }
+    fn backend(&self) -> &'static str {
+        "packed defaults over local"
+    }
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> autopar_comm::Result<()> {
+        self.0.all_reduce(buf, op)
+    }
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> autopar_comm::Result<()> {
+        self.0.all_gather(send, recv)
+    }
+    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> autopar_comm::Result<()> {
+        self.0.reduce_scatter(send, recv, op)
+    }
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> autopar_comm::Result<()> {
+        self.0.broadcast(buf, root)
+    }
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> autopar_comm::Result<()> {
+        self.0.all_to_all(send, recv)
+    }
+    fn send(&self, buf: Buf<'_>, dest: usize, tag: u32) -> autopar_comm::Result<()> {
+        self.0.send(buf, dest, tag)
+    }
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> autopar_comm::Result<()> {
+        self.0.recv(buf, src, tag)
+    }
+    fn barrier(&self) -> autopar_comm::Result<()> {
+        self.0.barrier()
+    }
+    fn split(&self, groups: &[Vec<usize>]) -> autopar_comm::Result<Option<Box<dyn Communicator>>> {
+        self.0.split(groups)
+    }
+}
+
+#[test]
+fn the_packed_default_calls_of_parts_match_the_serial_reference() {
+    for n in [1, 3, 4] {
+        let checks = LocalComm::run(n, |comm| run_suite(&Defaults(comm))).unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+        assert!(checks.iter().all(|&c| c > 100), "{n} ranks: {checks:?}");
+    }
+}

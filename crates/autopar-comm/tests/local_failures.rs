@@ -170,6 +170,46 @@ fn parts_of_different_lengths_or_types_are_errors_on_every_rank() {
 }
 
 #[test]
+fn gathers_and_scatters_of_parts_check_their_parts_on_every_rank() {
+    // Parts of different lengths on one rank (the same total): every rank sees the mismatch.
+    let (out, seen, took) = run_and_collect(3, |comm| {
+        let send = [1f32; 6];
+        let (a, b) = send.split_at(if comm.rank() == 2 { 2 } else { 3 });
+        let (mut ra, mut rb) = (vec![0f32; a.len() * 3], vec![0f32; b.len() * 3]);
+        comm.all_gather_parts(&[a.into(), b.into()], &mut [(&mut ra).into(), (&mut rb).into()])
+    });
+    assert!(took < QUICK, "{took:?}");
+    let msg = out.unwrap_err().to_string();
+    assert!(msg.contains("all_gather_parts: part 0 holds 2 elements on rank 2 but 3 on rank 0"), "{msg}");
+    assert!(seen.iter().all(|s| s.as_deref().is_some_and(|s| s.contains("part 0 holds 2"))), "{seen:?}");
+    let (out, _, took) = run_and_collect(2, |comm| {
+        let send = [1f64; 8];
+        let (a, b) = send.split_at(if comm.rank() == 1 { 2 } else { 4 });
+        let (mut ra, mut rb) = (vec![0f64; a.len() / 2], vec![0f64; b.len() / 2]);
+        comm.reduce_scatter_parts(&[a.into(), b.into()], &mut [(&mut ra).into(), (&mut rb).into()], ReduceOp::Sum)
+    });
+    assert!(took < QUICK, "{took:?}");
+    let msg = out.unwrap_err().to_string();
+    assert!(msg.contains("reduce_scatter_parts: part 0 holds 2 elements on rank 1 but 4 on rank 0"), "{msg}");
+    // A receive part of the wrong length, a send part that does not split, a missing part,
+    // mixed types: errors naming the rank and the facts, before anything is exchanged.
+    let fails = |f: &(dyn Fn(&LocalComm) -> Result<(), CommError> + Sync)| LocalComm::run(2, |comm| f(&comm)).unwrap_err().to_string();
+    let send = vec![1f32; 3];
+    let e = fails(&|comm| comm.all_gather_parts(&[(&send).into()], &mut [(&mut vec![0f32; 5]).into()]));
+    assert!(e.contains("all_gather_parts on rank") && e.contains("receive part holds 5 elements, expected 6"), "{e}");
+    let e = fails(&|comm| comm.reduce_scatter_parts(&[(&send).into()], &mut [(&mut vec![0f32; 1]).into()], ReduceOp::Sum));
+    assert!(e.contains("reduce_scatter_parts on rank") && e.contains("multiple of the group size"), "{e}");
+    let e = fails(&|comm| comm.all_gather_parts(&[(&send).into()], &mut []));
+    assert!(e.contains("list of receive parts holds 0 elements, expected 1"), "{e}");
+    let wide = vec![1f64; 3];
+    let e = fails(&|comm| {
+        let mut r = (vec![0f32; 6], vec![0f64; 6]);
+        comm.all_gather_parts(&[(&send).into(), (&wide).into()], &mut [(&mut r.0).into(), (&mut r.1).into()])
+    });
+    assert!(e.contains("part 1 is f64, part 0 is f32"), "{e}");
+}
+
+#[test]
 fn a_wrong_receive_buffer_names_the_rank_and_the_expected_length() {
     let out = LocalComm::run(4, |comm| {
         let send = vec![1.0f32; 3];

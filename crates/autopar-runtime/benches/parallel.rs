@@ -1,6 +1,6 @@
 //! Parallel training step of the MLP 784-512-512-10 on in-process ranks (`LocalComm`), the same
 //! global batch (64 and 128) everywhere: stand-alone (its kernels on every core), data_parallel
-//! on 2 and 8 ranks, and 8 simulated devices with a (2, 4) data x model strategy (each rank's
+//! on 2 and 8 ranks (also with the parallel optimizer), and 8 simulated devices with a (2, 4) data x model strategy (each rank's
 //! kernels on one thread). Prints ms/step, samples/s and the ratio to the stand-alone step
 //! (the goal: at most 1.3).
 //! Run: `cargo bench -p autopar-runtime --bench parallel` (`AUTOPAR_BENCH_ROWS=data_parallel`:
@@ -67,23 +67,30 @@ fn main() {
         "MLP 784-512-512-10, SGD, f32, {STEPS} steps after {WARMUP} warm-up; {} cores",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    println!("{:<46} {:>10} {:>12} {:>14}", "run", "ms/step", "samples/s", "x stand-alone");
+    println!("{:<56} {:>10} {:>12} {:>14}", "run", "ms/step", "samples/s", "x stand-alone");
     for global in [64usize, 128] {
         let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
         let alone = time_job(&ParallelJob::new(g, m.loss, ctx(1, "stand_alone")).unwrap(), &batch(global));
         let only = std::env::var("AUTOPAR_BENCH_ROWS").unwrap_or_default();
         let wanted = |name: &str| name.contains(only.as_str());
         let report = |name: String, secs: f64| {
-            println!("{name:<46} {:>10.2} {:>12.0} {:>14.2}", secs * 1e3, global as f64 / secs, secs / alone);
+            println!("{name:<56} {:>10.2} {:>12.0} {:>14.2}", secs * 1e3, global as f64 / secs, secs / alone);
         };
         report(format!("stand_alone, batch {global}"), alone);
         for n in [2usize, 8] {
-            if !wanted(&format!("data_parallel, {n} ranks, batch {global}")) {
-                continue;
+            for optimizer_shard in [false, true] {
+                let mut c = ctx(n, "data_parallel");
+                let name = if optimizer_shard {
+                    c.set("enable_parallel_optimizer", &json!(true)).unwrap();
+                    format!("data_parallel + parallel optimizer, {n} ranks, batch {global}")
+                } else {
+                    format!("data_parallel, {n} ranks, batch {global}")
+                };
+                if wanted(&name) {
+                    let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
+                    report(name, time_job(&ParallelJob::new(g, m.loss, c).unwrap(), &batch(global)));
+                }
             }
-            let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
-            let dp = ParallelJob::new(g, m.loss, ctx(n, "data_parallel")).unwrap();
-            report(format!("data_parallel, {n} ranks, batch {global}"), time_job(&dp, &batch(global)));
         }
         if !wanted(&format!("semi_auto_parallel, 8 devices (2,4), batch {global}")) {
             continue;

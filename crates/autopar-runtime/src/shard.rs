@@ -3,7 +3,7 @@
 //! forward pass (fused per bucket), [`scatter_gradients`] reduce-scatters their gradients after
 //! the backward pass, so the optimizer updates, and keeps state for, the piece alone.
 
-use autopar_comm::Communicator;
+use autopar_comm::{Buf, BufMut, Communicator};
 use autopar_parallel::{RankProgram, RankShardBucket};
 use autopar_tensor::{DType, ExecCtx, Tensor};
 
@@ -52,12 +52,12 @@ fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&C
             shapes.push(slot.layout.slice_shape());
         }
         let full = match dtype {
-            DType::F64 => gather_packed::<f64>(c, b, &pieces, &shapes)?,
-            DType::F32 => gather_packed::<f32>(c, b, &pieces, &shapes)?,
-            DType::F16 => gather_packed::<half::f16>(c, b, &pieces, &shapes)?,
-            DType::BF16 => gather_packed::<half::bf16>(c, b, &pieces, &shapes)?,
-            DType::I32 => gather_packed::<i32>(c, b, &pieces, &shapes)?,
-            DType::I64 => gather_packed::<i64>(c, b, &pieces, &shapes)?,
+            DType::F64 => gather_parts::<f64>(c, b, &pieces, &shapes)?,
+            DType::F32 => gather_parts::<f32>(c, b, &pieces, &shapes)?,
+            DType::F16 => gather_parts::<half::f16>(c, b, &pieces, &shapes)?,
+            DType::BF16 => gather_parts::<half::bf16>(c, b, &pieces, &shapes)?,
+            DType::I32 => gather_parts::<i32>(c, b, &pieces, &shapes)?,
+            DType::I64 => gather_parts::<i64>(c, b, &pieces, &shapes)?,
         };
         for (name, t) in b.params.iter().zip(full) {
             let own = params.require(name)?.dtype();
@@ -68,33 +68,21 @@ fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&C
     Ok(stored)
 }
 
-fn gather_packed<T: autopar_tensor::Element + autopar_comm::Element>(
+/// The all-gather of one bucket: each parameter's pieces, from every rank of the group in
+/// order, joined along dimension 0 into its model-parallel slice (one fused call of parts).
+fn gather_parts<T: autopar_tensor::Element + autopar_comm::Element>(
     comm: &dyn Communicator,
     b: &RankShardBucket,
     pieces: &[Tensor],
     shapes: &[Vec<usize>],
 ) -> Result<Vec<Tensor>> {
     let k = b.group.len();
-    let lens: Vec<usize> = pieces.iter().map(|t| t.numel()).collect();
-    let total: usize = lens.iter().sum();
-    let mut send: Vec<T> = Vec::with_capacity(total);
-    for t in pieces {
-        send.extend_from_slice(t.as_slice::<T>().expect("contiguous, of the bucket's dtype"));
-    }
-    let mut recv = vec![T::default(); total * k];
-    comm.all_gather((&send).into(), (&mut recv).into())
+    let send: Vec<Buf<'_>> = pieces.iter().map(|t| T::buf(t.as_slice::<T>().expect("contiguous, of the bucket's dtype"))).collect();
+    let mut full: Vec<Vec<T>> = pieces.iter().map(|t| vec![T::default(); t.numel() * k]).collect();
+    let mut recv: Vec<BufMut<'_>> = full.iter_mut().map(|v| T::buf_mut(v)).collect();
+    comm.all_gather_parts(&send, &mut recv)
         .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "all-gather of the sharded parameters", group: b.group.clone() }))?;
-    let mut out = Vec::with_capacity(pieces.len());
-    let mut off = 0;
-    for ((name, len), shape) in b.params.iter().zip(&lens).zip(shapes) {
-        let mut v = Vec::with_capacity(len * k);
-        for r in 0..k {
-            v.extend_from_slice(&recv[r * total + off..r * total + off + len]);
-        }
-        off += len;
-        out.push(Tensor::from_vec(shape, v).map_err(kernel("AllGather", name))?);
-    }
-    Ok(out)
+    b.params.iter().zip(full).zip(shapes).map(|((name, v), shape)| Tensor::from_vec(shape, v).map_err(kernel("AllGather", name))).collect()
 }
 
 /// Replaces the gradient (a model-parallel slice) of every sharded parameter in `grads` by the
@@ -122,12 +110,12 @@ pub(crate) fn scatter_buckets(buckets: &[RankShardBucket], grads: &mut [(String,
             .collect::<Result<_>>()?;
         let slices: Vec<Tensor> = idx.iter().map(|&i| grads[i].1.cast(dtype).contiguous()).collect();
         let pieces = match dtype {
-            DType::F64 => scatter_packed::<f64>(c, rest, b, &slices)?,
-            DType::F32 => scatter_packed::<f32>(c, rest, b, &slices)?,
-            DType::F16 => scatter_packed::<half::f16>(c, rest, b, &slices)?,
-            DType::BF16 => scatter_packed::<half::bf16>(c, rest, b, &slices)?,
-            DType::I32 => scatter_packed::<i32>(c, rest, b, &slices)?,
-            DType::I64 => scatter_packed::<i64>(c, rest, b, &slices)?,
+            DType::F64 => scatter_parts::<f64>(c, rest, b, &slices)?,
+            DType::F32 => scatter_parts::<f32>(c, rest, b, &slices)?,
+            DType::F16 => scatter_parts::<half::f16>(c, rest, b, &slices)?,
+            DType::BF16 => scatter_parts::<half::bf16>(c, rest, b, &slices)?,
+            DType::I32 => scatter_parts::<i32>(c, rest, b, &slices)?,
+            DType::I64 => scatter_parts::<i64>(c, rest, b, &slices)?,
         };
         for (&i, piece) in idx.iter().zip(pieces) {
             let (name, g) = &mut grads[i];
@@ -165,8 +153,9 @@ pub(crate) fn accumulate_scattered<'a>(
 /// parts (the last padded with zeros where `r` does not divide it); the rank at position
 /// `c * k + i` of the replica group (shard index `i`, `c` its place among the ranks holding
 /// shard `i`) receives part `c` of shard `i`, summed over the replicas, and the ranks holding
-/// shard `i` then all-gather their parts, in order `c`, into the shard.
-fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
+/// shard `i` then all-gather their parts, in order `c`, into the shard. When the shard group
+/// is the whole replica group (`r = 1`, the default) each gradient is sent as it lies.
+fn scatter_parts<T: autopar_tensor::Element + autopar_comm::Element>(
     comm: &dyn Communicator,
     rest: Option<&dyn Communicator>,
     b: &RankShardBucket,
@@ -175,48 +164,57 @@ fn scatter_packed<T: autopar_tensor::Element + autopar_comm::Element>(
     let g = b.group.len();
     let k = b.shard_size;
     let r = g / k;
+    let data: Vec<&[T]> = slices.iter().map(|t| t.as_slice::<T>().expect("contiguous, of the bucket's dtype")).collect();
     let shards: Vec<usize> = slices.iter().map(|t| t.numel() / k).collect();
     let parts: Vec<usize> = shards.iter().map(|s| s.div_ceil(r)).collect();
-    let total: usize = parts.iter().sum();
-    let mut send: Vec<T> = Vec::with_capacity(total * g);
-    for pos in 0..g {
-        let (i, c) = (pos % k, pos / k);
-        for ((t, &shard), &len) in slices.iter().zip(&shards).zip(&parts) {
-            let data = t.as_slice::<T>().expect("contiguous, of the bucket's dtype");
-            let start = (i * shard + c * len).min((i + 1) * shard);
-            let end = (start + len).min((i + 1) * shard);
-            send.extend_from_slice(&data[start..end]);
-            send.resize(send.len() + len - (end - start), T::default());
-        }
-    }
-    let mut mine = vec![T::default(); total];
-    comm.reduce_scatter((&send).into(), (&mut mine).into(), autopar_comm::ReduceOp::Sum)
+    // Each gradient's blocks in the order of the replica group (block `c * k + i`: part `c`
+    // of shard `i`), when that is not the gradient's own order.
+    let arranged: Vec<Vec<T>> = if r == 1 {
+        Vec::new()
+    } else {
+        data.iter()
+            .zip(&shards)
+            .zip(&parts)
+            .map(|((data, &shard), &len)| {
+                let mut v = Vec::with_capacity(len * g);
+                for pos in 0..g {
+                    let (i, c) = (pos % k, pos / k);
+                    let start = (i * shard + c * len).min((i + 1) * shard);
+                    let end = (start + len).min((i + 1) * shard);
+                    v.extend_from_slice(&data[start..end]);
+                    v.resize(v.len() + len - (end - start), T::default());
+                }
+                v
+            })
+            .collect()
+    };
+    let send: Vec<Buf<'_>> = if r == 1 { data.iter().map(|d| T::buf(d)).collect() } else { arranged.iter().map(|v| T::buf(v)).collect() };
+    let mut mine: Vec<Vec<T>> = parts.iter().map(|&len| vec![T::default(); len]).collect();
+    comm.reduce_scatter_parts(&send, &mut mine.iter_mut().map(|v| T::buf_mut(v)).collect::<Vec<_>>(), autopar_comm::ReduceOp::Sum)
         .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "reduce-scatter of the gradients", group: b.group.clone() }))?;
     let gathered = match rest {
         Some(rest) => {
-            let mut all = vec![T::default(); total * r];
-            rest.all_gather((&mine).into(), (&mut all).into()).map_err(RuntimeError::comm(CommPhase::OptimizerShard {
-                kind: "all-gather of the gradient parts",
-                group: b.rest.clone(),
-            }))?;
+            let mut all: Vec<Vec<T>> = parts.iter().map(|&len| vec![T::default(); len * r]).collect();
+            let send: Vec<Buf<'_>> = mine.iter().map(|v| T::buf(v)).collect();
+            rest.all_gather_parts(&send, &mut all.iter_mut().map(|v| T::buf_mut(v)).collect::<Vec<_>>()).map_err(RuntimeError::comm(
+                CommPhase::OptimizerShard { kind: "all-gather of the gradient parts", group: b.rest.clone() },
+            ))?;
             all
         }
         None => mine,
     };
-    let mut out = Vec::with_capacity(slices.len());
-    let mut off = 0;
-    for (((name, t), &shard), &len) in b.params.iter().zip(slices).zip(&shards).zip(&parts) {
-        let mut shape = t.shape().to_vec();
-        if let Some(d0) = shape.first_mut() {
-            *d0 /= k;
-        }
-        let mut v = Vec::with_capacity(len * r);
-        for c in 0..r {
-            v.extend_from_slice(&gathered[c * total + off..c * total + off + len]);
-        }
-        v.truncate(shard);
-        off += len;
-        out.push(Tensor::from_vec(&shape, v).map_err(kernel("ReduceScatter", name))?);
-    }
-    Ok(out)
+    b.params
+        .iter()
+        .zip(slices)
+        .zip(gathered)
+        .zip(&shards)
+        .map(|(((name, t), mut v), &shard)| {
+            let mut shape = t.shape().to_vec();
+            if let Some(d0) = shape.first_mut() {
+                *d0 /= k;
+            }
+            v.truncate(shard);
+            Tensor::from_vec(&shape, v).map_err(kernel("ReduceScatter", name))
+        })
+        .collect()
 }
