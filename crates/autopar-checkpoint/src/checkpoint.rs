@@ -407,8 +407,22 @@ impl CheckpointWriter {
     }
 }
 
-/// Write in-memory tensors to `path` (format from the extension).
+/// Write in-memory tensors to `path` (format from the extension). A safetensors file carries
+/// MindSpore's `crc_num` in its metadata, so that a file corrupted later fails its check when
+/// it is opened ([`CheckpointFile::open`]) instead of loading wrong values.
 pub fn save(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<String, String>) -> Result<()> {
+    if Format::of_path(path) == Some(Format::Safetensors) {
+        let mut with_crc = metadata.clone();
+        let mut sorted: Vec<(&str, &[u8])> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        let mut h = crc32fast::Hasher::new();
+        for (name, bytes) in sorted {
+            h.update(name.as_bytes());
+            h.update(bytes);
+        }
+        with_crc.insert("crc_num".to_string(), h.finalize().to_string());
+        return save_with(path, tensors, &with_crc, false);
+    }
     save_with(path, tensors, metadata, false)
 }
 

@@ -345,6 +345,15 @@ pub enum CheckpointError {
         which: &'static str,
     },
 
+    /// A transform would write its output over its own source files.
+    #[error("the output {output} is the source {source_path}: the transform would overwrite the checkpoints it reads\n  hint: write the transformed checkpoints into another folder")]
+    OverwritesSource {
+        /// The output folder or file.
+        output: PathBuf,
+        /// The source folder or file it coincides with.
+        source_path: PathBuf,
+    },
+
     /// A call the checkpoint code cannot carry out.
     #[error("invalid argument: {0}")]
     InvalidArgument(Misuse),

@@ -779,6 +779,9 @@ pub fn transform_checkpoint_by_rank(
     if Format::of_path(save_path).is_none() {
         return Err(CheckpointError::UnknownFormat { path: save_path.to_path_buf() });
     }
+    for p in files.values() {
+        refuse_overwrite(save_path, p)?;
+    }
     let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.strict)?;
     // Any file set that covers the destination piece will do: MindSpore's list, autopar's
     // smaller one, or a mix. Files of other ranks are not opened. (MindSpore cannot list some
@@ -799,6 +802,15 @@ pub fn transform_checkpoint_by_rank(
     Ok(report)
 }
 
+/// An error when `output` (a folder or file the transform writes) is `source` (one it reads),
+/// however either is spelled.
+fn refuse_overwrite(output: &Path, source: &Path) -> Result<()> {
+    match (output.canonicalize(), source.canonicalize()) {
+        (Ok(a), Ok(b)) if a == b => Err(CheckpointError::OverwritesSource { output: output.to_path_buf(), source_path: source.to_path_buf() }),
+        _ => Ok(()),
+    }
+}
+
 /// MindSpore's `transform_checkpoints`: every destination rank of `dst_strategy` from
 /// `src_dir/rank_<k>/*.{ckpt,safetensors}` into `dst_dir/rank_<r>/<prefix><r>.<format>`.
 pub fn transform_checkpoints(
@@ -808,6 +820,7 @@ pub fn transform_checkpoints(
     dst_strategy: Option<&Path>,
     opts: &TransformOptions,
 ) -> Result<TransformReport> {
+    refuse_overwrite(dst_dir, src_dir)?;
     let (rank_files, src_format) = collect_rank_files(src_dir)?;
     // MindSpore transforms one stage into `_part` files for `.ckpt` sources only; its
     // safetensors path always transforms the whole network.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use autopar_checkpoint::proto::ckpt as pb;
 use autopar_checkpoint::{
-    collect_rank_files, load_segmented, save, transform_checkpoints, CheckpointError, CheckpointFile, CkptWriter, DType, Format,
+    collect_rank_files, load_segmented, save, save_with, transform_checkpoint_by_rank, transform_checkpoints, CheckpointError, CheckpointFile, CkptWriter, DType, Format,
     NameFilter, StrategyFile, TensorSpec, TransformOptions,
 };
 use prost::Message;
@@ -273,13 +273,23 @@ fn corrupted_safetensors_files_give_clear_errors() {
     h.update(b"w");
     h.update(&data);
     let mut meta = BTreeMap::new();
-    meta.insert("crc_num".to_string(), h.finalize().to_string());
+    let h_value = h.finalize().to_string();
+    meta.insert("crc_num".to_string(), h_value.clone());
     let spec = TensorSpec { name: "w".into(), dtype: DType::Float32, shape: vec![2] };
-    save(&path, &[(spec.clone(), data.clone())], &meta).unwrap();
+    save_with(&path, &[(spec.clone(), data.clone())], &meta, false).unwrap();
     CheckpointFile::open(&path).unwrap();
     meta.insert("crc_num".to_string(), "12345".into());
-    save(&path, &[(spec, data)], &meta).unwrap();
+    save_with(&path, &[(spec.clone(), data.clone())], &meta, false).unwrap();
     assert!(matches!(open_err(&path), CheckpointError::BadCrc { stored: 12345, .. }));
+    // `save` writes the crc_num itself: a value flipped later fails the check.
+    save(&path, &[(spec, data)], &BTreeMap::new()).unwrap();
+    assert_eq!(CheckpointFile::open(&path).unwrap().metadata().get("crc_num").map(String::as_str), Some(h_value.as_str()));
+    let mut bytes = fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    fs::write(&path, &bytes).unwrap();
+    let e = open_err(&path);
+    assert!(matches!(e, CheckpointError::BadCrc { .. }) && e.to_string().contains("s.safetensors fails its CRC check"), "{e}");
 }
 
 #[test]
@@ -387,6 +397,27 @@ fn a_corrupted_or_mismatched_source_fails_the_transform_without_partial_outputs(
     // a mixed folder
     save(&src.join("rank_0/extra.safetensors"), &[], &BTreeMap::new()).unwrap();
     assert!(matches!(transform_checkpoints(&src, &out, Some(&s), Some(&d), &opts), Err(CheckpointError::MixedCheckpointFormats { .. })));
+}
+
+#[test]
+fn a_transform_into_its_own_source_is_refused_and_leaves_the_source_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, s, d) = fixture_case(tmp.path());
+    let before: Vec<Vec<u8>> = (0..8).map(|r| fs::read(src.join(format!("rank_{r}/net_{r}.ckpt"))).unwrap()).collect();
+    let opts = TransformOptions { prefix: "net_".into(), ..Default::default() };
+    // The same folder, however it is spelled.
+    for dst in [src.clone(), src.join("."), src.join("../src")] {
+        let e = transform_checkpoints(&src, &dst, Some(&s), Some(&d), &opts).unwrap_err();
+        assert!(matches!(e, CheckpointError::OverwritesSource { .. }), "{dst:?}: {e:?}");
+        assert!(e.to_string().contains("would overwrite the checkpoints it reads"), "{e}");
+    }
+    // One destination rank written over one of its source files.
+    let files: BTreeMap<usize, std::path::PathBuf> = (0..8).map(|r| (r, src.join(format!("rank_{r}/net_{r}.ckpt")))).collect();
+    let e = transform_checkpoint_by_rank(0, &files, &src.join("rank_4/../rank_0/net_0.ckpt"), Some(&s), Some(&d), &opts).unwrap_err();
+    assert!(matches!(e, CheckpointError::OverwritesSource { .. }), "{e:?}");
+    for (r, b) in before.iter().enumerate() {
+        assert!(fs::read(src.join(format!("rank_{r}/net_{r}.ckpt"))).unwrap() == *b, "rank {r}'s source changed");
+    }
 }
 
 #[test]

@@ -488,9 +488,33 @@ impl OpSpec {
         Strategy(self.inputs.iter().map(|dims| dims.iter().map(|l| l.map_or(1, |l| splits[l])).collect()).collect())
     }
 
-    /// Every strategy whose splits are powers of two dividing their dimension and whose product
-    /// divides `n` (MindSpore's candidate enumeration without `fully_use_devices`).
+    /// MindSpore's candidate strategies for `n` devices (without `fully_use_devices`): every
+    /// strategy whose splits are powers of two dividing their dimension and whose product
+    /// divides `n`; and when `n` is `2^k * m` with `m` odd and above 1, each of those with one
+    /// splittable dimension split `m` times more (where the dimension divides).
     pub fn valid_splits(&self, n: usize) -> Vec<Vec<usize>> {
+        let mut out = self.power_of_two_splits(n);
+        let odd = if n == 0 { 1 } else { n >> n.trailing_zeros() };
+        if odd > 1 {
+            let mut more = Vec::new();
+            for s in &out {
+                for (j, dim) in self.dims.iter().enumerate() {
+                    if dim.splittable && dim.size.is_multiple_of(s[j] * odd) {
+                        let mut t = s.clone();
+                        t[j] *= odd;
+                        if !out.contains(&t) && !more.contains(&t) {
+                            more.push(t);
+                        }
+                    }
+                }
+            }
+            out.extend(more);
+        }
+        out
+    }
+
+    /// The power-of-two part of [`Self::valid_splits`].
+    fn power_of_two_splits(&self, n: usize) -> Vec<Vec<usize>> {
         let mut out = vec![vec![]];
         for dim in &self.dims {
             let mut next = Vec::new();
@@ -576,4 +600,38 @@ fn sorted(group: &[usize]) -> Vec<usize> {
 /// make (sums in f64, a softmax's row maxima and sums in its dtype); none on a group of one.
 pub fn group_reduce(group: &[usize], count: usize, dtype: DType) -> Option<CommCall> {
     (group.len() > 1).then(|| CommCall { kind: Collective::AllReduce, group: sorted(group), bytes: count * dtype.size() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(dims: Vec<LogicalDim>) -> OpSpec {
+        let n = dims.len();
+        OpSpec { dims, inputs: vec![(0..n).map(Some).collect()], output: (0..n).map(Some).collect(), mean_over_reduced: false, tie: Tie::None }
+    }
+
+    #[test]
+    fn candidates_are_powers_of_two_and_on_other_counts_one_dimension_takes_the_odd_factor() {
+        let s = spec(vec![LogicalDim::free(12), LogicalDim::free(8), LogicalDim::fixed(6, "kept whole")]);
+        let mut got = s.valid_splits(8);
+        got.sort();
+        assert_eq!(got, [[1, 1, 1], [1, 2, 1], [1, 4, 1], [1, 8, 1], [2, 1, 1], [2, 2, 1], [2, 4, 1], [4, 1, 1], [4, 2, 1]]);
+        // 6 = 2 * 3: the splits for 2 devices, then 3 times more on one dimension that divides
+        // (12 does, 8 does not; the fixed one never).
+        let mut got = s.valid_splits(6);
+        got.sort();
+        assert_eq!(got, [[1, 1, 1], [1, 2, 1], [2, 1, 1], [3, 1, 1], [3, 2, 1], [6, 1, 1]]);
+        // An odd count: the odd factor alone.
+        let mut got = s.valid_splits(3);
+        got.sort();
+        assert_eq!(got, [[1, 1, 1], [3, 1, 1]]);
+        for n in 1..=24 {
+            for split in s.valid_splits(n) {
+                let p: usize = split.iter().product();
+                assert!(n.is_multiple_of(p), "{n}: {split:?}");
+                assert!(split.iter().zip(&s.dims).all(|(&k, d)| d.size.is_multiple_of(k) && (k == 1 || d.splittable)), "{n}: {split:?}");
+            }
+        }
+    }
 }

@@ -318,6 +318,16 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     let err = resume("x");
     assert!(err.contains("mlp-6_0.safetensors"), "{err}");
 
+    // A flipped byte in a tensor's data (the header intact): the file's CRC names it.
+    copy("a", "x");
+    let f = d.join("x/rank_1/mlp-6_1.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let at = bytes.len() - 52;
+    bytes[at] ^= 0x40;
+    std::fs::write(&f, &bytes).unwrap();
+    let err = resume("x");
+    assert!(err.contains("mlp-6_1.safetensors") && err.contains("fails its CRC check"), "{err}");
+
     // Only incomplete checkpoints: each step misses a rank's file.
     copy("a", "x");
     std::fs::remove_file(d.join("x/rank_1/mlp-6_1.safetensors")).unwrap();
