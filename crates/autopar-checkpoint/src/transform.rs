@@ -806,7 +806,9 @@ pub fn transform_checkpoint_by_rank(
 /// however either is spelled.
 fn refuse_overwrite(output: &Path, source: &Path) -> Result<()> {
     match (output.canonicalize(), source.canonicalize()) {
-        (Ok(a), Ok(b)) if a == b => Err(CheckpointError::OverwritesSource { output: output.to_path_buf(), source_path: source.to_path_buf() }),
+        (Ok(a), Ok(b)) if a == b => {
+            Err(CheckpointError::OverwritesSource { output: output.to_path_buf(), source_path: source.to_path_buf() })
+        }
         _ => Ok(()),
     }
 }

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use autopar_checkpoint::proto::ckpt as pb;
 use autopar_checkpoint::{
-    collect_rank_files, load_segmented, save, save_with, transform_checkpoint_by_rank, transform_checkpoints, CheckpointError, CheckpointFile, CkptWriter, DType, Format,
-    NameFilter, StrategyFile, TensorSpec, TransformOptions,
+    collect_rank_files, load_segmented, save, save_with, transform_checkpoint_by_rank, transform_checkpoints, CheckpointError,
+    CheckpointFile, CkptWriter, DType, Format, NameFilter, StrategyFile, TensorSpec, TransformOptions,
 };
 use prost::Message;
 

@@ -1,7 +1,7 @@
 //! A tensor dataset: a safetensors file with an `x` tensor (samples along dim 0, any float or
 //! integer dtype, read as `f32`) and an optional `y` tensor of integer labels whose first
 //! dimension matches. `__metadata__` may hold `num_classes`; without it the class count is the
-//! largest label plus one.
+//! largest label plus one, up to [`MAX_INFERRED_CLASSES`] (beyond it, none is inferred).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,10 @@ use safetensors::{Dtype, SafeTensors};
 use crate::error::{DataError, Result};
 use crate::fsio;
 use crate::Dataset;
+
+/// The most classes inferred from a file's labels (a larger label is more likely a mistake than
+/// a class: declare `num_classes` or pass it to the model).
+pub const MAX_INFERRED_CLASSES: u64 = 1 << 20;
 
 /// A dataset read from a safetensors file and held in memory.
 #[derive(Debug, Clone)]
@@ -108,7 +112,12 @@ impl TensorDataset {
                     let num_classes = declared.unwrap_or_else(|| labels.iter().copied().max().unwrap_or(0).max(0) as usize + 1);
                     return Err(DataError::LabelOutOfRange { path: path.to_path_buf(), index: i / per, label: l, num_classes });
                 }
-                Some(declared.unwrap_or_else(|| labels.iter().copied().max().unwrap_or(0) as usize + 1))
+                // Inferred from the labels only up to a plausible class count: a larger label
+                // is left to the model's class count, whose range check names it.
+                declared.or_else(|| {
+                    let classes = labels.iter().copied().max().unwrap_or(0) as u64 + 1;
+                    (classes <= MAX_INFERRED_CLASSES).then_some(classes as usize)
+                })
             }
         };
         Ok(TensorDataset { path: path.to_path_buf(), x, sample_shape: x_shape[1..].to_vec(), y, label_shape, num_classes, len })
@@ -216,6 +225,13 @@ mod tests {
         assert_eq!((ds.label_shape(), ds.num_classes()), (None, None));
         write_tensor_dataset(&p, &[1.0, 2.0], &[2, 1], Some((&[0, 1], &[2])), Some(5)).unwrap();
         assert_eq!(TensorDataset::open(&p).unwrap().num_classes(), Some(5));
+        // A label too large to be a class (2^40) infers no class count (a model of 2^40
+        // outputs would not fit anywhere); the largest plausible one still does.
+        write_tensor_dataset(&p, &[1.0, 2.0], &[2, 1], Some((&[0, 1 << 40], &[2])), None).unwrap();
+        assert_eq!(TensorDataset::open(&p).unwrap().num_classes(), None);
+        let last = MAX_INFERRED_CLASSES as i64 - 1;
+        write_tensor_dataset(&p, &[1.0, 2.0], &[2, 1], Some((&[0, last], &[2])), None).unwrap();
+        assert_eq!(TensorDataset::open(&p).unwrap().num_classes(), Some(MAX_INFERRED_CLASSES as usize));
     }
 
     #[test]

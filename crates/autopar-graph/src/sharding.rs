@@ -608,7 +608,13 @@ mod tests {
 
     fn spec(dims: Vec<LogicalDim>) -> OpSpec {
         let n = dims.len();
-        OpSpec { dims, inputs: vec![(0..n).map(Some).collect()], output: (0..n).map(Some).collect(), mean_over_reduced: false, tie: Tie::None }
+        OpSpec {
+            dims,
+            inputs: vec![(0..n).map(Some).collect()],
+            output: (0..n).map(Some).collect(),
+            mean_over_reduced: false,
+            tie: Tie::None,
+        }
     }
 
     #[test]

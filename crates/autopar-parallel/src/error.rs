@@ -52,7 +52,7 @@ pub enum ParallelError {
     },
 
     /// A network input whose batch dimension (dimension 0) the device count does not divide, under a data-parallel dataset strategy.
-    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: use a --batch-size divisible by {devices}, or (semi_auto_parallel) --parallel dataset_strategy=full_batch")]
+    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: the {} rows of the batch dimension must divide by {devices}; with --micro-batches or pipeline stages these are one micro-batch's rows (--batch-size / micro-batches): use a --batch-size that gives each micro-batch a multiple of {devices} rows, or (semi_auto_parallel) --parallel dataset_strategy=full_batch", shape.first().copied().unwrap_or(0))]
     BatchNotDivisible {
         /// The input's name.
         input: String,

@@ -3,7 +3,7 @@
 //! independently (different seeds, partial checkpoints).
 //!
 //! The layout is MindSpore's `parameter_layout_dict` (or its text, as `autopar plan
-//! --layout-dict` prints it) or a strategy file. Its groups of ranks holding the same piece and
+//! --mindspore-layouts` prints it) or a strategy file. Its groups of ranks holding the same piece and
 //! the single owner of each parameter in each group are MindSpore's
 //! (`get_parameter_redundancy` / `remove_param_redundancy`, [`autopar_layout::redundancy`]);
 //! the owner's value is broadcast to the other members of its group (MindSpore zeroes the
@@ -106,7 +106,7 @@ pub enum BroadcastError {
     },
 
     /// The layout file cannot be read or parsed as a strategy file or `parameter_layout_dict` lines.
-    #[error("parameter_broadcast: cannot read layout {}: {reason}\n  hint: pass a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict)", path.display())]
+    #[error("parameter_broadcast: cannot read layout {}: {reason}\n  hint: pass a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --mindspore-layouts)", path.display())]
     Read {
         /// The file that was read.
         path: PathBuf,

@@ -61,10 +61,11 @@ impl LrSchedule {
         let bad = |what, value, expected| Err(RuntimeError::BadHyperparameter { what, value, expected });
         match *self {
             LrSchedule::Constant(lr) if !(lr >= 0.0 && lr.is_finite()) => bad("learning rate", lr, "a finite value >= 0"),
-            LrSchedule::WarmupCosine { base_lr, min_lr, .. }
-                if !(base_lr >= 0.0 && base_lr.is_finite() && (0.0..=base_lr).contains(&min_lr)) =>
-            {
-                bad("learning rate", base_lr, "0 <= min_lr <= base_lr, finite")
+            LrSchedule::WarmupCosine { base_lr, .. } if !(base_lr >= 0.0 && base_lr.is_finite()) => {
+                bad("learning rate", base_lr, "a finite value >= 0")
+            }
+            LrSchedule::WarmupCosine { base_lr, min_lr, .. } if !(0.0..=base_lr).contains(&min_lr) => {
+                bad("minimum learning rate (--min-lr)", min_lr, "0 <= min_lr <= the learning rate (--lr)")
             }
             _ => Ok(()),
         }

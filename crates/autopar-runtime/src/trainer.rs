@@ -34,7 +34,7 @@ use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
 pub use self::ckpt::{
-    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, Loaded, RunPosition, FORMAT,
+    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, DataStream, Loaded, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
 use self::worker::{Job, Worker};
@@ -865,6 +865,11 @@ impl Trainer {
         Ok(())
     }
 
+    /// What this run's data position counts in ([`RunPosition::data`]).
+    fn data_stream(&self) -> DataStream {
+        DataStream { samples: self.train.dataset.len() as u64, seed: self.cfg.seed, shuffle: self.cfg.shuffle }
+    }
+
     /// The checkpoint a run resumes from (a file, or the newest in a folder), checked against
     /// this run; merged to full tensors when `job`'s layouts differ from the ones it was saved
     /// under (another device count, mode or strategy).
@@ -878,6 +883,27 @@ impl Trainer {
                 format!("it was saved with batch size {}; this run has {}", pos.batch_size, self.cfg.batch_size),
                 "resume with the same --batch-size so that the data position means the same batches",
             ));
+        }
+        if let Some(saved) = &pos.data {
+            let now = self.data_stream();
+            let differs = if saved.samples != now.samples {
+                Some(format!("it was saved by a run over {} training samples; this run has {}", saved.samples, now.samples))
+            } else if saved.seed != now.seed {
+                Some(format!("it was saved by a run with seed {}; this run has seed {}", saved.seed, now.seed))
+            } else if saved.shuffle != now.shuffle {
+                Some(format!("it was saved by a run with shuffle {}; this run has shuffle {}", saved.shuffle, now.shuffle))
+            } else {
+                None
+            };
+            if let Some(problem) = differs {
+                return Err(bad(
+                    problem,
+                    &format!(
+                        "resume with the run's data, --seed {} and shuffle {}, so that its data position means the same batches; to train further on other data, start a new run from its parameters with --init",
+                        saved.seed, saved.shuffle
+                    ),
+                ));
+            }
         }
         let n = job.device_num();
         let mode = self.cfg.parallel.parallel_mode.name();
@@ -1078,6 +1104,7 @@ impl Trainer {
             batch_size: self.cfg.batch_size,
             parallel_mode: self.cfg.parallel.parallel_mode.name().to_string(),
             run_id: run_id.to_string(),
+            data: Some(self.data_stream()),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
         // Temp files of a killed earlier run, whichever step it was writing.

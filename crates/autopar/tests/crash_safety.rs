@@ -318,6 +318,23 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     let err = resume("x");
     assert!(err.contains("mlp-6_0.safetensors"), "{err}");
 
+    // The same checkpoints resumed over other data: another seed, sample count or order.
+    for (flag, value, says) in [
+        ("--seed", "7", "saved by a run with seed 1; this run has seed 7"),
+        ("--synthetic-samples", "512", "over 256 training samples; this run has 512"),
+        ("--shuffle", "false", "shuffle true; this run has shuffle false"),
+    ] {
+        let mut a = train_args("a", true);
+        a.extend([flag.to_string(), value.to_string()]);
+        if let Some(at) = a.iter().position(|x| x == "--synthetic-samples").filter(|_| flag == "--synthetic-samples") {
+            a.drain(at..at + 2);
+        }
+        let o = autopar(d, &a.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(says) && err.contains("--init"), "{flag} {value}: {err}");
+    }
+
     // A flipped byte in a tensor's data (the header intact): the file's CRC names it.
     copy("a", "x");
     let f = d.join("x/rank_1/mlp-6_1.safetensors");

@@ -93,12 +93,25 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     for (args, needle) in [
         (&["--devices", "4", "--parallel-mode", "stand_alone"][..], "stand_alone runs on one device, but --devices 4"),
         (&["--devices", "4", "--parallel-mode", "data_parallel", "--parallel", "full_batch=true"][..], "data_parallel does not support it"),
+        // The device count or the mode given twice, differently.
+        (&["--devices", "2", "--parallel", "device_num=8"][..], "--devices gives 2 but --parallel device_num gives 8"),
+        (
+            &["--devices", "2", "--parallel", "parallel_mode=data_parallel", "--parallel-mode", "semi_auto_parallel"][..],
+            "--parallel-mode gives semi_auto_parallel but --parallel parallel_mode gives data_parallel",
+        ),
     ] {
         let o = autopar(dir.path(), &[&["plan", "--model", "mlp"][..], args].concat());
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // The same in the config file; a flag still overrides the file.
+    std::fs::write(dir.path().join("two.toml"), "model = \"mlp\"\ndevices = 2\n[parallel]\ndevice_num = 8\n").unwrap();
+    let o = autopar(dir.path(), &["plan", "--config", "two.toml"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("devices in the config file gives 2 but device_num in its [parallel] table gives 8"), "{err}");
+    std::fs::write(dir.path().join("one.toml"), "model = \"mlp\"\ndevices = 2\n").unwrap();
+    assert!(ok(dir.path(), &["plan", "--config", "one.toml", "--devices", "4"]).contains("on 4 devices"));
 }
 
 /// auto_parallel explains its choice: per op the strategy, its source, its cost by part and the
@@ -162,6 +175,13 @@ fn calibrated_profiles_drive_the_cost_model() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.toml") && err.contains("flops_per_s"), "{err}");
+    // A group too large to simulate here is refused before anything is measured.
+    for n in ["3", "128", "1099511627776"] {
+        let o = autopar(dir.path(), &["calibrate", "--quick", "--max-ranks", n]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{n}: {err}");
+        assert!(err.contains(&format!("invalid --max-ranks {n}: a power of two from 2 to 64")), "{err}");
+    }
 }
 
 #[test]
@@ -224,6 +244,11 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     assert!(text.contains("2 chunks per stage (interleaved)") && text.contains("to stage 0 (rank r-4)"), "{text}");
 
     let o = autopar(dir.path(), &["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "3"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
+    // Without stages, as `train` runs them: one micro-batch's plan, accumulated.
+    let text = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--batch-size", "48", "--micro-batches", "3"]);
+    assert!(text.contains("3 micro-batches of 16 rows, one after another") && text.contains("fc1.matmul"), "{text}");
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--batch-size", "32", "--micro-batches", "3"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
 }
 

@@ -134,6 +134,23 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--schedule", "step"], &["unknown schedule"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--bogus-flag"], &["--bogus-flag"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--clip-grad-norm", "0"], &["--clip-grad-norm 0"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--steps", "0"], &["--steps 0 trains nothing"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--synthetic-samples", "0"], &["--synthetic-samples 0 generates no data"]);
+    fails(
+        d,
+        &["train", "--model", "mlp", "--data", "synthetic", "--checkpoint-dir", "ck", "--checkpoint-prefix", "../evil"],
+        &["--checkpoint-prefix \"../evil\" is not a file name prefix"],
+    );
+    fails(
+        d,
+        &["train", "--model", "mlp", "--data", "synthetic", "--devices", "2", "--resume", "ck", "--verify"],
+        &["--verify and --resume both given"],
+    );
+    fails(
+        d,
+        &["train", "--model", "mlp", "--data", "synthetic", "--steps", "2", "--schedule", "cosine", "--lr", "0.1", "--min-lr", "1"],
+        &["minimum learning rate (--min-lr) = 1"],
+    );
     // pipeline_result_broadcast applies to pipeline inference, not to training.
     fails(
         d,

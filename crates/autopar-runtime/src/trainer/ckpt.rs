@@ -36,6 +36,21 @@ pub struct RunPosition {
     /// The run's id, the same in every checkpoint of a run and its resumptions (empty: a file
     /// written before autopar recorded it).
     pub run_id: String,
+    /// What the data position counts in: the training set's sample count, the seed of its
+    /// order (and of synthetic data) and whether it is shuffled (None: a file written before
+    /// autopar recorded them).
+    pub data: Option<DataStream>,
+}
+
+/// What makes a data position mean the same batches in another run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataStream {
+    /// Samples in the training set.
+    pub samples: u64,
+    /// The run's seed.
+    pub seed: u64,
+    /// Whether each epoch is shuffled.
+    pub shuffle: bool,
 }
 
 impl RunPosition {
@@ -51,6 +66,11 @@ impl RunPosition {
         m.insert("batch_size".into(), self.batch_size.to_string());
         m.insert("parallel_mode".into(), self.parallel_mode.clone());
         m.insert("run_id".into(), self.run_id.clone());
+        if let Some(d) = &self.data {
+            m.insert("data_samples".into(), d.samples.to_string());
+            m.insert("seed".into(), d.seed.to_string());
+            m.insert("shuffle".into(), d.shuffle.to_string());
+        }
         m
     }
 
@@ -80,6 +100,18 @@ impl RunPosition {
             batch_size: num("batch_size")? as usize,
             parallel_mode: m.get("parallel_mode").cloned().unwrap_or_else(|| "stand_alone".into()),
             run_id: m.get("run_id").cloned().unwrap_or_default(),
+            data: match m.get("data_samples") {
+                None => None,
+                Some(_) => Some(DataStream {
+                    samples: num("data_samples")?,
+                    seed: num("seed")?,
+                    shuffle: match m.get("shuffle").map(String::as_str) {
+                        Some("true") => true,
+                        Some("false") => false,
+                        other => return Err(bad(format!("metadata shuffle = {other:?} is not true or false"))),
+                    },
+                }),
+            },
         })
     }
 }
@@ -255,6 +287,7 @@ mod tests {
             batch_size: 16,
             parallel_mode: "stand_alone".into(),
             run_id: "0123456789abcdef".into(),
+            data: Some(DataStream { samples: 640, seed: 3, shuffle: true }),
         };
         save_checkpoint(&path, &params, &state, &pos).unwrap();
         let names: Vec<String> =

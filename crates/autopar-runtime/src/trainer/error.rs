@@ -86,7 +86,7 @@ pub enum TrainError {
     },
 
     /// A parameter in the checkpoint has another shape than the network's.
-    #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes; check the model options (width, depth, classes, input shape)", path.display())]
+    #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes (check the model options: width, depth, classes, input shape), or it is one rank's slice of a parallel run (pass the run's checkpoint folder, whose strategy.json describes the slices, or its strategy file with --init-strategy)", path.display())]
     InitShape {
         /// The checkpoint file.
         path: PathBuf,

@@ -24,13 +24,17 @@ pub struct CalibrateArgs {
     /// Write the profile to this file (default: print it).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Largest group measured (a power of two, at least 2).
+    /// Largest group measured (a power of two, 2 to 64; larger groups cost what the largest
+    /// measured one does, per byte and per call).
     #[arg(long, default_value_t = 8, value_name = "N")]
     max_ranks: usize,
     /// Fewer repetitions (a rough profile in about a second).
     #[arg(long)]
     quick: bool,
 }
+
+/// The largest group `--max-ranks` may ask for.
+const MAX_RANKS: usize = 64;
 
 /// The median of `reps` timings of `f`, in seconds.
 fn median(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -46,8 +50,11 @@ fn median(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 
 /// Runs `autopar calibrate`: measures this machine and writes (or prints) its device profile.
 pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
-    if args.max_ranks < 2 || !args.max_ranks.is_power_of_two() {
-        bail!("invalid --max-ranks {}: a power of two, at least 2, is expected\nhint: pass --max-ranks 8", args.max_ranks);
+    if !(2..=MAX_RANKS).contains(&args.max_ranks) || !args.max_ranks.is_power_of_two() {
+        bail!(
+            "invalid --max-ranks {}: a power of two from 2 to {MAX_RANKS} is expected (each simulated rank of a group holds a 4 MiB buffer; larger groups cost what the largest measured one does)\nhint: pass --max-ranks 8",
+            args.max_ranks
+        );
     }
     let reps = if args.quick { 3 } else { 11 };
     // Matrix products on one thread.

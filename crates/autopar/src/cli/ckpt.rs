@@ -100,7 +100,7 @@ enum CkptCommand {
     #[command(after_help = "Examples:\n  \
         autopar ckpt redundancy strategy_rank0.ckpt\n  \
         autopar ckpt redundancy layout_rank4.txt --initial-rank 4 --json\n\n\
-        LAYOUT is a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --layout-dict).")]
+        LAYOUT is a strategy file (.ckpt or .json) or parameter_layout_dict lines (autopar plan --mindspore-layouts).")]
     Redundancy {
         /// Strategy file or parameter_layout_dict text.
         layout: PathBuf,

@@ -128,11 +128,59 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
     Ok((lower, opts))
 }
 
+/// The device count and the mode may each be given twice on the command line (`--devices N`
+/// and `--parallel device_num=N`; likewise the mode) and twice in the config file (`devices`
+/// and `[parallel] device_num`): two that disagree at the same level are an error naming both,
+/// instead of one silently winning (a flag still overrides the file).
+fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
+    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    let kv = |key: &str| {
+        p.parallel
+            .iter()
+            .rev()
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| k.trim() == key)
+            .map(|(_, v)| v.trim().trim_matches('"').to_string())
+    };
+    let table = |key: &str| file.parallel.as_ref().and_then(|t| t.get(key)).map(text);
+    let pairs = [
+        (
+            "device_num",
+            ("--devices".to_string(), p.devices.map(|n| n.to_string())),
+            ("--parallel device_num".to_string(), kv("device_num")),
+        ),
+        (
+            "parallel_mode",
+            ("--parallel-mode".to_string(), p.parallel_mode.clone()),
+            ("--parallel parallel_mode".to_string(), kv("parallel_mode")),
+        ),
+        (
+            "device_num",
+            ("devices in the config file".to_string(), file.devices.map(|n| n.to_string())),
+            ("device_num in its [parallel] table".to_string(), table("device_num")),
+        ),
+        (
+            "parallel_mode",
+            ("parallel_mode in the config file".to_string(), file.parallel_mode.clone()),
+            ("parallel_mode in its [parallel] table".to_string(), table("parallel_mode")),
+        ),
+    ];
+    for (key, (a, va), (b, vb)) in pairs {
+        if let (Some(va), Some(vb)) = (va, vb) {
+            if !va.eq_ignore_ascii_case(&vb) {
+                bail!("{a} gives {va} but {b} gives {vb}\nhint: give the {key} once, or the same value in both places");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The parallel context: the file's `[parallel]` table, then `--parallel-mode`, `--devices`,
 /// `--parallel KEY=VALUE` and `--strategy`, validated and checked for what autopar implements
 /// (an option whose behaviour is missing is refused here, before any data or model is loaded).
 /// `data_parallel` averages gradients unless told otherwise (`gradients_mean`).
 pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelContext> {
+    refuse_conflicts(p, file)?;
     let mut ctx = ParallelContext::default();
     if let Some(table) = &file.parallel {
         ctx.apply_table(table).context("in the [parallel] table of the config file")?;

@@ -101,12 +101,22 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
             ctx.pipeline_config.pipeline_interleave,
         )?;
     }
-    if micro.is_some_and(|m| m != 1) {
-        bail!("--micro-batches feeds the stages of a pipeline\nhint: add --parallel pipeline_stages=P");
+    // Without stages, micro-batches run one after another on every device (as `train` runs
+    // them, gradients accumulated before one update): each is planned as a batch of its own.
+    let micro = micro.unwrap_or(1);
+    if micro == 0 || !batch.is_multiple_of(micro) {
+        bail!("--micro-batches {micro} does not divide the batch size {batch}\nhint: pass a --batch-size divisible by --micro-batches");
     }
     let started = Instant::now();
-    let spinner = Spinner::start(format!("building {} for batch {batch}", model.name()));
-    let (graph, m) = model.build_graph(batch, Mode::Train, 1)?;
+    let spinner = Spinner::start(format!("building {} for batch {}", model.name(), batch / micro));
+    let (graph, m) = model.build_graph(batch / micro, Mode::Train, 1)?;
+    if micro > 1 && !args.json && !args.mindspore_layouts {
+        writeln!(
+            out,
+            "{micro} micro-batches of {} rows, one after another, gradients accumulated before one update: the plan below is one micro-batch's\n",
+            batch / micro
+        )?;
+    }
     let what = format!("{} ops on {n} devices", graph.len());
     if args.compare {
         if let Some(path) = ctx.op_strategy_save_file() {

@@ -287,7 +287,10 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let synthetic = data_arg == "synthetic";
     let (train, eval_data, data_desc): (DataSource, Option<DataSource>, String) = if synthetic {
         let probe = model_by_name(&lower, &opts)?;
-        let n = pick!(s, synthetic_samples).unwrap_or(8192).max(1);
+        let n = pick!(s, synthetic_samples).unwrap_or(8192);
+        if n == 0 {
+            bail!("--synthetic-samples 0 generates no data\nhint: pass --synthetic-samples N with N at least the batch size, such as 8192");
+        }
         let held = (n / 10).max(1);
         let all: Arc<dyn Dataset> = if lower == "gpt" {
             let context = probe.input_shape()[0];
@@ -391,12 +394,23 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if cfg.epochs == 0 && steps.is_none() {
         bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
     }
+    if steps == Some(0) {
+        bail!("--steps 0 trains nothing\nhint: pass --steps 1 or more, or leave it out to train --epochs");
+    }
+    if s.args.verify && cfg.resume.is_some() {
+        bail!(
+            "--verify and --resume both given: --verify trains stand_alone from step 0 beside the run, and a resumed run starts later\nhint: verify the run that wrote the checkpoint, or a fresh run without --resume"
+        );
+    }
     if cfg.init.is_some() && cfg.resume.is_some() {
         bail!(
             "--init and --resume both given\nhint: --resume restores parameters, optimizer state and data position; --init only parameters"
         );
     }
     let ck_dir = pick!(s, checkpoint_dir);
+    if let Some(prefix) = pick!(s, checkpoint_prefix).filter(|p| p.is_empty() || p.contains(['/', '\\']) || p == "." || p == "..") {
+        bail!("--checkpoint-prefix {prefix:?} is not a file name prefix: the files go into <checkpoint-dir>/rank_<k>/<prefix>-<step>_<k>.safetensors\nhint: pass a name without slashes, such as --checkpoint-prefix mlp");
+    }
     if let Some(dir) = ck_dir {
         cfg.checkpoint = Some(CheckpointConfig {
             dir,
