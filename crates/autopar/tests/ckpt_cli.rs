@@ -236,6 +236,9 @@ fn ckpt_redundancy_gives_mindspores_groups_and_owners_for_its_files() {
         .unwrap()
         .iter()
         .all(|g| g.as_array().unwrap().len() == 1)));
+    // A job smaller than the layout's devices.
+    let o = autopar(&["ckpt", "redundancy", s(&fixtures().join("strategies/semi_all/layout_rank0.txt")), "--world-size", "3"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the layout spans 8 devices from rank 0, beyond a job of 3 ranks"), "{o:?}");
     let o = autopar(&["ckpt", "redundancy", "/nonexistent/strategy.ckpt"]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/strategy.ckpt"));

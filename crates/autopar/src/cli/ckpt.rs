@@ -107,7 +107,8 @@ enum CkptCommand {
         /// The first global rank of the pipeline stage the layout describes.
         #[arg(long, default_value_t = 0)]
         initial_rank: usize,
-        /// Ranks of the whole job (the size of `hccl_world_group`); default: the layout's devices.
+        /// Ranks of the whole job (the size of `hccl_world_group`); default: up to the layout's
+        /// last device.
         #[arg(long)]
         world_size: Option<usize>,
         /// Print JSON instead of text.
@@ -173,7 +174,14 @@ pub fn run(args: CkptArgs) -> Result<ExitCode> {
     match args.command {
         CkptCommand::Redundancy { layout, initial_rank, world_size, json } => {
             let source = autopar_runtime::LayoutSource::load(&layout)?;
-            let world = world_size.unwrap_or_else(|| source.devices().max(1));
+            let world = world_size.unwrap_or_else(|| (initial_rank + source.devices()).max(1));
+            if initial_rank + source.devices() > world {
+                bail!(
+                    "the layout spans {} devices from rank {initial_rank}, beyond a job of {world} ranks\nhint: pass --world-size of at least {} (the whole job's ranks), or check --initial-rank",
+                    source.devices(),
+                    initial_rank + source.devices()
+                );
+            }
             let groups = source.redundancy(initial_rank, world)?;
             let owners = autopar_layout::redundancy::single_owners(&groups);
             if json {
