@@ -1345,6 +1345,13 @@ pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
     for (step, path) in found.into_iter().rev() {
         let ck = Loaded::open(&path)?;
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
+        if pos.rank != 0 {
+            return Err(TrainError::Resume {
+                path,
+                problem: format!("it lies where rank 0's file of step {step} goes, but its metadata says it is rank {}'s file", pos.rank),
+                hint: format!("put each rank's file back into its folder rank_<k> (this one into rank_{})", pos.rank),
+            });
+        }
         let missing: Vec<usize> =
             (0..pos.world_size).filter(|&r| r != pos.rank && !rank_file(&path, pos.rank, r, pos.world_size).is_file()).collect();
         if missing.is_empty() {

@@ -335,6 +335,15 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
         assert!(err.contains(says) && err.contains("--init"), "{flag} {value}: {err}");
     }
 
+    // Rank 0's and rank 1's newest files swapped between their folders.
+    copy("a", "x");
+    let (f0, f1) = (d.join("x/rank_0/mlp-6_0.safetensors"), d.join("x/rank_1/mlp-6_1.safetensors"));
+    let (b0, b1) = (std::fs::read(&f0).unwrap(), std::fs::read(&f1).unwrap());
+    std::fs::write(&f0, &b1).unwrap();
+    std::fs::write(&f1, &b0).unwrap();
+    let err = resume("x");
+    assert!(err.contains("mlp-6_0.safetensors") && err.contains("its metadata says it is rank 1's file"), "{err}");
+
     // A flipped byte in a tensor's data (the header intact): the file's CRC names it.
     copy("a", "x");
     let f = d.join("x/rank_1/mlp-6_1.safetensors");
