@@ -488,27 +488,28 @@ impl OpSpec {
         Strategy(self.inputs.iter().map(|dims| dims.iter().map(|l| l.map_or(1, |l| splits[l])).collect()).collect())
     }
 
-    /// MindSpore's candidate strategies for `n` devices (without `fully_use_devices`): every
-    /// strategy whose splits are powers of two dividing their dimension and whose product
-    /// divides `n`; and when `n` is `2^k * m` with `m` odd and above 1, each of those with one
-    /// splittable dimension split `m` times more (where the dimension divides).
+    /// MindSpore's candidate strategies for `n` devices (without `fully_use_devices`): when `n`
+    /// is a power of two, every strategy whose splits are powers of two dividing their
+    /// dimension and whose product divides `n`; when `n` is `2^k * m` with `m` odd and above 1,
+    /// each of those for `2^k` devices with one splittable dimension split `m` times more
+    /// (where the dimension divides), and the strategy that splits nothing.
     pub fn valid_splits(&self, n: usize) -> Vec<Vec<usize>> {
-        let mut out = self.power_of_two_splits(n);
         let odd = if n == 0 { 1 } else { n >> n.trailing_zeros() };
-        if odd > 1 {
-            let mut more = Vec::new();
-            for s in &out {
-                for (j, dim) in self.dims.iter().enumerate() {
-                    if dim.splittable && dim.size.is_multiple_of(s[j] * odd) {
-                        let mut t = s.clone();
-                        t[j] *= odd;
-                        if !out.contains(&t) && !more.contains(&t) {
-                            more.push(t);
-                        }
+        let base = self.power_of_two_splits(n / odd);
+        if odd == 1 {
+            return base;
+        }
+        let mut out = vec![vec![1; self.dims.len()]];
+        for s in &base {
+            for (j, dim) in self.dims.iter().enumerate() {
+                if dim.splittable && dim.size.is_multiple_of(s[j] * odd) {
+                    let mut t = s.clone();
+                    t[j] *= odd;
+                    if !out.contains(&t) {
+                        out.push(t);
                     }
                 }
             }
-            out.extend(more);
         }
         out
     }
@@ -623,11 +624,15 @@ mod tests {
         let mut got = s.valid_splits(8);
         got.sort();
         assert_eq!(got, [[1, 1, 1], [1, 2, 1], [1, 4, 1], [1, 8, 1], [2, 1, 1], [2, 2, 1], [2, 4, 1], [4, 1, 1], [4, 2, 1]]);
-        // 6 = 2 * 3: the splits for 2 devices, then 3 times more on one dimension that divides
-        // (12 does, 8 does not; the fixed one never).
+        // 6 = 2 * 3: the splits for 2 devices, each 3 times more on one dimension that divides
+        // (12 does, 8 does not; the fixed one never), and no split at all.
         let mut got = s.valid_splits(6);
         got.sort();
-        assert_eq!(got, [[1, 1, 1], [1, 2, 1], [2, 1, 1], [3, 1, 1], [3, 2, 1], [6, 1, 1]]);
+        assert_eq!(got, [[1, 1, 1], [3, 1, 1], [3, 2, 1], [6, 1, 1]]);
+        // No dimension takes the odd factor: nothing is split (as MindSpore, which does not
+        // split 2 ways and leave 3 replicas).
+        let small = spec(vec![LogicalDim::free(4), LogicalDim::free(8)]);
+        assert_eq!(small.valid_splits(6), [[1, 1]]);
         // An odd count: the odd factor alone.
         let mut got = s.valid_splits(3);
         got.sort();

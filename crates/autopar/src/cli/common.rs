@@ -165,7 +165,15 @@ fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
             ("parallel_mode in its [parallel] table".to_string(), table("parallel_mode")),
         ),
     ];
-    for (key, (a, va), (b, vb)) in pairs {
+    // The file's pair matters only where no flag overrides it.
+    let flagged = |key: &str| match key {
+        "device_num" => p.devices.is_some() || kv("device_num").is_some(),
+        _ => p.parallel_mode.is_some() || kv("parallel_mode").is_some(),
+    };
+    for (i, (key, (a, va), (b, vb))) in pairs.into_iter().enumerate() {
+        if i >= 2 && flagged(key) {
+            continue;
+        }
         if let (Some(va), Some(vb)) = (va, vb) {
             if !va.eq_ignore_ascii_case(&vb) {
                 bail!("{a} gives {va} but {b} gives {vb}\nhint: give the {key} once, or the same value in both places");

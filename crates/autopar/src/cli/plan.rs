@@ -136,7 +136,9 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
                 .collect();
             writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the comparison as JSON: {e}"))?)?;
         } else {
-            write!(out, "{}", compare_text(&format!("{} (batch {batch})", model.describe()), n, &rows))?;
+            let what =
+                if micro > 1 { format!("batch {batch} in {micro} micro-batches of {}", batch / micro) } else { format!("batch {batch}") };
+            write!(out, "{}", compare_text(&format!("{} ({what})", model.describe()), n, &rows))?;
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -133,7 +133,8 @@ pub struct TrainArgs {
     eval_batch_size: Option<usize>,
 
     /// Also train stand_alone on the same data and print the largest loss and parameter
-    /// differences; exit code 1 when one exceeds a relative 1e-3.
+    /// differences; exit code 1 when a step's loss or a parameter tensor (normwise) differs by
+    /// more than a relative 1e-3.
     #[arg(long, help_heading = "Parallel")]
     verify: bool,
 
@@ -567,6 +568,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             "verify": verify.as_ref().map(|v| serde_json::json!({
                 "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
                 "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
+                "parameter_normwise_relative": v.norm_rel, "parameter_normwise": v.norm_param,
                 "tolerance": verify::RTOL, "ok": v.within(verify::RTOL),
             })),
         });
