@@ -38,19 +38,21 @@ impl PipelineJob {
     /// Plan `graph` (one micro-batch's network, its ops carrying their stages) for training
     /// `loss` with `micro_batches` micro-batches per step under `ctx` (`pipeline_stages` > 1).
     pub fn new(graph: &Graph, loss: NodeId, ctx: &ParallelContext, micro_batches: usize) -> Result<Self> {
-        Self::planned(graph, loss, ctx, micro_batches, None)
+        Self::planned(graph, loss, ctx, micro_batches, None, None)
     }
 
-    /// Like [`PipelineJob::new`], with auto_parallel's cost model (inside the stages) under
-    /// `profile` (None: the built-in one).
+    /// Like [`PipelineJob::new`], with the operator strategies of a strategy file (applied
+    /// inside the stages, as in [`crate::parallel::ParallelJob::planned`]) and auto_parallel's
+    /// cost model (inside the stages) under `profile` (None: the built-in one).
     pub fn planned(
         graph: &Graph,
         loss: NodeId,
         ctx: &ParallelContext,
         micro_batches: usize,
+        strategy_file: Option<&autopar_parallel::StrategyItems>,
         profile: Option<&autopar_parallel::DeviceProfile>,
     ) -> Result<Self> {
-        let req = PlanRequest { graph, loss: Some(loss), context: ctx, strategy_file: None, profile };
+        let req = PlanRequest { graph, loss: Some(loss), context: ctx, strategy_file, profile };
         Ok(Self { plan: plan_pipeline(&req, micro_batches).map_err(|e| RuntimeError::Plan(Box::new(e)))? })
     }
 

@@ -510,14 +510,6 @@ impl Trainer {
         let io = Io::of(&graph, &net);
         self.check_data(&graph, &net, &io)?;
 
-        if let (true, Some(path)) = (cfg.parallel.pipeline_stages > 1, cfg.parallel.strategy_load_file()) {
-            return Err(Self::config_error(
-                "strategy_ckpt_config.load_file",
-                path,
-                "no strategy file under pipeline_stages > 1",
-                "the stages are planned by the planner (set operator strategies in the model); drop --strategy",
-            ));
-        }
         if cfg.parallel.pipeline_result_broadcast {
             return Err(Self::config_error(
                 "pipeline_result_broadcast",
@@ -540,7 +532,7 @@ impl Trainer {
         }
         let job = if cfg.parallel.pipeline_stages > 1 {
             Job::Pipeline {
-                job: PipelineJob::planned(&graph, net.loss, &cfg.parallel, cfg.micro_batches, cfg.profile.as_ref())?,
+                job: PipelineJob::planned(&graph, net.loss, &cfg.parallel, cfg.micro_batches, items.as_ref(), cfg.profile.as_ref())?,
                 loss: net.loss,
             }
         } else {

@@ -327,6 +327,31 @@ fn a_gpt_pipeline_with_adamw_verifies() {
     assert!(stdout.contains("verify: beside stand_alone") && !stdout.contains("MISMATCH"), "{stdout}");
 }
 
+/// A strategy file applies inside a pipeline's stages: a model-parallel layer replayed on 2
+/// stages of 2 devices equals stand-alone, and `plan` shows the file as the strategies' source.
+#[test]
+fn a_strategy_file_applies_inside_pipeline_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mp.json"),
+        r#"{"current_stage": 0, "parallel_layout_item": {}, "parallel_strategy_item": {
+            "MatMul_fc1.weight": {"parallel_strategy": [[1, 1], [2, 1]], "stage": 0},
+            "MatMul_fc2.weight": {"parallel_strategy": [[1, 2], [1, 2]], "stage": 0}}}"#,
+    )
+    .unwrap();
+    let common =
+        "--model mlp --width 32 --depth 2 --batch-size 16 --devices 4 --parallel pipeline_stages=2 --micro-batches 2 --strategy mp.json";
+    let args = format!("train {common} --data synthetic --synthetic-samples 256 --steps 3 --eval false --verify");
+    let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("verify: beside stand_alone") && !stdout.contains("MISMATCH"), "{stdout}");
+    let o = autopar(dir.path(), &format!("plan {common}").split_whitespace().collect::<Vec<_>>());
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stdout.lines().any(|l| l.contains("fc2.matmul") && l.contains("((1, 2), (1, 2)) file")), "{stdout}");
+}
+
 #[test]
 fn init_from_per_rank_checkpoints_of_another_strategy() {
     let dir = tempfile::tempdir().unwrap();

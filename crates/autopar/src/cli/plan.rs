@@ -88,7 +88,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let micro = args.micro_batches.or(file.micro_batches);
     let split = pipeline_split(&args.parallel, &file)?;
     if ctx.pipeline_stages > 1 {
-        let stages = PipelineArgs { split: &split, profile: profile.as_ref(), has_strategy_file: items.is_some() };
+        let stages = PipelineArgs { split: &split, profile: profile.as_ref(), strategy_file: items.as_ref() };
         return plan_pipeline_job(&args, &ctx, model.as_ref(), (batch, micro), rank, slots, stages, out);
     }
     if !split.is_empty() {
@@ -206,8 +206,8 @@ struct PipelineArgs<'a> {
     split: &'a [String],
     /// `--profile`.
     profile: Option<&'a autopar_parallel::DeviceProfile>,
-    /// Whether a strategy file was given (refused with stages).
-    has_strategy_file: bool,
+    /// The strategies of a strategy file (`--strategy`), applied inside the stages.
+    strategy_file: Option<&'a autopar_parallel::StrategyItems>,
 }
 
 /// `autopar plan` of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
@@ -220,12 +220,9 @@ fn plan_pipeline_job(
     (batch, micro): (usize, Option<usize>),
     rank: usize,
     slots: usize,
-    PipelineArgs { split, profile, has_strategy_file }: PipelineArgs<'_>,
+    PipelineArgs { split, profile, strategy_file }: PipelineArgs<'_>,
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
-    if has_strategy_file {
-        bail!("--strategy is not used under pipeline_stages > 1\nhint: the stages are planned by the planner; drop --strategy");
-    }
     if args.compare {
         bail!("--compare plans without stages\nhint: drop --parallel pipeline_stages, or drop --compare");
     }
@@ -246,7 +243,7 @@ fn plan_pipeline_job(
         )?;
     }
     spinner.step(format!("planning {} ops in {} stages on {} devices", graph.len(), ctx.pipeline_stages, ctx.devices()));
-    let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file: None, profile };
+    let req = PlanRequest { graph: &graph, loss: Some(net.loss), context: ctx, strategy_file, profile };
     let pp = autopar_parallel::pipeline::plan_pipeline(&req, m)?;
     let report = autopar_parallel::pipeline::pipeline_report(&pp)?;
     let (_, position) = pp.place(rank);
