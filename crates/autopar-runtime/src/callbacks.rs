@@ -50,22 +50,26 @@ pub trait Callback: Send {
     }
 }
 
-/// MindSpore's `LossMonitor`: `epoch: 1 step: 156, loss is 2.0084016` every `per_print_times`
-/// steps of an epoch (step counted within the epoch), to any writer (stdout by default).
+/// MindSpore's `LossMonitor`: `epoch: 1 step: 156, loss is 2.0084016` (the step counted within
+/// the epoch) every `per_print_times` steps of the run, to any writer (stdout by default). As
+/// in MindSpore, steps are counted over the run, not within each epoch (so a period longer than
+/// an epoch still prints), from the last line printed (so a resumed run prints at its first step
+/// past the period, then every period).
 pub struct LossMonitor {
     per_print_times: u64,
+    last_print: u64,
     out: Box<dyn Write + Send>,
 }
 
 impl LossMonitor {
     /// Prints to stdout every `per_print_times` steps (0: never).
     pub fn new(per_print_times: u64) -> Self {
-        Self { per_print_times, out: Box::new(std::io::stdout()) }
+        Self::with_writer(per_print_times, Box::new(std::io::stdout()))
     }
 
     /// Prints to `out` every `per_print_times` steps (0: never).
     pub fn with_writer(per_print_times: u64, out: Box<dyn Write + Send>) -> Self {
-        Self { per_print_times, out }
+        Self { per_print_times, last_print: 0, out }
     }
 
     /// The monitor's line for `event`.
@@ -76,7 +80,8 @@ impl LossMonitor {
 
 impl Callback for LossMonitor {
     fn on_step_end(&mut self, event: &StepEvent) -> TrainResult<()> {
-        if self.per_print_times > 0 && event.step_in_epoch.is_multiple_of(self.per_print_times) {
+        if self.per_print_times > 0 && event.step.saturating_sub(self.last_print) >= self.per_print_times {
+            self.last_print = event.step;
             let _ = writeln!(self.out, "{}", Self::line(event));
         }
         Ok(())
@@ -105,7 +110,9 @@ impl MetricsWriter {
             .truncate(!append)
             .open(path)
             .map_err(|source| TrainError::Write { path: path.to_path_buf(), source })?;
-        Ok(Self { path: path.to_path_buf(), out: BufWriter::new(file), svg: None, history: Vec::new() })
+        // A resumed run's curve starts with the steps the file already holds.
+        let history = if append { std::fs::read_to_string(path).map(|text| logged_losses(&text)).unwrap_or_default() } else { Vec::new() };
+        Ok(Self { path: path.to_path_buf(), out: BufWriter::new(file), svg: None, history })
     }
 
     /// Also write the loss curve to `svg` when training ends.
@@ -132,6 +139,8 @@ impl Callback for MetricsWriter {
         writeln!(self.out, "{obj}")
             .and_then(|_| self.out.flush())
             .map_err(|source| TrainError::Write { path: self.path.clone(), source })?;
+        // Steps a killed run logged past its last checkpoint are run again: the new ones count.
+        self.history.retain(|&(step, _)| step < e.step);
         self.history.push((e.step, e.loss));
         Ok(())
     }
@@ -143,6 +152,16 @@ impl Callback for MetricsWriter {
         }
         Ok(())
     }
+}
+
+/// The (step, loss) of every line of a metrics file that has both (other lines are skipped).
+fn logged_losses(text: &str) -> Vec<(u64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some((v.get("step")?.as_u64()?, v.get("loss")?.as_f64()?))
+        })
+        .collect()
 }
 
 /// Write the loss curve `points` (step, loss) as an SVG line chart, atomically.
@@ -182,13 +201,19 @@ pub fn loss_svg(points: &[(u64, f64)]) -> String {
     ));
     s.push_str(&format!("<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n"));
     s.push_str(&format!("<text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">training loss</text>\n", left + pw / 2.0));
-    for i in 0..=5 {
-        let fx = x0 + (x1 - x0) * i as f64 / 5.0;
-        let fy = y0 + (y1 - y0) * i as f64 / 5.0;
-        let (px, py) = (sx(fx), sy(fy));
+    // Step ticks on whole steps, at most 6 of them.
+    let every = ((x1 - x0) / 5.0).ceil().max(1.0);
+    let mut fx = x0.ceil();
+    while fx <= x1 {
+        let px = sx(fx);
         s.push_str(&format!("<line x1=\"{px:.1}\" y1=\"{top}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#e0e0e0\"/>\n", top + ph));
+        s.push_str(&format!("<text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{fx}</text>\n", top + ph + 18.0));
+        fx += every;
+    }
+    for i in 0..=5 {
+        let fy = y0 + (y1 - y0) * i as f64 / 5.0;
+        let py = sy(fy);
         s.push_str(&format!("<line x1=\"{left}\" y1=\"{py:.1}\" x2=\"{:.1}\" y2=\"{py:.1}\" stroke=\"#e0e0e0\"/>\n", left + pw));
-        s.push_str(&format!("<text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n", top + ph + 18.0, fx.round()));
         s.push_str(&format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{fy:.4}</text>\n", left - 6.0, py + 4.0));
     }
     s.push_str(&format!(
@@ -241,6 +266,29 @@ mod tests {
         }
         let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text, "epoch: 1 step: 156, loss is 2.0084016\nepoch: 2 step: 156, loss is 2.0084016\n");
+        // A period longer than an epoch counts steps over the run (as MindSpore's), and one
+        // that does not divide the epoch keeps its period across epochs.
+        for (every, want) in
+            [(200, vec!["epoch: 2 step: 44"]), (100, vec!["epoch: 1 step: 100", "epoch: 2 step: 44", "epoch: 2 step: 144"])]
+        {
+            let buf = Shared::default();
+            let mut m = LossMonitor::with_writer(every, Box::new(buf.clone()));
+            for s in 1..=312 {
+                m.on_step_end(&event(s, 1.5)).unwrap();
+            }
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            let got: Vec<&str> = text.lines().map(|l| l.trim_end_matches(", loss is 1.5")).collect();
+            assert_eq!(got, want, "every {every}");
+        }
+        // A resumed run (from step 10) prints at its first step past the period, then every period.
+        let buf = Shared::default();
+        let mut m = LossMonitor::with_writer(4, Box::new(buf.clone()));
+        for s in 11..=20 {
+            m.on_step_end(&event(s, 1.5)).unwrap();
+        }
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(text.starts_with("epoch: 1 step: 11,"), "{text}");
     }
 
     #[test]
@@ -262,10 +310,20 @@ mod tests {
         }
         let svg = std::fs::read_to_string(dir.path().join("m.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("<polyline") && svg.trim_end().ends_with("</svg>"));
-        // Appending (a resumed run) keeps the earlier lines.
-        let mut w = MetricsWriter::create(&path, true).unwrap();
+        // Appending (a resumed run) keeps the earlier lines, and its plot the earlier steps
+        // (a step logged again replaces the earlier value); the step labels are whole and distinct.
+        let mut w = MetricsWriter::create(&path, true).unwrap().with_plot(MetricsWriter::plot_path(&path));
+        w.on_step_end(&event(3, 1.25)).unwrap();
         w.on_step_end(&event(4, 1.0)).unwrap();
         w.on_train_end().unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 5);
+        assert_eq!(w.history, [(1, 2.5), (2, 2.0), (3, 1.25), (4, 1.0)]);
+        let svg = std::fs::read_to_string(dir.path().join("m.svg")).unwrap();
+        let labels: Vec<&str> = svg
+            .lines()
+            .filter(|l| l.starts_with("<text") && l.contains("y=\"448.0\""))
+            .filter_map(|l| l.split('>').nth(1)?.split('<').next())
+            .collect();
+        assert_eq!(labels, ["1", "2", "3", "4"], "{svg}");
     }
 }

@@ -93,6 +93,9 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     for (args, needle) in [
         (&["--devices", "4", "--parallel-mode", "stand_alone"][..], "stand_alone runs on one device, but --devices 4"),
         (&["--devices", "4", "--parallel-mode", "data_parallel", "--parallel", "full_batch=true"][..], "data_parallel does not support it"),
+        // Two outputs asked for at once.
+        (&["--devices", "2", "--compare", "--svg", "x.svg"][..], "--compare prints a table of every search; --svg draws one plan"),
+        (&["--devices", "2", "--json", "--mindspore-layouts"][..], "--json and --mindspore-layouts both choose the output"),
         // The device count or the mode given twice, differently.
         (&["--devices", "2", "--parallel", "device_num=8"][..], "--devices gives 2 but --parallel device_num gives 8"),
         (

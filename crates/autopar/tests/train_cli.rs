@@ -135,6 +135,7 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--bogus-flag"], &["--bogus-flag"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--clip-grad-norm", "0"], &["--clip-grad-norm 0"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--steps", "0"], &["--steps 0 trains nothing"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--eval-batch-size", "0"], &["--eval-batch-size 0 evaluates nothing"]);
     fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--synthetic-samples", "0"], &["--synthetic-samples 0 generates no data"]);
     fails(
         d,

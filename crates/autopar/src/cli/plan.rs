@@ -66,6 +66,12 @@ pub struct PlanArgs {
 
 /// Runs `autopar plan`: writes the plan report to `out`.
 pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
+    if args.compare && args.svg.is_some() {
+        bail!("--compare prints a table of every search; --svg draws one plan\nhint: drop one of them");
+    }
+    if args.json && args.mindspore_layouts {
+        bail!("--json and --mindspore-layouts both choose the output\nhint: drop one of them (--mindspore-layouts prints MindSpore's parameter_layout_dict lines)");
+    }
     let file = read_config(args.config.as_deref())?;
     let ctx = parallel_context(&args.parallel, &file)?;
     let (name, opts) = model_options(&args.model, &file)?;

@@ -122,7 +122,7 @@ pub struct TrainArgs {
     /// Also draw the loss curve as an SVG beside the metrics file.
     #[arg(long, help_heading = "Output")]
     plot: bool,
-    /// Print `epoch: E step: S, loss is L` every N steps of an epoch (0: never); default: every 100 steps or once an epoch.
+    /// Print `epoch: E step: S, loss is L` every N steps of the run, as MindSpore's LossMonitor (0: never); default: every 100 steps or once an epoch.
     #[arg(long, value_name = "N", help_heading = "Output")]
     log_every: Option<u64>,
     /// Evaluate accuracy on the test split after training.
@@ -394,6 +394,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     };
     if cfg.epochs == 0 && steps.is_none() {
         bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
+    }
+    if cfg.eval_batch_size == 0 {
+        bail!("--eval-batch-size 0 evaluates nothing\nhint: pass --eval-batch-size 1 or more, or --eval false");
     }
     if steps == Some(0) {
         bail!("--steps 0 trains nothing\nhint: pass --steps 1 or more, or leave it out to train --epochs");
