@@ -18,7 +18,7 @@ use crate::parallel::ParallelJob;
 
 fn ck_err(path: &Path) -> impl FnOnce(autopar_checkpoint::CheckpointError) -> RuntimeError {
     let path = path.to_path_buf();
-    move |e| RuntimeError::Checkpoint { path, source: Box::new(e) }
+    move |e| RuntimeError::Checkpoint { path, error: Box::new(e) }
 }
 
 /// A tensor's element type and little-endian bytes, as checkpoints store them.

@@ -323,12 +323,19 @@ pub enum RuntimeError {
     },
 
     /// Reading or writing a checkpoint failed.
-    #[error("checkpoint {}: {source}", path.display())]
+    #[error("checkpoint {}: {error}", path.display())]
     Checkpoint {
         /// The checkpoint file.
         path: PathBuf,
+        /// The checkpoint crate's error (in this message, not repeated as its cause).
+        error: Box<autopar_checkpoint::CheckpointError>,
+    },
+
+    /// Reading or writing a strategy file failed (the message names the file).
+    #[error("{error}")]
+    StrategyFile {
         /// The checkpoint crate's error.
-        source: Box<autopar_checkpoint::CheckpointError>,
+        error: Box<autopar_checkpoint::CheckpointError>,
     },
 
     /// A checkpoint tensor has an element type autopar cannot train (not a float type).

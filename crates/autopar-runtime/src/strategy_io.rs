@@ -125,15 +125,13 @@ pub fn save_strategy_file(
     only_trainable_params: bool,
     state_keys: &dyn Fn(&str) -> Vec<String>,
 ) -> Result<()> {
-    strategy_file(plan, only_trainable_params, state_keys)
-        .save(path)
-        .map_err(|e| RuntimeError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })
+    strategy_file(plan, only_trainable_params, state_keys).save(path).map_err(|e| RuntimeError::StrategyFile { error: Box::new(e) })
 }
 
 /// The operator strategies a strategy file records, for the planner (MindSpore's
 /// `strategy_ckpt_config.load_file`). A missing or malformed file is an error naming it.
 pub fn load_strategy_items(path: &Path) -> Result<StrategyItems> {
-    let file = StrategyFile::load(path).map_err(|e| RuntimeError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })?;
+    let file = StrategyFile::load(path).map_err(|e| RuntimeError::StrategyFile { error: Box::new(e) })?;
     Ok(strategy_items(&file, path))
 }
 

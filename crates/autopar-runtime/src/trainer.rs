@@ -572,7 +572,7 @@ impl Trainer {
         if let Some(init) = &cfg.init {
             let ck_err = |path: &Path| {
                 let path = path.to_path_buf();
-                move |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path, source: Box::new(e) }
+                move |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path, error: Box::new(e) }
             };
             let first_file = if init.is_dir() {
                 // Reshard the per-rank checkpoints to full tensors; the job slices them per rank.
@@ -705,7 +705,7 @@ impl Trainer {
             if quiet {
                 return Ok(());
             }
-            file.save(path).map_err(|e| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(e) })
+            file.save(path).map_err(|e| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(e) })
         };
         if let Some(path) = ctx.strategy_save_file() {
             let path = Path::new(path);
@@ -748,7 +748,7 @@ impl Trainer {
             let program = pj.program(r)?;
             let info = crate::strategy_io::group_info(pj.plan(), &program);
             let file = rank_file_path(path, r);
-            info.save(&file).map_err(|e| TrainError::Checkpoint { path: file.clone(), source: Box::new(e) })?;
+            info.save(&file).map_err(|e| TrainError::Checkpoint { path: file.clone(), error: Box::new(e) })?;
         }
         Ok(())
     }
@@ -949,7 +949,7 @@ impl Trainer {
     /// Whether `job` gives every tensor the layout the strategy file `saved` records.
     fn same_layouts(&self, job: &Job, saved: &Path) -> TrainResult<bool> {
         let saved = autopar_checkpoint::StrategyFile::load(saved)
-            .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), source: Box::new(source) })?;
+            .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), error: Box::new(source) })?;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
         let now = job.strategy_file(false, &keys);
         let by_name = |mut items: Vec<autopar_checkpoint::LayoutItem>| {
@@ -1102,7 +1102,7 @@ impl Trainer {
         // Temp files of a killed earlier run, whichever step it was writing.
         let folder = path.parent().unwrap_or(Path::new("."));
         autopar_checkpoint::io::remove_stale_temps(folder, |target| target.starts_with(&format!("{}-", ck.prefix)))
-            .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), source: Box::new(source) })?;
+            .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), error: Box::new(source) })?;
         let t = Instant::now();
         save_checkpoint(&path, trainer.params(), opt.state(), &position)?;
         tracing::info!(rank, step, path = %path.display(), ms = t.elapsed().as_secs_f64() * 1e3, "checkpoint written");

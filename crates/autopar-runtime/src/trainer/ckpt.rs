@@ -169,7 +169,7 @@ pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, pos
     }
     let tensors = crate::distributed::checkpoint_tensors(params.iter().chain(state.iter()))?;
     autopar_checkpoint::save(path, &tensors, &position.to_metadata())
-        .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(source) })
+        .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(source) })
 }
 
 /// An opened checkpoint file.
@@ -191,7 +191,7 @@ impl Loaded {
             });
         }
         let file =
-            CheckpointFile::open(path).map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), source: Box::new(source) })?;
+            CheckpointFile::open(path).map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(source) })?;
         Ok(Self { path: path.to_path_buf(), file })
     }
 
@@ -216,7 +216,7 @@ impl Loaded {
             });
         }
         let (dtype, eshape) = (entry.dtype, entry.shape.clone());
-        let bytes = self.file.read(name).map_err(|source| TrainError::Checkpoint { path: self.path.clone(), source: Box::new(source) })?;
+        let bytes = self.file.read(name).map_err(|source| TrainError::Checkpoint { path: self.path.clone(), error: Box::new(source) })?;
         Ok(crate::distributed::tensor_from_bytes(dtype, &eshape, &bytes, name, &self.path)?)
     }
 
@@ -239,7 +239,7 @@ pub fn load_parameters(path: &Path, params: &mut ParamStore) -> TrainResult<usiz
     if !path.is_file() {
         return Err(TrainError::Checkpoint {
             path: path.to_path_buf(),
-            source: Box::new(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() }),
+            error: Box::new(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() }),
         });
     }
     let ck = Loaded::open(path)?;

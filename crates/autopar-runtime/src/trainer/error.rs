@@ -66,12 +66,12 @@ pub enum TrainError {
     },
 
     /// Reading or writing a checkpoint file failed.
-    #[error("checkpoint {}: {source}", path.display())]
+    #[error("checkpoint {}: {error}", path.display())]
     Checkpoint {
         /// The checkpoint file.
         path: PathBuf,
-        /// The checkpoint crate's error.
-        source: Box<CheckpointError>,
+        /// The checkpoint crate's error (in this message, not repeated as its cause).
+        error: Box<CheckpointError>,
     },
 
     /// The checkpoint lacks a parameter the network needs.
