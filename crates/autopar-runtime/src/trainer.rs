@@ -594,7 +594,7 @@ impl Trainer {
                 }
                 files.values().next().cloned()
             } else {
-                load_parameters(init, &mut full)?;
+                load_parameters(init, &mut full).map_err(|e| one_rank_of_many(init, e))?;
                 Some(init.clone())
             };
             // entries the network has no parameter for (optimizer state, counters): said, not used
@@ -1285,6 +1285,36 @@ fn merged_tensor<'a>(merged: &'a ParamStore, path: &Path, name: &str, shape: &[u
         return Err(TrainError::InitShape { path: path.to_path_buf(), name: name.into(), shape: shape.to_vec(), got: t.shape().to_vec() });
     }
     Ok(t)
+}
+
+/// `e`, a parameter missing from or shaped otherwise in the `--init` file `path`, said as what
+/// it is when the file is one rank's file of a parallel run (whose slices the whole folder
+/// holds together).
+fn one_rank_of_many(path: &Path, e: TrainError) -> TrainError {
+    if !matches!(e, TrainError::InitMissing { .. } | TrainError::InitShape { .. }) {
+        return e;
+    }
+    let Ok(ck) = Loaded::open(path) else { return e };
+    match RunPosition::from_metadata(path, ck.file.metadata()) {
+        Ok(pos) if pos.world_size > 1 => {
+            // The problem without its own hint (another network), which this one replaces.
+            let problem = e.to_string().lines().filter(|l| !l.starts_with("hint:")).collect::<Vec<_>>().join("\n  ");
+            let root = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+            TrainError::Config {
+                option: "init",
+                value: path.display().to_string(),
+                expected: format!(
+                    "a whole checkpoint; this is rank {}'s file of a run on {} devices, which holds its slices only:\n  {problem}",
+                    pos.rank, pos.world_size
+                ),
+                hint: format!(
+                    "pass the run's folder, --init {} (its strategy.json says how the ranks' files fit together)",
+                    root.display()
+                ),
+            }
+        }
+        _ => e,
+    }
 }
 
 /// The error for optimizer state `key` missing from the checkpoint `path`.

@@ -342,11 +342,21 @@ fn a_strategy_file_applies_inside_pipeline_stages() {
     .unwrap();
     let common =
         "--model mlp --width 32 --depth 2 --batch-size 16 --devices 4 --parallel pipeline_stages=2 --micro-batches 2 --strategy mp.json";
-    let args = format!("train {common} --data synthetic --synthetic-samples 256 --steps 3 --eval false --verify");
+    let args = format!("train {common} --data synthetic --synthetic-samples 256 --steps 3 --eval false --verify --checkpoint-dir ck");
     let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("verify: beside stand_alone") && !stdout.contains("MISMATCH"), "{stdout}");
+    // One rank's file of that run holds its slices only: --init of it says so and names the folder.
+    let o = autopar(
+        dir.path(),
+        &"train --model mlp --width 32 --depth 2 --data synthetic --steps 1 --init ck/rank_0/mlp-3_0.safetensors"
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+    );
+    let (_, stderr) = text(&o);
+    assert!(stderr.contains("rank 0's file of a run on 4 devices") && stderr.contains("--init ck"), "{stderr}");
+    assert!(!stderr.contains("saved from another network"), "{stderr}");
     let o = autopar(dir.path(), &format!("plan {common}").split_whitespace().collect::<Vec<_>>());
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stderr}");
