@@ -143,39 +143,30 @@ fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
             .map(|(_, v)| v.trim().trim_matches('"').to_string())
     };
     let table = |key: &str| file.parallel.as_ref().and_then(|t| t.get(key)).map(text);
-    let pairs = [
+    // Per key: the command line's two places, then the file's (which count only where no flag
+    // gives the key: a flag overrides the file).
+    let places = [
         (
             "device_num",
-            ("--devices".to_string(), p.devices.map(|n| n.to_string())),
-            ("--parallel device_num".to_string(), kv("device_num")),
+            [("--devices".to_string(), p.devices.map(|n| n.to_string())), ("--parallel device_num".to_string(), kv("device_num"))],
+            [
+                ("devices in the config file".to_string(), file.devices.map(|n| n.to_string())),
+                ("device_num in its [parallel] table".to_string(), table("device_num")),
+            ],
         ),
         (
             "parallel_mode",
-            ("--parallel-mode".to_string(), p.parallel_mode.clone()),
-            ("--parallel parallel_mode".to_string(), kv("parallel_mode")),
-        ),
-        (
-            "device_num",
-            ("devices in the config file".to_string(), file.devices.map(|n| n.to_string())),
-            ("device_num in its [parallel] table".to_string(), table("device_num")),
-        ),
-        (
-            "parallel_mode",
-            ("parallel_mode in the config file".to_string(), file.parallel_mode.clone()),
-            ("parallel_mode in its [parallel] table".to_string(), table("parallel_mode")),
+            [("--parallel-mode".to_string(), p.parallel_mode.clone()), ("--parallel parallel_mode".to_string(), kv("parallel_mode"))],
+            [
+                ("parallel_mode in the config file".to_string(), file.parallel_mode.clone()),
+                ("parallel_mode in its [parallel] table".to_string(), table("parallel_mode")),
+            ],
         ),
     ];
-    // The file's pair matters only where no flag overrides it.
-    let flagged = |key: &str| match key {
-        "device_num" => p.devices.is_some() || kv("device_num").is_some(),
-        _ => p.parallel_mode.is_some() || kv("parallel_mode").is_some(),
-    };
-    for (i, (key, (a, va), (b, vb))) in pairs.into_iter().enumerate() {
-        if i >= 2 && flagged(key) {
-            continue;
-        }
-        if let (Some(va), Some(vb)) = (va, vb) {
-            if !va.eq_ignore_ascii_case(&vb) {
+    for (key, flags, in_file) in places {
+        let pair = if flags.iter().any(|(_, v)| v.is_some()) { flags } else { in_file };
+        if let [(a, Some(va)), (b, Some(vb))] = &pair {
+            if !va.eq_ignore_ascii_case(vb) {
                 bail!("{a} gives {va} but {b} gives {vb}\nhint: give the {key} once, or the same value in both places");
             }
         }
