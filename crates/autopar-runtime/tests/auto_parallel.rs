@@ -402,3 +402,66 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
     assert_eq!(dp.fastest, Some((fastest.total().memory, fastest.objective)));
     assert!(autopar_parallel::report::search_text(dp).contains("memory: the fastest plan"));
 }
+
+/// recursive_programming on a GPT block whose layers are wide for its batch (8 sequences of
+/// 16 tokens, width 1024, 8 devices): the partition cuts the projections' output columns (and
+/// the batch), and MindSpore's rules carry that to the ops it leaves out: the bias adds take
+/// the column split, the head reshapes and transposes turn it into a split of the heads, the
+/// attention's batched matmuls, mask and softmax run per head (the softmax axis whole), the
+/// output projections contract over the split heads; the embedding lookup splits its indices.
+#[test]
+fn recursive_programming_carries_column_splits_into_the_attention_heads() {
+    use autopar_models::{Gpt, GptConfig, Mode, Model};
+    let cfg = GptConfig { vocab: 1000, context: 16, width: 1024, heads: 8, layers: 1, mlp_ratio: 4, dropout: 0.0, ..GptConfig::default() };
+    let (graph, _) = Gpt::new(cfg).unwrap().build_graph(8, Mode::Train, 0).unwrap();
+    let mut c = auto("recursive_programming", false);
+    c.set("device_num", &json!(8)).unwrap();
+    let p = plan(&graph, &c).unwrap();
+    let strategy = |name: &str| {
+        let n = p.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no op {name}"));
+        n.strategy.as_ref().map(|s| s.to_string()).unwrap_or_default()
+    };
+    for (op, want) in [
+        ("wte.gather", "((1, 1), (8, 1))"),
+        ("blocks.0.attn.q_proj.matmul", "((4, 1), (2, 1))"),
+        ("blocks.0.attn.q_proj.bias_add", "((4, 2), (2,))"),
+        ("blocks.0.attn.q.heads", "((4, 1, 2, 1))"),
+        ("blocks.0.attn.scores", "((4, 2, 1, 1), (4, 2, 1, 1))"),
+        ("blocks.0.attn.mask", "((4, 2, 1, 1), (1, 1))"),
+        ("blocks.0.attn.softmax", "((4, 2, 1, 1))"),
+        ("blocks.0.attn.context", "((4, 2, 1, 1), (4, 2, 1, 1))"),
+        ("blocks.0.attn.out_proj.matmul", "((4, 2), (1, 2))"),
+        ("blocks.0.attn.out_proj.bias_add", "((4, 1), (1,))"),
+        ("blocks.0.ln2", "((4, 1), (1,), (1,))"),
+        ("blocks.0.mlp.fc1.matmul", "((4, 1), (2, 1))"),
+        ("blocks.0.mlp.gelu", "((4, 2))"),
+        ("blocks.0.mlp.fc2.matmul", "((4, 2), (1, 2))"),
+    ] {
+        assert_eq!(strategy(op), want, "{op}");
+    }
+    let report = p.search.as_ref().unwrap();
+    let source = |name: &str| report.ops.iter().find(|o| o.name == name).map(|o| o.source.name());
+    assert_eq!(source("blocks.0.attn.softmax"), Some("propagated"));
+    assert_eq!(source("blocks.0.attn.q_proj.matmul"), Some("searched"));
+}
+
+/// recursive_programming's rules take the strategy that spans the most devices first: a ReLU
+/// between a MatMul set to 2 devices and one set to 8 copies its consumer's 8-way split
+/// (backward), not its producer's 2-way one (forward), as MindSpore's passes do.
+#[test]
+fn recursive_programming_copies_the_widest_neighbouring_strategy_first() {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[16, 64], DType::F32).unwrap();
+    let w1 = b.parameter("w1", &[64, 64], Initializer::Zeros).unwrap();
+    let w2 = b.parameter("w2", &[64, 8], Initializer::Zeros).unwrap();
+    let m1 = b.matmul("mm1", x, w1).unwrap();
+    b.shard(m1, "((2,1),(1,1))".parse().unwrap()).unwrap();
+    let r = b.relu("relu", m1).unwrap();
+    let m2 = b.matmul("mm2", r, w2).unwrap();
+    b.shard(m2, "((8,1),(1,1))".parse().unwrap()).unwrap();
+    let loss = b.reduce_mean("loss", m2, &[], false).unwrap();
+    b.output(loss).unwrap();
+    let p = plan(&b.finish(), &auto("recursive_programming", false)).unwrap();
+    let relu = p.nodes.iter().find(|n| n.name == "relu").unwrap();
+    assert_eq!(relu.strategy.as_ref().unwrap().to_string(), "((8, 1))");
+}

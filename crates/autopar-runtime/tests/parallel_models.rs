@@ -233,26 +233,30 @@ fn data_parallel_with_batch_norm_and_dropout_equals_stand_alone_on_the_global_ba
 }
 
 /// auto_parallel: every search's plan trains equal to stand-alone, for the MLP (random widths),
-/// the GPT model and ResNet-18 on 2, 4 and 8 devices.
+/// the GPT model and ResNet-18 on 2, 4 and 8 devices, and a wide MLP on a batch of 2, where
+/// recursive_programming's own costs choose model parallel (it splits a 1024-wide layer's
+/// weight rather than the batch) on 2 devices.
 #[test]
 fn auto_parallel_plans_equal_stand_alone() {
     let mut rng = autopar_data::Rng::new(5);
-    let mut cases = Vec::new();
+    let mut cases: Vec<(&str, Case, &[usize])> = Vec::new();
     for _ in 0..2 {
         let widths = [8usize, 16, 32, 64];
         let hidden = vec![widths[(rng.next_u64() % 4) as usize], widths[(rng.next_u64() % 4) as usize]];
         let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden, num_classes: 8 }).unwrap();
-        cases.push(("mlp", case(&m, 16, 8, 1e-5, 1e-6)));
+        cases.push(("mlp", case(&m, 16, 8, 1e-5, 1e-6), &[2, 4, 8]));
     }
-    cases.push(("gpt", case(&small_gpt(), 8, 16, 1e-5, 1e-6)));
+    let wide = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![1024, 1024], num_classes: 8 }).unwrap();
+    cases.push(("wide mlp", case(&wide, 2, 8, 1e-5, 1e-6), &[2]));
+    cases.push(("gpt", case(&small_gpt(), 8, 16, 1e-5, 1e-6), &[2, 4, 8]));
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
-    cases.push(("resnet18", case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5)));
+    cases.push(("resnet18", case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5), &[2, 4, 8]));
     // Per search: runs whose plan splits some parameter (model parallel, not only the batch).
     let mut model_parallel = std::collections::BTreeMap::new();
-    for (label, c) in &cases {
+    for (label, c, devices) in &cases {
         let batches = data(c, 10, 29);
         let (want_losses, want) = serial(c, &batches);
-        for n in [2usize, 4, 8] {
+        for &n in devices.iter() {
             for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
                 let mut ctx = ParallelContext::default();
                 ctx.set("device_num", &json!(n)).unwrap();

@@ -11,6 +11,7 @@
 
 pub mod costgraph;
 pub mod profile;
+mod rec_rules;
 pub mod recursive;
 pub mod solve;
 

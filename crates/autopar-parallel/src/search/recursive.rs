@@ -1,14 +1,16 @@
 //! `recursive_programming`, MindSpore's default search (its "rec_core", as 2.10 runs it):
 //! a greedy of binary cuts that does not use the cost graph's costs.
 //!
-//! 1. **The partition graph** keeps the ops whose cuts matter: 2-D MatMuls, convolutions,
-//!    pooling, and batch-parallel ops (BatchNorm, OneHot, the loss), plus one node per network
-//!    input (MindSpore's VirtualDataset). Every other op (element-wise ops, activations, bias
-//!    adds, reductions, reshapes, softmax, layer norm, batched matmuls, gathers) is left out and
-//!    gets its strategy afterwards. Edges pass through the ops left out: a kept op's producer is
-//!    every kept op reached through their (non-parameter) inputs. Tensors are seen as 4-D
-//!    (right-aligned), each dimension with a count of halvings. Ops the user (or a strategy
-//!    file) set keep their strategy: they are not cut, and in round r they count as having
+//! 1. **The partition graph** keeps the ops whose cuts matter: 2-D MatMuls, convolutions, max
+//!    pooling, batch norm and the loss, the ops rec does not know (average pooling, slices,
+//!    pads: never cut, visited last), plus one node per network input (MindSpore's
+//!    VirtualDataset). Every other op (element-wise ops, activations, bias adds, reductions,
+//!    reshapes, transposes, softmax, layer norm, batched matmuls, gathers, one-hots) is left
+//!    out and gets its strategy afterwards ([`rec_op`] says which is which). Edges pass through
+//!    the ops left out: a kept op's producer is every kept op reached through their
+//!    (non-parameter) inputs. Tensors are seen as 4-D (right-aligned), each dimension with a
+//!    count of halvings. Ops the user (or a strategy file) set keep their strategy: they are
+//!    not cut, and in round r they count as having
 //!    halved the dimensions their strategy splits more than 2^r ways.
 //! 2. **log2(devices) rounds.** Each round visits every kept node once, inputs first (above 32
 //!    devices: by weight, heaviest first) and halves one dimension of it:
@@ -20,15 +22,16 @@
 //!    * Convolutions cut the batch (`filter/2` plus the penalty); pooling the batch or channels
 //!      (the penalty alone); batch-parallel ops and inputs their first even dimension, free.
 //! 3. **Strategies**: the halvings give each kept op its strategy (the loss runs data parallel).
-//!    The ops left out follow their neighbours: sharding propagation from the kept ops, each op
-//!    taking the layout its neighbour gives (the cheapest redistribution).
+//!    The ops left out copy their neighbours' by MindSpore's rules (see `rec_rules`): widest
+//!    strategies first, forward from an op's producer, else backward from its consumer, each
+//!    op kind with its own rule.
 
 use std::collections::BTreeSet;
 
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
-use super::solve::propagate;
+use super::rec_rules::{self, rec_op, RecOp};
 use crate::error::{ParallelError, Result};
 use crate::planner::{default_splits, depends_on_inputs};
 
@@ -56,6 +59,8 @@ enum Kind {
     Batch,
     /// The loss: cut like a batch-parallel op, data parallel in the end.
     Loss,
+    /// A kind rec does not know: visited last, never cut.
+    Unknown,
 }
 
 type Dims = [usize; 4];
@@ -127,16 +132,16 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     let mut nodes: Vec<RecNode> = Vec::new();
     let mut kept_of: Vec<Option<usize>> = vec![None; g.len()];
     for (i, node) in g.nodes().iter().enumerate() {
-        let kind = match &node.op {
-            OpKind::Input(_) => Some(Kind::Batch),
-            _ => match (cg.of_node[i], node.op.kind()) {
-                (Some(_), "MatMul") if node.ty.shape.len() == 2 => Some(Kind::MatMul),
-                (Some(_), "Conv2D") => Some(Kind::Conv),
-                (Some(_), "MaxPool" | "AvgPool") => Some(Kind::Pool),
-                (Some(_), "BatchNorm" | "OneHot") => Some(Kind::Batch),
-                (Some(_), "SoftmaxCrossEntropyWithLogits") => Some(Kind::Loss),
-                _ => None,
-            },
+        let kind = match rec_op(&node.op, node.ty.shape.len()) {
+            RecOp::Dataset => Some(Kind::Batch),
+            _ if cg.of_node[i].is_none() => None,
+            RecOp::MatMul => Some(Kind::MatMul),
+            RecOp::Conv => Some(Kind::Conv),
+            RecOp::Pool => Some(Kind::Pool),
+            RecOp::Batch => Some(Kind::Batch),
+            RecOp::Loss => Some(Kind::Loss),
+            RecOp::Unknown => Some(Kind::Unknown),
+            RecOp::Left(_) | RecOp::Not => None,
         };
         let Some(kind) = kind else { continue };
         let shape = |x: usize| node.inputs.get(x).map(|id| g.node(*id).ty.shape.clone()).unwrap_or_default();
@@ -236,6 +241,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
                 splits[2] = 1 << node.cuts[1][3];
             }
             Kind::Loss => splits = default_splits(&op.spec, g.node(op.node), &on_data, rec.devices),
+            Kind::Unknown => {}
             Kind::Conv | Kind::Pool | Kind::Batch => {
                 let map = &op.spec.inputs[0];
                 for (t, l) in map.iter().enumerate() {
@@ -247,7 +253,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         }
         configured[k] = op.candidates.iter().position(|c| c.splits == splits);
     }
-    Ok(propagate(cg, &configured))
+    Ok(rec_rules::complete(g, cg, rec.devices, &configured))
 }
 
 /// What fixed node `n` counts as having halved in round `round`: the dimensions its strategy
@@ -279,9 +285,11 @@ fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<No
     }
 }
 
-/// Inputs first (the graph's order); above 32 devices the heaviest first, ties inputs first.
+/// Inputs first (the graph's order), ops rec does not know last; above 32 devices the
+/// heaviest first, ties inputs first.
 fn visit_order(nodes: &[RecNode], devices: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by_key(|&v| nodes[v].kind == Kind::Unknown);
     if devices > 32 {
         let w: Vec<f64> = nodes.iter().map(weight).collect();
         order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
@@ -297,7 +305,7 @@ fn weight(n: &RecNode) -> f64 {
             c.iter().copied().fold(0.0, f64::max)
         }
         Kind::Conv => size(&local(&n.args[1], &n.cuts[1])) / 2.0,
-        Kind::Pool => 0.0,
+        Kind::Pool | Kind::Unknown => 0.0,
         Kind::Batch | Kind::Loss if n.op.is_none() => 0.0,
         Kind::Batch | Kind::Loss => f64::MAX,
     }
@@ -377,6 +385,7 @@ fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usiz
                 options.push((total, vec![(0, d), (2, d)]));
             }
         }
+        Kind::Unknown => {}
         Kind::Batch | Kind::Loss => {
             let a = local(&n.args[0], &n.cuts[0]);
             for (d, &size) in a.iter().enumerate() {

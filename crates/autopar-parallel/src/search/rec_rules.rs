@@ -1,0 +1,731 @@
+//! The second half of `recursive_programming`: strategies for the ops its partition leaves
+//! out, by MindSpore 2.10's rules for a training graph (rec_core's strategy propagator). No
+//! costs here: each op copies a neighbour's strategy through a rule of its kind.
+//!
+//! 1. The ops left out wait in a list, in graph order. For `d` = the device count, halved down
+//!    to 2, passes run until one changes nothing: a **forward** pass gives each waiting op the
+//!    output strategy of its incoming op (the producer of its first input whose strategy splits
+//!    something, else of its last input with a producer; never a network input); when a
+//!    forward pass changes nothing, a **backward** pass gives each waiting op what its first
+//!    consumer with a strategy wants of it. A copied strategy is taken only when it spans at
+//!    least `d` devices. A pass walks the list from its end and leaves it reversed.
+//! 2. Then forward and backward passes that take any strategy, until the list stops
+//!    shrinking; what is still waiting runs whole.
+//! 3. Per-kind rules turn a copied strategy into the op's: element-wise ops take it dimension
+//!    by dimension from the left (a dimension of size 1 stays whole), binary ops broadcast it
+//!    to the smaller input, a bias add gives the bias the channel's split, softmax and layer
+//!    norm keep their last axis whole, a batched matmul reads it as its output's (k whole), a
+//!    gather splits by its own shape rule, a flatten runs data parallel; reshapes, transposes
+//!    and reductions map strategies between their input and output. A dimension whose size
+//!    the split does not divide, or that the op cannot split, stays whole.
+//!
+//! Gathers pass nothing on. Reshapes and flattens follow their input's layout in autopar's
+//! plan; here they take strategies like any other op so that they pass them on as MindSpore's do.
+
+use autopar_graph::{normalize_axis, Graph, NodeId, OpKind, OpSpec};
+
+use super::costgraph::CostGraph;
+
+/// A tensor's strategy: the split of each of its dimensions.
+type Strat = Vec<usize>;
+
+/// The strategies of an op's inputs, in input order.
+type Strats = Vec<Strat>;
+
+/// How rec treats an op kind: in its partition graph, left to the rules, or not an op.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum RecOp {
+    /// A 2-D matrix product, cut by the partition.
+    MatMul,
+    /// A convolution: the partition cuts its batch.
+    Conv,
+    /// Max pooling: the partition cuts its batch or channels.
+    Pool,
+    /// Batch-parallel (batch norm): the partition cuts its first even dimension.
+    Batch,
+    /// The loss: cut like a batch-parallel op, data parallel in the end.
+    Loss,
+    /// A kind rec does not know (average pooling, slices, pads): in the partition graph, never cut.
+    Unknown,
+    /// A network input (MindSpore's VirtualDataset).
+    Dataset,
+    /// Left out of the partition: takes a neighbour's strategy by its kind's rule.
+    Left(Rule),
+    /// Not an op to rec: parameters, constants, ops run whole, backward and communication ops.
+    Not,
+}
+
+/// How a left-out op turns a neighbour's strategy into its own, and passes its own on.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Rule {
+    /// Dimension by dimension from the left, a dimension of size 1 whole.
+    Elementwise,
+    /// A binary op: the copied strategy broadcast to the smaller input.
+    Broadcast {
+        /// Passes on its largest input's strategy (not so for a division, as in MindSpore).
+        largest: bool,
+    },
+    /// The bias takes the channel's split.
+    BiasAdd,
+    /// Softmax and layer norm: this axis whole.
+    WholeAxis(i64),
+    /// The copied strategy read as the output's, k whole.
+    BatchMatMul {
+        /// `a` transposed.
+        ta: bool,
+        /// `b` transposed.
+        tb: bool,
+    },
+    /// Its own shape rule, and passes nothing on.
+    Gather(i64),
+    /// The copied strategy is the output's.
+    OneHot,
+    /// Data parallel; passes on its strategy with the flattened dimensions merged.
+    Flatten,
+    /// Carries strategies between its input and output shapes.
+    Reshape,
+    /// Permutes strategies.
+    Transpose(Vec<usize>),
+    /// Reduces over these axes (keeping them or not).
+    Reduce(Vec<i64>, bool),
+}
+
+/// Rec's treatment of `op`, whose output has rank `out_rank`.
+pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
+    use RecOp::{Left, Not};
+    match op {
+        OpKind::Input(_) => RecOp::Dataset,
+        OpKind::MatMul(m) if out_rank != 2 => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
+        OpKind::MatMul(_) => RecOp::MatMul,
+        OpKind::Conv2D(_) => RecOp::Conv,
+        OpKind::MaxPool(_) => RecOp::Pool,
+        OpKind::BatchNorm(_) => RecOp::Batch,
+        OpKind::SoftmaxCrossEntropy(_) => RecOp::Loss,
+        OpKind::AvgPool(_) | OpKind::Slice(_) | OpKind::Pad(_) => RecOp::Unknown,
+        OpKind::Cast(_)
+        | OpKind::Neg(_)
+        | OpKind::Scale(_)
+        | OpKind::Exp(_)
+        | OpKind::Log(_)
+        | OpKind::Sqrt(_)
+        | OpKind::Relu(_)
+        | OpKind::Gelu(_)
+        | OpKind::Tanh(_)
+        | OpKind::Sigmoid(_)
+        | OpKind::Concat(_)
+        | OpKind::Dropout(_) => Left(Rule::Elementwise),
+        OpKind::Add(_) | OpKind::Sub(_) | OpKind::Mul(_) => Left(Rule::Broadcast { largest: true }),
+        OpKind::Div(_) => Left(Rule::Broadcast { largest: false }),
+        OpKind::BiasAdd(_) => Left(Rule::BiasAdd),
+        OpKind::Softmax(s) => Left(Rule::WholeAxis(s.axis)),
+        OpKind::LogSoftmax(s) => Left(Rule::WholeAxis(s.axis)),
+        // MindSpore's rule reads an `axis` a layer norm does not have: the last axis.
+        OpKind::LayerNorm(_) => Left(Rule::WholeAxis(-1)),
+        OpKind::BatchMatMul(m) => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
+        OpKind::Gather(g) => Left(Rule::Gather(g.axis)),
+        OpKind::OneHot(_) => Left(Rule::OneHot),
+        OpKind::Flatten(_) => Left(Rule::Flatten),
+        OpKind::Reshape(_) => Left(Rule::Reshape),
+        OpKind::Transpose(t) => Left(Rule::Transpose(t.perm.clone())),
+        OpKind::ReduceSum(r) => Left(Rule::Reduce(r.axes.clone(), r.keep_dims)),
+        OpKind::ReduceMean(r) => Left(Rule::Reduce(r.axes.clone(), r.keep_dims)),
+        OpKind::ReduceMax(r) => Left(Rule::Reduce(r.axes.clone(), r.keep_dims)),
+        OpKind::GlobalAvgPool(_) => Left(Rule::Reduce(vec![2, 3], false)),
+        OpKind::Parameter(_)
+        | OpKind::Fill(_)
+        | OpKind::BroadcastTo(_)
+        | OpKind::SumTo(_)
+        | OpKind::ReluGrad(_)
+        | OpKind::GeluGrad(_)
+        | OpKind::ReduceMaxGrad(_)
+        | OpKind::GatherGrad(_)
+        | OpKind::Conv2DGradInput(_)
+        | OpKind::Conv2DGradFilter(_)
+        | OpKind::MaxPoolGrad(_)
+        | OpKind::AvgPoolGrad(_)
+        | OpKind::BatchNormGrad(_)
+        | OpKind::LayerNormGrad(_)
+        | OpKind::AllReduce(_)
+        | OpKind::AllGather(_)
+        | OpKind::ReduceScatter(_)
+        | OpKind::AllToAll(_)
+        | OpKind::Broadcast(_)
+        | OpKind::Reduce(_)
+        | OpKind::Send(_)
+        | OpKind::Recv(_) => Not,
+    }
+}
+
+/// The rules' state over the graph.
+struct Rules<'a> {
+    g: &'a Graph,
+    cg: &'a CostGraph,
+    devices: usize,
+    /// Each node's treatment.
+    rec: Vec<RecOp>,
+    /// Decided by the partition or the user: passes on its output's strategy.
+    decided: Vec<bool>,
+    /// Each op's input strategies, once it has some.
+    state: Vec<Option<Strats>>,
+    /// Each node's consumers that take strategies: (consumer, input slot), in graph order.
+    consumers: Vec<Vec<(usize, usize)>>,
+}
+
+impl RecOp {
+    /// Whether the node is an op that has (or gets) a strategy.
+    fn is_op(&self) -> bool {
+        !matches!(self, RecOp::Dataset | RecOp::Not)
+    }
+}
+
+/// Gives every cost-graph op a candidate: `decided[k]` where set (the partition's or the
+/// user's), else by MindSpore's rules. Returns each op's candidate and whether the rules
+/// copied it from a neighbour (false: decided, or left whole).
+pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Option<usize>]) -> (Vec<usize>, Vec<bool>) {
+    let n = g.len();
+    let rec: Vec<RecOp> = (0..n)
+        .map(|i| {
+            let node = g.node(NodeId(i));
+            match rec_op(&node.op, node.ty.shape.len()) {
+                // An op the plan runs whole takes no strategy.
+                r @ (RecOp::Dataset | RecOp::Left(Rule::Reshape | Rule::Flatten)) => r,
+                _ if cg.of_node[i].is_none() => RecOp::Not,
+                r => r,
+            }
+        })
+        .collect();
+    let mut consumers = vec![Vec::new(); n];
+    for (i, node) in g.nodes().iter().enumerate() {
+        if !rec[i].is_op() {
+            continue;
+        }
+        for (slot, x) in node.inputs.iter().enumerate() {
+            if !consumers[x.0].iter().any(|&(c, _)| c == i) {
+                consumers[x.0].push((i, slot));
+            }
+        }
+    }
+    let mut rules = Rules { g, cg, devices, rec, decided: vec![false; n], state: vec![None; n], consumers };
+    let mut waiting = Vec::new();
+    for i in 0..n {
+        if !rules.rec[i].is_op() {
+            continue;
+        }
+        match cg.of_node[i].and_then(|k| decided[k].map(|c| (k, c))) {
+            Some((k, c)) => {
+                let op = &cg.ops[k];
+                rules.state[i] = Some(input_strats(&op.spec, &op.candidates[c].splits));
+                rules.decided[i] = true;
+            }
+            None => waiting.push(i),
+        }
+    }
+
+    let mut copied = vec![false; n];
+    let mut d = devices;
+    while d > 1 {
+        loop {
+            if rules.pass(&mut waiting, d, true, &mut copied) > 0 {
+                continue;
+            }
+            if rules.pass(&mut waiting, d, false, &mut copied) == 0 {
+                break;
+            }
+        }
+        d /= 2;
+    }
+    loop {
+        let before = waiting.len();
+        rules.pass(&mut waiting, 1, true, &mut copied);
+        rules.pass(&mut waiting, 1, false, &mut copied);
+        if waiting.len() >= before {
+            break;
+        }
+    }
+
+    let mut choice = Vec::with_capacity(cg.ops.len());
+    let mut reached = Vec::with_capacity(cg.ops.len());
+    for (k, op) in cg.ops.iter().enumerate() {
+        let i = op.node.0;
+        let whole = || op.candidates.iter().position(|c| c.splits.iter().all(|&s| s == 1));
+        let c = match (decided[k], &rules.state[i]) {
+            (Some(c), _) => Some(c),
+            (None, Some(ins)) => {
+                let splits = splits_of(&op.spec, ins, rules.rec[i] == RecOp::Left(Rule::OneHot));
+                op.candidates.iter().position(|c| c.splits == splits).or_else(whole)
+            }
+            (None, None) => whole(),
+        };
+        choice.push(c.unwrap_or(0));
+        reached.push(decided[k].is_none() && copied[i]);
+    }
+    (choice, reached)
+}
+
+impl Rules<'_> {
+    fn shape(&self, i: usize, slot: usize) -> &[usize] {
+        &self.g.node(self.g.node(NodeId(i)).inputs[slot]).ty.shape
+    }
+
+    fn out_shape(&self, i: usize) -> &[usize] {
+        &self.g.node(NodeId(i)).ty.shape
+    }
+
+    fn rule(&self, i: usize) -> Option<&Rule> {
+        match &self.rec[i] {
+            RecOp::Left(rule) => Some(rule),
+            _ => None,
+        }
+    }
+
+    /// One forward or backward pass over the waiting ops at `d` devices; returns how many
+    /// took a strategy.
+    fn pass(&mut self, waiting: &mut Vec<usize>, d: usize, forward: bool, copied: &mut [bool]) -> usize {
+        let mut left = Vec::new();
+        let mut changes = 0;
+        for &i in waiting.iter().rev() {
+            let basic = if forward { self.copy_incoming(i) } else { self.copy_outgoing(i) };
+            match basic {
+                Some(b) if !b.is_empty() && b.iter().product::<usize>() >= d => {
+                    self.state[i] = Some(self.generate(i, &b));
+                    copied[i] = true;
+                    changes += 1;
+                }
+                _ => left.push(i),
+            }
+        }
+        *waiting = left;
+        changes
+    }
+
+    /// The strategy op `i` copies from its incoming op (MindSpore's
+    /// `FindIndexOfOperatorIncoming`, then the incoming op's output strategy).
+    fn copy_incoming(&self, i: usize) -> Option<Strat> {
+        let node = self.g.node(NodeId(i));
+        let mut incoming = None;
+        for x in &node.inputs {
+            let p = x.0;
+            let splits = match &self.rec[p] {
+                RecOp::Not => continue,
+                // The dataset's strategy splits the batch over every device where it divides.
+                RecOp::Dataset => self.devices > 1 && self.out_shape(p).first().is_some_and(|b| b.is_multiple_of(self.devices)),
+                _ => self.state[p].as_ref().is_some_and(|s| s.iter().flatten().any(|&x| x > 1)),
+            };
+            incoming = Some(p);
+            if splits {
+                break;
+            }
+        }
+        let p = incoming?;
+        if matches!(self.rec[p], RecOp::Dataset | RecOp::Left(Rule::Gather(_))) {
+            return None;
+        }
+        let state = self.state[p].as_ref()?;
+        if self.decided[p] {
+            // The partition's output strategy, right-aligned to the op's first input.
+            let op = &self.cg.ops[self.cg.of_node[p]?];
+            let out = output_strat(op.spec.output.as_slice(), &splits_of(&op.spec, state, false));
+            let rank = node.inputs.iter().map(|x| self.g.node(*x).ty.shape.len()).find(|&r| r > 0).unwrap_or(0);
+            return Some(right_aligned(&out, rank));
+        }
+        if matches!(self.rule(i), Some(Rule::OneHot | Rule::Transpose(_))) {
+            return None;
+        }
+        self.output_strategy(p, state)
+    }
+
+    /// What an op the rules decided passes forward (MindSpore's
+    /// `PrepareIncomingOperatorInputStrategy` and its adjustments): its first input's strategy
+    /// (a binary op's largest input), mapped through reshapes, transposes and reductions.
+    fn output_strategy(&self, p: usize, state: &Strats) -> Option<Strat> {
+        let first = || state.iter().find(|s| !s.is_empty()).cloned();
+        match self.rule(p)? {
+            Rule::Broadcast { largest: true } | Rule::BiasAdd => {
+                let mut best = 0;
+                for (slot, s) in state.iter().enumerate() {
+                    if s.len() > state[best].len() {
+                        best = slot;
+                    }
+                }
+                state.get(best).cloned()
+            }
+            Rule::Reshape => Some(reshape_strategy(self.shape(p, 0), self.out_shape(p), &state[0])),
+            Rule::Transpose(perm) => Some(perm.iter().map(|&a| state[0].get(a).copied().unwrap_or(1)).collect()),
+            Rule::OneHot => {
+                let op = &self.cg.ops[self.cg.of_node[p]?];
+                Some(output_strat(&op.spec.output, &splits_of(&op.spec, state, true)))
+            }
+            Rule::Reduce(axes, _) => {
+                let axes = resolve(axes, self.shape(p, 0).len());
+                let s = first()?;
+                Some(s.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &x)| x).collect())
+            }
+            Rule::Flatten => {
+                let s = first()?;
+                Some(if s.len() > 1 { vec![s[0], s[1..].iter().product()] } else { s })
+            }
+            Rule::Gather(_) => Some(gather_output_strategy(self.out_shape(p), self.devices)),
+            Rule::Elementwise | Rule::Broadcast { largest: false } | Rule::WholeAxis(_) | Rule::BatchMatMul { .. } => first(),
+        }
+    }
+
+    /// The strategy op `i` copies from its first consumer with a strategy (MindSpore's
+    /// `FindIndexOfOperatorOutgoing` and `CopyOutgoingOperatorInputStrategy`).
+    fn copy_outgoing(&self, i: usize) -> Option<Strat> {
+        let rule = self.rule(i);
+        if rule == Some(&Rule::Flatten) {
+            return None;
+        }
+        let &(c, slot) = self.consumers[i].iter().find(|(c, _)| self.state[*c].is_some())?;
+        if matches!(self.rule(c), Some(Rule::Gather(_))) {
+            return None;
+        }
+        let want = self.state[c].as_ref()?.get(slot)?;
+        let out_rank = self.out_shape(i).len();
+        Some(match rule {
+            Some(Rule::Reshape) => reshape_strategy(self.out_shape(i), self.shape(i, 0), want),
+            Some(Rule::Gather(_)) => gather_output_strategy(self.out_shape(i), self.devices),
+            // As MindSpore's rule has it: the consumer's strategy read through the permutation.
+            Some(Rule::Transpose(perm)) => perm.iter().map(|&a| want.get(a).copied().unwrap_or(1)).collect(),
+            Some(Rule::Reduce(axes, keep_dims)) => {
+                let rank = self.shape(i, 0).len();
+                let axes = resolve(axes, rank);
+                let mut s = Vec::with_capacity(rank);
+                let mut next = 0;
+                for d in 0..rank {
+                    if axes.contains(&d) {
+                        s.push(1);
+                        if *keep_dims {
+                            next += 1;
+                        }
+                    } else {
+                        s.push(want.get(next).copied().unwrap_or(1));
+                        next += 1;
+                    }
+                }
+                s
+            }
+            _ => want.iter().copied().take(out_rank).collect(),
+        })
+    }
+
+    /// Op `i`'s input strategies from a copied strategy (MindSpore's
+    /// `GenerateStrategiesFromStrategy`), every split that does not divide its dimension undone.
+    fn generate(&self, i: usize, basic: &[usize]) -> Strats {
+        let node = self.g.node(NodeId(i));
+        let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(|s| self.shape(i, s)).collect();
+        let left = |shape: &[usize]| -> Strat {
+            (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
+        };
+        let Some(rule) = self.rule(i) else { return shapes.iter().map(|s| vec![1; s.len()]).collect() };
+        let mut ins: Strats = match rule {
+            Rule::Broadcast { .. } if shapes.len() == 2 => broadcast(basic, shapes[0], shapes[1]),
+            Rule::BiasAdd => vec![basic.to_vec(), vec![basic.get(1).copied().unwrap_or(1)]],
+            Rule::WholeAxis(axis) => whole_axis(basic, *axis, &shapes),
+            Rule::BatchMatMul { ta, tb } => batch_matmul(basic, *ta, *tb, &shapes),
+            Rule::Gather(axis) => gather_strategies(&shapes, self.out_shape(i), *axis, self.devices),
+            Rule::OneHot => {
+                // The copied strategy is the output's.
+                let out = self.out_shape(i);
+                let s = (0..out.len()).map(|j| basic.get(j).copied().filter(|&x| x <= out[j]).unwrap_or(1)).collect();
+                return vec![s];
+            }
+            Rule::Flatten => shapes
+                .iter()
+                .map(|s| (0..s.len()).map(|j| if j == 0 && s[0].is_multiple_of(self.devices) { self.devices } else { 1 }).collect())
+                .collect(),
+            Rule::Elementwise | Rule::Broadcast { .. } | Rule::Reshape | Rule::Transpose(_) | Rule::Reduce(..) => {
+                shapes.iter().map(|s| left(s)).collect()
+            }
+        };
+        // Every input its own rank; splits that do not divide undone (`FixInvalidStra`).
+        ins.resize(shapes.len(), Vec::new());
+        for (s, shape) in ins.iter_mut().zip(&shapes) {
+            s.resize(shape.len(), 1);
+            for (x, &size) in s.iter_mut().zip(shape.iter()) {
+                if *x == 0 || *x > size || !size.is_multiple_of(*x) {
+                    *x = 1;
+                }
+            }
+        }
+        ins
+    }
+}
+
+/// A binary op's inputs from a copied strategy (MindSpore's `CheckBroadcast`): inputs of one
+/// rank take it from the left; otherwise a strategy of the larger input's rank is broadcast
+/// (right-aligned) to the smaller one, and any other runs both whole.
+fn broadcast(basic: &[usize], a: &[usize], b: &[usize]) -> Strats {
+    let left = |shape: &[usize]| -> Strat {
+        (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
+    };
+    let to_smaller = |shape: &[usize]| -> Strat {
+        (0..shape.len()).map(|t| if shape[t] == 1 { 1 } else { basic.len().checked_sub(shape.len() - t).map_or(1, |j| basic[j]) }).collect()
+    };
+    let (ra, rb) = (a.len(), b.len());
+    if ra == rb {
+        vec![left(a), left(b)]
+    } else if basic.len() == ra.max(rb) {
+        if ra > rb {
+            vec![basic.to_vec(), to_smaller(b)]
+        } else {
+            vec![to_smaller(a), basic.to_vec()]
+        }
+    } else {
+        vec![vec![1; ra], vec![1; rb]]
+    }
+}
+
+/// An output's strategy under logical `splits`.
+fn output_strat(map: &[Option<usize>], splits: &[usize]) -> Strat {
+    map.iter().map(|l| l.map_or(1, |l| splits[l])).collect()
+}
+
+/// Axes resolved against `rank` (empty: all).
+fn resolve(axes: &[i64], rank: usize) -> Vec<usize> {
+    if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        axes.iter().filter_map(|&a| normalize_axis(a, rank)).collect()
+    }
+}
+
+/// Each input's strategy under logical `splits`.
+fn input_strats(spec: &OpSpec, splits: &[usize]) -> Strats {
+    spec.inputs.iter().map(|map| map.iter().map(|l| l.map_or(1, |l| splits[l])).collect()).collect()
+}
+
+/// The logical splits that input strategies `ins` give (the first input naming a dimension
+/// decides it; `as_output`: `ins[0]` is the output's strategy); a dimension the op cannot
+/// split, or that the split does not divide, stays whole.
+fn splits_of(spec: &OpSpec, ins: &Strats, as_output: bool) -> Vec<usize> {
+    let mut splits: Vec<Option<usize>> = vec![None; spec.dims.len()];
+    let maps: Vec<&Vec<Option<usize>>> = if as_output { vec![&spec.output] } else { spec.inputs.iter().collect() };
+    for (map, s) in maps.into_iter().zip(ins) {
+        for (l, &x) in map.iter().zip(s) {
+            if let Some(l) = l {
+                splits[*l].get_or_insert(x);
+            }
+        }
+    }
+    splits
+        .into_iter()
+        .zip(&spec.dims)
+        .map(|(s, dim)| match s {
+            Some(s) if s > 1 && dim.splittable && dim.size.is_multiple_of(s) => s,
+            _ => 1,
+        })
+        .collect()
+}
+
+/// `s`'s last `rank` entries (ones in front where it is shorter).
+fn right_aligned(s: &[usize], rank: usize) -> Strat {
+    let mut out = vec![1; rank];
+    for (o, x) in out.iter_mut().rev().zip(s.iter().rev()) {
+        *o = *x;
+    }
+    out
+}
+
+/// Softmax and layer norm: the copied strategy with `axis` whole (other inputs whole).
+fn whole_axis(basic: &[usize], axis: i64, shapes: &[&[usize]]) -> Strats {
+    let mut s = basic.to_vec();
+    if let Some(a) = normalize_axis(axis, shapes.first().map_or(0, |s| s.len())) {
+        if let Some(x) = s.get_mut(a) {
+            *x = 1;
+        }
+    }
+    let mut out = vec![s];
+    out.extend(shapes.iter().skip(1).map(|s| vec![1; s.len()]));
+    out
+}
+
+/// A batched matmul from its output's strategy: batch dimensions and i, j as given
+/// (right-aligned), k whole (MindSpore's `PreparePropagateBatchMatMul`).
+fn batch_matmul(basic: &[usize], ta: bool, tb: bool, shapes: &[&[usize]]) -> Strats {
+    let at = |from_end: usize| basic.len().checked_sub(from_end).map_or(1, |j| basic[j]);
+    // One input: batch dimensions right-aligned, its outer dimension (i or j) as the output's,
+    // k whole; `k_second`: k is the second-to-last dimension when not transposed (input b).
+    let side = |rank: usize, outer: usize, transposed: bool, k_second: bool| -> Strat {
+        let mut s = vec![1; rank];
+        if rank < 2 {
+            return s;
+        }
+        for idx in 3..=rank {
+            s[rank - idx] = at(idx);
+        }
+        let x_pos = if transposed != k_second { rank - 1 } else { rank - 2 };
+        s[x_pos] = at(outer);
+        s
+    };
+    let a = side(shapes[0].len(), 2, ta, false);
+    let b = side(shapes.get(1).map_or(0, |s| s.len()), 1, tb, true);
+    vec![a, b]
+}
+
+/// MindSpore's `GenGatherStra`: halve the first dimension, then the others from the largest,
+/// until all devices are used.
+fn gather_output_strategy(shape: &[usize], devices: usize) -> Strat {
+    let mut shape = shape.to_vec();
+    let mut s = vec![1; shape.len()];
+    if shape.is_empty() {
+        return s;
+    }
+    let mut order: Vec<usize> = (1..shape.len()).collect();
+    order.sort_by(|&a, &b| shape[b].cmp(&shape[a]));
+    order.insert(0, 0);
+    let mut cut = 1;
+    for d in order {
+        while shape[d] > 0 && shape[d].is_multiple_of(2) && cut < devices {
+            shape[d] /= 2;
+            cut *= 2;
+            s[d] *= 2;
+        }
+        if cut == devices {
+            break;
+        }
+    }
+    s
+}
+
+/// MindSpore's `PrepareGather` (batch_dims 0): on axis 0 the indices' first dimension is
+/// halved (then the table's rows) until all devices are used, the rows whole when the indices
+/// are split; on axis 1 the shape rule of the output.
+fn gather_strategies(shapes: &[&[usize]], out: &[usize], axis: i64, devices: usize) -> Strats {
+    let (table, idx) = (shapes[0], shapes.get(1).copied().unwrap_or(&[]));
+    let mut s = vec![vec![1; table.len()], vec![1; idx.len()]];
+    match normalize_axis(axis, table.len()) {
+        Some(0) => {
+            let mut cut = 1;
+            for slot in (0..2).rev() {
+                let Some(&first) = shapes.get(slot).and_then(|s| s.first()) else { continue };
+                let mut size = first;
+                while size > 0 && size.is_multiple_of(2) && cut < devices {
+                    size /= 2;
+                    cut *= 2;
+                    s[slot][0] *= 2;
+                }
+                if cut == devices {
+                    break;
+                }
+            }
+            if s[1].iter().product::<usize>() != 1 {
+                s[0][0] = 1;
+            }
+        }
+        Some(1) if table.len() == 2 => {
+            let o = gather_output_strategy(out, devices);
+            s[0] = vec![o[0], 1];
+            s[1] = (0..idx.len()).map(|j| o.get(1 + j).copied().unwrap_or(1)).collect();
+        }
+        _ => {}
+    }
+    s
+}
+
+/// MindSpore's `PrepareReshape`: a strategy of `from` (shape) carried to `to`: first each
+/// split whole onto a dimension it divides, then what is left by common factors.
+fn reshape_strategy(from: &[usize], to: &[usize], strategy: &[usize]) -> Strat {
+    let mut out = vec![1; to.len()];
+    let mut left: Vec<usize> = (0..from.len()).map(|d| strategy.get(d).copied().unwrap_or(1)).collect();
+    let (mut f, mut t) = (from.to_vec(), to.to_vec());
+    let (mut i, mut j) = (0, 0);
+    while i < f.len() && j < t.len() {
+        if f[i] > t[j] {
+            if left[i] > 0 && t[j].is_multiple_of(left[i]) {
+                out[j] *= left[i];
+                left[i] = 1;
+            }
+            f[i] /= t[j].max(1);
+            j += 1;
+        } else if f[i] < t[j] {
+            t[j] /= f[i].max(1);
+            i += 1;
+        } else {
+            if left[i] > 0 && t[j].is_multiple_of(left[i]) {
+                out[j] *= left[i];
+                left[i] = 1;
+            }
+            i += 1;
+            j += 1;
+        }
+    }
+    let (mut f, mut t) = (from.to_vec(), to.to_vec());
+    let (mut i, mut j) = (0, 0);
+    while i < f.len() && j < t.len() {
+        if f[i] > t[j] {
+            let d = gcd(left[i], t[j]);
+            out[j] *= d;
+            left[i] /= d.max(1);
+            f[i] /= t[j].max(1);
+            j += 1;
+        } else if f[i] < t[j] {
+            out[j] *= left[i];
+            t[j] /= f[i].max(1);
+            i += 1;
+        } else {
+            out[j] *= left[i];
+            i += 1;
+            j += 1;
+        }
+    }
+    out
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reshape_carries_each_split_to_the_dimension_it_lands_on() {
+        // [8, 16, 64] split (2, 4, 1) -> [8, 16, 4, 16]: the heads stay whole.
+        assert_eq!(reshape_strategy(&[8, 16, 64], &[8, 16, 4, 16], &[2, 4, 1]), vec![2, 4, 1, 1]);
+        // [8, 16, 4, 16] split (2, 1, 4, 1) -> [8, 16, 64]: the heads' split lands on the hidden dimension.
+        assert_eq!(reshape_strategy(&[8, 16, 4, 16], &[8, 16, 64], &[2, 1, 4, 1]), vec![2, 1, 4]);
+        // [8, 4, 4] split (8, 1, 1) -> [128]: the batch's split on the flattened dimension.
+        assert_eq!(reshape_strategy(&[8, 4, 4], &[128], &[8, 1, 1]), vec![8]);
+    }
+
+    #[test]
+    fn a_gather_splits_its_output_from_the_first_dimension_then_the_largest() {
+        assert_eq!(gather_output_strategy(&[4, 16, 64], 16), vec![4, 1, 4]);
+        assert_eq!(gather_output_strategy(&[3, 16, 64], 8), vec![1, 1, 8]);
+        // An embedding lookup: the indices split, the table whole.
+        let s = gather_strategies(&[&[1000, 64], &[8, 16]], &[8, 16, 64], 0, 4);
+        assert_eq!(s, vec![vec![1, 1], vec![4, 1]]);
+        // Indices too few to split: the table's rows.
+        let s = gather_strategies(&[&[1000, 64], &[1, 16]], &[1, 16, 64], 0, 4);
+        assert_eq!(s, vec![vec![4, 1], vec![1, 1]]);
+    }
+
+    #[test]
+    fn a_batched_matmul_reads_the_copied_strategy_as_its_outputs() {
+        // [b, h, s, d] x [b, h, d, s'] from (2, 2, 2, 1): k whole, i and j from the last two.
+        let s = batch_matmul(&[2, 2, 2, 1], false, false, &[&[4, 4, 8, 16], &[4, 4, 16, 8]]);
+        assert_eq!(s, vec![vec![2, 2, 2, 1], vec![2, 2, 1, 1]]);
+        let s = batch_matmul(&[2, 2, 4, 2], false, true, &[&[4, 4, 8, 16], &[4, 4, 8, 16]]);
+        assert_eq!(s, vec![vec![2, 2, 4, 1], vec![2, 2, 2, 1]]);
+        let s = batch_matmul(&[2, 2, 4, 2], true, false, &[&[4, 4, 16, 8], &[4, 4, 16, 8]]);
+        assert_eq!(s, vec![vec![2, 2, 1, 4], vec![2, 2, 1, 2]]);
+    }
+
+    #[test]
+    fn softmax_and_layer_norm_keep_their_axis_whole() {
+        assert_eq!(whole_axis(&[2, 4], -1, &[&[8, 8]]), vec![vec![2, 1]]);
+        assert_eq!(whole_axis(&[2, 2, 2], -1, &[&[8, 8, 8], &[8], &[8]]), vec![vec![2, 2, 1], vec![1], vec![1]]);
+    }
+
+    #[test]
+    fn right_alignment_pads_and_truncates_at_the_front() {
+        assert_eq!(right_aligned(&[2, 4], 3), vec![1, 2, 4]);
+        assert_eq!(right_aligned(&[2, 4, 8], 2), vec![4, 8]);
+    }
+}
