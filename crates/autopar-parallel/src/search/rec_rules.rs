@@ -68,7 +68,13 @@ pub(super) enum Rule {
     /// The bias takes the channel's split.
     BiasAdd,
     /// Softmax and layer norm: this axis whole.
-    WholeAxis(i64),
+    WholeAxis {
+        /// The axis.
+        axis: i64,
+        /// Splits that do not divide are undone at once (softmax's rule does; layer norm's
+        /// leaves them to the end).
+        fixed: bool,
+    },
     /// The copied strategy read as the output's, k whole.
     BatchMatMul {
         /// `a` transposed.
@@ -117,10 +123,10 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         OpKind::Add(_) | OpKind::Sub(_) | OpKind::Mul(_) => Left(Rule::Broadcast { largest: true }),
         OpKind::Div(_) => Left(Rule::Broadcast { largest: false }),
         OpKind::BiasAdd(_) => Left(Rule::BiasAdd),
-        OpKind::Softmax(s) => Left(Rule::WholeAxis(s.axis)),
-        OpKind::LogSoftmax(s) => Left(Rule::WholeAxis(s.axis)),
+        OpKind::Softmax(s) => Left(Rule::WholeAxis { axis: s.axis, fixed: true }),
+        OpKind::LogSoftmax(s) => Left(Rule::WholeAxis { axis: s.axis, fixed: true }),
         // MindSpore's rule reads an `axis` a layer norm does not have: the last axis.
-        OpKind::LayerNorm(_) => Left(Rule::WholeAxis(-1)),
+        OpKind::LayerNorm(_) => Left(Rule::WholeAxis { axis: -1, fixed: false }),
         OpKind::BatchMatMul(m) => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
         OpKind::Gather(g) => Left(Rule::Gather(g.axis)),
         OpKind::OneHot(_) => Left(Rule::OneHot),
@@ -242,6 +248,13 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
             break;
         }
     }
+    // What is left takes its rule's strategy of nothing split (a gather still splits by its
+    // shape, a flatten by the batch).
+    for &i in &waiting {
+        let rank = g.node(NodeId(i)).inputs.iter().map(|x| g.node(*x).ty.shape.len()).max().unwrap_or(0);
+        rules.state[i] = Some(rules.generate(i, &vec![1; rank]));
+    }
+    rules.share_tables(&mut copied);
 
     let mut choice = Vec::with_capacity(cg.ops.len());
     let mut reached = Vec::with_capacity(cg.ops.len());
@@ -278,6 +291,46 @@ impl Rules<'_> {
         }
     }
 
+    /// A gather whose table another op also uses (tied embeddings) takes that op's split of
+    /// the table, its indices split over the devices left (MindSpore's
+    /// `ModifyParamSharingOpsStrategy`: the other op a matmul, whose second input's strategy
+    /// counts, or a multiplication or cast, whose first input's does; the last such wins).
+    fn share_tables(&mut self, copied: &mut [bool]) {
+        let gathers: Vec<usize> = (0..self.g.len()).filter(|&i| matches!(self.rule(i), Some(Rule::Gather(_)))).collect();
+        for i in gathers {
+            let table = self.g.node(NodeId(i)).inputs[0];
+            if !matches!(self.g.node(table).op, OpKind::Parameter(_)) {
+                continue;
+            }
+            for &(j, _) in &self.consumers[table.0] {
+                let slot = match &self.g.node(NodeId(j)).op {
+                    OpKind::MatMul(_) => 1,
+                    OpKind::Mul(_) | OpKind::Cast(_) => 0,
+                    _ => continue,
+                };
+                let Some(split) = self.state[j].as_ref().and_then(|s| s.get(slot)).cloned() else { continue };
+                let used: usize = split.iter().product();
+                let idx_rank = self.shape(i, 1).len();
+                let mut idx = vec![1; idx_rank];
+                if let Some(first) = idx.first_mut() {
+                    *first = (self.devices / used.max(1)).max(1);
+                }
+                let mut ins = vec![split, idx];
+                for (s, slot) in ins.iter_mut().zip(0..) {
+                    let shape = self.shape(i, slot);
+                    s.resize(shape.len(), 1);
+                    for (x, &size) in s.iter_mut().zip(shape) {
+                        if *x == 0 || *x > size || !size.is_multiple_of(*x) {
+                            *x = 1;
+                        }
+                    }
+                }
+                self.state[i] = Some(ins);
+                copied[i] = true;
+            }
+        }
+    }
+
     /// One forward or backward pass over the waiting ops at `d` devices; returns how many
     /// took a strategy.
     fn pass(&mut self, waiting: &mut Vec<usize>, d: usize, forward: bool, copied: &mut [bool]) -> usize {
@@ -308,7 +361,7 @@ impl Rules<'_> {
             let splits = match &self.rec[p] {
                 RecOp::Not => continue,
                 // The dataset's strategy splits the batch over every device where it divides.
-                RecOp::Dataset => self.devices > 1 && self.out_shape(p).first().is_some_and(|b| b.is_multiple_of(self.devices)),
+                RecOp::Dataset => self.devices > 1 && self.out_shape(p).first().is_some_and(|&b| b > 1),
                 _ => self.state[p].as_ref().is_some_and(|s| s.iter().flatten().any(|&x| x > 1)),
             };
             incoming = Some(p);
@@ -324,7 +377,17 @@ impl Rules<'_> {
         if self.decided[p] {
             // The partition's output strategy, right-aligned to the op's first input.
             let op = &self.cg.ops[self.cg.of_node[p]?];
-            let out = output_strat(op.spec.output.as_slice(), &splits_of(&op.spec, state, false));
+            let mut out = output_strat(op.spec.output.as_slice(), &splits_of(&op.spec, state, false));
+            // Above 32 devices a matrix product whose first input is split over more devices
+            // than its output passes on its rows split by the difference too (MindSpore's
+            // `ExtraShardMatmulOnBatchDim`, which gives the product that output strategy).
+            if self.devices > 32 && self.rec[p] == RecOp::MatMul && out.len() == 2 {
+                let a: usize = state[0].iter().product::<usize>().min(self.devices);
+                let o: usize = out.iter().product();
+                if a > o && o > 0 {
+                    out[0] *= a / o;
+                }
+            }
             let rank = node.inputs.iter().map(|x| self.g.node(*x).ty.shape.len()).find(|&r| r > 0).unwrap_or(0);
             return Some(right_aligned(&out, rank));
         }
@@ -355,7 +418,9 @@ impl Rules<'_> {
                 let op = &self.cg.ops[self.cg.of_node[p]?];
                 Some(output_strat(&op.spec.output, &splits_of(&op.spec, state, true)))
             }
-            Rule::Reduce(axes, _) => {
+            // Kept dimensions pass on as they are.
+            Rule::Reduce(_, true) => first(),
+            Rule::Reduce(axes, false) => {
                 let axes = resolve(axes, self.shape(p, 0).len());
                 let s = first()?;
                 Some(s.iter().enumerate().filter(|(d, _)| !axes.contains(d)).map(|(_, &x)| x).collect())
@@ -365,7 +430,7 @@ impl Rules<'_> {
                 Some(if s.len() > 1 { vec![s[0], s[1..].iter().product()] } else { s })
             }
             Rule::Gather(_) => Some(gather_output_strategy(self.out_shape(p), self.devices)),
-            Rule::Elementwise | Rule::Broadcast { largest: false } | Rule::WholeAxis(_) | Rule::BatchMatMul { .. } => first(),
+            Rule::Elementwise | Rule::Broadcast { largest: false } | Rule::WholeAxis { .. } | Rule::BatchMatMul { .. } => first(),
         }
     }
 
@@ -410,7 +475,9 @@ impl Rules<'_> {
     }
 
     /// Op `i`'s input strategies from a copied strategy (MindSpore's
-    /// `GenerateStrategiesFromStrategy`), every split that does not divide its dimension undone.
+    /// `GenerateStrategiesFromStrategy`). As there, most rules keep a split that does not divide
+    /// its dimension (it is passed on, and undone only when the op's candidate is chosen);
+    /// binary ops and softmax undo it at once.
     fn generate(&self, i: usize, basic: &[usize]) -> Strats {
         let node = self.g.node(NodeId(i));
         let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(|s| self.shape(i, s)).collect();
@@ -418,33 +485,38 @@ impl Rules<'_> {
             (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
         };
         let Some(rule) = self.rule(i) else { return shapes.iter().map(|s| vec![1; s.len()]).collect() };
-        let mut ins: Strats = match rule {
-            Rule::Broadcast { .. } if shapes.len() == 2 => broadcast(basic, shapes[0], shapes[1]),
-            Rule::BiasAdd => vec![basic.to_vec(), vec![basic.get(1).copied().unwrap_or(1)]],
-            Rule::WholeAxis(axis) => whole_axis(basic, *axis, &shapes),
-            Rule::BatchMatMul { ta, tb } => batch_matmul(basic, *ta, *tb, &shapes),
-            Rule::Gather(axis) => gather_strategies(&shapes, self.out_shape(i), *axis, self.devices),
+        let (mut ins, fix): (Strats, bool) = match rule {
+            Rule::Broadcast { .. } if shapes.len() == 2 => (broadcast(basic, shapes[0], shapes[1]), true),
+            Rule::BiasAdd => (vec![basic.to_vec(), vec![basic.get(1).copied().unwrap_or(1)]], false),
+            Rule::WholeAxis { axis, fixed } => (whole_axis(basic, *axis, &shapes), *fixed),
+            Rule::BatchMatMul { ta, tb } => (batch_matmul(basic, *ta, *tb, &shapes), false),
+            Rule::Gather(axis) => (gather_strategies(&shapes, *axis, self.devices), false),
             Rule::OneHot => {
                 // The copied strategy is the output's.
                 let out = self.out_shape(i);
                 let s = (0..out.len()).map(|j| basic.get(j).copied().filter(|&x| x <= out[j]).unwrap_or(1)).collect();
                 return vec![s];
             }
-            Rule::Flatten => shapes
-                .iter()
-                .map(|s| (0..s.len()).map(|j| if j == 0 && s[0].is_multiple_of(self.devices) { self.devices } else { 1 }).collect())
-                .collect(),
+            Rule::Flatten => (
+                shapes
+                    .iter()
+                    .map(|s| (0..s.len()).map(|j| if j == 0 && s[0].is_multiple_of(self.devices) { self.devices } else { 1 }).collect())
+                    .collect(),
+                false,
+            ),
             Rule::Elementwise | Rule::Broadcast { .. } | Rule::Reshape | Rule::Transpose(_) | Rule::Reduce(..) => {
-                shapes.iter().map(|s| left(s)).collect()
+                (shapes.iter().map(|s| left(s)).collect(), false)
             }
         };
-        // Every input its own rank; splits that do not divide undone (`FixInvalidStra`).
+        // Every input its own rank.
         ins.resize(shapes.len(), Vec::new());
         for (s, shape) in ins.iter_mut().zip(&shapes) {
             s.resize(shape.len(), 1);
-            for (x, &size) in s.iter_mut().zip(shape.iter()) {
-                if *x == 0 || *x > size || !size.is_multiple_of(*x) {
-                    *x = 1;
+            if fix {
+                for (x, &size) in s.iter_mut().zip(shape.iter()) {
+                    if *x == 0 || *x > size || !size.is_multiple_of(*x) {
+                        *x = 1;
+                    }
                 }
             }
         }
@@ -588,37 +660,32 @@ fn gather_output_strategy(shape: &[usize], devices: usize) -> Strat {
     s
 }
 
-/// MindSpore's `PrepareGather` (batch_dims 0): on axis 0 the indices' first dimension is
-/// halved (then the table's rows) until all devices are used, the rows whole when the indices
-/// are split; on axis 1 the shape rule of the output.
-fn gather_strategies(shapes: &[&[usize]], out: &[usize], axis: i64, devices: usize) -> Strats {
+/// MindSpore's `PrepareGather` on axis 0 (autopar splits no other gather): the indices' first
+/// dimension is halved, then the table's rows, until all devices are used; the rows stay whole
+/// when the indices are split, except where a 2-D table and 2-D indices share the devices
+/// between their first dimensions (MindSpore's batch-and-axis mode).
+fn gather_strategies(shapes: &[&[usize]], axis: i64, devices: usize) -> Strats {
     let (table, idx) = (shapes[0], shapes.get(1).copied().unwrap_or(&[]));
     let mut s = vec![vec![1; table.len()], vec![1; idx.len()]];
-    match normalize_axis(axis, table.len()) {
-        Some(0) => {
-            let mut cut = 1;
-            for slot in (0..2).rev() {
-                let Some(&first) = shapes.get(slot).and_then(|s| s.first()) else { continue };
-                let mut size = first;
-                while size > 0 && size.is_multiple_of(2) && cut < devices {
-                    size /= 2;
-                    cut *= 2;
-                    s[slot][0] *= 2;
-                }
-                if cut == devices {
-                    break;
-                }
-            }
-            if s[1].iter().product::<usize>() != 1 {
-                s[0][0] = 1;
-            }
+    if normalize_axis(axis, table.len()) != Some(0) {
+        return s;
+    }
+    let mut cut = 1;
+    for slot in (0..2).rev() {
+        let Some(&first) = shapes.get(slot).and_then(|s| s.first()) else { continue };
+        let mut size = first;
+        while size > 0 && size.is_multiple_of(2) && cut < devices {
+            size /= 2;
+            cut *= 2;
+            s[slot][0] *= 2;
         }
-        Some(1) if table.len() == 2 => {
-            let o = gather_output_strategy(out, devices);
-            s[0] = vec![o[0], 1];
-            s[1] = (0..idx.len()).map(|j| o.get(1 + j).copied().unwrap_or(1)).collect();
+        if cut == devices {
+            break;
         }
-        _ => {}
+    }
+    let both = table.len() == 2 && idx.len() == 2 && s[0][0] * s[1][0] == devices && s[0][0] != devices && s[1][0] != devices;
+    if s[1].iter().product::<usize>() != 1 && !both {
+        s[0][0] = 1;
     }
     s
 }
@@ -699,11 +766,17 @@ mod tests {
         assert_eq!(gather_output_strategy(&[4, 16, 64], 16), vec![4, 1, 4]);
         assert_eq!(gather_output_strategy(&[3, 16, 64], 8), vec![1, 1, 8]);
         // An embedding lookup: the indices split, the table whole.
-        let s = gather_strategies(&[&[1000, 64], &[8, 16]], &[8, 16, 64], 0, 4);
+        let s = gather_strategies(&[&[1000, 64], &[8, 16]], 0, 4);
         assert_eq!(s, vec![vec![1, 1], vec![4, 1]]);
         // Indices too few to split: the table's rows.
-        let s = gather_strategies(&[&[1000, 64], &[1, 16]], &[1, 16, 64], 0, 4);
+        let s = gather_strategies(&[&[1000, 64], &[1, 16]], 0, 4);
         assert_eq!(s, vec![vec![4, 1], vec![1, 1]]);
+        // Indices of 4 on 8 devices: the table's rows take the other 2.
+        let s = gather_strategies(&[&[1000, 64], &[4, 16]], 0, 8);
+        assert_eq!(s, vec![vec![2, 1], vec![4, 1]]);
+        // 1-D indices: the rows whole.
+        let s = gather_strategies(&[&[1000, 64], &[4]], 0, 8);
+        assert_eq!(s, vec![vec![1, 1], vec![4]]);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!    pads: never cut, visited last), plus one node per network input (MindSpore's
 //!    VirtualDataset). Every other op (element-wise ops, activations, bias adds, reductions,
 //!    reshapes, transposes, softmax, layer norm, batched matmuls, gathers, one-hots) is left
-//!    out and gets its strategy afterwards ([`rec_op`] says which is which). Edges pass through
+//!    out and gets its strategy afterwards (`rec_rules::rec_op` says which is which). Edges pass through
 //!    the ops left out: a kept op's producer is every kept op reached through their
 //!    (non-parameter) inputs. Tensors are seen as 4-D (right-aligned), each dimension with a
 //!    count of halvings. Ops the user (or a strategy file) set keep their strategy: they are
@@ -251,7 +251,12 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
                 }
             }
         }
-        configured[k] = op.candidates.iter().position(|c| c.splits == splits);
+        // A split the candidates lack (dropped for memory, say): the nearest one below it.
+        configured[k] = op.candidates.iter().position(|c| c.splits == splits).or_else(|| {
+            let below = |c: &&super::costgraph::Candidate| c.splits.iter().zip(&splits).all(|(&a, &b)| b.is_multiple_of(a));
+            let best = op.candidates.iter().filter(below).map(|c| c.splits.iter().product::<usize>()).max()?;
+            op.candidates.iter().position(|c| below(&c) && c.splits.iter().product::<usize>() == best)
+        });
     }
     Ok(rec_rules::complete(g, cg, rec.devices, &configured))
 }
