@@ -248,6 +248,19 @@ pub enum GraphError {
         /// Why not, in words.
         reason: &'static str,
     },
+
+    /// A tensor needs more than [`crate::graph::MAX_TENSOR_BYTES`] (16 TiB).
+    #[error("{kind} {name}: its output of shape {shape:?} ({dtype}) needs more than 16 TiB\n  hint: make the model or the batch smaller (--width, --depth, --batch-size)")]
+    TooLarge {
+        /// The op kind (MindSpore's name).
+        kind: &'static str,
+        /// The op's name.
+        name: String,
+        /// The output's shape.
+        shape: Vec<usize>,
+        /// The output's element type.
+        dtype: crate::types::DType,
+    },
 }
 
 /// `std::result::Result` with [`GraphError`] as the default error type.

@@ -149,6 +149,13 @@ impl Graph {
             return Err(GraphError::DuplicateName { name: name.to_string(), existing: existing.0 });
         }
         let ty = self.infer(name, &op, inputs)?;
+        // Every tensor is some node's output. None may exceed 16 TiB, far beyond any device's
+        // memory: the plan's figures (bytes moved, memory) sum many tensors' sizes and must not
+        // overflow.
+        let bytes = ty.shape.iter().try_fold(ty.dtype.size(), |b, &d| b.checked_mul(d));
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            return Err(GraphError::TooLarge { kind: op.kind(), name: name.to_string(), shape: ty.shape.clone(), dtype: ty.dtype });
+        }
         let id = NodeId(self.nodes.len());
         self.names.insert(name.to_string(), id);
         self.nodes.push(Node { name: name.to_string(), op, inputs: inputs.to_vec(), ty, strategy: None, pipeline_stage: None });
@@ -322,5 +329,29 @@ impl fmt::Display for Graph {
             writeln!(f)?;
         }
         Ok(())
+    }
+}
+
+/// The most bytes one tensor may take: 16 TiB.
+pub const MAX_TENSOR_BYTES: usize = 1 << 44;
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, GraphBuilder, GraphError, Initializer};
+
+    #[test]
+    fn a_tensor_of_more_bytes_than_addresses_is_refused_naming_its_op() {
+        let mut b = GraphBuilder::new(0);
+        let err = b.parameter("w", &[1 << 32, 1 << 32], Initializer::Zeros).unwrap_err();
+        assert!(matches!(&err, GraphError::TooLarge { name, .. } if name == "w"), "{err}");
+        // Inputs of fitting sizes whose product does not fit.
+        let x = b.input("x", &[1 << 22, 1], DType::F32).unwrap();
+        let y = b.input("y", &[1, 1 << 22], DType::F32).unwrap();
+        let err = b.matmul("outer", x, y).unwrap_err();
+        assert!(matches!(&err, GraphError::TooLarge { kind: "MatMul", name, .. } if name == "outer"), "{err}");
+        assert!(err.to_string().contains("--width"), "{err}");
+        // The largest that fits still builds (16 TiB).
+        b.input("big", &[1 << 21, 1 << 21], DType::F32).unwrap();
+        assert!(b.input("bigger", &[1 << 21, (1 << 21) + 1], DType::F32).is_err());
     }
 }

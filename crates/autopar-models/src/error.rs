@@ -49,13 +49,13 @@ pub enum ModelError {
     },
 
     /// Building or annotating the model's graph failed.
-    #[error("model {model}: {source}")]
+    /// (Its text includes the graph's error, so that error is not also given as its cause.)
+    #[error("model {model}: {error}")]
     Graph {
         /// The model's CLI name.
         model: String,
         /// The graph builder's error.
-        #[source]
-        source: Box<GraphError>,
+        error: Box<GraphError>,
     },
 }
 
@@ -69,6 +69,6 @@ pub(crate) trait GraphContext<T> {
 
 impl<T> GraphContext<T> for std::result::Result<T, GraphError> {
     fn model(self, model: &str) -> Result<T> {
-        self.map_err(|source| ModelError::Graph { model: model.to_string(), source: Box::new(source) })
+        self.map_err(|error| ModelError::Graph { model: model.to_string(), error: Box::new(error) })
     }
 }

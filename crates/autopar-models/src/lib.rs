@@ -119,13 +119,13 @@ impl ModelGraph {
     /// against the op's input shapes.
     pub fn shard(&self, b: &mut GraphBuilder, name: &str, strategy: Strategy) -> Result<NodeId> {
         let id = self.op(name)?;
-        b.shard(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source: Box::new(source) })
+        b.shard(id, strategy).map_err(|error| ModelError::Graph { model: self.model.clone(), error: Box::new(error) })
     }
 
     /// Same as [`ModelGraph::shard`] on a finished graph.
     pub fn shard_graph(&self, graph: &mut Graph, name: &str, strategy: Strategy) -> Result<NodeId> {
         let id = self.op(name)?;
-        graph.set_strategy(id, strategy).map_err(|source| ModelError::Graph { model: self.model.clone(), source: Box::new(source) })?;
+        graph.set_strategy(id, strategy).map_err(|error| ModelError::Graph { model: self.model.clone(), error: Box::new(error) })?;
         Ok(id)
     }
 

@@ -8,7 +8,7 @@
 
 use autopar_graph::{DType, GraphBuilder, NodeId};
 
-use crate::error::{GraphContext, Result};
+use crate::error::{GraphContext, ModelError, Result};
 use crate::layers::{dense, fan_in_uniform};
 use crate::{positive, Mode, Model, ModelGraph};
 
@@ -41,7 +41,17 @@ impl Mlp {
     /// Checks that the class count, the input size and every hidden width are positive; otherwise `ModelError::BadConfig`.
     pub fn new(cfg: MlpConfig) -> Result<Self> {
         positive("mlp", "num_classes", cfg.num_classes)?;
-        positive("mlp", "input size", cfg.input_shape.iter().product())?;
+        let size = cfg.input_shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let Some(size) = size.filter(|&s| s <= isize::MAX as usize) else {
+            let value = format!("{:?}", cfg.input_shape);
+            return Err(ModelError::BadConfig {
+                model: "mlp".into(),
+                field: "input shape",
+                value,
+                expected: "fewer than 2^63 values".into(),
+            });
+        };
+        positive("mlp", "input size", size)?;
         for &h in &cfg.hidden {
             positive("mlp", "hidden width", h)?;
         }

@@ -43,7 +43,7 @@ pub struct Memory {
 impl Memory {
     /// The sum of the four parts, in bytes.
     pub fn total(&self) -> usize {
-        self.parameters + self.gradients + self.optimizer_state + self.peak_activations
+        self.parameters.saturating_add(self.gradients).saturating_add(self.optimizer_state).saturating_add(self.peak_activations)
     }
 }
 
