@@ -412,15 +412,13 @@ impl CheckpointWriter {
 /// it is opened ([`CheckpointFile::open`]) instead of loading wrong values.
 pub fn save(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<String, String>) -> Result<()> {
     if Format::of_path(path) == Some(Format::Safetensors) {
+        let by_name: HashMap<&str, &[u8]> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
+        let crc = st::crc_num(by_name.keys().copied().collect(), |name, h| {
+            h.update(by_name[name]);
+            Ok(())
+        })?;
         let mut with_crc = metadata.clone();
-        let mut sorted: Vec<(&str, &[u8])> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
-        sorted.sort_by(|a, b| a.0.cmp(b.0));
-        let mut h = crc32fast::Hasher::new();
-        for (name, bytes) in sorted {
-            h.update(name.as_bytes());
-            h.update(bytes);
-        }
-        with_crc.insert("crc_num".to_string(), h.finalize().to_string());
+        with_crc.insert("crc_num".to_string(), crc.to_string());
         return save_with(path, tensors, &with_crc, false);
     }
     save_with(path, tensors, metadata, false)

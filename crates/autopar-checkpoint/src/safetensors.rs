@@ -204,15 +204,23 @@ impl SafetensorsWriter {
 /// MindSpore's safetensors `crc_num`: CRC-32 over, per tensor in sorted-name order, the name's
 /// bytes and then the raw tensor bytes.
 pub(crate) fn mindspore_crc(file: &crate::CheckpointFile) -> Result<u32> {
-    let mut names: Vec<&TensorEntry> = file.tensors().iter().collect();
-    names.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut h = crc32fast::Hasher::new();
-    for t in names {
-        h.update(t.name.as_bytes());
-        file.with_bytes(&t.name, &mut |b| {
+    let names = file.tensors().iter().map(|t: &TensorEntry| t.name.as_str()).collect();
+    crc_num(names, |name, h| {
+        file.with_bytes(name, &mut |b| {
             h.update(b);
             Ok(())
-        })?;
+        })
+    })
+}
+
+/// The `crc_num` of tensors `names`: CRC-32 over each one's name and then its bytes (which
+/// `bytes` feeds to the hasher), in name order.
+pub(crate) fn crc_num(mut names: Vec<&str>, mut bytes: impl FnMut(&str, &mut crc32fast::Hasher) -> Result<()>) -> Result<u32> {
+    names.sort_unstable();
+    let mut h = crc32fast::Hasher::new();
+    for name in names {
+        h.update(name.as_bytes());
+        bytes(name, &mut h)?;
     }
     Ok(h.finalize())
 }
