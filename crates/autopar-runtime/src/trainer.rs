@@ -1294,7 +1294,7 @@ fn one_rank_of_many(path: &Path, e: TrainError) -> TrainError {
     if !matches!(e, TrainError::InitMissing { .. } | TrainError::InitShape { .. }) {
         return e;
     }
-    let Ok(ck) = Loaded::open(path) else { return e };
+    let Ok(ck) = Loaded::open_metadata(path) else { return e };
     match RunPosition::from_metadata(path, ck.file.metadata()) {
         Ok(pos) if pos.world_size > 1 => {
             // The problem without its own hint (another network), which this one replaces.
@@ -1349,7 +1349,8 @@ fn new_run_id(comm: &dyn Communicator) -> TrainResult<String> {
 /// The newest complete checkpoint under `dir`: a stand-alone `<prefix>-<step>.safetensors`, or
 /// rank 0's file of a parallel run (`rank_0/<prefix>-<step>_0.safetensors`) whose every rank
 /// wrote its file. A step some rank has not written (the run was killed while saving) is
-/// passed over; a file that cannot be read is an error naming it.
+/// passed over; a file that cannot be read is an error naming it. Only metadata is read here:
+/// the resume that loads the file checks its CRC.
 pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
     let mut found: Vec<(u64, PathBuf)> = Vec::new();
     for (folder, suffix) in [(dir.to_path_buf(), ""), (dir.join("rank_0"), "_0")] {
@@ -1365,7 +1366,7 @@ pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
     found.sort();
     let mut incomplete = Vec::new();
     for (step, path) in found.into_iter().rev() {
-        let ck = Loaded::open(&path)?;
+        let ck = Loaded::open_metadata(&path)?;
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
         if pos.rank != 0 {
             return Err(TrainError::Resume {

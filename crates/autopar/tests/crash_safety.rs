@@ -356,6 +356,15 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     std::fs::write(&f, &bytes).unwrap();
     let err = resume("x");
     assert!(err.contains("mlp-6_1.safetensors") && err.contains("fails its CRC check"), "{err}");
+    // The same in rank 0's file, which finding the newest checkpoint reads only the header of.
+    copy("a", "x");
+    let f = d.join("x/rank_0/mlp-6_0.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let at = bytes.len() - 52;
+    bytes[at] ^= 0x40;
+    std::fs::write(&f, &bytes).unwrap();
+    let err = resume("x");
+    assert!(err.contains("mlp-6_0.safetensors") && err.contains("fails its CRC check"), "{err}");
 
     // Only incomplete checkpoints: each step misses a rank's file.
     copy("a", "x");

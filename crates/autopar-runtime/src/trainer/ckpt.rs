@@ -195,6 +195,14 @@ impl Loaded {
         Ok(Self { path: path.to_path_buf(), file })
     }
 
+    /// [`Self::open`] for reading the metadata alone: the file's CRC is not checked (that
+    /// reads every byte), so a caller that loads tensors opens it with [`Self::open`].
+    pub fn open_metadata(path: &Path) -> TrainResult<Self> {
+        let file = CheckpointFile::open_with(path, autopar_checkpoint::OpenOptions { verify_crc: false })
+            .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(source) })?;
+        Ok(Self { path: path.to_path_buf(), file })
+    }
+
     /// Whether the file holds a tensor `name`.
     pub fn has(&self, name: &str) -> bool {
         self.file.get(name).is_some()
