@@ -232,29 +232,35 @@ fn data_parallel_with_batch_norm_and_dropout_equals_stand_alone_on_the_global_ba
     }
 }
 
-/// auto_parallel: every search's plan trains equal to stand-alone, for the MLP (random widths),
-/// the GPT model and ResNet-18 on 2, 4 and 8 devices, and on models wide for their batch, where
+/// auto_parallel: every search's plan trains equal to stand-alone, for the MLP, the GPT model
+/// and ResNet-18 (random sizes) on 2, 4 and 8 devices, and on models wide for their batch, where
 /// recursive_programming's own costs choose model parallel: an MLP on a batch of 2 (it splits
 /// a 1024-wide layer's weight rather than the batch) on 2 devices, a GPT block on 4.
 #[test]
 fn auto_parallel_plans_equal_stand_alone() {
     let mut rng = autopar_data::Rng::new(5);
-    let mut cases: Vec<(&str, Case, &[usize])> = Vec::new();
+    let mut cases: Vec<(String, Case, &[usize])> = Vec::new();
     for _ in 0..2 {
         let widths = [8usize, 16, 32, 64];
         let hidden = vec![widths[(rng.next_u64() % 4) as usize], widths[(rng.next_u64() % 4) as usize]];
-        let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden, num_classes: 8 }).unwrap();
-        cases.push(("mlp", case(&m, 16, 8, 1e-5, 1e-6), &[2, 4, 8]));
+        let m = Mlp::new(MlpConfig { input_shape: vec![12], hidden: hidden.clone(), num_classes: 8 }).unwrap();
+        cases.push((format!("mlp {hidden:?}"), case(&m, 16, 8, 1e-5, 1e-6), &[2, 4, 8]));
     }
     let wide = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![1024, 1024], num_classes: 8 }).unwrap();
-    cases.push(("wide mlp", case(&wide, 2, 8, 1e-5, 1e-6), &[2]));
-    cases.push(("gpt", case(&small_gpt(), 8, 16, 1e-5, 1e-6), &[2, 4, 8]));
+    cases.push(("wide mlp".into(), case(&wide, 2, 8, 1e-5, 1e-6), &[2]));
+    // A GPT and a ResNet-18 of random sizes.
+    let mut pick = |xs: &[usize]| xs[(rng.next_u64() % xs.len() as u64) as usize];
+    let (width, heads, context, layers) = (pick(&[8, 16, 24]), pick(&[1, 2]), pick(&[4, 8]), pick(&[1, 2]));
+    let cfg = GptConfig { vocab: 16, context, width, heads, layers, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
+    let label = format!("gpt width {width} heads {heads} context {context} layers {layers}");
+    cases.push((label, case(&Gpt::new(cfg).unwrap(), 8, 16, 1e-5, 1e-6), &[2, 4, 8]));
+    let resnet_width = pick(&[2, 4]);
     // Width 256 on 4 sequences of 8 tokens: recursive_programming splits the projections'
     // columns and its rules carry that into the attention heads (model-parallel attention).
     let cfg = GptConfig { vocab: 64, context: 8, width: 256, heads: 4, layers: 1, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
-    cases.push(("wide gpt", case(&Gpt::new(cfg).unwrap(), 4, 64, 1e-5, 1e-6), &[4]));
-    let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
-    cases.push(("resnet18", case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5), &[2, 4, 8]));
+    cases.push(("wide gpt".into(), case(&Gpt::new(cfg).unwrap(), 4, 64, 1e-5, 1e-6), &[4]));
+    let cfg = ResNetConfig::resnet18(4).with_width(resnet_width).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
+    cases.push((format!("resnet18 width {resnet_width}"), case(&ResNet::new(cfg).unwrap(), 8, 4, 1e-5, 1e-5), &[2, 4, 8]));
     // Per search: runs whose plan splits some parameter (model parallel, not only the batch).
     let mut model_parallel = std::collections::BTreeMap::new();
     for (label, c, devices) in &cases {
