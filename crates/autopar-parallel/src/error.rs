@@ -21,7 +21,10 @@ pub enum ParallelError {
     },
 
     /// A parallel option set to a value of the wrong type or out of range.
-    #[error("invalid value {value} for parallel option {option}\n  expected {expected}\nhint: pass --parallel {option}=VALUE with a value of that form")]
+    #[error(
+        "invalid value {value} for parallel option {option}\n  expected {expected}\nhint: pass {} with a value of that form",
+        option_flag(option)
+    )]
     InvalidOption {
         /// The option's name.
         option: String,
@@ -52,7 +55,7 @@ pub enum ParallelError {
     },
 
     /// A network input whose batch dimension (dimension 0) the device count does not divide, under a data-parallel dataset strategy.
-    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: the {} rows of the batch dimension must divide by {devices}; with --micro-batches or pipeline stages these are one micro-batch's rows (--batch-size / micro-batches): use a --batch-size that gives each micro-batch a multiple of {devices} rows, or (semi_auto_parallel) --parallel dataset_strategy=full_batch", shape.first().copied().unwrap_or(0))]
+    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: the {} rows of the batch dimension must divide by {devices}; with --micro-batches or pipeline stages these are one micro-batch's rows (--batch-size / micro-batches): use a --batch-size that gives each micro-batch a multiple of {devices} rows, or (semi_auto_parallel, auto_parallel) --parallel dataset_strategy=full_batch", shape.first().copied().unwrap_or(0))]
     BatchNotDivisible {
         /// The input's name.
         input: String,
@@ -150,7 +153,7 @@ pub enum ParallelError {
     },
 
     /// A search mode that needs a power-of-two device count (recursive_programming) given another.
-    #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use --devices 2, 4, 8, ... or --parallel search_mode=dynamic_programming")]
+    #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use --devices 2, 4, 8, ... or --parallel search_mode=dynamic_programming (or sharding_propagation), which plan any count")]
     SearchDevices {
         /// The search mode's MindSpore name.
         search: &'static str,
@@ -761,3 +764,12 @@ impl fmt::Display for TransferProblem {
 
 /// The result type of autopar-parallel, with [`ParallelError`] as its default error.
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;
+
+/// The command-line flag that sets parallel option `option`.
+fn option_flag(option: &str) -> String {
+    match option {
+        "device_num" => "--devices N (or --parallel device_num=N)".into(),
+        "parallel_mode" => "--parallel-mode MODE (or --parallel parallel_mode=MODE)".into(),
+        _ => format!("--parallel {option}=VALUE"),
+    }
+}

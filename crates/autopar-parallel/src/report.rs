@@ -220,7 +220,8 @@ impl PlanReport<'_> {
         let (plan, cost) = (self.plan, self.cost);
         let mut s = String::new();
         let params: usize = plan.params.iter().map(|p| p.layout.shape().iter().product::<usize>()).sum();
-        let _ = writeln!(s, "autopar plan: {} on {} devices ({})", self.model, plan.device_num, plan.mode);
+        let devices = if plan.device_num == 1 { "1 device".to_string() } else { format!("{} devices", plan.device_num) };
+        let _ = writeln!(s, "autopar plan: {} on {devices} ({})", self.model, plan.mode);
         let _ = writeln!(
             s,
             "  {} operators, {} parameters ({} values), planned in {:.3} s; per-rank figures for rank {} of {}",

@@ -3,8 +3,11 @@
 //!
 //! Losses are compared step by step, parameters tensor by tensor after the last step. The check
 //! is each tensor's normwise relative difference `|run - reference| / |reference|` (Euclidean
-//! norms, the reference's not below [`FLOOR`]); the largest difference of one element, relative
-//! to the tensor's largest value, is reported beside it. Float sums taken in another order drift
+//! norms); the reference's norm is taken as at least [`SCALE_FLOOR`] times the model's
+//! root-mean-square parameter per element (a tensor whose values stay a thousand times smaller
+//! than the model's, such as a batch norm's shift that the gradients barely move, holds little
+//! but rounding, which its own norm would magnify) and never below [`FLOOR`]. The largest
+//! difference of one element, relative to the tensor's largest value, is reported beside it. Float sums taken in another order drift
 //! a little over a run, and Adam-type optimizers divide each gradient element by its own running
 //! magnitude: an element whose gradient is at rounding level (near `eps`) gets a visibly
 //! different update from a gradient that differs in its last bits. Such elements are few; a
@@ -20,6 +23,10 @@ pub const RTOL: f64 = 1e-3;
 
 /// The smallest scale a parameter's differences are measured against.
 pub const FLOOR: f64 = 1e-6;
+
+/// A tensor's norm counts as at least this many times the model's root-mean-square parameter
+/// value per element.
+pub const SCALE_FLOOR: f64 = 1e-3;
 
 /// How far a run is from its reference.
 #[derive(Clone, Debug, PartialEq)]
@@ -126,6 +133,12 @@ fn compare_values(run: (&[f64], &ParamStore), reference: (&[f64], &ParamStore)) 
     });
     let mut worst =
         Comparison { loss_diff, loss_rel, param_diff: 0.0, param_rel: 0.0, param: String::new(), norm_rel: 0.0, norm_param: String::new() };
+    // The model's root-mean-square parameter value.
+    let (sum, count) = reference.params.iter().fold((0.0f64, 0usize), |(s, n), (_, t)| {
+        let v = t.to_f64_vec();
+        (s + v.iter().map(|x| x * x).sum::<f64>(), n + v.len())
+    });
+    let rms = if count == 0 { 0.0 } else { (sum / count as f64).sqrt() };
     for (name, want) in reference.params.iter() {
         let got = run.params.get(name).ok_or_else(|| VerifyError::MissingParameter { name: name.clone() })?;
         if got.shape() != want.shape() {
@@ -140,7 +153,8 @@ fn compare_values(run: (&[f64], &ParamStore), reference: (&[f64], &ParamStore)) 
             (worst.param_diff, worst.param_rel, worst.param) = (d, r, name.clone());
         }
         let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
-        let n = norm(&mut got.iter().zip(&want).map(|(a, b)| a - b)) / norm(&mut want.iter().copied()).max(FLOOR);
+        let floor = (SCALE_FLOOR * rms * (want.len() as f64).sqrt()).max(FLOOR);
+        let n = norm(&mut got.iter().zip(&want).map(|(a, b)| a - b)) / norm(&mut want.iter().copied()).max(floor);
         if n > worst.norm_rel || worst.norm_param.is_empty() {
             (worst.norm_rel, worst.norm_param) = (n, name.clone());
         }
@@ -179,5 +193,22 @@ mod tests {
         // A loss off by 1%.
         let c = compare(report(vec![2.0, 1.515], w), &reference).unwrap();
         assert!(!c.within(RTOL), "{c}");
+    }
+
+    #[test]
+    fn a_tensor_far_smaller_than_the_model_is_measured_against_the_models_scale() {
+        // Weights about 0.05 and a shift of 1e-6 per element that the run has 1% off (rounding).
+        let tensors = |shift: f32| {
+            let mut params = ParamStore::new();
+            params.insert("w", Tensor::from_vec(&[1000], (0..1000).map(|i| 0.05 * ((i % 7) as f32 - 3.0)).collect()).unwrap());
+            params.insert("beta", Tensor::from_vec(&[64], vec![shift; 64]).unwrap());
+            (vec![2.0, 1.5], params)
+        };
+        let reference = tensors(1e-6);
+        let c = compare(tensors(1.01e-6), &reference).unwrap();
+        assert!(c.within(RTOL), "{c}");
+        // Off by as much as its values are: a mistake, still seen.
+        let c = compare(tensors(1e-4), &reference).unwrap();
+        assert!(!c.within(RTOL) && c.norm_param == "beta", "{c}");
     }
 }

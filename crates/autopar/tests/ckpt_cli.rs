@@ -104,6 +104,13 @@ fn inspect_shows_strategy_layouts_and_group_files() {
     assert!(o.status.success() && text.contains("l1.w") && text.contains("[2, 4]") && text.contains("[-1, 0]"), "{text}");
     let o = autopar(&["ckpt", "inspect", s(&st.join("semi_all/group_info_rank0.pb"))]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("2-16453000547691086251: [0, 4]"));
+    // A strategy file saved as .pb (strategy_ckpt_save_file takes either): read as one.
+    let tmp = TempDir::new();
+    let pb = tmp.path().join("strategy.pb");
+    std::fs::copy(st.join("semi_train_optshard/strategy_rank0.ckpt"), &pb).unwrap();
+    let o = autopar(&["ckpt", "inspect", s(&pb)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("l1.w") && text.contains("[-1, 0]"), "{text}{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]

@@ -383,3 +383,34 @@ fn pipeline_split_starts_stages_at_the_named_ops() {
         assert!(file.contains(last_on_0) && file.contains(first_on_1), "split at {op}: {file}");
     }
 }
+
+/// `strategy_ckpt_config.save_file`: `plan` writes the strategy file that `train` writes at its
+/// start (the same bytes), and refuses it with `--compare` rather than writing nothing.
+#[test]
+fn plan_writes_the_strategy_file_train_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["--model", "mlp", "--devices", "4", "--parallel-mode", "auto_parallel", "--optimizer", "momentum"];
+    let data = ["--data", "synthetic", "--synthetic-samples", "64", "--steps", "1", "--batch-size", "32", "--eval", "false"];
+    let save = |path: &str| format!("strategy_ckpt_config={{\"save_file\": \"{path}\"}}");
+    let mut a = vec!["plan"];
+    a.extend(base);
+    let s = save("plan.json");
+    a.extend(["--parallel", s.as_str()]);
+    ok(dir.path(), &a);
+    let mut a = vec!["train"];
+    a.extend(base);
+    a.extend(data);
+    let s = save("train.json");
+    a.extend(["--parallel", s.as_str()]);
+    ok(dir.path(), &a);
+    let plan = std::fs::read_to_string(dir.path().join("plan.json")).unwrap();
+    assert!(plan.contains("parallel_layout_item") && plan.contains("fc1.weight"), "{plan}");
+    assert_eq!(plan, std::fs::read_to_string(dir.path().join("train.json")).unwrap());
+    let mut a = vec!["plan", "--compare"];
+    a.extend(base);
+    let s = save("compare.json");
+    a.extend(["--parallel", s.as_str()]);
+    let o = autopar(dir.path(), &a);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("strategy_ckpt_config") && !dir.path().join("compare.json").exists());
+}

@@ -298,20 +298,17 @@ fn print_report(r: &TransformReport, secs: f64, as_json: bool) {
 }
 
 fn detect(path: &Path) -> Kind {
+    // A ParallelStrategyMap opens with field 1 as a varint (current_stage); a checkpoint and a
+    // group map with field 1 length-delimited.
+    let strategy_bytes = || std::fs::read(path).ok().and_then(|b| b.first().copied()) == Some(0x08);
     match path.extension().and_then(|e| e.to_str()) {
         Some("safetensors") => Kind::Checkpoint,
         Some("json") => Kind::Strategy,
+        // Group maps and strategy files (strategy_ckpt_save_file) both take .pb.
+        Some("pb") if strategy_bytes() => Kind::Strategy,
         Some("pb") => Kind::Group,
-        _ => {
-            let first = std::fs::read(path).ok().and_then(|b| b.first().copied());
-            // a ParallelStrategyMap opens with field 1 as a varint (current_stage); a
-            // checkpoint and a group map with field 1 length-delimited
-            if first == Some(0x08) {
-                Kind::Strategy
-            } else {
-                Kind::Checkpoint
-            }
-        }
+        _ if strategy_bytes() => Kind::Strategy,
+        _ => Kind::Checkpoint,
     }
 }
 

@@ -128,6 +128,9 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         if let Some(path) = ctx.op_strategy_save_file() {
             bail!("--compare plans with every search; op_strategy_config saves one plan's operator strategies ({path})\nhint: drop --compare to save them, or drop op_strategy_config");
         }
+        if let Some(path) = ctx.strategy_save_file() {
+            bail!("--compare plans with every search; strategy_ckpt_config saves one plan's strategy file ({path})\nhint: drop --compare to save it, or drop strategy_ckpt_config.save_file");
+        }
         spinner.step(format!("planning {what} with every search"));
         let req =
             PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
@@ -165,6 +168,18 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let seconds = started.elapsed().as_secs_f64();
     drop(spinner);
 
+    if let Some(path) = ctx.strategy_save_file() {
+        // What training writes at its start (its optimizer's state named by --optimizer).
+        let prefixes = optimizer_kind(&args.optimizer, 0.9)?.state_prefixes();
+        let keys = |name: &str| prefixes.iter().map(|p| format!("{p}{name}")).collect();
+        let only = ctx.strategy_ckpt_config.only_trainable_params;
+        autopar_runtime::strategy_io::strategy_file(&plan, only, &keys)
+            .save(path)
+            .with_context(|| format!("cannot write the strategy file {path}\nhint: check that the folder exists and is writable"))?;
+        if !args.json && !args.mindspore_layouts {
+            eprintln!("autopar plan: wrote the strategy file {path}");
+        }
+    }
     if let Some(path) = ctx.op_strategy_save_file() {
         autopar_runtime::strategy_io::operator_strategy_file(&plan).save(path).with_context(|| {
             format!("cannot write the operator strategy file {path}\nhint: check that the folder exists and is writable")
@@ -231,6 +246,9 @@ fn plan_pipeline_job(
 ) -> Result<ExitCode> {
     if args.compare {
         bail!("--compare plans without stages\nhint: drop --parallel pipeline_stages, or drop --compare");
+    }
+    if let Some(path) = ctx.strategy_save_file() {
+        bail!("plan does not write a pipeline's strategy files ({path}; training writes one per stage)\nhint: drop strategy_ckpt_config.save_file here, or train to write them");
     }
     let m = micro.unwrap_or(ctx.pipeline_stages);
     if m == 0 || !batch.is_multiple_of(m) {
