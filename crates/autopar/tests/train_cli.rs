@@ -313,6 +313,20 @@ fn verify_trains_stand_alone_beside_a_parallel_run() {
     assert!(!stdout.contains("MISMATCH"), "clipped over 4 devices as on one: {stdout}");
 }
 
+/// A mismatch that is expected by design says why: gradients_mean under semi_auto_parallel
+/// divides the gradients by the mirror group (exit code 1 all the same).
+#[test]
+fn verify_says_why_a_mismatch_is_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "train --model mlp --width 16 --data synthetic --synthetic-samples 64 --steps 3 --batch-size 16 --devices 2 \
+                --parallel-mode semi_auto_parallel --parallel gradients_mean=true --eval false --verify";
+    let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("MISMATCH") && stdout.contains("gradients_mean=true under semi_auto_parallel divides"), "{stdout}");
+    assert!(!stdout.contains("diverged"), "{stdout}");
+}
+
 /// The GPT with AdamW in a pipeline verifies: every parameter follows stand-alone (before the
 /// key projection lost its bias, whose gradient is zero in exact arithmetic, AdamW turned that
 /// bias's rounding noise into full-size updates and --verify reported a mismatch).

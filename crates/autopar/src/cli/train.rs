@@ -518,11 +518,12 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         (None, true) => Some(None),
         (_, false) => None,
     };
-    let verify = if s.args.verify {
+    // With the comparison, why a mismatch may be expected: the reference's own losses.
+    let (verify, reference_losses) = if s.args.verify {
         let reference = verify::stand_alone(&trainer).context("the stand_alone reference run of --verify")?;
-        Some(verify::compare(&report, &reference).context("--verify")?)
+        (Some(verify::compare(&report, &reference).context("--verify")?), reference.losses)
     } else {
-        None
+        (None, Vec::new())
     };
     if !report.init_ignored.is_empty() {
         eprintln!(
@@ -629,6 +630,22 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         writeln!(out, "  verify: beside stand_alone on the same data, {v}")?;
         if mismatch {
             writeln!(out, "  verify: MISMATCH above a relative {:e}", verify::RTOL)?;
+            let ctx = &cfg.parallel;
+            if ctx.gradients_mean && ctx.parallel_mode.is_auto() {
+                writeln!(
+                    out,
+                    "  verify: note: gradients_mean=true under {} divides each gradient by its mirror group (as MindSpore does), so the run differs from stand-alone by design",
+                    ctx.parallel_mode.name()
+                )?;
+            }
+            if let (Some(first), Some(last)) = (reference_losses.first(), reference_losses.last()) {
+                if !last.is_finite() || *last > 1.5 * first {
+                    writeln!(
+                        out,
+                        "  verify: note: the stand-alone reference diverged too (loss {first:.4} at the first step, {last:.4} at the last): a diverging run amplifies rounding; try a smaller --lr"
+                    )?;
+                }
+            }
             return Ok(ExitCode::from(1));
         }
     }
