@@ -135,6 +135,10 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
         }
     }
     let n = ctx.devices();
+    // Refused before anything else (an indivisible batch, say) is found wrong.
+    if mode == ParallelMode::AutoParallel && search == Search::Mode(SearchMode::RecursiveProgramming) && !n.is_power_of_two() {
+        return Err(ParallelError::SearchDevices { search: "recursive_programming", devices: n });
+    }
     let graph = with_loss_first(req.graph, req.loss)?;
     let use_strategies = mode.is_auto();
     let nodes = graph.nodes();

@@ -467,3 +467,13 @@ fn recursive_programming_copies_the_widest_neighbouring_strategy_first() {
     let relu = p.nodes.iter().find(|n| n.name == "relu").unwrap();
     assert_eq!(relu.strategy.as_ref().unwrap().to_string(), "((8, 1))");
 }
+
+/// recursive_programming on a device count that is not a power of two is refused first, before
+/// anything else the plan would find wrong (here a batch of 32 that 6 devices do not divide).
+#[test]
+fn recursive_programming_refuses_a_count_that_is_not_a_power_of_two_first() {
+    let mut c = auto("recursive_programming", false);
+    c.set("device_num", &json!(6)).unwrap();
+    let err = plan(&network([64, 128, 32, 16], 32, false), &c).unwrap_err();
+    assert!(matches!(err, autopar_parallel::ParallelError::SearchDevices { devices: 6, .. }), "{err}");
+}

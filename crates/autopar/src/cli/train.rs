@@ -42,7 +42,7 @@ pub struct TrainArgs {
     /// Total steps to train.
     #[arg(long, help_heading = "Run")]
     steps: Option<u64>,
-    /// Global batch size (split over the devices under data_parallel).
+    /// Global batch size, split over the devices (default: 32, or the device count when it does not divide 32).
     #[arg(long, help_heading = "Run")]
     batch_size: Option<usize>,
     /// Micro-batches per step of a pipeline (--parallel pipeline_stages=P): each global batch
@@ -345,7 +345,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let schedule_name = pick!(s, schedule).unwrap_or_else(|| "constant".into());
     let epochs = pick!(s, epochs);
     let steps = pick!(s, steps);
-    let mut batch_size = pick!(s, batch_size).unwrap_or(32);
+    // As `autopar plan`: 32, or the device count when it does not divide 32.
+    let n = ctx.devices();
+    let mut batch_size = pick!(s, batch_size).unwrap_or(if 32 % n == 0 { 32 } else { n });
     let mut micro_batches = pick!(s, micro_batches).unwrap_or(1);
     if let Some(k) = pick!(s, grad_accumulation) {
         if k == 0 {
