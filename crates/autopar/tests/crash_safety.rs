@@ -347,24 +347,19 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     let err = resume("x");
     assert!(err.contains("mlp-6_0.safetensors") && err.contains("its metadata says it is rank 1's file"), "{err}");
 
-    // A flipped byte in a tensor's data (the header intact): the file's CRC names it.
-    copy("a", "x");
-    let f = d.join("x/rank_1/mlp-6_1.safetensors");
-    let mut bytes = std::fs::read(&f).unwrap();
-    let at = bytes.len() - 52;
-    bytes[at] ^= 0x40;
-    std::fs::write(&f, &bytes).unwrap();
-    let err = resume("x");
-    assert!(err.contains("mlp-6_1.safetensors") && err.contains("fails its CRC check"), "{err}");
-    // The same in rank 0's file, which finding the newest checkpoint reads only the header of.
-    copy("a", "x");
-    let f = d.join("x/rank_0/mlp-6_0.safetensors");
-    let mut bytes = std::fs::read(&f).unwrap();
-    let at = bytes.len() - 52;
-    bytes[at] ^= 0x40;
-    std::fs::write(&f, &bytes).unwrap();
-    let err = resume("x");
-    assert!(err.contains("mlp-6_0.safetensors") && err.contains("fails its CRC check"), "{err}");
+    // A flipped byte in a tensor's data (the header intact): the file's CRC names it, in rank
+    // 1's file and in rank 0's (which finding the newest checkpoint reads only the header of).
+    for file in ["rank_1/mlp-6_1.safetensors", "rank_0/mlp-6_0.safetensors"] {
+        copy("a", "x");
+        let f = d.join("x").join(file);
+        let mut bytes = std::fs::read(&f).unwrap();
+        let at = bytes.len() - 52;
+        bytes[at] ^= 0x40;
+        std::fs::write(&f, &bytes).unwrap();
+        let err = resume("x");
+        let name = file.split('/').next_back().unwrap();
+        assert!(err.contains(name) && err.contains("fails its CRC check"), "{err}");
+    }
 
     // Only incomplete checkpoints: each step misses a rank's file.
     copy("a", "x");

@@ -35,24 +35,31 @@ type Strats = Vec<Strat>;
 /// How rec treats an op kind: in its partition graph, left to the rules, or not an op.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum RecOp {
-    /// A 2-D matrix product, cut by the partition.
-    MatMul,
-    /// A convolution: the partition cuts its batch.
-    Conv,
-    /// Max pooling: the partition cuts its batch or channels.
-    Pool,
-    /// Batch-parallel (batch norm): the partition cuts its first even dimension.
-    Batch,
-    /// The loss: cut like a batch-parallel op, data parallel in the end.
-    Loss,
-    /// A kind rec does not know (average pooling, slices, pads): in the partition graph, never cut.
-    Unknown,
+    /// In the partition graph, cut as its kind is.
+    Kept(Kind),
     /// A network input (MindSpore's VirtualDataset).
     Dataset,
     /// Left out of the partition: takes a neighbour's strategy by its kind's rule.
     Left(Rule),
     /// Not an op to rec: parameters, constants, ops run whole, backward and communication ops.
     Not,
+}
+
+/// How the partition cuts an op of its graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Kind {
+    /// A 2-D matrix product: i, j or k by their costs.
+    MatMul,
+    /// A convolution: its batch.
+    Conv,
+    /// Max pooling: its batch or channels.
+    Pool,
+    /// Batch-parallel ops (batch norm) and network inputs: the first even dimension, free.
+    Batch,
+    /// The loss: cut like a batch-parallel op, data parallel in the end.
+    Loss,
+    /// A kind rec does not know (average pooling, slices, pads): visited last, never cut.
+    Unknown,
 }
 
 /// How a left-out op turns a neighbour's strategy into its own, and passes its own on.
@@ -102,12 +109,12 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
     match op {
         OpKind::Input(_) => RecOp::Dataset,
         OpKind::MatMul(m) if out_rank != 2 => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
-        OpKind::MatMul(_) => RecOp::MatMul,
-        OpKind::Conv2D(_) => RecOp::Conv,
-        OpKind::MaxPool(_) => RecOp::Pool,
-        OpKind::BatchNorm(_) => RecOp::Batch,
-        OpKind::SoftmaxCrossEntropy(_) => RecOp::Loss,
-        OpKind::AvgPool(_) | OpKind::Slice(_) | OpKind::Pad(_) => RecOp::Unknown,
+        OpKind::MatMul(_) => RecOp::Kept(Kind::MatMul),
+        OpKind::Conv2D(_) => RecOp::Kept(Kind::Conv),
+        OpKind::MaxPool(_) => RecOp::Kept(Kind::Pool),
+        OpKind::BatchNorm(_) => RecOp::Kept(Kind::Batch),
+        OpKind::SoftmaxCrossEntropy(_) => RecOp::Kept(Kind::Loss),
+        OpKind::AvgPool(_) | OpKind::Slice(_) | OpKind::Pad(_) => RecOp::Kept(Kind::Unknown),
         OpKind::Cast(_)
         | OpKind::Neg(_)
         | OpKind::Scale(_)

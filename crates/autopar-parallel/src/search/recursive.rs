@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
-use super::rec_rules::{self, rec_op, RecOp};
+use super::rec_rules::{self, rec_op, Kind, RecOp};
 use crate::error::{ParallelError, Result};
 use crate::planner::{default_splits, depends_on_inputs};
 
@@ -49,19 +49,6 @@ const MATMUL_MEM_COEF: f64 = 0.1;
 const REDIS_COEF: f64 = 16.0;
 const EXPERT_COEF: f64 = 1.5;
 const REPLICATE_BELOW: f64 = 350.0;
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    MatMul,
-    Conv,
-    Pool,
-    /// Batch-parallel ops and network inputs: the first even dimension, free.
-    Batch,
-    /// The loss: cut like a batch-parallel op, data parallel in the end.
-    Loss,
-    /// A kind rec does not know: visited last, never cut.
-    Unknown,
-}
 
 type Dims = [usize; 4];
 type Cuts = [u32; 4];
@@ -134,14 +121,8 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     for (i, node) in g.nodes().iter().enumerate() {
         let kind = match rec_op(&node.op, node.ty.shape.len()) {
             RecOp::Dataset => Some(Kind::Batch),
-            _ if cg.of_node[i].is_none() => None,
-            RecOp::MatMul => Some(Kind::MatMul),
-            RecOp::Conv => Some(Kind::Conv),
-            RecOp::Pool => Some(Kind::Pool),
-            RecOp::Batch => Some(Kind::Batch),
-            RecOp::Loss => Some(Kind::Loss),
-            RecOp::Unknown => Some(Kind::Unknown),
-            RecOp::Left(_) | RecOp::Not => None,
+            RecOp::Kept(kind) if cg.of_node[i].is_some() => Some(kind),
+            RecOp::Kept(_) | RecOp::Left(_) | RecOp::Not => None,
         };
         let Some(kind) = kind else { continue };
         let shape = |x: usize| node.inputs.get(x).map(|id| g.node(*id).ty.shape.clone()).unwrap_or_default();
