@@ -200,7 +200,8 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
         .map(|i| {
             let node = g.node(NodeId(i));
             match rec_op(&node.op, node.ty.shape.len()) {
-                // An op the plan runs whole takes no strategy.
+                // Reshapes and flattens are no cost-graph ops but pass strategies on; any other
+                // op without a cost-graph entry runs whole and takes none.
                 r @ (RecOp::Dataset | RecOp::Left(Rule::Reshape | Rule::Flatten)) => r,
                 _ if cg.of_node[i].is_none() => RecOp::Not,
                 r => r,
