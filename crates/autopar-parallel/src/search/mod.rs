@@ -6,8 +6,9 @@
 //!   redistribution, gradient synchronisation, memory) under a [`DeviceProfile`].
 //! * [`solve`]: the searches over the cost graph, pure functions: variable elimination
 //!   (`dynamic_programming`, and the exact solver) and sharding propagation.
-//! * [`recursive`]: `recursive_programming`, MindSpore's default: binary cuts of every op,
-//!   greedy, without the cost graph.
+//! * [`recursive`]: `recursive_programming`, MindSpore's default: binary cuts of the ops that
+//!   matter, greedy, without the cost graph; the other ops copy their neighbours' strategies by
+//!   MindSpore's rules (`rec_rules`).
 
 pub mod costgraph;
 pub mod profile;
