@@ -327,11 +327,7 @@ impl Rules<'_> {
                 for (s, slot) in ins.iter_mut().zip(0..) {
                     let shape = self.shape(i, slot);
                     s.resize(shape.len(), 1);
-                    for (x, &size) in s.iter_mut().zip(shape) {
-                        if *x == 0 || *x > size || !size.is_multiple_of(*x) {
-                            *x = 1;
-                        }
-                    }
+                    undo_indivisible(s, shape);
                 }
                 self.state[i] = Some(ins);
                 copied[i] = true;
@@ -483,9 +479,6 @@ impl Rules<'_> {
     fn generate(&self, i: usize, basic: &[usize]) -> Strats {
         let node = self.g.node(NodeId(i));
         let shapes: Vec<&[usize]> = (0..node.inputs.len()).map(|s| self.shape(i, s)).collect();
-        let left = |shape: &[usize]| -> Strat {
-            (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
-        };
         let Some(rule) = self.rule(i) else { return shapes.iter().map(|s| vec![1; s.len()]).collect() };
         let (mut ins, fix): (Strats, bool) = match rule {
             Rule::Broadcast { .. } if shapes.len() == 2 => (broadcast(basic, shapes[0], shapes[1]), true),
@@ -507,7 +500,7 @@ impl Rules<'_> {
                 false,
             ),
             Rule::Elementwise | Rule::Broadcast { .. } | Rule::Reshape | Rule::Transpose(_) | Rule::Reduce(..) => {
-                (shapes.iter().map(|s| left(s)).collect(), false)
+                (shapes.iter().map(|s| left_aligned(basic, s)).collect(), false)
             }
         };
         // Every input its own rank.
@@ -515,14 +508,25 @@ impl Rules<'_> {
         for (s, shape) in ins.iter_mut().zip(&shapes) {
             s.resize(shape.len(), 1);
             if fix {
-                for (x, &size) in s.iter_mut().zip(shape.iter()) {
-                    if *x == 0 || *x > size || !size.is_multiple_of(*x) {
-                        *x = 1;
-                    }
-                }
+                undo_indivisible(s, shape);
             }
         }
         ins
+    }
+}
+
+/// A tensor of `shape` split as `basic` says dimension by dimension from the left (MindSpore's
+/// `CheckDivisible`): a dimension of size 1, or one `basic` does not reach, whole.
+fn left_aligned(basic: &[usize], shape: &[usize]) -> Strat {
+    (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
+}
+
+/// Every split of `s` that does not divide its dimension of `shape` undone (`FixInvalidStra`).
+fn undo_indivisible(s: &mut [usize], shape: &[usize]) {
+    for (x, &size) in s.iter_mut().zip(shape) {
+        if *x == 0 || *x > size || !size.is_multiple_of(*x) {
+            *x = 1;
+        }
     }
 }
 
@@ -530,15 +534,12 @@ impl Rules<'_> {
 /// rank take it from the left; otherwise a strategy of the larger input's rank is broadcast
 /// (right-aligned) to the smaller one, and any other runs both whole.
 fn broadcast(basic: &[usize], a: &[usize], b: &[usize]) -> Strats {
-    let left = |shape: &[usize]| -> Strat {
-        (0..shape.len()).map(|j| if shape[j] == 1 { 1 } else { basic.get(j).copied().unwrap_or(1) }).collect()
-    };
     let to_smaller = |shape: &[usize]| -> Strat {
         (0..shape.len()).map(|t| if shape[t] == 1 { 1 } else { basic.len().checked_sub(shape.len() - t).map_or(1, |j| basic[j]) }).collect()
     };
     let (ra, rb) = (a.len(), b.len());
     if ra == rb {
-        vec![left(a), left(b)]
+        vec![left_aligned(basic, a), left_aligned(basic, b)]
     } else if basic.len() == ra.max(rb) {
         if ra > rb {
             vec![basic.to_vec(), to_smaller(b)]
