@@ -118,6 +118,8 @@ pub struct StageTrainer {
     /// The stage's trainable parameters, once each, in the order the gradients accumulate.
     grads: Vec<String>,
     params: ParamStore,
+    /// The parallel optimizer's all-gathered parameter slices, reused every step.
+    gathered: crate::shard::GatherBuffers,
     groups: CommGroups,
     /// The stage's communicator (its groups are split from it).
     _stage_comm: Box<dyn Communicator>,
@@ -212,6 +214,7 @@ impl StageTrainer {
             chunks,
             grads: graded,
             params,
+            gathered: Default::default(),
             groups,
             _stage_comm: stage_comm,
             shared,
@@ -453,14 +456,17 @@ impl StageTrainer {
         st: &mut StepState,
     ) -> Result<()> {
         let mut params = std::mem::take(&mut self.params);
+        let mut gathered = std::mem::take(&mut self.gathered);
         let this = &*self;
-        let run = crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), |params| -> Result<()> {
-            for action in actions {
-                this.run_action(world, params, batch, action, st)?;
-            }
-            Ok(())
-        });
+        let run =
+            crate::shard::with_gathered(&this.program.program, &mut params, Some(&this.groups), &mut gathered, |params| -> Result<()> {
+                for action in actions {
+                    this.run_action(world, params, batch, action, st)?;
+                }
+                Ok(())
+            });
         self.params = params;
+        self.gathered = gathered;
         run
     }
 

@@ -20,45 +20,76 @@ fn group_comm<'a>(comm: Option<&'a CommGroups>, b: &RankShardBucket, kind: &'sta
     comm.ok_or_else(|| RuntimeError::NeedsCommunicator { kind, name: b.params.join(", "), group: b.group.clone() })?.get(&b.group)
 }
 
-/// Runs `f` with every sharded parameter of `params` all-gathered to its model-parallel slice,
-/// then puts the stored pieces back (whatever `f` returns). Collective.
+/// The all-gathered slices of the sharded parameters, kept from one step to the next so that
+/// every step gathers into the same buffers: no allocation, no zero fill, no page faults (a
+/// buffer another owner still shares, or of another shape or dtype, is replaced by a new one).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GatherBuffers(std::collections::HashMap<String, Tensor>);
+
+impl GatherBuffers {
+    /// A buffer for parameter `name`'s gathered slice: last step's when it is unshared and of
+    /// this shape and dtype, else a new one.
+    fn take(&mut self, name: &str, shape: &[usize], dtype: DType) -> Tensor {
+        match self.0.remove(name) {
+            Some(t) if t.shape() == shape && t.dtype() == dtype && t.is_contiguous() && t.is_unique() => t,
+            _ => Tensor::zeros(shape, dtype),
+        }
+    }
+
+    /// Keep `t` as parameter `name`'s buffer for the next step.
+    fn keep(&mut self, name: &str, t: Tensor) {
+        self.0.insert(name.to_string(), t);
+    }
+}
+
+/// Runs `f` with every sharded parameter of `params` all-gathered to its model-parallel slice
+/// (into `buffers`), then puts the stored pieces back (whatever `f` returns) and keeps the
+/// gathered slices in `buffers` for the next call. Collective.
 pub(crate) fn with_gathered<T>(
     program: &RankProgram,
     params: &mut ParamStore,
     comm: Option<&CommGroups>,
+    buffers: &mut GatherBuffers,
     f: impl FnOnce(&mut ParamStore) -> Result<T>,
 ) -> Result<T> {
-    let stored = gather_values(program, params, comm)?;
+    let stored = gather_values(program, params, comm, buffers)?;
     let out = f(params);
     for (name, t) in stored {
-        params.insert(&name, t);
+        if let Some(full) = params.insert(&name, t) {
+            buffers.keep(&name, full);
+        }
     }
     out
 }
 
 /// Replaces every sharded parameter's stored piece in `params` by its model-parallel slice,
-/// all-gathered over its shard group; returns the pieces. Collective.
-fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&CommGroups>) -> Result<Vec<(String, Tensor)>> {
+/// all-gathered over its shard group into `buffers`; returns the pieces. Collective.
+fn gather_values(
+    program: &RankProgram,
+    params: &mut ParamStore,
+    comm: Option<&CommGroups>,
+    buffers: &mut GatherBuffers,
+) -> Result<Vec<(String, Tensor)>> {
     let mut stored = Vec::new();
     for b in &program.all_gather {
         let c = group_comm(comm, b, "AllGather")?;
         let dtype = tensor_dtype(b.dtype);
         let mut pieces = Vec::with_capacity(b.params.len());
-        let mut shapes = Vec::with_capacity(b.params.len());
+        let mut full = Vec::with_capacity(b.params.len());
         for name in &b.params {
             let slot = program.param(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.clone() })?;
             let t = params.require(name)?;
             pieces.push(t.cast(dtype).contiguous());
-            shapes.push(slot.layout.slice_shape());
+            full.push(buffers.take(name, &slot.layout.slice_shape(), dtype));
         }
-        let full = match dtype {
-            DType::F64 => gather_parts::<f64>(c, b, &pieces, &shapes)?,
-            DType::F32 => gather_parts::<f32>(c, b, &pieces, &shapes)?,
-            DType::F16 => gather_parts::<half::f16>(c, b, &pieces, &shapes)?,
-            DType::BF16 => gather_parts::<half::bf16>(c, b, &pieces, &shapes)?,
-            DType::I32 => gather_parts::<i32>(c, b, &pieces, &shapes)?,
-            DType::I64 => gather_parts::<i64>(c, b, &pieces, &shapes)?,
-        };
+        match dtype {
+            DType::F64 => gather_parts::<f64>(c, b, &pieces, &mut full)?,
+            DType::F32 => gather_parts::<f32>(c, b, &pieces, &mut full)?,
+            DType::F16 => gather_parts::<half::f16>(c, b, &pieces, &mut full)?,
+            DType::BF16 => gather_parts::<half::bf16>(c, b, &pieces, &mut full)?,
+            DType::I32 => gather_parts::<i32>(c, b, &pieces, &mut full)?,
+            DType::I64 => gather_parts::<i64>(c, b, &pieces, &mut full)?,
+        }
         for (name, t) in b.params.iter().zip(full) {
             let own = params.require(name)?.dtype();
             let piece = params.insert(name, if t.dtype() == own { t } else { t.cast(own) });
@@ -69,20 +100,21 @@ fn gather_values(program: &RankProgram, params: &mut ParamStore, comm: Option<&C
 }
 
 /// The all-gather of one bucket: each parameter's pieces, from every rank of the group in
-/// order, joined along dimension 0 into its model-parallel slice (one fused call of parts).
+/// order, joined along dimension 0 into its model-parallel slice `full` (one fused call of
+/// parts, written where the slices lie).
 fn gather_parts<T: autopar_tensor::Element + autopar_comm::Element>(
     comm: &dyn Communicator,
     b: &RankShardBucket,
     pieces: &[Tensor],
-    shapes: &[Vec<usize>],
-) -> Result<Vec<Tensor>> {
-    let k = b.group.len();
+    full: &mut [Tensor],
+) -> Result<()> {
     let send: Vec<Buf<'_>> = pieces.iter().map(|t| T::buf(t.as_slice::<T>().expect("contiguous, of the bucket's dtype"))).collect();
-    let mut full: Vec<Vec<T>> = pieces.iter().map(|t| vec![T::default(); t.numel() * k]).collect();
-    let mut recv: Vec<BufMut<'_>> = full.iter_mut().map(|v| T::buf_mut(v)).collect();
+    let mut recv: Vec<BufMut<'_>> = Vec::with_capacity(full.len());
+    for (t, name) in full.iter_mut().zip(&b.params) {
+        recv.push(T::buf_mut(t.as_mut_slice::<T>().map_err(kernel("AllGather", name))?));
+    }
     comm.all_gather_parts(&send, &mut recv)
-        .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "all-gather of the sharded parameters", group: b.group.clone() }))?;
-    b.params.iter().zip(full).zip(shapes).map(|((name, v), shape)| Tensor::from_vec(shape, v).map_err(kernel("AllGather", name))).collect()
+        .map_err(RuntimeError::comm(CommPhase::OptimizerShard { kind: "all-gather of the sharded parameters", group: b.group.clone() }))
 }
 
 /// Replaces the gradient (a model-parallel slice) of every sharded parameter in `grads` by the
@@ -217,4 +249,27 @@ fn scatter_parts<T: autopar_tensor::Element + autopar_comm::Element>(
             Tensor::from_vec(&shape, v).map_err(kernel("ReduceScatter", name))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gathered_slice_buffer_is_reused_only_when_unshared_and_of_the_same_shape_and_dtype() {
+        let mut buffers = GatherBuffers::default();
+        let first = buffers.take("w", &[4, 2], DType::F32);
+        let address = first.as_slice::<f32>().unwrap().as_ptr();
+        buffers.keep("w", first);
+        let again = buffers.take("w", &[4, 2], DType::F32);
+        assert_eq!(again.as_slice::<f32>().unwrap().as_ptr(), address, "the same buffer");
+        // Shared with another owner (e.g. a value a caller kept): a new buffer, the other's data untouched.
+        let held = again.clone();
+        buffers.keep("w", again);
+        let fresh = buffers.take("w", &[4, 2], DType::F32);
+        assert_ne!(fresh.as_slice::<f32>().unwrap().as_ptr(), held.as_slice::<f32>().unwrap().as_ptr());
+        buffers.keep("w", fresh);
+        assert_eq!(buffers.take("w", &[2, 4], DType::F32).shape(), &[2, 4]);
+        assert_eq!(buffers.take("w", &[4, 2], DType::F64).dtype(), DType::F64);
+    }
 }

@@ -32,6 +32,8 @@ pub struct TrainStep {
     executor: Executor,
     step: u64,
     buckets: Vec<BucketBuffer>,
+    /// The parallel optimizer's all-gathered parameter slices, reused every step.
+    gathered: crate::shard::GatherBuffers,
     /// Clip the synchronised gradients to this global norm (over every rank's pieces).
     clip_grad_norm: Option<f64>,
 }
@@ -50,7 +52,7 @@ impl TrainStep {
     pub fn from_program(program: RankProgram) -> Result<Self> {
         let executor = Executor::new(program.graph.clone(), &program.fetch())?;
         let buckets = program.buckets.iter().map(|b| BucketBuffer::new(b, &program)).collect::<Result<_>>()?;
-        Ok(Self { program, executor, step: 0, buckets, clip_grad_norm: None })
+        Ok(Self { program, executor, step: 0, buckets, gathered: Default::default(), clip_grad_norm: None })
     }
 
     /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
@@ -108,7 +110,9 @@ impl TrainStep {
     pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
         let collectives = self.collectives(comm);
         let executor = &self.executor;
-        let mut out = crate::shard::with_gathered(&self.program, params, comm, |p| executor.run_with(p, feeds, self.step, collectives))?;
+        let mut out = crate::shard::with_gathered(&self.program, params, comm, &mut self.gathered, |p| {
+            executor.run_with(p, feeds, self.step, collectives)
+        })?;
         self.step += 1;
         // The values move out of the run's output, so the gradients are their tensors' only
         // owners and a bucket reduces them in place.
@@ -142,7 +146,7 @@ impl TrainStep {
         // once, so only the rank's pieces accumulate.
         let shard_each = self.program.accumulation_shard;
         let (executor, program, step) = (&self.executor, &self.program, self.step);
-        loss += crate::shard::with_gathered(program, params, comm, |params| {
+        loss += crate::shard::with_gathered(program, params, comm, &mut self.gathered, |params| {
             let mut loss = 0.0;
             for (index, feeds) in micro_feeds.iter().enumerate() {
                 let micro = crate::executor::MicroBatch { index, count };

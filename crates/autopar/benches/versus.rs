@@ -161,8 +161,9 @@ fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> R
 /// slowest rank's).
 #[derive(Clone, Copy)]
 enum Parallel {
-    /// data_parallel over `ranks` on a global batch of `global` rows.
-    Data { ranks: usize, global: usize },
+    /// data_parallel over `ranks` on a global batch of `global` rows; `shard`: with the
+    /// parallel optimizer (each rank updates its part of every parameter).
+    Data { ranks: usize, global: usize, shard: bool },
     /// semi_auto_parallel on 8 devices: the batch split 2 ways, the hidden layers 4 ways
     /// (column- then row-parallel), the global batch `global`. Every op of a layer has its
     /// strategy (the first layer's bias and ReLU stay split by column, as JAX's propagation
@@ -175,7 +176,7 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
     use autopar_parallel::ParallelContext;
     use autopar_runtime::parallel::{ParallelJob, RankTrainer};
     let (ranks, global) = match run {
-        Parallel::Data { ranks, global } => (ranks, global),
+        Parallel::Data { ranks, global, .. } => (ranks, global),
         Parallel::Mesh24 { global } => (8, global),
     };
     let model = Mlp::new(MlpConfig { input_shape: vec![784], hidden: vec![512, 512], num_classes: 10 }).expect("mlp");
@@ -183,9 +184,10 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &serde_json::json!(ranks)).expect("device_num");
     match run {
-        Parallel::Data { .. } => {
+        Parallel::Data { shard, .. } => {
             ctx.set("parallel_mode", &serde_json::json!("data_parallel")).expect("mode");
             ctx.set("gradients_mean", &serde_json::json!(true)).expect("gradients_mean");
+            ctx.set("enable_parallel_optimizer", &serde_json::json!(shard)).expect("enable_parallel_optimizer");
         }
         Parallel::Mesh24 { .. } => {
             ctx.set("parallel_mode", &serde_json::json!("semi_auto_parallel")).expect("mode");
@@ -231,7 +233,7 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
 fn parallel_peer(run: Parallel, seconds: f64) -> Result<f64, String> {
     let s = seconds.to_string();
     let (script, args): (&str, Vec<String>) = match run {
-        Parallel::Data { ranks, global } => (
+        Parallel::Data { ranks, global, .. } => (
             "ddp_torch.py",
             ["--ranks", &ranks.to_string(), "--batch", &(global / ranks).to_string(), "--seconds", &s].map(String::from).to_vec(),
         ),
@@ -303,7 +305,7 @@ fn main() {
         }
     }
     for ranks in [2, 4] {
-        let run = Parallel::Data { ranks, global: 64 * ranks };
+        let run = Parallel::Data { ranks, global: 64 * ranks, shard: false };
         rows.push((
             format!("data_parallel {ranks} x 64 vs DDP (gloo)"),
             "ms/step",
@@ -319,7 +321,7 @@ fn main() {
                     format!("data_parallel {ranks} x 64, mpirun vs DDP (gloo)"),
                     "ms/step",
                     Box::new(move || mpi_autopar(&bench, ranks)),
-                    Box::new(move || parallel_peer(Parallel::Data { ranks, global: 64 * ranks }, seconds).map(|s| 1e3 * s)),
+                    Box::new(move || parallel_peer(Parallel::Data { ranks, global: 64 * ranks, shard: false }, seconds).map(|s| 1e3 * s)),
                 ));
             }
         }
@@ -338,8 +340,9 @@ fn main() {
     // "peer" of these rows is autopar's own stand-alone step (the MLP step rows' code).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (label, run) in [
-        ("data_parallel, 2 devices", Parallel::Data { ranks: 2, global: 128 }),
-        ("data_parallel, 8 devices", Parallel::Data { ranks: 8, global: 128 }),
+        ("data_parallel, 2 devices", Parallel::Data { ranks: 2, global: 128, shard: false }),
+        ("data_parallel, 8 devices", Parallel::Data { ranks: 8, global: 128, shard: false }),
+        ("data_parallel + parallel optimizer, 8 devices", Parallel::Data { ranks: 8, global: 128, shard: true }),
         ("8 devices (2,4)", Parallel::Mesh24 { global: 128 }),
     ] {
         rows.push((
