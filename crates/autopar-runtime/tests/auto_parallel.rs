@@ -405,7 +405,7 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
 
 /// recursive_programming on a GPT block whose layers are wide for its batch (8 sequences of
 /// 16 tokens, width 1024, 8 devices): the partition cuts the projections' output columns (and
-/// the batch), and MindSpore's rules carry that to the ops it leaves out: the bias adds take
+/// the batch; the MLP's 4 ways, the attention's 2), and MindSpore's rules carry that to the ops it leaves out: the bias adds take
 /// the column split, the head reshapes and transposes turn it into a split of the heads, the
 /// attention's batched matmuls, mask and softmax run per head (the softmax axis whole), the
 /// output projections contract over the split heads; the embedding lookup, whose table the
@@ -435,9 +435,12 @@ fn recursive_programming_carries_column_splits_into_the_attention_heads() {
         ("blocks.0.attn.out_proj.matmul", "((4, 2), (1, 2))"),
         ("blocks.0.attn.out_proj.bias_add", "((4, 1), (1,))"),
         ("blocks.0.ln2", "((4, 1), (1,), (1,))"),
-        ("blocks.0.mlp.fc1.matmul", "((4, 1), (2, 1))"),
-        ("blocks.0.mlp.gelu", "((4, 2))"),
-        ("blocks.0.mlp.fc2.matmul", "((4, 2), (1, 2))"),
+        // MindSpore's visiting order (depth first from the loss, from the end) reaches the
+        // MLP branch of the block first, with no neighbour cut yet: its wider layers take a
+        // 4-way column split.
+        ("blocks.0.mlp.fc1.matmul", "((2, 1), (4, 1))"),
+        ("blocks.0.mlp.gelu", "((2, 4))"),
+        ("blocks.0.mlp.fc2.matmul", "((2, 4), (1, 4))"),
     ] {
         assert_eq!(strategy(op), want, "{op}");
     }

@@ -12,8 +12,11 @@
 //!    count of halvings. Ops the user (or a strategy file) set keep their strategy: they are
 //!    not cut, and in round r they count as having
 //!    halved the dimensions their strategy splits more than 2^r ways.
-//! 2. **log2(devices) rounds.** Each round visits every kept node once, inputs first (above 32
-//!    devices: by weight, heaviest first) and halves one dimension of it:
+//! 2. **log2(devices) rounds.** Each round visits every kept node once, in MindSpore's order:
+//!    its list of ops is a depth-first walk from the loss, each op before its inputs, and it
+//!    visits the list from the end, so a chain goes from the inputs forward and in a residual
+//!    `x + f(x)` the top block's branch f comes first (above 32 devices: by weight, heaviest
+//!    first). Each visit halves one dimension of the node:
 //!    * MatMul `[i,k] x [k,j]` with current local sizes: cut i costs `j*k/2 * 0.1` (the weight
 //!      every replica keeps), cut j `i*k/2`, cut k `i*j/2`, no cut `(1.5 * min)^2 / 350`; j and k
 //!      are never both cut; each option adds a redistribution penalty: for every neighbour
@@ -67,6 +70,9 @@ struct RecNode {
     producers: Vec<(usize, usize)>,
     /// Set by the user or a strategy file: never cut here.
     fixed: bool,
+    /// Place in MindSpore's list of ops ([`walk_positions`]; 0: not reached from an output).
+    /// Rounds visit the highest first.
+    pos: usize,
 }
 
 /// What a node did in the current round: the dimensions it halved in its output and input 0.
@@ -116,6 +122,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         return Err(ParallelError::SearchDevices { search: "recursive_programming", devices: rec.devices });
     }
     let g = rec.graph;
+    let positions = walk_positions(g);
     let mut nodes: Vec<RecNode> = Vec::new();
     let mut kept_of: Vec<Option<usize>> = vec![None; g.len()];
     for (i, node) in g.nodes().iter().enumerate() {
@@ -146,6 +153,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             out_cuts: [0; 4],
             producers: Vec::new(),
             fixed: false,
+            pos: positions[i],
         });
     }
     // Ops with a given strategy start (and stay) cut as it says.
@@ -271,14 +279,52 @@ fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<No
     }
 }
 
-/// Inputs first (the graph's order), ops rec does not know last; above 32 devices the
-/// heaviest first, ties inputs first.
+/// Where each node stands in MindSpore's list of ops (`DeepScopedGraphSearch` from the
+/// graph's return): a depth-first walk from the outputs in order (the loss first), each node
+/// listed before its inputs, inputs in order; positions count from 1 (0: not reached). A
+/// chain lists its last op first; `x + f(x)` lists the add, then x's producers, then f.
+/// MindSpore visits the list from its end.
+fn walk_positions(g: &Graph) -> Vec<usize> {
+    let mut pos = vec![0usize; g.len()];
+    let mut next = 0;
+    let mut stack: Vec<(NodeId, usize)> = Vec::new();
+    for &root in &g.outputs {
+        if pos[root.0] != 0 {
+            continue;
+        }
+        next += 1;
+        pos[root.0] = next;
+        stack.push((root, 0));
+        while let Some(&(n, i)) = stack.last() {
+            match g.node(n).inputs.get(i) {
+                Some(&x) => {
+                    stack.last_mut().expect("not empty").1 += 1;
+                    if pos[x.0] == 0 {
+                        next += 1;
+                        pos[x.0] = next;
+                        stack.push((x, 0));
+                    }
+                }
+                None => {
+                    stack.pop();
+                }
+            }
+        }
+    }
+    pos
+}
+
+/// MindSpore's visiting order (`SortByWeight`): the list from its end (a chain from its
+/// inputs forward; in `x + f(x)` the branch f of the top block first), the ops rec does not
+/// know last; above 32 devices the heaviest first, ties from the list's end. Nodes no output
+/// depends on come last, in the graph's order.
 fn visit_order(nodes: &[RecNode], devices: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.sort_by_key(|&v| nodes[v].kind == Kind::Unknown);
+    let later = |a: usize, b: usize| nodes[b].pos.cmp(&nodes[a].pos).then(a.cmp(&b));
+    order.sort_by(|&a, &b| (nodes[a].kind == Kind::Unknown).cmp(&(nodes[b].kind == Kind::Unknown)).then(later(a, b)));
     if devices > 32 {
         let w: Vec<f64> = nodes.iter().map(weight).collect();
-        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(later(a, b)));
     }
     order
 }
@@ -420,5 +466,33 @@ mod tests {
         // Tiny matrices: no cut is cheapest.
         let c = matmul_costs(4, 4, 4);
         assert!(c[3] < c[0].min(c[1]).min(c[2]));
+    }
+
+    /// MindSpore lists the ops depth first from the loss (each before its inputs, inputs in
+    /// order) and visits the list from its end: a chain from the input forward, and in
+    /// `h + f(h)` the branch f before h's producers.
+    #[test]
+    fn the_walk_lists_a_residual_branch_after_the_stream_so_it_is_visited_first() {
+        use autopar_graph::{DType, GraphBuilder, Initializer};
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[8, 16], DType::F32).unwrap();
+        let w = b.parameter("w", &[16, 16], Initializer::Zeros).unwrap();
+        let h = b.matmul("h", x, w).unwrap();
+        let v = b.parameter("v", &[16, 16], Initializer::Zeros).unwrap();
+        let f = b.matmul("f", h, v).unwrap();
+        let sum = b.add("sum", h, f).unwrap();
+        let out = b.relu("out", sum).unwrap();
+        b.output(out).unwrap();
+        let unused = b.relu("unused", x).unwrap();
+        let g = b.finish();
+        let pos = walk_positions(&g);
+        // out, sum, h, x, w, f, v; `unused` feeds no output.
+        let order = [out, sum, h, x, w, f, v];
+        for (k, id) in order.iter().enumerate() {
+            assert_eq!(pos[id.0], k + 1, "{}", g.node(*id).name);
+        }
+        assert_eq!(pos[unused.0], 0);
+        // Visited: the branch f, then the input x, then h.
+        assert!(pos[f.0] > pos[x.0] && pos[x.0] > pos[h.0]);
     }
 }
