@@ -281,6 +281,11 @@ pub struct SearchOptions {
     /// `op_strategy_config`: save every operator's strategy to, or load them all from, a JSON
     /// operator strategy file (MindSpore's `set_op_strategy_config`).
     pub op_strategy: Option<OpStrategyConfig>,
+    /// MindSpore's `MS_INTERFERED_SAPP`: recursive_programming keeps the strategies the model's
+    /// `.shard()` set (and cuts the rest around them). Off, as in MindSpore 2.10, it overwrites
+    /// them (the search report lists the ops). The default reads the environment variable
+    /// `MS_INTERFERED_SAPP` (`1`: on), as MindSpore does.
+    pub interfered_sapp: bool,
 }
 
 /// `op_strategy_config`: MindSpore's `set_op_strategy_config(mode, path)`.
@@ -313,6 +318,7 @@ impl Default for SearchOptions {
             tensor_slice_align_enable: false,
             tensor_slice_align_size: 16,
             op_strategy: None,
+            interfered_sapp: std::env::var("MS_INTERFERED_SAPP").is_ok_and(|v| v == "1"),
         }
     }
 }

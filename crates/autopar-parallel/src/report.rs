@@ -572,6 +572,13 @@ pub fn search_text(r: &SearchReport) -> String {
         ms(t.redistribution),
         ms(t.gradient_sync)
     );
+    if !r.overwritten.is_empty() {
+        let _ = writeln!(
+            s,
+            "  overwritten: the .shard() strategies of {} (recursive_programming searches every op, as MindSpore 2.10 does; MS_INTERFERED_SAPP=1 keeps them)",
+            r.overwritten.join(", ")
+        );
+    }
     for tie in &r.tied {
         let _ = writeln!(
             s,
@@ -653,6 +660,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "memory_bytes": t.memory,
         "device_memory_capacity": r.capacity,
         "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
+        "overwritten_user_strategies": r.overwritten,
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,

@@ -175,23 +175,67 @@ fn no_search_beats_the_exact_optimum() {
     }
 }
 
-/// Every search keeps what the user set; the recursive search refuses device counts that are
-/// not powers of two, as MindSpore does, naming the other searches.
+/// sharding_propagation and dynamic_programming keep what the user set; recursive_programming
+/// overwrites it, as MindSpore 2.10 does, and says so, unless `MS_INTERFERED_SAPP` is on (then
+/// it keeps it too). The recursive search refuses device counts that are not powers of two, as
+/// MindSpore does, naming the other searches.
 #[test]
 fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
     use autopar_parallel::StrategySource;
-    for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
-        let p = plan(&network([8192, 8192, 8192, 1024], 32, true), &auto(search, false)).unwrap();
-        let l1 = p.nodes.iter().find(|n| n.name == "l1.mm").unwrap();
-        assert_eq!(l1.strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "{search}");
-        assert_eq!(l1.source, Some(StrategySource::User), "{search}");
+    let g = network([8192, 8192, 8192, 1024], 32, true);
+    let l1 = |p: &autopar_parallel::ParallelPlan| p.nodes.iter().find(|n| n.name == "l1.mm").unwrap().clone();
+    for search in ["sharding_propagation", "dynamic_programming", "interfered recursive_programming"] {
+        let mut c = auto(search.trim_start_matches("interfered "), false);
+        c.search.interfered_sapp = search.starts_with("interfered");
+        let p = plan(&g, &c).unwrap();
+        assert_eq!(l1(&p).strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "{search}");
+        assert_eq!(l1(&p).source, Some(StrategySource::User), "{search}");
+        assert!(p.search.as_ref().unwrap().overwritten.is_empty());
     }
+    let mut c = auto("recursive_programming", false);
+    c.search.interfered_sapp = false;
+    let p = plan(&g, &c).unwrap();
+    assert_ne!(l1(&p).source, Some(StrategySource::User));
+    assert_ne!(l1(&p).strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "searched like any other MatMul");
+    let report = p.search.as_ref().unwrap();
+    assert_eq!(report.overwritten, vec!["l1.mm".to_string()]);
+    let text = autopar_parallel::report::search_text(report);
+    assert!(text.contains("overwritten: the .shard() strategies of l1.mm") && text.contains("MS_INTERFERED_SAPP=1"), "{text}");
     let mut c = auto("recursive_programming", false);
     c.set("device_num", &json!(6)).unwrap();
     let e = plan(&network([64, 128, 32, 16], 48, false), &c).unwrap_err().to_string();
     assert!(e.contains("power-of-two") && e.contains("dynamic_programming"), "{e}");
     c.set("search_mode", &json!("dynamic_programming")).unwrap();
     plan(&network([64, 128, 32, 16], 48, false), &c).unwrap();
+}
+
+/// MindSpore's own test of user strategies under recursive_programming
+/// (`test_auto_parallel_sapp_custom_strategy{1,2}`): x [32768, 1024] through two MatMuls with
+/// [1024, 1024] weights on 8 devices, the first set to ((1, 1), (1, 8)). With
+/// `MS_INTERFERED_SAPP` on, the second contracts over the first's column split,
+/// ((1, 8), (8, 1)), as MindSpore asserts; off, every MatMul is searched and splits the batch,
+/// ((8, 1), (1, 1)), as MindSpore asserts.
+#[test]
+fn recursive_programming_keeps_user_strategies_only_when_interfered_as_mindspore_tests() {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[32768, 1024], DType::F32).unwrap();
+    let y = b.parameter("y", &[1024, 1024], Initializer::Zeros).unwrap();
+    let z = b.parameter("z", &[1024, 1024], Initializer::Zeros).unwrap();
+    let m1 = b.matmul("matmul1", x, y).unwrap();
+    b.shard(m1, "((1,1),(1,8))".parse().unwrap()).unwrap();
+    let m2 = b.matmul("matmul2", m1, z).unwrap();
+    b.output(m2).unwrap();
+    let g = b.finish();
+    let strategy = |p: &ParallelPlan, name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
+    let mut c = auto("recursive_programming", true);
+    c.search.interfered_sapp = true;
+    let p = plan(&g, &c).unwrap();
+    assert_eq!(strategy(&p, "matmul1"), "((1, 1), (1, 8))");
+    assert_eq!(strategy(&p, "matmul2"), "((1, 8), (8, 1))");
+    c.search.interfered_sapp = false;
+    let p = plan(&g, &c).unwrap();
+    assert_eq!(strategy(&p, "matmul1"), "((8, 1), (1, 1))");
+    assert_eq!(strategy(&p, "matmul2"), "((8, 1), (1, 1))");
 }
 
 /// `op_strategy_config` (MindSpore's `set_op_strategy_config`): sharding propagation saves every

@@ -114,6 +114,9 @@ pub struct SearchReport {
     /// When the fastest plan did not fit the capacity (the elimination searches): its memory
     /// (the ops' summed, bytes) and objective.
     pub fastest: Option<(u64, f64)>,
+    /// The ops whose `.shard()` strategy recursive_programming overwrote (MindSpore 2.10's
+    /// default; `MS_INTERFERED_SAPP=1` keeps them).
+    pub overwritten: Vec<String>,
 }
 
 impl SearchReport {
@@ -145,6 +148,26 @@ pub(crate) struct SearchJob<'a> {
 
 /// Build the cost graph of a job and search it.
 pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
+    // recursive_programming overwrites the model's `.shard()` strategies, as MindSpore 2.10
+    // does unless MS_INTERFERED_SAPP=1 (a strategy file's are kept).
+    let overwrite = job.search == Search::Mode(SearchMode::RecursiveProgramming) && !job.context.search.interfered_sapp;
+    let is_user = |f: &Option<(Vec<usize>, StrategySource)>| matches!(f, Some((_, StrategySource::User)));
+    let overwritten: Vec<String> = if overwrite {
+        (0..job.fixed.len()).filter(|&i| is_user(&job.fixed[i])).map(|i| job.graph.nodes()[i].name.clone()).collect()
+    } else {
+        Vec::new()
+    };
+    let kept: Vec<Option<(Vec<usize>, StrategySource)>>;
+    let fixed = if overwritten.is_empty() {
+        job.fixed
+    } else {
+        tracing::warn!(
+            ops = overwritten.len(),
+            "recursive_programming overwrites the strategies the model's .shard() set (as MindSpore does); MS_INTERFERED_SAPP=1 keeps them"
+        );
+        kept = job.fixed.iter().map(|f| if is_user(f) { None } else { f.clone() }).collect();
+        &kept
+    };
     // Propagation and the recursive search may leave devices idle (a layout that follows its
     // neighbour, an op not worth cutting); the exact optimum is over those candidates too.
     let partial_use = !matches!(job.search, Search::Mode(SearchMode::DynamicProgramming));
@@ -154,12 +177,14 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         context: job.context,
         profile: job.profile,
         training: job.training,
-        fixed: job.fixed,
+        fixed,
         input_layouts: job.input_layouts,
         partial_use,
     })?;
     let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices() };
-    run(&cg, job.search, &rec, job.profile)
+    let mut report = run(&cg, job.search, &rec, job.profile)?;
+    report.overwritten = overwritten;
+    Ok(report)
 }
 
 /// Run `search` over the cost graph `cg` (built for it) of `graph`.
@@ -346,5 +371,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         tied: Vec::new(),
         capacity: cg.options.device_memory_capacity,
         fastest: None,
+        overwritten: Vec::new(),
     }
 }

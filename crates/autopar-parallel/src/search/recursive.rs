@@ -9,9 +9,10 @@
 //!    out and gets its strategy afterwards (`rec_rules::rec_op` says which is which). Edges pass through
 //!    the ops left out: a kept op's producer is every kept op reached through their
 //!    (non-parameter) inputs. Tensors are seen as 4-D (right-aligned), each dimension with a
-//!    count of halvings. Ops the user (or a strategy file) set keep their strategy: they are
-//!    not cut, and in round r they count as having
-//!    halved the dimensions their strategy splits more than 2^r ways.
+//!    count of halvings. Ops a strategy file set keep their strategy, and so do those the
+//!    model's `.shard()` set when `MS_INTERFERED_SAPP` is on (otherwise the search overwrites
+//!    them, as MindSpore 2.10 does): they are not cut, and their strategy counts as one halving
+//!    per round, the first dimension's first (MindSpore's `DecomposeStrategy`), then whole.
 //! 2. **log2(devices) rounds.** Each round visits every kept node once, in MindSpore's order:
 //!    its list of ops is a depth-first walk from the loss, each op before its inputs, and it
 //!    visits the list from the end, so a chain goes from the inputs forward and in a residual
@@ -75,11 +76,18 @@ struct RecNode {
     pos: usize,
 }
 
-/// What a node did in the current round: the dimensions it halved in its output and input 0.
+/// What a node did in the current round: the halvings of each dimension of its output and
+/// input 0 (0 or 1 for a node cut this round; a fixed node past its decomposed strategy counts
+/// its whole strategy).
 #[derive(Clone, Copy, Debug)]
 struct Round {
-    out: [bool; 4],
-    in0: [bool; 4],
+    out: Cuts,
+    in0: Cuts,
+}
+
+/// Whether a round's halvings are the ones an option needs of that neighbour.
+fn same(done: &Cuts, needs: &[bool; 4]) -> bool {
+    done.iter().zip(needs).all(|(&c, &b)| c == b as u32)
 }
 
 /// What an option needs of (producer of input 0, producer of input 1, consumers).
@@ -250,15 +258,23 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     Ok(rec_rules::complete(g, cg, rec.devices, &configured))
 }
 
-/// What fixed node `n` counts as having halved in round `round`: the dimensions its strategy
-/// splits more than `2^round` ways.
+/// What fixed node `n` counts as having halved in round `round` ([`decomposed`]).
 fn fixed_round(n: &RecNode, round: u32) -> Round {
-    let mut r = Round { out: NONE, in0: NONE };
-    for d in 0..4 {
-        r.out[d] = n.out_cuts[d] > round;
-        r.in0[d] = n.cuts[0][d] > round;
+    Round { out: decomposed(&n.out_cuts, round), in0: decomposed(&n.cuts[0], round) }
+}
+
+/// MindSpore's `DecomposeStrategy`: a given strategy taken as one halving per round, the first
+/// dimension's halvings first, then the second's, and so on; in the rounds after them, the
+/// whole strategy (which no single cut matches unless it is one halving).
+fn decomposed(cuts: &Cuts, round: u32) -> Cuts {
+    match (0..4).flat_map(|d| std::iter::repeat_n(d, cuts[d] as usize)).nth(round as usize) {
+        Some(d) => {
+            let mut one = [0; 4];
+            one[d] = 1;
+            one
+        }
+        None => *cuts,
     }
-    r
 }
 
 /// The kept nodes a value comes from, through the ops left out (all their non-parameter
@@ -367,12 +383,12 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
     let mut total = 0.0;
     for (name, r) in done {
         for &(slot, p) in &n.producers {
-            if p == *name && nodes[p].out == n.args[slot.min(1)] && r.out != modes[slot.min(1)] {
+            if p == *name && nodes[p].out == n.args[slot.min(1)] && !same(&r.out, &modes[slot.min(1)]) {
                 total += in_size * REDIS_COEF;
             }
         }
         for &c in consumers {
-            if c == *name && nodes[c].args.contains(&n.out) && r.in0 != modes[2] {
+            if c == *name && nodes[c].args.contains(&n.out) && !same(&r.in0, &modes[2]) {
                 total += out_size * REDIS_COEF;
             }
         }
@@ -432,19 +448,19 @@ fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usiz
             best = Some(x);
         }
     }
-    let mut r = Round { out: NONE, in0: NONE };
+    let mut r = Round { out: [0; 4], in0: [0; 4] };
     let Some(b) = best.filter(|&b| options[b].0 < f64::MAX) else { return r };
     let node = &mut nodes[v];
     for &(slot, d) in &options[b].1 {
         match slot {
             2 => {
                 node.out_cuts[d] += 1;
-                r.out[d] = true;
+                r.out[d] = 1;
             }
             s => {
                 node.cuts[s][d] += 1;
                 if s == 0 {
-                    r.in0[d] = true;
+                    r.in0[d] = 1;
                 }
             }
         }
@@ -494,5 +510,20 @@ mod tests {
         assert_eq!(pos[unused.0], 0);
         // Visited: the branch f, then the input x, then h.
         assert!(pos[f.0] > pos[x.0] && pos[x.0] > pos[h.0]);
+    }
+
+    /// A given strategy counts as one halving per round, dimension by dimension, then whole.
+    #[test]
+    fn a_given_strategy_is_decomposed_one_halving_per_round() {
+        // (2, 4) on a 2-D tensor: 4-D halvings [0, 0, 1, 2].
+        let cuts = [0, 0, 1, 2];
+        assert_eq!(decomposed(&cuts, 0), [0, 0, 1, 0]);
+        assert_eq!(decomposed(&cuts, 1), [0, 0, 0, 1]);
+        assert_eq!(decomposed(&cuts, 2), [0, 0, 0, 1]);
+        assert_eq!(decomposed(&cuts, 3), cuts);
+        assert!(!same(&decomposed(&cuts, 3), &cut(3)) && !same(&decomposed(&cuts, 3), &NONE));
+        // One halving keeps matching its cut after its round; nothing split matches no cut.
+        assert!(same(&decomposed(&[0, 0, 1, 0], 5), &cut(2)));
+        assert!(same(&decomposed(&[0; 4], 0), &NONE));
     }
 }
