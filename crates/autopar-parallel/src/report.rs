@@ -717,6 +717,19 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
             exact.map(|e| format!("{:.3}", r.objective / e)).unwrap_or_else(|| "-".into())
         );
     }
+    // recursive_programming searched the ops the others keep as `.shard()` set them.
+    for (search, row) in rows {
+        if let Ok((r, _)) = row {
+            if !r.overwritten.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "  {}: searched the {} ops whose .shard() strategy the others keep (as MindSpore 2.10 does; MS_INTERFERED_SAPP=1 keeps them), so it may beat the exact plan",
+                    search.name(),
+                    r.overwritten.len()
+                );
+            }
+        }
+    }
     // Plans over the capacity: the searches that check each op alone.
     for (search, row) in rows {
         if let Ok((r, _)) = row {

@@ -40,11 +40,18 @@ impl GatherBuffers {
     fn keep(&mut self, name: &str, t: Tensor) {
         self.0.insert(name.to_string(), t);
     }
+
+    /// Keep `t` unless a buffer for `name` is kept already (the bucket-dtype buffer of a
+    /// parameter the step saw cast to its own dtype).
+    fn keep_if_none(&mut self, name: &str, t: Tensor) {
+        self.0.entry(name.to_string()).or_insert(t);
+    }
 }
 
 /// Runs `f` with every sharded parameter of `params` all-gathered to its model-parallel slice
 /// (into `buffers`), then puts the stored pieces back (whatever `f` returns) and keeps the
-/// gathered slices in `buffers` for the next call. Collective.
+/// gathered slices in `buffers` for the next call. (They stay allocated between steps; every
+/// step holds them during its passes anyway, so the peak memory is the same.) Collective.
 pub(crate) fn with_gathered<T>(
     program: &RankProgram,
     params: &mut ParamStore,
@@ -56,14 +63,15 @@ pub(crate) fn with_gathered<T>(
     let out = f(params);
     for (name, t) in stored {
         if let Some(full) = params.insert(&name, t) {
-            buffers.keep(&name, full);
+            buffers.keep_if_none(&name, full);
         }
     }
     out
 }
 
 /// Replaces every sharded parameter's stored piece in `params` by its model-parallel slice,
-/// all-gathered over its shard group into `buffers`; returns the pieces. Collective.
+/// all-gathered over its shard group into `buffers`; returns the pieces. Collective. On an
+/// error the pieces already replaced are put back.
 fn gather_values(
     program: &RankProgram,
     params: &mut ParamStore,
@@ -71,6 +79,25 @@ fn gather_values(
     buffers: &mut GatherBuffers,
 ) -> Result<Vec<(String, Tensor)>> {
     let mut stored = Vec::new();
+    match gather_into(program, params, comm, buffers, &mut stored) {
+        Ok(()) => Ok(stored),
+        Err(e) => {
+            for (name, t) in stored {
+                params.insert(&name, t);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// [`gather_values`]' work: each replaced piece pushed onto `stored`.
+fn gather_into(
+    program: &RankProgram,
+    params: &mut ParamStore,
+    comm: Option<&CommGroups>,
+    buffers: &mut GatherBuffers,
+    stored: &mut Vec<(String, Tensor)>,
+) -> Result<()> {
     for b in &program.all_gather {
         let c = group_comm(comm, b, "AllGather")?;
         let dtype = tensor_dtype(b.dtype);
@@ -92,11 +119,19 @@ fn gather_values(
         }
         for (name, t) in b.params.iter().zip(full) {
             let own = params.require(name)?.dtype();
-            let piece = params.insert(name, if t.dtype() == own { t } else { t.cast(own) });
+            let full = if t.dtype() == own {
+                t
+            } else {
+                // The parameter sees a cast copy; the bucket-dtype buffer is kept for next step.
+                let cast = t.cast(own);
+                buffers.keep(name, t);
+                cast
+            };
+            let piece = params.insert(name, full);
             stored.push((name.clone(), piece.expect("required above")));
         }
     }
-    Ok(stored)
+    Ok(())
 }
 
 /// The all-gather of one bucket: each parameter's pieces, from every rank of the group in

@@ -181,7 +181,7 @@ fn no_search_beats_the_exact_optimum() {
 /// MindSpore does, naming the other searches.
 #[test]
 fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
-    use autopar_parallel::StrategySource;
+    use autopar_parallel::{compare_searches, PlanRequest, StrategySource};
     let g = network([8192, 8192, 8192, 1024], 32, true);
     let l1 = |p: &autopar_parallel::ParallelPlan| p.nodes.iter().find(|n| n.name == "l1.mm").unwrap().clone();
     for search in ["sharding_propagation", "dynamic_programming", "interfered recursive_programming"] {
@@ -201,6 +201,10 @@ fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
     assert_eq!(report.overwritten, vec!["l1.mm".to_string()]);
     let text = autopar_parallel::report::search_text(report);
     assert!(text.contains("overwritten: the .shard() strategies of l1.mm") && text.contains("MS_INTERFERED_SAPP=1"), "{text}");
+    // --compare says why recursive_programming's problem differs from the others'.
+    let rows = compare_searches(&PlanRequest { graph: &g, loss: None, context: &c, strategy_file: None, profile: None }).unwrap();
+    let table = autopar_parallel::report::compare_text("network", 8, &rows);
+    assert!(table.contains("recursive_programming: searched the 1 ops whose .shard() strategy the others keep"), "{table}");
     let mut c = auto("recursive_programming", false);
     c.set("device_num", &json!(6)).unwrap();
     let e = plan(&network([64, 128, 32, 16], 48, false), &c).unwrap_err().to_string();

@@ -12,7 +12,7 @@
 //!    count of halvings. Ops a strategy file set keep their strategy, and so do those the
 //!    model's `.shard()` set when `MS_INTERFERED_SAPP` is on (otherwise the search overwrites
 //!    them, as MindSpore 2.10 does): they are not cut, and their strategy counts as one halving
-//!    per round, the first dimension's first (MindSpore's `DecomposeStrategy`), then whole.
+//!    per round, the first dimension's first (MindSpore's `DecomposeStrategy`), then as no cut.
 //! 2. **log2(devices) rounds.** Each round visits every kept node once, in MindSpore's order:
 //!    its list of ops is a depth-first walk from the loss, each op before its inputs, and it
 //!    visits the list from the end, so a chain goes from the inputs forward and in a residual
@@ -77,8 +77,7 @@ struct RecNode {
 }
 
 /// What a node did in the current round: the halvings of each dimension of its output and
-/// input 0 (0 or 1 for a node cut this round; a fixed node past its decomposed strategy counts
-/// its whole strategy).
+/// input 0 (0 or 1).
 #[derive(Clone, Copy, Debug)]
 struct Round {
     out: Cuts,
@@ -264,17 +263,14 @@ fn fixed_round(n: &RecNode, round: u32) -> Round {
 }
 
 /// MindSpore's `DecomposeStrategy`: a given strategy taken as one halving per round, the first
-/// dimension's halvings first, then the second's, and so on; in the rounds after them, the
-/// whole strategy (which no single cut matches unless it is one halving).
+/// dimension's halvings first, then the second's, and so on; in the rounds after them, no cut
+/// (the decomposed tensor's own split stays 1 there).
 fn decomposed(cuts: &Cuts, round: u32) -> Cuts {
-    match (0..4).flat_map(|d| std::iter::repeat_n(d, cuts[d] as usize)).nth(round as usize) {
-        Some(d) => {
-            let mut one = [0; 4];
-            one[d] = 1;
-            one
-        }
-        None => *cuts,
+    let mut one = [0; 4];
+    if let Some(d) = (0..4).flat_map(|d| std::iter::repeat_n(d, cuts[d] as usize)).nth(round as usize) {
+        one[d] = 1;
     }
+    one
 }
 
 /// The kept nodes a value comes from, through the ops left out (all their non-parameter
@@ -520,10 +516,9 @@ mod tests {
         assert_eq!(decomposed(&cuts, 0), [0, 0, 1, 0]);
         assert_eq!(decomposed(&cuts, 1), [0, 0, 0, 1]);
         assert_eq!(decomposed(&cuts, 2), [0, 0, 0, 1]);
-        assert_eq!(decomposed(&cuts, 3), cuts);
-        assert!(!same(&decomposed(&cuts, 3), &cut(3)) && !same(&decomposed(&cuts, 3), &NONE));
-        // One halving keeps matching its cut after its round; nothing split matches no cut.
-        assert!(same(&decomposed(&[0, 0, 1, 0], 5), &cut(2)));
+        // Past its halvings it counts as no cut, as does a strategy that splits nothing.
+        assert!(same(&decomposed(&cuts, 3), &NONE));
+        assert!(same(&decomposed(&[0, 0, 1, 0], 1), &NONE));
         assert!(same(&decomposed(&[0; 4], 0), &NONE));
     }
 }
