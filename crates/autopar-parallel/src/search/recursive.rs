@@ -348,7 +348,12 @@ fn weight(n: &RecNode) -> f64 {
             let c = matmul_costs(i, k, j);
             c.iter().copied().fold(0.0, f64::max)
         }
-        Kind::Conv => size(&local(&n.args[1], &n.cuts[1])) / 2.0,
+        // `CostConvolution::GetMinCostIn`: the least of its seven cut costs, which is half the
+        // smallest of input, filter and output.
+        Kind::Conv => {
+            let sizes = [size(&local(&n.args[0], &n.cuts[0])), size(&local(&n.args[1], &n.cuts[1])), size(&local(&n.out, &n.out_cuts))];
+            sizes.into_iter().fold(f64::MAX, f64::min) / 2.0
+        }
         Kind::Pool | Kind::Unknown => 0.0,
         Kind::Batch | Kind::Loss if n.op.is_none() => 0.0,
         Kind::Batch | Kind::Loss => f64::MAX,
@@ -506,6 +511,25 @@ mod tests {
         assert_eq!(pos[unused.0], 0);
         // Visited: the branch f, then the input x, then h.
         assert!(pos[f.0] > pos[x.0] && pos[x.0] > pos[h.0]);
+    }
+
+    /// Above 32 devices a convolution weighs half its smallest tensor (MindSpore's
+    /// `CostConvolution::GetMinCostIn`), a MatMul its dearest cut.
+    #[test]
+    fn a_convolution_weighs_half_its_smallest_tensor() {
+        let conv = RecNode {
+            kind: Kind::Conv,
+            op: Some(0),
+            args: [[32, 64, 8, 8], [128, 64, 3, 3]],
+            out: [32, 128, 8, 8],
+            cuts: [[1, 0, 0, 0], [0; 4]],
+            out_cuts: [1, 0, 0, 0],
+            producers: Vec::new(),
+            fixed: false,
+            pos: 1,
+        };
+        // Input 16x64x8x8 = 65536, filter 73728, output 131072.
+        assert_eq!(weight(&conv), 65536.0 / 2.0);
     }
 
     /// A given strategy counts as one halving per round, dimension by dimension, then whole.
