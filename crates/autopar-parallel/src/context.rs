@@ -286,6 +286,11 @@ pub struct SearchOptions {
     /// them (the search report lists the ops). The default reads the environment variable
     /// `MS_INTERFERED_SAPP` (`1`: on), as MindSpore does.
     pub interfered_sapp: bool,
+    /// Set by the pipeline planner (not a user key): the graph searched is a pipeline's, built
+    /// for one micro-batch. recursive_programming then never cuts a MatMul's rows below one
+    /// sample of the micro-batch per device, and above 32 devices orders its visits by weight
+    /// only for micro-batches under 8 samples, as MindSpore's does with `pipeline_stages` > 1.
+    pub pipelined: bool,
 }
 
 /// `op_strategy_config`: MindSpore's `set_op_strategy_config(mode, path)`.
@@ -319,6 +324,7 @@ impl Default for SearchOptions {
             tensor_slice_align_size: 16,
             op_strategy: None,
             interfered_sapp: std::env::var("MS_INTERFERED_SAPP").is_ok_and(|v| v == "1"),
+            pipelined: false,
         }
     }
 }

@@ -242,6 +242,32 @@ fn recursive_programming_keeps_user_strategies_only_when_interfered_as_mindspore
     assert_eq!(strategy(&p, "matmul2"), "((8, 1), (1, 1))");
 }
 
+/// In a pipeline, recursive_programming cuts a MatMul's rows no further than one sample of the
+/// micro-batch per device, as MindSpore's does with `pipeline_stages` > 1: a GPT built for
+/// micro-batches of 2 sequences on 2 stages of 4 devices (full_batch) splits its MLP's rows 2
+/// ways and its columns 2 ways, where the same graph planned without stages splits the rows 4
+/// ways.
+#[test]
+fn recursive_programming_keeps_a_sample_of_the_micro_batch_per_device_in_a_pipeline() {
+    use autopar_models::{Gpt, GptConfig, Mode, Model};
+    use autopar_parallel::pipeline::plan_pipeline;
+    use autopar_parallel::PlanRequest;
+    let (g, ids) = Gpt::new(GptConfig { dropout: 0.0, ..GptConfig::default() }).unwrap().build_graph(2, Mode::Train, 0).unwrap();
+    let fc1 =
+        |p: &ParallelPlan| p.nodes.iter().find(|n| n.name == "blocks.0.mlp.fc1.matmul").unwrap().strategy.as_ref().unwrap().to_string();
+    let mut c = auto("recursive_programming", true);
+    c.set("pipeline_stages", &json!(2)).unwrap();
+    let piped =
+        plan_pipeline(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }, 4).unwrap();
+    let mut flat = auto("recursive_programming", true);
+    flat.set("device_num", &json!(4)).unwrap();
+    let whole =
+        autopar_parallel::plan_job(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &flat, strategy_file: None, profile: None })
+            .unwrap();
+    assert_eq!(fc1(&whole), "((4, 1), (1, 1))");
+    assert_eq!(fc1(&piped.plan), "((2, 1), (2, 1))");
+}
+
 /// `op_strategy_config` (MindSpore's `set_op_strategy_config`): sharding propagation saves every
 /// operator's strategy by name; loading the file gives every operator that strategy (an edited
 /// strategy is followed), and a file that lacks or adds an operator, or another search mode, is

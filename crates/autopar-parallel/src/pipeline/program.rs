@@ -119,6 +119,7 @@ pub fn plan_pipeline(req: &PlanRequest<'_>, micro_batches: usize) -> Result<Pipe
     let mut stage_ctx: ParallelContext = ctx.clone();
     stage_ctx.device_num = ctx.stage_device_num();
     stage_ctx.pipeline_stages = 1;
+    stage_ctx.search.pipelined = p > 1;
     stage_ctx.pipeline_result_broadcast = false;
     stage_ctx.pipeline_config.pipeline_interleave = false;
     let plan = plan_job(&PlanRequest {

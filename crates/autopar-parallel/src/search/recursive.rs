@@ -45,6 +45,18 @@ pub struct RecInput<'a> {
     pub graph: &'a Graph,
     /// The number of devices to cut for.
     pub devices: usize,
+    /// The graph is a pipeline's, built for one micro-batch (MindSpore's `micro_batch_size`
+    /// rules apply: see `SearchOptions::pipelined`).
+    pub pipelined: bool,
+}
+
+/// MindSpore's `micro_batch_size`: the samples of one micro-batch (the first network input's
+/// first dimension) in a pipeline, else 1.
+fn micro_batch_size(g: &Graph, pipelined: bool) -> usize {
+    if !pipelined {
+        return 1;
+    }
+    g.nodes().iter().find(|n| matches!(n.op, OpKind::Input(_))).and_then(|n| n.ty.shape.first().copied()).unwrap_or(1)
 }
 
 /// MindSpore 2.10's `rp_matmul_mem_coef`.
@@ -206,16 +218,17 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     let consumers: Vec<Vec<usize>> =
         (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
 
+    let micro = micro_batch_size(g, rec.pipelined);
     let rounds = rec.devices.ilog2();
     for round in 0..rounds {
         // Fixed ops first, as having made their cut of this round.
         let mut done: Vec<(usize, Round)> =
             (0..nodes.len()).filter(|&v| nodes[v].fixed).map(|v| (v, fixed_round(&nodes[v], round))).collect();
-        for v in visit_order(&nodes, rec.devices) {
+        for v in visit_order(&nodes, rec.devices, micro) {
             if nodes[v].fixed {
                 continue;
             }
-            let r = partition(&mut nodes, v, &consumers[v], &done);
+            let r = partition(&mut nodes, v, &consumers[v], &done, rec.pipelined.then_some(micro));
             done.push((v, r));
         }
     }
@@ -328,13 +341,13 @@ fn walk_positions(g: &Graph) -> Vec<usize> {
 
 /// MindSpore's visiting order (`SortByWeight`): the list from its end (a chain from its
 /// inputs forward; in `x + f(x)` the branch f of the top block first), the ops rec does not
-/// know last; above 32 devices the heaviest first, ties from the list's end. Nodes no output
-/// depends on come last, in the graph's order.
-fn visit_order(nodes: &[RecNode], devices: usize) -> Vec<usize> {
+/// know last; above 32 devices (and micro-batches under 8 samples in a pipeline) the heaviest
+/// first, ties from the list's end. Nodes no output depends on come last, in the graph's order.
+fn visit_order(nodes: &[RecNode], devices: usize, micro_batch_size: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     let later = |a: usize, b: usize| nodes[b].pos.cmp(&nodes[a].pos).then(a.cmp(&b));
     order.sort_by(|&a, &b| (nodes[a].kind == Kind::Unknown).cmp(&(nodes[b].kind == Kind::Unknown)).then(later(a, b)));
-    if devices > 32 {
+    if devices > 32 && micro_batch_size < 8 {
         let w: Vec<f64> = nodes.iter().map(weight).collect();
         order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(later(a, b)));
     }
@@ -398,7 +411,9 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
 }
 
 /// One round of node `v`: pick its cheapest cut, apply it, and say what it halved.
-fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)]) -> Round {
+/// `micro_batch`: in a pipeline, the micro-batch's samples, below one of which per device a
+/// MatMul's rows are not cut.
+fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)], micro_batch: Option<usize>) -> Round {
     let n = nodes[v].clone();
     // Options: (cost, modes, halvings of (input slot or 2 = output, 4-D dim)).
     let mut options: Vec<(f64, Halvings)> = Vec::new();
@@ -408,8 +423,9 @@ fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usiz
             let c = matmul_costs(i, k, j);
             let k_cut = n.cuts[0][3] > 0;
             let j_cut = n.cuts[1][3] > 0;
+            let rows_left = micro_batch.is_none_or(|m| m > 1 << n.cuts[0][2]);
             let opts: [(bool, f64, Modes, Halvings); 4] = [
-                (even(i), c[0], [cut(2), NONE, cut(2)], vec![(0, 2), (2, 2)]),
+                (even(i) && rows_left, c[0], [cut(2), NONE, cut(2)], vec![(0, 2), (2, 2)]),
                 (even(j) && !k_cut, c[1], [NONE, cut(3), cut(3)], vec![(1, 3), (2, 3)]),
                 (even(k) && !j_cut, c[2], [cut(3), cut(2), NONE], vec![(0, 3), (1, 2)]),
                 (true, c[3], [NONE, NONE, NONE], vec![]),
