@@ -51,6 +51,8 @@ pub const OPTION_NAMES: &[&str] = &[
     "tensor_slice_align_size",
     // MindSpore's `set_op_strategy_config(mode, path)` (sharding_propagation only).
     "op_strategy_config",
+    // MindSpore's `_set_rp_matmul_mem_coef` (recursive_programming's MatMul memory weight).
+    "rp_matmul_mem_coef",
 ];
 
 /// The options of auto_parallel's strategy search that only it reads: the last ones of
@@ -286,6 +288,9 @@ pub struct SearchOptions {
     /// them (the search report lists the ops). The default reads the environment variable
     /// `MS_INTERFERED_SAPP` (`1`: on), as MindSpore does.
     pub interfered_sapp: bool,
+    /// recursive_programming's weight of the memory a MatMul keeps whole when it cuts its rows
+    /// (MindSpore's `rp_matmul_mem_coef`, set by `_set_rp_matmul_mem_coef`; 0.1).
+    pub rp_matmul_mem_coef: f64Bits,
     /// Set by the pipeline planner (not a user key): the graph searched is a pipeline's, built
     /// for one micro-batch. recursive_programming then never cuts a MatMul's rows below one
     /// sample of the micro-batch per device, and above 32 devices orders its visits by weight
@@ -325,6 +330,7 @@ impl Default for SearchOptions {
             op_strategy: None,
             interfered_sapp: std::env::var("MS_INTERFERED_SAPP").is_ok_and(|v| v == "1"),
             pipelined: false,
+            rp_matmul_mem_coef: f64Bits::new(0.1),
         }
     }
 }
@@ -603,6 +609,10 @@ impl ParallelContext {
                     _ => &mut self.search.costmodel_gamma,
                 };
                 *slot = f64Bits::new(x);
+            }
+            "rp_matmul_mem_coef" => {
+                let x = v.as_f64().filter(|x| *x > 0.0 && x.is_finite()).ok_or_else(|| bad(key, v, "a number > 0"))?;
+                self.search.rp_matmul_mem_coef = f64Bits::new(x);
             }
             "fully_use_devices" => self.search.fully_use_devices = as_bool(key, v)?,
             "elementwise_op_strategy_follow" => self.search.elementwise_op_strategy_follow = as_bool(key, v)?,
@@ -895,10 +905,11 @@ mod tests {
             ("tensor_slice_align_enable", json!(true)),
             ("tensor_slice_align_size", json!(32)),
             ("op_strategy_config", json!({"mode": "LOAD", "path": "/tmp/ops.json"})),
+            ("rp_matmul_mem_coef", json!(1024)),
         ];
         assert_eq!(values.len(), OPTION_NAMES.len());
         assert_eq!(SEARCH_OPTION_NAMES.first(), Some(&"device_memory_capacity"));
-        assert_eq!(SEARCH_OPTION_NAMES.len(), 9);
+        assert_eq!(SEARCH_OPTION_NAMES.len(), 10);
         let mut c = ParallelContext::default();
         for (k, v) in &values {
             c.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));
@@ -909,6 +920,7 @@ mod tests {
         assert_eq!(c.strategy_ckpt_config.save_file, "s.ckpt");
         assert_eq!((c.search.device_memory_capacity, c.search.costmodel_gamma.get()), (1 << 30, 0.001));
         assert!(!c.search.fully_use_devices && c.search.elementwise_op_strategy_follow && c.search.tensor_slice_align_size == 32);
+        assert_eq!(c.search.rp_matmul_mem_coef.get(), 1024.0);
         c.reset();
         assert_eq!(c, ParallelContext::default());
     }
@@ -1073,7 +1085,12 @@ mod tests {
         c.set("parallel_mode", &json!("auto_parallel")).unwrap();
         c.validate().unwrap();
         c.check_supported().unwrap();
-        for (k, v) in [("costmodel_alpha", json!(-1.0)), ("device_memory_capacity", json!(0)), ("tensor_slice_align_size", json!(0))] {
+        for (k, v) in [
+            ("costmodel_alpha", json!(-1.0)),
+            ("device_memory_capacity", json!(0)),
+            ("tensor_slice_align_size", json!(0)),
+            ("rp_matmul_mem_coef", json!(0)),
+        ] {
             let e = c.set(k, &v).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }

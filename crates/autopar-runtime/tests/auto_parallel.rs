@@ -554,3 +554,56 @@ fn recursive_programming_refuses_a_count_that_is_not_a_power_of_two_first() {
     let err = plan(&network([64, 128, 32, 16], 32, false), &c).unwrap_err();
     assert!(matches!(err, autopar_parallel::ParallelError::SearchDevices { devices: 6, .. }), "{err}");
 }
+
+/// Strategies MindSpore's own unit tests of recursive_programming assert (8 devices,
+/// full_batch; every tensor a network input but the gathers' constant indices):
+/// `test_auto_parallel_two_matmul_no_seq_parallel` (`rp_matmul_mem_coef` 1024: the second
+/// MatMul contracts over the first's column split, so the add after it runs whole; the inputs
+/// are one dataset node shaped as the first, so the second input's shape is no neighbour of the
+/// first MatMul) and `test_auto_parallel_sapp_gather_{1,2,3}` (a gather of an input table by
+/// constant indices, reshaped into a MatMul).
+#[test]
+fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
+    let strategy = |g: &Graph, c: &ParallelContext, name: &str| {
+        let p = plan(g, c).unwrap();
+        p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string()
+    };
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[160, 320], DType::F32).unwrap();
+    let y = b.input("y", &[320, 320], DType::F32).unwrap();
+    let bias = b.input("b", &[160, 320], DType::F32).unwrap();
+    let p = b.input("p", &[320, 320], DType::F32).unwrap();
+    let q = b.input("q", &[160, 320], DType::F32).unwrap();
+    let m1 = b.matmul("matmul1", x, y).unwrap();
+    let s = b.sub("sub", m1, bias).unwrap();
+    let m2 = b.matmul("matmul2", s, p).unwrap();
+    let a = b.add("add2", m2, q).unwrap();
+    b.output(a).unwrap();
+    let g = b.finish();
+    let mut c = auto("recursive_programming", true);
+    c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
+    assert_eq!(strategy(&g, &c, "add2"), "((1, 1), (1, 1))");
+    assert_eq!(strategy(&g, &c, "matmul1"), "((1, 1), (1, 8))");
+    assert_eq!(strategy(&g, &c, "matmul2"), "((1, 8), (8, 1))");
+
+    let c = auto("recursive_programming", true);
+    for (table, indices, want) in
+        [(vec![64usize, 64], vec![64usize, 64], "((1, 1), (8, 1))"), (vec![1024, 128], vec![2, 1024], "((4, 1), (2, 1))")]
+    {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &table, DType::F32).unwrap();
+        let y = b.input("y", &[2048, 64], DType::F32).unwrap();
+        let index = b.fill("index", &indices, DType::I32, 1.0).unwrap();
+        let gathered = b.gather("gather", x, index, 0).unwrap();
+        let r = b.reshape("reshape", gathered, &[128, 2048]).unwrap();
+        let m = b.matmul("matmul", r, y).unwrap();
+        b.output(m).unwrap();
+        assert_eq!(strategy(&b.finish(), &c, "gather"), want, "table {table:?}, indices {indices:?}");
+    }
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[128], DType::F32).unwrap();
+    let index = b.fill("index", &[4], DType::I32, 1.0).unwrap();
+    let gathered = b.gather("gather", x, index, 0).unwrap();
+    b.output(gathered).unwrap();
+    assert_eq!(strategy(&b.finish(), &c, "gather"), "((1,), (4,))");
+}

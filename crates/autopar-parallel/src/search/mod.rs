@@ -181,7 +181,12 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         input_layouts: job.input_layouts,
         partial_use,
     })?;
-    let rec = recursive::RecInput { graph: job.graph, devices: job.context.devices(), pipelined: job.context.search.pipelined };
+    let rec = recursive::RecInput {
+        graph: job.graph,
+        devices: job.context.devices(),
+        pipelined: job.context.search.pipelined,
+        matmul_mem_coef: job.context.search.rp_matmul_mem_coef.get(),
+    };
     let mut report = run(&cg, job.search, &rec, job.profile)?;
     report.overwritten = overwritten;
     Ok(report)

@@ -3,8 +3,9 @@
 //!
 //! 1. **The partition graph** keeps the ops whose cuts matter: 2-D MatMuls, convolutions, max
 //!    pooling, batch norm and the loss, the ops rec does not know (average pooling, slices,
-//!    pads: never cut, visited last), plus one node per network input (MindSpore's
-//!    VirtualDataset). Every other op (element-wise ops, activations, bias adds, reductions,
+//!    pads: never cut, visited last), plus one node for the network inputs (MindSpore's
+//!    VirtualDataset, shaped as the first input: an op reading another input of another shape
+//!    is not adjacent to it). Every other op (element-wise ops, activations, bias adds, reductions,
 //!    reshapes, transposes, softmax, layer norm, batched matmuls, gathers, one-hots) is left
 //!    out and gets its strategy afterwards (`rec_rules::rec_op` says which is which). Edges pass through
 //!    the ops left out: a kept op's producer is every kept op reached through their
@@ -18,7 +19,7 @@
 //!    visits the list from the end, so a chain goes from the inputs forward and in a residual
 //!    `x + f(x)` the top block's branch f comes first (above 32 devices: by weight, heaviest
 //!    first). Each visit halves one dimension of the node:
-//!    * MatMul `[i,k] x [k,j]` with current local sizes: cut i costs `j*k/2 * 0.1` (the weight
+//!    * MatMul `[i,k] x [k,j]` with current local sizes: cut i costs `j*k/2 * rp_matmul_mem_coef` (0.1 unless set; the weight
 //!      every replica keeps), cut j `i*k/2`, cut k `i*j/2`, no cut `(1.5 * min)^2 / 350`; j and k
 //!      are never both cut; each option adds a redistribution penalty: for every neighbour
 //!      already visited this round whose cut differs from what the option needs, 16 times the
@@ -48,6 +49,18 @@ pub struct RecInput<'a> {
     /// The graph is a pipeline's, built for one micro-batch (MindSpore's `micro_batch_size`
     /// rules apply: see `SearchOptions::pipelined`).
     pub pipelined: bool,
+    /// MindSpore's `rp_matmul_mem_coef` (0.1 unless set).
+    pub matmul_mem_coef: f64,
+}
+
+/// What every cut of a search reads besides the nodes.
+#[derive(Clone, Copy, Debug)]
+struct Knobs {
+    /// In a pipeline, the micro-batch's samples, below one of which per device a MatMul's rows
+    /// are not cut.
+    micro_batch: Option<usize>,
+    /// The weight of the memory a MatMul keeps whole when it cuts its rows.
+    matmul_mem_coef: f64,
 }
 
 /// MindSpore's `micro_batch_size`: the samples of one micro-batch (the first network input's
@@ -59,8 +72,6 @@ fn micro_batch_size(g: &Graph, pipelined: bool) -> usize {
     g.nodes().iter().find(|n| matches!(n.op, OpKind::Input(_))).and_then(|n| n.ty.shape.first().copied()).unwrap_or(1)
 }
 
-/// MindSpore 2.10's `rp_matmul_mem_coef`.
-const MATMUL_MEM_COEF: f64 = 0.1;
 /// Penalty per element of a neighbour whose cut differs (`REDIS_COEF`).
 const REDIS_COEF: f64 = 16.0;
 const EXPERT_COEF: f64 = 1.5;
@@ -144,9 +155,22 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     let positions = walk_positions(g);
     let mut nodes: Vec<RecNode> = Vec::new();
     let mut kept_of: Vec<Option<usize>> = vec![None; g.len()];
+    // MindSpore's one VirtualDataset: every network input is an output of the first input's
+    // node (its shape is the first input's; it is listed where the walk first reaches one).
+    let mut dataset: Option<usize> = None;
     for (i, node) in g.nodes().iter().enumerate() {
+        if let (RecOp::Dataset, Some(d)) = (rec_op(&node.op, node.ty.shape.len()), dataset) {
+            kept_of[i] = Some(d);
+            if positions[i] != 0 && (nodes[d].pos == 0 || positions[i] < nodes[d].pos) {
+                nodes[d].pos = positions[i];
+            }
+            continue;
+        }
         let kind = match rec_op(&node.op, node.ty.shape.len()) {
-            RecOp::Dataset => Some(Kind::Batch),
+            RecOp::Dataset => {
+                dataset = Some(nodes.len());
+                Some(Kind::Batch)
+            }
             RecOp::Kept(kind) if cg.of_node[i].is_some() => Some(kind),
             RecOp::Kept(_) | RecOp::Left(_) | RecOp::Not => None,
         };
@@ -219,16 +243,17 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
 
     let micro = micro_batch_size(g, rec.pipelined);
+    let knobs = Knobs { micro_batch: rec.pipelined.then_some(micro), matmul_mem_coef: rec.matmul_mem_coef };
     let rounds = rec.devices.ilog2();
     for round in 0..rounds {
         // Fixed ops first, as having made their cut of this round.
         let mut done: Vec<(usize, Round)> =
             (0..nodes.len()).filter(|&v| nodes[v].fixed).map(|v| (v, fixed_round(&nodes[v], round))).collect();
-        for v in visit_order(&nodes, rec.devices, micro) {
+        for v in visit_order(&nodes, rec.devices, micro, &knobs) {
             if nodes[v].fixed {
                 continue;
             }
-            let r = partition(&mut nodes, v, &consumers[v], &done, rec.pipelined.then_some(micro));
+            let r = partition(&mut nodes, v, &consumers[v], &done, &knobs);
             done.push((v, r));
         }
     }
@@ -343,22 +368,22 @@ fn walk_positions(g: &Graph) -> Vec<usize> {
 /// inputs forward; in `x + f(x)` the branch f of the top block first), the ops rec does not
 /// know last; above 32 devices (and micro-batches under 8 samples in a pipeline) the heaviest
 /// first, ties from the list's end. Nodes no output depends on come last, in the graph's order.
-fn visit_order(nodes: &[RecNode], devices: usize, micro_batch_size: usize) -> Vec<usize> {
+fn visit_order(nodes: &[RecNode], devices: usize, micro_batch_size: usize, knobs: &Knobs) -> Vec<usize> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     let later = |a: usize, b: usize| nodes[b].pos.cmp(&nodes[a].pos).then(a.cmp(&b));
     order.sort_by(|&a, &b| (nodes[a].kind == Kind::Unknown).cmp(&(nodes[b].kind == Kind::Unknown)).then(later(a, b)));
     if devices > 32 && micro_batch_size < 8 {
-        let w: Vec<f64> = nodes.iter().map(weight).collect();
+        let w: Vec<f64> = nodes.iter().map(|n| weight(n, knobs.matmul_mem_coef)).collect();
         order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(later(a, b)));
     }
     order
 }
 
-fn weight(n: &RecNode) -> f64 {
+fn weight(n: &RecNode, matmul_mem_coef: f64) -> f64 {
     match n.kind {
         Kind::MatMul => {
             let (i, k, j) = matmul_sizes(n);
-            let c = matmul_costs(i, k, j);
+            let c = matmul_costs(i, k, j, matmul_mem_coef);
             c.iter().copied().fold(0.0, f64::max)
         }
         // `CostConvolution::GetMinCostIn`: the least of its seven cut costs, which is half the
@@ -379,10 +404,11 @@ fn matmul_sizes(n: &RecNode) -> (usize, usize, usize) {
     (a[2], a[3], b[3])
 }
 
-/// MatMul's op costs of cutting i, j, k and of no cut.
-fn matmul_costs(i: usize, k: usize, j: usize) -> [f64; 4] {
+/// MatMul's op costs of cutting i (the weight every replica keeps, times `mem_coef`), j, k
+/// and of no cut.
+fn matmul_costs(i: usize, k: usize, j: usize, mem_coef: f64) -> [f64; 4] {
     let (i, k, j) = (i as f64, k as f64, j as f64);
-    let ci = j * k / 2.0 * MATMUL_MEM_COEF;
+    let ci = j * k / 2.0 * mem_coef;
     let cj = i * k / 2.0;
     let ck = i * j / 2.0;
     let m = ci.min(cj).min(ck);
@@ -411,19 +437,17 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
 }
 
 /// One round of node `v`: pick its cheapest cut, apply it, and say what it halved.
-/// `micro_batch`: in a pipeline, the micro-batch's samples, below one of which per device a
-/// MatMul's rows are not cut.
-fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)], micro_batch: Option<usize>) -> Round {
+fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usize, Round)], knobs: &Knobs) -> Round {
     let n = nodes[v].clone();
     // Options: (cost, modes, halvings of (input slot or 2 = output, 4-D dim)).
     let mut options: Vec<(f64, Halvings)> = Vec::new();
     match n.kind {
         Kind::MatMul => {
             let (i, k, j) = matmul_sizes(&n);
-            let c = matmul_costs(i, k, j);
+            let c = matmul_costs(i, k, j, knobs.matmul_mem_coef);
             let k_cut = n.cuts[0][3] > 0;
             let j_cut = n.cuts[1][3] > 0;
-            let rows_left = micro_batch.is_none_or(|m| m > 1 << n.cuts[0][2]);
+            let rows_left = knobs.micro_batch.is_none_or(|m| m > 1 << n.cuts[0][2]);
             let opts: [(bool, f64, Modes, Halvings); 4] = [
                 (even(i) && rows_left, c[0], [cut(2), NONE, cut(2)], vec![(0, 2), (2, 2)]),
                 (even(j) && !k_cut, c[1], [NONE, cut(3), cut(3)], vec![(1, 3), (2, 3)]),
@@ -492,12 +516,12 @@ mod tests {
     #[test]
     fn matmul_costs_prefer_the_batch_for_small_batches_of_large_weights() {
         // [32, 8192] x [8192, 8192]: cut i keeps the weight whole (its cost is the weight's).
-        let c = matmul_costs(32, 8192, 8192);
+        let c = matmul_costs(32, 8192, 8192, 0.1);
         assert_eq!(c[0], 8192.0 * 8192.0 / 2.0 * 0.1);
         assert_eq!(c[1], 32.0 * 8192.0 / 2.0);
         assert!(c[3] > c[0], "no cut is dearer than any cut of a big MatMul");
         // Tiny matrices: no cut is cheapest.
-        let c = matmul_costs(4, 4, 4);
+        let c = matmul_costs(4, 4, 4, 0.1);
         assert!(c[3] < c[0].min(c[1]).min(c[2]));
     }
 
@@ -545,7 +569,7 @@ mod tests {
             pos: 1,
         };
         // Input 16x64x8x8 = 65536, filter 73728, output 131072.
-        assert_eq!(weight(&conv), 65536.0 / 2.0);
+        assert_eq!(weight(&conv, 0.1), 65536.0 / 2.0);
     }
 
     /// A given strategy counts as one halving per round, dimension by dimension, then whole.
