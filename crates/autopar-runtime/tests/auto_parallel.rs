@@ -560,8 +560,9 @@ fn recursive_programming_refuses_a_count_that_is_not_a_power_of_two_first() {
 /// `test_auto_parallel_two_matmul_no_seq_parallel` (`rp_matmul_mem_coef` 1024: the second
 /// MatMul contracts over the first's column split, so the add after it runs whole; the inputs
 /// are one dataset node shaped as the first, so the second input's shape is no neighbour of the
-/// first MatMul) and `test_auto_parallel_sapp_gather_{1,2,3}` (a gather of an input table by
-/// constant indices, reshaped into a MatMul).
+/// first MatMul), `test_auto_parallel_sapp_gather_{1,2,3}` (a gather of an input table by
+/// constant indices, reshaped into a MatMul) and
+/// `test_auto_parallel_sapp_optimizer_parallel_restrict`.
 #[test]
 fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
     let strategy = |g: &Graph, c: &ParallelContext, name: &str| {
@@ -606,4 +607,15 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
     let gathered = b.gather("gather", x, index, 0).unwrap();
     b.output(gathered).unwrap();
     assert_eq!(strategy(&b.finish(), &c, "gather"), "((1,), (4,))");
+
+    // `test_auto_parallel_sapp_optimizer_parallel_restrict`: with the parallel optimizer on, a
+    // [160, 320] x [320, 320000] MatMul still cuts its columns.
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[160, 320], DType::F32).unwrap();
+    let y = b.input("y", &[320, 320000], DType::F32).unwrap();
+    let m = b.matmul("matmul1", x, y).unwrap();
+    b.output(m).unwrap();
+    let mut c = auto("recursive_programming", true);
+    c.set("enable_parallel_optimizer", &json!(true)).unwrap();
+    assert_eq!(strategy(&b.finish(), &c, "matmul1"), "((1, 1), (1, 8))");
 }
