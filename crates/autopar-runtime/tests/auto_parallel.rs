@@ -619,3 +619,63 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
     c.set("enable_parallel_optimizer", &json!(true)).unwrap();
     assert_eq!(strategy(&b.finish(), &c, "matmul1"), "((1, 1), (1, 8))");
 }
+
+/// MindSpore's `test_auto_parallel_two_matmul{,_reshape1,_reshape2}_seq_parallel` (64 devices,
+/// `rp_matmul_mem_coef` 1024, full_batch): the second MatMul contracts over the first's column
+/// split, and above 32 devices its rows are split by that contraction too
+/// (`ExtraShardMatmulOnBatchDim`): the add after it (directly or after a reshape to 3-D) takes
+/// the 64-way row split, as MindSpore asserts, and the MatMul's partial sums reach it by one
+/// reduce-scatter (MindSpore's output strategy), not an all-reduce.
+#[test]
+fn recursive_programming_shards_rows_after_a_contraction_above_32_devices_as_mindspore() {
+    use autopar_layout::Step;
+    for (reshape, q, want) in [
+        (None, vec![640usize, 1280], "((64, 1), (64, 1))"),
+        (Some(vec![64i64, 10, 1280]), vec![64, 10, 1280], "((64, 1, 1), (64, 1, 1))"),
+        (Some(vec![10, 64, 1280]), vec![10, 64, 1280], "((1, 64, 1), (1, 64, 1))"),
+    ] {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[640, 1280], DType::F32).unwrap();
+        let y = b.input("y", &[1280, 1280], DType::F32).unwrap();
+        let bias = b.input("b", &[640, 1280], DType::F32).unwrap();
+        let p = b.input("p", &[1280, 1280], DType::F32).unwrap();
+        let q = b.input("q", &q, DType::F32).unwrap();
+        let m1 = b.matmul("matmul1", x, y).unwrap();
+        let s = b.sub("sub", m1, bias).unwrap();
+        let mut m2 = b.matmul("matmul2", s, p).unwrap();
+        if let Some(r) = &reshape {
+            m2 = b.reshape("reshape", m2, r).unwrap();
+        }
+        let a = b.add("add2", m2, q).unwrap();
+        b.output(a).unwrap();
+        let g = b.finish();
+        let mut c = auto("recursive_programming", true);
+        c.set("device_num", &json!(64)).unwrap();
+        c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
+        let p = plan(&g, &c).unwrap();
+        let strategy = |name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
+        assert_eq!(strategy("add2"), want, "{reshape:?}");
+        assert_eq!(strategy("matmul2"), "((1, 64), (64, 1))");
+        if reshape.is_none() {
+            let after = p.redistributions.iter().find(|r| g.node(r.producer).name == "matmul2").unwrap();
+            assert!(matches!(after.plan.steps[..], [ref s] if matches!(s.step, Step::ReduceScatter { .. })), "{:?}", after.plan);
+        }
+    }
+    // At 32 devices and below the rows are not split further: the add runs whole.
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[640, 1280], DType::F32).unwrap();
+    let y = b.input("y", &[1280, 1280], DType::F32).unwrap();
+    let bias = b.input("b", &[640, 1280], DType::F32).unwrap();
+    let p = b.input("p", &[1280, 1280], DType::F32).unwrap();
+    let q = b.input("q", &[640, 1280], DType::F32).unwrap();
+    let m1 = b.matmul("matmul1", x, y).unwrap();
+    let s = b.sub("sub", m1, bias).unwrap();
+    let m2 = b.matmul("matmul2", s, p).unwrap();
+    let a = b.add("add2", m2, q).unwrap();
+    b.output(a).unwrap();
+    let mut c = auto("recursive_programming", true);
+    c.set("device_num", &json!(32)).unwrap();
+    c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
+    let p = plan(&b.finish(), &c).unwrap();
+    assert_eq!(p.nodes.iter().find(|n| n.name == "add2").unwrap().strategy.as_ref().unwrap().to_string(), "((1, 1), (1, 1))");
+}

@@ -381,11 +381,20 @@ impl Rules<'_> {
         if self.decided[p] {
             // The partition's output strategy, right-aligned to the op's first input.
             let op = &self.cg.ops[self.cg.of_node[p]?];
-            // (Above 32 devices MindSpore also gives a matrix product whose first input spans
-            // more devices than its output an output strategy that splits the rows further, and
-            // passes that on; autopar's plans have no output strategies, and passing the split
-            // on alone would only add a redistribution after the product.)
-            let out = output_strat(op.spec.output.as_slice(), &splits_of(&op.spec, state, false));
+            let mut out = output_strat(op.spec.output.as_slice(), &splits_of(&op.spec, state, false));
+            // Above 32 devices a matrix product whose first input is split over more devices
+            // than its output (its contraction is cut) passes on its rows split by the
+            // difference too: MindSpore's `ExtraShardMatmulOnBatchDim`, which gives the
+            // product that output strategy (sequence parallelism: the partial sums are
+            // reduce-scattered by rows instead of all-reduced; here the redistribution to
+            // the consumer's split does the same).
+            if self.devices > 32 && self.rec[p] == RecOp::Kept(Kind::MatMul) && out.len() == 2 {
+                let a: usize = state[0].iter().product::<usize>().min(self.devices);
+                let o: usize = out.iter().product();
+                if a > o && o > 0 {
+                    out[0] *= a / o;
+                }
+            }
             let rank = node.inputs.iter().map(|x| self.g.node(*x).ty.shape.len()).find(|&r| r > 0).unwrap_or(0);
             return Some(right_aligned(&out, rank));
         }
