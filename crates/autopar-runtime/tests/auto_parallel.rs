@@ -555,6 +555,26 @@ fn recursive_programming_refuses_a_count_that_is_not_a_power_of_two_first() {
     assert!(matches!(err, autopar_parallel::ParallelError::SearchDevices { devices: 6, .. }), "{err}");
 }
 
+/// MindSpore's `TwoMatMulNet` / `TwoMatMulReshapeNet` (every tensor a network input):
+/// `add2(reshape?(matmul2(sub(matmul1(x, y), b), p)), q)`, x and b `[m, n]`, y and p `[n, n]`.
+fn two_matmuls(m: usize, n: usize, reshape: Option<&[i64]>, q: &[usize]) -> Graph {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[m, n], DType::F32).unwrap();
+    let y = b.input("y", &[n, n], DType::F32).unwrap();
+    let bias = b.input("b", &[m, n], DType::F32).unwrap();
+    let p = b.input("p", &[n, n], DType::F32).unwrap();
+    let q = b.input("q", q, DType::F32).unwrap();
+    let m1 = b.matmul("matmul1", x, y).unwrap();
+    let s = b.sub("sub", m1, bias).unwrap();
+    let mut m2 = b.matmul("matmul2", s, p).unwrap();
+    if let Some(r) = reshape {
+        m2 = b.reshape("reshape", m2, r).unwrap();
+    }
+    let a = b.add("add2", m2, q).unwrap();
+    b.output(a).unwrap();
+    b.finish()
+}
+
 /// Strategies MindSpore's own unit tests of recursive_programming assert (8 devices,
 /// full_batch; every tensor a network input but the gathers' constant indices):
 /// `test_auto_parallel_two_matmul_no_seq_parallel` (`rp_matmul_mem_coef` 1024: the second
@@ -569,18 +589,7 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
         let p = plan(g, c).unwrap();
         p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string()
     };
-    let mut b = GraphBuilder::new(0);
-    let x = b.input("x", &[160, 320], DType::F32).unwrap();
-    let y = b.input("y", &[320, 320], DType::F32).unwrap();
-    let bias = b.input("b", &[160, 320], DType::F32).unwrap();
-    let p = b.input("p", &[320, 320], DType::F32).unwrap();
-    let q = b.input("q", &[160, 320], DType::F32).unwrap();
-    let m1 = b.matmul("matmul1", x, y).unwrap();
-    let s = b.sub("sub", m1, bias).unwrap();
-    let m2 = b.matmul("matmul2", s, p).unwrap();
-    let a = b.add("add2", m2, q).unwrap();
-    b.output(a).unwrap();
-    let g = b.finish();
+    let g = two_matmuls(160, 320, None, &[160, 320]);
     let mut c = auto("recursive_programming", true);
     c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
     assert_eq!(strategy(&g, &c, "add2"), "((1, 1), (1, 1))");
@@ -634,21 +643,7 @@ fn recursive_programming_shards_rows_after_a_contraction_above_32_devices_as_min
         (Some(vec![64i64, 10, 1280]), vec![64, 10, 1280], "((64, 1, 1), (64, 1, 1))"),
         (Some(vec![10, 64, 1280]), vec![10, 64, 1280], "((1, 64, 1), (1, 64, 1))"),
     ] {
-        let mut b = GraphBuilder::new(0);
-        let x = b.input("x", &[640, 1280], DType::F32).unwrap();
-        let y = b.input("y", &[1280, 1280], DType::F32).unwrap();
-        let bias = b.input("b", &[640, 1280], DType::F32).unwrap();
-        let p = b.input("p", &[1280, 1280], DType::F32).unwrap();
-        let q = b.input("q", &q, DType::F32).unwrap();
-        let m1 = b.matmul("matmul1", x, y).unwrap();
-        let s = b.sub("sub", m1, bias).unwrap();
-        let mut m2 = b.matmul("matmul2", s, p).unwrap();
-        if let Some(r) = &reshape {
-            m2 = b.reshape("reshape", m2, r).unwrap();
-        }
-        let a = b.add("add2", m2, q).unwrap();
-        b.output(a).unwrap();
-        let g = b.finish();
+        let g = two_matmuls(640, 1280, reshape.as_deref(), &q);
         let mut c = auto("recursive_programming", true);
         c.set("device_num", &json!(64)).unwrap();
         c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
@@ -662,20 +657,9 @@ fn recursive_programming_shards_rows_after_a_contraction_above_32_devices_as_min
         }
     }
     // At 32 devices and below the rows are not split further: the add runs whole.
-    let mut b = GraphBuilder::new(0);
-    let x = b.input("x", &[640, 1280], DType::F32).unwrap();
-    let y = b.input("y", &[1280, 1280], DType::F32).unwrap();
-    let bias = b.input("b", &[640, 1280], DType::F32).unwrap();
-    let p = b.input("p", &[1280, 1280], DType::F32).unwrap();
-    let q = b.input("q", &[640, 1280], DType::F32).unwrap();
-    let m1 = b.matmul("matmul1", x, y).unwrap();
-    let s = b.sub("sub", m1, bias).unwrap();
-    let m2 = b.matmul("matmul2", s, p).unwrap();
-    let a = b.add("add2", m2, q).unwrap();
-    b.output(a).unwrap();
     let mut c = auto("recursive_programming", true);
     c.set("device_num", &json!(32)).unwrap();
     c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
-    let p = plan(&b.finish(), &c).unwrap();
+    let p = plan(&two_matmuls(640, 1280, None, &[640, 1280]), &c).unwrap();
     assert_eq!(p.nodes.iter().find(|n| n.name == "add2").unwrap().strategy.as_ref().unwrap().to_string(), "((1, 1), (1, 1))");
 }
