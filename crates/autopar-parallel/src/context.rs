@@ -452,7 +452,9 @@ fn one_of<T>(option: &str, v: &Value, names: &[&str], parse: impl Fn(&str) -> Op
 }
 
 fn as_object<'a>(option: &str, v: &'a Value, keys: &[&str]) -> Result<&'a serde_json::Map<String, Value>> {
-    let obj = v.as_object().ok_or_else(|| bad(option, v, format!("a table with keys {}", keys.join(", "))))?;
+    let obj = v.as_object().ok_or_else(|| {
+        bad(option, v, format!("a table with keys {} (on the command line a JSON object, e.g. {{\"{}\": ...}})", keys.join(", "), keys[0]))
+    })?;
     if let Some(k) = obj.keys().find(|k| !keys.contains(&k.as_str())) {
         return Err(ParallelError::UnknownOption { option: format!("{option}.{k}"), valid: keys.iter().map(|s| s.to_string()).collect() });
     }
@@ -694,6 +696,12 @@ impl ParallelContext {
         }
         if self.pipeline_config.pipeline_interleave && self.pipeline_stages <= 1 {
             return conflict("pipeline_config.pipeline_interleave", Conflict::NeedsPipelineStages);
+        }
+        if self.is_set("rp_matmul_mem_coef") && mode == ParallelMode::AutoParallel && self.search_mode != SearchMode::RecursiveProgramming {
+            return conflict(
+                "rp_matmul_mem_coef",
+                Conflict::SearchModeDoesNotSupport { search_mode: self.search_mode.name(), applies_to: "recursive_programming" },
+            );
         }
         if let Some(op) = &self.search.op_strategy {
             if mode == ParallelMode::AutoParallel && self.search_mode != SearchMode::ShardingPropagation {
@@ -1094,6 +1102,12 @@ mod tests {
             let e = c.set(k, &v).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
+        // recursive_programming's own knob is refused under the other searches.
+        c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
+        c.validate().unwrap();
+        c.set("search_mode", &json!("dynamic_programming")).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("rp_matmul_mem_coef") && e.contains("recursive_programming"), "{e}");
     }
 
     #[test]

@@ -687,7 +687,7 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
         .and_then(|(_, r)| r.as_ref().ok())
         .map(|(r, _)| r.objective)
         .filter(|e| *e > 0.0);
-    let _ = writeln!(s, "autopar plan --compare: {model} on {devices} devices, predicted seconds per step (weighted objective)");
+    let _ = writeln!(s, "autopar plan --compare: {model} on {devices} devices, predicted time per step (weighted objective); memory: the ops' outputs, parameters, gradients and one optimizer slot, summed per device");
     let _ = writeln!(
         s,
         "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9}",

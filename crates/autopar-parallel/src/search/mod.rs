@@ -260,13 +260,18 @@ const LIST_PROBLEM_LIMIT: u128 = 1 << 14;
 /// layers may do best with different strategies.
 fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<Fitted> {
     let untied = || (cg.problem(), (0..cg.ops.len()).collect::<Vec<usize>>());
-    let (problem, index) = match rep {
-        Some(rep) => cg.tied_problem(rep),
-        None => untied(),
-    };
     let too_wide = |index: &[usize], e: solve::TooWide| {
         let op = index.iter().position(|&i| i == e.op).expect("every merged op has a member");
         ParallelError::SearchTooWide { search: search.name(), name: cg.ops[op].name.clone(), entries: e.entries }
+    };
+    // A problem too wide to eliminate is refused before its edges are priced (the pricing
+    // of a wide problem's every candidate pair is most of its time).
+    if rep.is_none() {
+        solve::check_width(cg, order, TABLE_LIMIT).map_err(|e| too_wide(&(0..cg.ops.len()).collect::<Vec<_>>(), e))?;
+    }
+    let (problem, index) = match rep {
+        Some(rep) => cg.tied_problem(rep),
+        None => untied(),
     };
     let expand = |index: &[usize], merged: Vec<usize>| -> Vec<usize> { index.iter().map(|&i| merged[i]).collect() };
     let merged = solve::eliminate(&problem, order, TABLE_LIMIT).map_err(|e| too_wide(&index, e))?;

@@ -107,18 +107,6 @@ impl CostProblem {
     pub fn size(&self) -> u128 {
         self.unary.iter().map(|u| u.len() as u128).sum::<u128>() + self.edges.iter().map(|e| e.cost.len() as u128).sum::<u128>()
     }
-
-    /// For each op, the other ops it shares an edge with.
-    fn neighbours(&self) -> Vec<BTreeSet<usize>> {
-        let mut adj = vec![BTreeSet::new(); self.unary.len()];
-        for e in &self.edges {
-            if e.from != e.to {
-                adj[e.from].insert(e.to);
-                adj[e.to].insert(e.from);
-            }
-        }
-        adj
-    }
 }
 
 /// The order of [`eliminate`].
@@ -203,20 +191,12 @@ fn eliminate_priced(p: &CostProblem, priced: Option<(&[Vec<f64>], f64)>, order: 
             pool.push(Factor { scope: vec![e.to, e.from], table: t });
         }
     }
-    let mut adj = p.neighbours();
-    let mut alive = vec![true; n];
+    let plan = elimination_plan(p, order, limit, MAX_TABLE)?;
     let mut steps: Vec<(usize, Vec<Factor>)> = Vec::with_capacity(n);
     let mut assign = vec![0usize; n];
-    for _ in 0..n {
-        let v = next_var(order, &adj, &alive, &domains);
-        alive[v] = false;
+    for (v, scope) in plan {
         let (bucket, rest): (Vec<Factor>, Vec<Factor>) = pool.into_iter().partition(|f| f.scope.contains(&v));
         pool = rest;
-        let scope: Vec<usize> = adj[v].iter().copied().collect();
-        let entries = scope.iter().chain([&v]).try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
-        if entries > limit || entries / domains[v].max(1) as u128 > MAX_TABLE {
-            return Err(TooWide { op: v, entries });
-        }
         let size: usize = scope.iter().map(|&u| domains[u]).product();
         let mut table = vec![0.0; size];
         // Each factor's step per candidate of v; its offset for an entry of the new table is
@@ -245,7 +225,6 @@ fn eliminate_priced(p: &CostProblem, priced: Option<(&[Vec<f64>], f64)>, order: 
             }
             *slot = best;
         }
-        eliminated(&mut adj, v, &scope);
         pool.push(Factor { scope, table });
         steps.push((v, bucket));
     }
@@ -262,6 +241,44 @@ fn eliminate_priced(p: &CostProblem, priced: Option<(&[Vec<f64>], f64)>, order: 
         choice[*v] = best.1;
     }
     Ok(choice)
+}
+
+/// The elimination's steps, worked out before any table is built: each variable in `order`
+/// and the scope of the table its elimination makes. The sizes depend on the graph alone, so
+/// a problem too wide for `limit` entries of work (or `max_table` entries of table) in some
+/// step is refused at once, before the steps before it are computed.
+fn elimination_plan(p: &impl Costs, order: Order, limit: u128, max_table: u128) -> Result<Vec<(usize, Vec<usize>)>, TooWide> {
+    let n = p.ops();
+    let domains: Vec<usize> = (0..n).map(|k| p.domain(k)).collect();
+    let mut adj = vec![BTreeSet::new(); n];
+    for e in 0..p.edge_count() {
+        let (a, b) = p.ends(e);
+        if a != b {
+            adj[a].insert(b);
+            adj[b].insert(a);
+        }
+    }
+    let mut alive = vec![true; n];
+    let mut plan = Vec::with_capacity(n);
+    for _ in 0..n {
+        let v = next_var(order, &adj, &alive, &domains);
+        alive[v] = false;
+        let scope: Vec<usize> = adj[v].iter().copied().collect();
+        let entries = scope.iter().chain([&v]).try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
+        if entries > limit || entries / domains[v].max(1) as u128 > max_table {
+            return Err(TooWide { op: v, entries });
+        }
+        eliminated(&mut adj, v, &scope);
+        plan.push((v, scope));
+    }
+    Ok(plan)
+}
+
+/// Whether [`eliminate`] in `order` stays within `limit` entries of work per step (and
+/// [`MAX_TABLE`] per table) on a problem of `p`'s shape: checked from its candidate counts and
+/// edges alone, before any edge is priced.
+pub fn check_width(p: &impl Costs, order: Order, limit: u128) -> Result<(), TooWide> {
+    elimination_plan(p, order, limit, MAX_TABLE).map(|_| ())
 }
 
 /// `v` leaves the graph `adj`: its neighbours `scope` become one clique.
@@ -414,20 +431,12 @@ pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order
         factors.push(ListFactor { scope, lists, made: None, origins: Vec::new(), least: 0.0 });
     }
     let mut pool: Vec<usize> = (0..factors.len()).collect();
-    let mut adj = p.neighbours();
-    let mut alive = vec![true; n];
+    // Each entry's work is a product of lists: a sixteenth of the plain limit.
+    let plan = elimination_plan(p, order, limit / 16, MAX_LIST_TABLE).map_err(NoPlan::TooWide)?;
     let mut assign = vec![0usize; n];
-    for _ in 0..n {
-        let v = next_var(order, &adj, &alive, &domains);
-        alive[v] = false;
+    for (v, scope) in plan {
         let (bucket, rest): (Vec<usize>, Vec<usize>) = pool.into_iter().partition(|&f| factors[f].scope.contains(&v));
         pool = rest;
-        let scope: Vec<usize> = adj[v].iter().copied().collect();
-        let entries = scope.iter().chain([&v]).try_fold(1u128, |acc, &u| acc.checked_mul(domains[u] as u128)).unwrap_or(u128::MAX);
-        // Each entry's work is a product of lists: a sixteenth of the plain limit.
-        if entries > limit / 16 || entries / domains[v].max(1) as u128 > MAX_LIST_TABLE {
-            return Err(NoPlan::TooWide(TooWide { op: v, entries }));
-        }
         let size: usize = scope.iter().map(|&u| domains[u]).product();
         let mut lists = Vec::with_capacity(size);
         let mut origins: Vec<u32> = Vec::new();
@@ -490,7 +499,6 @@ pub fn eliminate_within(p: &CostProblem, memory: &[Vec<f64>], budget: f64, order
             }
             lists.push(points);
         }
-        eliminated(&mut adj, v, &scope);
         let covered = bucket.iter().map(|&f| factors[f].least).sum();
         factors.push(ListFactor { scope, lists, made: Some((v, bucket)), origins, least: covered });
         pool.push(factors.len() - 1);
@@ -776,6 +784,51 @@ pub fn propagate(p: &impl Costs, configured: &[Option<usize>]) -> (Vec<usize>, V
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A clique of `n` ops with `d` candidates each whose costs must never be asked for.
+    struct Unpriced {
+        n: usize,
+        d: usize,
+    }
+
+    impl Costs for Unpriced {
+        fn ops(&self) -> usize {
+            self.n
+        }
+        fn domain(&self, _: usize) -> usize {
+            self.d
+        }
+        fn unary(&self, _: usize, _: usize) -> f64 {
+            unreachable!("the width check prices nothing")
+        }
+        fn edge_count(&self) -> usize {
+            self.n * (self.n - 1) / 2
+        }
+        fn ends(&self, e: usize) -> (usize, usize) {
+            let mut k = e;
+            for a in 0..self.n {
+                let row = self.n - 1 - a;
+                if k < row {
+                    return (a, a + 1 + k);
+                }
+                k -= row;
+            }
+            unreachable!("edge {e} of a clique")
+        }
+        fn edge(&self, _: usize, _: usize, _: usize) -> f64 {
+            unreachable!("the width check prices nothing")
+        }
+    }
+
+    /// A problem too wide to eliminate is refused from its shape alone (no cost is read), and
+    /// one within the limit passes.
+    #[test]
+    fn the_width_check_refuses_a_wide_problem_before_pricing_it() {
+        let wide = Unpriced { n: 12, d: 16 };
+        let e = check_width(&wide, Order::MinFill, 1 << 30).unwrap_err();
+        assert!(e.entries > 1 << 30, "{e:?}");
+        check_width(&Unpriced { n: 4, d: 16 }, Order::MinFill, 1 << 30).unwrap();
+    }
 
     fn problem(domains: &[usize], edges: &[(usize, usize)], seed: u64) -> CostProblem {
         let mut s = seed | 1;
