@@ -36,14 +36,9 @@ impl GatherBuffers {
         }
     }
 
-    /// Keep `t` as parameter `name`'s buffer for the next step.
+    /// Keep `t` as parameter `name`'s buffer for the next step, unless one is kept already
+    /// (the bucket-dtype buffer of a parameter the step saw cast to its own dtype).
     fn keep(&mut self, name: &str, t: Tensor) {
-        self.0.insert(name.to_string(), t);
-    }
-
-    /// Keep `t` unless a buffer for `name` is kept already (the bucket-dtype buffer of a
-    /// parameter the step saw cast to its own dtype).
-    fn keep_if_none(&mut self, name: &str, t: Tensor) {
         self.0.entry(name.to_string()).or_insert(t);
     }
 }
@@ -63,7 +58,7 @@ pub(crate) fn with_gathered<T>(
     let out = f(params);
     for (name, t) in stored {
         if let Some(full) = params.insert(&name, t) {
-            buffers.keep_if_none(&name, full);
+            buffers.keep(&name, full);
         }
     }
     out

@@ -63,12 +63,9 @@ struct Knobs {
     matmul_mem_coef: f64,
 }
 
-/// MindSpore's `micro_batch_size`: the samples of one micro-batch (the first network input's
-/// first dimension) in a pipeline, else 1.
-fn micro_batch_size(g: &Graph, pipelined: bool) -> usize {
-    if !pipelined {
-        return 1;
-    }
+/// MindSpore's `micro_batch_size` in a pipeline: the samples of one micro-batch (the first
+/// network input's first dimension).
+fn micro_batch_size(g: &Graph) -> usize {
     g.nodes().iter().find(|n| matches!(n.op, OpKind::Input(_))).and_then(|n| n.ty.shape.first().copied()).unwrap_or(1)
 }
 
@@ -159,14 +156,15 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     // node (its shape is the first input's; it is listed where the walk first reaches one).
     let mut dataset: Option<usize> = None;
     for (i, node) in g.nodes().iter().enumerate() {
-        if let (RecOp::Dataset, Some(d)) = (rec_op(&node.op, node.ty.shape.len()), dataset) {
+        let op = rec_op(&node.op, node.ty.shape.len());
+        if let (RecOp::Dataset, Some(d)) = (&op, dataset) {
             kept_of[i] = Some(d);
             if positions[i] != 0 && (nodes[d].pos == 0 || positions[i] < nodes[d].pos) {
                 nodes[d].pos = positions[i];
             }
             continue;
         }
-        let kind = match rec_op(&node.op, node.ty.shape.len()) {
+        let kind = match op {
             RecOp::Dataset => {
                 dataset = Some(nodes.len());
                 Some(Kind::Batch)
@@ -242,14 +240,13 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
     let consumers: Vec<Vec<usize>> =
         (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
 
-    let micro = micro_batch_size(g, rec.pipelined);
-    let knobs = Knobs { micro_batch: rec.pipelined.then_some(micro), matmul_mem_coef: rec.matmul_mem_coef };
+    let knobs = Knobs { micro_batch: rec.pipelined.then(|| micro_batch_size(g)), matmul_mem_coef: rec.matmul_mem_coef };
     let rounds = rec.devices.ilog2();
     for round in 0..rounds {
         // Fixed ops first, as having made their cut of this round.
         let mut done: Vec<(usize, Round)> =
             (0..nodes.len()).filter(|&v| nodes[v].fixed).map(|v| (v, fixed_round(&nodes[v], round))).collect();
-        for v in visit_order(&nodes, rec.devices, micro, &knobs) {
+        for v in visit_order(&nodes, rec.devices, &knobs) {
             if nodes[v].fixed {
                 continue;
             }
@@ -368,11 +365,11 @@ fn walk_positions(g: &Graph) -> Vec<usize> {
 /// inputs forward; in `x + f(x)` the branch f of the top block first), the ops rec does not
 /// know last; above 32 devices (and micro-batches under 8 samples in a pipeline) the heaviest
 /// first, ties from the list's end. Nodes no output depends on come last, in the graph's order.
-fn visit_order(nodes: &[RecNode], devices: usize, micro_batch_size: usize, knobs: &Knobs) -> Vec<usize> {
+fn visit_order(nodes: &[RecNode], devices: usize, knobs: &Knobs) -> Vec<usize> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     let later = |a: usize, b: usize| nodes[b].pos.cmp(&nodes[a].pos).then(a.cmp(&b));
     order.sort_by(|&a, &b| (nodes[a].kind == Kind::Unknown).cmp(&(nodes[b].kind == Kind::Unknown)).then(later(a, b)));
-    if devices > 32 && micro_batch_size < 8 {
+    if devices > 32 && knobs.micro_batch.is_none_or(|m| m < 8) {
         let w: Vec<f64> = nodes.iter().map(|n| weight(n, knobs.matmul_mem_coef)).collect();
         order.sort_by(|&a, &b| w[b].total_cmp(&w[a]).then(later(a, b)));
     }
