@@ -167,11 +167,25 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             return Err(ParallelError::UnknownOperator { file: file.path.clone(), op: nodes[i].name.clone() });
         }
     }
+    // recursive_programming on an inference graph runs the network's inputs whole: MindSpore's
+    // `AjustToNoTraining` sets the dataset's strategy back to nothing split once the ops have
+    // theirs (the search itself sees the batch split, as MindSpore's does). A dataset strategy
+    // the user chose is kept.
+    let whole_inputs = mode == ParallelMode::AutoParallel
+        && search == Search::Mode(SearchMode::RecursiveProgramming)
+        && req.loss.is_none()
+        && !ctx.search.pipelined
+        && !ctx.is_set("dataset_strategy");
     let mut input_layouts: Vec<Option<TensorLayout>> = vec![None; nodes.len()];
     let mut input_index = 0usize;
     for (i, node) in nodes.iter().enumerate() {
         if let OpKind::Input(_) = &node.op {
-            input_layouts[i] = Some(input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode)?);
+            input_layouts[i] = Some(match input_layout(node, &ctx.dataset_strategy, input_index, n, &flat, mode) {
+                Err(ParallelError::BatchNotDivisible { .. }) if whole_inputs => {
+                    TensorLayout::replicated(flat.clone(), node.ty.shape.clone())
+                }
+                layout => layout?,
+            });
             input_index += 1;
         }
     }
@@ -216,6 +230,13 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             fixed[op.node.0] = Some((op.splits.clone(), op.source));
         }
         search_report = Some(report);
+        if whole_inputs {
+            for (i, node) in nodes.iter().enumerate() {
+                if input_layouts[i].is_some() {
+                    input_layouts[i] = Some(TensorLayout::replicated(flat.clone(), node.ty.shape.clone()));
+                }
+            }
+        }
     }
 
     // Pass 1: every op with a rule gets its strategy and layouts.
@@ -383,7 +404,7 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
         redistributions,
         params,
         gradients,
-        dataset: ctx.dataset_strategy.clone(),
+        dataset: if whole_inputs { DatasetStrategy::FullBatch } else { ctx.dataset_strategy.clone() },
         strategy_file: req.strategy_file.filter(|_| use_strategies).map(|f| f.path.clone()),
         all_to_all,
         collective_groups: Vec::new(),

@@ -232,9 +232,15 @@ impl PlanReport<'_> {
             cost.rank,
             plan.device_num
         );
+        // Only recursive_programming on an inference graph makes the inputs whole unasked.
+        let why = if plan.dataset == crate::context::DatasetStrategy::FullBatch && !plan.context.is_set("dataset_strategy") {
+            " (recursive_programming runs an inference graph's inputs whole, as MindSpore does; set dataset_strategy to choose)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
-            "  dataset strategy {:?}; all-to-all {}",
+            "  dataset strategy {:?}{why}; all-to-all {}",
             plan.dataset,
             if plan.all_to_all { "on" } else { "off (all-gather + slice)" }
         );

@@ -87,15 +87,19 @@ fn sharding_propagation_spreads_the_configured_strategy() {
     assert_matches(&p, "shardprop");
 }
 
+/// MindSpore compiled the rec fixtures for inference without `full_batch`; its
+/// recursive_programming then sets the dataset's strategy back to nothing split
+/// (`AjustToNoTraining`): the input `x` is whole in its layouts, where the other searches
+/// split its batch.
 #[test]
 fn recursive_programming_chooses_data_parallel_on_the_small_mlp() {
-    let p = plan(&network([64, 128, 32, 16], 256, false), &auto("recursive_programming", true)).unwrap();
+    let p = plan(&network([64, 128, 32, 16], 256, false), &auto("recursive_programming", false)).unwrap();
     assert_matches(&p, "rec");
 }
 
 #[test]
 fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
-    let p = plan(&network([8192, 8192, 8192, 1024], 32, false), &auto("recursive_programming", true)).unwrap();
+    let p = plan(&network([8192, 8192, 8192, 1024], 32, false), &auto("recursive_programming", false)).unwrap();
     assert_matches(&p, "rec_big");
 }
 
@@ -489,14 +493,16 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
 fn recursive_programming_carries_column_splits_into_the_attention_heads() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};
     let cfg = GptConfig { vocab: 1000, context: 16, width: 1024, heads: 8, layers: 1, mlp_ratio: 4, dropout: 0.0, ..GptConfig::default() };
-    let (graph, _) = Gpt::new(cfg).unwrap().build_graph(8, Mode::Train, 0).unwrap();
+    let (graph, ids) = Gpt::new(cfg).unwrap().build_graph(8, Mode::Train, 0).unwrap();
     let mut c = auto("recursive_programming", false);
     c.set("device_num", &json!(8)).unwrap();
-    let p = plan(&graph, &c).unwrap();
+    let req = autopar_parallel::PlanRequest { graph: &graph, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None };
+    let p = autopar_parallel::plan_job(&req).unwrap();
     let strategy = |name: &str| {
         let n = p.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no op {name}"));
         n.strategy.as_ref().map(|s| s.to_string()).unwrap_or_default()
     };
+    let strategy_of_training = strategy;
     for (op, want) in [
         ("wte.gather", "((2, 1), (4, 1))"),
         ("blocks.0.attn.q_proj.matmul", "((4, 1), (2, 1))"),
@@ -522,6 +528,15 @@ fn recursive_programming_carries_column_splits_into_the_attention_heads() {
     let source = |name: &str| report.ops.iter().find(|o| o.name == name).map(|o| o.source.name());
     assert_eq!(source("blocks.0.attn.softmax"), Some("propagated"));
     assert_eq!(source("blocks.0.attn.q_proj.matmul"), Some("searched"));
+
+    // Inference: the tied table's most-cut user is the LM head (rows 2 ways; the lookup's own
+    // rule leaves the table whole), and the lookup is redone from it: the table's gathered
+    // axis is split, so the indices stay whole (MindSpore's `MakeGatherStratFromParam`).
+    let inference = plan(&graph, &c).unwrap();
+    let strategy = |name: &str| inference.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
+    assert_eq!(strategy("lm_head.matmul"), strategy_of_training("lm_head.matmul"));
+    assert!(strategy("lm_head.matmul").ends_with("(2, 1))"), "{}", strategy("lm_head.matmul"));
+    assert_eq!(strategy("wte.gather"), "((2, 1), (1, 1))");
 }
 
 /// recursive_programming's rules take the strategy that spans the most devices first: a ReLU
@@ -662,4 +677,57 @@ fn recursive_programming_shards_rows_after_a_contraction_above_32_devices_as_min
     c.set("rp_matmul_mem_coef", &json!(1024)).unwrap();
     let p = plan(&two_matmuls(640, 1280, None, &[640, 1280]), &c).unwrap();
     assert_eq!(p.nodes.iter().find(|n| n.name == "add2").unwrap().strategy.as_ref().unwrap().to_string(), "((1, 1), (1, 1))");
+}
+
+/// A weight two matrix products share, in `x [1024, 1024] @ w` summed over its rows to
+/// `[1, 1024] @ w`: the partition cuts the first product's rows (the weight whole) and the
+/// second one's weight columns (one row to cut). Training (MindSpore's `GenerateStrategyV3`)
+/// keeps both. Inference (`GenerateStrategyV1`) gives the weight its most-cut user's split and
+/// redoes the other user from it (`SetParamStrategy`, `ApplyParamStrategy`): a matrix product
+/// takes its contraction's split from the weight's first entry and caps its rows by that split
+/// (`MakeMatMulStratFromParam`), so the first product leaves its rows whole. The input is whole
+/// in inference, split by its batch in training.
+#[test]
+fn recursive_programming_gives_a_shared_weight_one_split_in_inference_as_mindspore() {
+    use autopar_parallel::{plan_job, PlanRequest};
+    let net = |rows: usize| {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[rows, 1024], DType::F32).unwrap();
+        let w = b.parameter("w", &[1024, 1024], Initializer::Zeros).unwrap();
+        let m1 = b.matmul("mm1", x, w).unwrap();
+        let r = b.reduce_sum("rows", m1, &[0], true).unwrap();
+        let m2 = b.matmul("mm2", r, w).unwrap();
+        let loss = b.reduce_mean("loss", m2, &[], false).unwrap();
+        b.output(loss).unwrap();
+        (b.finish(), loss)
+    };
+    let (g, loss) = net(1024);
+    let c = auto("recursive_programming", false);
+    let strategy = |p: &ParallelPlan, name: &str| p.nodes.iter().find(|x| x.name == name).unwrap().strategy.as_ref().unwrap().to_string();
+    let input = |p: &ParallelPlan| parameter_layout_dict(p, 0, &|_| Vec::new()).into_iter().find(|(n, _)| n == "x").unwrap().1.to_string();
+
+    let train = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
+    assert_eq!(strategy(&train, "mm1"), "((8, 1), (1, 1))");
+    assert_eq!(strategy(&train, "mm2"), "((1, 1), (1, 2))");
+    assert!(input(&train).starts_with("([8], [0, -1]"), "{}", input(&train));
+
+    let infer = plan(&g, &c).unwrap();
+    assert_eq!(strategy(&infer, "mm1"), "((1, 1), (1, 2))");
+    assert_eq!(strategy(&infer, "mm2"), "((1, 1), (1, 2))");
+    assert!(input(&infer).starts_with("([8], [-1, -1]"), "{}", input(&infer));
+    let report = infer.search.as_ref().unwrap();
+    assert_eq!(report.ops.iter().find(|o| o.name == "mm1").map(|o| o.source.name()), Some("propagated"));
+    assert_eq!(infer.dataset, autopar_parallel::DatasetStrategy::FullBatch, "the plan records the inputs whole");
+
+    // Inputs whole need no batch that the devices divide; training does.
+    let (odd, odd_loss) = net(1020);
+    assert!(input(&plan(&odd, &c).unwrap()).starts_with("([8], [-1, -1]"));
+    let err = plan_job(&PlanRequest { graph: &odd, loss: Some(odd_loss), context: &c, strategy_file: None, profile: None }).unwrap_err();
+    assert!(matches!(err, autopar_parallel::ParallelError::BatchNotDivisible { .. }), "{err}");
+
+    // A dataset strategy the user chose is kept.
+    let mut chosen = c.clone();
+    chosen.set("full_batch", &json!(false)).unwrap();
+    let kept = plan(&g, &chosen).unwrap();
+    assert!(input(&kept).starts_with("([8], [0, -1]"), "{}", input(&kept));
 }

@@ -186,6 +186,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         devices: job.context.devices(),
         pipelined: job.context.search.pipelined,
         matmul_mem_coef: job.context.search.rp_matmul_mem_coef.get(),
+        training: job.training,
     };
     let mut report = run(&cg, job.search, &rec, job.profile)?;
     report.overwritten = overwritten;

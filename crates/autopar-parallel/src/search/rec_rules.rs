@@ -1,17 +1,24 @@
 //! The second half of `recursive_programming`: strategies for the ops its partition leaves
-//! out, by MindSpore 2.10's rules for a training graph (rec_core's strategy propagator). No
-//! costs here: each op copies a neighbour's strategy through a rule of its kind.
+//! out, by MindSpore 2.10's rules (rec_core's strategy propagator: `GenerateStrategyV3` for a
+//! training graph, `GenerateStrategyV1` for inference). No costs here: each op copies a
+//! neighbour's strategy through a rule of its kind.
 //!
-//! 1. The ops left out wait in a list, in graph order. For `d` = the device count, halved down
-//!    to 2, passes run until one changes nothing: a **forward** pass gives each waiting op the
-//!    output strategy of its incoming op (the producer of its first input whose strategy splits
-//!    something, else of its last input with a producer; never a network input); when a
-//!    forward pass changes nothing, a **backward** pass gives each waiting op what its first
-//!    consumer with a strategy wants of it. A copied strategy is taken only when it spans at
-//!    least `d` devices. A pass walks the list from its end and leaves it reversed.
+//! 1. Training: the ops left out wait in a list, in graph order. For `d` = the device count,
+//!    halved down to 2, passes run until one changes nothing: a **forward** pass gives each
+//!    waiting op the output strategy of its incoming op (the producer of its first input whose
+//!    strategy splits something, else of its last input with a producer; never a network
+//!    input); when a forward pass changes nothing, a **backward** pass gives each waiting op
+//!    what its first consumer with a strategy wants of it. A copied strategy is taken only when
+//!    it spans at least `d` devices. A pass walks the list from its end and leaves it reversed.
+//!    Inference: the list starts reversed, and one forward then one backward pass take any
+//!    strategy (no widest-first rounds).
 //! 2. Then forward and backward passes that take any strategy, until the list stops
 //!    shrinking; what is still waiting runs whole.
-//! 3. Per-kind rules turn a copied strategy into the op's: element-wise ops take it dimension
+//! 3. Shared parameters. Training: a gather whose table another op also uses takes that op's
+//!    split of the table. Inference: every parameter with several users takes the split of
+//!    the user that cuts it over the most devices into the smallest pieces, and every other
+//!    user is redone from it (a gather and a matrix product by their own rules).
+//! 4. Per-kind rules turn a copied strategy into the op's: element-wise ops take it dimension
 //!    by dimension from the left (a dimension of size 1 stays whole), binary ops broadcast it
 //!    to the smaller input, a bias add gives the bias the channel's split, softmax and layer
 //!    norm keep their last axis whole, a batched matmul reads it as its output's (k whole), a
@@ -192,9 +199,10 @@ impl RecOp {
 }
 
 /// Gives every cost-graph op a candidate: `decided[k]` where set (the partition's or the
-/// user's), else by MindSpore's rules. Returns each op's candidate and whether the rules
-/// copied it from a neighbour (false: decided, or left whole).
-pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Option<usize>]) -> (Vec<usize>, Vec<bool>) {
+/// user's; in inference a shared parameter's other user may redo it), else by MindSpore's
+/// rules for a `training` graph or an inference one. Returns each op's candidate and whether
+/// the rules copied it from a neighbour (false: decided, or left whole).
+pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Option<usize>], training: bool) -> (Vec<usize>, Vec<bool>) {
     let n = g.len();
     let rec: Vec<RecOp> = (0..n)
         .map(|i| {
@@ -236,17 +244,24 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
     }
 
     let mut copied = vec![false; n];
-    let mut d = devices;
-    while d > 1 {
-        loop {
-            if rules.pass(&mut waiting, d, true, &mut copied) > 0 {
-                continue;
+    if training {
+        let mut d = devices;
+        while d > 1 {
+            loop {
+                if rules.pass(&mut waiting, d, true, &mut copied) > 0 {
+                    continue;
+                }
+                if rules.pass(&mut waiting, d, false, &mut copied) == 0 {
+                    break;
+                }
             }
-            if rules.pass(&mut waiting, d, false, &mut copied) == 0 {
-                break;
-            }
+            d /= 2;
         }
-        d /= 2;
+    } else {
+        // `GenerateStrategyV1` lists the ops in reverse, so its first pass walks graph order.
+        waiting.reverse();
+        rules.pass(&mut waiting, 1, true, &mut copied);
+        rules.pass(&mut waiting, 1, false, &mut copied);
     }
     loop {
         let before = waiting.len();
@@ -262,14 +277,19 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
         let rank = g.node(NodeId(i)).inputs.iter().map(|x| g.node(*x).ty.shape.len()).max().unwrap_or(0);
         rules.state[i] = Some(rules.generate(i, &vec![1; rank]));
     }
-    rules.share_tables(&mut copied);
+    let mut redone = vec![false; n];
+    if training {
+        rules.share_tables(&mut copied);
+    } else {
+        rules.share_parameters(&mut copied, &mut redone);
+    }
 
     let mut choice = Vec::with_capacity(cg.ops.len());
     let mut reached = Vec::with_capacity(cg.ops.len());
     for (k, op) in cg.ops.iter().enumerate() {
         let i = op.node.0;
         let whole = || op.candidates.iter().position(|c| c.splits.iter().all(|&s| s == 1));
-        let c = match (decided[k], &rules.state[i]) {
+        let c = match (decided[k].filter(|_| !redone[i]), &rules.state[i]) {
             (Some(c), _) => Some(c),
             (None, Some(ins)) => {
                 let splits = splits_of(&op.spec, ins, rules.rec[i] == RecOp::Left(Rule::OneHot));
@@ -278,7 +298,7 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
             (None, None) => whole(),
         };
         choice.push(c.unwrap_or(0));
-        reached.push(decided[k].is_none() && copied[i]);
+        reached.push((decided[k].is_none() || redone[i]) && copied[i]);
     }
     (choice, reached)
 }
@@ -333,6 +353,91 @@ impl Rules<'_> {
                 copied[i] = true;
             }
         }
+    }
+
+    /// Inference: each parameter used by several ops takes the strategy of the user that
+    /// splits it over the most devices, into the smallest pieces (the first such user on a
+    /// tie), and every user that wants it split otherwise is redone from that strategy: a
+    /// gather takes it for its table, a matrix product for its weight, any other op by its
+    /// rule (MindSpore's `SetParamStrategy` and `ApplyParamStrategy`; MindSpore assumes the
+    /// parameter is a matrix product's second input and any other op's first, autopar reads
+    /// the input it is).
+    fn share_parameters(&mut self, copied: &mut [bool], redone: &mut [bool]) {
+        for p in 0..self.g.len() {
+            if !matches!(self.g.node(NodeId(p)).op, OpKind::Parameter(_)) {
+                continue;
+            }
+            let shape = &self.g.node(NodeId(p)).ty.shape;
+            let users: Vec<(usize, usize)> =
+                self.consumers[p].iter().copied().filter(|&(u, _)| self.state[u].is_some() && self.rec[u] != RecOp::Not).collect();
+            if users.len() < 2 {
+                continue;
+            }
+            let mut best: Option<Strat> = None;
+            let (mut most, mut smallest) = (1, usize::MAX);
+            for &(u, slot) in &users {
+                let Some(s) = self.state[u].as_ref().and_then(|s| s.get(slot)).filter(|s| !s.is_empty()) else { continue };
+                let pieces: usize = shape.iter().zip(s).map(|(&size, &x)| size / x.max(1)).sum();
+                let cut: usize = s.iter().product();
+                if cut >= most && pieces < smallest {
+                    (most, smallest, best) = (cut, pieces, Some(s.clone()));
+                }
+            }
+            let Some(best) = best else { continue };
+            for &(u, slot) in &users {
+                if self.state[u].as_ref().and_then(|s| s.get(slot)) == Some(&best) {
+                    continue;
+                }
+                let mut ins = match &self.g.node(NodeId(u)).op {
+                    OpKind::Gather(gather) => self.gather_from_table(u, gather.axis, &best),
+                    OpKind::MatMul(m) if self.rec[u] == RecOp::Kept(Kind::MatMul) && best.len() == 2 => {
+                        self.matmul_from_weight(u, m.transpose_a, m.transpose_b, &best)
+                    }
+                    _ => self.generate(u, &best),
+                };
+                for (s, slot) in ins.iter_mut().zip(0..) {
+                    let shape = self.shape(u, slot);
+                    s.resize(shape.len(), 1);
+                    undo_indivisible(s, shape);
+                }
+                self.state[u] = Some(ins);
+                copied[u] = true;
+                redone[u] = true;
+            }
+        }
+    }
+
+    /// A gather whose table takes `table` (MindSpore's `MakeGatherStratFromParam`): the
+    /// indices' first dimension over the devices the table leaves, unless the table splits
+    /// the gathered axis.
+    fn gather_from_table(&self, i: usize, axis: i64, table: &[usize]) -> Strats {
+        let mut idx = vec![1; self.shape(i, 1).len()];
+        let gathered = normalize_axis(axis, table.len()).and_then(|a| table.get(a)).copied().unwrap_or(1);
+        if let (Some(first), 1) = (idx.first_mut(), gathered) {
+            *first = (self.devices / table.iter().product::<usize>().max(1)).max(1);
+        }
+        vec![table.to_vec(), idx]
+    }
+
+    /// A matrix product whose weight (second input) takes `weight`, read as MindSpore's
+    /// `MakeMatMulStratFromParam` reads it: its first entry is the contraction's split (swapped
+    /// into place when the weight is transposed), and the first input keeps its split of the
+    /// other dimension, capped by the devices the contraction leaves. Without `ta` MindSpore
+    /// caps the rows by the contraction's split instead (it compares with the entry it has just
+    /// set); kept, as the strategies it chooses are the reference.
+    fn matmul_from_weight(&self, i: usize, ta: bool, tb: bool, weight: &[usize]) -> Strats {
+        let mut a = self.state[i].as_ref().and_then(|s| s.first()).cloned().unwrap_or_else(|| vec![1; 2]);
+        a.resize(2, 1);
+        let k = weight[0].max(1);
+        let b = if tb { vec![weight[1], weight[0]] } else { weight.to_vec() };
+        if ta {
+            a[0] = k;
+            a[1] = a[1].min(self.devices / k);
+        } else {
+            a[1] = k;
+            a[0] = a[1].min(self.devices / k);
+        }
+        vec![a, b]
     }
 
     /// One forward or backward pass over the waiting ops at `d` devices; returns how many

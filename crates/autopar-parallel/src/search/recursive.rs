@@ -51,6 +51,8 @@ pub struct RecInput<'a> {
     pub pipelined: bool,
     /// MindSpore's `rp_matmul_mem_coef` (0.1 unless set).
     pub matmul_mem_coef: f64,
+    /// A training graph (MindSpore's `GenerateStrategyV3` rules), else inference (`V1`).
+    pub training: bool,
 }
 
 /// What every cut of a search reads besides the nodes.
@@ -289,7 +291,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             op.candidates.iter().position(|c| below(&c) && c.splits.iter().product::<usize>() == best)
         });
     }
-    Ok(rec_rules::complete(g, cg, rec.devices, &configured))
+    Ok(rec_rules::complete(g, cg, rec.devices, &configured, rec.training))
 }
 
 /// What fixed node `n` counts as having halved in round `round` ([`decomposed`]).
