@@ -53,7 +53,9 @@ pub struct StrategyItems {
 pub struct PlanRequest<'a> {
     /// The network: a forward graph.
     pub graph: &'a Graph,
-    /// The loss of a training job (None: a forward-only plan); one of several elements trains their sum.
+    /// The loss of a training job (None: a forward-only plan, an inference job; recursive_programming
+    /// then takes MindSpore's inference rules and runs the inputs whole); one of several elements
+    /// trains their sum.
     pub loss: Option<NodeId>,
     /// The parallel options to plan under.
     pub context: &'a ParallelContext,
@@ -64,7 +66,8 @@ pub struct PlanRequest<'a> {
     pub profile: Option<&'a DeviceProfile>,
 }
 
-/// Plan `graph` (a forward graph) under `ctx`, forward only.
+/// Plan `graph` (a forward graph) under `ctx`, forward only: an inference job (see
+/// [`PlanRequest::loss`]).
 pub fn plan(graph: &Graph, ctx: &ParallelContext) -> Result<ParallelPlan> {
     plan_job(&PlanRequest { graph, loss: None, context: ctx, strategy_file: None, profile: None })
 }

@@ -133,18 +133,20 @@ fn compare_values(run: (&[f64], &ParamStore), reference: (&[f64], &ParamStore)) 
     });
     let mut worst =
         Comparison { loss_diff, loss_rel, param_diff: 0.0, param_rel: 0.0, param: String::new(), norm_rel: 0.0, norm_param: String::new() };
-    // The model's root-mean-square parameter value.
-    let (sum, count) = reference.params.iter().fold((0.0f64, 0usize), |(s, n), (_, t)| {
-        let v = t.to_f64_vec();
-        (s + v.iter().map(|x| x * x).sum::<f64>(), n + v.len())
-    });
+    // The reference's values, converted once; the model's root-mean-square parameter value.
+    let wanted: Vec<(&String, &autopar_tensor::Tensor, Vec<f64>)> =
+        reference.params.iter().map(|(name, t)| (name, t, t.to_f64_vec())).collect();
+    let (sum, count) = wanted.iter().fold((0.0f64, 0usize), |(s, n), (_, _, v)| (s + v.iter().map(|x| x * x).sum::<f64>(), n + v.len()));
     let rms = if count == 0 { 0.0 } else { (sum / count as f64).sqrt() };
-    for (name, want) in reference.params.iter() {
+    for (name, want_tensor, want) in wanted {
         let got = run.params.get(name).ok_or_else(|| VerifyError::MissingParameter { name: name.clone() })?;
-        if got.shape() != want.shape() {
-            return Err(VerifyError::ShapeMismatch { name: name.clone(), run: got.shape().to_vec(), reference: want.shape().to_vec() });
+        if got.shape() != want_tensor.shape() {
+            return Err(VerifyError::ShapeMismatch {
+                name: name.clone(),
+                run: got.shape().to_vec(),
+                reference: want_tensor.shape().to_vec(),
+            });
         }
-        let want = want.to_f64_vec();
         let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(FLOOR);
         let got = got.to_f64_vec();
         let d = got.iter().zip(&want).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
