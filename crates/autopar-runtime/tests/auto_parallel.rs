@@ -99,8 +99,28 @@ fn recursive_programming_chooses_data_parallel_on_the_small_mlp() {
 
 #[test]
 fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
-    let p = plan(&network([8192, 8192, 8192, 1024], 32, false), &auto("recursive_programming", false)).unwrap();
+    let g = network([8192, 8192, 8192, 1024], 32, false);
+    let p = plan(&g, &auto("recursive_programming", false)).unwrap();
     assert_matches(&p, "rec_big");
+    // The ops MindSpore's file leaves out, by its inference rules: its list of the ops left
+    // out runs from the loss back (a depth-first walk from the output), and the first pass
+    // of `GenerateStrategyV1` visits it from the loss: l1.relu comes before l1.add has a
+    // strategy, so the backward pass gives it what l2's MatMul wants of its input, (2, 4),
+    // not l1's MatMul output split (4, 2). Training (`GenerateStrategyV3`) visits from the
+    // input end, widest first: l1.add, then l1.relu from it.
+    let relu = |p: &ParallelPlan| p.nodes.iter().find(|n| n.name == "l1.relu").unwrap().strategy.as_ref().unwrap().to_string();
+    assert_eq!(relu(&p), "((2, 4))");
+    let loss = g.outputs[0];
+    let c = auto("recursive_programming", false);
+    let train = autopar_parallel::plan_job(&autopar_parallel::PlanRequest {
+        graph: &g,
+        loss: Some(loss),
+        context: &c,
+        strategy_file: None,
+        profile: None,
+    })
+    .unwrap();
+    assert_eq!(relu(&train), "((4, 2))");
 }
 
 /// An auto plan saves a strategy file (`strategy_ckpt_config.save_file`) that replays it under

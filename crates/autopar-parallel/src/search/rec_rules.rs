@@ -3,7 +3,8 @@
 //! training graph, `GenerateStrategyV1` for inference). No costs here: each op copies a
 //! neighbour's strategy through a rule of its kind.
 //!
-//! 1. Training: the ops left out wait in a list, in graph order. For `d` = the device count,
+//! 1. Training: the ops left out wait in a list, in the order of MindSpore's op list (a
+//!    depth-first walk from the outputs, each op before its inputs). For `d` = the device count,
 //!    halved down to 2, passes run until one changes nothing: a **forward** pass gives each
 //!    waiting op the output strategy of its incoming op (the producer of its first input whose
 //!    strategy splits something, else of its last input with a producer; never a network
@@ -187,7 +188,8 @@ struct Rules<'a> {
     decided: Vec<bool>,
     /// Each op's input strategies, once it has some.
     state: Vec<Option<Strats>>,
-    /// Each node's consumers that take strategies: (consumer, input slot), in graph order.
+    /// Each node's consumers that take strategies: (consumer, input slot), in MindSpore's list
+    /// order.
     consumers: Vec<Vec<(usize, usize)>>,
 }
 
@@ -216,12 +218,20 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
             }
         })
         .collect();
+    // MindSpore's op list (`ops_`, and the list of ops left out, `eli_list`) is in the order
+    // of its depth-first walk from the outputs, each op before its inputs; ops no output
+    // depends on last, in graph order.
+    let pos = super::recursive::walk_positions(g);
+    let mut listed: Vec<usize> = (0..n).collect();
+    listed.sort_by_key(|&i| if pos[i] == 0 { (1, i) } else { (0, pos[i]) });
+    // Each value's consumers in that list's order (MindSpore's `FindIndexOfOperatorOutgoing`
+    // takes the first in it).
     let mut consumers = vec![Vec::new(); n];
-    for (i, node) in g.nodes().iter().enumerate() {
+    for &i in &listed {
         if !rec[i].is_op() {
             continue;
         }
-        for (slot, x) in node.inputs.iter().enumerate() {
+        for (slot, x) in g.node(NodeId(i)).inputs.iter().enumerate() {
             if !consumers[x.0].iter().any(|&(c, _)| c == i) {
                 consumers[x.0].push((i, slot));
             }
@@ -229,7 +239,7 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
     }
     let mut rules = Rules { g, cg, devices, rec, decided: vec![false; n], state: vec![None; n], consumers };
     let mut waiting = Vec::new();
-    for i in 0..n {
+    for &i in &listed {
         if !rules.rec[i].is_op() {
             continue;
         }
@@ -258,7 +268,8 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
             d /= 2;
         }
     } else {
-        // `GenerateStrategyV1` lists the ops in reverse, so its first pass walks graph order.
+        // `GenerateStrategyV1` lists the ops left out in reverse, so its first pass walks
+        // the list from its start (outputs first).
         waiting.reverse();
         rules.pass(&mut waiting, 1, true, &mut copied);
         rules.pass(&mut waiting, 1, false, &mut copied);
@@ -358,42 +369,51 @@ impl Rules<'_> {
     /// Inference: each parameter used by several ops takes the strategy of the user that
     /// splits it over the most devices, into the smallest pieces (the first such user on a
     /// tie), and every user that wants it split otherwise is redone from that strategy: a
-    /// gather takes it for its table, a matrix product for its weight, any other op by its
-    /// rule (MindSpore's `SetParamStrategy` and `ApplyParamStrategy`; MindSpore assumes the
-    /// parameter is a matrix product's second input and any other op's first, autopar reads
-    /// the input it is).
+    /// gather takes it for its table, a matrix product for its weight, an op the partition
+    /// cuts left-aligned on its inputs, any other op by its rule (MindSpore's
+    /// `SetParamStrategy`, then `ApplyParamStrategy` in parameter-name order). As there, the
+    /// parameter's strategy is read from a matrix product's second input and any other op's
+    /// first, whichever input the parameter is.
     fn share_parameters(&mut self, copied: &mut [bool], redone: &mut [bool]) {
-        for p in 0..self.g.len() {
-            if !matches!(self.g.node(NodeId(p)).op, OpKind::Parameter(_)) {
-                continue;
-            }
-            let shape = &self.g.node(NodeId(p)).ty.shape;
-            let users: Vec<(usize, usize)> =
-                self.consumers[p].iter().copied().filter(|&(u, _)| self.state[u].is_some() && self.rec[u] != RecOp::Not).collect();
+        let g = self.g;
+        let slot_of = |u: usize| usize::from(matches!(g.node(NodeId(u)).op, OpKind::MatMul(_) | OpKind::BatchMatMul(_)));
+        let mut params: Vec<usize> = (0..g.len()).filter(|&p| matches!(g.node(NodeId(p)).op, OpKind::Parameter(_))).collect();
+        params.sort_by(|&a, &b| g.node(NodeId(a)).name.cmp(&g.node(NodeId(b)).name));
+        let mut chosen = Vec::new();
+        for p in params {
+            let users: Vec<usize> = self.consumers[p].iter().map(|&(u, _)| u).collect();
             if users.len() < 2 {
                 continue;
             }
             let mut best: Option<Strat> = None;
             let (mut most, mut smallest) = (1, usize::MAX);
-            for &(u, slot) in &users {
+            for &u in &users {
+                let slot = slot_of(u);
                 let Some(s) = self.state[u].as_ref().and_then(|s| s.get(slot)).filter(|s| !s.is_empty()) else { continue };
-                let pieces: usize = shape.iter().zip(s).map(|(&size, &x)| size / x.max(1)).sum();
+                let pieces: usize = self.shape(u, slot).iter().zip(s).map(|(&size, &x)| size / x.max(1)).sum();
                 let cut: usize = s.iter().product();
                 if cut >= most && pieces < smallest {
                     (most, smallest, best) = (cut, pieces, Some(s.clone()));
                 }
             }
-            let Some(best) = best else { continue };
-            for &(u, slot) in &users {
-                if self.state[u].as_ref().and_then(|s| s.get(slot)) == Some(&best) {
+            if let Some(best) = best {
+                chosen.push((users, best));
+            }
+        }
+        for (users, best) in chosen {
+            for u in users {
+                if self.state[u].as_ref().and_then(|s| s.get(slot_of(u))) == Some(&best) {
                     continue;
                 }
-                let mut ins = match &self.g.node(NodeId(u)).op {
-                    OpKind::Gather(gather) => self.gather_from_table(u, gather.axis, &best),
-                    OpKind::MatMul(m) if self.rec[u] == RecOp::Kept(Kind::MatMul) && best.len() == 2 => {
+                let mut ins = match (&g.node(NodeId(u)).op, &self.rec[u]) {
+                    (OpKind::Gather(gather), _) => self.gather_from_table(u, gather.axis, &best),
+                    (OpKind::MatMul(m), RecOp::Kept(Kind::MatMul)) if best.len() == 2 => {
                         self.matmul_from_weight(u, m.transpose_a, m.transpose_b, &best)
                     }
-                    _ => self.generate(u, &best),
+                    // The output's strategy, not an input's: not redone.
+                    (_, RecOp::Left(Rule::OneHot)) => continue,
+                    (_, RecOp::Left(_)) => self.generate(u, &best),
+                    _ => (0..g.node(NodeId(u)).inputs.len()).map(|slot| left_aligned(&best, self.shape(u, slot))).collect(),
                 };
                 for (s, slot) in ins.iter_mut().zip(0..) {
                     let shape = self.shape(u, slot);
@@ -420,9 +440,10 @@ impl Rules<'_> {
     }
 
     /// A matrix product whose weight (second input) takes `weight`, read as MindSpore's
-    /// `MakeMatMulStratFromParam` reads it: its first entry is the contraction's split (swapped
-    /// into place when the weight is transposed), and the first input keeps its split of the
-    /// other dimension, capped by the devices the contraction leaves. Without `ta` MindSpore
+    /// `MakeMatMulStratFromParam` reads it: its first entry is the contraction's split, and the
+    /// two entries are swapped when the weight is transposed (as if `weight` were laid out
+    /// (k, n) either way); the first input keeps its split of the other dimension, capped by
+    /// the devices the contraction leaves. Without `ta` MindSpore
     /// caps the rows by the contraction's split instead (it compares with the entry it has just
     /// set); kept, as the strategies it chooses are the reference.
     fn matmul_from_weight(&self, i: usize, ta: bool, tb: bool, weight: &[usize]) -> Strats {

@@ -333,7 +333,7 @@ fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<No
 /// listed before its inputs, inputs in order; positions count from 1 (0: not reached). A
 /// chain lists its last op first; `x + f(x)` lists the add, then x's producers, then f.
 /// MindSpore visits the list from its end.
-fn walk_positions(g: &Graph) -> Vec<usize> {
+pub(super) fn walk_positions(g: &Graph) -> Vec<usize> {
     let mut pos = vec![0usize; g.len()];
     let mut next = 0;
     let mut stack: Vec<(NodeId, usize)> = Vec::new();
