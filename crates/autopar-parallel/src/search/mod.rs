@@ -12,6 +12,7 @@
 
 pub mod costgraph;
 pub mod profile;
+mod rec_adjacency;
 mod rec_rules;
 pub mod recursive;
 pub mod solve;

@@ -23,19 +23,22 @@
 //!      every replica keeps), cut j `i*k/2`, cut k `i*j/2`, no cut `(1.5 * min)^2 / 350`; j and k
 //!      are never both cut; each option adds a redistribution penalty: for every neighbour
 //!      already visited this round whose cut differs from what the option needs, 16 times the
-//!      op's current input (producer) or output (consumer) size. The first cheapest option wins.
+//!      op's current input (producer) or output (consumer) size, where the two exchange a
+//!      tensor of one shape (MindSpore's `isAdjacent`: compared through the transposes and
+//!      reshapes between them, see `rec_adjacency`). The first cheapest option wins.
 //!    * Convolutions cut the batch (`filter/2` plus the penalty); pooling the batch or channels
 //!      (the penalty alone); batch-parallel ops and inputs their first even dimension, free.
 //! 3. **Strategies**: the halvings give each kept op its strategy (the loss runs data parallel).
-//!    The ops left out copy their neighbours' by MindSpore's rules (see `rec_rules`): widest
-//!    strategies first, forward from an op's producer, else backward from its consumer, each
-//!    op kind with its own rule.
+//!    The ops left out copy their neighbours' by MindSpore's rules (see `rec_rules`): in
+//!    training widest strategies first, forward from an op's producer, else backward from its
+//!    consumer, each op kind with its own rule; in inference its inference rules.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
+use super::rec_adjacency::ShapeMap;
 use super::rec_rules::{self, rec_op, Kind, RecOp};
 use crate::error::{ParallelError, Result};
 use crate::planner::{default_splits, depends_on_inputs};
@@ -89,8 +92,8 @@ struct RecNode {
     out: Dims,
     cuts: [Cuts; 2],
     out_cuts: Cuts,
-    /// (input slot, producer node).
-    producers: Vec<(usize, usize)>,
+    /// (input slot, producer node, what the ops left out between them do to the shape).
+    producers: Vec<(usize, usize, ShapeMap)>,
     /// Set by the user or a strategy file: never cut here.
     fixed: bool,
     /// Place in MindSpore's list of ops ([`walk_positions`]; 0: not reached from an output).
@@ -231,16 +234,18 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         if matches!(node.op, OpKind::Input(_)) {
             continue;
         }
-        let mut producers = BTreeSet::new();
+        let mut producers: Vec<(usize, usize, ShapeMap)> = Vec::new();
         for (slot, x) in node.inputs.iter().enumerate().take(2) {
-            let mut found = BTreeSet::new();
-            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found);
-            producers.extend(found.into_iter().map(|p| (slot, p)));
+            let mut found = BTreeMap::new();
+            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found, &ShapeMap::default());
+            producers.extend(found.into_iter().map(|(p, m)| (slot, p, m)));
         }
-        nodes[k].producers = producers.into_iter().collect();
+        producers.sort_by_key(|&(slot, p, _)| (slot, p));
+        producers.dedup_by_key(|(slot, p, _)| (*slot, *p));
+        nodes[k].producers = producers;
     }
     let consumers: Vec<Vec<usize>> =
-        (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q)| q == p)).collect()).collect();
+        (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q, _)| q == p)).collect()).collect();
 
     let knobs = Knobs { micro_batch: rec.pipelined.then(|| micro_batch_size(g)), matmul_mem_coef: rec.matmul_mem_coef };
     let rounds = rec.devices.ilog2();
@@ -311,19 +316,37 @@ fn decomposed(cuts: &Cuts, round: u32) -> Cuts {
 }
 
 /// The kept nodes a value comes from, through the ops left out (all their non-parameter
-/// inputs); each node is walked once.
-fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<NodeId>, out: &mut BTreeSet<usize>) {
+/// inputs), each with what the transposes and reshapes on the way do to the shape (`after`:
+/// the part of the path already walked, nearer the consumer; the first path found to a node
+/// counts); each node is walked once.
+fn reach(
+    g: &Graph,
+    x: NodeId,
+    kept_of: &[Option<usize>],
+    seen: &mut BTreeSet<NodeId>,
+    out: &mut BTreeMap<usize, ShapeMap>,
+    after: &ShapeMap,
+) {
     if !seen.insert(x) {
         return;
     }
     if let Some(k) = kept_of[x.0] {
-        out.insert(k);
+        out.entry(k).or_insert_with(|| after.clone());
         return;
     }
     let node = g.node(x);
+    let own = match &node.op {
+        OpKind::Transpose(t) => ShapeMap::transpose(&t.perm),
+        OpKind::Reshape(_) => {
+            let input = node.inputs.first().map(|i| g.node(*i).ty.shape.clone()).unwrap_or_default();
+            ShapeMap::reshape(&input, &node.ty.shape)
+        }
+        _ => ShapeMap::default(),
+    };
+    let path = own.then(after);
     for y in &node.inputs {
         if !matches!(g.node(*y).op, OpKind::Parameter(_)) {
-            reach(g, *y, kept_of, seen, out);
+            reach(g, *y, kept_of, seen, out, &path);
         }
     }
 }
@@ -421,13 +444,18 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
     let out_size = size(&local(&n.out, &n.out_cuts));
     let mut total = 0.0;
     for (name, r) in done {
-        for &(slot, p) in &n.producers {
-            if p == *name && nodes[p].out == n.args[slot.min(1)] && !same(&r.out, &modes[slot.min(1)]) {
+        for (slot, p, map) in &n.producers {
+            if p == name && map.adjacent(&nodes[*p].out, &n.args[(*slot).min(1)]) && !same(&r.out, &modes[(*slot).min(1)]) {
                 total += in_size * REDIS_COEF;
             }
         }
         for &c in consumers {
-            if c == *name && nodes[c].args.contains(&n.out) && !same(&r.in0, &modes[2]) {
+            if c != *name {
+                continue;
+            }
+            // The first path found from this node to the consumer (MindSpore keeps one edge).
+            let Some((_, _, map)) = nodes[c].producers.iter().find(|(_, q, _)| *q == v) else { continue };
+            if nodes[c].args.iter().any(|a| map.adjacent(&n.out, a)) && !same(&r.in0, &modes[2]) {
                 total += out_size * REDIS_COEF;
             }
         }
@@ -569,6 +597,53 @@ mod tests {
         };
         // Input 16x64x8x8 = 65536, filter 73728, output 131072.
         assert_eq!(weight(&conv, 0.1), 65536.0 / 2.0);
+    }
+
+    /// A MatMul reading a pooled image through a reshape `[2, 16, 4, 4] -> [2, 256]` is the
+    /// pool's neighbour (MindSpore's `isAdjacent` maps the shapes through the reshape): a cut
+    /// of its rows disagrees with a round in which the pool cut nothing, and pays for the
+    /// redistribution; cutting its columns needs nothing of the pool. Without the reshape's
+    /// mapping the shapes differ and nothing is charged.
+    #[test]
+    fn a_neighbour_through_a_reshape_is_charged_for_a_disagreeing_cut() {
+        use autopar_graph::{DType, GraphBuilder, Initializer, PoolAttrs};
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 16, 4, 4], DType::F32).unwrap();
+        let pool = b.max_pool("pool", x, PoolAttrs { kernel: [1, 1], stride: [1, 1], padding: [0; 4] }).unwrap();
+        let flat = b.reshape("flat", pool, &[2, 256]).unwrap();
+        let w = b.parameter("w", &[256, 64], Initializer::Zeros).unwrap();
+        let mm = b.matmul("mm", flat, w).unwrap();
+        b.output(mm).unwrap();
+        let g = b.finish();
+        let mut kept_of = vec![None; g.len()];
+        kept_of[pool.0] = Some(0);
+        kept_of[mm.0] = Some(1);
+        let mut found = BTreeMap::new();
+        reach(&g, flat, &kept_of, &mut BTreeSet::new(), &mut found, &ShapeMap::default());
+        let map = found.remove(&0).expect("the pool produces the MatMul's input");
+        assert_eq!(map, ShapeMap::reshape(&[2, 16, 4, 4], &[2, 256]));
+
+        let node = |kind, args: [Dims; 2], out, producers| RecNode {
+            kind,
+            op: Some(0),
+            args,
+            out,
+            cuts: [[0; 4]; 2],
+            out_cuts: [0; 4],
+            producers,
+            fixed: false,
+            pos: 1,
+        };
+        let pooled = node(Kind::Pool, [[2, 16, 4, 4], [1; 4]], [2, 16, 4, 4], Vec::new());
+        let matmul = |map: ShapeMap| node(Kind::MatMul, [[1, 1, 2, 256], [1, 1, 256, 64]], [1, 1, 2, 64], vec![(0, 0, map)]);
+        let done = [(0, Round { out: [0; 4], in0: [0; 4] })];
+        let rows: Modes = [cut(2), NONE, cut(2)];
+        let cols: Modes = [NONE, cut(3), cut(3)];
+        let nodes = [pooled.clone(), matmul(map)];
+        assert_eq!(redis(&nodes, 1, &[], &done, &rows), 2.0 * 256.0 * REDIS_COEF);
+        assert_eq!(redis(&nodes, 1, &[], &done, &cols), 0.0);
+        let unmapped = [pooled, matmul(ShapeMap::default())];
+        assert_eq!(redis(&unmapped, 1, &[], &done, &rows), 0.0);
     }
 
     /// A given strategy counts as one halving per round, dimension by dimension, then whole.
