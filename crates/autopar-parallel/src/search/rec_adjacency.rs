@@ -182,10 +182,8 @@ fn same_after_reshape(origin: &Dims, reshape: &[Vec<usize>], compared: &Dims) ->
     let mut left = *origin;
     for (i, dims) in reshape.iter().enumerate() {
         let (Some(&d), Some(&c)) = (dims.first(), compared.get(i)) else { continue };
-        if c != 0 {
-            if let Some(x) = left.get_mut(d) {
-                *x /= c;
-            }
+        if let Some(x) = left.get_mut(d) {
+            *x = x.checked_div(c).unwrap_or(*x);
         }
     }
     left == [1; 4]
