@@ -6,8 +6,10 @@
 //! 4-D, padded with 1s in front, as the partition's are.
 //!
 //! Ported as MindSpore has it, including where its arithmetic is odd: a transpose of fewer than
-//! 4 dimensions maps a padded 4-D shape by the wrong positions (and so never matches), and a
-//! reshape that merges dimensions compares products of the producer's dimensions.
+//! 4 dimensions maps a padded 4-D shape by the wrong positions (on its own it never matches), a
+//! reshape that merges dimensions compares products of the producer's dimensions, and one that
+//! splits them divides with truncation. Where MindSpore stops with an error (mappings of
+//! different lengths on one path), the shapes are compared as they are.
 
 /// A 4-D shape (outermost first).
 pub(super) type Dims = [usize; 4];
@@ -32,9 +34,9 @@ impl ShapeMap {
     }
 
     /// A reshape from `input` to `output` (MindSpore's `HandleShapeRelatedOp`): a reshape that
-    /// adds dimensions maps each output dimension to the input dimension it splits; one that
-    /// removes dimensions maps each 4-D position to the input dimensions merged there. No
-    /// mapping where the shapes do not decompose so.
+    /// keeps or adds dimensions maps each output dimension to the input dimension it is carved
+    /// out of; one that removes dimensions maps each 4-D position to the output dimensions
+    /// carved out of it. No mapping where the shapes do not decompose so.
     pub(super) fn reshape(input: &[usize], output: &[usize]) -> Self {
         let (a, b) = (padded(input), padded(output));
         let reshape = if input.len() <= output.len() {
@@ -98,7 +100,8 @@ impl ShapeMap {
     }
 }
 
-fn padded(shape: &[usize]) -> Dims {
+/// `shape` as 4-D: its last 4 dimensions, 1s in front (MindSpore's `complete_shape_to_4D`).
+pub(super) fn padded(shape: &[usize]) -> Dims {
     let mut d = [1; 4];
     let r = shape.len().min(4);
     d[4 - r..].copy_from_slice(&shape[shape.len() - r..]);
@@ -170,8 +173,9 @@ fn rearranged(perm: &[usize], reshape: &[Vec<usize>]) -> Vec<Vec<usize>> {
 }
 
 /// MindSpore's `SameShapeAfterReshape`: a merging mapping multiplies the source dimensions it
-/// names and compares the result; a splitting one divides each source dimension by the
-/// dimensions carved out of it and asks that nothing is left.
+/// names and compares the result; a splitting one divides (truncating, a zero divisor
+/// skipped) each source dimension by the dimensions carved out of it and asks that 1 is left
+/// of each.
 fn same_after_reshape(origin: &Dims, reshape: &[Vec<usize>], compared: &Dims) -> bool {
     if merges(reshape) {
         let merged: Vec<usize> = reshape.iter().map(|dims| dims.iter().map(|&d| origin.get(d).copied().unwrap_or(1)).product()).collect();

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use autopar_graph::{Graph, NodeId, OpKind};
 
 use super::costgraph::CostGraph;
-use super::rec_adjacency::ShapeMap;
+use super::rec_adjacency::{padded, Dims, ShapeMap};
 use super::rec_rules::{self, rec_op, Kind, RecOp};
 use crate::error::{ParallelError, Result};
 use crate::planner::{default_splits, depends_on_inputs};
@@ -79,7 +79,6 @@ const REDIS_COEF: f64 = 16.0;
 const EXPERT_COEF: f64 = 1.5;
 const REPLICATE_BELOW: f64 = 350.0;
 
-type Dims = [usize; 4];
 type Cuts = [u32; 4];
 
 #[derive(Clone, Debug)]
@@ -119,13 +118,6 @@ type Modes = [[bool; 4]; 3];
 
 /// The halvings an option makes: (input slot, or 2 for the output; 4-D dimension).
 type Halvings = Vec<(usize, usize)>;
-
-fn four(shape: &[usize]) -> Dims {
-    let mut d = [1; 4];
-    let r = shape.len().min(4);
-    d[4 - r..].copy_from_slice(&shape[shape.len() - r..]);
-    d
-}
 
 fn local(d: &Dims, c: &Cuts) -> [usize; 4] {
     [d[0] >> c[0], d[1] >> c[1], d[2] >> c[2], d[3] >> c[3]]
@@ -185,16 +177,16 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             let (si, sk, sj) = (op.spec.dims[0].size, op.spec.dims[1].size, op.spec.dims[2].size);
             [[1, 1, si, sk], [1, 1, sk, sj]]
         } else if matches!(node.op, OpKind::Input(_)) {
-            [four(&node.ty.shape), [1; 4]]
+            [padded(&node.ty.shape), [1; 4]]
         } else {
-            [four(&shape(0)), four(&shape(1))]
+            [padded(&shape(0)), padded(&shape(1))]
         };
         kept_of[i] = Some(nodes.len());
         nodes.push(RecNode {
             kind,
             op: cg.of_node[i],
             args,
-            out: four(&node.ty.shape),
+            out: padded(&node.ty.shape),
             cuts: [[0; 4]; 2],
             out_cuts: [0; 4],
             producers: Vec::new(),
@@ -228,7 +220,8 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             }
         }
     }
-    // Producers through the ops left out.
+    // Producers through the ops left out, each edge with what the ops between do to the shape.
+    let edges = eliminated_edges(g, &kept_of, &positions);
     for (i, node) in g.nodes().iter().enumerate() {
         let Some(k) = kept_of[i] else { continue };
         if matches!(node.op, OpKind::Input(_)) {
@@ -236,12 +229,10 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         }
         let mut producers: Vec<(usize, usize, ShapeMap)> = Vec::new();
         for (slot, x) in node.inputs.iter().enumerate().take(2) {
-            let mut found = BTreeMap::new();
-            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found, &ShapeMap::default());
-            producers.extend(found.into_iter().map(|(p, m)| (slot, p, m)));
+            let mut found = BTreeSet::new();
+            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found);
+            producers.extend(found.into_iter().map(|p| (slot, p, edges.get(&(p, k)).cloned().unwrap_or_default())));
         }
-        producers.sort_by_key(|&(slot, p, _)| (slot, p));
-        producers.dedup_by_key(|(slot, p, _)| (*slot, *p));
         nodes[k].producers = producers;
     }
     let consumers: Vec<Vec<usize>> =
@@ -316,39 +307,87 @@ fn decomposed(cuts: &Cuts, round: u32) -> Cuts {
 }
 
 /// The kept nodes a value comes from, through the ops left out (all their non-parameter
-/// inputs), each with what the transposes and reshapes on the way do to the shape (`after`:
-/// the part of the path already walked, nearer the consumer; the first path found to a node
-/// counts); each node is walked once.
-fn reach(
-    g: &Graph,
-    x: NodeId,
-    kept_of: &[Option<usize>],
-    seen: &mut BTreeSet<NodeId>,
-    out: &mut BTreeMap<usize, ShapeMap>,
-    after: &ShapeMap,
-) {
+/// inputs); each node is walked once.
+fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<NodeId>, out: &mut BTreeSet<usize>) {
     if !seen.insert(x) {
         return;
     }
     if let Some(k) = kept_of[x.0] {
-        out.entry(k).or_insert_with(|| after.clone());
+        out.insert(k);
         return;
     }
     let node = g.node(x);
-    let own = match &node.op {
+    for y in &node.inputs {
+        if !matches!(g.node(*y).op, OpKind::Parameter(_)) {
+            reach(g, *y, kept_of, seen, out);
+        }
+    }
+}
+
+/// What a transpose or reshape does to its input's dimensions (none for other ops).
+fn own_map(g: &Graph, x: NodeId) -> ShapeMap {
+    let node = g.node(x);
+    match &node.op {
         OpKind::Transpose(t) => ShapeMap::transpose(&t.perm),
         OpKind::Reshape(_) => {
             let input = node.inputs.first().map(|i| g.node(*i).ty.shape.clone()).unwrap_or_default();
             ShapeMap::reshape(&input, &node.ty.shape)
         }
         _ => ShapeMap::default(),
-    };
-    let path = own.then(after);
-    for y in &node.inputs {
-        if !matches!(g.node(*y).op, OpKind::Parameter(_)) {
-            reach(g, *y, kept_of, seen, out, &path);
+    }
+}
+
+/// The edges between kept nodes once the ops left out are eliminated, each with what the ops
+/// between do to the tensor's shape: MindSpore's `EliminateGraph` replayed for its
+/// `NodeDep` mappings. The ops left out go in the order of MindSpore's op list (consumers
+/// before producers mostly); eliminating X links each op feeding X to each op X feeds, the
+/// mapping X's own followed by the one on that edge (`ShapeMappingCombine`), unless the two
+/// are linked already: the edge made first stays, so where several paths join two ops the
+/// one whose ops are eliminated first decides, as in MindSpore.
+fn eliminated_edges(g: &Graph, kept_of: &[Option<usize>], positions: &[usize]) -> BTreeMap<(usize, usize), ShapeMap> {
+    let n = g.len();
+    let is_op = |i: usize| !matches!(g.node(NodeId(i)).op, OpKind::Parameter(_));
+    let mut out: Vec<Vec<(usize, ShapeMap)>> = vec![Vec::new(); n];
+    let mut feeding: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    for (j, node) in g.nodes().iter().enumerate() {
+        if !is_op(j) {
+            continue;
+        }
+        for x in &node.inputs {
+            if is_op(x.0) {
+                out[x.0].push((j, ShapeMap::default()));
+                feeding[j].insert(x.0);
+            }
         }
     }
+    let mut left: Vec<usize> = (0..n).filter(|&i| is_op(i) && kept_of[i].is_none()).collect();
+    left.sort_by_key(|&i| if positions[i] == 0 { (1, i) } else { (0, positions[i]) });
+    for x in left {
+        let own = own_map(g, NodeId(x));
+        let outs = std::mem::take(&mut out[x]);
+        for i in std::mem::take(&mut feeding[x]) {
+            out[i].retain(|(o, _)| *o != x);
+            for (o, m) in &outs {
+                if !out[i].iter().any(|(p, _)| p == o) {
+                    out[i].push((*o, own.then(m)));
+                    feeding[*o].insert(i);
+                }
+            }
+        }
+        for (o, _) in &outs {
+            feeding[*o].remove(&x);
+        }
+    }
+    let mut edges = BTreeMap::new();
+    for (p, list) in out.into_iter().enumerate() {
+        let Some(kp) = kept_of[p] else { continue };
+        for (c, m) in list {
+            if let Some(kc) = kept_of[c] {
+                edges.entry((kp, kc)).or_insert(m);
+            }
+        }
+    }
+    edges
 }
 
 /// Where each node stands in MindSpore's list of ops (`DeepScopedGraphSearch` from the
@@ -453,9 +492,10 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
             if c != *name {
                 continue;
             }
-            // The first path found from this node to the consumer (MindSpore keeps one edge).
+            // The one edge from this node to the consumer (MindSpore keeps one).
             let Some((_, _, map)) = nodes[c].producers.iter().find(|(_, q, _)| *q == v) else { continue };
-            if nodes[c].args.iter().any(|a| map.adjacent(&n.out, a)) && !same(&r.in0, &modes[2]) {
+            // MindSpore tries each of its 20 input slots; those past the op's inputs are 1x1x1x1.
+            if nodes[c].args.iter().chain([&[1; 4]]).any(|a| map.adjacent(&n.out, a)) && !same(&r.in0, &modes[2]) {
                 total += out_size * REDIS_COEF;
             }
         }
@@ -616,12 +656,13 @@ mod tests {
         b.output(mm).unwrap();
         let g = b.finish();
         let mut kept_of = vec![None; g.len()];
+        kept_of[x.0] = Some(2);
         kept_of[pool.0] = Some(0);
         kept_of[mm.0] = Some(1);
-        let mut found = BTreeMap::new();
-        reach(&g, flat, &kept_of, &mut BTreeSet::new(), &mut found, &ShapeMap::default());
-        let map = found.remove(&0).expect("the pool produces the MatMul's input");
+        let mut edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        let map = edges.remove(&(0, 1)).expect("the pool produces the MatMul's input");
         assert_eq!(map, ShapeMap::reshape(&[2, 16, 4, 4], &[2, 256]));
+        let _ = flat;
 
         let node = |kind, args: [Dims; 2], out, producers| RecNode {
             kind,
@@ -644,6 +685,48 @@ mod tests {
         assert_eq!(redis(&nodes, 1, &[], &done, &cols), 0.0);
         let unmapped = [pooled, matmul(ShapeMap::default())];
         assert_eq!(redis(&unmapped, 1, &[], &done, &rows), 0.0);
+    }
+
+    /// Eliminating the ops between two kept ones composes their mappings in path order (a
+    /// chain P -> T1 -> T2 -> C maps by T1 then T2); where two paths join the same two ops,
+    /// the edge made first stays: MindSpore eliminates the op nearer the consumer first, so in
+    /// `C(add(transpose(P), P))` the edge comes through the add alone, without the transpose.
+    #[test]
+    fn eliminated_ops_compose_their_mappings_and_the_first_edge_stays() {
+        use autopar_graph::{DType, GraphBuilder, Initializer};
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 8, 16, 32], DType::F32).unwrap();
+        let w = b.parameter("w", &[32, 32], Initializer::Zeros).unwrap();
+        let p = b.max_pool("p", x, autopar_graph::PoolAttrs { kernel: [1, 1], stride: [1, 1], padding: [0; 4] }).unwrap();
+        let t1 = b.transpose("t1", p, &[0, 2, 1, 3]).unwrap();
+        let t2 = b.transpose("t2", t1, &[1, 0, 2, 3]).unwrap();
+        let r = b.reshape("r", t2, &[512, 32]).unwrap();
+        let c = b.matmul("c", r, w).unwrap();
+        b.output(c).unwrap();
+        let g = b.finish();
+        let mut kept_of = vec![None; g.len()];
+        (kept_of[x.0], kept_of[p.0], kept_of[c.0]) = (Some(0), Some(1), Some(2));
+        let edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        let want = ShapeMap::transpose(&[0, 2, 1, 3])
+            .then(&ShapeMap::transpose(&[1, 0, 2, 3]))
+            .then(&ShapeMap::reshape(&[8, 4, 16, 32], &[512, 32]));
+        assert_eq!(edges[&(1, 2)], want);
+        // t1 then t2 takes dimension t1[t2[i]]: (8, 4, 16, 32) from (4, 8, 16, 32).
+        assert!(ShapeMap::transpose(&[0, 2, 1, 3]).then(&ShapeMap::transpose(&[1, 0, 2, 3])).adjacent(&[4, 8, 16, 32], &[16, 4, 8, 32]));
+
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 8, 16, 32], DType::F32).unwrap();
+        let p = b.max_pool("p", x, autopar_graph::PoolAttrs { kernel: [1, 1], stride: [1, 1], padding: [0; 4] }).unwrap();
+        let t = b.transpose("t", p, &[0, 1, 3, 2]).unwrap();
+        let t = b.transpose("tt", t, &[0, 1, 3, 2]).unwrap();
+        let sum = b.add("sum", t, p).unwrap();
+        let c = b.max_pool("c", sum, autopar_graph::PoolAttrs { kernel: [1, 1], stride: [1, 1], padding: [0; 4] }).unwrap();
+        b.output(c).unwrap();
+        let g = b.finish();
+        let mut kept_of = vec![None; g.len()];
+        (kept_of[x.0], kept_of[p.0], kept_of[c.0]) = (Some(0), Some(1), Some(2));
+        let edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        assert_eq!(edges[&(1, 2)], ShapeMap::default());
     }
 
     /// A given strategy counts as one halving per round, dimension by dimension, then whole.
