@@ -323,6 +323,17 @@ impl Rules<'_> {
         &self.g.node(NodeId(i)).ty.shape
     }
 
+    /// `ins` fitted to op `i`'s inputs: each as long as its input's rank, with the splits
+    /// that do not divide undone (`FixInvalidStra`).
+    fn fitted(&self, i: usize, mut ins: Strats) -> Strats {
+        for (s, slot) in ins.iter_mut().zip(0..) {
+            let shape = self.shape(i, slot);
+            s.resize(shape.len(), 1);
+            undo_indivisible(s, shape);
+        }
+        ins
+    }
+
     fn rule(&self, i: usize) -> Option<&Rule> {
         match &self.rec[i] {
             RecOp::Left(rule) => Some(rule),
@@ -354,13 +365,7 @@ impl Rules<'_> {
                 if let Some(first) = idx.first_mut() {
                     *first = (self.devices / used.max(1)).max(1);
                 }
-                let mut ins = vec![split, idx];
-                for (s, slot) in ins.iter_mut().zip(0..) {
-                    let shape = self.shape(i, slot);
-                    s.resize(shape.len(), 1);
-                    undo_indivisible(s, shape);
-                }
-                self.state[i] = Some(ins);
+                self.state[i] = Some(self.fitted(i, vec![split, idx]));
                 copied[i] = true;
             }
         }
@@ -405,7 +410,7 @@ impl Rules<'_> {
                 if self.state[u].as_ref().and_then(|s| s.get(slot_of(u))) == Some(&best) {
                     continue;
                 }
-                let mut ins = match (&g.node(NodeId(u)).op, &self.rec[u]) {
+                let ins = match (&g.node(NodeId(u)).op, &self.rec[u]) {
                     (OpKind::Gather(gather), _) => self.gather_from_table(u, gather.axis, &best),
                     (OpKind::MatMul(m), RecOp::Kept(Kind::MatMul)) if best.len() == 2 => {
                         self.matmul_from_weight(u, m.transpose_a, m.transpose_b, &best)
@@ -415,12 +420,7 @@ impl Rules<'_> {
                     (_, RecOp::Left(_)) => self.generate(u, &best),
                     _ => (0..g.node(NodeId(u)).inputs.len()).map(|slot| left_aligned(&best, self.shape(u, slot))).collect(),
                 };
-                for (s, slot) in ins.iter_mut().zip(0..) {
-                    let shape = self.shape(u, slot);
-                    s.resize(shape.len(), 1);
-                    undo_indivisible(s, shape);
-                }
-                self.state[u] = Some(ins);
+                self.state[u] = Some(self.fitted(u, ins));
                 copied[u] = true;
                 redone[u] = true;
             }
