@@ -344,7 +344,20 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             if let Some(h) = opts.heads {
                 cfg.heads = h;
             }
-            Ok(Box::new(Gpt::new(cfg)?))
+            // A refused size is named by the option that set it.
+            let by_option = |e| match e {
+                ModelError::BadConfig { model, field, value, expected } => {
+                    let field = match field {
+                        "layers" => "depth",
+                        "vocab" => "num_classes",
+                        "context" => "input_shape",
+                        f => f,
+                    };
+                    ModelError::BadConfig { model, field, value, expected }
+                }
+                e => e,
+            };
+            Ok(Box::new(Gpt::new(cfg).map_err(by_option)?))
         }
         _ => Err(ModelError::UnknownModel { name: name.to_string(), valid: MODEL_NAMES.join(", ") }),
     }
@@ -438,6 +451,15 @@ mod tests {
         for name in ["fc1.bias", "bn1.gamma", "layer1.0.bn1.beta", "ln_f.gamma", "bn1.moving_mean", "causal_mask"] {
             assert!(!decays(name), "{name}");
         }
+    }
+
+    /// A size the options set is refused under the option's name, not the config field's.
+    #[test]
+    fn a_refused_gpt_size_is_named_by_its_option() {
+        let err = |o: ModelOptions| model_by_name("gpt", &o).err().expect("refused").to_string();
+        assert!(err(ModelOptions { depth: Some(0), ..Default::default() }).contains("depth = 0"));
+        assert!(err(ModelOptions { num_classes: Some(0), ..Default::default() }).contains("num_classes = 0"));
+        assert!(err(ModelOptions { heads: Some(3), ..Default::default() }).contains("heads = 3"));
     }
 
     #[test]

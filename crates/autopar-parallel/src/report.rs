@@ -609,11 +609,8 @@ pub fn search_text(r: &SearchReport) -> String {
             r.search.name()
         );
     }
-    let _ = writeln!(
-        s,
-        "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  runner-up (extra)",
-        "name", "strategy", "source", "compute", "comm", "redist", "grad sync", "memory"
-    );
+    let mut rows =
+        vec![["name", "strategy", "source", "compute", "comm", "redist", "grad sync", "memory", "runner-up (extra)"].map(String::from)];
     let mut cheaper = false;
     for o in &r.ops {
         let runner = match &o.runner_up {
@@ -625,20 +622,19 @@ pub fn search_text(r: &SearchReport) -> String {
             None if o.candidates == 1 => "- (the only one)".into(),
             None => "-".into(),
         };
-        let _ = writeln!(
-            s,
-            "  {:<34} {:<26} {:<10} {:>11} {:>11} {:>11} {:>11} {:>10}  {}",
-            o.name,
+        rows.push([
+            o.name.clone(),
             o.strategy.to_string(),
-            o.source.name(),
+            o.source.name().to_string(),
             ms(o.cost.compute),
             ms(o.cost.communication),
             ms(o.cost.redistribution),
             ms(o.cost.gradient_sync),
             human_bytes(o.cost.memory as usize),
-            runner
-        );
+            runner,
+        ]);
     }
+    s.push_str(&aligned(&rows));
     if cheaper {
         let _ = writeln!(
             s,
