@@ -456,7 +456,10 @@ mod tests {
     /// A size the options set is refused under the option's name, not the config field's.
     #[test]
     fn a_refused_gpt_size_is_named_by_its_option() {
-        let err = |o: ModelOptions| model_by_name("gpt", &o).err().expect("refused").to_string();
+        let err = |o: ModelOptions| match model_by_name("gpt", &o) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        };
         assert!(err(ModelOptions { depth: Some(0), ..Default::default() }).contains("depth = 0"));
         assert!(err(ModelOptions { num_classes: Some(0), ..Default::default() }).contains("num_classes = 0"));
         assert!(err(ModelOptions { heads: Some(3), ..Default::default() }).contains("heads = 3"));
