@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have_libclang() {
-    ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+    # libclang itself, not libclang-cpp (which other packages bring).
+    ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || ls /usr/lib/llvm-*/lib/libclang.so >/dev/null 2>&1
 }
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null || ! have_libclang; then
     echo "mpi-tests: installing OpenMPI and libclang"
