@@ -50,25 +50,12 @@ impl ShapeMap {
     /// `self` (an op nearer the producer) followed by `next` (MindSpore's
     /// `ShapeMappingCombine`: `TransposeCombine` and `ReshapeCombine`).
     pub(super) fn then(&self, next: &ShapeMap) -> ShapeMap {
-        let mut out = ShapeMap { broken: self.broken || next.broken, ..ShapeMap::default() };
-        out.transpose = match (self.transpose.is_empty(), next.transpose.is_empty()) {
-            (true, _) => next.transpose.clone(),
-            (_, true) => self.transpose.clone(),
-            _ if self.transpose.len() != next.transpose.len() => {
-                out.broken = true;
-                Vec::new()
-            }
-            _ => next.transpose.iter().map(|&i| self.transpose.get(i).copied().unwrap_or(i)).collect(),
-        };
-        out.reshape = match (self.reshape.is_empty(), next.reshape.is_empty()) {
-            (true, _) => next.reshape.clone(),
-            (_, true) => self.reshape.clone(),
-            _ if self.reshape.len() != next.reshape.len() => {
-                out.broken = true;
-                Vec::new()
-            }
-            _ => next
-                .reshape
+        let mut broken = self.broken || next.broken;
+        let transpose = combined(&self.transpose, &next.transpose, &mut broken, || {
+            next.transpose.iter().map(|&i| self.transpose.get(i).copied().unwrap_or(i)).collect()
+        });
+        let reshape = combined(&self.reshape, &next.reshape, &mut broken, || {
+            next.reshape
                 .iter()
                 .enumerate()
                 .map(|(i, from)| {
@@ -80,9 +67,9 @@ impl ShapeMap {
                     dims.dedup();
                     dims
                 })
-                .collect(),
-        };
-        out
+                .collect()
+        });
+        ShapeMap { transpose, reshape, broken }
     }
 
     /// Whether a producer's output `incoming` reaches a consumer's input `current` through
@@ -97,6 +84,20 @@ impl ShapeMap {
             (true, false) => same_after_reshape(incoming, &self.reshape, current),
             (true, true) => incoming == current,
         }
+    }
+}
+
+/// One kind of mapping, `first` followed by `next`: `compose` where both are set, either alone
+/// where the other is empty; mappings of different lengths break the path.
+fn combined<T: Clone>(first: &[T], next: &[T], broken: &mut bool, compose: impl FnOnce() -> Vec<T>) -> Vec<T> {
+    match (first.is_empty(), next.is_empty()) {
+        (true, _) => next.to_vec(),
+        (_, true) => first.to_vec(),
+        _ if first.len() != next.len() => {
+            *broken = true;
+            Vec::new()
+        }
+        _ => compose(),
     }
 }
 

@@ -202,9 +202,17 @@ impl RecOp {
 
 /// Gives every cost-graph op a candidate: `decided[k]` where set (the partition's or the
 /// user's; in inference a shared parameter's other user may redo it), else by MindSpore's
-/// rules for a `training` graph or an inference one. Returns each op's candidate and whether
-/// the rules copied it from a neighbour (false: decided, or left whole).
-pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Option<usize>], training: bool) -> (Vec<usize>, Vec<bool>) {
+/// rules for a `training` graph or an inference one; `order` lists every node in MindSpore's
+/// op-list order (`recursive::list_order`). Returns each op's candidate and whether the rules
+/// copied it from a neighbour (false: decided, or left whole).
+pub(super) fn complete(
+    g: &Graph,
+    cg: &CostGraph,
+    devices: usize,
+    decided: &[Option<usize>],
+    training: bool,
+    order: &[usize],
+) -> (Vec<usize>, Vec<bool>) {
     let n = g.len();
     let rec: Vec<RecOp> = (0..n)
         .map(|i| {
@@ -218,16 +226,10 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
             }
         })
         .collect();
-    // MindSpore's op list (`ops_`, and the list of ops left out, `eli_list`) is in the order
-    // of its depth-first walk from the outputs, each op before its inputs; ops no output
-    // depends on last, in graph order.
-    let pos = super::recursive::walk_positions(g);
-    let mut listed: Vec<usize> = (0..n).collect();
-    listed.sort_by_key(|&i| if pos[i] == 0 { (1, i) } else { (0, pos[i]) });
-    // Each value's consumers in that list's order (MindSpore's `FindIndexOfOperatorOutgoing`
-    // takes the first in it).
+    // MindSpore's op list (`ops_`, and the list of ops left out, `eli_list`) is in `order`,
+    // each value's consumers too (`FindIndexOfOperatorOutgoing` takes the first in it).
     let mut consumers = vec![Vec::new(); n];
-    for &i in &listed {
+    for &i in order {
         if !rec[i].is_op() {
             continue;
         }
@@ -239,7 +241,7 @@ pub(super) fn complete(g: &Graph, cg: &CostGraph, devices: usize, decided: &[Opt
     }
     let mut rules = Rules { g, cg, devices, rec, decided: vec![false; n], state: vec![None; n], consumers };
     let mut waiting = Vec::new();
-    for &i in &listed {
+    for &i in order {
         if !rules.rec[i].is_op() {
             continue;
         }

@@ -221,7 +221,8 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         }
     }
     // Producers through the ops left out, each edge with what the ops between do to the shape.
-    let edges = eliminated_edges(g, &kept_of, &positions);
+    let order = list_order(&positions);
+    let edges = eliminated_edges(g, &kept_of, &order);
     for (i, node) in g.nodes().iter().enumerate() {
         let Some(k) = kept_of[i] else { continue };
         if matches!(node.op, OpKind::Input(_)) {
@@ -287,7 +288,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             op.candidates.iter().position(|c| below(&c) && c.splits.iter().product::<usize>() == best)
         });
     }
-    Ok(rec_rules::complete(g, cg, rec.devices, &configured, rec.training))
+    Ok(rec_rules::complete(g, cg, rec.devices, &configured, rec.training, &order))
 }
 
 /// What fixed node `n` counts as having halved in round `round` ([`decomposed`]).
@@ -339,12 +340,12 @@ fn own_map(g: &Graph, x: NodeId) -> ShapeMap {
 
 /// The edges between kept nodes once the ops left out are eliminated, each with what the ops
 /// between do to the tensor's shape: MindSpore's `EliminateGraph` replayed for its
-/// `NodeDep` mappings. The ops left out go in the order of MindSpore's op list (consumers
+/// `NodeDep` mappings. The ops left out go in `order`, MindSpore's op list ([`list_order`]; consumers
 /// before producers mostly); eliminating X links each op feeding X to each op X feeds, the
 /// mapping X's own followed by the one on that edge (`ShapeMappingCombine`), unless the two
 /// are linked already: the edge made first stays, so where several paths join two ops the
 /// one whose ops are eliminated first decides, as in MindSpore.
-fn eliminated_edges(g: &Graph, kept_of: &[Option<usize>], positions: &[usize]) -> BTreeMap<(usize, usize), ShapeMap> {
+fn eliminated_edges(g: &Graph, kept_of: &[Option<usize>], order: &[usize]) -> BTreeMap<(usize, usize), ShapeMap> {
     let n = g.len();
     let is_op = |i: usize| !matches!(g.node(NodeId(i)).op, OpKind::Parameter(_));
     let mut out: Vec<Vec<(usize, ShapeMap)>> = vec![Vec::new(); n];
@@ -360,9 +361,7 @@ fn eliminated_edges(g: &Graph, kept_of: &[Option<usize>], positions: &[usize]) -
             }
         }
     }
-    let mut left: Vec<usize> = (0..n).filter(|&i| is_op(i) && kept_of[i].is_none()).collect();
-    left.sort_by_key(|&i| if positions[i] == 0 { (1, i) } else { (0, positions[i]) });
-    for x in left {
+    for x in order.iter().copied().filter(|&i| is_op(i) && kept_of[i].is_none()) {
         let own = own_map(g, NodeId(x));
         let outs = std::mem::take(&mut out[x]);
         for i in std::mem::take(&mut feeding[x]) {
@@ -388,6 +387,14 @@ fn eliminated_edges(g: &Graph, kept_of: &[Option<usize>], positions: &[usize]) -
         }
     }
     edges
+}
+
+/// Every node in the order of MindSpore's list of ops (`positions` from [`walk_positions`]);
+/// nodes no output depends on last, in graph order.
+pub(super) fn list_order(positions: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..positions.len()).collect();
+    order.sort_by_key(|&i| if positions[i] == 0 { (1, i) } else { (0, positions[i]) });
+    order
 }
 
 /// Where each node stands in MindSpore's list of ops (`DeepScopedGraphSearch` from the
@@ -659,10 +666,9 @@ mod tests {
         kept_of[x.0] = Some(2);
         kept_of[pool.0] = Some(0);
         kept_of[mm.0] = Some(1);
-        let mut edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        let mut edges = eliminated_edges(&g, &kept_of, &list_order(&walk_positions(&g)));
         let map = edges.remove(&(0, 1)).expect("the pool produces the MatMul's input");
         assert_eq!(map, ShapeMap::reshape(&[2, 16, 4, 4], &[2, 256]));
-        let _ = flat;
 
         let node = |kind, args: [Dims; 2], out, producers| RecNode {
             kind,
@@ -706,7 +712,7 @@ mod tests {
         let g = b.finish();
         let mut kept_of = vec![None; g.len()];
         (kept_of[x.0], kept_of[p.0], kept_of[c.0]) = (Some(0), Some(1), Some(2));
-        let edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        let edges = eliminated_edges(&g, &kept_of, &list_order(&walk_positions(&g)));
         let want = ShapeMap::transpose(&[0, 2, 1, 3])
             .then(&ShapeMap::transpose(&[1, 0, 2, 3]))
             .then(&ShapeMap::reshape(&[8, 4, 16, 32], &[512, 32]));
@@ -725,7 +731,7 @@ mod tests {
         let g = b.finish();
         let mut kept_of = vec![None; g.len()];
         (kept_of[x.0], kept_of[p.0], kept_of[c.0]) = (Some(0), Some(1), Some(2));
-        let edges = eliminated_edges(&g, &kept_of, &walk_positions(&g));
+        let edges = eliminated_edges(&g, &kept_of, &list_order(&walk_positions(&g)));
         assert_eq!(edges[&(1, 2)], ShapeMap::default());
     }
 
