@@ -19,7 +19,7 @@
 //! the collectives, so with the loss seeded as [`crate::GradientPlan::loss_seed`] says, the sum of
 //! a parameter slice's gradients over its mirror group is the gradient of the job's loss.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 
 use autopar_graph::{CostCx, Graph, Node, NodeId, OpKind, ShardingRule, StrategyProblem, TensorType, Tie};
@@ -341,6 +341,10 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             return Ok(());
         }
         let mut p = plan_with(src, dst, false).map_err(|e| ParallelError::Layout { node: node.to_string(), source: e })?;
+        // The same slices on every rank, written over another device matrix (a reshape's).
+        if p.is_empty() {
+            return Ok(());
+        }
         if !all_to_all {
             p = p.without_all_to_all().map_err(|e| ParallelError::Layout { node: node.to_string(), source: e })?;
         }
@@ -613,14 +617,23 @@ fn input_layout(
     }
 }
 
-/// The layout of a reshape's output when its input has layout `src`: each group of input
-/// dimensions whose product equals a group of output dimensions may be split only on its first
-/// (most significant) dimension, which then splits the group's first output dimension. `None`
-/// when the split cannot follow the reshape (the planner then replicates around it).
+/// The layout of a reshape's output when its input has layout `src`, such that every rank's
+/// slice, reshaped, is its slice of the output (no communication). The dimensions pair up in
+/// groups whose sizes multiply to the same number. Within a group the input's split must cut
+/// the flattened group into contiguous blocks (every dimension before a split one split
+/// whole), and the output group takes the same blocks: its leading dimensions split whole,
+/// the next one by what is left. A device axis that straddles two output dimensions is
+/// factored into two axes (MindSpore's device-matrix expansion): a 16-way split of
+/// `[B * T, H]` with `B = 8` becomes 8 ways over `B` and 2 over `T` of `[B, T, heads, d]`.
+/// `None` when the split cannot follow the reshape (the planner then gathers around it).
 pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout> {
     let inp = src.shape();
     let axes = src.dim_axes();
-    let mut map = vec![Vec::new(); out.len()];
+    let mesh = src.mesh().dims();
+    // The sizes each source axis is factored into (major first; empty: kept whole), and each
+    // output dimension's axes as (source axis, piece).
+    let mut pieces: Vec<Vec<usize>> = vec![Vec::new(); mesh.len()];
+    let mut assigned: Vec<Vec<(usize, usize)>> = vec![Vec::new(); out.len()];
     let (mut i, mut o) = (0usize, 0usize);
     while i < inp.len() || o < out.len() {
         // Skip size-1 dims (they are never split).
@@ -635,7 +648,7 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
         if i >= inp.len() || o >= out.len() {
             return None;
         }
-        // Grow the smallest groups [i, ie) and [o, oe) with equal products.
+        // Grow the smallest groups [gi, i) and [go, o) with equal products.
         let (gi, go) = (i, o);
         let (mut pi, mut po) = (inp[i], out[o]);
         i += 1;
@@ -655,16 +668,70 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
                 o += 1;
             }
         }
-        if (gi + 1..i).any(|d| !axes[d].is_empty()) {
+        // The input group's blocks, as (axis, size not yet handed out), major first.
+        let mut blocks: VecDeque<(usize, usize)> = VecDeque::new();
+        let mut whole = true;
+        for d in gi..i {
+            if axes[d].is_empty() {
+                whole &= inp[d] == 1;
+                continue;
+            }
+            if !whole {
+                return None;
+            }
+            blocks.extend(axes[d].iter().filter(|&&a| mesh[a] > 1).map(|&a| (a, mesh[a])));
+            whole = src.split(d) == inp[d];
+        }
+        // Hand them to the output dimensions, major first.
+        for d in go..o {
+            let left: usize = blocks.iter().map(|b| b.1).product();
+            if left == 1 {
+                break;
+            }
+            let mut need = if out[d].is_multiple_of(left) {
+                left
+            } else if left.is_multiple_of(out[d]) {
+                out[d]
+            } else {
+                return None;
+            };
+            while need > 1 {
+                let (a, size) = blocks.front_mut().expect("the blocks hold `left`");
+                let take = if need.is_multiple_of(*size) {
+                    *size
+                } else if size.is_multiple_of(need) {
+                    need
+                } else {
+                    return None;
+                };
+                pieces[*a].push(take);
+                assigned[d].push((*a, pieces[*a].len() - 1));
+                need /= take;
+                *size /= take;
+                if *size == 1 {
+                    blocks.pop_front();
+                }
+            }
+        }
+        if !blocks.is_empty() {
             return None;
         }
-        let split = src.split(gi);
-        if !out[go].is_multiple_of(split) {
-            return None;
-        }
-        map[go] = axes[gi].clone();
     }
-    TensorLayout::new(src.mesh().clone(), map, out.to_vec()).ok()
+    // The output's device matrix: each factored axis replaced by its pieces.
+    let mut dims = Vec::with_capacity(mesh.len());
+    let mut first = Vec::with_capacity(mesh.len());
+    for (a, &size) in mesh.iter().enumerate() {
+        first.push(dims.len());
+        match pieces[a].as_slice() {
+            [] => dims.push(size),
+            p => dims.extend(p),
+        }
+    }
+    let all = |a: usize| first[a]..first[a] + pieces[a].len().max(1);
+    let map = assigned.iter().map(|d| d.iter().map(|&(a, k)| first[a] + k).collect()).collect();
+    let partial = src.partial_axes().iter().flat_map(|&a| all(a)).collect();
+    let mesh = DeviceMatrix::new(dims).ok()?;
+    TensorLayout::new(mesh, map, out.to_vec()).ok()?.with_partial(partial).ok()
 }
 
 /// The dtype a gradient of `dtype` is all-reduced in: f16/bf16 gradients in f32 when

@@ -293,6 +293,51 @@ fn auto_parallel_plans_equal_stand_alone() {
     }
 }
 
+/// More devices than sequences: a MatMul's rows (batch x tokens) split 8 ways over a batch of
+/// 2 reach the attention's head reshape `[B * T, H] -> [B, T, heads, d]`, which carries them as
+/// 2 ways over the batch and 4 over the tokens (the device axis factored: the reshape runs
+/// locally, no gather around it), and back through the merge reshape; trains equal to
+/// stand-alone.
+#[test]
+fn a_row_split_wider_than_the_batch_runs_through_the_head_reshapes() {
+    use autopar_graph::{RuleCx, ShardingRule, TensorType};
+    let cfg = GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 1, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
+    let c = case(&Gpt::new(cfg).unwrap(), 2, 16, 1e-5, 1e-6);
+    let n = 8;
+    let mut graph = c.graph.clone();
+    for id in (0..graph.len()).map(NodeId) {
+        let node = graph.node(id).clone();
+        if node.op.kind() != "MatMul" {
+            continue;
+        }
+        let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &graph.node(*x).ty).collect();
+        let ShardingRule::Spec(spec) = node.op.def().sharding(&RuleCx { inputs: &ins, output: &node.ty }) else { continue };
+        let mut rows = vec![1; spec.dims.len()];
+        rows[spec.output[0].expect("a MatMul's rows")] = n;
+        graph.node_mut(id).strategy = Some(spec.strategy_of(&rows));
+    }
+    let mut ctx = ParallelContext::default();
+    ctx.set("device_num", &json!(n)).unwrap();
+    ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
+    ctx.set("full_batch", &json!(true)).unwrap();
+    let job = ParallelJob::new(graph, c.loss, ctx).unwrap();
+    let carried: Vec<(&str, Vec<usize>)> = job
+        .plan()
+        .nodes
+        .iter()
+        .filter(|p| p.kind == "Reshape" && p.output.mesh().ndim() > p.inputs[0].mesh().ndim())
+        .map(|p| (p.name.as_str(), p.output.splits()))
+        .collect();
+    assert_eq!(carried.len(), 3, "q, k and v head reshapes carry the split: {carried:?}");
+    for (name, splits) in &carried {
+        assert_eq!(splits, &vec![2, 4, 1, 1], "{name}");
+    }
+    let batches = data(&c, 10, 37);
+    let (want_losses, want) = serial(&c, &batches);
+    let run = run_local(&job, &batches, || Ok(optimizer())).unwrap();
+    assert_close(&c, "gpt rows over 8 devices, batch 2", &run.losses, &run.params, &want_losses, &want);
+}
+
 /// dynamic_programming's plan of a 3-block GPT, whose blocks it ties to one choice (model
 /// parallel on 8 devices), trains equal to stand-alone, with dropout.
 #[test]
