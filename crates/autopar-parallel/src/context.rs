@@ -647,7 +647,13 @@ impl ParallelContext {
     /// tables (`--parallel comm_fusion='{"allreduce": {"mode": "size", "config": 32}}'`).
     pub fn set_str(&mut self, name: &str, text: &str) -> Result<()> {
         let value = serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()));
-        self.set(name, &value)
+        // An invalid value is named as typed (`1e-400`, not the 0.0 it parses to).
+        self.set(name, &value).map_err(|e| match e {
+            ParallelError::InvalidOption { option, expected, .. } if value.is_number() => {
+                ParallelError::InvalidOption { option, value: text.to_string(), expected }
+            }
+            e => e,
+        })
     }
 
     /// Apply every key of a `[parallel]` table (already parsed into JSON values), in order.
@@ -968,6 +974,9 @@ mod tests {
             assert!(e.to_string().contains(k), "{e}");
         }
         assert_eq!(c, ParallelContext::default());
+        // Command-line text is named as typed, not as the number it parsed to.
+        let e = c.set_str("rp_matmul_mem_coef", "1e-400").unwrap_err();
+        assert!(e.to_string().contains("invalid value 1e-400 "), "{e}");
     }
 
     #[test]
