@@ -91,13 +91,30 @@ struct RecNode {
     out: Dims,
     cuts: [Cuts; 2],
     out_cuts: Cuts,
-    /// (input slot, producer node, what the ops left out between them do to the shape).
-    producers: Vec<(usize, usize, ShapeMap)>,
+    /// The nodes feeding it, through the ops left out.
+    producers: Vec<Producer>,
     /// Set by the user or a strategy file: never cut here.
     fixed: bool,
     /// Place in MindSpore's list of ops ([`walk_positions`]; 0: not reached from an output).
     /// Rounds visit the highest first.
     pos: usize,
+}
+
+/// A node feeding another, as MindSpore's partition sees the edge.
+#[derive(Clone, Debug)]
+struct Producer {
+    /// MindSpore's place of the edge in the consumer's `node_in`: the inputs made by ops
+    /// (parameters are not) before it. Its cost compares the producer with the consumer's
+    /// argument of that index, which is the input's own index unless a parameter comes first.
+    slot: usize,
+    /// The producing node.
+    node: usize,
+    /// What the ops left out between them do to the shape.
+    map: ShapeMap,
+    /// The edges between the two: MindSpore links an op to each of its inputs, so an op
+    /// reading one producer twice directly (`MatMul(x, x)`) has two, each charged; links made
+    /// through ops left out are not repeated.
+    edges: usize,
 }
 
 /// What a node did in the current round: the halvings of each dimension of its output and
@@ -228,16 +245,10 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
         if matches!(node.op, OpKind::Input(_)) {
             continue;
         }
-        let mut producers: Vec<(usize, usize, ShapeMap)> = Vec::new();
-        for (slot, x) in node.inputs.iter().enumerate().take(2) {
-            let mut found = BTreeSet::new();
-            reach(g, *x, &kept_of, &mut BTreeSet::new(), &mut found);
-            producers.extend(found.into_iter().map(|p| (slot, p, edges.get(&(p, k)).cloned().unwrap_or_default())));
-        }
-        nodes[k].producers = producers;
+        nodes[k].producers = producers_of(g, NodeId(i), &kept_of, &edges);
     }
     let consumers: Vec<Vec<usize>> =
-        (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|&(_, q, _)| q == p)).collect()).collect();
+        (0..nodes.len()).map(|p| (0..nodes.len()).filter(|&c| nodes[c].producers.iter().any(|q| q.node == p)).collect()).collect();
 
     let knobs = Knobs { micro_batch: rec.pipelined.then(|| micro_batch_size(g)), matmul_mem_coef: rec.matmul_mem_coef };
     let rounds = rec.devices.ilog2();
@@ -323,6 +334,26 @@ fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<No
             reach(g, *y, kept_of, seen, out);
         }
     }
+}
+
+/// The kept nodes feeding graph node `id` (kept as `kept_of[id]`), through the ops left out,
+/// with their edges' mappings (`edges`, from [`eliminated_edges`]).
+fn producers_of(g: &Graph, id: NodeId, kept_of: &[Option<usize>], edges: &BTreeMap<(usize, usize), ShapeMap>) -> Vec<Producer> {
+    let node = g.node(id);
+    let k = kept_of[id.0].expect("a kept node");
+    let is_param = |x: &NodeId| matches!(g.node(*x).op, OpKind::Parameter(_));
+    let mut producers = Vec::new();
+    // The first two inputs made by ops: the partition's options say what they need of two.
+    for (slot, x) in node.inputs.iter().filter(|x| !is_param(x)).enumerate().take(2) {
+        let mut found = BTreeSet::new();
+        reach(g, *x, kept_of, &mut BTreeSet::new(), &mut found);
+        for p in found {
+            let direct = node.inputs.iter().filter(|y| kept_of[y.0] == Some(p) && !matches!(g.node(**y).op, OpKind::Input(_))).count();
+            let map = edges.get(&(p, k)).cloned().unwrap_or_default();
+            producers.push(Producer { slot, node: p, map, edges: direct.max(1) });
+        }
+    }
+    producers
 }
 
 /// What a transpose or reshape does to its input's dimensions (none for other ops).
@@ -490,20 +521,20 @@ fn redis(nodes: &[RecNode], v: usize, consumers: &[usize], done: &[(usize, Round
     let out_size = size(&local(&n.out, &n.out_cuts));
     let mut total = 0.0;
     for (name, r) in done {
-        for (slot, p, map) in &n.producers {
-            if p == name && map.adjacent(&nodes[*p].out, &n.args[(*slot).min(1)]) && !same(&r.out, &modes[(*slot).min(1)]) {
-                total += in_size * REDIS_COEF;
+        for p in &n.producers {
+            if p.node == *name && p.map.adjacent(&nodes[p.node].out, &n.args[p.slot]) && !same(&r.out, &modes[p.slot]) {
+                total += in_size * REDIS_COEF * p.edges as f64;
             }
         }
         for &c in consumers {
             if c != *name {
                 continue;
             }
-            // The one edge from this node to the consumer (MindSpore keeps one).
-            let Some((_, _, map)) = nodes[c].producers.iter().find(|(_, q, _)| *q == v) else { continue };
+            // The edge to the consumer, charged once per link MindSpore keeps between them.
+            let Some(edge) = nodes[c].producers.iter().find(|q| q.node == v) else { continue };
             // MindSpore tries each of its 20 input slots; those past the op's inputs are 1x1x1x1.
-            if nodes[c].args.iter().chain([&[1; 4]]).any(|a| map.adjacent(&n.out, a)) && !same(&r.in0, &modes[2]) {
-                total += out_size * REDIS_COEF;
+            if nodes[c].args.iter().chain([&[1; 4]]).any(|a| edge.map.adjacent(&n.out, a)) && !same(&r.in0, &modes[2]) {
+                total += out_size * REDIS_COEF * edge.edges as f64;
             }
         }
     }
@@ -586,6 +617,55 @@ fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MindSpore's partition numbers an op's incoming edges by its inputs made by ops (its
+    /// `node_in`), skipping parameters, and compares each producer with the argument of that
+    /// number; an op reading one producer twice has two links from it, each charged.
+    #[test]
+    fn producers_take_mindspores_edge_numbers_and_links() {
+        use autopar_graph::{DType, GraphBuilder, Initializer};
+        let mut b = GraphBuilder::new(1);
+        let x = b.input("x", &[4, 4], DType::F32).unwrap();
+        let w = b.parameter("w", &[4, 4], Initializer::Zeros).unwrap();
+        let first = b.matmul("first", x, w).unwrap();
+        // A weight before the activation: the activation's edge is MindSpore's first.
+        let weight_first = b.matmul("weight_first", w, first).unwrap();
+        let twice = b.matmul("twice", weight_first, weight_first).unwrap();
+        let relu = b.relu("relu", twice).unwrap();
+        // One link through an op left out, one direct: not repeated.
+        let mixed = b.matmul("mixed", twice, relu).unwrap();
+        b.output(mixed).unwrap();
+        let g = b.finish();
+        let mut kept_of = vec![None; g.len()];
+        for (k, id) in [x, first, weight_first, twice, mixed].into_iter().enumerate() {
+            kept_of[id.0] = Some(k);
+        }
+        let edges = eliminated_edges(&g, &kept_of, &list_order(&walk_positions(&g)));
+        let seen = |id| producers_of(&g, id, &kept_of, &edges).iter().map(|p| (p.slot, p.node, p.edges)).collect::<Vec<_>>();
+        assert_eq!(seen(first), vec![(0, 0, 1)]);
+        assert_eq!(seen(weight_first), vec![(0, 1, 1)]);
+        assert_eq!(seen(twice), vec![(0, 2, 2), (1, 2, 2)]);
+        assert_eq!(seen(mixed), vec![(0, 3, 1), (1, 3, 1)]);
+        // Each link is charged: a disagreeing cut of `twice`'s producer costs four times the
+        // input (two numbered edges, each with two links), as MindSpore's loops count it.
+        let node = |producers| RecNode {
+            kind: Kind::MatMul,
+            op: Some(0),
+            args: [[1, 1, 4, 4], [1, 1, 4, 4]],
+            out: [1, 1, 4, 4],
+            cuts: [[0; 4]; 2],
+            out_cuts: [0; 4],
+            producers,
+            fixed: false,
+            pos: 1,
+        };
+        let nodes = [node(Vec::new()), node(Vec::new()), node(Vec::new()), node(producers_of(&g, twice, &kept_of, &edges))];
+        let done = [(2, Round { out: [0; 4], in0: [0; 4] })];
+        assert_eq!(redis(&nodes, 3, &[], &done, &[cut(2), cut(2), cut(2)]), 4.0 * 16.0 * REDIS_COEF);
+        // And from the producer's side, once per link.
+        let done = [(3, Round { out: [0; 4], in0: [0; 4] })];
+        assert_eq!(redis(&nodes, 2, &[3], &done, &[NONE, NONE, cut(2)]), 2.0 * 16.0 * REDIS_COEF);
+    }
 
     #[test]
     fn matmul_costs_prefer_the_batch_for_small_batches_of_large_weights() {
@@ -682,7 +762,9 @@ mod tests {
             pos: 1,
         };
         let pooled = node(Kind::Pool, [[2, 16, 4, 4], [1; 4]], [2, 16, 4, 4], Vec::new());
-        let matmul = |map: ShapeMap| node(Kind::MatMul, [[1, 1, 2, 256], [1, 1, 256, 64]], [1, 1, 2, 64], vec![(0, 0, map)]);
+        let matmul = |map: ShapeMap| {
+            node(Kind::MatMul, [[1, 1, 2, 256], [1, 1, 256, 64]], [1, 1, 2, 64], vec![Producer { slot: 0, node: 0, map, edges: 1 }])
+        };
         let done = [(0, Round { out: [0; 4], in0: [0; 4] })];
         let rows: Modes = [cut(2), NONE, cut(2)];
         let cols: Modes = [NONE, cut(3), cut(3)];
