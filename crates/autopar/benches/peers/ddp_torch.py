@@ -10,6 +10,7 @@ step; every rank steps in lock-step through the gradient all-reduce).
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -56,6 +57,7 @@ def run(rank, a, init_file, out):
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"torch": torch.__version__, "ranks": a.ranks, "seconds_per_step": elapsed / int(total.item())}, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -67,6 +69,13 @@ if __name__ == "__main__":
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         init_file, out = os.path.join(d, "init"), os.path.join(d, "out.json")
-        mp.spawn(run, args=(a, init_file, out), nprocs=a.ranks, join=True)
+        try:
+            mp.spawn(run, args=(a, init_file, out), nprocs=a.ranks, join=True)
+        except mp.ProcessExitedException as e:
+            # gloo sometimes aborts a rank while tearing down ("terminate called without an
+            # active exception"); the timing is complete once rank 0 has written it.
+            if not os.path.exists(out):
+                raise
+            print(f"ddp_torch.py: a rank failed after the timed steps ({e}); timing kept", file=sys.stderr)
         with open(out) as f:
             print(f.read())
