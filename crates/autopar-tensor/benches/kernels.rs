@@ -89,29 +89,41 @@ fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
         mlp_step(&c, &mut m, &x, &labels, 0.01);
     });
     rows.push(("mlp 784-512-512-10 step, batch 64".to_string(), ms, flops / ms / 1e6));
-    // Conv2D.
-    let p = Conv2dParams::new(1, 1);
-    let xi = random::uniform(&[32, 64, 32, 32], -1.0, 1.0, 4, DType::F32);
-    let w = random::normal(&[64, 64, 3, 3], 0.0, 0.05, 5, DType::F32);
-    let dy = random::uniform(&[32, 64, 32, 32], -1.0, 1.0, 6, DType::F32);
-    let cflops = 2.0 * 32.0 * 64.0 * 32.0 * 32.0 * 64.0 * 9.0;
-    let ms = median_ms(7, || {
-        conv::conv2d(&c, &xi, &w, &p).unwrap();
-    });
-    rows.push(("conv2d 64->64 3x3 32x32 b32 forward".to_string(), ms, cflops / ms / 1e6));
-    let ms = median_ms(5, || {
-        conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
-        conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
-    });
-    rows.push(("conv2d 64->64 3x3 32x32 b32 backward (dx+dw)".to_string(), ms, 2.0 * cflops / ms / 1e6));
-    let ms = median_ms(5, || {
-        conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
-    });
-    rows.push(("  of which dx".to_string(), ms, cflops / ms / 1e6));
-    let ms = median_ms(5, || {
-        conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
-    });
-    rows.push(("  of which dw".to_string(), ms, cflops / ms / 1e6));
+    // Conv2D, batch 32: ResNet-18's (CIFAR stem) layers: the 3x3 stride-1 layer of each stage,
+    // the stride-2 3x3 entering stages 2-4, the 1x1 stride-2 shortcut and the stem.
+    let shapes = [
+        (64usize, 64usize, 32usize, 3usize, 1usize),
+        (128, 128, 16, 3, 1),
+        (256, 256, 8, 3, 1),
+        (512, 512, 4, 3, 1),
+        (64, 128, 32, 3, 2),
+        (128, 256, 16, 3, 2),
+        (256, 512, 8, 3, 2),
+        (256, 512, 8, 1, 2),
+        (3, 64, 32, 3, 1),
+    ];
+    for (k, (cin, cout, hw, kernel, stride)) in shapes.into_iter().enumerate() {
+        let p = Conv2dParams::new(stride, kernel / 2);
+        let seed = 4 + 3 * k as u64;
+        let out = hw / stride;
+        let xi = random::uniform(&[32, cin, hw, hw], -1.0, 1.0, seed, DType::F32);
+        let w = random::normal(&[cout, cin, kernel, kernel], 0.0, 0.05, seed + 1, DType::F32);
+        let dy = random::uniform(&[32, cout, out, out], -1.0, 1.0, seed + 2, DType::F32);
+        let cflops = 2.0 * 32.0 * (cout * out * out * cin * kernel * kernel) as f64;
+        let name = format!("conv2d {cin}->{cout} {kernel}x{kernel}/{stride} {hw}x{hw} b32");
+        let ms = median_ms(7, || {
+            conv::conv2d(&c, &xi, &w, &p).unwrap();
+        });
+        rows.push((format!("{name} forward"), ms, cflops / ms / 1e6));
+        let ms = median_ms(5, || {
+            conv::conv2d_backward_input(&c, &dy, &w, xi.shape(), &p).unwrap();
+        });
+        rows.push((format!("  {name} dx"), ms, cflops / ms / 1e6));
+        let ms = median_ms(5, || {
+            conv::conv2d_backward_weight(&c, &dy, &xi, w.shape(), &p).unwrap();
+        });
+        rows.push((format!("  {name} dw"), ms, cflops / ms / 1e6));
+    }
     rows
 }
 

@@ -56,17 +56,20 @@ def step():
 
 emit("torch mlp 784-512-512-10 step, batch 64", median_ms(50, step))
 
-xi = torch.rand(32, 64, 32, 32) * 2 - 1
-w = torch.randn(64, 64, 3, 3) * 0.05
-dy = torch.rand(32, 64, 32, 32) * 2 - 1
-with torch.no_grad():
-    emit("torch conv2d 64->64 3x3 32x32 b32 forward", median_ms(7, lambda: torch.nn.functional.conv2d(xi, w, padding=1)))
-xg = xi.clone().requires_grad_(True)
-wg = w.clone().requires_grad_(True)
-out = torch.nn.functional.conv2d(xg, wg, padding=1)
-emit(
-    "torch conv2d 64->64 3x3 32x32 b32 backward (dx+dw)",
-    median_ms(5, lambda: torch.autograd.grad(out, [xg, wg], dy, retain_graph=True)),
-)
-emit("torch   of which dx", median_ms(5, lambda: torch.autograd.grad(out, [xg], dy, retain_graph=True)))
-emit("torch   of which dw", median_ms(5, lambda: torch.autograd.grad(out, [wg], dy, retain_graph=True)))
+# Batch 32: ResNet-18's (CIFAR stem) layers, as benches/kernels.rs lists them.
+shapes = [(64, 64, 32, 3, 1), (128, 128, 16, 3, 1), (256, 256, 8, 3, 1), (512, 512, 4, 3, 1),
+          (64, 128, 32, 3, 2), (128, 256, 16, 3, 2), (256, 512, 8, 3, 2), (256, 512, 8, 1, 2), (3, 64, 32, 3, 1)]
+for cin, cout, hw, k, stride in shapes:
+    name = f"conv2d {cin}->{cout} {k}x{k}/{stride} {hw}x{hw} b32"
+    out = hw // stride
+    xi = torch.rand(32, cin, hw, hw) * 2 - 1
+    w = torch.randn(cout, cin, k, k) * 0.05
+    dy = torch.rand(32, cout, out, out) * 2 - 1
+    conv = lambda x, w: torch.nn.functional.conv2d(x, w, stride=stride, padding=k // 2)  # noqa: E731
+    with torch.no_grad():
+        emit(f"torch {name} forward", median_ms(7, lambda: conv(xi, w)))
+    xg = xi.clone().requires_grad_(True)
+    wg = w.clone().requires_grad_(True)
+    y = conv(xg, wg)
+    emit(f"torch   {name} dx", median_ms(5, lambda: torch.autograd.grad(y, [xg], dy, retain_graph=True)))
+    emit(f"torch   {name} dw", median_ms(5, lambda: torch.autograd.grad(y, [wg], dy, retain_graph=True)))

@@ -6,10 +6,11 @@
 //! flops; so do their input gradients (a forward convolution here) and, when a block of images
 //! has enough tiles, their weight gradients (F(3x3, 2x2)). The rest, below:
 //!
-//! The forward pass and the weight gradient of small output planes (fewer than 256 pixels) are
-//! computed for blocks of images at once: the im2col matrices of the block side by side
-//! (`[C/g*kH*kW, B*Ho*Wo]`, about 512 columns), so that the GEMMs of deep layers are not
-//! starved of columns (the stride-1 input gradient, a forward convolution, gets it too).
+//! The forward pass, the weight gradient and the col2im input gradient of small output planes
+//! (fewer than 256 pixels) are computed for blocks of images at once: the im2col matrices of
+//! the block side by side (`[C/g*kH*kW, B*Ho*Wo]`, about 512 columns), so that the GEMMs of
+//! deep layers are not starved of columns (the stride-1 input gradient, a forward convolution,
+//! gets it too).
 //! Larger planes work per image.
 //! Stride-1 convolutions with at least 32 channels per group use shifted
 //! GEMMs (one per kernel tap over zero-padded planes, no im2col) for the forward pass and the
@@ -253,11 +254,30 @@ fn im2col_row<T: Float>(x: &[T], g: &Geo, b: usize, grp: usize, r: usize, row: &
             let s0 = (lo as isize + off) as usize;
             dst[lo..hi].copy_from_slice(&src[s0..s0 + hi - lo]);
         } else {
-            for (ow, d) in dst[lo..hi].iter_mut().enumerate() {
-                *d = src[((lo + ow) as isize * g.sw as isize + off) as usize];
+            // Every `sw`-th value from `s0`, read in whole strides (which vectorises).
+            let s0 = (lo as isize * g.sw as isize + off) as usize;
+            let n = hi - lo;
+            let span = &src[s0..s0 + (n - 1) * g.sw + 1];
+            match g.sw {
+                2 => every_nth::<T, 2>(&mut dst[lo..hi], span),
+                _ => {
+                    for (d, s) in dst[lo..hi].iter_mut().zip(span.iter().step_by(g.sw)) {
+                        *d = *s;
+                    }
+                }
             }
         }
     }
+}
+
+/// `dst[k] = span[k * S]` for every `k`, `span` ending at the last value read: whole strides
+/// of a stride known at compile time vectorise.
+fn every_nth<T: Float, const S: usize>(dst: &mut [T], span: &[T]) {
+    let (body, last) = dst.split_at_mut(dst.len() - 1);
+    for (d, s) in body.iter_mut().zip(span.chunks_exact(S)) {
+        *d = s[0];
+    }
+    last[0] = span[span.len() - 1];
 }
 
 /// [`ExecCtx::for_chunks`] when `par` (the caller may use threads), else on this thread.
@@ -516,14 +536,43 @@ fn transpose_groups<T: Float>(ctx: &ExecCtx, src: &[T], groups: usize, rows: usi
     out
 }
 
-/// The input gradient by col2im, one image at a time (measured faster than blocks of images
-/// here: the scatter of a block's columns misses the cache).
+/// The input gradient by col2im: one image at a time where an image's output plane gives the
+/// GEMM enough columns (256 pixels), else blocks of images side by side, as the forward pass
+/// ([`image_block`]; a GEMM of a deep layer's weight by a few columns per image re-reads the
+/// whole weight for each image).
 fn conv_bwd_input<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo) -> Vec<T> {
+    conv_bwd_input_blocks(ctx, dy, w, g, image_block(g))
+}
+
+/// The input gradient with `block` images per GEMM (1: one image at a time).
+fn conv_bwd_input_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, block: usize) -> Vec<T> {
     let hwo = g.hwo();
     let plane = g.h * g.w;
     let mut dx = vec![T::zero(); g.n * g.c * plane];
-    let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
     let wt_all = transposed_weight(ctx, w, g);
+    if block > 1 && !g.pointwise() {
+        let cols = block * hwo;
+        per_image(ctx, &mut dx, block * g.c * plane, (g.kg + g.og) * cols, |bi, dxb, buf, par| {
+            let (col, dyb) = buf.split_at_mut(g.kg * cols);
+            let (first, count) = (bi * block, dxb.len() / (g.c * plane));
+            let ch = count * hwo;
+            for grp in 0..g.g {
+                // The block's output gradients side by side: `[og, count * hwo]`.
+                for o in 0..g.og {
+                    for k in 0..count {
+                        let src = &dy[((first + k) * g.o + grp * g.og + o) * hwo..][..hwo];
+                        dyb[o * ch + k * hwo..][..hwo].copy_from_slice(src);
+                    }
+                }
+                let wt = mat(&wt_all[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
+                gemm_on(ctx, par, wt, mat(&dyb[..g.og * ch], g.og, ch), mat_mut(&mut col[..g.kg * ch], g.kg, ch), false);
+                let col = &col[..g.kg * ch];
+                chunks_on(ctx, par, dxb, g.c * plane, |k, dxk| col2im(&col[k * hwo..], g, grp, dxk, ch));
+            }
+        });
+        return dx;
+    }
+    let scratch = if g.pointwise() { 0 } else { g.kg * hwo };
     per_image(ctx, &mut dx, g.c * plane, scratch, |b, dxb, col, par| {
         for grp in 0..g.g {
             let wt = mat(&wt_all[grp * g.og * g.kg..][..g.og * g.kg], g.kg, g.og);
@@ -924,11 +973,13 @@ mod tests {
             let dy = crate::random::uniform(&[g.n, g.o, g.ho, g.wo], -1., 1., 40 + k as u64, DType::F64).to_vec::<f64>().unwrap();
             let close = |a: &[f64], b: &[f64]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-11);
             let y1 = conv_fwd_blocks(&cx(), &x, &w, &g, 1);
+            let dx1 = conv_bwd_input_blocks(&cx(), &dy, &w, &g, 1);
             let dw1 =
                 if shifted_gemm_ok(&g) { conv_bwd_weight_shifted(&cx(), &dy, &x, &g) } else { conv_bwd_weight_im2col(&cx(), &dy, &x, &g) };
             for block in [2, 3, g.n] {
                 assert!(close(&conv_fwd_blocks(&cx(), &x, &w, &g, block), &y1), "forward, case {k}, block {block}");
                 assert!(close(&conv_bwd_weight_blocks(&cx(), &dy, &x, &g, block), &dw1), "weight gradient, case {k}, block {block}");
+                assert!(close(&conv_bwd_input_blocks(&cx(), &dy, &w, &g, block), &dx1), "input gradient, case {k}, block {block}");
             }
             assert!(image_block(&g) > 1, "case {k}: small planes go in blocks");
         }
