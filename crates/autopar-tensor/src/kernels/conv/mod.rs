@@ -380,7 +380,7 @@ fn shifted_gemm_ok(g: &Geo) -> bool {
 
 fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
     if winograd::applies(g) {
-        return winograd::conv_fwd(ctx, x, w, g);
+        return winograd::conv_fwd(ctx, x, winograd::Filters::Given(w), g);
     }
     conv_fwd_blocks(ctx, x, w, g, image_block(g))
 }
@@ -498,6 +498,13 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
     }
     let (eh, ew) = (g.dh * (g.kh - 1), g.dw * (g.kw - 1));
     let pad = [eh.checked_sub(p.padding[0])?, eh.checked_sub(p.padding[1])?, ew.checked_sub(p.padding[2])?, ew.checked_sub(p.padding[3])?];
+    let q = Conv2dParams { stride: [1, 1], padding: pad, dilation: p.dilation, groups: g.g };
+    let gq = geometry("conv2d_backward_input", &[g.n, g.o, g.ho, g.wo], &[g.c, g.og, g.kh, g.kw], &q).ok()?;
+    debug_assert_eq!((gq.ho, gq.wo), (g.h, g.w));
+    if winograd::applies(&gq) {
+        // Winograd's filter transform reads the flipped filters in place.
+        return Some(winograd::conv_fwd(ctx, dy, winograd::Filters::Flipped(w), &gq));
+    }
     // w' [C, O/g, kh, kw]: w'[grp*cg + c, o, i, j] = w[grp*og + o, c, kh-1-i, kw-1-j].
     let taps = g.kh * g.kw;
     let mut wf = vec![T::zero(); w.len()];
@@ -512,9 +519,6 @@ fn bwd_input_as_conv<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, p: &Co
             }
         }
     });
-    let q = Conv2dParams { stride: [1, 1], padding: pad, dilation: p.dilation, groups: g.g };
-    let gq = geometry("conv2d_backward_input", &[g.n, g.o, g.ho, g.wo], &[g.c, g.og, g.kh, g.kw], &q).ok()?;
-    debug_assert_eq!((gq.ho, gq.wo), (g.h, g.w));
     Some(conv_fwd(ctx, dy, &wf, &gq))
 }
 

@@ -83,14 +83,33 @@ pub(super) fn image_block(g: &Geo) -> usize {
 /// `16 * cg` apart), with `G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]`. Each
 /// output channel's filters are first laid out tap-major (`[9][cg]`), so the transform runs
 /// along whole rows; output channels run in parallel.
-fn filter_transform<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
+fn filter_transform<T: Float>(ctx: &ExecCtx, w: Filters<'_, T>, g: &Geo) -> Vec<T> {
     let cg = g.cg;
     let mut u = vec![T::zero(); g.o * E * cg];
     ctx.for_chunks(&mut u, E * cg, |o, uo| {
-        let filters = &w[o * cg * 9..][..cg * 9];
         let mut taps = vec![T::zero(); 9 * cg];
         let mut gw = vec![T::zero(); 12 * cg];
-        transpose_into(filters, 9, 0, &mut taps, cg);
+        match w {
+            Filters::Given(w) => {
+                for (i, src) in w[o * cg * 9..][..cg * 9].chunks_exact(9).enumerate() {
+                    for (t, &v) in src.iter().enumerate() {
+                        taps[t * cg + i] = v;
+                    }
+                }
+            }
+            Filters::Flipped(w) => {
+                // Filter `o` (input channel `c` of group `grp` of the convolution flipped)
+                // against channel `i`: that convolution's filter `grp * cg + i` against `c`,
+                // taps reversed.
+                let (grp, c) = (o / g.og, o % g.og);
+                for i in 0..cg {
+                    let src = &w[((grp * cg + i) * g.og + c) * 9..][..9];
+                    for (t, &v) in src.iter().rev().enumerate() {
+                        taps[t * cg + i] = v;
+                    }
+                }
+            }
+        }
         // G g: column j of the 3x3 kernel (taps j, 3 + j, 6 + j) into rows 3a + j ...
         for j in 0..3 {
             let x: [_; 3] = std::array::from_fn(|i| &taps[(3 * i + j) * cg..][..cg]);
@@ -103,6 +122,17 @@ fn filter_transform<T: Float>(ctx: &ExecCtx, w: &[T], g: &Geo) -> Vec<T> {
         }
     });
     u
+}
+
+/// The filters of a Winograd convolution.
+#[derive(Clone, Copy)]
+pub(super) enum Filters<'a, T> {
+    /// `[O, C/g, 3, 3]`, as given.
+    Given(&'a [T]),
+    /// The filters of the convolution whose input gradient this one computes: filter `(o, c)`
+    /// here is that convolution's `(c, o)` with its taps reversed (`[C, O/g, 3, 3]` of
+    /// `[O, C/g, 3, 3]` given), so the input gradient needs no flipped copy of the weight.
+    Flipped(&'a [T]),
 }
 
 /// `G x` for the 3-vectors `(x0[i], x1[i], x2[i])` into `(out0[i], .., out3[i])`.
@@ -272,13 +302,13 @@ fn input_tiles<T: Float>(ctx: &ExecCtx, par: bool, x: &[T], g: &Geo, grp: usize,
 
 /// The forward convolution `y [N, O, Ho, Wo]` of `x` by `w` as F(2x2, 3x3); `g` must satisfy
 /// [`applies`].
-pub(super) fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo) -> Vec<T> {
+pub(super) fn conv_fwd<T: Float>(ctx: &ExecCtx, x: &[T], w: Filters<'_, T>, g: &Geo) -> Vec<T> {
     debug_assert!(applies(g));
     conv_fwd_blocks(ctx, x, w, g, image_block(g))
 }
 
 /// [`conv_fwd`] with `block` images per set of 16 products.
-pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, block: usize) -> Vec<T> {
+pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: Filters<'_, T>, g: &Geo, block: usize) -> Vec<T> {
     let hwo = g.hwo();
     let (th, tw) = tiles(g);
     let per_image_tiles = th * tw;
@@ -482,7 +512,7 @@ mod tests {
             };
             for block in [1, 2, image_block(&g), g.n] {
                 for ctx in [ExecCtx::serial(), ExecCtx::parallel().with_min_parallel_len(1)] {
-                    let off = worst(&conv_fwd_blocks(&ctx, &x, &w, &g, block), &want_y);
+                    let off = worst(&conv_fwd_blocks(&ctx, &x, Filters::Given(&w), &g, block), &want_y);
                     assert!(off < 1e-12, "forward, case {k}, block {block}: off by {off}");
                     let off = worst(&conv_bwd_weight_blocks(&ctx, &dy, &x, &g, block), &want_dw);
                     assert!(off < 1e-11, "weight gradient, case {k}, block {block}: off by {off}");
@@ -500,10 +530,10 @@ mod tests {
         assert!(blocks == 17 && !g.n.is_multiple_of(image_block(&g)) && blocks_per_partial(blocks) == 2 && applies_to_weight_gradient(&g));
         let f32s = |v: Vec<f64>| v.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
         let (x, w, dy) = (f32s(data(&[100, 16, 9, 9], 1)), f32s(data(&[24, 16, 3, 3], 2)), f32s(data(&[100, 24, 9, 9], 3)));
-        let serial = (conv_fwd(&ExecCtx::serial(), &x, &w, &g), conv_bwd_weight(&ExecCtx::serial(), &dy, &x, &g));
+        let serial = (conv_fwd(&ExecCtx::serial(), &x, Filters::Given(&w), &g), conv_bwd_weight(&ExecCtx::serial(), &dy, &x, &g));
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         let ctx = ExecCtx::parallel().with_min_parallel_len(1);
-        let parallel = pool.install(|| (conv_fwd(&ctx, &x, &w, &g), conv_bwd_weight(&ctx, &dy, &x, &g)));
+        let parallel = pool.install(|| (conv_fwd(&ctx, &x, Filters::Given(&w), &g), conv_bwd_weight(&ctx, &dy, &x, &g)));
         let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same(&serial.0, &parallel.0), "forward");
         assert!(same(&serial.1, &parallel.1), "weight gradient");
@@ -537,7 +567,7 @@ mod tests {
         let f32s = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let exact_y = super::super::conv_fwd_blocks(&ExecCtx::serial(), &x, &w, &g, 1);
         let exact_dw = super::super::conv_bwd_weight_im2col(&ExecCtx::serial(), &dy, &x, &g);
-        let y = conv_fwd(&ExecCtx::serial(), &f32s(&x), &f32s(&w), &g);
+        let y = conv_fwd(&ExecCtx::serial(), &f32s(&x), Filters::Given(&f32s(&w)), &g);
         let dw = conv_bwd_weight(&ExecCtx::serial(), &f32s(&dy), &f32s(&x), &g);
         // Errors relative to the largest magnitude: f32's epsilon times a small factor.
         let rel = |a: &[f32], b: &[f64]| {
