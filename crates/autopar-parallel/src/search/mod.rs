@@ -249,16 +249,12 @@ struct Fitted {
 /// the ties (1 GiB).
 const UNTIED_LIMIT: u128 = 1 << 27;
 
-/// The most costs a problem may hold for the search under a memory budget to also run the
-/// elimination with cost lists (which grows with the fronts' length, not only the tables').
-const LIST_PROBLEM_LIMIT: u128 = 1 << 14;
-
 /// The fastest choice of an elimination search over the cost graph (its ops tied to
 /// `rep[k]`, if given) whose memory fits `device_memory_capacity`, and whether the ties
 /// held. The plain elimination first; when its plan's memory summed over the ops does not
 /// fit, the fastest plan that fits of two searches: the elimination with memory priced into
-/// the objective (the price bisected), and on small problems the elimination with MindSpore's
-/// (time, memory) cost lists. Untied when the whole problem is small enough: under a budget,
+/// the objective (the price bisected), and the elimination with MindSpore's (time, memory)
+/// cost lists where they stay within their work and memory bounds. Untied when the whole problem is small enough: under a budget,
 /// layers may do best with different strategies.
 fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<Fitted> {
     let untied = || (cg.problem(), (0..cg.ops.len()).collect::<Vec<usize>>());
@@ -298,14 +294,13 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
     };
     let memory = cg.memory_table(&index, problem.unary.len());
     let budget = capacity as f64;
-    // Memory priced into the objective (fast, any size); on small problems also MindSpore's
-    // cost lists (exact there): the faster plan that fits.
+    // Memory priced into the objective (fast, any size), and MindSpore's cost lists (exact
+    // while their fronts are short) unless they outgrow their work and memory bounds: the
+    // faster plan that fits.
     let mut found = solve::eliminate_priced_within(&problem, &memory, budget, order, TABLE_LIMIT);
-    if problem.size() <= LIST_PROBLEM_LIMIT {
-        if let Ok(listed) = solve::eliminate_within(&problem, &memory, budget, order, TABLE_LIMIT) {
-            if found.as_ref().is_ok_and(|priced| problem.total(&listed) < problem.total(priced)) || found.is_err() {
-                found = Ok(listed);
-            }
+    if let Ok(Some(listed)) = solve::eliminate_within(&problem, &memory, budget, order, TABLE_LIMIT) {
+        if found.as_ref().is_ok_and(|priced| problem.total(&listed) < problem.total(priced)) || found.is_err() {
+            found = Ok(listed);
         }
     }
     match found {
