@@ -628,8 +628,9 @@ fn input_layout(
 /// `None` when the split cannot follow the reshape (the planner then gathers around it).
 pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout> {
     let inp = src.shape();
-    let axes = src.dim_axes();
     let mesh = src.mesh().dims();
+    // Axes of one device split nothing: left out (they stay in the matrix, mapping nothing).
+    let axes: Vec<Vec<usize>> = src.dim_axes().iter().map(|d| d.iter().copied().filter(|&a| mesh[a] > 1).collect()).collect();
     // The sizes each source axis is factored into (major first; empty: kept whole), and each
     // output dimension's axes as (source axis, piece).
     let mut pieces: Vec<Vec<usize>> = vec![Vec::new(); mesh.len()];
@@ -679,7 +680,7 @@ pub fn reshape_layout(src: &TensorLayout, out: &[usize]) -> Option<TensorLayout>
             if !whole {
                 return None;
             }
-            blocks.extend(axes[d].iter().filter(|&&a| mesh[a] > 1).map(|&a| (a, mesh[a])));
+            blocks.extend(axes[d].iter().map(|&a| (a, mesh[a])));
             whole = src.split(d) == inp[d];
         }
         // Hand them to the output dimensions, major first.

@@ -26,6 +26,8 @@ fn same_slices(src: &TensorLayout, out: &TensorLayout) {
     assert_eq!(out.mesh().num_devices(), n);
     for rank in 0..n {
         assert_eq!(flat_slice(src, rank), flat_slice(out, rank), "rank {rank}: {src:?} -> {out:?}");
+        // Pending partial sums stay pending over the same ranks.
+        assert_eq!(src.partial_group(rank).unwrap(), out.partial_group(rank).unwrap(), "rank {rank}: {src:?} -> {out:?}");
     }
 }
 
@@ -47,6 +49,13 @@ fn a_split_wider_than_the_first_output_dimension_is_factored_onto_the_next() {
     assert_eq!(out.mesh().dims(), &[2, 2, 2, 3]);
     assert_eq!(out.splits(), vec![2, 2, 2, 1]);
     same_slices(&src, &out);
+    // Axes of one device (MindSpore's layouts may carry them) split nothing and block nothing.
+    for (shape, out) in [(vec![4, 1], vec![4]), (vec![4, 6], vec![24])] {
+        let src = layout(&[2, 1], vec![vec![0], vec![1]], &shape);
+        let l = reshape_layout(&src, &out).expect("a size-1 axis does not stop the split");
+        assert_eq!(l.splits()[0], 2);
+        same_slices(&src, &l);
+    }
 }
 
 #[test]
@@ -85,21 +94,27 @@ proptest! {
         atoms in prop::collection::vec(prop::sample::select(vec![1usize, 2, 2, 3, 4, 4, 8]), 1..6),
         in_cuts in any::<u32>(),
         out_cuts in any::<u32>(),
-        mesh in prop::collection::vec(prop::sample::select(vec![2usize, 3, 4]), 1..4),
+        mesh in prop::collection::vec(prop::sample::select(vec![1usize, 2, 3, 4]), 1..4),
         homes in prop::collection::vec(0usize..4, 3),
+        order in Just(vec![0usize, 1, 2]).prop_shuffle(),
+        partial in any::<bool>(),
     ) {
         let inp = grouped(&atoms, in_cuts);
         let out = grouped(&atoms, out_cuts);
-        // Axis k goes to dimension homes[k] (past the last: a replica axis).
+        // Axis k goes to dimension homes[k] (past the last: a replica axis, or one of pending
+        // partial sums), the axes of a dimension in a random order.
         let mut map = vec![Vec::new(); inp.len()];
-        for (k, &h) in homes.iter().take(mesh.len()).enumerate() {
-            if h < inp.len() {
-                map[h].push(k);
+        let mut rest = Vec::new();
+        for k in order.into_iter().filter(|&k| k < mesh.len()) {
+            match map.get_mut(homes[k]) {
+                Some(d) => d.push(k),
+                None => rest.push(k),
             }
         }
         let Ok(src) = TensorLayout::new(DeviceMatrix::new(mesh.clone()).unwrap(), map, inp.clone()) else {
             return Ok(());
         };
+        let src = if partial { src.with_partial(rest).unwrap() } else { src };
         if let Some(l) = reshape_layout(&src, &out) {
             prop_assert_eq!(l.shape(), out.as_slice());
             same_slices(&src, &l);

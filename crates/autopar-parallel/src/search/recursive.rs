@@ -103,9 +103,10 @@ struct RecNode {
 /// A node feeding another, as MindSpore's partition sees the edge.
 #[derive(Clone, Debug)]
 struct Producer {
-    /// MindSpore's place of the edge in the consumer's `node_in`: the inputs made by ops
-    /// (parameters are not) before it. Its cost compares the producer with the consumer's
-    /// argument of that index, which is the input's own index unless a parameter comes first.
+    /// MindSpore's place of the edge in the consumer's `node_in`: the inputs before it that
+    /// reach a kept op (a parameter does not, nor an op left out fed by parameters alone). Its
+    /// cost compares the producer with the consumer's argument of that index, which is the
+    /// input's own index unless such an input comes first.
     slot: usize,
     /// The producing node.
     node: usize,
@@ -341,13 +342,21 @@ fn reach(g: &Graph, x: NodeId, kept_of: &[Option<usize>], seen: &mut BTreeSet<No
 fn producers_of(g: &Graph, id: NodeId, kept_of: &[Option<usize>], edges: &BTreeMap<(usize, usize), ShapeMap>) -> Vec<Producer> {
     let node = g.node(id);
     let k = kept_of[id.0].expect("a kept node");
-    let is_param = |x: &NodeId| matches!(g.node(*x).op, OpKind::Parameter(_));
-    let mut producers = Vec::new();
-    // The first two inputs made by ops: the partition's options say what they need of two.
-    for (slot, x) in node.inputs.iter().filter(|x| !is_param(x)).enumerate().take(2) {
+    // Each input's kept producers; an input that reaches none (a parameter, or ops left out
+    // fed by parameters alone, which MindSpore's elimination erases from `node_in`) takes no
+    // number.
+    let reached = node.inputs.iter().map(|x| {
         let mut found = BTreeSet::new();
         reach(g, *x, kept_of, &mut BTreeSet::new(), &mut found);
+        found
+    });
+    let mut producers = Vec::new();
+    // The first two numbered: the partition's options say what they need of two inputs.
+    for (slot, found) in reached.filter(|f| !f.is_empty()).enumerate().take(2) {
         for p in found {
+            // Network inputs (the one dataset node's outputs) count one link: MindSpore's
+            // `test_auto_parallel_sapp_optimizer_parallel_restrict` (a MatMul of two inputs)
+            // chooses as one link, not two, would.
             let direct = node.inputs.iter().filter(|y| kept_of[y.0] == Some(p) && !matches!(g.node(**y).op, OpKind::Input(_))).count();
             let map = edges.get(&(p, k)).cloned().unwrap_or_default();
             producers.push(Producer { slot, node: p, map, edges: direct.max(1) });
@@ -634,18 +643,28 @@ mod tests {
         let relu = b.relu("relu", twice).unwrap();
         // One link through an op left out, one direct: not repeated.
         let mixed = b.matmul("mixed", twice, relu).unwrap();
-        b.output(mixed).unwrap();
+        // An op left out fed by a parameter alone takes no number either.
+        let wt = b.transpose("wt", w, &[1, 0]).unwrap();
+        let transposed_first = b.matmul("transposed_first", wt, mixed).unwrap();
+        // Two network inputs: one link from the one dataset node.
+        let y = b.input("y", &[4, 4], DType::F32).unwrap();
+        let inputs = b.matmul("inputs", x, y).unwrap();
+        let out = b.add("out", transposed_first, inputs).unwrap();
+        b.output(out).unwrap();
         let g = b.finish();
         let mut kept_of = vec![None; g.len()];
-        for (k, id) in [x, first, weight_first, twice, mixed].into_iter().enumerate() {
+        for (k, id) in [x, first, weight_first, twice, mixed, transposed_first, inputs].into_iter().enumerate() {
             kept_of[id.0] = Some(k);
         }
+        kept_of[y.0] = Some(0);
         let edges = eliminated_edges(&g, &kept_of, &list_order(&walk_positions(&g)));
         let seen = |id| producers_of(&g, id, &kept_of, &edges).iter().map(|p| (p.slot, p.node, p.edges)).collect::<Vec<_>>();
         assert_eq!(seen(first), vec![(0, 0, 1)]);
         assert_eq!(seen(weight_first), vec![(0, 1, 1)]);
         assert_eq!(seen(twice), vec![(0, 2, 2), (1, 2, 2)]);
         assert_eq!(seen(mixed), vec![(0, 3, 1), (1, 3, 1)]);
+        assert_eq!(seen(transposed_first), vec![(0, 4, 1)]);
+        assert_eq!(seen(inputs), vec![(0, 0, 1), (1, 0, 1)]);
         // Each link is charged: a disagreeing cut of `twice`'s producer costs four times the
         // input (two numbered edges, each with two links), as MindSpore's loops count it.
         let node = |producers| RecNode {

@@ -336,8 +336,8 @@ pub enum NoPlan {
 /// on a 2-core x86-64 machine (the 4-block GPT on 8 devices, under a budget, forms 17 million).
 pub const LIST_WORK: u64 = 1 << 25;
 
-/// The most points [`eliminate_within`]'s tables keep before it gives up (about 100 MiB with
-/// their origins).
+/// The most points [`eliminate_within`]'s tables keep before it gives up, counting each cost
+/// it starts from (about 100 MiB with their origins, besides a list header per table entry).
 pub const LIST_POINTS: usize = 1 << 21;
 
 /// One point of a cost list: the time and memory of the eliminated part, and where it came from.

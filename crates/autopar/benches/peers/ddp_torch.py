@@ -55,8 +55,9 @@ def run(rank, a, init_file, out):
         step()
     elapsed = time.perf_counter() - start
     if rank == 0:
-        with open(out, "w") as f:
+        with open(out + ".tmp", "w") as f:
             json.dump({"torch": torch.__version__, "ranks": a.ranks, "seconds_per_step": elapsed / int(total.item())}, f)
+        os.replace(out + ".tmp", out)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -71,9 +72,10 @@ if __name__ == "__main__":
         init_file, out = os.path.join(d, "init"), os.path.join(d, "out.json")
         try:
             mp.spawn(run, args=(a, init_file, out), nprocs=a.ranks, join=True)
-        except mp.ProcessExitedException as e:
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
             # gloo sometimes aborts a rank while tearing down ("terminate called without an
-            # active exception"); the timing is complete once rank 0 has written it.
+            # active exception") or raises from a closed connection there; the timing is
+            # complete once rank 0 has written it (written whole: replaced into place).
             if not os.path.exists(out):
                 raise
             print(f"ddp_torch.py: a rank failed after the timed steps ({e}); timing kept", file=sys.stderr)

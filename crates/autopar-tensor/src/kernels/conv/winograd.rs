@@ -545,6 +545,9 @@ mod tests {
             ([2, 32, 7, 6], [32, 16, 3, 3], Conv2dParams { padding: [1, 2, 0, 1], groups: 2, ..Default::default() }),
             ([3, 16, 5, 5], [24, 16, 3, 3], Conv2dParams::new(1, 1)),
             ([1, 20, 6, 9], [18, 20, 3, 3], Conv2dParams { padding: [2, 2, 1, 0], ..Default::default() }),
+            // Groups with more output than input channels each: the flipped filters' group
+            // offsets differ from the given ones'.
+            ([2, 32, 6, 6], [64, 16, 3, 3], Conv2dParams { padding: [1, 1, 1, 1], groups: 2, ..Default::default() }),
         ];
         for (k, (xs, ws, p)) in cases.into_iter().enumerate() {
             let g = geometry("t", &xs, &ws, &p).unwrap();
