@@ -627,9 +627,10 @@ fn partition(nodes: &mut [RecNode], v: usize, consumers: &[usize], done: &[(usiz
 mod tests {
     use super::*;
 
-    /// MindSpore's partition numbers an op's incoming edges by its inputs made by ops (its
-    /// `node_in`), skipping parameters, and compares each producer with the argument of that
-    /// number; an op reading one producer twice has two links from it, each charged.
+    /// MindSpore's partition numbers an op's incoming edges by its inputs that reach a kept op
+    /// (its `node_in`: parameters, and ops left out fed by parameters alone, take no number)
+    /// and compares each producer with the argument of that number; an op reading one producer
+    /// twice has two links from it, each charged.
     #[test]
     fn producers_take_mindspores_edge_numbers_and_links() {
         use autopar_graph::{DType, GraphBuilder, Initializer};

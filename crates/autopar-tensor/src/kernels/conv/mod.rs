@@ -333,6 +333,15 @@ fn mat_mut<T>(data: &mut [T], rows: usize, cols: usize) -> ArrayViewMut2<'_, T> 
     ArrayViewMut2::from_shape((rows, cols).strides((cols, 1)), data).expect("buffer sized")
 }
 
+/// [`per_image`] over blocks of `block` images, each `per` values of `out`:
+/// `f(first image, images, out_chunk, scratch, parallel_gemm)` (the last block may be short).
+fn per_block<T: Float, F>(ctx: &ExecCtx, out: &mut [T], block: usize, per: usize, scratch: usize, f: F)
+where
+    F: Fn(usize, usize, &mut [T], &mut Vec<T>, bool) + Send + Sync,
+{
+    per_image(ctx, out, block * per, scratch, |bi, ob, buf, par| f(bi * block, ob.len() / per.max(1), ob, buf, par));
+}
+
 /// Runs `f(image, out_chunk, scratch, parallel_gemm)` for every image: images in parallel with
 /// serial GEMMs when there are several, otherwise one image at a time with the context's GEMM.
 fn per_image<T: Float, F>(ctx: &ExecCtx, out: &mut [T], per: usize, scratch: usize, f: F)
@@ -391,9 +400,8 @@ fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: &[T], g: &Geo, block: us
     let mut y = vec![T::zero(); g.n * g.o * hwo];
     if block > 1 {
         let cols = block * hwo;
-        per_image(ctx, &mut y, block * g.o * hwo, (g.kg + g.og) * cols, |bi, yb, buf, par| {
+        per_block(ctx, &mut y, block, g.o * hwo, (g.kg + g.og) * cols, |first, count, yb, buf, par| {
             let (col, tmp) = buf.split_at_mut(g.kg * cols);
-            let (first, count) = (bi * block, yb.len() / (g.o * hwo));
             let ch = count * hwo;
             for grp in 0..g.g {
                 im2col_block(ctx, par, x, g, first, count, grp, col);
@@ -556,9 +564,8 @@ fn conv_bwd_input_blocks<T: Float>(ctx: &ExecCtx, dy: &[T], w: &[T], g: &Geo, bl
     let wt_all = transposed_weight(ctx, w, g);
     if block > 1 && !g.pointwise() {
         let cols = block * hwo;
-        per_image(ctx, &mut dx, block * g.c * plane, (g.kg + g.og) * cols, |bi, dxb, buf, par| {
+        per_block(ctx, &mut dx, block, g.c * plane, (g.kg + g.og) * cols, |first, count, dxb, buf, par| {
             let (col, dyb) = buf.split_at_mut(g.kg * cols);
-            let (first, count) = (bi * block, dxb.len() / (g.c * plane));
             let ch = count * hwo;
             for grp in 0..g.g {
                 // The block's output gradients side by side: `[og, count * hwo]`.

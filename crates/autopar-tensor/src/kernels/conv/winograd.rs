@@ -13,7 +13,7 @@
 
 use ndarray::{ArrayView2, ArrayViewMut2, ShapeBuilder};
 
-use super::{chunks_on, gemm_on, mat_mut, per_image, sum_partials, transpose_into, Geo};
+use super::{chunks_on, gemm_on, mat_mut, per_block, per_image, sum_partials, transpose_into, Geo};
 use crate::simd::{vectorized, VectorLoop};
 use crate::{ExecCtx, Float};
 
@@ -317,9 +317,7 @@ pub(super) fn conv_fwd_blocks<T: Float>(ctx: &ExecCtx, x: &[T], w: Filters<'_, T
     let mut y = vec![T::zero(); g.n * g.o * hwo];
     // Scratch: the transformed input of one group [cg][e][cols] and the products of every
     // group [o][e][cols].
-    per_image(ctx, &mut y, block * g.o * hwo, (g.cg + g.o) * E * cap, |bi, yb, buf, par| {
-        let first = bi * block;
-        let count = yb.len() / (g.o * hwo);
+    per_block(ctx, &mut y, block, g.o * hwo, (g.cg + g.o) * E * cap, |first, count, yb, buf, par| {
         let cols = count * per_image_tiles;
         let (v, m) = buf.split_at_mut(g.cg * E * cap);
         let (v, m) = (&mut v[..g.cg * E * cols], &mut m[..g.o * E * cols]);
