@@ -254,8 +254,8 @@ const UNTIED_LIMIT: u128 = 1 << 27;
 /// held. The plain elimination first; when its plan's memory summed over the ops does not
 /// fit, the fastest plan that fits of two searches: the elimination with memory priced into
 /// the objective (the price bisected), and the elimination with MindSpore's (time, memory)
-/// cost lists where they stay within their work and memory bounds. Untied when the whole problem is small enough: under a budget,
-/// layers may do best with different strategies.
+/// cost lists where they stay within their work and memory bounds. Untied when the whole
+/// problem is small enough: under a budget, layers may do best with different strategies.
 fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, order: Order) -> Result<Fitted> {
     let untied = || (cg.problem(), (0..cg.ops.len()).collect::<Vec<usize>>());
     let too_wide = |index: &[usize], e: solve::TooWide| {
