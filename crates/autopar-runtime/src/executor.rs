@@ -143,6 +143,9 @@ struct Caches {
     /// Statistics a synchronised normalisation gathered over its group in the forward pass, by
     /// its input node, for its backward (which then needs no second round of all-reduces).
     stats: HashMap<NodeId, SyncedStats>,
+    /// A batch norm's batch mean and inverse deviation from the forward pass, by its input
+    /// node and epsilon, for its backward (which then reads its input once less).
+    saved: HashMap<(NodeId, u64), norm::NormSaved>,
 }
 
 /// Mean and (biased) variance over a whole batch or whole rows, and the element count.
@@ -493,7 +496,9 @@ impl Executor {
                         let stats = norm::BatchStats { mean: stats.mean, var: stats.var, count: stats.count };
                         norm::batch_norm_train_with(cx, x[0], x[1], x[2], x[3], x[4], &stats, bn.momentum, bn.eps).map_err(k)?
                     } else {
-                        norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?
+                        let out = norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?;
+                        caches.saved.insert((node.inputs[0], bn.eps.to_bits()), out.saved.clone());
+                        out
                     };
                     // Running statistics held as parameters are updated in the store.
                     for (input, value) in [(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)] {
@@ -522,7 +527,10 @@ impl Executor {
                         };
                         self.synced_batch_norm_grad(node, x, &bn.group, &stats, bn.eps, need_dx, collectives)?
                     } else if bn.training {
-                        let saved = norm::batch_norm_saved(cx, x[1], bn.eps).map_err(k)?;
+                        let saved = match caches.saved.get(&(node.inputs[1], bn.eps.to_bits())) {
+                            Some(s) => s.clone(),
+                            None => norm::batch_norm_saved(cx, x[1], bn.eps).map_err(k)?,
+                        };
                         let (dx, dgamma, _) = norm::batch_norm_backward(cx, x[1], x[2], &saved, x[0]).map_err(k)?;
                         (dx, dgamma)
                     } else {

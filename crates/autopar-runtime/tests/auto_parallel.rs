@@ -664,6 +664,42 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
     assert_eq!(strategy(&b.finish(), &c, "matmul1"), "((1, 1), (1, 8))");
 }
 
+/// MindSpore's `test_rec_shared_param_strmodif` (training, 8 devices, batches split,
+/// `fully_use_devices` off): two [40000, 5120] tables, each gathered by the same token ids
+/// (an integer add of the ids) and used again as the transposed weight of a MatMul of the
+/// gathered rows, one through casts to f16. Every gather takes the MatMul's split of its
+/// table (whole) and splits the ids 8 ways, `((1, 1), (8, 1))`, as MindSpore asserts.
+#[test]
+fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts() {
+    use autopar_graph::ops::Cast;
+    use autopar_parallel::{plan_job, PlanRequest};
+    let mut b = GraphBuilder::new(0);
+    // MindSpore compiles each device's [2, 1024] ids: 16 rows over the 8 devices.
+    let ids = b.input("input_ids", &[16, 1024], DType::I32).unwrap();
+    let table = b.parameter("param", &[40000, 5120], Initializer::Zeros).unwrap();
+    let table_two = b.parameter("param_two", &[40000, 5120], Initializer::Zeros).unwrap();
+    let ids = b.add("ids", ids, ids).unwrap();
+    let rows = b.gather("gather", table, ids, 0).unwrap();
+    let rows = b.reshape("rows", rows, &[-1, 5120]).unwrap();
+    let rows_two = b.gather("gather_two", table_two, ids, 0).unwrap();
+    let rows_two = b.reshape("rows_two", rows_two, &[-1, 5120]).unwrap();
+    let rows = b.op("rows.f16", Cast { dtype: DType::F16 }, &[rows]).unwrap();
+    let weight = b.op("param.f16", Cast { dtype: DType::F16 }, &[table]).unwrap();
+    let logits = b.matmul_t("matmul", rows, weight, false, true).unwrap();
+    let logits_two = b.matmul_t("matmul_two", rows_two, table_two, false, true).unwrap();
+    let logits = b.op("matmul.f32", Cast { dtype: DType::F32 }, &[logits]).unwrap();
+    let out = b.add("add", logits, logits_two).unwrap();
+    b.output(out).unwrap();
+    let g = b.finish();
+    let mut c = auto("recursive_programming", false);
+    c.set("fully_use_devices", &json!(false)).unwrap();
+    let p = plan_job(&PlanRequest { graph: &g, loss: Some(out), context: &c, strategy_file: None, profile: None }).unwrap();
+    for gather in ["gather", "gather_two"] {
+        let s = p.nodes.iter().find(|n| n.name == gather).unwrap().strategy.as_ref().unwrap().to_string();
+        assert_eq!(s, "((1, 1), (8, 1))", "{gather}");
+    }
+}
+
 /// MindSpore's `test_auto_parallel_two_matmul{,_reshape1,_reshape2}_seq_parallel` (64 devices,
 /// `rp_matmul_mem_coef` 1024, full_batch): the second MatMul contracts over the first's column
 /// split, and above 32 devices its rows are split by that contraction too
