@@ -97,6 +97,8 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
+    // As the `autopar` binary runs.
+    autopar_runtime::keep_freed_memory();
     let threads = env_or("RAYON_NUM_THREADS", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let seconds: f64 = env_or("BENCH_SECONDS", 5.0);
     let rounds: usize = env_or("BENCH_ROUNDS", 3usize).max(1);

@@ -11,6 +11,8 @@ use autopar_runtime::{LrSchedule, ParamStore, Sgd, TrainStep};
 use autopar_tensor::Tensor;
 
 fn main() {
+    // As the `autopar` binary runs.
+    autopar_runtime::keep_freed_memory();
     let (batch, dims) = (64usize, [784usize, 512, 512, 10]);
     let mut b = GraphBuilder::new(1);
     let x = b.input("x", &[batch, dims[0]], DType::F32).unwrap();

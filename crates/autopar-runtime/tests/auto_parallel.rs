@@ -667,8 +667,9 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
 /// MindSpore's `test_rec_shared_param_strmodif` (training, 8 devices, batches split,
 /// `fully_use_devices` off): two [40000, 5120] tables, each gathered by the same token ids
 /// (an integer add of the ids) and used again as the transposed weight of a MatMul of the
-/// gathered rows, one through casts to f16. Every gather takes the MatMul's split of its
-/// table (whole) and splits the ids 8 ways, `((1, 1), (8, 1))`, as MindSpore asserts.
+/// gathered rows, one through casts to f16. Every gather splits the ids 8 ways and keeps its
+/// table whole, `((1, 1), (8, 1))`, as MindSpore asserts; the table's other users (the MatMul,
+/// the cast to f16) keep it whole too, so the gathers' share of it agrees with theirs.
 #[test]
 fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts() {
     use autopar_graph::ops::Cast;
@@ -694,10 +695,12 @@ fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts()
     let mut c = auto("recursive_programming", false);
     c.set("fully_use_devices", &json!(false)).unwrap();
     let p = plan_job(&PlanRequest { graph: &g, loss: Some(out), context: &c, strategy_file: None, profile: None }).unwrap();
+    let strategy = |name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
     for gather in ["gather", "gather_two"] {
-        let s = p.nodes.iter().find(|n| n.name == gather).unwrap().strategy.as_ref().unwrap().to_string();
-        assert_eq!(s, "((1, 1), (8, 1))", "{gather}");
+        assert_eq!(strategy(gather), "((1, 1), (8, 1))", "{gather}");
     }
+    assert_eq!(strategy("param.f16"), "((1, 1))");
+    assert_eq!(strategy("matmul_two"), "((8, 1), (1, 1))");
 }
 
 /// MindSpore's `test_auto_parallel_two_matmul{,_reshape1,_reshape2}_seq_parallel` (64 devices,

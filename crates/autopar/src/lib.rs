@@ -68,25 +68,7 @@ use std::sync::Arc;
 use autopar_models::{Mode, Model};
 use autopar_runtime::trainer::{BuildError, BuildNetwork, Network};
 
-/// Keep the memory of large freed buffers in the process for the next step's tensors instead
-/// of returning it to the system and page-faulting it in again at every step: glibc's mmap
-/// threshold is raised to its 32 MiB maximum (buffers below it come from the heap and are
-/// reused), its trim threshold to 256 MiB, and its top pad to 64 MiB. The pad matters where the
-/// kernels run: on the worker threads, whose arenas are heaps of their own that glibc unmaps
-/// whole as soon as they empty (whatever the trim threshold) unless the pad keeps them.
-/// Measured on ResNet-18 (batch 32, 2 threads): the thresholds 8% more samples/s, the pad
-/// another 7% (935,000 -> 136,000 page faults in 15 s). The `autopar` binary and the Python
-/// package's `run_cli` call it first; a program embedding autopar may.
-/// Does nothing outside glibc.
-pub fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning parameters; any value is safe.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
-    }
-}
+pub use autopar_runtime::keep_freed_memory;
 
 /// The network a model of the zoo builds, as [`Trainer::new`](prelude::Trainer::new) takes it:
 /// for each batch size, the training graph (batch statistics, dropout) or the evaluation graph,
