@@ -172,12 +172,12 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
     }
     // recursive_programming on an inference graph runs the network's inputs whole: MindSpore's
     // `AjustToNoTraining` sets the dataset's strategy back to nothing split once the ops have
-    // theirs (the search itself sees the batch split, as MindSpore's does). A dataset strategy
-    // the user chose is kept.
+    // theirs (the search itself sees the batch split, as MindSpore's does); in a pipeline the
+    // first stage's ranks then each read whole micro-batches. A dataset strategy the user chose
+    // is kept.
     let whole_inputs = mode == ParallelMode::AutoParallel
         && search == Search::Mode(SearchMode::RecursiveProgramming)
         && req.loss.is_none()
-        && !ctx.search.pipelined
         && !ctx.is_set("dataset_strategy");
     let mut input_layouts: Vec<Option<TensorLayout>> = vec![None; nodes.len()];
     let mut input_index = 0usize;

@@ -720,3 +720,44 @@ fn a_dead_branch_across_stages_and_two_shared_weights_equal_stand_alone() {
         assert_close(&what, &run.losses, &run.params, &want_losses, &want);
     }
 }
+
+/// recursive_programming plans a pipeline's inference as MindSpore's `AjustToNoTraining` does
+/// a whole network's: the inputs run whole on every rank of the first stage (MindSpore sets
+/// the dataset's strategy back to nothing split), so micro-batches of 3 rows run on 2 devices
+/// per stage, and the outputs equal the stand-alone forward. A dataset strategy the user chose
+/// is kept: split, the same micro-batches are refused.
+#[test]
+fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() {
+    use autopar_runtime::pipeline::StageTrainer;
+    let (devices, stages, micro) = (4usize, 2usize, 3usize);
+    let batch = micro * 3;
+    let data = batches(batch, 1).remove(0);
+    let x: Vec<(String, Tensor)> = data.into_iter().filter(|(n, _)| n == "x").collect();
+    let (g1, logits1) = blocks_network(batch, 1, 1, false);
+    let mut alone = ParamStore::init(&g1).unwrap();
+    let want = autopar_runtime::Executor::new(g1.clone(), &[logits1])
+        .unwrap()
+        .run(&mut alone, &[(g1.find("x").unwrap(), x[0].1.clone())], 0)
+        .unwrap()
+        .values
+        .remove(0);
+    let (g, _) = blocks_network(batch / micro, stages, 1, false);
+    let mut ctx = context(devices, stages, "1f1b");
+    ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
+    ctx.set("search_mode", &json!("recursive_programming")).unwrap();
+    ctx.set("pipeline_result_broadcast", &json!(true)).unwrap();
+    let job = PipelineJob::inference(&g, &ctx, micro).unwrap();
+    assert_eq!(job.plan().plan.dataset, autopar_parallel::DatasetStrategy::FullBatch);
+    let full = ParamStore::init(&job.plan().plan.graph).unwrap();
+    let outs = autopar_comm::LocalComm::run(devices, |comm| -> Result<Option<Vec<Tensor>>, autopar_runtime::RuntimeError> {
+        StageTrainer::new(&job, &comm, &full)?.predict(&comm, &x)
+    })
+    .unwrap();
+    for (r, out) in outs.iter().enumerate() {
+        let o = out.as_ref().unwrap_or_else(|| panic!("rank {r} got no outputs"));
+        assert!(o[0].allclose(&want, 1e-5, 1e-6), "rank {r}: {:?} vs stand-alone", o[0].max_abs_diff(&want));
+    }
+    ctx.set("full_batch", &json!(false)).unwrap();
+    let err = PipelineJob::inference(&g, &ctx, micro).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("cannot be split"), "{err}");
+}
