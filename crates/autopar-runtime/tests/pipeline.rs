@@ -632,16 +632,9 @@ fn interleave_is_what_lets_stages_repeat_and_autopar_cuts_two_chunks_when_the_mo
     }
 }
 
-/// Pipeline inference: the network's logits, micro-batch by micro-batch through the stages
-/// (plain and interleaved, random strategies inside the stages), equal the stand-alone forward
-/// on the whole batch; they reach the last stage's ranks, and every rank with
-/// pipeline_result_broadcast. A training job refuses to predict and an inference job to train.
-#[test]
-fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_every_rank_with_result_broadcast() {
-    use autopar_runtime::pipeline::StageTrainer;
-    let (devices, stages, micro) = (4usize, 2usize, 3usize);
-    let d = devices / stages;
-    let batch = micro * d * 2;
+/// A batch of `batch` rows of the network's input `x`, and the stand-alone forward's logits on
+/// it ([`blocks_network`] without a loss).
+fn inference_batch(batch: usize) -> (Vec<(String, Tensor)>, Tensor) {
     let data = batches(batch, 1).remove(0);
     let x: Vec<(String, Tensor)> = data.into_iter().filter(|(n, _)| n == "x").collect();
     let (g1, logits1) = blocks_network(batch, 1, 1, false);
@@ -652,6 +645,20 @@ fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_ever
         .unwrap()
         .values
         .remove(0);
+    (x, want)
+}
+
+/// Pipeline inference: the network's logits, micro-batch by micro-batch through the stages
+/// (plain and interleaved, random strategies inside the stages), equal the stand-alone forward
+/// on the whole batch; they reach the last stage's ranks, and every rank with
+/// pipeline_result_broadcast. A training job refuses to predict and an inference job to train.
+#[test]
+fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_every_rank_with_result_broadcast() {
+    use autopar_runtime::pipeline::StageTrainer;
+    let (devices, stages, micro) = (4usize, 2usize, 3usize);
+    let d = devices / stages;
+    let batch = micro * d * 2;
+    let (x, want) = inference_batch(batch);
     for (chunks, broadcast, seed) in [(1usize, false, None), (1, true, Some(5u64)), (2, true, None), (2, false, Some(9))] {
         let (mut g, _) = blocks_network(batch / micro, stages, chunks, false);
         if let Some(seed) = seed {
@@ -731,16 +738,7 @@ fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() 
     use autopar_runtime::pipeline::StageTrainer;
     let (devices, stages, micro) = (4usize, 2usize, 3usize);
     let batch = micro * 3;
-    let data = batches(batch, 1).remove(0);
-    let x: Vec<(String, Tensor)> = data.into_iter().filter(|(n, _)| n == "x").collect();
-    let (g1, logits1) = blocks_network(batch, 1, 1, false);
-    let mut alone = ParamStore::init(&g1).unwrap();
-    let want = autopar_runtime::Executor::new(g1.clone(), &[logits1])
-        .unwrap()
-        .run(&mut alone, &[(g1.find("x").unwrap(), x[0].1.clone())], 0)
-        .unwrap()
-        .values
-        .remove(0);
+    let (x, want) = inference_batch(batch);
     let (g, _) = blocks_network(batch / micro, stages, 1, false);
     let mut ctx = context(devices, stages, "1f1b");
     ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
