@@ -143,10 +143,9 @@ struct Caches {
     /// Statistics a synchronised normalisation gathered over its group in the forward pass, by
     /// its input node, for its backward (which then needs no second round of all-reduces).
     stats: HashMap<NodeId, SyncedStats>,
-    /// A batch norm's batch mean and inverse deviation from the forward pass, by its input
-    /// node and epsilon, for its backward (which then does not read its input twice more to
-    /// recompute them).
-    saved: HashMap<(NodeId, u64), norm::NormSaved>,
+    /// The statistics an unsynchronised batch or layer norm's forward pass saved, for its
+    /// backward (which then does not read its input twice more to recompute them).
+    saved: HashMap<SavedKey, norm::NormSaved>,
 }
 
 /// Mean and (biased) variance over a whole batch or whole rows, and the element count.
@@ -212,6 +211,21 @@ pub struct RunOutput {
 /// `dgamma` of the same batch/layer norm): their inputs, a family tag, eps, and the mode (batch
 /// norm) or the first normalised axis (layer norm).
 type NormKey = (Vec<NodeId>, u8, u64, i64);
+
+/// Identifies the statistics a normalisation's forward pass saves for its backward (mean and
+/// `1/sqrt(var + eps)`): the normalised input, the family tag, eps, and the mode (batch norm)
+/// or the first normalised axis (layer norm), the same for the forward node and its gradients.
+type SavedKey = (NodeId, u8, u64, i64);
+
+fn saved_key(node: &Node) -> Option<SavedKey> {
+    match &node.op {
+        OpKind::BatchNorm(bn) => Some((node.inputs[0], 0, bn.eps.to_bits(), bn.training as i64)),
+        OpKind::BatchNormGrad(bn) => Some((node.inputs[1], 0, bn.eps.to_bits(), bn.training as i64)),
+        OpKind::LayerNorm(ln) => Some((node.inputs[0], 1, ln.eps.to_bits(), ln.begin_norm_axis)),
+        OpKind::LayerNormGrad(ln) => Some((node.inputs[1], 1, ln.eps.to_bits(), ln.begin_norm_axis)),
+        _ => None,
+    }
+}
 
 fn norm_key(node: &Node) -> Option<NormKey> {
     if let OpKind::BatchNormGrad(bn) = &node.op {
@@ -498,7 +512,7 @@ impl Executor {
                         norm::batch_norm_train_with(cx, x[0], x[1], x[2], x[3], x[4], &stats, bn.momentum, bn.eps).map_err(k)?
                     } else {
                         let out = norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?;
-                        caches.saved.insert((node.inputs[0], bn.eps.to_bits()), out.saved.clone());
+                        caches.saved.insert(saved_key(node).expect("a normalisation"), out.saved.clone());
                         out
                     };
                     // Running statistics held as parameters are updated in the store.
@@ -529,7 +543,7 @@ impl Executor {
                         };
                         self.synced_batch_norm_grad(node, x, &bn.group, &stats, bn.eps, need_dx, collectives)?
                     } else if bn.training {
-                        let saved = match caches.saved.get(&(node.inputs[1], bn.eps.to_bits())) {
+                        let saved = match caches.saved.get(&saved_key(node).expect("a normalisation gradient")) {
                             Some(s) => s.clone(),
                             None => norm::batch_norm_saved(cx, x[1], bn.eps).map_err(k)?,
                         };
@@ -558,9 +572,14 @@ impl Executor {
                 caches.stats.insert(node.inputs[0], stats);
                 y
             }
-            OpKind::LayerNorm(ln) => norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?.0,
+            OpKind::LayerNorm(ln) => {
+                let (y, saved) = norm::layer_norm(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                caches.saved.insert(saved_key(node).expect("a normalisation"), saved);
+                y
+            }
             OpKind::LayerNormGrad(ln) => {
-                // Inputs (dy, x, gamma); the row statistics are recomputed, once for both nodes.
+                // Inputs (dy, x, gamma); computed once for both nodes, from the row statistics
+                // the forward pass saved in this run (else recomputed).
                 let key = norm_key(node).expect("a normalisation gradient");
                 let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
                     pair
@@ -573,7 +592,10 @@ impl Executor {
                         let need_dx = ln.of == NormGradOf::Input || self.shared_norm.contains(&key);
                         self.synced_layer_norm_grad(node, x, ln, &stats, need_dx, collectives)?
                     } else {
-                        let saved = norm::layer_norm_saved(cx, x[1], ln.begin_norm_axis as isize, ln.eps).map_err(k)?;
+                        let saved = match caches.saved.get(&saved_key(node).expect("a normalisation gradient")) {
+                            Some(s) => s.clone(),
+                            None => norm::layer_norm_saved(cx, x[1], ln.begin_norm_axis as isize, ln.eps).map_err(k)?,
+                        };
                         let (dx, dgamma, _) =
                             norm::layer_norm_backward(cx, x[1], x[2], &saved, x[0], ln.begin_norm_axis as isize).map_err(k)?;
                         (dx, dgamma)
