@@ -51,15 +51,27 @@ pub(super) fn applies(g: &Geo) -> bool {
         && th * tw <= MAX_IMAGE_TILES
 }
 
-/// Whether the weight gradient of `g` runs as F(3x3, 2x2): [`applies`], and a block of images
-/// has at least half as many tiles as a group has channels. Each block's 16 products sum over
-/// its tiles into a full `[cg, og]` matrix, so with few tiles for many channels (deep layers of
-/// small planes) the products are thin and writing their outputs costs more than the flops
-/// saved (ResNet-18's 512-channel layer, 128 tiles a block: 55-63 ms against 33 ms for
-/// im2col; its 256-channel layer, 128 tiles: 22 against 30 ms).
+/// Output tiles per image below which the weight gradient is not taken by Winograd. Its
+/// transforms mix neighbouring taps, so a tap whose gradient is exactly zero (every input pixel
+/// it meets is zero, such as a channel a ReLU silenced at the border of a small plane) comes out
+/// at rounding level instead, about 1e-9, which Adam's update divides by a square root of about
+/// the same size: a step of a third of the learning rate where im2col (and PyTorch) take none.
+/// On a plane of 4x4 tiles (an 8x8 output) a tap meets 49 of its 64 pixels in every image.
+const MIN_WEIGHT_GRADIENT_TILES: usize = 16;
+
+/// Whether the weight gradient of `g` runs as F(3x3, 2x2): [`applies`], at least
+/// [`MIN_WEIGHT_GRADIENT_TILES`] tiles an image, and a block of images has at least half as
+/// many tiles as a group has channels. Each block's 16 products sum over its tiles into a full
+/// `[cg, og]` matrix, so with few tiles for many channels (deep layers of small planes) the
+/// products are thin and writing their outputs costs more than the flops saved (ResNet-18's
+/// 512-channel layer, 128 tiles a block: 55-63 ms against 33 ms for im2col; its 256-channel
+/// layer, 128 tiles: 22 against 30 ms). The block is counted as if the batch filled it, so the
+/// choice depends on the shapes alone: a device holding part of the batch takes the same
+/// algorithm as one holding all of it.
 pub(super) fn applies_to_weight_gradient(g: &Geo) -> bool {
     let (th, tw) = tiles(g);
-    applies(g) && 2 * image_block(g) * th * tw >= g.cg.max(g.og)
+    let full_block = BLOCK_TILES.div_ceil((th * tw).max(1));
+    applies(g) && th * tw >= MIN_WEIGHT_GRADIENT_TILES && 2 * full_block * th * tw >= g.cg.max(g.og)
 }
 
 /// Blocks of images whose products one partial weight gradient accumulates: at most 16
@@ -596,5 +608,8 @@ mod tests {
         assert!(weights([32, 256, 8, 8], [256, 256, 3, 3]), "128 tiles a block for 256 channels");
         assert!(!weights([32, 512, 4, 4], [512, 512, 3, 3]), "128 tiles a block for 512 channels");
         assert!(!weights([256, 512, 4, 4], [512, 512, 3, 3]), "a larger batch has more blocks, no larger ones");
+        assert!(weights([2, 256, 8, 8], [256, 256, 3, 3]), "the batch a device holds does not change the choice");
+        assert!(!weights([64, 32, 6, 6], [32, 32, 3, 3]), "9 tiles an image: im2col");
+        assert!(!weights([64, 32, 2, 2], [32, 32, 3, 3]), "one tile an image: im2col");
     }
 }
