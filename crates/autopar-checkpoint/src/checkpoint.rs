@@ -126,6 +126,9 @@ impl CheckpointFile {
     /// [`Self::open`] with options.
     pub fn open_with(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
         let path = path.as_ref();
+        if path.is_dir() {
+            return Err(CheckpointError::IsADirectory { path: path.to_path_buf(), what: "checkpoint" });
+        }
         let format = Format::of_path(path).ok_or_else(|| CheckpointError::UnknownFormat { path: path.to_path_buf() })?;
         let mut file = File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() },
@@ -525,6 +528,15 @@ pub fn collect_rank_files(dir: &Path) -> Result<(BTreeMap<usize, PathBuf>, Forma
             }
         }
         ck.sort();
+        if ck.len() > 1 {
+            // MindSpore's choice, which a stray file can make the wrong one: said.
+            tracing::warn!(
+                "{} holds {} .ckpt files; using {}, the last by name (as MindSpore does)",
+                e.path().display(),
+                ck.len(),
+                ck[ck.len() - 1].file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            );
+        }
         sf.sort_by_key(|p| (trailing_numbers(p), p.clone()));
         if let Some(p) = ck.pop() {
             ckpt.insert(rank, p);

@@ -123,8 +123,12 @@ pub(crate) fn parse_index(path: &Path, map: &[u8], payload_len: usize) -> Result
         let key = top.varint().map_err(|e| malformed(format!("top level: {e}")))?;
         let (field, wire) = (key >> 3, key & 7);
         if field != 1 || wire != 2 {
-            top.skip(wire).map_err(|e| wrap(format!("top-level field {field}"), e))?;
-            continue;
+            // A checkpoint's top level holds its values alone: anything else is another kind
+            // of protobuf file (a strategy file decodes this far too).
+            return Err(malformed(format!(
+                "top-level field {field} (wire type {wire}) at byte {} is not a checkpoint value: is this a MindSpore checkpoint (a strategy file, perhaps)?",
+                top.pos
+            )));
         }
         let what = format!("value #{value_no}");
         value_no += 1;

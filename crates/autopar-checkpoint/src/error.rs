@@ -29,6 +29,26 @@ pub enum CheckpointError {
         path: PathBuf,
     },
 
+    /// The source checkpoints of a transform hold none of the tensors the strategies place.
+    #[error("the source checkpoints (such as {path}) hold none of the {placed} tensors the strategies place (such as {first})\n  hint: check that they are this network's checkpoints, saved under the source strategy")]
+    NoSourceTensors {
+        /// One of the source files.
+        path: PathBuf,
+        /// How many tensors the strategies place.
+        placed: usize,
+        /// The first of them.
+        first: String,
+    },
+
+    /// A path that should be a file is a folder.
+    #[error("{path} is a directory, expected a {what} file\n  hint: pass the file itself (`ls {path}` shows what the folder holds)")]
+    IsADirectory {
+        /// The path that was given.
+        path: PathBuf,
+        /// What the file should be, in words (`checkpoint`, `strategy`, ...).
+        what: &'static str,
+    },
+
     /// A path that should be a folder is not one.
     #[error("{path} is not a directory\n  hint: pass the folder that holds the {what}")]
     NotADirectory {

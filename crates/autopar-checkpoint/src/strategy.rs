@@ -78,6 +78,57 @@ impl LayoutItem {
         }
     }
 
+    /// What is wrong with this layout on its own, in words (`None`: nothing): the device matrix
+    /// (no empty axis, at most 4096 devices), the tensor map (values name axes of the matrix,
+    /// no axis twice, as many entries as the recorded shape has dimensions, each split dividing
+    /// its dimension unless the file records an uneven split) and the optimizer shard (MindSpore's
+    /// values: a size of -1 or more, a step of 0 or more, a size only with a step, and a size that
+    /// divides the parameter's replicas).
+    pub fn problem(&self) -> Option<String> {
+        let dev: Vec<usize> = self.dev_matrix.iter().map(|&d| d as usize).collect();
+        let mut map = self.map();
+        let uneven = self.param_split_shape.iter().any(|p| !p.is_empty());
+        let shape: Vec<usize> = match &self.tensor_shape {
+            Some(shape) if !uneven => {
+                if shape.len() == 1 && self.tensor_map.len() == 1 && map.len() > 1 {
+                    map = TensorMap(vec![map.flattened()]);
+                }
+                shape.clone()
+            }
+            // Without a (usable) recorded shape: one that every split divides.
+            _ => map
+                .0
+                .iter()
+                .map(|entry| {
+                    entry
+                        .iter()
+                        .filter(|&&v| v >= 0)
+                        .map(|&v| dev.len().checked_sub(1 + v as usize).and_then(|a| dev.get(a)).copied().unwrap_or(1).max(1))
+                        .fold(1usize, usize::saturating_mul)
+                })
+                .collect(),
+        };
+        let layout = match TensorLayout::from_mindspore(&dev, &map, &shape) {
+            Ok(l) => l,
+            Err(e) => return Some(format!("parameter {:?}: {e}", self.name)),
+        };
+        let (step, size) = (self.opt_weight_shard_step, self.opt_weight_shard_size);
+        if step < 0 || size < -1 || (step == 0 && size > 0) {
+            return Some(format!(
+                "parameter {:?}: the optimizer shard (opt_weight_shard_step {step}, opt_weight_shard_size {size}) is not a MindSpore value\n  hint: MindSpore writes both 0 (not sharded), or a step above 0 with a size of -1 or more",
+                self.name
+            ));
+        }
+        let replicas = layout.mesh().num_devices() / layout.num_slices().max(1);
+        if step > 0 && size > 1 && replicas % size as usize != 0 {
+            return Some(format!(
+                "parameter {:?}: an optimizer shard of {size} does not divide its {replicas} replicas (device matrix {dev:?}, tensor map {})",
+                self.name, map
+            ));
+        }
+        None
+    }
+
     /// `(stage, name)` of a merged `"<stage>-<name>"` entry.
     pub fn split_stage(&self) -> Option<(u32, &str)> {
         let (s, rest) = self.name.split_once('-')?;
@@ -104,9 +155,44 @@ fn is_json(path: &Path) -> bool {
 }
 
 impl StrategyFile {
+    /// The file as decoded, if it holds something and every layout is valid on its own
+    /// ([`LayoutItem::problem`]) and spans as many devices as the others of its pipeline stage.
+    /// Every reader goes through this, so `ckpt rank-list`, `ckpt redundancy`, transforms and
+    /// training refuse the same files.
+    fn checked(self, path: &Path) -> Result<Self> {
+        if self.strategy_items.is_empty() && self.layout_items.is_empty() {
+            return Err(CheckpointError::EmptyStrategy { path: path.to_path_buf(), missing: "strategy items and no layout items" });
+        }
+        let invalid = |reason: String| CheckpointError::InvalidStrategy { path: path.to_path_buf(), reason };
+        let mut spans: BTreeMap<u32, (&str, usize)> = BTreeMap::new();
+        for l in &self.layout_items {
+            if let Some(reason) = l.problem() {
+                return Err(invalid(reason));
+            }
+            let stage = l.split_stage().map_or(0, |(s, _)| s);
+            let devices: usize = l.dev_matrix.iter().map(|&d| d as usize).product();
+            match spans.get(&stage) {
+                Some(&(first, n)) if n != devices => {
+                    return Err(invalid(format!(
+                        "parameter {:?} spans {devices} devices (device matrix {:?}), but {first:?} spans {n}: the layouts of one pipeline stage span its devices",
+                        l.name, l.dev_matrix
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    spans.insert(stage, (l.name.as_str(), devices));
+                }
+            }
+        }
+        Ok(self)
+    }
+
     /// Read a strategy file: `.json` is the JSON variant, anything else protobuf.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        if path.is_dir() {
+            return Err(CheckpointError::IsADirectory { path: path.to_path_buf(), what: "strategy" });
+        }
         let bytes = fs::read(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => CheckpointError::NotFound { what: "strategy file", path: path.to_path_buf() },
             _ => CheckpointError::Io { op: "read", path: path.to_path_buf(), source: e },
@@ -165,7 +251,7 @@ impl StrategyFile {
                 tensor_shape: None,
             });
         }
-        Ok(Self { current_stage: m.current_stage, strategy_items, layout_items })
+        Self { current_stage: m.current_stage, strategy_items, layout_items }.checked(path)
     }
 
     /// Encodes the protobuf form (`ParallelStrategyMap`).
@@ -290,7 +376,7 @@ impl StrategyFile {
                 });
             }
         }
-        Ok(Self { current_stage, strategy_items, layout_items })
+        Self { current_stage, strategy_items, layout_items }.checked(path)
     }
 
     /// The JSON form as MindSpore writes it: compact, keys sorted.

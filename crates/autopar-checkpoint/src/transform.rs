@@ -437,6 +437,7 @@ impl TransformPlanner {
         checked: &mut BTreeSet<(String, usize)>,
     ) -> Result<RankPlan> {
         let local = rank % self.dst_stage_devs;
+        let absent_before = report.absent.len();
         // the open files, the paired source rank's first: extras and entry order come from it
         let pref = self.by_stage.unwrap_or(0) as usize * self.src_stage_devs + local % self.src_stage_devs;
         let open: Vec<usize> = std::iter::once(pref).chain(files.keys().rev().copied().filter(|&r| r != pref)).collect();
@@ -556,6 +557,17 @@ impl TransformPlanner {
                 tensors.push(TensorPlan {
                     spec: TensorSpec { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() },
                     pieces: vec![(r, t.shape.iter().map(|&n| 0..n).collect(), vec![0; t.shape.len()])],
+                });
+            }
+        }
+        // Nothing at all to write, while the strategies place tensors: the sources are not this
+        // network's checkpoints (an empty file, another network's).
+        if tensors.is_empty() {
+            if let (Some(first), Some(file)) = (report.absent.get(absent_before), files.values().next()) {
+                return Err(CheckpointError::NoSourceTensors {
+                    path: file.path().to_path_buf(),
+                    placed: report.absent.len() - absent_before,
+                    first: first.clone(),
                 });
             }
         }

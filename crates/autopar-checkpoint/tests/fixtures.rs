@@ -223,3 +223,102 @@ fn merging_refuses_a_file_a_mixed_folder_and_files_without_items() {
     let m = StrategyFile::load(dir.path().join("m.json")).unwrap().layout_map().unwrap();
     assert_eq!(m.stages(), vec![0, 1]);
 }
+
+/// Every reader refuses the same broken layouts, naming the file and the parameter: a variant
+/// of MindSpore's JSON strategy file with one field of one layout made impossible (too many
+/// devices, overflowing ones, an axis used twice or out of range, a split that does not divide
+/// the recorded shape, a map longer than the shape, optimizer-shard values MindSpore never
+/// writes, a layout on another device count than its stage's), and an empty file.
+#[test]
+fn broken_layouts_and_empty_files_are_refused_naming_the_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let original: serde_json::Value =
+        serde_json::from_slice(&fs::read(strategies().join("semi_json/strategy_rank0.json")).unwrap()).unwrap();
+    assert!(StrategyFile::from_json(Path::new("x.json"), original.to_string().as_bytes()).is_ok());
+    let cases: &[(&str, &str, serde_json::Value, &str)] = &[
+        ("l1.w", "dev_matrix", serde_json::json!([65536, 65536]), "more than the maximum of 4096"),
+        ("l1.w", "dev_matrix", serde_json::json!([2, 4096]), "more than the maximum of 4096"),
+        ("l1.w", "dev_matrix", serde_json::json!([2, 0]), "axis of size 0"),
+        ("l1.w", "tensor_map", serde_json::json!([0, 0]), "used twice"),
+        ("l1.w", "tensor_map", serde_json::json!([-1, 2]), "out of range"),
+        ("l1.w", "tensor_map", serde_json::json!([-1, -1, 0]), "3"),
+        ("l1.w", "tensor_shape", serde_json::json!([64, 127]), "127"),
+        ("l1.w", "opt_weight_shard_size", serde_json::json!(-5), "not a MindSpore value"),
+        ("l1.w", "opt_weight_shard_size", serde_json::json!(2), "not a MindSpore value"),
+        ("head.w", "dev_matrix", serde_json::json!([4]), "spans"),
+    ];
+    for (param, field, value, needle) in cases {
+        let mut v = original.clone();
+        v["parallel_layout_item"][param][field] = value.clone();
+        if *field == "opt_weight_shard_size" && *value == serde_json::json!(2) {
+            // A size without a step.
+            v["parallel_layout_item"][param]["opt_weight_shard_step"] = serde_json::json!(0);
+        }
+        let path = dir.path().join(format!("{param}-{field}.json"));
+        fs::write(&path, v.to_string()).unwrap();
+        let e = StrategyFile::load(&path).unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains(needle), "{param}.{field} = {value}: {e}");
+        if *field != "dev_matrix" || *param != "head.w" {
+            assert!(e.contains(param), "{param}.{field} = {value}: {e}");
+        }
+    }
+    // A shard of 3 does not divide l1.w's 2 replicas ([2, 4], split 4 ways by its columns).
+    let mut v = original.clone();
+    v["parallel_layout_item"]["l1.w"]["opt_weight_shard_size"] = serde_json::json!(3);
+    v["parallel_layout_item"]["l1.w"]["opt_weight_shard_step"] = serde_json::json!(4);
+    let path = dir.path().join("shard3.json");
+    fs::write(&path, v.to_string()).unwrap();
+    let e = StrategyFile::load(&path).unwrap_err().to_string();
+    assert!(e.contains("l1.w") && e.contains("does not divide its 2 replicas"), "{e}");
+    // A shard of 2 does.
+    v["parallel_layout_item"]["l1.w"]["opt_weight_shard_size"] = serde_json::json!(2);
+    fs::write(&path, v.to_string()).unwrap();
+    StrategyFile::load(&path).unwrap();
+    for (name, bytes) in [("empty.ckpt", &b""[..]), ("empty.json", &b"{}"[..]), ("items.json", &br#"{"parallel_strategy_item": {}}"#[..])] {
+        let path = dir.path().join(name);
+        fs::write(&path, bytes).unwrap();
+        let e = StrategyFile::load(&path).unwrap_err().to_string();
+        assert!(e.contains("holds no strategy items and no layout items"), "{name}: {e}");
+    }
+}
+
+/// A protobuf file of another kind (MindSpore's strategy file, or two stray bytes) is not
+/// read as a checkpoint without tensors: opening it names the file and what it found.
+#[test]
+fn a_strategy_file_is_not_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let stray = dir.path().join("two.ckpt");
+    fs::write(&stray, b"\x08\x02").unwrap();
+    for path in [strategies().join("dp4/strategy_rank0.ckpt"), stray] {
+        let e = CheckpointFile::open(&path).err().unwrap().to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains("is not a checkpoint value"), "{e}");
+    }
+}
+
+/// A folder given where a checkpoint or strategy file belongs is named as a folder.
+#[test]
+fn a_folder_is_not_a_checkpoint_or_strategy_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("adir.ckpt");
+    fs::create_dir_all(&folder).unwrap();
+    let e = CheckpointFile::open(&folder).err().unwrap().to_string();
+    assert!(e.contains("is a directory, expected a checkpoint file"), "{e}");
+    let e = StrategyFile::load(&folder).unwrap_err().to_string();
+    assert!(e.contains("is a directory, expected a strategy file"), "{e}");
+}
+
+/// A transform whose source files hold none of the tensors the strategies place (an empty
+/// `.ckpt`, here) is refused before any output is written, rather than writing empty files.
+#[test]
+fn a_transform_from_sources_without_the_networks_tensors_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("rank_0")).unwrap();
+    fs::write(src.join("rank_0/net_0.ckpt"), b"").unwrap();
+    let out = dir.path().join("out");
+    let dst_s = strategies().join("dp4/strategy_rank0.ckpt");
+    let opts = TransformOptions { format: Format::Ckpt, prefix: "net_".into(), ..Default::default() };
+    let e = transform_checkpoints(&src, &out, None, Some(&dst_s), &opts).unwrap_err().to_string();
+    assert!(e.contains("hold none of the") && e.contains("net_0.ckpt"), "{e}");
+    assert!(!out.exists() || fs::read_dir(&out).unwrap().next().is_none(), "outputs were written");
+}

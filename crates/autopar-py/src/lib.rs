@@ -15,13 +15,14 @@ use autopar_checkpoint::{
     transform_checkpoints as all_ranks, CheckpointError, CheckpointFile, DType, Format, OpenOptions, TensorSpec, TransformOptions,
     TransformReport,
 };
-use pyo3::exceptions::{PyNotADirectoryError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIsADirectoryError, PyNotADirectoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict};
 
 fn to_py(err: CheckpointError) -> PyErr {
     match err {
         CheckpointError::NotADirectory { .. } => PyNotADirectoryError::new_err(err.to_string()),
+        CheckpointError::IsADirectory { .. } => PyIsADirectoryError::new_err(err.to_string()),
         other => PyValueError::new_err(other.to_string()),
     }
 }

@@ -160,7 +160,11 @@ impl LayoutSource {
                 return Ok(LayoutSource::Dict(dict));
             }
         }
-        StrategyFile::load(path).map(LayoutSource::Strategy).map_err(|e| read(e.to_string()))
+        let file = StrategyFile::load(path).map_err(|e| read(e.to_string()))?;
+        if file.layout_items.is_empty() {
+            return Err(read("the strategy file holds operator strategies but no parameter layouts (parallel_layout_item)".into()));
+        }
+        Ok(LayoutSource::Strategy(file))
     }
 
     /// The devices of the first layout entry's device matrix (one pipeline stage's).

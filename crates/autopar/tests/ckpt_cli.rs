@@ -406,3 +406,79 @@ fn an_interleaved_pipeline_run_transforms_to_one_device_and_back() {
     transform(&one, &back, &["--dst-strategy", s(&run.join("strategy.json"))]);
     assert_same_rank_files(&run, &back, 8);
 }
+
+/// `ckpt rank-list` (MindSpore's list and `--minimal`) and `ckpt redundancy` read strategy
+/// files through one validation: each refuses the same broken layout at once, naming the file
+/// and the parameter (a device matrix of 2^32 devices once panicked in one and hung the other).
+#[test]
+fn rank_lists_and_redundancy_refuse_the_same_broken_layouts() {
+    let dir = TempDir::new();
+    let src = fixtures().join("strategies/semi_json/strategy_rank0.json");
+    let original: serde_json::Value = serde_json::from_slice(&std::fs::read(&src).unwrap()).unwrap();
+    let dp4 = fixtures().join("strategies/dp4/strategy_rank0.ckpt");
+    let mut only_strategies = original.clone();
+    only_strategies["parallel_layout_item"] = serde_json::json!({});
+    let mut cases = vec![("no_layouts.json", only_strategies, "no parameter layouts")];
+    for (name, field, value, needle) in [
+        ("huge.json", "dev_matrix", serde_json::json!([65536, 65536]), "more than the maximum"),
+        ("twice.json", "tensor_map", serde_json::json!([0, 0]), "used twice"),
+        ("shard.json", "opt_weight_shard_size", serde_json::json!(-5), "not a MindSpore value"),
+    ] {
+        let mut v = original.clone();
+        v["parallel_layout_item"]["l1.w"][field] = value;
+        cases.push((name, v, needle));
+    }
+    for (name, v, needle) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, v.to_string()).unwrap();
+        let p = s(&path);
+        let mut runs = vec![vec!["ckpt", "redundancy", p]];
+        if name != "no_layouts.json" {
+            runs.push(vec!["ckpt", "rank-list", "0", "--src-strategy", p, "--dst-strategy", s(&dp4)]);
+            runs.push(vec!["ckpt", "rank-list", "0", "--src-strategy", s(&dp4), "--dst-strategy", p, "--minimal"]);
+        }
+        for args in runs {
+            let o = autopar(&args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains(name) && err.contains(needle), "{args:?}: {err}");
+            if name != "no_layouts.json" {
+                assert!(err.contains("l1.w"), "{args:?}: {err}");
+            }
+        }
+    }
+}
+
+/// A rank folder holding several `.ckpt` files: MindSpore's choice (the last by name) is made,
+/// and said.
+#[test]
+fn a_rank_folder_with_several_checkpoints_says_which_one_it_uses() {
+    let dir = TempDir::new();
+    let case = fixtures().join("transforms/ckpt_out_semi_train_optshard_to_out_dp4");
+    let src = dir.path().join("src");
+    for e in std::fs::read_dir(case.join("src")).unwrap() {
+        let e = e.unwrap();
+        let to = src.join(e.file_name());
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(e.path()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+        }
+    }
+    std::fs::copy(src.join("rank_1/net_1.ckpt"), src.join("rank_3/z_stray.ckpt")).unwrap();
+    let strategies = fixtures().join("strategies");
+    let o = autopar(&[
+        "ckpt",
+        "transform",
+        s(&src),
+        s(&dir.path().join("out")),
+        "--prefix",
+        "net_",
+        "--src-strategy",
+        s(&strategies.join("semi_train_optshard/strategy_rank0.ckpt")),
+        "--dst-strategy",
+        s(&strategies.join("dp4/strategy_rank0.ckpt")),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank_3 holds 2 .ckpt files; using z_stray.ckpt"), "{err}");
+}
