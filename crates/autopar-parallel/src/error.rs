@@ -186,6 +186,15 @@ pub enum ParallelError {
         entries: u128,
     },
 
+    /// A strategy a strategy file gives an operator is invalid for it.
+    #[error("strategy file {}: {source}", file.display())]
+    InStrategyFile {
+        /// The strategy file that was read.
+        file: PathBuf,
+        /// What is wrong with the strategy.
+        source: Box<ParallelError>,
+    },
+
     /// The strategy file names an operator the network lacks.
     #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
     UnknownStrategyItem {
@@ -410,11 +419,12 @@ impl fmt::Display for PipelineProblem {
                 write!(f, "the loss {name:?} is computed on stage {stage}; it must be on the last stage ({})", stages - 1)
             }
             PipelineProblem::SplitCount { given, stages, interleave: false } => {
-                write!(f, "the split names {given} op(s); {stages} stages begin at {} ops after the first", stages - 1)
+                let ops = |k: usize| if k == 1 { "1 op".to_string() } else { format!("{k} ops") };
+                write!(f, "the split names {}; {stages} stages need {}, where each stage after the first begins", ops(*given), ops(stages - 1))
             }
             PipelineProblem::SplitCount { given, stages, interleave: true } => write!(
                 f,
-                "the split names {given} op(s); with pipeline_interleave it must name k*{stages}-1 ops for k chunks per stage ({}, {}, ...)",
+                "the split names {given} ops; with pipeline_interleave it must name k*{stages}-1 ops for k chunks per stage ({}, {}, ...)",
                 stages - 1,
                 2 * stages - 1
             ),
@@ -535,6 +545,13 @@ pub enum DatasetProblem {
         /// The number of split lists the dataset strategy gives.
         given: usize,
     },
+    /// More split lists than the network has inputs.
+    ExtraLists {
+        /// The number of split lists the dataset strategy gives.
+        given: usize,
+        /// The network's inputs.
+        inputs: usize,
+    },
     /// A split list whose length differs from the input's rank (number of dimensions).
     Rank {
         /// The input's name.
@@ -571,6 +588,9 @@ impl fmt::Display for DatasetProblem {
         match self {
             DatasetProblem::MissingInput { input, index, given } => {
                 write!(f, "network input {input:?} is input {index}, but dataset_strategy lists {given} inputs")
+            }
+            DatasetProblem::ExtraLists { given, inputs } => {
+                write!(f, "dataset_strategy lists {given} inputs, but the network has {inputs} (one list per input, in order)")
             }
             DatasetProblem::Rank { input, shape, splits } => {
                 write!(f, "input {input:?} has shape {shape:?}, its dataset strategy {splits:?} has {} entries", splits.len())
@@ -770,6 +790,13 @@ fn option_flag(option: &str) -> String {
     match option {
         "device_num" => "--devices N (or --parallel device_num=N)".into(),
         "parallel_mode" => "--parallel-mode MODE (or --parallel parallel_mode=MODE)".into(),
-        _ => format!("--parallel {option}=VALUE"),
+        // A field of a dictionary option is set with the dictionary, as JSON.
+        _ => match option.split_once('.') {
+            Some((top, rest)) => {
+                let nested = rest.split('.').rev().fold("VALUE".to_string(), |inner, key| format!("{{\"{key}\": {inner}}}"));
+                format!("--parallel '{top}={nested}'")
+            }
+            None => format!("--parallel {option}=VALUE"),
+        },
     }
 }

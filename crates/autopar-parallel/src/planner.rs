@@ -192,6 +192,11 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             input_index += 1;
         }
     }
+    if let DatasetStrategy::Explicit(all) = &ctx.dataset_strategy {
+        if all.len() > input_index && n > 1 {
+            return Err(ParallelError::DatasetStrategy { problem: DatasetProblem::ExtraLists { given: all.len(), inputs: input_index } });
+        }
+    }
     // The strategies fixed by a strategy file or the model's `.shard()`.
     let mut fixed: Vec<Option<(Vec<usize>, StrategySource)>> = vec![None; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
@@ -201,7 +206,10 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
                 return Err(ParallelError::MissingOperator { file: file.path.clone(), op: node.name.clone(), kind });
             }
             fixed[i] = match (&from_file[i], &node.strategy) {
-                (Some(s), _) => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::StrategyFile)),
+                (Some(s), _) => {
+                    let splits = spec.splits_from_strategy(kind, &node.name, s).map_err(|e| in_strategy_file(req, e.into()))?;
+                    Some((splits, StrategySource::StrategyFile))
+                }
                 (None, Some(s)) if use_strategies => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User)),
                 _ => None,
             };
@@ -210,9 +218,11 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
     // auto_parallel: the search decides the rest.
     let mut search_report = None;
     if mode == ParallelMode::AutoParallel {
+        // Pure data parallel, the baseline `--compare` prints: every op at its default, the
+        // strategies of a file or of `.shard()` too.
         if search == Search::DataParallel {
             for (i, node) in nodes.iter().enumerate() {
-                if let (ShardingRule::Spec(spec), None) = (&rules[i], &fixed[i]) {
+                if let ShardingRule::Spec(spec) = &rules[i] {
                     fixed[i] = Some((default_splits(spec, node, &on_data, n), StrategySource::Default));
                 }
             }
@@ -253,7 +263,10 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
                     Some((s, source)) => (s.clone(), *source),
                     None => (default_splits(spec, node, &on_data, n), StrategySource::Default),
                 };
-                let l = spec.layouts(kind, &node.name, &ins, &node.ty, &splits, n)?;
+                let l = spec.layouts(kind, &node.name, &ins, &node.ty, &splits, n).map_err(|e| match source {
+                    StrategySource::StrategyFile => in_strategy_file(req, e.into()),
+                    _ => e.into(),
+                })?;
                 let sync = match &spec.tie {
                     Tie::None => InOpSync::None,
                     Tie::Stats(dims) => {
@@ -285,13 +298,14 @@ fn plan_job_with(req: &PlanRequest<'_>, search: Search) -> Result<ParallelPlan> 
             ShardingRule::Replicated => {
                 let given = from_file[i].as_ref().or(node.strategy.as_ref().filter(|_| use_strategies));
                 if let Some(s) = given.filter(|s| s.0.iter().flatten().any(|&x| x > 1)) {
-                    return Err(autopar_graph::GraphError::InvalidStrategy {
+                    let e = autopar_graph::GraphError::InvalidStrategy {
                         kind,
                         name: node.name.clone(),
                         strategy: s.to_string(),
                         problem: StrategyProblem::NoShardedForm,
                     }
-                    .into());
+                    .into();
+                    return Err(if from_file[i].is_some() { in_strategy_file(req, e) } else { e });
                 }
                 replicated_plan(&graph, NodeId(i), &flat)
             }
@@ -506,6 +520,14 @@ fn file_strategies(graph: &Graph, file: &StrategyItems) -> Result<Vec<Option<Str
         }
     }
     Ok(out)
+}
+
+/// `e`, about a strategy the request's strategy file gave, as an error naming the file.
+fn in_strategy_file(req: &PlanRequest<'_>, e: ParallelError) -> ParallelError {
+    match req.strategy_file {
+        Some(f) => ParallelError::InStrategyFile { file: f.path.clone(), source: Box::new(e) },
+        None => e,
+    }
 }
 
 /// Whether each node's value depends on a network input (nodes are in topological order).

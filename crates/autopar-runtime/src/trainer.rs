@@ -321,6 +321,9 @@ pub struct TrainReport {
     /// Entries of the `init` checkpoint that are not parameters of this network (optimizer
     /// state, counters), which were not loaded.
     pub init_ignored: Vec<String>,
+    /// Frozen parameters of the network (constants it builds, such as an attention mask) the
+    /// `init` checkpoint lacks, which kept their initial values.
+    pub init_kept: Vec<String>,
 }
 
 /// Trains one network on one dataset.
@@ -569,6 +572,7 @@ impl Trainer {
         let (io, job) = self.plan_job()?;
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
+        let mut init_kept = Vec::new();
         if let Some(init) = &cfg.init {
             let ck_err = |path: &Path| {
                 let path = path.to_path_buf();
@@ -594,7 +598,14 @@ impl Trainer {
                 }
                 files.values().next().cloned()
             } else {
-                load_parameters(init, &mut full).map_err(|e| one_rank_of_many(init, e))?;
+                let frozen: std::collections::BTreeSet<String> = job
+                    .graph()
+                    .nodes()
+                    .iter()
+                    .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if !p.trainable))
+                    .map(|nd| nd.name.clone())
+                    .collect();
+                init_kept = load_parameters(init, &mut full, &|name| frozen.contains(name)).map_err(|e| one_rank_of_many(init, e))?;
                 Some(init.clone())
             };
             // entries the network has no parameter for (optimizer state, counters): said, not used
@@ -642,7 +653,7 @@ impl Trainer {
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
         if let Some(size) = mpi {
-            return self.fit_mpi(&plan, &callbacks, size, strategy_file).map(|r| TrainReport { init_ignored, ..r });
+            return self.fit_mpi(&plan, &callbacks, size, strategy_file).map(|r| TrainReport { init_ignored, init_kept, ..r });
         }
         let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
             let rank = comm.rank();
@@ -686,6 +697,7 @@ impl Trainer {
             device_num: n,
             mode,
             init_ignored,
+            init_kept,
         })
     }
 
@@ -826,6 +838,7 @@ impl Trainer {
             device_num: plan.n,
             mode: self.cfg.parallel.parallel_mode,
             init_ignored: Vec::new(),
+            init_kept: Vec::new(),
         })
     }
 
@@ -870,6 +883,20 @@ impl Trainer {
         let ck = Loaded::open(&path)?;
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
         let bad = |problem: String, hint: &str| TrainError::Resume { path: path.clone(), problem, hint: hint.into() };
+        // Another network's checkpoint first: its other settings would not matter.
+        let params: Vec<&str> = job
+            .graph()
+            .nodes()
+            .iter()
+            .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable))
+            .map(|nd| nd.name.as_str())
+            .collect();
+        if let Some(first) = params.first().filter(|_| !params.iter().any(|p| ck.has(p))) {
+            return Err(bad(
+                format!("it holds none of this network's parameters (such as {first}): it was saved from another network"),
+                "resume with the --model and sizes of the run that saved it",
+            ));
+        }
         if pos.batch_size != self.cfg.batch_size {
             return Err(bad(
                 format!("it was saved with batch size {}; this run has {}", pos.batch_size, self.cfg.batch_size),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 
 /// The TOML file: the flags' names with `_`, and a `[parallel]` table.
@@ -99,30 +99,53 @@ pub struct FileConfig {
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// A TOML item as the JSON value `ParallelContext::set` takes (None for an empty item).
-pub fn toml_to_json(item: &toml_edit::Item) -> Option<serde_json::Value> {
-    use serde_json::Value;
-    match item {
-        toml_edit::Item::None => None,
-        toml_edit::Item::Value(v) => Some(value_to_json(v)),
-        toml_edit::Item::Table(t) => Some(Value::Object(t.iter().filter_map(|(k, v)| Some((k.to_string(), toml_to_json(v)?))).collect())),
-        toml_edit::Item::ArrayOfTables(a) => {
-            Some(Value::Array(a.iter().map(|t| toml_to_json(&toml_edit::Item::Table(t.clone())).unwrap_or(Value::Null)).collect()))
-        }
-    }
+/// A TOML item as the JSON value `ParallelContext::set` takes (None for an empty item). A float
+/// that is not finite (`nan`, `inf`) has no JSON value and is an error naming its key, rather
+/// than a key left unset.
+pub fn toml_to_json(item: &toml_edit::Item) -> Result<Option<serde_json::Value>> {
+    item_to_json(item, "")
 }
 
-fn value_to_json(v: &toml_edit::Value) -> serde_json::Value {
+fn item_to_json(item: &toml_edit::Item, key: &str) -> Result<Option<serde_json::Value>> {
     use serde_json::Value;
-    match v {
+    let child = |k: &str| if key.is_empty() { k.to_string() } else { format!("{key}.{k}") };
+    Ok(match item {
+        toml_edit::Item::None => None,
+        toml_edit::Item::Value(v) => Some(value_to_json(v, key)?),
+        toml_edit::Item::Table(t) => {
+            let mut map = serde_json::Map::new();
+            for (k, v) in t.iter() {
+                if let Some(j) = item_to_json(v, &child(k))? {
+                    map.insert(k.to_string(), j);
+                }
+            }
+            Some(Value::Object(map))
+        }
+        toml_edit::Item::ArrayOfTables(a) => Some(Value::Array(
+            a.iter()
+                .map(|t| Ok(item_to_json(&toml_edit::Item::Table(t.clone()), key)?.unwrap_or(Value::Null)))
+                .collect::<Result<Vec<_>>>()?,
+        )),
+    })
+}
+
+fn value_to_json(v: &toml_edit::Value, key: &str) -> Result<serde_json::Value> {
+    use serde_json::Value;
+    let child = |k: &str| if key.is_empty() { k.to_string() } else { format!("{key}.{k}") };
+    Ok(match v {
         toml_edit::Value::String(s) => Value::String(s.value().clone()),
         toml_edit::Value::Integer(i) => Value::from(*i.value()),
-        toml_edit::Value::Float(f) => serde_json::Number::from_f64(*f.value()).map_or(Value::Null, Value::Number),
+        toml_edit::Value::Float(f) => match serde_json::Number::from_f64(*f.value()) {
+            Some(n) => Value::Number(n),
+            None => bail!("{key} = {} is not a finite number\nhint: give {key} a finite value, or leave it out for the default", f.value()),
+        },
         toml_edit::Value::Boolean(b) => Value::Bool(*b.value()),
         toml_edit::Value::Datetime(d) => Value::String(d.value().to_string()),
-        toml_edit::Value::Array(a) => Value::Array(a.iter().map(value_to_json).collect()),
-        toml_edit::Value::InlineTable(t) => Value::Object(t.iter().map(|(k, v)| (k.to_string(), value_to_json(v))).collect()),
-    }
+        toml_edit::Value::Array(a) => Value::Array(a.iter().map(|x| value_to_json(x, key)).collect::<Result<Vec<_>>>()?),
+        toml_edit::Value::InlineTable(t) => {
+            Value::Object(t.iter().map(|(k, x)| Ok((k.to_string(), value_to_json(x, &child(k))?))).collect::<Result<_>>()?)
+        }
+    })
 }
 
 /// The config file at `path` (`None`: no file, every key unset).
@@ -138,7 +161,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<FileConfig> {
     let doc: toml_edit::DocumentMut = text
         .parse()
         .map_err(|e| anyhow!("config file {} is not valid TOML\n{e}\nhint: see https://toml.io for the syntax", path.display()))?;
-    let json = toml_to_json(doc.as_item()).unwrap_or_default();
+    let json = toml_to_json(doc.as_item()).with_context(|| format!("in config file {}", path.display()))?.unwrap_or_default();
     serde_json::from_value(json).map_err(|e| {
         anyhow!(
             "config file {}: {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",

@@ -96,6 +96,21 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
         // Two outputs asked for at once.
         (&["--devices", "2", "--compare", "--svg", "x.svg"][..], "--compare prints a table of every search; --svg draws one plan"),
         (&["--devices", "2", "--json", "--mindspore-layouts"][..], "--json and --mindspore-layouts both choose the output"),
+        (&["--devices", "2", "--compare", "--mindspore-layouts"][..], "--compare prints a table of every search; --mindspore-layouts"),
+        (
+            &["--devices", "2", "--compare", "--parallel-mode", "data_parallel"][..],
+            "--compare plans under auto_parallel, but the parallel mode is data_parallel",
+        ),
+        // One split list per network input (the MLP has two: its images and its labels).
+        (
+            &["--devices", "4", "--parallel", "dataset_strategy=[[2,1],[2],[1]]"][..],
+            "dataset_strategy lists 3 inputs, but the network has 2",
+        ),
+        // A dictionary option's field is set with the dictionary: the hint says how.
+        (
+            &["--devices", "2", "--parallel", r#"comm_fusion={"allreduce": {"mode": "size", "config": -3}}"#][..],
+            r#"--parallel 'comm_fusion={"allreduce": {"config": VALUE}}'"#,
+        ),
         // The device count or the mode given twice, differently.
         (&["--devices", "2", "--parallel", "device_num=8"][..], "--devices gives 2 but --parallel device_num gives 8"),
         (
@@ -136,7 +151,33 @@ fn auto_parallel_plans_explain_every_search() {
         assert!(ops.iter().all(|o| o["compute_seconds"].as_f64().unwrap() >= 0.0), "{v}");
     }
     // --compare: every search, pure data parallel and the exact optimum, none below the optimum.
-    let out = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare"]);
+    // It plans under auto_parallel, so auto_parallel's options need no --parallel-mode.
+    let out = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare", "--parallel", "search_mode=dynamic_programming"]);
+    // Pure data parallel is the same row with a model-parallel strategy file loaded (the file
+    // moves the searches' rows: recursive_programming keeps a layer of 512 whole).
+    ok(
+        dir.path(),
+        &[
+            "plan",
+            "--model",
+            "mlp",
+            "--devices",
+            "4",
+            "--parallel-mode",
+            "auto_parallel",
+            "--parallel",
+            "search_mode=dynamic_programming",
+            "--parallel",
+            "strategy_ckpt_config={\"save_file\": \"mp.json\"}",
+        ],
+    );
+    let with_file = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare", "--strategy", "mp.json"]);
+    let cost = |out: &str, search: &str| {
+        let row = out.lines().find(|l| l.trim_start().starts_with(search)).unwrap_or_else(|| panic!("{search} missing:\n{out}"));
+        row.split_whitespace().nth(1).unwrap().to_string()
+    };
+    assert_eq!(cost(&with_file, "data_parallel"), cost(&out, "data_parallel"), "{out}\n{with_file}");
+    assert_ne!(cost(&with_file, "recursive_programming"), cost(&out, "recursive_programming"), "{out}\n{with_file}");
     for search in ["recursive_programming", "sharding_propagation", "dynamic_programming", "data_parallel", "exact"] {
         let row = out.lines().find(|l| l.trim_start().starts_with(search)).unwrap_or_else(|| panic!("{search} missing:\n{out}"));
         let ratio: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
@@ -413,4 +454,20 @@ fn plan_writes_the_strategy_file_train_writes() {
     let o = autopar(dir.path(), &a);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("strategy_ckpt_config") && !dir.path().join("compare.json").exists());
+}
+
+/// An invalid strategy read from a strategy file names the file it came from.
+#[test]
+fn an_invalid_strategy_from_a_file_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    ok(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--parallel", r#"strategy_ckpt_config={"save_file": "s.json"}"#]);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("s.json")).unwrap()).unwrap();
+    let items = v["parallel_strategy_item"].as_object_mut().unwrap();
+    let key = items.keys().find(|k| k.starts_with("MatMul") && k.contains("fc1")).unwrap().clone();
+    items[&key]["parallel_strategy"] = serde_json::json!([[1, 1], [3, 1]]);
+    std::fs::write(dir.path().join("bad.json"), v.to_string()).unwrap();
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--strategy", "bad.json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("strategy file bad.json: ") && err.contains("(3, 1)"), "{err}");
 }

@@ -186,6 +186,92 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     // Unknown keys in the config file.
     std::fs::write(d.join("bad.toml"), "model = \"mlp\"\nlearning_rate = 0.1\n").unwrap();
     fails(d, &["train", "--config", "bad.toml", "--data", "synthetic"], &["bad.toml", "learning_rate"]);
+    // A float that is not finite is no value, not an unset key.
+    for v in ["nan", "inf"] {
+        std::fs::write(d.join("nan.toml"), format!("model = \"mlp\"\nlr = {v}\n")).unwrap();
+        fails(d, &["train", "--config", "nan.toml", "--data", "synthetic"], &["nan.toml", "lr = ", "not a finite number"]);
+    }
+}
+
+/// Options that would change nothing in the run they are given to are refused, naming what
+/// they need, rather than accepted and ignored.
+#[test]
+fn options_that_would_be_ignored_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = |extra: &[&'static str]| {
+        let mut a = vec!["train", "--model", "mlp", "--data", "synthetic", "--steps", "3"];
+        a.extend(extra);
+        a
+    };
+    fails(d, &run(&["--epochs", "0"]), &["--epochs 0 trains nothing"]);
+    fails(d, &run(&["--micro-batches", "0"]), &["--micro-batches 0"]);
+    fails(d, &run(&["--warmup-steps", "3"]), &["--warmup-steps", "--schedule cosine"]);
+    fails(d, &run(&["--min-lr", "0.001"]), &["--min-lr", "--schedule cosine"]);
+    fails(d, &run(&["--optimizer", "sgd", "--momentum", "0.5"]), &["--momentum 0.5 applies to --optimizer momentum, not sgd"]);
+    fails(d, &run(&["--optimizer", "adamw", "--momentum", "0.5"]), &["not adamw"]);
+    fails(d, &run(&["--momentum=-1"]), &["--momentum -1 is not a momentum coefficient"]);
+    fails(d, &run(&["--init-strategy", "s.json"]), &["--init-strategy s.json applies to a folder of per-rank checkpoints"]);
+    fails(d, &run(&["--checkpoint-prefix", "foo"]), &["--checkpoint-prefix", "--checkpoint-dir"]);
+    std::fs::create_dir_all(d.join("adir")).unwrap();
+    fails(d, &run(&["--devices", "2", "--strategy", "adir"]), &["strategy file \"adir\" is a directory"]);
+}
+
+/// The device count given as a parallel option alone is the device count, as --devices is:
+/// `--parallel device_num=2` runs semi_auto_parallel on 2 devices, not stand_alone on one.
+#[test]
+fn device_num_given_as_a_parallel_option_runs_that_many_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    for extra in [&["--parallel", "device_num=2"][..], &["--devices", "2"][..]] {
+        let mut a = vec!["train"];
+        a.extend(SMALL);
+        a.extend(["--steps", "2", "--eval", "false"]);
+        a.extend(extra);
+        let o = autopar(dir.path(), &a);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        assert!(err.contains("2 devices (semi_auto_parallel)"), "{extra:?}: {err}");
+    }
+}
+
+/// A run resumed from a checkpoint at or past its last step trains nothing, and says so (a
+/// restart loop that resumes a finished run still succeeds).
+#[test]
+fn resuming_past_the_last_step_says_there_is_nothing_to_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = vec!["train"];
+    a.extend(SMALL);
+    a.extend(["--steps", "4", "--eval", "false", "--checkpoint-dir", "ck"]);
+    let o = autopar(dir.path(), &a);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let mut b = vec!["train"];
+    b.extend(SMALL);
+    b.extend(["--steps", "3", "--eval", "false", "--resume", "ck"]);
+    let o = autopar(dir.path(), &b);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(err.contains("nothing to train") && err.contains("at step 4") && err.contains("hint: pass --steps"), "{err}");
+    // Another network's checkpoint is named as such first (not its seed or batch size).
+    let c = [
+        "train",
+        "--model",
+        "gpt",
+        "--data",
+        "synthetic",
+        "--width",
+        "16",
+        "--depth",
+        "1",
+        "--heads",
+        "2",
+        "--steps",
+        "8",
+        "--seed",
+        "9",
+        "--resume",
+        "ck",
+    ];
+    fails(dir.path(), &c, &["none of this network's parameters", "saved from another network"]);
 }
 
 #[test]
@@ -455,6 +541,9 @@ fn a_failing_rank_is_named_in_the_error() {
     let line = err.lines().find(|l| l.starts_with("autopar[")).unwrap_or_else(|| panic!("no autopar[RANK]: line in\n{err}"));
     assert!((line.starts_with("autopar[0]: ") || line.starts_with("autopar[1]: ")) && line.contains("the loss is"), "{err}");
     assert!(err.contains("hint: lower --lr"), "{err}");
+    // Said once: not again as its own cause.
+    assert_eq!(err.matches("the loss is").count(), 1, "{err}");
+    assert_eq!(err.matches("hint: lower --lr").count(), 1, "{err}");
 }
 
 #[test]
@@ -498,4 +587,67 @@ fn verbose_flags_and_autopar_log_show_the_plan_and_each_ranks_steps_on_stderr() 
     let (_, err) = text(&out);
     assert_eq!(out.status.code(), Some(2));
     assert!(err.contains("invalid AUTOPAR_LOG") && err.contains("hint:"), "{err}");
+}
+
+/// `safetensors` bytes without the tensor `drop` (offsets renumbered).
+fn without_tensor(bytes: &[u8], drop: &str) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let (mut out_header, mut out_data) = (serde_json::Map::new(), Vec::new());
+    for (name, v) in header {
+        if name == drop {
+            continue;
+        }
+        let mut v = v;
+        if name == "__metadata__" {
+            // The file's checksum no longer holds.
+            v.as_object_mut().unwrap().retain(|k, _| !k.contains("crc"));
+        }
+        if let Some(offsets) = v.get("data_offsets").cloned() {
+            let (a, b) = (offsets[0].as_u64().unwrap() as usize, offsets[1].as_u64().unwrap() as usize);
+            let start = out_data.len();
+            out_data.extend_from_slice(&data[a..b]);
+            v["data_offsets"] = serde_json::json!([start, out_data.len()]);
+        }
+        out_header.insert(name, v);
+    }
+    let h = serde_json::Value::Object(out_header).to_string().into_bytes();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(out_data);
+    out
+}
+
+/// `--init` from a checkpoint that lacks a frozen parameter the network builds (the GPT's
+/// causal mask, written by other tools' exports without it) keeps the built one and says so; a
+/// trainable parameter missing is still an error naming it.
+#[test]
+fn init_without_a_frozen_mask_keeps_the_built_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpt = ["--model", "gpt", "--data", "synthetic", "--synthetic-samples", "64", "--width", "16", "--depth", "1", "--heads", "2"];
+    let mut a = vec!["train"];
+    a.extend(gpt);
+    a.extend(["--steps", "1", "--batch-size", "8", "--eval", "false", "--checkpoint-dir", "ck"]);
+    let o = autopar(dir.path(), &a);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let bytes = std::fs::read(dir.path().join("ck/gpt-1.safetensors")).unwrap();
+    std::fs::write(dir.path().join("no_mask.safetensors"), without_tensor(&bytes, "causal_mask")).unwrap();
+    let mut b = vec!["train"];
+    b.extend(gpt);
+    b.extend(["--steps", "2", "--batch-size", "8", "--eval", "false", "--init", "no_mask.safetensors"]);
+    let o = autopar(dir.path(), &b);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(err.contains("lacks the frozen parameter causal_mask") && err.contains("kept as built"), "{err}");
+    let names: serde_json::Value = {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap()
+    };
+    let dropped = names.as_object().unwrap().keys().find(|k| k.ends_with("weight")).unwrap().clone();
+    std::fs::write(dir.path().join("no_weight.safetensors"), without_tensor(&bytes, &dropped)).unwrap();
+    let mut c = vec!["train"];
+    c.extend(gpt);
+    c.extend(["--steps", "2", "--batch-size", "8", "--eval", "false", "--init", "no_weight.safetensors"]);
+    fails(dir.path(), &c, &["has no parameter", &dropped]);
 }

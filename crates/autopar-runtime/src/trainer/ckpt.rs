@@ -242,8 +242,10 @@ impl Loaded {
 }
 
 /// Replace every parameter of `params` by the same-named tensor of the checkpoint at `path`
-/// (cast to the parameter's dtype). A missing or mis-shaped parameter is an error naming it.
-pub fn load_parameters(path: &Path, params: &mut ParamStore) -> TrainResult<usize> {
+/// (cast to the parameter's dtype). A missing or mis-shaped parameter is an error naming it,
+/// but a frozen one (`frozen(name)`: a constant the network builds, such as an attention mask)
+/// the checkpoint lacks keeps its value; their names come back.
+pub fn load_parameters(path: &Path, params: &mut ParamStore, frozen: &dyn Fn(&str) -> bool) -> TrainResult<Vec<String>> {
     if !path.is_file() {
         return Err(TrainError::Checkpoint {
             path: path.to_path_buf(),
@@ -252,11 +254,16 @@ pub fn load_parameters(path: &Path, params: &mut ParamStore) -> TrainResult<usiz
     }
     let ck = Loaded::open(path)?;
     let names: Vec<(String, Vec<usize>, DType)> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.dtype())).collect();
+    let mut kept = Vec::new();
     for (name, shape, dtype) in &names {
+        if frozen(name) && !ck.has(name) {
+            kept.push(name.clone());
+            continue;
+        }
         let t = ck.tensor(name, shape)?;
         params.insert(name, t.cast(*dtype));
     }
-    Ok(names.len())
+    Ok(kept)
 }
 
 #[cfg(test)]

@@ -86,7 +86,8 @@ pub fn load_profile(p: &ParallelArgs, file: &FileConfig) -> Result<Option<autopa
     let doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
         anyhow::anyhow!("device profile {} is not valid TOML: {e}\nhint: write one with `autopar calibrate --out FILE`", path.display())
     })?;
-    let json = toml_to_json(doc.as_item()).unwrap_or(serde_json::Value::Null);
+    let json =
+        toml_to_json(doc.as_item()).with_context(|| format!("in device profile {}", path.display()))?.unwrap_or(serde_json::Value::Null);
     Ok(Some(autopar_parallel::DeviceProfile::from_json(&json, &path.display().to_string())?))
 }
 
@@ -186,10 +187,8 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
     }
     let devices = p.devices.or(file.devices);
     let mode = p.parallel_mode.clone().or_else(|| file.parallel_mode.clone());
-    match (&mode, devices) {
-        (Some(m), _) => ctx.set_str("parallel_mode", m)?,
-        (None, Some(n)) if n > 1 && !ctx.is_set("parallel_mode") => ctx.set_str("parallel_mode", "semi_auto_parallel")?,
-        _ => {}
+    if let Some(m) = &mode {
+        ctx.set_str("parallel_mode", m)?;
     }
     if let Some(n) = devices {
         if n == 0 {
@@ -203,6 +202,11 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
             .ok_or_else(|| anyhow!("invalid --parallel {kv:?}\nhint: write --parallel KEY=VALUE, e.g. --parallel gradients_mean=true"))?;
         ctx.set_str(k.trim(), v.trim())?;
     }
+    // More than one device, however given (--devices, --parallel device_num or the file's
+    // [parallel] table), and no mode anywhere: semi_auto_parallel, as --devices alone gives.
+    if !ctx.is_set("parallel_mode") && ctx.device_num > 1 {
+        ctx.set_str("parallel_mode", "semi_auto_parallel")?;
+    }
     if let Some(path) = p.strategy.clone().or_else(|| file.strategy.clone()) {
         ctx.set("strategy_ckpt_load_file", &serde_json::Value::String(path.display().to_string()))?;
     }
@@ -210,7 +214,10 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
         ctx.set_str("gradients_mean", "true")?;
     }
     if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
-        bail!("parallel mode {} needs --devices N (N > 1)\nhint: add --devices 2, or drop --parallel-mode", ctx.parallel_mode.name());
+        bail!(
+            "parallel mode {} needs a device count\nhint: add --devices N (such as --devices 2), or drop --parallel-mode",
+            ctx.parallel_mode.name()
+        );
     }
     // A device_num from the config file is ignored by a stand_alone run (as in MindSpore; the
     // run says "1 device"), but --devices N on the command line contradicts it.
@@ -225,6 +232,9 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
     ctx.validate()?;
     ctx.check_supported()?;
     if let Some(path) = ctx.strategy_load_file() {
+        if Path::new(path).is_dir() {
+            bail!("strategy file {path:?} is a directory\n  it was given as the strategy to load (--strategy or strategy_ckpt_config.load_file)\nhint: pass the file inside it, such as {path}/strategy.json");
+        }
         if !Path::new(path).is_file() {
             bail!("strategy file {path:?} not found\n  it was given as the strategy to load (--strategy or strategy_ckpt_config.load_file)\nhint: check the path, or write one with --parallel 'strategy_ckpt_config={{\"save_file\": \"{path}\"}}'");
         }

@@ -86,27 +86,48 @@ where
 }
 
 /// An error as the command line shows it: `autopar: <first line>` followed by indented facts,
-/// hints and causes; the error of a failed rank as `autopar[RANK]: ...`.
+/// hints and causes; the error of a failed rank as `autopar[RANK]: ...`. A cause whose text the
+/// lines above already hold (a wrapper that prints its source, a rank's error and the error
+/// itself) is left out, and so is a hint already given.
 pub fn error_text(err: &anyhow::Error) -> String {
     let (prefix, text) = match err.downcast_ref::<autopar_runtime::TrainError>() {
         Some(autopar_runtime::TrainError::Rank { rank, source }) => (format!("autopar[{rank}]"), source.to_string()),
         _ => ("autopar".to_string(), format!("{err}")),
     };
     let mut out = String::new();
+    let mut hints: Vec<String> = Vec::new();
+    let mut hint_or_fact = |out: &mut String, line: &str, indent: &str| {
+        let line = line.trim_start();
+        if line.starts_with("hint:") {
+            if !hints.iter().any(|h| h == line) {
+                hints.push(line.to_string());
+                out.push_str(&format!("{line}\n"));
+            }
+        } else {
+            out.push_str(&format!("{indent}{line}\n"));
+        }
+    };
     let mut lines = text.lines();
     if let Some(first) = lines.next() {
         out.push_str(&format!("{prefix}: {first}\n"));
     }
     for line in lines {
-        let line = line.trim_start();
-        if line.starts_with("hint:") {
-            out.push_str(&format!("{line}\n"));
-        } else {
-            out.push_str(&format!("  {line}\n"));
-        }
+        hint_or_fact(&mut out, line, "  ");
     }
+    let mut shown = vec![text];
     for cause in err.chain().skip(1) {
-        out.push_str(&format!("  caused by: {cause}\n"));
+        let cause = cause.to_string();
+        if cause.trim().is_empty() || shown.iter().any(|s| s.contains(cause.trim())) {
+            continue;
+        }
+        let mut lines = cause.lines();
+        if let Some(first) = lines.next() {
+            out.push_str(&format!("  caused by: {first}\n"));
+        }
+        for line in lines {
+            hint_or_fact(&mut out, line, "    ");
+        }
+        shown.push(cause);
     }
     out
 }

@@ -72,8 +72,29 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if args.json && args.mindspore_layouts {
         bail!("--json and --mindspore-layouts both choose the output\nhint: drop one of them (--mindspore-layouts prints MindSpore's parameter_layout_dict lines)");
     }
+    if args.compare && args.mindspore_layouts {
+        bail!("--compare prints a table of every search; --mindspore-layouts prints one plan's layouts\nhint: drop one of them");
+    }
     let file = read_config(args.config.as_deref())?;
-    let ctx = parallel_context(&args.parallel, &file)?;
+    // --compare plans under auto_parallel: its options are checked as such.
+    let mut parallel = args.parallel.clone();
+    if args.compare {
+        let given = parallel.parallel_mode.clone().or_else(|| file.parallel_mode.clone()).or_else(|| {
+            parallel
+                .parallel
+                .iter()
+                .rev()
+                .find_map(|kv| kv.split_once('=').filter(|(k, _)| k.trim() == "parallel_mode").map(|(_, v)| v.trim().to_string()))
+        });
+        match given {
+            Some(m) if !m.eq_ignore_ascii_case("auto_parallel") => {
+                bail!("--compare plans under auto_parallel, but the parallel mode is {m}\nhint: drop --parallel-mode (or pass auto_parallel) with --compare")
+            }
+            Some(_) => {}
+            None => parallel.parallel_mode = Some("auto_parallel".into()),
+        }
+    }
+    let ctx = parallel_context(&parallel, &file)?;
     let (name, opts) = model_options(&args.model, &file)?;
     let model = model_by_name(&name, &opts)?;
     let n = ctx.devices();
@@ -92,6 +113,9 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
 
     let profile = load_profile(&args.parallel, &file)?;
     let micro = args.micro_batches.or(file.micro_batches);
+    if micro == Some(0) {
+        bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");
+    }
     let split = pipeline_split(&args.parallel, &file)?;
     if ctx.pipeline_stages > 1 {
         let stages = PipelineArgs { split: &split, profile: profile.as_ref(), strategy_file: items.as_ref() };

@@ -5,7 +5,7 @@
 //! command line override the file. Unknown keys are errors.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -349,6 +349,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let n = ctx.devices();
     let mut batch_size = pick!(s, batch_size).unwrap_or(if 32 % n == 0 { 32 } else { n });
     let mut micro_batches = pick!(s, micro_batches).unwrap_or(1);
+    if micro_batches == 0 {
+        bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");
+    }
     if let Some(k) = pick!(s, grad_accumulation) {
         if k == 0 {
             bail!("--grad-accumulation 0 accumulates nothing\nhint: pass --grad-accumulation 1 or more");
@@ -368,8 +371,19 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if let Some(c) = clip_grad_norm.filter(|c| !(*c > 0.0 && c.is_finite())) {
         bail!("--clip-grad-norm {c} is not a norm\nhint: pass a finite value > 0, such as --clip-grad-norm 1.0");
     }
-    let momentum = pick!(s, momentum).unwrap_or(0.9);
-    let kind = optimizer_kind(&pick!(s, optimizer).unwrap_or_else(|| "momentum".into()), momentum)?;
+    let optimizer_name = pick!(s, optimizer).unwrap_or_else(|| "momentum".into());
+    let given_momentum = pick!(s, momentum);
+    if let Some(m) = given_momentum {
+        if !optimizer_name.eq_ignore_ascii_case("momentum") {
+            bail!(
+                "--momentum {m} applies to --optimizer momentum, not {optimizer_name}\nhint: drop --momentum, or pass --optimizer momentum"
+            );
+        }
+        if !(m.is_finite() && m >= 0.0) {
+            bail!("--momentum {m} is not a momentum coefficient\nhint: pass a finite value of 0 or more, such as --momentum 0.9");
+        }
+    }
+    let kind = optimizer_kind(&optimizer_name, given_momentum.unwrap_or(0.9))?;
     let mut cfg = TrainConfig {
         epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
         max_steps: steps,
@@ -394,8 +408,8 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
         profile: load_profile(&s.args.parallel, &s.file)?,
     };
-    if cfg.epochs == 0 && steps.is_none() {
-        bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or --steps N");
+    if epochs == Some(0) || (cfg.epochs == 0 && steps.is_none()) {
+        bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or leave it out and pass --steps N");
     }
     if cfg.eval_batch_size == 0 {
         bail!("--eval-batch-size 0 evaluates nothing\nhint: pass --eval-batch-size 1 or more, or --eval false");
@@ -413,6 +427,14 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             "--init and --resume both given\nhint: --resume restores parameters, optimizer state and data position; --init only parameters"
         );
     }
+    if let Some(strategy) = &cfg.init_strategy {
+        if !cfg.init.as_deref().is_some_and(Path::is_dir) {
+            bail!(
+                "--init-strategy {} applies to a folder of per-rank checkpoints given to --init\nhint: pass --init DIR (the folder holding rank_<k>/), or drop --init-strategy",
+                strategy.display()
+            );
+        }
+    }
     let ck_dir = pick!(s, checkpoint_dir);
     if let Some(prefix) = pick!(s, checkpoint_prefix).filter(|p| p.is_empty() || p.contains(['/', '\\']) || p == "." || p == "..") {
         bail!("--checkpoint-prefix {prefix:?} is not a file name prefix: the files go into <checkpoint-dir>/rank_<k>/<prefix>-<step>_<k>.safetensors\nhint: pass a name without slashes, such as --checkpoint-prefix mlp");
@@ -424,8 +446,8 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             every_steps: pick!(s, checkpoint_every).unwrap_or(0),
             keep_max: pick!(s, keep_checkpoint_max).unwrap_or(5),
         });
-    } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() {
-        bail!("--checkpoint-every / --keep-checkpoint-max need a folder\nhint: add --checkpoint-dir DIR");
+    } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() || pick!(s, checkpoint_prefix).is_some() {
+        bail!("--checkpoint-every / --keep-checkpoint-max / --checkpoint-prefix need a folder\nhint: add --checkpoint-dir DIR");
     }
 
     let name = model.name().to_string();
@@ -436,7 +458,14 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         (Some(st), None) => st,
         (None, e) => e.unwrap_or(1) * spe,
     };
-    if schedule_name != "constant" {
+    if schedule_name == "constant" {
+        if let Some(flag) = [("--warmup-steps", pick!(s, warmup_steps).is_some()), ("--min-lr", pick!(s, min_lr).is_some())]
+            .into_iter()
+            .find_map(|(flag, given)| given.then_some(flag))
+        {
+            bail!("{flag} shapes the cosine schedule, and the learning rate is constant\nhint: add --schedule cosine, or drop {flag}");
+        }
+    } else {
         if schedule_name != "cosine" {
             bail!("unknown schedule {schedule_name:?}\n  valid schedules: constant, cosine\nhint: pass --schedule cosine --warmup-steps N");
         }
@@ -502,8 +531,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     };
     if !quiet {
         eprintln!(
-            "autopar train: {} on {data_desc}, {devices_desc}, {total} steps ({spe} per epoch), batch {batch_size}",
-            model.describe()
+            "autopar train: {} on {data_desc}, {devices_desc}, {} ({spe} per epoch), batch {batch_size}",
+            model.describe(),
+            if total == 1 { "1 step".to_string() } else { format!("{total} steps") }
         );
     }
     let report = trainer.fit(if quiet { Vec::new() } else { callbacks })?;
@@ -513,6 +543,17 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
 
     // The summary, as data: printed as text, or as one JSON object with --json.
     let run = report.last_step - report.first_step;
+    // A finished run resumed (a restart loop after the last checkpoint) succeeds, and says so.
+    if run == 0 {
+        if let Some(dir) = &cfg.resume {
+            eprintln!(
+                "autopar train: nothing to train: the checkpoint in {} is at step {}, where this run ends (step {total})\nhint: pass --steps (or --epochs) beyond step {} to train on from it",
+                dir.display(),
+                report.first_step,
+                report.first_step
+            );
+        }
+    }
     let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
     let tail_mean = (!tail.is_empty()).then(|| tail.iter().sum::<f64>() / tail.len() as f64);
     let eval = match (&eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
@@ -533,6 +574,13 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             report.init_ignored.len(),
             if report.init_ignored.len() == 1 { "y" } else { "ies" },
             report.init_ignored.join(", ")
+        );
+    }
+    if !report.init_kept.is_empty() {
+        eprintln!(
+            "--init: the checkpoint lacks the frozen parameter{} {}, built by the network: kept as built",
+            if report.init_kept.len() == 1 { "" } else { "s" },
+            report.init_kept.join(", ")
         );
     }
     let mismatch = verify.as_ref().is_some_and(|v| !v.within(verify::RTOL));
@@ -583,8 +631,12 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     writeln!(
         out,
-        "trained {name} for {run} steps (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
-        report.first_step, report.last_step, report.wall_secs, report.samples_per_sec
+        "trained {name} for {} (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
+        if run == 1 { "1 step".to_string() } else { format!("{run} steps") },
+        report.first_step,
+        report.last_step,
+        report.wall_secs,
+        report.samples_per_sec
     )?;
     if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), tail_mean) {
         writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", tail.len())?;
