@@ -519,7 +519,17 @@ impl fmt::Display for Conflict {
             Conflict::GlobalRankNotBelowDeviceNum { global_rank, device_num } => {
                 write!(f, "global_rank {global_rank} is not below device_num {device_num}")
             }
-            Conflict::ModeDoesNotSupport { mode, applies_to } => write!(f, "{mode} does not support it: it applies to {applies_to}"),
+            Conflict::ModeDoesNotSupport { mode, applies_to } => {
+                let wanted = match *applies_to {
+                    "auto_parallel" => "auto_parallel",
+                    "the parallel modes" => "data_parallel",
+                    _ => "semi_auto_parallel",
+                };
+                write!(
+                    f,
+                    "{mode} does not support it: it applies to {applies_to}\nhint: pass --parallel-mode {wanted} (parallel_mode={wanted}), or drop the option"
+                )
+            }
             Conflict::StagesDoNotDivide { stages, device_num } => write!(f, "{stages} stages do not divide device_num {device_num}"),
             Conflict::SearchModeDoesNotSupport { search_mode, applies_to } => {
                 write!(f, "search_mode {search_mode} does not support it: it applies to {applies_to}")

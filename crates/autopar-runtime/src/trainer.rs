@@ -324,6 +324,8 @@ pub struct TrainReport {
     /// Frozen parameters of the network (constants it builds, such as an attention mask) the
     /// `init` checkpoint lacks, which kept their initial values.
     pub init_kept: Vec<String>,
+    /// The names of the trainable parameters among `params` (the others are frozen).
+    pub trainable: Vec<String>,
 }
 
 /// Trains one network on one dataset.
@@ -698,6 +700,7 @@ impl Trainer {
             mode,
             init_ignored,
             init_kept,
+            trainable: plan.trainable.clone(),
         })
     }
 
@@ -839,6 +842,7 @@ impl Trainer {
             mode: self.cfg.parallel.parallel_mode,
             init_ignored: Vec::new(),
             init_kept: Vec::new(),
+            trainable: plan.trainable.clone(),
         })
     }
 

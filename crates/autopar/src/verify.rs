@@ -118,11 +118,18 @@ struct Values<'a> {
 
 /// Compares `run` with `reference`: every step's loss and every parameter of the reference.
 pub fn compare(run: &TrainReport, reference: &TrainReport) -> Result<Comparison, VerifyError> {
-    compare_values((&run.losses, &run.params), (&reference.losses, &reference.params))
+    let trainable = |name: &str| reference.trainable.iter().any(|t| t == name);
+    compare_values((&run.losses, &run.params), (&reference.losses, &reference.params), &trainable)
 }
 
-/// [`compare`] of (per-step losses, final parameters).
-fn compare_values(run: (&[f64], &ParamStore), reference: (&[f64], &ParamStore)) -> Result<Comparison, VerifyError> {
+/// [`compare`] of (per-step losses, final parameters); the model's scale is taken over the
+/// parameters `trainable` names (a frozen constant such as a causal mask's -1e9 would drown
+/// every difference).
+fn compare_values(
+    run: (&[f64], &ParamStore),
+    reference: (&[f64], &ParamStore),
+    trainable: &dyn Fn(&str) -> bool,
+) -> Result<Comparison, VerifyError> {
     let (run, reference) = (Values { losses: run.0, params: run.1 }, Values { losses: reference.0, params: reference.1 });
     if run.losses.len() != reference.losses.len() {
         return Err(VerifyError::StepCount { run: run.losses.len(), reference: reference.losses.len() });
@@ -136,7 +143,10 @@ fn compare_values(run: (&[f64], &ParamStore), reference: (&[f64], &ParamStore)) 
     // The reference's values, converted once; the model's root-mean-square parameter value.
     let wanted: Vec<(&String, &autopar_tensor::Tensor, Vec<f64>)> =
         reference.params.iter().map(|(name, t)| (name, t, t.to_f64_vec())).collect();
-    let (sum, count) = wanted.iter().fold((0.0f64, 0usize), |(s, n), (_, _, v)| (s + v.iter().map(|x| x * x).sum::<f64>(), n + v.len()));
+    let (sum, count) = wanted
+        .iter()
+        .filter(|(name, _, _)| trainable(name))
+        .fold((0.0f64, 0usize), |(s, n), (_, _, v)| (s + v.iter().map(|x| x * x).sum::<f64>(), n + v.len()));
     let rms = if count == 0 { 0.0 } else { (sum / count as f64).sqrt() };
     for (name, want_tensor, want) in wanted {
         let got = run.params.get(name).ok_or_else(|| VerifyError::MissingParameter { name: name.clone() })?;
@@ -176,7 +186,7 @@ mod tests {
     }
 
     fn compare(run: (Vec<f64>, ParamStore), reference: &(Vec<f64>, ParamStore)) -> Result<Comparison, VerifyError> {
-        compare_values((&run.0, &run.1), (&reference.0, &reference.1))
+        compare_values((&run.0, &run.1), (&reference.0, &reference.1), &|name| name != "mask")
     }
 
     #[test]
@@ -212,5 +222,20 @@ mod tests {
         // Off by as much as its values are: a mistake, still seen.
         let c = compare(tensors(1e-4), &reference).unwrap();
         assert!(!c.within(RTOL) && c.norm_param == "beta", "{c}");
+    }
+
+    #[test]
+    fn a_frozen_constant_of_huge_values_does_not_hide_a_wrong_weight() {
+        // The GPT's causal mask holds -1e9; the model's scale is taken over what trains.
+        let tensors = |w_scale: f32| {
+            let mut params = ParamStore::new();
+            params.insert("w", Tensor::from_vec(&[1000], (0..1000).map(|i| w_scale * 0.05 * ((i % 7) as f32 - 3.0)).collect()).unwrap());
+            params.insert("mask", Tensor::from_vec(&[4096], vec![-1e9; 4096]).unwrap());
+            (vec![2.0, 1.5], params)
+        };
+        let reference = tensors(1.0);
+        let c = compare(tensors(1.75), &reference).unwrap();
+        assert!(!c.within(RTOL) && c.norm_param == "w", "{c}");
+        assert!(compare(tensors(1.0), &reference).unwrap().within(RTOL));
     }
 }

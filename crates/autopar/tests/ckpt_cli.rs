@@ -482,3 +482,14 @@ fn a_rank_folder_with_several_checkpoints_says_which_one_it_uses() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("rank_3 holds 2 .ckpt files; using z_stray.ckpt"), "{err}");
 }
+
+/// `ckpt inspect` of a path that does not exist says so, whatever its extension.
+#[test]
+fn inspect_names_a_missing_path() {
+    for p in ["/nonexistent/x", "/nonexistent/x.ckpt"] {
+        let o = autopar(&["ckpt", "inspect", p]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(&format!("{p} not found")), "{err}");
+    }
+}

@@ -46,6 +46,10 @@ fn zero_ranks_and_a_missing_hostfile_are_clear_errors() {
     let out = autopar(&["launch", "-n", "2", "--hostfile", "/nonexistent/hosts.txt", "--", "/bin/true"], None);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hostfile \"/nonexistent/hosts.txt\" not found"));
+    let dir = std::env::temp_dir();
+    let out = autopar(&["launch", "-n", "2", "--hostfile", dir.to_str().unwrap(), "--", "/bin/true"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
 }
 
 #[test]

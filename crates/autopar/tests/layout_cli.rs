@@ -53,3 +53,39 @@ fn bad_layouts_are_clear_errors_with_exit_code_2() {
     assert_eq!(code, 2);
     assert!(err.contains("does not divide the device count 8"), "{err}");
 }
+
+/// `--shapes` is checked before anything is printed: one shape per input, a MatMul's
+/// contracted dimensions equal; with `--json` each input's slices are in the JSON.
+#[test]
+fn strategy_shapes_are_checked_first_and_go_into_the_json() {
+    let base = ["layout", "--strategy", "((2,1),(1,4))", "--devices", "8", "--op", "matmul", "--shapes"];
+    for (shapes, needle) in [
+        ("256,64", "--shapes gives 1 shape(s), and strategy ((2, 1), (1, 4)) has 2 inputs"),
+        ("256,64;64,128;5", "--shapes gives 3 shape(s)"),
+        ("256,64;32,128", "do not multiply: the MatMul contracts 64 with 32"),
+    ] {
+        let (code, out, err) = autopar(&[&base[..], &[shapes]].concat());
+        assert_eq!(code, 2, "{shapes}: {err}");
+        assert!(out.is_empty() && err.contains(needle), "{shapes}: {out}\n{err}");
+    }
+    let (code, out, err) = autopar(&[&base[..], &["256,64;64,128", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["input_slices"][1]["slice_shape"], serde_json::json!([64, 32]), "{v}");
+}
+
+/// Partial-sum axes are named as the user gave them (right-counted), each once; a missing
+/// layout flag is named.
+#[test]
+fn partial_axes_and_missing_flags_are_named_as_given() {
+    let base = ["layout", "--dev-matrix", "2,4", "--tensor-map", "-1,0", "--shape", "64,128", "--partial"];
+    let (code, _, err) = autopar(&[&base[..], &["0"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("partial-sum axis 0 (right-counted, as given) also splits tensor dimension 1"), "{err}");
+    let (code, _, err) = autopar(&[&base[..], &["1,1"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--partial names axis 1 twice"), "{err}");
+    let (code, _, err) = autopar(&["layout", "--dev-matrix", "2,4", "--tensor-map", "-1,0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("missing layout: no --shape"), "{err}");
+}

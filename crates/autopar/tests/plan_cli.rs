@@ -96,6 +96,7 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
         // Two outputs asked for at once.
         (&["--devices", "2", "--compare", "--svg", "x.svg"][..], "--compare prints a table of every search; --svg draws one plan"),
         (&["--devices", "2", "--json", "--mindspore-layouts"][..], "--json and --mindspore-layouts both choose the output"),
+        (&["--devices", "2", "--parallel", "search_mode=dynamic_programming"][..], "hint: pass --parallel-mode auto_parallel"),
         (&["--devices", "2", "--compare", "--mindspore-layouts"][..], "--compare prints a table of every search; --mindspore-layouts"),
         (
             &["--devices", "2", "--compare", "--parallel-mode", "data_parallel"][..],
@@ -219,6 +220,17 @@ fn calibrated_profiles_drive_the_cost_model() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.toml") && err.contains("flops_per_s"), "{err}");
+    // A key the profile does not have (a misspelt one would leave its default), and a profile
+    // in a mode whose plan no search prices.
+    std::fs::write(dir.path().join("extra.toml"), text.replace("seconds_per_byte", "second_per_byte")).unwrap();
+    let o =
+        autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "extra.toml"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("links[0].second_per_byte is not a key of a device profile"), "{err}");
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--profile", "machine.toml"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("prices auto_parallel's strategy search, and the parallel mode is semi_auto_parallel"), "{err}");
     // A group too large to simulate here is refused before anything is measured.
     for n in ["3", "128", "1099511627776"] {
         let o = autopar(dir.path(), &["calibrate", "--quick", "--max-ranks", n]);

@@ -411,6 +411,14 @@ fn verify_says_why_a_mismatch_is_expected() {
     assert_eq!(o.status.code(), Some(1), "{stdout}{stderr}");
     assert!(stdout.contains("MISMATCH") && stdout.contains("gradients_mean=true under semi_auto_parallel divides"), "{stdout}");
     assert!(!stdout.contains("diverged"), "{stdout}");
+    // The GPT too: its frozen causal mask (-1e9) once set the scale every difference was
+    // measured against, and the same mismatch passed.
+    let args = "train --model gpt --depth 1 --width 16 --heads 2 --data synthetic --synthetic-samples 64 --steps 1 --batch-size 8 \
+                --optimizer sgd --lr 0.5 --devices 4 --parallel-mode semi_auto_parallel --parallel gradients_mean=true --eval false --verify";
+    let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("MISMATCH"), "{stdout}");
 }
 
 /// The GPT with AdamW in a pipeline verifies: every parameter follows stand-alone (before the

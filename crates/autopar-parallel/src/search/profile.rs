@@ -99,6 +99,14 @@ impl DeviceProfile {
         let num = |obj: &serde_json::Value, key: &str, at: &str| -> Result<f64> {
             obj.get(key).and_then(|x| x.as_f64()).ok_or_else(|| bad(format!("{at}{key} is missing or not a number")))
         };
+        // Keys the profile does not have are refused (a misspelt rate would leave the default).
+        let known = |obj: &serde_json::Value, keys: &[&str], at: &str| -> Result<()> {
+            match obj.as_object().and_then(|o| o.keys().find(|k| !keys.contains(&k.as_str()))) {
+                Some(k) => Err(bad(format!("{at}{k} is not a key of a device profile (keys: {})", keys.join(", ")))),
+                None => Ok(()),
+            }
+        };
+        known(v, &["name", "flops_per_s", "memory_bytes_per_s", "links"], "")?;
         let links = v
             .get("links")
             .and_then(|l| l.as_array())
@@ -107,6 +115,7 @@ impl DeviceProfile {
             .enumerate()
             .map(|(i, l)| {
                 let at = format!("links[{i}].");
+                known(l, &["ranks", "latency_s", "seconds_per_byte"], &at)?;
                 let ranks =
                     l.get("ranks").and_then(|x| x.as_u64()).ok_or_else(|| bad(format!("{at}ranks is missing or not an integer")))?;
                 Ok(Link { ranks: ranks as usize, latency_s: num(l, "latency_s", &at)?, seconds_per_byte: num(l, "seconds_per_byte", &at)? })

@@ -313,6 +313,9 @@ fn detect(path: &Path) -> Kind {
 }
 
 fn inspect(path: &Path, kind: Kind, as_json: bool) -> Result<()> {
+    if !path.exists() {
+        bail!("{} not found\nhint: check the path (ckpt inspect reads .ckpt and .safetensors checkpoints, strategy files and group-info files)", path.display());
+    }
     let kind = if kind == Kind::Auto { detect(path) } else { kind };
     match kind {
         Kind::Checkpoint | Kind::Auto => match CheckpointFile::open(path) {

@@ -77,9 +77,17 @@ pub fn pipeline_split(p: &ParallelArgs, file: &FileConfig) -> Result<Vec<String>
 }
 
 /// The device profile of `--profile`, else of the config file's `profile` key (TOML, as
-/// `autopar calibrate` writes it); None for the built-in one.
-pub fn load_profile(p: &ParallelArgs, file: &FileConfig) -> Result<Option<autopar_parallel::DeviceProfile>> {
+/// `autopar calibrate` writes it); None for the built-in one. Only auto_parallel's search
+/// reads a profile: in another mode one is refused rather than ignored.
+pub fn load_profile(p: &ParallelArgs, file: &FileConfig, ctx: &ParallelContext) -> Result<Option<autopar_parallel::DeviceProfile>> {
     let Some(path) = p.profile.as_deref().or(file.profile.as_deref()) else { return Ok(None) };
+    if ctx.parallel_mode != ParallelMode::AutoParallel {
+        bail!(
+            "--profile {} prices auto_parallel's strategy search, and the parallel mode is {}\nhint: add --parallel-mode auto_parallel, or drop --profile",
+            path.display(),
+            ctx.parallel_mode.name()
+        );
+    }
     let text = std::fs::read_to_string(path).with_context(|| {
         format!("cannot read device profile {}\nhint: write one with `autopar calibrate --out {}`", path.display(), path.display())
     })?;

@@ -95,8 +95,9 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode> {
     if let Some(h) = &args.hostfile {
         if !h.is_file() {
             bail!(
-                "hostfile \"{}\" not found\n  expected a file listing one host per line, e.g. `node1 slots=8`\nhint: create it, or drop --hostfile to run on this machine",
-                h.display()
+                "hostfile \"{}\" {}\n  expected a file listing one host per line, e.g. `node1 slots=8`\nhint: create it, or drop --hostfile to run on this machine",
+                h.display(),
+                if h.is_dir() { "is a directory" } else { "not found" }
             );
         }
     }

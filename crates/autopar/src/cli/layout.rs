@@ -79,7 +79,15 @@ pub fn run(args: LayoutArgs) -> Result<ExitCode> {
         return run_strategy(&args, strategy);
     }
     let (Some(dev), Some(map), Some(shape)) = (&args.dev_matrix, &args.tensor_map, &args.shape) else {
-        bail!("missing layout\n  give --dev-matrix, --tensor-map and --shape, or --strategy and --devices\nhint: autopar layout --dev-matrix 2,4 --tensor-map -1,0 --shape 64,128");
+        let missing: Vec<&str> =
+            [("--dev-matrix", args.dev_matrix.is_none()), ("--tensor-map", args.tensor_map.is_none()), ("--shape", args.shape.is_none())]
+                .into_iter()
+                .filter_map(|(flag, gone)| gone.then_some(flag))
+                .collect();
+        bail!(
+            "missing layout: no {}\n  give --dev-matrix, --tensor-map and --shape, or --strategy and --devices\nhint: autopar layout --dev-matrix 2,4 --tensor-map -1,0 --shape 64,128",
+            missing.join(", ")
+        );
     };
     let src = parse_layout(dev, map, shape, args.partial.as_deref())?;
     if args.to_dev_matrix.is_some() || args.to_tensor_map.is_some() {
@@ -121,11 +129,22 @@ fn parse_layout(dev: &str, map: &str, shape: &str, partial: Option<&str>) -> Res
         None => Ok(layout),
         Some(p) => {
             let n = dev.len();
-            let axes = parse_usize_list("partial axes", p)?
-                .into_iter()
-                .map(|v| if v < n { Ok(n - 1 - v) } else { bail!("partial axis {v} is out of range for device matrix {dev:?}") })
+            let given = parse_usize_list("partial axes", p)?;
+            if let Some(v) = given.iter().enumerate().find_map(|(i, v)| given[..i].contains(v).then_some(*v)) {
+                bail!("--partial names axis {v} twice\nhint: list each partial-sum axis once, right-counted as in tensor maps");
+            }
+            let axes = given
+                .iter()
+                .map(|&v| if v < n { Ok(n - 1 - v) } else { bail!("partial axis {v} is out of range for device matrix {dev:?}") })
                 .collect::<Result<Vec<_>>>()?;
-            Ok(layout.with_partial(axes)?)
+            // The layout's own message counts axes from the left: say it as given.
+            layout.with_partial(axes).map_err(|e| match e {
+                autopar_layout::LayoutError::PartialAxisAlsoSplits { axis, dim } => anyhow::anyhow!(
+                    "partial-sum axis {} (right-counted, as given) also splits tensor dimension {dim}\nhint: a tensor is either split or a pending partial sum along one device axis, not both",
+                    n - 1 - axis
+                ),
+                e => e.into(),
+            })
         }
     }
 }
@@ -185,6 +204,33 @@ fn run_strategy(args: &LayoutArgs, strategy: &str) -> Result<ExitCode> {
         OpFamily::Elementwise => DevMatrixRule::Elementwise,
     };
     let op = strategy_layouts(rule, &strategy, devices, !args.repeat_left)?;
+    // The shapes, all checked before anything is printed: one per input, a MatMul's contracted
+    // dimensions equal, each input's layout valid.
+    let mut layouts = Vec::new();
+    if let Some(shapes) = &args.shapes {
+        let shapes: Vec<Vec<usize>> = shapes.split(';').map(|s| parse_usize_list("shape", s)).collect::<std::result::Result<_, _>>()?;
+        if shapes.len() != op.inputs.len() {
+            bail!(
+                "--shapes gives {} shape(s), and strategy {strategy} has {} inputs\nhint: give one shape per input, separated by ';', e.g. --shapes '256,64;64,128'",
+                shapes.len(),
+                op.inputs.len()
+            );
+        }
+        if let (OpFamily::Matmul, [a, b]) = (args.op, &shapes[..]) {
+            let k_b = if args.transpose_b { 1 } else { 0 };
+            if a.len() == 2 && b.len() == 2 && a[1] != b[k_b] {
+                bail!(
+                    "--shapes {a:?} and {b:?} do not multiply: the MatMul contracts {} with {}\nhint: the first input's columns equal the second's {} (--transpose-b)",
+                    a[1],
+                    b[k_b],
+                    if args.transpose_b { "columns" } else { "rows" }
+                );
+            }
+        }
+        for (i, shape) in shapes.into_iter().enumerate() {
+            layouts.push(op.input_layout(i, &shape).with_context(|| format!("input {i} with shape {shape:?}"))?);
+        }
+    }
     if args.json {
         let out = serde_json::json!({
             "strategy": strategy.to_string(),
@@ -192,6 +238,11 @@ fn run_strategy(args: &LayoutArgs, strategy: &str) -> Result<ExitCode> {
             "repeat": op.repeat,
             "inputs": op.inputs.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
             "output": op.output.to_string(),
+            "input_slices": layouts.iter().map(|l| serde_json::json!({
+                "shape": l.shape(),
+                "slice_shape": l.slice_shape(),
+                "placements": l.to_string(),
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
@@ -202,14 +253,10 @@ fn run_strategy(args: &LayoutArgs, strategy: &str) -> Result<ExitCode> {
         println!("  input {i}: tensor_map {m}");
     }
     println!("  output : tensor_map {}", op.output);
-    if let Some(shapes) = &args.shapes {
-        for (i, s) in shapes.split(';').enumerate() {
-            let shape = parse_usize_list("shape", s)?;
-            let l = op.input_layout(i, &shape).with_context(|| format!("input {i} with shape {shape:?}"))?;
-            println!();
-            println!("input {i}:");
-            print_layout(&l, false)?;
-        }
+    for (i, l) in layouts.iter().enumerate() {
+        println!();
+        println!("input {i}:");
+        print_layout(l, false)?;
     }
     Ok(ExitCode::SUCCESS)
 }

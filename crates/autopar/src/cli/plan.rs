@@ -111,7 +111,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let items = autopar_runtime::strategy_io::load_plan_strategies(&ctx)?;
 
-    let profile = load_profile(&args.parallel, &file)?;
+    let profile = load_profile(&args.parallel, &file, &ctx)?;
     let micro = args.micro_batches.or(file.micro_batches);
     if micro == Some(0) {
         bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");

@@ -95,7 +95,7 @@ pub struct TrainArgs {
     /// Save checkpoints in this folder.
     #[arg(long, value_name = "DIR", help_heading = "Checkpoints")]
     checkpoint_dir: Option<PathBuf>,
-    /// Save a checkpoint every N steps (and at the end).
+    /// Save a checkpoint every N steps (and at the end; 0, the default: at the end only).
     #[arg(long, value_name = "N", help_heading = "Checkpoints")]
     checkpoint_every: Option<u64>,
     /// Keep at most this many checkpoints (per rank), deleting the oldest; 0 keeps all.
@@ -384,6 +384,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         }
     }
     let kind = optimizer_kind(&optimizer_name, given_momentum.unwrap_or(0.9))?;
+    let profile = load_profile(&s.args.parallel, &s.file, &ctx)?;
     let mut cfg = TrainConfig {
         epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
         max_steps: steps,
@@ -406,7 +407,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
-        profile: load_profile(&s.args.parallel, &s.file)?,
+        profile,
     };
     if epochs == Some(0) || (cfg.epochs == 0 && steps.is_none()) {
         bail!("--epochs 0 trains nothing\nhint: pass --epochs 1 or more, or leave it out and pass --steps N");
