@@ -105,6 +105,9 @@ pub struct CheckpointFile {
     by_name: HashMap<String, usize>,
     metadata: BTreeMap<String, String>,
     crc: Option<u32>,
+    /// The file's length when it was opened: a file rewritten in place since (a `cp` over it)
+    /// is refused before it is mapped, rather than read past its new end (a bus error).
+    len: u64,
 }
 
 impl std::fmt::Debug for CheckpointFile {
@@ -164,7 +167,7 @@ impl CheckpointFile {
         for (i, t) in tensors.iter().enumerate() {
             by_name.insert(t.name.clone(), i);
         }
-        let me = Self { path: path.to_path_buf(), format, file, tensors, by_name, metadata, crc };
+        let me = Self { path: path.to_path_buf(), format, file, tensors, by_name, metadata, crc, len };
         if me.format == Format::Safetensors && opts.verify_crc {
             if let Some(s) = me.metadata.get("crc_num") {
                 let stored: u32 = s.trim().parse().map_err(|_| CheckpointError::Malformed {
@@ -178,6 +181,17 @@ impl CheckpointFile {
             }
         }
         Ok(me)
+    }
+
+    /// The file still has the length it had when it was opened (autopar never writes a file in
+    /// place, but another program may: a mapping past a shortened file's end would kill the
+    /// process with a bus error instead of giving an error).
+    fn check_unchanged(&self) -> Result<()> {
+        let now = self.file.metadata().map_err(CheckpointError::io("stat", &self.path))?.len();
+        if now != self.len {
+            return Err(CheckpointError::ChangedOnDisk { path: self.path.clone(), opened: self.len, now });
+        }
+        Ok(())
     }
 
     /// The file's path.
@@ -241,6 +255,7 @@ impl CheckpointFile {
             // one pass of read-ahead instead of a page fault per 4 KiB
             opts.populate();
         }
+        self.check_unchanged()?;
         let map = unsafe { opts.map(&self.file) }.map_err(CheckpointError::io("map", &self.path))?;
         // logical start of each segment
         let mut starts = Vec::with_capacity(t.segments.len());
@@ -282,6 +297,7 @@ impl CheckpointFile {
             if s.end == s.start {
                 continue;
             }
+            self.check_unchanged()?;
             // SAFETY: see `open_with`.
             let map = unsafe { MmapOptions::new().offset(s.start).len((s.end - s.start) as usize).map(&self.file) }
                 .map_err(CheckpointError::io("map", &self.path))?;

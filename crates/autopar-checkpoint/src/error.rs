@@ -40,6 +40,30 @@ pub enum CheckpointError {
         first: String,
     },
 
+    /// A checkpoint changed length on disk after it was opened (rewritten in place).
+    #[error("checkpoint {path} changed on disk while it was open: {opened} bytes when opened, {now} now\n  hint: another program rewrote it in place; open it again once it is written")]
+    ChangedOnDisk {
+        /// The file.
+        path: PathBuf,
+        /// Its length when opened.
+        opened: u64,
+        /// Its length now.
+        now: u64,
+    },
+
+    /// The source and destination strategies of a transform place no parameter in common.
+    #[error("strategy files {src} and {dst} have no parameter in common (such as {src_example:?} and {dst_example:?}): they describe different networks\n  hint: give the strategies the checkpoints were saved under and the one to transform to, of one network")]
+    DisjointStrategies {
+        /// The source strategy file.
+        src: PathBuf,
+        /// The destination strategy file.
+        dst: PathBuf,
+        /// One of the source's parameters.
+        src_example: String,
+        /// One of the destination's parameters.
+        dst_example: String,
+    },
+
     /// A path that should be a file is a folder.
     #[error("{path} is a directory, expected a {what} file\n  hint: pass the file itself (`ls {path}` shows what the folder holds)")]
     IsADirectory {

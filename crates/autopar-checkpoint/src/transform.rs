@@ -417,6 +417,23 @@ impl TransformPlanner {
         Ok(set.into_iter().rev().collect())
     }
 
+    /// Refuses strategies of two networks (no parameter in common) for a transform: every
+    /// tensor would be copied unchanged as placed by one strategy only (a source rank's slices
+    /// written as whole tensors). MindSpore's rank list of such a pair is empty, and stays so.
+    fn refuse_disjoint(&self, src_strategy: Option<&Path>, dst_strategy: Option<&Path>) -> Result<()> {
+        if let (Some(s), Some(d)) = (&self.src, &self.dst) {
+            if !s.params.is_empty() && !d.params.is_empty() && s.params.keys().all(|k| d.layout_of(k).is_none()) {
+                return Err(CheckpointError::DisjointStrategies {
+                    src: src_strategy.map(Path::to_path_buf).unwrap_or_default(),
+                    dst: dst_strategy.map(Path::to_path_buf).unwrap_or_default(),
+                    src_example: s.params.keys().next().cloned().unwrap_or_default(),
+                    dst_example: d.params.keys().next().cloned().unwrap_or_default(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a strategy (either) places `name`, directly or as its parameter's state.
     fn placed(&self, name: &str) -> bool {
         self.src.as_ref().is_some_and(|m| m.layout_of(name).is_some()) || self.dst.as_ref().is_some_and(|m| m.layout_of(name).is_some())
@@ -795,6 +812,7 @@ pub fn transform_checkpoint_by_rank(
         refuse_overwrite(save_path, p)?;
     }
     let planner = TransformPlanner::new(src_strategy, dst_strategy, opts.strict)?;
+    planner.refuse_disjoint(src_strategy, dst_strategy)?;
     // Any file set that covers the destination piece will do: MindSpore's list, autopar's
     // smaller one, or a mix. Files of other ranks are not opened. (MindSpore cannot list some
     // files it reads wrongly, such as a 1-d tensor split over two axes; autopar's list serves.)
@@ -839,6 +857,7 @@ pub fn transform_checkpoints(
     // MindSpore transforms one stage into `_part` files for `.ckpt` sources only; its
     // safetensors path always transforms the whole network.
     let planner = TransformPlanner::new_with(src_strategy, dst_strategy, opts.strict, src_format == Format::Ckpt)?;
+    planner.refuse_disjoint(src_strategy, dst_strategy)?;
     let n = planner.dst_device_num();
     let part = planner.per_stage().map_or(String::new(), |s| format!("_part{s}"));
     let mut needed_all = BTreeSet::new();

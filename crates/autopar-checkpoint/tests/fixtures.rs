@@ -322,3 +322,49 @@ fn a_transform_from_sources_without_the_networks_tensors_is_refused() {
     assert!(e.contains("hold none of the") && e.contains("net_0.ckpt"), "{e}");
     assert!(!out.exists() || fs::read_dir(&out).unwrap().next().is_none(), "outputs were written");
 }
+
+/// A checkpoint rewritten in place while open (`cp other.ckpt it.ckpt`) is an error on the
+/// next read, not a bus error from a mapping past its new end.
+#[test]
+fn a_checkpoint_rewritten_in_place_while_open_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.ckpt");
+    let src = transforms().join("ckpt_out_semi_train_optshard_to_out_dp4/src/rank_0/net_0.ckpt");
+    fs::copy(&src, &path).unwrap();
+    let f = CheckpointFile::open(&path).unwrap();
+    let name = f.tensors()[0].name.clone();
+    assert!(f.read(&name).is_ok());
+    // Same inode, shorter contents.
+    fs::write(&path, b"\x0a\x00").unwrap();
+    let e = f.read(&name).unwrap_err().to_string();
+    assert!(e.contains("changed on disk while it was open"), "{e}");
+}
+
+/// Strategy files of two networks (no parameter in common) are refused by transforms, rather
+/// than every tensor copied unchanged as "in one strategy only"; their rank list stays
+/// MindSpore's (empty).
+#[test]
+fn strategies_of_two_networks_are_refused() {
+    let (other, dp4) = (strategies().join("pp_shared/strategy_rank0.ckpt"), strategies().join("dp4/strategy_rank0.ckpt"));
+    assert_eq!(autopar_checkpoint::rank_list_for_transform(0, Some(&other), Some(&dp4)).unwrap(), Vec::<usize>::new());
+    let files: BTreeMap<usize, std::path::PathBuf> =
+        (0..8).map(|r| (r, transforms().join(format!("ckpt_out_semi_train_optshard_to_out_dp4/src/rank_{r}/net_{r}.ckpt")))).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let e = autopar_checkpoint::transform_checkpoint_by_rank(
+        0,
+        &files,
+        &dir.path().join("x/n.ckpt"),
+        Some(&other),
+        Some(&dp4),
+        &Default::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("have no parameter in common") && e.contains("pp_shared"), "{e}");
+    assert!(!dir.path().join("x").exists());
+    let out = tempfile::tempdir().unwrap();
+    let opts = TransformOptions { format: Format::Ckpt, prefix: "net_".into(), ..Default::default() };
+    let src = transforms().join("ckpt_out_semi_train_optshard_to_out_dp4/src");
+    let e = transform_checkpoints(&src, &out.path().join("o"), Some(&other), Some(&dp4), &opts).unwrap_err().to_string();
+    assert!(e.contains("have no parameter in common"), "{e}");
+}

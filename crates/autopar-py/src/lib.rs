@@ -178,10 +178,32 @@ fn write_checkpoint(
 fn run_cli(py: Python<'_>, words: Vec<String>) -> PyResult<String> {
     let cli = autopar::cli::parse_args(&words).map_err(PyValueError::new_err)?;
     autopar::keep_freed_memory();
-    let mut out = Vec::new();
-    match py.detach(|| autopar::cli::run(cli, &mut out)) {
+    // The command runs on a thread of its own while this one waits with the interpreter free
+    // and looks at its signals: on Ctrl-C a training run is asked to stop after its step, and
+    // the KeyboardInterrupt is raised once it has.
+    autopar::cli::clear_interrupt();
+    let job = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let result = autopar::cli::run(cli, &mut out).map_err(|err| autopar::cli::error_text(&err).trim_end().to_string());
+        (result, out)
+    });
+    let mut signal = None;
+    while !job.is_finished() {
+        py.detach(|| std::thread::sleep(std::time::Duration::from_millis(20)));
+        if signal.is_none() {
+            if let Err(e) = py.check_signals() {
+                autopar::cli::interrupt();
+                signal = Some(e);
+            }
+        }
+    }
+    let (result, out) = job.join().map_err(|_| PyRuntimeError::new_err("the autopar command panicked"))?;
+    if let Some(e) = signal {
+        return Err(e);
+    }
+    match result {
         Ok(_) => Ok(String::from_utf8_lossy(&out).into_owned()),
-        Err(err) => Err(PyRuntimeError::new_err(autopar::cli::error_text(&err).trim_end().to_string())),
+        Err(text) => Err(PyRuntimeError::new_err(text)),
     }
 }
 

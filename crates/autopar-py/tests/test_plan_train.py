@@ -13,8 +13,8 @@ def test_keyword_arguments_become_the_command_lines_flags():
         "train", model="mlp", batch_size=64, verify=True, verbose=2, eval=False, seed=None, parallel={"pipeline_stages": 2, "comm_fusion": {"allreduce": {"mode": "size"}}}
     )
     assert words == [
-        "train", "--model", "mlp", "--batch-size", "64", "--verify", "-vv",
-        "--parallel", "pipeline_stages=2", "--parallel", 'comm_fusion={"allreduce": {"mode": "size"}}',
+        "train", "--model=mlp", "--batch-size=64", "--verify", "-vv",
+        "--parallel=pipeline_stages=2", '--parallel=comm_fusion={"allreduce": {"mode": "size"}}',
     ]
 
 

@@ -99,8 +99,12 @@ def transform_checkpoint_by_rank(
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("The checkpoint_files_map should be a dict.")
     _check_rank(rank_id)
+    if isinstance(save_checkpoint_file_name, os.PathLike):
+        save_checkpoint_file_name = os.fspath(save_checkpoint_file_name)
     if not isinstance(save_checkpoint_file_name, str):
         raise TypeError("The save_checkpoint_file_name should be a str.")
+    if os.path.isdir(save_checkpoint_file_name):
+        raise IsADirectoryError(f"The save_checkpoint_file_name {save_checkpoint_file_name} is a directory: give a file name.")
     if save_checkpoint_file_name[-5:] != ".ckpt":
         raise ValueError(f"The save_checkpoint_file_name {save_checkpoint_file_name} should end with .ckpt")
     dst = _check_strategy("dst_strategy_file", dst_strategy_file)
@@ -110,9 +114,8 @@ def transform_checkpoint_by_rank(
         if not os.path.exists(local_file):
             raise ValueError(f"Checkpoint file {local_file} in rank {rank} not exits: ")
         files[int(rank)] = os.fspath(local_file)
-    folder = os.path.dirname(save_checkpoint_file_name)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
+    # The output's folder is made when the file is written, after every check: a failed call
+    # leaves nothing behind.
     _native.transform_checkpoint_by_rank(rank_id, files, save_checkpoint_file_name, src, dst, progress=_progress())
 
 
@@ -128,6 +131,7 @@ def transform_checkpoints(
     """Transform every rank's checkpoint of ``src_checkpoints_dir/rank_<k>/`` to the destination
     strategy, into ``dst_checkpoints_dir/rank_<r>/<ckpt_prefix><r>.<output_format>``.
     ``process_num`` destination files are written at the same time."""
+    src_checkpoints_dir, dst_checkpoints_dir = (os.fspath(p) if isinstance(p, os.PathLike) else p for p in (src_checkpoints_dir, dst_checkpoints_dir))
     if not isinstance(src_checkpoints_dir, str) or not isinstance(dst_checkpoints_dir, str):
         raise TypeError("The src_checkpoints_dir and dst_checkpoints_dir should be str.")
     if output_format not in ("ckpt", "safetensors"):
@@ -154,7 +158,6 @@ def transform_checkpoints(
     dst = _check_strategy("dst_strategy_file", dst_strategy_file)
     if os.path.exists(dst_checkpoints_dir) and not os.path.isdir(dst_checkpoints_dir):
         raise NotADirectoryError(f"dst_checkpoints_dir {dst_checkpoints_dir} is not a directory.")
-    os.makedirs(dst_checkpoints_dir, exist_ok=True)
     _native.transform_checkpoints(
         src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix, src, dst, process_num, output_format, progress=_progress()
     )
@@ -163,11 +166,16 @@ def transform_checkpoints(
 def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file):
     """Merge the strategy files of every pipeline stage (``*.ckpt`` or ``*.json`` in
     ``src_strategy_dirs``) into ``dst_strategy_file``."""
+    if isinstance(src_strategy_dirs, os.PathLike):
+        src_strategy_dirs = os.fspath(src_strategy_dirs)
+    if isinstance(dst_strategy_file, os.PathLike):
+        dst_strategy_file = os.fspath(dst_strategy_file)
     if not isinstance(src_strategy_dirs, str) or not os.path.isdir(src_strategy_dirs):
         raise NotADirectoryError(f"src_strategy_dirs {src_strategy_dirs} is not a directory.")
-    folder = os.path.dirname(dst_strategy_file)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
+    if not isinstance(dst_strategy_file, str):
+        raise TypeError(f"dst_strategy_file must be a file name, but got {type(dst_strategy_file)}.")
+    if os.path.isdir(dst_strategy_file):
+        raise IsADirectoryError(f"dst_strategy_file {dst_strategy_file} is a directory: give a file name.")
     _native.merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file)
 
 
@@ -236,10 +244,14 @@ def load_checkpoint(
     path = os.fspath(ckpt_file_name)
     if not path.endswith("." + format):
         raise ValueError(f"For 'load_checkpoint', the checkpoint file should end with '.{format}', please input the correct 'ckpt_file_name'.")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"For 'load_checkpoint', {path} is a directory, not a checkpoint file.")
     if not os.path.isfile(path):
         raise ValueError(f"For 'load_checkpoint', the checkpoint file: {path} does not exist, please check whether the 'ckpt_file_name' is correct.")
     out = _load(path, _selector(filter_prefix, specify_prefix, choice_func), crc_check)
     if not out:
+        if os.path.getsize(path) == 0 or not _load(path, lambda _: True, False):
+            raise ValueError(f"For 'load_checkpoint', the checkpoint file {path} holds no tensors.")
         raise ValueError(f"The loaded parameter dict is empty after filter or specify, please check whether 'filter_prefix' or 'specify_prefix' are set correctly for {path}.")
     return out
 
@@ -256,6 +268,8 @@ def load_segmented_checkpoints(
 ):
     """Every ``*.ckpt`` file of ``ckpt_file_dir`` merged into one ``{name: numpy array}``
     (later files, in name order, override earlier ones)."""
+    if isinstance(ckpt_file_dir, os.PathLike):
+        ckpt_file_dir = os.fspath(ckpt_file_dir)
     if not isinstance(ckpt_file_dir, str):
         raise TypeError("The ckpt_file_dir should be a str.")
     if not os.path.isdir(ckpt_file_dir):
@@ -339,9 +353,18 @@ def save_checkpoint(
     if kwargs:
         raise TypeError(f"For 'save_checkpoint', unexpected keyword arguments: {sorted(kwargs)}.")
     path = os.fspath(ckpt_file_name)
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        raise IsADirectoryError(f"For 'save_checkpoint', 'ckpt_file_name' {path} is a directory: give a file name.")
     if not path.endswith("." + format):
         path += "." + format
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"For 'save_checkpoint', {path} is a directory: give another file name.")
     entries = [_to_entry(n, v) for n, v in _entries(save_obj, append_dict) if choice_func is None or choice_func(n)]
+    seen = set()
+    for name, *_ in entries:
+        if name in seen:
+            raise ValueError(f"For 'save_checkpoint', the name {name!r} is given twice (in 'save_obj' or 'append_dict'): a checkpoint holds each name once.")
+        seen.add(name)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     _native.write_checkpoint(path, entries, {}, crc_check)
@@ -377,6 +400,13 @@ def load_distributed_checkpoint(
         )
     rank = 0 if rank_id is None else rank_id
     _check_rank(rank)
+    if train_strategy_filename is None and len(checkpoint_filenames) > 1:
+        # Without it every file would be taken for a whole copy: rank 0's slices returned as
+        # the whole tensors.
+        raise ValueError(
+            f"For 'load_distributed_checkpoint', the {len(checkpoint_filenames)} checkpoint files need "
+            "'train_strategy_filename', the strategy file they were saved under."
+        )
     train = _check_strategy("train_strategy_filename", train_strategy_filename)
     predict = _check_strategy("predict_strategy", predict_strategy)
     files = {r: os.fspath(f) for r, f in enumerate(checkpoint_filenames)}

@@ -1,10 +1,12 @@
 """``plan`` and ``train``: the ``autopar plan`` / ``autopar train`` command lines, driven from
 Python with their flags as keyword arguments, run in this process.
 
-A keyword is its flag with ``_`` for ``-`` (``batch_size=64`` is ``--batch-size 64``); ``True``
-gives a bare flag, ``False`` and ``None`` leave it out, a list repeats it. ``parallel`` takes a
-dict of ``set_auto_parallel_context`` options (``--parallel KEY=VALUE`` each; dict and list
-values as JSON); ``verbose=N`` logs on stderr as ``-v`` N times does (or set ``AUTOPAR_LOG``)::
+A keyword is its flag with ``_`` for ``-`` (``batch_size=64`` is ``--batch-size=64``); ``True``
+gives a bare flag, ``False`` and ``None`` leave it out, a list or tuple is joined with commas
+(``input_shape=[28, 28]`` is ``--input-shape=28,28``, ``pipeline_split=["a", "b"]`` names two
+ops). ``parallel`` takes a dict of ``set_auto_parallel_context`` options (``--parallel KEY=VALUE``
+each; dict, list and ``None`` values as JSON); ``verbose=N`` logs on stderr as ``-v`` N times
+does (``0``: not at all; or set ``AUTOPAR_LOG``)::
 
     import autopar
     report = autopar.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
@@ -22,7 +24,7 @@ __all__ = ["plan", "train", "command_line"]
 def _value(v):
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (dict, list, tuple)):
+    if v is None or isinstance(v, (dict, list, tuple)):
         return json.dumps(v)
     return str(v)
 
@@ -35,20 +37,23 @@ def command_line(command, **options):
         if value is None or value is False:
             continue
         if key == "verbose":  # verbose=2 is -vv: logs on stderr
-            words.append("-" + "v" * int(value))
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"'verbose' must be a count of 0 or more, but got {value!r}.")
+            if value > 0:
+                words.append("-" + "v" * value)
             continue
+        # One word per flag and value (--devices=-1 stays a value, not a flag).
         if value is True:
             words.append(flag)
         elif key == "parallel":
             if not isinstance(value, dict):
                 raise TypeError(f"'parallel' must be a dict of set_auto_parallel_context options, but got {type(value)}.")
             for k, v in value.items():
-                words += [flag, f"{k}={_value(v)}"]
+                words.append(f"{flag}={k}={_value(v)}")
         elif isinstance(value, (list, tuple)):
-            for v in value:
-                words += [flag, _value(v)]
+            words.append(f"{flag}=" + ",".join(_value(v) for v in value))
         else:
-            words += [flag, _value(value)]
+            words.append(f"{flag}={_value(value)}")
     return words
 
 

@@ -127,6 +127,13 @@ pub enum TrainError {
         source: Box<TrainError>,
     },
 
+    /// The run was asked to stop (Ctrl-C in the Python package) and stopped after a step.
+    #[error("interrupted after step {step}")]
+    Interrupted {
+        /// The last step taken.
+        step: u64,
+    },
+
     /// The process was started by mpirun, but autopar was built without the `mpi` feature.
     #[error("this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev), then start it with mpirun or autopar launch")]
     MpiNotBuilt {

@@ -85,6 +85,24 @@ where
     Cli::try_parse_from(argv).map_err(|e| e.render().to_string().trim_end().to_string())
 }
 
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks a running `train` to stop after its current step, with an error saying so (what the
+/// Python package does on Ctrl-C; the binary stops on the signal itself).
+pub fn interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Forgets an earlier [`interrupt`] (before a command starts).
+pub fn clear_interrupt() {
+    INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`interrupt`] was called since [`clear_interrupt`].
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// An error as the command line shows it: `autopar: <first line>` followed by indented facts,
 /// hints and causes; the error of a failed rank as `autopar[RANK]: ...`. A cause whose text the
 /// lines above already hold (a wrapper that prints its source, a rank's error and the error

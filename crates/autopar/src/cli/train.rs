@@ -262,6 +262,19 @@ impl Write for BarStdout {
     }
 }
 
+/// Ends the run with [`TrainError::Interrupted`] after the step during which
+/// [`super::interrupt`] was called.
+struct StopWhenInterrupted;
+
+impl Callback for StopWhenInterrupted {
+    fn on_step_end(&mut self, event: &StepEvent) -> autopar_runtime::trainer::TrainResult<()> {
+        if super::interrupted() {
+            return Err(autopar_runtime::trainer::TrainError::Interrupted { step: event.step });
+        }
+        Ok(())
+    }
+}
+
 /// Runs `autopar train`: the summary goes to `out`, step lines to stdout (stderr with `--json`).
 pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
@@ -509,6 +522,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if let Some(b) = &bar {
         callbacks.push(Box::new(Progress { bar: b.clone() }));
     }
+    callbacks.push(Box::new(StopWhenInterrupted));
     // Memory at every checkpoint (else ten times over the run) and at the end.
     let memory = Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
