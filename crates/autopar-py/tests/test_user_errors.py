@@ -36,6 +36,17 @@ def test_a_strategy_of_another_network_is_refused_and_leaves_nothing(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "all").exists()
 
 
+def test_bad_ranks_and_append_dicts_name_the_argument(tmp_path):
+    f = str(CASE / "src" / "rank_0" / "net_0.ckpt")
+    for key in ["a", -1]:
+        with pytest.raises(ValueError, match="checkpoint_files_map keys"):
+            autopar.transform_checkpoint_by_rank(0, {key: f}, str(tmp_path / "n.ckpt"), SRC_STRATEGY, DST_STRATEGY)
+    with pytest.raises(ValueError, match="rank_id"):
+        autopar.rank_list_for_transform(2**64, SRC_STRATEGY, DST_STRATEGY)
+    with pytest.raises(TypeError, match="append_dict"):
+        autopar.save_checkpoint({"w": np.zeros(2)}, str(tmp_path / "a.ckpt"), append_dict=[1])
+
+
 def test_distributed_files_need_their_strategy():
     src = [str(CASE / "src" / f"rank_{r}" / f"net_{r}.ckpt") for r in range(8)]
     with pytest.raises(ValueError, match="train_strategy_filename"):

@@ -74,6 +74,8 @@ def _check_rank(rank_id):
         raise TypeError("The rank_id should be a int.")
     if rank_id < 0:
         raise ValueError(f"The rank_id should be non-negative, but got {rank_id}.")
+    if rank_id >= 2**32:
+        raise ValueError(f"The rank_id {rank_id} is beyond any job (devices are at most 4096).")
 
 
 def _progress():
@@ -111,6 +113,8 @@ def transform_checkpoint_by_rank(
     src = _check_strategy("src_strategy_file", src_strategy_file)
     files = {}
     for rank, local_file in checkpoint_files_map.items():
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0 or rank >= 2**32:
+            raise ValueError(f"The checkpoint_files_map keys are source ranks (ints of 0 or more), but got {rank!r}.")
         if not os.path.exists(local_file):
             raise ValueError(f"Checkpoint file {local_file} in rank {rank} not exits: ")
         files[int(rank)] = os.fspath(local_file)
@@ -301,6 +305,8 @@ def _entries(save_obj, append_dict):
                 )
     else:
         raise TypeError(f"For 'save_checkpoint', the argument 'save_obj' must be dict or list, but got {type(save_obj)}.")
+    if append_dict is not None and not isinstance(append_dict, dict):
+        raise TypeError(f"For 'save_checkpoint', the argument 'append_dict' must be a dict, but got {type(append_dict)}.")
     for name, value in (append_dict or {}).items():
         if isinstance(value, (bool, int, float, str, np.ndarray, np.generic)):
             items.append((name, value))

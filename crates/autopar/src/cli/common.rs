@@ -89,7 +89,16 @@ pub fn load_profile(p: &ParallelArgs, file: &FileConfig, ctx: &ParallelContext) 
         );
     }
     let text = std::fs::read_to_string(path).with_context(|| {
-        format!("cannot read device profile {}\nhint: write one with `autopar calibrate --out {}`", path.display(), path.display())
+        let from_file = if p.profile.is_none() {
+            "\n  it is the config file's `profile`: paths in the config file are relative to the working directory, not to the file"
+        } else {
+            ""
+        };
+        format!(
+            "cannot read device profile {}{from_file}\nhint: write one with `autopar calibrate --out {}`",
+            path.display(),
+            path.display()
+        )
     })?;
     let doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
         anyhow::anyhow!("device profile {} is not valid TOML: {e}\nhint: write one with `autopar calibrate --out FILE`", path.display())
