@@ -90,7 +90,7 @@ pub fn convert_to_list(file: &StrategyFile, rank: Option<usize>) -> Vec<ListedLa
         };
         let item = ListedLayout {
             name: name.to_string(),
-            dev_matrix: l.dev_matrix.iter().map(|&d| d as usize).collect(),
+            dev_matrix: l.devices(),
             tensor_map,
             opt_shard_step: l.opt_weight_shard_step as i64,
             opt_shard_size: l.opt_weight_shard_size as i64,

@@ -78,6 +78,15 @@ impl LayoutItem {
         }
     }
 
+    /// The device matrix, `[1]` for an empty one: MindSpore before 2.10 wrote a stage of one
+    /// device (every axis of size 1 removed) as `[]`, which its readers take as one device.
+    pub fn devices(&self) -> Vec<usize> {
+        if self.dev_matrix.is_empty() {
+            return vec![1];
+        }
+        self.dev_matrix.iter().map(|&d| d as usize).collect()
+    }
+
     /// What is wrong with this layout on its own, in words (`None`: nothing): the device matrix
     /// (no empty axis, at most 4096 devices), the tensor map (values name axes of the matrix,
     /// no axis twice, as many entries as the recorded shape has dimensions, each split dividing
@@ -85,7 +94,7 @@ impl LayoutItem {
     /// values: a size of -1 or more, a step of 0 or more, a size only with a step, and a size that
     /// divides the parameter's replicas).
     pub fn problem(&self) -> Option<String> {
-        let dev: Vec<usize> = self.dev_matrix.iter().map(|&d| d as usize).collect();
+        let dev = self.devices();
         let mut map = self.map();
         let uneven = self.param_split_shape.iter().any(|p| !p.is_empty());
         let shape: Vec<usize> = match &self.tensor_shape {
@@ -170,7 +179,7 @@ impl StrategyFile {
                 return Err(invalid(reason));
             }
             let stage = l.split_stage().map_or(0, |(s, _)| s);
-            let devices: usize = l.dev_matrix.iter().map(|&d| d as usize).product();
+            let devices: usize = l.devices().iter().product();
             match spans.get(&stage) {
                 Some(&(first, n)) if n != devices => {
                     return Err(invalid(format!(
@@ -441,7 +450,7 @@ impl StrategyFile {
         let mut per_stage: BTreeMap<(String, u32), ParamLayout> = BTreeMap::new();
         for l in &self.layout_items {
             let (stage, name) = l.split_stage().unwrap_or((0, l.name.as_str()));
-            let dev: Vec<usize> = l.dev_matrix.iter().map(|&d| d as usize).collect();
+            let dev = l.devices();
             let p = ParamLayout {
                 dev_matrix: dev,
                 tensor_map: l.map(),

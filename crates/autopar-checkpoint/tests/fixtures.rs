@@ -368,3 +368,22 @@ fn strategies_of_two_networks_are_refused() {
     let e = transform_checkpoints(&src, &out.path().join("o"), Some(&other), Some(&dp4), &opts).unwrap_err().to_string();
     assert!(e.contains("have no parameter in common"), "{e}");
 }
+
+/// MindSpore before 2.10 wrote the device matrix of a one-device stage as `[]` (every axis of
+/// size 1 removed); its readers take it as one device, and so does every reader here.
+#[test]
+fn an_empty_device_matrix_is_one_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(strategies().join("semi_json/strategy_rank0.json")).unwrap()).unwrap();
+    for (_, item) in v["parallel_layout_item"].as_object_mut().unwrap() {
+        let dims = item["tensor_map"].as_array().unwrap().len();
+        item["dev_matrix"] = serde_json::json!([]);
+        item["tensor_map"] = serde_json::json!(vec![-1; dims]);
+    }
+    let path = dir.path().join("one_device.json");
+    fs::write(&path, v.to_string()).unwrap();
+    let f = StrategyFile::load(&path).unwrap();
+    let map = f.layout_map().unwrap();
+    assert!(map.params.values().all(|p| p.dev_matrix == vec![1]), "{map:?}");
+    assert_eq!(autopar_checkpoint::rank_list_for_transform(0, Some(&path), None).unwrap(), vec![0]);
+}

@@ -73,6 +73,9 @@ def test_save_refuses_a_name_twice_and_a_folder(tmp_path):
 
 
 def test_ctrl_c_stops_a_training_run_promptly():
+    # Python's own Ctrl-C handler, whatever this process inherited (a job started in the
+    # background by a script ignores SIGINT, and Python keeps it ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
@@ -81,4 +84,5 @@ def test_ctrl_c_stops_a_training_run_promptly():
             autopar.train(model="mlp", data="synthetic", steps=20_000, devices=2, eval=False)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 10

@@ -189,7 +189,7 @@ impl LayoutSource {
                 .iter()
                 .map(|it| Entry {
                     name: it.name.clone(),
-                    dev_matrix: it.dev_matrix.iter().map(|&d| d as usize).collect(),
+                    dev_matrix: it.devices(),
                     tensor_map: it.tensor_map.iter().flatten().map(|&v| v as i64).collect(),
                     opt: OptSource::StepSize(it.opt_weight_shard_step as i64, it.opt_weight_shard_size as i64),
                 })
