@@ -328,6 +328,11 @@ pub struct TrainReport {
     pub trainable: Vec<String>,
 }
 
+/// The names of `graph`'s trainable parameters (`trainable`), or of its frozen ones.
+fn parameter_names(graph: &Graph, trainable: bool) -> Vec<String> {
+    graph.nodes().iter().filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable == trainable)).map(|nd| nd.name.clone()).collect()
+}
+
 /// Trains one network on one dataset.
 #[derive(Clone)]
 pub struct Trainer {
@@ -600,14 +605,9 @@ impl Trainer {
                 }
                 files.values().next().cloned()
             } else {
-                let frozen: std::collections::BTreeSet<String> = job
-                    .graph()
-                    .nodes()
-                    .iter()
-                    .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if !p.trainable))
-                    .map(|nd| nd.name.clone())
-                    .collect();
-                init_kept = load_parameters(init, &mut full, &|name| frozen.contains(name)).map_err(|e| one_rank_of_many(init, e))?;
+                let frozen = parameter_names(job.graph(), false);
+                init_kept =
+                    load_parameters(init, &mut full, &|name| frozen.iter().any(|f| f == name)).map_err(|e| one_rank_of_many(init, e))?;
                 Some(init.clone())
             };
             // entries the network has no parameter for (optimizer state, counters): said, not used
@@ -616,13 +616,7 @@ impl Trainer {
                 init_ignored = ck.tensors().iter().map(|t| t.name.clone()).filter(|n| full.get(n).is_none()).collect();
             }
         }
-        let trainable: Vec<String> = job
-            .graph()
-            .nodes()
-            .iter()
-            .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable))
-            .map(|nd| nd.name.clone())
-            .collect();
+        let trainable = parameter_names(job.graph(), true);
 
         let steps_per_epoch = self.steps_per_epoch()?;
         if steps_per_epoch == 0 {
@@ -888,13 +882,7 @@ impl Trainer {
         let pos = RunPosition::from_metadata(&path, ck.file.metadata())?;
         let bad = |problem: String, hint: &str| TrainError::Resume { path: path.clone(), problem, hint: hint.into() };
         // Another network's checkpoint first: its other settings would not matter.
-        let params: Vec<&str> = job
-            .graph()
-            .nodes()
-            .iter()
-            .filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable))
-            .map(|nd| nd.name.as_str())
-            .collect();
+        let params = parameter_names(job.graph(), true);
         if let Some(first) = params.first().filter(|_| !params.iter().any(|p| ck.has(p))) {
             return Err(bad(
                 format!("it holds none of this network's parameters (such as {first}): it was saved from another network"),
