@@ -120,7 +120,8 @@ pub enum SearchMode {
     /// "recursive_programming": MindSpore's default, greedy binary cuts of every op without the cost graph.
     #[default]
     RecursiveProgramming,
-    /// "sharding_propagation": strategies spread from the ops that have one to their neighbours.
+    /// "sharding_propagation": strategies spread from the ops that have one, then from the
+    /// dataset, to their neighbours.
     ShardingPropagation,
     /// "dynamic_programming": variable elimination over the cost graph.
     DynamicProgramming,
@@ -270,9 +271,9 @@ pub struct SearchOptions {
     pub costmodel_beta: f64Bits,
     /// Weight of gradient synchronisation time in the objective.
     pub costmodel_gamma: f64Bits,
-    /// dynamic_programming considers only strategies using every device (MindSpore's default);
-    /// otherwise any power of two dividing the device count. Propagated ops follow their
-    /// neighbour's layout and the recursive search its cuts, which may leave devices idle.
+    /// dynamic_programming and sharding_propagation consider only strategies using every
+    /// device or none; otherwise (the default, as MindSpore's since 2.5) any split the device
+    /// count divides. The recursive search's cuts may leave devices idle either way.
     pub fully_use_devices: bool,
     /// Element-wise ops take their first input's layout as it comes (no redistribution before them).
     pub elementwise_op_strategy_follow: bool,
@@ -323,7 +324,7 @@ impl Default for SearchOptions {
             costmodel_alpha: f64Bits::new(1.0),
             costmodel_beta: f64Bits::new(1.0),
             costmodel_gamma: f64Bits::new(1.0),
-            fully_use_devices: true,
+            fully_use_devices: false,
             elementwise_op_strategy_follow: false,
             tensor_slice_align_enable: false,
             tensor_slice_align_size: 16,
@@ -914,7 +915,7 @@ mod tests {
             ("costmodel_alpha", json!(2.0)),
             ("costmodel_beta", json!(0.5)),
             ("costmodel_gamma", json!(0.001)),
-            ("fully_use_devices", json!(false)),
+            ("fully_use_devices", json!(true)),
             ("elementwise_op_strategy_follow", json!(true)),
             ("tensor_slice_align_enable", json!(true)),
             ("tensor_slice_align_size", json!(32)),
@@ -933,7 +934,7 @@ mod tests {
         assert_eq!(c.pipeline_config.pipeline_scheduler, PipelineScheduler::GPipe);
         assert_eq!(c.strategy_ckpt_config.save_file, "s.ckpt");
         assert_eq!((c.search.device_memory_capacity, c.search.costmodel_gamma.get()), (1 << 30, 0.001));
-        assert!(!c.search.fully_use_devices && c.search.elementwise_op_strategy_follow && c.search.tensor_slice_align_size == 32);
+        assert!(c.search.fully_use_devices && c.search.elementwise_op_strategy_follow && c.search.tensor_slice_align_size == 32);
         assert_eq!(c.search.rp_matmul_mem_coef.get(), 1024.0);
         c.reset();
         assert_eq!(c, ParallelContext::default());

@@ -20,8 +20,8 @@ pub enum StrategySource {
     StrategyFile,
     /// MindSpore's default for an unannotated op: its batch dimension split (data parallel).
     Default,
-    /// auto_parallel, sharding_propagation: taken over from a neighbour (the cheapest
-    /// redistribution from the op it was reached from).
+    /// auto_parallel, sharding_propagation: taken over from its neighbours (the cheapest
+    /// redistribution from the ops, or the dataset, decided before it).
     Propagated,
     /// auto_parallel: chosen by the strategy search.
     Searched,

@@ -585,6 +585,12 @@ pub fn search_text(r: &SearchReport) -> String {
             r.overwritten.join(", ")
         );
     }
+    if r.fully_used {
+        let _ = writeln!(
+            s,
+            "  fully used: every split of every op is more than dynamic_programming searches in seconds here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always)"
+        );
+    }
     for tie in &r.tied {
         let _ = writeln!(
             s,
@@ -641,7 +647,7 @@ pub fn search_text(r: &SearchReport) -> String {
             "  * cheaper with the rest of the plan unchanged, not chosen: {}",
             match r.search {
                 Search::Mode(SearchMode::RecursiveProgramming) => "recursive_programming cuts greedily, without the cost graph",
-                Search::Mode(SearchMode::ShardingPropagation) => "sharding_propagation follows the edge it reached the op over",
+                Search::Mode(SearchMode::ShardingPropagation) => "sharding_propagation follows the ops decided before it",
                 _ if r.fastest.is_some() => "with it the plan would not fit device_memory_capacity",
                 _ => "ties to a repeated block's first copy",
             }
@@ -663,6 +669,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "device_memory_capacity": r.capacity,
         "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
         "overwritten_user_strategies": r.overwritten,
+        "fully_used_devices_fallback": r.fully_used,
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,

@@ -87,6 +87,66 @@ fn sharding_propagation_spreads_the_configured_strategy() {
     assert_matches(&p, "shardprop");
 }
 
+/// Strategies MindSpore's own sharding_propagation tests assert (8 devices). The dataset is
+/// a configured op whose walk comes after the user's: `test_auto_parallel_arithmetic_broadcast_left`
+/// (nothing set, `full_batch`: every op runs replicated, as the dataset gives its inputs);
+/// `test_out_strategy_propagate1` (`fully_use_devices`: the add after a MatMul set to
+/// ((4, 2), (1, 2)) reads the MatMul's output and a batch-split input, and follows the MatMul
+/// alone, decided before the dataset's walk: the first of its equally cheap strategies using
+/// every device); `test_sharding_strategy_save_and_load1` (an add before a configured MatMul
+/// waits for it and takes its input's split, not the split of the MatMul before it).
+#[test]
+fn sharding_propagation_walks_as_mindsporess_unit_tests_assert() {
+    let strategies = |g: &Graph, c: &ParallelContext| -> Vec<(String, String)> {
+        let p = plan(g, c).unwrap();
+        p.nodes.iter().filter_map(|n| n.strategy.as_ref().map(|s| (n.name.clone(), s.to_string()))).collect()
+    };
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[64, 32], DType::F32).unwrap();
+    let y = b.input("y", &[32, 32], DType::F32).unwrap();
+    let d = b.input("b", &[128, 64, 32], DType::F32).unwrap();
+    let m = b.matmul("matmul", x, y).unwrap();
+    let f = b.div("floordiv", m, d).unwrap();
+    b.output(f).unwrap();
+    let g = b.finish();
+    let want = [("matmul", "((1, 1), (1, 1))"), ("floordiv", "((1, 1), (1, 1, 1))")];
+    assert_eq!(strategies(&g, &auto("sharding_propagation", true)), want.map(|(a, b)| (a.to_string(), b.to_string())));
+    // The batch split instead: the MatMul takes it from the dataset.
+    let split = strategies(&g, &auto("sharding_propagation", false));
+    assert_eq!(split[0], ("matmul".to_string(), "((8, 1), (1, 1))".to_string()));
+
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[64, 32], DType::F32).unwrap();
+    let bias = b.input("b", &[64, 8], DType::F32).unwrap();
+    let w = b.parameter("w", &[8, 32], Initializer::Zeros).unwrap();
+    let m = b.matmul_t("matmul", x, w, false, true).unwrap();
+    b.shard(m, "((4,2),(1,2))".parse().unwrap()).unwrap();
+    let a = b.add("add", m, bias).unwrap();
+    let r = b.relu("relu", a).unwrap();
+    b.output(r).unwrap();
+    let mut c = auto("sharding_propagation", false);
+    c.set("fully_use_devices", &json!(true)).unwrap();
+    let got = strategies(&b.finish(), &c);
+    assert_eq!(got[1], ("add".to_string(), "((4, 2), (4, 2))".to_string()));
+
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[64, 32], DType::F32).unwrap();
+    let b1 = b.input("b1", &[64, 32], DType::F32).unwrap();
+    let b2 = b.input("b2", &[64, 8], DType::F32).unwrap();
+    let w1 = b.parameter("w1", &[8, 32], Initializer::Zeros).unwrap();
+    let w2 = b.parameter("w2", &[16, 8], Initializer::Zeros).unwrap();
+    let a1 = b.add("add1", x, b1).unwrap();
+    let m1 = b.matmul_t("matmul1", a1, w1, false, true).unwrap();
+    b.shard(m1, "((4,2),(1,2))".parse().unwrap()).unwrap();
+    let a2 = b.add("add2", m1, b2).unwrap();
+    let m2 = b.matmul_t("matmul2", a2, w2, false, true).unwrap();
+    b.shard(m2, "((2,4),(1,4))".parse().unwrap()).unwrap();
+    b.output(m2).unwrap();
+    let got = strategies(&b.finish(), &auto("sharding_propagation", false));
+    assert_eq!(got[0], ("add1".to_string(), "((4, 2), (4, 2))".to_string()));
+    assert_eq!(got[2], ("add2".to_string(), "((2, 4), (2, 4))".to_string()));
+}
+
 /// MindSpore compiled the rec fixtures for inference without `full_batch`; its
 /// recursive_programming then sets the dataset's strategy back to nothing split
 /// (`AjustToNoTraining`): the input `x` is whole in its layouts, where the other searches
@@ -369,6 +429,37 @@ fn operator_strategy_files_save_and_load_every_operator() {
 /// does not grow with depth, and the plan is never dearer than pure data parallel; over the
 /// exact solver's candidates (`fully_use_devices` off) it is the exact optimum of the untied
 /// network here, on 4 and 8 devices: the tie costs nothing.
+/// With `fully_use_devices` off (the default, as MindSpore's since 2.5) dynamic_programming
+/// searches every split while that stays small; past it (a 4-block GPT on 64 devices), the
+/// strategies using every device or none, and its report says so.
+#[test]
+fn dynamic_programming_searches_every_split_while_the_search_stays_small() {
+    use autopar_models::{Gpt, GptConfig, Mode, Model};
+    use autopar_parallel::{plan_job, PlanRequest};
+    let cfg = GptConfig { vocab: 32, context: 8, width: 64, heads: 4, layers: 4, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
+    let (g, ids) = Gpt::new(cfg).unwrap().build_graph(64, Mode::Train, 1).unwrap();
+    for (n, fully_use, fallback) in [(16usize, false, false), (16, true, false), (64, false, true)] {
+        let mut c = auto("dynamic_programming", false);
+        c.set("device_num", &json!(n)).unwrap();
+        c.set("fully_use_devices", &json!(fully_use)).unwrap();
+        let p = plan_job(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap();
+        let report = p.search.as_ref().unwrap();
+        assert_eq!(report.fully_used, fallback, "{n} devices, fully_use_devices {fully_use}");
+        let used: Vec<usize> = p
+            .nodes
+            .iter()
+            .filter(|node| node.source == Some(autopar_parallel::StrategySource::Searched))
+            .map(|node| node.strategy.as_ref().unwrap().0.iter().map(|s| s.iter().product::<usize>()).max().unwrap())
+            .collect();
+        assert!(!used.is_empty());
+        if fully_use || fallback {
+            assert!(used.iter().all(|&u| u == 1 || u == n), "{n} devices: {used:?}");
+        }
+        let text = autopar_parallel::report::search_text(report);
+        assert_eq!(text.contains("fully used: every split"), fallback, "{text}");
+    }
+}
+
 #[test]
 fn dynamic_programming_ties_the_layers_of_a_deep_network() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};

@@ -33,7 +33,7 @@ use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRu
 use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
-use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat};
+use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat, Shape};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
@@ -75,6 +75,9 @@ pub struct Candidate {
     pub shared: Arc<SharedCandidate>,
     /// Its own cost (edges to other ops excluded).
     pub cost: CostSplit,
+    /// The seconds of `cost.redistribution` that bring the network inputs the op reads to
+    /// this candidate's layouts (its edges from the dataset, in sharding propagation).
+    pub dataset: f64,
 }
 
 /// What identical ops' candidates have in common.
@@ -114,6 +117,10 @@ pub struct SearchOp {
     pub configured: Option<StrategySource>,
     /// The strategies the op may take.
     pub candidates: Vec<Candidate>,
+    /// The tensors it reads.
+    pub inputs: usize,
+    /// How many of them are network inputs.
+    pub dataset_inputs: usize,
 }
 
 /// An edge of the cost graph: how its redistribution seconds are found for a pair of
@@ -269,6 +276,25 @@ impl CostGraph {
         (CostProblem { unary, edges }, index)
     }
 
+    /// The shape of [`CostGraph::tied_problem`] (its ops and edges, without pricing them).
+    pub fn tied_shape(&self, rep: &[usize]) -> Shape {
+        let domains: Vec<usize> = (0..self.ops.len()).map(|k| self.domain(k)).collect();
+        let (index, merged) = tied_index(rep, &domains);
+        let ends: std::collections::BTreeSet<(usize, usize)> = self.edges.iter().map(|e| (index[e.from], index[e.to])).collect();
+        Shape { domains: merged, ends: ends.into_iter().collect() }
+    }
+
+    /// Whether dynamic_programming's elimination of this graph (its repeated blocks tied) stays
+    /// small: at most `pairs` candidate pairs to price over its edges and `entries` per
+    /// elimination step.
+    pub fn small_for_elimination(&self, pairs: u128, entries: u128) -> bool {
+        let (rep, found) = self.tied_ops();
+        let rep: Vec<usize> = if found.is_empty() { (0..self.ops.len()).collect() } else { rep };
+        let shape = self.tied_shape(&rep);
+        let priced: u128 = shape.ends.iter().map(|&(a, b)| shape.domains[a] as u128 * shape.domains[b] as u128).sum();
+        priced <= pairs && super::solve::check_width(&shape, super::solve::Order::Eliminations, entries).is_ok()
+    }
+
     /// The costs [`CostGraph::problem`] would hold: every op's candidates and every edge's pairs.
     pub fn problem_size(&self) -> u128 {
         let d = |k: usize| self.ops[k].candidates.len() as u128;
@@ -336,6 +362,20 @@ impl Costs for CostGraph {
             self.options.costmodel_beta.get() * s
         }
     }
+    fn inputs(&self, op: usize) -> (usize, usize) {
+        (self.ops[op].inputs, self.ops[op].dataset_inputs)
+    }
+    fn dataset(&self, op: usize, c: usize) -> f64 {
+        self.options.costmodel_beta.get() * self.ops[op].candidates[c].dataset
+    }
+    fn replicated(&self, op: usize) -> Option<usize> {
+        self.ops[op].candidates.iter().position(|c| c.splits.iter().all(|&s| s == 1))
+    }
+    /// MindSpore generates strategies input by input, dimension by dimension, each split
+    /// growing from 1: lexicographic order of the strategy's splits.
+    fn generation_key(&self, op: usize, c: usize) -> Vec<usize> {
+        self.ops[op].candidates[c].layouts.strategy.0.iter().flatten().copied().collect()
+    }
 }
 
 /// How the planner treats each node.
@@ -351,6 +391,8 @@ enum Role {
 enum Source {
     Op(usize),
     Fixed(TensorLayout),
+    /// A network input, as the dataset gives it.
+    Dataset(TensorLayout),
     /// A parameter whose layout is that of its first consumer's input `slot` (op `op`).
     ParamOf {
         op: usize,
@@ -369,8 +411,8 @@ pub(crate) struct Build<'a> {
     pub fixed: &'a [Option<(Vec<usize>, StrategySource)>],
     /// Per node: an input's layout (the dataset strategy).
     pub input_layouts: &'a [Option<TensorLayout>],
-    /// Keep candidates that leave devices idle (sharding propagation follows layouts that may).
-    pub partial_use: bool,
+    /// Keep only candidates using every device or none (`fully_use_devices`).
+    pub full_use: bool,
 }
 
 struct Builder<'a> {
@@ -496,7 +538,7 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
                         (shared, None)
                     }
                 };
-                let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own }).collect();
+                let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own, dataset: 0.0 }).collect();
                 ops.push(SearchOp {
                     node: NodeId(i),
                     name: node.name.clone(),
@@ -504,6 +546,8 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
                     spec: spec.clone(),
                     configured,
                     candidates,
+                    inputs: node.inputs.len(),
+                    dataset_inputs: 0,
                 });
                 Role::Op(ops.len() - 1)
             }
@@ -576,15 +620,24 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
         let elem = g.node(x).ty.dtype.size();
         let producer = match &source {
             Source::Op(u) | Source::ParamOf { op: u, .. } => Some(*u),
-            Source::Fixed(_) => None,
+            Source::Fixed(_) | Source::Dataset(_) => None,
         };
         match (producer, consumer) {
             (None, None) => {}
             (None, Some((k, slot))) => {
-                let Source::Fixed(l) = source else { unreachable!("a source without an op is fixed") };
+                let (l, dataset) = match source {
+                    Source::Fixed(l) => (l, false),
+                    Source::Dataset(l) => (l, true),
+                    _ => unreachable!("a source without an op is fixed"),
+                };
                 let (pre, l) = pr.through(l, &chain, elem);
+                ops[k].dataset_inputs += usize::from(dataset);
                 for c in &mut ops[k].candidates {
-                    c.cost.redistribution += pre + pr.redist(&l, &c.layouts.inputs[slot], elem);
+                    let t = pre + pr.redist(&l, &c.layouts.inputs[slot], elem);
+                    c.cost.redistribution += t;
+                    if dataset {
+                        c.dataset += t;
+                    }
                 }
             }
             (Some(u), None) => {
@@ -653,9 +706,9 @@ impl Builder<'_> {
                 all = aligned;
             }
         }
-        if o.fully_use_devices && !self.b.partial_use {
+        if self.b.full_use {
             let most = all.iter().map(|s| s.iter().product::<usize>()).max().unwrap_or(1);
-            all.retain(|s| s.iter().product::<usize>() == most);
+            all.retain(|s| matches!(s.iter().product::<usize>(), 1) || s.iter().product::<usize>() == most);
         }
         // Ties go to the lower index in every search: candidates using more devices come
         // first, then those splitting the batch more (MindSpore's preference for data
@@ -716,7 +769,7 @@ impl Builder<'_> {
                 Role::Input => {
                     chain.reverse();
                     let l = self.b.input_layouts[x.0].clone().unwrap_or_else(|| whole(self.n, &g.node(x).ty.shape));
-                    return (Source::Fixed(l), chain);
+                    return (Source::Dataset(l), chain);
                 }
                 Role::Whole => {
                     chain.reverse();

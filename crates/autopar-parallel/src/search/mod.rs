@@ -32,6 +32,13 @@ use crate::plan::StrategySource;
 /// the candidates eliminated.
 pub const TABLE_LIMIT: u128 = 1 << 30;
 
+/// dynamic_programming with `fully_use_devices` off searches every split while its edges
+/// hold at most this many candidate pairs to price...
+const PARTIAL_PAIRS: u128 = 1 << 22;
+/// ...and each elimination step at most this many entries; beyond, the splits using every
+/// device or none (seconds instead of minutes).
+const PARTIAL_ENTRIES: u128 = 1 << 24;
+
 /// Which search made a plan: one of MindSpore's three, the exact optimum of the cost model, or
 /// every op on its data-parallel default (for comparison).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +125,9 @@ pub struct SearchReport {
     /// The ops whose `.shard()` strategy recursive_programming overwrote (MindSpore 2.10's
     /// default; `MS_INTERFERED_SAPP=1` keeps them).
     pub overwritten: Vec<String>,
+    /// dynamic_programming searched only the strategies using every device or none, as
+    /// `fully_use_devices` does, because every split was too many to eliminate.
+    pub fully_used: bool,
 }
 
 impl SearchReport {
@@ -169,19 +179,22 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         kept = job.fixed.iter().map(|f| if is_user(f) { None } else { f.clone() }).collect();
         &kept
     };
-    // Propagation and the recursive search may leave devices idle (a layout that follows its
-    // neighbour, an op not worth cutting); the exact optimum is over those candidates too.
-    let partial_use = !matches!(job.search, Search::Mode(SearchMode::DynamicProgramming));
-    let cg = costgraph::build(&costgraph::Build {
-        graph: job.graph,
-        rules: job.rules,
-        context: job.context,
-        profile: job.profile,
-        training: job.training,
-        fixed,
-        input_layouts: job.input_layouts,
-        partial_use,
-    })?;
+    // dynamic_programming and sharding_propagation generate their candidates as MindSpore's
+    // (`fully_use_devices` on: all devices or none); the recursive search's cuts may leave
+    // devices idle whatever the key, and the exact optimum is over every candidate.
+    let honours = matches!(job.search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
+    let build = |full_use: bool| {
+        costgraph::build(&costgraph::Build {
+            graph: job.graph,
+            rules: job.rules,
+            context: job.context,
+            profile: job.profile,
+            training: job.training,
+            fixed,
+            input_layouts: job.input_layouts,
+            full_use,
+        })
+    };
     let rec = recursive::RecInput {
         graph: job.graph,
         devices: job.context.devices(),
@@ -189,7 +202,22 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         matmul_mem_coef: job.context.search.rp_matmul_mem_coef.get(),
         training: job.training,
     };
+    let full_use = honours && job.context.search.fully_use_devices;
+    let mut cg = build(full_use)?;
+    // Every split of every op is more than dynamic_programming's elimination does in seconds
+    // (a deep or wide network on hundreds of devices): the strategies using every device or
+    // none, as `fully_use_devices` keeps.
+    let fully_used = job.search == Search::Mode(SearchMode::DynamicProgramming)
+        && !full_use
+        && !cg.small_for_elimination(PARTIAL_PAIRS, PARTIAL_ENTRIES);
+    if fully_used {
+        tracing::warn!(
+            "dynamic_programming: too many strategies to search with fully_use_devices off; searching those using every device or none"
+        );
+        cg = build(true)?;
+    }
     let mut report = run(&cg, job.search, &rec, job.profile)?;
+    report.fully_used = fully_used;
     report.overwritten = overwritten;
     Ok(report)
 }
@@ -264,8 +292,12 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
     };
     // A problem too wide to eliminate is refused before its edges are priced (the pricing
     // of a wide problem's every candidate pair is most of its time).
-    if rep.is_none() {
-        solve::check_width(cg, order, TABLE_LIMIT).map_err(|e| too_wide(&(0..cg.ops.len()).collect::<Vec<_>>(), e))?;
+    match rep {
+        None => solve::check_width(cg, order, TABLE_LIMIT).map_err(|e| too_wide(&(0..cg.ops.len()).collect::<Vec<_>>(), e))?,
+        Some(rep) => {
+            let index = solve::tied_index(rep, &(0..cg.ops.len()).map(|k| cg.domain(k)).collect::<Vec<_>>()).0;
+            solve::check_width(&cg.tied_shape(rep), order, TABLE_LIMIT).map_err(|e| too_wide(&index, e))?
+        }
     }
     let (problem, index) = match rep {
         Some(rep) => cg.tied_problem(rep),
@@ -379,5 +411,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         capacity: cg.options.device_memory_capacity,
         fastest: None,
         overwritten: Vec::new(),
+        fully_used: false,
     }
 }

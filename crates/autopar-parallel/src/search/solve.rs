@@ -12,9 +12,9 @@
 //!   enumeration); [`Order::MinFill`] is the classic min-fill heuristic, the exact solver's
 //!   order for graphs of small treewidth.
 //! * [`brute_force`] enumerates every combination (tests).
-//! * [`propagate`] is sharding propagation: from the configured ops, breadth first, each
-//!   neighbour takes the candidate with the cheapest edge to the op it was reached from (ties:
-//!   its own cost).
+//! * [`propagate`] is sharding propagation: from the configured ops and the dataset, breadth
+//!   first, each neighbour takes the candidate with the cheapest edges to the ops decided
+//!   before it (ties: its own cost).
 //! * [`eliminate_within`] is the same elimination with MindSpore's (time, memory) cost lists:
 //!   every table entry keeps the Pareto front of the eliminated part (less memory, or less
 //!   time), points above the memory budget dropped, so the plan is the fastest whose memory
@@ -45,6 +45,29 @@ pub trait Costs {
     fn ends(&self, e: usize) -> (usize, usize);
     /// Edge `e`'s cost when its producer takes candidate `a` and its consumer `b`.
     fn edge(&self, e: usize, a: usize, b: usize) -> f64;
+    /// Sharding propagation's view of `op`'s inputs: how many tensors it reads, and how many
+    /// of them are network inputs (edges from the dataset, which propagation starts from as
+    /// MindSpore's `_VirtualDataset`). An op reading two or more waits until every one is
+    /// decided.
+    fn inputs(&self, _op: usize) -> (usize, usize) {
+        (0, 0)
+    }
+    /// The part of `op`'s own cost under candidate `c` that brings the network inputs it
+    /// reads to that candidate's layouts (its dataset edges).
+    fn dataset(&self, _op: usize, _c: usize) -> f64 {
+        0.0
+    }
+    /// The candidate of `op` that keeps every tensor whole, if it has one (what propagation
+    /// gives an op it never reaches, as MindSpore's first candidate).
+    fn replicated(&self, _op: usize) -> Option<usize> {
+        None
+    }
+    /// Where candidate `c` of `op` comes in MindSpore's generation order (smaller first):
+    /// among equally cheap candidates of an op reading several tensors, MindSpore keeps the
+    /// first it generated.
+    fn generation_key(&self, _op: usize, c: usize) -> Vec<usize> {
+        vec![c]
+    }
 
     /// The objective of a whole choice.
     fn total(&self, choice: &[usize]) -> f64 {
@@ -272,6 +295,36 @@ fn elimination_plan(p: &impl Costs, order: Order, limit: u128, max_table: u128) 
         plan.push((v, scope));
     }
     Ok(plan)
+}
+
+/// A problem's shape without its costs: each op's candidate count and each edge's ends,
+/// all [`check_width`] reads (its costs are never asked for).
+pub struct Shape {
+    /// Candidates per op.
+    pub domains: Vec<usize>,
+    /// (producer, consumer) per edge.
+    pub ends: Vec<(usize, usize)>,
+}
+
+impl Costs for Shape {
+    fn ops(&self) -> usize {
+        self.domains.len()
+    }
+    fn domain(&self, op: usize) -> usize {
+        self.domains[op]
+    }
+    fn unary(&self, _: usize, _: usize) -> f64 {
+        unreachable!("a problem's shape has no costs")
+    }
+    fn edge_count(&self) -> usize {
+        self.ends.len()
+    }
+    fn ends(&self, e: usize) -> (usize, usize) {
+        self.ends[e]
+    }
+    fn edge(&self, _: usize, _: usize, _: usize) -> f64 {
+        unreachable!("a problem's shape has no costs")
+    }
 }
 
 /// Whether [`eliminate`] in `order` stays within `limit` entries of work per step (and
@@ -742,73 +795,180 @@ fn below(a: f64, b: f64) -> bool {
     a < b - 1e-9 * a.abs().max(b.abs()).max(1e-300)
 }
 
-/// Sharding propagation. Ops with `Some(candidate)` in `configured` keep it; breadth first from
-/// them (in index order), an op reached over an edge takes the candidate whose edge cost to the
-/// op it was reached from is smallest, ties broken by its own cost, then by index. When the
-/// walk stops with ops left, the first of them takes its cheapest candidate given its decided
-/// neighbours and the walk goes on from it. Returns each op's candidate and whether it was
-/// reached over an edge (false: configured, or the start of a walk).
+/// Sharding propagation, as MindSpore's `CostGraph::StrategyPropagate`. Ops with
+/// `Some(candidate)` in `configured` keep it. Breadth first from each configured op (in index
+/// order), then from the dataset (the network inputs, MindSpore's `_VirtualDataset`, a
+/// configured op too, whose name sorts after the others): an op reached from a consumer, or
+/// reading one tensor, takes the candidate whose edge to the op it was reached from costs
+/// least (ties: its own cost, then index); an op reading several tensors waits until all of
+/// them are decided and then takes the candidate whose decided edges (with its dataset
+/// edges) cost least; when the walk runs dry, the first op still waiting decides over the
+/// edges decided so far. An op never reached keeps its tensors whole where it can (else its
+/// cheapest candidate given its decided neighbours), and the walk goes on from it. Returns
+/// each op's candidate and whether it was reached over an edge (false: configured, or
+/// never reached).
 pub fn propagate(p: &impl Costs, configured: &[Option<usize>]) -> (Vec<usize>, Vec<bool>) {
     let n = p.ops();
-    let mut choice: Vec<Option<usize>> = configured.to_vec();
-    let mut incident: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for i in 0..p.edge_count() {
-        let (from, to) = p.ends(i);
-        incident[from].push(i);
-        if to != from {
-            incident[to].push(i);
+    let mut w = Walk {
+        p,
+        choice: configured.to_vec(),
+        reached: vec![false; n],
+        outs: vec![Vec::new(); n],
+        ins: vec![Vec::new(); n],
+        waiting: Vec::new(),
+        dataset_visited: false,
+        next_seed: None,
+    };
+    for e in 0..p.edge_count() {
+        let (from, to) = p.ends(e);
+        if from != to {
+            w.outs[from].push(e);
+            w.ins[to].push(e);
         }
     }
-    let mut reached = vec![false; n];
-    let mut queue: VecDeque<usize> = (0..n).filter(|&v| choice[v].is_some()).collect();
-    loop {
-        while let Some(u) = queue.pop_front() {
-            let cu = choice[u].expect("queued ops are decided");
-            for &ei in &incident[u] {
-                let (from, to) = p.ends(ei);
-                let (w, forward) = if from == u { (to, true) } else { (from, false) };
-                if choice[w].is_some() {
-                    continue;
+    let seeds: Vec<usize> = (0..n).filter(|&v| configured[v].is_some()).collect();
+    for (i, &v) in seeds.iter().enumerate() {
+        w.next_seed = seeds.get(i + 1).copied();
+        w.walk(VecDeque::from([v]));
+    }
+    // The dataset: its consumers, as the successors of one configured op. Until its turn its
+    // edges are not visited (an op reading the dataset and a configured op's output, decided
+    // before, followed the configured op alone).
+    w.dataset_visited = true;
+    let mut queue = VecDeque::new();
+    for v in (0..n).filter(|&v| p.inputs(v).1 > 0) {
+        if w.choice[v].is_none() {
+            w.arrive(v, &mut queue, |w| w.over_decided(v));
+        }
+    }
+    w.walk(queue);
+    while let Some(v) = (0..n).find(|&v| w.choice[v].is_none()) {
+        let c = p.replicated(v).unwrap_or_else(|| w.over_decided(v));
+        w.choice[v] = Some(c);
+        w.walk(VecDeque::from([v]));
+    }
+    (w.choice.into_iter().map(|c| c.expect("every op is decided")).collect(), w.reached)
+}
+
+/// The state of [`propagate`]'s walk.
+struct Walk<'a, C: Costs> {
+    p: &'a C,
+    choice: Vec<Option<usize>>,
+    reached: Vec<bool>,
+    /// Per op, the edges it produces and those it consumes.
+    outs: Vec<Vec<usize>>,
+    ins: Vec<Vec<usize>>,
+    /// Ops reading several tensors, reached before all of them were decided (in order).
+    waiting: Vec<usize>,
+    /// The walk from the dataset has begun: its edges count as decided.
+    dataset_visited: bool,
+    /// The configured op whose walk comes next (None: the dataset's, or none).
+    next_seed: Option<usize>,
+}
+
+impl<C: Costs> Walk<'_, C> {
+    /// Breadth first from the ops in `queue` (decided), then from the ops left waiting.
+    fn walk(&mut self, mut queue: VecDeque<usize>) {
+        loop {
+            while let Some(u) = queue.pop_front() {
+                let cu = self.choice[u].expect("queued ops are decided");
+                for i in 0..self.outs[u].len() {
+                    let e = self.outs[u][i];
+                    let v = self.p.ends(e).1;
+                    if self.choice[v].is_some() {
+                        continue;
+                    }
+                    if self.p.inputs(v).0 >= 2 {
+                        if self.all_inputs_decided(v) {
+                            self.arrive(v, &mut queue, |w| w.over_decided(v));
+                        } else if !self.waiting.contains(&v) {
+                            self.waiting.push(v);
+                        }
+                        continue;
+                    }
+                    self.arrive(v, &mut queue, |w| w.over_edge(e, cu, v, true));
                 }
-                let mut best: Option<(f64, f64, usize)> = None;
-                for cw in 0..p.domain(w) {
-                    let edge = if forward { p.edge(ei, cu, cw) } else { p.edge(ei, cw, cu) };
-                    let own = p.unary(w, cw);
-                    let better = match best {
-                        None => true,
-                        Some((be, bo, _)) => below(edge, be) || (!below(be, edge) && below(own, bo)),
-                    };
-                    if better {
-                        best = Some((edge, own, cw));
+                for i in 0..self.ins[u].len() {
+                    let e = self.ins[u][i];
+                    let v = self.p.ends(e).0;
+                    if self.choice[v].is_none() {
+                        self.arrive(v, &mut queue, |w| w.over_edge(e, cu, v, false));
                     }
                 }
-                if let Some((_, _, cw)) = best {
-                    choice[w] = Some(cw);
-                    reached[w] = true;
-                    queue.push_back(w);
-                }
             }
+            self.waiting.retain(|&v| self.choice[v].is_none());
+            // A waiting op before the next configured op waits for that op's walk (which may
+            // reach it from its consumers), as MindSpore's `ExistPrevConfiguredOps`.
+            match (self.waiting.first(), self.next_seed) {
+                (None, _) => return,
+                (Some(&v), Some(seed)) if v < seed => return,
+                _ => {}
+            }
+            let v = self.waiting.remove(0);
+            self.arrive(v, &mut queue, |w| w.over_decided(v));
         }
-        let Some(v) = (0..n).find(|&v| choice[v].is_none()) else { break };
-        let decided: Vec<usize> = choice.iter().map(|c| c.unwrap_or(0)).collect();
-        let mut best = (f64::INFINITY, 0);
-        for c in 0..p.domain(v) {
-            let mut x = p.unary(v, c);
-            for &ei in &incident[v] {
-                let (from, to) = p.ends(ei);
-                let other = if from == v { to } else { from };
-                if other == v || choice[other].is_some() {
-                    x += if from == v { p.edge(ei, c, if to == v { c } else { decided[to] }) } else { p.edge(ei, decided[from], c) };
-                }
-            }
-            if below(x, best.0) {
-                best = (x, c);
-            }
-        }
-        choice[v] = Some(best.1);
+    }
+
+    /// Decide `v` by `pick`, as reached over an edge, and queue it.
+    fn arrive(&mut self, v: usize, queue: &mut VecDeque<usize>, pick: impl FnOnce(&Self) -> usize) {
+        self.choice[v] = Some(pick(self));
+        self.reached[v] = true;
         queue.push_back(v);
     }
-    (choice.into_iter().map(|c| c.expect("every op is decided")).collect(), reached)
+
+    /// Every tensor `v` reads is decided: each edge's producer, and the dataset once visited.
+    fn all_inputs_decided(&self, v: usize) -> bool {
+        let (tensors, dataset) = self.p.inputs(v);
+        let decided = self.ins[v].iter().filter(|&&e| self.choice[self.p.ends(e).0].is_some()).count();
+        decided + if self.dataset_visited { dataset } else { 0 } >= tensors
+    }
+
+    /// `v`'s candidate with the cheapest edge `e` to the decided op at its other end
+    /// (candidate `cu`; `v` consumes over it when `forward`). Ties: its own cost, then index.
+    fn over_edge(&self, e: usize, cu: usize, v: usize, forward: bool) -> usize {
+        self.least(v, false, |c| if forward { self.p.edge(e, cu, c) } else { self.p.edge(e, c, cu) })
+    }
+
+    /// `v`'s candidate whose edges to decided ops (its producers, its consumers and the
+    /// dataset once visited) cost least. Ties: its own cost, then MindSpore's generation order.
+    fn over_decided(&self, v: usize) -> usize {
+        self.least(v, true, |c| {
+            let mut x = if self.dataset_visited { self.p.dataset(v, c) } else { 0.0 };
+            for &e in self.ins[v].iter().chain(&self.outs[v]) {
+                let (from, to) = self.p.ends(e);
+                x += match (from == v, self.choice[from], self.choice[to]) {
+                    (false, Some(a), _) => self.p.edge(e, a, c),
+                    (true, _, Some(b)) => self.p.edge(e, c, b),
+                    _ => 0.0,
+                };
+            }
+            x
+        })
+    }
+
+    /// The candidate of `v` with the least `key`, ties broken by its own cost, then by
+    /// MindSpore's generation order (`generated`) or index.
+    fn least(&self, v: usize, generated: bool, key: impl Fn(usize) -> f64) -> usize {
+        let mut best: Option<(f64, f64, usize)> = None;
+        for c in 0..self.p.domain(v) {
+            // Its own cost leaves out its dataset edges (MindSpore's operator cost has no
+            // redistribution in it).
+            let (k, own) = (key(c), self.p.unary(v, c) - self.p.dataset(v, c));
+            let better = match best {
+                None => true,
+                Some((bk, bo, bc)) => {
+                    below(k, bk)
+                        || (!below(bk, k)
+                            && (below(own, bo)
+                                || (!below(bo, own) && generated && self.p.generation_key(v, c) < self.p.generation_key(v, bc))))
+                }
+            };
+            if better {
+                best = Some((k, own, c));
+            }
+        }
+        best.map_or(0, |b| b.2)
+    }
 }
 
 #[cfg(test)]
