@@ -131,6 +131,11 @@ fn options_autopar_does_not_implement_are_refused_before_planning() {
     assert!(err.contains("devices in the config file gives 2 but device_num in its [parallel] table gives 8"), "{err}");
     std::fs::write(dir.path().join("one.toml"), "model = \"mlp\"\ndevices = 2\n").unwrap();
     assert!(ok(dir.path(), &["plan", "--config", "one.toml", "--devices", "4"]).contains("on 4 devices"));
+    // --compare reads the mode of the file's [parallel] table too.
+    std::fs::write(dir.path().join("mode.toml"), "model = \"mlp\"\ndevices = 2\n[parallel]\nparallel_mode = \"data_parallel\"\n").unwrap();
+    let o = autopar(dir.path(), &["plan", "--config", "mode.toml", "--compare"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--compare plans under auto_parallel, but the parallel mode is data_parallel"), "{err}");
 }
 
 /// auto_parallel explains its choice: per op the strategy, its source, its cost by part and the

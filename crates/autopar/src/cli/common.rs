@@ -150,16 +150,27 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
 /// and `--parallel device_num=N`; likewise the mode) and twice in the config file (`devices`
 /// and `[parallel] device_num`): two that disagree at the same level are an error naming both,
 /// instead of one silently winning (a flag still overrides the file).
+/// `--micro-batches` (flag or config file): none is refused.
+pub fn check_micro_batches(given: Option<usize>) -> Result<Option<usize>> {
+    if given == Some(0) {
+        bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");
+    }
+    Ok(given)
+}
+
+/// The value `--parallel KEY=VALUE` gives `key` (the last one given), as written.
+pub fn given_parallel_option(p: &ParallelArgs, key: &str) -> Option<String> {
+    p.parallel
+        .iter()
+        .rev()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+}
+
 fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
     let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
-    let kv = |key: &str| {
-        p.parallel
-            .iter()
-            .rev()
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| k.trim() == key)
-            .map(|(_, v)| v.trim().trim_matches('"').to_string())
-    };
+    let kv = |key: &str| given_parallel_option(p, key);
     let table = |key: &str| file.parallel.as_ref().and_then(|t| t.get(key)).map(text);
     // Per key: the command line's two places, then the file's (which count only where no flag
     // gives the key: a flag overrides the file).

@@ -16,7 +16,8 @@ use autopar_parallel::{compare_searches, plan_job, rank_program, ParallelMode, P
 use clap::Args;
 
 use super::common::{
-    load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, ModelArgs, ParallelArgs, Spinner,
+    check_micro_batches, given_parallel_option, load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config,
+    ModelArgs, ParallelArgs, Spinner,
 };
 
 /// The flags of `autopar plan`.
@@ -79,13 +80,12 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     // --compare plans under auto_parallel: its options are checked as such.
     let mut parallel = args.parallel.clone();
     if args.compare {
-        let given = parallel.parallel_mode.clone().or_else(|| file.parallel_mode.clone()).or_else(|| {
-            parallel
-                .parallel
-                .iter()
-                .rev()
-                .find_map(|kv| kv.split_once('=').filter(|(k, _)| k.trim() == "parallel_mode").map(|(_, v)| v.trim().to_string()))
-        });
+        let given = parallel
+            .parallel_mode
+            .clone()
+            .or_else(|| file.parallel_mode.clone())
+            .or_else(|| given_parallel_option(&parallel, "parallel_mode"))
+            .or_else(|| file.parallel.as_ref().and_then(|t| t.get("parallel_mode")).and_then(|v| v.as_str()).map(str::to_string));
         match given {
             Some(m) if !m.eq_ignore_ascii_case("auto_parallel") => {
                 bail!("--compare plans under auto_parallel, but the parallel mode is {m}\nhint: drop --parallel-mode (or pass auto_parallel) with --compare")
@@ -112,10 +112,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let items = autopar_runtime::strategy_io::load_plan_strategies(&ctx)?;
 
     let profile = load_profile(&args.parallel, &file, &ctx)?;
-    let micro = args.micro_batches.or(file.micro_batches);
-    if micro == Some(0) {
-        bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");
-    }
+    let micro = check_micro_batches(args.micro_batches.or(file.micro_batches))?;
     let split = pipeline_split(&args.parallel, &file)?;
     if ctx.pipeline_stages > 1 {
         let stages = PipelineArgs { split: &split, profile: profile.as_ref(), strategy_file: items.as_ref() };

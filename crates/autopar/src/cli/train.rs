@@ -19,7 +19,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::{
-    load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, FileConfig, ModelArgs, ParallelArgs,
+    check_micro_batches, load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, FileConfig, ModelArgs,
+    ParallelArgs,
 };
 use crate::verify;
 
@@ -361,10 +362,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     // As `autopar plan`: 32, or the device count when it does not divide 32.
     let n = ctx.devices();
     let mut batch_size = pick!(s, batch_size).unwrap_or(if 32 % n == 0 { 32 } else { n });
-    let mut micro_batches = pick!(s, micro_batches).unwrap_or(1);
-    if micro_batches == 0 {
-        bail!("--micro-batches 0 runs no batch\nhint: pass --micro-batches 1 or more");
-    }
+    let mut micro_batches = check_micro_batches(pick!(s, micro_batches))?.unwrap_or(1);
     if let Some(k) = pick!(s, grad_accumulation) {
         if k == 0 {
             bail!("--grad-accumulation 0 accumulates nothing\nhint: pass --grad-accumulation 1 or more");
