@@ -272,8 +272,11 @@ pub struct SearchOptions {
     /// Weight of gradient synchronisation time in the objective.
     pub costmodel_gamma: f64Bits,
     /// dynamic_programming and sharding_propagation consider only strategies using every
-    /// device or none; otherwise (the default, as MindSpore's since 2.5) any split the device
-    /// count divides. The recursive search's cuts may leave devices idle either way.
+    /// device or none; otherwise (the default, as MindSpore's since 2.5) every candidate split
+    /// (powers of two, and the odd factor of a device count such as 12), except that
+    /// dynamic_programming takes the former where every split is more than it searches in
+    /// seconds (its report says so). The recursive search's cuts may leave devices idle either
+    /// way.
     pub fully_use_devices: bool,
     /// Element-wise ops take their first input's layout as it comes (no redistribution before them).
     pub elementwise_op_strategy_follow: bool,

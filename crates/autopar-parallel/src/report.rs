@@ -585,10 +585,10 @@ pub fn search_text(r: &SearchReport) -> String {
             r.overwritten.join(", ")
         );
     }
-    if r.fully_used {
+    if r.fully_use_fallback {
         let _ = writeln!(
             s,
-            "  fully used: every split of every op is more than dynamic_programming searches in seconds here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always)"
+            "  fully_use_devices fallback: searching every split of every op would take dynamic_programming minutes here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always)"
         );
     }
     for tie in &r.tied {
@@ -669,7 +669,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "device_memory_capacity": r.capacity,
         "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
         "overwritten_user_strategies": r.overwritten,
-        "fully_used_devices_fallback": r.fully_used,
+        "fully_use_devices_fallback": r.fully_use_fallback,
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,
@@ -735,6 +735,13 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
                     "  {}: searched the {} ops whose .shard() strategy the others keep (as MindSpore 2.10 does; MS_INTERFERED_SAPP=1 keeps them), so it may beat the exact plan",
                     search.name(),
                     r.overwritten.len()
+                );
+            }
+            if r.fully_use_fallback {
+                let _ = writeln!(
+                    s,
+                    "  {}: searched the strategies using every device or none (every split would take it minutes here), the exact solver every split",
+                    search.name()
                 );
             }
         }

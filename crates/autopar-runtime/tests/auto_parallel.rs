@@ -96,7 +96,7 @@ fn sharding_propagation_spreads_the_configured_strategy() {
 /// every device); `test_sharding_strategy_save_and_load1` (an add before a configured MatMul
 /// waits for it and takes its input's split, not the split of the MatMul before it).
 #[test]
-fn sharding_propagation_walks_as_mindsporess_unit_tests_assert() {
+fn sharding_propagation_walks_as_mindspores_unit_tests_assert() {
     let strategies = |g: &Graph, c: &ParallelContext| -> Vec<(String, String)> {
         let p = plan(g, c).unwrap();
         p.nodes.iter().filter_map(|n| n.strategy.as_ref().map(|s| (n.name.clone(), s.to_string()))).collect()
@@ -423,12 +423,6 @@ fn operator_strategy_files_save_and_load_every_operator() {
     assert!(e.to_string().contains(".json"), "{e}");
 }
 
-/// dynamic_programming ties the layers of a deep network to one choice: the copies of the
-/// repeated block are found whatever the depth (one block's ops, depth - 1 copies), every
-/// copy's op takes the strategy of the first copy's op at the same place, the search's size
-/// does not grow with depth, and the plan is never dearer than pure data parallel; over the
-/// exact solver's candidates (`fully_use_devices` off) it is the exact optimum of the untied
-/// network here, on 4 and 8 devices: the tie costs nothing.
 /// With `fully_use_devices` off (the default, as MindSpore's since 2.5) dynamic_programming
 /// searches every split while that stays small; past it (a 4-block GPT on 64 devices), the
 /// strategies using every device or none, and its report says so.
@@ -438,28 +432,32 @@ fn dynamic_programming_searches_every_split_while_the_search_stays_small() {
     use autopar_parallel::{plan_job, PlanRequest};
     let cfg = GptConfig { vocab: 32, context: 8, width: 64, heads: 4, layers: 4, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
     let (g, ids) = Gpt::new(cfg).unwrap().build_graph(64, Mode::Train, 1).unwrap();
+    let mut candidates = Vec::new();
     for (n, fully_use, fallback) in [(16usize, false, false), (16, true, false), (64, false, true)] {
         let mut c = auto("dynamic_programming", false);
         c.set("device_num", &json!(n)).unwrap();
         c.set("fully_use_devices", &json!(fully_use)).unwrap();
         let p = plan_job(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap();
         let report = p.search.as_ref().unwrap();
-        assert_eq!(report.fully_used, fallback, "{n} devices, fully_use_devices {fully_use}");
-        let used: Vec<usize> = p
-            .nodes
-            .iter()
-            .filter(|node| node.source == Some(autopar_parallel::StrategySource::Searched))
-            .map(|node| node.strategy.as_ref().unwrap().0.iter().map(|s| s.iter().product::<usize>()).max().unwrap())
-            .collect();
-        assert!(!used.is_empty());
+        assert_eq!(report.fully_use_fallback, fallback, "{n} devices, fully_use_devices {fully_use}");
+        candidates.push(report.ops.iter().map(|o| o.candidates).sum::<usize>());
+        let used: Vec<usize> = report.ops.iter().map(|o| o.splits.iter().product()).collect();
         if fully_use || fallback {
             assert!(used.iter().all(|&u| u == 1 || u == n), "{n} devices: {used:?}");
         }
         let text = autopar_parallel::report::search_text(report);
-        assert_eq!(text.contains("fully used: every split"), fallback, "{text}");
+        assert_eq!(text.contains("fully_use_devices fallback"), fallback, "{text}");
     }
+    // Off, every split is a candidate: more than the strategies using every device or none.
+    assert!(candidates[0] > candidates[1], "{candidates:?}");
 }
 
+/// dynamic_programming ties the layers of a deep network to one choice: the copies of the
+/// repeated block are found whatever the depth (one block's ops, depth - 1 copies), every
+/// copy's op takes the strategy of the first copy's op at the same place, the search's size
+/// does not grow with depth, and the plan is never dearer than pure data parallel; over the
+/// exact solver's candidates (`fully_use_devices` off) it is the exact optimum of the untied
+/// network here, on 4 and 8 devices: the tie costs nothing.
 #[test]
 fn dynamic_programming_ties_the_layers_of_a_deep_network() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};

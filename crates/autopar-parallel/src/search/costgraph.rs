@@ -276,21 +276,22 @@ impl CostGraph {
         (CostProblem { unary, edges }, index)
     }
 
-    /// The shape of [`CostGraph::tied_problem`] (its ops and edges, without pricing them).
-    pub fn tied_shape(&self, rep: &[usize]) -> Shape {
+    /// The shape of [`CostGraph::tied_problem`] (its ops and edges, without pricing them),
+    /// and each op's merged op.
+    pub fn tied_shape(&self, rep: &[usize]) -> (Shape, Vec<usize>) {
         let domains: Vec<usize> = (0..self.ops.len()).map(|k| self.domain(k)).collect();
         let (index, merged) = tied_index(rep, &domains);
         let ends: std::collections::BTreeSet<(usize, usize)> = self.edges.iter().map(|e| (index[e.from], index[e.to])).collect();
-        Shape { domains: merged, ends: ends.into_iter().collect() }
+        (Shape { domains: merged, ends: ends.into_iter().collect() }, index)
     }
 
     /// Whether dynamic_programming's elimination of this graph (its repeated blocks tied) stays
-    /// small: at most `pairs` candidate pairs to price over its edges and `entries` per
-    /// elimination step.
+    /// small: about `pairs` candidate pairs to price over its edges at most (counted once per
+    /// pair of ops joined) and `entries` per elimination step.
     pub fn small_for_elimination(&self, pairs: u128, entries: u128) -> bool {
         let (rep, found) = self.tied_ops();
         let rep: Vec<usize> = if found.is_empty() { (0..self.ops.len()).collect() } else { rep };
-        let shape = self.tied_shape(&rep);
+        let (shape, _) = self.tied_shape(&rep);
         let priced: u128 = shape.ends.iter().map(|&(a, b)| shape.domains[a] as u128 * shape.domains[b] as u128).sum();
         priced <= pairs && super::solve::check_width(&shape, super::solve::Order::Eliminations, entries).is_ok()
     }
@@ -708,7 +709,10 @@ impl Builder<'_> {
         }
         if self.b.full_use {
             let most = all.iter().map(|s| s.iter().product::<usize>()).max().unwrap_or(1);
-            all.retain(|s| matches!(s.iter().product::<usize>(), 1) || s.iter().product::<usize>() == most);
+            all.retain(|s| {
+                let used = s.iter().product::<usize>();
+                used == 1 || used == most
+            });
         }
         // Ties go to the lower index in every search: candidates using more devices come
         // first, then those splitting the batch more (MindSpore's preference for data

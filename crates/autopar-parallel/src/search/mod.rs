@@ -126,8 +126,9 @@ pub struct SearchReport {
     /// default; `MS_INTERFERED_SAPP=1` keeps them).
     pub overwritten: Vec<String>,
     /// dynamic_programming searched only the strategies using every device or none, as
-    /// `fully_use_devices` does, because every split was too many to eliminate.
-    pub fully_used: bool,
+    /// `fully_use_devices` does, because every split was more than its elimination does in
+    /// seconds.
+    pub fully_use_fallback: bool,
 }
 
 impl SearchReport {
@@ -179,9 +180,9 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         kept = job.fixed.iter().map(|f| if is_user(f) { None } else { f.clone() }).collect();
         &kept
     };
-    // dynamic_programming and sharding_propagation generate their candidates as MindSpore's
-    // (`fully_use_devices` on: all devices or none); the recursive search's cuts may leave
-    // devices idle whatever the key, and the exact optimum is over every candidate.
+    // With `fully_use_devices` set, dynamic_programming and sharding_propagation take the
+    // candidates using every device or none, as MindSpore's; the recursive search's cuts may
+    // leave devices idle whatever the key, and the exact optimum is over every candidate.
     let honours = matches!(job.search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
     let build = |full_use: bool| {
         costgraph::build(&costgraph::Build {
@@ -217,7 +218,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         cg = build(true)?;
     }
     let mut report = run(&cg, job.search, &rec, job.profile)?;
-    report.fully_used = fully_used;
+    report.fully_use_fallback = fully_used;
     report.overwritten = overwritten;
     Ok(report)
 }
@@ -295,8 +296,8 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
     match rep {
         None => solve::check_width(cg, order, TABLE_LIMIT).map_err(|e| too_wide(&(0..cg.ops.len()).collect::<Vec<_>>(), e))?,
         Some(rep) => {
-            let index = solve::tied_index(rep, &(0..cg.ops.len()).map(|k| cg.domain(k)).collect::<Vec<_>>()).0;
-            solve::check_width(&cg.tied_shape(rep), order, TABLE_LIMIT).map_err(|e| too_wide(&index, e))?
+            let (shape, index) = cg.tied_shape(rep);
+            solve::check_width(&shape, order, TABLE_LIMIT).map_err(|e| too_wide(&index, e))?
         }
     }
     let (problem, index) = match rep {
@@ -411,6 +412,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         capacity: cg.options.device_memory_capacity,
         fastest: None,
         overwritten: Vec::new(),
-        fully_used: false,
+        fully_use_fallback: false,
     }
 }
