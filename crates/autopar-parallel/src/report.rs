@@ -588,7 +588,7 @@ pub fn search_text(r: &SearchReport) -> String {
     if r.fully_use_fallback {
         let _ = writeln!(
             s,
-            "  fully_use_devices fallback: searching every split of every op would take dynamic_programming minutes here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always)"
+            "  fully_use_devices fallback: every split of every op is more than dynamic_programming searches in seconds here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always; --compare's exact solver searches every split)"
         );
     }
     for tie in &r.tied {
@@ -740,7 +740,7 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
             if r.fully_use_fallback {
                 let _ = writeln!(
                     s,
-                    "  {}: searched the strategies using every device or none (every split would take it minutes here), the exact solver every split",
+                    "  {}: searched the strategies using every device or none (every split is more than it searches in seconds here), the exact solver every split",
                     search.name()
                 );
             }

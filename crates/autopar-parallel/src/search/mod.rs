@@ -212,9 +212,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         && !full_use
         && !cg.small_for_elimination(PARTIAL_PAIRS, PARTIAL_ENTRIES);
     if fully_used {
-        tracing::warn!(
-            "dynamic_programming: too many strategies to search with fully_use_devices off; searching those using every device or none"
-        );
+        tracing::info!("dynamic_programming: every split is more than it searches in seconds; searching those using every device or none");
         cg = build(true)?;
     }
     let mut report = run(&cg, job.search, &rec, job.profile)?;
