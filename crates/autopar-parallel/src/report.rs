@@ -737,10 +737,11 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
                     r.overwritten.len()
                 );
             }
-            if r.fully_use_fallback {
+            if r.fully_use {
+                let why = if r.fully_use_fallback { "every split is more than it searches in seconds here" } else { "fully_use_devices" };
                 let _ = writeln!(
                     s,
-                    "  {}: searched the strategies using every device or none (every split is more than it searches in seconds here), the exact solver every split",
+                    "  {}: searched the strategies using every device or none ({why}), the exact solver every split",
                     search.name()
                 );
             }

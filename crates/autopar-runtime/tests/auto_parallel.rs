@@ -450,6 +450,23 @@ fn dynamic_programming_searches_every_split_while_the_search_stays_small() {
     }
     // Off, every split is a candidate: more than the strategies using every device or none.
     assert!(candidates[0] > candidates[1], "{candidates:?}");
+    // --compare says which searches took fewer candidates than the exact solver.
+    let mut c = auto("dynamic_programming", false);
+    c.set("device_num", &json!(16)).unwrap();
+    c.set("fully_use_devices", &json!(true)).unwrap();
+    let rows = autopar_parallel::compare_searches(&PlanRequest {
+        graph: &g,
+        loss: Some(ids.loss),
+        context: &c,
+        strategy_file: None,
+        profile: None,
+    })
+    .unwrap();
+    let table = autopar_parallel::report::compare_text("gpt", 16, &rows);
+    for search in ["dynamic_programming", "sharding_propagation"] {
+        assert!(table.contains(&format!("{search}: searched the strategies using every device or none (fully_use_devices)")), "{table}");
+    }
+    assert!(!table.contains("recursive_programming: searched the strategies using every device"), "{table}");
 }
 
 /// dynamic_programming ties the layers of a deep network to one choice: the copies of the

@@ -129,6 +129,9 @@ pub struct SearchReport {
     /// `fully_use_devices` does, because every split was more than its elimination does in
     /// seconds.
     pub fully_use_fallback: bool,
+    /// The search took only the strategies using every device or none (`fully_use_devices`
+    /// set, or the fallback); the exact solver takes every split.
+    pub fully_use: bool,
 }
 
 impl SearchReport {
@@ -217,6 +220,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
     }
     let mut report = run(&cg, job.search, &rec, job.profile)?;
     report.fully_use_fallback = fully_used;
+    report.fully_use = full_use || fully_used;
     report.overwritten = overwritten;
     Ok(report)
 }
@@ -411,5 +415,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         fastest: None,
         overwritten: Vec::new(),
         fully_use_fallback: false,
+        fully_use: false,
     }
 }
