@@ -1010,49 +1010,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A clique of `n` ops with `d` candidates each whose costs must never be asked for.
-    struct Unpriced {
-        n: usize,
-        d: usize,
-    }
-
-    impl Costs for Unpriced {
-        fn ops(&self) -> usize {
-            self.n
-        }
-        fn domain(&self, _: usize) -> usize {
-            self.d
-        }
-        fn unary(&self, _: usize, _: usize) -> f64 {
-            unreachable!("the width check prices nothing")
-        }
-        fn edge_count(&self) -> usize {
-            self.n * (self.n - 1) / 2
-        }
-        fn ends(&self, e: usize) -> (usize, usize) {
-            let mut k = e;
-            for a in 0..self.n {
-                let row = self.n - 1 - a;
-                if k < row {
-                    return (a, a + 1 + k);
-                }
-                k -= row;
-            }
-            unreachable!("edge {e} of a clique")
-        }
-        fn edge(&self, _: usize, _: usize, _: usize) -> f64 {
-            unreachable!("the width check prices nothing")
-        }
+    /// A clique of `n` ops with `d` candidates each: its shape alone (a cost read panics).
+    fn clique(n: usize, d: usize) -> Shape {
+        Shape { domains: vec![d; n], ends: (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b))).collect() }
     }
 
     /// A problem too wide to eliminate is refused from its shape alone (no cost is read), and
     /// one within the limit passes.
     #[test]
     fn the_width_check_refuses_a_wide_problem_before_pricing_it() {
-        let wide = Unpriced { n: 12, d: 16 };
+        let wide = clique(12, 16);
         let e = check_width(&wide, Order::MinFill, 1 << 30).unwrap_err();
         assert!(e.entries > 1 << 30, "{e:?}");
-        check_width(&Unpriced { n: 4, d: 16 }, Order::MinFill, 1 << 30).unwrap();
+        check_width(&clique(4, 16), Order::MinFill, 1 << 30).unwrap();
     }
 
     fn problem(domains: &[usize], edges: &[(usize, usize)], seed: u64) -> CostProblem {
@@ -1247,8 +1217,7 @@ mod tests {
             }
         }
         // A clique of 8 ops with 4 candidates needs a 4^8 table at some point.
-        let clique: Vec<(usize, usize)> = (0..8).flat_map(|a| (a + 1..8).map(move |b| (a, b))).collect();
-        let p = problem(&[4; 8], &clique, 3);
+        let p = problem(&[4; 8], &clique(8, 4).ends, 3);
         assert!(eliminate(&p, Order::MinFill, 1000).is_err());
     }
 
