@@ -168,10 +168,14 @@ pub fn given_parallel_option(p: &ParallelArgs, key: &str) -> Option<String> {
         .map(|(_, v)| v.trim().trim_matches('"').to_string())
 }
 
+/// The value the config file's `[parallel]` table gives `key`, as text.
+pub fn file_parallel_option(file: &FileConfig, key: &str) -> Option<String> {
+    file.parallel.as_ref().and_then(|t| t.get(key)).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+}
+
 fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
-    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
     let kv = |key: &str| given_parallel_option(p, key);
-    let table = |key: &str| file.parallel.as_ref().and_then(|t| t.get(key)).map(text);
+    let table = |key: &str| file_parallel_option(file, key);
     // Per key: the command line's two places, then the file's (which count only where no flag
     // gives the key: a flag overrides the file).
     let places = [

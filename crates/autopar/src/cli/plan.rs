@@ -16,8 +16,8 @@ use autopar_parallel::{compare_searches, plan_job, rank_program, ParallelMode, P
 use clap::Args;
 
 use super::common::{
-    check_micro_batches, given_parallel_option, load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config,
-    ModelArgs, ParallelArgs, Spinner,
+    check_micro_batches, file_parallel_option, given_parallel_option, load_profile, model_options, optimizer_kind, parallel_context,
+    pipeline_split, read_config, ModelArgs, ParallelArgs, Spinner,
 };
 
 /// The flags of `autopar plan`.
@@ -85,7 +85,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
             .clone()
             .or_else(|| file.parallel_mode.clone())
             .or_else(|| given_parallel_option(&parallel, "parallel_mode"))
-            .or_else(|| file.parallel.as_ref().and_then(|t| t.get("parallel_mode")).and_then(|v| v.as_str()).map(str::to_string));
+            .or_else(|| file_parallel_option(&file, "parallel_mode"));
         match given {
             Some(m) if !m.eq_ignore_ascii_case("auto_parallel") => {
                 bail!("--compare plans under auto_parallel, but the parallel mode is {m}\nhint: drop --parallel-mode (or pass auto_parallel) with --compare")
