@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MPI tests: build with --features mpi, run the collective conformance suite under mpirun with
 # 2 and 4 processes, check that a failing rank ends the whole job with its message (never a
-# hang), and that parallel training over MPI equals the same job on in-process ranks. Called by .ci/run after the normal test run; exits non-zero on any
+# hang), that parallel training over MPI equals the same job on in-process ranks, and the
+# documentation's MPI commands. Called by .ci/run after the normal test run; exits non-zero on any
 # failure. Installs OpenMPI and libclang (needed by the mpi crate's bindgen) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -342,6 +343,13 @@ killed_rank() {
     fi
 }
 check killed_rank
+
+# The ```sh mpi commands of README.md and docs/ (.ci/doc-commands.sh), run with this MPI build.
+doc_commands() {
+    echo "mpi-tests: the documentation's MPI commands"
+    AUTOPAR_BIN="${CARGO_TARGET_DIR:-target}/debug/autopar" bash .ci/doc-commands.sh --mpi
+}
+check doc_commands
 
 echo "mpi-tests: cargo test -p autopar-comm --features mpi (includes the mpirun tests)"
 check cargo test -p autopar-comm --features mpi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The Python package: build and install it with the README's command into a fresh virtual
-# environment, then run its pytest suite against MindSpore's committed files.
+# The Python package: build and install it with the command of docs/python.md into a fresh
+# virtual environment, run its pytest suite against MindSpore's committed files, then the
+# Python examples of the documentation (.ci/doc-commands.sh --python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,8 +15,11 @@ fi
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 python3 -m venv "$scratch/venv"
-py="$scratch/venv/bin/python"
-"$py" -m pip install -q --upgrade pip
+export PATH="$scratch/venv/bin:$PATH"
+python3 -m pip install -q --upgrade pip
+# The commands docs/python.md shows (as ```sh ci: this script runs them word for word).
 echo "python-tests: pip install ./crates/autopar-py[test]"
-"$py" -m pip install -q "./crates/autopar-py[test]"
-"$py" -m pytest -q crates/autopar-py/tests
+pip install "./crates/autopar-py[test]"
+pytest crates/autopar-py/tests
+echo "python-tests: the documentation's Python examples"
+bash .ci/doc-commands.sh --python

@@ -271,7 +271,7 @@ impl CkptWriter {
         if let Some(h) = &mut self.crc {
             h.update(bytes);
         }
-        self.out.write_all(bytes)
+        Ok(self.out.write_all(bytes)?)
     }
 
     /// Append one tensor: `data` is its raw little-endian bytes in C order.
@@ -329,7 +329,7 @@ impl CkptWriter {
             trailer.extend_from_slice(&crc.to_be_bytes());
             self.out.write_all(&trailer)?;
         }
-        self.out.commit()
+        Ok(self.out.commit()?)
     }
 }
 

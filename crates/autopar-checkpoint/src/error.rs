@@ -507,5 +507,11 @@ impl CheckpointError {
     }
 }
 
+impl From<autopar_files::FileError> for CheckpointError {
+    fn from(e: autopar_files::FileError) -> Self {
+        CheckpointError::io(e.op, e.path)(e.source)
+    }
+}
+
 /// Short for `Result<T, CheckpointError>`.
 pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;

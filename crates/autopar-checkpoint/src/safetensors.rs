@@ -197,7 +197,7 @@ impl SafetensorsWriter {
         if self.next != self.order.len() {
             return Err(CheckpointError::InvalidArgument(Misuse::MissingTensors { written: self.next, declared: self.order.len() }));
         }
-        self.out.commit()
+        Ok(self.out.commit()?)
     }
 }
 

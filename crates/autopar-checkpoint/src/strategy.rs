@@ -219,7 +219,7 @@ impl StrategyFile {
         let bytes = if is_json(path) { self.to_json().into_bytes() } else { self.to_protobuf() };
         let mut f = AtomicFile::create(path)?;
         f.write_all(&bytes)?;
-        f.commit()
+        Ok(f.commit()?)
     }
 
     /// Decodes the protobuf form; `path` is for error messages.
@@ -677,7 +677,7 @@ impl GroupInfo {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let mut f = AtomicFile::create(path.as_ref())?;
         f.write_all(&self.to_protobuf())?;
-        f.commit()
+        Ok(f.commit()?)
     }
 }
 

@@ -1,5 +1,5 @@
 //! File helpers: whole-file reads with gzip detection, and atomic writes (through the
-//! checkpoint crate's atomic file).
+//! workspace's atomic file).
 
 use std::fs;
 use std::io::Read;
@@ -32,17 +32,12 @@ pub(crate) fn read(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// Writes `bytes` to `path` atomically (the project's one atomic writer,
-/// [`autopar_checkpoint::io::write_atomic`]: a temp file beside it, fsync, rename, fsync of the
-/// folder; a missing folder is created).
+/// [`autopar_files::write_atomic`]: a temp file beside it, fsync, rename, fsync of the folder;
+/// a missing folder is created).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    autopar_checkpoint::io::write_atomic(path, bytes).map_err(|e| DataError::Write {
+    autopar_files::write_atomic(path, bytes).map_err(|e| DataError::Write {
         path: path.to_path_buf(),
-        source: match e {
-            autopar_checkpoint::CheckpointError::Io { op, path, source } => {
-                std::io::Error::new(source.kind(), format!("{op} {}: {source}", path.display()))
-            }
-            other => std::io::Error::other(other.to_string()),
-        },
+        source: std::io::Error::new(e.source.kind(), format!("{} {}: {}", e.op, e.path.display(), e.source)),
     })
 }
 

@@ -26,6 +26,14 @@ pub struct Node {
     pub pipeline_stage: Option<usize>,
 }
 
+impl Node {
+    /// Whether the node belongs to every pipeline stage that uses it rather than to one: a
+    /// parameter, an input or a constant.
+    pub fn is_stageless(&self) -> bool {
+        self.op.is_leaf() || self.inputs.is_empty()
+    }
+}
+
 /// The order in which a run computes the values some outputs need, and when each value dies:
 /// the executor follows it, and memory predictions simulate it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -65,6 +65,8 @@ pub mod sharding;
 pub mod types;
 
 pub use autodiff::{backward, differentiate, GradCx, Gradients};
+/// A strategy as `GraphBuilder::shard` takes it (the layout crate's, for models that need no other).
+pub use autopar_layout::Strategy;
 pub use builder::{GraphBuilder, ParamSpec};
 pub use error::{GraphError, Result};
 pub use graph::{Graph, Node, Schedule};

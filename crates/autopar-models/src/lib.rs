@@ -52,8 +52,8 @@ mod resnet;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use autopar_graph::Strategy;
 use autopar_graph::{DType, Graph, GraphBuilder, NodeId, OpKind};
-use autopar_layout::Strategy;
 
 pub use error::{ModelError, Result};
 pub use gpt::{Gpt, GptConfig};

@@ -385,7 +385,7 @@ pub struct ParallelContext {
     pub force_fp32_communication: bool,
     /// The number of pipeline stages; 1 for no pipeline.
     pub pipeline_stages: usize,
-    /// Pipeline inference (`StageTrainer::predict`): the last stage's outputs reach every rank,
+    /// Pipeline inference (`RankTrainer::predict`): the last stage's outputs reach every rank,
     /// not only the last stage's (pipelines only).
     pub pipeline_result_broadcast: bool,
     /// `pipeline_config`.
@@ -494,6 +494,21 @@ impl ParallelContext {
                 self.device_num
             }
         }
+    }
+
+    /// The context a job runs under: this one with autopar's defaults for what was not set
+    /// (the same for the Rust API, the command line and Python): more than one device and no
+    /// `parallel_mode` runs semi_auto_parallel; data_parallel averages gradients
+    /// (`gradients_mean`) unless told otherwise, so that it trains as one device does.
+    pub fn resolved(&self) -> Result<Self> {
+        let mut ctx = self.clone();
+        if !ctx.is_set("parallel_mode") && ctx.device_num > 1 {
+            ctx.set("parallel_mode", &Value::String("semi_auto_parallel".into()))?;
+        }
+        if ctx.parallel_mode == ParallelMode::DataParallel && !ctx.is_set("gradients_mean") {
+            ctx.set("gradients_mean", &Value::Bool(true))?;
+        }
+        Ok(ctx)
     }
 
     /// Whether `name` was set explicitly.

@@ -44,7 +44,7 @@ pub enum ParallelError {
     },
 
     /// An op whose sharding rule cannot be planned by the planner.
-    #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it (the library's ParallelJob::hybrid runs hand-written rank graphs that place their own collectives)")]
+    #[error("{kind} {name:?} cannot be planned\n  {why}\nhint: build the network without it (the library's Job::hybrid runs hand-written rank graphs that place their own collectives)")]
     UnsupportedOp {
         /// The op's kind (its primitive's name).
         kind: &'static str,
@@ -214,8 +214,30 @@ pub enum ParallelError {
         op: String,
     },
 
+    /// A strategy file (or group-info file) that could not be read or written.
+    #[error("strategy file {}: {error}", path.display())]
+    StrategyFile {
+        /// The file.
+        path: PathBuf,
+        /// The checkpoint crate's error.
+        error: Box<autopar_checkpoint::CheckpointError>,
+    },
+
+    /// `pipeline_result_broadcast` set for a training job.
+    #[error("pipeline_result_broadcast sends a pipeline's inference outputs to every rank, and this job trains\nhint: training reports the loss on every rank already; leave pipeline_result_broadcast false (it applies to pipeline inference)")]
+    ResultBroadcastInTraining,
+
+    /// A micro-batch count a job cannot run: none, or one that does not divide the batch.
+    #[error("{}\nhint: pass --micro-batches M with M dividing --batch-size (1: no micro-batches)", if *given == 0 { "micro_batches = 0: a step runs at least one micro-batch".to_string() } else { format!("{given} micro-batches do not divide the batch of {batch} rows into equal parts") })]
+    MicroBatches {
+        /// The count given.
+        given: usize,
+        /// The global batch's rows (0 when not known yet).
+        batch: usize,
+    },
+
     /// `op_strategy_config` in mode LOAD without the operator strategies read from its file.
-    #[error("op_strategy_config loads {path:?}, but the plan request carries no operator strategies\nhint: read them with autopar_runtime::strategy_io::load_plan_strategies and pass them as PlanRequest::strategy_file")]
+    #[error("op_strategy_config loads {path:?}, but the plan request carries no operator strategies\nhint: assemble the job with assemble_job, which reads them (or read them with strategy_files::load_plan_strategies and pass them as PlanRequest::strategy_file)")]
     OperatorStrategiesNotGiven {
         /// The file `op_strategy_config` names.
         path: String,
@@ -393,6 +415,7 @@ impl PipelineProblem {
             }
             PipelineProblem::SplitOfPlacedModel => "drop --pipeline-split: the model's own stages apply",
             PipelineProblem::SplitWithoutStages => "set --parallel pipeline_stages=P, or drop --pipeline-split",
+
             PipelineProblem::ConsumerBeforeProducer { .. }
             | PipelineProblem::StageOutOfRange { .. }
             | PipelineProblem::EmptyStage { .. }
@@ -460,8 +483,9 @@ impl fmt::Display for PipelineProblem {
             ),
             PipelineProblem::NeedsPipelinePlanner => write!(
                 f,
-                "a job of several stages is planned by plan_pipeline (the library's PipelineJob, `autopar train --micro-batches M`), not plan_job"
+                "a job of several stages is planned in its stages by assemble_job (or plan_stages), not plan_network"
             ),
+
         }
     }
 }

@@ -4,7 +4,12 @@
 //!   validated for type and range on `set`, for consistency on `validate`, and for what autopar
 //!   implements on `check_supported` (an option whose behaviour is missing is an error, never
 //!   silently ignored).
-//! * [`plan_job`] / [`plan_hybrid`]: the planner. A graph (with its loss) and a context become a
+//! * [`assemble_job`]: the one entry point that assembles a job ([`JobPlan`]) from a network, a
+//!   [`ParallelContext`] (its defaults applied: [`ParallelContext::resolved`]), the strategy
+//!   files it names (read here: [`strategy_files`]), micro-batches and a device profile. A job
+//!   without pipeline stages is a pipeline of one stage; [`JobPlan::program`] is what one rank
+//!   runs ([`JobProgram`]). The trainer, `autopar plan` and the Python package all call it.
+//! * [`plan_network`] / [`plan_hybrid`]: the planner of one network on one stage's devices. A graph (with its loss) and a context become a
 //!   [`ParallelPlan`] holding each op's strategy and where it came from, the layout of every
 //!   value, every redistribution (forward; its backward is the adjoint), the ops tied to the
 //!   whole tensor (synchronised statistics, dropout blocks, table rows), each parameter's mirror
@@ -17,7 +22,9 @@
 //!   adjoints), gradient buckets, the parameters the optimizer updates.
 //! * [`pipeline`]: pipeline stages (from the model or cut by FLOPs), the schedules (GPipe,
 //!   1F1B, interleaved) as data with a simulator that checks them under blocking sends, and
-//!   [`pipeline::stage_program`]: one rank's stage of a pipeline job.
+//!   the pieces ([`pipeline::ChunkProgram`]) a rank of a pipeline runs.
+//! * [`strategy_files`]: strategy checkpoint files, operator strategy files and group-info
+//!   files of a job, read and written (MindSpore's formats).
 //! * [`optimizer_shard`]: the parallel optimizer: which parameters are sharded over which
 //!   ranks (and why the others are not), and their fused all-gathers and reduce-scatters.
 //! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
@@ -25,7 +32,7 @@
 //!
 //! ```
 //! use autopar_graph::{DType, GraphBuilder, Initializer};
-//! use autopar_parallel::{plan_job, ParallelContext, PlanRequest};
+//! use autopar_parallel::{plan_network, ParallelContext, PlanRequest};
 //! use serde_json::json;
 //!
 //! let mut b = GraphBuilder::new(0);
@@ -40,7 +47,7 @@
 //! let mut ctx = ParallelContext::new();
 //! ctx.set("parallel_mode", &json!("semi_auto_parallel"))?;
 //! ctx.set("device_num", &json!(4))?;
-//! let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })?;
+//! let plan = plan_network(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })?;
 //! // fc.weight is split by columns over 2 devices and mirrored over the other 2: its gradient is
 //! // all-reduced over the ranks holding the same slice.
 //! let fc = plan.param("fc.weight").expect("planned");
@@ -52,9 +59,11 @@
 
 #![warn(missing_docs)]
 
+pub mod analysis;
 pub mod context;
 pub mod cost;
 pub mod error;
+pub mod job;
 pub mod optimizer_shard;
 pub mod pipeline;
 pub mod plan;
@@ -62,18 +71,24 @@ pub mod planner;
 pub mod program;
 pub mod report;
 pub mod search;
+pub mod strategy_files;
 pub mod testing;
 
+pub use analysis::reshape_layout;
 pub use context::{
     CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, ParallelContext, ParallelMode, ParallelOptimizerConfig,
     PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};
+pub use job::{
+    assemble_job, default_micro_batches, micro_batch_size, plan_stages, JobPlan, JobProgram, JobRequest, Passes, SharedGroup,
+    DEFAULT_CHUNKS,
+};
 pub use optimizer_shard::{group_name, OptDecision, OptShard, ShardBucketPlan};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{
-    compare_searches, fusion_buckets, plan, plan_hybrid, plan_job, reshape_layout, strategy_item_names, PlanRequest, StrategyItems,
+    compare_searches, fusion_buckets, plan, plan_hybrid, plan_network, strategy_item_names, PlanRequest, StrategyItems,
     DEFAULT_FUSION_BYTES,
 };
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram, RankShardBucket, SlotShard};

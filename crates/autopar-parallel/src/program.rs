@@ -389,7 +389,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         local[i] = Some(id);
         // The local nodes of a global op (its input redistributions included) run on its
         // pipeline stage; stage-less nodes stay unassigned.
-        let stage = if crate::pipeline::is_stageless(node) { None } else { node.pipeline_stage };
+        let stage = if node.is_stageless() { None } else { node.pipeline_stage };
         em.set_stage(first, stage);
     }
     let mut outputs = Vec::new();

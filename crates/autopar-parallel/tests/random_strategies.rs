@@ -37,12 +37,26 @@ proptest! {
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
         let p = plan(&g, &ctx).unwrap();
-        let first = rank_program(&p, 0).unwrap();
-        for r in 1..n {
-            let prog = rank_program(&p, r).unwrap();
-            prop_assert_eq!(&prog.partitions, &first.partitions);
+        let programs: Vec<_> = (0..n).map(|r| rank_program(&p, r).unwrap()).collect();
+        for prog in &programs {
+            prop_assert_eq!(&prog.partitions, &programs[0].partitions);
             prop_assert_eq!(prog.outputs.len(), 1);
             prop_assert!(prog.graph.node(prog.outputs[0]).ty.shape.is_empty());
+            prop_assert_eq!(prog.params.len(), 5);
+        }
+        // Every parameter's distinct slices over the ranks tile it exactly: disjoint, and
+        // together as many elements as the whole (one device: one slice, the whole).
+        for (k, slot) in programs[0].params.iter().enumerate() {
+            let mut pieces: Vec<Vec<std::ops::Range<usize>>> = programs.iter().map(|pr| pr.params[k].slice.clone()).collect();
+            pieces.sort_by_key(|s| s.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>());
+            pieces.dedup();
+            let numel = |s: &[std::ops::Range<usize>]| s.iter().map(|r| r.len()).product::<usize>();
+            prop_assert_eq!(pieces.iter().map(|s| numel(s)).sum::<usize>(), slot.layout.shape().iter().product::<usize>(), "{}", slot.name);
+            for (i, a) in pieces.iter().enumerate() {
+                for b in &pieces[i + 1..] {
+                    prop_assert!(a.iter().zip(b).any(|(x, y)| x.end <= y.start || y.end <= x.start), "{}: {:?} and {:?} overlap", slot.name, a, b);
+                }
+            }
         }
     }
 }
@@ -51,7 +65,7 @@ proptest! {
 /// never fetches them), while a forward-only plan gathers every output whole.
 #[test]
 fn a_training_plan_gathers_only_the_loss() {
-    use autopar_parallel::{plan_job, PlanRequest, Site};
+    use autopar_parallel::{plan_network, PlanRequest, Site};
     let mut g = network(16);
     let logits = g.find("fc2.mm").unwrap();
     g.outputs.push(logits);
@@ -59,8 +73,8 @@ fn a_training_plan_gathers_only_the_loss() {
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(4)).unwrap();
     ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
-    let training = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
-    let forward = plan_job(&PlanRequest { graph: &g, loss: None, context: &ctx, strategy_file: None, profile: None }).unwrap();
+    let training = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
+    let forward = plan_network(&PlanRequest { graph: &g, loss: None, context: &ctx, strategy_file: None, profile: None }).unwrap();
     // The logits are split by batch under the default strategies.
     assert!(forward.redistribution(Site::Output { slot: 1 }).is_some());
     assert!(training.redistribution(Site::Output { slot: 0 }).is_some());

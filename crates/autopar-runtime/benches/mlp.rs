@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use autopar_graph::{DType, GraphBuilder, Initializer, Rng};
-use autopar_runtime::{LrSchedule, ParamStore, Sgd, TrainStep};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::{Job, LrSchedule, ParamSource, ParamStore, RankTrainer, Sgd};
 use autopar_tensor::Tensor;
 
 fn main() {
@@ -26,22 +27,26 @@ fn main() {
     let loss = b.softmax_cross_entropy("loss", z, y).unwrap();
     let graph = b.finish();
 
-    let mut params = ParamStore::init(&graph).unwrap();
+    let params = ParamStore::init(&graph).unwrap();
     let mut rng = Rng::new(7);
     let xs: Vec<f32> = (0..batch * dims[0]).map(|_| rng.normal() as f32).collect();
     let ys: Vec<i32> = (0..batch).map(|_| (rng.next_u64() % 10) as i32).collect();
-    let feeds = vec![(x, Tensor::from_vec(&[batch, dims[0]], xs).unwrap()), (y, Tensor::from_vec(&[batch], ys).unwrap())];
-    let mut step = TrainStep::new(graph, loss).unwrap();
+    let feeds = vec![
+        (graph.node(x).name.clone(), Tensor::from_vec(&[batch, dims[0]], xs).unwrap()),
+        (graph.node(y).name.clone(), Tensor::from_vec(&[batch], ys).unwrap()),
+    ];
+    let job = Job::new(&graph, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Local(params)).unwrap();
     let mut opt = Sgd::new(LrSchedule::Constant(0.01)).unwrap();
 
     for _ in 0..10 {
-        step.run(&mut params, &mut opt, &feeds).unwrap();
+        step.step(&mut opt, &feeds).unwrap();
     }
     let iters = 200;
     let start = Instant::now();
     let mut last = 0.0;
     for _ in 0..iters {
-        last = step.run(&mut params, &mut opt, &feeds).unwrap();
+        last = step.step(&mut opt, &feeds).unwrap();
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
@@ -55,26 +60,28 @@ fn main() {
     let start = Instant::now();
     let mut grads = Vec::new();
     for _ in 0..iters {
-        grads = step.gradients(&mut params, &feeds, None).unwrap().grads;
+        grads = step.gradients(&feeds).unwrap().grads;
     }
     let fb = start.elapsed().as_secs_f64() / iters as f64;
     let start = Instant::now();
     for _ in 0..iters {
-        autopar_runtime::Optimizer::step(&mut opt, &mut params, &grads).unwrap();
+        autopar_runtime::Optimizer::step(&mut opt, step.params_mut(), &grads).unwrap();
     }
     let upd = start.elapsed().as_secs_f64() / iters as f64;
     println!("  forward+backward {:.3} ms, sgd update {:.3} ms", fb * 1e3, upd * 1e3);
 
     // Per-op profile of one step (forward + backward; the optimizer is outside the graph).
-    let mut prof = step.clone().with_profiling(true);
-    let out = prof.gradients(&mut params, &feeds, None).unwrap().run;
+    let mut prof = RankTrainer::alone(&job, ParamSource::Full(step.params())).unwrap().with_profiling(true);
+    let out = prof.gradients(&feeds).unwrap().run;
+    let program = &prof.program().program;
+    let scheduled = autopar_runtime::Executor::new(program.graph.clone(), &program.fetch()).unwrap().num_scheduled();
     let mut t = out.timings.clone();
     t.sort_by(|a, b| b.seconds.partial_cmp(&a.seconds).unwrap());
     let total: f64 = t.iter().map(|o| o.seconds).sum();
     println!(
         "graph ops {} (executed {}), op time {:.3} ms, peak live {} values / {:.1} MiB",
-        prof.graph().len(),
-        prof.executor().num_scheduled(),
+        program.graph.len(),
+        scheduled,
         total * 1e3,
         out.peak_live,
         out.peak_live_bytes as f64 / (1 << 20) as f64

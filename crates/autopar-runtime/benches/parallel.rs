@@ -13,7 +13,8 @@ use autopar_comm::{Communicator, LocalComm};
 use autopar_layout::Strategy;
 use autopar_models::{Mlp, MlpConfig, Mode, Model};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{Job, RankTrainer};
 use autopar_runtime::{LrSchedule, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -31,19 +32,18 @@ fn batch(n: usize) -> Vec<(String, Tensor)> {
 }
 
 /// Seconds per step of `job` on its ranks (every rank fed its part of `global` batches).
-fn time_job(job: &ParallelJob, global: &[(String, Tensor)]) -> f64 {
+fn time_job(job: &Job, global: &[(String, Tensor)]) -> f64 {
     let full = ParamStore::init(job.graph()).unwrap();
     let times = LocalComm::run(job.device_num(), |comm| -> autopar_runtime::Result<f64> {
-        let mut t = RankTrainer::new(job, &comm, &full)?;
+        let mut t = RankTrainer::new(job, &comm, ParamSource::Full(&full))?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01))?;
-        let feeds = t.local_feeds(global)?;
         for _ in 0..WARMUP {
-            t.step(&mut opt, &feeds)?;
+            t.step(&mut opt, global)?;
         }
         comm.barrier().map_err(autopar_runtime::RuntimeError::comm(autopar_runtime::CommPhase::Run))?;
         let start = Instant::now();
         for _ in 0..STEPS {
-            t.step(&mut opt, &feeds)?;
+            t.step(&mut opt, global)?;
         }
         Ok(start.elapsed().as_secs_f64() / STEPS as f64)
     })
@@ -72,7 +72,7 @@ fn main() {
     println!("{:<56} {:>10} {:>12} {:>14}", "run", "ms/step", "samples/s", "x stand-alone");
     for global in [64usize, 128] {
         let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
-        let alone = time_job(&ParallelJob::new(g, m.loss, ctx(1, "stand_alone")).unwrap(), &batch(global));
+        let alone = time_job(&Job::new(&g, m.loss, &ctx(1, "stand_alone")).unwrap(), &batch(global));
         let only = std::env::var("AUTOPAR_BENCH_ROWS").unwrap_or_default();
         let wanted = |name: &str| name.contains(only.as_str());
         let report = |name: String, secs: f64| {
@@ -90,7 +90,7 @@ fn main() {
                 };
                 if wanted(&name) {
                     let (g, m) = model.build_graph(global, Mode::Train, 1).unwrap();
-                    report(name, time_job(&ParallelJob::new(g, m.loss, c).unwrap(), &batch(global)));
+                    report(name, time_job(&Job::new(&g, m.loss, &c).unwrap(), &batch(global)));
                 }
             }
         }
@@ -102,7 +102,7 @@ fn main() {
         for (op, s) in mesh24::MESH_2X4 {
             m.shard_graph(&mut g, op, s.parse::<Strategy>().unwrap()).unwrap();
         }
-        let semi = ParallelJob::new(g, m.loss, ctx(8, "semi_auto_parallel")).unwrap();
+        let semi = Job::new(&g, m.loss, &ctx(8, "semi_auto_parallel")).unwrap();
         report(format!("semi_auto_parallel, 8 devices (2,4), batch {global}"), time_job(&semi, &batch(global)));
     }
 }

@@ -8,7 +8,8 @@ use std::time::Instant;
 use autopar_comm::{Communicator, MpiComm};
 use autopar_models::{Mlp, MlpConfig, Mode, Model};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{Job, RankTrainer};
 use autopar_runtime::{LrSchedule, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 
@@ -24,9 +25,9 @@ fn main() {
         ctx.set("device_num", &serde_json::json!(n)).map_err(|e| e.to_string())?;
         ctx.set("parallel_mode", &serde_json::json!("data_parallel")).map_err(|e| e.to_string())?;
         ctx.set("gradients_mean", &serde_json::json!(true)).map_err(|e| e.to_string())?;
-        let job = ParallelJob::new(g, m.loss, ctx).map_err(e)?;
+        let job = Job::new(&g, m.loss, &ctx).map_err(e)?;
         let full = ParamStore::init(job.graph()).map_err(e)?;
-        let mut t = RankTrainer::new(&job, &comm, &full).map_err(e)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full)).map_err(e)?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01)).map_err(e)?;
         // The global batch; each rank feeds its 64 rows.
         let x: Vec<f32> = (0..64 * n * 784).map(|i| ((i * 7919) % 1000) as f32 / 1000.0).collect();

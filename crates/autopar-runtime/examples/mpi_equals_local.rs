@@ -8,7 +8,8 @@
 use autopar_comm::{Communicator, MpiComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{gather_full_params, run_local, ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{gather_full_params, run_local, Job, RankTrainer};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore};
 use autopar_tensor::Tensor;
 
@@ -59,11 +60,11 @@ fn main() {
         } else {
             assign_random_strategies(&mut graph, n, 2024);
         }
-        let job = ParallelJob::new(graph, loss, ctx).map_err(|e| e.to_string())?;
+        let job = Job::new(&graph, loss, &ctx).map_err(|e| e.to_string())?;
         let steps = 3;
         let data = batches(batch, steps);
         let full = ParamStore::init(job.graph()).map_err(|e| e.to_string())?;
-        let mut trainer = RankTrainer::new(&job, &comm, &full).map_err(|e| e.to_string())?;
+        let mut trainer = RankTrainer::new(&job, &comm, ParamSource::Full(&full)).map_err(|e| e.to_string())?;
         let mut opt = optimizer().map_err(|e| e.to_string())?;
         let mut losses = Vec::new();
         for batch in &data {

@@ -12,7 +12,8 @@
 use autopar_comm::{Communicator, LocalComm, MpiComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{parameter_layout_dict, ParallelContext};
-use autopar_runtime::parallel::{gather_full_params, ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{gather_full_params, Job, RankTrainer};
 use autopar_runtime::{parameter_broadcast, LayoutSource, LrSchedule, Momentum, Optimizer, ParamStore};
 use autopar_tensor::Tensor;
 
@@ -62,13 +63,13 @@ fn seeded(full: &ParamStore, rank: usize) -> ParamStore {
 /// One rank: start from its own values, broadcast, train. Returns its slices before and after
 /// the broadcast, its losses and its trained slices.
 fn rank_run(
-    job: &ParallelJob,
+    job: &Job,
     comm: &dyn Communicator,
     full: &ParamStore,
     cur_rank: usize,
 ) -> Result<(ParamStore, ParamStore, Vec<f64>, ParamStore), String> {
     let rank = comm.rank();
-    let mut t = RankTrainer::new(job, comm, &seeded(full, rank)).map_err(|e| e.to_string())?;
+    let mut t = RankTrainer::new(job, comm, ParamSource::Full(&seeded(full, rank))).map_err(|e| e.to_string())?;
     let before = t.params().clone();
     let layout = LayoutSource::Dict(parameter_layout_dict(job.plan(), rank, &|_| Vec::new()));
     parameter_broadcast(&mut t, None, comm, &layout, cur_rank, 0).map_err(|e| e.to_string())?;
@@ -82,7 +83,7 @@ fn rank_run(
     Ok((before, after, losses, t.params().clone()))
 }
 
-fn job_batch(job: &ParallelJob) -> usize {
+fn job_batch(job: &Job) -> usize {
     job.graph().nodes().iter().find(|n| n.name == "x").map_or(0, |n| n.ty.shape[0])
 }
 
@@ -98,7 +99,7 @@ fn main() {
         let mut ctx = ParallelContext::default();
         ctx.set("device_num", &serde_json::json!(n)).map_err(|e| e.to_string())?;
         ctx.set("parallel_mode", &serde_json::json!("semi_auto_parallel")).map_err(|e| e.to_string())?;
-        let job = ParallelJob::new(graph, loss, ctx).map_err(|e| e.to_string())?;
+        let job = Job::new(&graph, loss, &ctx).map_err(|e| e.to_string())?;
         let full = ParamStore::init(job.graph()).map_err(|e| e.to_string())?;
         let cur_rank = if bad && comm.rank() == 1 { 0 } else { comm.rank() };
         let (before, after, losses, trained) = rank_run(&job, &comm, &full, cur_rank)?;
@@ -132,7 +133,7 @@ fn main() {
             return Err(format!("losses: MPI {losses:?}, in process {:?}", local[0].2));
         }
         let local_trained: Vec<ParamStore> = local.iter().map(|r| r.3.clone()).collect();
-        let local_full = autopar_runtime::parallel::assemble_params(&job, &local_trained).map_err(|e| e.to_string())?;
+        let local_full = autopar_runtime::assemble_params(&job, &local_trained).map_err(|e| e.to_string())?;
         if bits(&mpi_trained) != bits(&local_full) {
             return Err("the trained parameters under MPI differ from the in-process run".into());
         }

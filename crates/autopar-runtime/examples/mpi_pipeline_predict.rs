@@ -7,8 +7,9 @@
 use autopar_comm::{Communicator, MpiComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::pipeline::{PipelineJob, StageTrainer};
+use autopar_runtime::ParamSource;
 use autopar_runtime::{Executor, ParamStore};
+use autopar_runtime::{Job, RankTrainer};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
@@ -54,9 +55,9 @@ fn main() {
             ] {
                 ctx.set(k, &v).map_err(|x| e(&x))?;
             }
-            let job = PipelineJob::inference(&g, &ctx, micro).map_err(|x| e(&x))?;
+            let job = Job::inference(&g, &ctx, micro).map_err(|x| e(&x))?;
             let full = ParamStore::init(&job.plan().plan.graph).map_err(|x| e(&x))?;
-            let mut t = StageTrainer::new(&job, &comm, &full).map_err(|x| e(&x))?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full)).map_err(|x| e(&x))?;
             let out = t.predict(&comm, &[("x".to_string(), x.clone())]).map_err(|x| e(&x))?;
             let last_stage = comm.rank() >= n / 2;
             match out {

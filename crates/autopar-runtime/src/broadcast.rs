@@ -28,8 +28,7 @@ use crate::collective::{broadcast_tensor, CommGroups};
 use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::ParamStore;
 use crate::optim::Optimizer;
-use crate::parallel::RankTrainer;
-use crate::pipeline::StageTrainer;
+use crate::rank::RankTrainer;
 
 /// Why `parameter_broadcast` refused to run. Raised on every rank: the rank that found the
 /// problem returns it, the others [`BroadcastError::OnRank`] with its text.
@@ -239,7 +238,7 @@ enum OptSource {
 }
 
 /// What a rank of a job offers `parameter_broadcast`: its stored pieces and where the job
-/// keeps their copies. Implemented by [`RankTrainer`] and [`StageTrainer`].
+/// keeps their copies. Implemented by [`RankTrainer`].
 pub trait Replicas {
     /// The rank's stored parameter pieces.
     fn pieces_mut(&mut self) -> &mut ParamStore;
@@ -260,38 +259,16 @@ impl Replicas for RankTrainer {
         self.params_mut()
     }
     fn stages(&self) -> (usize, usize) {
-        (1, self.groups().size())
+        self.pipeline_shape()
     }
     fn holders(&self, name: &str) -> Option<Vec<usize>> {
-        self.program()
-            .params
-            .iter()
-            .find(|p| p.name == name)
-            .map(|p| if p.mirror.is_empty() { vec![self.rank()] } else { p.mirror.clone() })
-    }
-    fn in_network(&self, name: &str) -> bool {
-        self.program().inputs.iter().any(|s| s.name == name) || self.program().params.iter().any(|s| s.name == name)
-    }
-    fn held_names(&self) -> Vec<String> {
-        self.program().params.iter().map(|s| s.name.clone()).collect()
-    }
-}
-
-impl Replicas for StageTrainer {
-    fn pieces_mut(&mut self) -> &mut ParamStore {
-        self.params_mut()
-    }
-    fn stages(&self) -> (usize, usize) {
-        (self.plan().stages, self.plan().stage_devices())
-    }
-    fn holders(&self, name: &str) -> Option<Vec<usize>> {
-        let start = self.program().stage * self.plan().stage_devices();
-        let rank = self.program().rank;
-        self.param_slots().into_iter().find(|p| p.name == name).map(|p| {
-            if p.mirror.is_empty() {
-                vec![rank]
+        let p = self.program();
+        let start = p.rank - p.position;
+        self.param_slots().into_iter().find(|s| s.name == name).map(|s| {
+            if s.mirror.is_empty() {
+                vec![p.rank]
             } else {
-                p.mirror.iter().map(|r| r + start).collect()
+                s.mirror.iter().map(|r| r + start).collect()
             }
         })
     }

@@ -284,6 +284,17 @@ pub enum RuntimeError {
         dtype: DType,
     },
 
+    /// A training call on an inference job, or the other way round.
+    #[error("{}", if *inference { "the job was planned without a loss (Job::inference): it predicts, it does not train\nhint: plan a training job with its loss (Job::new)" } else { "predict runs a job planned without a loss (Job::inference); this one trains\nhint: plan the network without its loss with Job::inference to predict" })]
+    JobKind {
+        /// Whether the job is an inference job.
+        inference: bool,
+    },
+
+    /// Full parameters asked of a hybrid_parallel job across processes.
+    #[error("a hybrid_parallel job's ranks hold parameters of their own graphs, which no plan joins into full tensors\nhint: read each rank's parameters on its own rank (RankTrainer::params)")]
+    HybridGather,
+
     /// The job's device count differs from the communicator's number of ranks.
     #[error("the job has {job} devices but the communicator has {ranks} ranks\nhint: run with as many ranks as --devices (mpirun -n N with --devices N)")]
     DeviceCount {

@@ -195,7 +195,7 @@ pub struct OpTiming {
 }
 
 /// What a run returns.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct RunOutput {
     /// One tensor per fetched node, in the order given to [`Executor::new`].
     pub values: Vec<Tensor>,

@@ -1,5 +1,12 @@
-//! # autopar-runtime: running graphs and updating parameters
+//! # autopar-runtime: running jobs and updating parameters
 //!
+//! * [`Job`]: the one job type, every mode and shape (a job without pipeline stages is a
+//!   pipeline of one stage), assembled by `autopar-parallel`'s one entry point.
+//! * [`RankTrainer`]: one rank of a job, with the one train step of every job: its
+//!   micro-batches (passes of the whole network, or a pipeline stage's pieces in schedule
+//!   order), then gradient sync, clipping and the optimizer update ([`rank`]).
+//! * [`run_local`]: every rank as a thread of this process; [`assemble_params`] /
+//!   [`gather_full_params`]: full parameters from the ranks' pieces.
 //! * [`Executor`]: plans a graph once (only the nodes the fetched values need, last use of every
 //!   value) and runs it on `autopar-tensor` kernels, freeing each intermediate after its last
 //!   user; optional per-op timing.
@@ -7,15 +14,15 @@
 //!   from the graph's seeded initialisers.
 //! * [`optim`]: SGD, Momentum (MindSpore's `ApplyMomentum`, state `moments.<name>`), AdamW
 //!   (`adam_m.<name>`, `adam_v.<name>`), weight decay and learning-rate schedules.
-//! * [`TrainStep`]: one training step of a rank's program (forward, backward, gradient sync,
-//!   optimizer update): the one step implementation of every mode, stand-alone included.
-//! * [`Trainer`]: epochs or steps over a dataset on `device_num` ranks (threads over `LocalComm`),
-//!   with [`callbacks`] (loss monitor, JSON metrics, loss-curve SVG), per-rank checkpoints, resume
-//!   with the uninterrupted run's trajectory, `--init` by parameter name, and evaluation.
+//! * [`Trainer`]: epochs or steps over a dataset on `device_num` ranks (threads over `LocalComm`,
+//!   or one per process under MPI), with [`callbacks`] (loss monitor, JSON metrics, loss-curve
+//!   SVG), per-rank checkpoints, resume with the uninterrupted run's trajectory, `--init` by
+//!   parameter name, and evaluation.
 //!
 //! ```
 //! use autopar_graph::{DType, GraphBuilder, Initializer};
-//! use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
+//! use autopar_parallel::ParallelContext;
+//! use autopar_runtime::{Job, LrSchedule, Momentum, ParamSource, ParamStore, RankTrainer};
 //! use autopar_tensor::Tensor;
 //!
 //! let mut b = GraphBuilder::new(0);
@@ -27,22 +34,25 @@
 //! let loss = b.softmax_cross_entropy("loss", logits, y).unwrap();
 //! let graph = b.finish();
 //!
-//! let mut params = ParamStore::init(&graph).unwrap();
+//! let job = Job::new(&graph, loss, &ParallelContext::default()).unwrap();
+//! let params = ParamStore::init(&graph).unwrap();
+//! let mut rank = RankTrainer::alone(&job, ParamSource::Full(&params)).unwrap();
 //! let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
-//! let mut step = TrainStep::new(graph, loss).unwrap();
-//! let feeds = vec![
-//!     (x, Tensor::from_vec(&[8, 4], (0..32).map(|i| (i % 7) as f32 / 7.0).collect::<Vec<f32>>()).unwrap()),
-//!     (y, Tensor::from_vec(&[8], (0..8).map(|i| i % 3).collect::<Vec<i32>>()).unwrap()),
+//! let batch = vec![
+//!     ("x".to_string(), Tensor::from_vec(&[8, 4], (0..32).map(|i| (i % 7) as f32 / 7.0).collect::<Vec<f32>>()).unwrap()),
+//!     ("y".to_string(), Tensor::from_vec(&[8], (0..8).map(|i| i % 3).collect::<Vec<i32>>()).unwrap()),
 //! ];
-//! let first = step.run(&mut params, &mut opt, &feeds).unwrap();
+//! let first = rank.step(&mut opt, &batch).unwrap();
 //! for _ in 0..20 {
-//!     step.run(&mut params, &mut opt, &feeds).unwrap();
+//!     rank.step(&mut opt, &batch).unwrap();
 //! }
-//! assert!(step.run(&mut params, &mut opt, &feeds).unwrap() < first);
-//! assert!(params.get("fc1.weight").is_some());
+//! assert!(rank.step(&mut opt, &batch).unwrap() < first);
+//! assert!(rank.params().get("fc1.weight").is_some());
 //! ```
 //!
 //! Key decisions:
+//! * One rank trainer and one step for every mode, stand-alone, data parallel, model parallel,
+//!   hybrid and pipelines alike, so an option is applied by one path or refused up front.
 //! * Optimizers are runtime updates, not graph ops: they are element-wise and fused per
 //!   parameter, and their state has MindSpore's names so checkpoints interoperate.
 //! * The executor owns no threads: kernels use the current rayon pool, or run serially with
@@ -50,25 +60,30 @@
 
 #![warn(missing_docs)]
 
+pub mod assemble;
 pub mod broadcast;
 pub mod callbacks;
+pub mod checkpoint_io;
 pub mod collective;
-pub mod distributed;
 pub mod error;
 pub mod executor;
+mod gradient_sync;
+pub mod job;
+pub mod local;
 pub mod optim;
-pub mod parallel;
-pub mod pipeline;
-mod shard;
-pub mod strategy_io;
-pub mod train;
+mod parallel_optimizer;
+pub mod rank;
 pub mod trainer;
+mod transfer;
 
+pub use assemble::{assemble_params, gather_full_params};
 pub use broadcast::{parameter_broadcast, BroadcastError, BroadcastReport, LayoutSource, Replicas};
 pub use error::{CommPhase, Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch, OpTiming, ParamStore, RunOutput};
+pub use job::{rank_batches, slice_tensor, Job};
+pub use local::{run_local, LocalRun};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
-pub use train::{StepOutput, TrainStep};
+pub use rank::{ParamSource, RankTrainer, StepOutput};
 pub use trainer::{TrainConfig, TrainError, TrainReport, Trainer};
 
 /// Keep the memory of large freed buffers in the process for the next step's tensors instead

@@ -20,7 +20,6 @@
 
 mod ckpt;
 mod error;
-mod worker;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -37,13 +36,13 @@ pub use self::ckpt::{
     checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, DataStream, Loaded, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
-use self::worker::{Job, Worker};
+use crate::assemble::assemble_params;
 use crate::callbacks::{Callback, StepEvent};
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, Executor, ParamStore};
+use crate::job::Job;
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
-use crate::parallel::ParallelJob;
-use crate::pipeline::PipelineJob;
+use crate::rank::{ParamSource, RankTrainer};
 
 /// A network as the trainer sees it: a forward graph with its input, labels, logits (`[N, C]`)
 /// and scalar loss.
@@ -223,7 +222,8 @@ pub struct TrainConfig {
     /// MindSpore's `PipelineCell` micro_size) they flow through the stages in the order of
     /// `pipeline_config.pipeline_scheduler`; otherwise they run one after the other (gradient
     /// accumulation: the same update as the whole batch, but for BatchNorm's statistics).
-    pub micro_batches: usize,
+    /// None: one per pipeline stage, 1 without ([`autopar_parallel::default_micro_batches`]).
+    pub micro_batches: Option<usize>,
     /// Where a pipeline's stages begin (`--pipeline-split`): the first op of each stage after
     /// the first, in network order (with `pipeline_interleave`, of each piece: `chunks * P - 1`
     /// ops). Empty: the model's `set_pipeline_stage`, else stages of about equal FLOPs cut
@@ -262,7 +262,7 @@ impl Default for TrainConfig {
             epochs: 1,
             max_steps: None,
             batch_size: 32,
-            micro_batches: 1,
+            micro_batches: None,
             pipeline_split: Vec::new(),
             seed: 1,
             shuffle: true,
@@ -486,13 +486,16 @@ impl Trainer {
         TrainError::Config { option, value: value.to_string(), expected: expected.into(), hint: hint.into() }
     }
 
+    /// Micro-batches per step of this run: the configured count, else the default (one per
+    /// pipeline stage, 1 without).
+    pub fn micro_batches(&self) -> TrainResult<usize> {
+        let ctx = self.cfg.parallel.resolved()?;
+        Ok(self.cfg.micro_batches.unwrap_or_else(|| autopar_parallel::default_micro_batches(&ctx)))
+    }
+
     /// The steps an epoch has under this configuration.
     pub fn steps_per_epoch(&self) -> TrainResult<u64> {
         Ok(self.loader(None)?.batches_per_epoch() as u64)
-    }
-
-    fn devices(&self) -> usize {
-        self.cfg.parallel.devices()
     }
 
     /// Batches of the global batch size; `rows`: only these rows of each (what a rank reads).
@@ -511,43 +514,23 @@ impl Trainer {
         Ok(DataLoader::new(self.train.dataset.clone(), self.train.transforms.clone(), cfg)?)
     }
 
-    /// The inputs of the network built for the micro-batch, and the job planned for it.
-    fn plan_job(&self) -> TrainResult<(Io, Job)> {
+    /// The inputs of the network built for the micro-batch, and the job assembled for it (by
+    /// the one entry point, [`autopar_parallel::assemble_job`]).
+    fn assemble_job(&self) -> TrainResult<(Io, Job)> {
         let cfg = &self.cfg;
-        let micro = self.micro_batch_size()?;
+        let m = self.micro_batches()?;
+        let micro = autopar_parallel::micro_batch_size(cfg.batch_size, m)?;
         let net = self.network(micro, true)?;
-        let graph = net.graph.clone();
-        let io = Io::of(&graph, &net);
-        self.check_data(&graph, &net, &io)?;
-
-        if cfg.parallel.pipeline_result_broadcast {
-            return Err(Self::config_error(
-                "pipeline_result_broadcast",
-                true,
-                "false in training (it applies to pipeline inference)",
-                "training already reports the loss on every rank; pipeline inference is StageTrainer::predict on a PipelineJob::inference",
-            ));
-        }
-        let items = crate::strategy_io::load_plan_strategies(&cfg.parallel)?;
-        let mut graph = graph;
-        if !cfg.pipeline_split.is_empty() {
-            autopar_parallel::pipeline::split_before(
-                &mut graph,
-                cfg.parallel.pipeline_stages,
-                &cfg.pipeline_split,
-                Some(net.loss),
-                cfg.parallel.pipeline_config.pipeline_interleave,
-            )
-            .map_err(crate::RuntimeError::from)?;
-        }
-        let job = if cfg.parallel.pipeline_stages > 1 {
-            Job::Pipeline {
-                job: PipelineJob::planned(&graph, net.loss, &cfg.parallel, cfg.micro_batches, items.as_ref(), cfg.profile.as_ref())?,
-                loss: net.loss,
-            }
-        } else {
-            Job::Plain(ParallelJob::planned(graph, net.loss, cfg.parallel.clone(), items.as_ref(), cfg.profile.as_ref())?)
-        };
+        let io = Io::of(&net.graph, &net);
+        self.check_data(&net.graph, &net, &io)?;
+        let job = Job::assemble(&autopar_parallel::JobRequest {
+            graph: &net.graph,
+            loss: Some(net.loss),
+            context: &cfg.parallel,
+            micro_batches: Some(m),
+            pipeline_split: &cfg.pipeline_split,
+            profile: cfg.profile.as_ref(),
+        })?;
         Ok((io, job))
     }
 
@@ -556,15 +539,14 @@ impl Trainer {
     /// optimizer state), e.g. the destination strategy of [`autopar_checkpoint::transform_checkpoints`]
     /// for checkpoints this job will load. A pipeline gives the merged file of its stages.
     pub fn strategy_file(&self) -> TrainResult<StrategyFile> {
-        let (_, job) = self.plan_job()?;
-        Ok(job.strategy_file(false, &|name: &str| self.cfg.optimizer.state_keys(name)))
+        let (_, job) = self.assemble_job()?;
+        Ok(job.plan().strategy_file(false, &|name: &str| self.cfg.optimizer.state_keys(name)))
     }
 
     /// Runs the training; `callbacks` run on rank 0 after every step.
     pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
         let cfg = &self.cfg;
-        let n = self.devices();
-        let mode = cfg.parallel.parallel_mode;
+        let n = cfg.parallel.resolved()?.devices();
         if cfg.batch_size == 0 {
             return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
         }
@@ -576,7 +558,8 @@ impl Trainer {
         if mpi.is_none() && cfg.parallel.explicit_global_rank().is_some() {
             return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
         }
-        let (io, job) = self.plan_job()?;
+        let (io, job) = self.assemble_job()?;
+        let mode = job.mode();
         let mut full = ParamStore::init(job.graph())?;
         let mut init_ignored = Vec::new();
         let mut init_kept = Vec::new();
@@ -598,8 +581,9 @@ impl Trainer {
                         "pass --init-strategy FILE, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
                     ));
                 }
-                let one = ParallelJob::new(job.graph().clone(), job.loss(), ParallelContext::default())?;
-                let loaded = crate::distributed::load_distributed_checkpoint(&one, 0, init, strategy.as_deref())?;
+                let loss = job.loss().ok_or(RuntimeError::JobKind { inference: true })?;
+                let one = Job::new(job.graph(), loss, &ParallelContext::default())?;
+                let loaded = crate::checkpoint_io::load_distributed_checkpoint(&one, 0, init, strategy.as_deref())?;
                 for (name, t) in loaded.iter() {
                     full.insert(name, t.clone());
                 }
@@ -677,7 +661,7 @@ impl Trainer {
         };
         let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
-        let params = job.assemble(&stores)?;
+        let params = assemble_params(&job, &stores)?;
         let out0 = &outs[0];
         let run = out0.last_step - first_step;
         Ok(TrainReport {
@@ -698,39 +682,28 @@ impl Trainer {
         })
     }
 
-    /// The strategy files of the run: `strategy_ckpt_config.save_file` when set (its
-    /// `only_trainable_params` applied), and `strategy.json` beside the checkpoints of a
-    /// model-parallel run, which describes every tensor the rank checkpoints hold (frozen
-    /// parameters and optimizer state too) so that they can be resharded whole. A pipeline
-    /// writes one file per stage (`<stem>_stage<s>.<ext>` beside `save_file`, as MindSpore's
-    /// ranks of each stage do) and the merged file (`merge_pipeline_strategys`) at `save_file`;
-    /// `strategy.json` is the merged file. With `op_strategy_config` in mode SAVE, the operator
-    /// strategy file too. Returns the one written beside the checkpoints.
+    /// The strategy files of the run: those the parallel context asks for
+    /// ([`autopar_parallel::strategy_files::job_strategy_files`]: `strategy_ckpt_config.save_file`,
+    /// per stage and merged for a pipeline, the operator strategy file of `op_strategy_config`
+    /// SAVE, the group-info file of each rank of this process), and `strategy.json` beside the
+    /// checkpoints of a model-parallel run, which describes every tensor the rank checkpoints
+    /// hold (frozen parameters and optimizer state too) so that they can be resharded whole.
+    /// Under mpirun rank 0 writes the job's files and each process its own group-info file.
+    /// Returns the one written beside the checkpoints.
     fn save_strategy_files(&self, job: &Job) -> TrainResult<Option<PathBuf>> {
-        let ctx = &self.cfg.parallel;
+        let ctx = self.cfg.parallel.resolved()?;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
-        let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
-        let write = |file: StrategyFile, path: &Path| -> TrainResult<()> {
-            if quiet {
-                return Ok(());
-            }
-            file.save(path).map_err(|e| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(e) })
+        let mpi_rank = autopar_comm::launch::mpi_rank();
+        let quiet = mpi_rank.is_some_and(|r| r != 0);
+        let ranks: Vec<usize> = match mpi_rank {
+            Some(r) => vec![r],
+            None => (0..job.device_num()).collect(),
         };
-        if let Some(path) = ctx.strategy_save_file() {
-            let path = Path::new(path);
-            let only = ctx.strategy_ckpt_config.only_trainable_params;
-            if let Job::Pipeline { job: pj, .. } = job {
-                for (s, file) in crate::strategy_io::pipeline_strategy_files(pj.plan(), only, &keys).into_iter().enumerate() {
-                    write(file, &stage_file_path(path, s))?;
-                }
+        for (path, file) in autopar_parallel::strategy_files::job_strategy_files(job.plan(), &ctx, &ranks, &keys)? {
+            let own = matches!(file, autopar_parallel::strategy_files::SavedFile::Groups(_));
+            if !quiet || own {
+                file.save(&path)?;
             }
-            write(job.strategy_file(only, &keys), path)?;
-        }
-        if let (Some(path), Job::Plain(j)) = (ctx.op_strategy_save_file(), job) {
-            write(crate::strategy_io::operator_strategy_file(j.plan()), Path::new(path))?;
-        }
-        if !ctx.group_ckpt_save_file.is_empty() {
-            self.save_group_files(job, Path::new(&ctx.group_ckpt_save_file))?;
         }
         let mut beside = None;
         if let Some(ck) = &self.cfg.checkpoint {
@@ -738,55 +711,16 @@ impl Trainer {
             if job.device_num() > 1 && (ctx.parallel_mode.is_auto() || ctx.enable_parallel_optimizer) {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
-                write(job.strategy_file(false, &keys), &path)?;
+                if !quiet {
+                    job.plan()
+                        .strategy_file(false, &keys)
+                        .save(&path)
+                        .map_err(|e| TrainError::Checkpoint { path: path.clone(), error: Box::new(e) })?;
+                }
                 beside = Some(path);
             }
         }
         Ok(beside)
-    }
-
-    /// `group_ckpt_save_file`: each rank's group-info file, `<stem>_rank<R>.<ext>` beside the
-    /// given path (under mpirun, each process writes its own rank's).
-    fn save_group_files(&self, job: &Job, path: &Path) -> TrainResult<()> {
-        let Job::Plain(pj) = job else { return Ok(()) };
-        let ranks: Vec<usize> = match autopar_comm::launch::mpi_rank() {
-            Some(r) => vec![r],
-            None => (0..pj.device_num()).collect(),
-        };
-        for r in ranks {
-            let program = pj.program(r)?;
-            let info = crate::strategy_io::group_info(pj.plan(), &program);
-            let file = rank_file_path(path, r);
-            info.save(&file).map_err(|e| TrainError::Checkpoint { path: file.clone(), error: Box::new(e) })?;
-        }
-        Ok(())
-    }
-
-    /// The size of one micro-batch: the `micro_batches`-th part of the batch size (which must
-    /// divide it).
-    fn micro_batch_size(&self) -> TrainResult<usize> {
-        let cfg = &self.cfg;
-        let m = cfg.micro_batches;
-        if m == 0 {
-            return Err(Self::config_error("micro_batches", 0, "a positive number", "pass --micro-batches M (1: no micro-batches)"));
-        }
-        if m > 1 && cfg.parallel.parallel_mode == ParallelMode::HybridParallel {
-            return Err(Self::config_error(
-                "micro_batches",
-                m,
-                "1 under hybrid_parallel",
-                "hybrid_parallel ranks run their own graphs; accumulate in semi_auto_parallel or data_parallel",
-            ));
-        }
-        if !cfg.batch_size.is_multiple_of(m) {
-            return Err(Self::config_error(
-                "micro_batches",
-                m,
-                format!("a divisor of the batch size {}", cfg.batch_size),
-                "pick --batch-size a multiple of --micro-batches",
-            ));
-        }
-        Ok(cfg.batch_size / m)
     }
 
     /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
@@ -815,7 +749,7 @@ impl Trainer {
                 }
             }
             let o = self.run_rank(plan, &comm, callbacks)?;
-            let params = job.gather(&comm, &o.params)?;
+            let params = crate::assemble::gather_full_params(job, &comm, &o.params)?;
             Ok((o, params))
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
@@ -833,7 +767,7 @@ impl Trainer {
             checkpoints: out0.checkpoints.clone(),
             strategy_file,
             device_num: plan.n,
-            mode: self.cfg.parallel.parallel_mode,
+            mode: job.mode(),
             init_ignored: Vec::new(),
             init_kept: Vec::new(),
             trainable: plan.trainable.clone(),
@@ -958,9 +892,9 @@ impl Trainer {
             for k in 0..world {
                 files.insert(k, open_rank_file(&path, &pos, k)?.0.path);
             }
-            crate::distributed::load_merged_checkpoint(&files, &strategy)?
+            crate::checkpoint_io::load_merged_checkpoint(&files, &strategy)?
         } else {
-            crate::distributed::load_checkpoint(&path)?
+            crate::checkpoint_io::load_checkpoint(&path)?
         };
         Ok(Resume { path, pos, merged: Some(merged) })
     }
@@ -970,7 +904,7 @@ impl Trainer {
         let saved = autopar_checkpoint::StrategyFile::load(saved)
             .map_err(|source| TrainError::Checkpoint { path: saved.to_path_buf(), error: Box::new(source) })?;
         let keys = |name: &str| self.cfg.optimizer.state_keys(name);
-        let now = job.strategy_file(false, &keys);
+        let now = job.plan().strategy_file(false, &keys);
         let by_name = |mut items: Vec<autopar_checkpoint::LayoutItem>| {
             items.sort_by(|a, b| a.name.cmp(&b.name));
             items
@@ -986,7 +920,7 @@ impl Trainer {
     ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
-        let mut trainer = Worker::new(plan.job, comm, plan.full, cfg.micro_batches)?;
+        let mut trainer = RankTrainer::new(plan.job, comm, ParamSource::Full(plan.full))?;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
@@ -1010,7 +944,7 @@ impl Trainer {
             None => new_run_id(comm)?,
         };
         // This rank reads only the rows of each global batch its inputs need.
-        let rows = trainer.rows(cfg.batch_size);
+        let rows = trainer.rows();
         let loader = self.loader(Some(rows.clone()))?;
         let mut cbs: Vec<Box<dyn Callback>> =
             if rank == 0 { callbacks.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default() } else { Vec::new() };
@@ -1033,7 +967,7 @@ impl Trainer {
             for batch in loader.epoch_from(epoch, pos as usize) {
                 let named = plan.io.feeds(batch?, &self.name)?;
                 let lr = opt.current_lr();
-                let loss = trainer.step(comm, opt.as_mut(), &named, rows.start)?;
+                let loss = trainer.step_rows(opt.as_mut(), &named, rows.start)?;
                 step += 1;
                 pos += 1;
                 let now = Instant::now();
@@ -1099,7 +1033,7 @@ impl Trainer {
     fn save(
         &self,
         ck: &CheckpointConfig,
-        trainer: &Worker,
+        trainer: &RankTrainer,
         opt: &dyn Optimizer,
         comm: &dyn Communicator,
         run_id: &str,
@@ -1121,7 +1055,7 @@ impl Trainer {
         // Temp files of a killed earlier run, whichever step it was writing.
         let folder = path.parent().unwrap_or(Path::new("."));
         autopar_checkpoint::io::remove_stale_temps(folder, |target| target.starts_with(&format!("{}-", ck.prefix)))
-            .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), error: Box::new(source) })?;
+            .map_err(|source| TrainError::Checkpoint { path: folder.to_path_buf(), error: Box::new(source.into()) })?;
         let t = Instant::now();
         save_checkpoint(&path, trainer.params(), opt.state(), &position)?;
         tracing::info!(rank, step, path = %path.display(), ms = t.elapsed().as_secs_f64() * 1e3, "checkpoint written");
@@ -1141,7 +1075,7 @@ impl Trainer {
     /// under this run's layouts).
     fn restore(
         &self,
-        trainer: &mut Worker,
+        trainer: &mut RankTrainer,
         opt: &mut dyn Optimizer,
         path0: &Path,
         pos0: &RunPosition,
@@ -1171,7 +1105,7 @@ impl Trainer {
     /// from it when the rank was built).
     fn restore_merged(
         &self,
-        trainer: &Worker,
+        trainer: &RankTrainer,
         opt: &mut dyn Optimizer,
         r: &Resume,
         merged: &ParamStore,
@@ -1191,7 +1125,7 @@ impl Trainer {
                 }
                 let t = merged_tensor(merged, &r.path, &key, shape)?;
                 let dtype = trainer.params().require(&slot.name)?.dtype();
-                opt.state_mut().insert(&key, crate::parallel::slice_tensor(t, &slot.slice)?.cast(dtype));
+                opt.state_mut().insert(&key, crate::job::slice_tensor(t, &slot.slice)?.cast(dtype));
             }
         }
         Ok(r.pos.clone())
@@ -1242,26 +1176,6 @@ impl Trainer {
             samples,
         })
     }
-}
-
-/// The per-stage strategy file of stage `stage` beside `path` (`dir/stem.ext` ->
-/// `dir/stem_stage<stage>.ext`).
-fn stage_file_path(path: &Path, stage: usize) -> PathBuf {
-    suffixed(path, &format!("_stage{stage}"))
-}
-
-/// `<stem>_rank<r>.<ext>` beside `path`.
-fn rank_file_path(path: &Path, rank: usize) -> PathBuf {
-    suffixed(path, &format!("_rank{rank}"))
-}
-
-fn suffixed(path: &Path, suffix: &str) -> PathBuf {
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let name = match path.extension() {
-        Some(ext) => format!("{stem}{suffix}.{}", ext.to_string_lossy()),
-        None => format!("{stem}{suffix}"),
-    };
-    path.with_file_name(name)
 }
 
 /// Rank `rank`'s file of the checkpoint that `path0` (rank `pos0.rank`'s file) belongs to,
@@ -1348,7 +1262,7 @@ fn missing_state(path: &Path, key: &str) -> TrainError {
 /// Continue the counters of a resumed run at `step`: the step counter keys the dropout masks;
 /// the optimizer counts its updates (learning-rate schedule, Adam's bias correction) and is
 /// advanced with empty updates.
-fn continue_counters(trainer: &mut Worker, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
+fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
     trainer.set_steps(step);
     let mut none = ParamStore::new();
     while opt.steps() < step {

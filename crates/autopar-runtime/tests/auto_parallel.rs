@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use autopar_checkpoint::StrategyFile;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
+use autopar_parallel::strategy_files::strategy_file;
 use autopar_parallel::{parameter_layout_dict, plan, ParallelContext, ParallelPlan};
-use autopar_runtime::strategy_io::strategy_file;
 use serde_json::json;
 
 fn fixtures() -> PathBuf {
@@ -172,7 +172,7 @@ fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
     assert_eq!(relu(&p), "((2, 4))");
     let loss = g.outputs[0];
     let c = auto("recursive_programming", false);
-    let train = autopar_parallel::plan_job(&autopar_parallel::PlanRequest {
+    let train = autopar_parallel::plan_network(&autopar_parallel::PlanRequest {
         graph: &g,
         loss: Some(loss),
         context: &c,
@@ -187,8 +187,8 @@ fn recursive_programming_mixes_model_parallel_on_the_large_mlp() {
 /// semi_auto_parallel: the same strategies and layouts.
 #[test]
 fn an_auto_plan_replays_from_its_strategy_file_under_semi_auto_parallel() {
-    use autopar_parallel::{plan_job, PlanRequest, StrategySource};
-    use autopar_runtime::strategy_io::{load_strategy_items, save_strategy_file};
+    use autopar_parallel::strategy_files::{load_strategy_items, save_strategy_file};
+    use autopar_parallel::{plan_network, PlanRequest, StrategySource};
     let dir = tempfile::tempdir().unwrap();
     for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
         let g = network([8192, 8192, 8192, 1024], 32, search == "sharding_propagation");
@@ -201,7 +201,8 @@ fn an_auto_plan_replays_from_its_strategy_file_under_semi_auto_parallel() {
         c.set("device_num", &json!(8)).unwrap();
         c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
         let fresh = network([8192, 8192, 8192, 1024], 32, false);
-        let replay = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
+        let replay =
+            plan_network(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
         assert_eq!(p.parameter_layouts(), replay.parameter_layouts(), "{search}");
         for (a, b) in p.nodes.iter().zip(&replay.nodes) {
             if items.items.iter().any(|(k, _)| k.ends_with(&format!("_{}", a.name))) {
@@ -334,20 +335,23 @@ fn recursive_programming_keeps_user_strategies_only_when_interfered_as_mindspore
 #[test]
 fn recursive_programming_keeps_a_sample_of_the_micro_batch_per_device_in_a_pipeline() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};
-    use autopar_parallel::pipeline::plan_pipeline;
-    use autopar_parallel::PlanRequest;
+    use autopar_parallel::{plan_stages, PlanRequest};
     let (g, ids) = Gpt::new(GptConfig { dropout: 0.0, ..GptConfig::default() }).unwrap().build_graph(2, Mode::Train, 0).unwrap();
     let fc1 =
         |p: &ParallelPlan| p.nodes.iter().find(|n| n.name == "blocks.0.mlp.fc1.matmul").unwrap().strategy.as_ref().unwrap().to_string();
     let mut c = auto("recursive_programming", true);
     c.set("pipeline_stages", &json!(2)).unwrap();
-    let piped =
-        plan_pipeline(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }, 4).unwrap();
+    let piped = plan_stages(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }, 4).unwrap();
     let mut flat = auto("recursive_programming", true);
     flat.set("device_num", &json!(4)).unwrap();
-    let whole =
-        autopar_parallel::plan_job(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &flat, strategy_file: None, profile: None })
-            .unwrap();
+    let whole = autopar_parallel::plan_network(&PlanRequest {
+        graph: &g,
+        loss: Some(ids.loss),
+        context: &flat,
+        strategy_file: None,
+        profile: None,
+    })
+    .unwrap();
     assert_eq!(fc1(&whole), "((4, 1), (1, 1))");
     assert_eq!(fc1(&piped.plan), "((2, 1), (2, 1))");
 }
@@ -358,8 +362,8 @@ fn recursive_programming_keeps_a_sample_of_the_micro_batch_per_device_in_a_pipel
 /// refused naming it.
 #[test]
 fn operator_strategy_files_save_and_load_every_operator() {
-    use autopar_parallel::{plan_job, ParallelError, PlanRequest, StrategySource};
-    use autopar_runtime::strategy_io::{load_plan_strategies, operator_strategy_file};
+    use autopar_parallel::strategy_files::{load_plan_strategies, operator_strategy_file};
+    use autopar_parallel::{plan_network, ParallelError, PlanRequest, StrategySource};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ops.json");
     let with = |mode: &str, search: &str| {
@@ -384,7 +388,7 @@ fn operator_strategy_files_save_and_load_every_operator() {
     assert!(items.by_operator && items.items.len() == planned.len());
     let fresh = network([8192, 8192, 8192, 1024], 32, false);
     let req = |items| PlanRequest { graph: &fresh, loss: None, context: &loading, strategy_file: Some(items), profile: None };
-    let replay = plan_job(&req(&items)).unwrap();
+    let replay = plan_network(&req(&items)).unwrap();
     assert_eq!(p.parameter_layouts(), replay.parameter_layouts());
     for (a, b) in p.nodes.iter().zip(&replay.nodes) {
         assert_eq!(a.strategy, b.strategy, "{}", a.name);
@@ -396,26 +400,26 @@ fn operator_strategy_files_save_and_load_every_operator() {
     let mut edited = items.clone();
     let head = edited.items.iter_mut().find(|(name, _)| name == "head.mm").unwrap();
     head.1 = "((1, 8), (8, 1))".parse().unwrap();
-    let replay = plan_job(&req(&edited)).unwrap();
+    let replay = plan_network(&req(&edited)).unwrap();
     let node = replay.nodes.iter().find(|n| n.name == "head.mm").unwrap();
     assert_eq!(node.strategy, Some("((1, 8), (8, 1))".parse().unwrap()));
 
     // A missing operator, an unknown one, another search mode: refused, naming them.
     let mut missing = items.clone();
     missing.items.retain(|(name, _)| name != "l2.add");
-    let e = plan_job(&req(&missing)).unwrap_err();
+    let e = plan_network(&req(&missing)).unwrap_err();
     assert!(matches!(&e, ParallelError::MissingOperator { op, .. } if op == "l2.add"), "{e}");
     assert!(e.to_string().contains("ops.json") && e.to_string().contains("\"l2.add\""), "{e}");
     let mut unknown = items.clone();
     unknown.items.push(("l9.mm".into(), "((8, 1), (1, 1))".parse().unwrap()));
-    let e = plan_job(&req(&unknown)).unwrap_err();
+    let e = plan_network(&req(&unknown)).unwrap_err();
     assert!(e.to_string().contains("\"l9.mm\" is not in the network"), "{e}");
     let mut parameter = items.clone();
     parameter.items.push(("l1.w".into(), "((8, 1),)".parse().unwrap()));
-    let e = plan_job(&req(&parameter)).unwrap_err();
+    let e = plan_network(&req(&parameter)).unwrap_err();
     assert!(matches!(&e, ParallelError::UnknownOperator { op, .. } if op == "l1.w"), "a parameter takes no strategy: {e}");
     // A LOAD context without the strategies read from its file is refused, not searched.
-    let e = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &loading, strategy_file: None, profile: None }).unwrap_err();
+    let e = plan_network(&PlanRequest { graph: &fresh, loss: None, context: &loading, strategy_file: None, profile: None }).unwrap_err();
     assert!(matches!(&e, ParallelError::OperatorStrategiesNotGiven { .. }), "{e}");
     let e = with("LOAD", "recursive_programming").validate().unwrap_err();
     assert!(e.to_string().contains("op_strategy_config") && e.to_string().contains("sharding_propagation"), "{e}");
@@ -429,7 +433,7 @@ fn operator_strategy_files_save_and_load_every_operator() {
 #[test]
 fn dynamic_programming_searches_every_split_while_the_search_stays_small() {
     use autopar_models::{Gpt, GptConfig, Mode, Model};
-    use autopar_parallel::{plan_job, PlanRequest};
+    use autopar_parallel::{plan_network, PlanRequest};
     let cfg = GptConfig { vocab: 32, context: 8, width: 64, heads: 4, layers: 4, mlp_ratio: 2, dropout: 0.0, ..GptConfig::default() };
     let (g, ids) = Gpt::new(cfg).unwrap().build_graph(64, Mode::Train, 1).unwrap();
     let mut candidates = Vec::new();
@@ -437,7 +441,7 @@ fn dynamic_programming_searches_every_split_while_the_search_stays_small() {
         let mut c = auto("dynamic_programming", false);
         c.set("device_num", &json!(n)).unwrap();
         c.set("fully_use_devices", &json!(fully_use)).unwrap();
-        let p = plan_job(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap();
+        let p = plan_network(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap();
         let report = p.search.as_ref().unwrap();
         assert_eq!(report.fully_use_fallback, fallback, "{n} devices, fully_use_devices {fully_use}");
         candidates.push(report.ops.iter().map(|o| o.candidates).sum::<usize>());
@@ -623,7 +627,7 @@ fn recursive_programming_carries_column_splits_into_the_attention_heads() {
     let mut c = auto("recursive_programming", false);
     c.set("device_num", &json!(8)).unwrap();
     let req = autopar_parallel::PlanRequest { graph: &graph, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None };
-    let p = autopar_parallel::plan_job(&req).unwrap();
+    let p = autopar_parallel::plan_network(&req).unwrap();
     let strategy = |name: &str| {
         let n = p.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no op {name}"));
         n.strategy.as_ref().map(|s| s.to_string()).unwrap_or_default()
@@ -779,7 +783,7 @@ fn recursive_programming_gives_what_mindsporess_unit_tests_assert() {
 #[test]
 fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts() {
     use autopar_graph::ops::Cast;
-    use autopar_parallel::{plan_job, PlanRequest};
+    use autopar_parallel::{plan_network, PlanRequest};
     let mut b = GraphBuilder::new(0);
     // MindSpore compiles each device's [2, 1024] ids: 16 rows over the 8 devices.
     let ids = b.input("input_ids", &[16, 1024], DType::I32).unwrap();
@@ -800,7 +804,7 @@ fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts()
     let g = b.finish();
     let mut c = auto("recursive_programming", false);
     c.set("fully_use_devices", &json!(false)).unwrap();
-    let p = plan_job(&PlanRequest { graph: &g, loss: Some(out), context: &c, strategy_file: None, profile: None }).unwrap();
+    let p = plan_network(&PlanRequest { graph: &g, loss: Some(out), context: &c, strategy_file: None, profile: None }).unwrap();
     let strategy = |name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
     for gather in ["gather", "gather_two"] {
         assert_eq!(strategy(gather), "((1, 1), (8, 1))", "{gather}");
@@ -854,7 +858,7 @@ fn recursive_programming_shards_rows_after_a_contraction_above_32_devices_as_min
 /// in inference, split by its batch in training.
 #[test]
 fn recursive_programming_gives_a_shared_weight_one_split_in_inference_as_mindspore() {
-    use autopar_parallel::{plan_job, PlanRequest};
+    use autopar_parallel::{plan_network, PlanRequest};
     let net = |rows: usize| {
         let mut b = GraphBuilder::new(0);
         let x = b.input("x", &[rows, 1024], DType::F32).unwrap();
@@ -871,7 +875,7 @@ fn recursive_programming_gives_a_shared_weight_one_split_in_inference_as_mindspo
     let strategy = |p: &ParallelPlan, name: &str| p.nodes.iter().find(|x| x.name == name).unwrap().strategy.as_ref().unwrap().to_string();
     let input = |p: &ParallelPlan| parameter_layout_dict(p, 0, &|_| Vec::new()).into_iter().find(|(n, _)| n == "x").unwrap().1.to_string();
 
-    let train = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
+    let train = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
     assert_eq!(strategy(&train, "mm1"), "((8, 1), (1, 1))");
     assert_eq!(strategy(&train, "mm2"), "((1, 1), (1, 2))");
     assert!(input(&train).starts_with("([8], [0, -1]"), "{}", input(&train));
@@ -887,7 +891,8 @@ fn recursive_programming_gives_a_shared_weight_one_split_in_inference_as_mindspo
     // Inputs whole need no batch that the devices divide; training does.
     let (odd, odd_loss) = net(1020);
     assert!(input(&plan(&odd, &c).unwrap()).starts_with("([8], [-1, -1]"));
-    let err = plan_job(&PlanRequest { graph: &odd, loss: Some(odd_loss), context: &c, strategy_file: None, profile: None }).unwrap_err();
+    let err =
+        plan_network(&PlanRequest { graph: &odd, loss: Some(odd_loss), context: &c, strategy_file: None, profile: None }).unwrap_err();
     assert!(matches!(err, autopar_parallel::ParallelError::BatchNotDivisible { .. }), "{err}");
 
     // A dataset strategy the user chose is kept.

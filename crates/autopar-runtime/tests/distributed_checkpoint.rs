@@ -6,10 +6,11 @@ use std::path::Path;
 
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+use autopar_parallel::strategy_files::save_strategy_file;
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::distributed::{load_distributed_checkpoint, save_checkpoint};
-use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
-use autopar_runtime::strategy_io::save_strategy_file;
+use autopar_runtime::checkpoint_io::{load_distributed_checkpoint, save_checkpoint};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{assemble_params, Job, RankTrainer};
 use autopar_runtime::{LrSchedule, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -38,31 +39,30 @@ fn batch(seed: u64) -> Vec<(String, Tensor)> {
     vec![("x".into(), Tensor::from_vec(&[16, 8], x).unwrap()), ("y".into(), Tensor::from_vec(&[16], y).unwrap())]
 }
 
-fn job(n: usize, seed: u64) -> ParallelJob {
+fn job(n: usize, seed: u64) -> Job {
     let (mut g, loss) = mlp(16);
     assign_random_strategies(&mut g, n, seed);
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(n)).unwrap();
     ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
-    ParallelJob::new(g, loss, ctx).unwrap()
+    Job::new(&g, loss, &ctx).unwrap()
 }
 
 /// Train `job` one step from `full`, save per-rank checkpoints and the strategy under `dir`;
 /// returns the full parameters after the step.
-fn train_and_save(job: &ParallelJob, dir: &Path) -> ParamStore {
+fn train_and_save(job: &Job, dir: &Path) -> ParamStore {
     let full = ParamStore::init(job.graph()).unwrap();
     let stores = LocalComm::run(job.device_num(), |comm| -> autopar_runtime::Result<ParamStore> {
-        let mut t = RankTrainer::new(job, &comm, &full)?;
+        let mut t = RankTrainer::new(job, &comm, ParamSource::Full(&full))?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.5))?;
-        let feeds = t.local_feeds(&batch(1))?;
-        t.step(&mut opt, &feeds)?;
+        t.step(&mut opt, &batch(1))?;
         let r = comm.rank();
         let meta = BTreeMap::from([("rank".to_string(), r.to_string())]);
         save_checkpoint(t.params(), &dir.join(format!("rank_{r}/net_{r}.safetensors")), &meta)?;
         Ok(t.params().clone())
     })
     .unwrap();
-    save_strategy_file(job.plan(), &dir.join("strategy.json"), true, &|_| Vec::new()).unwrap();
+    save_strategy_file(job.network(), &dir.join("strategy.json"), true, &|_| Vec::new()).unwrap();
     assemble_params(job, &stores).unwrap()
 }
 
@@ -84,10 +84,9 @@ fn checkpoints_saved_under_one_strategy_load_under_another() {
         // Training continues from the loaded slices.
         LocalComm::run(dst_n, |comm| -> autopar_runtime::Result<()> {
             let local = per_rank[comm.rank()].clone();
-            let mut t = RankTrainer::with_local_params(&dst, &comm, local)?;
+            let mut t = RankTrainer::new(&dst, &comm, ParamSource::Local(local))?;
             let mut opt = Sgd::new(LrSchedule::Constant(0.5))?;
-            let feeds = t.local_feeds(&batch(2))?;
-            assert!(t.step(&mut opt, &feeds)?.is_finite());
+            assert!(t.step(&mut opt, &batch(2))?.is_finite());
             Ok(())
         })
         .unwrap();

@@ -194,7 +194,8 @@ fn a_small_conv_net_gradient_matches_finite_differences_end_to_end() {
 #[test]
 fn one_device_trains_the_sum_of_a_non_scalar_loss_and_runs_one_rank_collectives() {
     use autopar_graph::{Initializer, ReduceOp};
-    use autopar_runtime::TrainStep;
+    use autopar_parallel::ParallelContext;
+    use autopar_runtime::{Job, ParamSource, RankTrainer};
     let build = |scalar: bool| {
         let mut b = GraphBuilder::new(5);
         let x = b.input("x", &[4, 3], DType::F32).unwrap();
@@ -214,10 +215,10 @@ fn one_device_trains_the_sum_of_a_non_scalar_loss_and_runs_one_rank_collectives(
     let mut out = Vec::new();
     for scalar in [false, true] {
         let (g, loss) = build(scalar);
-        let mut params = ParamStore::init(&g).unwrap();
-        let mut step = TrainStep::new(g.clone(), loss).unwrap();
-        let o = step.gradients(&mut params, &[(g.find("x").unwrap(), x.clone())], None).unwrap();
-        out.push((o.loss.to_f64_vec().iter().sum::<f64>(), o.grads[0].1.to_f64_vec()));
+        let job = Job::new(&g, loss, &ParallelContext::default()).unwrap();
+        let mut step = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(&g).unwrap())).unwrap();
+        let o = step.gradients(&[("x".to_string(), x.clone())]).unwrap();
+        out.push((o.loss, o.grads[0].1.to_f64_vec()));
     }
     let (a, b) = (&out[0], &out[1]);
     assert!((a.0 - b.0).abs() < 1e-5 * b.0.abs().max(1.0), "{} vs {}", a.0, b.0);
@@ -231,7 +232,9 @@ fn one_device_trains_the_sum_of_a_non_scalar_loss_and_runs_one_rank_collectives(
     let y = b.matmul("mm", x, w).unwrap();
     let y = b.all_reduce("two_ranks", y, ReduceOp::Sum, &[0, 1]).unwrap();
     let loss = b.reduce_sum("loss", y, &[], false).unwrap();
-    let Err(e) = TrainStep::new(b.finish(), loss) else { panic!("an all-reduce over ranks 0 and 1 planned on one device") };
+    let Err(e) = Job::new(&b.finish(), loss, &ParallelContext::default()) else {
+        panic!("an all-reduce over ranks 0 and 1 planned on one device")
+    };
     let e = e.to_string();
     assert!(e.contains("AllReduce \"two_ranks\" cannot be planned"), "{e}");
 }

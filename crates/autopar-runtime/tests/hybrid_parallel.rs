@@ -9,8 +9,9 @@ use std::collections::BTreeSet;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ParamSpec, ReduceOp};
 use autopar_parallel::ParallelContext;
-use autopar_runtime::parallel::{rank_batches, slice_tensor, ParallelJob, RankTrainer};
-use autopar_runtime::{LrSchedule, Momentum, ParamStore, TrainStep};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{rank_batches, slice_tensor, Job, RankTrainer};
+use autopar_runtime::{LrSchedule, Momentum, ParamStore};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
@@ -54,14 +55,14 @@ fn batch(step: u64) -> Vec<(String, Tensor)> {
 /// parameters.
 fn stand_alone(serial: &Graph, loss: NodeId) -> (ParamStore, Vec<f64>, ParamStore) {
     let init = ParamStore::init(serial).unwrap();
-    let mut want = init.clone();
-    let mut step = TrainStep::new(serial.clone(), loss).unwrap();
+    let job = Job::new(serial, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Full(&init)).unwrap();
     let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap();
     let mut losses = Vec::new();
     for s in 0..3 {
-        let feeds: Vec<(NodeId, Tensor)> = batch(s).iter().map(|(n, t)| (serial.find(n).unwrap(), t.clone())).collect();
-        losses.push(step.run(&mut want, &mut opt, &feeds).unwrap());
+        losses.push(step.step(&mut opt, &batch(s)).unwrap());
     }
+    let want = step.params().clone();
     (init, losses, want)
 }
 
@@ -80,7 +81,7 @@ fn megatron_mlp_in_hybrid_parallel_equals_stand_alone() {
         ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
         ctx.set("gradients_mean", &json!(true)).unwrap();
         let layerwise: BTreeSet<String> = ["w1", "b1", "w2"].iter().map(|s| s.to_string()).collect();
-        let job = ParallelJob::hybrid(graphs, "loss", ctx, layerwise).unwrap();
+        let job = Job::hybrid(graphs, "loss", &ctx, layerwise).unwrap();
         let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(Vec<f64>, ParamStore)> {
             let r = comm.rank();
             let mut local = ParamStore::new();
@@ -88,12 +89,11 @@ fn megatron_mlp_in_hybrid_parallel_equals_stand_alone() {
             local.insert("b1", slice_tensor(init.require("b1")?, &[r * H / n..(r + 1) * H / n])?);
             local.insert("w2", slice_tensor(init.require("w2")?, &[r * H / n..(r + 1) * H / n, 0..OUT])?);
             local.insert("b2", init.require("b2")?.clone());
-            let mut t = RankTrainer::with_local_params(&job, &comm, local)?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Local(local))?;
             let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
             let mut losses = Vec::new();
             for s in 0..3 {
-                let feeds = t.local_feeds(&batch(s))?;
-                losses.push(t.step(&mut opt, &feeds)?);
+                losses.push(t.step(&mut opt, &batch(s))?);
             }
             Ok((losses, t.params().clone()))
         })
@@ -124,12 +124,12 @@ fn hybrid_errors_name_the_problem() {
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(2)).unwrap();
     ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
-    let e = ParallelJob::hybrid(graphs.clone(), "loss", ctx.clone(), ["w9".to_string()].into()).unwrap_err().to_string();
+    let e = Job::hybrid(graphs.clone(), "loss", &ctx, ["w9".to_string()].into()).unwrap_err().to_string();
     assert!(e.contains("w9"), "{e}");
-    let e = ParallelJob::hybrid(graphs[..1].to_vec(), "loss", ctx.clone(), BTreeSet::new()).unwrap_err().to_string();
+    let e = Job::hybrid(graphs[..1].to_vec(), "loss", &ctx, BTreeSet::new()).unwrap_err().to_string();
     assert!(e.contains("1 rank graphs for device_num 2"), "{e}");
     let (g, loss) = model(Some((0, 2)));
-    let e = ParallelJob::new(g, loss, ctx.clone()).unwrap_err().to_string();
+    let e = Job::new(&g, loss, &ctx).unwrap_err().to_string();
     assert!(e.contains("one hand-written graph per rank"), "{e}");
 
     // Replicated parameters: rank 1's extra one, or one whose dtype or trainability differs.
@@ -145,7 +145,7 @@ fn hybrid_errors_name_the_problem() {
                 b.finish()
             })
             .collect();
-        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::new()).map(|_| ()).unwrap_err().to_string()
+        Job::hybrid(graphs, "loss", &ctx, BTreeSet::new()).map(|_| ()).unwrap_err().to_string()
     };
     let e = variant("only1", ParamSpec::new(&[2], Initializer::Zeros));
     assert!(e.contains("\"only1\" of rank 1 is missing from rank 0's graph"), "{e}");
@@ -157,7 +157,7 @@ fn hybrid_errors_name_the_problem() {
     // Point-to-point transfers and collectives the ranks do not agree on.
     let transfer = |send: Transfer, recv: Option<&[usize]>| {
         let graphs = vec![p2p_rank0(send), p2p_rank1(recv)];
-        ParallelJob::hybrid(graphs, "loss", ctx.clone(), BTreeSet::from(["w".to_string()])).map(|_| ()).map_err(|e| e.to_string())
+        Job::hybrid(graphs, "loss", &ctx, BTreeSet::from(["w".to_string()])).map(|_| ()).map_err(|e| e.to_string())
     };
     let e = transfer(Transfer::Input, None).unwrap_err();
     assert!(e.contains("\"to1\" on rank 0 (rank 0 -> rank 1, tag 7): no Receive"), "{e}");
@@ -174,15 +174,13 @@ fn hybrid_errors_name_the_problem() {
     transfer(Transfer::Input, Some(&[B, IN])).unwrap();
     // The accepted pair runs, forward and backward, on both ranks.
     let job =
-        ParallelJob::hybrid(vec![p2p_rank0(Transfer::Input), p2p_rank1(Some(&[B, IN]))], "loss", ctx, BTreeSet::from(["w".to_string()]))
-            .unwrap();
+        Job::hybrid(vec![p2p_rank0(Transfer::Input), p2p_rank1(Some(&[B, IN]))], "loss", &ctx, BTreeSet::from(["w".to_string()])).unwrap();
     let full = ParamStore::init(job.graph()).unwrap();
     let got = LocalComm::run(2, |comm| -> autopar_runtime::Result<Vec<f64>> {
-        let mut t = RankTrainer::new(&job, &comm, &full)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
         let mut data = batch(comm.rank() as u64);
         data.push(("template".to_string(), Tensor::from_vec(&[B, IN], vec![0f32; B * IN]).unwrap()));
-        let feeds = t.local_feeds(&data)?;
-        Ok(t.gradients(&feeds)?.loss.to_f64_vec())
+        Ok(vec![t.gradients(&data)?.loss])
     })
     .unwrap();
     assert!(got.iter().flatten().all(|l| l.is_finite()), "{got:?}");
@@ -280,16 +278,15 @@ fn a_hand_split_batch_with_synchronised_batch_norm_equals_the_whole_batch() {
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("hybrid_parallel")).unwrap();
         ctx.set("gradients_mean", &json!(true)).unwrap();
-        let job = ParallelJob::hybrid(graphs, "loss", ctx, BTreeSet::new()).unwrap();
+        let job = Job::hybrid(graphs, "loss", &ctx, BTreeSet::new()).unwrap();
         let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(Vec<f64>, ParamStore)> {
             let r = comm.rank();
-            let mut t = RankTrainer::with_local_params(&job, &comm, init.clone())?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Local(init.clone()))?;
             let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
             let mut losses = Vec::new();
             for s in 0..3 {
                 let mine = &rank_batches(&[batch(s)], n)?[r];
-                let feeds = t.local_feeds(mine)?;
-                losses.push(t.step(&mut opt, &feeds)?);
+                losses.push(t.step(&mut opt, mine)?);
             }
             Ok((losses, t.params().clone()))
         })

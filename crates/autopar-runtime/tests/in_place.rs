@@ -4,7 +4,8 @@
 
 use autopar_comm::LocalComm;
 use autopar_models::{Mlp, MlpConfig, Mode, Model};
-use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{Job, RankTrainer};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -23,17 +24,16 @@ fn buckets_parameters_and_optimizer_state_keep_their_buffers_from_step_to_step()
     let mut ctx = autopar_parallel::ParallelContext::default();
     ctx.set("device_num", &json!(2)).unwrap();
     ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
-    let job = ParallelJob::new(graph, io.loss, ctx).unwrap();
+    let job = Job::new(&graph, io.loss, &ctx).unwrap();
     let full = ParamStore::init(job.graph()).unwrap();
     LocalComm::run(2, |comm| -> autopar_runtime::Result<()> {
-        let mut t = RankTrainer::new(&job, &comm, &full)?;
-        assert_eq!(t.program().buckets.len(), 1, "one bucket for the small MLP");
-        let feeds = t.local_feeds(&batch)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
+        assert_eq!(t.program().program.buckets.len(), 1, "one bucket for the small MLP");
         let mut opt = Momentum::new(LrSchedule::Constant(0.1), 0.9)?;
-        t.step(&mut opt, &feeds)?;
+        t.step(&mut opt, &batch)?;
         let (params, state) = (addresses(t.params()), addresses(opt.state()));
         for _ in 0..3 {
-            let out = t.gradients(&feeds)?;
+            let out = t.gradients(&batch)?;
             opt.step(t.params_mut(), &out.grads)?;
         }
         assert_eq!(addresses(t.params()), params, "parameters are updated in place");

@@ -2,7 +2,8 @@
 //! the executor, against an independent reference written with plain loops in f64.
 
 use autopar_graph::{DType, GraphBuilder, Initializer};
-use autopar_runtime::{LrSchedule, Optimizer, ParamStore, Sgd, TrainStep};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::{Job, LrSchedule, Optimizer, ParamSource, ParamStore, RankTrainer, Sgd};
 use autopar_tensor::Tensor;
 
 const N: usize = 4;
@@ -103,21 +104,23 @@ fn three_layer_mlp_with_sgd_matches_a_hand_computed_reference_for_three_steps() 
     }
     let (xv, labels) = input();
     let feeds = vec![
-        (x, Tensor::from_vec(&[N, DIMS[0]], flat(&xv)).unwrap().cast(autopar_tensor::DType::F32)),
-        (y, Tensor::from_vec(&[N], labels.iter().map(|&l| l as i32).collect::<Vec<i32>>()).unwrap()),
+        (graph.node(x).name.clone(), Tensor::from_vec(&[N, DIMS[0]], flat(&xv)).unwrap().cast(autopar_tensor::DType::F32)),
+        (graph.node(y).name.clone(), Tensor::from_vec(&[N], labels.iter().map(|&l| l as i32).collect::<Vec<i32>>()).unwrap()),
     ];
 
-    let mut step = TrainStep::new(graph, loss).unwrap();
+    let job = Job::new(&graph, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Local(params)).unwrap();
     let mut sgd = Sgd::new(LrSchedule::Constant(LR)).unwrap();
     let mut losses = Vec::new();
     for _ in 0..3 {
-        let got = step.run(&mut params, &mut sgd, &feeds).unwrap();
+        let got = step.step(&mut sgd, &feeds).unwrap();
         let want = reference_step(&mut layers, &xv, &labels);
         assert!((got - want).abs() < 1e-5, "loss {got} vs reference {want}");
         losses.push(got);
     }
     assert_eq!(sgd.steps(), 3);
     assert!(losses[2] < losses[0], "training lowers the loss: {losses:?}");
+    let params = step.params();
     for (l, (w, bias)) in layers.iter().enumerate() {
         let gw = params.get(&format!("fc{}.weight", l + 1)).unwrap().to_f64_vec();
         let gb = params.get(&format!("fc{}.bias", l + 1)).unwrap().to_f64_vec();
@@ -141,12 +144,16 @@ fn serial_and_parallel_execution_give_bit_identical_gradients() {
     let params = ParamStore::init(&graph).unwrap();
     let mut rng = Rng::new(1);
     let feeds = vec![
-        (x, Tensor::from_vec(&[64, 784], (0..64 * 784).map(|_| rng.normal() as f32).collect::<Vec<f32>>()).unwrap()),
-        (y, Tensor::from_vec(&[64], (0..64i32).map(|i| i % 10).collect::<Vec<i32>>()).unwrap()),
+        (
+            graph.node(x).name.clone(),
+            Tensor::from_vec(&[64, 784], (0..64 * 784).map(|_| rng.normal() as f32).collect::<Vec<f32>>()).unwrap(),
+        ),
+        (graph.node(y).name.clone(), Tensor::from_vec(&[64], (0..64i32).map(|i| i % 10).collect::<Vec<i32>>()).unwrap()),
     ];
+    let job = Job::new(&graph, loss, &ParallelContext::default()).unwrap();
     let run = |ctx: autopar_tensor::ExecCtx| {
-        let mut step = TrainStep::new(graph.clone(), loss).unwrap().with_ctx(ctx);
-        step.gradients(&mut params.clone(), &feeds, None).unwrap().grads
+        let mut step = RankTrainer::alone(&job, ParamSource::Full(&params)).unwrap().with_exec_ctx(ctx);
+        step.gradients(&feeds).unwrap().grads
     };
     let serial = run(autopar_tensor::ExecCtx::serial());
     let parallel = run(autopar_tensor::ExecCtx::parallel().with_min_parallel_len(0));

@@ -12,8 +12,9 @@ use autopar_graph::ops::Cast;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId, ParamSpec};
 use autopar_layout::Strategy;
 use autopar_parallel::ParallelContext;
-use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
-use autopar_runtime::{ParamStore, TrainStep};
+use autopar_runtime::ParamSource;
+use autopar_runtime::ParamStore;
+use autopar_runtime::{assemble_params, Job, RankTrainer};
 use autopar_tensor::Tensor;
 use serde_json::{json, Value};
 
@@ -60,23 +61,22 @@ fn batch() -> Vec<(String, Tensor)> {
 
 /// One step's synchronised gradients (assembled full tensors), loss, and every rank's metered
 /// communicator calls.
-fn gradients(job: &ParallelJob) -> (f64, ParamStore, Vec<Vec<MeteredCall>>) {
+fn gradients(job: &Job) -> (f64, ParamStore, Vec<Vec<MeteredCall>>) {
     gradients_on(job, &batch())
 }
 
-fn gradients_on(job: &ParallelJob, data: &[(String, Tensor)]) -> (f64, ParamStore, Vec<Vec<MeteredCall>>) {
+fn gradients_on(job: &Job, data: &[(String, Tensor)]) -> (f64, ParamStore, Vec<Vec<MeteredCall>>) {
     let full = ParamStore::init(job.graph()).unwrap();
     let out = LocalComm::run(job.device_num(), |comm| -> autopar_runtime::Result<(f64, ParamStore, Vec<MeteredCall>)> {
         let metered = Metered::new(Box::new(comm), Arc::new(Mutex::new(Vec::new())));
-        let mut t = RankTrainer::new(job, &metered, &full)?;
+        let mut t = RankTrainer::new(job, &metered, ParamSource::Full(&full))?;
         metered.clear();
-        let feeds = t.local_feeds(data)?;
-        let step = t.gradients(&feeds)?;
+        let step = t.gradients(data)?;
         let mut grads = ParamStore::new();
         for (n, g) in step.grads {
             grads.insert(&n, g);
         }
-        Ok((step.loss.to_f64_vec()[0], grads, metered.calls()))
+        Ok((step.loss, grads, metered.calls()))
     })
     .unwrap();
     let loss = out[0].0;
@@ -90,9 +90,8 @@ fn stand_alone(graph: &Graph, loss: NodeId) -> ParamStore {
 }
 
 fn stand_alone_on(graph: &Graph, loss: NodeId, data: &[(String, Tensor)]) -> ParamStore {
-    let mut params = ParamStore::init(graph).unwrap();
-    let feeds: Vec<(NodeId, Tensor)> = data.iter().map(|(n, t)| (graph.find(n).unwrap(), t.clone())).collect();
-    let out = TrainStep::new(graph.clone(), loss).unwrap().gradients(&mut params, &feeds, None).unwrap();
+    let job = Job::new(graph, loss, &ParallelContext::default()).unwrap();
+    let out = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(graph).unwrap())).unwrap().gradients(data).unwrap();
     let mut grads = ParamStore::new();
     for (n, g) in out.grads {
         grads.insert(&n, g);
@@ -125,8 +124,8 @@ fn enable_alltoall_chooses_all_to_all_or_an_all_gather_and_a_local_slice() {
     let want = stand_alone(&graph, loss);
     let mut kinds = Vec::new();
     for on in [true, false] {
-        let job = ParallelJob::new(graph.clone(), loss, ctx(4, "semi_auto_parallel", &[("enable_alltoall", json!(on))])).unwrap();
-        let prog = job.program(0).unwrap();
+        let job = Job::new(&graph, loss, &ctx(4, "semi_auto_parallel", &[("enable_alltoall", json!(on))])).unwrap();
+        let prog = job.program(0).unwrap().program;
         // Forward ops only (the backward has their adjoints).
         let count = |kind: &str| prog.graph.nodes().iter().filter(|n| n.op.kind() == kind && !n.name.starts_with("grad/")).count();
         kinds.push((count("AllToAll"), count("AllGather")));
@@ -143,12 +142,12 @@ fn enable_alltoall_chooses_all_to_all_or_an_all_gather_and_a_local_slice() {
 fn loss_repeated_mean_false_sums_the_gradients_of_the_replicated_losses() {
     let (graph, loss) = net(DType::F32, &[("mm1", "((2, 1), (1, 2))")]);
     let want = stand_alone(&graph, loss);
-    let job = ParallelJob::new(graph.clone(), loss, ctx(4, "semi_auto_parallel", &[])).unwrap();
-    assert_eq!(job.plan().gradients.loss_seed, 0.25);
+    let job = Job::new(&graph, loss, &ctx(4, "semi_auto_parallel", &[])).unwrap();
+    assert_eq!(job.network().gradients.loss_seed, 0.25);
     let (_, mean, _) = gradients(&job);
     assert_scaled(&mean, &want, |_| 1.0, "loss_repeated_mean=true (default)");
-    let job = ParallelJob::new(graph, loss, ctx(4, "semi_auto_parallel", &[("loss_repeated_mean", json!(false))])).unwrap();
-    assert_eq!(job.plan().gradients.loss_seed, 1.0);
+    let job = Job::new(&graph, loss, &ctx(4, "semi_auto_parallel", &[("loss_repeated_mean", json!(false))])).unwrap();
+    assert_eq!(job.network().gradients.loss_seed, 1.0);
     let (_, summed, _) = gradients(&job);
     assert_scaled(&summed, &want, |_| 4.0, "loss_repeated_mean=false: the 4 replicas of the loss are summed");
 }
@@ -158,8 +157,8 @@ fn gradients_mean_under_semi_auto_divides_each_gradient_by_its_mirror_group() {
     // w1 split 2 ways on 4 devices (mirror groups of 2); w2 replicated (mirror groups of 4).
     let (graph, loss) = net(DType::F32, &[("mm1", "((1, 1), (1, 2))")]);
     let want = stand_alone(&graph, loss);
-    let job = ParallelJob::new(graph, loss, ctx(4, "semi_auto_parallel", &[("gradients_mean", json!(true))])).unwrap();
-    let mirror = |name: &str| job.plan().param(name).unwrap().mirror.iter().map(|a| a.size).product::<usize>();
+    let job = Job::new(&graph, loss, &ctx(4, "semi_auto_parallel", &[("gradients_mean", json!(true))])).unwrap();
+    let mirror = |name: &str| job.network().param(name).unwrap().mirror.iter().map(|a| a.size).product::<usize>();
     assert_eq!((mirror("w1"), mirror("w2")), (2, 4));
     let (_, got, _) = gradients(&job);
     assert_scaled(&got, &want, |name| 1.0 / mirror(name) as f64, "gradients_mean=true");
@@ -170,7 +169,7 @@ fn gradients_mean_under_data_parallel_averages_the_ranks_gradients_instead_of_su
     let (graph, loss) = net(DType::F32, &[]);
     let want = stand_alone(&graph, loss);
     for (mean, factor) in [(true, 1.0), (false, 4.0)] {
-        let job = ParallelJob::new(graph.clone(), loss, ctx(4, "data_parallel", &[("gradients_mean", json!(mean))])).unwrap();
+        let job = Job::new(&graph, loss, &ctx(4, "data_parallel", &[("gradients_mean", json!(mean))])).unwrap();
         let (_, got, _) = gradients(&job);
         assert_scaled(&got, &want, |_| factor, &format!("data_parallel gradients_mean={mean}"));
     }
@@ -181,7 +180,7 @@ fn gradient_fp32_sync_and_force_fp32_communication_set_the_width_of_half_precisi
     let (graph, loss) = net(DType::F16, &[]);
     // 16 * 16 + 16 * 4 gradient values all-reduced in one bucket.
     let values = 16 * 16 + 16 * 4;
-    let bucket_bytes = |job: &ParallelJob| {
+    let bucket_bytes = |job: &Job| {
         let (_, _, calls) = gradients(job);
         calls[0].iter().filter(|c| c.kind == "all_reduce").map(|c| c.bytes).max().unwrap()
     };
@@ -191,8 +190,8 @@ fn gradient_fp32_sync_and_force_fp32_communication_set_the_width_of_half_precisi
         ("data_parallel", vec![], 2),
         ("data_parallel", vec![("force_fp32_communication", json!(true))], 4),
     ] {
-        let job = ParallelJob::new(graph.clone(), loss, ctx(4, mode, &options)).unwrap();
-        assert_eq!(job.plan().gradients.buckets.len(), 1);
+        let job = Job::new(&graph, loss, &ctx(4, mode, &options)).unwrap();
+        assert_eq!(job.network().gradients.buckets.len(), 1);
         assert_eq!(bucket_bytes(&job), values * width, "{mode} {options:?}: the bucket is all-reduced in {width}-byte values");
     }
 }
@@ -215,9 +214,8 @@ fn force_fp32_communication_widens_the_redistribution_of_half_precision_values()
     let want = stand_alone_on(&graph, loss, &[]);
     let mut widths = Vec::new();
     for force in [false, true] {
-        let job =
-            ParallelJob::new(graph.clone(), loss, ctx(4, "semi_auto_parallel", &[("force_fp32_communication", json!(force))])).unwrap();
-        assert!(job.plan().redistributions.iter().any(|r| r.dtype == DType::F16 && r.in_f32 == force), "force={force}");
+        let job = Job::new(&graph, loss, &ctx(4, "semi_auto_parallel", &[("force_fp32_communication", json!(force))])).unwrap();
+        assert!(job.network().redistributions.iter().any(|r| r.dtype == DType::F16 && r.in_f32 == force), "force={force}");
         let (_, got, calls) = gradients_on(&job, &[]);
         // f16 values on the way: compare loosely.
         for (name, w) in want.iter() {
@@ -252,7 +250,7 @@ fn force_fp32_communication_widens_the_hand_placed_collectives_of_hybrid_graphs(
     let mut runs = Vec::new();
     for force in [false, true] {
         let c = ctx(2, "hybrid_parallel", &[("force_fp32_communication", json!(force))]);
-        let job = ParallelJob::hybrid(vec![graph(), graph()], "loss", c, ["w".to_string()].into()).unwrap();
+        let job = Job::hybrid(vec![graph(), graph()], "loss", &c, ["w".to_string()].into()).unwrap();
         let (loss, grads, calls) = gradients_on(&job, &data);
         // The forward all-reduce and its backward, 64 values each.
         assert_eq!(bytes_by_kind(&calls[0])["all_reduce"], 2 * 64 * if force { 4 } else { 2 }, "force={force}");
@@ -277,14 +275,14 @@ fn comm_fusion_settings_set_the_number_of_gradient_all_reduces_and_keep_the_resu
         (json!({"openstate": false}), 2),
     ] {
         let options = [("comm_fusion", fusion.clone()), ("gradients_mean", json!(true))];
-        let job = ParallelJob::new(graph.clone(), loss, ctx(4, "data_parallel", &options)).unwrap();
-        assert_eq!(job.plan().gradients.buckets.len(), buckets, "{fusion}");
+        let job = Job::new(&graph, loss, &ctx(4, "data_parallel", &options)).unwrap();
+        assert_eq!(job.network().gradients.buckets.len(), buckets, "{fusion}");
         let (_, got, calls) = gradients(&job);
         assert_scaled(&got, &want, |_| 1.0, &format!("comm_fusion {fusion}"));
         let all_reduces = calls[0].iter().filter(|c| c.kind == "all_reduce").count();
         assert_eq!(all_reduces, 2 + buckets, "comm_fusion {fusion}: all-reduces per step");
     }
     // all_reduce_fusion_config is the index mode.
-    let job = ParallelJob::new(graph, loss, ctx(4, "data_parallel", &[("all_reduce_fusion_config", json!([1]))])).unwrap();
-    assert_eq!(job.plan().gradients.buckets.len(), 2);
+    let job = Job::new(&graph, loss, &ctx(4, "data_parallel", &[("all_reduce_fusion_config", json!([1]))])).unwrap();
+    assert_eq!(job.network().gradients.buckets.len(), 2);
 }

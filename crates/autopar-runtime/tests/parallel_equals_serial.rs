@@ -4,9 +4,10 @@
 
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::parallel::{run_local, ParallelJob};
 use autopar_runtime::LrSchedule;
-use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd, TrainStep};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{run_local, Job, RankTrainer};
+use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
@@ -60,17 +61,11 @@ fn optimizer(momentum: bool) -> Box<dyn Optimizer> {
 
 /// Stand-alone training: the reference.
 fn serial(graph: &Graph, loss: NodeId, data: &[Vec<(String, Tensor)>], momentum: bool) -> (Vec<f64>, ParamStore) {
-    let mut params = ParamStore::init(graph).unwrap();
-    let mut step = TrainStep::new(graph.clone(), loss).unwrap();
+    let job = Job::new(graph, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(graph).unwrap())).unwrap();
     let mut opt = optimizer(momentum);
-    let losses = data
-        .iter()
-        .map(|batch| {
-            let feeds: Vec<(NodeId, Tensor)> = batch.iter().map(|(n, t)| (graph.find(n).unwrap(), t.clone())).collect();
-            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
-        })
-        .collect();
-    (losses, params)
+    let losses = data.iter().map(|batch| step.step(opt.as_mut(), batch).unwrap()).collect();
+    (losses, step.params().clone())
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -111,11 +106,11 @@ fn semi_auto_mlp_equals_stand_alone_over_random_strategies() {
             assign_random_strategies(&mut g, n, seed * 7919 + n as u64);
             let mut ctx = semi_auto(n);
             ctx.set("enable_alltoall", &json!(seed % 2 == 1)).unwrap();
-            let job = ParallelJob::new(g, loss, ctx).unwrap();
+            let job = Job::new(&g, loss, &ctx).unwrap();
             let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap_or_else(|e| panic!("n={n} seed={seed}: {e}"));
             assert_same(&format!("{n} devices, strategy seed {seed}"), &run.losses, &run.params, &want_losses, &want);
             // Counted when a split needs communication beyond the loss's all-reduce.
-            let prog = job.program(0).unwrap();
+            let prog = job.program(0).unwrap().program;
             let split: Vec<&str> = prog
                 .graph
                 .nodes()
@@ -146,13 +141,13 @@ fn data_parallel_equals_stand_alone_on_the_same_global_batch() {
         ctx.set("device_num", &json!(n)).unwrap();
         ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
         ctx.set("gradients_mean", &json!(true)).unwrap();
-        let job = ParallelJob::new(global, gloss, ctx).unwrap();
+        let job = Job::new(&global, gloss, &ctx).unwrap();
         // Planned as all-batch strategies: every parameter replicated over all ranks, every
         // rank's inputs its rows of the batch.
-        for p in &job.plan().params {
+        for p in &job.network().params {
             assert_eq!(p.layout.num_slices(), 1, "{}", p.name);
         }
-        let prog = job.program(1).unwrap();
+        let prog = job.program(1).unwrap().program;
         assert_eq!(prog.inputs[0].slice[0], per_rank..2 * per_rank);
         let run = run_local(&job, &data, || Ok(optimizer(false))).unwrap();
         assert_same(&format!("data_parallel on {n} ranks"), &run.losses, &run.params, &want_losses, &want);
@@ -180,7 +175,7 @@ fn a_loss_of_one_value_per_sample_trains_their_sum_in_every_mode() {
         } else {
             ctx.set("gradients_mean", &json!(true)).unwrap();
         }
-        let job = ParallelJob::new(g, per_sample, ctx).unwrap();
+        let job = Job::new(&g, per_sample, &ctx).unwrap();
         let run = run_local(&job, &data, || Ok(optimizer(false))).unwrap();
         assert_same(&format!("per-sample loss, {mode} on {n} devices"), &run.losses, &run.params, &want_losses, &want);
     }
@@ -197,20 +192,20 @@ fn dataset_strategies_do_not_change_the_result() {
         ctx.set("dataset_strategy", &ds).unwrap();
         let mut g = graph.clone();
         assign_random_strategies(&mut g, n, 77);
-        let job = ParallelJob::new(g, loss, ctx).unwrap();
+        let job = Job::new(&g, loss, &ctx).unwrap();
         let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap();
         assert_same(&format!("dataset_strategy {ds} on {n} devices"), &run.losses, &run.params, &want_losses, &want);
     }
     // A batch the devices do not divide is a clear error under the default data_parallel split.
     let (g, loss) = mlp(6);
-    let e = ParallelJob::new(g, loss, semi_auto(4)).unwrap_err().to_string();
+    let e = Job::new(&g, loss, &semi_auto(4)).unwrap_err().to_string();
     assert!(e.contains("cannot be split over 4 devices"), "{e}");
 }
 
 #[test]
 fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_group() {
     use autopar_comm::{Communicator, LocalComm};
-    use autopar_runtime::parallel::RankTrainer;
+    use autopar_runtime::RankTrainer;
     let batch = 16;
     let (mut graph, loss) = mlp(batch);
     // A frozen fc3.weight split in two and mirrored over pairs of ranks no other collective
@@ -221,8 +216,8 @@ fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_
     if let autopar_graph::OpKind::Parameter(p) = &mut graph.node_mut(w3).op {
         p.trainable = false;
     }
-    let job = ParallelJob::new(graph.clone(), loss, semi_auto(4)).unwrap();
-    let prog = job.program(0).unwrap();
+    let job = Job::new(&graph, loss, &semi_auto(4)).unwrap();
+    let prog = job.program(0).unwrap().program;
     let mirror = &prog.param("fc3.weight").unwrap().mirror;
     assert_eq!(mirror.len(), 2);
     assert!(!prog.partitions.iter().flatten().any(|g| g == mirror), "{mirror:?} is used without the broadcast");
@@ -231,13 +226,13 @@ fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_
     for broadcast in [true, false] {
         let mut ctx = semi_auto(4);
         ctx.set("parameter_broadcast", &json!(broadcast)).unwrap();
-        let job = ParallelJob::new(graph.clone(), loss, ctx).unwrap();
+        let job = Job::new(&graph, loss, &ctx).unwrap();
         let full = ParamStore::init(&graph).unwrap();
         let losses = LocalComm::run(4, |comm| -> autopar_runtime::Result<Vec<f64>> {
             let prog = job.program(comm.rank())?;
             let mut local = ParamStore::new();
-            for slot in &prog.params {
-                let mut t = autopar_runtime::parallel::slice_tensor(full.require(&slot.name)?, &slot.slice)?;
+            for slot in &prog.program.params {
+                let mut t = autopar_runtime::slice_tensor(full.require(&slot.name)?, &slot.slice)?;
                 if comm.rank() != slot.mirror[0] {
                     // Every rank but the first of each mirror group starts from other values.
                     let v: Vec<f32> = t.to_vec::<f32>().unwrap().iter().map(|x| x + 0.5).collect();
@@ -245,9 +240,9 @@ fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_
                 }
                 local.insert(&slot.name, t);
             }
-            let mut t = RankTrainer::with_local_params(&job, &comm, local)?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Local(local))?;
             let mut opt = optimizer(false);
-            data.iter().map(|b| t.local_feeds(b).and_then(|f| t.step(opt.as_mut(), &f))).collect()
+            data.iter().map(|b| t.step(opt.as_mut(), b)).collect()
         })
         .unwrap();
         let same = losses[0].iter().zip(&want_losses).all(|(a, b)| close(*a, *b));

@@ -11,7 +11,8 @@ use autopar_comm::LocalComm;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_layout::Strategy;
 use autopar_parallel::{assign_random_strategies, OptDecision, ParallelContext};
-use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{assemble_params, Job, RankTrainer};
 use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -94,41 +95,18 @@ struct Run {
     rank_state: Vec<ParamStore>,
 }
 
-fn run(job: &ParallelJob, data: &[Vec<(String, Tensor)>], opt: Opt, micro: usize) -> Run {
-    run_clipped(job, data, opt, micro, None)
+fn run(job: &Job, data: &[Vec<(String, Tensor)>], opt: Opt) -> Run {
+    run_clipped(job, data, opt, None)
 }
 
 /// [`run`] with every step's gradients clipped to global norm `clip`.
-fn run_clipped(job: &ParallelJob, data: &[Vec<(String, Tensor)>], opt: Opt, micro: usize, clip: Option<f64>) -> Run {
+fn run_clipped(job: &Job, data: &[Vec<(String, Tensor)>], opt: Opt, clip: Option<f64>) -> Run {
     let full = ParamStore::init(job.graph()).unwrap();
     let out = LocalComm::run(job.device_num(), |comm| {
-        let mut t = RankTrainer::new(job, &comm, &full).unwrap();
-        t.train_step().set_clip_grad_norm(clip).unwrap();
+        let mut t = RankTrainer::new(job, &comm, ParamSource::Full(&full)).unwrap();
+        t.set_clip_grad_norm(clip).unwrap();
         let mut o = opt.build();
-        let mut losses = Vec::new();
-        for batch in data {
-            let loss = if micro == 1 {
-                let feeds = t.local_feeds(batch).unwrap();
-                t.step(o.as_mut(), &feeds).unwrap()
-            } else {
-                let rows = batch[0].1.shape()[0] / micro;
-                let parts: Vec<_> = (0..micro)
-                    .map(|k| {
-                        let part: Vec<(String, Tensor)> = batch
-                            .iter()
-                            .map(|(n, t)| {
-                                let mut r: Vec<_> = t.shape().iter().map(|&d| 0..d).collect();
-                                r[0] = k * rows..(k + 1) * rows;
-                                (n.clone(), autopar_runtime::parallel::slice_tensor(t, &r).unwrap())
-                            })
-                            .collect();
-                        t.local_feeds(&part).unwrap()
-                    })
-                    .collect();
-                t.step_accumulated(o.as_mut(), &parts).unwrap()
-            };
-            losses.push(loss);
-        }
+        let losses: Vec<f64> = data.iter().map(|batch| t.step(o.as_mut(), batch).unwrap()).collect();
         Ok::<_, autopar_comm::CommError>((losses, t.params().clone(), o.state().clone()))
     })
     .unwrap();
@@ -187,8 +165,8 @@ fn compare(what: &str, sharded: &Run, plain: &Run, exact: bool) {
 }
 
 /// Whether every sharded parameter's shard covers its whole replica group.
-fn whole_groups(job: &ParallelJob) -> bool {
-    job.plan().params.iter().filter_map(|p| p.opt.shard()).all(|s| s.rest.iter().all(|a| a.size == 1))
+fn whole_groups(job: &Job) -> bool {
+    job.network().params.iter().filter_map(|p| p.opt.shard()).all(|s| s.rest.iter().all(|a| a.size == 1))
 }
 
 #[test]
@@ -199,21 +177,21 @@ fn sharded_equals_unsharded_in_data_parallel_and_semi_auto() {
     for (mode, n, strategies) in [("data_parallel", 4, false), ("semi_auto_parallel", 8, true), ("semi_auto_parallel", 4, false)] {
         let (graph, loss) = network(batch, strategies);
         for opt in [Opt::Momentum, Opt::AdamW] {
-            let plain = run(&ParallelJob::new(graph.clone(), loss, context(mode, n, None)).unwrap(), &data, opt, 1);
+            let plain = run(&Job::new(&graph, loss, &context(mode, n, None)).unwrap(), &data, opt);
             for (size, threshold) in [(-1, 0), (-1, 64), (2, 0), (4, 0)] {
-                let job = ParallelJob::new(graph.clone(), loss, context(mode, n, Some((size, threshold)))).unwrap();
-                let sharded = job.plan().params.iter().filter(|p| p.opt.shard().is_some()).count();
+                let job = Job::new(&graph, loss, &context(mode, n, Some((size, threshold)))).unwrap();
+                let sharded = job.network().params.iter().filter(|p| p.opt.shard().is_some()).count();
                 assert!(sharded > 0, "{mode} {n} size {size} threshold {threshold}: nothing sharded");
                 if threshold == 64 {
                     // exactly 64 KB is sharded, 32 KB is not
-                    assert!(job.plan().param("fc1.weight").unwrap().opt.shard().is_some());
-                    assert!(matches!(&job.plan().param("fc2.weight").unwrap().opt, OptDecision::Whole(w) if w.contains("threshold")));
+                    assert!(job.network().param("fc1.weight").unwrap().opt.shard().is_some());
+                    assert!(matches!(&job.network().param("fc2.weight").unwrap().opt, OptDecision::Whole(w) if w.contains("threshold")));
                 }
-                let got = run(&job, &data, opt, 1);
+                let got = run(&job, &data, opt);
                 let what = format!("{mode} on {n}, {opt:?}, shard size {size}, threshold {threshold}");
                 compare(&what, &got, &plain, true);
                 // Each rank stores only its piece of a sharded parameter and of its state.
-                let program = job.program(1).unwrap();
+                let program = job.program(1).unwrap().program;
                 for slot in program.params.iter().filter(|s| s.shard.is_some()) {
                     let k = slot.shard.as_ref().unwrap().group.len();
                     let want: usize = slot.layout.slice_len() / k;
@@ -239,10 +217,10 @@ fn sharded_equals_unsharded_over_random_strategies() {
         for seed in 0..6u64 {
             let mut g = graph.clone();
             assign_random_strategies(&mut g, n, seed * 31 + n as u64);
-            let plain = run(&ParallelJob::new(g.clone(), loss, context("semi_auto_parallel", n, None)).unwrap(), &data, Opt::AdamW, 1);
+            let plain = run(&Job::new(&g, loss, &context("semi_auto_parallel", n, None)).unwrap(), &data, Opt::AdamW);
             let size = [-1i64, 2][seed as usize % 2];
-            let job = ParallelJob::new(g, loss, context("semi_auto_parallel", n, Some((size, 0)))).unwrap();
-            let got = run(&job, &data, Opt::AdamW, 1);
+            let job = Job::new(&g, loss, &context("semi_auto_parallel", n, Some((size, 0)))).unwrap();
+            let got = run(&job, &data, Opt::AdamW);
             partial += usize::from(!whole_groups(&job));
             compare(&format!("{n} devices, strategy seed {seed}, shard size {size}"), &got, &plain, true);
         }
@@ -256,13 +234,13 @@ fn gradient_accumulation_shards_each_micro_batch_or_the_sum() {
     let data = batches(batch, 13);
     // The network runs one micro-batch of 8 rows.
     let (graph, loss) = network(batch / 2, false);
-    let plain = run(&ParallelJob::new(graph.clone(), loss, context("data_parallel", 4, None)).unwrap(), &data, Opt::Momentum, 2);
+    let plain = run(&Job::with_micro_batches(&graph, loss, &context("data_parallel", 4, None), 2).unwrap(), &data, Opt::Momentum);
     for each in [true, false] {
         let mut ctx = context("data_parallel", 4, Some((-1, 0)));
         ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each})).unwrap();
-        let job = ParallelJob::new(graph.clone(), loss, ctx).unwrap();
-        assert_eq!(job.program(0).unwrap().accumulation_shard, each);
-        let got = run(&job, &data, Opt::Momentum, 2);
+        let job = Job::with_micro_batches(&graph, loss, &ctx, 2).unwrap();
+        assert_eq!(job.program(0).unwrap().program.accumulation_shard, each);
+        let got = run(&job, &data, Opt::Momentum);
         // Shards of each micro-batch's sum add up in another order than the whole slices.
         compare(&format!("accumulation, gradient_accumulation_shard {each}"), &got, &plain, !each);
     }
@@ -280,11 +258,11 @@ fn clipping_by_global_norm_stays_exact_when_sharded() {
         // One device with the same clipping.
         let mut alone = ParallelContext::default();
         alone.set("device_num", &json!(1)).unwrap();
-        let one = ParallelJob::new(graph.clone(), loss, alone).unwrap();
+        let one = Job::new(&graph, loss, &alone).unwrap();
         for opt in [Opt::Momentum, Opt::AdamW] {
-            let plain_job = ParallelJob::new(graph.clone(), loss, context(mode, n, None)).unwrap();
-            let plain = run_clipped(&plain_job, &data, opt, 1, clip);
-            let unclipped = run(&plain_job, &data, opt, 1);
+            let plain_job = Job::new(&graph, loss, &context(mode, n, None)).unwrap();
+            let plain = run_clipped(&plain_job, &data, opt, clip);
+            let unclipped = run(&plain_job, &data, opt);
             let what = format!("{mode} on {n}, {opt:?}, clipped");
             assert!(
                 plain.params.iter().any(|(k, v)| v.to_f64_vec() != unclipped.params.require(k).unwrap().to_f64_vec()),
@@ -292,12 +270,12 @@ fn clipping_by_global_norm_stays_exact_when_sharded() {
             );
             if mode == "data_parallel" {
                 // data_parallel averages the ranks' gradients: the same update as one device.
-                let single = run_clipped(&one, &data, opt, 1, clip);
+                let single = run_clipped(&one, &data, opt, clip);
                 assert_close(&format!("{what}: against one device"), &plain.params, &single.params, 1e-5);
             }
             for size in [-1i64, 2] {
-                let job = ParallelJob::new(graph.clone(), loss, context(mode, n, Some((size, 0)))).unwrap();
-                let got = run_clipped(&job, &data, opt, 1, clip);
+                let job = Job::new(&graph, loss, &context(mode, n, Some((size, 0)))).unwrap();
+                let got = run_clipped(&job, &data, opt, clip);
                 compare(&format!("{what}, shard size {size}"), &got, &plain, whole_groups(&job));
             }
         }

@@ -14,9 +14,9 @@ use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_layout::redundancy::group_owners;
 use autopar_layout::Strategy;
 use autopar_parallel::{assign_random_strategies, parameter_layout_dict, ParallelContext};
-use autopar_runtime::parallel::{assemble_params, ParallelJob, RankTrainer};
-use autopar_runtime::pipeline::{PipelineJob, StageTrainer};
-use autopar_runtime::{parameter_broadcast, BroadcastError, LayoutSource, Momentum, Optimizer, ParamStore, RuntimeError, TrainStep};
+use autopar_runtime::ParamSource;
+use autopar_runtime::{assemble_params, Job, RankTrainer};
+use autopar_runtime::{parameter_broadcast, BroadcastError, LayoutSource, Momentum, Optimizer, ParamStore, RuntimeError};
 use autopar_runtime::{LrSchedule, Result};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -87,11 +87,11 @@ fn seeded(full: &ParamStore, rank: usize) -> ParamStore {
 }
 
 /// The job's layout as rank `rank` sees it: its parameter_layout_dict, or the strategy file.
-fn layout(job: &ParallelJob, rank: usize, from_file: bool) -> LayoutSource {
+fn layout(job: &Job, rank: usize, from_file: bool) -> LayoutSource {
     if from_file {
-        LayoutSource::Strategy(autopar_runtime::strategy_io::strategy_file(job.plan(), false, &|_| Vec::new()))
+        LayoutSource::Strategy(autopar_parallel::strategy_files::strategy_file(job.network(), false, &|_| Vec::new()))
     } else {
-        LayoutSource::Dict(parameter_layout_dict(job.plan(), rank, &|_| Vec::new()))
+        LayoutSource::Dict(parameter_layout_dict(job.network(), rank, &|_| Vec::new()))
     }
 }
 
@@ -114,18 +114,17 @@ struct Broadcasted {
     moved: usize,
 }
 
-fn broadcast_then_train(job: &ParallelJob, full: &ParamStore, data: &[Vec<(String, Tensor)>], from_file: bool) -> Broadcasted {
+fn broadcast_then_train(job: &Job, full: &ParamStore, data: &[Vec<(String, Tensor)>], from_file: bool) -> Broadcasted {
     let out = LocalComm::run(job.device_num(), |comm| -> Result<_> {
         let rank = comm.rank();
-        let mut t = RankTrainer::new(job, &comm, &seeded(full, rank))?;
+        let mut t = RankTrainer::new(job, &comm, ParamSource::Full(&seeded(full, rank)))?;
         let before = t.params().clone();
         let report = parameter_broadcast(&mut t, None, &comm, &layout(job, rank, from_file), rank, 0)?;
         let after = t.params().clone();
         let mut opt = momentum();
         let mut losses = Vec::new();
         for batch in data {
-            let feeds = t.local_feeds(batch)?;
-            losses.push(t.step(opt.as_mut(), &feeds)?);
+            losses.push(t.step(opt.as_mut(), batch)?);
         }
         Ok((before, after, t.params().clone(), losses, report))
     })
@@ -141,22 +140,17 @@ fn broadcast_then_train(job: &ParallelJob, full: &ParamStore, data: &[Vec<(Strin
     }
 }
 
-fn stand_alone(graph: &Graph, loss: NodeId, mut params: ParamStore, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
-    let mut step = TrainStep::new(graph.clone(), loss).unwrap();
+fn stand_alone(graph: &Graph, loss: NodeId, params: ParamStore, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
+    let job = Job::new(graph, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Full(&params)).unwrap();
     let mut opt = momentum();
-    let losses = data
-        .iter()
-        .map(|b| {
-            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (graph.find(n).unwrap(), t.clone())).collect();
-            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
-        })
-        .collect();
-    (losses, params)
+    let losses = data.iter().map(|b| step.step(opt.as_mut(), b).unwrap()).collect();
+    (losses, step.params().clone())
 }
 
 /// Every piece equals its owner's value from before the broadcast, and the job then trains
 /// equal to stand_alone from the parameters the broadcast left.
-fn check(what: &str, job: &ParallelJob, graph: &Graph, loss: NodeId, run: &Broadcasted) {
+fn check(what: &str, job: &Job, graph: &Graph, loss: NodeId, run: &Broadcasted) {
     let owners = group_owners(&run.redundancy);
     let mut replicated = 0;
     for (name, groups) in &run.redundancy {
@@ -205,7 +199,7 @@ fn replicas_end_equal_to_their_owner_and_train_equal_to_stand_alone() {
         cases.push((format!("random strategy {seed} on {n}"), gr, loss, context("semi_auto_parallel", n, None)));
     }
     for (k, (what, graph, loss, ctx)) in cases.into_iter().enumerate() {
-        let job = ParallelJob::new(graph.clone(), loss, ctx).unwrap();
+        let job = Job::new(&graph, loss, &ctx).unwrap();
         let full = ParamStore::init(&graph).unwrap();
         let from_file = k % 2 == 1;
         let run = broadcast_then_train(&job, &full, &run_data(&graph), from_file);
@@ -216,7 +210,7 @@ fn replicas_end_equal_to_their_owner_and_train_equal_to_stand_alone() {
 /// Each rank's outcome of a broadcast called with `args(rank) = (cur_rank, initial_rank)` and
 /// `layout(rank)`, and whether its parameters stayed as they were.
 fn failing_run(
-    job: ParallelJob,
+    job: Job,
     args: fn(usize) -> (usize, usize),
     edit: fn(&mut Vec<(String, autopar_layout::ParameterLayout)>),
 ) -> Vec<(Option<RuntimeError>, bool)> {
@@ -224,9 +218,9 @@ fn failing_run(
     within_a_minute("failing broadcast", move || {
         LocalComm::run(job.device_num(), |comm| -> Result<_> {
             let rank = comm.rank();
-            let mut t = RankTrainer::new(&job, &comm, &seeded(&full, rank))?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&seeded(&full, rank)))?;
             let before = t.params().clone();
-            let mut dict = parameter_layout_dict(job.plan(), rank, &|_| Vec::new());
+            let mut dict = parameter_layout_dict(job.network(), rank, &|_| Vec::new());
             edit(&mut dict);
             let (cur, initial) = args(rank);
             let e = parameter_broadcast(&mut t, None, &comm, &LayoutSource::Dict(dict), cur, initial).err();
@@ -247,7 +241,7 @@ fn broadcast_error(e: &Option<RuntimeError>) -> &BroadcastError {
 #[test]
 fn every_error_fails_on_every_rank_without_a_hang() {
     let (g, loss) = network(16, false);
-    let job = || ParallelJob::new(g.clone(), loss, context("data_parallel", 4, None)).unwrap();
+    let job = || Job::new(&g, loss, &context("data_parallel", 4, None)).unwrap();
 
     // Every rank passes cur_rank 0: ranks 1-3 are wrong, rank 0 hears it from rank 1.
     let out = failing_run(job(), |_| (0, 0), |_| {});
@@ -332,7 +326,7 @@ fn pipeline_stages_broadcast_from_their_first_rank_and_refuse_another_initial_ra
     ctx.set("device_num", &json!(4)).unwrap();
     ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
     ctx.set("pipeline_stages", &json!(2)).unwrap();
-    let job = PipelineJob::new(&g, loss, &ctx, 2).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &ctx, 2).unwrap();
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     for wrong in [false, true] {
         let job = job.clone();
@@ -340,7 +334,7 @@ fn pipeline_stages_broadcast_from_their_first_rank_and_refuse_another_initial_ra
         let out = within_a_minute("pipeline broadcast", move || {
             LocalComm::run(4, |comm| -> Result<_> {
                 let rank = comm.rank();
-                let mut t = StageTrainer::new(&job, &comm, &seeded(&start, rank))?;
+                let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&seeded(&start, rank)))?;
                 let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), rank);
                 let initial = if wrong { 0 } else { rank / 2 * 2 };
                 let r = parameter_broadcast(&mut t, None, &comm, &LayoutSource::Dict(dict), rank, initial);
@@ -375,21 +369,20 @@ fn pipeline_stages_broadcast_from_their_first_rank_and_refuse_another_initial_ra
 #[test]
 fn optimizer_state_named_by_the_layout_follows_its_owner_too() {
     let (g, loss) = network(16, false);
-    let job = ParallelJob::new(g.clone(), loss, context("data_parallel", 4, None)).unwrap();
+    let job = Job::new(&g, loss, &context("data_parallel", 4, None)).unwrap();
     let full = ParamStore::init(&g).unwrap();
     let data = run_data(&g);
     let out = LocalComm::run(4, |comm| -> Result<_> {
         let rank = comm.rank();
-        let mut t = RankTrainer::new(&job, &comm, &full)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
         let mut opt = momentum();
-        let feeds = t.local_feeds(&data[0])?;
-        t.step(opt.as_mut(), &feeds)?;
+        t.step(opt.as_mut(), &data[0])?;
         let name = "moments.fc1.weight";
         let drifted: Vec<f32> = opt.state().require(name)?.to_f64_vec().iter().map(|v| *v as f32 + rank as f32).collect();
         opt.state_mut().insert(name, Tensor::from_vec(&[32, 64], drifted).unwrap());
         let before = opt.state().require(name)?.to_f64_vec();
         let keys = |p: &str| vec![format!("moments.{p}")];
-        let dict = LayoutSource::Dict(parameter_layout_dict(job.plan(), rank, &keys));
+        let dict = LayoutSource::Dict(parameter_layout_dict(job.network(), rank, &keys));
         let report = parameter_broadcast(&mut t, Some(opt.as_mut()), &comm, &dict, rank, 0)?;
         Ok((before, opt.state().require(name)?.to_f64_vec(), report))
     })
@@ -412,17 +405,16 @@ fn state_run(
     edit: fn(usize, &mut Vec<(String, autopar_layout::ParameterLayout)>),
 ) -> StateRun {
     let (g, loss) = network(16, false);
-    let job = ParallelJob::new(g.clone(), loss, context("data_parallel", 4, None)).unwrap();
+    let job = Job::new(&g, loss, &context("data_parallel", 4, None)).unwrap();
     let full = ParamStore::init(&g).unwrap();
     let data = run_data(&g);
     within_a_minute("broadcast of optimizer state", move || {
         LocalComm::run(4, |comm| -> Result<_> {
             let rank = comm.rank();
             let name = "moments.fc1.weight";
-            let mut t = RankTrainer::new(&job, &comm, &full)?;
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
             let mut opt = optimizer(rank);
-            let feeds = t.local_feeds(&data[0])?;
-            t.step(opt.as_mut(), &feeds)?;
+            t.step(opt.as_mut(), &data[0])?;
             if let Some(m) = opt.state_mut().remove(name) {
                 let drifted: Vec<f32> = m.to_f64_vec().iter().map(|v| *v as f32 + rank as f32).collect();
                 opt.state_mut().insert(name, Tensor::from_vec(m.shape(), drifted).unwrap());
@@ -432,7 +424,7 @@ fn state_run(
             }
             let before = opt.state().get(name).map(|t| t.to_f64_vec());
             let keys = |p: &str| vec![format!("moments.{p}")];
-            let mut dict = parameter_layout_dict(job.plan(), rank, &keys);
+            let mut dict = parameter_layout_dict(job.network(), rank, &keys);
             edit(rank, &mut dict);
             let e = parameter_broadcast(&mut t, Some(opt.as_mut()), &comm, &LayoutSource::Dict(dict), rank, 0).err();
             Ok((e, before, opt.state().get(name).map(|t| t.to_f64_vec())))
@@ -449,8 +441,8 @@ fn optimizer_state_missing_on_some_ranks_is_taken_as_zeros_without_a_hang() {
     let owner = {
         let keys = |p: &str| vec![format!("moments.{p}")];
         let (g, loss) = network(16, false);
-        let job = ParallelJob::new(g, loss, context("data_parallel", 4, None)).unwrap();
-        let red = LayoutSource::Dict(parameter_layout_dict(job.plan(), 0, &keys)).redundancy(0, 4).unwrap();
+        let job = Job::new(&g, loss, &context("data_parallel", 4, None)).unwrap();
+        let red = LayoutSource::Dict(parameter_layout_dict(job.network(), 0, &keys)).redundancy(0, 4).unwrap();
         group_owners(&red)[&("moments.fc1.weight".to_string(), vec![0, 1, 2, 3])]
     };
     let want = out[owner].1.clone().unwrap_or_else(|| vec![0.0; 32 * 64]);

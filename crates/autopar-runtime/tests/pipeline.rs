@@ -8,8 +8,7 @@
 use autopar_comm::Communicator;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
-use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
-use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
+use autopar_runtime::{run_local, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
@@ -74,17 +73,11 @@ fn stand_alone(batch: usize, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, Param
 
 /// Losses and final parameters of `g` trained on one device.
 fn stand_alone_of(g: Graph, loss: NodeId, data: &[Vec<(String, Tensor)>]) -> (Vec<f64>, ParamStore) {
-    let mut params = ParamStore::init(&g).unwrap();
-    let mut step = TrainStep::new(g.clone(), loss).unwrap();
+    let job = Job::new(&g, loss, &ParallelContext::default()).unwrap();
+    let mut step = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(&g).unwrap())).unwrap();
     let mut opt = optimizer();
-    let losses = data
-        .iter()
-        .map(|b| {
-            let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g.find(n).unwrap(), t.clone())).collect();
-            step.run(&mut params, opt.as_mut(), &feeds).unwrap()
-        })
-        .collect();
-    (losses, params)
+    let losses = data.iter().map(|b| step.step(opt.as_mut(), b).unwrap()).collect();
+    (losses, step.params().clone())
 }
 
 fn assert_close(what: &str, losses: &[f64], params: &ParamStore, want_losses: &[f64], want: &ParamStore) {
@@ -102,8 +95,8 @@ fn assert_close(what: &str, losses: &[f64], params: &ParamStore, want_losses: &[
 
 /// Trains `job` on `data` and checks it against stand-alone (`want`: losses and parameters),
 /// and that the tied weight's copies on the first and the last stage stayed equal.
-fn train_tied_and_check(what: &str, job: &PipelineJob, data: &[Vec<(String, Tensor)>], want: (&[f64], &ParamStore)) {
-    let run = run_local_pipeline(job, data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+fn train_tied_and_check(what: &str, job: &Job, data: &[Vec<(String, Tensor)>], want: (&[f64], &ParamStore)) {
+    let run = run_local(job, data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_close(what, &run.losses, &run.params, want.0, want.1);
     let last_stage = job.device_num() - job.plan().stage_devices();
     let first = run.rank_params[0].require("tied.weight").unwrap().to_f64_vec();
@@ -137,7 +130,7 @@ fn pipelines_equal_stand_alone_with_a_shared_weight_a_skip_and_dropout() {
                     if seed > 0 {
                         assign_random_strategies(&mut g, d, seed * 7919 + (stages * 10 + micro + k) as u64);
                     }
-                    let job = PipelineJob::new(&g, loss, &context(devices, stages, scheduler), micro).unwrap();
+                    let job = Job::with_micro_batches(&g, loss, &context(devices, stages, scheduler), micro).unwrap();
                     let what = format!("P={stages} M={micro} {scheduler} seed={seed}");
                     train_tied_and_check(&what, &job, &data, (&want_losses, &want));
                     runs += 1;
@@ -152,15 +145,15 @@ fn pipelines_equal_stand_alone_with_a_shared_weight_a_skip_and_dropout() {
 fn stage_errors_name_the_op() {
     let (g, loss) = network(8, 2);
     // Three stages asked of a network placed on two.
-    let e = PipelineJob::new(&g, loss, &context(6, 3, "1f1b"), 2).unwrap_err().to_string();
+    let e = Job::with_micro_batches(&g, loss, &context(6, 3, "1f1b"), 2).unwrap_err().to_string();
     assert!(e.contains("stage 2 of 3 has no operator"), "{e}");
-    let e = PipelineJob::new(&g, loss, &context(8, 2, "1f1b"), 0).unwrap_err().to_string();
+    let e = Job::with_micro_batches(&g, loss, &context(8, 2, "1f1b"), 0).unwrap_err().to_string();
     assert!(e.contains("micro-batch"), "{e}");
     // A step's batch must be exactly M micro-batches: 2 of 8 rows here, so 16 rows.
-    let job = PipelineJob::new(&g, loss, &context(8, 2, "1f1b"), 2).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &context(8, 2, "1f1b"), 2).unwrap();
     for rows in [24usize, 8] {
         let data = batches(rows, 1);
-        let e = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_err().to_string();
+        let e = run_local(&job, &data, || Ok(optimizer())).unwrap_err().to_string();
         assert!(e.contains("\"x\"") || e.contains("input x"), "{rows} rows: {e}");
         assert!(e.contains(&format!("[{rows}, 8]")) && e.contains("[16, 8]"), "{rows} rows: {e}");
     }
@@ -215,26 +208,17 @@ fn zoo_models_cut_by_flops_equal_stand_alone() {
                     vec![(x.name.clone(), xt), (y.name.clone(), yt)]
                 })
                 .collect();
-            let mut params = ParamStore::init(&g).unwrap();
-            let mut step = TrainStep::new(g.clone(), m.loss).unwrap();
-            let mut opt = optimizer();
-            let want_losses: Vec<f64> = data
-                .iter()
-                .map(|b| {
-                    let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g.find(n).unwrap(), t.clone())).collect();
-                    step.run(&mut params, opt.as_mut(), &feeds).unwrap()
-                })
-                .collect();
+            let (want_losses, params) = stand_alone_of(g, m.loss, &data);
             let (mut mg, mm) = model.build_graph(batch / micro, Mode::Train, 3).unwrap();
             if let Some(seed) = random {
                 assign_random_strategies(&mut mg, d, seed);
             }
             let ctx =
                 if interleave { interleaved(context(devices, stages, scheduler), scheduler) } else { context(devices, stages, scheduler) };
-            let job = PipelineJob::new(&mg, mm.loss, &ctx, micro).unwrap();
+            let job = Job::with_micro_batches(&mg, mm.loss, &ctx, micro).unwrap();
             assert_eq!(job.plan().chunks, if interleave { 2 } else { 1 });
             let what = format!("{label} P={stages} M={micro} {scheduler} interleave={interleave} random={random:?}");
-            let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let run = run_local(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_close(&what, &run.losses, &run.params, &want_losses, &params);
         }
     }
@@ -270,14 +254,14 @@ fn pp2_network() -> (Graph, NodeId) {
 
 #[test]
 fn the_pp2_stage_0_program_sends_one_8_by_128_tensor_to_rank_4_per_micro_batch_and_writes_mindspores_stage_files() {
-    use autopar_parallel::pipeline::{plan_pipeline, stage_program, Action, Pass};
-    use autopar_parallel::PlanRequest;
+    use autopar_parallel::pipeline::{Action, Pass};
+    use autopar_parallel::{assemble_job, JobRequest};
     let (g, loss) = pp2_network();
     let ctx = context(8, 2, "1f1b");
-    let pp = plan_pipeline(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }, 4).unwrap();
-    let sp = stage_program(&pp, 0).unwrap();
-    assert_eq!(sp.chunks.len(), 1);
-    let chunk = &sp.chunks[0];
+    let pp = assemble_job(&JobRequest { micro_batches: Some(4), ..JobRequest::new(&g, Some(loss), &ctx) }).unwrap();
+    let sp = pp.program(0).unwrap();
+    assert_eq!(sp.chunks().len(), 1);
+    let chunk = &sp.chunks()[0];
     assert_eq!(chunk.send.len(), 1);
     assert_eq!(chunk.graph.node(chunk.send[0]).ty.shape.to_vec(), vec![8, 128]);
     let d = pp.stage_devices();
@@ -294,7 +278,7 @@ fn the_pp2_stage_0_program_sends_one_8_by_128_tensor_to_rank_4_per_micro_batch_a
     // gradient accumulation buffers accu_grads.* aside, which autopar does not keep as
     // parameters), with the same device matrices and tensor maps.
     let keys = |n: &str| vec![format!("moments.{n}")];
-    let ours = autopar_runtime::strategy_io::pipeline_strategy_files(&pp, false, &keys);
+    let ours = autopar_parallel::strategy_files::pipeline_strategy_files(&pp, false, &keys);
     for (stage, rank) in [(0usize, 0usize), (1, 4)] {
         let theirs =
             autopar_checkpoint::StrategyFile::load(fixtures().join(format!("strategies/pp2/src/strategy_rank{rank}.ckpt"))).unwrap();
@@ -334,7 +318,7 @@ fn a_weight_shared_by_two_stages_has_mindspores_pipeline_layout_fields_and_sync_
     let loss = b.reduce_mean("loss", o, &[0, 1], false).unwrap();
     b.output(loss).unwrap();
     let g = b.finish();
-    let job = PipelineJob::new(&g, loss, &context(2, 2, "1f1b"), 2).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &context(2, 2, "1f1b"), 2).unwrap();
     let line = |rank: usize| {
         let dict = pipeline_layout_dict(job.plan(), rank);
         let (name, l) = dict.iter().find(|(n, _)| n == "network.word_embedding.w").unwrap();
@@ -348,7 +332,7 @@ fn a_weight_shared_by_two_stages_has_mindspores_pipeline_layout_fields_and_sync_
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     let values = autopar_comm::LocalComm::run(2, |comm| -> Result<Vec<f64>, String> {
         use autopar_comm::Communicator;
-        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full).unwrap();
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full)).unwrap();
         if comm.rank() == 1 {
             let name = "network.word_embedding.w";
             let drifted = Tensor::from_vec(&[4, 4], vec![7.0f32; 16]).unwrap();
@@ -372,35 +356,29 @@ fn clipping_by_global_norm_spans_every_stage() {
     let clip = 0.05;
     let (g1, loss1) = network(batch, 1);
     let clipped_alone = |clip: Option<f64>| {
-        let mut params = ParamStore::init(&g1).unwrap();
-        let mut step = TrainStep::new(g1.clone(), loss1).unwrap();
+        let job = Job::new(&g1, loss1, &ParallelContext::default()).unwrap();
+        let mut step = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(&g1).unwrap())).unwrap();
         step.set_clip_grad_norm(clip).unwrap();
         let mut opt = optimizer();
-        let losses: Vec<f64> = data
-            .iter()
-            .map(|b| {
-                let feeds: Vec<(NodeId, Tensor)> = b.iter().map(|(n, t)| (g1.find(n).unwrap(), t.clone())).collect();
-                step.run(&mut params, opt.as_mut(), &feeds).unwrap()
-            })
-            .collect();
-        (losses, params)
+        let losses: Vec<f64> = data.iter().map(|b| step.step(opt.as_mut(), b).unwrap()).collect();
+        (losses, step.params().clone())
     };
     let (want_losses, want) = clipped_alone(Some(clip));
     let (_, unclipped) = clipped_alone(None);
     assert!(want.iter().any(|(k, v)| v.to_f64_vec() != unclipped.require(k).unwrap().to_f64_vec()), "the norm never exceeded {clip}");
     let (g, loss) = network(batch / micro, stages);
-    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     let out = autopar_comm::LocalComm::run(devices, |comm| -> Result<(Vec<f64>, ParamStore), autopar_runtime::RuntimeError> {
-        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
         t.set_clip_grad_norm(Some(clip))?;
         let mut opt = optimizer();
-        let losses = data.iter().map(|b| t.step(&comm, opt.as_mut(), b)).collect::<Result<Vec<_>, _>>()?;
+        let losses = data.iter().map(|b| t.step(opt.as_mut(), b)).collect::<Result<Vec<_>, _>>()?;
         Ok((losses, t.params().clone()))
     })
     .unwrap();
     let stores: Vec<ParamStore> = out.iter().map(|o| o.1.clone()).collect();
-    let params = autopar_runtime::pipeline::assemble_pipeline_params(&job, &stores).unwrap();
+    let params = autopar_runtime::assemble_params(&job, &stores).unwrap();
     assert_close("pipeline, clipped", &out[0].0, &params, &want_losses, &want);
 }
 
@@ -412,19 +390,19 @@ fn a_rank_that_dies_mid_schedule_fails_every_other_rank_naming_it() {
     let batch = micro * 2 * 2;
     let data = batches(batch, 3);
     let (g, loss) = network(batch / micro, stages);
-    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     let seen = std::sync::Mutex::new(vec![None::<String>; devices]);
     let start = std::time::Instant::now();
     let options = autopar_comm::LocalOptions::default().timeout(std::time::Duration::from_secs(600));
     let out = autopar_comm::LocalComm::run_with(devices, options, |comm| -> Result<(), autopar_runtime::RuntimeError> {
-        let mut t = autopar_runtime::pipeline::StageTrainer::new(&job, &comm, &full)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
         let mut opt = optimizer();
         let r = data.iter().enumerate().try_for_each(|(s, b)| {
             if s == 1 && comm.rank() == 5 {
                 panic!("rank 5 dies on purpose");
             }
-            t.step(&comm, opt.as_mut(), b).map(|_| ())
+            t.step(opt.as_mut(), b).map(|_| ())
         });
         if let Err(e) = &r {
             seen.lock().unwrap()[comm.rank()] = Some(e.to_string());
@@ -462,8 +440,8 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
         if seed > 0 {
             assign_random_strategies(&mut g, d, 4242 + seed);
         }
-        let plain = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
-        let base = run_local_pipeline(&plain, &data, || Ok(optimizer())).unwrap();
+        let plain = Job::with_micro_batches(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
+        let base = run_local(&plain, &data, || Ok(optimizer())).unwrap();
         for (size, each) in [(-1, false), (-1, true), (2, false), (2, true)] {
             let what = format!("seed={seed} optimizer_weight_shard_size={size} gradient_accumulation_shard={each}");
             let mut ctx = context(devices, stages, "1f1b");
@@ -473,14 +451,14 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
                 &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size, "gradient_accumulation_shard": each}),
             )
             .unwrap();
-            let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
+            let job = Job::with_micro_batches(&g, loss, &ctx, micro).unwrap();
             if seed == 0 && size == -1 {
                 // parameter_layout_dict names the shard group by world ranks: stage 1's ranks 4-7.
                 let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), 5);
                 let (_, l) = dict.iter().find(|(n, _)| n == "block3.weight").expect("stage 1 holds block3");
                 assert_eq!(l.opt_shard_group, autopar_parallel::group_name(&[4, 5, 6, 7], devices), "{what}");
             }
-            let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let run = run_local(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
             // Sharded: some rank stores less of a weight than the unsharded pipeline does.
             let stored = |r: &ParamStore| r.iter().map(|(_, t)| t.numel()).sum::<usize>();
             assert!(stored(&run.rank_params[0]) < stored(&base.rank_params[0]), "{what}: nothing was sharded");
@@ -578,14 +556,15 @@ fn interleaved_pipelines_of_two_chunks_equal_stand_alone() {
                     if seed > 0 {
                         assign_random_strategies(&mut g, d, seed * 7919 + (stages * 10 + micro) as u64);
                     }
-                    let job = PipelineJob::new(&g, loss, &interleaved(context(devices, stages, scheduler), scheduler), micro).unwrap();
+                    let job =
+                        Job::with_micro_batches(&g, loss, &interleaved(context(devices, stages, scheduler), scheduler), micro).unwrap();
                     let what = format!("interleaved P={stages} M={micro} {scheduler} seed={seed}");
                     assert_eq!(job.plan().chunks, 2, "{what}");
                     assert_eq!(job.plan().schedule.shape.chunks, 2, "{what}");
                     // Stage 0 runs two chunks, and the last stage's first chunk sends to stage 0.
-                    let sp = autopar_parallel::pipeline::stage_program(job.plan(), devices - d).unwrap();
-                    assert_eq!(sp.chunks.iter().map(|c| c.piece).collect::<Vec<_>>(), vec![stages - 1, 2 * stages - 1], "{what}");
-                    assert!(!sp.chunks[0].send.is_empty() && sp.chunks[1].loss.is_some(), "{what}");
+                    let sp = job.plan().program(devices - d).unwrap();
+                    assert_eq!(sp.chunks().iter().map(|c| c.piece).collect::<Vec<_>>(), vec![stages - 1, 2 * stages - 1], "{what}");
+                    assert!(!sp.chunks()[0].send.is_empty() && sp.chunks()[1].loss.is_some(), "{what}");
                     train_tied_and_check(&what, &job, &data, (&want_losses, &want));
                     runs += 1;
                 }
@@ -602,7 +581,7 @@ fn interleaved_pipelines_of_two_chunks_equal_stand_alone() {
 #[test]
 fn interleave_is_what_lets_stages_repeat_and_autopar_cuts_two_chunks_when_the_model_places_none() {
     let (g, loss) = interleaved_network(8, 2, 2);
-    let e = PipelineJob::new(&g, loss, &context(4, 2, "1f1b"), 2).unwrap_err().to_string();
+    let e = Job::with_micro_batches(&g, loss, &context(4, 2, "1f1b"), 2).unwrap_err().to_string();
     assert!(e.contains("before its input"), "{e}");
     let (devices, stages, micro) = (8usize, 2usize, 4usize);
     let d = devices / stages;
@@ -624,10 +603,10 @@ fn interleave_is_what_lets_stages_repeat_and_autopar_cuts_two_chunks_when_the_mo
             ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
             ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each})).unwrap();
         }
-        let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
+        let job = Job::with_micro_batches(&g, loss, &ctx, micro).unwrap();
         let what = format!("balanced interleave, parallel optimizer {shard}, gradient_accumulation_shard {each}");
-        assert_eq!(job.plan().chunks, autopar_parallel::pipeline::DEFAULT_CHUNKS, "{what}");
-        let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(job.plan().chunks, autopar_parallel::DEFAULT_CHUNKS, "{what}");
+        let run = run_local(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_close(&what, &run.losses, &run.params, &want_losses, &want);
     }
 }
@@ -654,7 +633,7 @@ fn inference_batch(batch: usize) -> (Vec<(String, Tensor)>, Tensor) {
 /// pipeline_result_broadcast. A training job refuses to predict and an inference job to train.
 #[test]
 fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_every_rank_with_result_broadcast() {
-    use autopar_runtime::pipeline::StageTrainer;
+    use autopar_runtime::RankTrainer;
     let (devices, stages, micro) = (4usize, 2usize, 3usize);
     let d = devices / stages;
     let batch = micro * d * 2;
@@ -667,15 +646,15 @@ fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_ever
         let mut ctx = context(devices, stages, "1f1b");
         ctx.set("pipeline_config", &json!({"pipeline_interleave": chunks > 1})).unwrap();
         ctx.set("pipeline_result_broadcast", &json!(broadcast)).unwrap();
-        let job = PipelineJob::inference(&g, &ctx, micro).unwrap();
+        let job = Job::inference(&g, &ctx, micro).unwrap();
         assert_eq!(job.plan().chunks, chunks);
         let full = ParamStore::init(&job.plan().plan.graph).unwrap();
         let what = format!("chunks={chunks} broadcast={broadcast} random={seed:?}");
         let outs = autopar_comm::LocalComm::run(devices, |comm| -> Result<Option<Vec<Tensor>>, autopar_runtime::RuntimeError> {
-            let mut t = StageTrainer::new(&job, &comm, &full)?;
-            let e = t.step(&comm, optimizer().as_mut(), &x).unwrap_err().to_string();
+            let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
+            let e = t.step(optimizer().as_mut(), &x).unwrap_err().to_string();
             assert!(e.contains("planned without a loss"), "{e}");
-            t.predict(&comm, &x)
+            t.predict(&x)
         })
         .unwrap_or_else(|e| panic!("{what}: {e}"));
         for (r, out) in outs.iter().enumerate() {
@@ -692,11 +671,11 @@ fn pipeline_inference_gives_the_stand_alone_outputs_on_the_last_stage_or_on_ever
     }
     // A training job refuses to predict.
     let (g, loss) = network(4, 2);
-    let job = PipelineJob::new(&g, loss, &context(devices, stages, "1f1b"), 2).unwrap();
+    let job = Job::with_micro_batches(&g, loss, &context(devices, stages, "1f1b"), 2).unwrap();
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     let errs = autopar_comm::LocalComm::run(devices, |comm| -> Result<String, autopar_runtime::RuntimeError> {
-        let mut t = StageTrainer::new(&job, &comm, &full)?;
-        Ok(t.predict(&comm, &batches(8, 1)[0]).unwrap_err().to_string())
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
+        Ok(t.predict(&batches(8, 1)[0]).unwrap_err().to_string())
     })
     .unwrap();
     assert!(errs.iter().all(|e| e.contains("this one trains")), "{errs:?}");
@@ -718,12 +697,12 @@ fn a_dead_branch_across_stages_and_two_shared_weights_equal_stand_alone() {
         let (g, loss) = build(batch / micro, stages, chunks);
         let mut ctx = context(devices, stages, "1f1b");
         ctx.set("pipeline_config", &json!({"pipeline_interleave": chunks > 1})).unwrap();
-        let job = PipelineJob::new(&g, loss, &ctx, micro).unwrap();
-        let sp = autopar_parallel::pipeline::stage_program(job.plan(), devices - 2).unwrap();
-        let last = sp.chunks.last().unwrap();
+        let job = Job::with_micro_batches(&g, loss, &ctx, micro).unwrap();
+        let sp = job.plan().program(devices - 2).unwrap();
+        let last = sp.chunks().last().unwrap();
         assert!(last.recv.iter().any(|&r| last.graph.node(r).name == "pipe/side"), "chunks={chunks}: side is received");
         let what = format!("dead branch, chunks={chunks}");
-        let run = run_local_pipeline(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let run = run_local(&job, &data, || Ok(optimizer())).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_close(&what, &run.losses, &run.params, &want_losses, &want);
     }
 }
@@ -735,7 +714,7 @@ fn a_dead_branch_across_stages_and_two_shared_weights_equal_stand_alone() {
 /// is kept: split, the same micro-batches are refused.
 #[test]
 fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() {
-    use autopar_runtime::pipeline::StageTrainer;
+    use autopar_runtime::RankTrainer;
     let (devices, stages, micro) = (4usize, 2usize, 3usize);
     let batch = micro * 3;
     let (x, want) = inference_batch(batch);
@@ -744,11 +723,11 @@ fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() 
     ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
     ctx.set("search_mode", &json!("recursive_programming")).unwrap();
     ctx.set("pipeline_result_broadcast", &json!(true)).unwrap();
-    let job = PipelineJob::inference(&g, &ctx, micro).unwrap();
+    let job = Job::inference(&g, &ctx, micro).unwrap();
     assert_eq!(job.plan().plan.dataset, autopar_parallel::DatasetStrategy::FullBatch);
     let full = ParamStore::init(&job.plan().plan.graph).unwrap();
     let outs = autopar_comm::LocalComm::run(devices, |comm| -> Result<Option<Vec<Tensor>>, autopar_runtime::RuntimeError> {
-        StageTrainer::new(&job, &comm, &full)?.predict(&comm, &x)
+        RankTrainer::new(&job, &comm, ParamSource::Full(&full))?.predict(&x)
     })
     .unwrap();
     for (r, out) in outs.iter().enumerate() {
@@ -756,6 +735,6 @@ fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() 
         assert!(o[0].allclose(&want, 1e-5, 1e-6), "rank {r}: {:?} vs stand-alone", o[0].max_abs_diff(&want));
     }
     ctx.set("full_batch", &json!(false)).unwrap();
-    let err = PipelineJob::inference(&g, &ctx, micro).map(|_| ()).unwrap_err().to_string();
+    let err = Job::inference(&g, &ctx, micro).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("cannot be split"), "{err}");
 }

@@ -12,8 +12,9 @@ use autopar_comm::{LocalComm, Metered};
 use autopar_graph::{Graph, NodeId};
 use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::{assign_random_strategies, ParallelContext, RankCost};
-use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+use autopar_runtime::ParamSource;
 use autopar_runtime::ParamStore;
+use autopar_runtime::{Job, RankTrainer};
 use autopar_tensor::Tensor;
 use serde_json::json;
 
@@ -52,7 +53,7 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
             let mut ctx = ParallelContext::default();
             ctx.set("device_num", &json!(n)).unwrap();
             ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
-            collectives += measure(&format!("{label} n={n} seed={seed}"), net, ParallelJob::new(g, net.loss, ctx).unwrap());
+            collectives += measure(&format!("{label} n={n} seed={seed}"), net, Job::new(&g, net.loss, &ctx).unwrap());
         }
     }
     collectives
@@ -60,18 +61,17 @@ fn check(label: &str, net: &Net, seeds: u64) -> usize {
 
 /// Run one step of `job` on every rank through a metering communicator and compare with the
 /// predictions; the number of (collective, group) pairs seen.
-fn measure(label: &str, net: &Net, job: ParallelJob) -> usize {
+fn measure(label: &str, net: &Net, job: Job) -> usize {
     let n = job.device_num();
     let mut collectives = 0;
     let full = ParamStore::init(job.graph()).unwrap();
     let results = LocalComm::run(n, |comm| -> autopar_runtime::Result<(RankCost, Volumes, usize)> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let metered = Metered::new(Box::new(comm), log.clone());
-        let mut t = RankTrainer::new(&job, &metered, &full)?;
-        let predicted = RankCost::of(t.program(), 1)?;
+        let mut t = RankTrainer::new(&job, &metered, ParamSource::Full(&full))?;
+        let predicted = RankCost::of(&t.program().program, 1)?;
         metered.clear();
-        let feeds = t.local_feeds(&net.batch)?;
-        let out = t.gradients(&feeds)?;
+        let out = t.gradients(&net.batch)?;
         let mut measured = Volumes::new();
         for call in metered.calls() {
             *measured.entry((call.kind.to_string(), call.group)).or_default() += call.bytes;
@@ -109,7 +109,7 @@ fn auto_parallel_plans_predict_their_communication() {
                 ctx.set("device_num", &json!(n)).unwrap();
                 ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
                 ctx.set("search_mode", &json!(search)).unwrap();
-                let job = ParallelJob::new(net.graph.clone(), net.loss, ctx).unwrap();
+                let job = Job::new(&net.graph, net.loss, &ctx).unwrap();
                 assert!(measure(&format!("{label} n={n} {search}"), &net, job) > 0, "{label} n={n} {search}: no communication");
             }
         }
@@ -155,8 +155,8 @@ fn the_parallel_optimizer_predicts_its_communication() {
                 ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
                 ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size}))
                     .unwrap();
-                let job = ParallelJob::new(g, net.loss, ctx).unwrap();
-                let program = job.program(0).unwrap();
+                let job = Job::new(&g, net.loss, &ctx).unwrap();
+                let program = job.program(0).unwrap().program;
                 sharded += usize::from(!program.reduce_scatter.is_empty());
                 measure(&format!("{mode} seed={seed} n={n} shard size {size}"), &net, job);
             }

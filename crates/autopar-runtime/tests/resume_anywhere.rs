@@ -125,8 +125,8 @@ fn merged_state_equals_stand_alone(opt: OptimizerConfig, state_prefixes: &[&str]
     // The transform reads the newest file of each rank folder: step 8's.
     let report = autopar_checkpoint::transform_checkpoints(mp_dir.path(), merged_dir.path(), Some(&strategy), None, &opts).unwrap();
     assert_eq!(report.files.len(), 1);
-    let merged = autopar_runtime::distributed::load_checkpoint(&report.files[0]).unwrap();
-    let alone = autopar_runtime::distributed::load_checkpoint(&alone_dir.path().join("net-8.safetensors")).unwrap();
+    let merged = autopar_runtime::checkpoint_io::load_checkpoint(&report.files[0]).unwrap();
+    let alone = autopar_runtime::checkpoint_io::load_checkpoint(&alone_dir.path().join("net-8.safetensors")).unwrap();
     let mut state = 0;
     for (name, want) in alone.iter() {
         let got = merged.get(name).unwrap_or_else(|| panic!("{name} is not in the merged checkpoint"));
@@ -208,7 +208,7 @@ fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
     params_close(&first.params, &plain8.params, "sharded vs unsharded on 8 devices");
 
     // A rank file holds its shard: fc1.weight [32,16] split 2x2 -> slice [16,8], shard [8,8].
-    let rank1 = autopar_runtime::distributed::load_checkpoint(&a.path().join("rank_1/net-4_1.safetensors")).unwrap();
+    let rank1 = autopar_runtime::checkpoint_io::load_checkpoint(&a.path().join("rank_1/net-4_1.safetensors")).unwrap();
     let strategy = autopar_checkpoint::StrategyFile::load(a.path().join("strategy.json")).unwrap();
     for name in ["fc1.weight", "adam_m.fc1.weight", "adam_v.fc1.weight"] {
         let item = strategy.layout_items.iter().find(|l| l.name == name).unwrap();
@@ -225,7 +225,7 @@ fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
         &autopar_checkpoint::TransformOptions::default(),
     )
     .unwrap();
-    let merged = autopar_runtime::distributed::load_checkpoint(&report.files[0]).unwrap();
+    let merged = autopar_runtime::checkpoint_io::load_checkpoint(&report.files[0]).unwrap();
     for (name, want) in first.params.iter() {
         close(&merged.require(name).unwrap().to_f64_vec(), &want.to_f64_vec(), name);
     }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use autopar_checkpoint::StrategyFile;
 use autopar_graph::{DType, Graph, GraphBuilder, Initializer};
 use autopar_layout::Strategy;
-use autopar_parallel::{plan, plan_job, ParallelContext, PlanRequest, StrategySource};
-use autopar_runtime::strategy_io::{load_strategy_items, save_strategy_file, strategy_file};
+use autopar_parallel::strategy_files::{load_strategy_items, save_strategy_file, strategy_file};
+use autopar_parallel::{plan, plan_network, ParallelContext, PlanRequest, StrategySource};
 use serde_json::json;
 
 fn fixtures() -> PathBuf {
@@ -88,7 +88,7 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
         let items = load_strategy_items(&path).unwrap();
         assert_eq!(items.items.len(), 5);
         let c = ctx();
-        let p2 = plan_job(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
+        let p2 = plan_network(&PlanRequest { graph: &fresh, loss: None, context: &c, strategy_file: Some(&items), profile: None }).unwrap();
         assert_eq!(p2.nodes.iter().filter(|n| n.source == Some(StrategySource::StrategyFile)).count(), 5);
         assert_eq!(p2.strategy_file.as_deref(), Some(path.as_path()));
         for (a, b) in p.parameter_layouts().iter().zip(p2.parameter_layouts()) {
@@ -104,7 +104,7 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
     other.matmul("mm", x, w).unwrap();
     let other = other.finish();
     let (items, c) = (load_strategy_items(&path).unwrap(), ctx());
-    let e = plan_job(&PlanRequest { graph: &other, loss: None, context: &c, strategy_file: Some(&items), profile: None })
+    let e = plan_network(&PlanRequest { graph: &other, loss: None, context: &c, strategy_file: Some(&items), profile: None })
         .unwrap_err()
         .to_string();
     assert!(e.contains("matches no operator") && e.contains("s.json"), "{e}");
@@ -119,7 +119,7 @@ fn a_saved_strategy_file_loads_back_onto_an_unannotated_network() {
 fn training_fixture_layouts_and_group_files_are_mindspores() {
     use autopar_checkpoint::GroupInfo;
     use autopar_parallel::rank_program;
-    use autopar_runtime::strategy_io::group_info;
+    use autopar_parallel::strategy_files::group_info;
     let g = network(true);
     let loss = g.outputs[0];
     for (folder, shard, ranks) in [
@@ -133,7 +133,7 @@ fn training_fixture_layouts_and_group_files_are_mindspores() {
             c.set("enable_parallel_optimizer", &json!(true)).unwrap();
             c.set("parallel_optimizer_config", cfg).unwrap();
         }
-        let p = plan_job(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
+        let p = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &c, strategy_file: None, profile: None }).unwrap();
         let dir = fixtures().join("strategies").join(folder);
         let keys = |name: &str| vec![format!("moments.{name}")];
         let ours = strategy_file(&p, true, &keys);
@@ -148,7 +148,7 @@ fn training_fixture_layouts_and_group_files_are_mindspores() {
                 autopar_parallel::parameter_layout_dict(&p, r, &keys).iter().map(|(n, l)| format!("{n}: {l}")).collect();
             assert_eq!(lines, text.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>(), "{folder} rank {r}: parameter_layout_dict");
             let program = rank_program(&p, r).unwrap();
-            let info = group_info(&p, &program);
+            let info = group_info(&p, &program, 0, p.device_num);
             let want = GroupInfo::load(dir.join(format!("group_info_rank{r}.pb"))).unwrap();
             assert_eq!(info, want, "{folder} rank {r}: group info");
             assert_eq!(info.to_protobuf(), std::fs::read(dir.join(format!("group_info_rank{r}.pb"))).unwrap(), "{folder} rank {r}");

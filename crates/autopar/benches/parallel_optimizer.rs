@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use autopar::runtime::parallel::{run_local, ParallelJob};
+use autopar::runtime::{run_local, Job};
 use autopar::runtime::{AdamW, LrSchedule, Optimizer};
 use autopar_graph::DType;
 use autopar_models::{model_by_name, Mode, ModelOptions};
@@ -73,8 +73,8 @@ fn main() {
                 ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": k}))
                     .unwrap();
             }
-            let job = ParallelJob::new(graph.clone(), m.loss, ctx).unwrap();
-            let cost = RankCost::of(&job.program(0).unwrap(), 2).unwrap();
+            let job = Job::new(&graph, m.loss, &ctx).unwrap();
+            let cost = RankCost::of(&job.program(0).unwrap().program, 2).unwrap();
             let mem = &cost.memory;
             let comm: usize = cost.comm.iter().map(|c| c.bytes).sum();
             let opt = || -> autopar::runtime::Result<Box<dyn Optimizer>> { Ok(Box::new(AdamW::new(LrSchedule::Constant(1e-3))?)) };

@@ -18,10 +18,9 @@
 use std::time::Instant;
 
 use autopar_models::{model_by_name, Mode, ModelOptions};
-use autopar_parallel::pipeline::{build, ideal_bubble, pipeline_report, plan_pipeline, simulate, PipelineShape, SimCosts};
+use autopar_parallel::pipeline::{build, ideal_bubble, pipeline_report, simulate, PipelineShape, SimCosts};
 use autopar_parallel::{ParallelContext, PipelineScheduler, PlanRequest};
-use autopar_runtime::parallel::{run_local, ParallelJob};
-use autopar_runtime::pipeline::{run_local_pipeline, PipelineJob};
+use autopar_runtime::{run_local, Job};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer};
 use autopar_tensor::Tensor;
 use serde_json::json;
@@ -56,7 +55,7 @@ fn main() {
             ctx.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
             ctx.set("pipeline_stages", &json!(p)).unwrap();
             ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched, "pipeline_interleave": chunks > 1})).unwrap();
-            let job = PipelineJob::new(&g, mm.loss, &ctx, m).unwrap();
+            let job = Job::with_micro_batches(&g, mm.loss, &ctx, m).unwrap();
             let x = g.node(mm.x).clone();
             let y = g.node(mm.labels).clone();
             let rows = micro_rows * m;
@@ -78,8 +77,7 @@ fn main() {
             let data = vec![batch; steps];
             let t0 = Instant::now();
             let run =
-                run_local_pipeline(&job, &data, || Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?) as Box<dyn Optimizer>))
-                    .unwrap();
+                run_local(&job, &data, || Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?) as Box<dyn Optimizer>)).unwrap();
             let secs = t0.elapsed().as_secs_f64();
             // Steps after the first (warm), every rank.
             let measured: Vec<f64> = run.bubbles.iter().flat_map(|b| b[1..].iter().copied()).collect();
@@ -96,7 +94,7 @@ fn main() {
     let mut ctx = ParallelContext::default();
     ctx.set("device_num", &json!(8)).unwrap();
     ctx.set("parallel_mode", &json!("data_parallel")).unwrap();
-    let job = ParallelJob::new(g.clone(), mm.loss, ctx).unwrap();
+    let job = Job::new(&g, mm.loss, &ctx).unwrap();
     let tokens = |id: autopar_graph::NodeId, m: usize| {
         let n = g.node(id);
         (n.name.clone(), Tensor::from_vec(&n.ty.shape, (0..n.ty.numel()).map(|i| (i % m) as i64).collect::<Vec<i64>>()).unwrap())
@@ -120,7 +118,7 @@ fn main() {
             ctx.set("pipeline_stages", &json!(4)).unwrap();
             ctx.set("pipeline_config", &json!({"pipeline_scheduler": sched})).unwrap();
             let req = PlanRequest { graph: &g, loss: Some(mm.loss), context: &ctx, strategy_file: None, profile: None };
-            let report = pipeline_report(&plan_pipeline(&req, m).unwrap()).unwrap();
+            let report = pipeline_report(&autopar_parallel::plan_stages(&req, m).unwrap()).unwrap();
             let peak = report.stages.iter().map(|s| s.activation_bytes()).max().unwrap_or(0);
             row.push(peak as f64 / (1 << 20) as f64);
         }

@@ -12,7 +12,7 @@ use std::time::Instant;
 use autopar_graph::Graph;
 use autopar_layout::Strategy;
 use autopar_models::{Gpt, GptConfig, Mode, Model};
-use autopar_parallel::{plan_job, rank_program, ParallelContext, PlanRequest, RankCost};
+use autopar_parallel::{plan_network, rank_program, ParallelContext, PlanRequest, RankCost};
 use serde_json::json;
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -57,8 +57,8 @@ fn main() {
             if split {
                 megatron(&mut graph, 8, devices / 8);
             }
-            let plan =
-                plan_job(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
+            let plan = plan_network(&PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: None, profile: None })
+                .unwrap();
             let program = rank_program(&plan, 0).unwrap();
             let cost = RankCost::of(&program, 1).unwrap();
             times.push(start.elapsed().as_secs_f64());

@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use autopar::runtime::parallel::{run_local, ParallelJob};
+use autopar::runtime::{run_local, Job};
 use autopar::runtime::{LrSchedule, Momentum, Optimizer};
 use autopar_graph::{DType, Graph};
 use autopar_models::{model_by_name, Mode, ModelGraph, ModelOptions};
@@ -68,7 +68,7 @@ fn batches(graph: &Graph, m: &ModelGraph, steps: usize) -> Vec<Vec<(String, Tens
 
 /// Seconds per training step of `job` on in-process devices: the median over 3 repetitions of
 /// (time of 7 steps - time of 2 steps) / 5, which leaves out the set-up.
-fn measured_step(job: &ParallelJob, data: &[Vec<(String, Tensor)>]) -> f64 {
+fn measured_step(job: &Job, data: &[Vec<(String, Tensor)>]) -> f64 {
     let opt = || -> autopar::runtime::Result<Box<dyn Optimizer>> { Ok(Box::new(Momentum::new(LrSchedule::Constant(0.01), 0.9)?)) };
     let time = |steps: usize| {
         let start = Instant::now();
@@ -163,7 +163,8 @@ fn predicted_against_measured() {
             };
             let mut replay = context(8);
             replay.set("search_mode", &json!("sharding_propagation")).unwrap();
-            let job = ParallelJob::planned(graph.clone(), m.loss, replay, Some(&items), None).unwrap();
+            let req = PlanRequest { graph: &graph, loss: Some(m.loss), context: &replay, strategy_file: Some(&items), profile: None };
+            let job = Job::from_plan(autopar::parallel::plan_stages(&req, 1).unwrap());
             predicted.push(report.objective);
             measured.push(measured_step(&job, &data));
         }
@@ -225,7 +226,7 @@ fn main() {
             ctx.set("search_mode", &json!(search)).unwrap();
             ctx.set("device_memory_capacity", &json!(1u64 << 40)).unwrap();
             let start = Instant::now();
-            let plan = autopar_parallel::plan_job(&PlanRequest {
+            let plan = autopar_parallel::plan_network(&PlanRequest {
                 graph: &graph,
                 loss: Some(m.loss),
                 context: &ctx,

@@ -23,9 +23,9 @@
 use std::process::Command;
 use std::time::Instant;
 
-use autopar_graph::NodeId;
 use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
-use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore, Sgd, TrainStep};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, Sgd};
 use autopar_tensor::Tensor;
 
 #[path = "common/mesh24.rs"]
@@ -109,7 +109,7 @@ fn step_autopar(model: StepModel, batch: usize, threads: usize, seconds: f64) ->
     pool.install(|| {
         let (m, mut opt) = model.build();
         let (graph, io) = m.build_graph(batch, Mode::Train, 1).expect("graph");
-        let mut params = ParamStore::init(&graph).expect("init");
+        let params = ParamStore::init(&graph).expect("init");
         let mut rng = autopar_graph::Rng::new(7);
         let classes = m.num_classes() as u64;
         let shape = |tail: Vec<usize>| [vec![batch], tail].concat();
@@ -122,14 +122,15 @@ fn step_autopar(model: StepModel, batch: usize, threads: usize, seconds: f64) ->
         .expect("x");
         let y = Tensor::from_vec(&ys, (0..ny).map(|_| (rng.next_u64() % classes) as i64).collect::<Vec<i64>>()).expect("y");
         let y = y.cast(autopar_runtime::tensor_dtype(graph.node(io.labels).ty.dtype));
-        let feeds: Vec<(NodeId, Tensor)> = vec![(io.x, x), (io.labels, y)];
-        let mut step = TrainStep::new(graph, io.loss).expect("step");
+        let feeds = vec![(graph.node(io.x).name.clone(), x), (graph.node(io.labels).name.clone(), y)];
+        let job = autopar_runtime::Job::new(&graph, io.loss, &ParallelContext::default()).expect("job");
+        let mut step = autopar_runtime::RankTrainer::alone(&job, ParamSource::Local(params)).expect("step");
         for _ in 0..3 {
-            step.run(&mut params, opt.as_mut(), &feeds).expect("step runs");
+            step.step(opt.as_mut(), &feeds).expect("step runs");
         }
         let (mut steps, start) = (0usize, Instant::now());
         while steps < 3 || start.elapsed().as_secs_f64() < seconds {
-            step.run(&mut params, opt.as_mut(), &feeds).expect("step runs");
+            step.step(opt.as_mut(), &feeds).expect("step runs");
             steps += 1;
         }
         start.elapsed().as_secs_f64() / steps as f64
@@ -173,8 +174,8 @@ enum Parallel {
 
 fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
     use autopar_comm::{Communicator, LocalComm};
-    use autopar_parallel::ParallelContext;
-    use autopar_runtime::parallel::{ParallelJob, RankTrainer};
+
+    use autopar_runtime::{Job, RankTrainer};
     let (ranks, global) = match run {
         Parallel::Data { ranks, global, .. } => (ranks, global),
         Parallel::Mesh24 { global } => (8, global),
@@ -196,25 +197,25 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
             }
         }
     }
-    let job = ParallelJob::new(g, m.loss, ctx).expect("job");
+    let job = Job::new(&g, m.loss, &ctx).expect("job");
     let full = ParamStore::init(job.graph()).expect("init");
     let mut rng = autopar_graph::Rng::new(7);
     let x = Tensor::from_vec(&[global, 784], (0..global * 784).map(|_| rng.normal() as f32).collect()).expect("x");
     let y = Tensor::from_vec(&[global], (0..global).map(|_| (rng.next_u64() % 10) as i64).collect::<Vec<i64>>()).expect("y");
     let global_feeds = vec![("x".to_string(), x), ("labels".to_string(), y)];
     let times = LocalComm::run(ranks, |comm| -> autopar_runtime::Result<f64> {
-        let mut t = RankTrainer::new(&job, &comm, &full)?;
+        let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full))?;
         let mut opt = Sgd::new(LrSchedule::Constant(0.01))?;
-        let feeds = t.local_feeds(&global_feeds)?;
+        let feeds = &global_feeds;
         for _ in 0..10 {
-            t.step(&mut opt, &feeds)?;
+            t.step(&mut opt, feeds)?;
         }
         // Every rank runs the same number of steps: rank 0 sizes the run from 10 probe steps
         // and broadcasts it (ranks deciding on their own clocks would leave a collective).
         let comm_err = || autopar_runtime::RuntimeError::comm(autopar_runtime::CommPhase::Run);
         let start = Instant::now();
         for _ in 0..10 {
-            t.step(&mut opt, &feeds)?;
+            t.step(&mut opt, feeds)?;
         }
         let per_step = start.elapsed().as_secs_f64() / 10.0;
         let mut total = [((seconds / per_step) as i64).max(5)];
@@ -222,7 +223,7 @@ fn parallel_autopar(run: Parallel, seconds: f64) -> f64 {
         comm.barrier().map_err(comm_err())?;
         let start = Instant::now();
         for _ in 0..total[0] {
-            t.step(&mut opt, &feeds)?;
+            t.step(&mut opt, feeds)?;
         }
         Ok(start.elapsed().as_secs_f64() / total[0] as f64)
     })

@@ -101,8 +101,10 @@ pub enum VerifyError {
 /// no checkpoints, no resume), in this process even under `mpirun`. Micro-batches run one after the other, which for a pipeline or
 /// gradient accumulation is the right reference (BatchNorm statistics are per micro-batch).
 pub fn stand_alone(trainer: &Trainer) -> Result<TrainReport, VerifyError> {
+    let micro_batches = trainer.micro_batches().map_err(|e| VerifyError::Reference(Box::new(e)))?;
     let mut alone = trainer.clone().in_process();
     let cfg = alone.config_mut();
+    cfg.micro_batches = Some(micro_batches);
     cfg.parallel = ParallelContext::default();
     cfg.pipeline_split.clear();
     cfg.checkpoint = None;

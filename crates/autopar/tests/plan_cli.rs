@@ -305,12 +305,12 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     assert!(text.contains("2 chunks per stage (interleaved)") && text.contains("to stage 0 (rank r-4)"), "{text}");
 
     let o = autopar(dir.path(), &["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "3"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("3 micro-batches do not divide the batch of 32 rows"), "{o:?}");
     // Without stages, as `train` runs them: one micro-batch's plan, accumulated.
     let text = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--batch-size", "48", "--micro-batches", "3"]);
     assert!(text.contains("3 micro-batches of 16 rows, one after another") && text.contains("fc1.matmul"), "{text}");
     let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--batch-size", "32", "--micro-batches", "3"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--micro-batches 3 does not divide the batch size 32"), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("3 micro-batches do not divide the batch of 32 rows"), "{o:?}");
 }
 
 /// `op_strategy_config`: `plan` and `train` save the operator strategies (the same file), `plan`

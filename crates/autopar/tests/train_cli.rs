@@ -168,7 +168,7 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
             "--parallel",
             "pipeline_result_broadcast=true",
         ],
-        &["pipeline_result_broadcast", "StageTrainer::predict"],
+        &["pipeline_result_broadcast sends a pipeline's inference outputs to every rank, and this job trains"],
     );
 
     // A truncated CIFAR-10 file, and one with a label out of range.

@@ -100,7 +100,7 @@ fn trainer(case: Case, checkpoint: Option<CheckpointConfig>) -> Trainer {
     let micro_batches = if case.parallel.pipeline_stages > 1 { 4 } else { 1 };
     let cfg = TrainConfig {
         batch_size: 32,
-        micro_batches,
+        micro_batches: Some(micro_batches),
         max_steps: Some(2),
         optimizer,
         parallel: case.parallel,

@@ -104,6 +104,13 @@ macro_rules! op_kinds {
 
             /// The name of every op kind, in declaration order.
             pub const ALL_KINDS: &'static [&'static str] = &[$(stringify!($ty)),*];
+
+            /// The name of this op's kind, as [`OpKind::ALL_KINDS`] lists it.
+            pub fn variant_name(&self) -> &'static str {
+                match self {
+                    $(OpKind::$ty(_) => stringify!($ty)),*
+                }
+            }
         }
 
         $(impl From<$ty> for OpKind {

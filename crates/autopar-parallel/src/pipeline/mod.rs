@@ -1,12 +1,13 @@
-//! Pipeline parallelism: the stages of a network and the schedules that run their
-//! micro-batches.
+//! Pipeline parallelism: the stages of a network, the schedules that run their micro-batches,
+//! and the pieces each rank runs. The job itself ([`crate::JobPlan`]) is every job's type: a job
+//! without stages is a pipeline of one stage.
 
-pub mod program;
+pub mod chunks;
 pub mod report;
 pub mod schedule;
 pub mod stages;
 
-pub use program::{boundary, plan_pipeline, stage_program, ChunkProgram, PipelinePlan, StageProgram, DEFAULT_CHUNKS};
+pub use chunks::{boundary, ChunkProgram};
 pub use report::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
 pub use schedule::{build, ideal_bubble, simulate, Action, Pass, PipelineShape, Schedule, ScheduleError, SimCosts, Simulation, Work};
-pub use stages::{assign_stages, balance_stages, has_stages, is_stageless, number_chunks, split_before};
+pub use stages::{assign_stages, balance_stages, has_stages, number_chunks, split_before};

@@ -10,7 +10,7 @@ use autopar_graph::{CostCx, OpKind, TensorType};
 use serde_json::{json, Value};
 
 use crate::error::{ParallelError, Result};
-use crate::pipeline::program::{stage_program, PipelinePlan};
+use crate::job::JobPlan;
 use crate::pipeline::schedule::{ideal_bubble, simulate, Pass, SimCosts, Simulation};
 use crate::report::{human_bytes, human_flops};
 
@@ -71,18 +71,18 @@ fn bytes_of(ty: &TensorType) -> usize {
 }
 
 /// The report of `pp`, from the program of each stage's first rank.
-pub fn pipeline_report(pp: &PipelinePlan) -> Result<PipelineReport> {
+pub fn pipeline_report(pp: &JobPlan) -> Result<PipelineReport> {
     let d = pp.stage_devices();
     let simulation = simulate(&pp.schedule, SimCosts::unit(pp.schedule.shape)).map_err(ParallelError::Schedule)?;
     let param_stages = pp.param_stages();
     let mut stages = Vec::with_capacity(pp.stages);
     for s in 0..pp.stages {
-        let sp = stage_program(pp, s * d)?;
+        let sp = pp.program(s * d)?;
         let (mut ops, mut flops, mut params, mut param_bytes) = (0, 0.0, 0, 0);
         let mut counted: Vec<&str> = Vec::new();
         let mut sends = Vec::new();
         let mut saved_total = 0;
-        for chunk in &sp.chunks {
+        for chunk in sp.chunks() {
             let g = &chunk.graph;
             // The forward pass: the chunk's graph up to what it sends and its loss.
             let mut forward = vec![false; g.len()];
@@ -271,7 +271,7 @@ impl PipelineReport {
 /// first stage using it, which owns the master copy, with `peer_rank` the same position on the
 /// next stage using it; on the others `peer_rank` is the owner's rank; `sr_tag` numbers the
 /// shared parameters from 1 in graph order.
-pub fn pipeline_layout_dict(pp: &PipelinePlan, rank: usize) -> Vec<(String, autopar_layout::ParameterLayout)> {
+pub fn pipeline_layout_dict(pp: &JobPlan, rank: usize) -> Vec<(String, autopar_layout::ParameterLayout)> {
     let (stage, pos) = pp.place(rank);
     let d = pp.stage_devices();
     let shared: Vec<(String, Vec<usize>)> = pp.param_stages().into_iter().filter(|(_, s)| s.len() > 1).collect();

@@ -5,18 +5,13 @@
 //! and constants (ops without inputs) have no stage: every stage that uses one holds its own
 //! copy (a parameter used on several stages is a shared parameter).
 
-use autopar_graph::{Graph, Node};
+use autopar_graph::Graph;
 
 use crate::error::{ParallelError, PipelineProblem, Result};
 
-/// Whether `node` belongs to every stage that uses it rather than to one.
-pub fn is_stageless(node: &Node) -> bool {
-    node.op.is_leaf() || node.inputs.is_empty()
-}
-
 /// Whether the model placed any op on a stage.
 pub fn has_stages(graph: &Graph) -> bool {
-    graph.nodes().iter().any(|n| !is_stageless(n) && n.pipeline_stage.is_some())
+    graph.nodes().iter().any(|n| !n.is_stageless() && n.pipeline_stage.is_some())
 }
 
 /// Cut a graph the model did not place into `stages` contiguous runs of ops (in graph order,
@@ -26,7 +21,7 @@ pub fn has_stages(graph: &Graph) -> bool {
 /// residual blocks of a ResNet, where one value does) when there are enough such places;
 /// otherwise anywhere. Every op's stage is set.
 pub fn balance_stages(graph: &mut Graph, stages: usize) {
-    let ops: Vec<usize> = (0..graph.len()).filter(|&i| !is_stageless(graph.node(autopar_graph::NodeId(i)))).collect();
+    let ops: Vec<usize> = (0..graph.len()).filter(|&i| !graph.node(autopar_graph::NodeId(i)).is_stageless()).collect();
     let weights: Vec<f64> = ops
         .iter()
         .map(|&i| {
@@ -151,10 +146,10 @@ pub fn split_before(
     if (!interleave && pieces != stages) || (interleave && !pieces.is_multiple_of(stages)) {
         return err(PipelineProblem::SplitCount { given: starts.len(), stages, interleave });
     }
-    let first_op = graph.nodes().iter().position(|n| !is_stageless(n));
+    let first_op = graph.nodes().iter().position(|n| !n.is_stageless());
     let mut at = Vec::with_capacity(starts.len());
     for name in starts {
-        let i = graph.nodes().iter().position(|n| n.name == *name && !is_stageless(n));
+        let i = graph.nodes().iter().position(|n| n.name == *name && !n.is_stageless());
         let Some(i) = i else { return err(PipelineProblem::SplitNotAnOp { name: name.clone() }) };
         if Some(i) == first_op {
             return err(PipelineProblem::SplitAtFirstOp { name: name.clone() });
@@ -174,7 +169,7 @@ pub fn split_before(
     }
     for i in 0..graph.len() {
         let id = autopar_graph::NodeId(i);
-        if !is_stageless(graph.node(id)) {
+        if !graph.node(id).is_stageless() {
             graph.node_mut(id).pipeline_stage = Some(at.iter().filter(|&&a| a <= i).count() % stages);
         }
     }
@@ -192,7 +187,7 @@ pub fn number_chunks(graph: &mut Graph, stages: usize) -> Result<usize> {
     for i in 0..graph.len() {
         let id = autopar_graph::NodeId(i);
         let node = graph.node(id);
-        let Some(s) = node.pipeline_stage.filter(|_| !is_stageless(node)) else { continue };
+        let Some(s) = node.pipeline_stage.filter(|_| !node.is_stageless()) else { continue };
         if s >= stages {
             return err(PipelineProblem::StageOutOfRange { kind: node.op.kind(), name: node.name.clone(), stage: s, stages });
         }
@@ -203,7 +198,7 @@ pub fn number_chunks(graph: &mut Graph, stages: usize) -> Result<usize> {
         graph.node_mut(id).pipeline_stage = Some(chunk * stages + s);
     }
     let chunks = chunk + 1;
-    let placed: Vec<usize> = graph.nodes().iter().filter(|n| !is_stageless(n)).filter_map(|n| n.pipeline_stage).collect();
+    let placed: Vec<usize> = graph.nodes().iter().filter(|n| !n.is_stageless()).filter_map(|n| n.pipeline_stage).collect();
     for piece in 0..chunks * stages {
         if !placed.contains(&piece) {
             return err(PipelineProblem::EmptyChunk { stage: piece % stages, chunk: piece / stages, chunks });
@@ -218,7 +213,7 @@ pub fn assign_stages(graph: &Graph, stages: usize, loss: Option<autopar_graph::N
     let err = |problem| Err(ParallelError::Pipeline { problem });
     let mut out: Vec<Option<usize>> = vec![None; graph.len()];
     for (i, node) in graph.nodes().iter().enumerate() {
-        if is_stageless(node) {
+        if node.is_stageless() {
             continue;
         }
         let from_inputs = node.inputs.iter().filter_map(|x| out[x.0].map(|s| (s, x))).max_by_key(|(s, _)| *s);

@@ -34,10 +34,10 @@ use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
 use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat, Shape};
+use crate::analysis::{batch_dim, depends_on_inputs, first_use, reshape_layout, whole_values};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
 use crate::plan::StrategySource;
-use crate::planner::{batch_dim, depends_on_inputs, first_use, reshape_layout, whole_values};
 
 /// A cost split into the model's parts (seconds, memory in bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

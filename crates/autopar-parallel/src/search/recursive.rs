@@ -40,8 +40,8 @@ use autopar_graph::{Graph, NodeId, OpKind};
 use super::costgraph::CostGraph;
 use super::rec_adjacency::{padded, Dims, ShapeMap};
 use super::rec_rules::{self, rec_op, Kind, RecOp};
+use crate::analysis::{default_splits, depends_on_inputs};
 use crate::error::{ParallelError, Result};
-use crate::planner::{default_splits, depends_on_inputs};
 
 /// What the recursive search reads besides the cost graph.
 pub struct RecInput<'a> {

@@ -167,7 +167,7 @@ pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, pos
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| TrainError::Write { path: dir.to_path_buf(), source })?;
     }
-    let tensors = crate::distributed::checkpoint_tensors(params.iter().chain(state.iter()))?;
+    let tensors = crate::checkpoint_io::checkpoint_tensors(params.iter().chain(state.iter()))?;
     autopar_checkpoint::save(path, &tensors, &position.to_metadata())
         .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(source) })
 }
@@ -225,7 +225,7 @@ impl Loaded {
         }
         let (dtype, eshape) = (entry.dtype, entry.shape.clone());
         let bytes = self.file.read(name).map_err(|source| TrainError::Checkpoint { path: self.path.clone(), error: Box::new(source) })?;
-        Ok(crate::distributed::tensor_from_bytes(dtype, &eshape, &bytes, name, &self.path)?)
+        Ok(crate::checkpoint_io::tensor_from_bytes(dtype, &eshape, &bytes, name, &self.path)?)
     }
 
     /// Every tensor whose name starts with one of `prefixes`.

@@ -148,5 +148,11 @@ impl From<DataError> for TrainError {
     }
 }
 
+impl From<autopar_parallel::ParallelError> for TrainError {
+    fn from(e: autopar_parallel::ParallelError) -> Self {
+        TrainError::Runtime(RuntimeError::from(e))
+    }
+}
+
 /// Short for `Result<T, TrainError>`.
 pub type TrainResult<T, E = TrainError> = std::result::Result<T, E>;

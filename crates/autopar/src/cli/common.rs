@@ -209,8 +209,8 @@ fn refuse_conflicts(p: &ParallelArgs, file: &FileConfig) -> Result<()> {
 
 /// The parallel context: the file's `[parallel]` table, then `--parallel-mode`, `--devices`,
 /// `--parallel KEY=VALUE` and `--strategy`, validated and checked for what autopar implements
-/// (an option whose behaviour is missing is refused here, before any data or model is loaded).
-/// `data_parallel` averages gradients unless told otherwise (`gradients_mean`).
+/// (an option whose behaviour is missing is refused here, before any data or model is loaded),
+/// with autopar's defaults applied ([`ParallelContext::resolved`]).
 pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelContext> {
     refuse_conflicts(p, file)?;
     let mut ctx = ParallelContext::default();
@@ -234,17 +234,12 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
             .ok_or_else(|| anyhow!("invalid --parallel {kv:?}\nhint: write --parallel KEY=VALUE, e.g. --parallel gradients_mean=true"))?;
         ctx.set_str(k.trim(), v.trim())?;
     }
-    // More than one device, however given (--devices, --parallel device_num or the file's
-    // [parallel] table), and no mode anywhere: semi_auto_parallel, as --devices alone gives.
-    if !ctx.is_set("parallel_mode") && ctx.device_num > 1 {
-        ctx.set_str("parallel_mode", "semi_auto_parallel")?;
-    }
     if let Some(path) = p.strategy.clone().or_else(|| file.strategy.clone()) {
         ctx.set("strategy_ckpt_load_file", &serde_json::Value::String(path.display().to_string()))?;
     }
-    if ctx.parallel_mode == ParallelMode::DataParallel && !ctx.is_set("gradients_mean") {
-        ctx.set_str("gradients_mean", "true")?;
-    }
+    // autopar's defaults, as every job gets them (more than one device and no mode anywhere:
+    // semi_auto_parallel; data_parallel averages gradients), applied now for the checks below.
+    let ctx = ctx.resolved()?;
     if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
         bail!(
             "parallel mode {} needs a device count\nhint: add --devices N (such as --devices 2), or drop --parallel-mode",

@@ -362,21 +362,21 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     // As `autopar plan`: 32, or the device count when it does not divide 32.
     let n = ctx.devices();
     let mut batch_size = pick!(s, batch_size).unwrap_or(if 32 % n == 0 { 32 } else { n });
-    let mut micro_batches = check_micro_batches(pick!(s, micro_batches))?.unwrap_or(1);
+    let mut micro_batches = check_micro_batches(pick!(s, micro_batches))?;
     if let Some(k) = pick!(s, grad_accumulation) {
         if k == 0 {
             bail!("--grad-accumulation 0 accumulates nothing\nhint: pass --grad-accumulation 1 or more");
         }
-        if micro_batches > 1 {
+        if let Some(m) = micro_batches.filter(|&m| m > 1) {
             bail!(
-                "--grad-accumulation {k} and --micro-batches {micro_batches} both given\nhint: a pipeline accumulates over its micro-batches: pass --micro-batches {} and --batch-size {}",
-                micro_batches * k,
+                "--grad-accumulation {k} and --micro-batches {m} both given\nhint: a pipeline accumulates over its micro-batches: pass --micro-batches {} and --batch-size {}",
+                m * k,
                 batch_size * k
             );
         }
         // K batches per update: one global batch K times larger, run in K micro-batches.
         batch_size *= k;
-        micro_batches = k;
+        micro_batches = Some(k);
     }
     let clip_grad_norm = pick!(s, clip_grad_norm);
     if let Some(c) = clip_grad_norm.filter(|c| !(*c > 0.0 && c.is_finite())) {
@@ -528,7 +528,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone() }));
 
     let parallel = &trainer.config().parallel;
-    let mode_desc = match (parallel.pipeline_stages, cfg.micro_batches) {
+    let mode_desc = match (parallel.pipeline_stages, trainer.micro_batches()?) {
         (p, m) if p > 1 => format!(
             "{}, {p} pipeline stages, {m} micro-batches, {}{}",
             parallel.parallel_mode.name(),

@@ -1,254 +1,14 @@
-//! One training step, for every mode: a rank's program ([`RankProgram`]: its forward and
-//! backward pass), the all-reduce of its gradient buckets, and the optimizer update. A
-//! stand-alone job is the program of its one rank; every parallel mode, in process or under
-//! MPI, runs the same code with the rank's communicators.
+//! Gradient synchronisation after a step's micro-batches: their gradients accumulated, and
+//! each gradient bucket all-reduced over its group (fused, in place where it can be) and
+//! scaled by its factor. Used by the one train step ([`crate::RankTrainer::step`]).
 
-use autopar_graph::{Graph, NodeId};
-use autopar_parallel::{plan_job, rank_program, ParallelContext, PlanRequest, RankBucket, RankProgram};
+use autopar_parallel::RankBucket;
 use autopar_tensor::kernels::shape as sh;
 use autopar_tensor::{DType, ExecCtx, Tensor};
 
 use crate::collective::CommGroups;
 use crate::error::{CommPhase, Result, RuntimeError};
-use crate::executor::{tensor_dtype, Executor, ParamStore, RunOutput};
-use crate::optim::Optimizer;
-
-/// What [`TrainStep::gradients`] returns.
-#[derive(Clone, Debug)]
-pub struct StepOutput {
-    /// The job's loss (what every rank sees).
-    pub loss: Tensor,
-    /// Synchronised gradients by parameter name.
-    pub grads: Vec<(String, Tensor)>,
-    /// The run's statistics (timings when profiling, peak live memory); its `values` are
-    /// empty (they became `loss` and `grads`).
-    pub run: RunOutput,
-}
-
-/// A rank's program made executable: forward, backward, gradient sync, update.
-#[derive(Clone, Debug)]
-pub struct TrainStep {
-    program: RankProgram,
-    executor: Executor,
-    step: u64,
-    buckets: Vec<BucketBuffer>,
-    /// The parallel optimizer's all-gathered parameter slices, reused every step.
-    gathered: crate::shard::GatherBuffers,
-    /// Clip the synchronised gradients to this global norm (over every rank's pieces).
-    clip_grad_norm: Option<f64>,
-}
-
-impl TrainStep {
-    /// One device: `graph` planned stand-alone, differentiating `loss` (the sum of its
-    /// elements) with respect to every trainable parameter. Collectives of one rank and backward
-    /// ops run whole. The program keeps the graph's node ids, so feeds may use them.
-    pub fn new(graph: Graph, loss: NodeId) -> Result<Self> {
-        let ctx = ParallelContext::default();
-        let plan = plan_job(&PlanRequest { graph: &graph, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })?;
-        Self::from_program(rank_program(&plan, 0)?)
-    }
-
-    /// The step of one rank's program (it must be a training program: a plan with a loss).
-    pub fn from_program(program: RankProgram) -> Result<Self> {
-        let executor = Executor::new(program.graph.clone(), &program.fetch())?;
-        let buckets = program.buckets.iter().map(|b| BucketBuffer::new(b, &program)).collect::<Result<_>>()?;
-        Ok(Self { program, executor, step: 0, buckets, gathered: Default::default(), clip_grad_norm: None })
-    }
-
-    /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
-    pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
-        self.executor = self.executor.with_ctx(ctx);
-        self
-    }
-
-    /// Records each op's wall time in [`StepOutput::run`] (see [`Executor::with_profiling`]).
-    pub fn with_profiling(mut self, on: bool) -> Self {
-        self.executor = self.executor.with_profiling(on);
-        self
-    }
-
-    /// Clip the synchronised gradients of every step to global norm `max_norm` (None: no
-    /// clipping), MindSpore's `ClipByGlobalNorm` over the whole job's gradients: each distinct
-    /// piece is counted once (on the first rank holding it) and the sum is all-reduced, so
-    /// sharded and replicated runs clip as one device does.
-    pub fn set_clip_grad_norm(&mut self, max_norm: Option<f64>) -> Result<()> {
-        if let Some(m) = max_norm {
-            crate::optim::check_max_norm(m)?;
-        }
-        self.clip_grad_norm = max_norm;
-        Ok(())
-    }
-
-    /// The rank's program.
-    pub fn program(&self) -> &RankProgram {
-        &self.program
-    }
-
-    /// The forward+backward graph.
-    pub fn graph(&self) -> &Graph {
-        self.executor.graph()
-    }
-
-    /// The executor running the forward+backward graph.
-    pub fn executor(&self) -> &Executor {
-        &self.executor
-    }
-
-    /// Steps run so far (the key of the dropout masks).
-    pub fn steps(&self) -> u64 {
-        self.step
-    }
-
-    /// Continue counting from `step` (a resumed run draws the masks the uninterrupted run would).
-    pub fn set_steps(&mut self, step: u64) {
-        self.step = step;
-    }
-
-    /// Forward and backward on this rank's feeds, then the gradient buckets all-reduced over
-    /// `comm` (needed when the program communicates). Returns the loss, the gradients and the
-    /// run's statistics.
-    pub fn gradients(&mut self, params: &mut ParamStore, feeds: &[(NodeId, Tensor)], comm: Option<&CommGroups>) -> Result<StepOutput> {
-        let collectives = self.collectives(comm);
-        let executor = &self.executor;
-        let mut out = crate::shard::with_gathered(&self.program, params, comm, &mut self.gathered, |p| {
-            executor.run_with(p, feeds, self.step, collectives)
-        })?;
-        self.step += 1;
-        // The values move out of the run's output, so the gradients are their tensors' only
-        // owners and a bucket reduces them in place.
-        let mut values = std::mem::take(&mut out.values).into_iter();
-        let loss = values.next().expect("the loss is fetched first");
-        let mut grads: Vec<(String, Tensor)> = self.program.grads.iter().map(|(n, _)| n.clone()).zip(values).collect();
-        crate::shard::scatter_gradients(&self.program, &mut grads, comm)?;
-        for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
-            sync_bucket(b, buffer, &mut grads, comm)?;
-        }
-        self.clip(&mut grads, comm)?;
-        Ok(StepOutput { loss, grads, run: out })
-    }
-
-    /// Gradient accumulation: forward and backward on each micro-batch's feeds in turn (equal
-    /// parts of the step's batch, in order), their gradients summed and scaled by
-    /// `1/micro-batches` (the gradient of the whole batch's mean loss), then the buckets
-    /// all-reduced once. Returns the mean of the micro-batches' losses and the gradients. The
-    /// step counter advances once.
-    pub fn accumulate(
-        &mut self,
-        params: &mut ParamStore,
-        micro_feeds: &[Vec<(NodeId, Tensor)>],
-        comm: Option<&CommGroups>,
-    ) -> Result<(f64, Vec<(String, Tensor)>)> {
-        let count = micro_feeds.len().max(1);
-        let collectives = self.collectives(comm);
-        let mut loss = 0.0;
-        let mut acc: Vec<Option<Tensor>> = vec![None; self.program.grads.len()];
-        // gradient_accumulation_shard: each micro-batch's gradients are reduce-scattered at
-        // once, so only the rank's pieces accumulate.
-        let shard_each = self.program.accumulation_shard;
-        let (executor, program, step) = (&self.executor, &self.program, self.step);
-        loss += crate::shard::with_gathered(program, params, comm, &mut self.gathered, |params| {
-            let mut loss = 0.0;
-            for (index, feeds) in micro_feeds.iter().enumerate() {
-                let micro = crate::executor::MicroBatch { index, count };
-                let out = executor.run_micro(params, feeds, step, collectives, micro)?;
-                let mut values = out.values.into_iter();
-                loss += values.next().expect("the loss is fetched first").to_f64_vec().iter().sum::<f64>();
-                if shard_each {
-                    crate::shard::accumulate_scattered(
-                        &program.reduce_scatter,
-                        program.grads.iter().map(|(n, _)| n),
-                        values,
-                        &mut acc,
-                        None,
-                        comm,
-                    )?;
-                } else {
-                    accumulate_into(&mut acc, values)?;
-                }
-            }
-            Ok(loss)
-        })?;
-        self.step += 1;
-        let mut grads = Vec::with_capacity(acc.len());
-        for ((name, _), g) in self.program.grads.iter().zip(acc) {
-            let g = g.ok_or_else(|| RuntimeError::MissingGradient { name: name.clone() })?;
-            let g = if count > 1 {
-                let wide = if g.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
-                autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &g.cast(wide), 1.0 / count as f64)
-                    .map_err(|e| RuntimeError::Kernel { kind: "Scale", name: name.clone(), source: Box::new(e) })?
-                    .cast(g.dtype())
-            } else {
-                g
-            };
-            grads.push((name.clone(), g));
-        }
-        if !shard_each {
-            crate::shard::scatter_gradients(&self.program, &mut grads, comm)?;
-        }
-        for (b, buffer) in self.program.buckets.iter().zip(&mut self.buckets) {
-            sync_bucket(b, buffer, &mut grads, comm)?;
-        }
-        self.clip(&mut grads, comm)?;
-        Ok((loss / count as f64, grads))
-    }
-
-    /// The executor's collectives: none on one device, where every group has one rank and the
-    /// executor runs communication as identities (and may run the graph on a pool thread).
-    fn collectives<'a>(&self, comm: Option<&'a CommGroups>) -> Option<&'a dyn crate::executor::Collectives> {
-        comm.filter(|_| self.program.device_num > 1).map(|c| c as &dyn crate::executor::Collectives)
-    }
-
-    /// Clipping by global norm ([`TrainStep::set_clip_grad_norm`]) of the synchronised
-    /// gradients: this rank counts the pieces it is the first holder of.
-    fn clip(&self, grads: &mut [(String, Tensor)], comm: Option<&CommGroups>) -> Result<()> {
-        let Some(max_norm) = self.clip_grad_norm else { return Ok(()) };
-        let program = &self.program;
-        let first_holder = |name: &str| program.param(name).is_none_or(|p| p.mirror.iter().min().is_none_or(|&r| r == program.rank));
-        let n = program.device_num;
-        crate::optim::clip_gradients(grads, max_norm, first_holder, |local| match comm {
-            Some(groups) if n > 1 => {
-                let all: Vec<usize> = (0..n).collect();
-                let mut v = vec![local];
-                groups
-                    .get(&all)?
-                    .all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum)
-                    .map_err(RuntimeError::comm(CommPhase::GradientSync { group: all }))?;
-                Ok(v[0])
-            }
-            Some(_) => Ok(local),
-            None if n <= 1 => Ok(local),
-            None => {
-                Err(RuntimeError::NeedsCommunicator { kind: "ClipByGlobalNorm", name: "the global norm".into(), group: (0..n).collect() })
-            }
-        })?;
-        Ok(())
-    }
-
-    /// One step on one device (or a program that does not communicate): forward, backward,
-    /// `opt.step`. Returns the loss.
-    pub fn run(&mut self, params: &mut ParamStore, opt: &mut dyn Optimizer, feeds: &[(NodeId, Tensor)]) -> Result<f64> {
-        self.run_with(params, opt, feeds, None)
-    }
-
-    /// One step with the rank's communicators: forward, backward, gradient sync, `opt.step`.
-    pub fn run_with(
-        &mut self,
-        params: &mut ParamStore,
-        opt: &mut dyn Optimizer,
-        feeds: &[(NodeId, Tensor)],
-        comm: Option<&CommGroups>,
-    ) -> Result<f64> {
-        let StepOutput { loss, grads, .. } = self.gradients(params, feeds, comm)?;
-        opt.step(params, &grads)?;
-        finite_loss(loss.to_f64_vec().iter().sum::<f64>(), self.step)
-    }
-}
-
-/// Add each of `values` to its slot of `acc` (gradient accumulation over micro-batches; an
-/// empty slot takes the value).
-pub(crate) fn accumulate_into(acc: &mut [Option<Tensor>], values: impl IntoIterator<Item = Tensor>) -> Result<()> {
-    accumulate_at(acc, None, values)
-}
+use crate::executor::tensor_dtype;
 
 /// Adds value `i` of `values` to `acc[at[i]]` (None: to `acc[i]`), or puts it there when empty.
 pub(crate) fn accumulate_at(acc: &mut [Option<Tensor>], at: Option<&[usize]>, values: impl IntoIterator<Item = Tensor>) -> Result<()> {
@@ -271,6 +31,22 @@ pub(crate) fn accumulate_at(acc: &mut [Option<Tensor>], at: Option<&[usize]>, va
     Ok(())
 }
 
+/// Gradient accumulation over `count` micro-batches: each summed gradient scaled by
+/// `1/count` (in f32 or f64, then back to its dtype), the gradient of the whole batch's mean
+/// loss.
+pub(crate) fn mean_of_micro_batches(grads: &mut [(String, Tensor)], count: usize) -> Result<()> {
+    if count <= 1 {
+        return Ok(());
+    }
+    for (name, g) in grads.iter_mut() {
+        let wide = if g.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        *g = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &g.cast(wide), 1.0 / count as f64)
+            .map_err(|e| RuntimeError::Kernel { kind: "Scale", name: name.clone(), source: Box::new(e) })?
+            .cast(g.dtype());
+    }
+    Ok(())
+}
+
 /// A gradient bucket as the step runs it: where its gradients sit among the program's, and
 /// its flat buffer, allocated at the first step and reused by every later one.
 #[derive(Clone, Debug)]
@@ -280,15 +56,6 @@ pub(crate) struct BucketBuffer {
 }
 
 impl BucketBuffer {
-    fn new(b: &RankBucket, program: &RankProgram) -> Result<Self> {
-        Self::over(b, &program.grads)
-    }
-
-    /// The bucket's gradients among `grads` (by parameter name).
-    pub(crate) fn over(b: &RankBucket, grads: &[(String, NodeId)]) -> Result<Self> {
-        Self::over_names(b, &grads.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
-    }
-
     /// The bucket's gradients among `names`.
     pub(crate) fn over_names(b: &RankBucket, names: &[&str]) -> Result<Self> {
         let grads = b

@@ -207,7 +207,7 @@ pub(crate) fn accumulate_scattered<'a>(
 ) -> Result<()> {
     let mut grads: Vec<(String, Tensor)> = names.into_iter().cloned().zip(values).collect();
     scatter_buckets(buckets, &mut grads, comm)?;
-    crate::train::accumulate_at(acc, at, grads.into_iter().map(|(_, g)| g))
+    crate::gradient_sync::accumulate_at(acc, at, grads.into_iter().map(|(_, g)| g))
 }
 
 /// The reduce-scatter of one bucket. With `g` replicas in shard groups of `k` (`r = g / k`

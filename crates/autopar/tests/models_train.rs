@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use autopar_data::{DataLoader, Dataset, LoaderConfig, SyntheticDataset, Transforms};
+use autopar_graph::Graph;
 use autopar_graph::{DType, NodeId};
 use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ModelGraph, ResNet, ResNetConfig, Stem};
-use autopar_runtime::{AdamW, Executor, LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::{AdamW, Executor, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer};
 use autopar_tensor::Tensor;
 
 /// The input and label tensors of one batch for `model`.
@@ -32,16 +34,25 @@ fn loader(data: SyntheticDataset, batch: usize) -> DataLoader {
 fn train(model: &dyn Model, data: &DataLoader, steps: usize, opt: &mut dyn Optimizer) -> (Vec<f64>, ParamStore) {
     let batch = data.config().batch_size;
     let (graph, m) = model.build_graph(batch, Mode::Train, 11).unwrap();
-    let mut params = ParamStore::init(&graph).unwrap();
-    let mut step = TrainStep::new(graph, m.loss).unwrap();
+    let mut step = alone(&graph, m.loss, ParamSource::Full(&ParamStore::init(&graph).unwrap()));
     let per_epoch = data.batches_per_epoch();
     let mut losses = Vec::new();
     for s in 0..steps {
         let b = data.batch((s / per_epoch) as u64, s % per_epoch).unwrap();
-        let f = feeds(model, &m, &b.x, b.y.as_ref().unwrap(), batch);
-        losses.push(step.run(&mut params, opt, &f).unwrap());
+        let f = named(&graph, feeds(model, &m, &b.x, b.y.as_ref().unwrap(), batch));
+        losses.push(step.step(opt, &f).unwrap());
     }
-    (losses, params)
+    (losses, step.params().clone())
+}
+
+/// One device's trainer of `graph`.
+fn alone(graph: &Graph, loss: NodeId, params: ParamSource<'_>) -> RankTrainer {
+    RankTrainer::alone(&Job::new(graph, loss, &ParallelContext::default()).unwrap(), params).unwrap()
+}
+
+/// Feeds by input name.
+fn named(graph: &Graph, feeds: Vec<(NodeId, Tensor)>) -> Vec<(String, Tensor)> {
+    feeds.into_iter().map(|(id, t)| (graph.node(id).name.clone(), t)).collect()
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -129,9 +140,8 @@ fn the_gpt_learns_next_token_structure() {
 /// Loss and gradients of one batch.
 fn gradients(model: &Gpt, params: &mut ParamStore, x: &[f32], y: &[i64], n: usize) -> (f64, Vec<(String, Tensor)>) {
     let (graph, m) = model.build_graph(n, Mode::Train, 5).unwrap();
-    let mut step = TrainStep::new(graph, m.loss).unwrap();
-    let out = step.gradients(params, &feeds(model, &m, x, y, n), None).unwrap();
-    (out.loss.item().unwrap(), out.grads)
+    let out = alone(&graph, m.loss, ParamSource::Full(params)).gradients(&named(&graph, feeds(model, &m, x, y, n))).unwrap();
+    (out.loss, out.grads)
 }
 
 fn grad(grads: &[(String, Tensor)], name: &str) -> Vec<f64> {

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 
 use crate::error::{Result, RuntimeError};
 use crate::executor::ParamStore;
-use crate::parallel::ParallelJob;
+use crate::job::Job;
 
 fn ck_err(path: &Path) -> impl FnOnce(autopar_checkpoint::CheckpointError) -> RuntimeError {
     let path = path.to_path_buf();
@@ -82,16 +82,19 @@ pub fn load_checkpoint(path: &Path) -> Result<ParamStore> {
 /// read from the per-rank checkpoints `src_dir/rank_<k>/*` saved under `src_strategy` (`None`:
 /// one unsplit checkpoint in `src_dir/rank_0`). Every parameter of the job must be found, with
 /// its full shape; errors name the file, tensor and rank.
-pub fn load_distributed_checkpoint(job: &ParallelJob, rank: usize, src_dir: &Path, src_strategy: Option<&Path>) -> Result<ParamStore> {
+pub fn load_distributed_checkpoint(job: &Job, rank: usize, src_dir: &Path, src_strategy: Option<&Path>) -> Result<ParamStore> {
     let program = job.program(rank)?;
+    let held = program.held_params();
     let (files, _) = collect_rank_files(src_dir).map_err(ck_err(src_dir))?;
     let loaded = in_scratch(rank, |scratch| {
         let dst_strategy = scratch.join("destination_strategy.json");
-        crate::strategy_io::save_strategy_file(job.plan(), &dst_strategy, false, &|_| Vec::new())?;
+        job.plan().strategy_file(false, &|_| Vec::new()).save(&dst_strategy).map_err(|e| {
+            RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::StrategyFile { path: dst_strategy.clone(), error: Box::new(e) }))
+        })?;
         transform_and_load(rank, &files, src_strategy, Some(&dst_strategy), scratch, src_dir)
     })?;
     let mut store = ParamStore::new();
-    for slot in &program.params {
+    for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
         let t = loaded.get(&slot.name).ok_or_else(|| RuntimeError::NotResharded {
             name: slot.name.clone(),
             rank,

@@ -2,7 +2,7 @@
 //! momentum) and a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW).
 //! PyTorch beside them, interleaved: `cargo bench -p autopar --bench versus`.
 //!
-//! `cargo bench -p autopar-models --bench models`
+//! `cargo bench -p autopar --bench models`
 //!
 //! Knobs (environment): `RAYON_NUM_THREADS` (default all cores), `BENCH_SECONDS` (timed seconds
 //! per model and round, default 5), `BENCH_ROUNDS` (3), `RESNET_BATCH` (32), `GPT_BATCH` (16),
@@ -11,9 +11,10 @@
 
 use std::time::Instant;
 
-use autopar_graph::{DType, NodeId, Rng};
+use autopar_graph::{DType, Rng};
 use autopar_models::{Gpt, GptConfig, Mode, Model, ResNet, ResNetConfig};
-use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamStore, TrainStep};
+use autopar_parallel::ParallelContext;
+use autopar_runtime::{AdamW, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer};
 use autopar_tensor::Tensor;
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -23,9 +24,9 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
 /// One model ready to train on a fixed random batch.
 struct Runner {
     batch: usize,
-    step: TrainStep,
-    params: ParamStore,
-    feeds: Vec<(NodeId, Tensor)>,
+    job: Job,
+    step: RankTrainer,
+    feeds: Vec<(String, Tensor)>,
     opt: Box<dyn Optimizer>,
 }
 
@@ -46,8 +47,10 @@ impl Runner {
         }
         .expect("input tensor");
         let y = Tensor::from_vec(&y_shape, (0..ny).map(|_| (rng.next_u64() % classes) as i64).collect()).expect("label tensor");
-        let step = TrainStep::new(graph, m.loss).expect("model differentiates");
-        let mut r = Self { batch, step, params, feeds: vec![(m.x, x), (m.labels, y)], opt };
+        let job = Job::new(&graph, m.loss, &ParallelContext::default()).expect("model differentiates");
+        let step = RankTrainer::alone(&job, ParamSource::Local(params)).expect("one device");
+        let feeds = vec![(graph.node(m.x).name.clone(), x), (graph.node(m.labels).name.clone(), y)];
+        let mut r = Self { batch, job, step, feeds, opt };
         for _ in 0..2 {
             r.one();
         }
@@ -55,7 +58,7 @@ impl Runner {
     }
 
     fn one(&mut self) -> f64 {
-        self.step.run(&mut self.params, self.opt.as_mut(), &self.feeds).expect("training step")
+        self.step.step(self.opt.as_mut(), &self.feeds).expect("training step")
     }
 
     /// Samples/s over at least `seconds` (and 3 steps).
@@ -70,8 +73,8 @@ impl Runner {
 
     /// Op time by kind over one profiled forward + backward, on stderr.
     fn profile(&mut self, label: &str) {
-        let mut prof = self.step.clone().with_profiling(true);
-        let out = prof.gradients(&mut self.params, &self.feeds, None).expect("profiled step");
+        let mut prof = RankTrainer::alone(&self.job, ParamSource::Full(self.step.params())).expect("one device").with_profiling(true);
+        let out = prof.gradients(&self.feeds).expect("profiled step");
         let mut by_kind: Vec<(&str, f64, usize)> = Vec::new();
         for t in &out.run.timings {
             match by_kind.iter_mut().find(|(k, _, _)| *k == t.kind) {
