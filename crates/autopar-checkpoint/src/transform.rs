@@ -444,6 +444,97 @@ impl TransformPlanner {
         self.dst.as_ref().is_some_and(|m| m.layout_of(name).is_some() && m.layout_of_in_stage(name, stage).is_none())
     }
 
+    /// The plan of tensor `name` (laid out as `src` in source stage `src_stage`, as `dst` in the
+    /// destination) for the destination rank at `local` in its stage: the pieces of the source
+    /// files it is copied from, each replica checked once (`checked`). None: no source file
+    /// holds it.
+    fn plan_tensor(
+        &self,
+        name: &str,
+        (src_p, src_stage, dst_p): (&ParamLayout, u32, &ParamLayout),
+        local: usize,
+        files: &BTreeMap<usize, CheckpointFile>,
+        checked: &mut BTreeSet<(String, usize)>,
+    ) -> Result<Option<TensorPlan>> {
+        let base = src_stage as usize * self.src_stage_devs;
+        let (fs, fd) = Side::fake(src_p, dst_p, name)?;
+        let available = |q: usize| files.contains_key(&(base + q));
+        let fake_cover = cover(&fs, &fd, local, &available);
+        // the local shape of any source piece gives the full shape
+        let first = base + fake_cover.first().map_or(0, |c| c.0);
+        let file = files.get(&first).ok_or(CheckpointError::MissingRankFile { rank: first })?;
+        let Some(entry) = file.get(name) else {
+            if files.values().all(|f| f.get(name).is_none()) {
+                return Ok(None);
+            }
+            return Err(CheckpointError::MissingTensor { path: file.path().to_path_buf(), tensor: name.to_string() });
+        };
+        let mut full = entry.shape.clone();
+        let (splits, opt) = (fs.layout.splits(), fs.opt);
+        if full.len() != splits.len() {
+            return Err(CheckpointError::ShapeMismatch {
+                tensor: name.to_string(),
+                rank: first,
+                path: file.path().to_path_buf(),
+                expected: fs.local_shape(),
+                actual: full,
+            });
+        }
+        for (d, s) in full.iter_mut().zip(&splits) {
+            *d *= s;
+        }
+        if let Some(d0) = full.first_mut() {
+            *d0 *= opt;
+        }
+        for (which, p) in [("source", src_p), ("destination", dst_p)] {
+            if let Some(ts) = &p.tensor_shape {
+                if *ts != full {
+                    return Err(CheckpointError::StrategyShapeMismatch {
+                        tensor: name.to_string(),
+                        which,
+                        strategy: ts.clone(),
+                        checkpoint: full.clone(),
+                    });
+                }
+            }
+        }
+        let s = Side::new(src_p, &full, name, "source")?;
+        let d = Side::new(dst_p, &full, name, "destination")?;
+        let d_region = d.region(local);
+        let expect_src = s.local_shape();
+        let mut pieces = Vec::new();
+        for (q, s_region, inter) in cover(&s, &d, local, &available) {
+            let g = base + q;
+            let f = files.get(&g).ok_or(CheckpointError::MissingRankFile { rank: g })?;
+            let e = f.get(name).ok_or_else(|| CheckpointError::MissingTensor { path: f.path().to_path_buf(), tensor: name.to_string() })?;
+            if e.shape != expect_src {
+                return Err(CheckpointError::ShapeMismatch {
+                    tensor: name.to_string(),
+                    rank: g,
+                    path: f.path().to_path_buf(),
+                    expected: expect_src.clone(),
+                    actual: e.shape.clone(),
+                });
+            }
+            if e.dtype != entry.dtype {
+                return Err(CheckpointError::DtypeMismatch {
+                    tensor: name.to_string(),
+                    rank: g,
+                    path: f.path().to_path_buf(),
+                    expected: entry.dtype.to_string(),
+                    actual: e.dtype.to_string(),
+                });
+            }
+            let src_box: Vec<Range<usize>> = inter.iter().zip(&s_region).map(|(i, r)| i.start - r.start..i.end - r.start).collect();
+            let dst_start: Vec<usize> = inter.iter().zip(&d_region).map(|(i, r)| i.start - r.start).collect();
+            if checked.insert((name.to_string(), g)) {
+                check_replica(&s, q, base, name, files)?;
+            }
+            pieces.push((g, src_box, dst_start));
+        }
+        Ok(Some(TensorPlan { spec: TensorSpec { name: name.to_string(), dtype: entry.dtype, shape: d.local_shape() }, pieces }))
+    }
+
     /// Plan destination `rank`'s file from the open source files.
     fn plan_rank(
         &self,
@@ -472,85 +563,10 @@ impl TransformPlanner {
         }
         for (name, src_p, src_stage, dst_p) in self.params_of(rank, &state, &hint) {
             handled.insert(name.clone());
-            let base = src_stage as usize * self.src_stage_devs;
-            let (fs, fd) = Side::fake(&src_p, &dst_p, &name)?;
-            let available = |q: usize| files.contains_key(&(base + q));
-            let fake_cover = cover(&fs, &fd, local, &available);
-            // the local shape of any source piece gives the full shape
-            let first = base + fake_cover.first().map_or(0, |c| c.0);
-            let file = files.get(&first).ok_or(CheckpointError::MissingRankFile { rank: first })?;
-            let Some(entry) = file.get(&name) else {
-                if files.values().all(|f| f.get(&name).is_none()) {
-                    report.absent.push(name);
-                    continue;
-                }
-                return Err(CheckpointError::MissingTensor { path: file.path().to_path_buf(), tensor: name });
-            };
-            let mut full = entry.shape.clone();
-            let (splits, opt) = (fs.layout.splits(), fs.opt);
-            if full.len() != splits.len() {
-                return Err(CheckpointError::ShapeMismatch {
-                    tensor: name.clone(),
-                    rank: first,
-                    path: file.path().to_path_buf(),
-                    expected: fs.local_shape(),
-                    actual: full,
-                });
+            match self.plan_tensor(&name, (&src_p, src_stage, &dst_p), local, files, checked)? {
+                Some(t) => tensors.push(t),
+                None => report.absent.push(name),
             }
-            for (d, s) in full.iter_mut().zip(&splits) {
-                *d *= s;
-            }
-            if let Some(d0) = full.first_mut() {
-                *d0 *= opt;
-            }
-            for (which, p) in [("source", &src_p), ("destination", &dst_p)] {
-                if let Some(ts) = &p.tensor_shape {
-                    if *ts != full {
-                        return Err(CheckpointError::StrategyShapeMismatch {
-                            tensor: name.clone(),
-                            which,
-                            strategy: ts.clone(),
-                            checkpoint: full.clone(),
-                        });
-                    }
-                }
-            }
-            let s = Side::new(&src_p, &full, &name, "source")?;
-            let d = Side::new(&dst_p, &full, &name, "destination")?;
-            let d_region = d.region(local);
-            let expect_src = s.local_shape();
-            let mut pieces = Vec::new();
-            for (q, s_region, inter) in cover(&s, &d, local, &available) {
-                let g = base + q;
-                let f = files.get(&g).ok_or(CheckpointError::MissingRankFile { rank: g })?;
-                let e =
-                    f.get(&name).ok_or_else(|| CheckpointError::MissingTensor { path: f.path().to_path_buf(), tensor: name.clone() })?;
-                if e.shape != expect_src {
-                    return Err(CheckpointError::ShapeMismatch {
-                        tensor: name.clone(),
-                        rank: g,
-                        path: f.path().to_path_buf(),
-                        expected: expect_src.clone(),
-                        actual: e.shape.clone(),
-                    });
-                }
-                if e.dtype != entry.dtype {
-                    return Err(CheckpointError::DtypeMismatch {
-                        tensor: name.clone(),
-                        rank: g,
-                        path: f.path().to_path_buf(),
-                        expected: entry.dtype.to_string(),
-                        actual: e.dtype.to_string(),
-                    });
-                }
-                let src_box: Vec<Range<usize>> = inter.iter().zip(&s_region).map(|(i, r)| i.start - r.start..i.end - r.start).collect();
-                let dst_start: Vec<usize> = inter.iter().zip(&d_region).map(|(i, r)| i.start - r.start).collect();
-                if checked.insert((name.clone(), g)) {
-                    check_replica(&s, q, base, &name, files)?;
-                }
-                pieces.push((g, src_box, dst_start));
-            }
-            tensors.push(TensorPlan { spec: TensorSpec { name, dtype: entry.dtype, shape: d.local_shape() }, pieces });
         }
         // MindSpore copies the other tensors unchanged, from the paired source rank when its file
         // is open: those in neither strategy (global_step, learning_rate) and those in one only

@@ -131,6 +131,13 @@ impl Ctx<'_> {
 }
 
 fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
+    suite_reductions::<T>(cx)?;
+    suite_parts::<T>(cx)?;
+    suite_moves::<T>(cx)
+}
+
+/// all_reduce and reduce_scatter of every op, then of arbitrary values (the rank-order bits).
+fn suite_reductions<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
     let comm = cx.comm;
     let (n, me) = (comm.size(), comm.rank());
     let dt = T::DTYPE;
@@ -181,6 +188,14 @@ fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
             &want,
         )?;
     }
+    Ok(())
+}
+
+/// The fused collectives of parts: the bits of one collective of the packed parts.
+fn suite_parts<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
+    let comm = cx.comm;
+    let (n, me) = (comm.size(), comm.rank());
+    let dt = T::DTYPE;
     // all_reduce_parts: the bits of one all_reduce of the concatenation, parts of odd lengths
     // (an empty one among them) straddling the ranks' chunks.
     for op in [ReduceOp::Sum, ReduceOp::Max] {
@@ -239,6 +254,14 @@ fn suite_typed<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// all_gather, broadcast from every root, all_to_all, send/recv.
+fn suite_moves<T: Sample>(cx: &mut Ctx<'_>) -> Result<()> {
+    let comm = cx.comm;
+    let (n, me) = (comm.size(), comm.rank());
+    let dt = T::DTYPE;
     // all_gather
     for len in [1, 3, 37] {
         let salt = cx.next_salt();

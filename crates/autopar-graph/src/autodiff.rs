@@ -10,7 +10,7 @@
 use crate::error::{GraphError, Result};
 use crate::graph::Graph;
 use crate::ops::*;
-use crate::types::{DType, NodeId, Shape};
+use crate::types::NodeId;
 
 /// The result of [`differentiate`]: the loss and, for each requested leaf, its gradient node.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,10 +87,9 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
             continue;
         }
         let input_needs: Vec<bool> = graph.node(id).inputs.iter().map(|x| needs[x.0]).collect();
-        let arity = input_needs.len();
-        let mut cx = GradCx { graph, node: id, dy, needs: input_needs, grads: vec![None; arity], counter: 0 };
+        let mut cx = GradCx::new(graph, id, dy, input_needs);
         op.def().grad(&mut cx)?;
-        let GradCx { grads, .. } = cx;
+        let grads = cx.into_grads();
         let inputs = graph.node(id).inputs.clone();
         for (x, g) in inputs.into_iter().zip(grads) {
             if let Some(g) = g {
@@ -119,151 +118,10 @@ pub fn backward(graph: &mut Graph, loss: NodeId) -> Result<Gradients> {
     differentiate(graph, loss, &params)
 }
 
-/// What a backward rule sees: the forward node, its output gradient, and a way to add nodes.
-pub struct GradCx<'a> {
-    graph: &'a mut Graph,
-    node: NodeId,
-    dy: NodeId,
-    needs: Vec<bool>,
-    grads: Vec<Option<NodeId>>,
-    counter: usize,
-}
-
-impl GradCx<'_> {
-    /// Forward input `i`.
-    pub fn x(&self, i: usize) -> NodeId {
-        self.graph.node(self.node).inputs[i]
-    }
-
-    /// Number of forward inputs.
-    pub fn num_inputs(&self) -> usize {
-        self.needs.len()
-    }
-
-    /// Forward output.
-    pub fn y(&self) -> NodeId {
-        self.node
-    }
-
-    /// Gradient of the forward output.
-    pub fn dy(&self) -> NodeId {
-        self.dy
-    }
-
-    /// Shape of node `id`.
-    pub fn shape(&self, id: NodeId) -> Shape {
-        self.graph.node(id).ty.shape.clone()
-    }
-
-    /// Element type of node `id`.
-    pub fn dtype(&self, id: NodeId) -> DType {
-        self.graph.node(id).ty.dtype
-    }
-
-    /// Shape of forward input `i`.
-    pub fn x_shape(&self, i: usize) -> Shape {
-        self.shape(self.x(i))
-    }
-
-    /// Whether forward input `i` needs a gradient.
-    pub fn needs(&self, i: usize) -> bool {
-        self.needs[i]
-    }
-
-    /// Records the gradient of forward input `i` (ignored when it needs none).
-    pub fn set(&mut self, i: usize, grad: NodeId) {
-        if self.needs[i] {
-            self.grads[i] = Some(grad);
-        }
-    }
-
-    /// The error for a backward rule that is not defined for input `i`.
-    pub fn not_differentiable(&self, i: usize) -> GraphError {
-        let node = self.graph.node(self.node);
-        GraphError::NotDifferentiable { kind: node.op.kind(), name: node.name.clone(), input: i }
-    }
-
-    /// Adds a backward node.
-    pub fn op(&mut self, op: impl Into<OpKind>, inputs: &[NodeId]) -> Result<NodeId> {
-        let op = op.into();
-        let fwd = self.graph.node(self.node);
-        let stage = fwd.pipeline_stage;
-        let name = self.graph.unique_name(&format!("grad/{}/{}{}", fwd.name, op.kind(), self.counter));
-        self.counter += 1;
-        let id = self.graph.add(&name, op, inputs)?;
-        self.graph.node_mut(id).pipeline_stage = stage;
-        Ok(id)
-    }
-
-    /// Adds a backward `Add` node: `a + b`.
-    pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.op(Add, &[a, b])
-    }
-
-    /// Adds a backward `Sub` node: `a - b`.
-    pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.op(Sub, &[a, b])
-    }
-
-    /// Adds a backward `Mul` node: `a * b`.
-    pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.op(Mul, &[a, b])
-    }
-
-    /// Adds a backward `Div` node: `a / b`.
-    pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
-        self.op(Div, &[a, b])
-    }
-
-    /// Adds a backward `Neg` node: `-a`.
-    pub fn neg(&mut self, a: NodeId) -> Result<NodeId> {
-        self.op(Neg, &[a])
-    }
-
-    /// Adds a backward `Scale` node: `a * factor`.
-    pub fn scale(&mut self, a: NodeId, factor: f64) -> Result<NodeId> {
-        self.op(Scale { factor }, &[a])
-    }
-
-    /// `a` reshaped to `shape`: `a` itself when it already has that shape, else a new `Reshape` node.
-    pub fn reshape(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
-        if self.shape(a) == shape {
-            return Ok(a);
-        }
-        self.op(Reshape { shape: shape.iter().map(|&d| d as i64).collect() }, &[a])
-    }
-
-    /// `a` broadcast to `shape`: `a` itself when it already has that shape, else a new `BroadcastTo` node.
-    pub fn broadcast_to(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
-        if self.shape(a) == shape {
-            return Ok(a);
-        }
-        self.op(BroadcastTo { shape: shape.to_vec() }, &[a])
-    }
-
-    /// Sums a broadcast gradient back to `shape` (the reverse of broadcasting).
-    pub fn sum_to(&mut self, a: NodeId, shape: &[usize]) -> Result<NodeId> {
-        if self.shape(a) == shape {
-            return Ok(a);
-        }
-        self.op(SumTo { shape: shape.to_vec() }, &[a])
-    }
-
-    /// Adds a backward `ReduceSum` node over `axes` (dimensions counted from 0), keeping them as size 1 when `keep_dims`.
-    pub fn reduce_sum(&mut self, a: NodeId, axes: &[usize], keep_dims: bool) -> Result<NodeId> {
-        self.op(ReduceSum { axes: axes.iter().map(|&d| d as i64).collect(), keep_dims }, &[a])
-    }
-
-    /// Adds a backward `Fill` node: a tensor of `shape` and `dtype` with every element `value`.
-    pub fn fill(&mut self, shape: &[usize], dtype: DType, value: f64) -> Result<NodeId> {
-        self.op(Fill { shape: shape.to_vec(), dtype, value }, &[])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{GraphBuilder, Initializer};
+    use crate::{DType, GraphBuilder, Initializer};
 
     #[test]
     fn a_value_used_twice_gets_the_sum_of_both_contributions() {

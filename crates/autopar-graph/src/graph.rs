@@ -6,7 +6,7 @@ use std::fmt;
 use autopar_layout::Strategy;
 
 use crate::error::{GraphError, Result};
-use crate::ops::{InferCx, OpKind, Parameter};
+use crate::ops::{GradGraph, InferCx, OpKind, Parameter};
 use crate::types::{NodeId, TensorType};
 
 /// One op application. Its output is identified by the node's id.
@@ -31,6 +31,30 @@ impl Node {
     /// parameter, an input or a constant.
     pub fn is_stageless(&self) -> bool {
         self.op.is_leaf() || self.inputs.is_empty()
+    }
+}
+
+impl GradGraph for Graph {
+    fn inputs_of(&self, id: NodeId) -> &[NodeId] {
+        &self.node(id).inputs
+    }
+    fn type_of(&self, id: NodeId) -> &TensorType {
+        &self.node(id).ty
+    }
+    fn name_of(&self, id: NodeId) -> &str {
+        &self.node(id).name
+    }
+    fn kind_of(&self, id: NodeId) -> &'static str {
+        self.node(id).op.kind()
+    }
+    fn stage_of(&self, id: NodeId) -> Option<usize> {
+        self.node(id).pipeline_stage
+    }
+    fn add_node(&mut self, base: &str, op: OpKind, inputs: &[NodeId], stage: Option<usize>) -> Result<NodeId> {
+        let name = self.unique_name(base);
+        let id = self.add(&name, op, inputs)?;
+        self.node_mut(id).pipeline_stage = stage;
+        Ok(id)
     }
 }
 

@@ -64,14 +64,14 @@ pub mod ops;
 pub mod sharding;
 pub mod types;
 
-pub use autodiff::{backward, differentiate, GradCx, Gradients};
+pub use autodiff::{backward, differentiate, Gradients};
 /// A strategy as `GraphBuilder::shard` takes it (the layout crate's, for models that need no other).
 pub use autopar_layout::Strategy;
 pub use builder::{GraphBuilder, ParamSpec};
 pub use error::{GraphError, Result};
 pub use graph::{Graph, Node, Schedule};
 pub use init::{derive_seed, Initializer, Rng};
-pub use ops::{Arity, CollectiveOp, ConvAttrs, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
+pub use ops::{Arity, CollectiveOp, ConvAttrs, GradCx, GradGraph, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
 pub use sharding::{
     Collective, CommCall, CostCx, LocalCx, LogicalDim, OpCost, OpLayouts, OpSpec, RuleCx, ShardingRule, StrategyProblem, Tie,
 };

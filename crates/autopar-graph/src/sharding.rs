@@ -25,7 +25,6 @@ use std::fmt;
 use autopar_layout::{DeviceMatrix, Strategy, TensorLayout};
 
 use crate::error::{GraphError, Result};
-use crate::ops::{DropoutBlock, TableShard};
 use crate::types::{DType, TensorType};
 
 /// One loop dimension of an op.
@@ -601,6 +600,26 @@ fn sorted(group: &[usize]) -> Vec<usize> {
 /// make (sums in f64, a softmax's row maxima and sums in its dtype); none on a group of one.
 pub fn group_reduce(group: &[usize], count: usize, dtype: DType) -> Option<CommCall> {
     (group.len() > 1).then(|| CommCall { kind: Collective::AllReduce, group: sorted(group), bytes: count * dtype.size() })
+}
+
+/// Where a local block sits in the whole tensor: its offset per dimension and the whole shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropoutBlock {
+    /// Shape of the whole tensor.
+    pub global_shape: Vec<usize>,
+    /// Offset of the block in each dimension of the whole tensor.
+    pub begin: Vec<usize>,
+}
+
+/// Rows `start..start + len` (along the gathered axis) of a table of `total` rows, `len` the
+/// local size: an index outside the rows this rank holds gathers zeros, so the sum of the
+/// ranks' results is the gather from the whole table; an index outside `0..total` is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableShard {
+    /// The first row this rank holds.
+    pub start: usize,
+    /// Rows of the whole table.
+    pub total: usize,
 }
 
 #[cfg(test)]

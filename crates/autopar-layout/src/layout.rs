@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use crate::error::{LayoutError, Result};
 use crate::mesh::{group_of, DeviceAxis, DeviceMatrix};
-use crate::mindspore::TensorMap;
+use crate::mindspore::{ParameterLayout, TensorMap};
 
 /// A tensor's full shape, its device matrix, the axes splitting each dimension and its
 /// partial-sum axes. Always valid: constructors check every invariant.
@@ -34,6 +34,13 @@ impl TensorLayout {
         let mesh = DeviceMatrix::new(dev_matrix.to_vec())?;
         let map = tensor_map.to_axes(&mesh, shape)?;
         Self::new(mesh, map, shape.to_vec())
+    }
+
+    /// The layout a MindSpore `parameter_layout_dict` entry describes (device matrix, tensor
+    /// map, full shape). A flattened multi-axis map (longer than the shape) cannot be regrouped
+    /// without the strategy file and is an error.
+    pub fn of_parameter(p: &ParameterLayout) -> Result<Self> {
+        Self::from_mindspore(&p.dev_matrix, &TensorMap::single(&p.tensor_map), &p.full_shape)
     }
 
     /// The fully replicated layout of `shape` on `mesh`.

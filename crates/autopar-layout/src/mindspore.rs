@@ -6,7 +6,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{LayoutError, Result};
-use crate::layout::TensorLayout;
 use crate::mesh::DeviceMatrix;
 
 /// A tensor map in MindSpore's form: one entry per tensor dimension; each entry lists device
@@ -272,12 +271,6 @@ impl ParameterLayout {
             },
         ))
     }
-
-    /// The tensor layout (device matrix, tensor map, full shape). A flattened multi-axis map
-    /// (longer than the shape) cannot be regrouped without the strategy file and is an error.
-    pub fn tensor_layout(&self) -> Result<TensorLayout> {
-        TensorLayout::from_mindspore(&self.dev_matrix, &TensorMap::single(&self.tensor_map), &self.full_shape)
-    }
 }
 
 impl fmt::Display for ParameterLayout {
@@ -325,6 +318,6 @@ mod tests {
         assert_eq!(name, "l1.w");
         assert_eq!(p.opt_shard_group, "2-16453000547691086251");
         assert_eq!(format!("{name}: {p}"), line);
-        assert_eq!(p.tensor_layout().unwrap().slice_shape(), vec![64, 32]);
+        assert_eq!(crate::TensorLayout::of_parameter(&p).unwrap().slice_shape(), vec![64, 32]);
     }
 }

@@ -34,7 +34,7 @@ fn every_fixture_layout_gives_mindspores_slice_shape() {
             let rank: usize = rank.parse().unwrap();
             files += 1;
             for (param, p) in read_layouts(&f) {
-                let layout = p.tensor_layout().unwrap_or_else(|e| panic!("{} {param}: {e}", f.display()));
+                let layout = autopar_layout::TensorLayout::of_parameter(&p).unwrap_or_else(|e| panic!("{} {param}: {e}", f.display()));
                 assert_eq!(layout.slice_shape(), p.slice_shape, "{} {param}", f.display());
                 assert_eq!(layout.tensor_map().flattened(), p.tensor_map, "{} {param}", f.display());
                 // The stage-local rank (pipeline stages own consecutive ranks) holds that shape.

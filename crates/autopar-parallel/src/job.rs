@@ -1,8 +1,7 @@
 //! A training or inference job as data, every mode and shape alike: [`JobPlan`] (the network
-//! planned on one stage's devices, its stages, micro-batches and schedule), one rank's share of
-//! it ([`JobProgram`]), and the one entry point that assembles a job from a network and a
-//! parallel context ([`assemble_job`]), which the trainer, `autopar plan` and the Python
-//! package all call.
+//! planned on one stage's devices, its stages, micro-batches and schedule) and one rank's share
+//! of it ([`JobProgram`]). [`crate::assemble_job`] makes one from a network and a parallel
+//! context.
 //!
 //! A job without pipeline stages is a pipeline of one stage: its plan has `stages == 1` and one
 //! chunk, and each of its micro-batches runs forward and backward as one graph
@@ -17,18 +16,16 @@
 
 use std::collections::BTreeSet;
 
-use autopar_graph::{Graph, NodeId};
+use autopar_graph::NodeId;
 
 use crate::context::{ParallelContext, ParallelMode};
 use crate::error::{ParallelError, PipelineProblem, Result};
 use crate::pipeline::chunks::{chunk_program, ChunkProgram};
 use crate::pipeline::schedule::{build, PipelineShape, Schedule};
-use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks, split_before};
+use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks};
 use crate::plan::ParallelPlan;
 use crate::planner::{plan_network, PlanRequest};
 use crate::program::{rank_program, RankProgram};
-use crate::search::DeviceProfile;
-use crate::strategy_files::load_plan_strategies;
 
 /// Chunks per stage of an interleaved pipeline whose ops autopar places itself (the model
 /// placed none and no pipeline split was given).
@@ -274,72 +271,6 @@ impl JobProgram {
             Passes::Chunks(chunks) => held_params(chunks),
         }
     }
-}
-
-/// What to assemble into a job.
-#[derive(Clone, Copy, Debug)]
-pub struct JobRequest<'a> {
-    /// The network, built for one micro-batch (the global batch divided by `micro_batches`).
-    pub graph: &'a Graph,
-    /// The loss of a training job (None: inference, whose outputs are what the graph computes).
-    pub loss: Option<NodeId>,
-    /// The parallel options. Its strategy files (`strategy_ckpt_config.load_file`,
-    /// `op_strategy_config` LOAD) are read here.
-    pub context: &'a ParallelContext,
-    /// Micro-batches per step (None: the default, [`default_micro_batches`]).
-    pub micro_batches: Option<usize>,
-    /// Where pipeline stages begin: the first op of each stage after the first, in network order
-    /// (empty: the model's own stages, else stages of about equal FLOPs).
-    pub pipeline_split: &'a [String],
-    /// The device profile of auto_parallel's cost model (None: the built-in one).
-    pub profile: Option<&'a DeviceProfile>,
-}
-
-impl<'a> JobRequest<'a> {
-    /// A request for `graph` under `context`, every other field at its default.
-    pub fn new(graph: &'a Graph, loss: Option<NodeId>, context: &'a ParallelContext) -> Self {
-        Self { graph, loss, context, micro_batches: None, pipeline_split: &[], profile: None }
-    }
-}
-
-/// Micro-batches per step when none are given: one per stage of a pipeline (so that every stage
-/// has work), one without.
-pub fn default_micro_batches(ctx: &ParallelContext) -> usize {
-    ctx.pipeline_stages.max(1)
-}
-
-/// The size of one micro-batch of a global batch of `batch_size` rows cut into `micro_batches`
-/// (which must divide it).
-pub fn micro_batch_size(batch_size: usize, micro_batches: usize) -> Result<usize> {
-    if micro_batches == 0 || batch_size == 0 || !batch_size.is_multiple_of(micro_batches) {
-        return Err(ParallelError::MicroBatches { given: micro_batches, batch: batch_size });
-    }
-    Ok(batch_size / micro_batches)
-}
-
-/// The one entry point that assembles a job: the context's defaults applied
-/// ([`ParallelContext::resolved`]), its strategy files read, what autopar does not run refused,
-/// the pipeline split applied, then the network planned in its stages (one stage without a
-/// pipeline).
-pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
-    let ctx = req.context.resolved()?;
-    let micro_batches = req.micro_batches.unwrap_or_else(|| default_micro_batches(&ctx));
-    if micro_batches == 0 {
-        return Err(ParallelError::MicroBatches { given: 0, batch: 0 });
-    }
-    if ctx.pipeline_result_broadcast && req.loss.is_some() {
-        return Err(ParallelError::ResultBroadcastInTraining);
-    }
-    if ctx.parallel_mode == ParallelMode::HybridParallel {
-        return Err(ParallelError::Hybrid { problem: crate::error::HybridProblem::NeedsRankGraphs });
-    }
-    let items = load_plan_strategies(&ctx)?;
-    let mut graph = req.graph.clone();
-    if !req.pipeline_split.is_empty() {
-        split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;
-    }
-    let network = PlanRequest { graph: &graph, loss: req.loss, context: &ctx, strategy_file: items.as_ref(), profile: req.profile };
-    plan_stages(&network, micro_batches)
 }
 
 /// Plan a job in its stages: `req.graph` is the network for one micro-batch; with

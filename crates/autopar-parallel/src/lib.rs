@@ -60,6 +60,7 @@
 #![warn(missing_docs)]
 
 pub mod analysis;
+pub mod assemble;
 pub mod context;
 pub mod cost;
 pub mod error;
@@ -75,16 +76,14 @@ pub mod strategy_files;
 pub mod testing;
 
 pub use analysis::reshape_layout;
+pub use assemble::{assemble_job, default_micro_batches, micro_batch_size, JobRequest};
 pub use context::{
     CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, ParallelContext, ParallelMode, ParallelOptimizerConfig,
     PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};
-pub use job::{
-    assemble_job, default_micro_batches, micro_batch_size, plan_stages, JobPlan, JobProgram, JobRequest, Passes, SharedGroup,
-    DEFAULT_CHUNKS,
-};
+pub use job::{plan_stages, JobPlan, JobProgram, Passes, SharedGroup, DEFAULT_CHUNKS};
 pub use optimizer_shard::{group_name, OptDecision, OptShard, ShardBucketPlan};
 pub use plan::{AdjointStep, BucketPlan, GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
 pub use planner::{

@@ -3,42 +3,16 @@
 //! [`crate::RankCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
 
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use autopar_graph::{DType, Graph, NodeId, OpKind};
 use autopar_layout::{group_of, DeviceAxis, RedistributionPlan, Step, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
-use crate::optimizer_shard::{OptDecision, ShardBucketPlan};
 
-/// Where an op's strategy came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StrategySource {
-    /// The model's `.shard(strategy)` annotation.
-    User,
-    /// A strategy file (`--strategy`, `strategy_ckpt_config.load_file`).
-    StrategyFile,
-    /// MindSpore's default for an unannotated op: its batch dimension split (data parallel).
-    Default,
-    /// auto_parallel, sharding_propagation: taken over from its neighbours (the cheapest
-    /// redistribution from the ops, or the dataset, decided before it).
-    Propagated,
-    /// auto_parallel: chosen by the strategy search.
-    Searched,
-}
-
-impl StrategySource {
-    /// The source's short name, as reports print it ("user", "file", "default", "propagated", "searched").
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategySource::User => "user",
-            StrategySource::StrategyFile => "file",
-            StrategySource::Default => "default",
-            StrategySource::Propagated => "propagated",
-            StrategySource::Searched => "searched",
-        }
-    }
-}
+/// Where an op's strategy came from (defined with the searches, which choose most).
+pub use crate::search::StrategySource;
 
 /// How a rank's op is tied to the whole tensor, in device-matrix terms (resolved per rank by
 /// [`crate::rank_program`]).
@@ -368,4 +342,99 @@ impl ParallelPlan {
         }
         s
     }
+}
+
+/// A parameter's optimizer shard: its replica group cut into contiguous chunks of `size`
+/// ranks (sorted global ranks, innermost device axes first); a rank's position in its chunk
+/// selects its dimension-0 piece of the model-parallel slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptShard {
+    /// Axes of the shard group (the chunk), outermost first.
+    pub axes: Vec<DeviceAxis>,
+    /// The other replica axes: the ranks along them store the same shard (and gather its
+    /// gradient's parts).
+    pub rest: Vec<DeviceAxis>,
+    /// Ranks in the shard group (k).
+    pub size: usize,
+    /// MindSpore's `opt_weight_shard_step`: the rank stride between consecutive replicas.
+    pub step: usize,
+    /// `optimizer_weight_shard_size` as configured (-1: the whole replica group), as strategy
+    /// files record it.
+    pub configured: i64,
+}
+
+impl OptShard {
+    /// The shard group of `rank` (ascending).
+    pub fn group(&self, rank: usize) -> Vec<usize> {
+        sorted_group(rank, &self.axes)
+    }
+
+    /// The ranks holding the same shard as `rank` (ascending).
+    pub fn rest_group(&self, rank: usize) -> Vec<usize> {
+        sorted_group(rank, &self.rest)
+    }
+
+    /// `rank`'s position in its shard group: which dimension-0 piece it holds.
+    pub fn index(&self, rank: usize) -> usize {
+        self.axes.iter().fold(0, |acc, a| acc * a.size + a.coord(rank))
+    }
+
+    /// The piece of a model-parallel slice `mp` (ranges in the full tensor) that `rank` stores.
+    pub fn piece(&self, mp: &[Range<usize>], rank: usize) -> Vec<Range<usize>> {
+        let mut out = mp.to_vec();
+        if let Some(d0) = out.first_mut() {
+            let chunk = d0.len() / self.size;
+            let start = d0.start + self.index(rank) * chunk;
+            *d0 = start..start + chunk;
+        }
+        out
+    }
+}
+
+/// What the parallel optimizer does with one parameter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OptDecision {
+    /// `enable_parallel_optimizer` is off.
+    Disabled,
+    /// Sharded over the given shard group.
+    Sharded(OptShard),
+    /// Left whole, and why.
+    Whole(String),
+}
+
+impl OptDecision {
+    /// The shard, when the parameter is sharded.
+    pub fn shard(&self) -> Option<&OptShard> {
+        match self {
+            OptDecision::Sharded(s) => Some(s),
+            OptDecision::Disabled | OptDecision::Whole(_) => None,
+        }
+    }
+}
+
+/// Sharded parameters whose all-gathers (or reduce-scatters) run fused: same groups, same
+/// dtype, up to the fusion threshold.
+///
+/// An all-gather bucket gathers the values over the shard group (`axes`). A reduce-scatter
+/// bucket sums the gradients over the whole replica group (`axes`), each rank receiving
+/// 1/replicas of every slice, and (when the shard group is smaller than the replica group)
+/// all-gathers those parts over the other replicas (`rest`), which rebuilds the rank's shard:
+/// the same bytes as a reduce-scatter over the shard group followed by an all-reduce over the
+/// rest, with the sum taken over the replicas in one pass, in the order an unsharded
+/// all-reduce takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardBucketPlan {
+    /// The collective's group axes: the shard group (all-gather) or the whole replica group (reduce-scatter), outermost first.
+    pub axes: Vec<DeviceAxis>,
+    /// Reduce-scatter buckets: the replica axes outside the shard group.
+    pub rest: Vec<DeviceAxis>,
+    /// Ranks in the shard group.
+    pub shard_size: usize,
+    /// The dtype communicated (for reduce-scatters, the gradients' communication dtype).
+    pub dtype: DType,
+    /// The names of the bucket's parameters, in parameter order.
+    pub params: Vec<String>,
+    /// Elements of the collective's input (MindSpore's fusion size: the shard for an
+    /// all-gather, the slice for a reduce-scatter).
+    pub elements: usize,
 }

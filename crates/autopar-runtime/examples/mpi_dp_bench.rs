@@ -36,15 +36,15 @@ fn main() {
             ("x".to_string(), Tensor::from_vec(&[64 * n, 784], x).map_err(|e| e.to_string())?),
             ("labels".to_string(), Tensor::from_vec(&[64 * n], y).map_err(|e| e.to_string())?),
         ];
-        let feeds = t.local_feeds(&batch).map_err(e)?;
+        let feeds = &batch;
         for _ in 0..3 {
-            t.step(&mut opt, &feeds).map_err(e)?;
+            t.step(&mut opt, feeds).map_err(e)?;
         }
         comm.barrier().map_err(|e| e.to_string())?;
         let steps = 300;
         let start = Instant::now();
         for _ in 0..steps {
-            t.step(&mut opt, &feeds).map_err(e)?;
+            t.step(&mut opt, feeds).map_err(e)?;
         }
         let secs = start.elapsed().as_secs_f64() / steps as f64;
         if comm.rank() == 0 {

@@ -68,8 +68,7 @@ fn main() {
         let mut opt = optimizer().map_err(|e| e.to_string())?;
         let mut losses = Vec::new();
         for batch in &data {
-            let feeds = trainer.local_feeds(batch).map_err(|e| e.to_string())?;
-            losses.push(trainer.step(opt.as_mut(), &feeds).map_err(|e| e.to_string())?);
+            losses.push(trainer.step(opt.as_mut(), batch).map_err(|e| e.to_string())?);
         }
         // Every rank's slices, gathered (each process holds only its own).
         let mpi_params = gather_full_params(&job, &comm, trainer.params()).map_err(|e| e.to_string())?;

@@ -71,14 +71,13 @@ fn rank_run(
     let rank = comm.rank();
     let mut t = RankTrainer::new(job, comm, ParamSource::Full(&seeded(full, rank))).map_err(|e| e.to_string())?;
     let before = t.params().clone();
-    let layout = LayoutSource::Dict(parameter_layout_dict(job.plan(), rank, &|_| Vec::new()));
+    let layout = LayoutSource::Dict(parameter_layout_dict(job.network(), rank, &|_| Vec::new()));
     parameter_broadcast(&mut t, None, comm, &layout, cur_rank, 0).map_err(|e| e.to_string())?;
     let after = t.params().clone();
     let mut opt: Box<dyn Optimizer> = Box::new(Momentum::new(LrSchedule::Constant(0.05), 0.9).map_err(|e| e.to_string())?);
     let mut losses = Vec::new();
     for batch in batches(job_batch(job)) {
-        let feeds = t.local_feeds(&batch).map_err(|e| e.to_string())?;
-        losses.push(t.step(opt.as_mut(), &feeds).map_err(|e| e.to_string())?);
+        losses.push(t.step(opt.as_mut(), &batch).map_err(|e| e.to_string())?);
     }
     Ok((before, after, losses, t.params().clone()))
 }

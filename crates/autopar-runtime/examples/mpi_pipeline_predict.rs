@@ -58,7 +58,7 @@ fn main() {
             let job = Job::inference(&g, &ctx, micro).map_err(|x| e(&x))?;
             let full = ParamStore::init(&job.plan().plan.graph).map_err(|x| e(&x))?;
             let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&full)).map_err(|x| e(&x))?;
-            let out = t.predict(&comm, &[("x".to_string(), x.clone())]).map_err(|x| e(&x))?;
+            let out = t.predict(&[("x".to_string(), x.clone())]).map_err(|x| e(&x))?;
             let last_stage = comm.rank() >= n / 2;
             match out {
                 Some(o) if broadcast || last_stage => {

@@ -62,7 +62,6 @@
 
 pub mod assemble;
 pub mod broadcast;
-pub mod callbacks;
 pub mod checkpoint_io;
 pub mod collective;
 pub mod error;
@@ -74,6 +73,9 @@ pub mod optim;
 mod parallel_optimizer;
 pub mod rank;
 pub mod trainer;
+
+/// Callbacks of the trainer (MindSpore's `LossMonitor`, metrics, the loss curve).
+pub use trainer::callbacks;
 mod transfer;
 
 pub use assemble::{assemble_params, gather_full_params};

@@ -4,7 +4,7 @@
 //!
 //! Every run is a parallel run: `device_num` ranks run as threads over [`LocalComm`], or, in a
 //! build with the `mpi` feature started by `mpirun`, one rank per process over `MpiComm` (one rank
-//! for stand_alone), each running its rank of the [`ParallelJob`]: the same training step in
+//! for stand_alone), each running its rank of the [`Job`]: the same training step in
 //! every mode. The network is built for the global batch; each rank reads only the rows of
 //! every global batch its inputs' layouts give it (under the dataset strategy `data_parallel`
 //! its part of the batch, under `full_batch` all of it) and cuts its slices from them. The data
@@ -18,6 +18,7 @@
 //! through `strategy.json` beside them) and every rank cuts its slices from those; step, data
 //! position and learning-rate schedule continue as in the uninterrupted run.
 
+pub mod callbacks;
 mod ckpt;
 mod error;
 
@@ -32,12 +33,12 @@ use autopar_graph::{Graph, NodeId, OpKind};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
+use self::callbacks::{Callback, StepEvent};
 pub use self::ckpt::{
     checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, DataStream, Loaded, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
 use crate::assemble::assemble_params;
-use crate::callbacks::{Callback, StepEvent};
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, Executor, ParamStore};
 use crate::job::Job;

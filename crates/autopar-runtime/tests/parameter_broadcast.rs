@@ -335,7 +335,7 @@ fn pipeline_stages_broadcast_from_their_first_rank_and_refuse_another_initial_ra
             LocalComm::run(4, |comm| -> Result<_> {
                 let rank = comm.rank();
                 let mut t = RankTrainer::new(&job, &comm, ParamSource::Full(&seeded(&start, rank)))?;
-                let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), rank);
+                let dict = autopar_parallel::report::pipeline_layout_dict(job.plan(), rank);
                 let initial = if wrong { 0 } else { rank / 2 * 2 };
                 let r = parameter_broadcast(&mut t, None, &comm, &LayoutSource::Dict(dict), rank, initial);
                 Ok((r.map(|r| r.redundancy), t.params().clone()))

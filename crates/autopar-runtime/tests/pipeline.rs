@@ -307,7 +307,7 @@ fn the_pp2_stage_0_program_sends_one_8_by_128_tensor_to_rank_4_per_micro_batch_a
 /// stage 0 and again by the head on stage 1, on 2 devices.
 #[test]
 fn a_weight_shared_by_two_stages_has_mindspores_pipeline_layout_fields_and_sync_copies_the_owners_value() {
-    use autopar_parallel::pipeline::pipeline_layout_dict;
+    use autopar_parallel::report::pipeline_layout_dict;
     let mut b = GraphBuilder::new(1);
     let x = b.input("x", &[1, 4], DType::F32).unwrap();
     let w = b.parameter("network.word_embedding.w", &[4, 4], Initializer::HeUniform).unwrap();
@@ -454,7 +454,7 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
             let job = Job::with_micro_batches(&g, loss, &ctx, micro).unwrap();
             if seed == 0 && size == -1 {
                 // parameter_layout_dict names the shard group by world ranks: stage 1's ranks 4-7.
-                let dict = autopar_parallel::pipeline::pipeline_layout_dict(job.plan(), 5);
+                let dict = autopar_parallel::report::pipeline_layout_dict(job.plan(), 5);
                 let (_, l) = dict.iter().find(|(n, _)| n == "block3.weight").expect("stage 1 holds block3");
                 assert_eq!(l.opt_shard_group, autopar_parallel::group_name(&[4, 5, 6, 7], devices), "{what}");
             }

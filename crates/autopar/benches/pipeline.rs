@@ -18,7 +18,8 @@
 use std::time::Instant;
 
 use autopar_models::{model_by_name, Mode, ModelOptions};
-use autopar_parallel::pipeline::{build, ideal_bubble, pipeline_report, simulate, PipelineShape, SimCosts};
+use autopar_parallel::pipeline::{build, ideal_bubble, simulate, PipelineShape, SimCosts};
+use autopar_parallel::report::pipeline_report;
 use autopar_parallel::{ParallelContext, PipelineScheduler, PlanRequest};
 use autopar_runtime::{run_local, Job};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer};

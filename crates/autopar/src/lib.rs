@@ -4,7 +4,7 @@
 //! split across devices (`shard`, MindSpore's `op.shard(strategy)`) or let the planner choose
 //! (`auto_parallel`), and train it on 1 to N devices with the same numbers as on one device:
 //! N simulated devices as threads of one process, or one process per rank under `mpirun` (cargo
-//! feature `mpi`). This crate is the facade over the workspace (see DESIGN.md): everything a
+//! feature `mpi`). This crate is the facade over the workspace (see docs/README.md): everything a
 //! program needs is in [`prelude`]; the crates behind it are re-exported as modules
 //! ([`graph`], [`parallel`], [`runtime`], [`checkpoint`], ...) for the rest. The `autopar`
 //! binary's command line is [`cli`].

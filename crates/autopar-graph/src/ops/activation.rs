@@ -1,6 +1,6 @@
 //! Activations and normalised exponentials.
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::{same_shape_float, unary_float, Arity, InferCx, OpDef, OpKind};
 use crate::sharding::{group_reduce, unary_spec, CostCx, LocalCx, OpCost, RuleCx, ShardingRule, Tie};

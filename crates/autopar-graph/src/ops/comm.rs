@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::{Arity, InferCx, OpDef, OpKind};
 use crate::sharding::{collective_cost, Collective, CommCall, CostCx, LocalCx, OpCost, RuleCx, ShardingRule};

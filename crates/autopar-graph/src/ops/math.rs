@@ -1,6 +1,6 @@
 //! Element-wise arithmetic with NumPy broadcasting, and unary math.
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::{unary_float, Arity, InferCx, OpDef, OpKind};
 use crate::sharding::{broadcast_spec, unary_spec, CostCx, LocalCx, OpCost, RuleCx, ShardingRule};

@@ -11,18 +11,22 @@
 
 use std::fmt;
 
-use crate::autodiff::GradCx;
 use crate::error::{GraphError, Result};
 use crate::sharding::{CostCx, LocalCx, OpCost, RuleCx, ShardingRule};
 use crate::types::{broadcast_shapes, normalize_axis, DType, Shape, TensorType};
 
 pub mod activation;
 pub mod comm;
+mod grad_cx;
 pub mod math;
 pub mod nn;
 pub mod reduce;
 pub mod shape;
 pub mod source;
+
+/// The local facts of a split dropout or table (defined with the sharding context).
+pub use crate::sharding::{DropoutBlock, TableShard};
+pub use grad_cx::{GradCx, GradGraph};
 
 pub use activation::*;
 pub use comm::*;

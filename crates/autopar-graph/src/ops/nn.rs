@@ -2,12 +2,12 @@
 //! the classification loss. Layouts follow MindSpore: NCHW activations, `[out, in/groups, kh, kw]`
 //! filters, `[in, out]`-free matrix products with transpose flags.
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::activation::BACKWARD_OP;
 use crate::ops::{Arity, InferCx, OpDef, OpKind};
 use crate::sharding::{
-    group_reduce, matmul_spec, same_dims, unary_spec, CostCx, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, Tie,
+    group_reduce, matmul_spec, same_dims, unary_spec, CostCx, DropoutBlock, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, Tie,
 };
 use crate::types::{normalize_axis, DType, Shape, TensorType};
 use crate::NodeId;
@@ -971,15 +971,6 @@ pub struct Dropout {
     /// Set when the input is one block of a larger tensor: the mask is that block of the
     /// larger tensor's mask. None: the input is the whole tensor.
     pub block: Option<DropoutBlock>,
-}
-
-/// Where a local block sits in the whole tensor: its offset per dimension and the whole shape.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DropoutBlock {
-    /// Shape of the whole tensor.
-    pub global_shape: Vec<usize>,
-    /// Offset of the block in each dimension of the whole tensor.
-    pub begin: Vec<usize>,
 }
 
 impl OpDef for Dropout {

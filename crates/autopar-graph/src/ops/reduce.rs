@@ -1,6 +1,6 @@
 //! Reductions over a set of axes (empty = all axes, MindSpore's convention).
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::activation::BACKWARD_OP;
 use crate::ops::{reduced_shape, resolve_axes, Arity, InferCx, OpDef, OpKind};

@@ -1,10 +1,10 @@
 //! Shape manipulation, broadcasting, concatenation, slicing and index ops.
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::ops::activation::BACKWARD_OP;
 use crate::ops::{Arity, InferCx, OpDef, OpKind};
-use crate::sharding::{same_dims, unary_spec, CostCx, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, Tie};
+use crate::sharding::{same_dims, unary_spec, CostCx, LocalCx, LogicalDim, OpCost, OpSpec, RuleCx, ShardingRule, TableShard, Tie};
 use crate::types::{broadcast_shapes, normalize_axis, DType, Shape, TensorType};
 
 /// An axis attribute of a node whose shapes were checked when it was built.
@@ -406,17 +406,6 @@ pub struct Gather {
     pub axis: i64,
     /// Set when `params` holds only some rows (along `axis`) of a table split across ranks.
     pub shard: Option<TableShard>,
-}
-
-/// Rows `start..start + len` (along the gathered axis) of a table of `total` rows, `len` the
-/// local size: an index outside the rows this rank holds gathers zeros, so the sum of the
-/// ranks' results is the gather from the whole table; an index outside `0..total` is an error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TableShard {
-    /// The first row this rank holds.
-    pub start: usize,
-    /// Rows of the whole table.
-    pub total: usize,
 }
 
 impl OpDef for Gather {

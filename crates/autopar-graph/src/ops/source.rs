@@ -1,6 +1,6 @@
 //! Ops without inputs: graph inputs, parameters and constants.
 
-use crate::autodiff::GradCx;
+use super::GradCx;
 use crate::error::Result;
 use crate::init::Initializer;
 use crate::ops::{Arity, InferCx, OpDef, OpKind};

@@ -3,11 +3,9 @@
 //! without stages is a pipeline of one stage.
 
 pub mod chunks;
-pub mod report;
 pub mod schedule;
 pub mod stages;
 
 pub use chunks::{boundary, ChunkProgram};
-pub use report::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
 pub use schedule::{build, ideal_bubble, simulate, Action, Pass, PipelineShape, Schedule, ScheduleError, SimCosts, Simulation, Work};
 pub use stages::{assign_stages, balance_stages, has_stages, number_chunks, split_before};

@@ -34,10 +34,10 @@ use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
 use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat, Shape};
+use super::StrategySource;
 use crate::analysis::{batch_dim, depends_on_inputs, first_use, reshape_layout, whole_values};
 use crate::context::{ParallelContext, SearchOptions};
 use crate::error::{ParallelError, Result};
-use crate::plan::StrategySource;
 
 /// A cost split into the model's parts (seconds, memory in bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -477,7 +477,6 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// Build the cost graph.
 pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
-    let g = b.graph;
     let n = b.context.devices();
     let bl = Builder { b, n };
     let mut pr = Pricer {
@@ -492,185 +491,230 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
         cache: FastMap::default(),
         through_cache: FastMap::default(),
     };
-    let nodes = g.nodes();
-
-    // Roles and candidates.
-    let on_data = depends_on_inputs(g);
-    let mut roles = Vec::with_capacity(nodes.len());
-    let mut ops: Vec<SearchOp> = Vec::new();
-    let mut alike: HashMap<String, Arc<[Arc<SharedCandidate>]>> = HashMap::new();
-    for (i, node) in nodes.iter().enumerate() {
-        let role = match (&node.op, &b.rules[i]) {
-            (OpKind::Input(_), _) => Role::Input,
-            (OpKind::Parameter(_), _) => Role::Parameter,
-            (_, ShardingRule::Spec(spec)) => {
-                let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
-                // Each candidate's strategy, layouts, own cost and layout ids.
-                let mut price = |all: Vec<Vec<usize>>| -> Result<Arc<[Arc<SharedCandidate>]>> {
-                    all.into_iter()
-                        .map(|splits| {
-                            let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
-                            let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype);
-                            let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
-                            let output_id = pr.id(&whole_values(&layouts.output));
-                            Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
-                        })
-                        .collect()
-                };
-                let (shared, configured) = match &b.fixed[i] {
-                    Some((s, src)) => (price(vec![s.clone()])?, Some(*src)),
-                    None => {
-                        let batch = batch_dim(spec, node, &on_data);
-                        // Ops alike in everything the candidates depend on share them (a
-                        // dropout's seed changes its mask, not its strategies or costs).
-                        let op = match &node.op {
-                            OpKind::Dropout(d) => OpKind::Dropout(autopar_graph::ops::Dropout { seed: 0, ..d.clone() }),
-                            op => op.clone(),
-                        };
-                        let key = format!("{op:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.ty);
-                        let shared = match alike.get(&key) {
-                            Some(shared) => Arc::clone(shared),
-                            None => {
-                                let shared = price(bl.candidate_splits(spec, node.op.kind(), &ins, batch))?;
-                                alike.insert(key, Arc::clone(&shared));
-                                shared
-                            }
-                        };
-                        (shared, None)
-                    }
-                };
-                let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own, dataset: 0.0 }).collect();
-                ops.push(SearchOp {
-                    node: NodeId(i),
-                    name: node.name.clone(),
-                    kind: node.op.kind(),
-                    spec: spec.clone(),
-                    configured,
-                    candidates,
-                    inputs: node.inputs.len(),
-                    dataset_inputs: 0,
-                });
-                Role::Op(ops.len() - 1)
-            }
-            (_, ShardingRule::FollowInput) => Role::Follow,
-            (_, ShardingRule::Replicated) | (_, ShardingRule::Unsupported(_)) => Role::Whole,
-        };
-        roles.push(role);
-    }
+    let (roles, mut ops) = bl.search_ops(&mut pr)?;
     let of_node: Vec<Option<usize>> = roles.iter().map(|r| if let Role::Op(k) = r { Some(*k) } else { None }).collect();
-
-    // Parameters: the first consumer decides the layout and pays the gradient sync.
-    // param -> (consumer node, slot)
-    let param_home: BTreeMap<NodeId, (usize, usize)> = (0..nodes.len())
-        .map(NodeId)
-        .filter(|&id| matches!(roles[id.0], Role::Parameter))
-        .filter_map(|id| first_use(g, id).map(|(c, slot)| (id, (c.0, slot))))
-        .collect();
-    for (&param, &(consumer, slot)) in &param_home {
-        let Some(k) = of_node[consumer] else { continue };
-        let OpKind::Parameter(p) = &g.node(param).op else { continue };
-        let elem = p.dtype.size();
-        for c in &mut ops[k].candidates {
-            let l = &c.shared.layouts.inputs[slot];
-            let bytes = l.slice_len() * elem;
-            c.cost.memory += 3 * bytes as u64;
-            let replicas = n / l.num_slices().max(1);
-            if b.training && p.trainable && replicas > 1 {
-                let sent = (2 * bytes * (replicas - 1)).div_ceil(replicas);
-                c.cost.gradient_sync += b.profile.bandwidth_time(replicas, sent);
-            }
-        }
-    }
-
-    // Memory capacity: candidates needing more than a device holds are dropped.
-    let cap = b.context.search.device_memory_capacity;
-    for op in &mut ops {
-        if op.candidates.iter().all(|c| c.cost.memory > cap) {
-            let need = op.candidates.iter().map(|c| c.cost.memory).min().unwrap_or(0);
-            let node = g.node(op.node);
-            let mut tensors: Vec<(String, usize)> = node
-                .inputs
-                .iter()
-                .map(|x| g.node(*x))
-                .chain(std::iter::once(node))
-                .map(|t| (t.name.clone(), t.ty.numel() * t.ty.dtype.size()))
-                .collect();
-            tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
-            let largest = tensors.iter().take(3).map(|(n, b)| format!("{n} ({b} bytes)")).collect::<Vec<_>>().join(", ");
-            return Err(ParallelError::OutOfMemory { kind: op.kind, name: op.name.clone(), capacity: cap, need, largest });
-        }
-        op.candidates.retain(|c| c.cost.memory <= cap);
-    }
-
-    // Consumers: edges between ops, fixed layouts as own costs.
-    let mut edges: Vec<EdgeRecipe> = Vec::new();
-    let gathered = if b.training { 1.min(g.outputs.len()) } else { g.outputs.len() };
-    // (consumer op and slot, or None for a value needed whole; the value)
-    let mut uses: Vec<(Option<(usize, usize)>, NodeId)> = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
-        match roles[i] {
-            Role::Op(k) => uses.extend(node.inputs.iter().enumerate().map(|(slot, x)| (Some((k, slot)), *x))),
-            Role::Whole => uses.extend(node.inputs.iter().map(|x| (None, *x))),
-            Role::Follow | Role::Input | Role::Parameter => {}
-        }
-    }
-    uses.extend(g.outputs.iter().take(gathered).map(|&o| (None, o)));
-    for (consumer, x) in uses {
-        let (source, chain) = bl.source_of(x, &roles, &param_home, &of_node);
-        let chain: Vec<Vec<usize>> = chain.iter().map(|f| g.node(*f).ty.shape.clone()).collect();
-        let elem = g.node(x).ty.dtype.size();
-        let producer = match &source {
-            Source::Op(u) | Source::ParamOf { op: u, .. } => Some(*u),
-            Source::Fixed(_) | Source::Dataset(_) => None,
-        };
-        match (producer, consumer) {
-            (None, None) => {}
-            (None, Some((k, slot))) => {
-                let (l, dataset) = match source {
-                    Source::Fixed(l) => (l, false),
-                    Source::Dataset(l) => (l, true),
-                    _ => unreachable!("a source without an op is fixed"),
-                };
-                let (pre, l) = pr.through(l, &chain, elem);
-                ops[k].dataset_inputs += usize::from(dataset);
-                for c in &mut ops[k].candidates {
-                    let t = pre + pr.redist(&l, &c.layouts.inputs[slot], elem);
-                    c.cost.redistribution += t;
-                    if dataset {
-                        c.dataset += t;
-                    }
-                }
-            }
-            (Some(u), None) => {
-                let all = whole(n, &g.node(x).ty.shape);
-                for cu in 0..ops[u].candidates.len() {
-                    let (pre, l) = pr.through(source_layout(&ops[u], cu, &source), &chain, elem);
-                    ops[u].candidates[cu].cost.redistribution += pre + pr.redist(&l, &all, elem);
-                }
-            }
-            (Some(u), Some((k, slot))) => {
-                let param_slot = match source {
-                    Source::ParamOf { slot: home, .. } if u == k && home == slot && chain.is_empty() => continue, // its own layout
-                    Source::ParamOf { slot: home, .. } => Some(home),
-                    _ => None,
-                };
-                if u == k {
-                    // The same op reads a value twice: its own cost.
-                    for c in 0..ops[u].candidates.len() {
-                        let (pre, l) = pr.through(source_layout(&ops[u], c, &source), &chain, elem);
-                        let t = pre + pr.redist(&l, &ops[k].candidates[c].layouts.inputs[slot], elem);
-                        ops[k].candidates[c].cost.redistribution += t;
-                    }
-                    continue;
-                }
-                let follow = b.context.search.elementwise_op_strategy_follow && slot == 0 && is_elementwise(&ops[k].spec);
-                let chain = pr.chain_id(chain);
-                edges.push(EdgeRecipe { from: u, to: k, slot, param_slot, chain, elem, follow });
-            }
-        }
-    }
-
+    let param_home = bl.price_parameters(&roles, &of_node, &mut ops);
+    bl.drop_over_capacity(&mut ops)?;
+    let edges = bl.consumer_edges(&mut pr, &roles, &param_home, &of_node, &mut ops);
     Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone(), pricer: RefCell::new(pr) })
+}
+
+/// Where each parameter's layout is decided: its first consumer op and the slot it reads it in.
+type ParamHomes = BTreeMap<NodeId, (usize, usize)>;
+
+impl Builder<'_> {
+    /// Every node's role, and the ops the search decides with their candidates, each priced
+    /// with its own cost (ops alike in everything the candidates depend on share them).
+    fn search_ops(&self, pr: &mut Pricer) -> Result<(Vec<Role>, Vec<SearchOp>)> {
+        let (b, bl, n) = (self.b, self, self.n);
+        let g = b.graph;
+        let nodes = g.nodes();
+        // Roles and candidates.
+        let on_data = depends_on_inputs(g);
+        let mut roles = Vec::with_capacity(nodes.len());
+        let mut ops: Vec<SearchOp> = Vec::new();
+        let mut alike: HashMap<String, Arc<[Arc<SharedCandidate>]>> = HashMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let role = match (&node.op, &b.rules[i]) {
+                (OpKind::Input(_), _) => Role::Input,
+                (OpKind::Parameter(_), _) => Role::Parameter,
+                (_, ShardingRule::Spec(spec)) => {
+                    let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
+                    // Each candidate's strategy, layouts, own cost and layout ids.
+                    let mut price = |all: Vec<Vec<usize>>| -> Result<Arc<[Arc<SharedCandidate>]>> {
+                        all.into_iter()
+                            .map(|splits| {
+                                let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
+                                let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype);
+                                let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
+                                let output_id = pr.id(&whole_values(&layouts.output));
+                                Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
+                            })
+                            .collect()
+                    };
+                    let (shared, configured) = match &b.fixed[i] {
+                        Some((s, src)) => (price(vec![s.clone()])?, Some(*src)),
+                        None => {
+                            let batch = batch_dim(spec, node, &on_data);
+                            // Ops alike in everything the candidates depend on share them (a
+                            // dropout's seed changes its mask, not its strategies or costs).
+                            let op = match &node.op {
+                                OpKind::Dropout(d) => OpKind::Dropout(autopar_graph::ops::Dropout { seed: 0, ..d.clone() }),
+                                op => op.clone(),
+                            };
+                            let key = format!("{op:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.ty);
+                            let shared = match alike.get(&key) {
+                                Some(shared) => Arc::clone(shared),
+                                None => {
+                                    let shared = price(bl.candidate_splits(spec, node.op.kind(), &ins, batch))?;
+                                    alike.insert(key, Arc::clone(&shared));
+                                    shared
+                                }
+                            };
+                            (shared, None)
+                        }
+                    };
+                    let candidates = shared.iter().map(|c| Candidate { shared: Arc::clone(c), cost: c.own, dataset: 0.0 }).collect();
+                    ops.push(SearchOp {
+                        node: NodeId(i),
+                        name: node.name.clone(),
+                        kind: node.op.kind(),
+                        spec: spec.clone(),
+                        configured,
+                        candidates,
+                        inputs: node.inputs.len(),
+                        dataset_inputs: 0,
+                    });
+                    Role::Op(ops.len() - 1)
+                }
+                (_, ShardingRule::FollowInput) => Role::Follow,
+                (_, ShardingRule::Replicated) | (_, ShardingRule::Unsupported(_)) => Role::Whole,
+            };
+            roles.push(role);
+        }
+        Ok((roles, ops))
+    }
+
+    /// Parameters: the first consumer decides the layout and pays the memory and the gradient
+    /// sync. Returns each parameter's home (consumer node, slot).
+    fn price_parameters(&self, roles: &[Role], of_node: &[Option<usize>], ops: &mut [SearchOp]) -> ParamHomes {
+        let (b, n) = (self.b, self.n);
+        let g = b.graph;
+        let nodes = g.nodes();
+        // Parameters: the first consumer decides the layout and pays the gradient sync.
+        // param -> (consumer node, slot)
+        let param_home: BTreeMap<NodeId, (usize, usize)> = (0..nodes.len())
+            .map(NodeId)
+            .filter(|&id| matches!(roles[id.0], Role::Parameter))
+            .filter_map(|id| first_use(g, id).map(|(c, slot)| (id, (c.0, slot))))
+            .collect();
+        for (&param, &(consumer, slot)) in &param_home {
+            let Some(k) = of_node[consumer] else { continue };
+            let OpKind::Parameter(p) = &g.node(param).op else { continue };
+            let elem = p.dtype.size();
+            for c in &mut ops[k].candidates {
+                let l = &c.shared.layouts.inputs[slot];
+                let bytes = l.slice_len() * elem;
+                c.cost.memory += 3 * bytes as u64;
+                let replicas = n / l.num_slices().max(1);
+                if b.training && p.trainable && replicas > 1 {
+                    let sent = (2 * bytes * (replicas - 1)).div_ceil(replicas);
+                    c.cost.gradient_sync += b.profile.bandwidth_time(replicas, sent);
+                }
+            }
+        }
+        param_home
+    }
+
+    /// Candidates needing more than a device holds are dropped; an op left with none is an error
+    /// naming its largest tensors.
+    fn drop_over_capacity(&self, ops: &mut [SearchOp]) -> Result<()> {
+        let b = self.b;
+        let g = b.graph;
+        // Memory capacity: candidates needing more than a device holds are dropped.
+        let cap = b.context.search.device_memory_capacity;
+        for op in ops.iter_mut() {
+            if op.candidates.iter().all(|c| c.cost.memory > cap) {
+                let need = op.candidates.iter().map(|c| c.cost.memory).min().unwrap_or(0);
+                let node = g.node(op.node);
+                let mut tensors: Vec<(String, usize)> = node
+                    .inputs
+                    .iter()
+                    .map(|x| g.node(*x))
+                    .chain(std::iter::once(node))
+                    .map(|t| (t.name.clone(), t.ty.numel() * t.ty.dtype.size()))
+                    .collect();
+                tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
+                let largest = tensors.iter().take(3).map(|(n, b)| format!("{n} ({b} bytes)")).collect::<Vec<_>>().join(", ");
+                return Err(ParallelError::OutOfMemory { kind: op.kind, name: op.name.clone(), capacity: cap, need, largest });
+            }
+            op.candidates.retain(|c| c.cost.memory <= cap);
+        }
+        Ok(())
+    }
+
+    /// Consumers: edges between ops, fixed layouts (inputs, the dataset, values needed whole)
+    /// priced as the ops' own costs.
+    fn consumer_edges(
+        &self,
+        pr: &mut Pricer,
+        roles: &[Role],
+        param_home: &ParamHomes,
+        of_node: &[Option<usize>],
+        ops: &mut [SearchOp],
+    ) -> Vec<EdgeRecipe> {
+        let (b, bl, n) = (self.b, self, self.n);
+        let g = b.graph;
+        let nodes = g.nodes();
+        // Consumers: edges between ops, fixed layouts as own costs.
+        let mut edges: Vec<EdgeRecipe> = Vec::new();
+        let gathered = if b.training { 1.min(g.outputs.len()) } else { g.outputs.len() };
+        // (consumer op and slot, or None for a value needed whole; the value)
+        let mut uses: Vec<(Option<(usize, usize)>, NodeId)> = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            match roles[i] {
+                Role::Op(k) => uses.extend(node.inputs.iter().enumerate().map(|(slot, x)| (Some((k, slot)), *x))),
+                Role::Whole => uses.extend(node.inputs.iter().map(|x| (None, *x))),
+                Role::Follow | Role::Input | Role::Parameter => {}
+            }
+        }
+        uses.extend(g.outputs.iter().take(gathered).map(|&o| (None, o)));
+        for (consumer, x) in uses {
+            let (source, chain) = bl.source_of(x, roles, param_home, of_node);
+            let chain: Vec<Vec<usize>> = chain.iter().map(|f| g.node(*f).ty.shape.clone()).collect();
+            let elem = g.node(x).ty.dtype.size();
+            let producer = match &source {
+                Source::Op(u) | Source::ParamOf { op: u, .. } => Some(*u),
+                Source::Fixed(_) | Source::Dataset(_) => None,
+            };
+            match (producer, consumer) {
+                (None, None) => {}
+                (None, Some((k, slot))) => {
+                    let (l, dataset) = match source {
+                        Source::Fixed(l) => (l, false),
+                        Source::Dataset(l) => (l, true),
+                        _ => unreachable!("a source without an op is fixed"),
+                    };
+                    let (pre, l) = pr.through(l, &chain, elem);
+                    ops[k].dataset_inputs += usize::from(dataset);
+                    for c in &mut ops[k].candidates {
+                        let t = pre + pr.redist(&l, &c.layouts.inputs[slot], elem);
+                        c.cost.redistribution += t;
+                        if dataset {
+                            c.dataset += t;
+                        }
+                    }
+                }
+                (Some(u), None) => {
+                    let all = whole(n, &g.node(x).ty.shape);
+                    for cu in 0..ops[u].candidates.len() {
+                        let (pre, l) = pr.through(source_layout(&ops[u], cu, &source), &chain, elem);
+                        ops[u].candidates[cu].cost.redistribution += pre + pr.redist(&l, &all, elem);
+                    }
+                }
+                (Some(u), Some((k, slot))) => {
+                    let param_slot = match source {
+                        Source::ParamOf { slot: home, .. } if u == k && home == slot && chain.is_empty() => continue, // its own layout
+                        Source::ParamOf { slot: home, .. } => Some(home),
+                        _ => None,
+                    };
+                    if u == k {
+                        // The same op reads a value twice: its own cost.
+                        for c in 0..ops[u].candidates.len() {
+                            let (pre, l) = pr.through(source_layout(&ops[u], c, &source), &chain, elem);
+                            let t = pre + pr.redist(&l, &ops[k].candidates[c].layouts.inputs[slot], elem);
+                            ops[k].candidates[c].cost.redistribution += t;
+                        }
+                        continue;
+                    }
+                    let follow = b.context.search.elementwise_op_strategy_follow && slot == 0 && is_elementwise(&ops[k].spec);
+                    let chain = pr.chain_id(chain);
+                    edges.push(EdgeRecipe { from: u, to: k, slot, param_slot, chain, elem, follow });
+                }
+            }
+        }
+        edges
+    }
 }
 
 /// An edge once its ends are tied: (producer's and consumer's representatives, the consumer's

@@ -26,7 +26,35 @@ pub use solve::{CostProblem, Costs, EdgeCost, Order, Repeat};
 
 use crate::context::SearchMode;
 use crate::error::{ParallelError, Result};
-use crate::plan::StrategySource;
+
+/// Where an op's strategy came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrategySource {
+    /// The model's `.shard(strategy)` annotation.
+    User,
+    /// A strategy file (`--strategy`, `strategy_ckpt_config.load_file`).
+    StrategyFile,
+    /// MindSpore's default for an unannotated op: its batch dimension split (data parallel).
+    Default,
+    /// auto_parallel, sharding_propagation: taken over from its neighbours (the cheapest
+    /// redistribution from the ops, or the dataset, decided before it).
+    Propagated,
+    /// auto_parallel: chosen by the strategy search.
+    Searched,
+}
+
+impl StrategySource {
+    /// The source's short name, as reports print it ("user", "file", "default", "propagated", "searched").
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategySource::User => "user",
+            StrategySource::StrategyFile => "file",
+            StrategySource::Default => "default",
+            StrategySource::Propagated => "propagated",
+            StrategySource::Searched => "searched",
+        }
+    }
+}
 
 /// The most work one elimination of the exact searches may do: entries of the new table times
 /// the candidates eliminated.

@@ -488,21 +488,7 @@ pub fn eliminate_within(
     }
     let slack = 1e-9 * budget.abs().max(1.0);
     let fits = |m: f64, covered: f64| m + (total_least - covered) <= budget + slack;
-    let single = |time: f64, memory: f64| vec![Point { time, memory, origin: 0 }];
-    let mut factors: Vec<ListFactor> = Vec::new();
-    for (v, u) in p.unary.iter().enumerate() {
-        let lists = u.iter().zip(&memory[v]).map(|(&t, &m)| if fits(m, least[v]) { single(t, m) } else { Vec::new() }).collect();
-        factors.push(ListFactor { scope: vec![v], lists, made: None, origins: Vec::new(), least: least[v] });
-    }
-    for e in &p.edges {
-        let (df, dt) = (domains[e.from], domains[e.to]);
-        let (scope, lists) = if e.from == e.to {
-            (vec![e.from], (0..df).map(|c| single(e.cost[c * df + c], 0.0)).collect())
-        } else {
-            (vec![e.from, e.to], (0..df * dt).map(|i| single(e.cost[i], 0.0)).collect())
-        };
-        factors.push(ListFactor { scope, lists, made: None, origins: Vec::new(), least: 0.0 });
-    }
+    let mut factors = list_factors(p, memory, &least, &fits);
     let mut pool: Vec<usize> = (0..factors.len()).collect();
     // Each entry's work is a product of lists: a sixteenth of the plain limit.
     let plan = elimination_plan(p, order, limit / 16, MAX_LIST_TABLE).map_err(NoPlan::TooWide)?;
@@ -587,10 +573,39 @@ pub fn eliminate_within(
         factors.push(ListFactor { scope, lists, made: Some((v, bucket)), origins, least: covered });
         pool.push(factors.len() - 1);
     }
-    // Every factor left has an empty scope: the whole problem's front is their sum.
-    let mut best: Option<(f64, Vec<u32>)> = None;
+    let Some(picks) = fastest_within(&factors, &pool, budget) else {
+        return Err(NoPlan::OverBudget { least: total_least });
+    };
+    Ok(Some(replay_lists(&factors, &pool, picks, &domains)))
+}
+
+/// The list factors elimination starts from: each op's own costs (a point per candidate that
+/// `fits` with the others' least memory, else none), each edge's costs.
+fn list_factors(p: &CostProblem, memory: &[Vec<f64>], least: &[f64], fits: &dyn Fn(f64, f64) -> bool) -> Vec<ListFactor> {
+    let domains: Vec<usize> = p.unary.iter().map(|u| u.len()).collect();
+    let single = |time: f64, memory: f64| vec![Point { time, memory, origin: 0 }];
+    let mut factors: Vec<ListFactor> = Vec::new();
+    for (v, u) in p.unary.iter().enumerate() {
+        let lists = u.iter().zip(&memory[v]).map(|(&t, &m)| if fits(m, least[v]) { single(t, m) } else { Vec::new() }).collect();
+        factors.push(ListFactor { scope: vec![v], lists, made: None, origins: Vec::new(), least: least[v] });
+    }
+    for e in &p.edges {
+        let (df, dt) = (domains[e.from], domains[e.to]);
+        let (scope, lists) = if e.from == e.to {
+            (vec![e.from], (0..df).map(|c| single(e.cost[c * df + c], 0.0)).collect())
+        } else {
+            (vec![e.from, e.to], (0..df * dt).map(|i| single(e.cost[i], 0.0)).collect())
+        };
+        factors.push(ListFactor { scope, lists, made: None, origins: Vec::new(), least: 0.0 });
+    }
+    factors
+}
+
+/// Once every factor left (`pool`) has an empty scope, the whole problem's front is their sum:
+/// the point each takes in the fastest sum within `budget` (None: none fits).
+fn fastest_within(factors: &[ListFactor], pool: &[usize], budget: f64) -> Option<Vec<u32>> {
     let mut partial: Vec<(f64, f64, Vec<u32>)> = vec![(0.0, 0.0, Vec::new())];
-    for &f in &pool {
+    for &f in pool {
         let list = &factors[f].lists[0];
         partial = partial
             .iter()
@@ -604,26 +619,29 @@ pub fn eliminate_within(
             .collect();
         keep_front(&mut partial, |c| (c.0, c.1));
     }
+    let mut best: Option<(f64, Vec<u32>)> = None;
     for (t, _, picks) in partial {
         if best.as_ref().is_none_or(|b| below(t, b.0)) {
             best = Some((t, picks));
         }
     }
-    let Some((_, picks)) = best else {
-        return Err(NoPlan::OverBudget { least: total_least });
-    };
-    // Replay: each made factor's point names its op's candidate and its bucket's points.
-    let mut choice = vec![0usize; n];
+    best.map(|(_, picks)| picks)
+}
+
+/// Replay: each made factor's point names its op's candidate and its bucket's points, from
+/// the final factors' `picks` down.
+fn replay_lists(factors: &[ListFactor], pool: &[usize], picks: Vec<u32>, domains: &[usize]) -> Vec<usize> {
+    let mut choice = vec![0usize; domains.len()];
     let mut stack: Vec<(usize, u32)> = pool.iter().copied().zip(picks).collect();
     while let Some((f, j)) = stack.pop() {
         let fac = &factors[f];
         let Some((v, bucket)) = &fac.made else { continue };
-        let point = fac.lists[fac.index(&choice, &domains)][j as usize];
+        let point = fac.lists[fac.index(&choice, domains)][j as usize];
         let at = point.origin as usize * (bucket.len() + 1);
         choice[*v] = fac.origins[at] as usize;
         stack.extend(bucket.iter().copied().zip(fac.origins[at + 1..at + 1 + bucket.len()].iter().copied()));
     }
-    Ok(Some(choice))
+    choice
 }
 
 /// `count` copies of a block of `period` consecutive ops, the first starting at op `start`.

@@ -29,7 +29,7 @@ pub enum TrainError {
     },
 
     /// The network's loss is not a scalar.
-    #[error("the network {model} has a loss of shape {shape:?}; the trainer reports the mean loss per sample and needs a scalar loss\nhint: end the network with a mean over the batch (ReduceMean), or train it with TrainStep, which takes any float loss")]
+    #[error("the network {model} has a loss of shape {shape:?}; the trainer reports the mean loss per sample and needs a scalar loss\nhint: end the network with a mean over the batch (ReduceMean), or train it with a RankTrainer (RankTrainer::alone for one device), which takes any float loss")]
     LossNotScalar {
         /// The network's name.
         model: String,

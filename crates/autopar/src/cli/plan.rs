@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
-use autopar_parallel::pipeline::PipelineReport;
+use autopar_parallel::report::PipelineReport;
 use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport};
 use autopar_parallel::strategy_files::{job_strategy_files, load_plan_strategies};
 use autopar_parallel::{
@@ -265,12 +265,12 @@ fn print_plan(
 /// The report of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
 /// activation memory per stage, then the plan every stage's ops share on one stage's devices.
 fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>, out: &mut dyn Write) -> Result<ExitCode> {
-    let report = autopar_parallel::pipeline::pipeline_report(job)?;
+    let report = autopar_parallel::report::pipeline_report(job)?;
     if let Some(path) = &args.svg {
         write_svg(path, &report.svg(), args)?;
     }
     if args.mindspore_layouts {
-        for (name, l) in autopar_parallel::pipeline::pipeline_layout_dict(job, f.rank) {
+        for (name, l) in autopar_parallel::report::pipeline_layout_dict(job, f.rank) {
             writeln!(out, "{name}: {l}")?;
         }
         return Ok(ExitCode::SUCCESS);

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
-use autopar_models::{model_by_name, Model};
+use autopar_models::{model_by_name, Model, ModelOptions};
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
-use autopar_runtime::trainer::{CheckpointConfig, DataSource, OptimizerConfig, TrainResult, Trainer};
+use autopar_runtime::trainer::{CheckpointConfig, DataSource, OptimizerConfig, TrainReport, TrainResult, Trainer};
 use autopar_runtime::{LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -280,7 +280,6 @@ impl Callback for StopWhenInterrupted {
 pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
-
     // The parallel context first: an option autopar does not implement is refused before any
     // data or model is loaded. A build without MPI support started by mpirun would run the
     // whole job in every process: refuse it.
@@ -291,17 +290,62 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         );
     }
     let ctx = parallel_context(&s.args.parallel, &s.file)?;
-
-    // The model.
     let (lower, mut opts) = model_options(&s.args.model, &s.file)?;
+    let seed = pick!(s, seed).unwrap_or(1);
+    let data = load_data(&s, &lower, &mut opts, seed)?;
+    let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
+    let build = crate::model_network(model.clone(), seed);
+    let name = model.name().to_string();
+    let cfg = with_checkpoints(&s, train_config(&s, ctx, seed)?, &name)?;
+    let spe = Trainer::new(name.clone(), build.clone(), data.train.clone(), cfg.clone()).steps_per_epoch()?;
+    let (cfg, total) = with_schedule(&s, cfg, spe)?;
+    let trainer = Trainer::new(name.clone(), build, data.train.clone(), cfg);
+    // Under mpirun every process trains one rank; only rank 0 prints results.
+    let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
+    let outputs = callbacks(&s, trainer.config(), total, spe)?;
+    let mode = mode_description(&trainer)?;
+    let devices = match trainer.config().parallel.devices() {
+        1 => format!("1 device ({mode})"),
+        n => format!("{n} devices ({mode})"),
+    };
+    if !quiet {
+        eprintln!(
+            "autopar train: {} on {}, {devices}, {} ({spe} per epoch), batch {}",
+            model.describe(),
+            data.desc,
+            if total == 1 { "1 step".to_string() } else { format!("{total} steps") },
+            trainer.config().batch_size
+        );
+    }
+    let report = trainer.fit(if quiet { Vec::new() } else { outputs.callbacks })?;
+    if quiet {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let summary = summarise(&s, &trainer, &report, data.eval.as_ref(), (spe, total))?;
+    let memory: Vec<MemorySample> = outputs.memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let facts = Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory };
+    if s.args.json {
+        print_json(out, &trainer, &report, &summary, &facts, spe)
+    } else {
+        print_text(out, &trainer, &report, &summary, &facts)
+    }
+}
+
+/// The training data, the held-out data for evaluation, and their description.
+struct Data {
+    train: DataSource,
+    eval: Option<DataSource>,
+    desc: String,
+}
+
+/// `--data`: synthetic data for the model, or a dataset's files (which fill in the model's
+/// input shape and classes when not given).
+fn load_data(s: &Settings, lower: &str, opts: &mut ModelOptions, seed: u64) -> Result<Data> {
     let data_arg =
         pick!(s, data).ok_or_else(|| anyhow!("no data given\nhint: pass --data <cifar10 dir|mnist dir|file.safetensors|synthetic>"))?;
-    let seed = pick!(s, seed).unwrap_or(1);
-
-    // The data (real datasets fill in the model's input shape and classes when not given).
     let synthetic = data_arg == "synthetic";
-    let (train, eval_data, data_desc): (DataSource, Option<DataSource>, String) = if synthetic {
-        let probe = model_by_name(&lower, &opts)?;
+    let (train, eval, desc): (DataSource, Option<DataSource>, String) = if synthetic {
+        let probe = model_by_name(lower, opts)?;
         let n = pick!(s, synthetic_samples).unwrap_or(8192);
         if n == 0 {
             bail!("--synthetic-samples 0 generates no data\nhint: pass --synthetic-samples N with N at least the batch size, such as 8192");
@@ -327,7 +371,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         let transforms = kind.default_transforms(Split::Train);
         let shape = data_sample_shape(ds.as_ref(), &transforms)?;
         if opts.input_shape.is_none() {
-            opts.input_shape = Some(match lower.as_str() {
+            opts.input_shape = Some(match lower {
                 "mlp" => vec![shape.iter().product()],
                 _ => shape.clone(),
             });
@@ -350,13 +394,13 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         let desc = format!("{} ({} samples)", ds.name(), ds.len());
         (DataSource { dataset: ds, transforms }, test, desc)
     };
-    let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
+    Ok(Data { train, eval, desc })
+}
 
-    let build = crate::model_network(model.clone(), seed);
-
-    // The optimizer.
+/// The run's configuration from the flags and the file, checked (the learning-rate schedule and
+/// the checkpoints are set after: [`with_schedule`], [`with_checkpoints`]).
+fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64) -> Result<TrainConfig> {
     let lr = pick!(s, lr).unwrap_or(0.01);
-    let schedule_name = pick!(s, schedule).unwrap_or_else(|| "constant".into());
     let epochs = pick!(s, epochs);
     let steps = pick!(s, steps);
     // As `autopar plan`: 32, or the device count when it does not divide 32.
@@ -396,7 +440,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let kind = optimizer_kind(&optimizer_name, given_momentum.unwrap_or(0.9))?;
     let profile = load_profile(&s.args.parallel, &s.file, &ctx)?;
-    let mut cfg = TrainConfig {
+    let cfg = TrainConfig {
         epochs: epochs.unwrap_or(if steps.is_some() { 0 } else { 1 }),
         max_steps: steps,
         batch_size,
@@ -447,29 +491,19 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             );
         }
     }
-    let ck_dir = pick!(s, checkpoint_dir);
-    if let Some(prefix) = pick!(s, checkpoint_prefix).filter(|p| p.is_empty() || p.contains(['/', '\\']) || p == "." || p == "..") {
-        bail!("--checkpoint-prefix {prefix:?} is not a file name prefix: the files go into <checkpoint-dir>/rank_<k>/<prefix>-<step>_<k>.safetensors\nhint: pass a name without slashes, such as --checkpoint-prefix mlp");
-    }
-    if let Some(dir) = ck_dir {
-        cfg.checkpoint = Some(CheckpointConfig {
-            dir,
-            prefix: pick!(s, checkpoint_prefix).unwrap_or_else(|| model.name().to_string()),
-            every_steps: pick!(s, checkpoint_every).unwrap_or(0),
-            keep_max: pick!(s, keep_checkpoint_max).unwrap_or(5),
-        });
-    } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() || pick!(s, checkpoint_prefix).is_some() {
-        bail!("--checkpoint-every / --keep-checkpoint-max / --checkpoint-prefix need a folder\nhint: add --checkpoint-dir DIR");
-    }
+    Ok(cfg)
+}
 
-    let name = model.name().to_string();
-    let trainer0 = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
-    let spe = trainer0.steps_per_epoch()?;
+/// The learning-rate schedule (`--schedule`: constant, or warm-up and cosine decay over the
+/// run's `total` steps, counted from `--steps` / `--epochs` and the `spe` steps of an epoch).
+fn with_schedule(s: &Settings, mut cfg: TrainConfig, spe: u64) -> Result<(TrainConfig, u64)> {
+    let (steps, epochs) = (pick!(s, steps), pick!(s, epochs));
     let total = match (steps, epochs) {
         (Some(st), Some(e)) => st.min(e * spe),
         (Some(st), None) => st,
         (None, e) => e.unwrap_or(1) * spe,
     };
+    let schedule_name = pick!(s, schedule).unwrap_or_else(|| "constant".into());
     if schedule_name == "constant" {
         if let Some(flag) = [("--warmup-steps", pick!(s, warmup_steps).is_some()), ("--min-lr", pick!(s, min_lr).is_some())]
             .into_iter()
@@ -482,20 +516,47 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             bail!("unknown schedule {schedule_name:?}\n  valid schedules: constant, cosine\nhint: pass --schedule cosine --warmup-steps N");
         }
         cfg.optimizer.schedule = LrSchedule::WarmupCosine {
-            base_lr: lr,
+            base_lr: pick!(s, lr).unwrap_or(0.01),
             min_lr: pick!(s, min_lr).unwrap_or(0.0),
             warmup_steps: pick!(s, warmup_steps).unwrap_or(0),
             total_steps: total,
         };
     }
-    let trainer = Trainer::new(name.clone(), build.clone(), train.clone(), cfg.clone());
-    // Under mpirun every process trains one rank; only rank 0 prints results.
-    let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
-    let json = s.args.json;
+    Ok((cfg, total))
+}
 
-    // Callbacks (rank 0).
-    let show_bar = super::common::progress_enabled();
-    let bar = show_bar.then(|| {
+/// `--checkpoint-dir` and its companions (the files' prefix: the model's name unless given).
+fn with_checkpoints(s: &Settings, mut cfg: TrainConfig, model: &str) -> Result<TrainConfig> {
+    let ck_dir = pick!(s, checkpoint_dir);
+    if let Some(prefix) = pick!(s, checkpoint_prefix).filter(|p| p.is_empty() || p.contains(['/', '\\']) || p == "." || p == "..") {
+        bail!("--checkpoint-prefix {prefix:?} is not a file name prefix: the files go into <checkpoint-dir>/rank_<k>/<prefix>-<step>_<k>.safetensors\nhint: pass a name without slashes, such as --checkpoint-prefix mlp");
+    }
+    if let Some(dir) = ck_dir {
+        cfg.checkpoint = Some(CheckpointConfig {
+            dir,
+            prefix: pick!(s, checkpoint_prefix).unwrap_or_else(|| model.to_string()),
+            every_steps: pick!(s, checkpoint_every).unwrap_or(0),
+            keep_max: pick!(s, keep_checkpoint_max).unwrap_or(5),
+        });
+    } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() || pick!(s, checkpoint_prefix).is_some() {
+        bail!("--checkpoint-every / --keep-checkpoint-max / --checkpoint-prefix need a folder\nhint: add --checkpoint-dir DIR");
+    }
+    Ok(cfg)
+}
+
+/// The callbacks of rank 0 and what they write to.
+struct Outputs {
+    callbacks: Vec<Box<dyn Callback>>,
+    /// The memory samples the probe takes.
+    memory: Arc<std::sync::Mutex<Vec<MemorySample>>>,
+    metrics: Option<PathBuf>,
+    plot: Option<PathBuf>,
+}
+
+/// Rank 0's callbacks: MindSpore's loss lines, the metrics file and its plot, the progress bar,
+/// Ctrl-C, and memory at every checkpoint (else ten times over the run) and at the end.
+fn callbacks(s: &Settings, cfg: &TrainConfig, total: u64, spe: u64) -> Result<Outputs> {
+    let bar = super::common::progress_enabled().then(|| {
         let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         b.set_style(
             ProgressStyle::with_template("[step {pos}/{len}] {bar:16} {msg} eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -503,8 +564,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         b
     });
     let log_every = pick!(s, log_every).unwrap_or(spe.clamp(1, 100));
+    let to_stderr = s.args.json;
     let mut callbacks: Vec<Box<dyn Callback>> =
-        vec![Box::new(LossMonitor::with_writer(log_every, Box::new(BarStdout { bar: bar.clone(), buf: Vec::new(), to_stderr: json })))];
+        vec![Box::new(LossMonitor::with_writer(log_every, Box::new(BarStdout { bar: bar.clone(), buf: Vec::new(), to_stderr })))];
     let plot = s.args.plot || s.file.plot.unwrap_or(false);
     let metrics = pick!(s, metrics);
     if plot && metrics.is_none() {
@@ -521,14 +583,18 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         callbacks.push(Box::new(Progress { bar: b.clone() }));
     }
     callbacks.push(Box::new(StopWhenInterrupted));
-    // Memory at every checkpoint (else ten times over the run) and at the end.
     let memory = Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
     let probe_every = if probe_every > 0 { probe_every } else { (total / 10).max(1) };
     callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone() }));
+    let plot = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
+    Ok(Outputs { callbacks, memory, metrics, plot })
+}
 
+/// The run's mode in words: the parallel mode, and its pipeline or accumulated micro-batches.
+fn mode_description(trainer: &Trainer) -> Result<String> {
     let parallel = &trainer.config().parallel;
-    let mode_desc = match (parallel.pipeline_stages, trainer.micro_batches()?) {
+    Ok(match (parallel.pipeline_stages, trainer.micro_batches()?) {
         (p, m) if p > 1 => format!(
             "{}, {p} pipeline stages, {m} micro-batches, {}{}",
             parallel.parallel_mode.name(),
@@ -537,28 +603,38 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         ),
         (_, 1) => parallel.parallel_mode.name().to_string(),
         (_, m) => format!("{}, gradients accumulated over {m} micro-batches", parallel.parallel_mode.name()),
-    };
-    let devices_desc = match parallel.devices() {
-        1 => format!("1 device ({mode_desc})"),
-        n => format!("{n} devices ({mode_desc})"),
-    };
-    if !quiet {
-        eprintln!(
-            "autopar train: {} on {data_desc}, {devices_desc}, {} ({spe} per epoch), batch {batch_size}",
-            model.describe(),
-            if total == 1 { "1 step".to_string() } else { format!("{total} steps") }
-        );
-    }
-    let report = trainer.fit(if quiet { Vec::new() } else { callbacks })?;
-    if quiet {
-        return Ok(ExitCode::SUCCESS);
-    }
+    })
+}
 
-    // The summary, as data: printed as text, or as one JSON object with --json.
+/// What the summary reports beyond the run's own report: the mean of the last losses, the
+/// evaluation, and `--verify`'s comparison with the stand-alone reference's losses.
+struct Summary {
+    tail: usize,
+    tail_mean: Option<f64>,
+    /// None: not asked; Some(None): skipped, the data have no test split.
+    eval: Option<Option<autopar_runtime::trainer::EvalResult>>,
+    verify: Option<verify::Comparison>,
+    reference_losses: Vec<f64>,
+}
+
+impl Summary {
+    fn mismatch(&self) -> bool {
+        self.verify.as_ref().is_some_and(|v| !v.within(verify::RTOL))
+    }
+}
+
+/// After the run: says what it did not do, evaluates, runs `--verify`'s reference.
+fn summarise(
+    s: &Settings,
+    trainer: &Trainer,
+    report: &TrainReport,
+    eval_data: Option<&DataSource>,
+    (spe, total): (u64, u64),
+) -> Result<Summary> {
     let run = report.last_step - report.first_step;
     // A finished run resumed (a restart loop after the last checkpoint) succeeds, and says so.
     if run == 0 {
-        if let Some(dir) = &cfg.resume {
+        if let Some(dir) = &trainer.config().resume {
             eprintln!(
                 "autopar train: nothing to train: the checkpoint in {} is at step {}, where this run ends (step {total})\nhint: pass --steps (or --epochs) beyond step {} to train on from it",
                 dir.display(),
@@ -569,15 +645,15 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
     let tail_mean = (!tail.is_empty()).then(|| tail.iter().sum::<f64>() / tail.len() as f64);
-    let eval = match (&eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
+    let eval = match (eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
         (Some(data), true) => Some(Some(trainer.evaluate(&report.params, data)?)),
         (None, true) => Some(None),
         (_, false) => None,
     };
     // With the comparison, why a mismatch may be expected: the reference's own losses.
     let (verify, reference_losses) = if s.args.verify {
-        let reference = verify::stand_alone(&trainer).context("the stand_alone reference run of --verify")?;
-        (Some(verify::compare(&report, &reference).context("--verify")?), reference.losses)
+        let reference = verify::stand_alone(trainer).context("the stand_alone reference run of --verify")?;
+        (Some(verify::compare(report, &reference).context("--verify")?), reference.losses)
     } else {
         (None, Vec::new())
     };
@@ -596,65 +672,83 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
             report.init_kept.join(", ")
         );
     }
-    let mismatch = verify.as_ref().is_some_and(|v| !v.within(verify::RTOL));
-    let plot_path = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
-    let memory: Vec<MemorySample> = memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if json {
-        let eval_json = match &eval {
-            Some(Some(e)) => {
-                serde_json::json!({"accuracy": e.accuracy, "loss": e.loss, "samples": e.samples, "predictions": e.predictions})
-            }
-            Some(None) => serde_json::json!("skipped: the data have no test split"),
-            None => serde_json::Value::Null,
-        };
-        let summary = serde_json::json!({
-            "model": name,
-            "description": model.describe(),
-            "data": data_desc,
-            "devices": parallel.devices(),
-            "parallel_mode": parallel.parallel_mode.name(),
-            "mode": mode_desc,
-            "batch_size": batch_size,
-            "steps_per_epoch": spe,
-            "first_step": report.first_step,
-            "last_step": report.last_step,
-            "wall_seconds": report.wall_secs,
-            "samples_per_sec": report.samples_per_sec,
-            "losses": report.losses,
-            "loss_first": report.losses.first(),
-            "loss_last": report.losses.last(),
-            "loss_tail_mean": tail_mean,
-            "eval": eval_json,
-            "checkpoint": report.checkpoints.last().map(|p| p.display().to_string()),
-            "checkpoints": report.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
-            "strategy_file": report.strategy_file.as_ref().map(|p| p.display().to_string()),
-            "metrics": metrics.as_ref().map(|p| p.display().to_string()),
-            "plot": plot_path.as_ref().map(|p| p.display().to_string()),
-            "init_ignored": report.init_ignored,
-            "memory": memory.iter().map(|m| serde_json::json!({"step": m.step, "peak_rss_bytes": m.peak_rss, "rss_bytes": m.rss})).collect::<Vec<_>>(),
-            "verify": verify.as_ref().map(|v| serde_json::json!({
-                "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
-                "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
-                "parameter_normwise_relative": v.norm_rel, "parameter_normwise": v.norm_param,
-                "tolerance": verify::RTOL, "ok": v.within(verify::RTOL),
-            })),
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&summary).map_err(|e| anyhow!("cannot print the summary as JSON: {e}"))?)?;
-        return Ok(if mismatch { ExitCode::from(1) } else { ExitCode::SUCCESS });
-    }
+    Ok(Summary { tail: tail.len(), tail_mean, eval, verify, reference_losses })
+}
+
+/// What the printed summary says of the run beside its report.
+struct Facts<'a> {
+    model: &'a dyn Model,
+    data: &'a str,
+    mode: String,
+    devices: String,
+    metrics: Option<PathBuf>,
+    plot: Option<PathBuf>,
+    memory: Vec<MemorySample>,
+}
+
+/// `--json`: the summary as one JSON object.
+fn print_json(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &Summary, f: &Facts<'_>, spe: u64) -> Result<ExitCode> {
+    let eval_json = match &s.eval {
+        Some(Some(e)) => serde_json::json!({"accuracy": e.accuracy, "loss": e.loss, "samples": e.samples, "predictions": e.predictions}),
+        Some(None) => serde_json::json!("skipped: the data have no test split"),
+        None => serde_json::Value::Null,
+    };
+    let parallel = &trainer.config().parallel;
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let summary = serde_json::json!({
+        "model": f.model.name(),
+        "description": f.model.describe(),
+        "data": f.data,
+        "devices": parallel.devices(),
+        "parallel_mode": parallel.parallel_mode.name(),
+        "mode": f.mode,
+        "batch_size": trainer.config().batch_size,
+        "steps_per_epoch": spe,
+        "first_step": report.first_step,
+        "last_step": report.last_step,
+        "wall_seconds": report.wall_secs,
+        "samples_per_sec": report.samples_per_sec,
+        "losses": report.losses,
+        "loss_first": report.losses.first(),
+        "loss_last": report.losses.last(),
+        "loss_tail_mean": s.tail_mean,
+        "eval": eval_json,
+        "checkpoint": report.checkpoints.last().map(|p| p.display().to_string()),
+        "checkpoints": report.checkpoints.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "strategy_file": path(&report.strategy_file),
+        "metrics": path(&f.metrics),
+        "plot": path(&f.plot),
+        "init_ignored": report.init_ignored,
+        "memory": f.memory.iter().map(|m| serde_json::json!({"step": m.step, "peak_rss_bytes": m.peak_rss, "rss_bytes": m.rss})).collect::<Vec<_>>(),
+        "verify": s.verify.as_ref().map(|v| serde_json::json!({
+            "loss_difference": v.loss_diff, "loss_relative": v.loss_rel,
+            "parameter_difference": v.param_diff, "parameter_relative": v.param_rel, "parameter": v.param,
+            "parameter_normwise_relative": v.norm_rel, "parameter_normwise": v.norm_param,
+            "tolerance": verify::RTOL, "ok": v.within(verify::RTOL),
+        })),
+    });
+    writeln!(out, "{}", serde_json::to_string_pretty(&summary).map_err(|e| anyhow!("cannot print the summary as JSON: {e}"))?)?;
+    Ok(if s.mismatch() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// The summary as text: steps and speed, losses, evaluation, memory, files, `--verify`.
+fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &Summary, f: &Facts<'_>) -> Result<ExitCode> {
+    let run = report.last_step - report.first_step;
     writeln!(
         out,
-        "trained {name} for {} (step {} to {}) in {:.1} s on {devices_desc}: {:.1} samples/s",
+        "trained {} for {} (step {} to {}) in {:.1} s on {}: {:.1} samples/s",
+        f.model.name(),
         if run == 1 { "1 step".to_string() } else { format!("{run} steps") },
         report.first_step,
         report.last_step,
         report.wall_secs,
+        f.devices,
         report.samples_per_sec
     )?;
-    if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), tail_mean) {
-        writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", tail.len())?;
+    if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), s.tail_mean) {
+        writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", s.tail)?;
     }
-    match &eval {
+    match &s.eval {
         Some(Some(e)) => writeln!(
             out,
             "  eval: accuracy {:.2}% loss {:.4} on {} samples ({} predictions)",
@@ -666,7 +760,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         Some(None) => writeln!(out, "  eval: skipped (the data have no test split)")?,
         None => {}
     }
-    match (memory.first(), memory.last()) {
+    match (f.memory.first(), f.memory.last()) {
         (Some(a), Some(b)) if a.step != b.step => writeln!(
             out,
             "  memory: peak RSS {:.1} MiB at step {}, {:.1} MiB at step {} (resident {:.1} -> {:.1} MiB)",
@@ -686,35 +780,34 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if let Some(sf) = &report.strategy_file {
         writeln!(out, "  strategy file: {}", sf.display())?;
     }
-    if let Some(m) = &metrics {
+    if let Some(m) = &f.metrics {
         write!(out, "  metrics: {}", m.display())?;
-        if let Some(p) = &plot_path {
+        if let Some(p) = &f.plot {
             write!(out, " (loss curve: {})", p.display())?;
         }
         writeln!(out)?;
     }
-    if let Some(v) = &verify {
-        writeln!(out, "  verify: beside stand_alone on the same data, {v}")?;
-        if mismatch {
-            writeln!(out, "  verify: MISMATCH above a relative {:e}", verify::RTOL)?;
-            let ctx = &cfg.parallel;
-            if ctx.gradients_mean && ctx.parallel_mode.is_auto() {
-                writeln!(
-                    out,
-                    "  verify: note: gradients_mean=true under {} divides each gradient by its mirror group (as MindSpore does), so the run differs from stand-alone by design",
-                    ctx.parallel_mode.name()
-                )?;
-            }
-            if let (Some(first), Some(last)) = (reference_losses.first(), reference_losses.last()) {
-                if !last.is_finite() || *last > 1.5 * first {
-                    writeln!(
-                        out,
-                        "  verify: note: the stand-alone reference diverged too (loss {first:.4} at the first step, {last:.4} at the last): a diverging run amplifies rounding; try a smaller --lr"
-                    )?;
-                }
-            }
-            return Ok(ExitCode::from(1));
+    let Some(v) = &s.verify else { return Ok(ExitCode::SUCCESS) };
+    writeln!(out, "  verify: beside stand_alone on the same data, {v}")?;
+    if !s.mismatch() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "  verify: MISMATCH above a relative {:e}", verify::RTOL)?;
+    let ctx = &trainer.config().parallel;
+    if ctx.gradients_mean && ctx.parallel_mode.is_auto() {
+        writeln!(
+            out,
+            "  verify: note: gradients_mean=true under {} divides each gradient by its mirror group (as MindSpore does), so the run differs from stand-alone by design",
+            ctx.parallel_mode.name()
+        )?;
+    }
+    if let (Some(first), Some(last)) = (s.reference_losses.first(), s.reference_losses.last()) {
+        if !last.is_finite() || *last > 1.5 * first {
+            writeln!(
+                out,
+                "  verify: note: the stand-alone reference diverged too (loss {first:.4} at the first step, {last:.4} at the last): a diverging run amplifies rounding; try a smaller --lr"
+            )?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(1))
 }

@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::trainer::{TrainError, TrainResult};
+use super::{TrainError, TrainResult};
 
 /// What a callback learns after a step.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,11 +15,15 @@ use crate::optimizer_shard::OptDecision;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 use crate::search::{Search, SearchReport};
 
+pub mod pipeline;
+
+pub use pipeline::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
+
 /// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
 /// input and parameter, in graph order, each trainable parameter followed by its optimizer
 /// state (`state_keys` names it; MindSpore lists `moments.*`, `adam_m.*`, ... with their
 /// parameter's layout). Field 5 names the rank's optimizer-shard group as MindSpore does
-/// ([`crate::group_name`]); a pipeline's fields 8-11 come from `pipeline::pipeline_layout_dict`.
+/// ([`crate::group_name`]); a pipeline's fields 8-11 come from [`pipeline_layout_dict`].
 pub fn parameter_layout_dict(
     plan: &ParallelPlan,
     rank: usize,

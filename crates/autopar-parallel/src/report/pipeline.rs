@@ -9,10 +9,10 @@ use std::ops::Range;
 use autopar_graph::{CostCx, OpKind, TensorType};
 use serde_json::{json, Value};
 
+use super::{human_bytes, human_flops};
 use crate::error::{ParallelError, Result};
 use crate::job::JobPlan;
 use crate::pipeline::schedule::{ideal_bubble, simulate, Pass, SimCosts, Simulation};
-use crate::report::{human_bytes, human_flops};
 
 /// One stage as one of its ranks sees it.
 #[derive(Clone, Debug, PartialEq)]
