@@ -5,13 +5,15 @@
 //! * [`costgraph`]: candidates per op and the cost model (compute, in-op communication,
 //!   redistribution, gradient synchronisation, memory) under a [`DeviceProfile`].
 //! * [`solve`]: the searches over the cost graph, pure functions: variable elimination
-//!   (`dynamic_programming`, and the exact solver) and sharding propagation.
+//!   (`dynamic_programming`, and the exact solver), with a memory budget too.
+//! * [`propagate`]: `sharding_propagation`, MindSpore's walk from the configured ops.
 //! * [`recursive`]: `recursive_programming`, MindSpore's default: binary cuts of the ops that
 //!   matter, greedy, without the cost graph; the other ops copy their neighbours' strategies by
 //!   MindSpore's rules (`rec_rules`).
 
 pub mod costgraph;
 pub mod profile;
+pub mod propagate;
 mod rec_adjacency;
 mod rec_rules;
 pub mod recursive;
@@ -260,7 +262,7 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
     let mut fastest = None;
     let (choice, reached) = match search {
         // Propagation reads one row per edge: the cost graph computes them on demand.
-        Search::Mode(SearchMode::ShardingPropagation) => solve::propagate(cg, &configured),
+        Search::Mode(SearchMode::ShardingPropagation) => propagate::propagate(cg, &configured),
         // The copies of a repeated block (a network's layers) are tied to one choice, so the
         // search sees one block however deep the network is.
         Search::Mode(SearchMode::DynamicProgramming) => {
