@@ -248,7 +248,7 @@ pub enum CheckpointError {
     },
 
     /// A destination rank needs a source rank whose checkpoint is missing.
-    #[error("destination rank {dst_rank} needs source rank {src_rank}: {path} not found\n  hint: copy rank {src_rank}'s checkpoint into {path}, or check --src-strategy")]
+    #[error("destination rank {dst_rank} needs source rank {src_rank}: {path} not found\n  hint: copy rank {src_rank}'s checkpoint into {path}, or check `src_strategy`")]
     MissingRank {
         /// The destination rank, counted in the world.
         dst_rank: usize,
@@ -317,7 +317,7 @@ pub enum CheckpointError {
     },
 
     /// Under `strict`, tensors are in one strategy but not in the other.
-    #[error("{count} tensor(s) are in the {present} strategy but not in the {missing} strategy: {names}\n  hint: without --strict they are copied unchanged from the paired source rank, as MindSpore does; or use strategy files of the same network")]
+    #[error("{count} tensor(s) are in the {present} strategy but not in the {missing} strategy: {names}\n  hint: without `strict` they are copied unchanged from the paired source rank, as MindSpore does; or use strategy files of the same network")]
     NotInBothStrategies {
         /// Number of such tensors.
         count: usize,
@@ -383,7 +383,7 @@ pub enum CheckpointError {
     },
 
     /// A strategy holds no parameter for the destination rank's pipeline stage.
-    #[error("the {which} strategy holds no parameter for this destination rank's pipeline stage\n  hint: check the rank and the --dst-strategy file")]
+    #[error("the {which} strategy holds no parameter for this destination rank's pipeline stage\n  hint: check the rank and the `dst_strategy` file")]
     RankListEmpty {
         /// Which strategy: `source` or `destination`.
         which: &'static str,

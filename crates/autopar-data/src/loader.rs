@@ -265,7 +265,7 @@ impl DataLoader {
                 param: "step",
                 value: step.to_string(),
                 expected: format!("a batch in 0..{} of shard {}", self.batches_per_epoch(), self.inner.config.shard_id),
-                hint: "the data hold fewer batches than that; check --batch-size and --data".into(),
+                hint: "the data hold fewer batches than that; check `batch_size` and `data`".into(),
             });
         }
         Work::new(self.clone(), epoch).batch(step)

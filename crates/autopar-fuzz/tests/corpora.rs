@@ -54,5 +54,5 @@ fn seeds_parse_so_the_fuzzer_starts_from_valid_files() {
     let cfg = autopar::config::parse_config(&toml, Path::new("train.toml")).unwrap();
     let mut ctx = autopar_parallel::ParallelContext::default();
     ctx.apply_table(cfg.parallel.as_ref().unwrap()).unwrap();
-    assert_eq!(ctx.device_num, 4);
+    assert_eq!(ctx.device_num(), 4);
 }

@@ -250,7 +250,7 @@ pub enum GraphError {
     },
 
     /// A tensor needs more than [`crate::graph::MAX_TENSOR_BYTES`] (16 TiB).
-    #[error("{kind} {name}: its output of shape {shape:?} ({dtype}) needs more than 16 TiB\n  hint: make the model or the batch smaller (--width, --depth, --batch-size)")]
+    #[error("{kind} {name}: its output of shape {shape:?} ({dtype}) needs more than 16 TiB\n  hint: make the model or the batch smaller (`width`, `depth`, `batch_size`)")]
     TooLarge {
         /// The op kind (MindSpore's name).
         kind: &'static str,

@@ -381,7 +381,7 @@ mod tests {
         let y = b.input("y", &[1, 1 << 22], DType::F32).unwrap();
         let err = b.matmul("outer", x, y).unwrap_err();
         assert!(matches!(&err, GraphError::TooLarge { kind: "MatMul", name, .. } if name == "outer"), "{err}");
-        assert!(err.to_string().contains("--width"), "{err}");
+        assert!(err.to_string().contains("`width`"), "{err}");
         // The largest that fits still builds (16 TiB).
         b.input("big", &[1 << 21, 1 << 21], DType::F32).unwrap();
         assert!(b.input("bigger", &[1 << 21, (1 << 21) + 1], DType::F32).is_err());

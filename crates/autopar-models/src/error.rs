@@ -7,7 +7,7 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ModelError {
     /// The name given is not one of the zoo's models (`MODEL_NAMES`).
-    #[error("unknown model {name:?}\n  valid models: {valid}\n  hint: pass one of the valid names, e.g. --model resnet18")]
+    #[error("unknown model {name:?}\n  valid models: {valid}\n  hint: pass one of the valid names, e.g. `model=resnet18`")]
     UnknownModel {
         /// The name that was asked for.
         name: String,

@@ -360,46 +360,46 @@ impl Default for StrategyCkptConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParallelContext {
     /// The number of devices (ranks) of the job.
-    pub device_num: usize,
+    pub(crate) device_num: usize,
     /// This process's global rank, counted from 0.
-    pub global_rank: usize,
+    pub(crate) global_rank: usize,
     /// Gradients are averaged over the data-parallel ranks, not summed.
-    pub gradients_mean: bool,
+    pub(crate) gradients_mean: bool,
     /// Half-precision gradients are synchronised in f32 (semi_auto_parallel and auto_parallel).
-    pub gradient_fp32_sync: bool,
+    pub(crate) gradient_fp32_sync: bool,
     /// The backward starts from 1/device_num instead of 1 (semi_auto_parallel and auto_parallel).
-    pub loss_repeated_mean: bool,
+    pub(crate) loss_repeated_mean: bool,
     /// How the model is spread over devices.
-    pub parallel_mode: ParallelMode,
+    pub(crate) parallel_mode: ParallelMode,
     /// The strategy search of auto_parallel (`search_mode`, or `auto_parallel_search_mode`).
-    pub search_mode: SearchMode,
+    pub(crate) search_mode: SearchMode,
     /// Parameters are broadcast over their mirror groups before training.
-    pub parameter_broadcast: bool,
+    pub(crate) parameter_broadcast: bool,
     /// How the dataset is split over ranks (`dataset_strategy`, or `full_batch`).
-    pub dataset_strategy: DatasetStrategy,
+    pub(crate) dataset_strategy: DatasetStrategy,
     /// The parallel optimizer: parameters and optimizer state sharded over their data-parallel ranks.
-    pub enable_parallel_optimizer: bool,
+    pub(crate) enable_parallel_optimizer: bool,
     /// Redistributions may use AllToAll.
-    pub enable_alltoall: bool,
+    pub(crate) enable_alltoall: bool,
     /// Half-precision values are communicated in f32.
-    pub force_fp32_communication: bool,
+    pub(crate) force_fp32_communication: bool,
     /// The number of pipeline stages; 1 for no pipeline.
-    pub pipeline_stages: usize,
+    pub(crate) pipeline_stages: usize,
     /// Pipeline inference (`RankTrainer::predict`): the last stage's outputs reach every rank,
     /// not only the last stage's (pipelines only).
-    pub pipeline_result_broadcast: bool,
+    pub(crate) pipeline_result_broadcast: bool,
     /// `pipeline_config`.
-    pub pipeline_config: PipelineConfig,
+    pub(crate) pipeline_config: PipelineConfig,
     /// `parallel_optimizer_config`.
-    pub parallel_optimizer_config: ParallelOptimizerConfig,
+    pub(crate) parallel_optimizer_config: ParallelOptimizerConfig,
     /// `comm_fusion` (its all-reduce mode also set by `all_reduce_fusion_config`).
-    pub comm_fusion: CommFusion,
+    pub(crate) comm_fusion: CommFusion,
     /// `strategy_ckpt_config` (its files also set by `strategy_ckpt_load_file` and `strategy_ckpt_save_file`).
-    pub strategy_ckpt_config: StrategyCkptConfig,
+    pub(crate) strategy_ckpt_config: StrategyCkptConfig,
     /// The group-info file each rank's communication groups are saved to (one file per rank beside it); empty for none.
-    pub group_ckpt_save_file: String,
+    pub(crate) group_ckpt_save_file: String,
     /// The strategy search's knobs (auto_parallel only).
-    pub search: SearchOptions,
+    pub(crate) search: SearchOptions,
     /// Names set explicitly (for the mode checks of `validate`).
     explicit: BTreeSet<&'static str>,
 }
@@ -429,6 +429,118 @@ impl Default for ParallelContext {
             search: SearchOptions::default(),
             explicit: BTreeSet::new(),
         }
+    }
+}
+
+impl ParallelContext {
+    /// MindSpore's `MS_INTERFERED_SAPP=1` for recursive_programming (read from the environment
+    /// when the context is made): set here for this context alone.
+    pub fn set_interfered_sapp(&mut self, on: bool) {
+        self.search.interfered_sapp = on;
+    }
+}
+
+/// Every option's value. The options are set only through [`ParallelContext::set`] (validated
+/// for type and range, and recorded as set), so they are read here.
+impl ParallelContext {
+    /// The number of devices (ranks) of the job.
+    pub fn device_num(&self) -> usize {
+        self.device_num
+    }
+
+    /// This process's global rank, counted from 0.
+    pub fn global_rank(&self) -> usize {
+        self.global_rank
+    }
+
+    /// Gradients are averaged over the data-parallel ranks, not summed.
+    pub fn gradients_mean(&self) -> bool {
+        self.gradients_mean
+    }
+
+    /// Half-precision gradients are synchronised in f32 (semi_auto_parallel and auto_parallel).
+    pub fn gradient_fp32_sync(&self) -> bool {
+        self.gradient_fp32_sync
+    }
+
+    /// The backward starts from 1/device_num instead of 1 (semi_auto_parallel and auto_parallel).
+    pub fn loss_repeated_mean(&self) -> bool {
+        self.loss_repeated_mean
+    }
+
+    /// How the model is spread over devices.
+    pub fn parallel_mode(&self) -> ParallelMode {
+        self.parallel_mode
+    }
+
+    /// The strategy search of auto_parallel (`search_mode`, or `auto_parallel_search_mode`).
+    pub fn search_mode(&self) -> SearchMode {
+        self.search_mode
+    }
+
+    /// Parameters are broadcast over their mirror groups before training.
+    pub fn parameter_broadcast(&self) -> bool {
+        self.parameter_broadcast
+    }
+
+    /// How the dataset is split over ranks (`dataset_strategy`, or `full_batch`).
+    pub fn dataset_strategy(&self) -> &DatasetStrategy {
+        &self.dataset_strategy
+    }
+
+    /// The parallel optimizer: parameters and optimizer state sharded over their data-parallel ranks.
+    pub fn enable_parallel_optimizer(&self) -> bool {
+        self.enable_parallel_optimizer
+    }
+
+    /// Redistributions may use AllToAll.
+    pub fn enable_alltoall(&self) -> bool {
+        self.enable_alltoall
+    }
+
+    /// Half-precision values are communicated in f32.
+    pub fn force_fp32_communication(&self) -> bool {
+        self.force_fp32_communication
+    }
+
+    /// The number of pipeline stages; 1 for no pipeline.
+    pub fn pipeline_stages(&self) -> usize {
+        self.pipeline_stages
+    }
+
+    /// Pipeline inference (`RankTrainer::predict`): the last stage's outputs reach every rank, not only the last stage's (pipelines only).
+    pub fn pipeline_result_broadcast(&self) -> bool {
+        self.pipeline_result_broadcast
+    }
+
+    /// `pipeline_config`.
+    pub fn pipeline_config(&self) -> &PipelineConfig {
+        &self.pipeline_config
+    }
+
+    /// `parallel_optimizer_config`.
+    pub fn parallel_optimizer_config(&self) -> &ParallelOptimizerConfig {
+        &self.parallel_optimizer_config
+    }
+
+    /// `comm_fusion` (its all-reduce mode also set by `all_reduce_fusion_config`).
+    pub fn comm_fusion(&self) -> &CommFusion {
+        &self.comm_fusion
+    }
+
+    /// `strategy_ckpt_config` (its files also set by `strategy_ckpt_load_file` and `strategy_ckpt_save_file`).
+    pub fn strategy_ckpt_config(&self) -> &StrategyCkptConfig {
+        &self.strategy_ckpt_config
+    }
+
+    /// The group-info file each rank's communication groups are saved to (one file per rank beside it); empty for none.
+    pub fn group_ckpt_save_file(&self) -> &str {
+        &self.group_ckpt_save_file
+    }
+
+    /// The strategy search's knobs (auto_parallel only).
+    pub fn search(&self) -> &SearchOptions {
+        &self.search
     }
 }
 

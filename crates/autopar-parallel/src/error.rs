@@ -1,5 +1,6 @@
 //! The error type of autopar-parallel. Variants carry values (options, ops, shapes, ranks), and
-//! their messages end with a hint naming a CLI flag or command.
+//! their messages end with a hint naming the options to change in backticks (`batch_size`,
+//! `pipeline_stages=P`), which the command line spells as its flags.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -55,7 +56,7 @@ pub enum ParallelError {
     },
 
     /// A network input whose batch dimension (dimension 0) the device count does not divide, under a data-parallel dataset strategy.
-    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: the {} rows of the batch dimension must divide by {devices}; with --micro-batches or pipeline stages these are one micro-batch's rows (--batch-size / micro-batches): use a --batch-size that gives each micro-batch a multiple of {devices} rows, or (semi_auto_parallel, auto_parallel) --parallel dataset_strategy=full_batch", shape.first().copied().unwrap_or(0))]
+    #[error("input {input:?} with shape {shape:?} cannot be split over {devices} devices by its batch dimension ({mode})\nhint: the {} rows of the batch dimension must divide by {devices}; with `micro_batches` or pipeline stages these are one micro-batch's rows (`batch_size` / micro-batches): use a `batch_size` that gives each micro-batch a multiple of {devices} rows, or (semi_auto_parallel, auto_parallel) `dataset_strategy=full_batch`", shape.first().copied().unwrap_or(0))]
     BatchNotDivisible {
         /// The input's name.
         input: String,
@@ -68,7 +69,7 @@ pub enum ParallelError {
     },
 
     /// An explicit `dataset_strategy` that does not fit the network's inputs.
-    #[error("invalid dataset_strategy\n  {problem}\nhint: give one split list per network input, e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'")]
+    #[error("invalid dataset_strategy\n  {problem}\nhint: give one split list per network input, e.g. `dataset_strategy=[[8, 1], [8]]`")]
     DatasetStrategy {
         /// What does not fit.
         problem: DatasetProblem,
@@ -89,7 +90,7 @@ pub enum ParallelError {
     Graph(Box<autopar_graph::GraphError>),
 
     /// A rank at or above the job's device count.
-    #[error("rank {rank} is out of range for {devices} devices\nhint: pass a rank below --devices")]
+    #[error("rank {rank} is out of range for {devices} devices\nhint: pass a rank below `device_num`")]
     RankOutOfRange {
         /// The rank asked for, counted in the world.
         rank: usize,
@@ -120,7 +121,7 @@ pub enum ParallelError {
     },
 
     /// An option autopar parses and validates but whose behaviour it does not implement.
-    #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from --parallel and the [parallel] table")]
+    #[error("parallel option {option} = {value} is not supported yet\n  autopar parses and validates it, but does not implement its behaviour\nhint: remove it from the options given and from the [parallel] table")]
     NotSupportedYet {
         /// The option's name.
         option: String,
@@ -138,7 +139,7 @@ pub enum ParallelError {
     },
 
     /// An op none of whose strategies fits `device_memory_capacity` (auto_parallel search).
-    #[error("auto_parallel: no strategy of {kind} {name:?} fits device_memory_capacity = {capacity} bytes\n  its cheapest strategy in memory needs {need} bytes per device; its largest tensors: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
+    #[error("auto_parallel: no strategy of {kind} {name:?} fits device_memory_capacity = {capacity} bytes\n  its cheapest strategy in memory needs {need} bytes per device; its largest tensors: {largest}\nhint: raise `device_memory_capacity=BYTES`, use more devices, or a smaller `batch_size`")]
     OutOfMemory {
         /// The op's kind.
         kind: &'static str,
@@ -153,7 +154,7 @@ pub enum ParallelError {
     },
 
     /// A search mode that needs a power-of-two device count (recursive_programming) given another.
-    #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use --devices 2, 4, 8, ... or --parallel search_mode=dynamic_programming (or sharding_propagation), which plan any count")]
+    #[error("auto_parallel ({search}) needs a power-of-two device count, got {devices}\nhint: use `device_num=2`, 4, 8, ... or `search_mode=dynamic_programming` (or sharding_propagation), which plan any count")]
     SearchDevices {
         /// The search mode's MindSpore name.
         search: &'static str,
@@ -163,7 +164,7 @@ pub enum ParallelError {
 
     /// No plan of an elimination search fits `device_memory_capacity`: the ops' memory per
     /// device, summed, exceeds it under every choice of strategies.
-    #[error("auto_parallel ({search}): no plan fits device_memory_capacity = {capacity} bytes\n  whatever the strategies, the ops need at least {least} bytes per device; those needing the most: {largest}\nhint: raise --parallel device_memory_capacity=BYTES, use more devices, or a smaller --batch-size")]
+    #[error("auto_parallel ({search}): no plan fits device_memory_capacity = {capacity} bytes\n  whatever the strategies, the ops need at least {least} bytes per device; those needing the most: {largest}\nhint: raise `device_memory_capacity=BYTES`, use more devices, or a smaller `batch_size`")]
     PlanOverMemory {
         /// The search mode's name.
         search: &'static str,
@@ -176,7 +177,7 @@ pub enum ParallelError {
     },
 
     /// A cost graph whose exact search would need too large a table when eliminating an op.
-    #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use --parallel search_mode=recursive_programming or sharding_propagation, or set .shard() on some ops")]
+    #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use `search_mode=recursive_programming` or sharding_propagation, or set .shard() on some ops")]
     SearchTooWide {
         /// The search mode's MindSpore name.
         search: &'static str,
@@ -196,7 +197,7 @@ pub enum ParallelError {
     },
 
     /// The strategy file names an operator the network lacks.
-    #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check --strategy and strategy_ckpt_config.load_file", file.display())]
+    #[error("strategy file {}: item {item} matches no operator of the network\n  operators are named <Prim>_<parameter>, e.g. MatMul_fc1.weight\nhint: the file was saved for another network; check the strategy file given (`strategy_ckpt_config.load_file`)", file.display())]
     UnknownStrategyItem {
         /// The strategy file that was read.
         file: PathBuf,
@@ -228,7 +229,7 @@ pub enum ParallelError {
     ResultBroadcastInTraining,
 
     /// A micro-batch count a job cannot run: none, or one that does not divide the batch.
-    #[error("{}\nhint: pass --micro-batches M with M dividing --batch-size (1: no micro-batches)", if *given == 0 { "micro_batches = 0: a step runs at least one micro-batch".to_string() } else { format!("{given} micro-batches do not divide the batch of {batch} rows into equal parts") })]
+    #[error("{}\nhint: pass `micro_batches=M` with M dividing `batch_size` (1: no micro-batches)", if *given == 0 { "micro_batches = 0: a step runs at least one micro-batch".to_string() } else { format!("{given} micro-batches do not divide the batch of {batch} rows into equal parts") })]
     MicroBatches {
         /// The count given.
         given: usize,
@@ -275,7 +276,7 @@ pub enum ParallelError {
     Schedule(#[from] crate::pipeline::ScheduleError),
 
     /// A set of hybrid_parallel rank graphs that cannot run together.
-    #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (--devices of them) with the same loss name, collectives over groups holding the rank")]
+    #[error("hybrid_parallel: {problem}\nhint: build one graph per rank (`device_num` of them) with the same loss name, collectives over groups holding the rank")]
     Hybrid {
         /// What is wrong with them.
         problem: HybridProblem,
@@ -411,10 +412,10 @@ impl PipelineProblem {
             | PipelineProblem::SplitOrder { .. }
             | PipelineProblem::SplitAtFirstOp { .. }
             | PipelineProblem::SplitAfterLoss { .. } => {
-                "--pipeline-split names the first op of each stage after the first, in network order, as `autopar plan` lists them"
+                "`pipeline_split` names the first op of each stage after the first, in network order, as `autopar plan` lists them"
             }
-            PipelineProblem::SplitOfPlacedModel => "drop --pipeline-split: the model's own stages apply",
-            PipelineProblem::SplitWithoutStages => "set --parallel pipeline_stages=P, or drop --pipeline-split",
+            PipelineProblem::SplitOfPlacedModel => "drop `pipeline_split`: the model's own stages apply",
+            PipelineProblem::SplitWithoutStages => "set `pipeline_stages=P`, or drop `pipeline_split`",
 
             PipelineProblem::ConsumerBeforeProducer { .. }
             | PipelineProblem::StageOutOfRange { .. }
@@ -423,7 +424,7 @@ impl PipelineProblem {
             | PipelineProblem::EmptyChunk { .. }
             | PipelineProblem::OutputNotOnLastStage { .. }
             | PipelineProblem::LossNotOnLastChunk { .. }
-            | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or --pipeline-split, in execution order, from 0 to pipeline_stages-1",
+            | PipelineProblem::NeedsPipelinePlanner => "give each block its stage with GraphBuilder::set_pipeline_stage (MindSpore's cell.pipeline_stage) or `pipeline_split`, in execution order, from 0 to pipeline_stages-1",
         }
     }
 }
@@ -549,10 +550,7 @@ impl fmt::Display for Conflict {
                     "the parallel modes" => "data_parallel",
                     _ => "semi_auto_parallel",
                 };
-                write!(
-                    f,
-                    "{mode} does not support it: it applies to {applies_to}\nhint: pass --parallel-mode {wanted} (parallel_mode={wanted}), or drop the option"
-                )
+                write!(f, "{mode} does not support it: it applies to {applies_to}\nhint: pass `parallel_mode={wanted}`, or drop the option")
             }
             Conflict::StagesDoNotDivide { stages, device_num } => write!(f, "{stages} stages do not divide device_num {device_num}"),
             Conflict::SearchModeDoesNotSupport { search_mode, applies_to } => {
@@ -819,18 +817,19 @@ impl fmt::Display for TransferProblem {
 /// The result type of autopar-parallel, with [`ParallelError`] as its default error.
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;
 
-/// The command-line flag that sets parallel option `option`.
+/// Parallel option `option` with a value, as a hint names it (`option=VALUE`; a field of a
+/// dictionary option within its dictionary, as JSON).
 fn option_flag(option: &str) -> String {
     match option {
-        "device_num" => "--devices N (or --parallel device_num=N)".into(),
-        "parallel_mode" => "--parallel-mode MODE (or --parallel parallel_mode=MODE)".into(),
+        "device_num" => "`device_num=N`".into(),
+        "parallel_mode" => "`parallel_mode=MODE`".into(),
         // A field of a dictionary option is set with the dictionary, as JSON.
         _ => match option.split_once('.') {
             Some((top, rest)) => {
                 let nested = rest.split('.').rev().fold("VALUE".to_string(), |inner, key| format!("{{\"{key}\": {inner}}}"));
-                format!("--parallel '{top}={nested}'")
+                format!("`{top}={nested}`")
             }
-            None => format!("--parallel {option}=VALUE"),
+            None => format!("`{option}=VALUE`"),
         },
     }
 }

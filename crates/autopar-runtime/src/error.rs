@@ -82,7 +82,7 @@ pub enum RuntimeError {
     Graph(Box<GraphError>),
 
     /// A pipeline schedule went wrong on a rank (a bug in autopar).
-    #[error("pipeline rank {rank}: {problem}\nhint: this is a bug in autopar's pipeline schedules; please report it with --parallel pipeline_stages and --micro-batches")]
+    #[error("pipeline rank {rank}: {problem}\nhint: this is a bug in autopar's pipeline schedules; please report it with `pipeline_stages` and `micro_batches`")]
     Pipeline {
         /// The rank, global.
         rank: usize,
@@ -124,7 +124,7 @@ pub enum RuntimeError {
 
     /// A network input was not fed.
     #[error(
-        "input {name} was not fed\n  expected: {dtype}{shape:?}\nhint: the data must provide every network input; check --data and --model"
+        "input {name} was not fed\n  expected: {dtype}{shape:?}\nhint: the data must provide every network input; check `data` and `model`"
     )]
     MissingFeed {
         /// The input's name.
@@ -136,7 +136,7 @@ pub enum RuntimeError {
     },
 
     /// An input was fed a tensor of another shape or element type than the graph declares.
-    #[error("input {name} was fed {got_dtype}{got:?}, expected {dtype}{shape:?}\nhint: the batch does not fit the network; check --batch-size and --input-shape")]
+    #[error("input {name} was fed {got_dtype}{got:?}, expected {dtype}{shape:?}\nhint: the batch does not fit the network; check `batch_size` and `input_shape`")]
     FeedMismatch {
         /// The input's name.
         name: String,
@@ -151,7 +151,7 @@ pub enum RuntimeError {
     },
 
     /// A feed names a node that is not a network input.
-    #[error("node %{id} ({name}) is fed but is not an input\nhint: only network inputs come from the data; parameters come from initialisation, --init or --resume")]
+    #[error("node %{id} ({name}) is fed but is not an input\nhint: only network inputs come from the data; parameters come from initialisation, `init` or `resume`")]
     FeedNotInput {
         /// The node's id in the graph.
         id: usize,
@@ -160,14 +160,14 @@ pub enum RuntimeError {
     },
 
     /// The graph needs a parameter the parameter store lacks.
-    #[error("parameter {name} is missing from the parameter store\nhint: the network or the checkpoint lacks it; check --model, --init and --resume")]
+    #[error("parameter {name} is missing from the parameter store\nhint: the network or the checkpoint lacks it; check `model`, `init` and `resume`")]
     MissingParameter {
         /// The parameter's name.
         name: String,
     },
 
     /// A stored parameter's shape or element type differs from what the graph expects.
-    #[error("parameter {name} in the store is {got_dtype}{got:?}, the graph expects {dtype}{shape:?}\nhint: check --init, --resume and the model options (--width, --depth, --num-classes, --input-shape)")]
+    #[error("parameter {name} in the store is {got_dtype}{got:?}, the graph expects {dtype}{shape:?}\nhint: check `init`, `resume` and the model options (`width`, `depth`, `num_classes`, `input_shape`)")]
     ParameterMismatch {
         /// The parameter's name.
         name: String,
@@ -182,7 +182,7 @@ pub enum RuntimeError {
     },
 
     /// An op over several ranks ran without a communicator (on a single-device executor).
-    #[error("{kind} {name} on group {group:?} needs a communicator; this executor runs one device\nhint: ops over several ranks run under --devices N (or mpirun)")]
+    #[error("{kind} {name} on group {group:?} needs a communicator; this executor runs one device\nhint: ops over several ranks run under `device_num=N` (or mpirun)")]
     NeedsCommunicator {
         /// The op's kind.
         kind: &'static str,
@@ -213,7 +213,7 @@ pub enum RuntimeError {
     },
 
     /// A rank's stored parameter has another shape than its slice under the plan.
-    #[error("parameter {name} of rank {rank} has shape {got:?}, its slice under the plan is {shape:?}\nhint: the per-rank parameters come from another strategy; reshard them with --init DIR --init-strategy FILE")]
+    #[error("parameter {name} of rank {rank} has shape {got:?}, its slice under the plan is {shape:?}\nhint: the per-rank parameters come from another strategy; reshard them with `init=DIR` `init_strategy=FILE`")]
     SliceMismatch {
         /// The parameter's name.
         name: String,
@@ -237,7 +237,7 @@ pub enum RuntimeError {
     },
 
     /// A step's loss is NaN or infinite.
-    #[error("the loss is {loss} at step {step}\nhint: lower --lr or check the data for NaN/inf")]
+    #[error("the loss is {loss} at step {step}\nhint: lower `lr` or check the data for NaN/inf")]
     NonFiniteLoss {
         /// The step, counted from 1.
         step: u64,
@@ -296,7 +296,7 @@ pub enum RuntimeError {
     HybridGather,
 
     /// The job's device count differs from the communicator's number of ranks.
-    #[error("the job has {job} devices but the communicator has {ranks} ranks\nhint: run with as many ranks as --devices (mpirun -n N with --devices N)")]
+    #[error("the job has {job} devices but the communicator has {ranks} ranks\nhint: run with as many ranks as `device_num` (mpirun -n N with `device_num=N`)")]
     DeviceCount {
         /// The job's device count (`device_num`).
         job: usize,
@@ -305,7 +305,7 @@ pub enum RuntimeError {
     },
 
     /// The `global_rank` option is not this process's rank in the communicator.
-    #[error("global_rank {global_rank} does not match this process, rank {rank} of {size}\nhint: drop --parallel global_rank (each process learns its rank from mpirun), or pass this process's rank")]
+    #[error("global_rank {global_rank} does not match this process, rank {rank} of {size}\nhint: drop `global_rank` (each process learns its rank from mpirun), or pass this process's rank")]
     GlobalRank {
         /// The `global_rank` that was configured.
         global_rank: usize,
@@ -316,14 +316,14 @@ pub enum RuntimeError {
     },
 
     /// `global_rank` was set for a run that simulates every rank in one process.
-    #[error("global_rank applies to one process per rank (mpirun); this run simulates all {devices} ranks in one process\nhint: drop --parallel global_rank, or start the job with mpirun -n {devices}")]
+    #[error("global_rank applies to one process per rank (mpirun); this run simulates all {devices} ranks in one process\nhint: drop `global_rank`, or start the job with mpirun -n {devices}")]
     GlobalRankInProcess {
         /// The devices of the job.
         devices: usize,
     },
 
     /// An input's batch dimension does not split evenly across the ranks.
-    #[error("input {name:?} has shape {shape:?}; its first dimension must split into {parts} equal parts\nhint: use a --batch-size divisible by --devices")]
+    #[error("input {name:?} has shape {shape:?}; its first dimension must split into {parts} equal parts\nhint: use a `batch_size` divisible by `device_num`")]
     BatchSplit {
         /// The input's name.
         name: String,
@@ -361,7 +361,7 @@ pub enum RuntimeError {
     },
 
     /// No checkpoint of the folder holds a parameter the rank needs.
-    #[error("load_distributed_checkpoint: parameter {name} of rank {rank} is in no checkpoint of {}\nhint: the checkpoints were saved from another network, or --init-strategy lacks this parameter", dir.display())]
+    #[error("load_distributed_checkpoint: parameter {name} of rank {rank} is in no checkpoint of {}\nhint: the checkpoints were saved from another network, or `init_strategy` lacks this parameter", dir.display())]
     NotResharded {
         /// The parameter's name.
         name: String,
@@ -372,7 +372,7 @@ pub enum RuntimeError {
     },
 
     /// A parameter slice resharded from distributed checkpoints has another shape than the job's slice.
-    #[error("load_distributed_checkpoint: parameter {name} of rank {rank} resharded to shape {got:?}, the job needs {want:?} (full {full:?})\nhint: check --init-strategy")]
+    #[error("load_distributed_checkpoint: parameter {name} of rank {rank} resharded to shape {got:?}, the job needs {want:?} (full {full:?})\nhint: check `init_strategy`")]
     ReshardedShape {
         /// The parameter's name.
         name: String,

@@ -65,7 +65,7 @@ impl LrSchedule {
                 bad("learning rate", base_lr, "a finite value >= 0")
             }
             LrSchedule::WarmupCosine { base_lr, min_lr, .. } if !(0.0..=base_lr).contains(&min_lr) => {
-                bad("minimum learning rate (--min-lr)", min_lr, "0 <= min_lr <= the learning rate (--lr)")
+                bad("minimum learning rate (`min_lr`)", min_lr, "0 <= min_lr <= the learning rate (`lr`)")
             }
             _ => Ok(()),
         }
@@ -121,7 +121,7 @@ pub fn check_max_norm(max_norm: f64) -> Result<()> {
     if max_norm > 0.0 && max_norm.is_finite() {
         Ok(())
     } else {
-        Err(RuntimeError::BadHyperparameter { what: "max_norm", value: max_norm, expected: "a finite value > 0 (--clip-grad-norm)" })
+        Err(RuntimeError::BadHyperparameter { what: "max_norm", value: max_norm, expected: "a finite value > 0 (`clip_grad_norm`)" })
     }
 }
 

@@ -217,7 +217,7 @@ impl RankTrainer {
             wall: 0.0,
             program,
         };
-        if job.context().parameter_broadcast {
+        if job.context().parameter_broadcast() {
             trainer.broadcast_parameters()?;
         }
         Ok(trainer)

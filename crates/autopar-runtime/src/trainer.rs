@@ -549,7 +549,7 @@ impl Trainer {
         let cfg = &self.cfg;
         let n = cfg.parallel.resolved()?.devices();
         if cfg.batch_size == 0 {
-            return Err(Self::config_error("batch_size", 0, "a positive number", "set --batch-size"));
+            return Err(Self::config_error("batch_size", 0, "a positive number", "set `batch_size`"));
         }
         let mpi = autopar_comm::launch::mpi_world_size().filter(|_| !self.in_process);
         #[cfg(not(feature = "mpi"))]
@@ -579,7 +579,7 @@ impl Trainer {
                         "init",
                         init.display(),
                         format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
-                        "pass --init-strategy FILE, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
+                        "pass `init_strategy=FILE`, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
                     ));
                 }
                 let loss = job.loss().ok_or(RuntimeError::JobKind { inference: true })?;
@@ -609,7 +609,7 @@ impl Trainer {
                 "batch_size",
                 cfg.batch_size,
                 format!("at most the {} samples of {}", self.train.dataset.len(), self.train.dataset.name()),
-                "lower --batch-size",
+                "lower `batch_size`",
             ));
         }
         let by_epochs = cfg.epochs.saturating_mul(steps_per_epoch);
@@ -709,7 +709,7 @@ impl Trainer {
         let mut beside = None;
         if let Some(ck) = &self.cfg.checkpoint {
             // Data-parallel checkpoints hold whole tensors unless the optimizer shards them.
-            if job.device_num() > 1 && (ctx.parallel_mode.is_auto() || ctx.enable_parallel_optimizer) {
+            if job.device_num() > 1 && (ctx.parallel_mode().is_auto() || ctx.enable_parallel_optimizer()) {
                 std::fs::create_dir_all(&ck.dir).map_err(|source| TrainError::Write { path: ck.dir.clone(), source })?;
                 let path = ck.dir.join("strategy.json");
                 if !quiet {
@@ -739,7 +739,7 @@ impl Trainer {
                 "devices",
                 plan.n,
                 format!("the {size} processes mpirun started"),
-                format!("pass --devices {size} (one device per MPI process)"),
+                format!("pass `device_num={size}` (one device per MPI process)"),
             ));
         }
         let job = plan.job;
@@ -821,13 +821,13 @@ impl Trainer {
         if let Some(first) = params.first().filter(|_| !params.iter().any(|p| ck.has(p))) {
             return Err(bad(
                 format!("it holds none of this network's parameters (such as {first}): it was saved from another network"),
-                "resume with the --model and sizes of the run that saved it",
+                "resume with the `model` and sizes of the run that saved it",
             ));
         }
         if pos.batch_size != self.cfg.batch_size {
             return Err(bad(
                 format!("it was saved with batch size {}; this run has {}", pos.batch_size, self.cfg.batch_size),
-                "resume with the same --batch-size so that the data position means the same batches",
+                "resume with the same `batch_size` so that the data position means the same batches",
             ));
         }
         if let Some(saved) = &pos.data {
@@ -845,14 +845,14 @@ impl Trainer {
                 return Err(bad(
                     problem,
                     &format!(
-                        "resume with the run's data, --seed {} and shuffle {}, so that its data position means the same batches; to train further on other data, start a new run from its parameters with --init",
+                        "resume with the run's data, `seed={}` and shuffle {}, so that its data position means the same batches; to train further on other data, start a new run from its parameters with `init`",
                         saved.seed, saved.shuffle
                     ),
                 ));
             }
         }
         let n = job.device_num();
-        let mode = self.cfg.parallel.parallel_mode.name();
+        let mode = self.cfg.parallel.parallel_mode().name();
         let world = pos.world_size;
         let root = if world > 1 { path.parent().and_then(Path::parent) } else { path.parent() }.unwrap_or(Path::new("."));
         let strategy = root.join("strategy.json");
@@ -867,7 +867,7 @@ impl Trainer {
         if world > 1 && pos.parallel_mode == ParallelMode::HybridParallel.name() {
             return Err(bad(
                 format!("it was saved by a hybrid_parallel run on {world} devices, whose slices no strategy file describes"),
-                &format!("resume it with --devices {world} --parallel-mode hybrid_parallel"),
+                &format!("resume it with `device_num={world}` `parallel_mode=hybrid_parallel`"),
             ));
         }
         if let Some(ck) = &self.cfg.checkpoint {
@@ -875,7 +875,7 @@ impl Trainer {
             if world > 1 && canon(&ck.dir) == canon(root) {
                 return Err(bad(
                     format!("this run's layouts differ from the checkpoint's, and it would write its own checkpoints and strategy.json into {}, beside the ones it reads", root.display()),
-                    "pass --checkpoint-dir a new folder for the resumed run",
+                    "pass `checkpoint_dir` a new folder for the resumed run",
                 ));
             }
         }
@@ -1048,7 +1048,7 @@ impl Trainer {
             world_size: n,
             rank,
             batch_size: self.cfg.batch_size,
-            parallel_mode: self.cfg.parallel.parallel_mode.name().to_string(),
+            parallel_mode: self.cfg.parallel.parallel_mode().name().to_string(),
             run_id: run_id.to_string(),
             data: Some(self.data_stream()),
         };
@@ -1242,7 +1242,7 @@ fn one_rank_of_many(path: &Path, e: TrainError) -> TrainError {
                     pos.rank, pos.world_size
                 ),
                 hint: format!(
-                    "pass the run's folder, --init {} (its strategy.json says how the ranks' files fit together)",
+                    "pass the run's folder, `init={}` (its strategy.json says how the ranks' files fit together)",
                     root.display()
                 ),
             }
@@ -1256,7 +1256,7 @@ fn missing_state(path: &Path, key: &str) -> TrainError {
     TrainError::Resume {
         path: path.to_path_buf(),
         problem: format!("optimizer state {key} is missing"),
-        hint: "resume with the optimizer the checkpoint was trained with (--optimizer)".into(),
+        hint: "resume with the optimizer the checkpoint was trained with (`optimizer`)".into(),
     }
 }
 
@@ -1323,6 +1323,6 @@ pub fn latest_in(dir: &Path) -> TrainResult<PathBuf> {
         } else {
             format!("the folder holds no complete checkpoint: {}", incomplete.join(", "))
         },
-        hint: "pass a checkpoint file, or the folder given to --checkpoint-dir".into(),
+        hint: "pass a checkpoint file, or the folder given to `checkpoint_dir`".into(),
     })
 }

@@ -271,14 +271,14 @@ fn searches_keep_user_strategies_and_refuse_what_they_cannot_search() {
     let l1 = |p: &autopar_parallel::ParallelPlan| p.nodes.iter().find(|n| n.name == "l1.mm").unwrap().clone();
     for search in ["sharding_propagation", "dynamic_programming", "interfered recursive_programming"] {
         let mut c = auto(search.trim_start_matches("interfered "), false);
-        c.search.interfered_sapp = search.starts_with("interfered");
+        c.set_interfered_sapp(search.starts_with("interfered"));
         let p = plan(&g, &c).unwrap();
         assert_eq!(l1(&p).strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "{search}");
         assert_eq!(l1(&p).source, Some(StrategySource::User), "{search}");
         assert!(p.search.as_ref().unwrap().overwritten.is_empty());
     }
     let mut c = auto("recursive_programming", false);
-    c.search.interfered_sapp = false;
+    c.set_interfered_sapp(false);
     let p = plan(&g, &c).unwrap();
     assert_ne!(l1(&p).source, Some(StrategySource::User));
     assert_ne!(l1(&p).strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))", "searched like any other MatMul");
@@ -317,11 +317,11 @@ fn recursive_programming_keeps_user_strategies_only_when_interfered_as_mindspore
     let g = b.finish();
     let strategy = |p: &ParallelPlan, name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.as_ref().unwrap().to_string();
     let mut c = auto("recursive_programming", true);
-    c.search.interfered_sapp = true;
+    c.set_interfered_sapp(true);
     let p = plan(&g, &c).unwrap();
     assert_eq!(strategy(&p, "matmul1"), "((1, 1), (1, 8))");
     assert_eq!(strategy(&p, "matmul2"), "((1, 8), (8, 1))");
-    c.search.interfered_sapp = false;
+    c.set_interfered_sapp(false);
     let p = plan(&g, &c).unwrap();
     assert_eq!(strategy(&p, "matmul1"), "((8, 1), (1, 1))");
     assert_eq!(strategy(&p, "matmul2"), "((8, 1), (1, 1))");

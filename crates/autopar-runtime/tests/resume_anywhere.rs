@@ -155,7 +155,7 @@ fn resharding_into_the_folder_it_reads_or_without_its_strategy_is_refused() {
     run(&opt, context("semi_auto_parallel", 8), strategies_8(), 4, Some(a.path()), None).unwrap();
     let err = run(&opt, context("semi_auto_parallel", 4), strategies_4(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("--checkpoint-dir") && msg.contains(&a.path().display().to_string()), "{msg}");
+    assert!(msg.contains("`checkpoint_dir`") && msg.contains(&a.path().display().to_string()), "{msg}");
 
     // Same devices and strategy: resuming into the same folder is fine.
     let same = run(&opt, context("semi_auto_parallel", 8), strategies_8(), 8, Some(a.path()), Some(a.path().to_path_buf())).unwrap();

@@ -118,7 +118,7 @@ fn a_gpt_with_dropout_resumes_with_the_uninterrupted_dropout_masks() {
         let mut second = trainer(12);
         second.config_mut().resume = Some(part.checkpoints[0].clone());
         let rest = second.fit(vec![]).unwrap();
-        assert_eq!(rest.losses[..], full.losses[5..], "{}", parallel.parallel_mode);
+        assert_eq!(rest.losses[..], full.losses[5..], "{}", parallel.parallel_mode());
         assert_bit_equal(&rest.params, &full.params);
     }
 }
@@ -297,7 +297,7 @@ fn bad_options_and_mismatched_data_are_errors_naming_the_value() {
     let mut c = cfg(6, 4);
     c.parallel = context("data_parallel", 4);
     let err = mlp_trainer(c).fit(vec![]).unwrap_err();
-    assert!(err.to_string().contains("[6, 16] cannot be split over 4 devices") && err.to_string().contains("--batch-size"), "{err}");
+    assert!(err.to_string().contains("[6, 16] cannot be split over 4 devices") && err.to_string().contains("`batch_size`"), "{err}");
 
     let t = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(clusters(&[20], 4, 64)), cfg(8, 2));
     let err = t.fit(vec![]).unwrap_err();

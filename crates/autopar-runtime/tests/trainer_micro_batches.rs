@@ -101,7 +101,7 @@ fn gradient_accumulation_equals_the_whole_batch_in_every_mode() {
     let data = clusters(&[16], 4, 256);
     let alone = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(data.clone()), cfg(24, 8)).fit(vec![]).unwrap();
     for (parallel, micro) in [(ParallelContext::default(), 3), (context("data_parallel", 2), 4), (context("semi_auto_parallel", 4), 2)] {
-        let mode = parallel.parallel_mode;
+        let mode = parallel.parallel_mode();
         let c = TrainConfig { micro_batches: Some(micro), parallel, ..cfg(24, 8) };
         let run = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(data.clone()), c).fit(vec![]).unwrap();
         assert_same(&format!("{mode}, {micro} micro-batches"), &run, &alone.losses, &alone.params);

@@ -97,7 +97,7 @@ fn cases() -> Vec<Case> {
 fn trainer(case: Case, checkpoint: Option<CheckpointConfig>) -> Trainer {
     let data = DataSource::new(SyntheticDataset::classification(&[case.features], 8, 256, 1).unwrap());
     let optimizer = OptimizerConfig { kind: OptimizerKind::by_name(case.optimizer, 0.9).unwrap(), ..Default::default() };
-    let micro_batches = if case.parallel.pipeline_stages > 1 { 4 } else { 1 };
+    let micro_batches = if case.parallel.pipeline_stages() > 1 { 4 } else { 1 };
     let cfg = TrainConfig {
         batch_size: 32,
         micro_batches: Some(micro_batches),

@@ -150,13 +150,13 @@ pub struct Schedule {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ScheduleError {
     /// A shape with no stage, no micro-batch or no chunk.
-    #[error("a pipeline needs at least one stage, micro-batch and chunk, got {} stages, {} micro-batches, {} chunks\nhint: pass --micro-batches M with M >= 1", shape.stages, shape.micro_batches, shape.chunks)]
+    #[error("a pipeline needs at least one stage, micro-batch and chunk, got {} stages, {} micro-batches, {} chunks\nhint: pass `micro_batches=M` with M >= 1", shape.stages, shape.micro_batches, shape.chunks)]
     Empty {
         /// The shape given.
         shape: PipelineShape,
     },
     /// A schedule in which some stage waits forever when every send blocks until its receive is posted.
-    #[error("the pipeline schedule deadlocks with blocking sends\n  {}\nhint: this is a bug in autopar's schedules; please report it with --parallel pipeline_stages and --micro-batches", blocked.join("\n  "))]
+    #[error("the pipeline schedule deadlocks with blocking sends\n  {}\nhint: this is a bug in autopar's schedules; please report it with `pipeline_stages` and `micro_batches`", blocked.join("\n  "))]
     Deadlock {
         /// Each blocked stage and what it waits at, in words.
         blocked: Vec<String>,

@@ -592,7 +592,7 @@ pub fn search_text(r: &SearchReport) -> String {
     if r.fully_use_fallback {
         let _ = writeln!(
             s,
-            "  fully_use_devices fallback: every split of every op is more than dynamic_programming searches in seconds here; it searched the strategies using every device or none (--parallel fully_use_devices=true does so always; --compare's exact solver searches every split)"
+            "  fully_use_devices fallback: every split of every op is more than dynamic_programming searches in seconds here; it searched the strategies using every device or none (`fully_use_devices=true` does so always; --compare's exact solver searches every split)"
         );
     }
     for tie in &r.tied {

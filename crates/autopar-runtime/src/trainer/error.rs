@@ -75,7 +75,7 @@ pub enum TrainError {
     },
 
     /// The checkpoint lacks a parameter the network needs.
-    #[error("checkpoint {} has no parameter {name}\n  the network needs {name} {shape:?}\nhint: the checkpoint was saved from another network; check --model and its sizes", path.display())]
+    #[error("checkpoint {} has no parameter {name}\n  the network needs {name} {shape:?}\nhint: the checkpoint was saved from another network; check `model` and its sizes", path.display())]
     InitMissing {
         /// The checkpoint file.
         path: PathBuf,
@@ -86,7 +86,7 @@ pub enum TrainError {
     },
 
     /// A parameter in the checkpoint has another shape than the network's.
-    #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes (check the model options: width, depth, classes, input shape), or it is one rank's slice of a parallel run (pass the run's checkpoint folder, whose strategy.json describes the slices, or its strategy file with --init-strategy)", path.display())]
+    #[error("parameter {name} in checkpoint {} has shape {got:?}, the network expects {shape:?}\nhint: the checkpoint was saved from a network of other sizes (check the model options: width, depth, classes, input shape), or it is one rank's slice of a parallel run (pass the run's checkpoint folder, whose strategy.json describes the slices, or its strategy file with `init_strategy`)", path.display())]
     InitShape {
         /// The checkpoint file.
         path: PathBuf,

@@ -81,11 +81,11 @@ pub fn pipeline_split(p: &ParallelArgs, file: &FileConfig) -> Result<Vec<String>
 /// reads a profile: in another mode one is refused rather than ignored.
 pub fn load_profile(p: &ParallelArgs, file: &FileConfig, ctx: &ParallelContext) -> Result<Option<autopar_parallel::DeviceProfile>> {
     let Some(path) = p.profile.as_deref().or(file.profile.as_deref()) else { return Ok(None) };
-    if ctx.parallel_mode != ParallelMode::AutoParallel {
+    if ctx.parallel_mode() != ParallelMode::AutoParallel {
         bail!(
             "--profile {} prices auto_parallel's strategy search, and the parallel mode is {}\nhint: add --parallel-mode auto_parallel, or drop --profile",
             path.display(),
-            ctx.parallel_mode.name()
+            ctx.parallel_mode().name()
         );
     }
     let text = std::fs::read_to_string(path).with_context(|| {
@@ -240,18 +240,18 @@ pub fn parallel_context(p: &ParallelArgs, file: &FileConfig) -> Result<ParallelC
     // autopar's defaults, as every job gets them (more than one device and no mode anywhere:
     // semi_auto_parallel; data_parallel averages gradients), applied now for the checks below.
     let ctx = ctx.resolved()?;
-    if ctx.parallel_mode != ParallelMode::StandAlone && ctx.device_num < 2 && devices.is_none() {
+    if ctx.parallel_mode() != ParallelMode::StandAlone && ctx.device_num() < 2 && devices.is_none() {
         bail!(
             "parallel mode {} needs a device count\nhint: add --devices N (such as --devices 2), or drop --parallel-mode",
-            ctx.parallel_mode.name()
+            ctx.parallel_mode().name()
         );
     }
     // A device_num from the config file is ignored by a stand_alone run (as in MindSpore; the
     // run says "1 device"), but --devices N on the command line contradicts it.
-    if let Some(n) = p.devices.filter(|&n| n > 1 && ctx.parallel_mode == ParallelMode::StandAlone) {
+    if let Some(n) = p.devices.filter(|&n| n > 1 && ctx.parallel_mode() == ParallelMode::StandAlone) {
         bail!("stand_alone runs on one device, but --devices {n} asks for {n}\nhint: drop --devices, or pass --parallel-mode semi_auto_parallel");
     }
-    if ctx.parallel_mode == ParallelMode::HybridParallel {
+    if ctx.parallel_mode() == ParallelMode::HybridParallel {
         bail!(
             "hybrid_parallel runs rank graphs written by hand with the autopar library; the zoo models are whole networks\nhint: use --parallel-mode semi_auto_parallel or --parallel-mode data_parallel"
         );

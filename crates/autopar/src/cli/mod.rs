@@ -115,7 +115,8 @@ pub fn error_text(err: &anyhow::Error) -> String {
     let mut out = String::new();
     let mut hints: Vec<String> = Vec::new();
     let mut hint_or_fact = |out: &mut String, line: &str, indent: &str| {
-        let line = line.trim_start();
+        let line = as_flags(line.trim_start());
+        let line = line.as_str();
         if line.starts_with("hint:") {
             if !hints.iter().any(|h| h == line) {
                 hints.push(line.to_string());
@@ -127,7 +128,7 @@ pub fn error_text(err: &anyhow::Error) -> String {
     };
     let mut lines = text.lines();
     if let Some(first) = lines.next() {
-        out.push_str(&format!("{prefix}: {first}\n"));
+        out.push_str(&format!("{prefix}: {}\n", as_flags(first)));
     }
     for line in lines {
         hint_or_fact(&mut out, line, "  ");
@@ -140,7 +141,7 @@ pub fn error_text(err: &anyhow::Error) -> String {
         }
         let mut lines = cause.lines();
         if let Some(first) = lines.next() {
-            out.push_str(&format!("  caused by: {first}\n"));
+            out.push_str(&format!("  caused by: {}\n", as_flags(first)));
         }
         for line in lines {
             hint_or_fact(&mut out, line, "    ");
@@ -150,7 +151,98 @@ pub fn error_text(err: &anyhow::Error) -> String {
     out
 }
 
+/// The command line's flags for the options a library message names in backticks: `name` or
+/// `name=value`, a training setting (`batch_size` -> `--batch-size`, `device_num=N` ->
+/// `--devices N`) or a parallel option (`pipeline_stages=P` -> `--parallel pipeline_stages=P`);
+/// other backticked text is left as it is.
+pub fn as_flags(line: &str) -> String {
+    const FLAGS: &[(&str, &str)] = &[
+        ("batch_size", "--batch-size"),
+        ("micro_batches", "--micro-batches"),
+        ("pipeline_split", "--pipeline-split"),
+        ("device_num", "--devices"),
+        ("parallel_mode", "--parallel-mode"),
+        ("strategy_ckpt_config.load_file", "--strategy"),
+        ("init", "--init"),
+        ("init_strategy", "--init-strategy"),
+        ("resume", "--resume"),
+        ("checkpoint_dir", "--checkpoint-dir"),
+        ("model", "--model"),
+        ("width", "--width"),
+        ("depth", "--depth"),
+        ("heads", "--heads"),
+        ("num_classes", "--num-classes"),
+        ("input_shape", "--input-shape"),
+        ("data", "--data"),
+        ("lr", "--lr"),
+        ("min_lr", "--min-lr"),
+        ("seed", "--seed"),
+        ("optimizer", "--optimizer"),
+        ("clip_grad_norm", "--clip-grad-norm"),
+        ("profile", "--profile"),
+        ("src_strategy", "--src-strategy"),
+        ("dst_strategy", "--dst-strategy"),
+        ("strict", "--strict"),
+    ];
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(open) = rest.find('`') {
+        let Some(len) = rest[open + 1..].find('`') else { break };
+        let token = &rest[open + 1..open + 1 + len];
+        let (name, value) = match token.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (token, None),
+        };
+        let top = name.split('.').next().unwrap_or(name);
+        let parallel = autopar_parallel::OPTION_NAMES.contains(&top) || autopar_parallel::SEARCH_OPTION_NAMES.contains(&top);
+        let flag = match (FLAGS.iter().find(|(n, _)| *n == name), value) {
+            (Some((_, flag)), Some(v)) => Some(format!("{flag} {v}")),
+            (Some((_, flag)), None) => Some(flag.to_string()),
+            (None, Some(v)) if parallel && v.contains([' ', '[', '{', '"', '\'']) => Some(format!("--parallel '{name}={v}'")),
+            (None, Some(v)) if parallel => Some(format!("--parallel {name}={v}")),
+            (None, None) if parallel => Some(format!("--parallel {name}")),
+            _ => None,
+        };
+        out.push_str(&rest[..open]);
+        match flag {
+            Some(f) => out.push_str(&f),
+            None => out.push_str(&rest[open..open + len + 2]),
+        }
+        rest = &rest[open + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Print [`error_text`] on stderr.
 pub fn report_error(err: &anyhow::Error) {
     eprint!("{}", error_text(err));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_option_names_become_the_command_lines_flags() {
+        assert_eq!(
+            as_flags("hint: pick `batch_size` a multiple of `micro_batches`"),
+            "hint: pick --batch-size a multiple of --micro-batches"
+        );
+        assert_eq!(
+            as_flags("pass `device_num=N` or `init=DIR` `init_strategy=FILE`"),
+            "pass --devices N or --init DIR --init-strategy FILE"
+        );
+        assert_eq!(
+            as_flags("set `pipeline_stages=P`, or drop `pipeline_split`"),
+            "set --parallel pipeline_stages=P, or drop --pipeline-split"
+        );
+        assert_eq!(as_flags("e.g. `dataset_strategy=[[8, 1], [8]]`"), "e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'");
+        assert_eq!(
+            as_flags("drop `global_rank`; `fully_use_devices=true`"),
+            "drop --parallel global_rank; --parallel fully_use_devices=true"
+        );
+        // Anything else in backticks stays as written; an unclosed backtick too.
+        assert_eq!(as_flags("as `autopar plan` lists them, `x"), "as `autopar plan` lists them, `x");
+    }
 }

@@ -94,7 +94,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let micro_rows = micro_batch_size(batch, micro)?;
     let split = pipeline_split(&args.parallel, &file)?;
     if args.compare {
-        if ctx.pipeline_stages > 1 {
+        if ctx.pipeline_stages() > 1 {
             bail!("--compare plans without stages\nhint: drop --parallel pipeline_stages, or drop --compare");
         }
         if let Some(path) = ctx.op_strategy_save_file() {
@@ -116,9 +116,9 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         let what = if micro > 1 { format!("batch {batch} in {micro} micro-batches of {micro_rows}") } else { format!("batch {batch}") };
         return print_comparison(&args, &compare_searches(&req)?, &format!("{} ({what})", model.describe()), n, out);
     }
-    spinner.step(match (ctx.pipeline_stages, ctx.parallel_mode) {
+    spinner.step(match (ctx.pipeline_stages(), ctx.parallel_mode()) {
         (p, _) if p > 1 => format!("planning {} ops in {p} stages on {n} devices", graph.len()),
-        (_, ParallelMode::AutoParallel) => format!("planning {what}: {}", ctx.search_mode.name()),
+        (_, ParallelMode::AutoParallel) => format!("planning {what}: {}", ctx.search_mode().name()),
         (_, mode) => format!("planning {what}: {}", mode.name()),
     });
     let job = assemble_job(&JobRequest {

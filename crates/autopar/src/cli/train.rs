@@ -594,15 +594,15 @@ fn callbacks(s: &Settings, cfg: &TrainConfig, total: u64, spe: u64) -> Result<Ou
 /// The run's mode in words: the parallel mode, and its pipeline or accumulated micro-batches.
 fn mode_description(trainer: &Trainer) -> Result<String> {
     let parallel = &trainer.config().parallel;
-    Ok(match (parallel.pipeline_stages, trainer.micro_batches()?) {
+    Ok(match (parallel.pipeline_stages(), trainer.micro_batches()?) {
         (p, m) if p > 1 => format!(
             "{}, {p} pipeline stages, {m} micro-batches, {}{}",
-            parallel.parallel_mode.name(),
-            parallel.pipeline_config.pipeline_scheduler.name(),
-            if parallel.pipeline_config.pipeline_interleave { " interleaved" } else { "" }
+            parallel.parallel_mode().name(),
+            parallel.pipeline_config().pipeline_scheduler.name(),
+            if parallel.pipeline_config().pipeline_interleave { " interleaved" } else { "" }
         ),
-        (_, 1) => parallel.parallel_mode.name().to_string(),
-        (_, m) => format!("{}, gradients accumulated over {m} micro-batches", parallel.parallel_mode.name()),
+        (_, 1) => parallel.parallel_mode().name().to_string(),
+        (_, m) => format!("{}, gradients accumulated over {m} micro-batches", parallel.parallel_mode().name()),
     })
 }
 
@@ -700,7 +700,7 @@ fn print_json(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
         "description": f.model.describe(),
         "data": f.data,
         "devices": parallel.devices(),
-        "parallel_mode": parallel.parallel_mode.name(),
+        "parallel_mode": parallel.parallel_mode().name(),
         "mode": f.mode,
         "batch_size": trainer.config().batch_size,
         "steps_per_epoch": spe,
@@ -794,11 +794,11 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     }
     writeln!(out, "  verify: MISMATCH above a relative {:e}", verify::RTOL)?;
     let ctx = &trainer.config().parallel;
-    if ctx.gradients_mean && ctx.parallel_mode.is_auto() {
+    if ctx.gradients_mean() && ctx.parallel_mode().is_auto() {
         writeln!(
             out,
             "  verify: note: gradients_mean=true under {} divides each gradient by its mirror group (as MindSpore does), so the run differs from stand-alone by design",
-            ctx.parallel_mode.name()
+            ctx.parallel_mode().name()
         )?;
     }
     if let (Some(first), Some(last)) = (s.reference_losses.first(), s.reference_losses.last()) {
