@@ -1,11 +1,13 @@
 //! Seeded, deterministic parameter initialisers (MindSpore's `mindspore.common.initializer`).
 //!
 //! A parameter's values depend only on its initialiser, shape and seed, never on creation
-//! order or thread count, so every rank of a parallel job can materialise the same full tensor
-//! (or any slice of it) independently. Fans follow MindSpore: a weight is `[out, in, k...]`,
+//! order or thread count; each element's value depends on its index alone (the generator is
+//! counter-based), so every rank of a parallel job materialises exactly its own slice
+//! ([`Initializer::generate_slice`]), never the full tensor. Fans follow MindSpore: a weight is `[out, in, k...]`,
 //! `fan_in = in * prod(k)`, `fan_out = out * prod(k)`.
 
 use std::fmt;
+use std::ops::Range;
 
 use crate::error::{GraphError, Result};
 
@@ -94,79 +96,142 @@ pub fn fans(shape: &[usize]) -> Option<(usize, usize)> {
 impl Initializer {
     /// The full tensor's values, row-major, for parameter `name` (used in errors).
     pub fn generate(&self, name: &str, shape: &[usize], seed: u64) -> Result<Vec<f64>> {
-        let n: usize = shape.iter().product();
-        let mut rng = Rng::new(seed);
-        let fan = |reason: &'static str| -> Result<(usize, usize)> {
-            match fans(shape) {
-                Some((i, o)) if i > 0 && o > 0 => Ok((i, o)),
-                _ => Err(GraphError::BadInitializer { name: name.to_string(), init: self.to_string(), shape: shape.to_vec(), reason }),
-            }
-        };
+        let whole: Vec<Range<usize>> = shape.iter().map(|&d| 0..d).collect();
+        self.generate_slice(name, shape, seed, &whole)
+    }
+
+    /// The values of the piece `ranges` (one range per dimension) of the tensor of `shape`,
+    /// row-major: bit for bit the same as that piece of [`Initializer::generate`]'s tensor,
+    /// computed without the rest of it (every element's value depends on its index alone), so
+    /// that a rank materialises only its own slice.
+    pub fn generate_slice(&self, name: &str, shape: &[usize], seed: u64, ranges: &[Range<usize>]) -> Result<Vec<f64>> {
         let bad = |reason: &'static str| GraphError::BadInitializer {
             name: name.to_string(),
             init: self.to_string(),
             shape: shape.to_vec(),
             reason,
         };
-        Ok(match *self {
-            Initializer::Zeros => vec![0.0; n],
-            Initializer::Ones => vec![1.0; n],
-            Initializer::Constant(v) => vec![v; n],
+        if ranges.len() != shape.len() || ranges.iter().zip(shape).any(|(r, &d)| r.start > r.end || r.end > d) {
+            return Err(bad("the slice asked for is not a piece of the tensor"));
+        }
+        let fan = |reason: &'static str| -> Result<(usize, usize)> {
+            match fans(shape) {
+                Some((i, o)) if i > 0 && o > 0 => Ok((i, o)),
+                _ => Err(bad(reason)),
+            }
+        };
+        let value: Box<dyn Fn(u64) -> f64> = match *self {
+            Initializer::Zeros => Box::new(|_| 0.0),
+            Initializer::Ones => Box::new(|_| 1.0),
+            Initializer::Constant(v) => Box::new(move |_| v),
             Initializer::Normal { mean, std } => {
                 if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
-                (0..n).map(|_| mean + std * rng.normal()).collect()
+                Box::new(move |k| mean + std * normal_at(seed, k))
             }
             Initializer::TruncatedNormal { mean, std } => {
                 if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
-                (0..n)
-                    .map(|_| loop {
+                // Each element redraws from a stream of its own until within 2 std.
+                Box::new(move |k| {
+                    let mut rng = Rng::new(splitmix(seed ^ splitmix(k)));
+                    loop {
                         let z = rng.normal();
                         if z.abs() <= 2.0 {
                             break mean + std * z;
                         }
-                    })
-                    .collect()
+                    }
+                })
             }
             Initializer::Uniform { low, high } => {
                 if low.is_nan() || high.is_nan() || low > high {
                     return Err(bad("low must not exceed high"));
                 }
-                (0..n).map(|_| low + (high - low) * rng.uniform()).collect()
+                Box::new(move |k| low + (high - low) * uniform_at(seed, k))
             }
             Initializer::XavierUniform { gain } => {
                 let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
                 let a = gain * (6.0 / (i + o) as f64).sqrt();
-                (0..n).map(|_| -a + 2.0 * a * rng.uniform()).collect()
+                Box::new(move |k| -a + 2.0 * a * uniform_at(seed, k))
             }
             Initializer::XavierNormal { gain } => {
                 let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
                 let std = gain * (2.0 / (i + o) as f64).sqrt();
-                (0..n).map(|_| std * rng.normal()).collect()
+                Box::new(move |k| std * normal_at(seed, k))
             }
             Initializer::HeUniform => {
                 let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
                 let a = (6.0 / i as f64).sqrt();
-                (0..n).map(|_| -a + 2.0 * a * rng.uniform()).collect()
+                Box::new(move |k| -a + 2.0 * a * uniform_at(seed, k))
             }
             Initializer::HeNormal => {
                 let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
                 let std = (2.0 / i as f64).sqrt();
-                (0..n).map(|_| std * rng.normal()).collect()
+                Box::new(move |k| std * normal_at(seed, k))
             }
             Initializer::CausalMask { masked } => {
                 if shape.len() < 2 {
                     return Err(bad("a causal mask needs at least 2 dimensions [.., S, T]"));
                 }
-                let (s, t) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-                (0..n).map(|k| if (k % t) <= (k / t) % s { 0.0 } else { masked }).collect()
+                let (s, t) = (shape[shape.len() - 2] as u64, shape[shape.len() - 1] as u64);
+                Box::new(move |k| if (k % t) <= (k / t) % s { 0.0 } else { masked })
             }
-        })
+        };
+        Ok(row_major_indices(shape, ranges).map(value).collect())
     }
 }
+
+/// The flat row-major indices, in the tensor of `shape`, of the elements of the piece `ranges`,
+/// in the piece's own row-major order.
+fn row_major_indices(shape: &[usize], ranges: &[Range<usize>]) -> impl Iterator<Item = u64> {
+    let strides: Vec<u64> = (0..shape.len()).map(|d| shape[d + 1..].iter().product::<usize>() as u64).collect();
+    let count: usize = ranges.iter().map(|r| r.len()).product();
+    let mut at: Vec<usize> = ranges.iter().map(|r| r.start).collect();
+    let ranges = ranges.to_vec();
+    (0..count).map(move |n| {
+        if n > 0 {
+            // The next position: the last dimension fastest.
+            for d in (0..at.len()).rev() {
+                at[d] += 1;
+                if at[d] < ranges[d].end {
+                    break;
+                }
+                at[d] = ranges[d].start;
+            }
+        }
+        at.iter().zip(&strides).map(|(&i, &s)| i as u64 * s).sum()
+    })
+}
+
+/// Draw `k` (counted from 0) of [`Rng::new`]`(seed)`'s stream, without the draws before it.
+fn draw_at(seed: u64, k: u64) -> u64 {
+    splitmix(seed.wrapping_add(k.wrapping_add(1).wrapping_mul(GOLDEN)))
+}
+
+/// The `k`-th [`Rng::uniform`] of `seed`'s stream.
+fn uniform_at(seed: u64, k: u64) -> f64 {
+    (draw_at(seed, k) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// The `k`-th [`Rng::normal`] of `seed`'s stream: the cosine (even `k`) or sine (odd `k`) half
+/// of the Box-Muller pair drawn from uniforms `2 * (k / 2)` and the next.
+fn normal_at(seed: u64, k: u64) -> f64 {
+    let pair = k / 2 * 2;
+    let u1 = 1.0 - uniform_at(seed, pair);
+    let u2 = uniform_at(seed, pair + 1);
+    let r = (-2.0 * u1.ln()).sqrt();
+    let t = 2.0 * std::f64::consts::PI * u2;
+    if k.is_multiple_of(2) {
+        r * t.cos()
+    } else {
+        r * t.sin()
+    }
+}
+
+/// SplitMix64's increment (the golden ratio in 64 bits).
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Seed of a parameter derived from a graph seed and the parameter's name, so that adding a
 /// parameter does not change the values of the others.
@@ -202,7 +267,7 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.state = self.state.wrapping_add(GOLDEN);
         splitmix(self.state)
     }
 
@@ -286,5 +351,45 @@ mod tests {
     fn derived_seeds_differ_by_name() {
         assert_ne!(derive_seed(0, "l1.w"), derive_seed(0, "l2.w"));
         assert_eq!(derive_seed(3, "l1.w"), derive_seed(3, "l1.w"));
+    }
+
+    #[test]
+    fn every_initializer_gives_any_slice_equal_to_the_same_piece_of_the_full_tensor() {
+        let shape = [6, 5, 4];
+        let piece = [1..4, 0..5, 2..3];
+        for init in [
+            Initializer::Zeros,
+            Initializer::Ones,
+            Initializer::Constant(0.25),
+            Initializer::Normal { mean: 0.5, std: 2.0 },
+            Initializer::TruncatedNormal { mean: 0.0, std: 1.0 },
+            Initializer::Uniform { low: -1.0, high: 2.0 },
+            Initializer::XavierUniform { gain: 1.0 },
+            Initializer::XavierNormal { gain: 2.0 },
+            Initializer::HeUniform,
+            Initializer::HeNormal,
+            Initializer::CausalMask { masked: -1e9 },
+        ] {
+            let full = init.generate("w", &shape, 11).unwrap();
+            let mut want: Vec<u64> = Vec::new();
+            for i in piece[0].clone() {
+                for j in piece[1].clone() {
+                    for k in piece[2].clone() {
+                        want.push(full[i * 20 + j * 4 + k].to_bits());
+                    }
+                }
+            }
+            let got: Vec<u64> = init.generate_slice("w", &shape, 11, &piece).unwrap().iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{init}");
+        }
+        // The counter-based streams are the sequential generator's, draw for draw.
+        let mut rng = Rng::new(5);
+        let seq: Vec<f64> = (0..7).map(|_| rng.normal()).collect();
+        assert_eq!(seq, Initializer::Normal { mean: 0.0, std: 1.0 }.generate("n", &[7], 5).unwrap());
+        let mut rng = Rng::new(9);
+        let seq: Vec<f64> = (0..7).map(|_| rng.uniform()).collect();
+        assert_eq!(seq, Initializer::Uniform { low: 0.0, high: 1.0 }.generate("u", &[7], 9).unwrap());
+        let err = Initializer::Ones.generate_slice("w", &[2, 2], 0, &[0..3, 0..2]).unwrap_err();
+        assert!(matches!(err, GraphError::BadInitializer { .. }), "{err}");
     }
 }

@@ -119,10 +119,7 @@ fn main() {
             }
         }
         // Every rank's trained slices (each process holds its own).
-        let mpi_trained = gather_full_params(&job, &comm, &trained).map_err(|e| e.to_string())?;
-        if comm.rank() != 0 {
-            return Ok(());
-        }
+        let Some(mpi_trained) = gather_full_params(&job, &comm, &trained).map_err(|e| e.to_string())? else { return Ok(()) };
         // The same ranks in process: the broadcast and the training give the same bits.
         let local = LocalComm::run(n, |c| rank_run(&job, &c, &full, c.rank())).map_err(|e| e.to_string())?;
         if bits(&before) != bits(&local[0].0) || bits(&after) != bits(&local[0].1) {

@@ -1,8 +1,8 @@
 //! Full parameters put back together from the pieces the ranks store (their model-parallel
-//! slices, or their optimizer shards of them): from every rank's store in one process
-//! ([`assemble_params`]), or gathered across processes ([`gather_full_params`]). One assembler
-//! for every job: each parameter comes from the first stage holding it (the only one without a
-//! pipeline).
+//! slices, or their optimizer shards of them), only where a user asks for them: from every
+//! rank's store in one process ([`assemble_params`]), or sent to rank 0 across processes
+//! ([`gather_full_params`], one copy of each distinct piece). One assembler for every job: each
+//! parameter comes from the first stage holding it (the only one without a pipeline).
 
 use std::collections::BTreeMap;
 
@@ -70,44 +70,49 @@ fn assemble_slices(p: &ParamPlan, per_rank: &[ParamStore]) -> Result<Tensor> {
     Ok(t.cast(first.dtype()))
 }
 
-/// Every rank's stored pieces gathered so that each rank holds the full parameters (for runs
-/// with one rank per process, where no rank sees the others' stores). Every mode but
-/// hybrid_parallel, whose ranks' parameters are their own. Collective over `world`.
-pub fn gather_full_params(job: &Job, world: &dyn Communicator, local: &ParamStore) -> Result<ParamStore> {
+/// The full parameters on rank 0, sent to it piece by piece by the ranks storing each
+/// distinct piece (one owner per piece), for runs with one rank per process, where no rank sees
+/// the others' stores: rank 0 ends with one copy of the model beside its own pieces, the other
+/// ranks hold nothing more than theirs. Every mode but hybrid_parallel, whose ranks'
+/// parameters are their own. Returns the parameters on rank 0, None on the others. Collective
+/// over `world`.
+pub fn gather_full_params(job: &Job, world: &dyn Communicator, local: &ParamStore) -> Result<Option<ParamStore>> {
     if job.mode() == ParallelMode::HybridParallel {
         return Err(RuntimeError::HybridGather);
     }
-    let plan = job.plan();
-    let param_stages = plan.param_stages();
-    // What each stage's ranks hold, in plan order: every rank computes the same.
-    let holds = |name: &str, stage: usize| plan.stages == 1 || param_stages.iter().any(|(n, s)| n == name && s.contains(&stage));
-    let by_stage: Vec<Vec<&ParamPlan>> =
-        (0..plan.stages).map(|stage| job.network().params.iter().filter(|p| holds(&p.name, stage)).collect()).collect();
-    let held = |r: usize| &by_stage[plan.place(r).0];
-    let len = |held: &Vec<&ParamPlan>| -> usize { held.iter().map(|p| p.stored_shape().iter().product::<usize>()).sum() };
-    let n = world.size();
-    let width = by_stage.iter().map(len).max().unwrap_or(0);
-    let mut mine = Vec::with_capacity(width);
-    for p in held(world.rank()).iter() {
-        mine.extend(local.require(&p.name)?.to_f64_vec());
-    }
-    mine.resize(width, 0.0);
-    let mut all = vec![0.0f64; width * n];
-    world.all_gather((&mine).into(), (&mut all).into()).map_err(RuntimeError::comm(CommPhase::GatherParameters))?;
-    let mut stores = vec![ParamStore::new(); n];
-    for (r, store) in stores.iter_mut().enumerate() {
-        let mut at = r * width;
-        for p in held(r).iter() {
-            let shape = p.stored_shape();
-            let count: usize = shape.iter().product();
-            let t = Tensor::from_vec(&shape, all[at..at + count].to_vec()).map_err(|e| RuntimeError::Kernel {
-                kind: "AllGather",
-                name: p.name.clone(),
-                source: Box::new(e),
-            })?;
-            store.insert(&p.name, t.cast(crate::executor::tensor_dtype(p.dtype)));
-            at += count;
+    let (rank, d) = (world.rank(), job.plan().stage_devices());
+    let first = first_stages(job);
+    let err = |e| RuntimeError::comm(CommPhase::GatherParameters)(e);
+    let mut full = ParamStore::new();
+    for p in &job.network().params {
+        let Some(&stage) = first.get(&p.name) else { continue };
+        let owners: Vec<usize> = p.stored_owners().into_iter().map(|o| stage * d + o).collect();
+        if rank != 0 {
+            // In plan order, one message per piece this rank owns: rank 0 receives them so.
+            if owners.contains(&rank) {
+                let mine = local.require(&p.name)?.to_f64_vec();
+                world.send((&mine).into(), 0, 0).map_err(err)?;
+            }
+            continue;
         }
+        let shape = p.stored_shape();
+        let mut pieces: Vec<ParamStore> = vec![ParamStore::new(); d];
+        for &o in &owners {
+            let piece = if o == 0 {
+                local.require(&p.name)?.clone()
+            } else {
+                let mut v = vec![0.0f64; shape.iter().product()];
+                world.recv((&mut v).into(), o, 0).map_err(err)?;
+                let t = Tensor::from_vec(&shape, v).map_err(|e| RuntimeError::Kernel {
+                    kind: "Recv",
+                    name: p.name.clone(),
+                    source: Box::new(e),
+                })?;
+                t.cast(crate::executor::tensor_dtype(p.dtype))
+            };
+            pieces[o - stage * d].insert(&p.name, piece);
+        }
+        full.insert(&p.name, assemble_slices(p, &pieces)?);
     }
-    assemble_params(job, &stores)
+    Ok((rank == 0).then_some(full))
 }

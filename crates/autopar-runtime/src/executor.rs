@@ -72,6 +72,25 @@ impl ParamStore {
         Ok(store)
     }
 
+    /// The pieces of `graph`'s parameters that `pieces` names (by parameter name, one range
+    /// per dimension: a rank's slices, or its optimizer shards of them), each generated directly
+    /// from its initialiser and seed: bit for bit that piece of [`ParamStore::init`]'s tensor,
+    /// and no full tensor made. A name `graph` has no parameter of is an error.
+    pub fn init_pieces<'a>(graph: &Graph, pieces: impl IntoIterator<Item = (&'a str, &'a [std::ops::Range<usize>])>) -> Result<Self> {
+        let mut store = Self::new();
+        for (name, ranges) in pieces {
+            let node = graph.node(graph.find(name)?);
+            let OpKind::Parameter(p) = &node.op else {
+                return Err(RuntimeError::MissingParameter { name: name.to_string() });
+            };
+            let values = p.init.generate_slice(name, &p.shape, p.seed, ranges)?;
+            let shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+            let t = Tensor::from_vec(&shape, values).expect("initialiser fills the slice").cast(tensor_dtype(p.dtype));
+            store.insert(name, t);
+        }
+        Ok(store)
+    }
+
     /// The tensor `name`, if stored.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.map.get(name)

@@ -31,19 +31,17 @@ pub struct LocalRun {
 /// Run `job` on its devices as threads over [`LocalComm`]: every step feeds each rank
 /// `batches[step]` (global batches by input name; under hybrid_parallel, where each rank has
 /// its own graph and data, `batches[step * n + rank]`), with an optimizer from `make_opt` per
-/// rank. Parameters start from the graph's initialisers.
+/// rank. Each rank generates its own parameter pieces from the initialisers (no full copy).
 pub fn run_local<F>(job: &Job, batches: &[Vec<(String, Tensor)>], make_opt: F) -> Result<LocalRun>
 where
     F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
 {
     let n = job.device_num();
     let hybrid = job.mode() == autopar_parallel::ParallelMode::HybridParallel;
-    let full: Vec<ParamStore> =
-        if hybrid { job.rank_graphs().iter().map(ParamStore::init).collect::<Result<_>>()? } else { vec![ParamStore::init(job.graph())?] };
     let steps = if hybrid { batches.len() / n } else { batches.len() };
     let results = LocalComm::run(n, |comm| -> Result<(Vec<f64>, Vec<f64>, ParamStore)> {
         let r = comm.rank();
-        let mut t = RankTrainer::new(job, &comm, ParamSource::Full(&full[r.min(full.len() - 1)]))?;
+        let mut t = RankTrainer::new(job, &comm, ParamSource::Init)?;
         let mut opt = make_opt()?;
         let (mut losses, mut bubbles) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
         for s in 0..steps {

@@ -307,9 +307,17 @@ pub struct TrainReport {
     pub losses: Vec<f64>,
     /// Wall time of rank 0's training loop, in seconds.
     pub wall_secs: f64,
+    /// Seconds before rank 0's first step: planning, building the rank programs, initialising
+    /// or loading the parameters.
+    pub setup_secs: f64,
+    /// The plan's memory of a step, in bytes, summed over the ranks this process runs (every
+    /// rank in process; its own under mpirun): parameters, gradients, optimizer state and peak
+    /// activations.
+    pub plan_memory: u64,
     /// Global samples per second over the run.
     pub samples_per_sec: f64,
-    /// Final parameters, assembled from the ranks' slices.
+    /// Final parameters, assembled from the ranks' slices (under mpirun: on rank 0; the other
+    /// processes' reports hold their own pieces).
     pub params: ParamStore,
     /// Checkpoint files rank 0 wrote (the others wrote theirs beside).
     pub checkpoints: Vec<PathBuf>,
@@ -427,6 +435,11 @@ struct RankOut {
     checkpoints: Vec<PathBuf>,
     wall_secs: f64,
     last_step: u64,
+    /// Seconds from the start of `fit` to this rank's first step (planning, initialisation,
+    /// loading).
+    setup_secs: f64,
+    /// The plan's memory of this rank's step, in bytes.
+    plan_memory: u64,
 }
 
 /// Where a resumed run starts: the checkpoint's rank file and position, and, when this run's
@@ -441,7 +454,9 @@ struct Resume {
 struct Plan<'a> {
     job: &'a Job,
     io: &'a Io,
-    full: &'a ParamStore,
+    /// Full initial values, when a checkpoint gave them (`init`, a resume across layouts);
+    /// None: each rank generates its own pieces from the initialisers.
+    full: Option<&'a ParamStore>,
     /// Devices of the job (under MPI, checked against the world's size).
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     n: usize,
@@ -449,6 +464,8 @@ struct Plan<'a> {
     total: u64,
     resume: Option<Resume>,
     trainable: Vec<String>,
+    /// When `fit` began (setup time counts from it).
+    started: Instant,
 }
 
 impl Trainer {
@@ -546,6 +563,7 @@ impl Trainer {
 
     /// Runs the training; `callbacks` run on rank 0 after every step.
     pub fn fit(&self, callbacks: Vec<Box<dyn Callback>>) -> TrainResult<TrainReport> {
+        let started = Instant::now();
         let cfg = &self.cfg;
         let n = cfg.parallel.resolved()?.devices();
         if cfg.batch_size == 0 {
@@ -561,7 +579,7 @@ impl Trainer {
         }
         let (io, job) = self.assemble_job()?;
         let mode = job.mode();
-        let mut full = ParamStore::init(job.graph())?;
+        let mut full = if cfg.init.is_some() { ParamStore::init(job.graph())? } else { ParamStore::new() };
         let mut init_ignored = Vec::new();
         let mut init_kept = Vec::new();
         if let Some(init) = &cfg.init {
@@ -620,6 +638,9 @@ impl Trainer {
             None => None,
         };
         if let Some(Resume { path, merged: Some(merged), .. }) = &resume {
+            if full.iter().next().is_none() {
+                full = ParamStore::init(job.graph())?;
+            }
             // Parameters come from the merged checkpoint; every rank cuts its slices.
             let names: Vec<(String, Vec<usize>, DType)> = full.iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
             for (name, shape, dtype) in names {
@@ -629,7 +650,9 @@ impl Trainer {
         }
 
         let strategy_file = self.save_strategy_files(&job)?;
-        let plan = Plan { job: &job, io: &io, full: &full, n, steps_per_epoch, total, resume, trainable };
+        // Full values only where a checkpoint gave them: otherwise each rank makes its own pieces.
+        let given = cfg.init.is_some() || matches!(&resume, Some(Resume { merged: Some(_), .. }));
+        let plan = Plan { job: &job, io: &io, full: given.then_some(&full), n, steps_per_epoch, total, resume, trainable, started };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
@@ -661,16 +684,22 @@ impl Trainer {
             }
         };
         let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
-        let stores: Vec<ParamStore> = outs.iter().map(|o| o.params.clone()).collect();
+        let plan_memory = outs.iter().map(|o| o.plan_memory).sum();
+        let mut outs = outs.into_iter();
+        let mut out0 = outs.next().expect("a job has a rank");
+        let mut stores = vec![std::mem::take(&mut out0.params)];
+        stores.extend(outs.map(|o| o.params));
         let params = assemble_params(&job, &stores)?;
-        let out0 = &outs[0];
+        drop(stores);
         let run = out0.last_step - first_step;
         Ok(TrainReport {
             first_step,
             last_step: out0.last_step,
             steps_per_epoch,
-            losses: out0.losses.clone(),
+            losses: std::mem::take(&mut out0.losses),
             wall_secs: out0.wall_secs,
+            setup_secs: out0.setup_secs,
+            plan_memory,
             samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
             params,
             checkpoints: out0.checkpoints.clone(),
@@ -725,7 +754,8 @@ impl Trainer {
     }
 
     /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
-    /// parameter slices are then gathered so every process holds the full parameters.
+    /// full parameters are then sent to rank 0 (one copy of each distinct piece), the other
+    /// processes keep their own pieces.
     #[cfg(feature = "mpi")]
     fn fit_mpi(
         &self,
@@ -750,7 +780,8 @@ impl Trainer {
                 }
             }
             let o = self.run_rank(plan, &comm, callbacks)?;
-            let params = crate::assemble::gather_full_params(job, &comm, &o.params)?;
+            // Full parameters on rank 0 only (the others keep their own pieces).
+            let params = crate::assemble::gather_full_params(job, &comm, &o.params)?.unwrap_or_else(|| o.params.clone());
             Ok((o, params))
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
@@ -763,6 +794,8 @@ impl Trainer {
             steps_per_epoch: plan.steps_per_epoch,
             losses: out0.losses.clone(),
             wall_secs: out0.wall_secs,
+            setup_secs: out0.setup_secs,
+            plan_memory: out0.plan_memory,
             samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * self.cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
             params,
             checkpoints: out0.checkpoints.clone(),
@@ -921,7 +954,13 @@ impl Trainer {
     ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
-        let mut trainer = RankTrainer::new(plan.job, comm, ParamSource::Full(plan.full))?;
+        let source = match plan.full {
+            Some(full) => ParamSource::Full(full),
+            None => ParamSource::Init,
+        };
+        let mut trainer = RankTrainer::new(plan.job, comm, source)?;
+        let slots = cfg.optimizer.kind.state_slots();
+        let plan_memory = autopar_parallel::RankCost::of(&trainer.program().program, slots)?.memory.total() as u64;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
@@ -957,6 +996,7 @@ impl Trainer {
         let mut losses = Vec::new();
         let mut checkpoints = Vec::new();
         let started = Instant::now();
+        let setup_secs = (started - plan.started).as_secs_f64();
         let mut last = started;
         let mut saved_at = None;
         while step < plan.total {
@@ -1024,7 +1064,15 @@ impl Trainer {
             cb.on_train_end()?;
         }
         tracing::info!(rank, last_step = step, seconds = started.elapsed().as_secs_f64(), "rank finished");
-        Ok(RankOut { losses, params: trainer.params().clone(), checkpoints, wall_secs: started.elapsed().as_secs_f64(), last_step: step })
+        Ok(RankOut {
+            losses,
+            params: trainer.params().clone(),
+            checkpoints,
+            wall_secs: started.elapsed().as_secs_f64(),
+            last_step: step,
+            setup_secs,
+            plan_memory,
+        })
     }
 
     /// This rank's checkpoint at `step`, written atomically. With `keep_checkpoint_max`, the

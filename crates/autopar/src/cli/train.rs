@@ -707,6 +707,9 @@ fn print_json(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
         "first_step": report.first_step,
         "last_step": report.last_step,
         "wall_seconds": report.wall_secs,
+        "setup_seconds": report.setup_secs,
+        "peak_rss_bytes": resident_memory().map(|(peak, _)| peak),
+        "plan_memory_bytes": report.plan_memory,
         "samples_per_sec": report.samples_per_sec,
         "losses": report.losses,
         "loss_first": report.losses.first(),
@@ -736,12 +739,13 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     let run = report.last_step - report.first_step;
     writeln!(
         out,
-        "trained {} for {} (step {} to {}) in {:.1} s on {}: {:.1} samples/s",
+        "trained {} for {} (step {} to {}) in {:.1} s after {:.1} s of setup, on {}: {:.1} samples/s",
         f.model.name(),
         if run == 1 { "1 step".to_string() } else { format!("{run} steps") },
         report.first_step,
         report.last_step,
         report.wall_secs,
+        report.setup_secs,
         f.devices,
         report.samples_per_sec
     )?;
@@ -759,6 +763,16 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
         )?,
         Some(None) => writeln!(out, "  eval: skipped (the data have no test split)")?,
         None => {}
+    }
+    if let Some((peak, _)) = resident_memory() {
+        // Under mpirun this process runs one rank.
+        let ranks = if autopar_comm::launch::mpi_world_size().is_some() { 1 } else { trainer.config().parallel.devices() };
+        writeln!(
+            out,
+            "  memory: peak RSS {:.1} MiB since the process started; the plan: {:.1} MiB for its {ranks} rank(s)",
+            mib(peak),
+            mib(report.plan_memory)
+        )?;
     }
     match (f.memory.first(), f.memory.last()) {
         (Some(a), Some(b)) if a.step != b.step => writeln!(
