@@ -1,5 +1,5 @@
-//! One API over both checkpoint formats: open (index only), read whole tensors or boxes of them
-//! straight from a memory map, write with atomic rename, and folder-level helpers
+//! One API over both checkpoint formats: open (index only), read whole tensors (from a memory
+//! map) or boxes of them (positioned reads of their bytes only), write with atomic rename, and folder-level helpers
 //! (`rank_<k>/` discovery, segmented loading).
 
 use std::collections::{BTreeMap, HashMap};
@@ -228,15 +228,12 @@ impl CheckpointFile {
         self.get(name).ok_or_else(|| CheckpointError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })
     }
 
-    /// Map the file span of a tensor and call `f` with a reader of its logical bytes.
-    fn with_reader<R>(
-        &self,
-        t: &TensorEntry,
-        populate: bool,
-        f: impl FnOnce(&mut dyn FnMut(u64, &mut [u8]) -> Result<()>) -> Result<R>,
-    ) -> Result<R> {
-        let total = t.byte_len();
-        if total == 0 {
+    /// Call `f` with a reader of a tensor's logical bytes: positioned reads of the file, so
+    /// that only the bytes asked for enter the process (a slice of a large tensor never maps
+    /// the rest of it).
+    fn with_reader<R>(&self, t: &TensorEntry, f: impl FnOnce(&mut dyn FnMut(u64, &mut [u8]) -> Result<()>) -> Result<R>) -> Result<R> {
+        use std::os::unix::fs::FileExt;
+        if t.byte_len() == 0 {
             let mut read = |_: u64, out: &mut [u8]| {
                 if out.is_empty() {
                     Ok(())
@@ -246,17 +243,7 @@ impl CheckpointFile {
             };
             return f(&mut read);
         }
-        let lo = t.segments.iter().map(|s| s.start).min().unwrap_or(0);
-        let hi = t.segments.iter().map(|s| s.end).max().unwrap_or(0);
-        // SAFETY: read-only mapping of a file that is never modified in place (see `open_with`).
-        let mut opts = MmapOptions::new();
-        opts.offset(lo).len((hi - lo) as usize);
-        if populate {
-            // one pass of read-ahead instead of a page fault per 4 KiB
-            opts.populate();
-        }
         self.check_unchanged()?;
-        let map = unsafe { opts.map(&self.file) }.map_err(CheckpointError::io("map", &self.path))?;
         // logical start of each segment
         let mut starts = Vec::with_capacity(t.segments.len());
         let mut acc = 0u64;
@@ -275,13 +262,17 @@ impl CheckpointFile {
                 };
                 let seg = &t.segments[i];
                 let in_seg = off - starts[i];
-                let avail = (seg.end - seg.start - in_seg) as usize;
+                let avail = (seg.end - seg.start).saturating_sub(in_seg) as usize;
                 let n = avail.min(out.len() - done);
                 if n == 0 {
                     return Err(CheckpointError::Malformed { path: path.clone(), reason: format!("read past the end of {:?}", t.name) });
                 }
-                let p = (seg.start + in_seg - lo) as usize;
-                out[done..done + n].copy_from_slice(&map[p..p + n]);
+                self.file.read_exact_at(&mut out[done..done + n], seg.start + in_seg).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        CheckpointError::Malformed { path: path.clone(), reason: format!("the file ends inside tensor {:?}", t.name) }
+                    }
+                    _ => CheckpointError::Io { op: "read", path: path.clone(), source: e },
+                })?;
                 done += n;
                 off += n as u64;
             }
@@ -324,12 +315,12 @@ impl CheckpointFile {
         let off = offset.min(total);
         let len = len.min((total - off) as usize);
         let mut out = vec![0u8; len];
-        self.with_reader(t, false, |read| read(off, &mut out))?;
+        self.with_reader(t, |read| read(off, &mut out))?;
         Ok(out)
     }
 
     /// Copy the box `region` of tensor `name` into `dst` (row-major, shape `dst_shape`) at
-    /// `dst_start`, straight from the mapped file.
+    /// `dst_start`, reading only the box's bytes from the file.
     pub fn copy_region(&self, name: &str, region: &[Range<usize>], dst: &mut [u8], dst_shape: &[usize], dst_start: &[usize]) -> Result<()> {
         let t = self.entry(name)?;
         if region.len() != t.shape.len() || region.iter().zip(&t.shape).any(|(r, &s)| r.end > s || r.start > r.end) {
@@ -342,10 +333,7 @@ impl CheckpointFile {
         let start: Vec<usize> = region.iter().map(|r| r.start).collect();
         let extent: Vec<usize> = region.iter().map(|r| r.end - r.start).collect();
         let esz = t.dtype.size();
-        // prefault the mapping when most of the tensor is wanted
-        let wanted: usize = extent.iter().product();
-        let populate = wanted.saturating_mul(2) >= t.shape.iter().product::<usize>();
-        self.with_reader(t, populate, |read| copy_box(read, &t.shape, &start, dst, dst_shape, dst_start, &extent, esz))
+        self.with_reader(t, |read| copy_box(read, &t.shape, &start, dst, dst_shape, dst_start, &extent, esz))
     }
 }
 

@@ -274,12 +274,14 @@ pub enum CheckpointError {
     },
 
     /// A strategy file records a full tensor shape that differs from the checkpoint's.
-    #[error("tensor {tensor:?}: the {which} strategy gives full shape {strategy:?}, the checkpoint gives {checkpoint:?}\n  hint: the strategy file does not belong to this network")]
+    #[error("tensor {tensor:?}: the {which} strategy{} gives full shape {strategy:?}, the checkpoint gives {checkpoint:?}\n  hint: the strategy file does not belong to this network", file.as_ref().map(|f| format!(" {}", f.display())).unwrap_or_default())]
     StrategyShapeMismatch {
         /// The tensor's name.
         tensor: String,
         /// Which strategy: `source` or `destination`.
         which: &'static str,
+        /// The strategy file, when known.
+        file: Option<PathBuf>,
         /// The full shape the strategy records.
         strategy: Vec<usize>,
         /// The full shape from the checkpoint.

@@ -24,9 +24,11 @@
 //! Key decisions:
 //! * **Index first, bytes on demand.** Opening a checkpoint reads only its index (the safetensors
 //!   header; for `.ckpt` a walk over the protobuf wire format that records where each tensor's
-//!   bytes lie, chunks included). Tensor bytes are read through short-lived memory maps, so a
-//!   transform copies slice ranges straight from the source file into the destination buffer and
-//!   never reads what it does not need.
+//!   bytes lie, chunks included). Whole tensors are read through short-lived memory maps, boxes
+//!   of them with positioned reads of their rows, so a transform copies slice ranges straight
+//!   from the source file into the destination buffer and never reads what it does not need,
+//!   and a rank reads its own slices of a checkpoint saved under another strategy
+//!   ([`PieceReader`]) without another rank's bytes entering its process.
 //! * **Boxes, not simulated collectives.** MindSpore turns a layout change into `AllConcat` /
 //!   `StridedSlice` programs run on whole numpy copies of every needed file. Every stored piece
 //!   (model-parallel slice, then optimizer shard of dim 0) is a box of the full tensor, so a
@@ -48,6 +50,7 @@ pub mod ckpt;
 pub mod dtype;
 pub mod error;
 pub mod io;
+pub mod pieces;
 pub mod rank_list;
 pub mod safetensors;
 pub mod strategy;
@@ -74,6 +77,7 @@ pub use checkpoint::{
 pub use ckpt::CkptWriter;
 pub use dtype::DType;
 pub use error::{CheckpointError, Misuse, Result};
+pub use pieces::PieceReader;
 pub use safetensors::SafetensorsWriter;
 pub use strategy::{merge_stage_files, merge_strategies, GroupInfo, LayoutItem, LayoutMap, ParamLayout, StrategyFile, StrategyItem};
 pub use transform::{

@@ -115,13 +115,13 @@ fn load_map(path: Option<&Path>) -> Result<Option<(LayoutMap, Option<u32>, Strat
 
 /// A layout with its optimizer shard: each rank's piece is its model-parallel slice, with dim 0
 /// cut into `opt` parts across contiguous chunks of its (sorted) replica group.
-struct Side {
-    layout: TensorLayout,
-    opt: usize,
+pub(crate) struct Side {
+    pub(crate) layout: TensorLayout,
+    pub(crate) opt: usize,
 }
 
 impl Side {
-    fn new(p: &ParamLayout, shape: &[usize], tensor: &str, which: &'static str) -> Result<Self> {
+    pub(crate) fn new(p: &ParamLayout, shape: &[usize], tensor: &str, which: &'static str) -> Result<Self> {
         let layout = p.tensor_layout(shape).map_err(|source| CheckpointError::Layout { tensor: tensor.to_string(), which, source })?;
         let opt = p.opt_group_size(&layout);
         if opt > 1 {
@@ -150,7 +150,7 @@ impl Side {
     }
 
     /// A shape-independent stand-in, for rank lists (MindSpore's "fake shape").
-    fn fake(p: &ParamLayout, other: &ParamLayout, tensor: &str) -> Result<(Self, Self)> {
+    pub(crate) fn fake(p: &ParamLayout, other: &ParamLayout, tensor: &str) -> Result<(Self, Self)> {
         let nd = p.tensor_map.len();
         let splits = |q: &ParamLayout, which| -> Result<(Vec<usize>, usize)> {
             let n = q.device_num().max(1);
@@ -190,7 +190,7 @@ impl Side {
         (self.layout.slice_index(rank).unwrap_or(0), self.part(rank))
     }
 
-    fn local_shape(&self) -> Vec<usize> {
+    pub(crate) fn local_shape(&self) -> Vec<usize> {
         let mut s = self.layout.slice_shape();
         if self.opt > 1 {
             s[0] /= self.opt;
@@ -206,9 +206,13 @@ type Region = Vec<Range<usize>>;
 /// `dst_local`'s piece needs. Each piece comes from a replica that is `available` when one is
 /// (the files a user gave), then from the one agreeing most with the destination's coordinates.
 fn cover(src: &Side, dst: &Side, dst_local: usize, available: &dyn Fn(usize) -> bool) -> Vec<(usize, Region, Region)> {
-    let d = dst.region(dst_local);
+    cover_box(src, &dst.region(dst_local), dst_local, available)
+}
+
+/// [`cover`] of the box `d` of the full tensor, reading replicas nearest to rank `near`.
+pub(crate) fn cover_box(src: &Side, d: &[Range<usize>], near: usize, available: &dyn Fn(usize) -> bool) -> Vec<(usize, Region, Region)> {
     let n = src.layout.mesh().num_devices();
-    let pref = src.layout.mesh().coordinate(dst_local % n).unwrap_or_default();
+    let pref = src.layout.mesh().coordinate(near % n).unwrap_or_default();
     let mut by_key: Vec<((usize, usize), Vec<usize>)> = Vec::new();
     let mut index: HashMap<(usize, usize), usize> = HashMap::new();
     for q in 0..n {
@@ -224,7 +228,7 @@ fn cover(src: &Side, dst: &Side, dst_local: usize, available: &dyn Fn(usize) -> 
     let mut out = Vec::new();
     for (_, ranks) in by_key {
         let region = src.region(ranks[0]);
-        let Some(inter) = intersect(&region, &d) else { continue };
+        let Some(inter) = intersect(&region, d) else { continue };
         let best = ranks
             .iter()
             .copied()
@@ -492,6 +496,7 @@ impl TransformPlanner {
                     return Err(CheckpointError::StrategyShapeMismatch {
                         tensor: name.to_string(),
                         which,
+                        file: None,
                         strategy: ts.clone(),
                         checkpoint: full.clone(),
                     });

@@ -105,6 +105,19 @@ impl Initializer {
     /// computed without the rest of it (every element's value depends on its index alone), so
     /// that a rank materialises only its own slice.
     pub fn generate_slice(&self, name: &str, shape: &[usize], seed: u64, ranges: &[Range<usize>]) -> Result<Vec<f64>> {
+        self.generate_slice_as(name, shape, seed, ranges, |v| v)
+    }
+
+    /// [`Initializer::generate_slice`] with each value converted by `to` as it is made (to the
+    /// parameter's storage type), so that no wider intermediate copy of the piece exists.
+    pub fn generate_slice_as<T>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        seed: u64,
+        ranges: &[Range<usize>],
+        to: impl Fn(f64) -> T,
+    ) -> Result<Vec<T>> {
         let bad = |reason: &'static str| GraphError::BadInitializer {
             name: name.to_string(),
             init: self.to_string(),
@@ -179,7 +192,7 @@ impl Initializer {
                 Box::new(move |k| if (k % t) <= (k / t) % s { 0.0 } else { masked })
             }
         };
-        Ok(row_major_indices(shape, ranges).map(value).collect())
+        Ok(row_major_indices(shape, ranges).map(|k| to(value(k))).collect())
     }
 }
 

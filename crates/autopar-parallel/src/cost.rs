@@ -41,6 +41,22 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// The parameters, gradients and optimizer state (`optimizer_slots` tensors per trainable
+    /// parameter) of the parameters of `program` that `held` keeps; no activations.
+    pub fn of_params(program: &RankProgram, optimizer_slots: usize, held: impl Fn(&str) -> bool) -> Self {
+        let g = &program.graph;
+        let slice_bytes = |p: &&crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
+        let stored_bytes = |p: &&crate::program::ParamSlot| p.stored_shape().iter().product::<usize>() * g.node(p.local).ty.dtype.size();
+        let params: Vec<_> = program.params.iter().filter(|p| held(&p.name)).collect();
+        let state: usize = params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
+        Memory {
+            parameters: params.iter().map(stored_bytes).sum(),
+            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum(),
+            optimizer_state: optimizer_slots * state,
+            peak_activations: 0,
+        }
+    }
+
     /// The sum of the four parts, in bytes.
     pub fn total(&self) -> usize {
         self.parameters.saturating_add(self.gradients).saturating_add(self.optimizer_state).saturating_add(self.peak_activations)
@@ -115,17 +131,12 @@ impl RankCost {
                 e.1 += parts * b.dtype.size();
             }
         }
-        let slice_bytes = |p: &crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
-        let stored_bytes = |p: &crate::program::ParamSlot| p.stored_shape().iter().product::<usize>() * g.node(p.local).ty.dtype.size();
-        let parameters = program.params.iter().map(stored_bytes).sum();
-        let gradients: usize = program.params.iter().filter(|p| p.trainable).map(slice_bytes).sum();
-        let state: usize = program.params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
         Ok(RankCost {
             rank: program.rank,
             flops,
             bytes_moved,
             comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
-            memory: Memory { parameters, gradients, optimizer_state: optimizer_slots * state, peak_activations: schedule.peak_bytes(g) },
+            memory: Memory { peak_activations: schedule.peak_bytes(g), ..Memory::of_params(program, optimizer_slots, |_| true) },
         })
     }
 

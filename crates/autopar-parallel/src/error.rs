@@ -130,7 +130,7 @@ pub enum ParallelError {
     },
 
     /// A device profile that cannot be read or is invalid.
-    #[error("device profile {origin}: {problem}\nhint: write a profile with `autopar calibrate --out FILE`, or leave --profile out for the built-in one")]
+    #[error("device profile {origin}: {problem}\nhint: write a profile with `autopar calibrate --out FILE`, or leave `profile` unset for the built-in one")]
     BadProfile {
         /// Where the profile came from (a file path or a description).
         origin: String,

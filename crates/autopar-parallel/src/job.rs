@@ -19,9 +19,10 @@ use std::collections::BTreeSet;
 use autopar_graph::NodeId;
 
 use crate::context::{ParallelContext, ParallelMode};
+use crate::cost::{Memory, RankCost};
 use crate::error::{ParallelError, PipelineProblem, Result};
 use crate::pipeline::chunks::{chunk_program, ChunkProgram};
-use crate::pipeline::schedule::{build, PipelineShape, Schedule};
+use crate::pipeline::schedule::{build, simulate, PipelineShape, Schedule, SimCosts};
 use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks};
 use crate::plan::ParallelPlan;
 use crate::planner::{plan_network, PlanRequest};
@@ -270,6 +271,33 @@ impl JobProgram {
             Passes::Whole => self.program.params.iter().map(|p| p.name.clone()).collect(),
             Passes::Chunks(chunks) => held_params(chunks),
         }
+    }
+
+    /// What this rank is predicted to hold for a step of `job`: its parameters (a pipeline
+    /// rank: its stage's), their gradients and `optimizer_slots` optimizer state tensors each,
+    /// and the activations. Without pieces those are the step's peak
+    /// ([`RankCost::of`](crate::RankCost::of)); a pipeline rank keeps the values its chunks save
+    /// for the backward pass of every micro-batch its schedule has in flight at once, plus the
+    /// largest single pass's own peak.
+    pub fn memory(&self, job: &JobPlan, optimizer_slots: usize) -> Result<Memory> {
+        let chunks = match &self.passes {
+            Passes::Whole => return Ok(RankCost::of(&self.program, optimizer_slots)?.memory),
+            Passes::Chunks(c) => c,
+        };
+        let held: BTreeSet<String> = held_params(chunks).into_iter().collect();
+        let mut memory = Memory::of_params(&self.program, optimizer_slots, |n| held.contains(n));
+        let bytes = |g: &autopar_graph::Graph, v: &NodeId| g.node(*v).ty.numel() * g.node(*v).ty.dtype.size();
+        let simulation = simulate(&job.schedule, SimCosts::unit(job.schedule.shape)).map_err(ParallelError::Schedule)?;
+        let in_flight = simulation.peak_in_flight.get(self.stage).copied().unwrap_or(0);
+        let (mut saved, mut pass_peak) = (0usize, 0usize);
+        for c in chunks {
+            saved = saved.max(c.saved.iter().map(|v| bytes(&c.graph, v)).sum());
+            let forward = c.graph.schedule(&c.forward_fetch())?.peak_bytes(&c.graph);
+            let backward = c.backward.schedule(&c.backward_fetch())?.peak_bytes(&c.backward);
+            pass_peak = pass_peak.max(forward).max(backward);
+        }
+        memory.peak_activations = saved.saturating_mul(in_flight).saturating_add(pass_peak);
+        Ok(memory)
     }
 }
 

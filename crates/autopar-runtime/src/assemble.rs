@@ -73,12 +73,12 @@ fn assemble_slices(p: &ParamPlan, per_rank: &[ParamStore]) -> Result<Tensor> {
 /// The full parameters on rank 0, sent to it piece by piece by the ranks storing each
 /// distinct piece (one owner per piece), for runs with one rank per process, where no rank sees
 /// the others' stores: rank 0 ends with one copy of the model beside its own pieces, the other
-/// ranks hold nothing more than theirs. Every mode but hybrid_parallel, whose ranks'
-/// parameters are their own. Returns the parameters on rank 0, None on the others. Collective
-/// over `world`.
+/// ranks hold nothing more than theirs. Under hybrid_parallel, whose ranks hold parameters of
+/// their own graphs, rank 0's own (as [`assemble_params`] answers). Returns the parameters on
+/// rank 0, None on the others. Collective over `world`.
 pub fn gather_full_params(job: &Job, world: &dyn Communicator, local: &ParamStore) -> Result<Option<ParamStore>> {
     if job.mode() == ParallelMode::HybridParallel {
-        return Err(RuntimeError::HybridGather);
+        return Ok((world.rank() == 0).then(|| local.clone()));
     }
     let (rank, d) = (world.rank(), job.plan().stage_devices());
     let first = first_stages(job);

@@ -1,14 +1,12 @@
 //! Distributed checkpoints of a parallel job: per-rank files of local slices, and
 //! `load_distributed_checkpoint` (MindSpore's name): start a job from per-rank checkpoints saved
-//! under another strategy or device count, resharded at load by `autopar-checkpoint`'s transform
-//! (the same code as `autopar ckpt transform-rank`).
+//! under another strategy or device count, each rank reading its own pieces from the source
+//! files ([`autopar_checkpoint::PieceReader`], the layout algebra of `autopar ckpt transform`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use autopar_checkpoint::{
-    collect_rank_files, transform_checkpoint_by_rank, CheckpointFile, DType as CkDType, TensorSpec, TransformOptions,
-};
+use autopar_checkpoint::{collect_rank_files, CheckpointFile, DType as CkDType, PieceReader, TensorSpec};
 use autopar_tensor::{DType, Tensor};
 use half::{bf16, f16};
 
@@ -78,73 +76,32 @@ pub fn load_checkpoint(path: &Path) -> Result<ParamStore> {
     Ok(store)
 }
 
-/// This rank's parameters (local slices) under `job`'s strategy,
-/// read from the per-rank checkpoints `src_dir/rank_<k>/*` saved under `src_strategy` (`None`:
-/// one unsplit checkpoint in `src_dir/rank_0`). Every parameter of the job must be found, with
-/// its full shape; errors name the file, tensor and rank.
+/// This rank's parameters (the pieces it stores) under `job`'s strategy, read from the
+/// per-rank checkpoints `src_dir/rank_<k>/*` saved under `src_strategy` (`None`: whole tensors,
+/// as in one unsplit checkpoint in `src_dir/rank_0`): each piece straight from the bytes of the
+/// source files that hold it, so no full tensor and no other rank's piece is built. Every
+/// parameter of the job must be found, with its full shape; errors name the file, tensor and
+/// rank.
 pub fn load_distributed_checkpoint(job: &Job, rank: usize, src_dir: &Path, src_strategy: Option<&Path>) -> Result<ParamStore> {
     let program = job.program(rank)?;
     let held = program.held_params();
     let (files, _) = collect_rank_files(src_dir).map_err(ck_err(src_dir))?;
-    let loaded = in_scratch(rank, |scratch| {
-        let dst_strategy = scratch.join("destination_strategy.json");
-        job.plan().strategy_file(false, &|_| Vec::new()).save(&dst_strategy).map_err(|e| {
-            RuntimeError::Plan(Box::new(autopar_parallel::ParallelError::StrategyFile { path: dst_strategy.clone(), error: Box::new(e) }))
-        })?;
-        transform_and_load(rank, &files, src_strategy, Some(&dst_strategy), scratch, src_dir)
-    })?;
+    let mut reader = PieceReader::new(files, src_strategy, rank).map_err(ck_err(src_dir))?;
     let mut store = ParamStore::new();
     for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
-        let t = loaded.get(&slot.name).ok_or_else(|| RuntimeError::NotResharded {
-            name: slot.name.clone(),
-            rank,
-            dir: src_dir.to_path_buf(),
-        })?;
-        let want = slot.stored_shape();
-        if t.shape() != want.as_slice() {
+        let missing = || RuntimeError::NotResharded { name: slot.name.clone(), rank, dir: src_dir.to_path_buf() };
+        let (dtype, full) = reader.full_shape(&slot.name).map_err(ck_err(src_dir))?.ok_or_else(missing)?;
+        if full != slot.layout.shape() {
             return Err(RuntimeError::ReshardedShape {
                 name: slot.name.clone(),
                 rank,
-                got: t.shape().to_vec(),
-                want,
-                full: slot.layout.shape().to_vec(),
+                got: full,
+                want: slot.layout.shape().to_vec(),
+                dir: src_dir.to_path_buf(),
             });
         }
-        store.insert(&slot.name, t.clone());
+        let (_, bytes) = reader.read_box(&slot.name, &slot.slice).map_err(ck_err(src_dir))?.ok_or_else(missing)?;
+        store.insert(&slot.name, tensor_from_bytes(dtype, &slot.stored_shape(), &bytes, &slot.name, src_dir)?);
     }
     Ok(store)
-}
-
-/// Every tensor of one checkpoint saved as per-rank files (`files`: rank -> file) under
-/// `strategy`, merged to full tensors: parameters and the optimizer state the strategy lists
-/// beside them (the same transform as `autopar ckpt transform` to one device).
-pub fn load_merged_checkpoint(files: &BTreeMap<usize, PathBuf>, strategy: &Path) -> Result<ParamStore> {
-    in_scratch(0, |scratch| transform_and_load(0, files, Some(strategy), None, scratch, strategy))
-}
-
-/// Destination `rank`'s tensors transformed from the source rank `files` (saved under
-/// `src_strategy`) to `dst_strategy` (`None`: whole tensors), through a file in `scratch`;
-/// transform errors name `blame`.
-fn transform_and_load(
-    rank: usize,
-    files: &BTreeMap<usize, PathBuf>,
-    src_strategy: Option<&Path>,
-    dst_strategy: Option<&Path>,
-    scratch: &Path,
-    blame: &Path,
-) -> Result<ParamStore> {
-    let out = scratch.join(format!("rank_{rank}.safetensors"));
-    transform_checkpoint_by_rank(rank, files, &out, src_strategy, dst_strategy, &TransformOptions::default()).map_err(ck_err(blame))?;
-    load_checkpoint(&out)
-}
-
-/// Runs `f` with a fresh scratch folder, removed afterwards whatever `f` returns.
-fn in_scratch<T>(rank: usize, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!("autopar-reshard-{}-{rank}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
-    std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::Io { path: dir.clone(), source })?;
-    let result = f(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
 }

@@ -291,10 +291,6 @@ pub enum RuntimeError {
         inference: bool,
     },
 
-    /// Full parameters asked of a hybrid_parallel job across processes.
-    #[error("a hybrid_parallel job's ranks hold parameters of their own graphs, which no plan joins into full tensors\nhint: read each rank's parameters on its own rank (RankTrainer::params)")]
-    HybridGather,
-
     /// The job's device count differs from the communicator's number of ranks.
     #[error("the job has {job} devices but the communicator has {ranks} ranks\nhint: run with as many ranks as `device_num` (mpirun -n N with `device_num=N`)")]
     DeviceCount {
@@ -371,19 +367,19 @@ pub enum RuntimeError {
         dir: PathBuf,
     },
 
-    /// A parameter slice resharded from distributed checkpoints has another shape than the job's slice.
-    #[error("load_distributed_checkpoint: parameter {name} of rank {rank} resharded to shape {got:?}, the job needs {want:?} (full {full:?})\nhint: check `init_strategy`")]
+    /// A parameter of distributed checkpoints has another full shape than the job's.
+    #[error("load_distributed_checkpoint: parameter {name} (needed by rank {rank}) has shape {got:?} in the checkpoints of {}, the job's is {want:?}\nhint: the checkpoints were saved from another network, or under another strategy than `init_strategy`", dir.display())]
     ReshardedShape {
         /// The parameter's name.
         name: String,
-        /// The rank whose slice it is, global.
+        /// The rank that needs it, global.
         rank: usize,
-        /// The shape resharding produced.
+        /// Its full shape as the checkpoints and their strategy give it.
         got: Vec<usize>,
-        /// The shape of the slice the job stores.
+        /// Its full shape in the job.
         want: Vec<usize>,
-        /// The parameter's full (unsharded) shape.
-        full: Vec<usize>,
+        /// The folder of checkpoints that was read.
+        dir: PathBuf,
     },
 
     /// Writing a file or creating a folder failed.

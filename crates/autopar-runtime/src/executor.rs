@@ -18,7 +18,7 @@ use std::time::Instant;
 use autopar_graph::ops::*;
 use autopar_graph::{DType, Graph, Node, NodeId, OpKind};
 use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, shape as sh};
-use autopar_tensor::{ExecCtx, Tensor, TensorError};
+use autopar_tensor::{DType as TensorDType, Element, ExecCtx, Tensor, TensorError};
 
 use crate::error::{Result, RuntimeError};
 
@@ -83,9 +83,20 @@ impl ParamStore {
             let OpKind::Parameter(p) = &node.op else {
                 return Err(RuntimeError::MissingParameter { name: name.to_string() });
             };
-            let values = p.init.generate_slice(name, &p.shape, p.seed, ranges)?;
-            let shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
-            let t = Tensor::from_vec(&shape, values).expect("initialiser fills the slice").cast(tensor_dtype(p.dtype));
+            fn piece<T: Element>(p: &Parameter, name: &str, ranges: &[std::ops::Range<usize>]) -> Result<Tensor> {
+                let values = p.init.generate_slice_as(name, &p.shape, p.seed, ranges, T::from_f64)?;
+                let shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+                Ok(Tensor::from_vec(&shape, values).expect("initialiser fills the slice"))
+            }
+            // Made in the storage type directly: the same values as generating in f64 and casting.
+            let t = match tensor_dtype(p.dtype) {
+                TensorDType::F32 => piece::<f32>(p, name, ranges)?,
+                TensorDType::F64 => piece::<f64>(p, name, ranges)?,
+                TensorDType::F16 => piece::<half::f16>(p, name, ranges)?,
+                TensorDType::BF16 => piece::<half::bf16>(p, name, ranges)?,
+                TensorDType::I32 => piece::<i32>(p, name, ranges)?,
+                TensorDType::I64 => piece::<i64>(p, name, ranges)?,
+            };
             store.insert(name, t);
         }
         Ok(store)
@@ -311,6 +322,11 @@ impl Executor {
     /// Feeds keyed by input name, resolved to node ids for [`Executor::run`].
     pub fn feeds_by_name(&self, named: Vec<(&str, Tensor)>) -> Result<Vec<(NodeId, Tensor)>> {
         named.into_iter().map(|(n, t)| Ok((self.graph.find(n)?, t))).collect()
+    }
+
+    /// The inputs a run reads (those its fetches depend on), in schedule order.
+    pub fn inputs(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.order.iter().filter(|&&i| matches!(self.graph.nodes()[i].op, OpKind::Input(_))).map(|&i| NodeId(i))
     }
 
     /// Number of nodes a run executes.

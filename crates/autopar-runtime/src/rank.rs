@@ -22,7 +22,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use autopar_comm::{Communicator, LocalComm};
-use autopar_graph::{Graph, NodeId, OpKind, TensorType};
+use autopar_graph::{NodeId, TensorType};
 use autopar_parallel::pipeline::{Action, ChunkProgram, Pass, Work};
 use autopar_parallel::{InputSlot, JobProgram, ParamSlot, Passes, RankBucket, RankShardBucket};
 use autopar_tensor::{ExecCtx, Tensor};
@@ -136,6 +136,9 @@ impl RankTrainer {
         let n = plan.device_num;
         if world.size() != n {
             return Err(RuntimeError::DeviceCount { job: n, ranks: world.size() });
+        }
+        if plan.micro_batches == 0 {
+            return Err(autopar_parallel::ParallelError::MicroBatches { given: 0, batch: 0 }.into());
         }
         let program = plan.program(world.rank())?;
         let held = program.held_params();
@@ -332,20 +335,10 @@ impl RankTrainer {
     /// micro-batch (dimension 0). Under the dataset strategy `data_parallel` a rank of a job
     /// without micro-batches reads only its part.
     pub fn rows(&self) -> Range<usize> {
-        let m = self.micro_batches;
-        let spans: Vec<(usize, usize)> = self
-            .program
-            .program
-            .inputs
-            .iter()
-            .filter_map(|s| {
-                let r = s.slice.first()?;
-                let per = s.layout.shape().first().copied().unwrap_or(0);
-                Some((r.start, (m - 1) * per + r.end))
-            })
-            .collect();
-        let start = spans.iter().map(|s| s.0).min().unwrap_or(0);
-        let end = spans.iter().map(|s| s.1).max().unwrap_or(0);
+        let spans: Vec<Range<usize>> =
+            self.program.program.inputs.iter().filter(|s| !s.slice.is_empty()).map(|s| self.rows_of(s)).collect();
+        let start = spans.iter().map(|s| s.start).min().unwrap_or(0);
+        let end = spans.iter().map(|s| s.end).max().unwrap_or(0);
         start..end
     }
 
@@ -582,7 +575,7 @@ impl RankTrainer {
     ) -> Result<()> {
         let t0 = Instant::now();
         let program = &self.program.program;
-        let feeds = program.inputs.iter().map(|slot| self.feed(slot, slot.local, rows, first_row, micro)).collect::<Result<Vec<_>>>()?;
+        let feeds = self.data_feeds(exec, &[], rows, first_row, micro)?;
         let micro_batch = MicroBatch { index: micro, count: self.micro_batches };
         let mut out = exec.run_micro(params, &feeds, self.step, self.collectives(), micro_batch)?;
         let mut values = std::mem::take(&mut out.values).into_iter();
@@ -627,7 +620,7 @@ impl RankTrainer {
             Action::Compute(w) if w.pass == Pass::Forward => {
                 let (cp, run) = (&chunks[w.chunk], &runs[w.chunk]);
                 let micro = MicroBatch { index: w.micro, count: m };
-                let mut feeds = self.data_feeds(&cp.graph, rows, first_row, w.micro)?;
+                let mut feeds = self.data_feeds(&run.forward, &cp.recv, rows, first_row, w.micro)?;
                 if !cp.recv.is_empty() {
                     let recv = slot(st.received[w.chunk][w.micro].take(), "the received activations", w)?;
                     feeds.extend(cp.recv.iter().copied().zip(recv));
@@ -648,7 +641,7 @@ impl RankTrainer {
             Action::Compute(w) => {
                 let (cp, run) = (&chunks[w.chunk], &runs[w.chunk]);
                 let micro = MicroBatch { index: w.micro, count: m };
-                let mut feeds = self.data_feeds(&cp.backward, rows, first_row, w.micro)?;
+                let mut feeds = self.data_feeds(&run.backward, &cp.backward_received(), rows, first_row, w.micro)?;
                 feeds.extend(cp.saved_in.iter().copied().zip(slot(st.saved[w.chunk][w.micro].take(), "the saved activations", w)?));
                 // The gradients of the float values this chunk sent, in order.
                 let mut dv = if run.grad_types.is_empty() {
@@ -713,6 +706,15 @@ impl RankTrainer {
         Ok(())
     }
 
+    /// The rows of the global batch this rank reads of input `slot`, over every micro-batch.
+    fn rows_of(&self, slot: &InputSlot) -> Range<usize> {
+        let last = self.micro_batches.saturating_sub(1);
+        match (micro_rows(slot, 0), micro_rows(slot, last)) {
+            (Some(first), Some(last)) => first.start..last.end,
+            _ => 0..0,
+        }
+    }
+
     /// Every network input the batch gives holds the rows `first_row..` of a global batch of
     /// `micro_batches` micro-batches, at least those this rank reads, and the input's other
     /// dimensions.
@@ -722,12 +724,11 @@ impl RankTrainer {
             let Some((_, t)) = rows.iter().find(|(n, _)| *n == slot.name) else { continue };
             let mut want = slot.layout.shape().to_vec();
             let fits = match (want.first_mut(), slot.slice.first()) {
-                (Some(per), Some(r)) => {
-                    let micro_rows = *per;
+                (Some(per), Some(_)) => {
                     *per *= m;
                     let got = t.shape().first().copied().unwrap_or(0);
-                    let (need_start, need_end) = (r.start, (m - 1) * micro_rows + r.end);
-                    first_row <= need_start && first_row + got >= need_end && first_row + got <= *per && t.shape()[1..] == want[1..]
+                    let need = self.rows_of(slot);
+                    first_row <= need.start && first_row + got >= need.end && first_row + got <= *per && t.shape().get(1..) == want.get(1..)
                 }
                 _ => t.shape() == want.as_slice(),
             };
@@ -755,11 +756,9 @@ impl RankTrainer {
             shape: slot.layout.shape().to_vec(),
             dtype,
         })?;
-        let per = slot.layout.shape().first().copied().unwrap_or(1);
         let mut ranges: Vec<Range<usize>> = slot.slice.clone();
-        if let Some(r) = ranges.first_mut() {
-            let (start, end) = (r.start + micro * per, r.end + micro * per);
-            match (start.checked_sub(first_row), end.checked_sub(first_row)) {
+        if let (Some(r), Some(want)) = (ranges.first_mut(), micro_rows(slot, micro)) {
+            match (want.start.checked_sub(first_row), want.end.checked_sub(first_row)) {
                 (Some(s), Some(e)) if e <= t.shape().first().copied().unwrap_or(0) => *r = s..e,
                 _ => {
                     return Err(RuntimeError::FeedMismatch {
@@ -775,15 +774,25 @@ impl RankTrainer {
         Ok((node, slice_tensor(t, &ranges)?))
     }
 
-    /// The data inputs of a pipeline piece's `graph` for micro-batch `micro`.
-    fn data_feeds(&self, graph: &Graph, rows: &[(String, Tensor)], first_row: usize, micro: usize) -> Result<Vec<(NodeId, Tensor)>> {
+    /// The feeds of micro-batch `micro` for the network inputs `exec` reads: every input node
+    /// its run reads but those in `received` (values a pipeline piece gets from another piece
+    /// or from its own forward pass), each matched by name to the network input it is.
+    fn data_feeds(
+        &self,
+        exec: &Executor,
+        received: &[NodeId],
+        rows: &[(String, Tensor)],
+        first_row: usize,
+        micro: usize,
+    ) -> Result<Vec<(NodeId, Tensor)>> {
+        let inputs = &self.program.program.inputs;
         let mut feeds = Vec::new();
-        for (i, node) in graph.nodes().iter().enumerate() {
-            if !matches!(node.op, OpKind::Input(_)) || node.name.starts_with("pipe/") || node.name.starts_with("saved/") {
-                continue;
+        for id in exec.inputs().filter(|id| !received.contains(id)) {
+            let name = &exec.graph().node(id).name;
+            // A node matching no network input gets no feed, and the run names it as missing.
+            if let Some(slot) = inputs.iter().find(|s| s.name == *name) {
+                feeds.push(self.feed(slot, id, rows, first_row, micro)?);
             }
-            let Some(slot) = self.program.program.inputs.iter().find(|s| s.name == node.name) else { continue };
-            feeds.push(self.feed(slot, NodeId(i), rows, first_row, micro)?);
         }
         Ok(feeds)
     }
@@ -803,6 +812,14 @@ impl RankTrainer {
 }
 
 /// Chunk `c` of `program`'s stage made executable.
+/// The rows of the global batch that this rank reads of input `slot` in micro-batch `micro`:
+/// its slice of dimension 0, shifted by the micro-batches before (None for a scalar input).
+fn micro_rows(slot: &InputSlot, micro: usize) -> Option<Range<usize>> {
+    let r = slot.slice.first()?;
+    let per = slot.layout.shape().first().copied().unwrap_or(0);
+    Some(r.start + micro * per..r.end + micro * per)
+}
+
 fn chunk_run(c: &ChunkProgram, program: &JobProgram, ctx: ExecCtx) -> Result<ChunkRun> {
     let names: Vec<String> = c.param_grads.iter().map(|(n, _)| n.clone()).collect();
     let mut scatter = program.program.reduce_scatter.clone();

@@ -35,7 +35,7 @@ use autopar_tensor::{DType, Tensor};
 
 use self::callbacks::{Callback, StepEvent};
 pub use self::ckpt::{
-    checkpoint_path, list_checkpoints, load_parameters, rank_file, save_checkpoint, step_of, DataStream, Loaded, RunPosition, FORMAT,
+    checkpoint_path, list_checkpoints, rank_file, save_checkpoint, step_of, DataStream, Loaded, PieceSource, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
 use crate::assemble::assemble_params;
@@ -342,6 +342,19 @@ fn parameter_names(graph: &Graph, trainable: bool) -> Vec<String> {
     graph.nodes().iter().filter(|nd| matches!(&nd.op, OpKind::Parameter(p) if p.trainable == trainable)).map(|nd| nd.name.clone()).collect()
 }
 
+/// The names and full shapes of `graph`'s parameters: the trainable ones, the frozen ones, or
+/// (None) all, in graph order.
+fn parameter_shapes(graph: &Graph, trainable: Option<bool>) -> Vec<(String, Vec<usize>)> {
+    graph
+        .nodes()
+        .iter()
+        .filter_map(|nd| match &nd.op {
+            OpKind::Parameter(p) if trainable.is_none_or(|t| t == p.trainable) => Some((nd.name.clone(), p.shape.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Trains one network on one dataset.
 #[derive(Clone)]
 pub struct Trainer {
@@ -443,22 +456,22 @@ struct RankOut {
 }
 
 /// Where a resumed run starts: the checkpoint's rank file and position, and, when this run's
-/// layouts differ from the checkpoint's, every tensor of it merged to full tensors.
+/// layouts differ from the checkpoint's, the checkpoint's files that each rank reads its own
+/// pieces of.
 struct Resume {
     path: PathBuf,
     pos: RunPosition,
-    merged: Option<ParamStore>,
+    reshard: Option<PieceSource>,
 }
 
 /// Facts every rank of a run shares.
 struct Plan<'a> {
     job: &'a Job,
     io: &'a Io,
-    /// Full initial values, when a checkpoint gave them (`init`, a resume across layouts);
-    /// None: each rank generates its own pieces from the initialisers.
-    full: Option<&'a ParamStore>,
+    /// The checkpoint `init` names, whose pieces each rank reads over those it generated
+    /// from the initialisers.
+    init: Option<PieceSource>,
     /// Devices of the job (under MPI, checked against the world's size).
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     n: usize,
     steps_per_epoch: u64,
     total: u64,
@@ -578,47 +591,13 @@ impl Trainer {
             return Err(RuntimeError::GlobalRankInProcess { devices: n }.into());
         }
         let (io, job) = self.assemble_job()?;
-        let mode = job.mode();
-        let mut full = if cfg.init.is_some() { ParamStore::init(job.graph())? } else { ParamStore::new() };
-        let mut init_ignored = Vec::new();
-        let mut init_kept = Vec::new();
-        if let Some(init) = &cfg.init {
-            let ck_err = |path: &Path| {
-                let path = path.to_path_buf();
-                move |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path, error: Box::new(e) }
-            };
-            let first_file = if init.is_dir() {
-                // Reshard the per-rank checkpoints to full tensors; the job slices them per rank.
-                let (files, _) = autopar_checkpoint::collect_rank_files(init).map_err(ck_err(init))?;
-                let beside = init.join("strategy.json");
-                let strategy = cfg.init_strategy.clone().or_else(|| beside.is_file().then_some(beside));
-                if strategy.is_none() && files.len() > 1 {
-                    return Err(Self::config_error(
-                        "init",
-                        init.display(),
-                        format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
-                        "pass `init_strategy=FILE`, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
-                    ));
-                }
-                let loss = job.loss().ok_or(RuntimeError::JobKind { inference: true })?;
-                let one = Job::new(job.graph(), loss, &ParallelContext::default())?;
-                let loaded = crate::checkpoint_io::load_distributed_checkpoint(&one, 0, init, strategy.as_deref())?;
-                for (name, t) in loaded.iter() {
-                    full.insert(name, t.clone());
-                }
-                files.values().next().cloned()
-            } else {
-                let frozen = parameter_names(job.graph(), false);
-                init_kept =
-                    load_parameters(init, &mut full, &|name| frozen.iter().any(|f| f == name)).map_err(|e| one_rank_of_many(init, e))?;
-                Some(init.clone())
-            };
-            // entries the network has no parameter for (optimizer state, counters): said, not used
-            if let Some(f) = first_file {
-                let ck = autopar_checkpoint::CheckpointFile::open(&f).map_err(ck_err(&f))?;
-                init_ignored = ck.tensors().iter().map(|t| t.name.clone()).filter(|n| full.get(n).is_none()).collect();
+        let (init, init_ignored, init_kept) = match &cfg.init {
+            Some(path) => {
+                let (source, ignored, kept) = self.init_source(path, &job)?;
+                (Some(source), ignored, kept)
             }
-        }
+            None => (None, Vec::new(), Vec::new()),
+        };
         let trainable = parameter_names(job.graph(), true);
 
         let steps_per_epoch = self.steps_per_epoch()?;
@@ -637,22 +616,8 @@ impl Trainer {
             Some(path) => Some(self.resume_from(path, &job)?),
             None => None,
         };
-        if let Some(Resume { path, merged: Some(merged), .. }) = &resume {
-            if full.iter().next().is_none() {
-                full = ParamStore::init(job.graph())?;
-            }
-            // Parameters come from the merged checkpoint; every rank cuts its slices.
-            let names: Vec<(String, Vec<usize>, DType)> = full.iter().map(|(k, t)| (k.clone(), t.shape().to_vec(), t.dtype())).collect();
-            for (name, shape, dtype) in names {
-                let t = merged_tensor(merged, path, &name, &shape)?.cast(dtype);
-                full.insert(&name, t);
-            }
-        }
-
         let strategy_file = self.save_strategy_files(&job)?;
-        // Full values only where a checkpoint gave them: otherwise each rank makes its own pieces.
-        let given = cfg.init.is_some() || matches!(&resume, Some(Resume { merged: Some(_), .. }));
-        let plan = Plan { job: &job, io: &io, full: given.then_some(&full), n, steps_per_epoch, total, resume, trainable, started };
+        let plan = Plan { job: &job, io: &io, init, n, steps_per_epoch, total, resume, trainable, started };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
@@ -683,7 +648,6 @@ impl Trainer {
                 return Err(first.unwrap_or_else(|| RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }.into()));
             }
         };
-        let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let plan_memory = outs.iter().map(|o| o.plan_memory).sum();
         let mut outs = outs.into_iter();
         let mut out0 = outs.next().expect("a job has a rank");
@@ -691,25 +655,32 @@ impl Trainer {
         stores.extend(outs.map(|o| o.params));
         let params = assemble_params(&job, &stores)?;
         drop(stores);
+        Ok(TrainReport { init_ignored, init_kept, ..self.report(&plan, out0, params, plan_memory, strategy_file) })
+    }
+
+    /// The report of a run whose rank 0 returned `out0`, with the full `params` and the plan's
+    /// memory of the ranks this process ran (no initial checkpoint entries noted).
+    fn report(&self, plan: &Plan<'_>, out0: RankOut, params: ParamStore, plan_memory: u64, strategy_file: Option<PathBuf>) -> TrainReport {
+        let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let run = out0.last_step - first_step;
-        Ok(TrainReport {
+        TrainReport {
             first_step,
             last_step: out0.last_step,
-            steps_per_epoch,
-            losses: std::mem::take(&mut out0.losses),
+            steps_per_epoch: plan.steps_per_epoch,
+            samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * self.cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
+            losses: out0.losses,
             wall_secs: out0.wall_secs,
             setup_secs: out0.setup_secs,
             plan_memory,
-            samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
             params,
-            checkpoints: out0.checkpoints.clone(),
+            checkpoints: out0.checkpoints,
             strategy_file,
-            device_num: n,
-            mode,
-            init_ignored,
-            init_kept,
+            device_num: plan.n,
+            mode: plan.job.mode(),
+            init_ignored: Vec::new(),
+            init_kept: Vec::new(),
             trainable: plan.trainable.clone(),
-        })
+        }
     }
 
     /// The strategy files of the run: those the parallel context asks for
@@ -786,26 +757,8 @@ impl Trainer {
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
         let (out0, params) = out;
-        let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
-        let run = out0.last_step - first_step;
-        Ok(TrainReport {
-            first_step,
-            last_step: out0.last_step,
-            steps_per_epoch: plan.steps_per_epoch,
-            losses: out0.losses.clone(),
-            wall_secs: out0.wall_secs,
-            setup_secs: out0.setup_secs,
-            plan_memory: out0.plan_memory,
-            samples_per_sec: if out0.wall_secs > 0.0 { (run as f64 * self.cfg.batch_size as f64) / out0.wall_secs } else { 0.0 },
-            params,
-            checkpoints: out0.checkpoints.clone(),
-            strategy_file,
-            device_num: plan.n,
-            mode: job.mode(),
-            init_ignored: Vec::new(),
-            init_kept: Vec::new(),
-            trainable: plan.trainable.clone(),
-        })
+        let plan_memory = out0.plan_memory;
+        Ok(self.report(plan, out0, params, plan_memory, strategy_file))
     }
 
     fn check_data(&self, graph: &Graph, net: &Network, io: &Io) -> TrainResult<()> {
@@ -895,7 +848,7 @@ impl Trainer {
         let sliced = world > 1 && (ParallelMode::parse(&pos.parallel_mode).is_some_and(|m| m.is_auto()) || strategy.is_file());
         let same = world == n && pos.parallel_mode == mode && (!sliced || !strategy.is_file() || self.same_layouts(job, &strategy)?);
         if same {
-            return Ok(Resume { path, pos, merged: None });
+            return Ok(Resume { path, pos, reshard: None });
         }
         if world > 1 && pos.parallel_mode == ParallelMode::HybridParallel.name() {
             return Err(bad(
@@ -912,7 +865,7 @@ impl Trainer {
                 ));
             }
         }
-        let merged = if sliced {
+        let reshard = if sliced {
             if !strategy.is_file() {
                 return Err(bad(
                     format!(
@@ -926,11 +879,25 @@ impl Trainer {
             for k in 0..world {
                 files.insert(k, open_rank_file(&path, &pos, k)?.0.path);
             }
-            crate::checkpoint_io::load_merged_checkpoint(&files, &strategy)?
+            PieceSource { path: path.clone(), files, strategy: Some(strategy) }
         } else {
-            crate::checkpoint_io::load_checkpoint(&path)?
+            PieceSource { path: path.clone(), files: [(0, path.clone())].into(), strategy: None }
         };
-        Ok(Resume { path, pos, merged: Some(merged) })
+        // Every tensor the ranks will read is there, in its shape, before any rank starts.
+        let mut reader = reshard.reader(0)?;
+        for (name, shape) in parameter_shapes(job.graph(), None) {
+            if reshard.check(&mut reader, &name, &shape)?.is_none() {
+                return Err(TrainError::InitMissing { path: path.clone(), name, shape });
+            }
+            if pos.step > 0 && params.contains(&name) {
+                for key in self.cfg.optimizer.state_keys(&name) {
+                    if reshard.check(&mut reader, &key, &shape)?.is_none() {
+                        return Err(missing_state(&path, &key));
+                    }
+                }
+            }
+        }
+        Ok(Resume { path, pos, reshard: Some(reshard) })
     }
 
     /// Whether `job` gives every tensor the layout the strategy file `saved` records.
@@ -954,26 +921,28 @@ impl Trainer {
     ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
-        let source = match plan.full {
-            Some(full) => ParamSource::Full(full),
-            None => ParamSource::Init,
-        };
-        let mut trainer = RankTrainer::new(plan.job, comm, source)?;
+        let mut trainer = RankTrainer::new(plan.job, comm, ParamSource::Init)?;
         let slots = cfg.optimizer.kind.state_slots();
-        let plan_memory = autopar_parallel::RankCost::of(&trainer.program().program, slots)?.memory.total() as u64;
+        let plan_memory = trainer.program().memory(plan.job.plan(), slots)?.total() as u64;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
+        if let Some(init) = &plan.init {
+            self.read_pieces(&mut trainer, None, init, rank)?;
+            trainer.sync_shared_parameters()?;
+        }
         if let Some(r) = &plan.resume {
-            let p = match &r.merged {
-                None => {
-                    let p = self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?;
-                    // Each rank read its own copy of a shared parameter: the owner's wins.
-                    trainer.sync_shared_parameters()?;
-                    p
+            let p = match &r.reshard {
+                None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?,
+                Some(source) => {
+                    let state: Option<(&mut dyn Optimizer, &[String])> =
+                        if r.pos.step > 0 { Some((opt.as_mut(), &plan.trainable)) } else { None };
+                    self.read_pieces(&mut trainer, state, source, rank)?;
+                    r.pos.clone()
                 }
-                Some(merged) => self.restore_merged(&trainer, opt.as_mut(), r, merged, &plan.trainable)?,
             };
+            // Each rank read its own copy of a shared parameter: the owner's wins.
+            trainer.sync_shared_parameters()?;
             continue_counters(&mut trainer, opt.as_mut(), p.step)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
@@ -1150,34 +1119,85 @@ impl Trainer {
         Ok(p)
     }
 
-    /// This rank's optimizer state, cut from the merged checkpoint (its parameters were cut
-    /// from it when the rank was built).
-    fn restore_merged(
+    /// This rank's pieces of every parameter it holds, read from `source` over those it made
+    /// (a parameter the source lacks keeps its value: checked before the ranks started), and
+    /// with `state` the optimizer state of the trainable ones.
+    fn read_pieces(
         &self,
-        trainer: &RankTrainer,
-        opt: &mut dyn Optimizer,
-        r: &Resume,
-        merged: &ParamStore,
-        trainable: &[String],
-    ) -> TrainResult<RunPosition> {
-        if r.pos.step == 0 {
-            return Ok(r.pos.clone());
-        }
-        for slot in trainer.param_slots() {
-            if !trainable.contains(&slot.name) {
+        trainer: &mut RankTrainer,
+        mut state: Option<(&mut dyn Optimizer, &[String])>,
+        source: &PieceSource,
+        rank: usize,
+    ) -> TrainResult<()> {
+        let mut reader = source.reader(rank)?;
+        let slots: Vec<(String, Vec<usize>, Vec<std::ops::Range<usize>>)> = trainer
+            .param_slots()
+            .iter()
+            .filter(|s| trainer.params().get(&s.name).is_some())
+            .map(|s| (s.name.clone(), s.layout.shape().to_vec(), s.slice.clone()))
+            .collect();
+        for (name, shape, slice) in slots {
+            let dtype = trainer.params().require(&name)?.dtype();
+            if let Some(t) = source.piece(&mut reader, &name, &shape, &slice, dtype)? {
+                trainer.params_mut().insert(&name, t);
+            }
+            let Some((opt, trainable)) = state.as_mut() else { continue };
+            if !trainable.contains(&name) {
                 continue;
             }
-            let shape = slot.layout.shape();
-            for key in self.cfg.optimizer.state_keys(&slot.name) {
-                if merged.get(&key).is_none() {
-                    return Err(missing_state(&r.path, &key));
-                }
-                let t = merged_tensor(merged, &r.path, &key, shape)?;
-                let dtype = trainer.params().require(&slot.name)?.dtype();
-                opt.state_mut().insert(&key, crate::job::slice_tensor(t, &slot.slice)?.cast(dtype));
+            for key in self.cfg.optimizer.state_keys(&name) {
+                let t = source.piece(&mut reader, &key, &shape, &slice, dtype)?.ok_or_else(|| missing_state(&source.path, &key))?;
+                opt.state_mut().insert(&key, t);
             }
         }
-        Ok(r.pos.clone())
+        Ok(())
+    }
+
+    /// The checkpoint `init` names (a file of whole tensors, or a folder of per-rank files with
+    /// their strategy), checked before any rank starts: every trainable parameter is there in
+    /// its shape. Returns it with the names of its entries the network has no parameter for
+    /// (ignored), and of the frozen parameters it lacks (which keep their values).
+    fn init_source(&self, init: &Path, job: &Job) -> TrainResult<(PieceSource, Vec<String>, Vec<String>)> {
+        let ck_err = |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path: init.to_path_buf(), error: Box::new(e) };
+        let source = if init.is_dir() {
+            let (files, _) = autopar_checkpoint::collect_rank_files(init).map_err(ck_err)?;
+            let beside = init.join("strategy.json");
+            let strategy = self.cfg.init_strategy.clone().or_else(|| beside.is_file().then_some(beside));
+            if strategy.is_none() && files.len() > 1 {
+                return Err(Self::config_error(
+                    "init",
+                    init.display(),
+                    format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
+                    "pass `init_strategy=FILE`, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
+                ));
+            }
+            PieceSource { path: init.to_path_buf(), files, strategy }
+        } else if init.is_file() {
+            PieceSource { path: init.to_path_buf(), files: [(0, init.to_path_buf())].into(), strategy: None }
+        } else {
+            return Err(ck_err(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: init.to_path_buf() }));
+        };
+        let mut reader = source.reader(0)?;
+        let mut kept = Vec::new();
+        let trainable = parameter_names(job.graph(), true);
+        let mut wanted = parameter_shapes(job.graph(), None);
+        wanted.sort(); // the first problem in name order, whatever the graph's order
+        for (name, shape) in wanted {
+            let trainable = trainable.contains(&name);
+            let found = source.check(&mut reader, &name, &shape).map_err(|e| one_rank_of_many(init, e))?;
+            match found {
+                Some(()) => {}
+                None if !trainable => kept.push(name),
+                None => return Err(one_rank_of_many(init, TrainError::InitMissing { path: init.to_path_buf(), name, shape })),
+            }
+        }
+        // entries the network has no parameter for (optimizer state, counters): said, not used
+        let params: Vec<String> = parameter_shapes(job.graph(), None).into_iter().map(|p| p.0).collect();
+        let first = source.files.values().next().cloned().unwrap_or_else(|| init.to_path_buf());
+        let ck = autopar_checkpoint::CheckpointFile::open(&first)
+            .map_err(|e| TrainError::Checkpoint { path: first.clone(), error: Box::new(e) })?;
+        let ignored = ck.tensors().iter().map(|t| t.name.clone()).filter(|n| !params.contains(n)).collect();
+        Ok((source, ignored, kept))
     }
 
     /// Accuracy and mean loss of `params` on `data` (every sample once, in order; evaluation
@@ -1260,15 +1280,6 @@ fn open_rank_file(path0: &Path, pos0: &RunPosition, rank: usize) -> TrainResult<
 }
 
 /// Tensor `name` of the checkpoint `path` merged to full tensors, checked against `shape`.
-fn merged_tensor<'a>(merged: &'a ParamStore, path: &Path, name: &str, shape: &[usize]) -> TrainResult<&'a Tensor> {
-    let t =
-        merged.get(name).ok_or_else(|| TrainError::InitMissing { path: path.to_path_buf(), name: name.into(), shape: shape.to_vec() })?;
-    if t.shape() != shape {
-        return Err(TrainError::InitShape { path: path.to_path_buf(), name: name.into(), shape: shape.to_vec(), got: t.shape().to_vec() });
-    }
-    Ok(t)
-}
-
 /// `e`, a parameter missing from or shaped otherwise in the `--init` file `path`, said as what
 /// it is when the file is one rank's file of a parallel run (whose slices the whole folder
 /// holds together).

@@ -738,3 +738,29 @@ fn recursive_programming_runs_a_pipelines_inference_inputs_whole_as_mindspore() 
     let err = Job::inference(&g, &ctx, micro).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("cannot be split"), "{err}");
 }
+
+#[test]
+fn a_pipeline_ranks_predicted_memory_holds_its_stages_parameters_and_the_micro_batches_in_flight() {
+    use autopar_parallel::{assemble_job, JobRequest, RankCost};
+    let (g, loss) = pp2_network();
+    let memory = |scheduler: &str, rank: usize| {
+        let ctx = context(8, 2, scheduler);
+        let pp = assemble_job(&JobRequest { micro_batches: Some(4), ..JobRequest::new(&g, Some(loss), &ctx) }).unwrap();
+        let program = pp.program(rank).unwrap();
+        let whole = RankCost::of(&program.program, 2).unwrap().memory;
+        (program.memory(&pp, 2).unwrap(), whole)
+    };
+    let (first, whole) = memory("1f1b", 0);
+    let (last, _) = memory("1f1b", 4);
+    // Each stage holds its own parameters (with their gradients and Adam's two slots), never
+    // the other stage's: together they are the whole network's.
+    assert!(first.parameters > 0 && last.parameters > 0);
+    assert_eq!(first.parameters + last.parameters, whole.parameters);
+    assert_eq!(first.gradients + last.gradients, whole.gradients);
+    assert_eq!(first.optimizer_state + last.optimizer_state, whole.optimizer_state);
+    assert!(first.total() < whole.total(), "{first:?} vs the whole network's {whole:?}");
+    // GPipe keeps all 4 micro-batches' activations on stage 0; 1F1B at most 2 (P - s).
+    let (gpipe, _) = memory("gpipe", 0);
+    assert_eq!(gpipe.parameters, first.parameters);
+    assert!(gpipe.peak_activations > first.peak_activations, "gpipe {gpipe:?} vs 1f1b {first:?}");
+}

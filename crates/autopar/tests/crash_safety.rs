@@ -386,5 +386,5 @@ fn corrupted_and_mismatched_checkpoints_are_refused_naming_the_file() {
     let o = autopar(d, &a.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(err.contains("x/strategy.json") && err.contains("[24]") && err.contains("does not belong to this network"), "{err}");
+    assert!(err.contains("x/strategy.json") && err.contains("full shape [24") && err.contains("does not belong to this network"), "{err}");
 }

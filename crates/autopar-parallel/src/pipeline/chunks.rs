@@ -58,6 +58,12 @@ impl ChunkProgram {
         self.send.iter().chain(&self.loss).chain(&self.outputs).chain(&self.saved).copied().collect()
     }
 
+    /// The inputs of `backward` fed from elsewhere than the batch: the saved values and the
+    /// gradients of what the forward pass sent.
+    pub fn backward_received(&self) -> Vec<NodeId> {
+        self.saved_in.iter().chain(self.grad_in.iter().flatten()).copied().collect()
+    }
+
     /// The backward pass's fetches: the received values' gradients, then the parameters'.
     pub fn backward_fetch(&self) -> Vec<NodeId> {
         self.grad_out.iter().flatten().chain(self.param_grads.iter().map(|(_, g)| g)).copied().collect()

@@ -5,9 +5,10 @@
 //! rank, `<dir>/rank_<k>/<prefix>-<step>_<k>.safetensors`, holding that rank's local slices.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use autopar_checkpoint::CheckpointFile;
+use autopar_checkpoint::{CheckpointFile, PieceReader};
 use autopar_tensor::{DType, Tensor};
 
 use super::error::{TrainError, TrainResult};
@@ -241,29 +242,57 @@ impl Loaded {
     }
 }
 
-/// Replace every parameter of `params` by the same-named tensor of the checkpoint at `path`
-/// (cast to the parameter's dtype). A missing or mis-shaped parameter is an error naming it,
-/// but a frozen one (`frozen(name)`: a constant the network builds, such as an attention mask)
-/// the checkpoint lacks keeps its value; their names come back.
-pub fn load_parameters(path: &Path, params: &mut ParamStore, frozen: &dyn Fn(&str) -> bool) -> TrainResult<Vec<String>> {
-    if !path.is_file() {
-        return Err(TrainError::Checkpoint {
-            path: path.to_path_buf(),
-            error: Box::new(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() }),
-        });
+/// A checkpoint that ranks read their own pieces of: per-rank files saved under a strategy
+/// file, or whole tensors (no strategy), named in errors by `path` (the file or folder the
+/// user gave).
+#[derive(Clone, Debug)]
+pub struct PieceSource {
+    /// The file or folder the user gave.
+    pub path: PathBuf,
+    /// Source files by global rank (one file of whole tensors: rank 0).
+    pub files: BTreeMap<usize, PathBuf>,
+    /// The strategy the files were saved under (None: whole tensors).
+    pub strategy: Option<PathBuf>,
+}
+
+impl PieceSource {
+    /// A reader of the source for rank `rank` (which prefers the replicas nearest to it).
+    pub fn reader(&self, rank: usize) -> TrainResult<PieceReader> {
+        PieceReader::new(self.files.clone(), self.strategy.as_deref(), rank)
+            .map_err(|e| TrainError::Checkpoint { path: self.path.clone(), error: Box::new(e) })
     }
-    let ck = Loaded::open(path)?;
-    let names: Vec<(String, Vec<usize>, DType)> = params.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.dtype())).collect();
-    let mut kept = Vec::new();
-    for (name, shape, dtype) in &names {
-        if frozen(name) && !ck.has(name) {
-            kept.push(name.clone());
-            continue;
+
+    /// The full shape of tensor `name` in the source (None: no file holds it), checked against
+    /// `shape`, the network's.
+    pub fn check(&self, reader: &mut PieceReader, name: &str, shape: &[usize]) -> TrainResult<Option<()>> {
+        let found = reader.full_shape(name).map_err(|e| TrainError::Checkpoint { path: self.path.clone(), error: Box::new(e) })?;
+        match found {
+            None => Ok(None),
+            Some((_, got)) if got != shape => {
+                Err(TrainError::InitShape { path: self.path.clone(), name: name.to_string(), shape: shape.to_vec(), got })
+            }
+            Some(_) => Ok(Some(())),
         }
-        let t = ck.tensor(name, shape)?;
-        params.insert(name, t.cast(*dtype));
     }
-    Ok(kept)
+
+    /// The piece `slice` of tensor `name` (full shape `shape`) as `dtype`, read from the bytes
+    /// of the files holding it; None when no file holds `name`.
+    pub fn piece(
+        &self,
+        reader: &mut PieceReader,
+        name: &str,
+        shape: &[usize],
+        slice: &[Range<usize>],
+        dtype: DType,
+    ) -> TrainResult<Option<Tensor>> {
+        if self.check(reader, name, shape)?.is_none() {
+            return Ok(None);
+        }
+        let ck = |e| TrainError::Checkpoint { path: self.path.clone(), error: Box::new(e) };
+        let Some((stored, bytes)) = reader.read_box(name, slice).map_err(ck)? else { return Ok(None) };
+        let piece: Vec<usize> = slice.iter().map(|r| r.len()).collect();
+        Ok(Some(crate::checkpoint_io::tensor_from_bytes(stored, &piece, &bytes, name, &self.path)?.cast(dtype)))
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub fn builder(name: &str, opts: ModelOptions, strategies: Vec<(&'static str, St
     })
 }
 
+#[allow(dead_code)] // not every test binary that shares these helpers uses each one
 pub fn small_mlp() -> ModelOptions {
     ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() }
 }

@@ -198,7 +198,9 @@ pub fn as_flags(line: &str) -> String {
         let flag = match (FLAGS.iter().find(|(n, _)| *n == name), value) {
             (Some((_, flag)), Some(v)) => Some(format!("{flag} {v}")),
             (Some((_, flag)), None) => Some(flag.to_string()),
-            (None, Some(v)) if parallel && v.contains([' ', '[', '{', '"', '\'']) => Some(format!("--parallel '{name}={v}'")),
+            (None, Some(v)) if parallel && v.contains([' ', '[', '{', '"', '\'']) => {
+                Some(format!("--parallel '{name}={}'", v.replace('\'', "'\\''")))
+            }
             (None, Some(v)) if parallel => Some(format!("--parallel {name}={v}")),
             (None, None) if parallel => Some(format!("--parallel {name}")),
             _ => None,
@@ -238,6 +240,11 @@ mod tests {
             "set --parallel pipeline_stages=P, or drop --pipeline-split"
         );
         assert_eq!(as_flags("e.g. `dataset_strategy=[[8, 1], [8]]`"), "e.g. --parallel 'dataset_strategy=[[8, 1], [8]]'");
+        assert_eq!(
+            as_flags("`search_mode='x y'`"),
+            r#"--parallel 'search_mode='\''x y'\'''"#,
+            "a quote in a value is escaped for the shell"
+        );
         assert_eq!(
             as_flags("drop `global_rank`; `fully_use_devices=true`"),
             "drop --parallel global_rank; --parallel fully_use_devices=true"
