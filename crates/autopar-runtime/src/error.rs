@@ -37,6 +37,8 @@ pub enum CommPhase {
     },
     /// Gathering the parameter slices of every rank.
     GatherParameters,
+    /// Gathering the plan's memory of the ranks of this process.
+    MemoryCheck,
     /// Starting or running the ranks.
     Run,
     /// A transfer between pipeline stages.
@@ -66,6 +68,7 @@ impl fmt::Display for CommPhase {
             CommPhase::ParameterBroadcast { name } => write!(f, "parameter broadcast of {name}"),
             CommPhase::CreateGroups { partition } => write!(f, "creating the communication groups of partition {partition}"),
             CommPhase::GatherParameters => write!(f, "gathering the parameter slices"),
+            CommPhase::MemoryCheck => write!(f, "gathering the plan's memory of the ranks"),
             CommPhase::Run => write!(f, "the parallel run"),
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
             CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
@@ -298,6 +301,42 @@ pub enum RuntimeError {
         job: usize,
         /// The communicator's number of ranks.
         ranks: usize,
+    },
+
+    /// A rank was given the program of another rank.
+    #[error("rank {rank} was given the program of rank {program}\nhint: build each rank's program with `job.plan().program(rank)` for its own rank")]
+    ProgramOfAnotherRank {
+        /// The rank the program was built for.
+        program: usize,
+        /// The communicator's rank.
+        rank: usize,
+    },
+
+    /// The plan's memory for the ranks of this process does not fit what the machine allows.
+    #[error(
+        "{} {} ({need} bytes), but {limit}\n  {}\nhint: spread the model over more devices (`device_num`), split its large operators (a model-parallel strategy, or auto_parallel with `device_memory_capacity` set to a device's memory), shard the optimizer state (`enable_parallel_optimizer`), or run the ranks as processes under mpirun on more hosts",
+        limit.needing(),
+        crate::budget::size(*need),
+        crate::budget::describe(demand)
+    )]
+    DoesNotFit {
+        /// What the limit compares: the process's resident bytes, or one rank's plan.
+        need: u64,
+        /// The ranks and the plan's figures.
+        demand: Box<crate::budget::Demand>,
+        /// The limit exceeded.
+        limit: Box<crate::budget::Limit>,
+    },
+
+    /// The simulated ranks' thread stacks do not fit the address-space limit.
+    #[error("{ranks} simulated ranks need {} of address space for their threads' stacks ({} each), but {limit}\nhint: simulate fewer devices in one process, raise the limit (ulimit -v), or run the ranks as processes under mpirun", crate::budget::size(*ranks as u64 * *stack), crate::budget::size(*stack))]
+    StacksDoNotFit {
+        /// The simulated ranks.
+        ranks: usize,
+        /// Each thread's stack, bytes.
+        stack: u64,
+        /// The address-space limit.
+        limit: Box<crate::budget::Limit>,
     },
 
     /// The `global_rank` option is not this process's rank in the communicator.

@@ -62,6 +62,7 @@
 
 pub mod assemble;
 pub mod broadcast;
+pub mod budget;
 pub mod checkpoint_io;
 pub mod collective;
 pub mod error;

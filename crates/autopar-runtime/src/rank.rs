@@ -132,15 +132,26 @@ impl RankTrainer {
     /// sub-communicators, and with `parameter_broadcast` its replicas made equal. Collective
     /// over `world`: every rank calls it.
     pub fn new(job: &Job, world: &dyn Communicator, params: ParamSource<'_>) -> Result<Self> {
+        if world.size() != job.device_num() {
+            return Err(RuntimeError::DeviceCount { job: job.device_num(), ranks: world.size() });
+        }
+        Self::with_program(job, world, job.plan().program(world.rank())?, params)
+    }
+
+    /// [`RankTrainer::new`] with the rank's program already built (`job.plan().program(rank)`),
+    /// e.g. to check its memory before any parameter is made.
+    pub fn with_program(job: &Job, world: &dyn Communicator, program: JobProgram, params: ParamSource<'_>) -> Result<Self> {
         let plan = job.plan();
         let n = plan.device_num;
         if world.size() != n {
             return Err(RuntimeError::DeviceCount { job: n, ranks: world.size() });
         }
+        if program.rank != world.rank() {
+            return Err(RuntimeError::ProgramOfAnotherRank { program: program.rank, rank: world.rank() });
+        }
         if plan.micro_batches == 0 {
             return Err(autopar_parallel::ParallelError::MicroBatches { given: 0, batch: 0 }.into());
         }
-        let program = plan.program(world.rank())?;
         let held = program.held_params();
         let params = match params {
             ParamSource::Init => {

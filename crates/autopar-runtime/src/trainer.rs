@@ -624,6 +624,7 @@ impl Trainer {
         if let Some(size) = mpi {
             return self.fit_mpi(&plan, &callbacks, size, strategy_file).map(|r| TrainReport { init_ignored, init_kept, ..r });
         }
+        crate::budget::check_stacks_fit(n, autopar_comm::LocalOptions::default().stack_size as u64)?;
         let results = LocalComm::run(n, |comm| -> Result<RankOut, String> {
             let rank = comm.rank();
             self.run_rank(&plan, &comm, &callbacks).map_err(|e| {
@@ -635,8 +636,10 @@ impl Trainer {
                     Some(TrainError::Rank { source, .. }) if is_comm(source) => !is_comm(&e),
                     Some(_) => false,
                 };
+                // The memory check's refusal is the same on every rank: not one rank's error.
+                let job_wide = matches!(e, TrainError::Runtime(RuntimeError::DoesNotFit { .. }));
                 if replace {
-                    *slot = Some(if n > 1 { TrainError::Rank { rank, source: Box::new(e) } } else { e });
+                    *slot = Some(if n > 1 && !job_wide { TrainError::Rank { rank, source: Box::new(e) } } else { e });
                 }
                 msg
             })
@@ -921,9 +924,13 @@ impl Trainer {
     ) -> TrainResult<RankOut> {
         let cfg = &self.cfg;
         let rank = comm.rank();
-        let mut trainer = RankTrainer::new(plan.job, comm, ParamSource::Init)?;
-        let slots = cfg.optimizer.kind.state_slots();
-        let plan_memory = trainer.program().memory(plan.job.plan(), slots)?.total() as u64;
+        // The plan's memory, checked against what the machine allows before any tensor is made.
+        let program = plan.job.plan().program(rank)?;
+        let memory = program.memory(plan.job.plan(), cfg.optimizer.kind.state_slots())?;
+        let capacity = cfg.parallel.is_set("device_memory_capacity").then(|| cfg.parallel.search().device_memory_capacity);
+        crate::budget::check_plan_fits(comm, &memory, capacity)?;
+        let plan_memory = memory.total() as u64;
+        let mut trainer = RankTrainer::with_program(plan.job, comm, program, ParamSource::Init)?;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);

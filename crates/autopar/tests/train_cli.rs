@@ -659,3 +659,50 @@ fn init_without_a_frozen_mask_keeps_the_built_one() {
     c.extend(["--steps", "2", "--batch-size", "8", "--eval", "false", "--init", "no_weight.safetensors"]);
     fails(dir.path(), &c, &["has no parameter", &dropped]);
 }
+
+/// Runs autopar under `sh -c 'ulimit -v KB; exec autopar ARGS'`.
+fn autopar_limited(dir: &Path, kb: u64, args: &[&str]) -> Output {
+    let script = format!("ulimit -v {kb} && exec \"$0\" \"$@\"");
+    Command::new("sh").current_dir(dir).arg("-c").arg(script).arg(env!("CARGO_BIN_EXE_autopar")).args(args).output().expect("sh runs")
+}
+
+#[test]
+fn a_job_the_machine_cannot_hold_is_refused_before_it_starts_with_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    // Over the machine: fc2 of a 1e6-wide MLP is 4 TB.
+    let big = ["train", "--model", "mlp", "--data", "synthetic", "--width", "1000000", "--steps", "1"];
+    fails(dir.path(), &big, &["this process needs, by the plan,", "hint:"]);
+    // Over device_memory_capacity, per rank.
+    let mut capped = vec!["train"];
+    capped.extend_from_slice(SMALL);
+    capped.extend(["--steps", "1", "--devices", "2", "--parallel-mode", "auto_parallel", "--parallel", "device_memory_capacity=200000"]);
+    fails(dir.path(), &capped, &["the largest rank's plan needs", "device_memory_capacity is 195.3 KiB (200000 bytes) per device"]);
+
+    // 1024 simulated ranks under a 4 GB address-space limit: their threads' stacks alone do not
+    // fit; a clear refusal, not a failed thread start.
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        "synthetic",
+        "--synthetic-samples",
+        "2048",
+        "--batch-size",
+        "1024",
+        "--steps",
+        "1",
+        "--devices",
+        "1024",
+    ];
+    let o = autopar_limited(dir.path(), 4_000_000, &args);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}\n{err}");
+    assert!(err.contains("1024 simulated ranks need") && err.contains("ulimit -v"), "{err}");
+    // A small job under the same limit trains.
+    let mut small = vec!["train"];
+    small.extend_from_slice(SMALL);
+    small.extend(["--steps", "2", "--devices", "2"]);
+    let o = autopar_limited(dir.path(), 4_000_000, &small);
+    assert!(o.status.success(), "{:?}", text(&o));
+}

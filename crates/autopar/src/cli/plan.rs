@@ -132,7 +132,10 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     spinner.step(format!("rank {rank}'s program"));
     let (_, position) = job.place(rank);
     let program = rank_program(&job.plan, position)?;
-    let cost = RankCost::of(&program, optimizer.state_slots())?;
+    let mut cost = RankCost::of(&program, optimizer.state_slots())?;
+    // The memory the run itself checks and reports: a pipeline rank's stage with the
+    // activations of the micro-batches it holds at once.
+    cost.memory = job.program(rank)?.memory(&job, optimizer.state_slots())?;
     let seconds = started.elapsed().as_secs_f64();
     drop(spinner);
     let quiet = args.json || args.mindspore_layouts;

@@ -200,12 +200,7 @@ struct MemorySample {
 
 /// `VmHWM` and `VmRSS` of this process in bytes; `None` where `/proc` does not exist.
 fn resident_memory() -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = status.lines().find(|l| l.starts_with(name))?;
-        line[name.len()..].trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|kb| kb * 1024)
-    };
-    Some((field("VmHWM:")?, field("VmRSS:")?))
+    autopar_runtime::budget::ProcessMemory::now().map(|m| (m.peak, m.resident))
 }
 
 /// Samples the memory of the process every `every` steps and at the last step, so a long run
@@ -767,11 +762,13 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     if let Some((peak, _)) = resident_memory() {
         // Under mpirun this process runs one rank.
         let ranks = if autopar_comm::launch::mpi_world_size().is_some() { 1 } else { trainer.config().parallel.devices() };
+        let overhead = autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64;
         writeln!(
             out,
-            "  memory: peak RSS {:.1} MiB since the process started; the plan: {:.1} MiB for its {ranks} rank(s)",
+            "  memory: peak RSS {:.1} MiB since the process started; the plan: {:.1} MiB for its {ranks} rank(s), {:.1} MiB with the runtime's overhead",
             mib(peak),
-            mib(report.plan_memory)
+            mib(report.plan_memory),
+            mib(report.plan_memory + overhead)
         )?;
     }
     match (f.memory.first(), f.memory.last()) {
