@@ -196,6 +196,14 @@ resume_anywhere() {
     echo "$mpi"
     grep -q "step 8 to 16" <<<"$mpi" || { echo "$mpi" >&2; return 1; }
     [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
+    # `autopar eval` of the 4 ranks' folder: each of 2 processes reads its own pieces.
+    echo "mpi-tests: mpirun -n 2 autopar eval of the 4-device folder equals the in-process evaluation"
+    local eval=(eval "$dir/a" --model mlp --data synthetic --synthetic-samples 1024 --devices 2 --parallel-mode auto_parallel)
+    mpi=$(timeout 300 mpirun -n 2 "${flags[@]}" "$bin" "${eval[@]}" 2>&1) || { echo "$mpi" >&2; return 1; }
+    local=$("$bin" "${eval[@]}" 2>&1) || { echo "$local" >&2; return 1; }
+    echo "$mpi"
+    grep -q '^eval: accuracy' <<<"$mpi" || { echo "$mpi" >&2; return 1; }
+    [ "$(grep '^eval:' <<<"$mpi")" = "$(grep '^eval:' <<<"$local")" ] || { echo "$local" >&2; return 1; }
 }
 check resume_anywhere
 

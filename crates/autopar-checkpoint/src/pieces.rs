@@ -135,6 +135,13 @@ impl PieceReader {
         Ok(Some(Placed { side, base, dtype, full }))
     }
 
+    /// The names of the tensors in the first of the files (every tensor of a file of whole
+    /// tensors; one rank's entries of per-rank files).
+    pub fn names(&mut self) -> Result<Vec<String>> {
+        let Some(&first) = self.paths.keys().next() else { return Ok(Vec::new()) };
+        Ok(self.file(first)?.tensors().iter().map(|t| t.name.clone()).collect())
+    }
+
     /// The element type and full shape of tensor `name`; None when no file holds it.
     pub fn full_shape(&mut self, name: &str) -> Result<Option<(DType, Vec<usize>)>> {
         Ok(self.placed(name)?.map(|p| (p.dtype, p.full)))

@@ -53,6 +53,11 @@ pub enum CommPhase {
         /// The ranks of the bucket's group.
         group: Vec<usize>,
     },
+    /// Moving a parameter's pieces to another job's layout.
+    Relayout {
+        /// The parameter.
+        name: String,
+    },
     /// Waiting for every rank to write its checkpoint of a step.
     Checkpoint {
         /// The step of the checkpoint.
@@ -72,6 +77,7 @@ impl fmt::Display for CommPhase {
             CommPhase::Run => write!(f, "the parallel run"),
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
             CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
+            CommPhase::Relayout { name } => write!(f, "moving the pieces of {name} to the evaluation job's layout"),
             CommPhase::Checkpoint { step } => write!(f, "waiting for every rank's checkpoint of step {step}"),
         }
     }
@@ -285,6 +291,15 @@ pub enum RuntimeError {
         name: String,
         /// The tensor's element type.
         dtype: DType,
+    },
+
+    /// Parameters could not be moved to another job's layouts.
+    #[error("cannot move the parameter pieces{} to the other job's layouts: {problem}\nhint: evaluate with the network and devices the parameters were trained with", if name.is_empty() { String::new() } else { format!(" of {name}") })]
+    Relayout {
+        /// The parameter (empty: the job as a whole).
+        name: String,
+        /// What stands in the way, in words.
+        problem: String,
     },
 
     /// A training call on an inference job, or the other way round.

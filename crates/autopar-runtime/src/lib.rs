@@ -6,7 +6,9 @@
 //!   micro-batches (passes of the whole network, or a pipeline stage's pieces in schedule
 //!   order), then gradient sync, clipping and the optimizer update ([`rank`]).
 //! * [`run_local`]: every rank as a thread of this process; [`assemble_params`] /
-//!   [`gather_full_params`]: full parameters from the ranks' pieces.
+//!   [`gather_full_params`]: full parameters from the ranks' pieces, only where asked for;
+//!   [`relayout_params`]: a job's pieces moved to another job's layouts, piece by piece.
+//! * [`budget`]: the plan's memory checked against what the machine allows, before any tensor.
 //! * [`Executor`]: plans a graph once (only the nodes the fetched values need, last use of every
 //!   value) and runs it on `autopar-tensor` kernels, freeing each intermediate after its last
 //!   user; optional per-op timing.
@@ -73,6 +75,7 @@ pub mod local;
 pub mod optim;
 mod parallel_optimizer;
 pub mod rank;
+pub mod relayout;
 pub mod trainer;
 
 /// Callbacks of the trainer (MindSpore's `LossMonitor`, metrics, the loss curve).
@@ -87,6 +90,7 @@ pub use job::{rank_batches, slice_tensor, Job};
 pub use local::{run_local, LocalRun};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, Sgd};
 pub use rank::{ParamSource, RankTrainer, StepOutput};
+pub use relayout::relayout_params;
 pub use trainer::{TrainConfig, TrainError, TrainReport, Trainer};
 
 /// Keep the memory of large freed buffers in the process for the next step's tensors instead

@@ -293,6 +293,11 @@ impl RankTrainer {
         &self.program
     }
 
+    /// The rank's parameter pieces, the rank done with.
+    pub fn into_params(self) -> ParamStore {
+        self.params
+    }
+
     /// The rank's parameters as it stores them between steps: its slices, or its optimizer
     /// shards of them.
     pub fn params(&self) -> &ParamStore {

@@ -21,6 +21,7 @@
 pub mod callbacks;
 mod ckpt;
 mod error;
+mod evaluate;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ pub use self::ckpt::{
 pub use self::error::{TrainError, TrainResult};
 use crate::assemble::assemble_params;
 use crate::error::{CommPhase, RuntimeError};
-use crate::executor::{tensor_dtype, Executor, ParamStore};
+use crate::executor::{tensor_dtype, ParamStore};
 use crate::job::Job;
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::rank::{ParamSource, RankTrainer};
@@ -319,6 +320,9 @@ pub struct TrainReport {
     /// Final parameters, assembled from the ranks' slices (under mpirun: on rank 0; the other
     /// processes' reports hold their own pieces).
     pub params: ParamStore,
+    /// The evaluation after training ([`Trainer::with_eval`]; None: none was asked for, or the
+    /// run trained no step).
+    pub eval: Option<EvalResult>,
     /// Checkpoint files rank 0 wrote (the others wrote theirs beside).
     pub checkpoints: Vec<PathBuf>,
     /// The strategy file written beside the checkpoints (None: none was written).
@@ -364,6 +368,8 @@ pub struct Trainer {
     cfg: TrainConfig,
     /// Ranks as threads of this process even when started by mpirun.
     in_process: bool,
+    /// Evaluated after training, by the ranks on their own pieces.
+    eval: Option<DataSource>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -375,8 +381,6 @@ impl std::fmt::Debug for Trainer {
 /// Names, shapes and dtypes of the network's input and labels.
 #[derive(Clone, Debug)]
 struct Io {
-    x: NodeId,
-    y: NodeId,
     x_name: String,
     y_name: String,
     x_shape: Vec<usize>,
@@ -389,8 +393,6 @@ impl Io {
     fn of(graph: &Graph, net: &Network) -> Self {
         let (xn, yn) = (graph.node(net.x), graph.node(net.labels));
         Io {
-            x: net.x,
-            y: net.labels,
             x_name: xn.name.clone(),
             y_name: yn.name.clone(),
             x_shape: xn.ty.shape.clone(),
@@ -445,6 +447,7 @@ impl Io {
 struct RankOut {
     losses: Vec<f64>,
     params: ParamStore,
+    eval: Option<EvalResult>,
     checkpoints: Vec<PathBuf>,
     wall_secs: f64,
     last_step: u64,
@@ -484,7 +487,7 @@ struct Plan<'a> {
 impl Trainer {
     /// A trainer of the network `build` makes (named `name` in messages) on `train`.
     pub fn new(name: impl Into<String>, build: BuildNetwork, train: DataSource, cfg: TrainConfig) -> Self {
-        Self { name: name.into(), build, train, cfg, in_process: false }
+        Self { name: name.into(), build, train, cfg, in_process: false, eval: None }
     }
 
     /// Runs every rank as a thread of this process, even in a process started by `mpirun`
@@ -492,6 +495,14 @@ impl Trainer {
     /// MPI job.
     pub fn in_process(mut self) -> Self {
         self.in_process = true;
+        self
+    }
+
+    /// Evaluates the trained parameters on `data` at the end of [`Trainer::fit`], in parallel:
+    /// every rank on its own pieces, under an inference job planned for the evaluation batch
+    /// size ([`TrainReport::eval`]).
+    pub fn with_eval(mut self, data: DataSource) -> Self {
+        self.eval = Some(data);
         self
     }
 
@@ -676,6 +687,7 @@ impl Trainer {
             setup_secs: out0.setup_secs,
             plan_memory,
             params,
+            eval: out0.eval,
             checkpoints: out0.checkpoints,
             strategy_file,
             device_num: plan.n,
@@ -1040,15 +1052,16 @@ impl Trainer {
             cb.on_train_end()?;
         }
         tracing::info!(rank, last_step = step, seconds = started.elapsed().as_secs_f64(), "rank finished");
-        Ok(RankOut {
-            losses,
-            params: trainer.params().clone(),
-            checkpoints,
-            wall_secs: started.elapsed().as_secs_f64(),
-            last_step: step,
-            setup_secs,
-            plan_memory,
-        })
+        let wall_secs = started.elapsed().as_secs_f64();
+        drop(opt);
+        let params = trainer.into_params();
+        let eval = match &self.eval {
+            Some(data) if step > plan.resume.as_ref().map_or(0, |r| r.pos.step) => {
+                Some(self.evaluate_rank(comm, evaluate::EvalParams::Trained { job: plan.job, store: &params }, data, false)?.0)
+            }
+            _ => None,
+        };
+        Ok(RankOut { losses, params, eval, checkpoints, wall_secs, last_step: step, setup_secs, plan_memory })
     }
 
     /// This rank's checkpoint at `step`, written atomically. With `keep_checkpoint_max`, the
@@ -1200,57 +1213,80 @@ impl Trainer {
         }
         // entries the network has no parameter for (optimizer state, counters): said, not used
         let params: Vec<String> = parameter_shapes(job.graph(), None).into_iter().map(|p| p.0).collect();
-        let first = source.files.values().next().cloned().unwrap_or_else(|| init.to_path_buf());
-        let ck = autopar_checkpoint::CheckpointFile::open(&first)
-            .map_err(|e| TrainError::Checkpoint { path: first.clone(), error: Box::new(e) })?;
-        let ignored = ck.tensors().iter().map(|t| t.name.clone()).filter(|n| !params.contains(n)).collect();
+        let names = reader.names().map_err(ck_err)?;
+        let ignored = names.into_iter().filter(|n| !params.contains(n)).collect();
         Ok((source, ignored, kept))
     }
 
-    /// Accuracy and mean loss of `params` on `data` (every sample once, in order; evaluation
-    /// graphs are built for the batch size and for the last short batch).
+    /// Accuracy and mean loss of `params` (full tensors) on `data` (every sample once, in
+    /// order), on the run's devices as threads of this process: each rank slices its pieces from
+    /// `params` and runs its part of an inference job planned for the evaluation batch size.
     pub fn evaluate(&self, params: &ParamStore, data: &DataSource) -> TrainResult<EvalResult> {
-        let bs = self.cfg.eval_batch_size.max(1);
-        let loader = DataLoader::new(
-            data.dataset.clone(),
-            data.transforms.clone(),
-            LoaderConfig { prefetch: self.cfg.prefetch, ..LoaderConfig::eval(bs, 1, 0) },
-        )?;
-        let mut store = params.clone();
-        let mut built: Vec<(usize, Executor, Io)> = Vec::new();
-        let (mut correct, mut scored, mut loss_sum, mut samples) = (0usize, 0usize, 0.0f64, 0usize);
-        for batch in loader.epoch(0) {
-            let batch = batch?;
-            let b = batch.len();
-            if !built.iter().any(|(s, ..)| *s == b) {
-                let net = self.network(b, false)?;
-                let io = Io::of(&net.graph, &net);
-                let exec = Executor::new(net.graph, &[net.loss, net.logits])?;
-                built.push((b, exec, io));
+        let n = self.cfg.parallel.resolved()?.devices();
+        self.run_in_process(n, |comm| self.evaluate_rank(comm, evaluate::EvalParams::Full(params), data, false)).map(|r| r.0)
+    }
+
+    /// Accuracy and mean loss on `data` of the parameters in the checkpoint `path` (a file of
+    /// whole tensors, or a folder of per-rank files with the strategy they were saved under,
+    /// as [`TrainConfig::init`] takes), on the run's devices: as threads of this process, or
+    /// one rank per process under mpirun. Each rank reads only its own pieces of the files.
+    pub fn evaluate_checkpoint(&self, path: &Path, data: &DataSource) -> TrainResult<EvalResult> {
+        self.checkpoint_outputs(path, data, false).map(|r| r.0)
+    }
+
+    /// [`Trainer::evaluate_checkpoint`], with the logits of every sample (or token position),
+    /// `[predictions, classes]` in the data's order, on rank 0 (None on the other processes
+    /// under mpirun).
+    pub fn predict_checkpoint(&self, path: &Path, data: &DataSource) -> TrainResult<(EvalResult, Option<Tensor>)> {
+        self.checkpoint_outputs(path, data, true)
+    }
+
+    fn checkpoint_outputs(&self, path: &Path, data: &DataSource, keep_logits: bool) -> TrainResult<(EvalResult, Option<Tensor>)> {
+        let n = self.cfg.parallel.resolved()?.devices();
+        let job = self.eval_job(self.cfg.eval_batch_size.max(1), n)?.job;
+        let (source, _, _) = self.init_source(path, &job)?;
+        let run = |comm: &dyn Communicator| self.evaluate_rank(comm, evaluate::EvalParams::Pieces(&source), data, keep_logits);
+        match autopar_comm::launch::mpi_world_size().filter(|_| !self.in_process) {
+            #[cfg(feature = "mpi")]
+            Some(size) => {
+                if size != n {
+                    return Err(Self::config_error(
+                        "devices",
+                        n,
+                        format!("the {size} processes mpirun started"),
+                        format!("pass `device_num={size}` (one device per MPI process)"),
+                    ));
+                }
+                autopar_comm::MpiComm::run(|comm| run(&comm))
+                    .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))
             }
-            let (_, exec, io) = built.iter().find(|(s, ..)| *s == b).expect("built above");
-            let named = io.feeds(batch, &self.name)?;
-            let labels = named[1].1.to_f64_vec();
-            let feeds: Vec<(NodeId, Tensor)> = named.into_iter().map(|(n, t)| (if n == io.x_name { io.x } else { io.y }, t)).collect();
-            let out = exec.run(&mut store, &feeds, 0)?;
-            let loss = out.values[0].to_f64_vec().iter().sum::<f64>();
-            let logits = &out.values[1];
-            let c = *logits.shape().last().unwrap_or(&1);
-            let vals = logits.to_f64_vec();
-            for (row, &label) in vals.chunks(c.max(1)).zip(&labels) {
-                let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0;
-                correct += usize::from(arg as f64 == label);
-                scored += 1;
-            }
-            loss_sum += loss * b as f64;
-            samples += b;
+            #[cfg(not(feature = "mpi"))]
+            Some(size) => Err(TrainError::MpiNotBuilt { size }),
+            None => self.run_in_process(n, run),
         }
-        Ok(EvalResult {
-            accuracy: if scored > 0 { correct as f64 / scored as f64 } else { 0.0 },
-            loss: if samples > 0 { loss_sum / samples as f64 } else { 0.0 },
-            predictions: scored,
-            samples,
-        })
+    }
+
+    /// `f` on `n` ranks as threads of this process; rank 0's answer, or the first rank's error.
+    fn run_in_process<T: Send>(&self, n: usize, f: impl Fn(&dyn Communicator) -> TrainResult<T> + Sync) -> TrainResult<T> {
+        crate::budget::check_stacks_fit(n, autopar_comm::LocalOptions::default().stack_size as u64)?;
+        let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
+        let results = LocalComm::run(n, |comm| -> Result<T, String> {
+            f(&comm).map_err(|e| {
+                let msg = e.to_string();
+                let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+                msg
+            })
+        });
+        match results {
+            Ok(outs) => Ok(outs.into_iter().next().expect("a job has a rank")),
+            Err(e) => {
+                let first = first_error.into_inner().unwrap_or_else(|p| p.into_inner());
+                Err(first.unwrap_or_else(|| RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }.into()))
+            }
+        }
     }
 }
 

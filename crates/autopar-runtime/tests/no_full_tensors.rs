@@ -1,7 +1,8 @@
 //! No process builds a full tensor of a split parameter while a run starts: not when each rank
 //! makes its pieces from the initialisers, not when it reads them from a checkpoint (`init` from
 //! a file of whole tensors or from a folder of rank files, a resume under another strategy and
-//! device count, `load_distributed_checkpoint`). Every allocation of the process is watched: the
+//! device count, `load_distributed_checkpoint`), nor when it evaluates a checkpoint folder.
+//! Every allocation of the process is watched: the
 //! largest one, from the start of `fit` until rank 0 finished its first step (which every rank
 //! takes part in), stays below the bytes of the split weight's full tensor.
 
@@ -145,4 +146,15 @@ fn no_process_builds_a_split_weight_whole_at_init_init_from_checkpoints_resume_o
         autopar_runtime::checkpoint_io::load_distributed_checkpoint(&job, 1, a.path(), Some(&a.path().join("strategy.json"))).unwrap();
     below_full(LARGEST.load(Ordering::Relaxed), "load_distributed_checkpoint");
     assert_eq!(piece.get("fc2.weight").unwrap().shape(), &[WIDTH, WIDTH / 2]);
+
+    // Evaluation of the 4 ranks' folder on 2 devices under another split: pieces only.
+    let cfg =
+        TrainConfig { batch_size: 16, eval_batch_size: 16, prefetch: 0, parallel: context("semi_auto_parallel", 2), ..Default::default() };
+    let held = source(clusters(&[16], 4, 40));
+    let trainer =
+        Trainer::new("mlp", builder("mlp", model(), vec![("fc2.matmul", Strategy(vec![vec![1, 2], vec![1, 2]]))]), held.clone(), cfg);
+    LARGEST.store(0, Ordering::Relaxed);
+    let eval = trainer.evaluate_checkpoint(a.path(), &held).unwrap();
+    below_full(LARGEST.load(Ordering::Relaxed), "evaluate_checkpoint");
+    assert_eq!(eval.samples, 40);
 }

@@ -9,16 +9,14 @@ use autopar_parallel::ParallelContext;
 use autopar_runtime::trainer::{BuildNetwork, DataSource, Network};
 
 /// A network builder for a zoo model, with optional strategies `(op, strategy)` set on the
-/// training graph.
+/// training and the evaluation graph.
 pub fn builder(name: &str, opts: ModelOptions, strategies: Vec<(&'static str, Strategy)>) -> BuildNetwork {
     let model: Arc<dyn Model> = Arc::from(model_by_name(name, &opts).unwrap());
     Arc::new(move |batch, train| {
         let mode = if train { Mode::Train } else { Mode::Eval };
         let (mut graph, m) = model.build_graph(batch, mode, 7).map_err(|e| e.to_string())?;
-        if train {
-            for (op, s) in &strategies {
-                m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
-            }
+        for (op, s) in &strategies {
+            m.shard_graph(&mut graph, op, s.clone()).map_err(|e| e.to_string())?;
         }
         Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
     })

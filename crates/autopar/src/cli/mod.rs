@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 pub mod calibrate;
 pub mod ckpt;
 pub mod common;
+pub mod eval;
 pub mod launch;
 pub mod layout;
 pub mod plan;
@@ -53,6 +54,12 @@ pub enum Command {
     /// Train a model (mlp, resnet18/34/50, gpt) on CIFAR-10, MNIST, a tensor file or synthetic
     /// data, on one device or --devices N; checkpoints, resume, metrics, evaluation.
     Train(Box<train::TrainArgs>),
+    /// Evaluate a checkpoint (a file, or a run's folder of per-rank files) on a data set, on one
+    /// device or --devices N, each rank reading only its own pieces: accuracy and mean loss.
+    Eval(Box<eval::EvalArgs>),
+    /// Run a checkpoint on a data set like `eval` and write every sample's logits and predicted
+    /// class to a safetensors file.
+    Predict(Box<eval::PredictArgs>),
     /// Plan a job without training it: every op's strategy and its source, layouts,
     /// redistributions, gradient buckets, communication per step and memory per device.
     Plan(Box<plan::PlanArgs>),
@@ -70,6 +77,8 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
         Command::Launch(args) => launch::run(args),
         Command::Train(args) => train::run(*args, out),
         Command::Plan(args) => plan::run(*args, out),
+        Command::Eval(args) => eval::run_eval(*args, out),
+        Command::Predict(args) => eval::run_predict(*args, out),
         Command::Calibrate(args) => calibrate::run(args),
     }
 }

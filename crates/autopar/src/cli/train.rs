@@ -29,14 +29,14 @@ use crate::verify;
 pub struct TrainArgs {
     /// Read these settings from a TOML file (flags given here override it).
     #[arg(long, value_name = "FILE", help_heading = "Run")]
-    config: Option<PathBuf>,
+    pub(super) config: Option<PathBuf>,
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
     #[command(flatten)]
-    parallel: ParallelArgs,
+    pub(super) parallel: ParallelArgs,
     /// Data: a CIFAR-10 binary folder, an MNIST folder, a .safetensors file (x, y), or `synthetic`.
     #[arg(long, value_name = "PATH|synthetic", help_heading = "Data")]
-    data: Option<String>,
+    pub(super) data: Option<String>,
     /// Epochs to train (with --steps, whichever ends first).
     #[arg(long, help_heading = "Run")]
     epochs: Option<u64>,
@@ -56,17 +56,17 @@ pub struct TrainArgs {
     grad_accumulation: Option<usize>,
     /// Seed of parameter initialisation, shuffling and augmentation.
     #[arg(long, help_heading = "Run")]
-    seed: Option<u64>,
+    pub(super) seed: Option<u64>,
     /// Reshuffle the data every epoch.
     #[arg(long, value_name = "true|false", help_heading = "Data")]
     shuffle: Option<bool>,
     /// Samples of synthetic data (a tenth more are held out for evaluation): labels of a random
     /// linear teacher for classifiers, successor sequences for gpt.
     #[arg(long, help_heading = "Data")]
-    synthetic_samples: Option<usize>,
+    pub(super) synthetic_samples: Option<usize>,
     /// Batches prepared ahead on a background thread.
     #[arg(long, help_heading = "Data")]
-    prefetch: Option<usize>,
+    pub(super) prefetch: Option<usize>,
 
     /// Optimizer: sgd, momentum or adamw.
     #[arg(long, help_heading = "Optimizer")]
@@ -111,7 +111,7 @@ pub struct TrainArgs {
     init: Option<PathBuf>,
     /// The strategy file the per-rank --init checkpoints were saved under
     #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
-    init_strategy: Option<PathBuf>,
+    pub(super) init_strategy: Option<PathBuf>,
     /// Continue a run from this checkpoint (or the newest in this folder), on any device count,
     /// mode and strategy: its rank files are resharded (parameters and optimizer state)
     #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
@@ -131,7 +131,7 @@ pub struct TrainArgs {
     eval: Option<bool>,
     /// Batch size of evaluation.
     #[arg(long, help_heading = "Output")]
-    eval_batch_size: Option<usize>,
+    pub(super) eval_batch_size: Option<usize>,
 
     /// Also train stand_alone on the same data and print the largest loss and parameter
     /// differences; exit code 1 when a step's loss or a parameter tensor (normwise) differs by
@@ -271,8 +271,20 @@ impl Callback for StopWhenInterrupted {
     }
 }
 
-/// Runs `autopar train`: the summary goes to `out`, step lines to stdout (stderr with `--json`).
-pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
+/// What `train`, `eval` and `predict` set up alike: the flags over the file, the parallel
+/// context (an option autopar does not implement refused before any data or model is loaded),
+/// the data and the model.
+struct Prepared {
+    s: Settings,
+    ctx: autopar_parallel::ParallelContext,
+    seed: u64,
+    data: Data,
+    model: Arc<dyn Model>,
+    build: autopar_runtime::trainer::BuildNetwork,
+    name: String,
+}
+
+fn prepare(args: TrainArgs) -> Result<Prepared> {
     let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
     // The parallel context first: an option autopar does not implement is refused before any
@@ -291,10 +303,33 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
     let build = crate::model_network(model.clone(), seed);
     let name = model.name().to_string();
+    Ok(Prepared { s, ctx, seed, data, model, build, name })
+}
+
+/// A trainer of the model, data and devices `args` give, for evaluation and prediction (its
+/// evaluation batch size from `eval_batch_size`), with the data to run on (the held-out split,
+/// else the whole data) and its description.
+pub(super) fn inference_trainer(args: TrainArgs) -> Result<(Trainer, DataSource, String)> {
+    let Prepared { s, ctx, seed, data, build, name, .. } = prepare(args)?;
+    let cfg = train_config(&s, ctx, seed)?;
+    let (source, desc) = match data.eval {
+        Some(eval) => (eval, format!("the held-out split of {}", data.desc)),
+        None => (data.train.clone(), data.desc),
+    };
+    Ok((Trainer::new(name, build, data.train, cfg), source, desc))
+}
+
+/// Runs `autopar train`: the summary goes to `out`, step lines to stdout (stderr with `--json`).
+pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
+    let Prepared { s, ctx, seed, data, model, build, name } = prepare(args)?;
     let cfg = with_checkpoints(&s, train_config(&s, ctx, seed)?, &name)?;
     let spe = Trainer::new(name.clone(), build.clone(), data.train.clone(), cfg.clone()).steps_per_epoch()?;
     let (cfg, total) = with_schedule(&s, cfg, spe)?;
-    let trainer = Trainer::new(name.clone(), build, data.train.clone(), cfg);
+    let mut trainer = Trainer::new(name.clone(), build, data.train.clone(), cfg);
+    // Evaluated at the end of the run by the ranks, each on its own pieces.
+    if let Some(eval) = data.eval.clone().filter(|_| parse_bool_or(pick!(s, eval), true)) {
+        trainer = trainer.with_eval(eval);
+    }
     // Under mpirun every process trains one rank; only rank 0 prints results.
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
     let outputs = callbacks(&s, trainer.config(), total, spe)?;
@@ -316,7 +351,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if quiet {
         return Ok(ExitCode::SUCCESS);
     }
-    let summary = summarise(&s, &trainer, &report, data.eval.as_ref(), (spe, total))?;
+    let summary = summarise(&s, &trainer, &report, data.eval.is_some(), (spe, total))?;
     let memory: Vec<MemorySample> = outputs.memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let facts = Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory };
     if s.args.json {
@@ -619,13 +654,7 @@ impl Summary {
 }
 
 /// After the run: says what it did not do, evaluates, runs `--verify`'s reference.
-fn summarise(
-    s: &Settings,
-    trainer: &Trainer,
-    report: &TrainReport,
-    eval_data: Option<&DataSource>,
-    (spe, total): (u64, u64),
-) -> Result<Summary> {
+fn summarise(s: &Settings, trainer: &Trainer, report: &TrainReport, has_eval_data: bool, (spe, total): (u64, u64)) -> Result<Summary> {
     let run = report.last_step - report.first_step;
     // A finished run resumed (a restart loop after the last checkpoint) succeeds, and says so.
     if run == 0 {
@@ -640,9 +669,9 @@ fn summarise(
     }
     let tail = &report.losses[report.losses.len().saturating_sub(spe.clamp(1, 50) as usize)..];
     let tail_mean = (!tail.is_empty()).then(|| tail.iter().sum::<f64>() / tail.len() as f64);
-    let eval = match (eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
-        (Some(data), true) => Some(Some(trainer.evaluate(&report.params, data)?)),
-        (None, true) => Some(None),
+    let eval = match (has_eval_data, parse_bool_or(pick!(s, eval), true) && run > 0) {
+        (true, true) => Some(report.eval.clone()),
+        (false, true) => Some(None),
         (_, false) => None,
     };
     // With the comparison, why a mismatch may be expected: the reference's own losses.

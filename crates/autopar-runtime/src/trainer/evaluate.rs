@@ -1,0 +1,213 @@
+//! Evaluation in parallel: the evaluation network (built for the evaluation batch size, without
+//! dropout, BatchNorm on its moving statistics) planned as an inference job under the run's
+//! parallel context, every rank running its part on its own parameter pieces: the pieces it
+//! trained (moved to the inference job's layouts where its plan splits them otherwise), pieces
+//! read from a checkpoint's files, or slices of full tensors a caller holds. No rank builds a
+//! full tensor of a split parameter.
+//!
+//! Every rank reads each whole evaluation batch and the plan cuts its rows. A batch whose rows
+//! the plan cannot split over the devices (the short last one, say 7 rows on 8 devices) runs
+//! repeated until it can (`lcm(rows, devices)` rows): the mean loss of the repeated batch is the
+//! batch's own, and only its first rows are scored.
+
+use autopar_comm::Communicator;
+use autopar_data::{DataLoader, LoaderConfig};
+use autopar_tensor::Tensor;
+
+use super::{DataSource, EvalResult, Io, PieceSource, TrainError, TrainResult, Trainer};
+use crate::error::{CommPhase, RuntimeError};
+use crate::executor::ParamStore;
+use crate::job::Job;
+use crate::rank::{ParamSource, RankTrainer};
+use crate::relayout::relayout_params;
+
+/// Where the ranks of an evaluation take their parameters from.
+pub(super) enum EvalParams<'a> {
+    /// The pieces the rank stores under `job` (a training job of the same network).
+    Trained {
+        /// The job the pieces were stored under.
+        job: &'a Job,
+        /// The rank's pieces.
+        store: &'a ParamStore,
+    },
+    /// Slices of full tensors.
+    Full(&'a ParamStore),
+    /// Pieces read from a checkpoint's files.
+    Pieces(&'a PieceSource),
+}
+
+/// An inference job for evaluation batches of `rows` rows, planned for `rows * repeat`.
+pub(super) struct EvalJob {
+    rows: usize,
+    repeat: usize,
+    pub(super) job: Job,
+    io: Io,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `feeds` with their rows repeated `times` times.
+fn repeat_rows(feeds: Vec<(String, Tensor)>, times: usize) -> TrainResult<Vec<(String, Tensor)>> {
+    if times == 1 {
+        return Ok(feeds);
+    }
+    feeds
+        .into_iter()
+        .map(|(name, t)| {
+            let copies: Vec<&Tensor> = std::iter::repeat_n(&t, times).collect();
+            let joined = autopar_tensor::kernels::shape::concat(&copies, 0).map_err(|e| RuntimeError::Kernel {
+                kind: "Concat",
+                name: name.clone(),
+                source: Box::new(e),
+            })?;
+            Ok((name, joined))
+        })
+        .collect()
+}
+
+impl Trainer {
+    /// The inference job evaluating batches of `rows` rows on `devices` devices: planned for
+    /// `rows`, else for the fewest repeats of them that the plan can split.
+    pub(super) fn eval_job(&self, rows: usize, devices: usize) -> TrainResult<EvalJob> {
+        let plan = |r: usize| -> TrainResult<(Job, Io)> {
+            let mut net = self.network(r, false)?;
+            net.graph.outputs = vec![net.loss, net.logits];
+            let io = Io::of(&net.graph, &net);
+            let job = Job::assemble(&autopar_parallel::JobRequest {
+                graph: &net.graph,
+                loss: None,
+                context: &self.cfg.parallel,
+                micro_batches: Some(1),
+                pipeline_split: &self.cfg.pipeline_split,
+                profile: self.cfg.profile.as_ref(),
+            })?;
+            Ok((job, io))
+        };
+        match plan(rows) {
+            Ok((job, io)) => Ok(EvalJob { rows, repeat: 1, job, io }),
+            Err(first) => {
+                let repeat = devices / gcd(rows, devices).max(1);
+                if repeat <= 1 {
+                    return Err(first);
+                }
+                plan(rows * repeat).map(|(job, io)| EvalJob { rows, repeat, job, io }).map_err(|_| first)
+            }
+        }
+    }
+
+    /// This rank's part of evaluating `data` (every sample once, in order) with its
+    /// parameters from `params`. Collective over `comm`, the job's ranks; every rank returns
+    /// the whole result, and with `keep_logits` rank 0 the logits of every sample (or token
+    /// position), `[predictions, classes]`, in order.
+    pub(super) fn evaluate_rank(
+        &self,
+        comm: &dyn Communicator,
+        params: EvalParams<'_>,
+        data: &DataSource,
+        keep_logits: bool,
+    ) -> TrainResult<(EvalResult, Option<Tensor>)> {
+        let bs = self.cfg.eval_batch_size.max(1);
+        let loader = DataLoader::new(
+            data.dataset.clone(),
+            data.transforms.clone(),
+            LoaderConfig { prefetch: self.cfg.prefetch, ..LoaderConfig::eval(bs, 1, 0) },
+        )?;
+        let mut current: Option<(EvalJob, RankTrainer)> = None;
+        // correct, scored, loss x samples, samples, classes: summed on the rank reporting the outputs
+        let mut tally = [0.0f64; 5];
+        let mut kept: Vec<f32> = Vec::new();
+        for batch in loader.epoch(0) {
+            let batch = batch?;
+            let b = batch.len();
+            if current.as_ref().map(|(j, _)| j.rows) != Some(b) {
+                let next = self.eval_job(b, comm.size())?;
+                let rank = match (current.take(), &params) {
+                    (Some((old, rank)), _) => {
+                        let store = relayout_params(&old.job, &next.job, comm, rank.params())?;
+                        drop(rank);
+                        RankTrainer::new(&next.job, comm, ParamSource::Local(store))?
+                    }
+                    (None, EvalParams::Trained { job, store }) => {
+                        let store = relayout_params(job, &next.job, comm, store)?;
+                        RankTrainer::new(&next.job, comm, ParamSource::Local(store))?
+                    }
+                    (None, EvalParams::Full(full)) => RankTrainer::new(&next.job, comm, ParamSource::Full(full))?,
+                    (None, EvalParams::Pieces(source)) => {
+                        let mut rank = RankTrainer::new(&next.job, comm, ParamSource::Init)?;
+                        self.read_pieces(&mut rank, None, source, comm.rank())?;
+                        rank.sync_shared_parameters()?;
+                        rank
+                    }
+                };
+                current = Some((next, rank));
+            }
+            let (job, rank) = current.as_mut().expect("made above");
+            let named = job.io.feeds(batch, &self.name)?;
+            let labels = named[1].1.to_f64_vec();
+            let out = rank.predict(&repeat_rows(named, job.repeat)?)?;
+            let (stages, stage_devices) = rank.pipeline_shape();
+            // The last stage's first rank reports (every rank holds the outputs without stages).
+            let Some(out) = out.filter(|_| comm.rank() == (stages - 1) * stage_devices) else { continue };
+            let loss = out[0].to_f64_vec().iter().sum::<f64>();
+            let logits = &out[1];
+            let c = (*logits.shape().last().unwrap_or(&1)).max(1);
+            let vals = logits.to_f64_vec();
+            if keep_logits {
+                kept.extend(vals.iter().take(labels.len() * c).map(|&v| v as f32));
+            }
+            tally[4] = c as f64;
+            // Labels per row (or per token position): the first rows of a repeated batch.
+            for (row, &label) in vals.chunks(c).zip(&labels) {
+                let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0;
+                tally[0] += f64::from(u8::from(arg as f64 == label));
+                tally[1] += 1.0;
+            }
+            tally[2] += loss * b as f64;
+            tally[3] += b as f64;
+        }
+        comm.all_reduce((&mut tally[..]).into(), autopar_comm::ReduceOp::Sum)
+            .map_err(|e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e)))?;
+        let [correct, scored, loss_sum, samples, classes] = tally;
+        let result = EvalResult {
+            accuracy: if scored > 0.0 { correct / scored } else { 0.0 },
+            loss: if samples > 0.0 { loss_sum / samples } else { 0.0 },
+            predictions: scored as usize,
+            samples: samples as usize,
+        };
+        if !keep_logits {
+            return Ok((result, None));
+        }
+        // The reporting rank (the last stage's first) sends the logits to rank 0.
+        let shape = [scored as usize, classes as usize];
+        let reporter = {
+            let (stages, stage_devices) = current.as_ref().map_or((1, 1), |(_, r)| r.pipeline_shape());
+            (stages - 1) * stage_devices
+        };
+        let comm_err = |e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e));
+        let logits = match comm.rank() {
+            0 if reporter != 0 => {
+                let mut v = vec![0f32; shape[0] * shape[1]];
+                comm.recv((&mut v).into(), reporter, 0).map_err(comm_err)?;
+                Some(v)
+            }
+            0 => Some(kept),
+            r if r == reporter => {
+                comm.send((&kept).into(), 0, 0).map_err(comm_err)?;
+                None
+            }
+            _ => None,
+        };
+        let logits = logits.map(|v| Tensor::from_vec(&shape, v)).transpose().map_err(|e| RuntimeError::Kernel {
+            kind: "logits",
+            name: "evaluation".into(),
+            source: Box::new(e),
+        })?;
+        Ok((result, logits))
+    }
+}

@@ -1,0 +1,65 @@
+//! `autopar eval` and `autopar predict` end to end: a run's checkpoint folder evaluated on other
+//! device counts and modes gives the training run's own evaluation; predictions are written.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn autopar(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir).args(args).output().expect("autopar runs")
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).unwrap()
+}
+
+const DATA: &[&str] = &["--model", "mlp", "--data", "synthetic", "--synthetic-samples", "300", "--width", "16"];
+
+#[test]
+fn a_checkpoint_folder_evaluates_alike_on_any_device_count_and_its_predictions_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut train = vec!["train"];
+    train.extend(DATA);
+    train.extend(["--steps", "12", "--batch-size", "16", "--devices", "4", "--parallel", "parallel_mode=semi_auto_parallel"]);
+    train.extend(["--checkpoint-dir", "ck", "--eval-batch-size", "8", "--json"]);
+    let trained = json(&autopar(dir.path(), &train));
+    let want = &trained["eval"];
+    assert_eq!(want["samples"].as_u64(), Some(30), "{trained}");
+    for extra in [
+        vec!["--devices", "2", "--parallel", "parallel_mode=auto_parallel"],
+        vec!["--devices", "3", "--parallel", "parallel_mode=data_parallel", "--batch-size", "7"],
+        vec![],
+    ] {
+        let mut args = vec!["eval", "ck"];
+        args.extend(DATA);
+        args.extend(extra.iter().copied());
+        args.push("--json");
+        let got = json(&autopar(dir.path(), &args));
+        assert_eq!(got["samples"], want["samples"], "{extra:?}: {got}");
+        let (a, b) = (got["loss"].as_f64().unwrap(), want["loss"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{extra:?}: loss {a} vs {b}");
+        assert_eq!(got["accuracy"], want["accuracy"], "{extra:?}");
+    }
+
+    let mut args = vec!["predict", "ck", "--output", "p.safetensors", "--devices", "2"];
+    args.extend(DATA);
+    let o = autopar(dir.path(), &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
+    assert_eq!(file.get("logits").unwrap().shape, vec![30, 10]);
+    assert_eq!(file.get("classes").unwrap().shape, vec![30]);
+
+    // Bad input: a missing checkpoint, an output that is not safetensors.
+    let mut args = vec!["eval", "nowhere"];
+    args.extend(DATA);
+    let o = autopar(dir.path(), &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains("nowhere"), "{err}");
+    let mut args = vec!["predict", "ck", "--output", "p.txt"];
+    args.extend(DATA);
+    let err = String::from_utf8_lossy(&autopar(dir.path(), &args).stderr).into_owned();
+    assert!(err.contains("p.txt") && err.contains(".safetensors"), "{err}");
+}
