@@ -163,14 +163,15 @@ pub fn describe(d: &Demand) -> String {
 }
 
 /// The first of `limits` the demand does not fit, with the bytes it needed there. A cgroup's
-/// or the machine's memory and the address space must hold the process's resident bytes
-/// (`held`: what the process holds now, already part of the overhead, is added back to what is
-/// left); `device_memory_capacity` must hold the largest rank's plan.
+/// or the machine's memory and the address space must hold the process's resident bytes; what
+/// the process holds now (`held`) is part of the runtime's overhead, already taken from what
+/// the limits leave, so it counts back, up to that overhead (not the plan's tensors, none of
+/// which exists yet); `device_memory_capacity` must hold the largest rank's plan.
 pub fn first_exceeded<'a>(demand: &Demand, limits: &'a [Limit], held: u64) -> Option<(&'a Limit, u64)> {
     limits.iter().find_map(|l| {
         let (need, left) = match l {
             Limit::DeviceCapacity { bytes } => (demand.largest.total() as u64, *bytes),
-            _ => (demand.resident(), l.left().saturating_add(held)),
+            _ => (demand.resident(), l.left().saturating_add(held.min(PROCESS_OVERHEAD))),
         };
         (need > left).then_some((l, need))
     })
@@ -385,8 +386,11 @@ mod tests {
         let tight = Limit::Cgroup { path: "/sys/fs/cgroup/memory.max".into(), max: 1 << 30, left: 900 << 20, share: 1 };
         assert_eq!(first_exceeded(&d, std::slice::from_ref(&roomy), 0), None);
         assert_eq!(first_exceeded(&d, &[roomy.clone(), tight.clone()], 0), Some((&tight, need)));
-        // What the process already holds counts back.
-        assert_eq!(first_exceeded(&d, std::slice::from_ref(&tight), 1 << 30), None);
+        // What the process already holds counts back, up to the process's overhead.
+        let close = Limit::Cgroup { path: "/sys/fs/cgroup/memory.max".into(), max: 2 << 30, left: need - (50 << 20), share: 1 };
+        assert_eq!(first_exceeded(&d, std::slice::from_ref(&close), 1 << 30), None);
+        assert_eq!(first_exceeded(&d, std::slice::from_ref(&close), 10 << 20), Some((&close, need)));
+        assert_eq!(first_exceeded(&d, std::slice::from_ref(&tight), 1 << 30), Some((&tight, need)));
         let cap = Limit::DeviceCapacity { bytes: 512 << 20 };
         assert_eq!(first_exceeded(&d, std::slice::from_ref(&cap), 0), Some((&cap, 600 << 20)));
         assert_eq!(
@@ -415,7 +419,7 @@ mod tests {
             let d = Demand { ranks, plan, largest: memory(plan as usize / ranks), largest_rank: 0 };
             let l = [Limit::Available { left, share: 1 }];
             let refused = first_exceeded(&d, &l, held).is_some();
-            prop_assert_eq!(refused, d.resident() > left + held);
+            prop_assert_eq!(refused, d.resident() > left + held.min(PROCESS_OVERHEAD));
         }
     }
 }
