@@ -256,29 +256,22 @@ impl RankTrainer {
 
     /// Sets the kernels' execution context (the default: [`ExecCtx::parallel`] for a job of one
     /// device, [`ExecCtx::serial`] for simulated ranks, which share the cores).
-    pub fn with_exec_ctx(mut self, ctx: ExecCtx) -> Self {
-        self.run = match self.run {
-            Run::Whole(e) => Run::Whole(Box::new(e.with_ctx(ctx))),
-            Run::Chunks(chunks) => Run::Chunks(
-                chunks
-                    .into_iter()
-                    .map(|c| ChunkRun { forward: c.forward.with_ctx(ctx), backward: c.backward.with_ctx(ctx), ..c })
-                    .collect(),
-            ),
-        };
-        self
+    pub fn with_exec_ctx(self, ctx: ExecCtx) -> Self {
+        self.map_executors(|e| e.with_ctx(ctx))
     }
 
     /// Records each op's wall time in [`StepOutput::run`] (see [`Executor::with_profiling`]).
-    pub fn with_profiling(mut self, on: bool) -> Self {
+    pub fn with_profiling(self, on: bool) -> Self {
+        self.map_executors(|e| e.with_profiling(on))
+    }
+
+    /// Every executor of the rank (its whole pass, or each chunk's forward and backward) through `f`.
+    fn map_executors(mut self, f: impl Fn(Executor) -> Executor) -> Self {
         self.run = match self.run {
-            Run::Whole(e) => Run::Whole(Box::new(e.with_profiling(on))),
-            Run::Chunks(chunks) => Run::Chunks(
-                chunks
-                    .into_iter()
-                    .map(|c| ChunkRun { forward: c.forward.with_profiling(on), backward: c.backward.with_profiling(on), ..c })
-                    .collect(),
-            ),
+            Run::Whole(e) => Run::Whole(Box::new(f(*e))),
+            Run::Chunks(chunks) => {
+                Run::Chunks(chunks.into_iter().map(|c| ChunkRun { forward: f(c.forward), backward: f(c.backward), ..c }).collect())
+            }
         };
         self
     }
