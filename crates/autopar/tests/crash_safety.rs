@@ -124,7 +124,9 @@ fn training_killed_fifty_times_while_saving_resumes_to_the_uninterrupted_result(
     let start = Instant::now();
     let o = autopar(d, &train_args("reference", false).iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let full_run = start.elapsed();
+    // A run's length, measured again by every whole run that ends before its kill (the first
+    // one may have shared the cores with other tests and taken longer than the runs after it).
+    let mut full_run = start.elapsed();
 
     let ck = d.join("ck");
     let mut rng = Lcg(2026);
@@ -137,8 +139,13 @@ fn training_killed_fifty_times_while_saving_resumes_to_the_uninterrupted_result(
         // Mostly early (each run starts by loading and planning), sometimes late.
         let limit = full_run.as_micros() as u64;
         let delay = Duration::from_micros(limit / 10 + rng.below(limit / 2));
+        let started = Instant::now();
         let (killed, child) = run_or_kill(autopar(d, &args.iter().map(String::as_str).collect::<Vec<_>>()), delay);
         if !killed {
+            if !complete {
+                // It trained from step 0 to the end: a whole run's length.
+                full_run = full_run.min(started.elapsed());
+            }
             let status = child.wait_with_output().unwrap();
             assert!(status.status.success(), "an unkilled run failed: {}", String::from_utf8_lossy(&status.stderr));
             // It finished: start over from nothing, so that every kill lands in a live run.
