@@ -254,6 +254,10 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Batch size of evaluation.
     pub eval_batch_size: usize,
+    /// Under mpirun, send the full parameters to rank 0 at the end of the run (one copy of each
+    /// distinct piece), for [`TrainReport::params`] there; otherwise every process keeps its own
+    /// pieces only. (In process the report assembles them when asked.)
+    pub gather_params: bool,
     /// The device profile of auto_parallel's cost model (None: the built-in one).
     pub profile: Option<autopar_parallel::DeviceProfile>,
 }
@@ -276,6 +280,7 @@ impl Default for TrainConfig {
             init_strategy: None,
             resume: None,
             eval_batch_size: 256,
+            gather_params: false,
             profile: None,
         }
     }
@@ -317,9 +322,13 @@ pub struct TrainReport {
     pub plan_memory: u64,
     /// Global samples per second over the run.
     pub samples_per_sec: f64,
-    /// Final parameters, assembled from the ranks' slices (under mpirun: on rank 0; the other
-    /// processes' reports hold their own pieces).
-    pub params: ParamStore,
+    /// The final pieces each rank of this process stores, by global rank (every rank in
+    /// process; its own under mpirun): [`TrainReport::params`] puts them together.
+    pub pieces: Vec<(usize, ParamStore)>,
+    /// Under mpirun with [`TrainConfig::gather_params`], the full parameters (rank 0).
+    gathered: Option<ParamStore>,
+    /// The job, to put the pieces together.
+    job: Job,
     /// The evaluation after training ([`Trainer::with_eval`]; None: none was asked for, or the
     /// run trained no step).
     pub eval: Option<EvalResult>,
@@ -339,6 +348,31 @@ pub struct TrainReport {
     pub init_kept: Vec<String>,
     /// The names of the trainable parameters among `params` (the others are frozen).
     pub trainable: Vec<String>,
+}
+
+impl TrainReport {
+    /// The final parameters, whole: assembled from the pieces of every rank in process (one
+    /// full copy, made now), or, under mpirun, those sent to rank 0 when
+    /// [`TrainConfig::gather_params`] asked for them.
+    pub fn params(&self) -> TrainResult<ParamStore> {
+        if let Some(full) = &self.gathered {
+            return Ok(full.clone());
+        }
+        if self.pieces.len() != self.device_num {
+            return Err(TrainError::Config {
+                option: "gather_params",
+                value: "false".into(),
+                expected: format!(
+                    "true for the full parameters: this process holds the pieces of {} of the {} ranks",
+                    self.pieces.len(),
+                    self.device_num
+                ),
+                hint: "set `gather_params` before the run (rank 0 receives them), or read the run's checkpoints".into(),
+            });
+        }
+        let stores: Vec<ParamStore> = self.pieces.iter().map(|(_, s)| s.clone()).collect();
+        Ok(assemble_params(&self.job, &stores)?)
+    }
 }
 
 /// The names of `graph`'s trainable parameters (`trainable`), or of its frozen ones.
@@ -457,6 +491,9 @@ struct RankOut {
     /// The plan's memory of this rank's step, in bytes.
     plan_memory: u64,
 }
+
+/// The parameter pieces of the ranks a process ran, by global rank.
+type Pieces = Vec<(usize, ParamStore)>;
 
 /// Where a resumed run starts: the checkpoint's rank file and position, and, when this run's
 /// layouts differ from the checkpoint's, the checkpoint's files that each rank reads its own
@@ -665,16 +702,22 @@ impl Trainer {
         let plan_memory = outs.iter().map(|o| o.plan_memory).sum();
         let mut outs = outs.into_iter();
         let mut out0 = outs.next().expect("a job has a rank");
-        let mut stores = vec![std::mem::take(&mut out0.params)];
-        stores.extend(outs.map(|o| o.params));
-        let params = assemble_params(&job, &stores)?;
-        drop(stores);
-        Ok(TrainReport { init_ignored, init_kept, ..self.report(&plan, out0, params, plan_memory, strategy_file) })
+        let mut pieces = vec![(0, std::mem::take(&mut out0.params))];
+        pieces.extend(outs.enumerate().map(|(r, o)| (r + 1, o.params)));
+        Ok(TrainReport { init_ignored, init_kept, ..self.report(&plan, out0, (pieces, None), plan_memory, strategy_file) })
     }
 
-    /// The report of a run whose rank 0 returned `out0`, with the full `params` and the plan's
-    /// memory of the ranks this process ran (no initial checkpoint entries noted).
-    fn report(&self, plan: &Plan<'_>, out0: RankOut, params: ParamStore, plan_memory: u64, strategy_file: Option<PathBuf>) -> TrainReport {
+    /// The report of a run whose rank 0 (under mpirun: this process's rank) returned `out0`,
+    /// with the pieces of this process's ranks (and the full parameters where gathered) and the
+    /// plan's memory of those ranks (no initial checkpoint entries noted).
+    fn report(
+        &self,
+        plan: &Plan<'_>,
+        out0: RankOut,
+        (pieces, gathered): (Pieces, Option<ParamStore>),
+        plan_memory: u64,
+        strategy_file: Option<PathBuf>,
+    ) -> TrainReport {
         let first_step = plan.resume.as_ref().map_or(0, |r| r.pos.step);
         let run = out0.last_step - first_step;
         TrainReport {
@@ -686,7 +729,9 @@ impl Trainer {
             wall_secs: out0.wall_secs,
             setup_secs: out0.setup_secs,
             plan_memory,
-            params,
+            pieces,
+            gathered,
+            job: plan.job.clone(),
             eval: out0.eval,
             checkpoints: out0.checkpoints,
             strategy_file,
@@ -759,21 +804,22 @@ impl Trainer {
             ));
         }
         let job = plan.job;
-        let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, ParamStore), TrainError> {
+        let out = autopar_comm::MpiComm::run(|comm| -> Result<(RankOut, Pieces, Option<ParamStore>), TrainError> {
             if let Some(g) = self.cfg.parallel.explicit_global_rank() {
                 if g != comm.rank() {
                     return Err(RuntimeError::GlobalRank { global_rank: g, rank: comm.rank(), size }.into());
                 }
             }
-            let o = self.run_rank(plan, &comm, callbacks)?;
-            // Full parameters on rank 0 only (the others keep their own pieces).
-            let params = crate::assemble::gather_full_params(job, &comm, &o.params)?.unwrap_or_else(|| o.params.clone());
-            Ok((o, params))
+            let mut o = self.run_rank(plan, &comm, callbacks)?;
+            // Full parameters on rank 0 only when asked for (every process keeps its own pieces).
+            let gathered = if self.cfg.gather_params { crate::assemble::gather_full_params(job, &comm, &o.params)? } else { None };
+            let pieces = vec![(comm.rank(), std::mem::take(&mut o.params))];
+            Ok((o, pieces, gathered))
         })
         .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))?;
-        let (out0, params) = out;
+        let (out0, pieces, gathered) = out;
         let plan_memory = out0.plan_memory;
-        Ok(self.report(plan, out0, params, plan_memory, strategy_file))
+        Ok(self.report(plan, out0, (pieces, gathered), plan_memory, strategy_file))
     }
 
     fn check_data(&self, graph: &Graph, net: &Network, io: &Io) -> TrainResult<()> {

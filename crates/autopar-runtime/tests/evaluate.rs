@@ -55,7 +55,7 @@ fn parallel_and_alone(
     let report = t.fit(vec![]).unwrap();
     let got = report.eval.clone().expect("an evaluation after training");
     let alone = Trainer::new(model, builder(model, opts, vec![]), source(train), cfg(ParallelContext::default(), 3));
-    let want = alone.evaluate(&report.params, &source(held)).unwrap();
+    let want = alone.evaluate(&report.params().unwrap(), &source(held)).unwrap();
     (got, want)
 }
 
@@ -107,7 +107,7 @@ fn a_checkpoint_folder_is_evaluated_on_another_device_count_and_strategy_from_it
     let report =
         Trainer::new("mlp", builder("mlp", small_mlp(), vec![("fc1.matmul", split4)]), source(train.clone()), c).fit(vec![]).unwrap();
     let alone = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(train.clone()), cfg(ParallelContext::default(), 2));
-    let want = alone.evaluate(&report.params, &held).unwrap();
+    let want = alone.evaluate(&report.params().unwrap(), &held).unwrap();
     let split2 = Strategy(vec![vec![1, 1], vec![2, 1]]);
     let other = Trainer::new(
         "mlp",
@@ -118,7 +118,7 @@ fn a_checkpoint_folder_is_evaluated_on_another_device_count_and_strategy_from_it
     let got = other.evaluate_checkpoint(dir.path(), &held).unwrap();
     close(&got, &want, "4 ranks' folder on 2 devices");
     // From full tensors on 2 devices too.
-    close(&other.evaluate(&report.params, &held).unwrap(), &want, "full tensors on 2 devices");
+    close(&other.evaluate(&report.params().unwrap(), &held).unwrap(), &want, "full tensors on 2 devices");
     // A folder of another network: named.
     let wrong = Trainer::new(
         "mlp",

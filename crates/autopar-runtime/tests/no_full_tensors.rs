@@ -1,23 +1,21 @@
-//! No process builds a full tensor of a split parameter while a run starts: not when each rank
-//! makes its pieces from the initialisers, not when it reads them from a checkpoint (`init` from
-//! a file of whole tensors or from a folder of rank files, a resume under another strategy and
-//! device count, `load_distributed_checkpoint`), nor when it evaluates a checkpoint folder.
-//! Every allocation of the process is watched: the
-//! largest one, from the start of `fit` until rank 0 finished its first step (which every rank
-//! takes part in), stays below the bytes of the split weight's full tensor.
+//! No process builds a full tensor of a split parameter in a run: not when each rank makes its
+//! pieces from the initialisers, not when it reads them from a checkpoint (`init` from a file of
+//! whole tensors or from a folder of rank files, a resume under another strategy and device
+//! count, `load_distributed_checkpoint`), not while it trains, checkpoints and evaluates after
+//! training, not in the report (which carries each rank's pieces), nor when a checkpoint folder
+//! is evaluated. Every allocation of the process is watched: the largest one, from the start of
+//! `fit` until it returns, stays below the bytes of the split weight's full tensor.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use autopar_layout::Strategy;
 use autopar_models::ModelOptions;
 use autopar_parallel::ParallelContext;
-use autopar_runtime::callbacks::{Callback, StepEvent};
-use autopar_runtime::trainer::{CheckpointConfig, TrainResult};
+use autopar_runtime::trainer::CheckpointConfig;
 use autopar_runtime::{ParamStore, TrainConfig, Trainer};
 use common::{builder, clusters, context, source};
 
@@ -55,21 +53,8 @@ fn model() -> ModelOptions {
     ModelOptions { input_shape: Some(vec![16]), width: Some(WIDTH), depth: Some(2), num_classes: Some(4), ..Default::default() }
 }
 
-/// Records the largest allocation when rank 0 ends its first step.
-struct AtFirstStep(Arc<Mutex<Option<usize>>>);
-
-impl Callback for AtFirstStep {
-    fn on_step_end(&mut self, _event: &StepEvent) -> TrainResult<()> {
-        let mut seen = self.0.lock().unwrap();
-        if seen.is_none() {
-            *seen = Some(LARGEST.load(Ordering::Relaxed));
-        }
-        Ok(())
-    }
-}
-
 /// A run of `steps` on `ctx` splitting fc2 by `fc2` (none: replicated), saving into `save`
-/// at its last step; returns the largest allocation until its first step ended.
+/// at its last step and evaluating after it; returns the largest allocation of the run.
 fn run(
     ctx: ParallelContext,
     fc2: Option<Strategy>,
@@ -90,11 +75,12 @@ fn run(
         resume,
         ..Default::default()
     };
-    let trainer = Trainer::new("mlp", builder("mlp", model(), strategies), source(clusters(&[16], 4, 96)), cfg);
-    let seen = Arc::new(Mutex::new(None));
+    let trainer = Trainer::new("mlp", builder("mlp", model(), strategies), source(clusters(&[16], 4, 96)), cfg)
+        .with_eval(source(clusters(&[16], 4, 40)));
     LARGEST.store(0, Ordering::Relaxed);
-    trainer.fit(vec![Box::new(AtFirstStep(seen.clone()))]).unwrap();
-    let largest = seen.lock().unwrap().expect("a step ran");
+    let report = trainer.fit(vec![]).unwrap();
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert_eq!(report.eval.expect("evaluated").samples, 40);
     largest
 }
 

@@ -95,13 +95,13 @@ fn resume_8_4_2(opt: OptimizerConfig) {
         run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().join("rank_0/net-8_0.safetensors"))).unwrap();
     assert_eq!(third.first_step, 8);
     close(&third.losses, &uninterrupted.losses[8..], "resumed on 2 devices, steps 9-12");
-    params_close(&third.params, &uninterrupted.params, "after 8 -> 4 -> 2");
+    params_close(&third.params().unwrap(), &uninterrupted.params().unwrap(), "after 8 -> 4 -> 2");
 
     // And back to one device from the 4-device model-parallel checkpoint.
     let d = tempfile::tempdir().unwrap();
     let alone_rest = run(&opt, ParallelContext::default(), vec![], 12, Some(d.path()), Some(b.path().to_path_buf())).unwrap();
     close(&alone_rest.losses, &alone.losses[8..], "resumed on 1 device, steps 9-12");
-    params_close(&alone_rest.params, &alone.params, "after 8 -> 4 -> 1");
+    params_close(&alone_rest.params().unwrap(), &alone.params().unwrap(), "after 8 -> 4 -> 1");
 }
 
 #[test]
@@ -182,7 +182,7 @@ fn auto_parallel_run_resumes_on_another_device_count() {
     let second = run(&opt, context("data_parallel", 2), vec![], 8, Some(b.path()), Some(a.path().to_path_buf())).unwrap();
     assert_eq!(second.first_step, 4);
     close(&second.losses, &uninterrupted.losses[4..], "resumed on 2 devices, steps 5-8");
-    params_close(&second.params, &uninterrupted.params, "after auto_parallel 8 -> 2");
+    params_close(&second.params().unwrap(), &uninterrupted.params().unwrap(), "after auto_parallel 8 -> 2");
 }
 
 fn sharded(mut ctx: ParallelContext, size: i64) -> ParallelContext {
@@ -205,7 +205,7 @@ fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let first = run(&opt, sharded(context("semi_auto_parallel", 8), 2), strategies_8(), 4, Some(a.path()), None).unwrap();
     assert_eq!(first.losses, plain8.losses, "sharded vs unsharded on 8 devices");
-    params_close(&first.params, &plain8.params, "sharded vs unsharded on 8 devices");
+    params_close(&first.params().unwrap(), &plain8.params().unwrap(), "sharded vs unsharded on 8 devices");
 
     // A rank file holds its shard: fc1.weight [32,16] split 2x2 -> slice [16,8], shard [8,8].
     let rank1 = autopar_runtime::checkpoint_io::load_checkpoint(&a.path().join("rank_1/net-4_1.safetensors")).unwrap();
@@ -226,7 +226,7 @@ fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
     )
     .unwrap();
     let merged = autopar_runtime::checkpoint_io::load_checkpoint(&report.files[0]).unwrap();
-    for (name, want) in first.params.iter() {
+    for (name, want) in first.params().unwrap().iter() {
         close(&merged.require(name).unwrap().to_f64_vec(), &want.to_f64_vec(), name);
     }
 
@@ -238,9 +238,9 @@ fn optimizer_sharded_runs_save_merge_and_resume_anywhere() {
     let second = run(&opt, sharded(context("data_parallel", 4), -1), vec![], 8, Some(b.path()), Some(a.path().to_path_buf())).unwrap();
     assert_eq!(second.first_step, 4);
     close(&second.losses, &uninterrupted.losses[4..8], "resumed on 4 devices, steps 5-8");
-    params_close(&second.params, &same.params, "4-device sharded vs 8-device sharded");
+    params_close(&second.params().unwrap(), &same.params().unwrap(), "4-device sharded vs 8-device sharded");
     let third = run(&opt, context("data_parallel", 2), vec![], 12, Some(c.path()), Some(b.path().to_path_buf())).unwrap();
     assert_eq!(third.first_step, 8);
     close(&third.losses, &uninterrupted.losses[8..], "resumed on 2 devices, steps 9-12");
-    params_close(&third.params, &uninterrupted.params, "after sharded 8 -> 4 -> 2");
+    params_close(&third.params().unwrap(), &uninterrupted.params().unwrap(), "after sharded 8 -> 4 -> 2");
 }

@@ -46,7 +46,7 @@ fn the_mlp_learns_and_scores_well_on_held_out_samples() {
     let report = t.fit(vec![]).unwrap();
     assert_eq!(report.losses.len(), 64);
     assert!(mean(&report.losses[56..]) < 0.3 * mean(&report.losses[..8]), "{:?}", report.losses);
-    let eval = t.evaluate(&report.params, &source(held)).unwrap();
+    let eval = t.evaluate(&report.params().unwrap(), &source(held)).unwrap();
     assert_eq!((eval.samples, eval.predictions), (64, 64));
     assert!(eval.accuracy > 0.9, "{eval:?}");
 }
@@ -119,7 +119,7 @@ fn a_gpt_with_dropout_resumes_with_the_uninterrupted_dropout_masks() {
         second.config_mut().resume = Some(part.checkpoints[0].clone());
         let rest = second.fit(vec![]).unwrap();
         assert_eq!(rest.losses[..], full.losses[5..], "{}", parallel.parallel_mode());
-        assert_bit_equal(&rest.params, &full.params);
+        assert_bit_equal(&rest.params().unwrap(), &full.params().unwrap());
     }
 }
 
@@ -147,7 +147,7 @@ fn resume_matches(optimizer: OptimizerConfig, parallel: ParallelContext) {
     let rest = mlp_trainer(second).fit(vec![]).unwrap();
     assert_eq!(rest.first_step, 10);
     assert_eq!(rest.losses[..], full.losses[10..], "the resumed loss trajectory differs");
-    assert_bit_equal(&rest.params, &full.params);
+    assert_bit_equal(&rest.params().unwrap(), &full.params().unwrap());
 }
 
 #[test]
@@ -199,7 +199,7 @@ fn init_loads_parameters_by_name_and_names_a_missing_or_misshaped_one() {
     let mut c = cfg(16, 0);
     c.init = Some(ck.clone());
     let loaded = mlp_trainer(c).fit(vec![]).unwrap();
-    assert_bit_equal(&loaded.params, &trained.params);
+    assert_bit_equal(&loaded.params().unwrap(), &trained.params().unwrap());
 
     let wide = ModelOptions { width: Some(48), ..small_mlp() };
     let mut c = cfg(16, 1);
@@ -214,7 +214,7 @@ fn init_loads_parameters_by_name_and_names_a_missing_or_misshaped_one() {
 
     let partial = dir.path().join("partial.safetensors");
     let mut only = ParamStore::new();
-    only.insert("fc1.weight", trained.params.get("fc1.weight").unwrap().clone());
+    only.insert("fc1.weight", trained.params().unwrap().get("fc1.weight").unwrap().clone());
     let pos = autopar_runtime::trainer::RunPosition {
         step: 0,
         epoch: 0,
@@ -257,7 +257,7 @@ fn semi_auto_and_data_parallel_runs_on_2_and_4_devices_equal_stand_alone() {
             let run = mlp_trainer(c).fit(vec![]).unwrap();
             assert_eq!(run.device_num, n);
             assert_close(&run.losses, &reference.losses, &format!("{mode} on {n}"));
-            assert_params_close(&run.params, &reference.params, &format!("{mode} on {n}"));
+            assert_params_close(&run.params().unwrap(), &reference.params().unwrap(), &format!("{mode} on {n}"));
         }
     }
 }
@@ -273,7 +273,7 @@ fn a_model_parallel_strategy_trains_like_stand_alone_and_saves_per_rank_files_an
     let t = Trainer::new("mlp", builder("mlp", small_mlp(), strategies), source(clusters(&[16], 4, 256)), c);
     let run = t.fit(vec![]).unwrap();
     assert_close(&run.losses, &reference.losses, "model parallel");
-    assert_params_close(&run.params, &reference.params, "model parallel");
+    assert_params_close(&run.params().unwrap(), &reference.params().unwrap(), "model parallel");
     for k in 0..4 {
         let f = autopar_checkpoint::CheckpointFile::open(dir.path().join(format!("rank_{k}/net-8_{k}.safetensors"))).unwrap();
         assert_eq!(f.metadata()["rank"], k.to_string());

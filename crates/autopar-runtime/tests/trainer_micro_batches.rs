@@ -68,11 +68,11 @@ fn assert_same(what: &str, run: &TrainReport, want_losses: &[f64], want: &ParamS
     for (s, (a, b)) in run.losses.iter().zip(want_losses).enumerate() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: loss at step {s}: {a} vs {b}");
     }
-    assert_eq!(run.params.len(), want.len(), "{what}");
+    assert_eq!(run.params().unwrap().len(), want.len(), "{what}");
     for (name, w) in want.iter() {
         let w = w.to_f64_vec();
         let scale = w.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-        let got = run.params.require(name).unwrap().to_f64_vec();
+        let got = run.params().unwrap().require(name).unwrap().to_f64_vec();
         for (i, (a, b)) in got.iter().zip(&w).enumerate() {
             assert!((a - b).abs() <= 1e-5 * scale, "{what}: {name}[{i}] {a} vs {b}");
         }
@@ -92,7 +92,7 @@ fn pipelines_in_the_trainer_equal_stand_alone_for_a_gpt_with_a_tied_embedding_an
         };
         let run = Trainer::new("gpt", gpt(), source(tokens()), c).fit(vec![]).unwrap();
         assert_eq!(run.device_num, devices);
-        assert_same(&format!("{devices} devices, P={stages}, M={micro}, {scheduler}"), &run, &alone.losses, &alone.params);
+        assert_same(&format!("{devices} devices, P={stages}, M={micro}, {scheduler}"), &run, &alone.losses, &alone.params().unwrap());
     }
 }
 
@@ -104,7 +104,7 @@ fn gradient_accumulation_equals_the_whole_batch_in_every_mode() {
         let mode = parallel.parallel_mode();
         let c = TrainConfig { micro_batches: Some(micro), parallel, ..cfg(24, 8) };
         let run = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(data.clone()), c).fit(vec![]).unwrap();
-        assert_same(&format!("{mode}, {micro} micro-batches"), &run, &alone.losses, &alone.params);
+        assert_same(&format!("{mode}, {micro} micro-batches"), &run, &alone.losses, &alone.params().unwrap());
     }
 }
 
@@ -120,8 +120,8 @@ fn batchnorm_models_in_micro_batches_equal_stand_alone_accumulation_and_not_the_
     let whole = run(ParallelContext::default(), 1);
     // Statistics per micro-batch change the result: the comparison below can fail.
     assert!((accumulated.losses[3] - whole.losses[3]).abs() > 1e-4, "{:?} vs {:?}", accumulated.losses, whole.losses);
-    assert_same("resnet18, 2 stages of 2 devices", &run(pipeline(4, 2, "1f1b"), 2), &accumulated.losses, &accumulated.params);
-    assert_same("resnet18, data_parallel on 2", &run(context("data_parallel", 2), 2), &accumulated.losses, &accumulated.params);
+    assert_same("resnet18, 2 stages of 2 devices", &run(pipeline(4, 2, "1f1b"), 2), &accumulated.losses, &accumulated.params().unwrap());
+    assert_same("resnet18, data_parallel on 2", &run(context("data_parallel", 2), 2), &accumulated.losses, &accumulated.params().unwrap());
 }
 
 #[test]
@@ -161,7 +161,7 @@ fn a_pipeline_writes_a_strategy_file_per_stage_and_the_merged_one_and_resumes_wi
         t.config_mut().resume = Some(ck.clone());
         let rest = t.fit(vec![]).unwrap();
         assert_eq!(rest.first_step, 3, "{what}");
-        assert_same(&format!("resumed on {what}"), &rest, &full.losses[3..], &full.params);
+        assert_same(&format!("resumed on {what}"), &rest, &full.losses[3..], &full.params().unwrap());
     }
 }
 

@@ -81,7 +81,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = trainer.fit(vec![Box::new(EpochLog { losses: Vec::new() })])?;
 
     let test = DataSource::new(Rings { len: 1024, seed: 2 });
-    let eval = trainer.evaluate(&report.params, &test)?;
+    let eval = trainer.evaluate(&report.params()?, &test)?;
     println!("test accuracy {:.1}% on {} points (chance: 33%)", 100.0 * eval.accuracy, eval.samples);
     if eval.accuracy < 0.8 {
         return Err(format!("the rings were not learnt: accuracy {:.3}", eval.accuracy).into());

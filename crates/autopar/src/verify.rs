@@ -95,6 +95,9 @@ pub enum VerifyError {
     /// The stand-alone reference run failed.
     #[error("the stand_alone reference run failed: {0}")]
     Reference(#[source] Box<TrainError>),
+    /// The run's full parameters could not be put together.
+    #[error("the run's parameters could not be put together: {0}")]
+    Params(#[source] Box<TrainError>),
 }
 
 /// Trains `trainer`'s network on the same data and configuration on one device (stand_alone,
@@ -121,7 +124,8 @@ struct Values<'a> {
 /// Compares `run` with `reference`: every step's loss and every parameter of the reference.
 pub fn compare(run: &TrainReport, reference: &TrainReport) -> Result<Comparison, VerifyError> {
     let trainable = |name: &str| reference.trainable.iter().any(|t| t == name);
-    compare_values((&run.losses, &run.params), (&reference.losses, &reference.params), &trainable)
+    let params = |r: &TrainReport| r.params().map_err(|e| VerifyError::Params(Box::new(e)));
+    compare_values((&run.losses, &params(run)?), (&reference.losses, &params(reference)?), &trainable)
 }
 
 /// [`compare`] of (per-step losses, final parameters); the model's scale is taken over the

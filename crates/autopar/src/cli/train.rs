@@ -492,6 +492,8 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
         init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
         eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
+        // --verify compares the full parameters: under mpirun rank 0 receives them.
+        gather_params: s.args.verify,
         profile,
     };
     if epochs == Some(0) || (cfg.epochs == 0 && steps.is_none()) {
