@@ -127,6 +127,9 @@ impl Trainer {
             let b = batch.len();
             if current.as_ref().map(|(j, _)| j.rows) != Some(b) {
                 let next = self.eval_job(b, comm.size())?;
+                // The evaluation job must fit what the machine leaves beside what is held now.
+                let memory = next.job.program(comm.rank())?.memory(next.job.plan(), 0)?;
+                crate::budget::check_plan_fits(comm, &memory, None)?;
                 let rank = match (current.take(), &params) {
                     (Some((old, rank)), _) => {
                         let store = relayout_params(&old.job, &next.job, comm, rank.params())?;

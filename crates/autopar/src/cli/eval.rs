@@ -46,7 +46,7 @@ pub struct EvalArgs {
     /// Seed of the synthetic data and of the parameters a checkpoint lacks (frozen constants).
     #[arg(long, help_heading = "Run")]
     seed: Option<u64>,
-    /// Samples per batch.
+    /// Samples per batch (default: 32, or the device count when it does not divide 32).
     #[arg(long, help_heading = "Run")]
     batch_size: Option<usize>,
     /// Print the result as one JSON object.
@@ -74,6 +74,7 @@ impl EvalArgs {
         t.data = self.data;
         t.synthetic_samples = self.synthetic_samples;
         t.seed = self.seed;
+        t.batch_size = self.batch_size;
         t.eval_batch_size = self.batch_size;
         t.init_strategy = self.ckpt_strategy;
         t.prefetch = Some(0);

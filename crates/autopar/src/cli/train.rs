@@ -45,7 +45,7 @@ pub struct TrainArgs {
     steps: Option<u64>,
     /// Global batch size, split over the devices (default: 32, or the device count when it does not divide 32).
     #[arg(long, help_heading = "Run")]
-    batch_size: Option<usize>,
+    pub(super) batch_size: Option<usize>,
     /// Micro-batches per step of a pipeline (--parallel pipeline_stages=P): each global batch
     /// is cut into M equal parts that flow through the stages; one update per step.
     #[arg(long, value_name = "M", help_heading = "Parallel")]
@@ -129,7 +129,7 @@ pub struct TrainArgs {
     /// Evaluate accuracy on the test split after training.
     #[arg(long, value_name = "true|false", help_heading = "Output")]
     eval: Option<bool>,
-    /// Batch size of evaluation.
+    /// Batch size of evaluation (default: --batch-size, so that evaluation keeps to the plan's memory).
     #[arg(long, help_heading = "Output")]
     pub(super) eval_batch_size: Option<usize>,
 
@@ -491,7 +491,8 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
         init: pick!(s, init),
         init_strategy: pick!(s, init_strategy),
         resume: pick!(s, resume),
-        eval_batch_size: pick!(s, eval_batch_size).unwrap_or(256),
+        // The training batch by default: an evaluation pass then holds no more than a step does.
+        eval_batch_size: pick!(s, eval_batch_size).unwrap_or(batch_size),
         // --verify compares the full parameters: under mpirun rank 0 receives them.
         gather_params: s.args.verify,
         profile,
