@@ -14,7 +14,7 @@ use autopar_models::ModelOptions;
 use autopar_parallel::ParallelContext;
 use autopar_runtime::trainer::{CheckpointConfig, EvalResult};
 use autopar_runtime::{TrainConfig, Trainer};
-use common::{builder, clusters, context, small_mlp, source};
+use common::{builder, clusters, context, small_gpt, small_mlp, source};
 use serde_json::json;
 
 /// Strategies by op name.
@@ -81,14 +81,7 @@ fn evaluation_after_training_equals_one_device_in_every_mode() {
         close(&got, &want, what);
     }
     // A GPT: every token position scored.
-    let gpt = ModelOptions {
-        input_shape: Some(vec![8]),
-        num_classes: Some(16),
-        width: Some(16),
-        depth: Some(1),
-        heads: Some(2),
-        ..Default::default()
-    };
+    let gpt = small_gpt();
     let tokens: Arc<dyn Dataset> = Arc::new(SyntheticDataset::tokens(16, 8, 64 + 20, 5).unwrap());
     let (got, want) = parallel_and_alone("gpt", gpt, vec![], tokens, context("auto_parallel", 4));
     assert_eq!((got.samples, got.predictions), (20, 160));

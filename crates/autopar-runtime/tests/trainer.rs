@@ -13,7 +13,7 @@ use autopar_models::{Mode, Model, ModelOptions};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, OptimizerConfig, OptimizerKind, TrainError};
 use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, Trainer};
-use common::{builder, clusters, context, small_mlp, source};
+use common::{builder, clusters, context, small_gpt, small_mlp, source};
 
 fn cfg(batch: usize, steps: u64) -> TrainConfig {
     TrainConfig { epochs: 1000, max_steps: Some(steps), batch_size: batch, prefetch: 0, ..Default::default() }
@@ -63,14 +63,7 @@ fn a_small_resnet_learns() {
 
 #[test]
 fn a_small_gpt_learns_next_tokens() {
-    let opts = ModelOptions {
-        input_shape: Some(vec![8]),
-        num_classes: Some(16),
-        width: Some(16),
-        depth: Some(1),
-        heads: Some(2),
-        ..Default::default()
-    };
+    let opts = small_gpt();
     let data: Arc<dyn Dataset> = Arc::new(SyntheticDataset::tokens(16, 8, 128, 5).unwrap());
     let mut c = cfg(8, 60);
     c.optimizer = OptimizerConfig {

@@ -27,6 +27,19 @@ pub fn small_mlp() -> ModelOptions {
     ModelOptions { input_shape: Some(vec![16]), width: Some(32), depth: Some(2), num_classes: Some(4), ..Default::default() }
 }
 
+/// A one-block GPT over 16 tokens, context 8.
+#[allow(dead_code)] // not every test binary that shares these helpers uses each one
+pub fn small_gpt() -> ModelOptions {
+    ModelOptions {
+        input_shape: Some(vec![8]),
+        num_classes: Some(16),
+        width: Some(16),
+        depth: Some(1),
+        heads: Some(2),
+        ..Default::default()
+    }
+}
+
 pub fn clusters(shape: &[usize], classes: usize, len: usize) -> Arc<dyn Dataset> {
     Arc::new(SyntheticDataset::classification(shape, classes, len, 3).unwrap())
 }
