@@ -32,6 +32,11 @@ fn first_stages(job: &Job) -> BTreeMap<String, usize> {
 /// Put every rank's stored pieces back together into full tensors (one owner per distinct
 /// piece, on the first stage holding the parameter; hybrid_parallel: rank 0's parameters).
 pub fn assemble_params(job: &Job, per_rank: &[ParamStore]) -> Result<ParamStore> {
+    assemble_refs(job, &per_rank.iter().collect::<Vec<_>>())
+}
+
+/// [`assemble_params`] of stores held elsewhere (by reference: no store is copied).
+pub fn assemble_refs(job: &Job, per_rank: &[&ParamStore]) -> Result<ParamStore> {
     if job.mode() == ParallelMode::HybridParallel {
         return Ok(per_rank[0].clone());
     }
@@ -48,7 +53,7 @@ pub fn assemble_params(job: &Job, per_rank: &[ParamStore]) -> Result<ParamStore>
 /// Parameter `p` whole, written from the pieces each of `per_rank`'s ranks (one stage's) stores
 /// (its model-parallel slice, or its optimizer shard of it; one owner per distinct piece), in
 /// the dtype of the first owner's piece.
-fn assemble_slices(p: &ParamPlan, per_rank: &[ParamStore]) -> Result<Tensor> {
+fn assemble_slices(p: &ParamPlan, per_rank: &[&ParamStore]) -> Result<Tensor> {
     let name = p.name.as_str();
     let owners = p.stored_owners();
     let shape = p.layout.shape().to_vec();
@@ -112,7 +117,7 @@ pub fn gather_full_params(job: &Job, world: &dyn Communicator, local: &ParamStor
             };
             pieces[o - stage * d].insert(&p.name, piece);
         }
-        full.insert(&p.name, assemble_slices(p, &pieces)?);
+        full.insert(&p.name, assemble_slices(p, &pieces.iter().collect::<Vec<_>>())?);
     }
     Ok((rank == 0).then_some(full))
 }

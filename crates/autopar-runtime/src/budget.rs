@@ -13,7 +13,8 @@
 //!
 //! Processes that mpirun starts on one host share its memory and its cgroup: each takes its
 //! share (`OMPI_COMM_WORLD_LOCAL_SIZE` / `MPI_LOCALNRANKS`). The resident memory this process
-//! already holds counts as part of the runtime's overhead, so it is added back to what is left.
+//! already holds counts as part of the runtime's overhead, so it is added back to what is left,
+//! up to that overhead.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

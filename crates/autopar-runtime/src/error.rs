@@ -77,7 +77,7 @@ impl fmt::Display for CommPhase {
             CommPhase::Run => write!(f, "the parallel run"),
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
             CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
-            CommPhase::Relayout { name } => write!(f, "moving the pieces of {name} to the evaluation job's layout"),
+            CommPhase::Relayout { name } => write!(f, "moving the pieces of {name} to another job's layout"),
             CommPhase::Checkpoint { step } => write!(f, "waiting for every rank's checkpoint of step {step}"),
         }
     }

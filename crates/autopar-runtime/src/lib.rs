@@ -82,7 +82,7 @@ pub mod trainer;
 pub use trainer::callbacks;
 mod transfer;
 
-pub use assemble::{assemble_params, gather_full_params};
+pub use assemble::{assemble_params, assemble_refs, gather_full_params};
 pub use broadcast::{parameter_broadcast, BroadcastError, BroadcastReport, LayoutSource, Replicas};
 pub use error::{CommPhase, Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch, OpTiming, ParamStore, RunOutput};

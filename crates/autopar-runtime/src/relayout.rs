@@ -100,7 +100,13 @@ pub fn relayout_params(from: &Job, to: &Job, world: &dyn Communicator, local: &P
             problem: "hybrid_parallel ranks hold parameters of their own graphs, which no plan relates".into(),
         });
     }
-    if from.device_num() != to.device_num() || world.size() != to.device_num() {
+    if from.device_num() != to.device_num() {
+        return Err(RuntimeError::Relayout {
+            name: String::new(),
+            problem: format!("one job has {} devices and the other {}", from.device_num(), to.device_num()),
+        });
+    }
+    if world.size() != to.device_num() {
         return Err(RuntimeError::DeviceCount { job: to.device_num(), ranks: world.size() });
     }
     let rank = world.rank();
@@ -119,6 +125,12 @@ pub fn relayout_params(from: &Job, to: &Job, world: &dyn Communicator, local: &P
             });
         }
         let from_pieces = holders(from, old, &stages_of(from, &old.name))?;
+        if from_pieces.is_empty() {
+            return Err(RuntimeError::Relayout {
+                name: p.name.clone(),
+                problem: "no stage of the job the parameters come from holds it".into(),
+            });
+        }
         let to_pieces = holders(to, p, &stages_of(to, &p.name))?;
         let mine_old = from_pieces.iter().find(|(r, _)| *r == rank).map(|(_, b)| b.clone());
         let mine_new = to_pieces.iter().find(|(r, _)| *r == rank).map(|(_, b)| b.clone());

@@ -39,7 +39,6 @@ pub use self::ckpt::{
     checkpoint_path, list_checkpoints, rank_file, save_checkpoint, step_of, DataStream, Loaded, PieceSource, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
-use crate::assemble::assemble_params;
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, ParamStore};
 use crate::job::Job;
@@ -359,19 +358,20 @@ impl TrainReport {
             return Ok(full.clone());
         }
         if self.pieces.len() != self.device_num {
+            let ranks: Vec<usize> = self.pieces.iter().map(|(r, _)| *r).collect();
             return Err(TrainError::Config {
                 option: "gather_params",
-                value: "false".into(),
+                value: format!("the report of rank(s) {ranks:?}"),
                 expected: format!(
-                    "true for the full parameters: this process holds the pieces of {} of the {} ranks",
+                    "rank 0's report of a run with `gather_params` set: this process holds the pieces of {} of the {} ranks",
                     self.pieces.len(),
                     self.device_num
                 ),
-                hint: "set `gather_params` before the run (rank 0 receives them), or read the run's checkpoints".into(),
+                hint: "set `gather_params` before the run and read rank 0's report, or read the run's checkpoints".into(),
             });
         }
-        let stores: Vec<ParamStore> = self.pieces.iter().map(|(_, s)| s.clone()).collect();
-        Ok(assemble_params(&self.job, &stores)?)
+        let stores: Vec<&ParamStore> = self.pieces.iter().map(|(_, s)| s).collect();
+        Ok(crate::assemble::assemble_refs(&self.job, &stores)?)
     }
 }
 
@@ -540,6 +540,12 @@ impl Trainer {
     /// size ([`TrainReport::eval`]).
     pub fn with_eval(mut self, data: DataSource) -> Self {
         self.eval = Some(data);
+        self
+    }
+
+    /// This trainer without the evaluation [`Trainer::with_eval`] asked for.
+    pub fn without_eval(mut self) -> Self {
+        self.eval = None;
         self
     }
 
@@ -784,9 +790,9 @@ impl Trainer {
         Ok(beside)
     }
 
-    /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size`; the
-    /// full parameters are then sent to rank 0 (one copy of each distinct piece), the other
-    /// processes keep their own pieces.
+    /// One rank of a job started by `mpirun`: this process runs rank `MPI rank` of `size` and
+    /// keeps its own pieces; with [`TrainConfig::gather_params`] the full parameters are also
+    /// sent to rank 0 (one copy of each distinct piece).
     #[cfg(feature = "mpi")]
     fn fit_mpi(
         &self,
@@ -1103,7 +1109,8 @@ impl Trainer {
         let params = trainer.into_params();
         let eval = match &self.eval {
             Some(data) if step > plan.resume.as_ref().map_or(0, |r| r.pos.step) => {
-                Some(self.evaluate_rank(comm, evaluate::EvalParams::Trained { job: plan.job, store: &params }, data, false)?.0)
+                let trained = evaluate::EvalParams::Trained { job: plan.job, store: &params, budget: plan_memory };
+                Some(self.evaluate_rank(comm, trained, data, false)?.0)
             }
             _ => None,
         };

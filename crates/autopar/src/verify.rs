@@ -105,7 +105,7 @@ pub enum VerifyError {
 /// gradient accumulation is the right reference (BatchNorm statistics are per micro-batch).
 pub fn stand_alone(trainer: &Trainer) -> Result<TrainReport, VerifyError> {
     let micro_batches = trainer.micro_batches().map_err(|e| VerifyError::Reference(Box::new(e)))?;
-    let mut alone = trainer.clone().in_process();
+    let mut alone = trainer.clone().in_process().without_eval();
     let cfg = alone.config_mut();
     cfg.micro_batches = Some(micro_batches);
     cfg.parallel = ParallelContext::default();

@@ -51,6 +51,16 @@ fn a_checkpoint_folder_evaluates_alike_on_any_device_count_and_its_predictions_a
     assert_eq!(file.get("logits").unwrap().shape, vec![30, 10]);
     assert_eq!(file.get("classes").unwrap().shape, vec![30]);
 
+    // The folder's strategy file elsewhere, named by --ckpt-strategy.
+    std::fs::rename(dir.path().join("ck/strategy.json"), dir.path().join("saved-under.json")).unwrap();
+    let mut args = vec!["eval", "ck", "--devices", "2", "--ckpt-strategy", "saved-under.json", "--json"];
+    args.extend(DATA);
+    let got = json(&autopar(dir.path(), &args));
+    assert_eq!((&got["samples"], &got["accuracy"]), (&want["samples"], &want["accuracy"]), "{got}");
+    let mut args = vec!["eval", "ck", "--devices", "2"];
+    args.extend(DATA);
+    assert_eq!(autopar(dir.path(), &args).status.code(), Some(2), "without the strategy file the ranks' files cannot be read");
+
     // Bad input: a missing checkpoint, an output that is not safetensors.
     let mut args = vec!["eval", "nowhere"];
     args.extend(DATA);

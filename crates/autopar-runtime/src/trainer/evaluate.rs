@@ -29,6 +29,9 @@ pub(super) enum EvalParams<'a> {
         job: &'a Job,
         /// The rank's pieces.
         store: &'a ParamStore,
+        /// The bytes the training job's plan gave the rank, already checked against the
+        /// machine: an evaluation job planned within them needs no further check.
+        budget: u64,
     },
     /// Slices of full tensors.
     Full(&'a ParamStore),
@@ -127,16 +130,30 @@ impl Trainer {
             let b = batch.len();
             if current.as_ref().map(|(j, _)| j.rows) != Some(b) {
                 let next = self.eval_job(b, comm.size())?;
-                // The evaluation job must fit what the machine leaves beside what is held now.
+                // An evaluation job needing more than the training plan the run was checked
+                // for must fit what the machine leaves beside what is held now.
                 let memory = next.job.program(comm.rank())?.memory(next.job.plan(), 0)?;
-                crate::budget::check_plan_fits(comm, &memory, None)?;
+                // The trained pieces stay held beside the evaluation job's.
+                let (budgeted, held) = match &params {
+                    EvalParams::Trained { budget, store, .. } => (*budget, store.iter().map(|(_, t)| t.nbytes() as u64).sum()),
+                    _ => (0, 0),
+                };
+                let capacity =
+                    self.cfg.parallel.is_set("device_memory_capacity").then(|| self.cfg.parallel.search().device_memory_capacity);
+                // Every rank decides alike (the check gathers every simulated rank's plan).
+                let mut over = [(memory.total() as u64 + held).saturating_sub(budgeted) as f64];
+                comm.all_reduce((&mut over[..]).into(), autopar_comm::ReduceOp::Max)
+                    .map_err(|e| TrainError::from(RuntimeError::comm(CommPhase::MemoryCheck)(e)))?;
+                if over[0] > 0.0 {
+                    crate::budget::check_plan_fits(comm, &memory, capacity)?;
+                }
                 let rank = match (current.take(), &params) {
                     (Some((old, rank)), _) => {
                         let store = relayout_params(&old.job, &next.job, comm, rank.params())?;
                         drop(rank);
                         RankTrainer::new(&next.job, comm, ParamSource::Local(store))?
                     }
-                    (None, EvalParams::Trained { job, store }) => {
+                    (None, EvalParams::Trained { job, store, .. }) => {
                         let store = relayout_params(job, &next.job, comm, store)?;
                         RankTrainer::new(&next.job, comm, ParamSource::Local(store))?
                     }

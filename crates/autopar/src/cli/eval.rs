@@ -76,7 +76,6 @@ impl EvalArgs {
         t.seed = self.seed;
         t.batch_size = self.batch_size;
         t.eval_batch_size = self.batch_size;
-        t.init_strategy = self.ckpt_strategy;
         t.prefetch = Some(0);
         t
     }
@@ -109,8 +108,9 @@ fn print_result(out: &mut dyn Write, json: bool, what: &str, r: &EvalResult, ext
 
 /// Runs `autopar eval`.
 pub fn run_eval(args: EvalArgs, out: &mut dyn Write) -> Result<ExitCode> {
-    let (path, json) = (args.checkpoint.clone(), args.json);
-    let (trainer, data, desc) = inference_trainer(args.into_train_args())?;
+    let (path, json, strategy) = (args.checkpoint.clone(), args.json, args.ckpt_strategy.clone());
+    let (mut trainer, data, desc) = inference_trainer(args.into_train_args())?;
+    trainer.config_mut().init_strategy = strategy;
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
     if !quiet && !json {
         eprintln!("autopar eval: {} on {desc}, {} device(s)", path.display(), trainer.config().parallel.devices());
@@ -127,8 +127,9 @@ pub fn run_predict(args: PredictArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if autopar_checkpoint::Format::of_path(&args.output) != Some(autopar_checkpoint::Format::Safetensors) {
         anyhow::bail!("--output {} is not a .safetensors file\nhint: pass --output preds.safetensors", args.output.display());
     }
-    let (path, json, output) = (args.eval.checkpoint.clone(), args.eval.json, args.output);
-    let (trainer, data, desc) = inference_trainer(args.eval.into_train_args())?;
+    let (path, json, output, strategy) = (args.eval.checkpoint.clone(), args.eval.json, args.output, args.eval.ckpt_strategy.clone());
+    let (mut trainer, data, desc) = inference_trainer(args.eval.into_train_args())?;
+    trainer.config_mut().init_strategy = strategy;
     if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) && !json {
         eprintln!("autopar predict: {} on {desc}, {} device(s)", path.display(), trainer.config().parallel.devices());
     }
