@@ -37,6 +37,7 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_steps: Some(30),
         optimizer: OptimizerConfig { schedule: LrSchedule::Constant(0.05), ..Default::default() },
         parallel: ParallelContext::new().with("parallel_mode", "semi_auto_parallel")?.with("device_num", 8)?,
+        gather_params: true, // under mpirun, rank 0 receives the full parameters that `verify` compares
         ..Default::default()
     };
     let trainer = Trainer::new("mlp", Arc::new(mlp), data, cfg);
