@@ -40,7 +40,8 @@ pub fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with("pipeline_stages", 2)?
         .with("pipeline_config", json!({ "pipeline_scheduler": "1f1b" }))?;
     // gather_params: under mpirun, rank 0 receives the full parameters that `verify` compares.
-    let cfg = TrainConfig { batch_size: 32, micro_batches: Some(4), max_steps: Some(20), parallel, gather_params: true, ..Default::default() };
+    let cfg =
+        TrainConfig { batch_size: 32, micro_batches: Some(4), max_steps: Some(20), parallel, gather_params: true, ..Default::default() };
     let trainer = Trainer::new("tied-mlp", Arc::new(network), data, cfg);
     let report = trainer.fit(vec![Box::new(LossMonitor::new(5))])?;
     if autopar::comm::launch::mpi_rank().is_some_and(|r| r != 0) {
