@@ -567,6 +567,11 @@ impl Trainer {
         Ok(net)
     }
 
+    /// `device_memory_capacity`, when the parallel context sets it (the memory checks' limit).
+    fn device_capacity(&self) -> Option<u64> {
+        self.cfg.parallel.is_set("device_memory_capacity").then(|| self.cfg.parallel.search().device_memory_capacity)
+    }
+
     fn config_error(option: &'static str, value: impl ToString, expected: impl Into<String>, hint: impl Into<String>) -> TrainError {
         TrainError::Config { option, value: value.to_string(), expected: expected.into(), hint: hint.into() }
     }
@@ -991,7 +996,7 @@ impl Trainer {
         // The plan's memory, checked against what the machine allows before any tensor is made.
         let program = plan.job.plan().program(rank)?;
         let memory = program.memory(plan.job.plan(), cfg.optimizer.kind.state_slots())?;
-        let capacity = cfg.parallel.is_set("device_memory_capacity").then(|| cfg.parallel.search().device_memory_capacity);
+        let capacity = self.device_capacity();
         crate::budget::check_plan_fits(comm, &memory, capacity)?;
         let plan_memory = memory.total() as u64;
         let mut trainer = RankTrainer::with_program(plan.job, comm, program, ParamSource::Init)?;

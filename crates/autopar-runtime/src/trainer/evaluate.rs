@@ -138,8 +138,7 @@ impl Trainer {
                     EvalParams::Trained { budget, store, .. } => (*budget, store.iter().map(|(_, t)| t.nbytes() as u64).sum()),
                     _ => (0, 0),
                 };
-                let capacity =
-                    self.cfg.parallel.is_set("device_memory_capacity").then(|| self.cfg.parallel.search().device_memory_capacity);
+                let capacity = self.device_capacity();
                 // Every rank decides alike (the check gathers every simulated rank's plan).
                 let mut over = [(memory.total() as u64 + held).saturating_sub(budgeted) as f64];
                 comm.all_reduce((&mut over[..]).into(), autopar_comm::ReduceOp::Max)
