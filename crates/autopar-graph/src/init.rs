@@ -118,6 +118,22 @@ impl Initializer {
         ranges: &[Range<usize>],
         to: impl Fn(f64) -> T,
     ) -> Result<Vec<T>> {
+        let count: usize = ranges.iter().map(|r| r.len()).product();
+        self.generate_part_as(name, shape, seed, ranges, 0..count, to)
+    }
+
+    /// The elements `part` (positions in the piece's own row-major order) of the piece
+    /// `ranges`: what [`Initializer::generate_slice_as`] gives from `part.start` to
+    /// `part.end`, made without the rest (ranks holding the same piece each make a part).
+    pub fn generate_part_as<T>(
+        &self,
+        name: &str,
+        shape: &[usize],
+        seed: u64,
+        ranges: &[Range<usize>],
+        part: Range<usize>,
+        to: impl Fn(f64) -> T,
+    ) -> Result<Vec<T>> {
         let bad = |reason: &'static str| GraphError::BadInitializer {
             name: name.to_string(),
             init: self.to_string(),
@@ -127,95 +143,171 @@ impl Initializer {
         if ranges.len() != shape.len() || ranges.iter().zip(shape).any(|(r, &d)| r.start > r.end || r.end > d) {
             return Err(bad("the slice asked for is not a piece of the tensor"));
         }
+        if part.start > part.end || part.end > ranges.iter().map(|r| r.len()).product() {
+            return Err(bad("the part asked for is not within the piece"));
+        }
         let fan = |reason: &'static str| -> Result<(usize, usize)> {
             match fans(shape) {
                 Some((i, o)) if i > 0 && o > 0 => Ok((i, o)),
                 _ => Err(bad(reason)),
             }
         };
-        let value: Box<dyn Fn(u64) -> f64> = match *self {
-            Initializer::Zeros => Box::new(|_| 0.0),
-            Initializer::Ones => Box::new(|_| 1.0),
-            Initializer::Constant(v) => Box::new(move |_| v),
+        let gen = match *self {
+            Initializer::Zeros => Gen::Constant(0.0),
+            Initializer::Ones => Gen::Constant(1.0),
+            Initializer::Constant(v) => Gen::Constant(v),
             Initializer::Normal { mean, std } => {
                 if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
-                Box::new(move |k| mean + std * normal_at(seed, k))
+                Gen::Normal { mean: Some(mean), std }
             }
             Initializer::TruncatedNormal { mean, std } => {
                 if std.is_nan() || std < 0.0 {
                     return Err(bad("std must be non-negative"));
                 }
-                // Each element redraws from a stream of its own until within 2 std.
-                Box::new(move |k| {
-                    let mut rng = Rng::new(splitmix(seed ^ splitmix(k)));
-                    loop {
-                        let z = rng.normal();
-                        if z.abs() <= 2.0 {
-                            break mean + std * z;
-                        }
-                    }
-                })
+                Gen::TruncatedNormal { mean, std }
             }
             Initializer::Uniform { low, high } => {
                 if low.is_nan() || high.is_nan() || low > high {
                     return Err(bad("low must not exceed high"));
                 }
-                Box::new(move |k| low + (high - low) * uniform_at(seed, k))
+                Gen::Uniform { offset: low, scale: high - low }
             }
             Initializer::XavierUniform { gain } => {
                 let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
                 let a = gain * (6.0 / (i + o) as f64).sqrt();
-                Box::new(move |k| -a + 2.0 * a * uniform_at(seed, k))
+                Gen::Uniform { offset: -a, scale: 2.0 * a }
             }
             Initializer::XavierNormal { gain } => {
                 let (i, o) = fan("xavier needs a weight of rank >= 1 with non-zero fans")?;
-                let std = gain * (2.0 / (i + o) as f64).sqrt();
-                Box::new(move |k| std * normal_at(seed, k))
+                Gen::Normal { mean: None, std: gain * (2.0 / (i + o) as f64).sqrt() }
             }
             Initializer::HeUniform => {
                 let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
                 let a = (6.0 / i as f64).sqrt();
-                Box::new(move |k| -a + 2.0 * a * uniform_at(seed, k))
+                Gen::Uniform { offset: -a, scale: 2.0 * a }
             }
             Initializer::HeNormal => {
                 let (i, _) = fan("he needs a weight of rank >= 1 with non-zero fans")?;
-                let std = (2.0 / i as f64).sqrt();
-                Box::new(move |k| std * normal_at(seed, k))
+                Gen::Normal { mean: None, std: (2.0 / i as f64).sqrt() }
             }
             Initializer::CausalMask { masked } => {
                 if shape.len() < 2 {
                     return Err(bad("a causal mask needs at least 2 dimensions [.., S, T]"));
                 }
-                let (s, t) = (shape[shape.len() - 2] as u64, shape[shape.len() - 1] as u64);
-                Box::new(move |k| if (k % t) <= (k / t) % s { 0.0 } else { masked })
+                Gen::CausalMask { s: shape[shape.len() - 2] as u64, t: shape[shape.len() - 1] as u64, masked }
             }
         };
-        Ok(row_major_indices(shape, ranges).map(|k| to(value(k))).collect())
+        let mut out = Vec::with_capacity(part.len());
+        let mut at = 0usize;
+        for_each_run(shape, ranges, |first, len| {
+            // The part of this run inside `part`.
+            let (from, until) = (at.max(part.start), (at + len).min(part.end));
+            if from < until {
+                gen.run(seed, first + (from - at) as u64, until - from, &mut out, &to);
+            }
+            at += len;
+        });
+        Ok(out)
     }
 }
 
-/// The flat row-major indices, in the tensor of `shape`, of the elements of the piece `ranges`,
-/// in the piece's own row-major order.
-fn row_major_indices(shape: &[usize], ranges: &[Range<usize>]) -> impl Iterator<Item = u64> {
-    let strides: Vec<u64> = (0..shape.len()).map(|d| shape[d + 1..].iter().product::<usize>() as u64).collect();
-    let count: usize = ranges.iter().map(|r| r.len()).product();
-    let mut at: Vec<usize> = ranges.iter().map(|r| r.start).collect();
-    let ranges = ranges.to_vec();
-    (0..count).map(move |n| {
-        if n > 0 {
-            // The next position: the last dimension fastest.
-            for d in (0..at.len()).rev() {
-                at[d] += 1;
-                if at[d] < ranges[d].end {
-                    break;
+/// An initialiser with its figures worked out: the values of any run of flat indices.
+enum Gen {
+    Constant(f64),
+    /// `mean + std * z` (or `std * z` without a mean), `z` standard normal.
+    Normal {
+        mean: Option<f64>,
+        std: f64,
+    },
+    TruncatedNormal {
+        mean: f64,
+        std: f64,
+    },
+    /// `offset + scale * u`, `u` uniform in [0, 1).
+    Uniform {
+        offset: f64,
+        scale: f64,
+    },
+    CausalMask {
+        s: u64,
+        t: u64,
+        masked: f64,
+    },
+}
+
+impl Gen {
+    /// Appends the values of the flat indices `first .. first + len` to `out`.
+    fn run<T>(&self, seed: u64, first: u64, len: usize, out: &mut Vec<T>, to: &impl Fn(f64) -> T) {
+        let end = first + len as u64;
+        match *self {
+            Gen::Constant(v) => out.extend((0..len).map(|_| to(v))),
+            Gen::Normal { mean, std } => {
+                let value = |z: f64| match mean {
+                    Some(mean) => to(mean + std * z),
+                    None => to(std * z),
+                };
+                let mut k = first;
+                while k < end {
+                    if k.is_multiple_of(2) && k + 1 < end {
+                        // Both halves of one Box-Muller pair from one logarithm and one angle.
+                        let (z0, z1) = normal_pair(seed, k);
+                        out.push(value(z0));
+                        out.push(value(z1));
+                        k += 2;
+                    } else {
+                        out.push(value(normal_at(seed, k)));
+                        k += 1;
+                    }
                 }
-                at[d] = ranges[d].start;
             }
+            Gen::TruncatedNormal { mean, std } => out.extend((first..end).map(|k| {
+                // Each element redraws from a stream of its own until within 2 std.
+                let mut rng = Rng::new(splitmix(seed ^ splitmix(k)));
+                loop {
+                    let z = rng.normal();
+                    if z.abs() <= 2.0 {
+                        break to(mean + std * z);
+                    }
+                }
+            })),
+            Gen::Uniform { offset, scale } => out.extend((first..end).map(|k| to(offset + scale * uniform_at(seed, k)))),
+            Gen::CausalMask { s, t, masked } => out.extend((first..end).map(|k| to(if (k % t) <= (k / t) % s { 0.0 } else { masked }))),
         }
-        at.iter().zip(&strides).map(|(&i, &s)| i as u64 * s).sum()
-    })
+    }
+}
+
+/// Calls `run(first, len)` for each run of consecutive flat row-major indices, in the tensor
+/// of `shape`, that the piece `ranges` covers along its last dimension, in the piece's own
+/// row-major order (a scalar is one run of one element; an empty piece has none).
+fn for_each_run(shape: &[usize], ranges: &[Range<usize>], mut run: impl FnMut(u64, usize)) {
+    let Some((last, outer)) = ranges.split_last() else {
+        run(0, 1);
+        return;
+    };
+    if ranges.iter().any(|r| r.is_empty()) {
+        return;
+    }
+    let strides: Vec<u64> = (0..shape.len()).map(|d| shape[d + 1..].iter().product::<usize>() as u64).collect();
+    let mut at: Vec<usize> = outer.iter().map(|r| r.start).collect();
+    loop {
+        let base: u64 = at.iter().zip(&strides).map(|(&i, &s)| i as u64 * s).sum();
+        run(base + last.start as u64, last.len());
+        // The next row: the innermost outer dimension fastest.
+        let mut d = at.len();
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            at[d] += 1;
+            if at[d] < outer[d].end {
+                break;
+            }
+            at[d] = outer[d].start;
+        }
+    }
 }
 
 /// Draw `k` (counted from 0) of [`Rng::new`]`(seed)`'s stream, without the draws before it.
@@ -231,16 +323,21 @@ fn uniform_at(seed: u64, k: u64) -> f64 {
 /// The `k`-th [`Rng::normal`] of `seed`'s stream: the cosine (even `k`) or sine (odd `k`) half
 /// of the Box-Muller pair drawn from uniforms `2 * (k / 2)` and the next.
 fn normal_at(seed: u64, k: u64) -> f64 {
-    let pair = k / 2 * 2;
-    let u1 = 1.0 - uniform_at(seed, pair);
-    let u2 = uniform_at(seed, pair + 1);
-    let r = (-2.0 * u1.ln()).sqrt();
-    let t = 2.0 * std::f64::consts::PI * u2;
+    let (cos, sin) = normal_pair(seed, k / 2 * 2);
     if k.is_multiple_of(2) {
-        r * t.cos()
+        cos
     } else {
-        r * t.sin()
+        sin
     }
+}
+
+/// Draws `k` and `k + 1` (`k` even) of [`Rng::normal`]'s stream: one Box-Muller pair.
+fn normal_pair(seed: u64, k: u64) -> (f64, f64) {
+    let u1 = 1.0 - uniform_at(seed, k);
+    let u2 = uniform_at(seed, k + 1);
+    let r = (-2.0 * u1.ln()).sqrt();
+    let (sin, cos) = (2.0 * std::f64::consts::PI * u2).sin_cos();
+    (r * cos, r * sin)
 }
 
 /// SplitMix64's increment (the golden ratio in 64 bits).
@@ -364,6 +461,86 @@ mod tests {
     fn derived_seeds_differ_by_name() {
         assert_ne!(derive_seed(0, "l1.w"), derive_seed(0, "l2.w"));
         assert_eq!(derive_seed(3, "l1.w"), derive_seed(3, "l1.w"));
+    }
+
+    /// Each element's value computed alone from its flat index: what every fast path must equal.
+    fn one_element(init: &Initializer, shape: &[usize], seed: u64, k: u64) -> f64 {
+        let (i, o) = fans(shape).unwrap_or((1, 1));
+        let (i, o) = (i as f64, o as f64);
+        match *init {
+            Initializer::Normal { mean, std } => mean + std * normal_at(seed, k),
+            Initializer::XavierNormal { gain } => gain * (2.0 / (i + o)).sqrt() * normal_at(seed, k),
+            Initializer::HeNormal => (2.0 / i).sqrt() * normal_at(seed, k),
+            Initializer::Uniform { low, high } => low + (high - low) * uniform_at(seed, k),
+            Initializer::XavierUniform { gain } => {
+                let a = gain * (6.0 / (i + o)).sqrt();
+                -a + 2.0 * a * uniform_at(seed, k)
+            }
+            _ => unreachable!("only the drawn initialisers are compared"),
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_piece_of_any_shape_equals_its_elements_drawn_one_by_one(
+            dims in proptest::collection::vec((1usize..7, 0usize..7, 0usize..7), 1..4),
+            which in 0usize..5,
+            seed in 0u64..1000,
+        ) {
+            let shape: Vec<usize> = dims.iter().map(|d| d.0).collect();
+            let piece: Vec<Range<usize>> = dims
+                .iter()
+                .map(|&(n, a, b)| {
+                    let (a, b) = (a % (n + 1), b % (n + 1));
+                    a.min(b)..a.max(b)
+                })
+                .collect();
+            let init = [
+                Initializer::Normal { mean: 0.5, std: 2.0 },
+                Initializer::XavierNormal { gain: 1.5 },
+                Initializer::HeNormal,
+                Initializer::Uniform { low: -1.0, high: 2.0 },
+                Initializer::XavierUniform { gain: 1.0 },
+            ][which]
+                .clone();
+            let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+            let mut want = Vec::new();
+            let mut at: Vec<usize> = piece.iter().map(|r| r.start).collect();
+            let count: usize = piece.iter().map(|r| r.len()).product();
+            for n in 0..count {
+                if n > 0 {
+                    for d in (0..at.len()).rev() {
+                        at[d] += 1;
+                        if at[d] < piece[d].end {
+                            break;
+                        }
+                        at[d] = piece[d].start;
+                    }
+                }
+                let k: usize = at.iter().zip(&strides).map(|(i, s)| i * s).sum();
+                want.push(one_element(&init, &shape, seed, k as u64).to_bits());
+            }
+            let got: Vec<u64> = init.generate_slice("w", &shape, seed, &piece).unwrap().iter().map(|v| v.to_bits()).collect();
+            proptest::prop_assert_eq!(got, want, "{} of {:?} piece {:?}", init, shape, piece);
+        }
+    }
+
+    #[test]
+    fn parts_of_a_piece_joined_are_the_piece() {
+        let (shape, piece) = ([6, 5, 4], [1..4, 0..5, 1..4]);
+        for init in [
+            Initializer::Normal { mean: 0.0, std: 1.0 },
+            Initializer::Uniform { low: 0.0, high: 1.0 },
+            Initializer::CausalMask { masked: -1.0 },
+        ] {
+            let whole = init.generate_slice("w", &shape, 3, &piece).unwrap();
+            for cuts in [vec![0, 45], vec![0, 7, 8, 30, 45], vec![0, 1, 2, 3, 44, 45]] {
+                let joined: Vec<f64> =
+                    cuts.windows(2).flat_map(|c| init.generate_part_as("w", &shape, 3, &piece, c[0]..c[1], |v| v).unwrap()).collect();
+                assert_eq!(joined, whole, "{init} cut at {cuts:?}");
+            }
+            assert!(init.generate_part_as("w", &shape, 3, &piece, 40..46, |v| v).is_err());
+        }
     }
 
     #[test]
