@@ -58,6 +58,13 @@ pub enum CommPhase {
         /// The parameter.
         name: String,
     },
+    /// Generating a parameter piece that several ranks hold, each a part of it.
+    InitReplicas {
+        /// The parameter.
+        name: String,
+        /// The ranks holding the piece.
+        group: Vec<usize>,
+    },
     /// Waiting for every rank to write its checkpoint of a step.
     Checkpoint {
         /// The step of the checkpoint.
@@ -78,6 +85,7 @@ impl fmt::Display for CommPhase {
             CommPhase::PipelineTransfer { what } => write!(f, "the pipeline {what}"),
             CommPhase::OptimizerShard { kind, group } => write!(f, "the parallel optimizer's {kind} over ranks {group:?}"),
             CommPhase::Relayout { name } => write!(f, "moving the pieces of {name} to another job's layout"),
+            CommPhase::InitReplicas { name, group } => write!(f, "gathering the initial values of {name} made in parts by ranks {group:?}"),
             CommPhase::Checkpoint { step } => write!(f, "waiting for every rank's checkpoint of step {step}"),
         }
     }

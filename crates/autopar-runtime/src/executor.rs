@@ -75,30 +75,48 @@ impl ParamStore {
     /// The pieces of `graph`'s parameters that `pieces` names (by parameter name, one range
     /// per dimension: a rank's slices, or its optimizer shards of them), each generated directly
     /// from its initialiser and seed: bit for bit that piece of [`ParamStore::init`]'s tensor,
-    /// and no full tensor made. A name `graph` has no parameter of is an error.
-    pub fn init_pieces<'a>(graph: &Graph, pieces: impl IntoIterator<Item = (&'a str, &'a [std::ops::Range<usize>])>) -> Result<Self> {
+    /// and no full tensor made. With `shared`, a piece another simulated rank of this process
+    /// already generated is shared with it (copied only when either updates it) instead of
+    /// generated again. A name `graph` has no parameter of is an error.
+    pub fn init_pieces<'a>(
+        graph: &Graph,
+        pieces: impl IntoIterator<Item = (&'a str, &'a [std::ops::Range<usize>])>,
+        shared: Option<&SharedInit>,
+    ) -> Result<Self> {
         let mut store = Self::new();
+        let (started, mut elements) = (std::time::Instant::now(), 0usize);
         for (name, ranges) in pieces {
             let node = graph.node(graph.find(name)?);
             let OpKind::Parameter(p) = &node.op else {
                 return Err(RuntimeError::MissingParameter { name: name.to_string() });
             };
-            fn piece<T: Element>(p: &Parameter, name: &str, ranges: &[std::ops::Range<usize>]) -> Result<Tensor> {
-                let values = p.init.generate_slice_as(name, &p.shape, p.seed, ranges, T::from_f64)?;
-                let shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
-                Ok(Tensor::from_vec(&shape, values).expect("initialiser fills the slice"))
-            }
-            // Made in the storage type directly: the same values as generating in f64 and casting.
-            let t = match tensor_dtype(p.dtype) {
-                TensorDType::F32 => piece::<f32>(p, name, ranges)?,
-                TensorDType::F64 => piece::<f64>(p, name, ranges)?,
-                TensorDType::F16 => piece::<half::f16>(p, name, ranges)?,
-                TensorDType::BF16 => piece::<half::bf16>(p, name, ranges)?,
-                TensorDType::I32 => piece::<i32>(p, name, ranges)?,
-                TensorDType::I64 => piece::<i64>(p, name, ranges)?,
+            let mut make = || -> Result<Tensor> {
+                elements += ranges.iter().map(|r| r.len()).product::<usize>();
+                fn piece<T: Element>(p: &Parameter, name: &str, ranges: &[std::ops::Range<usize>]) -> Result<Tensor> {
+                    let values = p.init.generate_slice_as(name, &p.shape, p.seed, ranges, T::from_f64)?;
+                    let shape: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+                    Ok(Tensor::from_vec(&shape, values).expect("initialiser fills the slice"))
+                }
+                // Made in the storage type directly: the same values as generating in f64 and casting.
+                match tensor_dtype(p.dtype) {
+                    TensorDType::F32 => piece::<f32>(p, name, ranges),
+                    TensorDType::F64 => piece::<f64>(p, name, ranges),
+                    TensorDType::F16 => piece::<half::f16>(p, name, ranges),
+                    TensorDType::BF16 => piece::<half::bf16>(p, name, ranges),
+                    TensorDType::I32 => piece::<i32>(p, name, ranges),
+                    TensorDType::I64 => piece::<i64>(p, name, ranges),
+                }
+            };
+            let t = match shared {
+                Some(shared) => shared.get_or_make(PieceKey::new(name, p, ranges), make)?,
+                None => make()?,
             };
             store.insert(name, t);
         }
+        if let Some(shared) = shared {
+            shared.rank_done();
+        }
+        tracing::debug!(elements, secs = started.elapsed().as_secs_f64(), "parameter pieces initialised");
         Ok(store)
     }
 
@@ -879,6 +897,95 @@ pub fn dropout_seed(seed: u64, step: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// What identifies a generated piece: the parameter (name, shape, dtype, initialiser, seed; the
+/// ranks of hybrid_parallel have graphs of their own) and the piece's ranges.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PieceKey {
+    name: String,
+    shape: Vec<usize>,
+    dtype: String,
+    init: String,
+    seed: u64,
+    ranges: Vec<std::ops::Range<usize>>,
+}
+
+impl PieceKey {
+    fn new(name: &str, p: &Parameter, ranges: &[std::ops::Range<usize>]) -> Self {
+        Self {
+            name: name.to_string(),
+            shape: p.shape.clone(),
+            dtype: format!("{:?}", p.dtype),
+            init: p.init.to_string(),
+            seed: p.seed,
+            ranges: ranges.to_vec(),
+        }
+    }
+}
+
+/// The simulated ranks of one process initialising together: a parameter piece several of them
+/// hold (a replica) is generated once and shared (tensors copy on write, so each rank gets its
+/// own copy only when it updates it), instead of generated by every rank. Once every one of the
+/// `ranks` ranks has its pieces, the shared set is dropped, so it never holds a copy no rank owns.
+#[derive(Debug)]
+pub struct SharedInit {
+    ranks: usize,
+    state: std::sync::Mutex<SharedState>,
+}
+
+#[derive(Debug, Default)]
+struct SharedState {
+    done: usize,
+    made: usize,
+    pieces: HashMap<PieceKey, std::sync::Arc<std::sync::Mutex<Option<Tensor>>>>,
+}
+
+impl SharedInit {
+    /// For the `ranks` ranks this process runs.
+    pub fn new(ranks: usize) -> Self {
+        Self { ranks, state: Default::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The piece `key`: made by `make` by the first rank that asks (the others wait for it
+    /// rather than make it too), shared afterwards.
+    fn get_or_make(&self, key: PieceKey, make: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+        let slot = {
+            let mut state = self.lock();
+            if state.done >= self.ranks {
+                return make();
+            }
+            state.pieces.entry(key).or_default().clone()
+        };
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(t) => Ok(t.clone()),
+            None => {
+                let t = make()?;
+                self.lock().made += t.numel();
+                *slot = Some(t.clone());
+                Ok(t)
+            }
+        }
+    }
+
+    /// The elements generated through this set so far (each shared piece counted once).
+    pub fn elements_made(&self) -> usize {
+        self.lock().made
+    }
+
+    /// One more rank has all its pieces; after the last, the shared set is dropped.
+    fn rank_done(&self) {
+        let mut state = self.lock();
+        state.done += 1;
+        if state.done >= self.ranks {
+            state.pieces.clear();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::job::Job;
 
 /// Every global rank storing parameter `p` of `job`, with the piece it stores: the ranks of each
 /// stage holding it (every rank without a pipeline).
-fn holders(job: &Job, p: &ParamPlan, stages: &[usize]) -> Result<Vec<(usize, Vec<Range<usize>>)>> {
+pub(crate) fn holders(job: &Job, p: &ParamPlan, stages: &[usize]) -> Result<Vec<(usize, Vec<Range<usize>>)>> {
     let d = job.plan().stage_devices();
     let mut out = Vec::new();
     for &s in stages {
@@ -33,7 +33,7 @@ fn layout_err(name: &str) -> impl Fn(autopar_layout::LayoutError) -> RuntimeErro
 }
 
 /// The stages of `job` storing each of its parameters (stage 0 without a pipeline).
-fn stages_of(job: &Job, name: &str) -> Vec<usize> {
+pub(crate) fn stages_of(job: &Job, name: &str) -> Vec<usize> {
     let plan = job.plan();
     if plan.stages == 1 {
         return vec![0];

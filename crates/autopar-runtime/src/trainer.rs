@@ -40,7 +40,7 @@ pub use self::ckpt::{
 };
 pub use self::error::{TrainError, TrainResult};
 use crate::error::{CommPhase, RuntimeError};
-use crate::executor::{tensor_dtype, ParamStore};
+use crate::executor::{tensor_dtype, ParamStore, SharedInit};
 use crate::job::Job;
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::rank::{ParamSource, RankTrainer};
@@ -519,6 +519,9 @@ struct Plan<'a> {
     trainable: Vec<String>,
     /// When `fit` began (setup time counts from it).
     started: Instant,
+    /// In process, the pieces the simulated ranks generate once for all of them (under MPI,
+    /// the ranks holding a piece alike generate it together).
+    shared_init: Option<SharedInit>,
 }
 
 impl Trainer {
@@ -676,7 +679,8 @@ impl Trainer {
             None => None,
         };
         let strategy_file = self.save_strategy_files(&job)?;
-        let plan = Plan { job: &job, io: &io, init, n, steps_per_epoch, total, resume, trainable, started };
+        let shared_init = if mpi.is_some() { None } else { Some(SharedInit::new(n)) };
+        let plan = Plan { job: &job, io: &io, init, n, steps_per_epoch, total, resume, trainable, started, shared_init };
         let callbacks = Mutex::new(Some(callbacks));
         let first_error: Mutex<Option<TrainError>> = Mutex::new(None);
         #[cfg(feature = "mpi")]
@@ -999,7 +1003,15 @@ impl Trainer {
         let capacity = self.device_capacity();
         crate::budget::check_plan_fits(comm, &memory, capacity)?;
         let plan_memory = memory.total() as u64;
-        let mut trainer = RankTrainer::with_program(plan.job, comm, program, ParamSource::Init)?;
+        let mut trainer = RankTrainer::with_program(
+            plan.job,
+            comm,
+            program,
+            match &plan.shared_init {
+                Some(shared) => ParamSource::InitShared(shared),
+                None => ParamSource::Init,
+            },
+        )?;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
