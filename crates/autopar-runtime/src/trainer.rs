@@ -39,6 +39,7 @@ pub use self::ckpt::{
     checkpoint_path, list_checkpoints, rank_file, save_checkpoint, step_of, DataStream, Loaded, PieceSource, RunPosition, FORMAT,
 };
 pub use self::error::{TrainError, TrainResult};
+pub use self::evaluate::predicted_class;
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, ParamStore, SharedInit};
 use crate::job::Job;

@@ -183,8 +183,7 @@ impl Trainer {
             tally[4] = c as f64;
             // Labels per row (or per token position): the first rows of a repeated batch.
             for (row, &label) in vals.chunks(c).zip(&labels) {
-                let arg = row.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best }).0;
-                tally[0] += f64::from(u8::from(arg as f64 == label));
+                tally[0] += f64::from(u8::from(predicted_class(row) as f64 == label));
                 tally[1] += 1.0;
             }
             tally[2] += loss * b as f64;
@@ -228,5 +227,35 @@ impl Trainer {
             source: Box::new(e),
         })?;
         Ok((result, logits))
+    }
+}
+
+/// The class a row of logits predicts: the position of its largest value, the first of equal
+/// ones; a NaN never wins (a row of NaN predicts class 0).
+pub fn predicted_class<T: PartialOrd + Copy>(row: &[T]) -> usize {
+    let mut best: Option<(usize, T)> = None;
+    for (i, &v) in row.iter().enumerate() {
+        // `v == v` is false only for NaN.
+        #[allow(clippy::eq_op)]
+        let number = v == v;
+        if number && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::predicted_class;
+
+    #[test]
+    fn the_predicted_class_is_the_first_largest_value_and_never_a_nan() {
+        assert_eq!(predicted_class(&[0.1f32, 0.7, 0.2]), 1);
+        assert_eq!(predicted_class(&[0.5f64, 0.9, 0.9]), 1);
+        assert_eq!(predicted_class(&[f32::NAN, -1.0, -3.0]), 1);
+        assert_eq!(predicted_class(&[2.0f64, f64::NAN, 3.0]), 2);
+        assert_eq!(predicted_class(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(predicted_class::<f32>(&[]), 0);
     }
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use autopar_checkpoint::{DType, TensorSpec};
-use autopar_runtime::trainer::EvalResult;
+use autopar_runtime::trainer::{predicted_class, EvalResult};
 use clap::Args;
 
 use super::common::{ModelArgs, ParallelArgs};
@@ -137,10 +137,7 @@ pub fn run_predict(args: PredictArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let Some(logits) = logits else { return Ok(ExitCode::SUCCESS) };
     let (rows, classes) = (logits.shape()[0], logits.shape()[1]);
     let values = logits.to_vec::<f32>().context("the logits")?;
-    let argmax: Vec<i64> = values
-        .chunks(classes.max(1))
-        .map(|row| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as i64)
-        .collect();
+    let argmax: Vec<i64> = values.chunks(classes.max(1)).map(|row| predicted_class(row) as i64).collect();
     let bytes_f32: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let bytes_i64: Vec<u8> = argmax.iter().flat_map(|v| v.to_le_bytes()).collect();
     let tensors = vec![
