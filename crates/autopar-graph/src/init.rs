@@ -463,10 +463,25 @@ mod tests {
         assert_eq!(derive_seed(3, "l1.w"), derive_seed(3, "l1.w"));
     }
 
-    /// Each element's value computed alone from its flat index: what every fast path must equal.
+    /// Each element's value from the sequential generator (its own Box-Muller code), drawn up
+    /// to the element's flat index: what every fast path must equal.
     fn one_element(init: &Initializer, shape: &[usize], seed: u64, k: u64) -> f64 {
         let (i, o) = fans(shape).unwrap_or((1, 1));
         let (i, o) = (i as f64, o as f64);
+        let normal_at = |seed: u64, k: u64| {
+            let mut rng = Rng::new(seed);
+            for _ in 0..k {
+                rng.normal();
+            }
+            rng.normal()
+        };
+        let uniform_at = |seed: u64, k: u64| {
+            let mut rng = Rng::new(seed);
+            for _ in 0..k {
+                rng.uniform();
+            }
+            rng.uniform()
+        };
         match *init {
             Initializer::Normal { mean, std } => mean + std * normal_at(seed, k),
             Initializer::XavierNormal { gain } => gain * (2.0 / (i + o)).sqrt() * normal_at(seed, k),

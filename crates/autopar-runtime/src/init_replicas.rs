@@ -76,11 +76,15 @@ pub(crate) fn init_with_replicas(
     let alone = slots.iter().filter(|(name, _)| !replicas.iter().any(|(n, r)| n == name && r.group.len() > 1));
     let mut store = ParamStore::init_pieces(graph, alone.copied(), None)?;
     for (name, r) in replicas.iter().filter(|(_, r)| r.group.len() > 1) {
-        let Some((_, ranges)) = slots.iter().find(|(n, _)| n == name) else { continue };
-        let comm = comms[r.partition].as_deref().ok_or_else(|| RuntimeError::Relayout {
-            name: name.clone(),
-            problem: format!("rank {rank} is in no group of the ranks holding its pieces"),
-        })?;
+        let mine = slots.iter().find(|(n, _)| n == name);
+        let Some((_, ranges)) = mine else {
+            if r.group.contains(&rank) {
+                // Its partners would wait for it in the all-gather: fail instead.
+                return Err(RuntimeError::MissingParameter { name: name.clone() });
+            }
+            continue;
+        };
+        let comm = comms[r.partition].as_deref().ok_or_else(|| RuntimeError::MissingGroup { rank, group: r.group.clone() })?;
         let node = graph.node(graph.find(name)?);
         let OpKind::Parameter(p) = &node.op else {
             return Err(RuntimeError::MissingParameter { name: name.clone() });

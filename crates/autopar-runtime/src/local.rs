@@ -31,7 +31,8 @@ pub struct LocalRun {
 /// Run `job` on its devices as threads over [`LocalComm`]: every step feeds each rank
 /// `batches[step]` (global batches by input name; under hybrid_parallel, where each rank has
 /// its own graph and data, `batches[step * n + rank]`), with an optimizer from `make_opt` per
-/// rank. Each rank generates its own parameter pieces from the initialisers (no full copy).
+/// rank. Each rank generates its own parameter pieces from the initialisers (no full copy;
+/// a piece several ranks hold is made by them together, each a part).
 pub fn run_local<F>(job: &Job, batches: &[Vec<(String, Tensor)>], make_opt: F) -> Result<LocalRun>
 where
     F: Fn() -> Result<Box<dyn Optimizer>> + Sync,
