@@ -418,17 +418,37 @@ impl CheckpointWriter {
 /// MindSpore's `crc_num` in its metadata, so that a file corrupted later fails its check when
 /// it is opened ([`CheckpointFile::open`]) instead of loading wrong values.
 pub fn save(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<String, String>) -> Result<()> {
+    let by_name: HashMap<&str, &[u8]> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
+    let specs = tensors.iter().map(|(s, _)| s.clone()).collect();
+    save_from(path, specs, metadata, &mut |name, sink| sink(by_name[name]))
+}
+
+/// [`save`] of tensors `specs` whose bytes `bytes` hands over one tensor at a time, when asked
+/// (`bytes(name, sink)` calls `sink` with tensor `name`'s little-endian bytes, whole): the
+/// writer never holds more than the tensor it writes, so a rank saves its pieces without a
+/// copy of them all. A safetensors file's `crc_num` asks for every tensor once more, first.
+pub fn save_from(
+    path: &Path,
+    specs: Vec<TensorSpec>,
+    metadata: &BTreeMap<String, String>,
+    bytes: &mut dyn FnMut(&str, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+) -> Result<()> {
+    let mut metadata = metadata.clone();
     if Format::of_path(path) == Some(Format::Safetensors) {
-        let by_name: HashMap<&str, &[u8]> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
-        let crc = st::crc_num(by_name.keys().copied().collect(), |name, h| {
-            h.update(by_name[name]);
-            Ok(())
+        let crc = st::crc_num(specs.iter().map(|s| s.name.as_str()).collect(), |name, h| {
+            bytes(name, &mut |b| {
+                h.update(b);
+                Ok(())
+            })
         })?;
-        let mut with_crc = metadata.clone();
-        with_crc.insert("crc_num".to_string(), crc.to_string());
-        return save_with(path, tensors, &with_crc, false);
+        metadata.insert("crc_num".to_string(), crc.to_string());
     }
-    save_with(path, tensors, metadata, false)
+    let mut w = CheckpointWriter::create(path, specs, &metadata, false)?;
+    for i in 0..w.order().len() {
+        let name = w.order()[i].name.clone();
+        bytes(&name, &mut |b| w.write_next(b))?;
+    }
+    w.finish()
 }
 
 /// [`save`], with MindSpore's CRC trailer on a `.ckpt` when `crc` is set.

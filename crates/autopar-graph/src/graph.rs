@@ -27,6 +27,15 @@ pub struct Node {
 }
 
 impl Node {
+    /// The bytes a run allocates for this node's value: its type's size, nothing for a
+    /// parameter (whose value is the stored tensor, shared).
+    pub fn value_bytes(&self) -> usize {
+        match self.op {
+            OpKind::Parameter(_) => 0,
+            _ => self.ty.numel() * self.ty.dtype.size(),
+        }
+    }
+
     /// Whether the node belongs to every pipeline stage that uses it rather than to one: a
     /// parameter, an input or a constant.
     pub fn is_stageless(&self) -> bool {
@@ -71,9 +80,10 @@ pub struct Schedule {
 impl Schedule {
     /// The most bytes held by values at once when the schedule runs, each value taking its
     /// type's size from when it is computed until its last user has run (what the executor
-    /// reports as `peak_live_bytes`).
+    /// reports as `peak_live_bytes`). A parameter's value is the stored tensor itself, shared
+    /// rather than copied, so it takes nothing here: what a rank stores is counted apart.
     pub fn peak_bytes(&self, graph: &Graph) -> usize {
-        let size = |i: usize| graph.nodes[i].ty.numel() * graph.nodes[i].ty.dtype.size();
+        let size = |i: usize| graph.nodes[i].value_bytes();
         let (mut live, mut peak) = (0usize, 0usize);
         for (pos, &i) in self.order.iter().enumerate() {
             live += size(i);

@@ -35,14 +35,24 @@ pub struct Memory {
     /// Optimizer state: `slots` tensors per trainable slice, or optimizer shard (Momentum 1,
     /// Adam 2).
     pub optimizer_state: usize,
-    /// The most bytes held by the step's values at once (activations, the gradients as they are
-    /// formed, the parameter and input values the graph reads), as the executor schedules them.
+    /// The most bytes the step's values hold at once (activations, the gradients as they are
+    /// formed, the inputs), as the executor schedules them, beyond the gradients counted in
+    /// `gradients`: the step's values never take less than its gradients, which it keeps to
+    /// its end, so the four parts together are the step's peak. Parameters' values are the
+    /// stored tensors, counted in `parameters`, but for the parallel optimizer's: their
+    /// shards are all-gathered into slices kept from step to step, counted here.
     pub peak_activations: usize,
+    /// The largest buffer a fused collective of the step packs its parts into, when the
+    /// communicator copies them into one (MPI's does; the in-process one works where they lie):
+    /// a gradient bucket's all-reduce, the parallel optimizer's all-gather (sends and
+    /// receives) and reduce-scatter.
+    pub comm_buffers: usize,
 }
 
 impl Memory {
     /// The parameters, gradients and optimizer state (`optimizer_slots` tensors per trainable
-    /// parameter) of the parameters of `program` that `held` keeps; no activations.
+    /// parameter) of the parameters of `program` that `held` keeps, and the communication
+    /// buffers of their collectives; no activations.
     pub fn of_params(program: &RankProgram, optimizer_slots: usize, held: impl Fn(&str) -> bool) -> Self {
         let g = &program.graph;
         let slice_bytes = |p: &&crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
@@ -54,12 +64,49 @@ impl Memory {
             gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum(),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
+            comm_buffers: Memory::largest_packing(program, held),
         }
     }
 
-    /// The sum of the four parts, in bytes.
+    /// The largest packing buffer of `program`'s fused collectives over parameters `held`
+    /// keeps (what [`Memory`]'s `comm_buffers` counts): every gradient bucket's all-reduce, and
+    /// the parallel optimizer's all-gathers (the sends packed, the receives) and
+    /// reduce-scatters (the sends, the received parts).
+    pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
+        let g = &program.graph;
+        let bytes = |names: &[String], len: &dyn Fn(&crate::program::ParamSlot) -> usize| -> usize {
+            names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(|p| len(p) * g.node(p.local).ty.dtype.size()).sum()
+        };
+        let all_reduce = program.buckets.iter().filter(|b| b.group.len() > 1).map(|b| bytes(&b.params, &|p| p.layout.slice_len()));
+        let all_gather =
+            program.all_gather.iter().map(|b| bytes(&b.params, &|p| p.stored_shape().iter().product::<usize>() + p.layout.slice_len()));
+        let reduce_scatter = program.reduce_scatter.iter().map(|b| {
+            let holders = b.group.len() / b.shard_size;
+            bytes(&b.params, &|p| (p.layout.slice_len() / b.shard_size).div_ceil(holders) * (b.group.len() + 1))
+        });
+        all_reduce.chain(all_gather).chain(reduce_scatter).max().unwrap_or(0)
+    }
+
+    /// The bytes of the model-parallel slices that the parallel optimizer all-gathers the
+    /// shards of `program`'s parameters (those `held` keeps) into for a step: buffers kept
+    /// from step to step, beside the stored shards.
+    pub fn gathered_slices(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
+        let g = &program.graph;
+        program
+            .params
+            .iter()
+            .filter(|p| p.shard.is_some() && held(&p.name))
+            .map(|p| p.layout.slice_len() * g.node(p.local).ty.dtype.size())
+            .sum()
+    }
+
+    /// The sum of the five parts, in bytes.
     pub fn total(&self) -> usize {
-        self.parameters.saturating_add(self.gradients).saturating_add(self.optimizer_state).saturating_add(self.peak_activations)
+        self.parameters
+            .saturating_add(self.gradients)
+            .saturating_add(self.optimizer_state)
+            .saturating_add(self.peak_activations)
+            .saturating_add(self.comm_buffers)
     }
 }
 
@@ -131,12 +178,24 @@ impl RankCost {
                 e.1 += parts * b.dtype.size();
             }
         }
+        // The gradients the step fetches: alive from when they are formed to the step's end.
+        let grads: usize = program
+            .grads
+            .iter()
+            .map(|(_, g)| *g)
+            .collect::<std::collections::BTreeSet<_>>()
+            .iter()
+            .map(|&id| g.node(id).value_bytes())
+            .sum();
         Ok(RankCost {
             rank: program.rank,
             flops,
             bytes_moved,
             comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
-            memory: Memory { peak_activations: schedule.peak_bytes(g), ..Memory::of_params(program, optimizer_slots, |_| true) },
+            memory: Memory {
+                peak_activations: schedule.peak_bytes(g).saturating_sub(grads) + Memory::gathered_slices(program, |_| true),
+                ..Memory::of_params(program, optimizer_slots, |_| true)
+            },
         })
     }
 

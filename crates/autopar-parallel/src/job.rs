@@ -296,7 +296,8 @@ impl JobProgram {
             let backward = c.backward.schedule(&c.backward_fetch())?.peak_bytes(&c.backward);
             pass_peak = pass_peak.max(forward).max(backward);
         }
-        memory.peak_activations = saved.saturating_mul(in_flight).saturating_add(pass_peak);
+        memory.peak_activations =
+            saved.saturating_mul(in_flight).saturating_add(pass_peak) + Memory::gathered_slices(&self.program, |n| held.contains(n));
         Ok(memory)
     }
 }

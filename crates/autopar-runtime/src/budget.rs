@@ -143,11 +143,12 @@ impl Demand {
 pub fn describe(d: &Demand) -> String {
     let m = &d.largest;
     let parts = format!(
-        "parameters {}, gradients {}, optimizer state {}, activations {}",
+        "parameters {}, gradients {}, optimizer state {}, activations {}, communication buffers {}",
         size(m.parameters as u64),
         size(m.gradients as u64),
         size(m.optimizer_state as u64),
-        size(m.peak_activations as u64)
+        size(m.peak_activations as u64),
+        size(m.comm_buffers as u64)
     );
     let overhead = size(d.resident() - d.plan);
     if d.ranks == 1 {
@@ -187,7 +188,8 @@ pub fn check_plan_fits(world: &dyn Communicator, memory: &Memory, device_capacit
     // Read before the gather, which no rank leaves before every rank has read.
     let limits = machine_limits(if simulated { 1 } else { processes_on_host() }, device_capacity);
     let held = ProcessMemory::now().map_or(0, |m| m.resident);
-    let own = [memory.total(), memory.parameters, memory.gradients, memory.optimizer_state, memory.peak_activations].map(|v| v as f64);
+    let own = [memory.total(), memory.parameters, memory.gradients, memory.optimizer_state, memory.peak_activations, memory.comm_buffers]
+        .map(|v| v as f64);
     let rows: Vec<f64> = if simulated && world.size() > 1 {
         let mut all = vec![0.0; own.len() * world.size()];
         world.all_gather(Buf::F64(&own), BufMut::F64(&mut all)).map_err(RuntimeError::comm(CommPhase::MemoryCheck))?;
@@ -205,6 +207,7 @@ pub fn check_plan_fits(world: &dyn Communicator, memory: &Memory, device_capacit
             gradients: row[2] as usize,
             optimizer_state: row[3] as usize,
             peak_activations: row[4] as usize,
+            comm_buffers: row[5] as usize,
         },
         largest_rank: if rows.len() > 1 { k } else { world.rank() },
     };
@@ -360,7 +363,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn memory(total: usize) -> Memory {
-        Memory { parameters: total, gradients: 0, optimizer_state: 0, peak_activations: 0 }
+        Memory { parameters: total, ..Memory::default() }
     }
 
     #[test]

@@ -52,17 +52,57 @@ pub fn tensor_from_bytes(dtype: CkDType, shape: &[usize], bytes: &[u8], name: &s
 /// Write `store` (a rank's local slices, or full tensors) to `path` (`.safetensors` or `.ckpt`),
 /// atomically, with `metadata`.
 pub fn save_checkpoint(store: &ParamStore, path: &Path, metadata: &BTreeMap<String, String>) -> Result<()> {
-    autopar_checkpoint::save(path, &checkpoint_tensors(store.iter())?, metadata).map_err(ck_err(path))
+    save_tensors(path, store.iter(), metadata).map_err(ck_err(path))
 }
 
-/// Named tensors as a checkpoint writer takes them: spec and little-endian bytes.
-pub fn checkpoint_tensors<'a>(tensors: impl Iterator<Item = (&'a String, &'a Tensor)>) -> Result<Vec<(TensorSpec, Vec<u8>)>> {
-    tensors
-        .map(|(name, t)| {
-            let (dtype, bytes) = tensor_bytes(t)?;
-            Ok((TensorSpec { name: name.clone(), dtype, shape: t.shape().to_vec() }, bytes))
-        })
-        .collect()
+/// Write named tensors to `path` (`.safetensors` or `.ckpt`), atomically, with `metadata`,
+/// each tensor's bytes handed to the writer from its own memory when it is contiguous (a copy
+/// of one tensor at a time otherwise): no copy of them all.
+pub fn save_tensors<'a>(
+    path: &Path,
+    tensors: impl Iterator<Item = (&'a String, &'a Tensor)>,
+    metadata: &BTreeMap<String, String>,
+) -> autopar_checkpoint::Result<()> {
+    let tensors: Vec<(&String, &Tensor)> = tensors.collect();
+    let specs =
+        tensors.iter().map(|(n, t)| TensorSpec { name: n.to_string(), dtype: ck_dtype(t.dtype()), shape: t.shape().to_vec() }).collect();
+    let by_name: std::collections::HashMap<&str, &Tensor> = tensors.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    autopar_checkpoint::save_from(path, specs, metadata, &mut |name, sink| match by_name.get(name) {
+        Some(t) => with_tensor_bytes(t, sink),
+        None => sink(&[]),
+    })
+}
+
+/// The checkpoint element type of a tensor's.
+fn ck_dtype(d: DType) -> CkDType {
+    match d {
+        DType::F32 => CkDType::Float32,
+        DType::F64 => CkDType::Float64,
+        DType::F16 => CkDType::Float16,
+        DType::BF16 => CkDType::BFloat16,
+        DType::I32 => CkDType::Int32,
+        DType::I64 => CkDType::Int64,
+    }
+}
+
+/// `f` of `t`'s little-endian bytes: the tensor's own memory when it is contiguous on a
+/// little-endian machine, else a copy.
+fn with_tensor_bytes<R>(t: &Tensor, f: &mut dyn FnMut(&[u8]) -> R) -> R {
+    fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
+        // SAFETY: the element types are plain numbers without padding; any byte of them may be read.
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+    }
+    if cfg!(target_endian = "little") {
+        let t = t.contiguous();
+        if let Some(bytes) = with_element!(t.dtype(), T => t.as_slice::<T>().map(as_bytes)) {
+            return f(bytes);
+        }
+    }
+    match tensor_bytes(t) {
+        Ok((_, bytes)) => f(&bytes),
+        // Not reached (the dtype is the tensor's own); the writer refuses the empty bytes.
+        Err(_) => f(&[]),
+    }
 }
 
 /// Every tensor of checkpoint `path`.

@@ -214,14 +214,7 @@ impl Flat {
 
 /// `x`'s elements as a send buffer without a copy, when `x` is row-major contiguous.
 fn slice_buf(x: &Tensor) -> Option<Buf<'_>> {
-    match x.dtype() {
-        DType::F16 => x.as_slice::<f16>().map(Buf::from),
-        DType::BF16 => x.as_slice::<bf16>().map(Buf::from),
-        DType::F32 => x.as_slice::<f32>().map(Buf::from),
-        DType::F64 => x.as_slice::<f64>().map(Buf::from),
-        DType::I32 => x.as_slice::<i32>().map(Buf::from),
-        DType::I64 => x.as_slice::<i64>().map(Buf::from),
-    }
+    with_element!(x.dtype(), T => x.as_slice::<T>().map(Buf::from))
 }
 
 /// An error unless `x` has an axis `dim` (argument `name` of `op`).

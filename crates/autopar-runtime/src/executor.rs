@@ -18,7 +18,7 @@ use std::time::Instant;
 use autopar_graph::ops::*;
 use autopar_graph::{DType, Graph, Node, NodeId, OpKind};
 use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, shape as sh};
-use autopar_tensor::{DType as TensorDType, Element, ExecCtx, Tensor, TensorError};
+use autopar_tensor::{Element, ExecCtx, Tensor, TensorError};
 
 use crate::error::{Result, RuntimeError};
 
@@ -98,14 +98,7 @@ impl ParamStore {
                     Ok(Tensor::from_vec(&shape, values).expect("initialiser fills the slice"))
                 }
                 // Made in the storage type directly: the same values as generating in f64 and casting.
-                match tensor_dtype(p.dtype) {
-                    TensorDType::F32 => piece::<f32>(p, name, ranges),
-                    TensorDType::F64 => piece::<f64>(p, name, ranges),
-                    TensorDType::F16 => piece::<half::f16>(p, name, ranges),
-                    TensorDType::BF16 => piece::<half::bf16>(p, name, ranges),
-                    TensorDType::I32 => piece::<i32>(p, name, ranges),
-                    TensorDType::I64 => piece::<i64>(p, name, ranges),
-                }
+                with_element!(tensor_dtype(p.dtype), T => piece::<T>(p, name, ranges))
             };
             let t = match shared {
                 Some(shared) => shared.get_or_make(PieceKey::new(name, p, ranges), make)?,
@@ -251,7 +244,8 @@ pub struct RunOutput {
     pub timings: Vec<OpTiming>,
     /// The most intermediate values alive at once during the run.
     pub peak_live: usize,
-    /// The most bytes held by intermediate values at once during the run.
+    /// The most bytes held by intermediate values at once during the run (parameters' values,
+    /// the stored tensors shared, not counted).
     pub peak_live_bytes: usize,
 }
 
@@ -434,14 +428,14 @@ impl Executor {
                 });
             }
             live += 1;
-            live_bytes += out.nbytes();
+            live_bytes += node.value_bytes();
             peak_live = peak_live.max(live);
             peak_live_bytes = peak_live_bytes.max(live_bytes);
             values[i] = Some(out);
             for &dead in &self.free_after[pos] {
-                if let Some(t) = values[dead].take() {
+                if values[dead].take().is_some() {
                     live -= 1;
-                    live_bytes -= t.nbytes();
+                    live_bytes -= self.graph.nodes()[dead].value_bytes();
                 }
             }
         }

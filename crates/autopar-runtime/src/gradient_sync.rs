@@ -100,14 +100,7 @@ pub(crate) fn sync_bucket(
         slot => slot.insert(Tensor::zeros(&[total], dtype)),
     };
     let idx = &buffer.grads;
-    match dtype {
-        DType::F64 => reduce_packed::<f64>(comm, flat, grads, idx, b),
-        DType::F32 => reduce_packed::<f32>(comm, flat, grads, idx, b),
-        DType::F16 => reduce_packed::<half::f16>(comm, flat, grads, idx, b),
-        DType::BF16 => reduce_packed::<half::bf16>(comm, flat, grads, idx, b),
-        DType::I32 => reduce_packed::<i32>(comm, flat, grads, idx, b),
-        DType::I64 => reduce_packed::<i64>(comm, flat, grads, idx, b),
-    }
+    with_element!(dtype, T => reduce_packed::<T>(comm, flat, grads, idx, b))
 }
 
 /// The bucket's gradients `grads[idx]` (all of dtype `T`) all-reduced in place, in bucket

@@ -89,14 +89,7 @@ pub(crate) fn init_with_replicas(
         let OpKind::Parameter(p) = &node.op else {
             return Err(RuntimeError::MissingParameter { name: name.clone() });
         };
-        let t = match tensor_dtype(p.dtype) {
-            autopar_tensor::DType::F32 => together::<f32>(p, name, ranges, comm, &r.group)?,
-            autopar_tensor::DType::F64 => together::<f64>(p, name, ranges, comm, &r.group)?,
-            autopar_tensor::DType::F16 => together::<half::f16>(p, name, ranges, comm, &r.group)?,
-            autopar_tensor::DType::BF16 => together::<half::bf16>(p, name, ranges, comm, &r.group)?,
-            autopar_tensor::DType::I32 => together::<i32>(p, name, ranges, comm, &r.group)?,
-            autopar_tensor::DType::I64 => together::<i64>(p, name, ranges, comm, &r.group)?,
-        };
+        let t = with_element!(tensor_dtype(p.dtype), T => together::<T>(p, name, ranges, comm, &r.group)?);
         store.insert(name, t);
     }
     Ok(store)

@@ -62,6 +62,39 @@
 
 #![warn(missing_docs)]
 
+/// `$body` with `$T` the element type of `$dtype` (an `autopar_tensor::DType`): the one place
+/// the runtime turns a tensor's element-type tag into a type for generic code.
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            autopar_tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            autopar_tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            autopar_tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            autopar_tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            autopar_tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            autopar_tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+        }
+    };
+}
+
 pub mod assemble;
 pub mod broadcast;
 pub mod budget;

@@ -104,14 +104,7 @@ fn gather_into(
             pieces.push(t.cast(dtype).contiguous());
             full.push(buffers.take(name, &slot.layout.slice_shape(), dtype));
         }
-        match dtype {
-            DType::F64 => gather_parts::<f64>(c, b, &pieces, &mut full)?,
-            DType::F32 => gather_parts::<f32>(c, b, &pieces, &mut full)?,
-            DType::F16 => gather_parts::<half::f16>(c, b, &pieces, &mut full)?,
-            DType::BF16 => gather_parts::<half::bf16>(c, b, &pieces, &mut full)?,
-            DType::I32 => gather_parts::<i32>(c, b, &pieces, &mut full)?,
-            DType::I64 => gather_parts::<i64>(c, b, &pieces, &mut full)?,
-        }
+        with_element!(dtype, T => gather_parts::<T>(c, b, &pieces, &mut full)?);
         for (name, t) in b.params.iter().zip(full) {
             let own = params.require(name)?.dtype();
             let full = if t.dtype() == own {
@@ -171,14 +164,7 @@ pub(crate) fn scatter_buckets(buckets: &[RankShardBucket], grads: &mut [(String,
             .map(|n| grads.iter().position(|(g, _)| g == n).ok_or_else(|| RuntimeError::MissingGradient { name: n.clone() }))
             .collect::<Result<_>>()?;
         let slices: Vec<Tensor> = idx.iter().map(|&i| grads[i].1.cast(dtype).contiguous()).collect();
-        let pieces = match dtype {
-            DType::F64 => scatter_parts::<f64>(c, rest, b, &slices)?,
-            DType::F32 => scatter_parts::<f32>(c, rest, b, &slices)?,
-            DType::F16 => scatter_parts::<half::f16>(c, rest, b, &slices)?,
-            DType::BF16 => scatter_parts::<half::bf16>(c, rest, b, &slices)?,
-            DType::I32 => scatter_parts::<i32>(c, rest, b, &slices)?,
-            DType::I64 => scatter_parts::<i64>(c, rest, b, &slices)?,
-        };
+        let pieces = with_element!(dtype, T => scatter_parts::<T>(c, rest, b, &slices)?);
         for (&i, piece) in idx.iter().zip(pieces) {
             let (name, g) = &mut grads[i];
             let piece = if b.scale == 1.0 {

@@ -351,6 +351,7 @@ impl PlanReport<'_> {
         let _ = writeln!(s, "  gradients         {:>12}", human_bytes(m.gradients));
         let _ = writeln!(s, "  optimizer state   {:>12}  ({})", human_bytes(m.optimizer_state), self.optimizer);
         let _ = writeln!(s, "  peak activations  {:>12}", human_bytes(m.peak_activations));
+        let _ = writeln!(s, "  comm buffers      {:>12}", human_bytes(m.comm_buffers));
         let _ = writeln!(s, "  total             {:>12}", human_bytes(m.total()));
         let _ =
             writeln!(s, "\ncompute per step (rank {}): {}, {} moved", cost.rank, human_flops(cost.flops), human_bytes(cost.bytes_moved));
@@ -467,6 +468,7 @@ impl PlanReport<'_> {
                 "gradients": cost.memory.gradients,
                 "optimizer_state": cost.memory.optimizer_state,
                 "peak_activations": cost.memory.peak_activations,
+                "comm_buffers": cost.memory.comm_buffers,
                 "total": cost.memory.total(),
             },
         })

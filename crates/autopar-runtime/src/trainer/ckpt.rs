@@ -168,8 +168,7 @@ pub fn save_checkpoint(path: &Path, params: &ParamStore, state: &ParamStore, pos
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| TrainError::Write { path: dir.to_path_buf(), source })?;
     }
-    let tensors = crate::checkpoint_io::checkpoint_tensors(params.iter().chain(state.iter()))?;
-    autopar_checkpoint::save(path, &tensors, &position.to_metadata())
+    crate::checkpoint_io::save_tensors(path, params.iter().chain(state.iter()), &position.to_metadata())
         .map_err(|source| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(source) })
 }
 
