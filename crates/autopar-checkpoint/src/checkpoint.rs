@@ -423,6 +423,9 @@ pub fn save(path: &Path, tensors: &[(TensorSpec, Vec<u8>)], metadata: &BTreeMap<
     save_from(path, specs, metadata, &mut |name, sink| sink(by_name[name]))
 }
 
+/// Where [`save_from`]'s caller puts one tensor's bytes.
+pub type ByteSink<'a> = &'a mut dyn FnMut(&[u8]) -> Result<()>;
+
 /// [`save`] of tensors `specs` whose bytes `bytes` hands over one tensor at a time, when asked
 /// (`bytes(name, sink)` calls `sink` with tensor `name`'s little-endian bytes, whole): the
 /// writer never holds more than the tensor it writes, so a rank saves its pieces without a
@@ -431,7 +434,7 @@ pub fn save_from(
     path: &Path,
     specs: Vec<TensorSpec>,
     metadata: &BTreeMap<String, String>,
-    bytes: &mut dyn FnMut(&str, &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()>,
+    bytes: &mut dyn FnMut(&str, ByteSink<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut metadata = metadata.clone();
     if Format::of_path(path) == Some(Format::Safetensors) {

@@ -71,8 +71,8 @@ pub mod proto {
 }
 
 pub use checkpoint::{
-    collect_rank_files, load_segmented, save, save_from, save_with, CheckpointFile, CheckpointWriter, Format, NameFilter, OpenOptions,
-    Tensor, TensorEntry, TensorSpec,
+    collect_rank_files, load_segmented, save, save_from, save_with, ByteSink, CheckpointFile, CheckpointWriter, Format, NameFilter,
+    OpenOptions, Tensor, TensorEntry, TensorSpec,
 };
 pub use ckpt::CkptWriter;
 pub use dtype::DType;

@@ -38,21 +38,24 @@ pub struct Memory {
     /// The most bytes the step's values hold at once (activations, the gradients as they are
     /// formed, the inputs), as the executor schedules them, beyond the gradients counted in
     /// `gradients`: the step's values never take less than its gradients, which it keeps to
-    /// its end, so the four parts together are the step's peak. Parameters' values are the
+    /// its end, so the parts together are the step's peak. Parameters' values are the
     /// stored tensors, counted in `parameters`, but for the parallel optimizer's: their
     /// shards are all-gathered into slices kept from step to step, counted here.
     pub peak_activations: usize,
-    /// The largest buffer a fused collective of the step packs its parts into, when the
-    /// communicator copies them into one (MPI's does; the in-process one works where they lie):
-    /// a gradient bucket's all-reduce, the parallel optimizer's all-gather (sends and
-    /// receives) and reduce-scatter.
+    /// What the buffers a fused collective packs its parts into add to the step's peak, when
+    /// the communicator copies them into one (MPI's does; the in-process one works where they
+    /// lie): a gradient bucket's all-reduce and the parallel optimizer's reduce-scatter come
+    /// after the backward pass, beside the gradients but not the activations; its all-gather
+    /// (sends and receives) before the forward pass, beside neither. So this is the largest
+    /// such buffer less the room the activations (and, before the forward pass, the gradients)
+    /// leave it, or nothing.
     pub comm_buffers: usize,
 }
 
 impl Memory {
     /// The parameters, gradients and optimizer state (`optimizer_slots` tensors per trainable
-    /// parameter) of the parameters of `program` that `held` keeps, and the communication
-    /// buffers of their collectives; no activations.
+    /// parameter) of the parameters of `program` that `held` keeps; no activations, no
+    /// communication buffers ([`Memory::with_comm_buffers`] adds them).
     pub fn of_params(program: &RankProgram, optimizer_slots: usize, held: impl Fn(&str) -> bool) -> Self {
         let g = &program.graph;
         let slice_bytes = |p: &&crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
@@ -64,15 +67,25 @@ impl Memory {
             gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum(),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
-            comm_buffers: Memory::largest_packing(program, held),
+            comm_buffers: 0,
         }
     }
 
-    /// The largest packing buffer of `program`'s fused collectives over parameters `held`
-    /// keeps (what [`Memory`]'s `comm_buffers` counts): every gradient bucket's all-reduce, and
-    /// the parallel optimizer's all-gathers (the sends packed, the receives) and
-    /// reduce-scatters (the sends, the received parts).
-    pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
+    /// This memory with its `comm_buffers` set from `program`'s fused collectives over the
+    /// parameters `held` keeps, given its gradients and peak activations (of which `gathered`
+    /// bytes are the parallel optimizer's slices, held at every moment).
+    pub fn with_comm_buffers(mut self, program: &RankProgram, held: impl Fn(&str) -> bool, gathered: usize) -> Self {
+        let (after_backward, before_forward) = Memory::largest_packing(program, held);
+        let transient = self.peak_activations.saturating_sub(gathered);
+        self.comm_buffers = after_backward.saturating_sub(transient).max(before_forward.saturating_sub(transient + self.gradients));
+        self
+    }
+
+    /// The largest packing buffers of `program`'s fused collectives over the parameters `held`
+    /// keeps: after the backward pass (every gradient bucket's all-reduce; the parallel
+    /// optimizer's reduce-scatters, the sends and the received parts) and before the forward
+    /// pass (the parallel optimizer's all-gathers, the sends packed and the receives).
+    pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool) -> (usize, usize) {
         let g = &program.graph;
         let bytes = |names: &[String], len: &dyn Fn(&crate::program::ParamSlot) -> usize| -> usize {
             names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(|p| len(p) * g.node(p.local).ty.dtype.size()).sum()
@@ -84,7 +97,7 @@ impl Memory {
             let holders = b.group.len() / b.shard_size;
             bytes(&b.params, &|p| (p.layout.slice_len() / b.shard_size).div_ceil(holders) * (b.group.len() + 1))
         });
-        all_reduce.chain(all_gather).chain(reduce_scatter).max().unwrap_or(0)
+        (all_reduce.chain(reduce_scatter).max().unwrap_or(0), all_gather.max().unwrap_or(0))
     }
 
     /// The bytes of the model-parallel slices that the parallel optimizer all-gathers the
@@ -179,6 +192,7 @@ impl RankCost {
             }
         }
         // The gradients the step fetches: alive from when they are formed to the step's end.
+        let gathered = Memory::gathered_slices(program, |_| true);
         let grads: usize = program
             .grads
             .iter()
@@ -193,9 +207,10 @@ impl RankCost {
             bytes_moved,
             comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
             memory: Memory {
-                peak_activations: schedule.peak_bytes(g).saturating_sub(grads) + Memory::gathered_slices(program, |_| true),
+                peak_activations: schedule.peak_bytes(g).saturating_sub(grads) + gathered,
                 ..Memory::of_params(program, optimizer_slots, |_| true)
-            },
+            }
+            .with_comm_buffers(program, |_| true, gathered),
         })
     }
 

@@ -296,9 +296,9 @@ impl JobProgram {
             let backward = c.backward.schedule(&c.backward_fetch())?.peak_bytes(&c.backward);
             pass_peak = pass_peak.max(forward).max(backward);
         }
-        memory.peak_activations =
-            saved.saturating_mul(in_flight).saturating_add(pass_peak) + Memory::gathered_slices(&self.program, |n| held.contains(n));
-        Ok(memory)
+        let gathered = Memory::gathered_slices(&self.program, |n| held.contains(n));
+        memory.peak_activations = saved.saturating_mul(in_flight).saturating_add(pass_peak) + gathered;
+        Ok(memory.with_comm_buffers(&self.program, |n| held.contains(n), gathered))
     }
 }
 

@@ -25,9 +25,11 @@ use autopar_parallel::Memory;
 use crate::error::{CommPhase, Result, RuntimeError};
 
 /// The runtime's own resident memory besides the plan's tensors, per process: the program's
-/// code and data, the allocator's slack, the data loader's prefetched batches, communicator
-/// buffers, graphs and schedules. Stated here and in `docs/memory.md`, measured there.
-pub const PROCESS_OVERHEAD: u64 = 96 << 20;
+/// code and data (under mpirun, MPI's libraries and their buffers too), the allocator's slack,
+/// the data loader's prefetched batches, graphs and schedules. Stated here and in
+/// `docs/memory.md`, measured there (27 to 60 MiB beyond the plan in one process, 79 to 112
+/// MiB per rank under mpirun).
+pub const PROCESS_OVERHEAD: u64 = 128 << 20;
 
 /// What a simulated rank adds besides its plan (its graphs, executors, the touched part of its
 /// thread's stack).

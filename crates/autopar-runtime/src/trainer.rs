@@ -317,8 +317,8 @@ pub struct TrainReport {
     /// or loading the parameters.
     pub setup_secs: f64,
     /// The plan's memory of a step, in bytes, summed over the ranks this process runs (every
-    /// rank in process; its own under mpirun): parameters, gradients, optimizer state and peak
-    /// activations.
+    /// rank in process; its own under mpirun): parameters, gradients, optimizer state, peak
+    /// activations and communication buffers.
     pub plan_memory: u64,
     /// Global samples per second over the run.
     pub samples_per_sec: f64,
