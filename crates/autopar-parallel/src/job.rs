@@ -281,7 +281,17 @@ impl JobProgram {
     /// largest single pass's own peak.
     pub fn memory(&self, job: &JobPlan, optimizer_slots: usize) -> Result<Memory> {
         let chunks = match &self.passes {
-            Passes::Whole => return Ok(RankCost::of(&self.program, optimizer_slots)?.memory),
+            Passes::Whole => {
+                let memory = RankCost::of(&self.program, optimizer_slots)?.memory;
+                if job.micro_batches < 2 {
+                    return Ok(memory);
+                }
+                // Gradient accumulation: each micro-batch forms its gradients beside the running
+                // sums of the earlier ones.
+                let gathered = Memory::gathered_slices(&self.program, |_| true);
+                let memory = Memory { peak_activations: memory.peak_activations + memory.gradients, ..memory };
+                return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered));
+            }
             Passes::Chunks(c) => c,
         };
         let held: BTreeSet<String> = held_params(chunks).into_iter().collect();

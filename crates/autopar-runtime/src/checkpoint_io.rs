@@ -88,7 +88,7 @@ fn ck_dtype(d: DType) -> CkDType {
 /// `f` of `t`'s little-endian bytes: the tensor's own memory when it is contiguous on a
 /// little-endian machine, else a copy.
 fn with_tensor_bytes<R>(t: &Tensor, f: &mut dyn FnMut(&[u8]) -> R) -> R {
-    fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
+    fn as_bytes<T: autopar_tensor::Element>(s: &[T]) -> &[u8] {
         // SAFETY: the element types are plain numbers without padding; any byte of them may be read.
         unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
     }

@@ -297,6 +297,9 @@ pub struct EvalResult {
     pub predictions: usize,
     /// Samples evaluated.
     pub samples: usize,
+    /// Of an evaluated checkpoint: the frozen parameters it lacks, made from their
+    /// initialisers (the network's own values, as `--init` keeps them); empty otherwise.
+    pub made_from_init: Vec<String>,
 }
 
 /// What a run did.
@@ -1315,8 +1318,9 @@ impl Trainer {
     fn checkpoint_outputs(&self, path: &Path, data: &DataSource, keep_logits: bool) -> TrainResult<(EvalResult, Option<Tensor>)> {
         let n = self.cfg.parallel.resolved()?.devices();
         let job = self.eval_job(self.cfg.eval_batch_size.max(1), n)?.job;
-        let (source, _, _) = self.init_source(path, &job)?;
+        let (source, _, made) = self.init_source(path, &job)?;
         let run = |comm: &dyn Communicator| self.evaluate_rank(comm, evaluate::EvalParams::Pieces(&source), data, keep_logits);
+        let with_made = |(r, logits): (EvalResult, Option<Tensor>)| (EvalResult { made_from_init: made.clone(), ..r }, logits);
         match autopar_comm::launch::mpi_world_size().filter(|_| !self.in_process) {
             #[cfg(feature = "mpi")]
             Some(size) => {
@@ -1330,10 +1334,11 @@ impl Trainer {
                 }
                 autopar_comm::MpiComm::run(|comm| run(&comm))
                     .map_err(|e| TrainError::Runtime(RuntimeError::Comm { during: CommPhase::Run, source: Box::new(e) }))
+                    .map(with_made)
             }
             #[cfg(not(feature = "mpi"))]
             Some(size) => Err(TrainError::MpiNotBuilt { size }),
-            None => self.run_in_process(n, run),
+            None => self.run_in_process(n, run).map(with_made),
         }
     }
 

@@ -39,7 +39,7 @@ fn a_rank_over_device_memory_capacity_is_refused_with_its_figures_and_one_under_
     assert!(fits.plan_memory > 0);
     // Above any single op's memory here, below a rank's plan: the search finds a plan (its ops
     // fit one by one), the run refuses it whole, before any step.
-    let capacity = 300 << 10;
+    let capacity = 200 << 10;
     let err = with_capacity(Some(capacity)).unwrap_err();
     let text = err.to_string();
     let (need, limit, demand) = refusal(err);

@@ -168,3 +168,18 @@ fn the_parallel_optimizer_predicts_its_communication() {
     }
     assert!(sharded >= 8, "only {sharded} runs sharded anything");
 }
+
+/// Gradient accumulation holds the running sums of the earlier micro-batches beside the
+/// gradients the current one forms: the plan of an accumulating job counts both.
+#[test]
+fn an_accumulating_step_plans_its_running_sums_beside_the_gradients_it_forms() {
+    let net = net(&Mlp::new(MlpConfig { input_shape: vec![64], hidden: vec![256, 256], num_classes: 10 }).unwrap(), 8, 10);
+    let ctx = ParallelContext::default();
+    let memory = |micro: usize| {
+        let job = Job::with_micro_batches(&net.graph, net.loss, &ctx, micro).unwrap();
+        job.plan().program(0).unwrap().memory(job.plan(), 0).unwrap()
+    };
+    let (once, twice) = (memory(1), memory(2));
+    assert_eq!(twice.gradients, once.gradients);
+    assert!(twice.peak_activations >= once.peak_activations + once.gradients, "accumulating {twice:?}, one pass {once:?}");
+}

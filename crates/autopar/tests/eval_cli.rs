@@ -73,3 +73,51 @@ fn a_checkpoint_folder_evaluates_alike_on_any_device_count_and_its_predictions_a
     let err = String::from_utf8_lossy(&autopar(dir.path(), &args).stderr).into_owned();
     assert!(err.contains("p.txt") && err.contains(".safetensors"), "{err}");
 }
+
+/// A checkpoint lacking a frozen parameter (the GPT's causal mask) is evaluated with the
+/// network's own values of it, and `autopar eval` says so: the same result as the whole file.
+#[test]
+fn a_frozen_parameter_the_checkpoint_lacks_is_made_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpt = ["--model", "gpt", "--width", "16", "--heads", "2", "--depth", "1", "--input-shape", "8", "--num-classes", "16"];
+    let data = ["--data", "synthetic", "--synthetic-samples", "40"];
+    let mut train = vec!["train", "--steps", "2", "--batch-size", "4", "--checkpoint-dir", "ck", "--json"];
+    train.extend(gpt);
+    train.extend(data);
+    json(&autopar(dir.path(), &train));
+    // One device: the run's checkpoint is one file of whole tensors.
+    let file = std::fs::read_dir(dir.path().join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .expect("a checkpoint file");
+    let ck = autopar_checkpoint::CheckpointFile::open(&file).unwrap();
+    assert!(ck.get("causal_mask").is_some(), "the run saves its frozen mask");
+    let kept: Vec<_> = ck
+        .tensors()
+        .iter()
+        .filter(|e| e.name != "causal_mask")
+        .map(|e| {
+            let spec = autopar_checkpoint::TensorSpec { name: e.name.clone(), dtype: e.dtype, shape: e.shape.clone() };
+            (spec, ck.read(&e.name).unwrap())
+        })
+        .collect();
+    autopar_checkpoint::save(&dir.path().join("no_mask.safetensors"), &kept, &Default::default()).unwrap();
+    let eval = |path: &str, json_out: bool| {
+        let mut args = vec!["eval", path];
+        args.extend(gpt);
+        args.extend(data);
+        if json_out {
+            args.push("--json");
+        }
+        autopar(dir.path(), &args)
+    };
+    let whole = json(&eval(file.to_str().unwrap(), true));
+    let lacking = json(&eval("no_mask.safetensors", true));
+    assert_eq!(whole.get("made_from_init"), None, "{whole}");
+    assert_eq!(lacking["made_from_init"], serde_json::json!(["causal_mask"]), "{lacking}");
+    assert_eq!((&lacking["loss"], &lacking["accuracy"]), (&whole["loss"], &whole["accuracy"]));
+    let o = eval("no_mask.safetensors", false);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("lacks the frozen parameter causal_mask"), "{text}");
+}

@@ -675,8 +675,8 @@ fn a_job_the_machine_cannot_hold_is_refused_before_it_starts_with_the_figures() 
     // Over device_memory_capacity, per rank.
     let mut capped = vec!["train"];
     capped.extend_from_slice(SMALL);
-    capped.extend(["--steps", "1", "--devices", "2", "--parallel-mode", "auto_parallel", "--parallel", "device_memory_capacity=200000"]);
-    fails(dir.path(), &capped, &["the largest rank's plan needs", "device_memory_capacity is 195.3 KiB (200000 bytes) per device"]);
+    capped.extend(["--steps", "1", "--devices", "2", "--parallel-mode", "auto_parallel", "--parallel", "device_memory_capacity=100000"]);
+    fails(dir.path(), &capped, &["the largest rank's plan needs", "device_memory_capacity is 97.7 KiB (100000 bytes) per device"]);
 
     // 1024 simulated ranks under a 4 GB address-space limit: their threads' stacks alone do not
     // fit; a clear refusal, not a failed thread start.

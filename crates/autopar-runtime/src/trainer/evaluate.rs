@@ -197,6 +197,7 @@ impl Trainer {
             loss: if samples > 0.0 { loss_sum / samples } else { 0.0 },
             predictions: scored as usize,
             samples: samples as usize,
+            made_from_init: Vec::new(),
         };
         if !keep_logits {
             return Ok((result, None));

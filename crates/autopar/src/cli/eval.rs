@@ -89,6 +89,9 @@ fn print_result(out: &mut dyn Write, json: bool, what: &str, r: &EvalResult, ext
         if let Some(p) = extra {
             v["output"] = serde_json::json!(p.display().to_string());
         }
+        if !r.made_from_init.is_empty() {
+            v["made_from_init"] = serde_json::json!(r.made_from_init);
+        }
         writeln!(out, "{v}")?;
     } else {
         writeln!(
@@ -101,6 +104,16 @@ fn print_result(out: &mut dyn Write, json: bool, what: &str, r: &EvalResult, ext
         )?;
         if let Some(p) = extra {
             writeln!(out, "predictions written to {}", p.display())?;
+        }
+        if !r.made_from_init.is_empty() {
+            writeln!(
+                out,
+                "the checkpoint lacks the frozen parameter{} {}: made from {} initialiser{} (--seed)",
+                if r.made_from_init.len() == 1 { "" } else { "s" },
+                r.made_from_init.join(", "),
+                if r.made_from_init.len() == 1 { "its" } else { "their" },
+                if r.made_from_init.len() == 1 { "" } else { "s" },
+            )?;
         }
     }
     Ok(())
