@@ -105,14 +105,18 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Print `autopar[rank]: message` and end the whole MPI job.
 pub fn abort_job(world_rank: usize, message: &str) -> ! {
+    use std::fmt::Write as _;
     use std::io::Write as _;
     let mut lines = message.lines();
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "autopar[{world_rank}]: {}", lines.next().unwrap_or("failed"));
+    // One write of the whole text: stderr is unbuffered, and mpirun's own abort message must
+    // not land inside the rank's line.
+    let mut text = format!("autopar[{world_rank}]: {}\n", lines.next().unwrap_or("failed"));
     for l in lines {
         let l = l.trim_start();
-        let _ = if l.starts_with("hint:") { writeln!(err, "{l}") } else { writeln!(err, "  {l}") };
+        let _ = if l.starts_with("hint:") { writeln!(text, "{l}") } else { writeln!(text, "  {l}") };
     }
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
     let _ = err.flush();
     drop(err);
     // SAFETY: MPI is initialized (an MpiComm existed); MPI_Abort does not return in OpenMPI.

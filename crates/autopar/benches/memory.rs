@@ -6,6 +6,10 @@
 //! also runs as one process per rank under `autopar launch`, each rank's peak read by
 //! `/usr/bin/time` and its plan by `autopar plan --rank R`.
 //!
+//! With `AUTOPAR_TORCH_PYTHON` too (a Python with PyTorch), the GPT's auto_parallel job under
+//! mpirun is followed by PyTorch FSDP2 on the same model, ranks and optimizer
+//! (`benches/peers/fsdp_torch.py`), and the ratio of their worst ranks' peaks is printed.
+//!
 //! `cargo bench -p autopar --bench memory` (`AUTOPAR_BENCH_ONLY=gpt` runs the jobs whose name
 //! contains it).
 
@@ -76,17 +80,16 @@ fn in_process(job: &Job) -> (u64, u64, f64) {
     (v["plan_memory_bytes"].as_u64().unwrap_or(0), v["peak_rss_bytes"].as_u64().unwrap_or(0), v["setup_seconds"].as_f64().unwrap_or(0.0))
 }
 
-/// Under mpirun with `bin`: for each rank, (plan, peak).
-fn under_mpi(bin: &str, job: &Job) -> Vec<(u64, u64)> {
-    let n = job.devices.to_string();
+/// Each rank's peak (bytes) of `program args` run on `n` ranks under mpirun (`autopar launch`).
+fn peaks_under_mpi(n: usize, what: &str, program: &str, args: &[String]) -> Vec<u64> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_autopar"));
     // Each rank's peak, tagged with its rank by the shell mpirun starts it in.
     let script = "exec /usr/bin/time -f \"autopar-peak-kib $OMPI_COMM_WORLD_RANK %M\" \"$0\" \"$@\"";
-    cmd.args(["launch", "-n", &n, "--", "sh", "-c", script, bin]).args(train_args(job));
+    cmd.args(["launch", "-n", &n.to_string(), "--", "sh", "-c", script, program]).args(args);
     let out = cmd.output().expect("autopar launch runs");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{} under mpirun failed:\n{err}", job.name);
-    let mut peaks = vec![0u64; job.devices];
+    assert!(out.status.success(), "{what} under mpirun failed:\n{err}");
+    let mut peaks = vec![0u64; n];
     for l in err.lines().filter_map(|l| l.strip_prefix("autopar-peak-kib ")) {
         if let Some((r, kib)) = l.trim().split_once(' ').and_then(|(r, k)| Some((r.parse::<usize>().ok()?, k.parse::<u64>().ok()?))) {
             if let Some(p) = peaks.get_mut(r) {
@@ -94,6 +97,28 @@ fn under_mpi(bin: &str, job: &Job) -> Vec<(u64, u64)> {
             }
         }
     }
+    peaks
+}
+
+/// PyTorch FSDP2 training the bench's GPT (vocabulary 256, context 64, width 512, 16 heads, 4
+/// blocks; batch 8, 2 steps, AdamW) on `n` ranks under mpirun: each rank's peak.
+fn fsdp2_peaks(python: &str, n: usize) -> Vec<u64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/peers/fsdp_torch.py");
+    let rendezvous = std::env::temp_dir().join(format!("autopar-fsdp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&rendezvous);
+    let args: Vec<String> = [script, "--gpt", "256,64,512,16,4", "--batch", "8", "--steps", "2", "--init-file"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([rendezvous.display().to_string()])
+        .collect();
+    let peaks = peaks_under_mpi(n, "FSDP2", python, &args);
+    let _ = std::fs::remove_file(&rendezvous);
+    peaks
+}
+
+/// Under mpirun with `bin`: for each rank, (plan, peak).
+fn under_mpi(bin: &str, job: &Job) -> Vec<(u64, u64)> {
+    let peaks = peaks_under_mpi(job.devices, job.name, bin, &train_args(job));
     (0..job.devices)
         .map(|r| {
             let mut args = vec!["plan".to_string()];
@@ -113,6 +138,7 @@ fn main() {
     }
     let only = std::env::var("AUTOPAR_BENCH_ONLY").unwrap_or_default();
     let mpi = std::env::var("AUTOPAR_MPI_BIN").ok().filter(|p| std::path::Path::new(p).is_file());
+    let torch = std::env::var("AUTOPAR_TORCH_PYTHON").ok();
     println!(
         "peak resident memory (VmHWM) against the plan; budget = plan + {:.0} MiB per process + {:.0} MiB per simulated rank",
         PROCESS_OVERHEAD as f64 / MIB,
@@ -151,6 +177,21 @@ fn main() {
                 worst.0,
                 "-"
             );
+            if let (Some(python), "gpt auto_parallel") = (&torch, job.name) {
+                let fsdp = fsdp2_peaks(python, job.devices).into_iter().max().unwrap_or(0);
+                let ours = ranks.iter().map(|r| r.1).max().unwrap_or(0);
+                println!(
+                    "{:<28} {:>8} {:>11} {:>11} {:>11.1} {:>14} {:>8}   autopar / FSDP2 worst rank {:.2}",
+                    "  PyTorch FSDP2, worst rank",
+                    format!("1 of {}", job.devices),
+                    "-",
+                    "-",
+                    fsdp as f64 / MIB,
+                    "-",
+                    "-",
+                    ours as f64 / fsdp.max(1) as f64
+                );
+            }
         }
     }
     if mpi.is_none() {
