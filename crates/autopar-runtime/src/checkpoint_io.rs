@@ -22,14 +22,8 @@ fn ck_err(path: &Path) -> impl FnOnce(autopar_checkpoint::CheckpointError) -> Ru
 /// A tensor's element type and little-endian bytes, as checkpoints store them.
 pub fn tensor_bytes(t: &Tensor) -> Result<(CkDType, Vec<u8>)> {
     let k = |e| RuntimeError::Kernel { kind: "checkpoint", name: String::new(), source: Box::new(e) };
-    Ok(match t.dtype() {
-        DType::F32 => (CkDType::Float32, t.to_vec::<f32>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F64 => (CkDType::Float64, t.to_vec::<f64>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F16 => (CkDType::Float16, t.to_vec::<f16>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::BF16 => (CkDType::BFloat16, t.to_vec::<bf16>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I32 => (CkDType::Int32, t.to_vec::<i32>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::I64 => (CkDType::Int64, t.to_vec::<i64>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-    })
+    let bytes = with_element!(t.dtype(), T => t.to_vec::<T>().map_err(k)?.iter().flat_map(|v| v.to_le_bytes()).collect());
+    Ok((ck_dtype(t.dtype()), bytes))
 }
 
 /// A tensor from checkpoint bytes; `name` and `path` appear in errors.
