@@ -697,14 +697,23 @@ impl Trainer {
             self.run_rank(&plan, &comm, &callbacks).map_err(|e| {
                 let msg = e.to_string();
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                let is_comm = |e: &TrainError| matches!(e, TrainError::Runtime(RuntimeError::Comm { .. }));
+                // An evaluation's error counts as its cause does.
+                let is_comm = |e: &TrainError| match e {
+                    TrainError::EvalAfterTraining { source, .. } => matches!(**source, TrainError::Runtime(RuntimeError::Comm { .. })),
+                    e => matches!(e, TrainError::Runtime(RuntimeError::Comm { .. })),
+                };
                 let replace = match &*slot {
                     None => true,
                     Some(TrainError::Rank { source, .. }) if is_comm(source) => !is_comm(&e),
                     Some(_) => false,
                 };
                 // The memory check's refusal is the same on every rank: not one rank's error.
-                let job_wide = matches!(e, TrainError::Runtime(RuntimeError::DoesNotFit { .. }));
+                let job_wide = match &e {
+                    TrainError::EvalAfterTraining { source, .. } => {
+                        matches!(**source, TrainError::Runtime(RuntimeError::DoesNotFit { .. }))
+                    }
+                    e => matches!(e, TrainError::Runtime(RuntimeError::DoesNotFit { .. })),
+                };
                 if replace {
                     *slot = Some(if n > 1 && !job_wide { TrainError::Rank { rank, source: Box::new(e) } } else { e });
                 }
@@ -1131,7 +1140,12 @@ impl Trainer {
         let eval = match &self.eval {
             Some(data) if step > plan.resume.as_ref().map_or(0, |r| r.pos.step) => {
                 let trained = evaluate::EvalParams::Trained { job: plan.job, store: &params, budget: plan_memory };
-                Some(self.evaluate_rank(comm, trained, data, false)?.0)
+                let result = self.evaluate_rank(comm, trained, data, false).map_err(|e| TrainError::EvalAfterTraining {
+                    last_step: step,
+                    checkpoint: checkpoints.last().cloned(),
+                    source: Box::new(e),
+                })?;
+                Some(result.0)
             }
             _ => None,
         };

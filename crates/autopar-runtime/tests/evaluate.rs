@@ -166,3 +166,19 @@ fn pieces_move_to_another_jobs_layouts_equal_to_the_slices_of_the_full_tensors()
         .unwrap();
     }
 }
+
+#[test]
+fn an_evaluation_after_training_that_fails_says_training_finished_and_where_its_checkpoint_is() {
+    let train = clusters(&[16], 4, 64);
+    // Held-out samples of another shape than the network's input: the evaluation fails.
+    let held = source(clusters(&[12], 4, 16));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(context("data_parallel", 2), 2);
+    c.checkpoint = Some(CheckpointConfig { dir: dir.path().to_path_buf(), prefix: "net".into(), every_steps: 2, keep_max: 0 });
+    let e = Trainer::new("mlp", builder("mlp", small_mlp(), vec![]), source(train), c).with_eval(held).fit(vec![]).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("training finished at step 2"), "{text}");
+    assert!(text.contains("net-2_0.safetensors") || text.contains("net-2_1.safetensors"), "{text}");
+    assert!(text.contains("batch shape"), "{text}");
+    assert!(text.contains("can be evaluated once the cause is fixed"), "{text}");
+}

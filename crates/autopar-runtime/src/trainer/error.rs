@@ -134,12 +134,32 @@ pub enum TrainError {
         step: u64,
     },
 
+    /// Training finished, but the evaluation after it failed.
+    #[error("training finished at step {last_step}{}, but the evaluation after it failed: {source}", saved_note(checkpoint))]
+    EvalAfterTraining {
+        /// The step training ended at.
+        last_step: u64,
+        /// The last checkpoint file this rank wrote (None: the run saved none).
+        checkpoint: Option<PathBuf>,
+        /// The evaluation's error.
+        source: Box<TrainError>,
+    },
+
     /// The process was started by mpirun, but autopar was built without the `mpi` feature.
     #[error("this process was started by mpirun ({size} processes), but autopar was built without MPI support\nhint: build with MPI: cargo build --release --features mpi (needs libopenmpi-dev and libclang-dev), then start it with mpirun or autopar launch")]
     MpiNotBuilt {
         /// The number of processes mpirun started.
         size: usize,
     },
+}
+
+fn saved_note(checkpoint: &Option<PathBuf>) -> String {
+    match checkpoint {
+        Some(p) => {
+            format!(" and saved the trained parameters in its checkpoint ({}), which can be evaluated once the cause is fixed", p.display())
+        }
+        None => " without a checkpoint (the trained parameters are not kept)".into(),
+    }
 }
 
 impl From<DataError> for TrainError {
