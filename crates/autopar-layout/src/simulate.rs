@@ -21,7 +21,7 @@ macro_rules! float_element {
 macro_rules! int_element {
     ($($t:ty),*) => {$(impl Element for $t { fn add(self, other: Self) -> Self { self.wrapping_add(other) } })*};
 }
-float_element!(f32, f64);
+float_element!(f32, f64, half::f16, half::bf16);
 int_element!(i8, i16, i32, i64, u8, u16, u32, u64);
 
 /// A dense row-major n-dimensional array.

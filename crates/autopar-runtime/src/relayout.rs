@@ -141,49 +141,77 @@ pub fn relayout_params(from: &Job, to: &Job, world: &dyn Communicator, local: &P
         }
         let dtype = crate::executor::tensor_dtype(p.dtype);
         let held = match (&mine_old, local.get(&p.name)) {
-            (Some(b), Some(t)) => Some((b.clone(), Block::new(t.shape().to_vec(), t.to_f64_vec()).map_err(layout_err(&p.name))?)),
+            (Some(b), Some(t)) => Some((b, t)),
             (Some(_), None) => return Err(missing(&p.name, rank)),
             (None, _) => None,
         };
-        let mut new = mine_new.as_ref().map(|b| Block::<f64>::zeros(b.iter().map(|r| r.len()).collect()));
-        let err = || RuntimeError::comm(CommPhase::Relayout { name: p.name.clone() });
-        for c in copies(&from_pieces, &to_pieces) {
-            if c.from != rank && c.to != rank {
-                continue;
-            }
-            let part = match (&held, c.from == rank) {
-                (Some((b, values)), true) => Some(values.slice(&relative(&c.region, b)).map_err(layout_err(&p.name))?),
-                (None, true) => return Err(missing(&p.name, rank)),
-                (_, false) => None,
-            };
-            if c.to != rank {
-                let part = part.expect("sent by the rank holding it");
-                world.send(part.data().into(), c.to, 0).map_err(err())?;
-                continue;
-            }
-            let part = match part {
-                Some(part) => part,
-                None => {
-                    let shape: Vec<usize> = c.region.iter().map(|r| r.len()).collect();
-                    let mut v = vec![0.0f64; shape.iter().product()];
-                    world.recv((&mut v).into(), c.from, 0).map_err(err())?;
-                    Block::new(shape, v).map_err(layout_err(&p.name))?
-                }
-            };
-            let (Some(block), Some(b)) = (new.as_mut(), mine_new.as_ref()) else { continue };
-            block.write(&relative(&c.region, b), &part).map_err(layout_err(&p.name))?;
-        }
-        if let (Some(block), Some(b)) = (new, mine_new) {
-            let shape: Vec<usize> = b.iter().map(|r| r.len()).collect();
-            let t = Tensor::from_vec(&shape, block.into_data()).map_err(|e| RuntimeError::Kernel {
-                kind: "relayout",
-                name: p.name.clone(),
-                source: Box::new(e),
-            })?;
-            out.insert(&p.name, t.cast(dtype));
+        let pieces = Pieces { name: &p.name, held, mine_new: mine_new.as_deref(), from: &from_pieces, to: &to_pieces };
+        if let Some(t) = with_element!(dtype, T => move_pieces::<T>(&pieces, world)?) {
+            out.insert(&p.name, t);
         }
     }
     Ok(out)
+}
+
+/// One parameter's pieces before and after, as [`move_pieces`] takes them.
+struct Pieces<'a> {
+    name: &'a str,
+    /// The rank's piece under the old layout and its values.
+    held: Option<(&'a Vec<Range<usize>>, &'a Tensor)>,
+    /// The rank's piece under the new layout.
+    mine_new: Option<&'a [Range<usize>]>,
+    from: &'a [(usize, Vec<Range<usize>>)],
+    to: &'a [(usize, Vec<Range<usize>>)],
+}
+
+/// The rank's new piece of one parameter (None where it stores none), in the parameter's own
+/// element type `T`: copied from its old piece, received from the ranks holding the rest, and
+/// sent where other ranks need its values.
+fn move_pieces<T>(p: &Pieces<'_>, world: &dyn Communicator) -> Result<Option<Tensor>>
+where
+    T: autopar_layout::Element + autopar_tensor::Element + autopar_comm::Element,
+{
+    let rank = world.rank();
+    let kernel = |e| RuntimeError::Kernel { kind: "relayout", name: p.name.to_string(), source: Box::new(e) };
+    let held = match p.held {
+        Some((b, t)) => {
+            let own = <T as autopar_tensor::Element>::DTYPE;
+            let t = if t.dtype() == own { t.clone() } else { t.cast(own) };
+            Some((b, Block::new(t.shape().to_vec(), t.to_vec::<T>().map_err(kernel)?).map_err(layout_err(p.name))?))
+        }
+        None => None,
+    };
+    let mut new = p.mine_new.map(|b| Block::<T>::zeros(b.iter().map(|r| r.len()).collect()));
+    let err = || RuntimeError::comm(CommPhase::Relayout { name: p.name.to_string() });
+    for c in copies(p.from, p.to) {
+        if c.from != rank && c.to != rank {
+            continue;
+        }
+        let part = match (&held, c.from == rank) {
+            (Some((b, values)), true) => Some(values.slice(&relative(&c.region, b)).map_err(layout_err(p.name))?),
+            (None, true) => return Err(missing(p.name, rank)),
+            (_, false) => None,
+        };
+        if c.to != rank {
+            let part = part.expect("sent by the rank holding it");
+            world.send(part.data().into(), c.to, 0).map_err(err())?;
+            continue;
+        }
+        let part = match part {
+            Some(part) => part,
+            None => {
+                let shape: Vec<usize> = c.region.iter().map(|r| r.len()).collect();
+                let mut v = vec![T::default(); shape.iter().product()];
+                world.recv((&mut v).into(), c.from, 0).map_err(err())?;
+                Block::new(shape, v).map_err(layout_err(p.name))?
+            }
+        };
+        let (Some(block), Some(b)) = (new.as_mut(), p.mine_new) else { continue };
+        block.write(&relative(&c.region, b), &part).map_err(layout_err(p.name))?;
+    }
+    let (Some(block), Some(b)) = (new, p.mine_new) else { return Ok(None) };
+    let shape: Vec<usize> = b.iter().map(|r| r.len()).collect();
+    Tensor::from_vec(&shape, block.into_data()).map(Some).map_err(kernel)
 }
 
 fn missing(name: &str, rank: usize) -> RuntimeError {
