@@ -112,6 +112,8 @@ pub struct SafetensorsWriter {
     out: AtomicFile,
     order: Vec<(String, DType, Vec<usize>)>,
     next: usize,
+    /// Bytes of tensor `next` written so far by [`Self::write_part`].
+    part: usize,
 }
 
 impl SafetensorsWriter {
@@ -158,7 +160,7 @@ impl SafetensorsWriter {
         out.preallocate(8 + text.len() as u64 + off);
         out.write_all(&(text.len() as u64).to_le_bytes())?;
         out.write_all(text.as_bytes())?;
-        Ok(Self { out, order, next: 0 })
+        Ok(Self { out, order, next: 0, part: 0 })
     }
 
     /// The tensors (name, dtype, shape) in the order they must be written: sorted by name.
@@ -168,6 +170,34 @@ impl SafetensorsWriter {
 
     /// Write the next tensor of [`Self::write_order`].
     pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        let len = self.expect(name)?;
+        if self.part != 0 || data.len() != len {
+            return Err(self.wrong_count(name, self.part + data.len()));
+        }
+        self.out.write_all(data)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Write the next bytes of tensor `name`, the next of [`Self::write_order`], in as many
+    /// parts as its producer makes (a tensor too large to hold at once): the next tensor's
+    /// turn comes when its bytes are complete.
+    pub fn write_part(&mut self, name: &str, data: &[u8]) -> Result<()> {
+        let len = self.expect(name)?;
+        if self.part + data.len() > len {
+            return Err(self.wrong_count(name, self.part + data.len()));
+        }
+        self.out.write_all(data)?;
+        self.part += data.len();
+        if self.part == len {
+            self.next += 1;
+            self.part = 0;
+        }
+        Ok(())
+    }
+
+    /// The byte length of tensor `name`, an error unless it is the one to write next.
+    fn expect(&self, name: &str) -> Result<usize> {
         let Some((want, dtype, shape)) = self.order.get(self.next) else {
             return Err(CheckpointError::InvalidArgument(Misuse::UnexpectedTensor { name: name.to_string(), expected: None }));
         };
@@ -177,19 +207,18 @@ impl SafetensorsWriter {
                 expected: Some(want.to_string()),
             }));
         }
-        let len = shape.iter().product::<usize>() * dtype.size();
-        if data.len() != len {
-            return Err(CheckpointError::InvalidArgument(Misuse::WrongByteCount {
-                name: name.to_string(),
-                dtype: dtype.to_string(),
-                shape: shape.to_vec(),
-                needs: len,
-                got: data.len(),
-            }));
-        }
-        self.out.write_all(data)?;
-        self.next += 1;
-        Ok(())
+        Ok(shape.iter().product::<usize>() * dtype.size())
+    }
+
+    fn wrong_count(&self, name: &str, got: usize) -> CheckpointError {
+        let (_, dtype, shape) = &self.order[self.next];
+        CheckpointError::InvalidArgument(Misuse::WrongByteCount {
+            name: name.to_string(),
+            dtype: dtype.to_string(),
+            shape: shape.to_vec(),
+            needs: shape.iter().product::<usize>() * dtype.size(),
+            got,
+        })
     }
 
     /// Completes the file and renames it into place; fails when not every tensor was written.

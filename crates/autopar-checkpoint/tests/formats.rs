@@ -138,6 +138,40 @@ fn safetensors_files_interoperate_with_the_safetensors_crate() {
 }
 
 #[test]
+fn a_safetensors_tensor_written_in_parts_equals_it_written_whole_and_a_wrong_count_is_refused() {
+    use autopar_checkpoint::SafetensorsWriter;
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = all_dtypes();
+    let list: Vec<_> = tensors.iter().map(|(s, _)| (s.name.clone(), s.dtype, s.shape.clone())).collect();
+    let whole = dir.path().join("whole.safetensors");
+    let parts = dir.path().join("parts.safetensors");
+    let by_name: BTreeMap<&str, &[u8]> = tensors.iter().map(|(s, d)| (s.name.as_str(), d.as_slice())).collect();
+    let mut w = SafetensorsWriter::create(&whole, &BTreeMap::new(), &list).unwrap();
+    let order: Vec<String> = w.write_order().map(|t| t.0.clone()).collect();
+    for name in &order {
+        w.write_tensor(name, by_name[name.as_str()]).unwrap();
+    }
+    w.finish().unwrap();
+    let mut w = SafetensorsWriter::create(&parts, &BTreeMap::new(), &list).unwrap();
+    for name in &order {
+        for chunk in by_name[name.as_str()].chunks(5) {
+            w.write_part(name, chunk).unwrap();
+        }
+    }
+    w.finish().unwrap();
+    assert_eq!(fs::read(&whole).unwrap(), fs::read(&parts).unwrap());
+    // More bytes than the tensor has, or the next tensor before this one is complete: refused.
+    let mut w = SafetensorsWriter::create(&dir.path().join("bad.safetensors"), &BTreeMap::new(), &list).unwrap();
+    let first = by_name[order[0].as_str()];
+    let e = w.write_part(&order[0], &[first, &[0u8]].concat()).unwrap_err().to_string();
+    assert!(e.contains(&format!("needs {} bytes", first.len())), "{e}");
+    w.write_part(&order[0], &first[..1]).unwrap();
+    assert!(w.write_part(&order[1], by_name[order[1].as_str()]).is_err());
+    assert!(w.finish().is_err());
+    assert!(!dir.path().join("bad.safetensors").exists());
+}
+
+#[test]
 fn load_segmented_merges_a_folder_with_name_filters() {
     let dir = tempfile::tempdir().unwrap();
     let t = |n: &str, v: u8| (TensorSpec { name: n.into(), dtype: DType::UInt8, shape: vec![2] }, vec![v, v]);

@@ -1140,12 +1140,12 @@ impl Trainer {
         let eval = match &self.eval {
             Some(data) if step > plan.resume.as_ref().map_or(0, |r| r.pos.step) => {
                 let trained = evaluate::EvalParams::Trained { job: plan.job, store: &params, budget: plan_memory };
-                let result = self.evaluate_rank(comm, trained, data, false).map_err(|e| TrainError::EvalAfterTraining {
+                let result = self.evaluate_rank(comm, trained, data, None).map_err(|e| TrainError::EvalAfterTraining {
                     last_step: step,
                     checkpoint: checkpoints.last().cloned(),
                     source: Box::new(e),
                 })?;
-                Some(result.0)
+                Some(result)
             }
             _ => None,
         };
@@ -1311,7 +1311,7 @@ impl Trainer {
     /// `params` and runs its part of an inference job planned for the evaluation batch size.
     pub fn evaluate(&self, params: &ParamStore, data: &DataSource) -> TrainResult<EvalResult> {
         let n = self.cfg.parallel.resolved()?.devices();
-        self.run_in_process(n, |comm| self.evaluate_rank(comm, evaluate::EvalParams::Full(params), data, false)).map(|r| r.0)
+        self.run_in_process(n, |comm| self.evaluate_rank(comm, evaluate::EvalParams::Full(params), data, None))
     }
 
     /// Accuracy and mean loss on `data` of the parameters in the checkpoint `path` (a file of
@@ -1319,22 +1319,24 @@ impl Trainer {
     /// as [`TrainConfig::init`] takes), on the run's devices: as threads of this process, or
     /// one rank per process under mpirun. Each rank reads only its own pieces of the files.
     pub fn evaluate_checkpoint(&self, path: &Path, data: &DataSource) -> TrainResult<EvalResult> {
-        self.checkpoint_outputs(path, data, false).map(|r| r.0)
+        self.checkpoint_outputs(path, data, None)
     }
 
-    /// [`Trainer::evaluate_checkpoint`], with the logits of every sample (or token position),
-    /// `[predictions, classes]` in the data's order, on rank 0 (None on the other processes
-    /// under mpirun).
-    pub fn predict_checkpoint(&self, path: &Path, data: &DataSource) -> TrainResult<(EvalResult, Option<Tensor>)> {
-        self.checkpoint_outputs(path, data, true)
+    /// [`Trainer::evaluate_checkpoint`], writing the outputs to the safetensors file `output`
+    /// as they come, in the data's order: `logits` `[predictions, classes]` (f32; a row per
+    /// sample, or per token position) and `predicted_class` `[predictions]` (i64). The rank
+    /// reporting the outputs (the last pipeline stage's first) writes it, batch by batch,
+    /// holding only the predicted classes until the end; the file appears when complete.
+    pub fn predict_checkpoint(&self, path: &Path, data: &DataSource, output: &Path) -> TrainResult<EvalResult> {
+        self.checkpoint_outputs(path, data, Some(output))
     }
 
-    fn checkpoint_outputs(&self, path: &Path, data: &DataSource, keep_logits: bool) -> TrainResult<(EvalResult, Option<Tensor>)> {
+    fn checkpoint_outputs(&self, path: &Path, data: &DataSource, output: Option<&Path>) -> TrainResult<EvalResult> {
         let n = self.cfg.parallel.resolved()?.devices();
         let job = self.eval_job(self.cfg.eval_batch_size.max(1), n)?.job;
         let (source, _, made) = self.init_source(path, &job)?;
-        let run = |comm: &dyn Communicator| self.evaluate_rank(comm, evaluate::EvalParams::Pieces(&source), data, keep_logits);
-        let with_made = |(r, logits): (EvalResult, Option<Tensor>)| (EvalResult { made_from_init: made.clone(), ..r }, logits);
+        let run = |comm: &dyn Communicator| self.evaluate_rank(comm, evaluate::EvalParams::Pieces(&source), data, output);
+        let with_made = |r: EvalResult| EvalResult { made_from_init: made.clone(), ..r };
         match autopar_comm::launch::mpi_world_size().filter(|_| !self.in_process) {
             #[cfg(feature = "mpi")]
             Some(size) => {

@@ -43,13 +43,30 @@ fn a_checkpoint_folder_evaluates_alike_on_any_device_count_and_its_predictions_a
         assert_eq!(got["accuracy"], want["accuracy"], "{extra:?}");
     }
 
-    let mut args = vec!["predict", "ck", "--output", "p.safetensors", "--devices", "2"];
-    args.extend(DATA);
-    let o = autopar(dir.path(), &args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
-    assert_eq!(file.get("logits").unwrap().shape, vec![30, 10]);
-    assert_eq!(file.get("classes").unwrap().shape, vec![30]);
+    // Predictions: written by the rank reporting the outputs (rank 0, or a pipeline's last
+    // stage), the same on both; their classes are the logits' largest.
+    let mut seen = Vec::new();
+    for extra in [vec![], vec!["--parallel", "parallel_mode=semi_auto_parallel", "--parallel", "pipeline_stages=2"]] {
+        let mut args = vec!["predict", "ck", "--output", "p.safetensors", "--devices", "2"];
+        args.extend(DATA);
+        args.extend(extra.iter().copied());
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
+        assert_eq!(file.get("logits").unwrap().shape, vec![30, 10]);
+        assert_eq!(file.get("predicted_class").unwrap().shape, vec![30]);
+        let logits: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let classes: Vec<i64> =
+            file.read("predicted_class").unwrap().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+        for (row, &class) in logits.chunks(10).zip(&classes) {
+            let best = row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b });
+            assert_eq!(class, best as i64, "{extra:?}: {row:?}");
+        }
+        seen.push(logits);
+    }
+    for (a, b) in seen[0].iter().zip(&seen[1]) {
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "a pipeline's predictions differ: {a} vs {b}");
+    }
 
     // The folder's strategy file elsewhere, named by --ckpt-strategy.
     std::fs::rename(dir.path().join("ck/strategy.json"), dir.path().join("saved-under.json")).unwrap();

@@ -74,6 +74,15 @@ pub enum TrainError {
         error: Box<CheckpointError>,
     },
 
+    /// Writing the predictions file failed.
+    #[error("writing the predictions to {}: {error}", path.display())]
+    Predictions {
+        /// The predictions file.
+        path: PathBuf,
+        /// The checkpoint crate's error.
+        error: Box<CheckpointError>,
+    },
+
     /// The checkpoint lacks a parameter the network needs.
     #[error("checkpoint {} has no parameter {name}\n  the network needs {name} {shape:?}\nhint: the checkpoint was saved from another network; check `model` and its sizes", path.display())]
     InitMissing {

@@ -10,6 +10,9 @@
 //! repeated until it can (`lcm(rows, devices)` rows): the mean loss of the repeated batch is the
 //! batch's own, and only its first rows are scored.
 
+use std::path::{Path, PathBuf};
+
+use autopar_checkpoint::DType as CkDType;
 use autopar_comm::Communicator;
 use autopar_data::{DataLoader, LoaderConfig};
 use autopar_tensor::Tensor;
@@ -106,15 +109,16 @@ impl Trainer {
 
     /// This rank's part of evaluating `data` (every sample once, in order) with its
     /// parameters from `params`. Collective over `comm`, the job's ranks; every rank returns
-    /// the whole result, and with `keep_logits` rank 0 the logits of every sample (or token
-    /// position), `[predictions, classes]`, in order.
+    /// the whole result. With `output`, the rank reporting the outputs (the last stage's
+    /// first) writes every sample's (or token position's) logits and predicted class to
+    /// that file, batch by batch.
     pub(super) fn evaluate_rank(
         &self,
         comm: &dyn Communicator,
         params: EvalParams<'_>,
         data: &DataSource,
-        keep_logits: bool,
-    ) -> TrainResult<(EvalResult, Option<Tensor>)> {
+        output: Option<&Path>,
+    ) -> TrainResult<EvalResult> {
         let bs = self.cfg.eval_batch_size.max(1);
         let loader = DataLoader::new(
             data.dataset.clone(),
@@ -122,9 +126,9 @@ impl Trainer {
             LoaderConfig { prefetch: self.cfg.prefetch, ..LoaderConfig::eval(bs, 1, 0) },
         )?;
         let mut current: Option<(EvalJob, RankTrainer)> = None;
-        // correct, scored, loss x samples, samples, classes: summed on the rank reporting the outputs
-        let mut tally = [0.0f64; 5];
-        let mut kept: Vec<f32> = Vec::new();
+        // correct, scored, loss x samples, samples: summed on the rank reporting the outputs
+        let mut tally = [0.0f64; 4];
+        let mut written: Option<PredictionWriter> = None;
         for batch in loader.epoch(0) {
             let batch = batch?;
             let b = batch.len();
@@ -177,10 +181,14 @@ impl Trainer {
             let logits = &out[1];
             let c = (*logits.shape().last().unwrap_or(&1)).max(1);
             let vals = logits.to_f64_vec();
-            if keep_logits {
-                kept.extend(vals.iter().take(labels.len() * c).map(|&v| v as f32));
+            let scored = vals.len().min(labels.len() * c) / c;
+            if let Some(path) = output {
+                let file = match written.as_mut() {
+                    Some(file) => file,
+                    None => written.insert(PredictionWriter::create(path, data.dataset.len() * (labels.len() / b.max(1)), c)?),
+                };
+                file.push(&vals[..scored * c])?;
             }
-            tally[4] = c as f64;
             // Labels per row (or per token position): the first rows of a repeated batch.
             for (row, &label) in vals.chunks(c).zip(&labels) {
                 tally[0] += f64::from(u8::from(predicted_class(row) as f64 == label));
@@ -191,43 +199,55 @@ impl Trainer {
         }
         comm.all_reduce((&mut tally[..]).into(), autopar_comm::ReduceOp::Sum)
             .map_err(|e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e)))?;
-        let [correct, scored, loss_sum, samples, classes] = tally;
-        let result = EvalResult {
+        let [correct, scored, loss_sum, samples] = tally;
+        if let Some(file) = written {
+            file.finish()?;
+        }
+        Ok(EvalResult {
             accuracy: if scored > 0.0 { correct / scored } else { 0.0 },
             loss: if samples > 0.0 { loss_sum / samples } else { 0.0 },
             predictions: scored as usize,
             samples: samples as usize,
             made_from_init: Vec::new(),
-        };
-        if !keep_logits {
-            return Ok((result, None));
-        }
-        // The reporting rank (the last stage's first) sends the logits to rank 0.
-        let shape = [scored as usize, classes as usize];
-        let reporter = {
-            let (stages, stage_devices) = current.as_ref().map_or((1, 1), |(_, r)| r.pipeline_shape());
-            (stages - 1) * stage_devices
-        };
-        let comm_err = |e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e));
-        let logits = match comm.rank() {
-            0 if reporter != 0 => {
-                let mut v = vec![0f32; shape[0] * shape[1]];
-                comm.recv((&mut v).into(), reporter, 0).map_err(comm_err)?;
-                Some(v)
-            }
-            0 => Some(kept),
-            r if r == reporter => {
-                comm.send((&kept).into(), 0, 0).map_err(comm_err)?;
-                None
-            }
-            _ => None,
-        };
-        let logits = logits.map(|v| Tensor::from_vec(&shape, v)).transpose().map_err(|e| RuntimeError::Kernel {
-            kind: "logits",
-            name: "evaluation".into(),
-            source: Box::new(e),
-        })?;
-        Ok((result, logits))
+        })
+    }
+}
+
+/// The predictions file, written batch by batch as the outputs come: `logits`
+/// `[predictions, classes]` (f32) and `predicted_class` `[predictions]` (i64, the first
+/// largest logit of each row), safetensors, renamed into place when complete. Only the
+/// predicted classes are held until the end.
+struct PredictionWriter {
+    path: PathBuf,
+    file: autopar_checkpoint::SafetensorsWriter,
+    classes: Vec<i64>,
+    columns: usize,
+}
+
+impl PredictionWriter {
+    fn create(path: &Path, rows: usize, columns: usize) -> TrainResult<Self> {
+        let list =
+            [("logits".to_string(), CkDType::Float32, vec![rows, columns]), ("predicted_class".to_string(), CkDType::Int64, vec![rows])];
+        let file = autopar_checkpoint::SafetensorsWriter::create(path, &Default::default(), &list).map_err(|e| Self::err(path, e))?;
+        Ok(Self { path: path.to_path_buf(), file, classes: Vec::with_capacity(rows), columns })
+    }
+
+    fn err(path: &Path, e: autopar_checkpoint::CheckpointError) -> TrainError {
+        TrainError::Predictions { path: path.to_path_buf(), error: Box::new(e) }
+    }
+
+    /// The logits of the next rows, row-major.
+    fn push(&mut self, logits: &[f64]) -> TrainResult<()> {
+        let bytes: Vec<u8> = logits.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
+        self.file.write_part("logits", &bytes).map_err(|e| Self::err(&self.path, e))?;
+        self.classes.extend(logits.chunks(self.columns).map(|row| predicted_class(row) as i64));
+        Ok(())
+    }
+
+    fn finish(mut self) -> TrainResult<()> {
+        let bytes: Vec<u8> = self.classes.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.file.write_tensor("predicted_class", &bytes).map_err(|e| Self::err(&self.path, e))?;
+        self.file.finish().map_err(|e| Self::err(&self.path, e))
     }
 }
 

@@ -5,14 +5,12 @@
 //! `eval` prints accuracy and mean loss; `predict` also writes every sample's logits and
 //! predicted class to a safetensors file.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use autopar_checkpoint::{DType, TensorSpec};
-use autopar_runtime::trainer::{predicted_class, EvalResult};
+use anyhow::Result;
+use autopar_runtime::trainer::EvalResult;
 use clap::Args;
 
 use super::common::{ModelArgs, ParallelArgs};
@@ -60,7 +58,7 @@ pub struct PredictArgs {
     #[command(flatten)]
     eval: EvalArgs,
     /// Where to write the logits (`logits`, [samples, classes]; a gpt's [samples x context,
-    /// vocabulary]) and the predicted classes (`classes`, i64), as safetensors.
+    /// vocabulary]) and the predicted classes (`predicted_class`, i64), as safetensors.
     #[arg(long, value_name = "FILE.safetensors", help_heading = "Output")]
     output: PathBuf,
 }
@@ -146,20 +144,10 @@ pub fn run_predict(args: PredictArgs, out: &mut dyn Write) -> Result<ExitCode> {
     if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) && !json {
         eprintln!("autopar predict: {} on {desc}, {} device(s)", path.display(), trainer.config().parallel.devices());
     }
-    let (r, logits) = trainer.predict_checkpoint(&path, &data)?;
-    let Some(logits) = logits else { return Ok(ExitCode::SUCCESS) };
-    let (rows, classes) = (logits.shape()[0], logits.shape()[1]);
-    let values = logits.to_vec::<f32>().context("the logits")?;
-    let argmax: Vec<i64> = values.chunks(classes.max(1)).map(|row| predicted_class(row) as i64).collect();
-    let bytes_f32: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let bytes_i64: Vec<u8> = argmax.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let tensors = vec![
-        (TensorSpec { name: "logits".into(), dtype: DType::Float32, shape: vec![rows, classes] }, bytes_f32),
-        (TensorSpec { name: "classes".into(), dtype: DType::Int64, shape: vec![rows] }, bytes_i64),
-    ];
-    let mut meta = BTreeMap::new();
-    meta.insert("checkpoint".to_string(), path.display().to_string());
-    autopar_checkpoint::save(&output, &tensors, &meta).with_context(|| format!("writing the predictions to {}", output.display()))?;
+    let r = trainer.predict_checkpoint(&path, &data, &output)?;
+    if autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0) {
+        return Ok(ExitCode::SUCCESS);
+    }
     print_result(out, json, &path.display().to_string(), &r, Some(&output))?;
     Ok(ExitCode::SUCCESS)
 }
