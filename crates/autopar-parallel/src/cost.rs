@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use autopar_graph::{Collective, CostCx, TensorType};
+use autopar_graph::{Collective, CostCx, DType, TensorType};
 
 use crate::error::Result;
 use crate::program::RankProgram;
@@ -30,7 +30,9 @@ pub struct Memory {
     /// What this rank stores of every parameter (trainable and frozen) between steps: its
     /// slices, or its optimizer shards of them.
     pub parameters: usize,
-    /// Gradients of the trainable slices.
+    /// Gradients of the trainable slices, and the flat buffers that gradient buckets which
+    /// cannot be reduced where their gradients lie (a bucket of f16/bf16, or of another dtype
+    /// than its gradients) keep from step to step ([`Memory::bucket_buffers`]).
     pub gradients: usize,
     /// Optimizer state: `slots` tensors per trainable slice, or optimizer shard (Momentum 1,
     /// Adam 2).
@@ -57,6 +59,7 @@ impl Memory {
     /// parameter) of the parameters of `program` that `held` keeps; no activations, no
     /// communication buffers ([`Memory::with_comm_buffers`] adds them).
     pub fn of_params(program: &RankProgram, optimizer_slots: usize, held: impl Fn(&str) -> bool) -> Self {
+        let held = |n: &str| held(n);
         let g = &program.graph;
         let slice_bytes = |p: &&crate::program::ParamSlot| p.layout.slice_len() * g.node(p.local).ty.dtype.size();
         let stored_bytes = |p: &&crate::program::ParamSlot| p.stored_shape().iter().product::<usize>() * g.node(p.local).ty.dtype.size();
@@ -64,7 +67,7 @@ impl Memory {
         let state: usize = params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
         Memory {
             parameters: params.iter().map(stored_bytes).sum(),
-            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum(),
+            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum::<usize>() + Memory::bucket_buffers(program, &held),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
             comm_buffers: 0,
@@ -81,35 +84,72 @@ impl Memory {
         self
     }
 
+    /// The flat buffers of `program`'s gradient buckets (over the parameters `held` keeps)
+    /// whose gradients are copied into one buffer of the bucket's dtype to be reduced: a
+    /// bucket of f16/bf16 or integers, or one whose gradients are of another dtype (f16
+    /// gradients synced in f32). The runtime keeps each such buffer from step to step; an f32
+    /// or f64 bucket of its own dtype's gradients is reduced where they lie.
+    pub fn bucket_buffers(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
+        let g = &program.graph;
+        program
+            .buckets
+            .iter()
+            .filter(|b| b.group.len() > 1)
+            .filter(|b| {
+                let own = |n: &String| program.param(n).is_some_and(|p| g.node(p.local).ty.dtype == b.dtype);
+                !matches!(b.dtype, DType::F32 | DType::F64) || !b.params.iter().all(own)
+            })
+            .map(|b| {
+                b.params.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).sum::<usize>()
+                    * b.dtype.size()
+            })
+            .sum()
+    }
+
     /// The largest packing buffers of `program`'s fused collectives over the parameters `held`
-    /// keeps: after the backward pass (every gradient bucket's all-reduce; the parallel
-    /// optimizer's reduce-scatters, the sends and the received parts) and before the forward
-    /// pass (the parallel optimizer's all-gathers, the sends packed and the receives).
+    /// keeps, in each bucket's dtype: after the backward pass (every gradient bucket's
+    /// all-reduce; the parallel optimizer's reduce-scatters: the gradients cast to the bucket's
+    /// dtype where theirs differs, rearranged by shard where a shard group is smaller than the
+    /// replica group, the sends packed, the received parts and their all-gather among the
+    /// ranks holding a shard) and before the forward pass (the parallel optimizer's
+    /// all-gathers, the sends packed and the receives).
     pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool) -> (usize, usize) {
         let g = &program.graph;
-        let bytes = |names: &[String], len: &dyn Fn(&crate::program::ParamSlot) -> usize| -> usize {
-            names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(|p| len(p) * g.node(p.local).ty.dtype.size()).sum()
+        let elements = |names: &[String], len: &dyn Fn(&crate::program::ParamSlot) -> usize| -> usize {
+            names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(len).sum()
         };
-        let all_reduce = program.buckets.iter().filter(|b| b.group.len() > 1).map(|b| bytes(&b.params, &|p| p.layout.slice_len()));
-        let all_gather =
-            program.all_gather.iter().map(|b| bytes(&b.params, &|p| p.stored_shape().iter().product::<usize>() + p.layout.slice_len()));
+        let all_reduce =
+            program.buckets.iter().filter(|b| b.group.len() > 1).map(|b| elements(&b.params, &|p| p.layout.slice_len()) * b.dtype.size());
+        let all_gather = program
+            .all_gather
+            .iter()
+            .map(|b| elements(&b.params, &|p| p.stored_shape().iter().product::<usize>() + p.layout.slice_len()) * b.dtype.size());
         let reduce_scatter = program.reduce_scatter.iter().map(|b| {
             let holders = b.group.len() / b.shard_size;
-            bytes(&b.params, &|p| (p.layout.slice_len() / b.shard_size).div_ceil(holders) * (b.group.len() + 1))
+            let parts = |p: &crate::program::ParamSlot| (p.layout.slice_len() / b.shard_size).div_ceil(holders);
+            let cast = |p: &crate::program::ParamSlot| if g.node(p.local).ty.dtype == b.dtype { 0 } else { p.layout.slice_len() };
+            let arranged = |p: &crate::program::ParamSlot| if holders > 1 { parts(p) * (b.group.len() + holders) } else { 0 };
+            elements(&b.params, &|p| cast(p) + arranged(p) + parts(p) * (b.group.len() + 1)) * b.dtype.size()
         });
         (all_reduce.chain(reduce_scatter).max().unwrap_or(0), all_gather.max().unwrap_or(0))
     }
 
     /// The bytes of the model-parallel slices that the parallel optimizer all-gathers the
-    /// shards of `program`'s parameters (those `held` keeps) into for a step: buffers kept
-    /// from step to step, beside the stored shards.
+    /// shards of `program`'s parameters (those `held` keeps) into for a step: buffers of the
+    /// all-gather's dtype kept from step to step, beside the stored shards, and where a
+    /// parameter's own dtype differs, the copy cast to it that the step uses.
     pub fn gathered_slices(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
         let g = &program.graph;
         program
-            .params
+            .all_gather
             .iter()
-            .filter(|p| p.shard.is_some() && held(&p.name))
-            .map(|p| p.layout.slice_len() * g.node(p.local).ty.dtype.size())
+            .flat_map(|b| b.params.iter().map(move |n| (b, n)))
+            .filter(|(_, n)| held(n))
+            .filter_map(|(b, n)| program.param(n).map(|p| (b, p)))
+            .map(|(b, p)| {
+                let own = g.node(p.local).ty.dtype;
+                p.layout.slice_len() * (b.dtype.size() + if own == b.dtype { 0 } else { own.size() })
+            })
             .sum()
     }
 

@@ -197,6 +197,27 @@ fn gradient_fp32_sync_and_force_fp32_communication_set_the_width_of_half_precisi
 }
 
 #[test]
+fn the_plan_counts_the_flat_buffer_a_bucket_that_cannot_reduce_its_gradients_in_place_keeps() {
+    let values = 16 * 16 + 16 * 4;
+    for (dtype, mode, options, flat) in [
+        // f32 gradients in an f32 bucket: reduced where they lie.
+        (DType::F32, "data_parallel", vec![], 0),
+        // f16 gradients synced in f32: packed into an f32 buffer.
+        (DType::F16, "semi_auto_parallel", vec![], 4),
+        // an f16 bucket: packed into an f16 buffer.
+        (DType::F16, "data_parallel", vec![], 2),
+        (DType::F16, "semi_auto_parallel", vec![("gradient_fp32_sync", json!(false))], 2),
+    ] {
+        let (graph, loss) = net(dtype, &[]);
+        let job = Job::new(&graph, loss, &ctx(4, mode, &options)).unwrap();
+        let memory = job.program(0).unwrap().memory(job.plan(), 0).unwrap();
+        let program = &job.program(0).unwrap().program;
+        assert_eq!(autopar_parallel::Memory::bucket_buffers(program, |_| true), values * flat, "{dtype:?} {mode} {options:?}");
+        assert_eq!(memory.gradients, values * dtype.size() + values * flat, "{dtype:?} {mode} {options:?}");
+    }
+}
+
+#[test]
 fn force_fp32_communication_widens_the_redistribution_of_half_precision_values() {
     // w (f16) is consumed split by one cast and whole by another: an all-gather of f16 values,
     // whose backward is a reduce-scatter. Everything after stays split on rows.
