@@ -67,7 +67,7 @@ impl Memory {
         let state: usize = params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
         Memory {
             parameters: params.iter().map(stored_bytes).sum(),
-            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum::<usize>() + Memory::bucket_buffers(program, &held),
+            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum::<usize>() + Memory::bucket_buffers(program, held),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
             comm_buffers: 0,
