@@ -76,9 +76,10 @@ impl Memory {
 
     /// This memory with its `comm_buffers` set from `program`'s fused collectives over the
     /// parameters `held` keeps, given its gradients and peak activations (of which `gathered`
-    /// bytes are the parallel optimizer's slices, held at every moment).
-    pub fn with_comm_buffers(mut self, program: &RankProgram, held: impl Fn(&str) -> bool, gathered: usize) -> Self {
-        let (after_backward, before_forward) = Memory::largest_packing(program, held);
+    /// bytes are the parallel optimizer's slices, held at every moment); `packs`: the
+    /// communicator packs the parts of a fused collective into one buffer (MPI's does).
+    pub fn with_comm_buffers(mut self, program: &RankProgram, held: impl Fn(&str) -> bool, gathered: usize, packs: bool) -> Self {
+        let (after_backward, before_forward) = Memory::largest_packing(program, held, packs);
         let transient = self.peak_activations.saturating_sub(gathered);
         self.comm_buffers = after_backward.saturating_sub(transient).max(before_forward.saturating_sub(transient + self.gradients));
         self
@@ -90,15 +91,9 @@ impl Memory {
     /// gradients synced in f32). The runtime keeps each such buffer from step to step; an f32
     /// or f64 bucket of its own dtype's gradients is reduced where they lie.
     pub fn bucket_buffers(program: &RankProgram, held: impl Fn(&str) -> bool) -> usize {
-        let g = &program.graph;
-        program
-            .buckets
-            .iter()
-            .filter(|b| b.group.len() > 1)
-            .filter(|b| {
-                let own = |n: &String| program.param(n).is_some_and(|p| g.node(p.local).ty.dtype == b.dtype);
-                !matches!(b.dtype, DType::F32 | DType::F64) || !b.params.iter().all(own)
-            })
+        Memory::packed_buckets(program)
+            .into_iter()
+            .map(|i| &program.buckets[i])
             .map(|b| {
                 b.params.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(|p| p.layout.slice_len()).sum::<usize>()
                     * b.dtype.size()
@@ -106,30 +101,57 @@ impl Memory {
             .sum()
     }
 
-    /// The largest packing buffers of `program`'s fused collectives over the parameters `held`
-    /// keeps, in each bucket's dtype: after the backward pass (every gradient bucket's
-    /// all-reduce; the parallel optimizer's reduce-scatters: the gradients cast to the bucket's
-    /// dtype where theirs differs, rearranged by shard where a shard group is smaller than the
-    /// replica group, the sends packed, the received parts and their all-gather among the
-    /// ranks holding a shard) and before the forward pass (the parallel optimizer's
-    /// all-gathers, the sends packed and the receives).
-    pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool) -> (usize, usize) {
+    /// The positions of `program`'s gradient buckets reduced in a flat buffer of their own:
+    /// those over more than one rank of f16/bf16 or integers, or whose gradients are of
+    /// another dtype than the bucket's.
+    fn packed_buckets(program: &RankProgram) -> Vec<usize> {
         let g = &program.graph;
-        let elements = |names: &[String], len: &dyn Fn(&crate::program::ParamSlot) -> usize| -> usize {
+        let own = |b: &crate::program::RankBucket, n: &String| program.param(n).is_some_and(|p| g.node(p.local).ty.dtype == b.dtype);
+        (0..program.buckets.len())
+            .filter(|&i| {
+                let b = &program.buckets[i];
+                b.group.len() > 1 && (!matches!(b.dtype, DType::F32 | DType::F64) || !b.params.iter().all(|n| own(b, n)))
+            })
+            .collect()
+    }
+
+    /// The largest buffers `program`'s fused collectives over the parameters `held` keeps
+    /// make, in each collective's dtype: after the backward pass (the parallel optimizer's
+    /// reduce-scatters: the gradients cast to the bucket's dtype where theirs differs,
+    /// rearranged by shard where a shard group is smaller than the replica group, the received
+    /// parts and their all-gather among the ranks holding a shard; with `packs`, also the sends
+    /// and receives packed, and a gradient bucket's all-reduce of gradients where they lie
+    /// packed) and before the forward pass (the parallel optimizer's all-gathers: the stored
+    /// pieces cast to the all-gather's dtype where theirs differs; with `packs`, the sends and
+    /// receives packed). A gradient bucket's flat buffer is no packing: it is kept from step
+    /// to step, in [`Memory::gradients`].
+    pub fn largest_packing(program: &RankProgram, held: impl Fn(&str) -> bool, packs: bool) -> (usize, usize) {
+        type Slot = crate::program::ParamSlot;
+        let g = &program.graph;
+        let packed = usize::from(packs);
+        let elements = |names: &[String], len: &dyn Fn(&Slot) -> usize| -> usize {
             names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(len).sum()
         };
-        let all_reduce =
-            program.buckets.iter().filter(|b| b.group.len() > 1).map(|b| elements(&b.params, &|p| p.layout.slice_len()) * b.dtype.size());
-        let all_gather = program
-            .all_gather
+        let differs = |p: &Slot, dtype: DType| usize::from(g.node(p.local).ty.dtype != dtype);
+        let flat = Memory::packed_buckets(program);
+        let all_reduce = program
+            .buckets
             .iter()
-            .map(|b| elements(&b.params, &|p| p.stored_shape().iter().product::<usize>() + p.layout.slice_len()) * b.dtype.size());
+            .enumerate()
+            .filter(|(i, b)| b.group.len() > 1 && !flat.contains(i))
+            .map(|(_, b)| packed * elements(&b.params, &|p| p.layout.slice_len()) * b.dtype.size());
+        let all_gather = program.all_gather.iter().map(|b| {
+            let stored = |p: &Slot| p.stored_shape().iter().product::<usize>();
+            elements(&b.params, &|p| differs(p, b.dtype) * stored(p) + packed * (stored(p) + p.layout.slice_len())) * b.dtype.size()
+        });
         let reduce_scatter = program.reduce_scatter.iter().map(|b| {
-            let holders = b.group.len() / b.shard_size;
-            let parts = |p: &crate::program::ParamSlot| (p.layout.slice_len() / b.shard_size).div_ceil(holders);
-            let cast = |p: &crate::program::ParamSlot| if g.node(p.local).ty.dtype == b.dtype { 0 } else { p.layout.slice_len() };
-            let arranged = |p: &crate::program::ParamSlot| if holders > 1 { parts(p) * (b.group.len() + holders) } else { 0 };
-            elements(&b.params, &|p| cast(p) + arranged(p) + parts(p) * (b.group.len() + 1)) * b.dtype.size()
+            let (group, holders) = (b.group.len(), b.group.len() / b.shard_size);
+            let parts = |p: &Slot| (p.layout.slice_len() / b.shard_size).div_ceil(holders);
+            let cast = |p: &Slot| differs(p, b.dtype) * p.layout.slice_len();
+            // The rearranged sends and the shard's parts gathered back.
+            let arranged = |p: &Slot| if holders > 1 { parts(p) * (group + holders) } else { 0 };
+            let packing = |p: &Slot| parts(p) * (group + 1 + if holders > 1 { holders + 1 } else { 0 });
+            elements(&b.params, &|p| cast(p) + arranged(p) + parts(p) + packed * packing(p)) * b.dtype.size()
         });
         (all_reduce.chain(reduce_scatter).max().unwrap_or(0), all_gather.max().unwrap_or(0))
     }
@@ -250,7 +272,7 @@ impl RankCost {
                 peak_activations: schedule.peak_bytes(g).saturating_sub(grads) + gathered,
                 ..Memory::of_params(program, optimizer_slots, |_| true)
             }
-            .with_comm_buffers(program, |_| true, gathered),
+            .with_comm_buffers(program, |_| true, gathered, true),
         })
     }
 

@@ -279,18 +279,27 @@ impl JobProgram {
     /// ([`RankCost::of`](crate::RankCost::of)); a pipeline rank keeps the values its chunks save
     /// for the backward pass of every micro-batch its schedule has in flight at once, plus the
     /// largest single pass's own peak.
+    /// The communication buffers are those of a communicator that packs a fused collective's
+    /// parts (MPI's): [`JobProgram::memory_on`] tells.
     pub fn memory(&self, job: &JobPlan, optimizer_slots: usize) -> Result<Memory> {
+        self.memory_on(job, optimizer_slots, true)
+    }
+
+    /// [`JobProgram::memory`] on a communicator that packs a fused collective's parts into one
+    /// buffer (`packs`: MPI's) or works where they lie (the in-process one).
+    pub fn memory_on(&self, job: &JobPlan, optimizer_slots: usize, packs: bool) -> Result<Memory> {
         let chunks = match &self.passes {
             Passes::Whole => {
                 let memory = RankCost::of(&self.program, optimizer_slots)?.memory;
                 if job.micro_batches < 2 {
-                    return Ok(memory);
+                    let gathered = Memory::gathered_slices(&self.program, |_| true);
+                    return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered, packs));
                 }
                 // Gradient accumulation: each micro-batch forms its gradients beside the running
                 // sums of the earlier ones.
                 let gathered = Memory::gathered_slices(&self.program, |_| true);
                 let memory = Memory { peak_activations: memory.peak_activations + memory.gradients, ..memory };
-                return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered));
+                return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered, packs));
             }
             Passes::Chunks(c) => c,
         };
@@ -308,7 +317,7 @@ impl JobProgram {
         }
         let gathered = Memory::gathered_slices(&self.program, |n| held.contains(n));
         memory.peak_activations = saved.saturating_mul(in_flight).saturating_add(pass_peak) + gathered;
-        Ok(memory.with_comm_buffers(&self.program, |n| held.contains(n), gathered))
+        Ok(memory.with_comm_buffers(&self.program, |n| held.contains(n), gathered, packs))
     }
 }
 

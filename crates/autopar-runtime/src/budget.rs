@@ -20,7 +20,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use autopar_comm::{Buf, BufMut, Communicator};
-use autopar_parallel::Memory;
+use autopar_parallel::{JobPlan, JobProgram, Memory};
 
 use crate::error::{CommPhase, Result, RuntimeError};
 
@@ -36,12 +36,9 @@ pub const PROCESS_OVERHEAD: u64 = 128 << 20;
 pub const RANK_OVERHEAD: u64 = 4 << 20;
 
 /// A rank's plan as it runs over `comm`: the in-process communicator reduces and gathers
-/// where the parts lie, so there its communication buffers are nothing; MPI's packs them.
-pub fn on_backend(memory: Memory, comm: &dyn Communicator) -> Memory {
-    match comm.backend() {
-        "local" => Memory { comm_buffers: 0, ..memory },
-        _ => memory,
-    }
+/// where the parts lie, so there a fused collective packs nothing; MPI's packs them.
+pub fn on_backend(program: &JobProgram, job: &JobPlan, optimizer_slots: usize, comm: &dyn Communicator) -> Result<Memory> {
+    Ok(program.memory_on(job, optimizer_slots, comm.backend() != "local")?)
 }
 
 /// A limit on this process's memory, and how much of it is left for the run.
@@ -370,15 +367,6 @@ fn cgroup_limit() -> Option<(PathBuf, u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn in_process_a_plan_has_no_communication_buffers() {
-        let plan = Memory { parameters: 10, gradients: 10, optimizer_state: 5, peak_activations: 7, comm_buffers: 64 };
-        let ran = autopar_comm::LocalComm::run(2, |comm| Ok::<_, autopar_comm::CommError>(on_backend(plan.clone(), &comm))).unwrap();
-        for m in ran {
-            assert_eq!(m, Memory { comm_buffers: 0, ..plan.clone() });
-        }
-    }
-
     use super::*;
     use proptest::prelude::*;
 

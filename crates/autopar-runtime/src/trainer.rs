@@ -1012,7 +1012,7 @@ impl Trainer {
         let rank = comm.rank();
         // The plan's memory, checked against what the machine allows before any tensor is made.
         let program = plan.job.plan().program(rank)?;
-        let memory = crate::budget::on_backend(program.memory(plan.job.plan(), cfg.optimizer.kind.state_slots())?, comm);
+        let memory = crate::budget::on_backend(&program, plan.job.plan(), cfg.optimizer.kind.state_slots(), comm)?;
         let capacity = self.device_capacity();
         crate::budget::check_plan_fits(comm, &memory, capacity)?;
         let plan_memory = memory.total() as u64;

@@ -218,6 +218,31 @@ fn the_plan_counts_the_flat_buffer_a_bucket_that_cannot_reduce_its_gradients_in_
 }
 
 #[test]
+fn in_process_a_plan_counts_the_copies_a_collective_makes_but_no_packing() {
+    let (graph, loss) = net(DType::F32, &[]);
+    let values = 16 * 16 + 16 * 4;
+    // data_parallel: one f32 bucket reduced where its gradients lie; MPI packs it, in process
+    // there is nothing beyond the gradients.
+    let job = Job::new(&graph, loss, &ctx(4, "data_parallel", &[])).unwrap();
+    let program = &job.program(0).unwrap().program;
+    assert_eq!(autopar_parallel::Memory::largest_packing(program, |_| true, true).0, values * 4);
+    assert_eq!(autopar_parallel::Memory::largest_packing(program, |_| true, false), (0, 0));
+    // The parallel optimizer with shard groups of 2 among 4 replicas: each gradient is
+    // rearranged by shard and its parts gathered back, in process too.
+    let options = [
+        ("enable_parallel_optimizer", json!(true)),
+        ("parallel_optimizer_config", json!({"optimizer_weight_shard_size": 2, "parallel_optimizer_threshold": 0})),
+    ];
+    let job = Job::new(&graph, loss, &ctx(4, "data_parallel", &options)).unwrap();
+    let program = &job.program(0).unwrap().program;
+    assert_eq!(program.reduce_scatter[0].shard_size, 2);
+    let (in_process, _) = autopar_parallel::Memory::largest_packing(program, |_| true, false);
+    let (mpi, _) = autopar_parallel::Memory::largest_packing(program, |_| true, true);
+    assert!(in_process >= values * 4, "the rearranged gradients: {in_process} < {}", values * 4);
+    assert!(mpi > in_process, "MPI packs the sends besides: {mpi} vs {in_process}");
+}
+
+#[test]
 fn force_fp32_communication_widens_the_redistribution_of_half_precision_values() {
     // w (f16) is consumed split by one cast and whole by another: an all-gather of f16 values,
     // whose backward is a reduce-scatter. Everything after stays split on rows.

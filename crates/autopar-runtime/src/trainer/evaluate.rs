@@ -136,7 +136,7 @@ impl Trainer {
                 let next = self.eval_job(b, comm.size())?;
                 // An evaluation job needing more than the training plan the run was checked
                 // for must fit what the machine leaves beside what is held now.
-                let memory = crate::budget::on_backend(next.job.program(comm.rank())?.memory(next.job.plan(), 0)?, comm);
+                let memory = crate::budget::on_backend(&next.job.program(comm.rank())?, next.job.plan(), 0, comm)?;
                 // The trained pieces stay held beside the evaluation job's.
                 let (budgeted, held) = match &params {
                     EvalParams::Trained { budget, store, .. } => (*budget, store.iter().map(|(_, t)| t.nbytes() as u64).sum()),
