@@ -44,13 +44,14 @@ pub struct Memory {
     /// stored tensors, counted in `parameters`, but for the parallel optimizer's: their
     /// shards are all-gathered into slices kept from step to step, counted here.
     pub peak_activations: usize,
-    /// What the buffers a fused collective packs its parts into add to the step's peak, when
-    /// the communicator copies them into one (MPI's does; the in-process one works where they
-    /// lie): a gradient bucket's all-reduce and the parallel optimizer's reduce-scatter come
-    /// after the backward pass, beside the gradients but not the activations; its all-gather
-    /// (sends and receives) before the forward pass, beside neither. So this is the largest
-    /// such buffer less the room the activations (and, before the forward pass, the gradients)
-    /// leave it, or nothing.
+    /// What the buffers and copies of the fused collectives add to the step's peak: the
+    /// packing of their parts into one buffer where the communicator makes it (MPI's does; the
+    /// in-process one works where they lie), and on any communicator the copies the runtime
+    /// makes around them ([`Memory::largest_packing`]). A gradient bucket's all-reduce and the
+    /// parallel optimizer's reduce-scatter come after the backward pass, beside the gradients
+    /// but not the activations; its all-gather before the forward pass, beside neither (but
+    /// the buckets' flat buffers). So this is the largest such figure less the room the
+    /// activations (and, before the forward pass, the gradients) leave it, or nothing.
     pub comm_buffers: usize,
 }
 
@@ -79,9 +80,12 @@ impl Memory {
     /// bytes are the parallel optimizer's slices, held at every moment); `packs`: the
     /// communicator packs the parts of a fused collective into one buffer (MPI's does).
     pub fn with_comm_buffers(mut self, program: &RankProgram, held: impl Fn(&str) -> bool, gathered: usize, packs: bool) -> Self {
+        let held = |n: &str| held(n);
         let (after_backward, before_forward) = Memory::largest_packing(program, held, packs);
         let transient = self.peak_activations.saturating_sub(gathered);
-        self.comm_buffers = after_backward.saturating_sub(transient).max(before_forward.saturating_sub(transient + self.gradients));
+        // Before the forward pass the gradients are gone, but for the buckets' flat buffers.
+        let free = self.gradients.saturating_sub(Memory::bucket_buffers(program, held));
+        self.comm_buffers = after_backward.saturating_sub(transient).max(before_forward.saturating_sub(transient + free));
         self
     }
 
@@ -134,12 +138,27 @@ impl Memory {
         };
         let differs = |p: &Slot, dtype: DType| usize::from(g.node(p.local).ty.dtype != dtype);
         let flat = Memory::packed_buckets(program);
-        let all_reduce = program
-            .buckets
-            .iter()
-            .enumerate()
-            .filter(|(i, b)| b.group.len() > 1 && !flat.contains(i))
-            .map(|(_, b)| packed * elements(&b.params, &|p| p.layout.slice_len()) * b.dtype.size());
+        let largest = |names: &[String], len: &dyn Fn(&Slot) -> usize| -> usize {
+            names.iter().filter(|n| held(n)).filter_map(|n| program.param(n)).map(len).max().unwrap_or(0)
+        };
+        // A bucket reduced where its gradients lie: packed by the communicator. One with a
+        // flat buffer: after the reduction each gradient of another dtype, or scaled in a
+        // half or integer buffer, goes through a copy, a wide (f32) copy, its scaled result
+        // and the cast back, one gradient at a time.
+        let all_reduce = program.buckets.iter().enumerate().filter(|(_, b)| b.group.len() > 1).map(|(i, b)| {
+            if !flat.contains(&i) {
+                return packed * elements(&b.params, &|p| p.layout.slice_len()) * b.dtype.size();
+            }
+            largest(&b.params, &|p| {
+                let own = g.node(p.local).ty.dtype;
+                let unscaled = b.scale == 1.0 && matches!(b.dtype, DType::F32 | DType::F64) && own == b.dtype;
+                if unscaled {
+                    0
+                } else {
+                    p.layout.slice_len() * (b.dtype.size() + 8 + own.size())
+                }
+            })
+        });
         let all_gather = program.all_gather.iter().map(|b| {
             let stored = |p: &Slot| p.stored_shape().iter().product::<usize>();
             elements(&b.params, &|p| differs(p, b.dtype) * stored(p) + packed * (stored(p) + p.layout.slice_len())) * b.dtype.size()
@@ -147,11 +166,18 @@ impl Memory {
         let reduce_scatter = program.reduce_scatter.iter().map(|b| {
             let (group, holders) = (b.group.len(), b.group.len() / b.shard_size);
             let parts = |p: &Slot| (p.layout.slice_len() / b.shard_size).div_ceil(holders);
-            let cast = |p: &Slot| differs(p, b.dtype) * p.layout.slice_len();
-            // The rearranged sends and the shard's parts gathered back.
-            let arranged = |p: &Slot| if holders > 1 { parts(p) * (group + holders) } else { 0 };
-            let packing = |p: &Slot| parts(p) * (group + 1 + if holders > 1 { holders + 1 } else { 0 });
-            elements(&b.params, &|p| cast(p) + arranged(p) + parts(p) + packed * packing(p)) * b.dtype.size()
+            let total = |len: &dyn Fn(&Slot) -> usize| elements(&b.params, len) * b.dtype.size();
+            // Held throughout: the gradients cast to the bucket's dtype, rearranged by shard
+            // (when a shard group is smaller than the replica group) and the received parts.
+            let held_through =
+                total(&|p| differs(p, b.dtype) * p.layout.slice_len() + if holders > 1 { parts(p) * group } else { 0 } + parts(p));
+            // The reduce-scatter's packed sends and receives, then (when the parts of a shard
+            // lie on several ranks) their all-gather: its receives and its packing.
+            let scatter = packed * total(&|p| parts(p) * (group + 1));
+            let gather = if holders > 1 { total(&|p| parts(p) * holders + packed * parts(p) * (holders + 1)) } else { 0 };
+            // A gradient scaled after its shard is formed: a wide copy and its cast back.
+            let scaled = if b.scale == 1.0 { 0 } else { largest(&b.params, &|p| p.layout.slice_len() / b.shard_size) * 8 };
+            held_through + scatter.max(gather) + scaled
         });
         (all_reduce.chain(reduce_scatter).max().unwrap_or(0), all_gather.max().unwrap_or(0))
     }

@@ -298,7 +298,8 @@ impl JobProgram {
                 // Gradient accumulation: each micro-batch forms its gradients beside the running
                 // sums of the earlier ones.
                 let gathered = Memory::gathered_slices(&self.program, |_| true);
-                let memory = Memory { peak_activations: memory.peak_activations + memory.gradients, ..memory };
+                let sums = memory.gradients - Memory::bucket_buffers(&self.program, |_| true);
+                let memory = Memory { peak_activations: memory.peak_activations + sums, ..memory };
                 return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered, packs));
             }
             Passes::Chunks(c) => c,

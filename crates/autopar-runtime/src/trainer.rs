@@ -1142,7 +1142,7 @@ impl Trainer {
                 let trained = evaluate::EvalParams::Trained { job: plan.job, store: &params, budget: plan_memory };
                 let result = self.evaluate_rank(comm, trained, data, None).map_err(|e| TrainError::EvalAfterTraining {
                     last_step: step,
-                    checkpoint: checkpoints.last().cloned(),
+                    checkpoint: cfg.checkpoint.as_ref().filter(|_| !checkpoints.is_empty()).map(|ck| ck.dir.clone()),
                     source: Box::new(e),
                 })?;
                 Some(result)
@@ -1328,10 +1328,10 @@ impl Trainer {
     /// reporting the outputs (the last pipeline stage's first) writes it, batch by batch,
     /// holding only the predicted classes until the end; the file appears when complete.
     pub fn predict_checkpoint(&self, path: &Path, data: &DataSource, output: &Path) -> TrainResult<EvalResult> {
-        self.checkpoint_outputs(path, data, Some(output))
+        self.checkpoint_outputs(path, data, Some(evaluate::Predictions { output, checkpoint: path }))
     }
 
-    fn checkpoint_outputs(&self, path: &Path, data: &DataSource, output: Option<&Path>) -> TrainResult<EvalResult> {
+    fn checkpoint_outputs(&self, path: &Path, data: &DataSource, output: Option<evaluate::Predictions<'_>>) -> TrainResult<EvalResult> {
         let n = self.cfg.parallel.resolved()?.devices();
         let job = self.eval_job(self.cfg.eval_batch_size.max(1), n)?.job;
         let (source, _, made) = self.init_source(path, &job)?;

@@ -55,6 +55,7 @@ fn a_checkpoint_folder_evaluates_alike_on_any_device_count_and_its_predictions_a
         let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
         assert_eq!(file.get("logits").unwrap().shape, vec![30, 10]);
         assert_eq!(file.get("predicted_class").unwrap().shape, vec![30]);
+        assert_eq!(file.metadata().get("checkpoint").map(String::as_str), Some("ck"), "{extra:?}: the checkpoint is named");
         let logits: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         let classes: Vec<i64> =
             file.read("predicted_class").unwrap().chunks(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();

@@ -148,7 +148,8 @@ pub enum TrainError {
     EvalAfterTraining {
         /// The step training ended at.
         last_step: u64,
-        /// The last checkpoint file this rank wrote (None: the run saved none).
+        /// The folder of the run's checkpoints, the last of them at `last_step` (None: the run
+        /// saved none).
         checkpoint: Option<PathBuf>,
         /// The evaluation's error.
         source: Box<TrainError>,
@@ -165,7 +166,7 @@ pub enum TrainError {
 fn saved_note(checkpoint: &Option<PathBuf>) -> String {
     match checkpoint {
         Some(p) => {
-            format!(" and saved the trained parameters in its checkpoint ({}), which can be evaluated once the cause is fixed", p.display())
+            format!(" and saved the trained parameters in its checkpoint of that step in {} (with its strategy file), which can be evaluated once the cause is fixed", p.display())
         }
         None => " without a checkpoint (the trained parameters are not kept)".into(),
     }

@@ -117,7 +117,7 @@ impl Trainer {
         comm: &dyn Communicator,
         params: EvalParams<'_>,
         data: &DataSource,
-        output: Option<&Path>,
+        output: Option<Predictions<'_>>,
     ) -> TrainResult<EvalResult> {
         let bs = self.cfg.eval_batch_size.max(1);
         let loader = DataLoader::new(
@@ -182,10 +182,14 @@ impl Trainer {
             let c = (*logits.shape().last().unwrap_or(&1)).max(1);
             let vals = logits.to_f64_vec();
             let scored = vals.len().min(labels.len() * c) / c;
-            if let Some(path) = output {
+            if let Some(to) = &output {
                 let file = match written.as_mut() {
                     Some(file) => file,
-                    None => written.insert(PredictionWriter::create(path, data.dataset.len() * (labels.len() / b.max(1)), c)?),
+                    None => {
+                        // Rows per sample: a sample's token positions (a gpt's), else one.
+                        let per_sample = (vals.len() / c / (b * job.repeat).max(1)).min(labels.len() / b.max(1));
+                        written.insert(PredictionWriter::create(to, data.dataset.len() * per_sample, c)?)
+                    }
                 };
                 file.push(&vals[..scored * c])?;
             }
@@ -197,12 +201,14 @@ impl Trainer {
             tally[2] += loss * b as f64;
             tally[3] += b as f64;
         }
-        comm.all_reduce((&mut tally[..]).into(), autopar_comm::ReduceOp::Sum)
-            .map_err(|e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e)))?;
-        let [correct, scored, loss_sum, samples] = tally;
+        // The file is in place before any rank returns (a failure to finish it fails the job
+        // in the collective below).
         if let Some(file) = written {
             file.finish()?;
         }
+        comm.all_reduce((&mut tally[..]).into(), autopar_comm::ReduceOp::Sum)
+            .map_err(|e| TrainError::from(RuntimeError::comm(CommPhase::Run)(e)))?;
+        let [correct, scored, loss_sum, samples] = tally;
         Ok(EvalResult {
             accuracy: if scored > 0.0 { correct / scored } else { 0.0 },
             loss: if samples > 0.0 { loss_sum / samples } else { 0.0 },
@@ -211,6 +217,14 @@ impl Trainer {
             made_from_init: Vec::new(),
         })
     }
+}
+
+/// Where [`Trainer::evaluate_rank`] writes the outputs, and the checkpoint they come from
+/// (named in the file's metadata).
+#[derive(Clone, Copy)]
+pub(super) struct Predictions<'a> {
+    pub(super) output: &'a Path,
+    pub(super) checkpoint: &'a Path,
 }
 
 /// The predictions file, written batch by batch as the outputs come: `logits`
@@ -225,10 +239,12 @@ struct PredictionWriter {
 }
 
 impl PredictionWriter {
-    fn create(path: &Path, rows: usize, columns: usize) -> TrainResult<Self> {
+    fn create(to: &Predictions<'_>, rows: usize, columns: usize) -> TrainResult<Self> {
+        let path = to.output;
+        let metadata = [("checkpoint".to_string(), to.checkpoint.display().to_string())].into_iter().collect();
         let list =
             [("logits".to_string(), CkDType::Float32, vec![rows, columns]), ("predicted_class".to_string(), CkDType::Int64, vec![rows])];
-        let file = autopar_checkpoint::SafetensorsWriter::create(path, &Default::default(), &list).map_err(|e| Self::err(path, e))?;
+        let file = autopar_checkpoint::SafetensorsWriter::create(path, &metadata, &list).map_err(|e| Self::err(path, e))?;
         Ok(Self { path: path.to_path_buf(), file, classes: Vec::with_capacity(rows), columns })
     }
 
