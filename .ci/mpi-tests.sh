@@ -204,6 +204,16 @@ resume_anywhere() {
     echo "$mpi"
     grep -q '^eval: accuracy' <<<"$mpi" || { echo "$mpi" >&2; return 1; }
     [ "$(grep '^eval:' <<<"$mpi")" = "$(grep '^eval:' <<<"$local")" ] || { echo "$local" >&2; return 1; }
+    # `autopar predict` over a pipeline of 2 stages: the last stage's rank (process 1) writes
+    # the file, in place before rank 0 reports it, the same bytes as in process.
+    echo "mpi-tests: mpirun -n 2 autopar predict through a pipeline writes the in-process predictions"
+    local predict=(predict "$dir/a" --model mlp --data synthetic --synthetic-samples 1024 --devices 2
+        --parallel-mode semi_auto_parallel --parallel pipeline_stages=2)
+    mpi=$(timeout 300 mpirun -n 2 "${flags[@]}" "$bin" "${predict[@]}" --output "$dir/mpi.safetensors" 2>&1) || { echo "$mpi" >&2; return 1; }
+    grep -q "predictions written to $dir/mpi.safetensors" <<<"$mpi" || { echo "$mpi" >&2; return 1; }
+    [ -f "$dir/mpi.safetensors" ] || { echo "rank 0 reported $dir/mpi.safetensors before it was in place" >&2; return 1; }
+    "$bin" "${predict[@]}" --output "$dir/local.safetensors" >/dev/null 2>&1 || return 1
+    cmp "$dir/mpi.safetensors" "$dir/local.safetensors" || { echo "the predictions differ between mpirun and in process" >&2; return 1; }
 }
 check resume_anywhere
 
