@@ -291,13 +291,12 @@ impl JobProgram {
         let chunks = match &self.passes {
             Passes::Whole => {
                 let memory = RankCost::of(&self.program, optimizer_slots)?.memory;
+                let gathered = Memory::gathered_slices(&self.program, |_| true);
                 if job.micro_batches < 2 {
-                    let gathered = Memory::gathered_slices(&self.program, |_| true);
                     return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered, packs));
                 }
                 // Gradient accumulation: each micro-batch forms its gradients beside the running
                 // sums of the earlier ones.
-                let gathered = Memory::gathered_slices(&self.program, |_| true);
                 let sums = memory.gradients - Memory::bucket_buffers(&self.program, |_| true);
                 let memory = Memory { peak_activations: memory.peak_activations + sums, ..memory };
                 return Ok(memory.with_comm_buffers(&self.program, |_| true, gathered, packs));

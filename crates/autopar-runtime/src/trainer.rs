@@ -698,22 +698,14 @@ impl Trainer {
                 let msg = e.to_string();
                 let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
                 // An evaluation's error counts as its cause does.
-                let is_comm = |e: &TrainError| match e {
-                    TrainError::EvalAfterTraining { source, .. } => matches!(**source, TrainError::Runtime(RuntimeError::Comm { .. })),
-                    e => matches!(e, TrainError::Runtime(RuntimeError::Comm { .. })),
-                };
+                let is_comm = |e: &TrainError| matches!(e.cause(), TrainError::Runtime(RuntimeError::Comm { .. }));
                 let replace = match &*slot {
                     None => true,
                     Some(TrainError::Rank { source, .. }) if is_comm(source) => !is_comm(&e),
                     Some(_) => false,
                 };
                 // The memory check's refusal is the same on every rank: not one rank's error.
-                let job_wide = match &e {
-                    TrainError::EvalAfterTraining { source, .. } => {
-                        matches!(**source, TrainError::Runtime(RuntimeError::DoesNotFit { .. }))
-                    }
-                    e => matches!(e, TrainError::Runtime(RuntimeError::DoesNotFit { .. })),
-                };
+                let job_wide = matches!(e.cause(), TrainError::Runtime(RuntimeError::DoesNotFit { .. }));
                 if replace {
                     *slot = Some(if n > 1 && !job_wide { TrainError::Rank { rank, source: Box::new(e) } } else { e });
                 }

@@ -172,6 +172,16 @@ fn saved_note(checkpoint: &Option<PathBuf>) -> String {
     }
 }
 
+impl TrainError {
+    /// The error behind this one: an evaluation after training's own error, else this.
+    pub fn cause(&self) -> &TrainError {
+        match self {
+            TrainError::EvalAfterTraining { source, .. } => source,
+            e => e,
+        }
+    }
+}
+
 impl From<DataError> for TrainError {
     fn from(e: DataError) -> Self {
         TrainError::Data(Box::new(e))

@@ -181,7 +181,8 @@ impl Trainer {
             let logits = &out[1];
             let c = (*logits.shape().last().unwrap_or(&1)).max(1);
             let vals = logits.to_f64_vec();
-            let scored = vals.len().min(labels.len() * c) / c;
+            // Labels per row (or per token position): the first rows of a repeated batch.
+            let classes: Vec<usize> = vals.chunks(c).zip(&labels).map(|(row, _)| predicted_class(row)).collect();
             if let Some(to) = &output {
                 let file = match written.as_mut() {
                     Some(file) => file,
@@ -191,11 +192,10 @@ impl Trainer {
                         written.insert(PredictionWriter::create(to, data.dataset.len() * per_sample, c)?)
                     }
                 };
-                file.push(&vals[..scored * c])?;
+                file.push(&vals[..classes.len() * c], &classes)?;
             }
-            // Labels per row (or per token position): the first rows of a repeated batch.
-            for (row, &label) in vals.chunks(c).zip(&labels) {
-                tally[0] += f64::from(u8::from(predicted_class(row) as f64 == label));
+            for (&class, &label) in classes.iter().zip(&labels) {
+                tally[0] += f64::from(u8::from(class as f64 == label));
                 tally[1] += 1.0;
             }
             tally[2] += loss * b as f64;
@@ -235,7 +235,6 @@ struct PredictionWriter {
     path: PathBuf,
     file: autopar_checkpoint::SafetensorsWriter,
     classes: Vec<i64>,
-    columns: usize,
 }
 
 impl PredictionWriter {
@@ -245,18 +244,18 @@ impl PredictionWriter {
         let list =
             [("logits".to_string(), CkDType::Float32, vec![rows, columns]), ("predicted_class".to_string(), CkDType::Int64, vec![rows])];
         let file = autopar_checkpoint::SafetensorsWriter::create(path, &metadata, &list).map_err(|e| Self::err(path, e))?;
-        Ok(Self { path: path.to_path_buf(), file, classes: Vec::with_capacity(rows), columns })
+        Ok(Self { path: path.to_path_buf(), file, classes: Vec::with_capacity(rows) })
     }
 
     fn err(path: &Path, e: autopar_checkpoint::CheckpointError) -> TrainError {
         TrainError::Predictions { path: path.to_path_buf(), error: Box::new(e) }
     }
 
-    /// The logits of the next rows, row-major.
-    fn push(&mut self, logits: &[f64]) -> TrainResult<()> {
+    /// The logits of the next rows, row-major, and the class each row predicts.
+    fn push(&mut self, logits: &[f64], classes: &[usize]) -> TrainResult<()> {
         let bytes: Vec<u8> = logits.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
         self.file.write_part("logits", &bytes).map_err(|e| Self::err(&self.path, e))?;
-        self.classes.extend(logits.chunks(self.columns).map(|row| predicted_class(row) as i64));
+        self.classes.extend(classes.iter().map(|&k| k as i64));
         Ok(())
     }
 
