@@ -183,6 +183,22 @@ check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --
 # auto_parallel: dynamic_programming splits some of ResNet-50's convolutions over channels on 8 ranks.
 check train_cli 8 --model resnet50 --width 8 --input-shape 3,32,32 --data synthetic --synthetic-samples 256 --steps 3 --batch-size 64 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming --eval false
 
+# Recomputation under MPI: every block recomputed in the backward pass (the ResNet's
+# synchronised BatchNorm statistics and the pipeline's micro-batches replayed across the
+# processes) gives the in-process losses of the run that recomputes nothing, line for line.
+recompute_cli() {
+    local n=$1
+    shift
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" args=(train "$@" --devices "$n") mpi local
+    echo "mpi-tests: mpirun -n $n autopar ${args[*]} --recompute blocks equals the in-process run without"
+    mpi=$(timeout 300 mpirun -n "$n" "${flags[@]}" "$bin" "${args[@]}" --recompute blocks 2>&1) || { echo "$mpi" >&2; return 1; }
+    local=$("$bin" "${args[@]}" --recompute none 2>&1) || { echo "$local" >&2; return 1; }
+    echo "$mpi"
+    [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
+}
+check recompute_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel
+check recompute_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4
+
 # A run saved on 4 in-process devices under a model-parallel strategy resumes under
 # `mpirun -n 2` (data_parallel) exactly as it resumes on 2 in-process devices.
 resume_anywhere() {

@@ -6,11 +6,19 @@
 //! gradients, so no backward work is built for data inputs or integer labels. Gradient nodes
 //! are named `grad/<forward op>/<kind><k>` and inherit the forward node's pipeline stage, so the
 //! planner can place the backward pass next to its forward pass.
+//!
+//! A rule reads the forward values of a node marked for recomputation
+//! ([`crate::Recompute::Marked`]) from a copy of the node ([`crate::Recompute::Replay`], named
+//! `recompute/<forward op>`) added, with copies of its marked inputs, just before the first
+//! backward node that reads it: the graph's order is the order of execution, so the forward
+//! value dies after its forward users and the copy is computed when the backward pass gets
+//! there.
 
 use crate::error::{GraphError, Result};
 use crate::graph::Graph;
+use crate::graph::Recompute;
 use crate::ops::*;
-use crate::types::NodeId;
+use crate::types::{NodeId, TensorType};
 
 /// The result of [`differentiate`]: the loss and, for each requested leaf, its gradient node.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +66,14 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
     }
     let needs: Vec<bool> = (0..n).map(|i| from_wrt[i] && to_loss[i] && graph.nodes()[i].ty.dtype.is_float()).collect();
 
+    // Marked values the backward pass reads as they are: the loss and the graph's outputs.
+    let mut kept = vec![false; n];
+    kept[loss.0] = true;
+    for o in graph.outputs.iter().filter(|o| o.0 < n) {
+        kept[o.0] = true;
+    }
+    let mut replays: Vec<Option<NodeId>> = vec![None; n];
+
     let mut contributions: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     let mut grad_of: Vec<Option<NodeId>> = vec![None; n];
     if needs[loss.0] {
@@ -87,10 +103,15 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
             continue;
         }
         let input_needs: Vec<bool> = graph.node(id).inputs.iter().map(|x| needs[x.0]).collect();
-        let mut cx = GradCx::new(graph, id, dy, input_needs);
+        let inputs = graph.node(id).inputs.clone();
+        // The values the rule reads: recomputed copies of marked ones.
+        let node = replayed(graph, &kept, &mut replays, id)?;
+        let read = inputs.iter().map(|&x| replayed(graph, &kept, &mut replays, x)).collect::<Result<Vec<_>>>()?;
+        let name = graph.node(id).name.clone();
+        let mut view = RuleView { graph, node, inputs: read, name };
+        let mut cx = GradCx::new(&mut view, node, dy, input_needs);
         op.def().grad(&mut cx)?;
         let grads = cx.into_grads();
-        let inputs = graph.node(id).inputs.clone();
         for (x, g) in inputs.into_iter().zip(grads) {
             if let Some(g) = g {
                 contributions[x.0].push(g);
@@ -112,6 +133,79 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
     Ok(Gradients { loss, grads })
 }
 
+/// The value of forward node `v` the backward pass reads: `v` itself, or for a node marked for
+/// recomputation (not `kept`), its copy, added (once, with copies of its marked inputs) now.
+fn replayed(graph: &mut Graph, kept: &[bool], replays: &mut [Option<NodeId>], v: NodeId) -> Result<NodeId> {
+    let recomputed = |g: &Graph, u: NodeId| u.0 < kept.len() && !kept[u.0] && g.node(u).recompute == Recompute::Marked;
+    if !recomputed(graph, v) {
+        return Ok(v);
+    }
+    // Depth first without recursion: a chain of marked ops may be as long as the network.
+    let mut stack = vec![v];
+    while let Some(&u) = stack.last() {
+        if replays[u.0].is_some() {
+            stack.pop();
+            continue;
+        }
+        let pending: Vec<NodeId> =
+            graph.node(u).inputs.iter().copied().filter(|&x| recomputed(graph, x) && replays[x.0].is_none()).collect();
+        if !pending.is_empty() {
+            stack.extend(pending);
+            continue;
+        }
+        let node = graph.node(u);
+        let inputs: Vec<NodeId> = node.inputs.iter().map(|&x| replays[x.0].filter(|_| recomputed(graph, x)).unwrap_or(x)).collect();
+        let (op, stage, name) = (node.op.clone(), node.pipeline_stage, format!("recompute/{}", node.name));
+        let name = graph.unique_name(&name);
+        let id = graph.add(&name, op, &inputs)?;
+        let copy = graph.node_mut(id);
+        copy.pipeline_stage = stage;
+        copy.recompute = Recompute::Replay;
+        replays[u.0] = Some(id);
+        stack.pop();
+    }
+    Ok(replays[v.0].expect("replayed above"))
+}
+
+/// The graph as the backward rule of one forward node sees it: the node (the forward node or
+/// its recomputed copy) reads `inputs` (recomputed copies of marked ones) and is named as the
+/// forward node, so that gradient nodes are `grad/<forward op>/...` either way.
+struct RuleView<'g> {
+    graph: &'g mut Graph,
+    node: NodeId,
+    inputs: Vec<NodeId>,
+    name: String,
+}
+
+impl GradGraph for RuleView<'_> {
+    fn inputs_of(&self, id: NodeId) -> &[NodeId] {
+        if id == self.node {
+            &self.inputs
+        } else {
+            self.graph.inputs_of(id)
+        }
+    }
+    fn type_of(&self, id: NodeId) -> &TensorType {
+        self.graph.type_of(id)
+    }
+    fn name_of(&self, id: NodeId) -> &str {
+        if id == self.node {
+            &self.name
+        } else {
+            self.graph.name_of(id)
+        }
+    }
+    fn kind_of(&self, id: NodeId) -> &'static str {
+        self.graph.kind_of(id)
+    }
+    fn stage_of(&self, id: NodeId) -> Option<usize> {
+        self.graph.stage_of(id)
+    }
+    fn add_node(&mut self, base: &str, op: OpKind, inputs: &[NodeId], stage: Option<usize>) -> Result<NodeId> {
+        self.graph.add_node(base, op, inputs, stage)
+    }
+}
+
 /// Differentiates `loss` with respect to every trainable parameter of `graph`.
 pub fn backward(graph: &mut Graph, loss: NodeId) -> Result<Gradients> {
     let params = graph.trainable_parameters();
@@ -121,6 +215,7 @@ pub fn backward(graph: &mut Graph, loss: NodeId) -> Result<Gradients> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::Recompute;
     use crate::{DType, GraphBuilder, Initializer};
 
     #[test]
@@ -134,6 +229,41 @@ mod tests {
         let dx = grads.of(x).unwrap();
         assert!(matches!(g.node(dx).op, OpKind::Add(_)), "{g}");
         assert_eq!(g.node(dx).name, "grad/x/acc0");
+    }
+
+    /// A two-layer block `blk.` whose output feeds the loss: marking the block marks its
+    /// inner ops, not its output; the backward pass reads recomputed copies of them, added after
+    /// the forward pass, and the forward values are read by forward users only.
+    #[test]
+    fn a_recomputed_block_is_read_by_the_backward_pass_through_copies_made_after_the_forward_pass() {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[4, 3], DType::F32).unwrap();
+        let w1 = b.parameter("blk.w1", &[3, 5], Initializer::HeUniform).unwrap();
+        let w2 = b.parameter("blk.w2", &[5, 2], Initializer::HeUniform).unwrap();
+        let h = b.matmul("blk.mm1", x, w1).unwrap();
+        let r = b.relu("blk.relu", h).unwrap();
+        let y = b.matmul("blk.mm2", r, w2).unwrap();
+        let loss = b.reduce_mean("loss", y, &[0, 1], false).unwrap();
+        b.output(loss).unwrap();
+        assert_eq!(b.recompute_block("blk.").unwrap(), 2, "mm1 and relu; mm2 is the block's output");
+        let mut g = b.finish();
+        assert_eq!(g.node(y).recompute, Recompute::Keep);
+        let forward = g.len();
+        let mut plain = g.clone();
+        backward(&mut g, loss).unwrap();
+        let copies: Vec<&str> = g.nodes()[forward..].iter().filter(|n| n.recompute == Recompute::Replay).map(|n| n.name.as_str()).collect();
+        assert_eq!(copies, ["recompute/blk.mm1", "recompute/blk.relu"]);
+        // mm2's weight gradient reads relu's copy; relu's forward value only its forward user.
+        let users = g.users();
+        assert_eq!(users[r.0], vec![y]);
+        assert!(users[h.0].iter().all(|u| *u == r), "{:?}", users[h.0]);
+        let relu_copy = g.find("recompute/blk.relu").unwrap();
+        assert!(users[relu_copy.0].iter().any(|u| g.node(*u).name.starts_with("grad/blk.mm2/")), "{g}");
+        // Without the marks: no copies, and the backward pass reads relu's forward value.
+        plain.apply_recompute(&crate::RecomputeChoice::Nothing).unwrap();
+        backward(&mut plain, loss).unwrap();
+        assert!(plain.nodes().iter().all(|n| n.recompute == Recompute::Keep));
+        assert!(plain.users()[r.0].iter().any(|u| plain.node(*u).name.starts_with("grad/blk.mm2/")));
     }
 
     #[test]

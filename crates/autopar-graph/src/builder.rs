@@ -99,6 +99,24 @@ impl GraphBuilder {
         self.stage = stage;
     }
 
+    /// Records the ops added under `prefix` (`blocks.0.`) as one of the network's blocks
+    /// ([`Graph::blocks`]): a cell that recomputation by blocks recomputes.
+    pub fn block(&mut self, prefix: &str) {
+        self.graph.blocks.push(prefix.to_string());
+    }
+
+    /// Marks op `id` for recomputation (MindSpore's `Primitive.recompute()`).
+    pub fn recompute(&mut self, id: NodeId) -> Result<NodeId> {
+        self.graph.recompute(id)?;
+        Ok(id)
+    }
+
+    /// Marks the cell of the ops named under `prefix` for recomputation (MindSpore's
+    /// `Cell.recompute()`): call it once the cell is built.
+    pub fn recompute_block(&mut self, prefix: &str) -> Result<usize> {
+        self.graph.recompute_block(prefix)
+    }
+
     /// Marks `id` as a graph output.
     pub fn output(&mut self, id: NodeId) -> Result<NodeId> {
         self.graph.check_id(id)?;

@@ -249,6 +249,23 @@ pub enum GraphError {
         reason: &'static str,
     },
 
+    /// An op that cannot be recomputed was marked for recomputation.
+    #[error("{kind} {name} cannot be recomputed: it is a parameter, an input, a constant or a pipeline transfer\n  hint: mark the ops that compute from it")]
+    NotRecomputable {
+        /// The op kind (MindSpore's name).
+        kind: &'static str,
+        /// The op's name.
+        name: String,
+    },
+    /// A block marked for recomputation has no op to recompute.
+    #[error("no op named {prefix:?}... can be recomputed (there are none, or only the block's outputs, which are kept)\n  hint: name a block by the prefix of its ops' names as `autopar plan` prints them (`blocks.0.`)")]
+    EmptyRecomputeBlock {
+        /// The block's name prefix.
+        prefix: String,
+    },
+    /// Recomputation by blocks was asked of a network that names no blocks.
+    #[error("the network names no blocks to recompute\n  hint: name the ops or cells to recompute (`blocks.0.` for the ops under a prefix), as `autopar plan` prints them")]
+    NoBlocks,
     /// A tensor needs more than [`crate::graph::MAX_TENSOR_BYTES`] (16 TiB).
     #[error("{kind} {name}: its output of shape {shape:?} ({dtype}) needs more than 16 TiB\n  hint: make the model or the batch smaller (`width`, `depth`, `batch_size`)")]
     TooLarge {

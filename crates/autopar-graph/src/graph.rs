@@ -24,6 +24,37 @@ pub struct Node {
     pub strategy: Option<Strategy>,
     /// The pipeline stage the user put this op in, if any.
     pub pipeline_stage: Option<usize>,
+    /// Whether the backward pass reads this value as the forward pass left it or recomputes it.
+    pub recompute: Recompute,
+}
+
+/// What a job recomputes in its backward pass (the `recompute` option).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum RecomputeChoice {
+    /// What the network marked itself ([`Graph::recompute`], [`Graph::recompute_block`]).
+    #[default]
+    AsBuilt,
+    /// Nothing: the network's own marks are dropped.
+    Nothing,
+    /// Every block of the network ([`Graph::blocks`]), each as a cell.
+    Blocks,
+    /// Ops by name, and cells by the prefix of their ops' names ending in `.` (`blocks.1.`).
+    Named(Vec<String>),
+}
+
+/// Whether the backward pass reads a node's value as the forward pass left it or recomputes it
+/// (MindSpore's `Primitive.recompute()`, PyTorch's activation checkpointing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Recompute {
+    /// The value is kept while the backward pass needs it (the default).
+    #[default]
+    Keep,
+    /// The forward value is not kept for the backward pass: every backward reader reads a copy
+    /// recomputed from the node's inputs (marked inputs recomputed in turn) just before it runs.
+    Marked,
+    /// That copy: a marked node's op run again in the backward pass. Its side effects (a batch
+    /// norm's running statistics) are not repeated; its random masks are the same.
+    Replay,
 }
 
 impl Node {
@@ -104,6 +135,9 @@ pub struct Graph {
     names: HashMap<String, NodeId>,
     /// Values the caller wants out of the graph (loss, logits, ...).
     pub outputs: Vec<NodeId>,
+    /// The name prefixes of the network's blocks (`blocks.0.`, `layer1.0.`), in network order:
+    /// the cells that recomputation by blocks recomputes ([`Graph::recompute_block`]).
+    pub blocks: Vec<String>,
 }
 
 impl Graph {
@@ -200,7 +234,15 @@ impl Graph {
         }
         let id = NodeId(self.nodes.len());
         self.names.insert(name.to_string(), id);
-        self.nodes.push(Node { name: name.to_string(), op, inputs: inputs.to_vec(), ty, strategy: None, pipeline_stage: None });
+        self.nodes.push(Node {
+            name: name.to_string(),
+            op,
+            inputs: inputs.to_vec(),
+            ty,
+            strategy: None,
+            pipeline_stage: None,
+            recompute: Recompute::Keep,
+        });
         Ok(id)
     }
 
@@ -255,6 +297,85 @@ impl Graph {
         self.check_id(id)?;
         self.nodes[id.0].pipeline_stage = Some(stage);
         Ok(())
+    }
+
+    /// Marks op `id` for recomputation (MindSpore's `Primitive.recompute()`): the backward pass
+    /// recomputes its value from its inputs instead of keeping it. Parameters, inputs, constants
+    /// and pipeline sends and receives cannot be recomputed.
+    pub fn recompute(&mut self, id: NodeId) -> Result<()> {
+        self.check_id(id)?;
+        let node = &self.nodes[id.0];
+        if node.inputs.is_empty() || node.op.is_leaf() || matches!(node.op, OpKind::Send(_) | OpKind::Recv(_)) {
+            return Err(GraphError::NotRecomputable { kind: node.op.kind(), name: node.name.clone() });
+        }
+        self.nodes[id.0].recompute = Recompute::Marked;
+        Ok(())
+    }
+
+    /// Marks the cell whose ops' names start with `prefix` for recomputation (MindSpore's
+    /// `Cell.recompute()`): every op of the cell except its outputs (the values an op outside
+    /// the cell reads, or the graph's outputs), which are kept so that the backward pass
+    /// recomputes the cell from them and the cell's saved inputs. Returns the ops marked.
+    pub fn recompute_block(&mut self, prefix: &str) -> Result<usize> {
+        let inside = |n: &Node| n.name.starts_with(prefix);
+        let mut read_outside = vec![false; self.nodes.len()];
+        for n in self.nodes.iter().filter(|n| !inside(n)) {
+            for x in &n.inputs {
+                read_outside[x.0] = true;
+            }
+        }
+        for o in &self.outputs {
+            read_outside[o.0] = true;
+        }
+        let marked: Vec<NodeId> = (0..self.nodes.len())
+            .filter(|&i| {
+                let n = &self.nodes[i];
+                inside(n)
+                    && !read_outside[i]
+                    && !n.inputs.is_empty()
+                    && !n.op.is_leaf()
+                    && !matches!(n.op, OpKind::Send(_) | OpKind::Recv(_))
+            })
+            .map(NodeId)
+            .collect();
+        if marked.is_empty() {
+            return Err(GraphError::EmptyRecomputeBlock { prefix: prefix.to_string() });
+        }
+        for &id in &marked {
+            self.nodes[id.0].recompute = Recompute::Marked;
+        }
+        Ok(marked.len())
+    }
+
+    /// Applies a job's recomputation choice to the graph's marks; returns the ops marked.
+    pub fn apply_recompute(&mut self, choice: &RecomputeChoice) -> Result<usize> {
+        match choice {
+            RecomputeChoice::AsBuilt => {}
+            RecomputeChoice::Nothing => {
+                for n in &mut self.nodes {
+                    n.recompute = Recompute::Keep;
+                }
+            }
+            RecomputeChoice::Blocks => {
+                if self.blocks.is_empty() {
+                    return Err(GraphError::NoBlocks);
+                }
+                for prefix in self.blocks.clone() {
+                    self.recompute_block(&prefix)?;
+                }
+            }
+            RecomputeChoice::Named(names) => {
+                for name in names {
+                    if name.ends_with('.') {
+                        self.recompute_block(name)?;
+                    } else {
+                        let id = self.find(name)?;
+                        self.recompute(id)?;
+                    }
+                }
+            }
+        }
+        Ok(self.nodes.iter().filter(|n| n.recompute == Recompute::Marked).count())
     }
 
     /// The schedule of a run producing `fetch`: the needed nodes in graph order and the

@@ -69,7 +69,7 @@ pub use autodiff::{backward, differentiate, Gradients};
 pub use autopar_layout::Strategy;
 pub use builder::{GraphBuilder, ParamSpec};
 pub use error::{GraphError, Result};
-pub use graph::{Graph, Node, Schedule};
+pub use graph::{Graph, Node, Recompute, RecomputeChoice, Schedule};
 pub use init::{derive_seed, Initializer, Rng};
 pub use ops::{Arity, CollectiveOp, ConvAttrs, GradCx, GradGraph, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
 pub use sharding::{

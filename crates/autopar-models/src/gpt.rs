@@ -134,6 +134,7 @@ impl Gpt {
     fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, mask: NodeId, n: usize, training: bool) -> autopar_graph::Result<NodeId> {
         let c = &self.cfg;
         let p = |s: &str| format!("blocks.{i}.{s}");
+        b.block(&p(""));
         let std = 0.02;
         let proj = Initializer::Normal { mean: 0.0, std };
         let resid = Initializer::Normal { mean: 0.0, std: std / ((2 * c.layers) as f64).sqrt() };

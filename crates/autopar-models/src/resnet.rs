@@ -198,6 +198,7 @@ impl ResNet {
         let cin = b.graph().node(x).ty.shape[1];
         let out = planes * self.cfg.block.expansion();
         let p = |s: &str| format!("{prefix}.{s}");
+        b.block(&p(""));
         let one = Initializer::Ones;
         let last = if self.cfg.zero_init_residual { Initializer::Zeros } else { Initializer::Ones };
         let h = match self.cfg.block {

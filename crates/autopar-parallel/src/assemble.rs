@@ -4,7 +4,7 @@
 //! its stages. The trainer, `autopar plan` and the Python package all call it, so they plan
 //! alike.
 
-use autopar_graph::{Graph, NodeId};
+use autopar_graph::{Graph, NodeId, RecomputeChoice};
 
 use crate::context::{ParallelContext, ParallelMode};
 use crate::error::{ParallelError, Result};
@@ -31,12 +31,14 @@ pub struct JobRequest<'a> {
     pub pipeline_split: &'a [String],
     /// The device profile of auto_parallel's cost model (None: the built-in one).
     pub profile: Option<&'a DeviceProfile>,
+    /// What the backward pass recomputes (a training job's; inference has no backward pass).
+    pub recompute: &'a RecomputeChoice,
 }
 
 impl<'a> JobRequest<'a> {
     /// A request for `graph` under `context`, every other field at its default.
     pub fn new(graph: &'a Graph, loss: Option<NodeId>, context: &'a ParallelContext) -> Self {
-        Self { graph, loss, context, micro_batches: None, pipeline_split: &[], profile: None }
+        Self { graph, loss, context, micro_batches: None, pipeline_split: &[], profile: None, recompute: &RecomputeChoice::AsBuilt }
     }
 }
 
@@ -73,6 +75,7 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
     }
     let items = load_plan_strategies(&ctx)?;
     let mut graph = req.graph.clone();
+    graph.apply_recompute(req.recompute)?;
     if !req.pipeline_split.is_empty() {
         split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;
     }

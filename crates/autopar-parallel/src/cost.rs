@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use autopar_graph::{Collective, CostCx, DType, TensorType};
+use autopar_graph::{Collective, CostCx, DType, Graph, Recompute, TensorType};
 
 use crate::error::Result;
 use crate::program::RankProgram;
@@ -211,6 +211,13 @@ impl Memory {
     }
 }
 
+/// The region a recomputed copy (`recompute/<op>`) belongs to: the graph's block whose prefix
+/// names the op, else the op.
+fn recompute_region(g: &Graph, copy: &str) -> String {
+    let op = copy.strip_prefix("recompute/").unwrap_or(copy);
+    g.blocks.iter().filter(|b| op.starts_with(b.as_str())).max_by_key(|b| b.len()).cloned().unwrap_or_else(|| op.to_string())
+}
+
 /// The predicted cost of one rank's step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RankCost {
@@ -224,6 +231,24 @@ pub struct RankCost {
     pub comm: Vec<CommVolume>,
     /// The memory the rank holds for the step.
     pub memory: Memory,
+    /// What the backward pass recomputes, per region (a block, or an op marked alone), in the
+    /// order it recomputes them: already counted in `flops`, `comm` and `memory`.
+    pub recompute: Vec<Recomputed>,
+}
+
+/// One recomputed region of a rank's step: what recomputing it costs and what it saves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recomputed {
+    /// The block's name prefix (`blocks.0.`), or the name of an op recomputed alone.
+    pub region: String,
+    /// The ops the backward pass runs again.
+    pub ops: usize,
+    /// Their floating-point operations.
+    pub flops: f64,
+    /// The bytes their collectives hand to the communicator again.
+    pub comm_bytes: usize,
+    /// The bytes of their forward values, no longer kept from the forward to the backward pass.
+    pub not_kept: usize,
 }
 
 impl RankCost {
@@ -235,12 +260,27 @@ impl RankCost {
         let mut flops = 0.0;
         let mut bytes_moved = 0;
         let mut comm: BTreeMap<(Collective, Vec<usize>), (usize, usize)> = BTreeMap::new();
+        let mut recompute: Vec<Recomputed> = Vec::new();
         for &i in &schedule.order {
             let node = &g.nodes()[i];
             let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
             let c = node.op.def().cost(&CostCx { inputs: &ins, output: &node.ty, rank: program.rank });
             flops += c.flops;
             bytes_moved += c.bytes;
+            if node.recompute == Recompute::Replay {
+                let region = recompute_region(g, &node.name);
+                let r = match recompute.iter_mut().position(|r| r.region == region) {
+                    Some(k) => &mut recompute[k],
+                    None => {
+                        recompute.push(Recomputed { region, ops: 0, flops: 0.0, comm_bytes: 0, not_kept: 0 });
+                        recompute.last_mut().expect("pushed")
+                    }
+                };
+                r.ops += 1;
+                r.flops += c.flops;
+                r.comm_bytes += c.comm.iter().map(|call| call.bytes).sum::<usize>();
+                r.not_kept += node.value_bytes();
+            }
             for call in c.comm {
                 let e = comm.entry((call.kind, call.group)).or_default();
                 e.0 += 1;
@@ -299,6 +339,7 @@ impl RankCost {
                 ..Memory::of_params(program, optimizer_slots, |_| true)
             }
             .with_comm_buffers(program, |_| true, gathered, true),
+            recompute,
         })
     }
 

@@ -81,7 +81,7 @@ pub use context::{
     CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, ParallelContext, ParallelMode, ParallelOptimizerConfig,
     PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
 };
-pub use cost::{CommVolume, Memory, RankCost};
+pub use cost::{CommVolume, Memory, RankCost, Recomputed};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};
 pub use job::{plan_stages, JobPlan, JobProgram, Passes, SharedGroup, DEFAULT_CHUNKS};
 pub use optimizer_shard::{group_name, OptDecision, OptShard, ShardBucketPlan};

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, ReduceScatter, Scale, Slice, TableShard};
-use autopar_graph::{differentiate, DType, Graph, LocalCx, NodeId, OpKind, ReduceOp};
+use autopar_graph::{differentiate, DType, Graph, LocalCx, NodeId, OpKind, Recompute, ReduceOp};
 use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
 
 use crate::context::ParallelMode;
@@ -237,6 +237,12 @@ impl Emitter {
         }
     }
 
+    fn set_recompute(&mut self, first: usize, recompute: Recompute) {
+        for j in first..self.graph.len() {
+            self.graph.node_mut(NodeId(j)).recompute = recompute;
+        }
+    }
+
     fn note_partition(&mut self, axes: &[DeviceAxis]) -> Vec<usize> {
         self.partitions.note(axes)
     }
@@ -391,6 +397,9 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         // pipeline stage; stage-less nodes stay unassigned.
         let stage = if node.is_stageless() { None } else { node.pipeline_stage };
         em.set_stage(first, stage);
+        // A recomputed op's local nodes (its input redistributions' collectives included, as
+        // MindSpore recomputes a cell's communication) are recomputed with it.
+        em.set_recompute(first, node.recompute);
     }
     let mut outputs = Vec::new();
     for (slot, &o) in graph.outputs.iter().enumerate() {
@@ -404,6 +413,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     }
     let Emitter { graph: mut g, partitions, .. } = em;
     g.outputs = outputs;
+    g.blocks = graph.blocks.clone();
     finish_program(plan, g, params, inputs, partitions)
 }
 

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use autopar_graph::ops::*;
-use autopar_graph::{DType, Graph, Node, NodeId, OpKind};
+use autopar_graph::{DType, Graph, Node, NodeId, OpKind, Recompute};
 use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, shape as sh};
 use autopar_tensor::{Element, ExecCtx, Tensor, TensorError};
 
@@ -562,8 +562,14 @@ impl Executor {
                         caches.saved.insert(saved_key(node).expect("a normalisation"), out.saved.clone());
                         out
                     };
-                    // Running statistics held as parameters are updated in the store.
-                    for (input, value) in [(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)] {
+                    // Running statistics held as parameters are updated in the store, once a
+                    // step: not again by the backward pass's recomputed copy.
+                    let updates = if node.recompute == Recompute::Replay {
+                        Vec::new()
+                    } else {
+                        vec![(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)]
+                    };
+                    for (input, value) in updates {
                         let stat = self.graph.node(input);
                         if matches!(stat.op, OpKind::Parameter(_)) {
                             params.insert(&stat.name, value);

@@ -30,7 +30,7 @@ use std::time::Instant;
 use autopar_checkpoint::StrategyFile;
 use autopar_comm::{Communicator, LocalComm};
 use autopar_data::{Batch, DataLoader, Dataset, LoaderConfig, ShardPadding, Transforms};
-use autopar_graph::{Graph, NodeId, OpKind};
+use autopar_graph::{Graph, NodeId, OpKind, RecomputeChoice};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
@@ -231,6 +231,8 @@ pub struct TrainConfig {
     /// ops). Empty: the model's `set_pipeline_stage`, else stages of about equal FLOPs cut
     /// between blocks.
     pub pipeline_split: Vec<String>,
+    /// What the backward pass recomputes instead of keeping (`--recompute`).
+    pub recompute: RecomputeChoice,
     /// Seed of the data shuffle and the random augmentations.
     pub seed: u64,
     /// Whether the data is shuffled every epoch.
@@ -270,6 +272,7 @@ impl Default for TrainConfig {
             batch_size: 32,
             micro_batches: None,
             pipeline_split: Vec::new(),
+            recompute: RecomputeChoice::AsBuilt,
             seed: 1,
             shuffle: true,
             prefetch: 2,
@@ -627,6 +630,7 @@ impl Trainer {
             micro_batches: Some(m),
             pipeline_split: &cfg.pipeline_split,
             profile: cfg.profile.as_ref(),
+            recompute: &cfg.recompute,
         })?;
         Ok((io, job))
     }

@@ -95,8 +95,31 @@ pub struct FileConfig {
     pub profile: Option<PathBuf>,
     /// `--pipeline-split` (see `autopar train --help`), as a list of op names.
     pub pipeline_split: Option<Vec<String>>,
+    /// `--recompute` (see `autopar train --help`): `"blocks"`, `"none"`, or a list of op and
+    /// cell names.
+    pub recompute: Option<Names>,
     /// The `[parallel]` table: `set_auto_parallel_context` options by name, as `--parallel KEY=VALUE`.
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A key given as one string (commas separating names, as on the command line) or a list.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Names {
+    /// `key = "a,b"`.
+    One(String),
+    /// `key = ["a", "b"]`.
+    List(Vec<String>),
+}
+
+impl Names {
+    /// The names, in order.
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            Names::One(s) => s.split(',').map(str::to_string).collect(),
+            Names::List(l) => l.clone(),
+        }
+    }
 }
 
 /// A TOML item as the JSON value `ParallelContext::set` takes (None for an empty item). A float

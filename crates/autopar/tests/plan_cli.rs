@@ -488,3 +488,33 @@ fn an_invalid_strategy_from_a_file_names_the_file() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("strategy file bad.json: ") && err.contains("(3, 1)"), "{err}");
 }
+
+/// `--recompute blocks`: the plan shows each recomputed block (the values it no longer keeps,
+/// the FLOPs and bytes of running it again), and its peak activations fall while its FLOPs rise.
+#[test]
+fn a_recomputed_plan_shows_what_each_block_saves_and_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["plan", "--model", "gpt", "--depth", "3", "--width", "64", "--heads", "4", "--devices", "4", "--json"];
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        serde_json::from_str(&ok(dir.path(), &a)).unwrap()
+    };
+    let (plain, recomputed) = (plan(&[]), plan(&["--recompute", "blocks"]));
+    assert_eq!(plain["recompute"], serde_json::json!([]));
+    let regions = recomputed["recompute"].as_array().unwrap();
+    let mut names: Vec<&str> = regions.iter().map(|r| r["region"].as_str().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["blocks.0.", "blocks.1.", "blocks.2."]);
+    for r in regions {
+        assert!(r["ops"].as_u64().unwrap() > 0 && r["not_kept"].as_u64().unwrap() > 0 && r["flops"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let peak = |v: &serde_json::Value| v["memory"]["peak_activations"].as_u64().unwrap();
+    assert!(peak(&recomputed) < peak(&plain), "{} vs {}", peak(&recomputed), peak(&plain));
+    let extra: f64 = regions.iter().map(|r| r["flops"].as_f64().unwrap()).sum();
+    let (f0, f1) = (plain["flops"].as_f64().unwrap(), recomputed["flops"].as_f64().unwrap());
+    assert!((f1 - f0 - extra).abs() <= 1e-6 * f1, "flops {f0} + recomputed {extra} != {f1}");
+    // One op alone, as text.
+    let text = ok(dir.path(), &["plan", "--model", "mlp", "--recompute", "relu1"]);
+    assert!(text.contains("recomputation (rank 0)") && text.contains("relu1"), "{text}");
+}

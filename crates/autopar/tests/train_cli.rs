@@ -706,3 +706,28 @@ fn a_job_the_machine_cannot_hold_is_refused_before_it_starts_with_the_figures() 
     let o = autopar_limited(dir.path(), 4_000_000, &small);
     assert!(o.status.success(), "{:?}", text(&o));
 }
+
+/// `--recompute blocks` (or `recompute = "blocks"` in the config file) trains the GPT with
+/// every block recomputed in the backward pass: the same losses, bit for bit, as without.
+#[test]
+fn recomputing_blocks_trains_the_same_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.toml"), "recompute = \"blocks\"\n").unwrap();
+    let common = "train --model gpt --width 16 --depth 2 --heads 2 --input-shape 8 --num-classes 16 --data synthetic \
+                  --synthetic-samples 64 --steps 4 --batch-size 8 --devices 2 --eval false";
+    let run = |extra: &str, metrics: &str| {
+        let args = format!("{common} {extra} --metrics {metrics}");
+        let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+        assert!(o.status.success(), "{args}: {:?}", text(&o));
+        losses(&dir.path().join(metrics))
+    };
+    let plain = run("", "plain.jsonl");
+    assert_eq!(plain.len(), 4);
+    for (extra, metrics) in [("--recompute blocks", "flag.jsonl"), ("--config r.toml", "toml.jsonl")] {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&run(extra, metrics)), bits(&plain), "{extra}");
+    }
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "blocks"], &["no blocks", "hint:"]);
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "fc9.matmul"], &["fc9.matmul"]);
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "none,fc1.matmul"], &["none", "alone"]);
+}

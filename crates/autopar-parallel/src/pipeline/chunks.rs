@@ -110,6 +110,7 @@ pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stag
         let node = g.node(v);
         let inputs = node.inputs.iter().map(|x| copy(g, sg, map, *x)).collect::<Result<Vec<_>>>()?;
         let id = sg.add(&node.name, node.op.clone(), &inputs)?;
+        sg.node_mut(id).recompute = node.recompute;
         map[v.0] = Some(id);
         Ok(id)
     }
@@ -202,7 +203,9 @@ pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stag
         } else {
             let inputs: Vec<NodeId> = node.inputs.iter().map(|x| bmap[x.0].expect("inputs precede users")).collect();
             let id = backward.add(&node.name, node.op.clone(), &inputs)?;
-            backward.node_mut(id).pipeline_stage = node.pipeline_stage;
+            let copy = backward.node_mut(id);
+            copy.pipeline_stage = node.pipeline_stage;
+            copy.recompute = node.recompute;
             id
         };
         bmap[i] = Some(id);

@@ -72,6 +72,24 @@ pub fn parameter_layout_dict(
     out
 }
 
+/// The recomputed regions of a rank's step: per region, the values no longer kept from the
+/// forward to the backward pass, and what running its ops again costs (empty without any).
+fn recompute_text(cost: &RankCost) -> String {
+    if cost.recompute.is_empty() {
+        return String::new();
+    }
+    let mut s = format!("\nrecomputation (rank {}): the backward pass runs these regions' ops again\n", cost.rank);
+    let mut rows = vec![["region", "ops", "not kept", "recompute FLOPs", "comm again"].map(String::from)];
+    for r in &cost.recompute {
+        rows.push([r.region.clone(), r.ops.to_string(), human_bytes(r.not_kept), human_flops(r.flops), human_bytes(r.comm_bytes)]);
+    }
+    let (ops, kept, flops, comm) =
+        cost.recompute.iter().fold((0, 0, 0.0, 0), |a, r| (a.0 + r.ops, a.1 + r.not_kept, a.2 + r.flops, a.3 + r.comm_bytes));
+    rows.push(["total".into(), ops.to_string(), human_bytes(kept), human_flops(flops), human_bytes(comm)]);
+    s.push_str(&aligned(&rows));
+    s
+}
+
 /// A layout as `[2, 4] S(0)R`: the device matrix, then per axis what it does to the tensor.
 pub fn layout_text(l: &TensorLayout) -> String {
     format!("{:?} {}", l.mesh().dims(), l)
@@ -355,6 +373,7 @@ impl PlanReport<'_> {
         let _ = writeln!(s, "  total             {:>12}", human_bytes(m.total()));
         let _ =
             writeln!(s, "\ncompute per step (rank {}): {}, {} moved", cost.rank, human_flops(cost.flops), human_bytes(cost.bytes_moved));
+        s.push_str(&recompute_text(cost));
         s
     }
 
@@ -461,6 +480,9 @@ impl PlanReport<'_> {
                 "kind": c.kind.name(), "group": c.group, "calls": c.calls, "bytes": c.bytes,
             })).collect::<Vec<_>>(),
             "communication_bytes": cost.comm_bytes(),
+            "recompute": cost.recompute.iter().map(|r| json!({
+                "region": r.region, "ops": r.ops, "flops": r.flops, "comm_bytes": r.comm_bytes, "not_kept": r.not_kept,
+            })).collect::<Vec<_>>(),
             "flops": cost.flops,
             "bytes_moved": cost.bytes_moved,
             "memory": {

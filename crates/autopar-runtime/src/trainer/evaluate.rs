@@ -92,6 +92,7 @@ impl Trainer {
                 micro_batches: Some(1),
                 pipeline_split: &self.cfg.pipeline_split,
                 profile: self.cfg.profile.as_ref(),
+                recompute: &autopar_graph::RecomputeChoice::AsBuilt,
             })?;
             Ok((job, io))
         };

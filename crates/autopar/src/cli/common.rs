@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 pub use crate::config::{read_config, toml_to_json, FileConfig};
 use anyhow::{anyhow, bail, Context, Result};
+use autopar_graph::RecomputeChoice;
 use autopar_models::{ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_runtime::trainer::OptimizerKind;
@@ -65,6 +66,33 @@ pub struct ParallelArgs {
     /// between blocks.
     #[arg(long, value_name = "OP,...", value_delimiter = ',', help_heading = "Parallel")]
     pub pipeline_split: Option<Vec<String>>,
+    /// What the backward pass recomputes instead of keeping (MindSpore's recompute): blocks
+    /// (every block of the model: a GPT's transformer blocks, a ResNet's residual blocks, each
+    /// but its output), none, or ops by the names `autopar plan` prints and cells by the prefix
+    /// of their ops' names (blocks.1.attn.scores,blocks.2.); default: none.
+    #[arg(long, value_name = "blocks|none|OP,...", value_delimiter = ',', help_heading = "Parallel")]
+    pub recompute: Option<Vec<String>>,
+}
+
+/// `--recompute`, else the config file's `recompute`: what the backward pass recomputes.
+pub fn recompute(p: &ParallelArgs, file: &FileConfig) -> Result<RecomputeChoice> {
+    let Some(names) = p.recompute.clone().or_else(|| file.recompute.as_ref().map(|n| n.to_vec())) else {
+        return Ok(RecomputeChoice::AsBuilt);
+    };
+    let names: Vec<String> = names.iter().map(|n| n.trim().to_string()).collect();
+    if let Some(bad) = names.iter().find(|s| s.is_empty()) {
+        bail!("--recompute has an empty name ({bad:?})\nhint: pass blocks, none, or op names separated by commas, e.g. --recompute blocks.0.attn.scores,blocks.1.");
+    }
+    Ok(match names.as_slice() {
+        [one] if one == "blocks" => RecomputeChoice::Blocks,
+        [one] if one == "none" => RecomputeChoice::Nothing,
+        _ => {
+            if let Some(word) = names.iter().find(|n| *n == "blocks" || *n == "none") {
+                bail!("--recompute {} mixes {word} with op names\nhint: pass {word} alone, or only op and cell names", names.join(","));
+            }
+            RecomputeChoice::Named(names)
+        }
+    })
 }
 
 /// `--pipeline-split`, else the config file's `pipeline_split`; empty for none.

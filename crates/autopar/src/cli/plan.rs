@@ -22,7 +22,7 @@ use clap::Args;
 
 use super::common::{
     check_micro_batches, file_parallel_option, given_parallel_option, load_profile, model_options, optimizer_kind, parallel_context,
-    pipeline_split, read_config, ModelArgs, ParallelArgs, Spinner,
+    pipeline_split, read_config, recompute, ModelArgs, ParallelArgs, Spinner,
 };
 
 /// The flags of `autopar plan`.
@@ -93,6 +93,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let micro = check_micro_batches(args.micro_batches.or(file.micro_batches))?.unwrap_or_else(|| default_micro_batches(&ctx));
     let micro_rows = micro_batch_size(batch, micro)?;
     let split = pipeline_split(&args.parallel, &file)?;
+    let recompute = recompute(&args.parallel, &file)?;
     if args.compare {
         if ctx.pipeline_stages() > 1 {
             bail!("--compare plans without stages\nhint: drop --parallel pipeline_stages, or drop --compare");
@@ -106,10 +107,11 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let started = Instant::now();
     let spinner = Spinner::start(format!("building {} for batch {micro_rows}", model.name()));
-    let (graph, m) = model.build_graph(micro_rows, Mode::Train, 1)?;
+    let (mut graph, m) = model.build_graph(micro_rows, Mode::Train, 1)?;
     let what = format!("{} ops on {n} devices", graph.len());
     if args.compare {
         let items = load_plan_strategies(&ctx)?;
+        graph.apply_recompute(&recompute)?;
         spinner.step(format!("planning {what} with every search"));
         let req =
             PlanRequest { graph: &graph, loss: Some(m.loss), context: &ctx, strategy_file: items.as_ref(), profile: profile.as_ref() };
@@ -128,6 +130,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         micro_batches: Some(micro),
         pipeline_split: &split,
         profile: profile.as_ref(),
+        recompute: &recompute,
     })?;
     spinner.step(format!("rank {rank}'s program"));
     let (_, position) = job.place(rank);
