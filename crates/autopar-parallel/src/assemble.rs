@@ -11,7 +11,7 @@ use crate::error::{ParallelError, Result};
 use crate::job::{plan_stages, JobPlan};
 use crate::pipeline::stages::split_before;
 use crate::planner::PlanRequest;
-use crate::search::DeviceProfile;
+use crate::search::{DeviceProfile, RecomputeChosen};
 use crate::strategy_files::load_plan_strategies;
 
 /// What to assemble into a job.
@@ -80,5 +80,32 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
         split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;
     }
     let network = PlanRequest { graph: &graph, loss: req.loss, context: &ctx, strategy_file: items.as_ref(), profile: req.profile };
-    plan_stages(&network, micro_batches)
+    match plan_stages(&network, micro_batches) {
+        Err(without) if may_recompute(req, &ctx, &graph, &without) => {
+            // auto_parallel under a memory limit no plan fits: recomputing every block keeps
+            // only the blocks' inputs and outputs for the backward pass, at the cost of their
+            // forward passes run again; the search prices both.
+            let mut recomputed = graph.clone();
+            recomputed.apply_recompute(&RecomputeChoice::Blocks)?;
+            let network = PlanRequest { graph: &recomputed, ..network };
+            let Ok(mut job) = plan_stages(&network, micro_batches) else { return Err(without) };
+            if let Some(search) = job.plan.search.as_mut() {
+                search.recompute = Some(RecomputeChosen { blocks: recomputed.blocks.clone(), without: without.to_string() });
+            }
+            Ok(job)
+        }
+        planned => planned,
+    }
+}
+
+/// Whether auto_parallel may try recomputation after `error`: the search found no plan within
+/// `device_memory_capacity`, the network names blocks, and the request left recomputation to
+/// autopar (no choice given, no op of the network marked).
+fn may_recompute(req: &JobRequest<'_>, ctx: &ParallelContext, graph: &Graph, error: &ParallelError) -> bool {
+    req.loss.is_some()
+        && ctx.parallel_mode == ParallelMode::AutoParallel
+        && *req.recompute == RecomputeChoice::AsBuilt
+        && !graph.blocks.is_empty()
+        && graph.nodes().iter().all(|n| n.recompute == autopar_graph::Recompute::Keep)
+        && matches!(error, ParallelError::OutOfMemory { .. } | ParallelError::PlanOverMemory { .. })
 }

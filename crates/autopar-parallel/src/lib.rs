@@ -92,5 +92,5 @@ pub use planner::{
 };
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram, RankShardBucket, SlotShard};
 pub use report::parameter_layout_dict;
-pub use search::{DeviceProfile, OpChoice, Search, SearchReport};
+pub use search::{DeviceProfile, OpChoice, RecomputeChosen, Search, SearchReport};
 pub use testing::assign_random_strategies;

@@ -518,3 +518,52 @@ fn a_recomputed_plan_shows_what_each_block_saves_and_costs() {
     let text = ok(dir.path(), &["plan", "--model", "mlp", "--recompute", "relu1"]);
     assert!(text.contains("recomputation (rank 0)") && text.contains("relu1"), "{text}");
 }
+
+/// auto_parallel under a `device_memory_capacity` no plan fits without recomputation: the
+/// search recomputes every block, says why, and its plan needs less memory per device than the
+/// search's fastest; under a capacity the fastest plan fits, it recomputes nothing.
+#[test]
+fn auto_parallel_chooses_recomputation_when_no_plan_fits_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |capacity: &str| -> serde_json::Value {
+        let args = [
+            "plan",
+            "--model",
+            "gpt",
+            "--depth",
+            "4",
+            "--width",
+            "128",
+            "--heads",
+            "4",
+            "--devices",
+            "4",
+            "--parallel-mode",
+            "auto_parallel",
+            "--parallel",
+            "search_mode=dynamic_programming",
+            "--parallel",
+            capacity,
+            "--json",
+        ];
+        serde_json::from_str(&ok(dir.path(), &args)).unwrap()
+    };
+    let roomy = plan("device_memory_capacity=1000000000");
+    assert!(roomy["search"]["recompute_chosen"].is_null(), "{}", roomy["search"]["recompute_chosen"]);
+    assert_eq!(roomy["recompute"], serde_json::json!([]));
+    let tight = plan("device_memory_capacity=30000000");
+    let chosen = &tight["search"]["recompute_chosen"];
+    assert_eq!(chosen["blocks"], serde_json::json!(["blocks.0.", "blocks.1.", "blocks.2.", "blocks.3."]), "{chosen}");
+    assert!(chosen["without"].as_str().unwrap().contains("no plan fits device_memory_capacity = 30000000"), "{chosen}");
+    assert_eq!(tight["recompute"].as_array().unwrap().len(), 4);
+    let search_memory = |v: &serde_json::Value| v["search"]["memory_bytes"].as_u64().unwrap();
+    assert!(
+        search_memory(&tight) <= 30_000_000 && search_memory(&roomy) > 30_000_000,
+        "{} {}",
+        search_memory(&tight),
+        search_memory(&roomy)
+    );
+    // The time it costs: the recomputing plan's objective is the slower.
+    let objective = |v: &serde_json::Value| v["search"]["objective_seconds"].as_f64().unwrap();
+    assert!(objective(&tight) > objective(&roomy));
+}

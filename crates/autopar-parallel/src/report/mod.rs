@@ -613,6 +613,14 @@ pub fn search_text(r: &SearchReport) -> String {
             r.overwritten.join(", ")
         );
     }
+    if let Some(chosen) = &r.recompute {
+        let first = chosen.without.lines().next().unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "  recomputation chosen: every block ({}) recomputed in the backward pass, because without it {first} (what each block saves and costs: `recomputation` below)",
+            chosen.blocks.join(", ")
+        );
+    }
     if r.fully_use_fallback {
         let _ = writeln!(
             s,
@@ -698,6 +706,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
         "overwritten_user_strategies": r.overwritten,
         "fully_use_devices_fallback": r.fully_use_fallback,
+        "recompute_chosen": r.recompute.as_ref().map(|c| json!({"blocks": c.blocks, "without": c.without})),
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, ShardingRule, TensorType, Tie};
+use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, Recompute, ShardingRule, TensorType, Tie};
 use autopar_layout::{plan_with, TensorLayout};
 
 use super::profile::DeviceProfile;
@@ -525,7 +525,7 @@ impl Builder<'_> {
                         all.into_iter()
                             .map(|splits| {
                                 let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
-                                let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype);
+                                let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype, node.recompute);
                                 let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
                                 let output_id = pr.id(&whole_values(&layouts.output));
                                 Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
@@ -542,7 +542,7 @@ impl Builder<'_> {
                                 OpKind::Dropout(d) => OpKind::Dropout(autopar_graph::ops::Dropout { seed: 0, ..d.clone() }),
                                 op => op.clone(),
                             };
-                            let key = format!("{op:?}|{spec:?}|{ins:?}|{:?}|{batch:?}", node.ty);
+                            let key = format!("{op:?}|{spec:?}|{ins:?}|{:?}|{batch:?}|{:?}", node.ty, node.recompute);
                             let shared = match alike.get(&key) {
                                 Some(shared) => Arc::clone(shared),
                                 None => {
@@ -765,21 +765,41 @@ impl Builder<'_> {
         all
     }
 
-    fn own_cost(&self, def: &dyn autopar_graph::OpDef, spec: &OpSpec, l: &OpLayouts, dtype: autopar_graph::DType) -> CostSplit {
+    /// An op's own cost under one candidate: its compute (forward, and in training the backward
+    /// pass at twice that, plus the forward again for an op marked for recomputation), the
+    /// collectives completing it, and the activation it keeps for the backward pass (none for
+    /// a recomputed op, whose value is recomputed when the backward pass needs it).
+    fn own_cost(
+        &self,
+        def: &dyn autopar_graph::OpDef,
+        spec: &OpSpec,
+        l: &OpLayouts,
+        dtype: autopar_graph::DType,
+        recompute: Recompute,
+    ) -> CostSplit {
         let p = self.b.profile;
         let ins: Vec<TensorType> = l.inputs.iter().map(|x| TensorType { shape: x.slice_shape(), dtype }).collect();
         // Input dtypes: the layouts carry shapes only; the cost rules read sizes.
         let out = TensorType { shape: l.output.slice_shape(), dtype };
         let c = def.cost(&CostCx { inputs: &ins, output: &out, rank: 0 });
-        let passes = if self.b.training { 3.0 } else { 1.0 };
+        let recomputed = self.b.training && recompute == Recompute::Marked;
+        let passes = match (self.b.training, recomputed) {
+            (false, _) => 1.0,
+            (true, false) => 3.0,
+            (true, true) => 4.0,
+        };
         let compute = passes * p.compute_time(c.flops, c.bytes);
         let mut communication = 0.0;
         let out_bytes = out.numel() * dtype.size();
         let partial: usize = l.output.partial_axes().iter().map(|&a| l.mesh.dims()[a]).product();
         if partial > 1 {
             // The all-reduce completing the partial sums, and in training its adjoint (an
-            // all-reduce of the gradient).
-            let passes = if self.b.training { 2.0 } else { 1.0 };
+            // all-reduce of the gradient), and again when the op is recomputed.
+            let passes = match (self.b.training, recomputed) {
+                (false, _) => 1.0,
+                (true, false) => 2.0,
+                (true, true) => 3.0,
+            };
             communication += passes * p.comm_time(partial, (2 * out_bytes * (partial - 1)).div_ceil(partial));
         }
         if let Tie::Stats(dims) = &spec.tie {
@@ -788,10 +808,16 @@ impl Builder<'_> {
                 // One (sum, sum of squares) pair of f64 per statistic: per local position
                 // along the op's other logical dimensions.
                 let count: usize = (0..spec.dims.len()).filter(|d| !dims.contains(d)).map(|d| spec.dims[d].size / l.splits[d]).product();
-                communication += if self.b.training { 2.0 } else { 1.0 } * p.comm_time(group, 16 * count);
+                let passes = match (self.b.training, recomputed) {
+                    (false, _) => 1.0,
+                    (true, false) => 2.0,
+                    (true, true) => 3.0,
+                };
+                communication += passes * p.comm_time(group, 16 * count);
             }
         }
-        CostSplit { compute, communication, redistribution: 0.0, gradient_sync: 0.0, memory: out_bytes as u64 }
+        let kept = if recomputed { 0 } else { out_bytes as u64 };
+        CostSplit { compute, communication, redistribution: 0.0, gradient_sync: 0.0, memory: kept }
     }
 
     /// Where value `x` comes from, and the reshapes it passes on the way (in order).

@@ -162,6 +162,18 @@ pub struct SearchReport {
     /// The search took only the strategies using every device or none (`fully_use_devices`
     /// set, or the fallback); the exact solver takes every split.
     pub fully_use: bool,
+    /// Recomputation the search chose, and why: set when no plan fitted
+    /// `device_memory_capacity` without it (the error of the search without it).
+    pub recompute: Option<RecomputeChosen>,
+}
+
+/// Recomputation auto_parallel chose because no plan fitted `device_memory_capacity` without.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecomputeChosen {
+    /// What it recomputes: the blocks of the network ([`autopar_graph::Graph::blocks`]).
+    pub blocks: Vec<String>,
+    /// Why: the search's error without recomputation.
+    pub without: String,
 }
 
 impl SearchReport {
@@ -446,5 +458,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         overwritten: Vec::new(),
         fully_use_fallback: false,
         fully_use: false,
+        recompute: None,
     }
 }
