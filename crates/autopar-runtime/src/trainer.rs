@@ -357,6 +357,11 @@ pub struct TrainReport {
 }
 
 impl TrainReport {
+    /// The job the run trained (its plan: [`Job::plan`]).
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
     /// The final parameters, whole: assembled from the pieces of every rank in process (one
     /// full copy, made now), or, under mpirun, those sent to rank 0 when
     /// [`TrainConfig::gather_params`] asked for them.

@@ -718,7 +718,9 @@ fn recomputing_blocks_trains_the_same_losses() {
     let run = |extra: &str, metrics: &str| {
         let args = format!("{common} {extra} --metrics {metrics}");
         let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
-        assert!(o.status.success(), "{args}: {:?}", text(&o));
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args}: {out}{err}");
+        assert_eq!(out.contains("  recomputation: "), !extra.is_empty(), "{args}: {out}");
         losses(&dir.path().join(metrics))
     };
     let plain = run("", "plain.jsonl");

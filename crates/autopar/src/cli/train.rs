@@ -780,6 +780,18 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), s.tail_mean) {
         writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", s.tail)?;
     }
+    let plan = &report.job().plan().plan;
+    let recomputed = plan.graph.nodes().iter().filter(|n| n.recompute == autopar_graph::Recompute::Marked).count();
+    if recomputed > 0 {
+        let why = match plan.search.as_ref().and_then(|r| r.recompute.as_ref()) {
+            Some(c) => format!(", every block: auto_parallel's choice, as without it {}", c.without.lines().next().unwrap_or_default()),
+            None => String::new(),
+        };
+        writeln!(
+            out,
+            "  recomputation: {recomputed} ops recomputed in the backward pass{why} (`autopar plan` shows each region's saving and cost)"
+        )?;
+    }
     match &s.eval {
         Some(Some(e)) => writeln!(
             out,
