@@ -180,6 +180,10 @@ check train_cli 4 --model gpt --width 32 --depth 4 --heads 2 --input-shape 16 --
 check train_cli 2 --model mlp --data synthetic --synthetic-samples 1024 --steps 6 --batch-size 16 --grad-accumulation 2
 # The parallel optimizer inside a pipeline (each stage's replicas shard its parameters).
 check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4 --parallel enable_parallel_optimizer=true --parallel 'parallel_optimizer_config={"parallel_optimizer_threshold":0,"gradient_accumulation_shard":true}'
+# optimizer_level level3: each sharded weight all-gathered per use inside the program, in a
+# pipeline's stages too.
+check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel --parallel enable_parallel_optimizer=true --parallel 'parallel_optimizer_config={"parallel_optimizer_threshold":0,"optimizer_level":"level3"}'
+check train_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4 --parallel enable_parallel_optimizer=true --parallel 'parallel_optimizer_config={"parallel_optimizer_threshold":0,"optimizer_level":"level3"}'
 # auto_parallel: dynamic_programming splits some of ResNet-50's convolutions over channels on 8 ranks.
 check train_cli 8 --model resnet50 --width 8 --input-shape 3,32,32 --data synthetic --synthetic-samples 256 --steps 3 --batch-size 64 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming --eval false
 
@@ -194,6 +198,7 @@ recompute_cli() {
     mpi=$(timeout 300 mpirun -n "$n" "${flags[@]}" "$bin" "${args[@]}" --recompute blocks 2>&1) || { echo "$mpi" >&2; return 1; }
     local=$("$bin" "${args[@]}" --recompute none 2>&1) || { echo "$local" >&2; return 1; }
     echo "$mpi"
+    grep -q '^  recomputation: ' <<<"$mpi" || { echo "mpi-tests: the run did not recompute" >&2; return 1; }
     [ "$(grep -E '^  (loss|eval)' <<<"$mpi")" = "$(grep -E '^  (loss|eval)' <<<"$local")" ] || { echo "$local" >&2; return 1; }
 }
 check recompute_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel

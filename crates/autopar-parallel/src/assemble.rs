@@ -86,7 +86,9 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
             // only the blocks' inputs and outputs for the backward pass, at the cost of their
             // forward passes run again; the search prices both.
             let mut recomputed = graph.clone();
-            recomputed.apply_recompute(&RecomputeChoice::Blocks)?;
+            if recomputed.apply_recompute(&RecomputeChoice::Blocks).is_err() {
+                return Err(without);
+            }
             let network = PlanRequest { graph: &recomputed, ..network };
             let Ok(mut job) = plan_stages(&network, micro_batches) else { return Err(without) };
             if let Some(search) = job.plan.search.as_mut() {

@@ -204,11 +204,42 @@ pub struct ParallelOptimizerConfig {
     pub parallel_optimizer_threshold: u64,
     /// Size of the optimizer shard group; -1 = the parameter's whole data-parallel group.
     pub optimizer_weight_shard_size: i64,
+    /// `optimizer_level`: what a rank keeps of a sharded weight between uses.
+    pub optimizer_level: OptimizerLevel,
+}
+
+/// `parallel_optimizer_config.optimizer_level`: what a rank keeps of a sharded weight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OptimizerLevel {
+    /// `level1`: the weight's slice is all-gathered before the forward pass and kept to the
+    /// step's end (and its buffer from step to step); the optimizer state and the update are
+    /// sharded.
+    #[default]
+    Level1,
+    /// `level3`: only the rank's shard is kept between uses: the slice is all-gathered just
+    /// before its forward use and freed after its last forward reader, and all-gathered again
+    /// just before the backward pass reads it (a recomputed all-gather).
+    Level3,
+}
+
+impl OptimizerLevel {
+    /// MindSpore's name (`level1`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerLevel::Level1 => "level1",
+            OptimizerLevel::Level3 => "level3",
+        }
+    }
 }
 
 impl Default for ParallelOptimizerConfig {
     fn default() -> Self {
-        Self { gradient_accumulation_shard: true, parallel_optimizer_threshold: 64, optimizer_weight_shard_size: -1 }
+        Self {
+            gradient_accumulation_shard: true,
+            parallel_optimizer_threshold: 64,
+            optimizer_weight_shard_size: -1,
+            optimizer_level: OptimizerLevel::Level1,
+        }
     }
 }
 
@@ -680,7 +711,11 @@ impl ParallelContext {
                 self.pipeline_config = c;
             }
             "parallel_optimizer_config" => {
-                let o = as_object(key, v, &["gradient_accumulation_shard", "parallel_optimizer_threshold", "optimizer_weight_shard_size"])?;
+                let o = as_object(
+                    key,
+                    v,
+                    &["gradient_accumulation_shard", "parallel_optimizer_threshold", "optimizer_weight_shard_size", "optimizer_level"],
+                )?;
                 let mut c = ParallelOptimizerConfig::default();
                 if let Some(x) = o.get("gradient_accumulation_shard") {
                     c.gradient_accumulation_shard = as_bool("parallel_optimizer_config.gradient_accumulation_shard", x)?;
@@ -695,6 +730,20 @@ impl ParallelContext {
                         return Err(bad("parallel_optimizer_config.optimizer_weight_shard_size", x, "-1 or an integer in (0, device_num]"));
                     }
                     c.optimizer_weight_shard_size = s;
+                }
+                if let Some(x) = o.get("optimizer_level") {
+                    c.optimizer_level = match x.as_str() {
+                        Some("level1") => OptimizerLevel::Level1,
+                        Some("level3") => OptimizerLevel::Level3,
+                        Some("level2") => {
+                            return Err(bad(
+                                "parallel_optimizer_config.optimizer_level",
+                                x,
+                                "level1 or level3 (level2, gradients reduce-scattered as the backward pass forms them, is not implemented: gradients are reduce-scattered after the backward pass at every level)",
+                            ))
+                        }
+                        _ => return Err(bad("parallel_optimizer_config.optimizer_level", x, "\"level1\" or \"level3\"")),
+                    };
                 }
                 self.parallel_optimizer_config = c;
             }
@@ -1097,6 +1146,8 @@ mod tests {
             ("dataset_strategy", json!("half_batch")),
             ("parallel_optimizer_config", json!({"optimizer_weight_shard_size": 0})),
             ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": -1})),
+            ("parallel_optimizer_config", json!({"optimizer_level": "level2"})),
+            ("parallel_optimizer_config", json!({"optimizer_level": 3})),
             ("comm_fusion", json!({"allgather": {"mode": "index", "config": [1]}})),
             ("comm_fusion", json!({"allreduce": {"mode": "size", "config": 0}})),
         ] {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use autopar_graph::{Collective, CostCx, DType, Graph, Recompute, TensorType};
+use autopar_graph::{Collective, CostCx, DType, Graph, OpKind, Recompute, TensorType};
 
 use crate::error::Result;
 use crate::program::RankProgram;
@@ -212,10 +212,15 @@ impl Memory {
 }
 
 /// The region a recomputed copy (`recompute/<op>`) belongs to: the graph's block whose prefix
-/// names the op, else the op.
+/// names the op, else the marked op whose name the copy's local node starts with (a
+/// redistribution `<op>.in0.<step>` or scaling `<op>.share` emitted for it), else the node.
 fn recompute_region(g: &Graph, copy: &str) -> String {
     let op = copy.strip_prefix("recompute/").unwrap_or(copy);
-    g.blocks.iter().filter(|b| op.starts_with(b.as_str())).max_by_key(|b| b.len()).cloned().unwrap_or_else(|| op.to_string())
+    if let Some(block) = g.blocks.iter().filter(|b| op.starts_with(b.as_str())).max_by_key(|b| b.len()) {
+        return block.clone();
+    }
+    let marked = |name: &str| g.find(name).is_ok_and(|id| g.node(id).recompute == Recompute::Marked);
+    op.match_indices('.').map(|(k, _)| &op[..k]).find(|prefix| marked(prefix)).unwrap_or(op).to_string()
 }
 
 /// The predicted cost of one rank's step.
@@ -247,7 +252,8 @@ pub struct Recomputed {
     pub flops: f64,
     /// The bytes their collectives hand to the communicator again.
     pub comm_bytes: usize,
-    /// The bytes of their forward values, no longer kept from the forward to the backward pass.
+    /// The bytes of the forward values the backward pass reads from the copies, which without
+    /// recomputation the forward pass would keep until then.
     pub not_kept: usize,
 }
 
@@ -261,6 +267,7 @@ impl RankCost {
         let mut bytes_moved = 0;
         let mut comm: BTreeMap<(Collective, Vec<usize>), (usize, usize)> = BTreeMap::new();
         let mut recompute: Vec<Recomputed> = Vec::new();
+        let users = g.users();
         for &i in &schedule.order {
             let node = &g.nodes()[i];
             let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();
@@ -268,7 +275,9 @@ impl RankCost {
             flops += c.flops;
             bytes_moved += c.bytes;
             if node.recompute == Recompute::Replay {
-                let region = recompute_region(g, &node.name);
+                let weight = !node.inputs.is_empty() && node.inputs.iter().all(|x| matches!(g.node(*x).op, OpKind::Parameter(_)));
+                let region =
+                    if weight { "weights gathered again (optimizer_level level3)".to_string() } else { recompute_region(g, &node.name) };
                 let r = match recompute.iter_mut().position(|r| r.region == region) {
                     Some(k) => &mut recompute[k],
                     None => {
@@ -279,7 +288,11 @@ impl RankCost {
                 r.ops += 1;
                 r.flops += c.flops;
                 r.comm_bytes += c.comm.iter().map(|call| call.bytes).sum::<usize>();
-                r.not_kept += node.value_bytes();
+                // A value a backward op reads (not only another copy): without recomputation
+                // the forward pass would have kept it until then.
+                if users[i].iter().any(|u| g.node(*u).recompute != Recompute::Replay) {
+                    r.not_kept += node.value_bytes();
+                }
             }
             for call in c.comm {
                 let e = comm.entry((call.kind, call.group)).or_default();

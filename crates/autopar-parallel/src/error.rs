@@ -703,6 +703,14 @@ pub enum HybridProblem {
         /// The op's name.
         name: String,
     },
+    /// An op marked for recomputation: each rank's backward pass would replay its own
+    /// collectives, which nothing checks match across the ranks.
+    Recompute {
+        /// The rank whose graph holds the op.
+        rank: usize,
+        /// The op's name.
+        name: String,
+    },
     /// The ranks of a group call different collectives over it.
     CollectivesDiffer {
         /// The group, as global ranks.
@@ -772,6 +780,10 @@ impl fmt::Display for HybridProblem {
             }
             HybridProblem::WrongMode { mode } => write!(f, "rank graphs need parallel_mode = hybrid_parallel, the context says {mode}"),
             HybridProblem::NeedsRankGraphs => write!(f, "it runs one hand-written graph per rank, not one whole graph the planner splits"),
+            HybridProblem::Recompute { rank, name } => write!(
+                f,
+                "op {name:?} of rank {rank}'s graph is marked for recomputation, which hybrid_parallel does not run (drop the marks: Graph::apply_recompute(&RecomputeChoice::Nothing))"
+            ),
         }
     }
 }

@@ -78,8 +78,9 @@ pub mod testing;
 pub use analysis::reshape_layout;
 pub use assemble::{assemble_job, default_micro_batches, micro_batch_size, JobRequest};
 pub use context::{
-    CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, ParallelContext, ParallelMode, ParallelOptimizerConfig,
-    PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES, SEARCH_OPTION_NAMES,
+    CommFusion, DatasetStrategy, FusionMode, OpStrategyConfig, OpStrategyMode, OptimizerLevel, ParallelContext, ParallelMode,
+    ParallelOptimizerConfig, PipelineConfig, PipelineScheduler, SearchMode, SearchOptions, StrategyCkptConfig, OPTION_NAMES,
+    SEARCH_OPTION_NAMES,
 };
 pub use cost::{CommVolume, Memory, RankCost, Recomputed};
 pub use error::{Conflict, DatasetProblem, HybridProblem, ParallelError, PipelineProblem, Result, TransferProblem};

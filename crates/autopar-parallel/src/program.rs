@@ -6,10 +6,10 @@
 use std::ops::Range;
 
 use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, ReduceScatter, Scale, Slice, TableShard};
-use autopar_graph::{differentiate, DType, Graph, LocalCx, NodeId, OpKind, Recompute, ReduceOp};
+use autopar_graph::{differentiate, DType, Graph, LocalCx, Node, NodeId, OpKind, Recompute, ReduceOp};
 use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
 
-use crate::context::ParallelMode;
+use crate::context::{OptimizerLevel, ParallelMode};
 use crate::error::{ParallelError, Result};
 use crate::plan::{sorted_group, InOpSync, ParallelPlan, Redistribution, Site};
 
@@ -34,6 +34,11 @@ pub struct ParamSlot {
     pub trainable: bool,
     /// The parallel optimizer's shard: the value is all-gathered over `group` before use.
     pub shard: Option<SlotShard>,
+    /// Under `optimizer_level` level3, the program's all-gather of the stored piece (a node
+    /// recomputed for the backward pass) whose value, the model-parallel slice, the ops read:
+    /// the local parameter node then holds the piece, and the gradient is the slice's. None:
+    /// the runtime all-gathers sharded parameters before the forward pass (level1).
+    pub gathered: Option<NodeId>,
 }
 
 impl ParamSlot {
@@ -301,6 +306,29 @@ impl Emitter {
     }
 }
 
+/// A parameter's local nodes: the parameter (its slice, or under the parallel optimizer its
+/// stored piece), and under `optimizer_level` level3 the all-gather of the piece into the slice
+/// over the shard group, marked for recomputation so that the backward pass gathers it again
+/// rather than keep it. Returns `slot` with its nodes.
+fn emit_parameter(em: &mut Emitter, plan: &ParallelPlan, node: &Node, slice_shape: &[usize], mut slot: ParamSlot) -> Result<ParamSlot> {
+    let level3 = plan.context.parallel_optimizer_config.optimizer_level == OptimizerLevel::Level3;
+    match (plan.param(&node.name).and_then(|p| p.opt.shard()), level3) {
+        (Some(shard), true) => {
+            let piece = slot.stored_shape();
+            slot.local = em.add(&node.name, node.op.def().local(&LocalCx { output: &piece, group: &[], block: None, rows: None }), &[])?;
+            let group = em.note_partition(&shard.axes);
+            let gather = em.add(&format!("{}.gather", node.name), AllGather { dim: 0, group }, &[slot.local])?;
+            em.graph.node_mut(gather).recompute = Recompute::Marked;
+            slot.gathered = Some(gather);
+        }
+        _ => {
+            slot.local =
+                em.add(&node.name, node.op.def().local(&LocalCx { output: slice_shape, group: &[], block: None, rows: None }), &[])?
+        }
+    }
+    Ok(slot)
+}
+
 /// The program of `rank`.
 pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
     let n = plan.device_num;
@@ -324,36 +352,46 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         let first = em.graph.len();
         let slice_shape = np.output.slice_shape();
         let id = if node.op.is_leaf() {
-            let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &[], block: None, rows: None });
-            let id = em.add(&node.name, op, &[])?;
             let slice = np.output.slice_of(rank).map_err(layout_err(&node.name))?;
             if let OpKind::Parameter(p) = &node.op {
                 let (slice, mirror, shard) = match plan.param(&node.name).and_then(|pp| pp.opt.shard()) {
                     Some(s) => (s.piece(&slice, rank), s.rest_group(rank), Some(SlotShard { group: s.group(rank), index: s.index(rank) })),
                     None => (slice, np.output.replica_group(rank).map_err(layout_err(&node.name))?, None),
                 };
-                params.push(ParamSlot {
+                let slot = ParamSlot {
                     name: node.name.clone(),
                     global: NodeId(i),
-                    local: id,
+                    local: NodeId(0),
                     layout: np.output.clone(),
                     slice,
                     mirror,
                     trainable: p.trainable,
                     shard,
-                });
+                    gathered: None,
+                };
+                let slot = emit_parameter(&mut em, plan, node, &slice_shape, slot)?;
+                let value = slot.gathered.unwrap_or(slot.local);
+                params.push(slot);
+                value
             } else {
+                let op = node.op.def().local(&LocalCx { output: &slice_shape, group: &[], block: None, rows: None });
+                let id = em.add(&node.name, op, &[])?;
                 inputs.push(InputSlot { name: node.name.clone(), global: NodeId(i), local: id, layout: np.output.clone(), slice });
+                id
             }
-            id
         } else {
             let mut args = Vec::with_capacity(node.inputs.len());
             for (slot, x) in node.inputs.iter().enumerate() {
                 let xid = local[x.0].expect("inputs precede users");
+                let start = em.graph.len();
                 args.push(match plan.redistribution(Site::Input { consumer: NodeId(i), slot }) {
                     Some(r) => em.redistribute(&format!("{}.in{slot}", node.name), xid, r)?,
                     None => xid,
                 });
+                // A recomputed value's redistribution is recomputed with it, whoever reads it.
+                if graph.node(*x).recompute == Recompute::Marked {
+                    em.set_recompute(start, Recompute::Marked);
+                }
             }
             let group = match &np.sync {
                 InOpSync::Stats(axes) => em.note_partition(axes),
@@ -399,7 +437,9 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         em.set_stage(first, stage);
         // A recomputed op's local nodes (its input redistributions' collectives included, as
         // MindSpore recomputes a cell's communication) are recomputed with it.
-        em.set_recompute(first, node.recompute);
+        if node.recompute == Recompute::Marked {
+            em.set_recompute(first, Recompute::Marked);
+        }
     }
     let mut outputs = Vec::new();
     for (slot, &o) in graph.outputs.iter().enumerate() {
@@ -465,7 +505,11 @@ fn shard_buckets(plan: &ParallelPlan, partitions: &mut Partitions) -> (Vec<RankS
         let scale = if mean { 1.0 / group.len() as f64 } else { 1.0 };
         RankShardBucket { group, index, rest, shard_size: b.shard_size, dtype: b.dtype, params: b.params.clone(), scale }
     };
-    let gather = plan.gradients.all_gather.iter().map(|b| resolve(b, false)).collect();
+    // Level3 gathers in the program itself, per use ([`ParamSlot::gathered`]).
+    let gather = match plan.context.parallel_optimizer_config.optimizer_level {
+        OptimizerLevel::Level1 => plan.gradients.all_gather.iter().map(|b| resolve(b, false)).collect(),
+        OptimizerLevel::Level3 => Vec::new(),
+    };
     let scatter = plan.gradients.reduce_scatter.iter().map(|b| resolve(b, plan.gradients.mirror_mean)).collect();
     (gather, scatter)
 }
@@ -488,7 +532,9 @@ fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params:
         g.add(&name, Scale { factor: seed }, &[loss])?
     };
     let trainable: Vec<&ParamSlot> = params.iter().filter(|p| p.trainable).collect();
-    let wrt: Vec<NodeId> = trainable.iter().map(|p| p.local).collect();
+    // A level3 parameter's gradient is its gathered slice's, reduce-scattered after the pass
+    // like level1's.
+    let wrt: Vec<NodeId> = trainable.iter().map(|p| p.gathered.unwrap_or(p.local)).collect();
     let d = differentiate(g, seeded, &wrt)?;
     let grads = trainable.iter().zip(&d.grads).map(|(p, (_, gid))| (p.name.clone(), *gid)).collect();
     Ok((Some(loss), grads))
@@ -548,6 +594,7 @@ fn hybrid_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
                 mirror: if shared { (0..n).collect() } else { vec![rank] },
                 trainable: p.trainable,
                 shard: None,
+                gathered: None,
             });
         } else if let OpKind::Input(_) = &node.op {
             inputs.push(InputSlot { name: node.name.clone(), global: id, local: id, layout, slice });

@@ -128,6 +128,12 @@ fn hybrid_errors_name_the_problem() {
     assert!(e.contains("w9"), "{e}");
     let e = Job::hybrid(graphs[..1].to_vec(), "loss", &ctx, BTreeSet::new()).unwrap_err().to_string();
     assert!(e.contains("1 rank graphs for device_num 2"), "{e}");
+    // Recomputation: each rank would replay its own collectives; refused up front.
+    let mut marked = graphs.clone();
+    let op = marked[1].nodes().iter().position(|n| !n.inputs.is_empty() && !n.op.is_communication()).unwrap();
+    marked[1].recompute(NodeId(op)).unwrap();
+    let e = Job::hybrid(marked, "loss", &ctx, BTreeSet::new()).unwrap_err().to_string();
+    assert!(e.contains("rank 1") && e.contains("recomputation"), "{e}");
     let (g, loss) = model(Some((0, 2)));
     let e = Job::new(&g, loss, &ctx).unwrap_err().to_string();
     assert!(e.contains("one hand-written graph per rank"), "{e}");

@@ -235,14 +235,15 @@ fn gradient_accumulation_shards_each_micro_batch_or_the_sum() {
     // The network runs one micro-batch of 8 rows.
     let (graph, loss) = network(batch / 2, false);
     let plain = run(&Job::with_micro_batches(&graph, loss, &context("data_parallel", 4, None), 2).unwrap(), &data, Opt::Momentum);
-    for each in [true, false] {
+    for (each, level) in [(true, "level1"), (false, "level1"), (true, "level3"), (false, "level3")] {
         let mut ctx = context("data_parallel", 4, Some((-1, 0)));
-        ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each})).unwrap();
+        let cfg = json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each, "optimizer_level": level});
+        ctx.set("parallel_optimizer_config", &cfg).unwrap();
         let job = Job::with_micro_batches(&graph, loss, &ctx, 2).unwrap();
         assert_eq!(job.program(0).unwrap().program.accumulation_shard, each);
         let got = run(&job, &data, Opt::Momentum);
         // Shards of each micro-batch's sum add up in another order than the whole slices.
-        compare(&format!("accumulation, gradient_accumulation_shard {each}"), &got, &plain, !each);
+        compare(&format!("accumulation, gradient_accumulation_shard {each}, {level}"), &got, &plain, !each);
     }
 }
 
@@ -280,4 +281,57 @@ fn clipping_by_global_norm_stays_exact_when_sharded() {
             }
         }
     }
+}
+
+fn level3(mut ctx: ParallelContext, size: i64) -> ParallelContext {
+    let cfg = json!({"optimizer_weight_shard_size": size, "parallel_optimizer_threshold": 0, "optimizer_level": "level3"});
+    ctx.set("parallel_optimizer_config", &cfg).unwrap();
+    ctx
+}
+
+/// `optimizer_level` level3: a rank keeps only its shard of a sharded weight; the program
+/// all-gathers the slice just before its forward use and again (a recomputed all-gather) just
+/// before the backward pass reads it. Bit for bit the unsharded run, in data_parallel and
+/// semi_auto, shard groups of the whole replica group or part of it, random strategies; the
+/// plan holds no gathered slice from step to step.
+#[test]
+fn level3_gathers_each_weight_per_use_and_equals_unsharded() {
+    let batch = 16;
+    let data = batches(batch, 17);
+    let mut cases = 0;
+    for (mode, n, strategies, seed) in
+        [("data_parallel", 4, false, None), ("semi_auto_parallel", 8, true, None), ("semi_auto_parallel", 8, false, Some(3u64))]
+    {
+        let (mut graph, loss) = network(batch, strategies);
+        if let Some(seed) = seed {
+            assign_random_strategies(&mut graph, n, seed);
+        }
+        for (opt, size) in [(Opt::Momentum, -1), (Opt::AdamW, 2)] {
+            let what = format!("{mode} on {n}, {opt:?}, shard size {size}");
+            let plain = run(&Job::new(&graph, loss, &context(mode, n, None)).unwrap(), &data, opt);
+            let level1 = Job::new(&graph, loss, &context(mode, n, Some((size, 0)))).unwrap();
+            let job = Job::new(&graph, loss, &level3(context(mode, n, Some((size, 0))), size)).unwrap();
+            let program = job.program(1).unwrap().program;
+            assert!(program.all_gather.is_empty(), "{what}: the runtime gathers nothing before the pass");
+            let sharded: Vec<_> = program.params.iter().filter(|s| s.shard.is_some()).collect();
+            assert!(!sharded.is_empty(), "{what}: nothing sharded");
+            for slot in &sharded {
+                let gather = slot.gathered.unwrap_or_else(|| panic!("{what}: {} not gathered in the program", slot.name));
+                assert_eq!(program.graph.node(slot.local).ty.shape.to_vec(), slot.stored_shape(), "{what}: {}", slot.name);
+                assert_eq!(program.graph.node(gather).ty.shape.to_vec(), slot.layout.slice_shape(), "{what}: {}", slot.name);
+                let again =
+                    program.graph.nodes().iter().filter(|nd| nd.recompute == autopar_graph::Recompute::Replay && nd.inputs == [slot.local]);
+                assert_eq!(again.count(), 1, "{what}: {} is gathered again for the backward pass", slot.name);
+            }
+            let slots = |j: &Job| autopar_parallel::Memory::gathered_slices(&j.program(1).unwrap().program, |_| true);
+            assert!(slots(&level1) > 0 && slots(&job) == 0, "{what}: gathered slices held {} / {}", slots(&level1), slots(&job));
+            let got = run(&job, &data, opt);
+            compare(&what, &got, &plain, true);
+            for slot in &sharded {
+                assert_eq!(got.rank_params[1].require(&slot.name).unwrap().shape(), slot.stored_shape().as_slice(), "{what}");
+            }
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 6);
 }

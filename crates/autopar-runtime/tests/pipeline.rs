@@ -442,16 +442,35 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
         }
         let plain = Job::with_micro_batches(&g, loss, &context(devices, stages, "1f1b"), micro).unwrap();
         let base = run_local(&plain, &data, || Ok(optimizer())).unwrap();
-        for (size, each) in [(-1, false), (-1, true), (2, false), (2, true)] {
-            let what = format!("seed={seed} optimizer_weight_shard_size={size} gradient_accumulation_shard={each}");
+        let levels = [
+            (-1, false, "level1"),
+            (-1, true, "level1"),
+            (2, false, "level1"),
+            (2, true, "level1"),
+            (-1, false, "level3"),
+            (2, true, "level3"),
+        ];
+        for (size, each, level) in levels {
+            let what = format!("seed={seed} optimizer_weight_shard_size={size} gradient_accumulation_shard={each} optimizer_level={level}");
             let mut ctx = context(devices, stages, "1f1b");
             ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
             ctx.set(
                 "parallel_optimizer_config",
-                &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size, "gradient_accumulation_shard": each}),
+                &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size, "gradient_accumulation_shard": each, "optimizer_level": level}),
             )
             .unwrap();
             let job = Job::with_micro_batches(&g, loss, &ctx, micro).unwrap();
+            // Level3: each chunk gathers its sharded weights itself, per micro-batch, and again
+            // in its backward pass.
+            let chunks = job.program(0).unwrap();
+            let gathers = chunks
+                .chunks()
+                .iter()
+                .flat_map(|c| [&c.graph, &c.backward])
+                .flat_map(|g| g.nodes())
+                .filter(|n| n.name.ends_with(".gather") || n.name.starts_with("recompute/") && n.op.kind() == "AllGather")
+                .count();
+            assert_eq!(gathers > 0, level == "level3", "{what}: {gathers} all-gathers in the chunks");
             if seed == 0 && size == -1 {
                 // parameter_layout_dict names the shard group by world ranks: stage 1's ranks 4-7.
                 let dict = autopar_parallel::report::pipeline_layout_dict(job.plan(), 5);

@@ -148,7 +148,7 @@ fn the_parallel_optimizer_predicts_its_communication() {
     let mut sharded = 0;
     for n in [4usize, 8] {
         for (mode, seed) in [("data_parallel", 0u64), ("semi_auto_parallel", 1), ("semi_auto_parallel", 2)] {
-            for size in [-1i64, 2] {
+            for (size, level) in [(-1i64, "level1"), (2, "level1"), (-1, "level3"), (2, "level3")] {
                 let mut g = net.graph.clone();
                 if mode == "semi_auto_parallel" {
                     assign_random_strategies(&mut g, n, seed * 31 + n as u64);
@@ -157,16 +157,16 @@ fn the_parallel_optimizer_predicts_its_communication() {
                 ctx.set("device_num", &json!(n)).unwrap();
                 ctx.set("parallel_mode", &json!(mode)).unwrap();
                 ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
-                ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size}))
-                    .unwrap();
+                let cfg = json!({"parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": size, "optimizer_level": level});
+                ctx.set("parallel_optimizer_config", &cfg).unwrap();
                 let job = Job::new(&g, net.loss, &ctx).unwrap();
                 let program = job.program(0).unwrap().program;
                 sharded += usize::from(!program.reduce_scatter.is_empty());
-                measure(&format!("{mode} seed={seed} n={n} shard size {size}"), &net, job);
+                measure(&format!("{mode} seed={seed} n={n} shard size {size} {level}"), &net, job);
             }
         }
     }
-    assert!(sharded >= 8, "only {sharded} runs sharded anything");
+    assert!(sharded >= 16, "only {sharded} runs sharded anything");
 }
 
 /// Gradient accumulation holds the running sums of the earlier micro-batches beside the

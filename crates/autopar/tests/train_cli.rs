@@ -732,4 +732,13 @@ fn recomputing_blocks_trains_the_same_losses() {
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "blocks"], &["no blocks", "hint:"]);
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "fc9.matmul"], &["fc9.matmul"]);
     fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--recompute", "none,fc1.matmul"], &["none", "alone"]);
+    std::fs::write(dir.path().join("empty.toml"), "recompute = []\n").unwrap();
+    fails(dir.path(), &["train", "--model", "mlp", "--data", "synthetic", "--config", "empty.toml"], &["empty list"]);
+    for command in ["eval", "predict"] {
+        let mut args = vec![command, "ck", "--model", "mlp", "--data", "synthetic", "--recompute", "blocks"];
+        if command == "predict" {
+            args.extend(["--output", "p.safetensors"]);
+        }
+        fails(dir.path(), &args, &["--recompute blocks", "no backward pass"]);
+    }
 }

@@ -166,9 +166,15 @@ pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stag
         for &t in terms.iter().skip(1) {
             total = sg.add(&sg.unique_name("pipe/surrogate"), Add, &[total, t])?;
         }
+        // A level3 parameter's gradient is its gathered slice's ([`crate::ParamSlot::gathered`]).
+        let gathered: std::collections::HashMap<&str, NodeId> =
+            fwd.params.iter().filter_map(|p| Some((p.name.as_str(), map[p.gathered?.0]?))).collect();
         let params: Vec<(String, NodeId)> = (0..sg.len())
             .filter_map(|i| match &sg.nodes()[i].op {
-                OpKind::Parameter(p) if p.trainable => Some((sg.nodes()[i].name.clone(), NodeId(i))),
+                OpKind::Parameter(p) if p.trainable => {
+                    let name = &sg.nodes()[i].name;
+                    Some((name.clone(), gathered.get(name.as_str()).copied().unwrap_or(NodeId(i))))
+                }
                 _ => None,
             })
             .collect();

@@ -46,6 +46,9 @@ pub fn plan_hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, l
                 return hybrid(HybridProblem::NotAParameter { rank: r, name: name.clone() });
             }
         }
+        if let Some(marked) = g.nodes().iter().find(|n| n.recompute != autopar_graph::Recompute::Keep) {
+            return hybrid(HybridProblem::Recompute { rank: r, name: marked.name.clone() });
+        }
         let (trained, to_loss) = dependencies(&g, loss);
         for (i, node) in g.nodes().iter().enumerate() {
             let ins: Vec<TensorType> = node.inputs.iter().map(|x| g.node(*x).ty.clone()).collect();

@@ -178,9 +178,25 @@ impl PlanReport<'_> {
         let cfg = &plan.context.parallel_optimizer_config;
         let _ = writeln!(
             s,
-            "\nparallel optimizer (threshold {} KB, shard size {}, gradient_accumulation_shard {})",
-            cfg.parallel_optimizer_threshold, cfg.optimizer_weight_shard_size, cfg.gradient_accumulation_shard
+            "\nparallel optimizer (threshold {} KB, shard size {}, gradient_accumulation_shard {}, optimizer_level {})",
+            cfg.parallel_optimizer_threshold,
+            cfg.optimizer_weight_shard_size,
+            cfg.gradient_accumulation_shard,
+            cfg.optimizer_level.name()
         );
+        let slices: usize = plan.params.iter().filter(|p| p.opt.shard().is_some()).map(|p| p.layout.slice_len() * p.dtype.size()).sum();
+        let _ = match cfg.optimizer_level {
+            crate::context::OptimizerLevel::Level1 => writeln!(
+                s,
+                "  level1: the sharded weights' slices ({}) are all-gathered before the forward pass and held to the step's end, their buffers from step to step",
+                human_bytes(slices)
+            ),
+            crate::context::OptimizerLevel::Level3 => writeln!(
+                s,
+                "  level3: each sharded weight's slice is all-gathered just before its forward use and again before its backward pass reads it, and freed after each: none of the {} of slices level1 holds is kept between uses (the extra all-gathers are in the communication below)",
+                human_bytes(slices)
+            ),
+        };
         for p in &plan.params {
             let what = match &p.opt {
                 OptDecision::Disabled => continue,

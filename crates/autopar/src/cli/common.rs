@@ -69,7 +69,9 @@ pub struct ParallelArgs {
     /// What the backward pass recomputes instead of keeping (MindSpore's recompute): blocks
     /// (every block of the model: a GPT's transformer blocks, a ResNet's residual blocks, each
     /// but its output), none, or ops by the names `autopar plan` prints and cells by the prefix
-    /// of their ops' names (blocks.1.attn.scores,blocks.2.); default: none.
+    /// of their ops' names (blocks.1.attn.scores,blocks.2.); default: what the network marks
+    /// itself (nothing, for the built-in models), and under auto_parallel every block when no
+    /// plan fits device_memory_capacity without.
     #[arg(long, value_name = "blocks|none|OP,...", value_delimiter = ',', help_heading = "Parallel")]
     pub recompute: Option<Vec<String>>,
 }
@@ -80,6 +82,9 @@ pub fn recompute(p: &ParallelArgs, file: &FileConfig) -> Result<RecomputeChoice>
         return Ok(RecomputeChoice::AsBuilt);
     };
     let names: Vec<String> = names.iter().map(|n| n.trim().to_string()).collect();
+    if names.is_empty() {
+        bail!("recompute is an empty list\nhint: give blocks, none, or op names, e.g. recompute = \"blocks\"");
+    }
     if let Some(bad) = names.iter().find(|s| s.is_empty()) {
         bail!("--recompute has an empty name ({bad:?})\nhint: pass blocks, none, or op names separated by commas, e.g. --recompute blocks.0.attn.scores,blocks.1.");
     }

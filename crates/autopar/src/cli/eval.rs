@@ -64,7 +64,14 @@ pub struct PredictArgs {
 }
 
 impl EvalArgs {
-    fn into_train_args(self) -> TrainArgs {
+    /// The training arguments of the inference job; flags that only training reads are refused.
+    fn into_train_args(self) -> Result<TrainArgs> {
+        if let Some(names) = &self.parallel.recompute {
+            anyhow::bail!(
+                "--recompute {} chooses what a training step's backward pass recomputes; evaluation and prediction run no backward pass\nhint: drop --recompute",
+                names.join(",")
+            );
+        }
         let mut t = TrainArgs::default();
         t.config = self.config;
         t.model = self.model;
@@ -75,7 +82,7 @@ impl EvalArgs {
         t.batch_size = self.batch_size;
         t.eval_batch_size = self.batch_size;
         t.prefetch = Some(0);
-        t
+        Ok(t)
     }
 }
 
@@ -120,7 +127,7 @@ fn print_result(out: &mut dyn Write, json: bool, what: &str, r: &EvalResult, ext
 /// Runs `autopar eval`.
 pub fn run_eval(args: EvalArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let (path, json, strategy) = (args.checkpoint.clone(), args.json, args.ckpt_strategy.clone());
-    let (mut trainer, data, desc) = inference_trainer(args.into_train_args())?;
+    let (mut trainer, data, desc) = inference_trainer(args.into_train_args()?)?;
     trainer.config_mut().init_strategy = strategy;
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
     if !quiet && !json {
@@ -139,7 +146,7 @@ pub fn run_predict(args: PredictArgs, out: &mut dyn Write) -> Result<ExitCode> {
         anyhow::bail!("--output {} is not a .safetensors file\nhint: pass --output preds.safetensors", args.output.display());
     }
     let (path, json, output, strategy) = (args.eval.checkpoint.clone(), args.eval.json, args.output, args.eval.ckpt_strategy.clone());
-    let (mut trainer, data, desc) = inference_trainer(args.eval.into_train_args())?;
+    let (mut trainer, data, desc) = inference_trainer(args.eval.into_train_args()?)?;
     trainer.config_mut().init_strategy = strategy;
     if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) && !json {
         eprintln!("autopar predict: {} on {desc}, {} device(s)", path.display(), trainer.config().parallel.devices());
