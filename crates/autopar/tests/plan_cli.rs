@@ -526,27 +526,11 @@ fn a_recomputed_plan_shows_what_each_block_saves_and_costs() {
 fn auto_parallel_chooses_recomputation_when_no_plan_fits_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let plan = |capacity: &str| -> serde_json::Value {
-        let args = [
-            "plan",
-            "--model",
-            "gpt",
-            "--depth",
-            "4",
-            "--width",
-            "128",
-            "--heads",
-            "4",
-            "--devices",
-            "4",
-            "--parallel-mode",
-            "auto_parallel",
-            "--parallel",
-            "search_mode=dynamic_programming",
-            "--parallel",
-            capacity,
-            "--json",
-        ];
-        serde_json::from_str(&ok(dir.path(), &args)).unwrap()
+        let args = format!(
+            "plan --model gpt --depth 4 --width 128 --heads 4 --devices 4 --parallel-mode auto_parallel \
+             --parallel search_mode=dynamic_programming --parallel {capacity} --json"
+        );
+        serde_json::from_str(&ok(dir.path(), &args.split_whitespace().collect::<Vec<_>>())).unwrap()
     };
     let roomy = plan("device_memory_capacity=1000000000");
     assert!(roomy["search"]["recompute_chosen"].is_null(), "{}", roomy["search"]["recompute_chosen"]);
