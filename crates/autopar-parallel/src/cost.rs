@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use autopar_graph::{Collective, CostCx, DType, Graph, OpKind, Recompute, TensorType};
+use autopar_graph::{Collective, CostCx, DType, Graph, NodeId, OpKind, Recompute, TensorType};
 
 use crate::error::Result;
 use crate::program::RankProgram;
@@ -211,6 +211,24 @@ impl Memory {
     }
 }
 
+/// The region of the recomputed copy `i` of `program`'s graph, given the regions of the copies
+/// before it: a level3 weight's all-gather; the graph's block naming it; the region of the copy
+/// a redistribution (`<consumer>.in<slot>...`) moves; else by name ([`recompute_region`]).
+fn recompute_region_of(program: &RankProgram, region_of: &BTreeMap<usize, String>, i: usize) -> String {
+    let g = &program.graph;
+    let node = g.node(NodeId(i));
+    let gather = matches!(node.op, OpKind::AllGather(_)) && program.params.iter().any(|p| p.gathered.is_some() && node.inputs == [p.local]);
+    if gather {
+        return "weights gathered again (optimizer_level level3)".to_string();
+    }
+    let op = node.name.strip_prefix("recompute/").unwrap_or(&node.name);
+    let in_block = g.blocks.iter().any(|b| op.starts_with(b.as_str()));
+    match node.inputs.iter().find_map(|x| region_of.get(&x.0)) {
+        Some(moved) if !in_block && op.contains(".in") => moved.clone(),
+        _ => recompute_region(g, &node.name),
+    }
+}
+
 /// The region a recomputed copy (`recompute/<op>`) belongs to: the graph's block whose prefix
 /// names the op, else the marked op whose name the copy's local node starts with (a
 /// redistribution `<op>.in0.<step>` or scaling `<op>.share` emitted for it), else the node.
@@ -267,6 +285,7 @@ impl RankCost {
         let mut bytes_moved = 0;
         let mut comm: BTreeMap<(Collective, Vec<usize>), (usize, usize)> = BTreeMap::new();
         let mut recompute: Vec<Recomputed> = Vec::new();
+        let mut region_of: BTreeMap<usize, String> = BTreeMap::new();
         let users = g.users();
         for &i in &schedule.order {
             let node = &g.nodes()[i];
@@ -275,9 +294,8 @@ impl RankCost {
             flops += c.flops;
             bytes_moved += c.bytes;
             if node.recompute == Recompute::Replay {
-                let weight = !node.inputs.is_empty() && node.inputs.iter().all(|x| matches!(g.node(*x).op, OpKind::Parameter(_)));
-                let region =
-                    if weight { "weights gathered again (optimizer_level level3)".to_string() } else { recompute_region(g, &node.name) };
+                let region = recompute_region_of(program, &region_of, i);
+                region_of.insert(i, region.clone());
                 let r = match recompute.iter_mut().position(|r| r.region == region) {
                     Some(k) => &mut recompute[k],
                     None => {

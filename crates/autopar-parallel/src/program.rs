@@ -388,8 +388,9 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
                     Some(r) => em.redistribute(&format!("{}.in{slot}", node.name), xid, r)?,
                     None => xid,
                 });
-                // A recomputed value's redistribution is recomputed with it, whoever reads it.
-                if graph.node(*x).recompute == Recompute::Marked {
+                // A recomputed value's redistribution is recomputed with it, whoever reads it
+                // (the local value: a level3 weight's all-gather is marked, its parameter not).
+                if em.graph.node(xid).recompute == Recompute::Marked {
                     em.set_recompute(start, Recompute::Marked);
                 }
             }

@@ -299,9 +299,13 @@ fn level3_gathers_each_weight_per_use_and_equals_unsharded() {
     let batch = 16;
     let data = batches(batch, 17);
     let mut cases = 0;
-    for (mode, n, strategies, seed) in
-        [("data_parallel", 4, false, None), ("semi_auto_parallel", 8, true, None), ("semi_auto_parallel", 8, false, Some(3u64))]
-    {
+    for (mode, n, strategies, seed) in [
+        ("data_parallel", 4, false, None),
+        ("semi_auto_parallel", 8, true, None),
+        ("semi_auto_parallel", 8, false, Some(3u64)),
+        ("semi_auto_parallel", 8, false, Some(11u64)),
+        ("auto_parallel", 8, false, None),
+    ] {
         let (mut graph, loss) = network(batch, strategies);
         if let Some(seed) = seed {
             assign_random_strategies(&mut graph, n, seed);
@@ -323,6 +327,12 @@ fn level3_gathers_each_weight_per_use_and_equals_unsharded() {
                     program.graph.nodes().iter().filter(|nd| nd.recompute == autopar_graph::Recompute::Replay && nd.inputs == [slot.local]);
                 assert_eq!(again.count(), 1, "{what}: {} is gathered again for the backward pass", slot.name);
             }
+            // A gathered weight reaching an op through a redistribution is gathered and
+            // redistributed again for the backward pass, never kept from the forward pass.
+            let marked = |id: &autopar_graph::NodeId| program.graph.node(*id).recompute == autopar_graph::Recompute::Marked;
+            for node in program.graph.nodes().iter().filter(|nd| !nd.name.starts_with("grad/") && nd.inputs.iter().any(marked)) {
+                assert!(marked(&program.graph.find(&node.name).unwrap()) || !node.name.contains(".in"), "{what}: {} is kept", node.name);
+            }
             let slots = |j: &Job| autopar_parallel::Memory::gathered_slices(&j.program(1).unwrap().program, |_| true);
             assert!(slots(&level1) > 0 && slots(&job) == 0, "{what}: gathered slices held {} / {}", slots(&level1), slots(&job));
             let got = run(&job, &data, opt);
@@ -333,5 +343,5 @@ fn level3_gathers_each_weight_per_use_and_equals_unsharded() {
             cases += 1;
         }
     }
-    assert_eq!(cases, 6);
+    assert_eq!(cases, 10);
 }

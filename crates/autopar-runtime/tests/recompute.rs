@@ -264,3 +264,38 @@ fn recomputation_lowers_the_measured_peak_and_the_plan_predicts_it() {
         }
     }
 }
+
+/// optimizer_level level3 under model-parallel strategies: a gathered weight that reaches an op
+/// through a redistribution (the GPT's tied embedding, read by the lookup and the head) is
+/// gathered and redistributed again for the backward pass, never kept from the forward pass;
+/// the run equals the unsharded one bit for bit.
+#[test]
+fn a_level3_weight_is_redistributed_again_for_the_backward_pass() {
+    let net = net(&small_gpt(), 8, 16, 2);
+    let mut redistributed = 0;
+    for seed in 0..8u64 {
+        let mut g = net.graph.clone();
+        assign_random_strategies(&mut g, 4, seed * 13 + 1);
+        let mut ctx = context(4);
+        let plain = Job::new(&g, net.loss, &ctx).unwrap();
+        ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+        ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_level": "level3"})).unwrap();
+        let job = Job::new(&g, net.loss, &ctx).unwrap();
+        let prog = job.program(0).unwrap().program;
+        let gathers: Vec<NodeId> = prog.params.iter().filter_map(|p| p.gathered).collect();
+        for (i, node) in prog.graph.nodes().iter().enumerate() {
+            if node.inputs.iter().any(|x| gathers.contains(x)) && node.name.contains(".in") && !node.name.starts_with("grad/") {
+                redistributed += 1;
+                assert_eq!(node.recompute, Recompute::Marked, "seed {seed}: {} (node {i}) is kept", node.name);
+            }
+        }
+        let a = run_local(&plain, &net.batches, || Ok(optimizer())).unwrap();
+        let b = run_local(&job, &net.batches, || Ok(optimizer())).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.losses), bits(&b.losses), "seed {seed}");
+        for (name, t) in a.params.iter() {
+            assert_eq!(bits(&t.to_f64_vec()), bits(&b.params.require(name).unwrap().to_f64_vec()), "seed {seed}: {name}");
+        }
+    }
+    assert!(redistributed > 0, "no strategy redistributed a gathered weight");
+}

@@ -214,7 +214,12 @@ impl PlanReport<'_> {
             };
             let _ = writeln!(s, "  {:<34} {what}", p.name);
         }
-        for (kind, buckets) in [("all-gather", &plan.gradients.all_gather), ("reduce-scatter", &plan.gradients.reduce_scatter)] {
+        // Level3 gathers each weight in the program, per use: no fused all-gather runs.
+        let gathers: &[_] = match cfg.optimizer_level {
+            crate::context::OptimizerLevel::Level1 => &plan.gradients.all_gather,
+            crate::context::OptimizerLevel::Level3 => &[],
+        };
+        for (kind, buckets) in [("all-gather", gathers), ("reduce-scatter", &plan.gradients.reduce_scatter[..])] {
             for (i, b) in buckets.iter().enumerate() {
                 let ranks: usize = b.axes.iter().map(|a| a.size).product();
                 let _ = writeln!(
