@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use autopar_graph::{Collective, CostCx, DType, Graph, NodeId, OpKind, Recompute, TensorType};
+use autopar_graph::{Collective, CostCx, DType, NodeId, OpKind, Recompute, TensorType};
 
 use crate::error::Result;
 use crate::program::RankProgram;
@@ -211,31 +211,23 @@ impl Memory {
     }
 }
 
-/// The region of the recomputed copy `i` of `program`'s graph, given the regions of the copies
-/// before it: a level3 weight's all-gather; the graph's block naming it; the region of the copy
-/// a redistribution (`<consumer>.in<slot>...`) moves; else by name ([`recompute_region`]).
-fn recompute_region_of(program: &RankProgram, region_of: &BTreeMap<usize, String>, i: usize) -> String {
+/// The region the recomputed copy `i` (`recompute/<op>`) of `program`'s graph belongs to, given
+/// the regions of the copies before it: a level3 weight's all-gather; else the graph's block
+/// whose prefix names the op; else, for a redistribution (`<consumer>.in<slot>...`), the region
+/// of the copy it moves; else the marked op whose name the copy's local node starts with (a
+/// redistribution `<op>.in0.<step>` or scaling `<op>.share` emitted for it); else the node.
+fn recompute_region(program: &RankProgram, region_of: &BTreeMap<usize, String>, i: usize) -> String {
     let g = &program.graph;
     let node = g.node(NodeId(i));
-    let gather = matches!(node.op, OpKind::AllGather(_)) && program.params.iter().any(|p| p.gathered.is_some() && node.inputs == [p.local]);
-    if gather {
+    if matches!(node.op, OpKind::AllGather(_)) && program.params.iter().any(|p| p.gathered.is_some() && node.inputs == [p.local]) {
         return "weights gathered again (optimizer_level level3)".to_string();
     }
     let op = node.name.strip_prefix("recompute/").unwrap_or(&node.name);
-    let in_block = g.blocks.iter().any(|b| op.starts_with(b.as_str()));
-    match node.inputs.iter().find_map(|x| region_of.get(&x.0)) {
-        Some(moved) if !in_block && op.contains(".in") => moved.clone(),
-        _ => recompute_region(g, &node.name),
-    }
-}
-
-/// The region a recomputed copy (`recompute/<op>`) belongs to: the graph's block whose prefix
-/// names the op, else the marked op whose name the copy's local node starts with (a
-/// redistribution `<op>.in0.<step>` or scaling `<op>.share` emitted for it), else the node.
-fn recompute_region(g: &Graph, copy: &str) -> String {
-    let op = copy.strip_prefix("recompute/").unwrap_or(copy);
     if let Some(block) = g.blocks.iter().filter(|b| op.starts_with(b.as_str())).max_by_key(|b| b.len()) {
         return block.clone();
+    }
+    if let Some(moved) = node.inputs.iter().find_map(|x| region_of.get(&x.0)).filter(|_| op.contains(".in")) {
+        return moved.clone();
     }
     let marked = |name: &str| g.find(name).is_ok_and(|id| g.node(id).recompute == Recompute::Marked);
     op.match_indices('.').map(|(k, _)| &op[..k]).find(|prefix| marked(prefix)).unwrap_or(op).to_string()
@@ -294,7 +286,7 @@ impl RankCost {
             flops += c.flops;
             bytes_moved += c.bytes;
             if node.recompute == Recompute::Replay {
-                let region = recompute_region_of(program, &region_of, i);
+                let region = recompute_region(program, &region_of, i);
                 region_of.insert(i, region.clone());
                 let r = match recompute.iter_mut().position(|r| r.region == region) {
                     Some(k) => &mut recompute[k],

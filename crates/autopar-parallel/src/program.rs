@@ -11,7 +11,7 @@ use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
 
 use crate::context::{OptimizerLevel, ParallelMode};
 use crate::error::{ParallelError, Result};
-use crate::plan::{sorted_group, InOpSync, ParallelPlan, Redistribution, Site};
+use crate::plan::{sorted_group, InOpSync, OptShard, ParallelPlan, Redistribution, Site};
 
 /// A parameter of a rank's program.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +42,12 @@ pub struct ParamSlot {
 }
 
 impl ParamSlot {
+    /// The node whose value the ops read and whose gradient the backward pass forms: the
+    /// level3 all-gather ([`ParamSlot::gathered`]), else the parameter node.
+    pub fn value(&self) -> NodeId {
+        self.gathered.unwrap_or(self.local)
+    }
+
     /// The shape of what the rank stores ([`ParamSlot::slice`]).
     pub fn stored_shape(&self) -> Vec<usize> {
         self.slice.iter().map(|r| r.len()).collect()
@@ -306,27 +312,18 @@ impl Emitter {
     }
 }
 
-/// A parameter's local nodes: the parameter (its slice, or under the parallel optimizer its
-/// stored piece), and under `optimizer_level` level3 the all-gather of the piece into the slice
-/// over the shard group, marked for recomputation so that the backward pass gathers it again
-/// rather than keep it. Returns `slot` with its nodes.
-fn emit_parameter(em: &mut Emitter, plan: &ParallelPlan, node: &Node, slice_shape: &[usize], mut slot: ParamSlot) -> Result<ParamSlot> {
-    let level3 = plan.context.parallel_optimizer_config.optimizer_level == OptimizerLevel::Level3;
-    match (plan.param(&node.name).and_then(|p| p.opt.shard()), level3) {
-        (Some(shard), true) => {
-            let piece = slot.stored_shape();
-            slot.local = em.add(&node.name, node.op.def().local(&LocalCx { output: &piece, group: &[], block: None, rows: None }), &[])?;
-            let group = em.note_partition(&shard.axes);
-            let gather = em.add(&format!("{}.gather", node.name), AllGather { dim: 0, group }, &[slot.local])?;
-            em.graph.node_mut(gather).recompute = Recompute::Marked;
-            slot.gathered = Some(gather);
-        }
-        _ => {
-            slot.local =
-                em.add(&node.name, node.op.def().local(&LocalCx { output: slice_shape, group: &[], block: None, rows: None }), &[])?
-        }
-    }
-    Ok(slot)
+/// A parameter's local nodes, `(local, gathered)` of its [`ParamSlot`]: the parameter node of
+/// `shape` (its slice, or its stored piece), and under `optimizer_level` level3 for a parameter
+/// the optimizer shards (`shard`) the all-gather of the piece into the slice over the shard
+/// group, marked for recomputation so that the backward pass gathers it again rather than keep
+/// it.
+fn emit_parameter(em: &mut Emitter, node: &Node, shape: &[usize], shard: Option<&OptShard>) -> Result<(NodeId, Option<NodeId>)> {
+    let local = em.add(&node.name, node.op.def().local(&LocalCx { output: shape, group: &[], block: None, rows: None }), &[])?;
+    let Some(shard) = shard else { return Ok((local, None)) };
+    let group = em.note_partition(&shard.axes);
+    let gather = em.add(&format!("{}.gather", node.name), AllGather { dim: 0, group }, &[local])?;
+    em.graph.node_mut(gather).recompute = Recompute::Marked;
+    Ok((local, Some(gather)))
 }
 
 /// The program of `rank`.
@@ -354,23 +351,27 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
         let id = if node.op.is_leaf() {
             let slice = np.output.slice_of(rank).map_err(layout_err(&node.name))?;
             if let OpKind::Parameter(p) = &node.op {
-                let (slice, mirror, shard) = match plan.param(&node.name).and_then(|pp| pp.opt.shard()) {
+                let opt = plan.param(&node.name).and_then(|pp| pp.opt.shard());
+                let (slice, mirror, shard) = match opt {
                     Some(s) => (s.piece(&slice, rank), s.rest_group(rank), Some(SlotShard { group: s.group(rank), index: s.index(rank) })),
                     None => (slice, np.output.replica_group(rank).map_err(layout_err(&node.name))?, None),
                 };
+                // Level3 keeps the stored piece in the program and gathers it per use.
+                let level3 = opt.filter(|_| plan.context.parallel_optimizer_config.optimizer_level == OptimizerLevel::Level3);
+                let stored: Vec<usize> = slice.iter().map(|r| r.len()).collect();
+                let (local, gathered) = emit_parameter(&mut em, node, if level3.is_some() { &stored } else { &slice_shape }, level3)?;
                 let slot = ParamSlot {
                     name: node.name.clone(),
                     global: NodeId(i),
-                    local: NodeId(0),
+                    local,
                     layout: np.output.clone(),
                     slice,
                     mirror,
                     trainable: p.trainable,
                     shard,
-                    gathered: None,
+                    gathered,
                 };
-                let slot = emit_parameter(&mut em, plan, node, &slice_shape, slot)?;
-                let value = slot.gathered.unwrap_or(slot.local);
+                let value = slot.value();
                 params.push(slot);
                 value
             } else {
@@ -535,7 +536,7 @@ fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params:
     let trainable: Vec<&ParamSlot> = params.iter().filter(|p| p.trainable).collect();
     // A level3 parameter's gradient is its gathered slice's, reduce-scattered after the pass
     // like level1's.
-    let wrt: Vec<NodeId> = trainable.iter().map(|p| p.gathered.unwrap_or(p.local)).collect();
+    let wrt: Vec<NodeId> = trainable.iter().map(|p| p.value()).collect();
     let d = differentiate(g, seeded, &wrt)?;
     let grads = trainable.iter().zip(&d.grads).map(|(p, (_, gid))| (p.name.clone(), *gid)).collect();
     Ok((Some(loss), grads))
