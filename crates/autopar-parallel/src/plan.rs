@@ -2,6 +2,7 @@
 //! [`crate::plan_hybrid`]) makes it; [`crate::rank_program`] turns it into one rank's program;
 //! [`crate::RankCost`] predicts what a rank sends, computes and holds; `autopar plan` prints it.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -83,6 +84,21 @@ pub struct NodePlan {
     pub output_scale: Option<f64>,
     /// How the op's slice is tied to the whole.
     pub sync: InOpSync,
+}
+
+impl NodePlan {
+    /// How many devices compute each slice of the op: the product of the device-matrix axes
+    /// that neither its inputs nor its output use (1 when every device computes a slice of its
+    /// own). A strategy that splits the op over fewer devices than its stage has repeats it so
+    /// (MindSpore's repeated calculation).
+    pub fn repeats(&self) -> usize {
+        let mesh = self.output.mesh();
+        let layouts = || std::iter::once(&self.output).chain(&self.inputs);
+        if layouts().any(|l| l.mesh() != mesh) {
+            return 1;
+        }
+        (0..mesh.ndim()).filter(|a| layouts().all(|l| l.replica_axes().contains(a))).map(|a| mesh.dims()[a]).product()
+    }
 }
 
 /// Where a redistribution is needed: before input `slot` of `consumer`, or before graph output
@@ -297,6 +313,36 @@ pub struct ParallelPlan {
 }
 
 impl ParallelPlan {
+    /// What a person should know before running the plan, one sentence each with a hint:
+    /// strategies given by the model or a strategy file that split their ops over fewer
+    /// devices than the job has, so that each slice is computed several times over.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut by_split: BTreeMap<(usize, usize, &str), Vec<&str>> = BTreeMap::new();
+        for p in &self.nodes {
+            let given = match p.source {
+                Some(StrategySource::User) => "the model",
+                Some(StrategySource::StrategyFile) => "the strategy file",
+                _ => continue,
+            };
+            let repeats = p.repeats();
+            if repeats > 1 {
+                let devices = p.output.mesh().num_devices();
+                by_split.entry((devices / repeats, devices, given)).or_default().push(&p.name);
+            }
+        }
+        by_split
+            .into_iter()
+            .map(|((used, devices, given), ops)| {
+                let shown = if ops.len() > 4 { format!("{}, ...", ops[..4].join(", ")) } else { ops.join(", ") };
+                format!(
+                    "{} op(s) ({shown}) have strategies from {given} that split them over {used} of {devices} devices: each slice is computed {} times over\nhint: strategies for {devices} devices multiply to {devices} (a strategy file written for {used} devices does not fit {devices})",
+                    ops.len(),
+                    devices / used,
+                )
+            })
+            .collect()
+    }
+
     /// Layout of every parameter, by name, in graph order.
     pub fn parameter_layouts(&self) -> Vec<(String, TensorLayout)> {
         self.params.iter().map(|p| (p.name.clone(), p.layout.clone())).collect()

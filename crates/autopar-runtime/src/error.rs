@@ -243,7 +243,7 @@ pub enum RuntimeError {
     },
 
     /// An optimizer hyperparameter is out of range.
-    #[error("optimizer: {what} = {value} is invalid; expected {expected}")]
+    #[error("optimizer: {what} = {value} is invalid; expected {expected}\nhint: {}leave it out to take the default", if *value < 0.0 { "it cannot be negative; " } else { "" })]
     BadHyperparameter {
         /// The hyperparameter's name.
         what: &'static str,

@@ -628,6 +628,9 @@ impl Trainer {
         let net = self.network(micro, true)?;
         let io = Io::of(&net.graph, &net);
         self.check_data(&net.graph, &net, &io)?;
+        if let Some(ck) = cfg.checkpoint.as_ref().filter(|ck| ck.dir.exists() && !ck.dir.is_dir()) {
+            return Err(TrainError::NotAFolder { path: ck.dir.clone() });
+        }
         let job = Job::assemble(&autopar_parallel::JobRequest {
             graph: &net.graph,
             loss: Some(net.loss),
@@ -637,6 +640,12 @@ impl Trainer {
             profile: cfg.profile.as_ref(),
             recompute: &cfg.recompute,
         })?;
+        // Before any step runs, once per job (rank 0's process under mpirun).
+        if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) {
+            for warning in job.network().warnings() {
+                tracing::warn!("{warning}");
+            }
+        }
         Ok((io, job))
     }
 

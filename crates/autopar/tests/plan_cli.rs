@@ -60,6 +60,8 @@ fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() 
     assert_eq!(op("fc1.matmul")["strategy"], serde_json::json!([[2, 1], [2, 1]]));
     assert_eq!(op("fc3.matmul")["source"], "default");
     assert!(v["strategy_file"].as_str().unwrap().ends_with("s.json"));
+    // Strategies for the job's 4 devices: no op runs twice.
+    assert_eq!(v["warnings"], serde_json::json!([]), "{v}");
     // fc2 splits its contraction: its output is a partial sum, completed by a redistribution.
     assert_eq!(op("fc2.matmul")["output"]["partial"], true);
     assert!(v["redistributions"].as_array().unwrap().iter().any(|r| r["site"].as_str().unwrap().contains("fc2")), "{v}");
@@ -76,6 +78,21 @@ fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() 
     a.push("--json");
     let v: serde_json::Value = serde_json::from_str(&ok(dir.path(), &a)).unwrap();
     assert_eq!(v["operators"].as_array().unwrap().iter().find(|o| o["name"] == "fc1.matmul").unwrap()["source"], "default");
+    // The file's strategies for 4 devices on 16: each of its ops runs 4 times over, and the
+    // plan says so (the text and the JSON), as `train` does before its first step.
+    let wide = ["plan", "--model", "mlp", "--width", "16", "--devices", "16", "--strategy", "s.json"];
+    let text = ok(dir.path(), &wide);
+    let warning = text.lines().find(|l| l.starts_with("warning: ")).unwrap_or_else(|| panic!("no warning in\n{text}"));
+    assert!(
+        warning.contains("split them over 4 of 16 devices: each slice is computed 4 times over") && warning.contains("fc1.matmul"),
+        "{warning}"
+    );
+    let mut train = wide.to_vec();
+    train[0] = "train";
+    train.extend(["--data", "synthetic", "--steps", "1", "--eval", "false"]);
+    let o = autopar(dir.path(), &train);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.contains("each slice is computed 4 times over"), "{err}");
 }
 
 #[test]

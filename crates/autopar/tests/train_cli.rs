@@ -152,6 +152,15 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
         &["train", "--model", "mlp", "--data", "synthetic", "--steps", "2", "--schedule", "cosine", "--lr", "0.1", "--min-lr", "1"],
         &["minimum learning rate (--min-lr) = 1"],
     );
+    // Negative numbers are values, refused for being negative; a file is not a folder.
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--lr", "-1"], &["learning rate = -1 is invalid", "cannot be negative"]);
+    fails(d, &["train", "--model", "mlp", "--data", "synthetic", "--weight-decay", "-0.5"], &["weight_decay = -0.5", "cannot be negative"]);
+    std::fs::write(d.join("afile"), "").unwrap();
+    fails(
+        d,
+        &["train", "--model", "mlp", "--data", "synthetic", "--checkpoint-dir", "afile"],
+        &["checkpoint folder afile is a file, not a folder"],
+    );
     // pipeline_result_broadcast applies to pipeline inference, not to training.
     fails(
         d,

@@ -290,6 +290,9 @@ impl PlanReport<'_> {
         if let Some(f) = &plan.strategy_file {
             let _ = writeln!(s, "  strategies from {}", f.display());
         }
+        for w in plan.warnings() {
+            let _ = writeln!(s, "warning: {w}");
+        }
         let _ = writeln!(s, "\noperators");
         let mut rows = vec![["name", "op", "strategy", "source", "inputs -> output", "in-op"].map(String::from)];
         for p in &plan.nodes {
@@ -484,6 +487,7 @@ impl PlanReport<'_> {
             "all_to_all": plan.all_to_all,
             "strategy_file": plan.strategy_file.as_ref().map(|p| p.display().to_string()),
             "operators": operators,
+            "warnings": plan.warnings(),
             "search": plan.search.as_ref().map(search_json),
             "parameters": parameters,
             "redistributions": redistributions,

@@ -127,6 +127,13 @@ pub enum TrainError {
         source: std::io::Error,
     },
 
+    /// The folder checkpoints go to is a file.
+    #[error("the checkpoint folder {} is a file, not a folder\nhint: name a folder (it is created if missing), or move the file away", path.display())]
+    NotAFolder {
+        /// The path given as the checkpoint folder.
+        path: PathBuf,
+    },
+
     /// A rank of a run simulated in one process failed.
     #[error("rank {rank} failed: {source}")]
     Rank {

@@ -18,6 +18,7 @@ use super::train::{inference_trainer, TrainArgs};
 
 /// Evaluate a checkpoint: `autopar eval CKPT --model mlp --data synthetic --devices 4`.
 #[derive(Args, Debug, Default)]
+#[command(allow_negative_numbers = true)]
 pub struct EvalArgs {
     /// The checkpoint: a file of whole tensors, or a folder of per-rank checkpoints (rank_0,
     /// rank_1, ...) saved under any strategy and device count, with strategy.json beside them
@@ -54,6 +55,7 @@ pub struct EvalArgs {
 
 /// Write a checkpoint's predictions: `autopar predict CKPT --model mlp --data synthetic --output preds.safetensors`.
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct PredictArgs {
     #[command(flatten)]
     eval: EvalArgs,

@@ -27,13 +27,16 @@ use super::common::{
 
 /// The flags of `autopar plan`.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
+#[command(
+    after_help = "Examples:\n  \
     autopar plan --model gpt --depth 32 --width 1024 --heads 16 --devices 4096\n  \
     autopar plan --model mlp --devices 8 --strategy run/ckpt/strategy.json --json\n  \
     autopar plan --model resnet50 --devices 64 --parallel-mode data_parallel --svg splits.svg\n  \
     autopar plan --model mlp --devices 8 --mindspore-layouts\n  \
     autopar plan --model gpt --devices 8 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming\n  \
-    autopar plan --model mlp --devices 8 --compare")]
+    autopar plan --model mlp --devices 8 --compare",
+    allow_negative_numbers = true
+)]
 pub struct PlanArgs {
     /// Read settings from a TOML file (the keys of `autopar train`; flags given here override it).
     #[arg(long, value_name = "FILE")]

@@ -26,6 +26,7 @@ use crate::verify;
 
 /// Train a model: `autopar train --model mlp --data synthetic --epochs 2`.
 #[derive(Args, Debug, Default)]
+#[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// Read these settings from a TOML file (flags given here override it).
     #[arg(long, value_name = "FILE", help_heading = "Run")]
