@@ -114,7 +114,13 @@ impl Schedule {
     /// reports as `peak_live_bytes`). A parameter's value is the stored tensor itself, shared
     /// rather than copied, so it takes nothing here: what a rank stores is counted apart.
     pub fn peak_bytes(&self, graph: &Graph) -> usize {
-        let size = |i: usize| graph.nodes[i].value_bytes();
+        self.peak_bytes_where(graph, |_| true)
+    }
+
+    /// [`Schedule::peak_bytes`] of the values `counted` accepts (by node index) only, the
+    /// others taking nothing: e.g. the activations without the gradients the run forms.
+    pub fn peak_bytes_where(&self, graph: &Graph, counted: impl Fn(usize) -> bool) -> usize {
+        let size = |i: usize| if counted(i) { graph.nodes[i].value_bytes() } else { 0 };
         let (mut live, mut peak) = (0usize, 0usize);
         for (pos, &i) in self.order.iter().enumerate() {
             live += size(i);

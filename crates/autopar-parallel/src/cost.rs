@@ -44,6 +44,14 @@ pub struct Memory {
     /// stored tensors, counted in `parameters`, but for the parallel optimizer's: their
     /// shards are all-gathered into slices kept from step to step, counted here.
     pub peak_activations: usize,
+    /// The most bytes the step's activations hold at once, the parameters' gradients aside:
+    /// the forward values the backward pass reads, the temporaries of both passes and the
+    /// gradients of activations (and the parallel optimizer's gathered slices, as in
+    /// `peak_activations`); in a pipeline, the saved values of the micro-batches in flight
+    /// and the largest pass. What recomputation cuts. Not a part of [`Memory::total`]: the
+    /// step's peak may come later, when the gradients are formed and fewer activations are
+    /// left (`peak_activations` is the step's values then, beyond the gradients).
+    pub activations: usize,
     /// What the buffers and copies of the fused collectives add to the step's peak: the
     /// packing of their parts into one buffer where the communicator makes it (MPI's does; the
     /// in-process one works where they lie), and on any communicator the copies the runtime
@@ -71,6 +79,7 @@ impl Memory {
             gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum::<usize>() + Memory::bucket_buffers(program, held),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
+            activations: 0,
             comm_buffers: 0,
         }
     }
@@ -344,14 +353,8 @@ impl RankCost {
         }
         // The gradients the step fetches: alive from when they are formed to the step's end.
         let gathered = Memory::gathered_slices(program, |_| true);
-        let grads: usize = program
-            .grads
-            .iter()
-            .map(|(_, g)| *g)
-            .collect::<std::collections::BTreeSet<_>>()
-            .iter()
-            .map(|&id| g.node(id).value_bytes())
-            .sum();
+        let grad_ids: std::collections::BTreeSet<usize> = program.grads.iter().map(|(_, g)| g.0).collect();
+        let grads: usize = grad_ids.iter().map(|&id| g.node(NodeId(id)).value_bytes()).sum();
         Ok(RankCost {
             rank: program.rank,
             flops,
@@ -359,6 +362,7 @@ impl RankCost {
             comm: comm.into_iter().map(|((kind, group), (calls, bytes))| CommVolume { kind, group, calls, bytes }).collect(),
             memory: Memory {
                 peak_activations: schedule.peak_bytes(g).saturating_sub(grads) + gathered,
+                activations: schedule.peak_bytes_where(g, |i| !grad_ids.contains(&i)) + gathered,
                 ..Memory::of_params(program, optimizer_slots, |_| true)
             }
             .with_comm_buffers(program, |_| true, gathered, true),

@@ -308,15 +308,18 @@ impl JobProgram {
         let bytes = |g: &autopar_graph::Graph, v: &NodeId| g.node(*v).ty.numel() * g.node(*v).ty.dtype.size();
         let simulation = simulate(&job.schedule, SimCosts::unit(job.schedule.shape)).map_err(ParallelError::Schedule)?;
         let in_flight = simulation.peak_in_flight.get(self.stage).copied().unwrap_or(0);
-        let (mut saved, mut pass_peak) = (0usize, 0usize);
+        let (mut saved, mut pass_peak, mut pass_activations) = (0usize, 0usize, 0usize);
         for c in chunks {
             saved = saved.max(c.saved.iter().map(|v| bytes(&c.graph, v)).sum());
             let forward = c.graph.schedule(&c.forward_fetch())?.peak_bytes(&c.graph);
-            let backward = c.backward.schedule(&c.backward_fetch())?.peak_bytes(&c.backward);
-            pass_peak = pass_peak.max(forward).max(backward);
+            let backward = c.backward.schedule(&c.backward_fetch())?;
+            let grads: BTreeSet<usize> = c.param_grads.iter().map(|(_, g)| g.0).collect();
+            pass_peak = pass_peak.max(forward).max(backward.peak_bytes(&c.backward));
+            pass_activations = pass_activations.max(forward).max(backward.peak_bytes_where(&c.backward, |i| !grads.contains(&i)));
         }
         let gathered = Memory::gathered_slices(&self.program, |n| held.contains(n));
         memory.peak_activations = saved.saturating_mul(in_flight).saturating_add(pass_peak) + gathered;
+        memory.activations = saved.saturating_mul(in_flight).saturating_add(pass_activations) + gathered;
         Ok(memory.with_comm_buffers(&self.program, |n| held.contains(n), gathered, packs))
     }
 }

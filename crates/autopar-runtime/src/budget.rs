@@ -215,6 +215,8 @@ pub fn check_plan_fits(world: &dyn Communicator, memory: &Memory, device_capacit
             gradients: row[2] as usize,
             optimizer_state: row[3] as usize,
             peak_activations: row[4] as usize,
+            // Within the step's peak, which `peak_activations` states.
+            activations: 0,
             comm_buffers: row[5] as usize,
         },
         largest_rank: if rows.len() > 1 { k } else { world.rank() },

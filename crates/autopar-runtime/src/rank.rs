@@ -902,5 +902,6 @@ impl StepState {
         self.run.timings.extend(out.timings);
         self.run.peak_live = self.run.peak_live.max(out.peak_live);
         self.run.peak_live_bytes = self.run.peak_live_bytes.max(out.peak_live_bytes);
+        self.run.peak_freed_bytes = self.run.peak_freed_bytes.max(out.peak_freed_bytes);
     }
 }

@@ -392,9 +392,14 @@ impl PlanReport<'_> {
         let _ = writeln!(s, "  parameters        {:>12}", human_bytes(m.parameters));
         let _ = writeln!(s, "  gradients         {:>12}", human_bytes(m.gradients));
         let _ = writeln!(s, "  optimizer state   {:>12}  ({})", human_bytes(m.optimizer_state), self.optimizer);
-        let _ = writeln!(s, "  peak activations  {:>12}", human_bytes(m.peak_activations));
+        let _ = writeln!(s, "  peak activations  {:>12}  (beside the gradients, at the step's peak)", human_bytes(m.peak_activations));
         let _ = writeln!(s, "  comm buffers      {:>12}", human_bytes(m.comm_buffers));
         let _ = writeln!(s, "  total             {:>12}", human_bytes(m.total()));
+        let _ = writeln!(
+            s,
+            "  activations alone {:>12}  (their own peak, gradients aside; what recomputation cuts; not added to the total)",
+            human_bytes(m.activations)
+        );
         let _ =
             writeln!(s, "\ncompute per step (rank {}): {}, {} moved", cost.rank, human_flops(cost.flops), human_bytes(cost.bytes_moved));
         s.push_str(&recompute_text(cost));
@@ -515,6 +520,7 @@ impl PlanReport<'_> {
                 "gradients": cost.memory.gradients,
                 "optimizer_state": cost.memory.optimizer_state,
                 "peak_activations": cost.memory.peak_activations,
+                "activations": cost.memory.activations,
                 "comm_buffers": cost.memory.comm_buffers,
                 "total": cost.memory.total(),
             },
