@@ -825,8 +825,13 @@ impl ParallelContext {
 
     /// Set an option from command-line text: booleans, integers, names, and JSON for lists and
     /// tables (`--parallel comm_fusion='{"allreduce": {"mode": "size", "config": 32}}'`).
+    /// MindSpore's Python forms are read too: tuples (`dataset_strategy=((8, 1), (8,))`),
+    /// single-quoted strings, `True`, `False` and `None`.
     pub fn set_str(&mut self, name: &str, text: &str) -> Result<()> {
-        let value = serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()));
+        let value = serde_json::from_str::<Value>(text)
+            .ok()
+            .or_else(|| python_literal_as_json(text).and_then(|json| serde_json::from_str::<Value>(&json).ok()))
+            .unwrap_or_else(|| Value::String(text.to_string()));
         // An invalid value is named as typed (`1e-400`, not the 0.0 it parses to).
         self.set(name, &value).map_err(|e| match e {
             ParallelError::InvalidOption { option, expected, .. } if value.is_number() => {
@@ -1046,8 +1051,88 @@ fn parse_comm_fusion(v: &Value) -> Result<CommFusion> {
     Ok(c)
 }
 
+/// A Python literal of tuples, lists, dicts, numbers, strings and `True`/`False`/`None` as
+/// JSON text: tuples become lists (a trailing comma dropped), single-quoted strings
+/// double-quoted. None when `text` does not start as a container.
+fn python_literal_as_json(text: &str) -> Option<String> {
+    let text = text.trim();
+    if !text.starts_with(['(', '[', '{']) {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' | '"' => {
+                out.push('"');
+                while let Some(d) = chars.next() {
+                    match d {
+                        '\\' => {
+                            out.push('\\');
+                            out.push(chars.next()?);
+                        }
+                        '"' if c == '\'' => out.push_str("\\\""),
+                        d if d == c => break,
+                        d => out.push(d),
+                    }
+                }
+                out.push('"');
+            }
+            '(' => out.push('['),
+            ')' | ']' | '}' => {
+                // Python allows a trailing comma, `(8,)`; JSON does not.
+                let trimmed = out.trim_end().len();
+                if out[..trimmed].ends_with(',') {
+                    out.truncate(trimmed - 1);
+                }
+                out.push(if c == ')' { ']' } else { c });
+            }
+            // An exponent: `1e-3`.
+            'e' | 'E' if out.ends_with(|d: char| d.is_ascii_digit() || d == '.') => out.push(c),
+            c if c.is_ascii_alphabetic() => {
+                let mut word = String::from(c);
+                while let Some(&d) = chars.peek().filter(|d| d.is_ascii_alphanumeric() || **d == '_') {
+                    word.push(d);
+                    chars.next();
+                }
+                out.push_str(match word.as_str() {
+                    "True" => "true",
+                    "False" => "false",
+                    "None" => "null",
+                    _ => return None,
+                });
+            }
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn python_literals_read_as_json() {
+        let cases = [
+            ("((8, 1), (8,))", "[[8, 1], [8]]"),
+            ("[(2, 4), (4,)]", "[[2, 4], [4]]"),
+            ("{'allreduce': {'mode': 'size', 'config': 32}}", r#"{"allreduce": {"mode": "size", "config": 32}}"#),
+            ("(True, False, None, 1e-3)", "[true, false, null, 1e-3]"),
+            ("('it\"s',)", r#"["it\"s"]"#),
+        ];
+        for (python, json) in cases {
+            assert_eq!(super::python_literal_as_json(python).as_deref(), Some(json), "{python}");
+        }
+        for not_python in ["data_parallel", "(8, x)", "8"] {
+            assert_eq!(super::python_literal_as_json(not_python), None, "{not_python}");
+        }
+        // MindSpore's tuple form of a dataset strategy sets what the JSON form sets.
+        let (mut tuples, mut lists) = (super::ParallelContext::default(), super::ParallelContext::default());
+        tuples.set_str("dataset_strategy", "((8, 1), (8,))").unwrap();
+        lists.set_str("dataset_strategy", "[[8, 1], [8]]").unwrap();
+        assert_eq!(tuples.dataset_strategy, lists.dataset_strategy);
+        assert!(matches!(tuples.dataset_strategy, super::DatasetStrategy::Explicit(_)), "{:?}", tuples.dataset_strategy);
+    }
+
     use super::*;
     use serde_json::json;
 

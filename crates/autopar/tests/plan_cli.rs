@@ -568,3 +568,30 @@ fn auto_parallel_chooses_recomputation_when_no_plan_fits_without_it() {
     let objective = |v: &serde_json::Value| v["search"]["objective_seconds"].as_f64().unwrap();
     assert!(objective(&tight) > objective(&roomy));
 }
+
+/// `plan` sizes the model to the data a config (or `--data`) names, as `train` does: a
+/// ResNet's input is the data's 3x32x32 images, not the model's own default, and its classes
+/// the data's.
+#[test]
+fn plan_sizes_the_model_to_the_data_the_config_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let images: Vec<u8> = (0..4 * 3072).map(|i| (i % 251) as u8).collect();
+    autopar_data::write_cifar10_file(d.join("data_batch_1.bin"), &images, &[0, 1, 2, 9]).unwrap();
+    std::fs::write(d.join("run.toml"), "model = \"resnet18\"\nstem = \"imagenet\"\ndata = \"data_batch_1.bin\"\n").unwrap();
+    let first_input = |args: &[&str]| {
+        let v: serde_json::Value = serde_json::from_str(&ok(d, args)).unwrap();
+        let conv = v["operators"].as_array().unwrap().iter().find(|o| o["op"] == "Conv2D").unwrap().clone();
+        conv["inputs"][0]["shape"].clone()
+    };
+    assert_eq!(first_input(&["plan", "--config", "run.toml", "--batch-size", "8", "--json"]), serde_json::json!([8, 3, 32, 32]));
+    assert_eq!(
+        first_input(&["plan", "--model", "resnet18", "--stem", "imagenet", "--data", "data_batch_1.bin", "--batch-size", "8", "--json"]),
+        serde_json::json!([8, 3, 32, 32])
+    );
+    // Without data, the model's own input shape.
+    assert_eq!(
+        first_input(&["plan", "--model", "resnet18", "--stem", "imagenet", "--batch-size", "8", "--json"]),
+        serde_json::json!([8, 3, 224, 224])
+    );
+}

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 pub use crate::config::{read_config, toml_to_json, FileConfig};
 use anyhow::{anyhow, bail, Context, Result};
+use autopar_data::{Dataset, DatasetKind, Split, Transforms};
 use autopar_graph::RecomputeChoice;
 use autopar_models::{ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
@@ -348,4 +349,28 @@ impl Drop for Spinner {
     fn drop(&mut self) {
         self.0.finish_and_clear();
     }
+}
+
+/// The training split of the dataset at `path` with its default transforms, and the model's
+/// input shape and classes filled in from it where `opts` leaves them unset (the samples'
+/// shape after the transforms, flattened for the MLP; the dataset's class count, not for the
+/// GPT, whose classes are its vocabulary): how `train` and `plan` size a model to its data.
+pub fn open_training_data(
+    path: &Path,
+    model: &str,
+    opts: &mut ModelOptions,
+) -> Result<(DatasetKind, std::sync::Arc<dyn Dataset>, Transforms)> {
+    let (kind, ds) = autopar_data::open(path, Split::Train)?;
+    let transforms = kind.default_transforms(Split::Train);
+    let shape = transforms.output_shape(ds.sample_shape())?;
+    if opts.input_shape.is_none() {
+        opts.input_shape = Some(match model {
+            "mlp" => vec![shape.iter().product()],
+            _ => shape,
+        });
+    }
+    if opts.num_classes.is_none() && model != "gpt" {
+        opts.num_classes = ds.num_classes();
+    }
+    Ok((kind, ds, transforms))
 }

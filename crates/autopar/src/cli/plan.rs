@@ -1,5 +1,6 @@
 //! `autopar plan`: plan a job without training it. The model comes from the same flags as
-//! `autopar train` (no data needed: the model's own input shape), so a model larger than this
+//! `autopar train` (no data needed: the model's own input shape, or the data's where `--data`
+//! or the config names a dataset, as `train` sizes it), so a model larger than this
 //! machine can be planned for thousands of devices. Prints every op's strategy and its source,
 //! the layouts, parameter layouts, redistributions, gradient buckets, the communication per
 //! step and the memory per device of one rank (`--rank`, default `global_rank` or 0).
@@ -21,8 +22,8 @@ use autopar_parallel::{
 use clap::Args;
 
 use super::common::{
-    check_micro_batches, file_parallel_option, given_parallel_option, load_profile, model_options, optimizer_kind, parallel_context,
-    pipeline_split, read_config, recompute, ModelArgs, ParallelArgs, Spinner,
+    check_micro_batches, file_parallel_option, given_parallel_option, load_profile, model_options, open_training_data, optimizer_kind,
+    parallel_context, pipeline_split, read_config, recompute, ModelArgs, ParallelArgs, Spinner,
 };
 
 /// The flags of `autopar plan`.
@@ -45,6 +46,11 @@ pub struct PlanArgs {
     model: ModelArgs,
     #[command(flatten)]
     parallel: ParallelArgs,
+    /// The data `train` would read (a CIFAR-10 or MNIST folder, a .safetensors file): sizes the
+    /// model's input shape and classes from it where not given, as `train` does; `synthetic`
+    /// or none: the model's own input shape.
+    #[arg(long, value_name = "PATH|synthetic")]
+    data: Option<String>,
     /// Global batch size (default: 32, or the device count when it does not divide 32).
     #[arg(long)]
     batch_size: Option<usize>,
@@ -78,7 +84,10 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     refuse_output_conflicts(&args)?;
     let file = read_config(args.config.as_deref())?;
     let ctx = parallel_context(&compared_parallel(&args, &file)?, &file)?;
-    let (name, opts) = model_options(&args.model, &file)?;
+    let (name, mut opts) = model_options(&args.model, &file)?;
+    if let Some(data) = args.data.as_ref().or(file.data.as_ref()).filter(|d| *d != "synthetic") {
+        open_training_data(std::path::Path::new(data), &name, &mut opts)?;
+    }
     let model = model_by_name(&name, &opts)?;
     let n = ctx.devices();
     let batch = match args.batch_size.or(file.batch_size) {

@@ -19,8 +19,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::{
-    check_micro_batches, load_profile, model_options, optimizer_kind, parallel_context, pipeline_split, read_config, recompute, FileConfig,
-    ModelArgs, ParallelArgs,
+    check_micro_batches, load_profile, model_options, open_training_data, optimizer_kind, parallel_context, pipeline_split, read_config,
+    recompute, FileConfig, ModelArgs, ParallelArgs,
 };
 use crate::verify;
 
@@ -159,11 +159,6 @@ macro_rules! pick {
 
 fn parse_bool_or(v: Option<bool>, default: bool) -> bool {
     v.unwrap_or(default)
-}
-
-/// The sample shape a dataset gives after its transforms.
-fn data_sample_shape(ds: &dyn Dataset, t: &Transforms) -> Result<Vec<usize>> {
-    Ok(t.output_shape(ds.sample_shape())?)
 }
 
 /// Progress bar on stderr (step, loss, samples/s), only on a terminal.
@@ -398,18 +393,7 @@ fn load_data(s: &Settings, lower: &str, opts: &mut ModelOptions, seed: u64) -> R
         )
     } else {
         let path = PathBuf::from(&data_arg);
-        let (kind, ds) = autopar_data::open(&path, Split::Train)?;
-        let transforms = kind.default_transforms(Split::Train);
-        let shape = data_sample_shape(ds.as_ref(), &transforms)?;
-        if opts.input_shape.is_none() {
-            opts.input_shape = Some(match lower {
-                "mlp" => vec![shape.iter().product()],
-                _ => shape.clone(),
-            });
-        }
-        if opts.num_classes.is_none() && lower != "gpt" {
-            opts.num_classes = ds.num_classes();
-        }
+        let (kind, ds, transforms) = open_training_data(&path, lower, opts)?;
         let test = match kind {
             DatasetKind::Cifar10 | DatasetKind::Mnist if path.is_dir() => match autopar_data::open(&path, Split::Test) {
                 Ok((_, t)) => Some(DataSource { dataset: t, transforms: kind.default_transforms(Split::Test) }),
