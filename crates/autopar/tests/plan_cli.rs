@@ -19,7 +19,24 @@ fn ok(dir: &Path, args: &[&str]) -> String {
 fn a_32_block_gpt_plans_for_4096_devices_with_every_section() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["plan", "--model", "gpt", "--depth", "32", "--width", "512", "--heads", "8", "--devices", "4096"];
+    // By default the summary alone, in at most 30 lines, every figure it promises in it.
+    let summary = ok(dir.path(), &args);
+    assert!(summary.lines().count() <= 30, "{} lines:\n{summary}", summary.lines().count());
+    for part in
+        ["summary (rank 0 of 4096)", "  memory ", "  step time ", "compute ", "communication ", "costliest ops", "warnings", "--full"]
+    {
+        assert!(summary.contains(part), "{part} missing:\n{summary}");
+    }
+    assert!(!summary.contains("\noperators\n"), "{summary}");
+    assert!(summary.contains("  warnings    none"), "{summary}");
+    // A plan over the memory a device has says so among the warnings (412 GB of weights,
+    // gradients and AdamW state on one device: more than any machine this runs on).
+    let huge = ok(dir.path(), &["plan", "--model", "gpt", "--depth", "8", "--width", "16384", "--heads", "16", "--optimizer", "adamw"]);
+    assert!(huge.contains("OVER") && huge.contains("warning: the plan needs"), "{huge}");
+    let mut args = args.to_vec();
+    args.push("--full");
     let out = ok(dir.path(), &args);
+    assert!(out.contains("summary (rank 0 of 4096)"), "{out}");
     for section in ["operators", "parameters", "redistributions", "communication per step (rank 0)", "memory per device (rank 0)"] {
         assert!(out.contains(section), "{section} missing:\n{out}");
     }
@@ -162,7 +179,7 @@ fn auto_parallel_plans_explain_every_search() {
     let dir = tempfile::tempdir().unwrap();
     for search in ["recursive_programming", "sharding_propagation", "dynamic_programming"] {
         let opt = format!("search_mode={search}");
-        let args = ["plan", "--model", "mlp", "--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", &opt];
+        let args = ["plan", "--model", "mlp", "--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", &opt, "--full"];
         let out = ok(dir.path(), &args);
         assert!(out.contains(&format!("strategy search: {search}")), "{out}");
         assert!(out.contains("runner-up (extra)") && out.contains("fc1.matmul"), "{out}");
@@ -224,7 +241,7 @@ fn calibrated_profiles_drive_the_cost_model() {
     ok(dir.path(), &["calibrate", "--quick", "--max-ranks", "2", "--out", "machine.toml"]);
     let text = std::fs::read_to_string(dir.path().join("machine.toml")).unwrap();
     assert!(text.contains("flops_per_s") && text.contains("[[links]]") && text.contains("ranks = 2"), "{text}");
-    let args = ["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "machine.toml"];
+    let args = ["plan", "--model", "mlp", "--devices", "2", "--parallel-mode", "auto_parallel", "--profile", "machine.toml", "--full"];
     let out = ok(dir.path(), &args);
     assert!(out.contains("device profile: calibrated on"), "{out}");
     // the same from a config file's `profile` key, and the flag wins over it
@@ -234,6 +251,8 @@ fn calibrated_profiles_drive_the_cost_model() {
     )
     .unwrap();
     let out = ok(dir.path(), &["plan", "--config", "run.toml"]);
+    assert!(out.contains("by the profile calibrated on"), "the summary prices the step with it:\n{out}");
+    let out = ok(dir.path(), &["plan", "--config", "run.toml", "--full"]);
     assert!(out.contains("device profile: calibrated on"), "{out}");
     let o = autopar(dir.path(), &["plan", "--config", "run.toml", "--profile", "missing.toml"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"), "--profile overrides the file's key");
@@ -265,7 +284,7 @@ fn calibrated_profiles_drive_the_cost_model() {
 #[test]
 fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    let base = ["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "4"];
+    let base = ["plan", "--model", "gpt", "--devices", "8", "--parallel", "pipeline_stages=2", "--micro-batches", "4", "--full"];
     let mut a = base.to_vec();
     a.extend(["--svg", "schedule.svg"]);
     let text = ok(dir.path(), &a);
@@ -356,8 +375,10 @@ fn operator_strategy_files_from_plan_drive_train() {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["parallel_strategy_item"]["fc1.matmul"]["parallel_strategy"] = serde_json::json!([[1, 1], [4, 1]]);
     std::fs::write(dir.path().join("edited.json"), v.to_string()).unwrap();
-    let out = run("plan", &op("LOAD", "edited.json"), &[]);
-    let line = out.lines().find(|l| l.trim_start().starts_with("fc1.matmul ")).unwrap();
+    let out = run("plan", &op("LOAD", "edited.json"), &["--full"]);
+    // The operators table's row (the summary lists the op too, without its source).
+    let table = out.split("\noperators\n").nth(1).unwrap_or_else(|| panic!("no operators table:\n{out}"));
+    let line = table.lines().find(|l| l.trim_start().starts_with("fc1.matmul ")).unwrap();
     assert!(line.contains("((1, 1), (4, 1))") && line.contains("file"), "{line}");
     let mut extra = data.to_vec();
     extra.push("--verify");
@@ -532,7 +553,7 @@ fn a_recomputed_plan_shows_what_each_block_saves_and_costs() {
     let (f0, f1) = (plain["flops"].as_f64().unwrap(), recomputed["flops"].as_f64().unwrap());
     assert!((f1 - f0 - extra).abs() <= 1e-6 * f1, "flops {f0} + recomputed {extra} != {f1}");
     // One op alone, as text.
-    let text = ok(dir.path(), &["plan", "--model", "mlp", "--recompute", "relu1"]);
+    let text = ok(dir.path(), &["plan", "--model", "mlp", "--recompute", "relu1", "--full"]);
     assert!(text.contains("recomputation (rank 0)") && text.contains("relu1"), "{text}");
 }
 

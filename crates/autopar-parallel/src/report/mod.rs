@@ -16,8 +16,10 @@ use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 use crate::search::{Search, SearchReport};
 
 pub mod pipeline;
+pub mod summary;
 
 pub use pipeline::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
+pub use summary::SummaryFacts;
 
 /// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
 /// input and parameter, in graph order, each trainable parameter followed by its optimizer
@@ -122,7 +124,7 @@ pub(crate) fn human_flops(f: f64) -> String {
     format!("{v:.2} {}FLOP", UNITS[u])
 }
 
-fn site_text(plan: &ParallelPlan, r: &Redistribution) -> String {
+pub(crate) fn site_text(plan: &ParallelPlan, r: &Redistribution) -> String {
     match r.site {
         Site::Input { consumer, slot } => format!("input {slot} of {}", plan.graph.node(consumer).name),
         Site::Output { slot } => format!("graph output {slot} ({})", plan.graph.node(plan.graph.outputs[slot]).name),
@@ -259,7 +261,15 @@ impl PlanReport<'_> {
 
     /// The report as text: operators, parameters, redistributions, communication per step,
     /// memory per device.
+    /// The whole report for people: the header, then every table ([`PlanReport::summary`]
+    /// goes between them in `autopar plan`).
     pub fn text(&self) -> String {
+        self.header() + &self.tables()
+    }
+
+    /// The report's first lines: the model, devices and mode, the plan's size, the dataset
+    /// strategy, the strategy file.
+    pub fn header(&self) -> String {
         let (plan, cost) = (self.plan, self.cost);
         let mut s = String::new();
         let params: usize = plan.params.iter().map(|p| p.layout.shape().iter().product::<usize>()).sum();
@@ -290,9 +300,15 @@ impl PlanReport<'_> {
         if let Some(f) = &plan.strategy_file {
             let _ = writeln!(s, "  strategies from {}", f.display());
         }
-        for w in plan.warnings() {
-            let _ = writeln!(s, "warning: {w}");
-        }
+        s
+    }
+
+    /// Every table: the ops, the search, the parameters, the parallel optimizer, the
+    /// redistributions, the gradient buckets, the communication, the memory, the compute and
+    /// what recomputation does.
+    pub fn tables(&self) -> String {
+        let (plan, cost) = (self.plan, self.cost);
+        let mut s = String::new();
         let _ = writeln!(s, "\noperators");
         let mut rows = vec![["name", "op", "strategy", "source", "inputs -> output", "in-op"].map(String::from)];
         for p in &plan.nodes {

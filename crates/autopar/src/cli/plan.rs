@@ -13,7 +13,8 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
 use autopar_parallel::report::PipelineReport;
-use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport};
+use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport, SummaryFacts};
+use autopar_parallel::search::DeviceProfile;
 use autopar_parallel::strategy_files::{job_strategy_files, load_plan_strategies};
 use autopar_parallel::{
     assemble_job, compare_searches, default_micro_batches, micro_batch_size, rank_program, JobPlan, JobRequest, ParallelMode, PlanRequest,
@@ -66,6 +67,11 @@ pub struct PlanArgs {
     /// Print the plan as JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Print every table after the summary: each op's strategy and layouts, the parameters,
+    /// redistributions, gradient buckets, communication, memory and compute (the default is the
+    /// summary alone).
+    #[arg(long)]
+    full: bool,
     /// Draw how the biggest parameters are split over the device matrix into this SVG file (a
     /// pipeline: the schedule's timeline, one row per stage).
     #[arg(long, value_name = "FILE")]
@@ -163,12 +169,33 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
             eprintln!("autopar plan: wrote {}", path.display());
         }
     }
-    let facts = Facts { model: model.as_ref(), batch, micro, rank, seconds, optimizer: &args.optimizer, slots: optimizer.state_slots() };
+    let summary = Summary { profile: profile.clone().unwrap_or_else(DeviceProfile::builtin), limit: device_limit(&ctx), micro };
+    let facts =
+        Facts { summary, model: model.as_ref(), batch, micro, rank, seconds, optimizer: &args.optimizer, slots: optimizer.state_slots() };
     if job.is_pipeline() {
         print_pipeline(&args, &job, &cost, &facts, out)
     } else {
         print_plan(&args, &job, &cost, &facts, &keys, out)
     }
+}
+
+/// What the summary prices the step with and compares the memory against.
+struct Summary {
+    profile: DeviceProfile,
+    limit: Option<(u64, String)>,
+    micro: usize,
+}
+
+/// The memory a device has: `device_memory_capacity` when set, else what this machine has
+/// available (the least of its limits).
+fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<(u64, String)> {
+    if ctx.is_set("device_memory_capacity") {
+        return Some((ctx.search().device_memory_capacity, "device_memory_capacity".into()));
+    }
+    autopar_runtime::budget::machine_limits(1, None)
+        .into_iter()
+        .min_by_key(|l| l.left())
+        .map(|l| (l.left(), "available on this machine".to_string()))
 }
 
 /// Output flags that choose different outputs.
@@ -210,6 +237,8 @@ fn compared_parallel(args: &PlanArgs, file: &super::common::FileConfig) -> Resul
 
 /// What the report says of the job beside its plan.
 struct Facts<'a> {
+    /// What the summary prices and compares against.
+    summary: Summary,
     model: &'a dyn autopar_models::Model,
     batch: usize,
     micro: usize,
@@ -277,7 +306,7 @@ fn print_plan(
         planning_seconds: f.seconds,
         world: None,
     };
-    print_report(args, &report, None, out)
+    print_report(args, &report, None, &f.summary, out)
 }
 
 /// The report of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
@@ -316,11 +345,18 @@ fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>
         planning_seconds: f.seconds,
         world: Some((&rank_of, job.device_num)),
     };
-    print_report(args, &stage_plan, Some(&report), out)
+    print_report(args, &stage_plan, Some(&report), &f.summary, out)
 }
 
-/// A plan report (after a pipeline's, if any) as text or JSON.
-fn print_report(args: &PlanArgs, plan: &PlanReport<'_>, pipeline: Option<&PipelineReport>, out: &mut dyn Write) -> Result<ExitCode> {
+/// A plan report as JSON, or as text: its header and summary, then with `--full` the
+/// pipeline's report, if any, and every table.
+fn print_report(
+    args: &PlanArgs,
+    plan: &PlanReport<'_>,
+    pipeline: Option<&PipelineReport>,
+    summary: &Summary,
+    out: &mut dyn Write,
+) -> Result<ExitCode> {
     if args.json {
         let v = match pipeline {
             Some(p) => serde_json::json!({ "pipeline": p.json(), "plan": plan.json() }),
@@ -328,11 +364,16 @@ fn print_report(args: &PlanArgs, plan: &PlanReport<'_>, pipeline: Option<&Pipeli
         };
         writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?)?;
     } else {
-        if let Some(p) = pipeline {
-            write!(out, "{}", p.text())?;
-            writeln!(out)?;
+        let facts = SummaryFacts { profile: &summary.profile, limit: summary.limit.clone(), micro_batches: summary.micro, pipeline };
+        write!(out, "{}{}", plan.header(), plan.summary(&facts))?;
+        if !args.full {
+            writeln!(out, "(every table: --full; every figure: --json)")?;
+            return Ok(ExitCode::SUCCESS);
         }
-        write!(out, "{}", plan.text())?;
+        if let Some(p) = pipeline {
+            write!(out, "\n{}", p.text())?;
+        }
+        write!(out, "{}", plan.tables())?;
     }
     Ok(ExitCode::SUCCESS)
 }
