@@ -1053,11 +1053,16 @@ fn parse_comm_fusion(v: &Value) -> Result<CommFusion> {
 
 /// A Python literal of tuples, lists, dicts, numbers, strings and `True`/`False`/`None` as
 /// JSON text: tuples become lists (a trailing comma dropped), single-quoted strings
-/// double-quoted. None when `text` does not start as a container.
+/// double-quoted. None when `text` is neither a container, a single-quoted string nor one of
+/// those three names.
 fn python_literal_as_json(text: &str) -> Option<String> {
     let text = text.trim();
-    if !text.starts_with(['(', '[', '{']) {
-        return None;
+    match text {
+        "True" => return Some("true".into()),
+        "False" => return Some("false".into()),
+        "None" => return Some("null".into()),
+        _ if !text.starts_with(['(', '[', '{', '\'']) => return None,
+        _ => {}
     }
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
@@ -1067,10 +1072,14 @@ fn python_literal_as_json(text: &str) -> Option<String> {
                 out.push('"');
                 while let Some(d) = chars.next() {
                     match d {
-                        '\\' => {
-                            out.push('\\');
-                            out.push(chars.next()?);
-                        }
+                        // Python's `\'` is JSON's `'`; every other escape is JSON's too.
+                        '\\' => match chars.next()? {
+                            '\'' => out.push('\''),
+                            e => {
+                                out.push('\\');
+                                out.push(e);
+                            }
+                        },
                         '"' if c == '\'' => out.push_str("\\\""),
                         d if d == c => break,
                         d => out.push(d),
@@ -1118,6 +1127,10 @@ mod tests {
             ("{'allreduce': {'mode': 'size', 'config': 32}}", r#"{"allreduce": {"mode": "size", "config": 32}}"#),
             ("(True, False, None, 1e-3)", "[true, false, null, 1e-3]"),
             ("('it\"s',)", r#"["it\"s"]"#),
+            ("'it\\'s'", r#""it's""#),
+            ("True", "true"),
+            ("None", "null"),
+            ("'semi_auto_parallel'", r#""semi_auto_parallel""#),
         ];
         for (python, json) in cases {
             assert_eq!(super::python_literal_as_json(python).as_deref(), Some(json), "{python}");

@@ -335,7 +335,7 @@ impl ParallelPlan {
             .map(|((used, devices, given), ops)| {
                 let shown = if ops.len() > 4 { format!("{}, ...", ops[..4].join(", ")) } else { ops.join(", ") };
                 format!(
-                    "{} op(s) ({shown}) have strategies from {given} that split them over {used} of {devices} devices: each slice is computed {} times over\nhint: strategies for {devices} devices multiply to {devices} (a strategy file written for {used} devices does not fit {devices})",
+                    "{} op(s) ({shown}) have strategies from {given} that split them over {used} of {devices} devices: each slice is computed {} times over\nhint: if that is not meant (a strategy file written for {used} devices, applied to {devices}), give strategies that multiply to {devices}",
                     ops.len(),
                     devices / used,
                 )

@@ -247,9 +247,9 @@ pub struct RunOutput {
     /// The most bytes held by intermediate values at once during the run (parameters' values,
     /// the stored tensors shared, not counted).
     pub peak_live_bytes: usize,
-    /// [`RunOutput::peak_live_bytes`] of the values the run frees, without those it returns
-    /// (the gradients and the loss of a training step): the activations' own peak.
-    pub peak_freed_bytes: usize,
+    /// [`RunOutput::peak_live_bytes`] without the parameters' gradients the executor was told
+    /// of ([`Executor::with_gradients`]): the activations' own peak.
+    pub peak_activation_bytes: usize,
 }
 
 /// Identifies the normalisation-gradient nodes computing siblings of one backward (`dx` and
@@ -294,6 +294,8 @@ pub struct Executor {
     shared_norm: std::collections::HashSet<NormKey>,
     ctx: ExecCtx,
     profile: bool,
+    /// Per node: a parameter's gradient, left out of [`RunOutput::peak_activation_bytes`].
+    gradient: Vec<bool>,
 }
 
 impl Executor {
@@ -309,12 +311,23 @@ impl Executor {
                 }
             }
         }
-        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, shared_norm, ctx: ExecCtx::parallel(), profile: false })
+        let gradient = vec![false; graph.len()];
+        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, shared_norm, ctx: ExecCtx::parallel(), profile: false, gradient })
     }
 
     /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
         self.ctx = ctx;
+        self
+    }
+
+    /// The nodes that are the parameters' gradients, which the activations' peak leaves out.
+    pub fn with_gradients(mut self, gradients: impl IntoIterator<Item = NodeId>) -> Self {
+        for g in gradients {
+            if let Some(flag) = self.gradient.get_mut(g.0) {
+                *flag = true;
+            }
+        }
         self
     }
 
@@ -402,11 +415,7 @@ impl Executor {
         let mut caches = Caches::default();
         let mut timings = Vec::new();
         let (mut live, mut live_bytes, mut peak_live, mut peak_live_bytes) = (0usize, 0usize, 0usize, 0usize);
-        let (mut freed_bytes, mut peak_freed_bytes) = (0usize, 0usize);
-        let mut returned = vec![false; self.graph.len()];
-        for f in &self.fetch {
-            returned[f.0] = true;
-        }
+        let (mut activation_bytes, mut peak_activation_bytes) = (0usize, 0usize);
         for (pos, &i) in self.order.iter().enumerate() {
             let node = &self.graph.nodes()[i];
             let start = self.profile.then(Instant::now);
@@ -437,23 +446,25 @@ impl Executor {
             }
             live += 1;
             live_bytes += node.value_bytes();
-            if !returned[i] {
-                freed_bytes += node.value_bytes();
+            if !self.gradient[i] {
+                activation_bytes += node.value_bytes();
             }
             peak_live = peak_live.max(live);
             peak_live_bytes = peak_live_bytes.max(live_bytes);
-            peak_freed_bytes = peak_freed_bytes.max(freed_bytes);
+            peak_activation_bytes = peak_activation_bytes.max(activation_bytes);
             values[i] = Some(out);
             for &dead in &self.free_after[pos] {
                 if values[dead].take().is_some() {
                     live -= 1;
                     live_bytes -= self.graph.nodes()[dead].value_bytes();
-                    freed_bytes -= self.graph.nodes()[dead].value_bytes();
+                    if !self.gradient[dead] {
+                        activation_bytes -= self.graph.nodes()[dead].value_bytes();
+                    }
                 }
             }
         }
         let values = self.fetch.iter().map(|f| values[f.0].clone().expect("fetched values are kept")).collect();
-        Ok(RunOutput { values, timings, peak_live, peak_live_bytes, peak_freed_bytes })
+        Ok(RunOutput { values, timings, peak_live, peak_live_bytes, peak_activation_bytes })
     }
 
     fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, args: &RunArgs<'_>, caches: &mut Caches) -> Result<Tensor> {

@@ -225,7 +225,11 @@ impl RankTrainer {
         // One rank alone uses the kernels' thread pool; simulated ranks share the cores.
         let ctx = if n == 1 { ExecCtx::parallel() } else { ExecCtx::serial() };
         let run = match &program.passes {
-            Passes::Whole => Run::Whole(Box::new(Executor::new(program.program.graph.clone(), &program.program.fetch())?.with_ctx(ctx))),
+            Passes::Whole => Run::Whole(Box::new(
+                Executor::new(program.program.graph.clone(), &program.program.fetch())?
+                    .with_ctx(ctx)
+                    .with_gradients(program.program.grads.iter().map(|(_, g)| *g)),
+            )),
             Passes::Chunks(chunks) => Run::Chunks(chunks.iter().map(|c| chunk_run(c, &program, ctx)).collect::<Result<_>>()?),
         };
         let g = &plan.plan.graph;
@@ -849,7 +853,9 @@ fn chunk_run(c: &ChunkProgram, program: &JobProgram, ctx: ExecCtx) -> Result<Chu
     scatter.retain(|b| !b.params.is_empty());
     Ok(ChunkRun {
         forward: Executor::new(c.graph.clone(), &c.forward_fetch())?.with_ctx(ctx),
-        backward: Executor::new(c.backward.clone(), &c.backward_fetch())?.with_ctx(ctx),
+        backward: Executor::new(c.backward.clone(), &c.backward_fetch())?
+            .with_ctx(ctx)
+            .with_gradients(c.param_grads.iter().map(|(_, g)| *g)),
         at: names.iter().map(|n| program.grads.iter().position(|g| g == n).expect("a chunk's gradient is the stage's")).collect(),
         scatter,
         recv_types: c.recv.iter().map(|&r| (c.graph.node(r).ty.shape.clone(), c.graph.node(r).ty.dtype)).collect(),
@@ -902,6 +908,6 @@ impl StepState {
         self.run.timings.extend(out.timings);
         self.run.peak_live = self.run.peak_live.max(out.peak_live);
         self.run.peak_live_bytes = self.run.peak_live_bytes.max(out.peak_live_bytes);
-        self.run.peak_freed_bytes = self.run.peak_freed_bytes.max(out.peak_freed_bytes);
+        self.run.peak_activation_bytes = self.run.peak_activation_bytes.max(out.peak_activation_bytes);
     }
 }

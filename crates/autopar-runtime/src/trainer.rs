@@ -204,6 +204,21 @@ pub struct CheckpointConfig {
     pub keep_max: usize,
 }
 
+impl CheckpointConfig {
+    /// Refuses, before anything is written, a folder that cannot be made: the folder, or the
+    /// nearest of its parents that exists, is a file.
+    pub fn check_folder(&self) -> TrainResult<()> {
+        let mut at = Some(self.dir.as_path());
+        while let Some(p) = at.filter(|p| !p.as_os_str().is_empty()) {
+            if p.exists() {
+                return if p.is_dir() { Ok(()) } else { Err(TrainError::NotAFolder { path: self.dir.clone(), file: p.to_path_buf() }) };
+            }
+            at = p.parent();
+        }
+        Ok(())
+    }
+}
+
 impl Default for CheckpointConfig {
     fn default() -> Self {
         Self { dir: PathBuf::from("checkpoints"), prefix: "autopar".into(), every_steps: 0, keep_max: 5 }
@@ -628,9 +643,6 @@ impl Trainer {
         let net = self.network(micro, true)?;
         let io = Io::of(&net.graph, &net);
         self.check_data(&net.graph, &net, &io)?;
-        if let Some(ck) = cfg.checkpoint.as_ref().filter(|ck| ck.dir.exists() && !ck.dir.is_dir()) {
-            return Err(TrainError::NotAFolder { path: ck.dir.clone() });
-        }
         let job = Job::assemble(&autopar_parallel::JobRequest {
             graph: &net.graph,
             loss: Some(net.loss),
@@ -663,6 +675,9 @@ impl Trainer {
         let started = Instant::now();
         let cfg = &self.cfg;
         let n = cfg.parallel.resolved()?.devices();
+        if let Some(ck) = &cfg.checkpoint {
+            ck.check_folder()?;
+        }
         if cfg.batch_size == 0 {
             return Err(Self::config_error("batch_size", 0, "a positive number", "set `batch_size`"));
         }

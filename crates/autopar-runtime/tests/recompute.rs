@@ -247,7 +247,7 @@ fn step(job: &Job, batch: &[(String, Tensor)]) -> Vec<StepFigures> {
             .collect();
         Ok(StepFigures {
             peak: (out.run.peak_live_bytes, predicted.memory.peak_activations + predicted.memory.gradients),
-            activations: (out.run.peak_freed_bytes, predicted.memory.activations),
+            activations: (out.run.peak_activation_bytes, predicted.memory.activations),
             bytes_match: measured == want,
         })
     })

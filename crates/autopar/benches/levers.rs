@@ -15,6 +15,9 @@ use std::process::Command;
 /// One side of a pair: its label and the `autopar train` arguments it adds.
 type Side = (&'static str, &'static [&'static str]);
 
+/// The global batch of [`JOB`] (`--batch-size`), which turns samples/s into step time.
+const BATCH: f64 = 32.0;
+
 /// The job both sides share: the model, data, steps, devices and optimizer.
 const JOB: &[&str] = &[
     "train",
@@ -48,8 +51,8 @@ const LEVEL1: &[&str] = &["--parallel", "enable_parallel_optimizer=true"];
 const LEVEL3: &[&str] =
     &["--parallel", "enable_parallel_optimizer=true", "--parallel", r#"parallel_optimizer_config={"optimizer_level":"level3"}"#];
 
-/// Seconds per step after the first of one run of `program` (the autopar binary, or mpirun
-/// with its arguments before `args`), from the metrics file the run writes.
+/// Seconds per step after the first of one run of `program` (the autopar binary; `before`:
+/// `launch -n 8 -- MPI_BINARY` to run it under mpirun), from the metrics file the run writes.
 fn step_seconds(program: &str, before: &[String], args: &[&str]) -> f64 {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let metrics = dir.path().join("metrics.jsonl");
@@ -68,7 +71,7 @@ fn step_seconds(program: &str, before: &[String], args: &[&str]) -> f64 {
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["samples_per_sec"].as_f64())
-        .map(|sps| 32.0 / sps)
+        .map(|sps| BATCH / sps)
         .collect();
     assert!(times.len() >= 2, "{args:?}: fewer than 2 steps in {text}");
     times[1..].iter().sum::<f64>() / (times.len() - 1) as f64
@@ -93,9 +96,10 @@ fn pair(what: &str, program: &str, before: &[String], (a_label, a): Side, (b_lab
 fn main() {
     let rounds: usize = std::env::var("AUTOPAR_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     let only = std::env::var("AUTOPAR_BENCH_ONLY").unwrap_or_default();
+    assert!(["", "recompute", "level"].contains(&only.as_str()), "AUTOPAR_BENCH_ONLY={only:?}: expected recompute or level");
     let autopar = env!("CARGO_BIN_EXE_autopar");
     println!("gpt width 1024, 4 blocks, batch 32, AdamW, 8 devices data_parallel; median step time over {rounds} interleaved rounds");
-    if "recompute".contains(only.as_str()) {
+    if only != "level" {
         pair(
             "recompute, 8 in one process",
             autopar,
@@ -105,15 +109,12 @@ fn main() {
             rounds,
         );
     }
-    if "level".contains(only.as_str()) {
+    if only != "recompute" {
         pair("optimizer level, 8 in one process", autopar, &[], ("level1", LEVEL1), ("level3", LEVEL3), rounds);
         if let Ok(bin) = std::env::var("AUTOPAR_MPI_BIN") {
-            let before: Vec<String> =
-                ["--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none", "-n", "8", bin.as_str()]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
-            pair("optimizer level, mpirun -n 8", "mpirun", &before, ("level1", LEVEL1), ("level3", LEVEL3), rounds);
+            // Through `autopar launch`, which knows mpirun's options.
+            let before: Vec<String> = ["launch", "-n", "8", "--", bin.as_str()].iter().map(|s| s.to_string()).collect();
+            pair("optimizer level, mpirun -n 8", autopar, &before, ("level1", LEVEL1), ("level3", LEVEL3), rounds);
         }
     }
 }

@@ -159,8 +159,15 @@ fn bad_input_is_an_error_naming_the_file_or_value() {
     fails(
         d,
         &["train", "--model", "mlp", "--data", "synthetic", "--checkpoint-dir", "afile"],
-        &["checkpoint folder afile is a file, not a folder"],
+        &["checkpoint folder afile itself is a file"],
     );
+    // A parent that is a file, found before anything is written (the metrics file is not made).
+    fails(
+        d,
+        &["train", "--model", "mlp", "--data", "synthetic", "--checkpoint-dir", "afile/sub", "--metrics", "m.jsonl"],
+        &["checkpoint folder afile/sub cannot be made: afile is a file, not a folder"],
+    );
+    assert!(!d.join("m.jsonl").exists(), "a run refused up front wrote its metrics file");
     // pipeline_result_broadcast applies to pipeline inference, not to training.
     fails(
         d,
@@ -474,7 +481,7 @@ fn a_strategy_file_applies_inside_pipeline_stages() {
     let (_, stderr) = text(&o);
     assert!(stderr.contains("rank 0's file of a run on 4 devices") && stderr.contains("--init ck"), "{stderr}");
     assert!(!stderr.contains("saved from another network"), "{stderr}");
-    let o = autopar(dir.path(), &format!("plan {common}").split_whitespace().collect::<Vec<_>>());
+    let o = autopar(dir.path(), &format!("plan {common} --full").split_whitespace().collect::<Vec<_>>());
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stderr}");
     assert!(stdout.lines().any(|l| l.contains("fc2.matmul") && l.contains("((1, 2), (1, 2)) file")), "{stdout}");

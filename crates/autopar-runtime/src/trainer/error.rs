@@ -127,11 +127,13 @@ pub enum TrainError {
         source: std::io::Error,
     },
 
-    /// The folder checkpoints go to is a file.
-    #[error("the checkpoint folder {} is a file, not a folder\nhint: name a folder (it is created if missing), or move the file away", path.display())]
+    /// The folder checkpoints go to, or one of its parents, is a file.
+    #[error("the checkpoint folder {} {} is a file, not a folder\nhint: name a folder (it is created if missing), or move the file away", path.display(), if path == file { "itself".to_string() } else { format!("cannot be made: {}", file.display()) })]
     NotAFolder {
         /// The path given as the checkpoint folder.
         path: PathBuf,
+        /// The file on that path: the folder itself, or a parent.
+        file: PathBuf,
     },
 
     /// A rank of a run simulated in one process failed.

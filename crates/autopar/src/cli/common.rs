@@ -199,7 +199,7 @@ pub fn given_parallel_option(p: &ParallelArgs, key: &str) -> Option<String> {
         .rev()
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| k.trim() == key)
-        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+        .map(|(_, v)| v.trim().trim_matches(['"', '\'']).to_string())
 }
 
 /// The value the config file's `[parallel]` table gives `key`, as text.

@@ -551,12 +551,15 @@ fn with_checkpoints(s: &Settings, mut cfg: TrainConfig, model: &str) -> Result<T
         bail!("--checkpoint-prefix {prefix:?} is not a file name prefix: the files go into <checkpoint-dir>/rank_<k>/<prefix>-<step>_<k>.safetensors\nhint: pass a name without slashes, such as --checkpoint-prefix mlp");
     }
     if let Some(dir) = ck_dir {
-        cfg.checkpoint = Some(CheckpointConfig {
+        let ck = CheckpointConfig {
             dir,
             prefix: pick!(s, checkpoint_prefix).unwrap_or_else(|| model.to_string()),
             every_steps: pick!(s, checkpoint_every).unwrap_or(0),
             keep_max: pick!(s, keep_checkpoint_max).unwrap_or(5),
-        });
+        };
+        // Before the banner and the metrics file: nothing is written for a run that cannot save.
+        ck.check_folder()?;
+        cfg.checkpoint = Some(ck);
     } else if pick!(s, checkpoint_every).is_some() || pick!(s, keep_checkpoint_max).is_some() || pick!(s, checkpoint_prefix).is_some() {
         bail!("--checkpoint-every / --keep-checkpoint-max / --checkpoint-prefix need a folder\nhint: add --checkpoint-dir DIR");
     }
