@@ -591,8 +591,7 @@ fn auto_parallel_chooses_recomputation_when_no_plan_fits_without_it() {
 }
 
 /// `plan` sizes the model to the data a config (or `--data`) names, as `train` does: a
-/// ResNet's input is the data's 3x32x32 images, not the model's own default, and its classes
-/// the data's.
+/// ResNet's input is the data's 3x32x32 images, not the model's own default.
 #[test]
 fn plan_sizes_the_model_to_the_data_the_config_names() {
     let dir = tempfile::tempdir().unwrap();

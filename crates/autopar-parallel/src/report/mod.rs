@@ -408,7 +408,7 @@ impl PlanReport<'_> {
         let _ = writeln!(s, "  parameters        {:>12}", human_bytes(m.parameters));
         let _ = writeln!(s, "  gradients         {:>12}", human_bytes(m.gradients));
         let _ = writeln!(s, "  optimizer state   {:>12}  ({})", human_bytes(m.optimizer_state), self.optimizer);
-        let _ = writeln!(s, "  peak activations  {:>12}  (beside the gradients, at the step's peak)", human_bytes(m.peak_activations));
+        let _ = writeln!(s, "  peak activations  {:>12}  (at the step's peak)", human_bytes(m.peak_activations));
         let _ = writeln!(s, "  comm buffers      {:>12}", human_bytes(m.comm_buffers));
         let _ = writeln!(s, "  total             {:>12}", human_bytes(m.total()));
         let _ = writeln!(
