@@ -84,6 +84,11 @@ fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() 
     assert!(v["redistributions"].as_array().unwrap().iter().any(|r| r["site"].as_str().unwrap().contains("fc2")), "{v}");
     let svg = std::fs::read_to_string(dir.path().join("splits.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("fc1.weight") && svg.matches("<rect").count() >= 4, "{svg}");
+    // The device matrix, a legend, replicas said, and every caption within the picture.
+    for part in ["device matrix [2, 2]", "rK: the first rank holding a slice; xN: N ranks hold that slice (replicas)", ">r3</text>"] {
+        assert!(svg.contains(part), "{part} missing: {svg}");
+    }
+    assert_text_fits(&svg);
     // MindSpore's parameter_layout_dict lines: fc1.weight [16, 784] split 2 ways on rows.
     let mut a = base.to_vec();
     a.extend(["--strategy", "s.json", "--mindspore-layouts"]);
@@ -296,7 +301,14 @@ fn a_pipeline_plan_shows_its_stages_transfers_activation_memory_and_schedule() {
     assert!(text.contains("x 2 in flight") && text.contains("x 1 in flight"), "{text}");
     let svg = std::fs::read_to_string(dir.path().join("schedule.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains(">stage 1</text>"), "{svg}");
-    assert_eq!(svg.matches("<rect").count(), 2 * 2 * 4, "a forward and a backward box per stage and micro-batch");
+    let boxes = svg.matches(r##"fill="#9ecae1" stroke="#fff""##).count() + svg.matches(r##"fill="#3182bd" stroke="#fff""##).count();
+    assert_eq!(boxes, 2 * 2 * 4, "a forward and a backward box per stage and micro-batch");
+    // A legend, each stage's idle time, and a time axis in the milliseconds the summary predicts.
+    for part in [">forward</text>", ">backward</text>", ">idle</text>", ">idle 20%</text>", "time, ms, predicted"] {
+        assert!(svg.contains(part), "{part} missing: {svg}");
+    }
+    let step_ms = text.split("  step time   ").nth(1).and_then(|t| t.split(" ms").next()).unwrap_or_else(|| panic!("{text}"));
+    assert!(svg.contains(&format!(">{step_ms}</text>")), "the axis ends at the predicted step, {step_ms} ms: {svg}");
 
     let mut a = base.to_vec();
     a.push("--json");
@@ -614,4 +626,20 @@ fn plan_sizes_the_model_to_the_data_the_config_names() {
         first_input(&["plan", "--model", "resnet18", "--stem", "imagenet", "--batch-size", "8", "--json"]),
         serde_json::json!([8, 3, 224, 224])
     );
+}
+
+/// Every `<text x=".." ...>` of `svg` (monospace, 11 px: at most 6.7 px a character) ends
+/// within the picture's width.
+fn assert_text_fits(svg: &str) {
+    let attr = |tag: &str, name: &str| -> f64 {
+        let at = tag.find(&format!("{name}=\"")).unwrap_or_else(|| panic!("no {name} in {tag}")) + name.len() + 2;
+        tag[at..].split('"').next().unwrap().parse().unwrap()
+    };
+    let width = attr(svg.split('>').next().unwrap(), "width");
+    for piece in svg.split("<text ").skip(1) {
+        let (tag, rest) = piece.split_once('>').unwrap();
+        let text = rest.split("</text>").next().unwrap();
+        let end = attr(tag, "x") + text.chars().count() as f64 * 6.7;
+        assert!(end <= width + 1.0, "{text:?} ends at {end:.0}, the picture is {width} wide");
+    }
 }

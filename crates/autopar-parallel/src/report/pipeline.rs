@@ -223,29 +223,50 @@ impl PipelineReport {
     }
 
     /// The simulated schedule as an SVG timeline: one row per stage, a box per pass (forward
-    /// light, backward dark) labelled with its micro-batch.
-    pub fn svg(&self) -> String {
+    /// light, backward dark) labelled with its micro-batch (`micro.chunk` when interleaved),
+    /// the stage's idle time hatched behind them and its share written at the row's end, a
+    /// legend, and a time axis: in predicted milliseconds when `unit_seconds` gives the
+    /// simulation's unit (a stage's forward pass over one micro-batch) in seconds, else in
+    /// that unit.
+    pub fn svg(&self, unit_seconds: Option<f64>) -> String {
         let sim = &self.simulation;
-        let (row, left, width) = (28.0, 70.0, 900.0);
+        let (row, left, width, top) = (28.0, 70.0, 900.0, 50.0);
         let scale = if sim.makespan > 0.0 { width / sim.makespan } else { 0.0 };
-        let height = row * sim.spans.len() as f64 + 40.0;
+        let axis_y = top + row * sim.spans.len() as f64 + 8.0;
+        let height = axis_y + 40.0;
         let mut o = String::new();
         let _ = writeln!(
             o,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="11">"#,
-            left + width + 20.0
+            left + width + 80.0
         );
         let _ = writeln!(
             o,
-            r#"<text x="4" y="14">{} schedule, {} stages, {} micro-batches: bubble {:.1}%</text>"#,
+            r##"<defs><pattern id="idle" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#f0f0f0"/><line x1="0" y1="0" x2="0" y2="6" stroke="#bbb" stroke-width="2"/></pattern></defs>"##
+        );
+        let _ = writeln!(
+            o,
+            r#"<text x="4" y="14">{} schedule, {} stages, {} micro-batches: bubble {:.1}% (ideal {:.1}%)</text>"#,
             self.scheduler,
             sim.spans.len(),
             self.micro_batches,
-            100.0 * sim.bubble()
+            100.0 * sim.bubble(),
+            100.0 * self.ideal_bubble
         );
+        // The legend.
+        for (k, (fill, what)) in [("#9ecae1", "forward"), ("#3182bd", "backward"), ("url(#idle)", "idle")].iter().enumerate() {
+            let x = left + k as f64 * 110.0;
+            let _ = writeln!(
+                o,
+                r##"<rect x="{x}" y="22" width="16" height="12" fill="{fill}" stroke="#888"/><text x="{}" y="32">{what}</text>"##,
+                x + 20.0
+            );
+        }
+        let _ = writeln!(o, r#"<text x="{}" y="32">box label: micro-batch (.chunk)</text>"#, left + 330.0);
         for (s, spans) in sim.spans.iter().enumerate() {
-            let y = 24.0 + row * s as f64;
+            let y = top + row * s as f64;
             let _ = writeln!(o, r#"<text x="4" y="{}">stage {s}</text>"#, y + row * 0.6);
+            let _ = writeln!(o, r##"<rect x="{left}" y="{y:.1}" width="{width}" height="{:.1}" fill="url(#idle)"/>"##, row - 4.0);
             for (w, start, end) in spans {
                 let (fill, color) = if w.pass == Pass::Forward { ("#9ecae1", "#000") } else { ("#3182bd", "#fff") };
                 let x = left + start * scale;
@@ -259,7 +280,27 @@ impl PipelineReport {
                     if w.chunk > 0 { format!("{}.{}", w.micro, w.chunk) } else { w.micro.to_string() }
                 );
             }
+            let idle = if sim.makespan > 0.0 { 1.0 - sim.busy.get(s).copied().unwrap_or(0.0) / sim.makespan } else { 0.0 };
+            let _ = writeln!(o, r#"<text x="{}" y="{}">idle {:.0}%</text>"#, left + width + 6.0, y + row * 0.6, 100.0 * idle);
         }
+        // The time axis: five intervals.
+        let _ = writeln!(o, r##"<line x1="{left}" y1="{axis_y}" x2="{}" y2="{axis_y}" stroke="#000"/>"##, left + width);
+        let unit = match unit_seconds {
+            Some(u) if u > 0.0 => ("ms, predicted", 1e3 * u),
+            _ => ("units (a stage's forward pass over one micro-batch: 1)", 1.0),
+        };
+        for k in 0..=5 {
+            let t = sim.makespan * k as f64 / 5.0;
+            let x = left + t * scale;
+            let _ = writeln!(
+                o,
+                r##"<line x1="{x:.1}" y1="{axis_y}" x2="{x:.1}" y2="{}" stroke="#000"/><text x="{x:.1}" y="{}" text-anchor="middle">{:.1}</text>"##,
+                axis_y + 4.0,
+                axis_y + 16.0,
+                t * unit.1
+            );
+        }
+        let _ = writeln!(o, r#"<text x="{left}" y="{}">time, {}</text>"#, axis_y + 32.0, unit.0);
         o.push_str("</svg>\n");
         o
     }

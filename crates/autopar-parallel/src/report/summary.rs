@@ -24,6 +24,32 @@ pub struct SummaryFacts<'a> {
     pub pipeline: Option<&'a PipelineReport>,
 }
 
+/// A step's predicted time, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Predicted {
+    /// Arithmetic and memory traffic.
+    pub compute: f64,
+    /// The collectives (in-graph and gradient sync).
+    pub comm: f64,
+    /// A pipeline stage's idle time: the bubble.
+    pub bubble: f64,
+    /// The micro-batches the step runs.
+    pub micro_batches: usize,
+}
+
+impl Predicted {
+    /// The whole step.
+    pub fn total(&self) -> f64 {
+        self.compute + self.comm + self.bubble
+    }
+
+    /// A pipeline's time unit (its schedule's simulation: a stage's forward pass over one
+    /// micro-batch takes 1, its backward 2), in seconds.
+    pub fn pipeline_unit(&self) -> f64 {
+        (self.compute + self.comm) / (3.0 * self.micro_batches.max(1) as f64)
+    }
+}
+
 /// How many ops and redistributions the summary lists.
 const TOP: usize = 5;
 
@@ -127,12 +153,12 @@ impl PlanReport<'_> {
         s
     }
 
-    /// The predicted step time under the profile: compute, communication, bubble. The rank's
-    /// figures are one micro-batch's; a step runs every micro-batch (the gradient sync counted
-    /// in each: an upper bound). In a pipeline the figures are the whole network's on one
-    /// stage's devices: the busiest stage does its share of the forward FLOPs of it, and waits
-    /// the simulated bubble.
-    fn time_text(&self, f: &SummaryFacts<'_>) -> String {
+    /// The step's time predicted under the summary's profile. The rank's figures are one
+    /// micro-batch's; a step runs every micro-batch (the gradient sync counted in each: an
+    /// upper bound). In a pipeline the figures are the whole network's on one stage's devices:
+    /// the busiest stage does its share of the forward FLOPs of it, and waits the simulated
+    /// bubble.
+    pub fn predicted(&self, f: &SummaryFacts<'_>) -> Predicted {
         let cost = self.cost;
         let compute = f.profile.compute_time(cost.flops, cost.bytes_moved);
         let comm: f64 =
@@ -141,25 +167,31 @@ impl PlanReport<'_> {
             Some(p) => {
                 let total: f64 = p.stages.iter().map(|s| s.forward_flops).sum();
                 let busiest = p.stages.iter().map(|s| s.forward_flops).fold(0.0, f64::max);
-                (if total > 0.0 { busiest / total } else { 1.0 }, p.micro_batches, Some(p.simulation.bubble()))
+                (if total > 0.0 { busiest / total } else { 1.0 }, p.micro_batches, p.simulation.bubble())
             }
-            None => (1.0, f.micro_batches.max(1), None),
+            None => (1.0, f.micro_batches.max(1), 0.0),
         };
         let (compute, comm) = (compute * share * micro as f64, comm * share * micro as f64);
-        let idle = bubble.map_or(0.0, |b| (compute + comm) * b / (1.0 - b).max(1e-9));
+        Predicted { compute, comm, bubble: (compute + comm) * bubble / (1.0 - bubble).max(1e-9), micro_batches: micro }
+    }
+
+    fn time_text(&self, f: &SummaryFacts<'_>) -> String {
+        let t = self.predicted(f);
+        let micro = t.micro_batches;
         let what = match (f.pipeline, micro) {
             (Some(_), _) => format!(" (the busiest stage, {micro} micro-batches)"),
             (None, 1) => String::new(),
             (None, m) => format!(" ({m} micro-batches)"),
         };
-        let bubble =
-            bubble.map_or(String::new(), |b| format!(", pipeline bubble {:.1} ms ({:.1}% of the step, simulated)", 1e3 * idle, 100.0 * b));
+        let bubble = f.pipeline.map_or(String::new(), |p| {
+            format!(", pipeline bubble {:.1} ms ({:.1}% of the step, simulated)", 1e3 * t.bubble, 100.0 * p.simulation.bubble())
+        });
         format!(
             "  step time   {:.1} ms predicted{what} by the profile {}: compute {:.1} ms, communication {:.1} ms{bubble}\n",
-            1e3 * (compute + comm + idle),
+            1e3 * t.total(),
             f.profile.name,
-            1e3 * compute,
-            1e3 * comm
+            1e3 * t.compute,
+            1e3 * t.comm
         )
     }
 

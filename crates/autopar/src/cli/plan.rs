@@ -186,6 +186,13 @@ struct Summary {
     micro: usize,
 }
 
+impl Summary {
+    /// The facts of the summary of a plan (a pipeline's, with its report).
+    fn facts<'a>(&'a self, pipeline: Option<&'a PipelineReport>) -> SummaryFacts<'a> {
+        SummaryFacts { profile: &self.profile, limit: self.limit.clone(), micro_batches: self.micro, pipeline }
+    }
+}
+
 /// The memory a device has: `device_memory_capacity` when set, else what this machine has
 /// available (the least of its limits).
 fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<(u64, String)> {
@@ -313,10 +320,10 @@ fn print_plan(
 /// activation memory per stage, then the plan every stage's ops share on one stage's devices.
 fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>, out: &mut dyn Write) -> Result<ExitCode> {
     let report = autopar_parallel::report::pipeline_report(job)?;
-    if let Some(path) = &args.svg {
-        write_svg(path, &report.svg(), args)?;
-    }
     if args.mindspore_layouts {
+        if let Some(path) = &args.svg {
+            write_svg(path, &report.svg(None), args)?;
+        }
         for (name, l) in autopar_parallel::report::pipeline_layout_dict(job, f.rank) {
             writeln!(out, "{name}: {l}")?;
         }
@@ -345,6 +352,11 @@ fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>
         planning_seconds: f.seconds,
         world: Some((&rank_of, job.device_num)),
     };
+    if let Some(path) = &args.svg {
+        // The schedule's time axis in the milliseconds the summary predicts.
+        let unit = stage_plan.predicted(&f.summary.facts(Some(&report))).pipeline_unit();
+        write_svg(path, &report.svg(Some(unit)), args)?;
+    }
     print_report(args, &stage_plan, Some(&report), &f.summary, out)
 }
 
@@ -364,7 +376,7 @@ fn print_report(
         };
         writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?)?;
     } else {
-        let facts = SummaryFacts { profile: &summary.profile, limit: summary.limit.clone(), micro_batches: summary.micro, pipeline };
+        let facts = summary.facts(pipeline);
         write!(out, "{}{}", plan.header(), plan.summary(&facts))?;
         if !args.full {
             writeln!(out, "(every table: --full; every figure: --json)")?;
