@@ -19,7 +19,7 @@ pub mod pipeline;
 pub mod summary;
 
 pub use pipeline::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
-pub use summary::SummaryFacts;
+pub use summary::{MemoryLimit, Predicted, SummaryFacts};
 
 /// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
 /// input and parameter, in graph order, each trainable parameter followed by its optimizer
@@ -261,26 +261,22 @@ impl PlanReport<'_> {
 
     /// The report as text: operators, parameters, redistributions, communication per step,
     /// memory per device.
-    /// The whole report for people: the header, then every table ([`PlanReport::summary`]
-    /// goes between them in `autopar plan`).
-    pub fn text(&self) -> String {
-        self.header() + &self.tables()
-    }
-
     /// The report's first lines: the model, devices and mode, the plan's size, the dataset
     /// strategy, the strategy file.
     pub fn header(&self) -> String {
         let (plan, cost) = (self.plan, self.cost);
         let mut s = String::new();
         let params: usize = plan.params.iter().map(|p| p.layout.shape().iter().product::<usize>()).sum();
+        let bytes: usize = plan.params.iter().map(|p| p.layout.shape().iter().product::<usize>() * p.dtype.size()).sum();
         let devices = if plan.device_num == 1 { "1 device".to_string() } else { format!("{} devices", plan.device_num) };
         let _ = writeln!(s, "autopar plan: {} on {devices} ({})", self.model, plan.mode);
         let _ = writeln!(
             s,
-            "  {} operators, {} parameters ({} values), planned in {:.3} s; per-rank figures for rank {} of {}",
+            "  {} operators, {} parameters ({} values, {}), planned in {:.3} s; per-rank figures for rank {} of {}",
             plan.nodes.len(),
             plan.params.len(),
             params,
+            human_bytes(bytes),
             self.planning_seconds,
             cost.rank,
             plan.device_num
@@ -592,7 +588,7 @@ pub fn split_svg(plan: &ParallelPlan, count: usize) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{:.0}" height="{total_h:.0}" font-family="monospace" font-size="11">"#,
         w + 40.0
     );
-    let _ = write!(s, r#"<text x="20" y="24" font-size="13">{}</text><text x="20" y="42">{}</text>"#, escape(&title), escape(legend));
+    let _ = write!(s, r#"<text x="20" y="24">{}</text><text x="20" y="42">{}</text>"#, escape(&title), escape(legend));
     let _ = write!(s, r#"<text x="20" y="{:.0}">{}</text>"#, top + 16.0, escape(&mesh_caption));
     for i in 0..shown_mr {
         for j in 0..shown_mc {

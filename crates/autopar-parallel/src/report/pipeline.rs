@@ -271,14 +271,22 @@ impl PipelineReport {
                 let (fill, color) = if w.pass == Pass::Forward { ("#9ecae1", "#000") } else { ("#3182bd", "#fff") };
                 let x = left + start * scale;
                 let wd = ((end - start) * scale).max(1.0);
-                let _ = writeln!(
+                let label = if w.chunk > 0 { format!("{}.{}", w.micro, w.chunk) } else { w.micro.to_string() };
+                let _ = write!(
                     o,
-                    r##"<rect x="{x:.1}" y="{y:.1}" width="{wd:.1}" height="{:.1}" fill="{fill}" stroke="#fff"/><text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{}</text>"##,
-                    row - 4.0,
-                    x + wd / 2.0,
-                    y + row * 0.6,
-                    if w.chunk > 0 { format!("{}.{}", w.micro, w.chunk) } else { w.micro.to_string() }
+                    r##"<rect x="{x:.1}" y="{y:.1}" width="{wd:.1}" height="{:.1}" fill="{fill}" stroke="#fff"><title>{label}</title></rect>"##,
+                    row - 4.0
                 );
+                // The label where it fits (about 6.2 px a character at 11 px), else in the title.
+                if wd >= label.len() as f64 * 6.2 + 2.0 {
+                    let _ = write!(
+                        o,
+                        r##"<text x="{:.1}" y="{:.1}" fill="{color}" text-anchor="middle">{label}</text>"##,
+                        x + wd / 2.0,
+                        y + row * 0.6
+                    );
+                }
+                o.push('\n');
             }
             let idle = if sim.makespan > 0.0 { 1.0 - sim.busy.get(s).copied().unwrap_or(0.0) / sim.makespan } else { 0.0 };
             let _ = writeln!(o, r#"<text x="{}" y="{}">idle {:.0}%</text>"#, left + width + 6.0, y + row * 0.6, 100.0 * idle);

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
 use autopar_parallel::report::PipelineReport;
-use autopar_parallel::report::{compare_text, search_json, split_svg, PlanReport, SummaryFacts};
+use autopar_parallel::report::{compare_text, search_json, split_svg, MemoryLimit, PlanReport, SummaryFacts};
 use autopar_parallel::search::DeviceProfile;
 use autopar_parallel::strategy_files::{job_strategy_files, load_plan_strategies};
 use autopar_parallel::{
@@ -169,7 +169,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
             eprintln!("autopar plan: wrote {}", path.display());
         }
     }
-    let summary = Summary { profile: profile.clone().unwrap_or_else(DeviceProfile::builtin), limit: device_limit(&ctx), micro };
+    let summary = Summary { profile: profile.clone().unwrap_or_else(DeviceProfile::builtin), limit: device_limit(&ctx), micro, rank };
     let facts =
         Facts { summary, model: model.as_ref(), batch, micro, rank, seconds, optimizer: &args.optimizer, slots: optimizer.state_slots() };
     if job.is_pipeline() {
@@ -182,27 +182,34 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
 /// What the summary prices the step with and compares the memory against.
 struct Summary {
     profile: DeviceProfile,
-    limit: Option<(u64, String)>,
+    limit: Option<MemoryLimit>,
     micro: usize,
+    /// The reported rank, global.
+    rank: usize,
 }
 
 impl Summary {
     /// The facts of the summary of a plan (a pipeline's, with its report).
     fn facts<'a>(&'a self, pipeline: Option<&'a PipelineReport>) -> SummaryFacts<'a> {
-        SummaryFacts { profile: &self.profile, limit: self.limit.clone(), micro_batches: self.micro, pipeline }
+        SummaryFacts { profile: &self.profile, limit: self.limit.clone(), micro_batches: self.micro, pipeline, rank: self.rank }
     }
 }
 
-/// The memory a device has: `device_memory_capacity` when set, else what this machine has
-/// available (the least of its limits).
-fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<(u64, String)> {
+/// What the plan is held against: `device_memory_capacity` per device when set, else the
+/// least of this process's limits for the ranks run in it (as `train` checks them).
+fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<MemoryLimit> {
+    use autopar_runtime::budget::Limit;
     if ctx.is_set("device_memory_capacity") {
-        return Some((ctx.search().device_memory_capacity, "device_memory_capacity".into()));
+        return Some(MemoryLimit { bytes: ctx.search().device_memory_capacity, what: "device_memory_capacity".into(), per_device: true });
     }
-    autopar_runtime::budget::machine_limits(1, None)
-        .into_iter()
-        .min_by_key(|l| l.left())
-        .map(|l| (l.left(), "available on this machine".to_string()))
+    let least = autopar_runtime::budget::machine_limits(1, None).into_iter().min_by_key(|l| l.left())?;
+    let what = match least {
+        Limit::Available { .. } => "available on this machine",
+        Limit::Cgroup { .. } => "left under the cgroup's limit",
+        Limit::AddressSpace { .. } => "left under the address-space limit",
+        Limit::DeviceCapacity { .. } => "device_memory_capacity",
+    };
+    Some(MemoryLimit { bytes: least.left(), what: what.into(), per_device: matches!(least, Limit::DeviceCapacity { .. }) })
 }
 
 /// Output flags that choose different outputs.
@@ -297,7 +304,7 @@ fn print_plan(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if f.micro > 1 && !args.json {
+    if f.micro > 1 && args.full && !args.json {
         writeln!(
             out,
             "{} micro-batches of {} rows, one after another, gradients accumulated before one update: the plan below is one micro-batch's\n",
@@ -354,7 +361,7 @@ fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>
     };
     if let Some(path) = &args.svg {
         // The schedule's time axis in the milliseconds the summary predicts.
-        let unit = stage_plan.predicted(&f.summary.facts(Some(&report))).pipeline_unit();
+        let unit = stage_plan.predicted(&f.summary.facts(Some(&report))).unit;
         write_svg(path, &report.svg(Some(unit)), args)?;
     }
     print_report(args, &stage_plan, Some(&report), &f.summary, out)
@@ -369,14 +376,15 @@ fn print_report(
     summary: &Summary,
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
+    let facts = summary.facts(pipeline);
     if args.json {
-        let v = match pipeline {
+        let mut v = match pipeline {
             Some(p) => serde_json::json!({ "pipeline": p.json(), "plan": plan.json() }),
             None => plan.json(),
         };
+        v["summary"] = plan.summary_json(&facts);
         writeln!(out, "{}", serde_json::to_string_pretty(&v).map_err(|e| anyhow!("cannot print the plan as JSON: {e}"))?)?;
     } else {
-        let facts = summary.facts(pipeline);
         write!(out, "{}{}", plan.header(), plan.summary(&facts))?;
         if !args.full {
             writeln!(out, "(every table: --full; every figure: --json)")?;
