@@ -23,7 +23,8 @@ def test_plan_returns_the_report_as_a_dict():
     text = json.dumps(report)
     assert "fc1.weight" in text
     pipeline = autopar.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
-    assert set(pipeline) == {"pipeline", "plan"}
+    assert set(pipeline) == {"pipeline", "plan", "summary"}
+    assert pipeline["summary"]["step_seconds"]["total"] > 0 and isinstance(pipeline["summary"]["warnings"], list)
     layouts = autopar.plan(model="mlp", devices=8, mindspore_layouts=True)
     assert isinstance(layouts, str) and "fc1.weight: ([8]" in layouts
 
