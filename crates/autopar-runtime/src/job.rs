@@ -17,6 +17,8 @@ use crate::error::{Result, RuntimeError};
 #[derive(Clone, Debug)]
 pub struct Job {
     plan: JobPlan,
+    /// Seconds assembling the plan took (0 for a plan made elsewhere).
+    planning_seconds: f64,
 }
 
 impl Job {
@@ -44,7 +46,9 @@ impl Job {
 
     /// The job `req` asks for, from the one entry point that assembles jobs.
     pub fn assemble(req: &JobRequest<'_>) -> Result<Self> {
-        Ok(Self { plan: assemble_job(req)? })
+        let started = std::time::Instant::now();
+        let plan = assemble_job(req)?;
+        Ok(Self { plan, planning_seconds: started.elapsed().as_secs_f64() })
     }
 
     /// A hybrid_parallel job: rank `r` runs `graphs[r]` (its local shapes and the collectives
@@ -53,12 +57,19 @@ impl Job {
     /// gradient all-reduced over all ranks. With `gradients_mean` the job's loss is the mean
     /// of the ranks' losses (each backward starts from 1/N), without it their sum.
     pub fn hybrid(graphs: Vec<Graph>, loss_name: &str, ctx: &ParallelContext, layerwise: BTreeSet<String>) -> Result<Self> {
-        Ok(Self { plan: JobPlan::single(plan_hybrid(graphs, loss_name, ctx, &layerwise)?, 1)? })
+        let started = std::time::Instant::now();
+        let plan = JobPlan::single(plan_hybrid(graphs, loss_name, ctx, &layerwise)?, 1)?;
+        Ok(Self { plan, planning_seconds: started.elapsed().as_secs_f64() })
     }
 
     /// A job from a plan made elsewhere.
     pub fn from_plan(plan: JobPlan) -> Self {
-        Self { plan }
+        Self { plan, planning_seconds: 0.0 }
+    }
+
+    /// Seconds assembling the plan took, wall clock (0 for a plan made elsewhere).
+    pub fn planning_seconds(&self) -> f64 {
+        self.planning_seconds
     }
 
     /// Every parallel decision of the job.

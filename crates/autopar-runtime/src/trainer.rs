@@ -123,6 +123,15 @@ impl OptimizerKind {
     /// The names [`OptimizerKind::by_name`] takes.
     pub const NAMES: &'static str = "sgd, momentum, adamw";
 
+    /// The name [`OptimizerKind::by_name`] takes for it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Momentum { .. } => "momentum",
+            OptimizerKind::AdamW { .. } => "adamw",
+        }
+    }
+
     /// State tensors per trainable parameter (Momentum 1, Adam 2).
     pub fn state_slots(&self) -> usize {
         self.state_prefixes().len()

@@ -79,6 +79,8 @@ pub struct FileConfig {
     pub metrics: Option<PathBuf>,
     /// `--plot` (see `autopar train --help`).
     pub plot: Option<bool>,
+    /// `--report` (see `autopar train --help`).
+    pub report: Option<PathBuf>,
     /// `--log-every` (see `autopar train --help`).
     pub log_every: Option<u64>,
     /// `--eval` (see `autopar train --help`).

@@ -109,7 +109,18 @@ fn a_strategy_file_sets_the_strategies_and_the_plan_says_where_each_came_from() 
     let svg = std::fs::read_to_string(dir.path().join("splits.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("fc1.weight") && svg.matches("<rect").count() >= 4, "{svg}");
     // The device matrix, a legend, replicas said, and every caption within the picture.
-    for part in ["device matrix [2, 2]", "rK: the first rank holding a slice; xN: N ranks hold that slice (replicas)", ">r3</text>"] {
+    // The biggest activations too, the cuts in their axis' colours, and the redistributions drawn.
+    for part in [
+        "device matrix [2, 2]",
+        "rK: the first rank holding a slice; xN: N ranks hold that slice (replicas)",
+        ">r3</text>",
+        "parameter fc1.weight [16, 784]",
+        "dim 0 cut 2 ways by axis 1 (2, blue); dim 1 whole; 2 copies of each slice, along axis 0 (2, red)",
+        "activation fc2.matmul (MatMul) [32, 16]",
+        "partial sums along axis 1 (2, blue)",
+        "redistributions between consecutive ops",
+        "axis 0 red, axis 1 blue",
+    ] {
         assert!(svg.contains(part), "{part} missing: {svg}");
     }
     assert_text_fits(&svg);

@@ -15,10 +15,13 @@ use crate::optimizer_shard::OptDecision;
 use crate::plan::{AdjointStep, ParallelPlan, Redistribution, Site};
 use crate::search::{Search, SearchReport};
 
+pub mod html;
 pub mod pipeline;
+pub mod split;
 pub mod summary;
 
 pub use pipeline::{pipeline_layout_dict, pipeline_report, PipelineReport, StageReport};
+pub use split::split_svg;
 pub use summary::{MemoryLimit, Predicted, SummaryFacts};
 
 /// MindSpore's `parameter_layout_dict` of a plan on `rank`: the 12-tuple of every network
@@ -272,12 +275,16 @@ impl PlanReport<'_> {
         let _ = writeln!(s, "autopar plan: {} on {devices} ({})", self.model, plan.mode);
         let _ = writeln!(
             s,
-            "  {} operators, {} parameters ({} values, {}), planned in {:.3} s; per-rank figures for rank {} of {}",
+            "  {} operators, {} parameters ({} values, {}), planned in {}; per-rank figures for rank {} of {}",
             plan.nodes.len(),
             plan.params.len(),
             params,
             human_bytes(bytes),
-            self.planning_seconds,
+            if self.planning_seconds < 1.0 {
+                format!("{:.1} ms", self.planning_seconds * 1e3)
+            } else {
+                format!("{:.2} s", self.planning_seconds)
+            },
             cost.rank,
             plan.device_num
         );
@@ -540,142 +547,9 @@ impl PlanReport<'_> {
     }
 }
 
-/// An SVG of how the `count` biggest parameters are split over the device matrix: first the
-/// device matrix itself (each rank at its coordinates, coloured by its coordinate on the first
-/// axis), then per parameter its slices (dimension 0 down, the rest across), each labelled
-/// with the first rank holding it and how many ranks hold it (replicas), a tensor left whole
-/// said to be so; a legend explains the labels, and every caption fits the picture's width.
-pub fn split_svg(plan: &ParallelPlan, count: usize) -> String {
-    const CHAR: f64 = 6.7;
-    let mut params: Vec<&crate::plan::ParamPlan> = plan.params.iter().collect();
-    params.sort_by_key(|p| std::cmp::Reverse(p.layout.shape().iter().product::<usize>()));
-    params.truncate(count);
-    let captions: Vec<[String; 2]> = params
-        .iter()
-        .map(|p| {
-            let l = &p.layout;
-            [
-                format!("{} {:?}", p.name, l.shape()),
-                format!("dev_matrix {:?}, tensor_map {}, slice {:?}", l.mesh().dims(), l.tensor_map(), l.slice_shape()),
-            ]
-        })
-        .collect();
-    let title = format!(
-        "{} on {} devices: the device matrix and the {} biggest parameters, cut into slices",
-        plan.mode,
-        plan.device_num,
-        params.len()
-    );
-    let legend = "rK: the first rank holding a slice; xN: N ranks hold that slice (replicas); colours: one per slice";
-    // The device matrix: the first axis down, the others across (one axis: across).
-    let dims = params.first().map(|p| p.layout.mesh().dims().to_vec()).unwrap_or_else(|| vec![plan.device_num]);
-    let mesh_rows = if dims.len() > 1 { dims[0].max(1) } else { 1 };
-    let mesh_cols = (plan.device_num / mesh_rows).max(1);
-    let mesh_caption = if dims.len() > 1 {
-        format!("device matrix {dims:?}: each rank at its coordinates, axis 0 (size {mesh_rows}) down, the others across; colour: its axis-0 coordinate")
-    } else {
-        format!("device matrix {dims:?}: the ranks in order")
-    };
-    let longest =
-        captions.iter().flatten().chain([&title, &legend.to_string(), &mesh_caption]).map(|c| c.chars().count()).max().unwrap_or(0);
-    let w = (longest as f64 * CHAR).max(520.0);
-    let (shown_mr, shown_mc) = (mesh_rows.min(16), mesh_cols.min(32));
-    let (mcw, mch) = ((w / shown_mc as f64).min(60.0), 22.0);
-    let (h, gap, top) = (240.0f64, 100.0f64, 64.0f64);
-    let params_top = top + 30.0 + shown_mr as f64 * mch + 40.0;
-    let total_h = params_top + params.len() as f64 * (h + gap) + 20.0;
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{:.0}" height="{total_h:.0}" font-family="monospace" font-size="11">"#,
-        w + 40.0
-    );
-    let _ = write!(s, r#"<text x="20" y="24">{}</text><text x="20" y="42">{}</text>"#, escape(&title), escape(legend));
-    let _ = write!(s, r#"<text x="20" y="{:.0}">{}</text>"#, top + 16.0, escape(&mesh_caption));
-    for i in 0..shown_mr {
-        for j in 0..shown_mc {
-            let rank = i * mesh_cols + j;
-            let hue = (i * 360 / mesh_rows.max(1)) % 360;
-            let (x, y) = (20.0 + j as f64 * mcw, top + 26.0 + i as f64 * mch);
-            let _ = write!(
-                s,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{mcw:.1}" height="{mch:.1}" fill="hsl({hue},55%,80%)" stroke="black" stroke-width="0.5"><title>rank {rank}</title></rect>"#
-            );
-            let label = format!("r{rank}");
-            if mcw >= label.len() as f64 * CHAR + 6.0 {
-                let _ = write!(s, r#"<text x="{:.1}" y="{:.1}">{label}</text>"#, x + 3.0, y + 15.0);
-            }
-        }
-    }
-    if mesh_rows > shown_mr || mesh_cols > shown_mc {
-        let _ = write!(
-            s,
-            r#"<text x="20" y="{:.0}">showing {shown_mr} x {shown_mc} of {mesh_rows} x {mesh_cols} ranks</text>"#,
-            params_top - 12.0
-        );
-    }
-    for (k, p) in params.iter().enumerate() {
-        let l = &p.layout;
-        let y0 = params_top + k as f64 * (h + gap) + 30.0;
-        let _ = write!(
-            s,
-            r#"<text x="20" y="{:.0}">{}</text><text x="20" y="{:.0}">{}</text>"#,
-            y0 - 22.0,
-            escape(&captions[k][0]),
-            y0 - 8.0,
-            escape(&captions[k][1])
-        );
-        let rows = l.shape().first().map_or(1, |_| l.split(0));
-        let cols: usize = (1..l.shape().len()).map(|d| l.split(d)).product();
-        // Which ranks hold each slice (by its row and column block).
-        let n = plan.device_num;
-        let mut holders: BTreeMap<(usize, usize), (usize, usize)> = BTreeMap::new();
-        for r in 0..n {
-            let Ok(slice) = l.slice_of(r) else { continue };
-            let row = slice.first().map_or(0, |x| x.start / (x.end - x.start).max(1));
-            let mut col = 0;
-            for (d, x) in slice.iter().enumerate().skip(1) {
-                col = col * l.split(d) + x.start / (x.end - x.start).max(1);
-            }
-            let e = holders.entry((row, col)).or_insert((r, 0));
-            e.1 += 1;
-        }
-        let (shown_r, shown_c) = (rows.min(32), cols.min(32));
-        let (cw, ch) = (w / shown_c as f64, h / shown_r as f64);
-        for i in 0..shown_r {
-            for j in 0..shown_c {
-                let (first, count) = holders.get(&(i, j)).copied().unwrap_or((0, 0));
-                let hue = ((i * cols + j) * 137) % 360;
-                let (x, y) = (20.0 + j as f64 * cw, y0 + i as f64 * ch);
-                let _ = write!(
-                    s,
-                    r#"<rect x="{x:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="hsl({hue},60%,75%)" stroke="black" stroke-width="0.5"><title>slice ({i}, {j}): ranks from {first}, {count} ranks</title></rect>"#
-                );
-                if cw > 46.0 && ch > 26.0 {
-                    let _ = write!(
-                        s,
-                        r#"<text x="{:.1}" y="{:.1}">r{first}</text><text x="{:.1}" y="{:.1}">x{count}</text>"#,
-                        x + 4.0,
-                        y + 13.0,
-                        x + 4.0,
-                        y + 25.0
-                    );
-                }
-            }
-        }
-        let note = if rows * cols == 1 {
-            format!("whole: not split, every one of the {n} ranks holds all of it ({n} replicas)")
-        } else if rows > shown_r || cols > shown_c {
-            format!("showing {shown_r} x {shown_c} of {rows} x {cols} slices")
-        } else {
-            format!("{rows} x {cols} slices (dimension 0 down, the rest across), each held by {} rank(s)", n / (rows * cols).max(1))
-        };
-        let _ = write!(s, r#"<text x="20" y="{:.0}">{}</text>"#, y0 + h + 16.0, escape(&note));
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
+/// Text for HTML and SVG: `&`, `<`, `>` and double quotes escaped.
 fn escape(t: &str) -> String {
-    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 fn ms(seconds: f64) -> String {

@@ -92,7 +92,7 @@ fn bytes_sent(kind: Collective, ranks: usize, bytes: usize) -> usize {
 }
 
 /// The forward FLOPs of `p`'s slice on one device: its cost on the slices of its inputs.
-fn slice_flops(plan: &ParallelPlan, p: &NodePlan) -> f64 {
+pub(super) fn slice_flops(plan: &ParallelPlan, p: &NodePlan) -> f64 {
     let node = plan.graph.node(p.id);
     let inputs: Vec<TensorType> = node
         .inputs
@@ -182,7 +182,7 @@ impl PlanReport<'_> {
     }
 
     /// The job's devices: every stage's in a pipeline.
-    fn devices(&self) -> usize {
+    pub(super) fn devices(&self) -> usize {
         self.world.map_or(self.plan.device_num, |(_, n)| n)
     }
 

@@ -374,3 +374,22 @@ pub fn open_training_data(
     }
     Ok((kind, ds, transforms))
 }
+
+/// Refuses, before any work, an output file `flag` names that could not be written: a folder
+/// by that name, or a file where one of its folders should be (missing folders are made).
+pub fn check_output_file(path: &Path, flag: &str) -> Result<()> {
+    if path.is_dir() {
+        bail!("{flag} {} is a folder\nhint: name a file in it, e.g. {}", path.display(), path.join("report.html").display());
+    }
+    let mut at = path.parent();
+    while let Some(p) = at.filter(|p| !p.as_os_str().is_empty()) {
+        if p.exists() {
+            if !p.is_dir() {
+                bail!("{flag} {}: {} is a file, not a folder\nhint: name a path under a folder", path.display(), p.display());
+            }
+            return Ok(());
+        }
+        at = p.parent();
+    }
+    Ok(())
+}

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_models::{model_by_name, Mode};
+use autopar_parallel::report::html::{html, rank_memory, Measured, Page};
 use autopar_parallel::report::PipelineReport;
 use autopar_parallel::report::{compare_text, search_json, split_svg, MemoryLimit, PlanReport, SummaryFacts};
 use autopar_parallel::search::DeviceProfile;
@@ -35,6 +36,7 @@ use super::common::{
     autopar plan --model mlp --devices 8 --strategy run/ckpt/strategy.json --json\n  \
     autopar plan --model resnet50 --devices 64 --parallel-mode data_parallel --svg splits.svg\n  \
     autopar plan --model mlp --devices 8 --mindspore-layouts\n  \
+    autopar plan --model gpt --devices 8 --html plan.html\n  \
     autopar plan --model gpt --devices 8 --parallel-mode auto_parallel --parallel search_mode=dynamic_programming\n  \
     autopar plan --model mlp --devices 8 --compare",
     allow_negative_numbers = true
@@ -76,6 +78,11 @@ pub struct PlanArgs {
     /// pipeline: the schedule's timeline, one row per stage).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Write the plan as one self-contained web page to this HTML file: the summary, a sortable
+    /// table of every op, the parameters' layouts, the redistributions, the memory of each rank
+    /// and the pictures (nothing fetched from the network).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
     /// Print MindSpore's parameter_layout_dict lines (name: 12-tuple) instead of the report.
     #[arg(long)]
     mindspore_layouts: bool,
@@ -151,12 +158,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         recompute: &recompute,
     })?;
     spinner.step(format!("rank {rank}'s program"));
-    let (_, position) = job.place(rank);
-    let program = rank_program(&job.plan, position)?;
-    let mut cost = RankCost::of(&program, optimizer.state_slots())?;
-    // The memory the run itself checks and reports: a pipeline rank's stage with the
-    // activations of the micro-batches it holds at once.
-    cost.memory = job.program(rank)?.memory(&job, optimizer.state_slots())?;
+    let cost = rank_cost(&job, rank, optimizer.state_slots())?;
     let seconds = started.elapsed().as_secs_f64();
     drop(spinner);
     let quiet = args.json || args.mindspore_layouts;
@@ -172,20 +174,47 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let summary = Summary { profile: profile.clone().unwrap_or_else(DeviceProfile::builtin), limit: device_limit(&ctx), micro, rank };
     let facts =
         Facts { summary, model: model.as_ref(), batch, micro, rank, seconds, optimizer: &args.optimizer, slots: optimizer.state_slots() };
-    if job.is_pipeline() {
-        print_pipeline(&args, &job, &cost, &facts, out)
-    } else {
-        print_plan(&args, &job, &cost, &facts, &keys, out)
+    if args.mindspore_layouts {
+        return print_mindspore_layouts(&args, &job, &facts, &keys, out);
     }
+    with_report(&job, &cost, &facts, |report, pipeline| {
+        let pictures = pictures(report, pipeline, &facts.summary);
+        if let Some(path) = &args.svg {
+            write_file(path, &pictures[0].1, !args.json)?;
+        }
+        if let Some(path) = &args.html {
+            write_file(path, &page_html(&job, report, pipeline, &facts, &pictures, None)?, !args.json)?;
+        }
+        if pipeline.is_none() && facts.micro > 1 && args.full && !args.json {
+            writeln!(
+                out,
+                "{} micro-batches of {} rows, one after another, gradients accumulated before one update: the plan below is one micro-batch's\n",
+                facts.micro,
+                facts.batch / facts.micro
+            )?;
+        }
+        print_report(&args, report, pipeline, &facts.summary, out)
+    })
+}
+
+/// Rank `rank`'s predicted cost of a step of `job`, with the memory the run itself checks
+/// and reports (a pipeline rank's stage with the activations of the micro-batches it holds at
+/// once).
+pub(super) fn rank_cost(job: &JobPlan, rank: usize, slots: usize) -> Result<RankCost> {
+    let (_, position) = job.place(rank);
+    let program = rank_program(&job.plan, position)?;
+    let mut cost = RankCost::of(&program, slots)?;
+    cost.memory = job.program(rank)?.memory(job, slots)?;
+    Ok(cost)
 }
 
 /// What the summary prices the step with and compares the memory against.
-struct Summary {
-    profile: DeviceProfile,
-    limit: Option<MemoryLimit>,
-    micro: usize,
+pub(super) struct Summary {
+    pub(super) profile: DeviceProfile,
+    pub(super) limit: Option<MemoryLimit>,
+    pub(super) micro: usize,
     /// The reported rank, global.
-    rank: usize,
+    pub(super) rank: usize,
 }
 
 impl Summary {
@@ -197,7 +226,7 @@ impl Summary {
 
 /// What the plan is held against: `device_memory_capacity` per device when set, else the
 /// least of this process's limits for the ranks run in it (as `train` checks them).
-fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<MemoryLimit> {
+pub(super) fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<MemoryLimit> {
     use autopar_runtime::budget::Limit;
     if ctx.is_set("device_memory_capacity") {
         return Some(MemoryLimit { bytes: ctx.search().device_memory_capacity, what: "device_memory_capacity".into(), per_device: true });
@@ -216,6 +245,12 @@ fn device_limit(ctx: &autopar_parallel::ParallelContext) -> Option<MemoryLimit> 
 fn refuse_output_conflicts(args: &PlanArgs) -> Result<()> {
     if args.compare && args.svg.is_some() {
         bail!("--compare prints a table of every search; --svg draws one plan\nhint: drop one of them");
+    }
+    if args.compare && args.html.is_some() {
+        bail!("--compare prints a table of every search; --html writes one plan's page\nhint: drop one of them");
+    }
+    if args.mindspore_layouts && args.html.is_some() {
+        bail!("--mindspore-layouts prints MindSpore's layouts alone; --html writes the whole plan's page\nhint: drop one of them");
     }
     if args.json && args.mindspore_layouts {
         bail!("--json and --mindspore-layouts both choose the output\nhint: drop one of them (--mindspore-layouts prints MindSpore's parameter_layout_dict lines)");
@@ -250,16 +285,19 @@ fn compared_parallel(args: &PlanArgs, file: &super::common::FileConfig) -> Resul
 }
 
 /// What the report says of the job beside its plan.
-struct Facts<'a> {
+pub(super) struct Facts<'a> {
     /// What the summary prices and compares against.
-    summary: Summary,
-    model: &'a dyn autopar_models::Model,
-    batch: usize,
-    micro: usize,
-    rank: usize,
-    seconds: f64,
-    optimizer: &'a str,
-    slots: usize,
+    pub(super) summary: Summary,
+    pub(super) model: &'a dyn autopar_models::Model,
+    pub(super) batch: usize,
+    pub(super) micro: usize,
+    /// The reported rank, global.
+    pub(super) rank: usize,
+    /// Seconds planning took.
+    pub(super) seconds: f64,
+    pub(super) optimizer: &'a str,
+    /// Optimizer state tensors per trainable parameter.
+    pub(super) slots: usize,
 }
 
 /// `--compare`'s table (or JSON).
@@ -285,59 +323,55 @@ fn print_comparison(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The report of a job without stages (its SVG, MindSpore's layouts, text or JSON).
-fn print_plan(
+/// MindSpore's parameter_layout_dict lines of the reported rank (a pipeline's: its stage's),
+/// and with `--svg` the picture (a pipeline's schedule in simulated units).
+fn print_mindspore_layouts(
     args: &PlanArgs,
     job: &JobPlan,
-    cost: &RankCost,
     f: &Facts<'_>,
     keys: &dyn Fn(&str) -> Vec<String>,
     out: &mut dyn Write,
 ) -> Result<ExitCode> {
-    let plan = &job.plan;
-    if let Some(path) = &args.svg {
-        write_svg(path, &split_svg(plan, 4), args)?;
-    }
-    if args.mindspore_layouts {
-        for (name, l) in autopar_parallel::parameter_layout_dict(plan, f.rank, keys) {
-            writeln!(out, "{name}: {l}")?;
+    let lines = if job.is_pipeline() {
+        if let Some(path) = &args.svg {
+            write_file(path, &autopar_parallel::report::pipeline_report(job)?.svg(None), false)?;
         }
-        return Ok(ExitCode::SUCCESS);
-    }
-    if f.micro > 1 && args.full && !args.json {
-        writeln!(
-            out,
-            "{} micro-batches of {} rows, one after another, gradients accumulated before one update: the plan below is one micro-batch's\n",
-            f.micro,
-            f.batch / f.micro
-        )?;
-    }
-    let report = PlanReport {
-        plan,
-        cost,
-        model: format!("{} (batch {})", f.model.describe(), f.batch),
-        optimizer: format!("{} slot(s) per trainable parameter: {}", f.slots, f.optimizer),
-        planning_seconds: f.seconds,
-        world: None,
+        autopar_parallel::report::pipeline_layout_dict(job, f.rank)
+    } else {
+        if let Some(path) = &args.svg {
+            write_file(path, &split_svg(&job.plan, 4), false)?;
+        }
+        autopar_parallel::parameter_layout_dict(&job.plan, f.rank, keys)
     };
-    print_report(args, &report, None, &f.summary, out)
+    for (name, l) in lines {
+        writeln!(out, "{name}: {l}")?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// The report of a pipeline: the stages, the schedule (its SVG timeline with --svg), the
-/// activation memory per stage, then the plan every stage's ops share on one stage's devices.
-fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>, out: &mut dyn Write) -> Result<ExitCode> {
-    let report = autopar_parallel::report::pipeline_report(job)?;
-    if args.mindspore_layouts {
-        if let Some(path) = &args.svg {
-            write_svg(path, &report.svg(None), args)?;
-        }
-        for (name, l) in autopar_parallel::report::pipeline_layout_dict(job, f.rank) {
-            writeln!(out, "{name}: {l}")?;
-        }
-        return Ok(ExitCode::SUCCESS);
+/// Calls `k` with the plan's report on the reported rank and, for a pipeline, the pipeline's
+/// report. A pipeline's plan is every stage's ops on one stage's devices; its groups are
+/// printed and named in world ranks: a parameter's on the reported rank's stage when it
+/// holds it (as --mindspore-layouts names them), else on the first stage holding it.
+pub(super) fn with_report<R>(
+    job: &JobPlan,
+    cost: &RankCost,
+    f: &Facts<'_>,
+    k: impl FnOnce(&PlanReport<'_>, Option<&PipelineReport>) -> Result<R>,
+) -> Result<R> {
+    let optimizer = format!("{} slot(s) per trainable parameter: {}", f.slots, f.optimizer);
+    if !job.is_pipeline() {
+        let report = PlanReport {
+            plan: &job.plan,
+            cost,
+            model: format!("{} (batch {})", f.model.describe(), f.batch),
+            optimizer,
+            planning_seconds: f.seconds,
+            world: None,
+        };
+        return k(&report, None);
     }
-    // Groups in world ranks: a parameter's on the reported rank's stage when it holds it (as
-    // --mindspore-layouts names them), else on the first stage holding it.
+    let pipeline = autopar_parallel::report::pipeline_report(job)?;
     let (own_stage, position) = job.place(f.rank);
     let stage_of: std::collections::HashMap<String, usize> = job
         .param_stages()
@@ -346,7 +380,7 @@ fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>
         .collect();
     let d = job.stage_devices();
     let rank_of = |name: &str, position: usize| stage_of.get(name).copied().unwrap_or(0) * d + position;
-    let stage_plan = PlanReport {
+    let report = PlanReport {
         plan: &job.plan,
         cost,
         model: format!(
@@ -355,16 +389,43 @@ fn print_pipeline(args: &PlanArgs, job: &JobPlan, cost: &RankCost, f: &Facts<'_>
             f.batch / f.micro,
             f.batch,
         ),
-        optimizer: format!("{} slot(s) per trainable parameter: {}", f.slots, f.optimizer),
+        optimizer,
         planning_seconds: f.seconds,
         world: Some((&rank_of, job.device_num)),
     };
-    if let Some(path) = &args.svg {
-        // The schedule's time axis in the milliseconds the summary predicts.
-        let unit = stage_plan.predicted(&f.summary.facts(Some(&report))).unit;
-        write_svg(path, &report.svg(Some(unit)), args)?;
+    k(&report, Some(&pipeline))
+}
+
+/// The plan's pictures, each with its caption: a pipeline's schedule (its time axis in the
+/// milliseconds the summary predicts) first, then how the biggest parameters are split.
+fn pictures(report: &PlanReport<'_>, pipeline: Option<&PipelineReport>, summary: &Summary) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(p) = pipeline {
+        let unit = report.predicted(&summary.facts(Some(p))).unit;
+        out.push(("the pipeline's schedule, one row per stage".to_string(), p.svg(Some(unit))));
     }
-    print_report(args, &stage_plan, Some(&report), &f.summary, out)
+    out.push(("the device matrix and how the biggest parameters are split over it".to_string(), split_svg(report.plan, 4)));
+    out
+}
+
+/// The plan's web page, with a training run's measurements.
+pub(super) fn page_html(
+    job: &JobPlan,
+    report: &PlanReport<'_>,
+    pipeline: Option<&PipelineReport>,
+    f: &Facts<'_>,
+    pictures: &[(String, String)],
+    measured: Option<&Measured>,
+) -> Result<String> {
+    let ranks = rank_memory(job, f.slots)?;
+    let facts = f.summary.facts(pipeline);
+    Ok(html(&Page { report, facts: &facts, pipeline, ranks: &ranks, pictures, measured }))
+}
+
+/// The plan's web page of `job` on `f.rank`, with a training run's measurements.
+pub(super) fn page(job: &JobPlan, f: &Facts<'_>, measured: Option<&Measured>) -> Result<String> {
+    let cost = rank_cost(job, f.rank, f.slots)?;
+    with_report(job, &cost, f, |report, pipeline| page_html(job, report, pipeline, f, &pictures(report, pipeline, &f.summary), measured))
 }
 
 /// A plan report as JSON, or as text: its header and summary, then with `--full` the
@@ -398,11 +459,11 @@ fn print_report(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--svg`'s drawing written to `path`.
-fn write_svg(path: &std::path::Path, svg: &str, args: &PlanArgs) -> Result<()> {
-    autopar_data::write_atomic(path, svg.as_bytes())
+/// A picture or page written to `path` (atomically), said on stderr when `say`.
+pub(super) fn write_file(path: &std::path::Path, text: &str, say: bool) -> Result<()> {
+    autopar_data::write_atomic(path, text.as_bytes())
         .with_context(|| format!("cannot write {}\nhint: check that the folder exists and is writable", path.display()))?;
-    if !args.json && !args.mindspore_layouts {
+    if say {
         eprintln!("autopar plan: wrote {}", path.display());
     }
     Ok(())

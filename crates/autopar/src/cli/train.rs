@@ -12,6 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{DataError, Dataset, DatasetKind, Split, Subset, SyntheticDataset, SyntheticTask, Transforms};
 use autopar_models::{model_by_name, Model, ModelOptions};
+use autopar_parallel::report::html::Measured;
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
 use autopar_runtime::trainer::{CheckpointConfig, DataSource, OptimizerConfig, TrainReport, TrainResult, Trainer};
 use autopar_runtime::{LrSchedule, TrainConfig};
@@ -124,6 +125,10 @@ pub struct TrainArgs {
     /// Also draw the loss curve as an SVG beside the metrics file.
     #[arg(long, help_heading = "Output")]
     plot: bool,
+    /// Write the plan's web page (as `autopar plan --html` writes it) to this HTML file after the
+    /// run, with the step times and memory it measured beside the plan's predictions.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    report: Option<PathBuf>,
     /// Print `epoch: E step: S, loss is L` every N steps of the run, as MindSpore's LossMonitor (0: never); default: every 100 steps or once an epoch.
     #[arg(long, value_name = "N", help_heading = "Output")]
     log_every: Option<u64>,
@@ -200,14 +205,19 @@ fn resident_memory() -> Option<(u64, u64)> {
 }
 
 /// Samples the memory of the process every `every` steps and at the last step, so a long run
-/// shows whether memory stays flat (the summary prints the first and last samples).
+/// shows whether memory stays flat (the summary prints the first and last samples), and
+/// records every step's time.
 struct MemoryProbe {
     every: u64,
     samples: Arc<std::sync::Mutex<Vec<MemorySample>>>,
+    step_seconds: Arc<std::sync::Mutex<Vec<f64>>>,
 }
 
 impl Callback for MemoryProbe {
     fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
+        if e.samples_per_sec > 0.0 {
+            self.step_seconds.lock().unwrap_or_else(|p| p.into_inner()).push(e.batch_size as f64 / e.samples_per_sec);
+        }
         if e.step.is_multiple_of(self.every) || e.step == e.total_steps {
             if let Some((peak_rss, rss)) = resident_memory() {
                 self.samples.lock().unwrap_or_else(|p| p.into_inner()).push(MemorySample { step: e.step, peak_rss, rss });
@@ -328,6 +338,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     // Under mpirun every process trains one rank; only rank 0 prints results.
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
+    if let Some(path) = pick!(s, report) {
+        super::common::check_output_file(&path, "--report")?;
+    }
     let outputs = callbacks(&s, trainer.config(), total, spe)?;
     let mode = mode_description(&trainer)?;
     let devices = match trainer.config().parallel.devices() {
@@ -348,6 +361,10 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let summary = summarise(&s, &trainer, &report, data.eval.is_some(), (spe, total))?;
+    if let Some(path) = pick!(s, report) {
+        let step_seconds = outputs.step_seconds.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        write_report(&path, &trainer, &report, model.as_ref(), step_seconds)?;
+    }
     let memory: Vec<MemorySample> = outputs.memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let facts = Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory };
     if s.args.json {
@@ -566,11 +583,52 @@ fn with_checkpoints(s: &Settings, mut cfg: TrainConfig, model: &str) -> Result<T
     Ok(cfg)
 }
 
+/// `--report`: the plan's page of the run's job, on rank 0, with what the run measured.
+fn write_report(path: &Path, trainer: &Trainer, report: &TrainReport, model: &dyn Model, step_seconds: Vec<f64>) -> Result<()> {
+    let cfg = trainer.config();
+    let job = report.job().plan();
+    let slots = cfg.optimizer.kind.state_slots();
+    let ranks = if autopar_comm::launch::mpi_world_size().is_some() { 1 } else { cfg.parallel.devices() };
+    let micro = trainer.micro_batches()?;
+    let summary = super::plan::Summary {
+        profile: cfg.profile.clone().unwrap_or_else(autopar_parallel::search::DeviceProfile::builtin),
+        limit: super::plan::device_limit(&cfg.parallel),
+        micro,
+        rank: 0,
+    };
+    let optimizer = cfg.optimizer.kind.name();
+    let facts = super::plan::Facts {
+        summary,
+        model,
+        batch: cfg.batch_size,
+        micro,
+        rank: 0,
+        seconds: report.job().planning_seconds(),
+        optimizer,
+        slots,
+    };
+    let measured = Measured {
+        losses: report.losses.clone(),
+        step_seconds,
+        peak_rss: resident_memory().map(|(peak, _)| peak),
+        ranks_in_process: ranks,
+        plan_memory: report.plan_memory,
+        overhead: autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64,
+    };
+    let html = super::plan::page(job, &facts, Some(&measured))?;
+    autopar_data::write_atomic(path, html.as_bytes())
+        .with_context(|| format!("cannot write the report {}\nhint: check that the folder exists and is writable", path.display()))?;
+    eprintln!("autopar train: wrote {}", path.display());
+    Ok(())
+}
+
 /// The callbacks of rank 0 and what they write to.
 struct Outputs {
     callbacks: Vec<Box<dyn Callback>>,
     /// The memory samples the probe takes.
     memory: Arc<std::sync::Mutex<Vec<MemorySample>>>,
+    /// Every step's time, as the probe records it.
+    step_seconds: Arc<std::sync::Mutex<Vec<f64>>>,
     metrics: Option<PathBuf>,
     plot: Option<PathBuf>,
 }
@@ -606,11 +664,12 @@ fn callbacks(s: &Settings, cfg: &TrainConfig, total: u64, spe: u64) -> Result<Ou
     }
     callbacks.push(Box::new(StopWhenInterrupted));
     let memory = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let step_seconds = Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
     let probe_every = if probe_every > 0 { probe_every } else { (total / 10).max(1) };
-    callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone() }));
+    callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone(), step_seconds: step_seconds.clone() }));
     let plot = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
-    Ok(Outputs { callbacks, memory, metrics, plot })
+    Ok(Outputs { callbacks, memory, step_seconds, metrics, plot })
 }
 
 /// The run's mode in words: the parallel mode, and its pipeline or accumulated micro-batches.
