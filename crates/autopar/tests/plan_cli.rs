@@ -28,6 +28,13 @@ fn a_32_block_gpt_plans_for_4096_devices_with_every_section() {
         assert!(summary.contains(part), "{part} missing:\n{summary}");
     }
     assert!(!summary.contains("\noperators\n"), "{summary}");
+    // Its web page lists 64 ranks spread over the job, groups shortened: a page a browser opens.
+    let mut html_args = args.to_vec();
+    html_args.extend(["--html", "big.html"]);
+    ok(dir.path(), &html_args);
+    let page = std::fs::read_to_string(dir.path().join("big.html")).unwrap();
+    assert!(page.len() < 4 << 20, "{} bytes", page.len());
+    assert!(page.contains("64 of the 4096 ranks, spread over the job") && page.contains("data-v=\"4095\""));
     let quiet = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "8"]);
     assert!(quiet.contains("  warnings    none"), "{quiet}");
     // A plan over the memory a device has says so among the warnings (412 GB of weights,

@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use super::{escape, human_bytes, human_flops, layout_text, site_text, summary::slice_flops, PipelineReport, PlanReport, SummaryFacts};
+use super::{
+    escape, group_text, human_bytes, human_flops, layout_text, site_text, summary::slice_flops, PipelineReport, PlanReport, SummaryFacts,
+};
 use crate::cost::Memory;
 use crate::job::JobPlan;
 use crate::optimizer_shard::OptDecision;
@@ -385,7 +387,7 @@ fn parameters_section(r: &PlanReport<'_>) -> String {
                 text(format!("{:?}", l.slice_shape())),
                 bytes(l.slice_len() * p.dtype.size()),
                 if p.trainable {
-                    number(p.mirror.iter().map(|a| a.size).product::<usize>() as f64, format!("{:?}", p.mirror_group(rank)))
+                    number(p.mirror.iter().map(|a| a.size).product::<usize>() as f64, group_text(&p.mirror_group(rank)))
                 } else {
                     text("frozen")
                 },
