@@ -56,6 +56,6 @@ pub use error::{LayoutError, Result, MAX_DEVICES};
 pub use layout::TensorLayout;
 pub use mesh::{group_of, DeviceAxis, DeviceMatrix};
 pub use mindspore::{ParameterLayout, TensorMap};
-pub use redistribution::{plan, plan_with, PlannedStep, RedistributionPlan, Step};
+pub use redistribution::{plan, plan_with, PlannedStep, RedistributionPlan, Ring, Step};
 pub use simulate::{assemble, scatter, simulate, Block, Element};
 pub use strategy::{strategy_layouts, DevMatrixRule, OpLayout, Strategy};

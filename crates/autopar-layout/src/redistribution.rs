@@ -84,6 +84,29 @@ pub enum Step {
     },
 }
 
+/// A collective as ring algorithms run it, for the bytes each rank sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ring {
+    /// All-gather: each rank's buffer passes every other rank.
+    AllGather,
+    /// Reduce-scatter or all-to-all: each rank sends all but its own share.
+    Scatter,
+    /// All-reduce: a reduce-scatter then an all-gather of the shares.
+    AllReduce,
+}
+
+impl Ring {
+    /// The bytes the busiest rank sends for a send buffer of `bytes` over `ranks` ranks.
+    pub fn bytes_sent(self, ranks: usize, bytes: usize) -> usize {
+        let n = ranks.max(1);
+        match self {
+            Ring::AllGather => bytes * (n - 1),
+            Ring::Scatter => (bytes * (n - 1)).div_ceil(n),
+            Ring::AllReduce => (2 * bytes * (n - 1)).div_ceil(n),
+        }
+    }
+}
+
 impl Step {
     /// Whether this step moves data between ranks.
     pub fn is_communication(&self) -> bool {
@@ -100,12 +123,9 @@ impl Step {
         let b = input_len * elem_size;
         match self {
             Step::Slice { .. } | Step::MakePartial { .. } => 0,
-            Step::AllGather { axis, .. } => b * (axis.size - 1),
-            Step::AllToAll { axis, .. } | Step::ReduceScatter { axis, .. } => (b * (axis.size - 1)).div_ceil(axis.size),
-            Step::AllReduce { axes } => {
-                let p: usize = axes.iter().map(|a| a.size).product();
-                (2 * b * (p - 1)).div_ceil(p)
-            }
+            Step::AllGather { axis, .. } => Ring::AllGather.bytes_sent(axis.size, b),
+            Step::AllToAll { axis, .. } | Step::ReduceScatter { axis, .. } => Ring::Scatter.bytes_sent(axis.size, b),
+            Step::AllReduce { axes } => Ring::AllReduce.bytes_sent(axes.iter().map(|a| a.size).product(), b),
             Step::Permute { source } => {
                 let mut sends: HashMap<usize, usize> = HashMap::new();
                 for (r, &s) in source.iter().enumerate() {

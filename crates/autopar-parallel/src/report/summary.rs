@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use autopar_graph::{Collective, CostCx, TensorType};
+use autopar_layout::Ring;
 use serde_json::{json, Value};
 
 use super::{human_bytes, human_flops, site_text, PipelineReport, PlanReport};
@@ -47,8 +48,6 @@ pub struct Predicted {
     pub comm: f64,
     /// A pipeline stage's idle time: the bubble.
     pub bubble: f64,
-    /// The micro-batches the step runs.
-    pub micro_batches: usize,
     /// A pipeline's simulated time unit (a stage's forward pass over one micro-batch), in
     /// seconds; 0 without a pipeline.
     pub unit: f64,
@@ -80,15 +79,15 @@ const MICRO_BATCHES: (&str, &str) = ("micro-batch", "micro-batches");
 const RANKS: (&str, &str) = ("rank", "ranks");
 
 /// The bytes the busiest rank sends for a send buffer of `bytes` in a collective over `ranks`
-/// ranks (ring algorithms).
+/// ranks (ring algorithms; a broadcast or a send: the buffer once).
 fn bytes_sent(kind: Collective, ranks: usize, bytes: usize) -> usize {
-    let n = ranks.max(1);
-    match kind {
-        Collective::AllReduce => (2 * bytes * (n - 1)).div_ceil(n),
-        Collective::AllGather => bytes * (n - 1),
-        Collective::ReduceScatter | Collective::AllToAll => (bytes * (n - 1)).div_ceil(n),
-        _ => bytes,
-    }
+    let ring = match kind {
+        Collective::AllReduce => Ring::AllReduce,
+        Collective::AllGather => Ring::AllGather,
+        Collective::ReduceScatter | Collective::AllToAll => Ring::Scatter,
+        _ => return bytes,
+    };
+    ring.bytes_sent(ranks, bytes)
 }
 
 /// The forward FLOPs of `p`'s slice on one device: its cost on the slices of its inputs.
@@ -301,7 +300,7 @@ impl PlanReport<'_> {
             Some(p) if p.simulation.makespan > 0.0 => busy / (1.0 - bubble).max(1e-9) / p.simulation.makespan,
             _ => 0.0,
         };
-        Predicted { compute, comm, bubble: busy * bubble / (1.0 - bubble).max(1e-9), micro_batches: micro, unit }
+        Predicted { compute, comm, bubble: busy * bubble / (1.0 - bubble).max(1e-9), unit }
     }
 
     /// The ops with the most forward FLOPs per device, and the redistributions that send the
