@@ -187,6 +187,22 @@ pub enum ParallelError {
         entries: u128,
     },
 
+    /// A matrix product's strategy does not fit its transposed weight, but fits it the other
+    /// way round: written for a weight stored `[in, out]`.
+    #[error("{}\n  note: {weight} is stored transposed, [out, in] = {shape:?} (read with {flag}, as torch.nn.Linear and MindSpore's nn.Dense store it); the strategy fits a weight stored [in, out], as a MatMul without {flag} reads it\nhint: for this weight, swap its last two splits: {fits}", without_hint(.invalid))]
+    TransposedWeight {
+        /// The strategy's error.
+        invalid: Box<autopar_graph::GraphError>,
+        /// The weight's name.
+        weight: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The product's flag that reads it transposed.
+        flag: &'static str,
+        /// The strategy with the weight's last two splits swapped, which fits.
+        fits: String,
+    },
+
     /// A strategy a strategy file gives an operator is invalid for it.
     #[error("strategy file {}: {source}", file.display())]
     InStrategyFile {
@@ -824,6 +840,11 @@ impl fmt::Display for TransferProblem {
             ),
         }
     }
+}
+
+/// `e`'s message without its hint lines (an error that gives its own hint instead).
+fn without_hint(e: &dyn std::fmt::Display) -> String {
+    e.to_string().lines().filter(|l| !l.starts_with("hint:")).collect::<Vec<_>>().join("\n")
 }
 
 /// The result type of autopar-parallel, with [`ParallelError`] as its default error.

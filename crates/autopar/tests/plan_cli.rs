@@ -583,6 +583,38 @@ fn an_invalid_strategy_from_a_file_names_the_file() {
     assert!(err.contains("strategy file bad.json: ") && err.contains("(3, 1)"), "{err}");
 }
 
+/// A MatMul strategy written for a weight stored [in, out] (a MindSpore MatMul without
+/// transpose_b), given to a built-in model whose weights are stored [out, in], says so and
+/// gives the strategy that fits; a strategy wrong either way does not claim it.
+#[test]
+fn a_strategy_for_a_weight_stored_the_other_way_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, strategy: serde_json::Value| {
+        let v = serde_json::json!({"current_stage": 0, "parallel_strategy_item": {
+            "MatMul_fc1.weight": {"stage": 0, "parallel_strategy": strategy}}, "parallel_layout_item": {}});
+        std::fs::write(dir.path().join(name), v.to_string()).unwrap();
+    };
+    file("in_out.json", serde_json::json!([[2, 1], [1, 4]]));
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--strategy", "in_out.json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    for part in [
+        "strategy file in_out.json",
+        "fc1.weight is stored transposed, [out, in] = [512, 784]",
+        "hint: for this weight, swap its last two splits: ((2, 1), (4, 1))",
+    ] {
+        assert!(err.contains(part), "{part} missing: {err}");
+    }
+    assert_eq!(err.matches("hint:").count(), 1, "{err}");
+    file("out_in.json", serde_json::json!([[2, 1], [4, 1]]));
+    ok(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--strategy", "out_in.json"]);
+    file("wrong.json", serde_json::json!([[2, 2], [4, 1]]));
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--strategy", "wrong.json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("stored transposed"), "{err}");
+}
+
 /// `--recompute blocks`: the plan shows each recomputed block (the values it no longer keeps,
 /// the FLOPs and bytes of running it again), and its peak activations fall while its FLOPs rise.
 #[test]

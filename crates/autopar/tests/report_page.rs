@@ -149,11 +149,15 @@ fn a_script_error_on_the_page_is_caught() {
 #[test]
 fn a_pipeline_page_shows_its_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    let page = planned_page(dir.path(), &["--model", "mlp", "--devices", "4", "--parallel", "pipeline_stages=2"]);
+    let page = planned_page(dir.path(), &["--model", "mlp", "--devices", "8", "--parallel", "pipeline_stages=2", "--rank", "5"]);
     let html = std::fs::read_to_string(&page).unwrap();
     assert_self_contained(&html);
     assert!(html.contains("id=\"pipeline\""));
     assert!(html.contains("schedule"));
+    // Groups in world ranks: rank 5's stage holds ranks 4 to 7; the split picture says its
+    // ranks are positions in a stage.
+    assert!(html.contains("the groups are rank 5's") && html.contains("4 ranks [4, 5, 6, 7]"), "{html}");
+    assert!(html.contains("its ranks numbered by their position in the stage"));
     let Some(browser) = chromium() else { return };
     let dom = rendered(&browser, &page);
     assert_eq!(body_attribute(&dom, "data-errors"), None);
@@ -187,9 +191,21 @@ fn a_training_run_writes_the_page_with_what_it_measured() {
     assert_self_contained(&html);
     let measured = &html[html.find("id=\"measured\"").expect("the measured section")..];
     let measured = &measured[..measured.find("</table>").unwrap()];
-    for row in ["step time", "memory of this process (2 ranks)", "median of 6 steps", "peak resident (VmHWM)"] {
+    for row in ["step time", "memory of this process (2 ranks)", "median of the 5 steps after the first", "peak resident (VmHWM)"] {
         assert!(measured.contains(row), "{row} missing: {measured}");
     }
+    // The ranks' predicted memory adds up to the plan the run holds itself to.
+    let values = |table: &str| -> Vec<Vec<f64>> {
+        let t = &html[html.find(&format!("id=\"{table}\"")).unwrap()..];
+        let t = &t[..t.find("</table>").unwrap()];
+        t.split("<tr")
+            .skip(2)
+            .map(|row| row.split("data-v=\"").skip(1).map(|v| v.split('"').next().unwrap().parse().unwrap()).collect())
+            .collect()
+    };
+    let per_rank: f64 = values("memory-table").iter().map(|row| row.last().unwrap()).sum();
+    let plan = values("measured-table")[1][0];
+    assert_eq!(per_rank, plan, "the ranks' memory against the plan's");
     // The loss curve: a point per step.
     let curve = &html[html.find("loss per step").unwrap()..];
     let points = curve.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
@@ -208,7 +224,7 @@ fn an_unwritable_page_is_refused_with_its_path() {
     let out = autopar(&["plan", "--model", "mlp", "--devices", "2", "--html", page.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot write") && err.contains("plan.html") && err.contains("hint:"), "{err}");
+    assert!(err.contains("--html") && err.contains("is a file, not a folder") && err.contains("hint:"), "{err}");
     // A training run refuses it before it trains.
     let page = page.to_str().unwrap();
     let out = autopar(&["train", "--model", "mlp", "--data", "synthetic", "--steps", "1", "--report", page]);

@@ -305,17 +305,56 @@ impl<'a> Network<'a> {
                 if let (Some(file), None) = (req.strategy_file.filter(|f| f.by_operator && self.use_strategies), &self.from_file[i]) {
                     return Err(ParallelError::MissingOperator { file: file.path.clone(), op: node.name.clone(), kind });
                 }
+                let splits =
+                    |s: &Strategy| spec.splits_from_strategy(kind, &node.name, s).map_err(|e| self.weight_note(NodeId(i), spec, s, e));
                 fixed[i] = match (&self.from_file[i], &node.strategy) {
-                    (Some(s), _) => {
-                        let splits = spec.splits_from_strategy(kind, &node.name, s).map_err(|e| in_strategy_file(req, e.into()))?;
-                        Some((splits, StrategySource::StrategyFile))
-                    }
-                    (None, Some(s)) if self.use_strategies => Some((spec.splits_from_strategy(kind, &node.name, s)?, StrategySource::User)),
+                    (Some(s), _) => Some((splits(s).map_err(|e| in_strategy_file(req, e))?, StrategySource::StrategyFile)),
+                    (None, Some(s)) if self.use_strategies => Some((splits(s)?, StrategySource::User)),
                     _ => None,
                 };
             }
         }
         Ok(fixed)
+    }
+
+    /// `e`, an invalid strategy `s` of matrix product `id`, with why when the product reads a
+    /// weight transposed (stored `[out, in]`, as torch.nn.Linear and MindSpore's nn.Dense store
+    /// it) and the strategy fits the weight the other way round (a MatMul written for an
+    /// `[in, out]` weight): the strategy that fits, with its weight's last two splits swapped.
+    fn weight_note(&self, id: NodeId, spec: &autopar_graph::OpSpec, s: &Strategy, e: autopar_graph::GraphError) -> ParallelError {
+        let node = self.graph.node(id);
+        let (ta, tb) = match &node.op {
+            OpKind::MatMul(m) => (m.transpose_a, m.transpose_b),
+            OpKind::BatchMatMul(m) => (m.transpose_a, m.transpose_b),
+            _ => return e.into(),
+        };
+        let swap_input = match (ta, tb) {
+            (false, true) => 1,
+            (true, false) => 0,
+            _ => return e.into(),
+        };
+        let Some(&weight) = node.inputs.get(swap_input).filter(|w| matches!(self.graph.node(**w).op, OpKind::Parameter(_))) else {
+            return e.into();
+        };
+        let mut swapped = s.clone();
+        match swapped.0.get_mut(swap_input) {
+            Some(splits) if splits.len() >= 2 => {
+                let k = splits.len();
+                splits.swap(k - 2, k - 1);
+            }
+            _ => return e.into(),
+        }
+        if spec.splits_from_strategy(node.op.kind(), &node.name, &swapped).is_err() {
+            return e.into();
+        }
+        let w = self.graph.node(weight);
+        ParallelError::TransposedWeight {
+            invalid: Box::new(e),
+            weight: w.name.clone(),
+            shape: w.ty.shape.clone(),
+            flag: if swap_input == 1 { "transpose_b" } else { "transpose_a" },
+            fits: swapped.to_string(),
+        }
     }
 
     /// auto_parallel: the search decides every strategy not fixed (pure data parallel, the

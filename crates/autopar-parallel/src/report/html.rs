@@ -16,26 +16,38 @@ use crate::Result;
 /// What a training run measured, shown beside the plan's predictions.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Measured {
+    /// The step the run started from (0, or a resumed checkpoint's).
+    pub first_step: u64,
     /// The loss of every step run.
     pub losses: Vec<f64>,
     /// Seconds of every step run (data wait included).
     pub step_seconds: Vec<f64>,
-    /// This process's peak resident set since it started (`VmHWM`), in bytes.
+    /// This process's peak resident set (`VmHWM`) at the run's last step, evaluation
+    /// aside, in bytes.
     pub peak_rss: Option<u64>,
     /// The ranks this process ran (every rank in process; one under mpirun).
     pub ranks_in_process: usize,
-    /// The plan's memory of those ranks together, in bytes.
+    /// The cores this process may run on.
+    pub cores: usize,
+    /// The plan's memory of those ranks together, in bytes (what the run holds itself to).
     pub plan_memory: u64,
-    /// What the runtime adds to the plan for those ranks (its stated overhead), in bytes.
+    /// What the runtime allows beyond the plan for those ranks (its stated overhead), in bytes.
     pub overhead: u64,
 }
 
 impl Measured {
-    /// The median step time, the first step (warm-up) aside when there are others.
-    pub fn median_step(&self) -> Option<f64> {
+    /// The median step time and how many steps it is of: the steps after the first (its
+    /// warm-up), or the first alone when it is the only one.
+    pub fn median_step(&self) -> Option<(f64, usize)> {
         let mut s: Vec<f64> = self.step_seconds.iter().skip(usize::from(self.step_seconds.len() > 1)).copied().collect();
         s.sort_by(f64::total_cmp);
-        s.get(s.len() / 2).copied()
+        let n = s.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => s[n / 2],
+            _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+        };
+        Some((median, n))
     }
 }
 
@@ -59,8 +71,10 @@ pub struct Page<'a> {
 pub const MOST_RANKS: usize = 64;
 
 /// The predicted memory of the job's ranks: every rank up to [`MOST_RANKS`], else that many
-/// spread evenly over the job (the first and the last among them).
-pub fn rank_memory(job: &JobPlan, optimizer_slots: usize) -> Result<Vec<(usize, Memory)>> {
+/// spread evenly over the job (the first and the last among them), on a communicator that
+/// packs a fused collective's parts into one buffer (`packs`: MPI's) or not (the in-process
+/// one).
+pub fn rank_memory(job: &JobPlan, optimizer_slots: usize, packs: bool) -> Result<Vec<(usize, Memory)>> {
     let n = job.device_num;
     let ranks: Vec<usize> = if n <= MOST_RANKS {
         (0..n).collect()
@@ -69,7 +83,7 @@ pub fn rank_memory(job: &JobPlan, optimizer_slots: usize) -> Result<Vec<(usize, 
         r.dedup();
         r
     };
-    ranks.into_iter().map(|r| Ok((r, job.program(r)?.memory(job, optimizer_slots)?))).collect()
+    ranks.into_iter().map(|r| Ok((r, job.program(r)?.memory_on(job, optimizer_slots, packs)?))).collect()
 }
 
 /// A sortable table: the header, then rows of cells, each its text and, for numbers, the
@@ -204,7 +218,7 @@ pub fn html(page: &Page<'_>) -> String {
     }
     s.push_str(&memory_section(page));
     s.push_str(&operators_section(r));
-    s.push_str(&parameters_section(r));
+    s.push_str(&parameters_section(r, page.facts.rank));
     s.push_str(&redistributions_section(r));
     if let Some(p) = page.pipeline {
         let _ = write!(s, "<h2 id=\"pipeline\">Pipeline</h2>\n<pre>{}</pre>\n", escape(&p.text()));
@@ -224,42 +238,65 @@ fn measured_section(page: &Page<'_>, m: &Measured) -> String {
     let predicted = page.report.predicted(page.facts);
     let mut s = String::from("<h2 id=\"measured\">Measured against the plan</h2>\n");
     let ms = |x: f64| format!("{:.2} ms", x * 1e3);
-    let mut rows = vec![vec![
-        text("step time"),
-        number(predicted.total(), ms(predicted.total())),
-        m.median_step().map_or(text("-"), |x| number(x, format!("{} (median of {} steps)", ms(x), m.step_seconds.len()))),
-    ]];
-    let planned = m.plan_memory + m.overhead;
-    rows.push(vec![
-        text(format!("memory of this process ({} rank{})", m.ranks_in_process, if m.ranks_in_process == 1 { "" } else { "s" })),
-        number(
-            planned as f64,
-            format!(
-                "{} ({} plan + {} overhead)",
-                human_bytes(planned as usize),
-                human_bytes(m.plan_memory as usize),
-                human_bytes(m.overhead as usize)
+    let measured_step = match (m.median_step(), m.step_seconds.len()) {
+        (Some((x, _)), 1) => number(x, format!("{} (the only step, its warm-up included)", ms(x))),
+        (Some((x, n)), _) => number(x, format!("{} (median of the {n} steps after the first)", ms(x))),
+        (None, _) => text("-"),
+    };
+    let ranks = format!("{} rank{}", m.ranks_in_process, if m.ranks_in_process == 1 { "" } else { "s" });
+    let rows = vec![
+        vec![
+            text(format!("step time ({ranks} on {} core{})", m.cores, if m.cores == 1 { "" } else { "s" })),
+            number(predicted.total(), ms(predicted.total())),
+            measured_step,
+        ],
+        vec![
+            text(format!("memory of this process ({ranks})")),
+            number(
+                m.plan_memory as f64,
+                format!(
+                    "{} the plan; the run's budget {} with the runtime's stated overhead",
+                    human_bytes(m.plan_memory as usize),
+                    human_bytes((m.plan_memory + m.overhead) as usize)
+                ),
             ),
-        ),
-        m.peak_rss.map_or(text("- (no /proc)"), |p| number(p as f64, format!("{} peak resident (VmHWM)", human_bytes(p as usize)))),
-    ]);
+            m.peak_rss.map_or(text("- (no /proc)"), |p| {
+                number(p as f64, format!("{} peak resident (VmHWM) at the last step", human_bytes(p as usize)))
+            }),
+        ],
+    ];
     s.push_str(&table("measured-table", &["figure", "predicted", "measured"], &rows));
-    if let Some(first) = m.step_seconds.first() {
-        let _ = writeln!(
-            s,
-            "<p class=\"note\">The first step ({}) includes warm-up; the prediction prices the device profile's rates, so a ratio far from 1 says the profile does not describe this machine (<code>autopar calibrate</code> measures one).</p>",
-            ms(*first)
+    let mut notes = Vec::new();
+    if let (Some(first), true) = (m.step_seconds.first(), m.step_seconds.len() > 1) {
+        notes.push(format!("The first step ({}) includes warm-up.", ms(*first)));
+    }
+    notes.push(
+        "The prediction gives each rank a device of the profile's rates and overlaps nothing; the memory row counts the process's own runtime (its binary, allocator, thread stacks) outside the plan, which the budget allows for."
+            .to_string(),
+    );
+    if m.ranks_in_process > m.cores {
+        notes.push(format!(
+            "This process ran {} ranks on {} cores: they took turns, so the measured step is about {:.1} times what {} devices would take.",
+            m.ranks_in_process,
+            m.cores,
+            m.ranks_in_process as f64 / m.cores.max(1) as f64,
+            m.ranks_in_process
+        ));
+    } else {
+        notes.push(
+            "A ratio far from 1 says the profile does not describe this machine (<code>autopar calibrate</code> measures one).".to_string(),
         );
     }
+    let _ = writeln!(s, "<p class=\"note\">{}</p>", notes.join(" "));
     if m.losses.len() > 1 {
-        let _ = write!(s, "<figure><figcaption>loss per step</figcaption>\n{}</figure>\n", loss_svg(&m.losses));
+        let _ = write!(s, "<figure><figcaption>loss per step</figcaption>\n{}</figure>\n", loss_svg(&m.losses, m.first_step));
     }
     s
 }
 
-/// The loss curve as an SVG polyline, with its first and last values.
-fn loss_svg(losses: &[f64]) -> String {
-    let (w, h, left, top, bottom) = (720.0f64, 220.0f64, 50.0f64, 30.0f64, 200.0f64);
+/// The loss curve as an SVG polyline, its first and last steps and values written.
+fn loss_svg(losses: &[f64], first_step: u64) -> String {
+    let (w, h, left, top, bottom) = (720.0f64, 240.0f64, 50.0f64, 30.0f64, 200.0f64);
     let finite: Vec<f64> = losses.iter().copied().filter(|x| x.is_finite()).collect();
     let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -272,14 +309,17 @@ fn loss_svg(losses: &[f64]) -> String {
         .map(|(i, l)| format!("{:.1},{:.1}", left + i as f64 / n * (w - 2.0 * left), bottom - (l - lo) / span * (bottom - top)))
         .collect();
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 0.0) };
+    let (a, b) = (first_step + 1, first_step + losses.len() as u64);
     format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="11"><rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#ccc"/><polyline points="{}" fill="none" stroke="steelblue" stroke-width="1.5"/><text x="{left}" y="20">loss {:.4} at the first step, {:.4} at the last ({} steps; from {lo:.4} to {hi:.4})</text></svg>"##,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="11"><rect x="{left}" y="{top}" width="{}" height="{}" fill="none" stroke="#ccc"/><polyline points="{}" fill="none" stroke="steelblue" stroke-width="1.5"/><text x="{left}" y="20">loss {:.4} at step {a}, {:.4} at step {b} (from {lo:.4} to {hi:.4})</text><text x="{left}" y="{}">step {a}</text><text x="{}" y="{}" text-anchor="end">step {b}</text></svg>"##,
         w - 2.0 * left,
         bottom - top,
         points.join(" "),
         losses.first().copied().unwrap_or(0.0),
         losses.last().copied().unwrap_or(0.0),
-        losses.len(),
+        bottom + 16.0,
+        w - left,
+        bottom + 16.0,
     )
 }
 
@@ -364,8 +404,9 @@ fn operators_section(r: &PlanReport<'_>) -> String {
 }
 
 /// Every parameter's layout, its slice, its mirror group and its optimizer shard.
-fn parameters_section(r: &PlanReport<'_>) -> String {
+fn parameters_section(r: &PlanReport<'_>, world_rank: usize) -> String {
     let plan = r.plan;
+    // In a pipeline the plan's ranks are positions in a stage: groups in world ranks.
     let rank = r.cost.rank;
     let rows: Vec<Vec<(String, Option<f64>)>> = plan
         .params
@@ -375,7 +416,9 @@ fn parameters_section(r: &PlanReport<'_>) -> String {
             let numel: usize = l.shape().iter().product();
             let shard = match &p.opt {
                 OptDecision::Disabled => "-".to_string(),
-                OptDecision::Sharded(sh) => format!("over {} ranks, stores {:?}", sh.size, p.stored_shape()),
+                OptDecision::Sharded(sh) => {
+                    format!("over {}, stores {:?}", group_text(&r.world_group(&p.name, &sh.group(rank)).0), p.stored_shape())
+                }
                 OptDecision::Whole(why) => format!("whole: {why}"),
             };
             vec![
@@ -387,7 +430,10 @@ fn parameters_section(r: &PlanReport<'_>) -> String {
                 text(format!("{:?}", l.slice_shape())),
                 bytes(l.slice_len() * p.dtype.size()),
                 if p.trainable {
-                    number(p.mirror.iter().map(|a| a.size).product::<usize>() as f64, group_text(&p.mirror_group(rank)))
+                    number(
+                        p.mirror.iter().map(|a| a.size).product::<usize>() as f64,
+                        group_text(&r.world_group(&p.name, &p.mirror_group(rank)).0),
+                    )
                 } else {
                     text("frozen")
                 },
@@ -397,7 +443,7 @@ fn parameters_section(r: &PlanReport<'_>) -> String {
         .collect();
     let head = ["name", "shape", "dtype", "dev_matrix", "tensor_map", "slice", "slice bytes", "gradient summed over", "optimizer shard"];
     format!(
-        "<h2 id=\"parameters\">Parameter layouts ({})</h2>\n<p class=\"note\">MindSpore's dev_matrix and tensor_map; the groups are rank {rank}'s.</p>\n{}",
+        "<h2 id=\"parameters\">Parameter layouts ({})</h2>\n<p class=\"note\">MindSpore's dev_matrix and tensor_map; the groups are rank {world_rank}'s.</p>\n{}",
         rows.len(),
         table("parameters-table", &head, &rows)
     )
@@ -443,15 +489,18 @@ mod tests {
     #[test]
     fn the_median_step_leaves_the_first_aside() {
         let m = Measured { step_seconds: vec![9.0, 1.0, 3.0, 2.0], ..Default::default() };
-        assert_eq!(m.median_step(), Some(2.0));
+        assert_eq!(m.median_step(), Some((2.0, 3)));
+        let even = Measured { step_seconds: vec![9.0, 1.0, 3.0, 2.0, 4.0], ..Default::default() };
+        assert_eq!(even.median_step(), Some((2.5, 4)));
         let one = Measured { step_seconds: vec![4.0], ..Default::default() };
-        assert_eq!(one.median_step(), Some(4.0));
+        assert_eq!(one.median_step(), Some((4.0, 1)));
         assert_eq!(Measured::default().median_step(), None);
     }
 
     #[test]
     fn the_loss_curve_has_a_point_per_finite_step() {
-        let svg = loss_svg(&[3.0, 2.0, f64::NAN, 1.0]);
+        let svg = loss_svg(&[3.0, 2.0, f64::NAN, 1.0], 5);
+        assert!(svg.contains("at step 6") && svg.contains("at step 9"), "{svg}");
         let points = svg.split("points=\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or_default();
         assert_eq!(points.split(' ').count(), 3);
     }

@@ -89,6 +89,19 @@ fn column_dim(l: &TensorLayout, j: usize) -> usize {
     1
 }
 
+/// The device-matrix axis (1 or more) whose coordinate changes between columns `j - 1` and
+/// `j` of a matrix drawn with axis 0 down and the others across.
+fn mesh_column_axis(dims: &[usize], j: usize) -> usize {
+    let mut inner = 1;
+    for a in (1..dims.len()).rev() {
+        inner *= dims[a];
+        if !j.is_multiple_of(inner) {
+            return a;
+        }
+    }
+    1
+}
+
 /// `l`'s slices in the box (x, y, w, h): tinted by the axis cutting them, the cuts drawn in
 /// their axis' colour, each slice's first rank and replicas written where they fit.
 fn draw_slices(s: &mut String, l: &TensorLayout, (x0, y0, w, h): (f64, f64, f64, f64)) {
@@ -111,6 +124,8 @@ fn draw_slices(s: &mut String, l: &TensorLayout, (x0, y0, w, h): (f64, f64, f64,
                 r#"<rect x="{x:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{fill}" stroke="none"><title>slice ({i}, {j}): rank {first} and {} more</title></rect>"#,
                 count.saturating_sub(1)
             );
+            // Two lines where they fit, else one ("r8 x2"), else the tooltip alone.
+            let one = format!("r{first} x{count}");
             if cw > 46.0 && ch > 26.0 {
                 let _ = write!(
                     s,
@@ -120,6 +135,8 @@ fn draw_slices(s: &mut String, l: &TensorLayout, (x0, y0, w, h): (f64, f64, f64,
                     x + 4.0,
                     y + 25.0
                 );
+            } else if cw > one.len() as f64 * CHAR + 6.0 && ch > 13.0 {
+                let _ = write!(s, r#"<text x="{:.1}" y="{:.1}">{one}</text>"#, x + 3.0, y + ch / 2.0 + 4.0);
             }
         }
     }
@@ -246,6 +263,28 @@ pub fn split_svg(plan: &ParallelPlan, count: usize) -> String {
             }
         }
     }
+    // The matrix's cuts in its axes' colours: rows by axis 0 (one axis: the ranks across
+    // by it), columns by the axis whose coordinate changes there.
+    let mesh_top = top + 26.0;
+    for i in 1..shown_mr {
+        let y = mesh_top + i as f64 * mch;
+        let _ = write!(
+            s,
+            r#"<line x1="20" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="hsl({},80%,40%)" stroke-width="2"/>"#,
+            20.0 + shown_mc as f64 * mcw,
+            hue(0)
+        );
+    }
+    for j in 1..shown_mc {
+        let axis = if dims.len() > 1 { mesh_column_axis(&dims, j) } else { 0 };
+        let x = 20.0 + j as f64 * mcw;
+        let _ = write!(
+            s,
+            r#"<line x1="{x:.1}" y1="{mesh_top:.1}" x2="{x:.1}" y2="{:.1}" stroke="hsl({},80%,40%)" stroke-width="2"/>"#,
+            mesh_top + shown_mr as f64 * mch,
+            hue(axis)
+        );
+    }
     if mesh_rows > shown_mr || mesh_cols > shown_mc {
         caption(&mut s, 20.0, tensors_top - 12.0, &format!("showing {shown_mr} x {shown_mc} of {mesh_rows} x {mesh_cols} ranks"));
     }
@@ -303,6 +342,9 @@ mod tests {
         assert_eq!(column_dim(&l, 3), 1);
         assert_eq!(column_dim(&l, 1), 2);
         assert_eq!(column_dim(&l, 4), 2);
+        // A [2, 2, 3] matrix: columns over axes 1 and 2, axis 1 changing at 3.
+        assert_eq!(mesh_column_axis(&[2, 2, 3], 3), 1);
+        assert_eq!(mesh_column_axis(&[2, 2, 3], 2), 2);
     }
 
     #[test]

@@ -377,9 +377,10 @@ pub fn open_training_data(
 
 /// Refuses, before any work, an output file `flag` names that could not be written: a folder
 /// by that name, or a file where one of its folders should be (missing folders are made).
-pub fn check_output_file(path: &Path, flag: &str) -> Result<()> {
+/// `example` names a file the hint suggests.
+pub fn check_output_file(path: &Path, flag: &str, example: &str) -> Result<()> {
     if path.is_dir() {
-        bail!("{flag} {} is a folder\nhint: name a file in it, e.g. {}", path.display(), path.join("report.html").display());
+        bail!("{flag} {} is a folder\nhint: name a file in it, e.g. {}", path.display(), path.join(example).display());
     }
     let mut at = path.parent();
     while let Some(p) = at.filter(|p| !p.as_os_str().is_empty()) {

@@ -95,6 +95,11 @@ pub struct PlanArgs {
 /// Runs `autopar plan`: writes the plan report to `out`.
 pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
     refuse_output_conflicts(&args)?;
+    for (path, flag, example) in [(&args.svg, "--svg", "plan.svg"), (&args.html, "--html", "plan.html")] {
+        if let Some(path) = path {
+            super::common::check_output_file(path, flag, example)?;
+        }
+    }
     let file = read_config(args.config.as_deref())?;
     let ctx = parallel_context(&compared_parallel(&args, &file)?, &file)?;
     let (name, mut opts) = model_options(&args.model, &file)?;
@@ -158,7 +163,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         recompute: &recompute,
     })?;
     spinner.step(format!("rank {rank}'s program"));
-    let cost = rank_cost(&job, rank, optimizer.state_slots())?;
+    let cost = rank_cost(&job, rank, optimizer.state_slots(), true)?;
     let seconds = started.elapsed().as_secs_f64();
     drop(spinner);
     let quiet = args.json || args.mindspore_layouts;
@@ -183,7 +188,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
             write_file(path, &pictures[0].1, !args.json)?;
         }
         if let Some(path) = &args.html {
-            write_file(path, &page_html(&job, report, pipeline, &facts, &pictures, None)?, !args.json)?;
+            write_file(path, &page_html(&job, report, pipeline, &facts, &pictures, None, true)?, !args.json)?;
         }
         if pipeline.is_none() && facts.micro > 1 && args.full && !args.json {
             writeln!(
@@ -199,12 +204,12 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
 
 /// Rank `rank`'s predicted cost of a step of `job`, with the memory the run itself checks
 /// and reports (a pipeline rank's stage with the activations of the micro-batches it holds at
-/// once).
-pub(super) fn rank_cost(job: &JobPlan, rank: usize, slots: usize) -> Result<RankCost> {
+/// once), on a communicator that packs a fused collective's parts (`packs`: MPI's) or not.
+pub(super) fn rank_cost(job: &JobPlan, rank: usize, slots: usize, packs: bool) -> Result<RankCost> {
     let (_, position) = job.place(rank);
     let program = rank_program(&job.plan, position)?;
     let mut cost = RankCost::of(&program, slots)?;
-    cost.memory = job.program(rank)?.memory(job, slots)?;
+    cost.memory = job.program(rank)?.memory_on(job, slots, packs)?;
     Ok(cost)
 }
 
@@ -404,7 +409,14 @@ fn pictures(report: &PlanReport<'_>, pipeline: Option<&PipelineReport>, summary:
         let unit = report.predicted(&summary.facts(Some(p))).unit;
         out.push(("the pipeline's schedule, one row per stage".to_string(), p.svg(Some(unit))));
     }
-    out.push(("the device matrix and how the biggest parameters are split over it".to_string(), split_svg(report.plan, 4)));
+    let what = match pipeline {
+        Some(_) => format!(
+            "one stage's device matrix, its ranks numbered by their position in the stage (stage s, position p: rank s x {} + p), and how the biggest tensors are split over it",
+            report.plan.device_num
+        ),
+        None => "the device matrix and how the biggest tensors are split over it".to_string(),
+    };
+    out.push((what, split_svg(report.plan, 4)));
     out
 }
 
@@ -416,16 +428,20 @@ pub(super) fn page_html(
     f: &Facts<'_>,
     pictures: &[(String, String)],
     measured: Option<&Measured>,
+    packs: bool,
 ) -> Result<String> {
-    let ranks = rank_memory(job, f.slots)?;
+    let ranks = rank_memory(job, f.slots, packs)?;
     let facts = f.summary.facts(pipeline);
     Ok(html(&Page { report, facts: &facts, pipeline, ranks: &ranks, pictures, measured }))
 }
 
-/// The plan's web page of `job` on `f.rank`, with a training run's measurements.
-pub(super) fn page(job: &JobPlan, f: &Facts<'_>, measured: Option<&Measured>) -> Result<String> {
-    let cost = rank_cost(job, f.rank, f.slots)?;
-    with_report(job, &cost, f, |report, pipeline| page_html(job, report, pipeline, f, &pictures(report, pipeline, &f.summary), measured))
+/// The plan's web page of `job` on `f.rank`, with a training run's measurements, its memory on
+/// a communicator that packs a fused collective's parts (`packs`: MPI's) or not.
+pub(super) fn page(job: &JobPlan, f: &Facts<'_>, measured: Option<&Measured>, packs: bool) -> Result<String> {
+    let cost = rank_cost(job, f.rank, f.slots, packs)?;
+    with_report(job, &cost, f, |report, pipeline| {
+        page_html(job, report, pipeline, f, &pictures(report, pipeline, &f.summary), measured, packs)
+    })
 }
 
 /// A plan report as JSON, or as text: its header and summary, then with `--full` the

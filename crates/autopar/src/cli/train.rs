@@ -339,7 +339,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     // Under mpirun every process trains one rank; only rank 0 prints results.
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
     if let Some(path) = pick!(s, report) {
-        super::common::check_output_file(&path, "--report")?;
+        super::common::check_output_file(&path, "--report", "report.html")?;
     }
     let outputs = callbacks(&s, trainer.config(), total, spe)?;
     let mode = mode_description(&trainer)?;
@@ -362,8 +362,7 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
     }
     let summary = summarise(&s, &trainer, &report, data.eval.is_some(), (spe, total))?;
     if let Some(path) = pick!(s, report) {
-        let step_seconds = outputs.step_seconds.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        write_report(&path, &trainer, &report, model.as_ref(), step_seconds)?;
+        write_report(&path, &trainer, &report, model.as_ref(), (&outputs.memory, &outputs.step_seconds))?;
     }
     let memory: Vec<MemorySample> = outputs.memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let facts = Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory };
@@ -583,12 +582,20 @@ fn with_checkpoints(s: &Settings, mut cfg: TrainConfig, model: &str) -> Result<T
     Ok(cfg)
 }
 
-/// `--report`: the plan's page of the run's job, on rank 0, with what the run measured.
-fn write_report(path: &Path, trainer: &Trainer, report: &TrainReport, model: &dyn Model, step_seconds: Vec<f64>) -> Result<()> {
+/// `--report`: the plan's page of the run's job, on rank 0, with what the run measured: its
+/// step times, and its memory at the last step (evaluation aside).
+fn write_report(
+    path: &Path,
+    trainer: &Trainer,
+    report: &TrainReport,
+    model: &dyn Model,
+    (memory, step_seconds): (&std::sync::Mutex<Vec<MemorySample>>, &std::sync::Mutex<Vec<f64>>),
+) -> Result<()> {
     let cfg = trainer.config();
     let job = report.job().plan();
     let slots = cfg.optimizer.kind.state_slots();
-    let ranks = if autopar_comm::launch::mpi_world_size().is_some() { 1 } else { cfg.parallel.devices() };
+    let mpi = autopar_comm::launch::mpi_world_size().is_some();
+    let ranks = if mpi { 1 } else { cfg.parallel.devices() };
     let micro = trainer.micro_batches()?;
     let summary = super::plan::Summary {
         profile: cfg.profile.clone().unwrap_or_else(autopar_parallel::search::DeviceProfile::builtin),
@@ -607,15 +614,18 @@ fn write_report(path: &Path, trainer: &Trainer, report: &TrainReport, model: &dy
         optimizer,
         slots,
     };
+    let last_sample = memory.lock().unwrap_or_else(|p| p.into_inner()).last().map(|m| m.peak_rss);
     let measured = Measured {
+        first_step: report.first_step,
         losses: report.losses.clone(),
-        step_seconds,
-        peak_rss: resident_memory().map(|(peak, _)| peak),
+        step_seconds: step_seconds.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        peak_rss: last_sample.or_else(|| resident_memory().map(|(peak, _)| peak)),
         ranks_in_process: ranks,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         plan_memory: report.plan_memory,
         overhead: autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64,
     };
-    let html = super::plan::page(job, &facts, Some(&measured))?;
+    let html = super::plan::page(job, &facts, Some(&measured), mpi)?;
     autopar_data::write_atomic(path, html.as_bytes())
         .with_context(|| format!("cannot write the report {}\nhint: check that the folder exists and is writable", path.display()))?;
     eprintln!("autopar train: wrote {}", path.display());
