@@ -204,6 +204,28 @@ recompute_cli() {
 check recompute_cli 2 --model resnet18 --width 4 --input-shape 3,16,16 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel-mode data_parallel
 check recompute_cli 4 --model gpt --width 32 --depth 2 --heads 2 --input-shape 16 --num-classes 32 --data synthetic --synthetic-samples 256 --steps 4 --batch-size 16 --parallel pipeline_stages=2 --micro-batches 4
 
+# `--report` under mpirun: rank 0 writes the page, with every rank's measured peak beside the
+# plan (each process one rank).
+report_page() {
+    local bin="${CARGO_TARGET_DIR:-target}/debug/autopar" dir out
+    dir=$(mktemp -d)
+    echo "mpi-tests: mpirun -n 4 autopar train --report writes every rank's measured memory"
+    out=$(timeout 300 mpirun -n 4 "${flags[@]}" "$bin" train --model mlp --data synthetic --synthetic-samples 512 --steps 3 --devices 4 --eval false --report "$dir/run.html" 2>&1) || { echo "$out" >&2; return 1; }
+    grep -q "measured: its process's peak resident (VmHWM)" "$dir/run.html" || { echo "mpi-tests: the page has no measured column" >&2; return 1; }
+    # Four rows, each with a measured peak of more than 1 MiB (the last number of its row).
+    [ "$(sed -n '/id="memory-table"/,/<\/table>/p' "$dir/run.html" | grep -o '<tr><td class="num" data-v="[0-9]*">' | wc -l)" = 4 ] || { echo "mpi-tests: not 4 ranks in the memory table" >&2; return 1; }
+    python3 - "$dir/run.html" <<'PY'
+import re, sys
+page = open(sys.argv[1]).read()
+table = page[page.index('id="memory-table"'):]
+table = table[:table.index('</table>')]
+rows = table.split('<tr>')[2:]
+peaks = [float(re.findall(r'data-v="([0-9.e+]+)"', r)[-1]) for r in rows]
+assert len(peaks) == 4 and all(p > 1 << 20 for p in peaks), peaks
+PY
+}
+check report_page
+
 # A run saved on 4 in-process devices under a model-parallel strategy resumes under
 # `mpirun -n 2` (data_parallel) exactly as it resumes on 2 in-process devices.
 resume_anywhere() {

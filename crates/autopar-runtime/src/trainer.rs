@@ -378,6 +378,10 @@ pub struct TrainReport {
     pub init_kept: Vec<String>,
     /// The names of the trainable parameters among `params` (the others are frozen).
     pub trainable: Vec<String>,
+    /// Under mpirun, each rank's process's peak resident set (`VmHWM`) since it started, in
+    /// bytes, by rank, taken after training and evaluation (0 where `/proc` does not exist);
+    /// empty in process, where the ranks share one process.
+    pub peak_rss_by_rank: Vec<u64>,
 }
 
 impl TrainReport {
@@ -526,6 +530,8 @@ struct RankOut {
     setup_secs: f64,
     /// The plan's memory of this rank's step, in bytes.
     plan_memory: u64,
+    /// Under mpirun, every rank's process's peak resident set (empty in process).
+    peak_rss_by_rank: Vec<u64>,
 }
 
 /// The parameter pieces of the ranks a process ran, by global rank.
@@ -802,6 +808,7 @@ impl Trainer {
             init_ignored: Vec::new(),
             init_kept: Vec::new(),
             trainable: plan.trainable.clone(),
+            peak_rss_by_rank: out0.peak_rss_by_rank,
         }
     }
 
@@ -873,6 +880,7 @@ impl Trainer {
                 }
             }
             let mut o = self.run_rank(plan, &comm, callbacks)?;
+            o.peak_rss_by_rank = peaks_by_rank(&comm)?;
             // Full parameters on rank 0 only when asked for (every process keeps its own pieces).
             let gathered = if self.cfg.gather_params { crate::assemble::gather_full_params(job, &comm, &o.params)? } else { None };
             let pieces = vec![(comm.rank(), std::mem::take(&mut o.params))];
@@ -1183,7 +1191,7 @@ impl Trainer {
             }
             _ => None,
         };
-        Ok(RankOut { losses, params, eval, checkpoints, wall_secs, last_step: step, setup_secs, plan_memory })
+        Ok(RankOut { losses, params, eval, checkpoints, wall_secs, last_step: step, setup_secs, plan_memory, peak_rss_by_rank: Vec::new() })
     }
 
     /// This rank's checkpoint at `step`, written atomically. With `keep_checkpoint_max`, the
@@ -1498,6 +1506,15 @@ fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u
         opt.step(&mut none, &[])?;
     }
     Ok(())
+}
+
+/// Every rank's process's peak resident set (`VmHWM`), gathered on every rank.
+#[cfg(feature = "mpi")]
+fn peaks_by_rank(comm: &dyn Communicator) -> TrainResult<Vec<u64>> {
+    let own = vec![crate::budget::ProcessMemory::now().map_or(0, |m| m.peak as i64)];
+    let mut all = vec![0i64; comm.size()];
+    comm.all_gather((&own).into(), (&mut all).into()).map_err(|e| TrainError::Runtime(RuntimeError::comm(CommPhase::Run)(e)))?;
+    Ok(all.into_iter().map(|b| b.max(0) as u64).collect())
 }
 
 /// A new run's id: rank 0's random 64 bits, in hex, broadcast to every rank.

@@ -33,6 +33,9 @@ pub struct Measured {
     pub plan_memory: u64,
     /// What the runtime allows beyond the plan for those ranks (its stated overhead), in bytes.
     pub overhead: u64,
+    /// Under mpirun, every rank's process's peak resident set (`VmHWM`), by rank; empty in
+    /// process.
+    pub peak_rss_by_rank: Vec<u64>,
 }
 
 impl Measured {
@@ -339,12 +342,22 @@ fn memory_section(page: &Page<'_>) -> String {
             escape(&l.what)
         );
     }
-    let head = ["rank", "parameters", "gradients", "optimizer state", "peak activations", "activations alone", "comm buffers", "total"];
+    let mut head =
+        vec!["rank", "parameters", "gradients", "optimizer state", "peak activations", "activations alone", "comm buffers", "total"];
+    // Under mpirun each rank's process measured itself.
+    let measured = page.measured.map(|m| &m.peak_rss_by_rank[..]).filter(|p| !p.is_empty());
+    if measured.is_some() {
+        head.push("measured: its process's peak resident (VmHWM)");
+        let _ = writeln!(
+            s,
+            "<p class=\"note\">Measured: each rank's process, one rank each under mpirun, since it started (evaluation included), beside the plan's total; the process's own runtime (binary, allocator, buffers) is outside the plan.</p>"
+        );
+    }
     let rows: Vec<Vec<(String, Option<f64>)>> = page
         .ranks
         .iter()
         .map(|(rank, m)| {
-            vec![
+            let mut row = vec![
                 number(*rank as f64, rank.to_string()),
                 bytes(m.parameters),
                 bytes(m.gradients),
@@ -353,7 +366,11 @@ fn memory_section(page: &Page<'_>) -> String {
                 bytes(m.activations),
                 bytes(m.comm_buffers),
                 bytes(m.total()),
-            ]
+            ];
+            if let Some(p) = measured {
+                row.push(p.get(*rank).map_or(text("-"), |&b| bytes(b as usize)));
+            }
+            row
         })
         .collect();
     let mut t = table("memory-table", &head, &rows);

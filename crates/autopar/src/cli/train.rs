@@ -624,6 +624,7 @@ fn write_report(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         plan_memory: report.plan_memory,
         overhead: autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64,
+        peak_rss_by_rank: report.peak_rss_by_rank.clone(),
     };
     let html = super::plan::page(job, &facts, Some(&measured), mpi)?;
     autopar_data::write_atomic(path, html.as_bytes())
