@@ -29,6 +29,14 @@ def test_plan_returns_the_report_as_a_dict():
     assert isinstance(layouts, str) and "fc1.weight: ([8]" in layouts
 
 
+def test_plan_and_train_write_the_web_page(tmp_path):
+    autopar.plan(model="mlp", devices=4, html=str(tmp_path / "plan.html"))
+    page = (tmp_path / "plan.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and 'id="operators-table"' in page
+    autopar.train(model="mlp", data="synthetic", synthetic_samples=256, steps=2, devices=2, eval=False, report=str(tmp_path / "run.html"))
+    assert 'id="measured"' in (tmp_path / "run.html").read_text()
+
+
 def test_train_on_simulated_devices_equals_stand_alone(tmp_path):
     summary = autopar.train(
         model="mlp", data="synthetic", synthetic_samples=512, steps=4, devices=4, parallel_mode="data_parallel",
