@@ -34,6 +34,11 @@ pub fn mpi_world_size() -> Option<usize> {
     env_number(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
 }
 
+/// The processes `mpirun` started on this host (OpenMPI's or MPICH's environment), else `None`.
+pub fn mpi_local_size() -> Option<usize> {
+    env_number(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"])
+}
+
 /// This process's rank when it was started by `mpirun`, else `None`.
 pub fn mpi_rank() -> Option<usize> {
     env_number(&["OMPI_COMM_WORLD_RANK", "PMI_RANK"])

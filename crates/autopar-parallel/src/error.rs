@@ -189,7 +189,7 @@ pub enum ParallelError {
 
     /// A matrix product's strategy does not fit its transposed weight, but fits it the other
     /// way round: written for a weight stored `[in, out]`.
-    #[error("{}\n  note: {weight} is stored transposed, [out, in] = {shape:?} (read with {flag}, as torch.nn.Linear and MindSpore's nn.Dense store it); the strategy fits a weight stored [in, out], as a MatMul without {flag} reads it\nhint: for this weight, swap its last two splits: {fits}", without_hint(.invalid))]
+    #[error("{}\n  note: {weight} is stored transposed, [out, in] = {shape:?} (read with transpose_b, as torch.nn.Linear and MindSpore's nn.Dense store it); the strategy fits a weight stored [in, out], as a MatMul without transpose_b reads it\nhint: for this weight, swap its last two splits: {fits}", without_hint(.invalid))]
     TransposedWeight {
         /// The strategy's error.
         invalid: Box<autopar_graph::GraphError>,
@@ -197,8 +197,6 @@ pub enum ParallelError {
         weight: String,
         /// Its shape.
         shape: Vec<usize>,
-        /// The product's flag that reads it transposed.
-        flag: &'static str,
         /// The strategy with the weight's last two splits swapped, which fits.
         fits: String,
     },

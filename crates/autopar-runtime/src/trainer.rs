@@ -379,9 +379,9 @@ pub struct TrainReport {
     /// The names of the trainable parameters among `params` (the others are frozen).
     pub trainable: Vec<String>,
     /// Under mpirun, each rank's process's peak resident set (`VmHWM`) since it started, in
-    /// bytes, by rank, taken after training and evaluation (0 where `/proc` does not exist);
-    /// empty in process, where the ranks share one process.
-    pub peak_rss_by_rank: Vec<u64>,
+    /// bytes, by rank, taken at the end of training, before evaluation (None where `/proc`
+    /// does not exist); empty in process, where the ranks share one process.
+    pub peak_rss_by_rank: Vec<Option<u64>>,
 }
 
 impl TrainReport {
@@ -531,7 +531,7 @@ struct RankOut {
     /// The plan's memory of this rank's step, in bytes.
     plan_memory: u64,
     /// Under mpirun, every rank's process's peak resident set (empty in process).
-    peak_rss_by_rank: Vec<u64>,
+    peak_rss_by_rank: Vec<Option<u64>>,
 }
 
 /// The parameter pieces of the ranks a process ran, by global rank.
@@ -880,7 +880,6 @@ impl Trainer {
                 }
             }
             let mut o = self.run_rank(plan, &comm, callbacks)?;
-            o.peak_rss_by_rank = peaks_by_rank(&comm)?;
             // Full parameters on rank 0 only when asked for (every process keeps its own pieces).
             let gathered = if self.cfg.gather_params { crate::assemble::gather_full_params(job, &comm, &o.params)? } else { None };
             let pieces = vec![(comm.rank(), std::mem::take(&mut o.params))];
@@ -1179,6 +1178,13 @@ impl Trainer {
         let wall_secs = started.elapsed().as_secs_f64();
         drop(opt);
         let params = trainer.into_params();
+        // Under mpirun each process runs one rank and measures it: gathered now, before the
+        // evaluation, as the figure of the training the plan describes.
+        #[cfg(feature = "mpi")]
+        let peak_rss_by_rank =
+            if autopar_comm::launch::mpi_world_size().is_some() && !self.in_process { peaks_by_rank(comm)? } else { Vec::new() };
+        #[cfg(not(feature = "mpi"))]
+        let peak_rss_by_rank = Vec::new();
         let eval = match &self.eval {
             Some(data) if step > plan.resume.as_ref().map_or(0, |r| r.pos.step) => {
                 let trained = evaluate::EvalParams::Trained { job: plan.job, store: &params, budget: plan_memory };
@@ -1191,7 +1197,7 @@ impl Trainer {
             }
             _ => None,
         };
-        Ok(RankOut { losses, params, eval, checkpoints, wall_secs, last_step: step, setup_secs, plan_memory, peak_rss_by_rank: Vec::new() })
+        Ok(RankOut { losses, params, eval, checkpoints, wall_secs, last_step: step, setup_secs, plan_memory, peak_rss_by_rank })
     }
 
     /// This rank's checkpoint at `step`, written atomically. With `keep_checkpoint_max`, the
@@ -1510,11 +1516,12 @@ fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u
 
 /// Every rank's process's peak resident set (`VmHWM`), gathered on every rank.
 #[cfg(feature = "mpi")]
-fn peaks_by_rank(comm: &dyn Communicator) -> TrainResult<Vec<u64>> {
-    let own = vec![crate::budget::ProcessMemory::now().map_or(0, |m| m.peak as i64)];
+/// (None where `/proc` does not exist.)
+fn peaks_by_rank(comm: &dyn Communicator) -> TrainResult<Vec<Option<u64>>> {
+    let own = vec![crate::budget::ProcessMemory::now().map_or(-1, |m| m.peak as i64)];
     let mut all = vec![0i64; comm.size()];
     comm.all_gather((&own).into(), (&mut all).into()).map_err(|e| TrainError::Runtime(RuntimeError::comm(CommPhase::Run)(e)))?;
-    Ok(all.into_iter().map(|b| b.max(0) as u64).collect())
+    Ok(all.into_iter().map(|b| u64::try_from(b).ok()).collect())
 }
 
 /// A new run's id: rank 0's random 64 bits, in hex, broadcast to every rank.

@@ -606,6 +606,11 @@ fn a_strategy_for_a_weight_stored_the_other_way_says_why() {
         assert!(err.contains(part), "{part} missing: {err}");
     }
     assert_eq!(err.matches("hint:").count(), 1, "{err}");
+    // The swapped strategy must plan too: on 2 devices it would use 8, so no suggestion.
+    let o = autopar(dir.path(), &["plan", "--model", "mlp", "--devices", "2", "--strategy", "in_out.json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(!err.contains("stored transposed"), "{err}");
     file("out_in.json", serde_json::json!([[2, 1], [4, 1]]));
     ok(dir.path(), &["plan", "--model", "mlp", "--devices", "8", "--strategy", "out_in.json"]);
     file("wrong.json", serde_json::json!([[2, 2], [4, 1]]));

@@ -156,7 +156,7 @@ fn a_pipeline_page_shows_its_schedule() {
     assert!(html.contains("schedule"));
     // Groups in world ranks: rank 5's stage holds ranks 4 to 7; the split picture says its
     // ranks are positions in a stage.
-    assert!(html.contains("the groups are rank 5's") && html.contains("4 ranks [4, 5, 6, 7]"), "{html}");
+    assert!(html.contains("position 1 of each parameter's stage") && html.contains("4 ranks [4, 5, 6, 7]"), "{html}");
     assert!(html.contains("its ranks numbered by their position in the stage"));
     let Some(browser) = chromium() else { return };
     let dom = rendered(&browser, &page);

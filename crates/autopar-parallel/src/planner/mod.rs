@@ -328,11 +328,11 @@ impl<'a> Network<'a> {
             OpKind::BatchMatMul(m) => (m.transpose_a, m.transpose_b),
             _ => return e.into(),
         };
-        let swap_input = match (ta, tb) {
-            (false, true) => 1,
-            (true, false) => 0,
-            _ => return e.into(),
-        };
+        // A weight read transposed as the second operand: stored [out, in].
+        if ta || !tb {
+            return e.into();
+        }
+        let swap_input = 1;
         let Some(&weight) = node.inputs.get(swap_input).filter(|w| matches!(self.graph.node(**w).op, OpKind::Parameter(_))) else {
             return e.into();
         };
@@ -344,7 +344,12 @@ impl<'a> Network<'a> {
             }
             _ => return e.into(),
         }
-        if spec.splits_from_strategy(node.op.kind(), &node.name, &swapped).is_err() {
+        // The suggestion must plan: its splits agree, divide the shapes and use the devices.
+        let kind = node.op.kind();
+        let fits = spec
+            .splits_from_strategy(kind, &node.name, &swapped)
+            .and_then(|splits| spec.layouts(kind, &node.name, &input_types(self.graph, node), &node.ty, &splits, self.n));
+        if fits.is_err() {
             return e.into();
         }
         let w = self.graph.node(weight);
@@ -352,7 +357,6 @@ impl<'a> Network<'a> {
             invalid: Box::new(e),
             weight: w.name.clone(),
             shape: w.ty.shape.clone(),
-            flag: if swap_input == 1 { "transpose_b" } else { "transpose_a" },
             fits: swapped.to_string(),
         }
     }

@@ -33,9 +33,12 @@ pub struct Measured {
     pub plan_memory: u64,
     /// What the runtime allows beyond the plan for those ranks (its stated overhead), in bytes.
     pub overhead: u64,
-    /// Under mpirun, every rank's process's peak resident set (`VmHWM`), by rank; empty in
-    /// process.
-    pub peak_rss_by_rank: Vec<u64>,
+    /// Under mpirun, every rank's process's peak resident set (`VmHWM`) at the end of
+    /// training, by rank (None: not measured); empty in process.
+    pub peak_rss_by_rank: Vec<Option<u64>>,
+    /// The ranks that shared this host's cores: every rank in process; under mpirun the
+    /// processes started on this host, one rank each.
+    pub ranks_on_host: usize,
 }
 
 impl Measured {
@@ -246,10 +249,11 @@ fn measured_section(page: &Page<'_>, m: &Measured) -> String {
         (Some((x, n)), _) => number(x, format!("{} (median of the {n} steps after the first)", ms(x))),
         (None, _) => text("-"),
     };
-    let ranks = format!("{} rank{}", m.ranks_in_process, if m.ranks_in_process == 1 { "" } else { "s" });
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let ranks = plural(m.ranks_in_process, "rank");
     let rows = vec![
         vec![
-            text(format!("step time ({ranks} on {} core{})", m.cores, if m.cores == 1 { "" } else { "s" })),
+            text(format!("step time ({} on {} of this host)", plural(m.ranks_on_host, "rank"), plural(m.cores, "core"))),
             number(predicted.total(), ms(predicted.total())),
             measured_step,
         ],
@@ -277,13 +281,12 @@ fn measured_section(page: &Page<'_>, m: &Measured) -> String {
         "The prediction gives each rank a device of the profile's rates and overlaps nothing; the memory row counts the process's own runtime (its binary, allocator, thread stacks) outside the plan, which the budget allows for."
             .to_string(),
     );
-    if m.ranks_in_process > m.cores {
+    if m.ranks_on_host > m.cores {
         notes.push(format!(
-            "This process ran {} ranks on {} cores: they took turns, so the measured step is about {:.1} times what {} devices would take.",
-            m.ranks_in_process,
-            m.cores,
-            m.ranks_in_process as f64 / m.cores.max(1) as f64,
-            m.ranks_in_process
+            "{} shared {} of this host: they took turns, so the measured step is about {:.1} times what a device each would take.",
+            plural(m.ranks_on_host, "rank"),
+            plural(m.cores, "core"),
+            m.ranks_on_host as f64 / m.cores.max(1) as f64,
         ));
     } else {
         notes.push(
@@ -350,7 +353,7 @@ fn memory_section(page: &Page<'_>) -> String {
         head.push("measured: its process's peak resident (VmHWM)");
         let _ = writeln!(
             s,
-            "<p class=\"note\">Measured: each rank's process, one rank each under mpirun, since it started (evaluation included), beside the plan's total; the process's own runtime (binary, allocator, buffers) is outside the plan.</p>"
+            "<p class=\"note\">Measured: each rank's process, one rank each under mpirun, from its start to the end of training (evaluation aside), beside the plan's total; the process's own runtime (binary, allocator, buffers) is outside the plan.</p>"
         );
     }
     let rows: Vec<Vec<(String, Option<f64>)>> = page
@@ -368,7 +371,7 @@ fn memory_section(page: &Page<'_>) -> String {
                 bytes(m.total()),
             ];
             if let Some(p) = measured {
-                row.push(p.get(*rank).map_or(text("-"), |&b| bytes(b as usize)));
+                row.push(p.get(*rank).copied().flatten().map_or(text("- (no /proc)"), |b| bytes(b as usize)));
             }
             row
         })
@@ -459,8 +462,14 @@ fn parameters_section(r: &PlanReport<'_>, world_rank: usize) -> String {
         })
         .collect();
     let head = ["name", "shape", "dtype", "dev_matrix", "tensor_map", "slice", "slice bytes", "gradient summed over", "optimizer shard"];
+    let whose = match r.world {
+        Some(_) => format!(
+            "the groups are those of position {rank} of each parameter's stage, in world ranks (rank {world_rank}'s for its own stage's parameters; a parameter on several stages, its group on rank {world_rank}'s stage when that stage holds it)"
+        ),
+        None => format!("the groups are rank {world_rank}'s"),
+    };
     format!(
-        "<h2 id=\"parameters\">Parameter layouts ({})</h2>\n<p class=\"note\">MindSpore's dev_matrix and tensor_map; the groups are rank {world_rank}'s.</p>\n{}",
+        "<h2 id=\"parameters\">Parameter layouts ({})</h2>\n<p class=\"note\">MindSpore's dev_matrix and tensor_map; {whose}.</p>\n{}",
         rows.len(),
         table("parameters-table", &head, &rows)
     )

@@ -622,6 +622,11 @@ fn write_report(
         peak_rss: last_sample.or_else(|| resident_memory().map(|(peak, _)| peak)),
         ranks_in_process: ranks,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ranks_on_host: if mpi {
+            autopar_comm::launch::mpi_local_size().or(autopar_comm::launch::mpi_world_size()).unwrap_or(1)
+        } else {
+            ranks
+        },
         plan_memory: report.plan_memory,
         overhead: autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64,
         peak_rss_by_rank: report.peak_rss_by_rank.clone(),
