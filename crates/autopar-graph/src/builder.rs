@@ -213,6 +213,11 @@ impl GraphBuilder {
         self.op(name, Relu, &[x])
     }
 
+    /// SiLU (swish): `x * sigmoid(x)`.
+    pub fn silu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
+        self.op(name, Silu, &[x])
+    }
+
     /// GELU, tanh approximation (MindSpore's default).
     pub fn gelu(&mut self, name: &str, x: NodeId) -> Result<NodeId> {
         self.op(name, Gelu { approximate: true }, &[x])

@@ -108,6 +108,10 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                 let p = m.x(&[a, b2])?;
                 y = m.b.op("op", Gelu { approximate: true }, &[p])?;
             }
+            "Silu" => {
+                let p = m.x(&[a, b2])?;
+                y = m.b.op("op", Silu, &[p])?;
+            }
             "Log" | "Sqrt" => {
                 let p = m.input(&[a, b2], Values::Positive)?;
                 y = m.b.op("op", unary(kind), &[p])?;
@@ -128,6 +132,11 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
             "GeluGrad" => {
                 let (d, p) = (m.x(&[a, b2])?, m.x(&[a, b2])?);
                 y = m.b.op("op", GeluGrad { approximate: true }, &[d, p])?;
+                wrt = Some(vec![d]);
+            }
+            "SiluGrad" => {
+                let (d, p) = (m.x(&[a, b2])?, m.x(&[a, b2])?);
+                y = m.b.op("op", SiluGrad, &[d, p])?;
                 wrt = Some(vec![d]);
             }
             "Softmax" | "LogSoftmax" => {

@@ -528,6 +528,8 @@ impl Executor {
             OpKind::ReluGrad(_) => ew::relu_backward(cx, x[1], x[0]).map_err(k)?,
             OpKind::Gelu(g) => ew::gelu(cx, x[0], g.approximate).map_err(k)?,
             OpKind::GeluGrad(g) => ew::gelu_backward(cx, x[1], x[0], g.approximate).map_err(k)?,
+            OpKind::Silu(_) => ew::silu(cx, x[0]).map_err(k)?,
+            OpKind::SiluGrad(_) => ew::silu_backward(cx, x[1], x[0]).map_err(k)?,
             OpKind::Tanh(_) => ew::tanh(cx, x[0]).map_err(k)?,
             OpKind::Sigmoid(_) => ew::sigmoid(cx, x[0]).map_err(k)?,
             OpKind::Softmax(s) if s.group.len() > 1 => self.synced_softmax(node, x[0], s.axis, &s.group, false, collectives)?,

@@ -197,6 +197,7 @@ fn unary_gradients_match_finite_differences() {
         ew::UnaryOp::Relu,
         ew::UnaryOp::Gelu { approximate: true },
         ew::UnaryOp::Gelu { approximate: false },
+        ew::UnaryOp::Silu,
         ew::UnaryOp::Tanh,
         ew::UnaryOp::Sigmoid,
         ew::UnaryOp::Exp,

@@ -109,6 +109,69 @@ impl OpDef for Gelu {
     }
 }
 
+/// SiLU (swish, Llama's MLP activation): `x * sigmoid(x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Silu;
+
+impl OpDef for Silu {
+    fn kind(&self) -> &'static str {
+        "SiLU"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(SiluGrad, &[g.dy(), g.x(0)])?;
+        g.set(0, d);
+        Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        activation_rule(cx)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(5.0)
+    }
+}
+
+/// `dy * silu'(x)`. Inputs `(dy, x)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SiluGrad;
+
+impl OpDef for SiluGrad {
+    fn kind(&self) -> &'static str {
+        "SiLUGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        same_shape_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        if g.needs(1) {
+            return Err(g.not_differentiable(1));
+        }
+        let d = g.op(SiluGrad, &[g.dy(), g.x(1)])?;
+        g.set(0, d);
+        Ok(())
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Unsupported(BACKWARD_OP)
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(8.0)
+    }
+}
+
 /// `dy * gelu'(x)`. Inputs `(dy, x)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GeluGrad {

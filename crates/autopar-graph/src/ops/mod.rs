@@ -146,6 +146,8 @@ op_kinds!(
     ReluGrad,
     Gelu,
     GeluGrad,
+    Silu,
+    SiluGrad,
     Tanh,
     Sigmoid,
     Softmax,
@@ -241,6 +243,8 @@ impl OpKind {
             | OpKind::ReluGrad(_)
             | OpKind::Gelu(_)
             | OpKind::GeluGrad(_)
+            | OpKind::Silu(_)
+            | OpKind::SiluGrad(_)
             | OpKind::Tanh(_)
             | OpKind::Sigmoid(_)
             | OpKind::Softmax(_)

@@ -243,6 +243,8 @@ pub enum UnaryOp {
         /// Whether to use the tanh approximation.
         approximate: bool,
     },
+    /// SiLU (swish): `x * sigmoid(x)`.
+    Silu,
     /// Hyperbolic tangent.
     Tanh,
     /// `1 / (1 + exp(-x))`.
@@ -263,6 +265,7 @@ impl UnaryOp {
         match self {
             UnaryOp::Relu => "relu",
             UnaryOp::Gelu { .. } => "gelu",
+            UnaryOp::Silu => "silu",
             UnaryOp::Tanh => "tanh",
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Exp => "exp",
@@ -275,7 +278,7 @@ impl UnaryOp {
     /// Which tensor [`unary_backward`] needs besides `dy`: the forward input or its output.
     pub fn backward_uses(self) -> Saved {
         match self {
-            UnaryOp::Relu | UnaryOp::Gelu { .. } | UnaryOp::Log => Saved::Input,
+            UnaryOp::Relu | UnaryOp::Gelu { .. } | UnaryOp::Silu | UnaryOp::Log => Saved::Input,
             UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Exp | UnaryOp::Sqrt => Saved::Output,
             UnaryOp::Neg => Saved::Nothing,
         }
@@ -353,6 +356,7 @@ fn unary_f<T: Float>(op: UnaryOp) -> impl Fn(T) -> T + Sync + Send {
         }
         UnaryOp::Gelu { approximate: true } => gelu_tanh(x),
         UnaryOp::Gelu { approximate: false } => half * x * (T::one() + (x * inv_sqrt2).erf()),
+        UnaryOp::Silu => x / (T::one() + (-x).vexp()),
         UnaryOp::Tanh => x.vtanh(),
         UnaryOp::Sigmoid => T::one() / (T::one() + (-x).vexp()),
         UnaryOp::Exp => x.vexp(),
@@ -377,6 +381,11 @@ fn unary_df<T: Float>(op: UnaryOp) -> impl Fn(T, T) -> T + Sync + Send {
         }
         UnaryOp::Gelu { approximate: true } => gelu_tanh_grad(v, d),
         UnaryOp::Gelu { approximate: false } => d * (half * (T::one() + (v * inv_sqrt2).erf()) + v * (-half * v * v).exp() * inv_sqrt_2pi),
+        UnaryOp::Silu => {
+            // d/dx x s(x) = s (1 + x (1 - s)).
+            let s = T::one() / (T::one() + (-v).vexp());
+            d * s * (T::one() + v * (T::one() - s))
+        }
         UnaryOp::Tanh => d * (T::one() - v * v),
         UnaryOp::Sigmoid => d * v * (T::one() - v),
         UnaryOp::Exp => d * v,
@@ -393,6 +402,7 @@ macro_rules! per_op {
             UnaryOp::Relu => $run($f::<T>(UnaryOp::Relu)),
             UnaryOp::Gelu { approximate: true } => $run($f::<T>(UnaryOp::Gelu { approximate: true })),
             UnaryOp::Gelu { approximate: false } => $run($f::<T>(UnaryOp::Gelu { approximate: false })),
+            UnaryOp::Silu => $run($f::<T>(UnaryOp::Silu)),
             UnaryOp::Tanh => $run($f::<T>(UnaryOp::Tanh)),
             UnaryOp::Sigmoid => $run($f::<T>(UnaryOp::Sigmoid)),
             UnaryOp::Exp => $run($f::<T>(UnaryOp::Exp)),
@@ -452,6 +462,7 @@ macro_rules! unary_fns {
 
 unary_fns! {
     relu, relu_backward, UnaryOp::Relu, "input";
+    silu, silu_backward, UnaryOp::Silu, "input";
     tanh, tanh_backward, UnaryOp::Tanh, "output";
     sigmoid, sigmoid_backward, UnaryOp::Sigmoid, "output";
     exp, exp_backward, UnaryOp::Exp, "output";
