@@ -183,9 +183,10 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         return print_mindspore_layouts(&args, &job, &facts, &keys, out);
     }
     with_report(&job, &cost, &facts, |report, pipeline| {
-        let pictures = pictures(report, pipeline, &facts.summary);
-        if let Some(path) = &args.svg {
-            write_file(path, &pictures[0].1, !args.json)?;
+        // Drawn only when a picture or the page is asked for.
+        let pictures = if args.svg.is_some() || args.html.is_some() { pictures(report, pipeline, &facts.summary) } else { Vec::new() };
+        if let (Some(path), Some((_, svg))) = (&args.svg, pictures.first()) {
+            write_file(path, svg, !args.json)?;
         }
         if let Some(path) = &args.html {
             write_file(path, &page_html(&job, report, pipeline, &facts, &pictures, None, true)?, !args.json)?;
