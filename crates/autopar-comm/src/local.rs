@@ -164,6 +164,14 @@ impl Drop for CoreLent {
     }
 }
 
+/// Runs `wait` with this rank thread's core (of an oversubscribed [`LocalComm::run`]) given to
+/// the other ranks, and takes one again before returning: for a rank that waits for work from
+/// outside the job, such as the next batch of a driver that steps the ranks one call at a time.
+pub fn lend_core_while<T>(wait: impl FnOnce() -> T) -> T {
+    let _lent = CoreLent::new();
+    wait()
+}
+
 impl World {
     fn poison(&self, rank: usize, message: String) {
         {

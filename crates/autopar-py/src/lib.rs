@@ -7,6 +7,8 @@
 //! that is not one, `ValueError` for everything a file or strategy got wrong). The argument
 //! checks and MindSpore's signatures live in `python/autopar/checkpoint.py`.
 
+mod network;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -221,5 +223,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_class::<CheckpointReader>()?;
+    m.add_class::<network::Network>()?;
+    m.add_function(wrap_pyfunction!(network::check_parallel_context, m)?)?;
+    m.add_class::<network::Session>()?;
     Ok(())
 }

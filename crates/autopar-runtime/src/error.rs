@@ -98,6 +98,16 @@ pub enum RuntimeError {
     #[error(transparent)]
     Graph(Box<GraphError>),
 
+    /// A rank of an in-process job kept between calls has stopped ([`crate::LocalRanks`]).
+    #[error(
+        "rank {rank} of the in-process job has stopped: {problem}\nhint: start the job again (an earlier error on that rank stopped it)"
+    )]
+    RankStopped {
+        /// The rank.
+        rank: usize,
+        /// Why, in words.
+        problem: String,
+    },
     /// A pipeline schedule went wrong on a rank (a bug in autopar).
     #[error("pipeline rank {rank}: {problem}\nhint: this is a bug in autopar's pipeline schedules; please report it with `pipeline_stages` and `micro_batches`")]
     Pipeline {

@@ -64,3 +64,189 @@ where
     let params = assemble_params(job, &stores)?;
     Ok(LocalRun { losses: rank_losses[0].clone(), rank_losses, bubbles, params, rank_params: stores })
 }
+
+/// What a rank of [`LocalRanks`] is asked to do.
+enum Command {
+    Step(std::sync::Arc<Vec<(String, Tensor)>>),
+    Load(std::sync::Arc<ParamStore>),
+    Params,
+    Stop,
+}
+
+/// What a rank of [`LocalRanks`] answers.
+enum Answer {
+    Loss(f64),
+    Loaded,
+    Params(Box<ParamStore>),
+}
+
+/// The ranks of a job kept running as threads of this process between calls, stepped one
+/// global batch at a time by a driver that decides each batch as it goes (the Python front
+/// end's `Model.train`, whose callbacks run between steps). Each rank is a [`RankTrainer`] over
+/// [`LocalComm`], as in [`run_local`]; dropping it stops the ranks.
+pub struct LocalRanks {
+    n: usize,
+    job: std::sync::Arc<Job>,
+    commands: Vec<std::sync::mpsc::Sender<Command>>,
+    answers: std::sync::mpsc::Receiver<(usize, Result<Answer>)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LocalRanks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalRanks").field("devices", &self.n).finish()
+    }
+}
+
+/// Makes one optimizer per rank.
+pub type MakeOptimizer = std::sync::Arc<dyn Fn() -> Result<Box<dyn Optimizer>> + Send + Sync>;
+
+impl LocalRanks {
+    /// Starts every rank of `job`, each cutting its pieces from `full` (None: generated from the
+    /// initialisers, as [`ParamSource::Init`]) and holding an optimizer from `make_opt`. Returns
+    /// once every rank is ready, or with the first rank's error.
+    pub fn start(job: Job, full: Option<ParamStore>, make_opt: MakeOptimizer) -> Result<Self> {
+        use std::sync::{mpsc, Arc, Mutex};
+        let n = job.device_num();
+        let job = Arc::new(job);
+        let (answer_tx, answers) = mpsc::channel();
+        let mut commands = Vec::with_capacity(n);
+        let mut inboxes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (tx, rx) = mpsc::channel();
+            commands.push(tx);
+            inboxes.push(Mutex::new(Some(rx)));
+        }
+        let run_job = job.clone();
+        let thread = std::thread::spawn(move || {
+            let job = run_job;
+            let answer = Mutex::new(answer_tx);
+            let send = |rank: usize, a: Result<Answer>| {
+                let _ = answer.lock().unwrap_or_else(|p| p.into_inner()).send((rank, a));
+            };
+            let outcome = LocalComm::run(n, |comm| -> Result<()> {
+                let r = comm.rank();
+                let inbox = inboxes[r].lock().unwrap_or_else(|p| p.into_inner()).take().expect("each rank takes its inbox once");
+                let source = match &full {
+                    Some(full) => ParamSource::Full(full),
+                    None => ParamSource::Init,
+                };
+                let made = RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt()?)));
+                let (mut t, mut opt) = match made {
+                    Ok(ready) => {
+                        send(r, Ok(Answer::Loaded));
+                        ready
+                    }
+                    Err(e) => {
+                        let text = e.to_string();
+                        send(r, Err(e));
+                        return Err(RuntimeError::RankStopped { rank: r, problem: text });
+                    }
+                };
+                while let Ok(command) = autopar_comm::local::lend_core_while(|| inbox.recv()) {
+                    let answer = match command {
+                        Command::Step(batch) => t.step(opt.as_mut(), &batch).map(Answer::Loss),
+                        Command::Load(full) => t.load_full(&full).map(|()| Answer::Loaded),
+                        Command::Params => Ok(Answer::Params(Box::new(t.params().clone()))),
+                        Command::Stop => break,
+                    };
+                    let failed = answer.as_ref().err().map(|e| e.to_string());
+                    send(r, answer);
+                    if let Some(problem) = failed {
+                        return Err(RuntimeError::RankStopped { rank: r, problem });
+                    }
+                }
+                Ok(())
+            });
+            if let Err(e) = outcome {
+                // Ranks that never answered learn it here (their errors were sent already).
+                tracing::debug!(error = %e, "the in-process ranks stopped");
+            }
+        });
+        let mut ranks = Self { n, job, commands, answers, thread: Some(thread) };
+        ranks.collect(|_| Ok(()))?;
+        Ok(ranks)
+    }
+
+    /// The job the ranks run.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// One train step on the global batch `batch` (by input name); returns the job's loss.
+    pub fn step(&mut self, batch: Vec<(String, Tensor)>) -> Result<f64> {
+        let batch = std::sync::Arc::new(batch);
+        self.send(|| Command::Step(batch.clone()))?;
+        let mut loss = 0.0;
+        self.collect(|(rank, a)| {
+            if let (0, Answer::Loss(l)) = (rank, a) {
+                loss = l;
+            }
+            Ok(())
+        })?;
+        Ok(loss)
+    }
+
+    /// Replaces every rank's parameter pieces by its pieces of `full` (every parameter the
+    /// ranks hold must be there); the optimizer state is kept.
+    pub fn load(&mut self, full: ParamStore) -> Result<()> {
+        let full = std::sync::Arc::new(full);
+        self.send(|| Command::Load(full.clone()))?;
+        self.collect(|_| Ok(()))
+    }
+
+    /// The full parameters, assembled from every rank's pieces.
+    pub fn params(&mut self) -> Result<ParamStore> {
+        self.send(|| Command::Params)?;
+        let mut stores: Vec<Option<ParamStore>> = (0..self.n).map(|_| None).collect();
+        self.collect(|(rank, a)| {
+            if let Answer::Params(p) = a {
+                stores[rank] = Some(*p);
+            }
+            Ok(())
+        })?;
+        let stores: Vec<ParamStore> = stores.into_iter().map(Option::unwrap_or_default).collect();
+        assemble_params(&self.job, &stores)
+    }
+
+    fn send(&self, command: impl Fn() -> Command) -> Result<()> {
+        for (rank, tx) in self.commands.iter().enumerate() {
+            tx.send(command()).map_err(|_| RuntimeError::RankStopped { rank, problem: "it stopped after an earlier error".into() })?;
+        }
+        Ok(())
+    }
+
+    /// One answer from every rank, each through `each`; the first error (a rank's own before a
+    /// peer's failed exchange with it) once all have answered.
+    fn collect(&mut self, mut each: impl FnMut((usize, Answer)) -> Result<()>) -> Result<()> {
+        let mut first: Option<(bool, RuntimeError)> = None;
+        for _ in 0..self.n {
+            let Ok((rank, answer)) = self.answers.recv() else {
+                return Err(first
+                    .map(|(_, e)| e)
+                    .unwrap_or(RuntimeError::RankStopped { rank: 0, problem: "every rank has stopped".into() }));
+            };
+            match answer.and_then(|a| each((rank, a))) {
+                Ok(()) => {}
+                Err(e) => {
+                    let is_comm = matches!(e, RuntimeError::Comm { .. });
+                    if first.as_ref().is_none_or(|(was_comm, _)| *was_comm && !is_comm) {
+                        first = Some((is_comm, e));
+                    }
+                }
+            }
+        }
+        first.map_or(Ok(()), |(_, e)| Err(e))
+    }
+}
+
+impl Drop for LocalRanks {
+    fn drop(&mut self) {
+        for tx in &self.commands {
+            let _ = tx.send(Command::Stop);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -448,6 +448,10 @@ pub struct AdamW {
     pub weight_decay: f64,
     /// Whether the moments are bias-corrected (off: MindSpore's `AdamWeightDecay`).
     pub bias_correction: bool,
+    /// Whether `eps` is added to the uncorrected `sqrt(v)`, as in MindSpore's `Adam`
+    /// (`lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`), rather than to the corrected
+    /// one, as PyTorch's AdamW does.
+    pub eps_hat: bool,
     /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
     step: u64,
@@ -468,6 +472,7 @@ impl AdamW {
             eps: 1e-8,
             weight_decay: 0.01,
             bias_correction: true,
+            eps_hat: false,
             decay_filter: decay_all,
             step: 0,
             state: ParamStore::new(),
@@ -508,6 +513,12 @@ impl AdamW {
         self.bias_correction = on;
         self
     }
+
+    /// With `on`, `eps` is added to the uncorrected `sqrt(v)` ([`AdamW::eps_hat`]: MindSpore's `Adam`).
+    pub fn with_eps_hat(mut self, on: bool) -> Self {
+        self.eps_hat = on;
+        self
+    }
 }
 
 impl Optimizer for AdamW {
@@ -515,7 +526,12 @@ impl Optimizer for AdamW {
         let lr = self.schedule.lr(self.step);
         let t = (self.step + 1) as i32;
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
-        let (c1, c2) = if self.bias_correction { (1.0 - b1.powi(t), 1.0 - b2.powi(t)) } else { (1.0, 1.0) };
+        // MindSpore keeps the betas' powers in f32: its corrections use the f32 betas, which
+        // the f32 moments below use too (1 - 0.999 in f32 is 1.3e-5 below 0.001).
+        let (p1, p2) = if self.eps_hat { (b1 as f32 as f64, b2 as f32 as f64) } else { (b1, b2) };
+        let (c1, c2) = if self.bias_correction { (1.0 - p1.powi(t), 1.0 - p2.powi(t)) } else { (1.0, 1.0) };
+        // eps on sqrt(v) is eps / sqrt(c2) on the corrected sqrt(v / c2).
+        let eps = if self.eps_hat { eps / c2.sqrt() } else { eps };
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
             let (km, kv) = (format!("{ADAM_M}{name}"), format!("{ADAM_V}{name}"));
@@ -643,6 +659,28 @@ mod tests {
         let mut opt = AdamW::new(LrSchedule::Constant(lr)).unwrap().with_bias_correction(false);
         opt.step(&mut p, &grads(&[("w", &[0.5])])).unwrap();
         close(p.get("w").unwrap(), &[1.0 - lr * (m / (f64::sqrt(v) + eps) + wd)]);
+    }
+
+    #[test]
+    fn mindspores_adam_adds_eps_to_the_uncorrected_root() {
+        // MindSpore's Adam: lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps); a large eps
+        // makes the placement visible.
+        let (lr, b1, b2, eps) = (0.1, 0.9, 0.999, 0.1);
+        for t in 1..=2 {
+            let mut p = store(&[("w", &[1.0])]);
+            let mut opt = AdamW::new(LrSchedule::Constant(lr)).unwrap().with_eps(eps).unwrap().with_weight_decay(0.0, None).unwrap();
+            opt = opt.with_eps_hat(true);
+            let (mut m, mut v, mut w) = (0.0, 0.0, 1.0);
+            for k in 1..=t {
+                let g = 0.5 / k as f64;
+                opt.step(&mut p, &grads(&[("w", &[g])])).unwrap();
+                m = b1 * m + (1.0 - b1) * g;
+                v = b2 * v + (1.0 - b2) * g * g;
+                let lr_t = lr * f64::sqrt(1.0 - b2.powi(k)) / (1.0 - b1.powi(k));
+                w -= lr_t * m / (f64::sqrt(v) + eps);
+            }
+            close(p.get("w").unwrap(), &[w]);
+        }
     }
 
     #[test]

@@ -173,13 +173,7 @@ impl RankTrainer {
                     _ => crate::init_replicas::init_with_replicas(job, graph, world, &pieces)?,
                 }
             }
-            ParamSource::Full(full) => {
-                let mut store = ParamStore::new();
-                for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
-                    store.insert(&slot.name, slice_tensor(full.require(&slot.name)?, &slot.slice)?);
-                }
-                store
-            }
+            ParamSource::Full(full) => pieces_of(&program, full)?,
             ParamSource::Local(store) => store,
         };
         for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
@@ -260,6 +254,14 @@ impl RankTrainer {
             trainer.broadcast_parameters()?;
         }
         Ok(trainer)
+    }
+
+    /// Replaces the rank's parameter pieces by its pieces of `full` (every parameter it holds
+    /// must be there, in its full shape); the optimizer state and the step count are kept.
+    pub fn load_full(&mut self, full: &ParamStore) -> Result<()> {
+        self.params = pieces_of(&self.program, full)?;
+        self.gathered = Default::default();
+        Ok(())
     }
 
     /// The one rank of a one-device job (stand_alone): no communicator to give.
@@ -910,4 +912,15 @@ impl StepState {
         self.run.peak_live_bytes = self.run.peak_live_bytes.max(out.peak_live_bytes);
         self.run.peak_activation_bytes = self.run.peak_activation_bytes.max(out.peak_activation_bytes);
     }
+}
+
+/// The pieces of `full` that `program`'s rank holds.
+fn pieces_of(program: &JobProgram, full: &ParamStore) -> Result<ParamStore> {
+    let held = program.held_params();
+    let mut store = ParamStore::new();
+    for slot in program.program.params.iter().filter(|s| held.contains(&s.name)) {
+        let t = full.require(&slot.name)?;
+        store.insert(&slot.name, slice_tensor(t, &slot.slice)?);
+    }
+    Ok(store)
 }

@@ -249,3 +249,35 @@ fn parameter_broadcast_makes_replicas_start_from_the_first_rank_of_their_mirror_
         assert_eq!(same, broadcast, "parameter_broadcast = {broadcast}: losses {:?} vs stand-alone {want_losses:?}", losses[0]);
     }
 }
+
+/// The ranks kept running between calls (the Python front end's driver) step as `run_local`
+/// does, over random strategies, and a full-parameter load reaches every rank's slices with the
+/// optimizer state kept.
+#[test]
+fn ranks_stepped_one_batch_per_call_equal_stand_alone_and_take_new_parameters() {
+    use autopar_runtime::LocalRanks;
+    use std::sync::Arc;
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, 4, 5);
+    let (want_losses, want) = serial(&graph, loss, &data, true);
+    for (n, seed) in [(2usize, 1u64), (4, 2), (8, 3)] {
+        let mut g = graph.clone();
+        assign_random_strategies(&mut g, n, seed);
+        let job = Job::new(&g, loss, &semi_auto(n)).unwrap();
+        let full = ParamStore::init(&graph).unwrap();
+        let mut ranks = LocalRanks::start(job, Some(full.clone()), Arc::new(|| Ok(optimizer(true)))).unwrap();
+        let losses: Vec<f64> = data.iter().map(|b| ranks.step(b.clone()).unwrap()).collect();
+        assert_same(&format!("{n} ranks stepped per call"), &losses, &ranks.params().unwrap(), &want_losses, &want);
+        // New values for every parameter: the ranks hold them, sliced, at once.
+        ranks.load(full.clone()).unwrap();
+        assert_same(&format!("{n} ranks after a load"), &[], &ranks.params().unwrap(), &[], &full);
+    }
+    // A rank's error (a batch of the wrong shape) is the call's error, and the ranks stop.
+    let job = Job::new(&graph, loss, &semi_auto(2)).unwrap();
+    let mut ranks = LocalRanks::start(job, None, Arc::new(|| Ok(optimizer(false)))).unwrap();
+    let wrong = batches(batch / 2, 1, 1).remove(0);
+    assert!(ranks.step(wrong).is_err());
+    let err = ranks.step(data[0].clone()).unwrap_err().to_string();
+    assert!(err.contains("stopped"), "{err}");
+}

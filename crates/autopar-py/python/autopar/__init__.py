@@ -1,39 +1,56 @@
 """autopar: distributed, automatically parallel deep-learning training, from Python.
 
-MindSpore's distributed-checkpoint functions with MindSpore's signatures (change one import:
-``import autopar as ms``), reading and writing ``.ckpt`` / safetensors as numpy arrays, and
-``plan`` / ``train`` driving the autopar engine with the command line's options as keyword
-arguments.
+The parts of ``mindspore`` that MindSpore's parallel documents use, under the same names, so
+that a script runs with ``import mindspore`` changed to ``import autopar``: ``Tensor``,
+``Parameter``, dtypes, ``nn`` (cells, layers, losses, optimizers), ``ops`` (primitives with
+``shard``), ``train`` (``Model``, callbacks), ``dataset``, ``communication``, the contexts,
+and the checkpoint functions. A network's ``construct`` is traced into autopar's graph and
+trained by autopar's engine, on ``device_num`` simulated devices of this process.
+
+``autopar.cli`` runs the ``autopar plan`` / ``autopar train`` command lines from Python.
 """
 
 from ._native import __version__
+from . import _context
+from ._context import (
+    GRAPH_MODE,
+    PYNATIVE_MODE,
+    ParallelMode,
+    get_auto_parallel_context,
+    get_context,
+    get_seed,
+    reset_auto_parallel_context,
+    set_auto_parallel_context,
+    set_context,
+    set_seed,
+)
+from .common import dtype
+from .common.dtype import bfloat16, bool_, float16, float32, float64, int8, int16, int32, int64, uint8
+from .common.initializer import initializer
+from .common.parameter import Parameter, ParameterTuple
+from .common.tensor import Tensor
 from .checkpoint import (
     CheckpointReader,
-    load_checkpoint,
     load_distributed_checkpoint,
     load_segmented_checkpoints,
     merge_pipeline_strategys,
     rank_list_for_transform,
-    save_checkpoint,
     transform_checkpoint_by_rank,
     transform_checkpoints,
 )
-from . import parallel
-from .run import command_line, plan, train
+from . import cli, common, communication, dataset, nn, ops, parallel, train
+from .train.serialization import load_checkpoint, load_param_into_net, save_checkpoint
+from .train.model import Model
+from .parallel import parameter_broadcast, sync_pipeline_shared_parameters
 
 __all__ = [
     "__version__",
-    "CheckpointReader",
-    "load_checkpoint",
-    "load_distributed_checkpoint",
-    "load_segmented_checkpoints",
-    "merge_pipeline_strategys",
-    "rank_list_for_transform",
-    "save_checkpoint",
-    "transform_checkpoint_by_rank",
-    "transform_checkpoints",
-    "parallel",
-    "plan",
-    "train",
-    "command_line",
+    "GRAPH_MODE", "PYNATIVE_MODE", "ParallelMode", "get_auto_parallel_context", "get_context", "get_seed",
+    "reset_auto_parallel_context", "set_auto_parallel_context", "set_context", "set_seed",
+    "dtype", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+    "initializer", "Parameter", "ParameterTuple", "Tensor", "Model",
+    "CheckpointReader", "load_checkpoint", "load_distributed_checkpoint", "load_segmented_checkpoints", "load_param_into_net",
+    "merge_pipeline_strategys", "rank_list_for_transform", "save_checkpoint", "transform_checkpoint_by_rank",
+    "transform_checkpoints", "parameter_broadcast", "sync_pipeline_shared_parameters",
+    "cli", "common", "communication", "dataset", "nn", "ops", "parallel", "train",
 ]

@@ -8,9 +8,9 @@ ops). ``parallel`` takes a dict of ``set_auto_parallel_context`` options (``--pa
 each; dict, list and ``None`` values as JSON); ``verbose=N`` logs on stderr as ``-v`` N times
 does (``0``: not at all; or set ``AUTOPAR_LOG``)::
 
-    import autopar
-    report = autopar.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
-    summary = autopar.train(model="mlp", data="synthetic", steps=20, devices=4, verify=True)
+    from autopar import cli
+    report = cli.plan(model="gpt", devices=8, parallel={"pipeline_stages": 2}, micro_batches=4)
+    summary = cli.train(model="mlp", data="synthetic", steps=20, devices=4, verify=True)
     summary["losses"][-1], summary["verify"]["ok"]
 """
 

@@ -1,0 +1,365 @@
+"""MindSpore's ``dataset``: sources (``NumpySlicesDataset``, ``GeneratorDataset``), the pipeline
+(``map``, ``batch``, ``shuffle``, ``repeat``) and sharding by ``num_shards`` / ``shard_id``
+(shard ``k`` reads rows ``k, k + n, k + 2n, ...`` of the source's order, wrapping around to
+give every shard the same count, as MindSpore's DistributedSampler does).
+
+When ``Model.train`` runs a job of N simulated devices in this process, it reads the pipeline
+once per rank, shard ``r`` for rank ``r``, and joins the ranks' batches into the job's global
+batch: the same rows each rank's process would read under a launcher."""
+
+import numpy as np
+
+from ..common.tensor import Tensor
+
+__all__ = ["Dataset", "NumpySlicesDataset", "GeneratorDataset", "vision", "transforms", "config"]
+
+
+class _Config:
+    def __init__(self):
+        self.seed = None
+
+    def set_seed(self, seed):
+        self.seed = int(seed)
+
+    def get_seed(self):
+        return self.seed
+
+
+config = _Config()
+
+
+def _rng(epoch, salt=0):
+    from .. import _context
+
+    base = config.seed if config.seed is not None else _context.get_seed()
+    if base is None:
+        base = 0
+    return np.random.default_rng([base, epoch, salt])
+
+
+class Dataset:
+    """A node of a data pipeline."""
+
+    def __init__(self, parent=None):
+        self._parent = parent
+
+    # The pipeline.
+    def map(self, operations=None, input_columns=None, output_columns=None, num_parallel_workers=None, **kwargs):
+        return _Map(self, operations, input_columns, output_columns)
+
+    def batch(self, batch_size, drop_remainder=False, num_parallel_workers=None, **kwargs):
+        if kwargs.get("per_batch_map") is not None:
+            raise NotImplementedError("For 'batch', autopar has no per_batch_map yet.")
+        return _Batch(self, batch_size, drop_remainder)
+
+    def shuffle(self, buffer_size):
+        if not isinstance(buffer_size, int) or buffer_size < 1:
+            raise ValueError(f"For 'shuffle', 'buffer_size' must be a positive int, but got {buffer_size!r}.")
+        return _Shuffle(self, buffer_size)
+
+    def repeat(self, count=None):
+        return _Repeat(self, count)
+
+    def project(self, columns):
+        return _Project(self, [columns] if isinstance(columns, str) else list(columns))
+
+    def rename(self, input_columns, output_columns):
+        return _Rename(self, input_columns, output_columns)
+
+    # What it holds.
+    def get_col_names(self):
+        return self._parent.get_col_names()
+
+    def get_dataset_size(self):
+        return self._size(None)
+
+    def get_batch_size(self):
+        return self._parent.get_batch_size() if self._parent is not None else 1
+
+    def _size(self, shard):
+        return self._parent._size(shard)
+
+    def _source(self):
+        return self._parent._source() if self._parent is not None else self
+
+    def _rows(self, shard, epoch):
+        """Rows (tuples of numpy arrays) of shard ``shard`` (None: the source's own) in epoch ``epoch``."""
+        return self._parent._rows(shard, epoch)
+
+    # Iteration.
+    def create_tuple_iterator(self, columns=None, num_epochs=-1, output_numpy=False, do_copy=True):
+        names = self.get_col_names()
+        keep = [names.index(c) for c in columns] if columns else list(range(len(names)))
+        for row in self._rows(None, 0):
+            yield [row[i] if output_numpy else Tensor(row[i]) for i in keep]
+
+    def create_dict_iterator(self, num_epochs=-1, output_numpy=False, do_copy=True):
+        names = self.get_col_names()
+        for row in self._rows(None, 0):
+            yield {n: (v if output_numpy else Tensor(v)) for n, v in zip(names, row)}
+
+    def __iter__(self):
+        return self.create_tuple_iterator()
+
+    def _shards(self):
+        src = self._source()
+        return src.num_shards
+
+
+class _Source(Dataset):
+    def __init__(self, num_samples, shuffle, num_shards, shard_id, sampler):
+        super().__init__()
+        if sampler is not None:
+            raise NotImplementedError("autopar's datasets take 'shuffle', 'num_shards' and 'shard_id', not a sampler.")
+        if (num_shards is None) != (shard_id is None):
+            raise ValueError("'num_shards' and 'shard_id' must be given together.")
+        if num_shards is not None:
+            if not isinstance(num_shards, int) or num_shards < 1:
+                raise ValueError(f"'num_shards' must be a positive int, but got {num_shards!r}.")
+            if not isinstance(shard_id, int) or not 0 <= shard_id < num_shards:
+                raise ValueError(f"'shard_id' must be in [0, {num_shards}), but got {shard_id!r}.")
+        self.num_shards, self.shard_id = num_shards, shard_id
+        self.num_samples = num_samples
+        self.shuffle_rows = True if shuffle is None else bool(shuffle)
+
+    def _count(self):
+        raise NotImplementedError
+
+    def _row(self, i):
+        raise NotImplementedError
+
+    def _order(self, shard, epoch):
+        n = self._count()
+        order = _rng(epoch).permutation(n) if self.shuffle_rows else np.arange(n)
+        if self.num_shards is not None:
+            k = self.shard_id if shard is None else shard
+            per = -(-n // self.num_shards)
+            order = order[(np.arange(per) * self.num_shards + k) % n]
+        if self.num_samples is not None:
+            order = order[: self.num_samples]
+        return order
+
+    def _size(self, shard):
+        return len(self._order(shard, 0))
+
+    def _rows(self, shard, epoch):
+        for i in self._order(shard, epoch):
+            yield self._row(int(i))
+
+    def _source(self):
+        return self
+
+
+def _columns(data, column_names):
+    if isinstance(data, dict):
+        names, cols = list(data.keys()), list(data.values())
+    elif isinstance(data, tuple):
+        cols = list(data)
+        names = [f"column_{i}" for i in range(len(cols))]
+    else:
+        cols = [data]
+        names = ["column_0"]
+    if column_names is not None:
+        given = [column_names] if isinstance(column_names, str) else list(column_names)
+        if len(given) != len(cols):
+            raise ValueError(f"'column_names' has {len(given)} names for {len(cols)} columns.")
+        names = given
+    arrays = []
+    for n, c in zip(names, cols):
+        a = np.asarray(c.asnumpy() if isinstance(c, Tensor) else c)
+        if a.dtype == np.float64 and not isinstance(c, np.ndarray):
+            a = a.astype(np.float32)
+        arrays.append(a)
+    lens = {len(a) for a in arrays}
+    if len(lens) != 1:
+        raise ValueError(f"The columns of a NumpySlicesDataset must have the same length, but got {sorted(lens)}.")
+    return names, arrays
+
+
+class NumpySlicesDataset(_Source):
+    """Rows sliced along the first axis of numpy arrays (a dict of columns, a tuple, or one array)."""
+
+    def __init__(self, data, column_names=None, num_samples=None, num_parallel_workers=1, shuffle=None, sampler=None,
+                 num_shards=None, shard_id=None):
+        super().__init__(num_samples, shuffle, num_shards, shard_id, sampler)
+        self._names, self._arrays = _columns(data, column_names)
+
+    def get_col_names(self):
+        return list(self._names)
+
+    def _count(self):
+        return len(self._arrays[0])
+
+    def _row(self, i):
+        return tuple(a[i] for a in self._arrays)
+
+
+class GeneratorDataset(_Source):
+    """Rows from a Python source: random-accessible (``__getitem__`` and ``__len__``), or an
+    iterable / a callable returning one."""
+
+    def __init__(self, source, column_names=None, column_types=None, schema=None, num_samples=None, num_parallel_workers=1,
+                 shuffle=None, sampler=None, num_shards=None, shard_id=None, python_multiprocessing=True, max_rowsize=None):
+        self._random = hasattr(source, "__getitem__") and hasattr(source, "__len__")
+        if not self._random and (shuffle or num_shards is not None):
+            raise ValueError("GeneratorDataset: 'shuffle' and 'num_shards' need a random-accessible source (__getitem__ and __len__).")
+        super().__init__(num_samples, shuffle if self._random else False, num_shards, shard_id, sampler)
+        if column_names is None:
+            raise ValueError("GeneratorDataset needs 'column_names'.")
+        self._names = [column_names] if isinstance(column_names, str) else list(column_names)
+        self._source_obj = source
+        self._cache = None
+
+    def get_col_names(self):
+        return list(self._names)
+
+    def _materialized(self):
+        if self._cache is None:
+            it = self._source_obj() if callable(self._source_obj) else self._source_obj
+            self._cache = [self._as_row(r) for r in it]
+        return self._cache
+
+    def _as_row(self, r):
+        r = r if isinstance(r, tuple) else (tuple(r) if isinstance(r, list) and len(self._names) > 1 else (r,))
+        if len(r) != len(self._names):
+            raise ValueError(f"GeneratorDataset: a row has {len(r)} values for the columns {self._names}.")
+        return tuple(np.asarray(v.asnumpy() if isinstance(v, Tensor) else v) for v in r)
+
+    def _count(self):
+        return len(self._source_obj) if self._random else len(self._materialized())
+
+    def _row(self, i):
+        return self._as_row(self._source_obj[i]) if self._random else self._materialized()[i]
+
+
+class _Map(Dataset):
+    def __init__(self, parent, operations, input_columns, output_columns):
+        super().__init__(parent)
+        self._ops = operations if isinstance(operations, (list, tuple)) else [operations]
+        names = parent.get_col_names()
+        cols = input_columns if input_columns is not None else names[:1]
+        self._in = [cols] if isinstance(cols, str) else list(cols)
+        for c in self._in:
+            if c not in names:
+                raise ValueError(f"map: input column {c!r} is not one of {names}.")
+        out = output_columns if output_columns is not None else self._in
+        self._out = [out] if isinstance(out, str) else list(out)
+
+    def get_col_names(self):
+        names = self._parent.get_col_names()
+        if self._out == self._in:
+            return names
+        first = names.index(self._in[0])
+        rest = [n for n in names if n not in self._in]
+        return rest[:first] + self._out + rest[first:]
+
+    def _rows(self, shard, epoch):
+        names = self._parent.get_col_names()
+        idx = [names.index(c) for c in self._in]
+        out_names = self.get_col_names()
+        for k, row in enumerate(self._parent._rows(shard, epoch)):
+            values = tuple(row[i] for i in idx)
+            for op in self._ops:
+                if hasattr(op, "_bind_rng"):
+                    op._bind_rng(_rng(epoch, 1 + k + 1000003 * (shard or 0)))
+                got = op(*values)
+                values = got if isinstance(got, tuple) else (got,)
+            values = tuple(np.asarray(v.asnumpy() if isinstance(v, Tensor) else v) for v in values)
+            if self._out == self._in:
+                row = list(row)
+                for i, v in zip(idx, values):
+                    row[i] = v
+                yield tuple(row)
+            else:
+                kept = {n: row[i] for i, n in enumerate(names) if n not in self._in}
+                kept.update(zip(self._out, values))
+                yield tuple(kept[n] for n in out_names)
+
+
+class _Batch(Dataset):
+    def __init__(self, parent, batch_size, drop_remainder):
+        super().__init__(parent)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"For 'batch', 'batch_size' must be a positive int, but got {batch_size!r}.")
+        self.batch_size, self.drop_remainder = batch_size, bool(drop_remainder)
+
+    def get_batch_size(self):
+        return self.batch_size
+
+    def _size(self, shard):
+        n = self._parent._size(shard)
+        return n // self.batch_size if self.drop_remainder else -(-n // self.batch_size)
+
+    def _rows(self, shard, epoch):
+        buf = []
+        for row in self._parent._rows(shard, epoch):
+            buf.append(row)
+            if len(buf) == self.batch_size:
+                yield tuple(np.stack(c) for c in zip(*buf))
+                buf = []
+        if buf and not self.drop_remainder:
+            yield tuple(np.stack(c) for c in zip(*buf))
+
+
+class _Shuffle(Dataset):
+    def __init__(self, parent, buffer_size):
+        super().__init__(parent)
+        self.buffer_size = buffer_size
+
+    def _rows(self, shard, epoch):
+        rng = _rng(epoch, 7)
+        buf = []
+        for row in self._parent._rows(shard, epoch):
+            buf.append(row)
+            if len(buf) >= self.buffer_size:
+                yield buf.pop(int(rng.integers(len(buf))))
+        while buf:
+            yield buf.pop(int(rng.integers(len(buf))))
+
+
+class _Repeat(Dataset):
+    def __init__(self, parent, count):
+        super().__init__(parent)
+        if count is None or count == -1:
+            raise NotImplementedError("autopar repeats a dataset a given number of times (repeat(count) with count >= 1).")
+        self.count = int(count)
+
+    def _size(self, shard):
+        return self._parent._size(shard) * self.count
+
+    def _rows(self, shard, epoch):
+        for k in range(self.count):
+            yield from self._parent._rows(shard, epoch * self.count + k)
+
+
+class _Project(Dataset):
+    def __init__(self, parent, columns):
+        super().__init__(parent)
+        self._cols = columns
+
+    def get_col_names(self):
+        return list(self._cols)
+
+    def _rows(self, shard, epoch):
+        names = self._parent.get_col_names()
+        idx = [names.index(c) for c in self._cols]
+        for row in self._parent._rows(shard, epoch):
+            yield tuple(row[i] for i in idx)
+
+
+class _Rename(Dataset):
+    def __init__(self, parent, input_columns, output_columns):
+        super().__init__(parent)
+        ins = [input_columns] if isinstance(input_columns, str) else list(input_columns)
+        outs = [output_columns] if isinstance(output_columns, str) else list(output_columns)
+        self._map = dict(zip(ins, outs))
+
+    def get_col_names(self):
+        return [self._map.get(n, n) for n in self._parent.get_col_names()]
+
+
+def _epoch_rows(dataset, shard, epoch):
+    return dataset._rows(shard, epoch)
+
+
+from . import transforms, vision  # noqa: E402

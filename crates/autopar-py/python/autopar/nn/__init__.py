@@ -1,0 +1,17 @@
+"""MindSpore's ``nn``: ``Cell``, layers, losses, optimizers and the training wrappers."""
+
+from .cell import Cell, CellList, SequentialCell
+from .layers import (
+    AvgPool2d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, LayerNorm, LogSoftmax, MaxPool2d, ReLU, SiLU,
+    Sigmoid, Softmax, Tanh,
+)
+from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntropyWithLogits
+from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
+from .wrap import TrainOneStepCell, WithEvalCell, WithLossCell
+
+__all__ = [
+    "Cell", "CellList", "SequentialCell", "AvgPool2d", "BatchNorm2d", "Conv2d", "Dense", "Dropout", "Embedding", "Flatten",
+    "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
+    "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
+    "Optimizer", "TrainOneStepCell", "WithEvalCell", "WithLossCell",
+]

@@ -1,0 +1,10 @@
+"""MindSpore's ``mindspore.train``: ``Model``, the callbacks and serialization."""
+
+from .callback import Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, RunContext, TimeMonitor
+from .model import Model
+from .serialization import load_checkpoint, load_param_into_net, save_checkpoint
+
+__all__ = [
+    "Model", "Callback", "CheckpointConfig", "LossMonitor", "ModelCheckpoint", "RunContext", "TimeMonitor",
+    "load_checkpoint", "load_param_into_net", "save_checkpoint",
+]

@@ -1,0 +1,189 @@
+"""``Model``: MindSpore's training loop over autopar's engine.
+
+``train`` compiles the loss network once (its ``construct`` traced with the first batch's
+shapes), plans it under the parallel context and starts its ranks: ``device_num`` simulated
+devices as threads of this process. Each step feeds the job its global batch (every rank's
+batch of the dataset joined, or with ``full_batch`` the dataset's batch as it is); callbacks
+run between steps on rank 0's view. The parameters return to the network's ``Parameter``
+objects after training (and when ``ModelCheckpoint`` saves)."""
+
+import numpy as np
+
+from .. import _context, _native
+from .._trace import Tracer, unwire, wire
+from ..common.tensor import Tensor
+from ..nn.cell import Cell, _name_children
+from ..nn.optim import Optimizer
+from ..nn.wrap import TrainOneStepCell, WithLossCell
+from .callback import RunContext, _Params
+
+__all__ = ["Model"]
+
+
+class _Job:
+    """A compiled train network running on its devices."""
+
+    def __init__(self, train_network, optimizer, columns, batch):
+        tracer = Tracer()
+        trainable = {id(p) for p in optimizer.parameters}
+        _name_children(train_network)
+        train_network.set_train(True)
+        with tracer.tracing():
+            inputs = [tracer.input(name, array) for name, array in zip(columns, batch)]
+            for p in train_network.get_parameters():
+                if p.requires_grad and id(p) not in trainable:
+                    p.__dict__["_frozen_here"] = True
+            try:
+                loss = train_network(*inputs)
+            finally:
+                for p in train_network.get_parameters():
+                    p.__dict__.pop("_frozen_here", None)
+        if isinstance(loss, (tuple, list)):
+            loss = loss[0]
+        if not isinstance(loss, Tensor) or not loss._is_traced():
+            raise TypeError(f"The loss network {type(train_network).__name__} must return a tensor computed from its inputs, but returned {loss!r}.")
+        self.loss_elements = max(loss.size, 1)
+        self.params = [p for _, p in tracer.params.values()]
+        wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
+        self.shapes = [tuple(a.shape) for a in batch]
+        self.columns = list(columns)
+        self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind, optimizer.hyper)
+        self.versions = {id(p): p._version for p in self.params}
+        self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
+
+    def step(self, batch):
+        shapes = [tuple(a.shape) for a in batch]
+        if shapes != self.shapes:
+            raise ValueError(
+                f"A batch has shapes {shapes}, but the network was compiled for {self.shapes}: autopar compiles once per "
+                "Model; give every batch the same shape (batch(..., drop_remainder=True))."
+            )
+        self._push_changed()
+        return self.session.step([wire(n, a) for n, a in zip(self.columns, batch)])
+
+    def _push_changed(self):
+        changed = [p for p in self.params if p._version != self.versions[id(p)]]
+        if changed:
+            self.session.load([wire(p.name, p._data) for p in changed])
+            self.versions.update({id(p): p._version for p in changed})
+
+    def pull(self):
+        values = dict(unwire(e) for e in self.session.params())
+        for p in self.params:
+            if p.name in values:
+                p._set_from_job(values[p.name])
+            self.versions[id(p)] = p._version
+
+
+class Model:
+    """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``."""
+
+    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None, eval_indexes=None, amp_level="O0",
+                 boost_level="O0", **kwargs):
+        if not isinstance(network, Cell):
+            raise TypeError(f"For 'Model', 'network' must be a Cell, but got {type(network)}.")
+        if amp_level not in ("O0", None):
+            raise NotImplementedError(f"For 'Model', autopar trains in float32 (amp_level='O0'); amp_level={amp_level!r} is not supported yet.")
+        if optimizer is not None and not isinstance(optimizer, Optimizer):
+            raise TypeError(f"For 'Model', 'optimizer' must be an optimizer of autopar.nn, but got {type(optimizer)}.")
+        for key in kwargs:
+            if key not in ("keep_batchnorm_fp32", "loss_scale_manager"):
+                raise TypeError(f"For 'Model', unexpected keyword argument {key!r}.")
+        if kwargs.get("loss_scale_manager") is not None:
+            raise NotImplementedError("For 'Model', autopar has no loss scaling yet (loss_scale_manager must be None).")
+        self._network = network
+        self._loss_fn = loss_fn
+        self._optimizer = optimizer
+        self._metrics = metrics
+        if isinstance(network, TrainOneStepCell):
+            self._train_network = network
+            self._optimizer = network.optimizer
+        elif optimizer is not None:
+            loss_net = WithLossCell(network, loss_fn) if loss_fn is not None else network
+            self._train_network = TrainOneStepCell(loss_net, optimizer)
+        else:
+            self._train_network = None
+        self._job = None
+
+    @property
+    def train_network(self):
+        return self._train_network
+
+    @property
+    def predict_network(self):
+        return self._network
+
+    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0, valid_dataset=None,
+              valid_frequency=1, valid_dataset_sink_mode=True):
+        """Trains ``epoch`` epochs of ``train_dataset`` (MindSpore's CPU behaviour: callbacks
+        every step, ``dataset_sink_mode`` accepted)."""
+        if self._train_network is None:
+            raise RuntimeError("For 'Model.train', the Model needs an optimizer (Model(network, loss_fn, optimizer)).")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+            raise ValueError(f"For 'Model.train', 'epoch' must be a positive int, but got {epoch!r}.")
+        if not isinstance(initial_epoch, int) or not 0 <= initial_epoch < epoch:
+            raise ValueError(f"For 'Model.train', 'initial_epoch' must be in [0, {epoch}), but got {initial_epoch!r}.")
+        if valid_dataset is not None:
+            raise NotImplementedError("For 'Model.train', autopar has no evaluation during training yet (valid_dataset must be None).")
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks is not None else [])
+        n = _context._device_num()
+        full_batch = bool(_context._PARALLEL.get("full_batch", False))
+        sharded = train_dataset._shards() is not None
+        steps = train_dataset._size(0 if sharded else None)
+        cb = _Params()
+        cb.train_network, cb.network, cb.optimizer = self._train_network, self._network, self._optimizer
+        cb.epoch_num, cb.batch_num, cb.cur_epoch_num, cb.cur_step_num = epoch, steps, initial_epoch, initial_epoch * steps
+        cb.train_dataset, cb.mode, cb.device_number = train_dataset, "train", n
+        cb.parallel_mode = _context.get_auto_parallel_context("parallel_mode")
+        cb.net_outputs = None
+        cb._sync_params = self._pull
+        run = RunContext(cb)
+        for c in callbacks:
+            c.on_train_begin(run)
+        columns = train_dataset.get_col_names()
+        try:
+            for e in range(initial_epoch, epoch):
+                cb.cur_epoch_num = e + 1
+                for c in callbacks:
+                    c.on_train_epoch_begin(run)
+                for batch in self._global_batches(train_dataset, e, n, full_batch):
+                    cb.cur_step_num += 1
+                    for c in callbacks:
+                        c.on_train_step_begin(run)
+                    if self._job is None:
+                        self._job = _Job(self._train_network, self._optimizer, columns, batch)
+                        self._train_network._parameter_layout_dict.update(self._job.layouts)
+                        self._network._parameter_layout_dict.update(self._job.layouts)
+                    loss = self._job.step(batch)
+                    cb.net_outputs = Tensor(np.array(loss / self._job.loss_elements, dtype=np.float32))
+                    for c in callbacks:
+                        c.on_train_step_end(run)
+                    if run.get_stop_requested():
+                        break
+                for c in callbacks:
+                    c.on_train_epoch_end(run)
+                if run.get_stop_requested():
+                    break
+        finally:
+            self._pull()
+        for c in callbacks:
+            c.on_train_end(run)
+
+    def _pull(self):
+        if self._job is not None:
+            self._job.pull()
+
+    @staticmethod
+    def _global_batches(dataset, epoch, n, full_batch):
+        """The job's batches: with several devices, every rank's batch (its shard) joined in rank order."""
+        if n == 1 or full_batch:
+            yield from dataset._rows(None, epoch)
+            return
+        for rows in zip(*[dataset._rows(r, epoch) for r in range(n)]):
+            yield tuple(np.concatenate(col) for col in zip(*rows))
+
+    def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
+        raise NotImplementedError("For 'Model.eval', autopar's Python front end does not evaluate yet; train and read the parameters.")
+
+    def predict(self, *predict_data, backend=None):
+        raise NotImplementedError("For 'Model.predict', autopar's Python front end does not run inference yet.")

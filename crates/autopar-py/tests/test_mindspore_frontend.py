@@ -1,0 +1,189 @@
+"""The MindSpore front end: MindSpore scripts run with `mindspore` changed to `autopar`.
+
+Each script of fixtures/mindspore/scripts runs on one device against MindSpore 2.10's own
+stand-alone CPU losses (expected.json), then on the devices its DEVICES branch shards it over
+(semi_auto strategies, data_parallel, auto_parallel's search) against the one-device run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import autopar as ms
+import autopar.dataset as ds
+from autopar import nn, ops
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPTS = ROOT / "fixtures" / "mindspore" / "scripts"
+EXPECTED = json.loads((SCRIPTS / "expected.json").read_text())
+# The devices each script's DEVICES branch is written for.
+DEVICES = {"mlp_momentum.py": 8, "dense_adam.py": 8, "regression_sgd.py": 4, "onehot_adamw.py": 8, "conv_momentum.py": 4}
+TOL = 1e-5
+
+
+def run_script(tmp_path, name, devices):
+    """The script with its imports changed, run in a fresh interpreter; its printed values."""
+    source = (SCRIPTS / name).read_text().replace("mindspore", "autopar")
+    path = tmp_path / name
+    path.write_text(source)
+    env = {**os.environ, "DEVICES": str(devices)}
+    run = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, f"{name} on {devices} device(s) failed:\n{run.stderr[-4000:]}"
+    printed = {}
+    for line in run.stdout.splitlines():
+        key, _, rest = line.partition(" ")
+        if key.isupper() and rest.startswith("["):
+            printed[key] = json.loads(rest.replace("'", '"'))
+    return printed
+
+
+def assert_close(got, want, what):
+    assert len(got) == len(want), f"{what}: {len(got)} values, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, str):
+            assert g == w, f"{what}[{i}]: {g!r} != {w!r}"
+        else:
+            assert abs(g - w) <= TOL * max(1.0, abs(w)), f"{what}[{i}]: {g} differs from {w} by more than {TOL}"
+
+
+@pytest.mark.parametrize("name", sorted(DEVICES))
+def test_a_mindspore_script_gives_mindspores_losses_on_one_device_and_the_same_sharded(tmp_path, name):
+    alone = run_script(tmp_path, name, 1)
+    for key, want in EXPECTED[name].items():
+        assert_close(alone[key], want, f"{name} {key} beside MindSpore 2.10")
+    sharded = run_script(tmp_path, name, DEVICES[name])
+    for key, want in alone.items():
+        assert_close(sharded[key], want, f"{name} {key} on {DEVICES[name]} devices beside one")
+
+
+def test_the_parameter_broadcast_example_runs_on_8_simulated_devices(tmp_path):
+    env = {**os.environ, "RANK_SIZE": "8", "RANK_ID": "0"}
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "python" / "parameter_broadcast.py")], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "step end, cur step num:  2" in run.stdout
+    assert (tmp_path / "simple.ckpt").is_file()
+
+
+class Inner(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.weight = ms.Parameter(ms.Tensor(np.ones((2, 2), np.float32)), name="w1")
+        self.b = ms.Parameter(ms.Tensor(np.ones((2,), np.float32)))
+        self.fc = nn.Dense(2, 3)
+
+    def construct(self, x):
+        return x
+
+
+class Outer(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.net = Inner()
+        self.layers = nn.CellList([nn.Dense(2, 2), nn.Dense(2, 2)])
+        self.seq = nn.SequentialCell([nn.Dense(2, 2), nn.ReLU()])
+
+    def construct(self, x):
+        return x
+
+
+def test_parameters_are_named_as_mindspore_names_them():
+    # What MindSpore 2.10 printed for the same cells.
+    assert [p.name for p in Inner().get_parameters()] == ["w1", "b", "fc.weight", "fc.bias"]
+    assert [p.name for p in Outer().get_parameters()] == [
+        "net.weight", "net.b", "net.fc.weight", "net.fc.bias", "layers.0.weight", "layers.0.bias",
+        "layers.1.weight", "layers.1.bias", "seq.0.weight", "seq.0.bias",
+    ]
+    assert list(Outer().parameters_dict()) == [p.name for p in Outer().get_parameters()]
+
+
+def test_a_dataset_shard_reads_every_nth_row_wrapping_around_as_mindspores():
+    # MindSpore 2.10: shard 1 of 3 over 10 rows reads [1, 4, 7, 0].
+    d = ds.NumpySlicesDataset({"x": np.arange(10).astype(np.float32), "y": np.arange(10)}, shuffle=False, num_shards=3, shard_id=1)
+    assert [r[0].asnumpy().tolist() for r in d.create_tuple_iterator()] == [1.0, 4.0, 7.0, 0.0]
+    assert d.get_dataset_size() == 4 and d.get_col_names() == ["x", "y"]
+    d2 = ds.NumpySlicesDataset((np.arange(10).astype(np.float32), np.arange(10)), shuffle=False).batch(4)
+    assert d2.get_col_names() == ["column_0", "column_1"] and d2.get_dataset_size() == 3
+    assert [r[0].asnumpy().tolist() for r in d2.create_tuple_iterator()] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+class Tiny(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.full((4, 2), 0.1, np.float32)), name="w")
+        self.matmul = ops.MatMul()
+
+    def construct(self, x):
+        return self.matmul(x, self.w)
+
+
+def tiny_data(rows=16, batch=4):
+    rng = np.random.default_rng(0)
+    return ds.NumpySlicesDataset({"x": rng.standard_normal((rows, 4)).astype(np.float32), "y": rng.integers(0, 2, rows).astype(np.int32)},
+                                 shuffle=False).batch(batch)
+
+
+@pytest.fixture
+def context():
+    ms.reset_auto_parallel_context()
+    yield
+    ms.reset_auto_parallel_context()
+
+
+def test_training_updates_the_parameters_and_fills_the_layout_dict(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4)
+    net = Tiny()
+    net.matmul.shard(((1, 2), (2, 2)))
+    before = net.w.asnumpy().copy()
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
+    model.train(1, tiny_data())
+    assert not np.array_equal(before, net.w.asnumpy())
+    layout = model.train_network.parameter_layout_dict["w"]
+    assert layout[2] == [2, 1], layout  # the slice each rank holds of [4, 2] split (2, 2)
+    assert "x" not in model.train_network.parameter_layout_dict
+
+
+def test_a_changed_parameter_reaches_the_running_job(context):
+    net = Tiny()
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.0))
+    model.train(1, tiny_data())
+    net.w.set_data(np.zeros((4, 2), np.float32))
+    seen = []
+
+    class Keep(ms.train.Callback):
+        def step_end(self, run_context):
+            seen.append(float(run_context.original_args().net_outputs.asnumpy()))
+
+    model.train(1, tiny_data(), callbacks=[Keep()])
+    # Zero weights: equal logits, the loss of two classes is log 2 at every step.
+    assert np.allclose(seen, np.log(2.0), atol=1e-6)
+
+
+def test_errors_name_what_is_wrong(context):
+    with pytest.raises(ValueError, match="no_such_option"):
+        ms.set_auto_parallel_context(no_such_option=1)
+    with pytest.raises(ValueError, match="divide"):
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4)
+        net = Tiny()
+        net.matmul.shard(((3, 1), (1, 1)))
+        ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1)).train(1, tiny_data())
+    with pytest.raises(TypeError, match="tuple of tuples"):
+        ops.MatMul().shard([2, 1])
+    with pytest.raises(RuntimeError, match="graph mode"):
+        Tiny()(ms.Tensor(np.ones((2, 4), np.float32)))
+    with pytest.raises(ValueError, match="shape"):
+        Tiny().w.set_data(np.ones((3, 3), np.float32))
+    with pytest.raises(NotImplementedError, match="parameter groups"):
+        nn.SGD([{"params": Tiny().trainable_params()}], 0.1)
+    with pytest.raises(AttributeError):
+        ops.NoSuchPrimitive()
+    ms.reset_auto_parallel_context()
+    with pytest.raises(ValueError, match="compiled for"):
+        net = Tiny()
+        ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1)).train(
+            1, tiny_data(rows=10, batch=4))
