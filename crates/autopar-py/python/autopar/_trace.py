@@ -83,11 +83,14 @@ class Tracer:
         scope = ".".join(s for s in self.scope if s)
         base = f"{scope}.{prim_name}" if scope else prim_name
         name = self._unique(base)
-        node = self.network.op(kind, name, list(inputs), attrs or {})
-        if strategy is not None:
-            self.network.shard(node, strategy)
-        if self.recompute:
-            self.network.recompute(node)
+        try:
+            node = self.network.op(kind, name, list(inputs), attrs or {})
+            if strategy is not None:
+                self.network.shard(node, strategy)
+            if self.recompute:
+                self.network.recompute(node)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"{e} (at {script_line()})") from None
         return self._wrap(node)
 
     @contextlib.contextmanager
@@ -107,6 +110,18 @@ class Tracer:
             if self.stage != before:
                 self.stage = before
                 self.network.set_pipeline_stage(before)
+
+
+def script_line():
+    """Where the user's code called into autopar: the innermost frame outside the package."""
+    import os
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(package + os.sep):
+            return f"{frame.filename}, line {frame.lineno}: {frame.line}"
+    return "construct"
 
 
 def wire(name, array):
