@@ -357,43 +357,23 @@ impl Session {
         hyper: BTreeMap<String, f64>,
         micro_batches: Option<usize>,
     ) -> PyResult<Self> {
-        let mut b = network.b.take().ok_or_else(|| PyRuntimeError::new_err("this network was already handed to a job"))?;
-        b.output(NodeId(loss)).map_err(graph_err)?;
-        let graph = b.finish();
-        let ctx = parallel_context(context)?;
         let make_opt = optimizer(&hyper, optimizer_kind)?;
-        let mut full = ParamStore::init(&graph).map_err(graph_err)?;
-        for p in &params {
-            let t = tensor(p)?;
-            let want = full.get(&p.0).map(|w| w.shape().to_vec());
-            match want {
-                Some(w) if w == t.shape() => {
-                    let t = t.cast(full.require(&p.0).map_err(graph_err)?.dtype());
-                    full.insert(&p.0, t);
-                }
-                Some(w) => {
-                    return Err(PyValueError::new_err(format!(
-                        "parameter {}: its value has shape {:?}, the network's is {w:?}",
-                        p.0,
-                        t.shape()
-                    )))
-                }
-                None => return Err(PyValueError::new_err(format!("parameter {}: the network does not use it", p.0))),
-            }
-        }
-        let job = match micro_batches {
-            Some(m) => Job::with_micro_batches(&graph, NodeId(loss), &ctx, m),
-            None => Job::new(&graph, NodeId(loss), &ctx),
-        }
-        .map_err(graph_err)?;
-        let plan = job.plan();
-        let layouts = if plan.is_pipeline() {
-            autopar::parallel::report::pipeline_layout_dict(plan, 0)
-        } else {
-            autopar::parallel::parameter_layout_dict(&plan.plan, 0, &|_| Vec::new())
-        };
-        let ranks = py.detach(|| LocalRanks::start(job, Some(full), make_opt)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        Ok(Self { ranks, layouts })
+        Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches)))
+    }
+
+    /// An inference job: `network` with its outputs `outputs`, planned under `context` and
+    /// started from `params` (one micro-batch per pipeline stage).
+    #[staticmethod]
+    fn inference(py: Python<'_>, network: &mut Network, outputs: Vec<usize>, context: &str, params: Vec<Wire>) -> PyResult<Self> {
+        Self::start(py, network, &outputs, context, params, None)
+    }
+
+    /// The network's outputs on the global batch `batch`, whole (an inference job).
+    fn predict(&mut self, py: Python<'_>, batch: Vec<Wire>) -> PyResult<Vec<Wire>> {
+        let batch = batch.iter().map(|w| Ok((w.0.clone(), tensor(w)?))).collect::<PyResult<Vec<_>>>()?;
+        let ranks = &mut self.ranks;
+        let out = py.detach(|| ranks.predict(batch)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        out.iter().enumerate().map(|(k, t)| wire(&format!("output{k}"), t)).collect()
     }
 
     /// The devices the job runs on.
@@ -461,6 +441,63 @@ impl Session {
 }
 
 impl Session {
+    /// Plans the network with `outputs` (a training job's loss when `train` gives its optimizer
+    /// and micro-batches) and starts its ranks from `params`.
+    fn start(
+        py: Python<'_>,
+        network: &mut Network,
+        outputs: &[usize],
+        context: &str,
+        params: Vec<Wire>,
+        train: Option<(MakeOptimizer, Option<usize>)>,
+    ) -> PyResult<Self> {
+        let mut b = network.b.take().ok_or_else(|| PyRuntimeError::new_err("this network was already handed to a job"))?;
+        for &o in outputs {
+            b.output(NodeId(o)).map_err(graph_err)?;
+        }
+        let graph = b.finish();
+        let ctx = parallel_context(context)?;
+        let mut full = ParamStore::init(&graph).map_err(graph_err)?;
+        for p in &params {
+            let t = tensor(p)?;
+            let want = full.get(&p.0).map(|w| w.shape().to_vec());
+            match want {
+                Some(w) if w == t.shape() => {
+                    let t = t.cast(full.require(&p.0).map_err(graph_err)?.dtype());
+                    full.insert(&p.0, t);
+                }
+                Some(w) => {
+                    return Err(PyValueError::new_err(format!(
+                        "parameter {}: its value has shape {:?}, the network's is {w:?}",
+                        p.0,
+                        t.shape()
+                    )))
+                }
+                None => return Err(PyValueError::new_err(format!("parameter {}: the network does not use it", p.0))),
+            }
+        }
+        let (job, make_opt) = match train {
+            Some((make_opt, micro_batches)) => {
+                let loss = NodeId(outputs[0]);
+                let job = match micro_batches {
+                    Some(m) => Job::with_micro_batches(&graph, loss, &ctx, m),
+                    None => Job::new(&graph, loss, &ctx),
+                };
+                (job, Some(make_opt))
+            }
+            None => (Job::inference(&graph, &ctx, autopar::parallel::default_micro_batches(&ctx)), None),
+        };
+        let job = job.map_err(graph_err)?;
+        let plan = job.plan();
+        let layouts = if plan.is_pipeline() {
+            autopar::parallel::report::pipeline_layout_dict(plan, 0)
+        } else {
+            autopar::parallel::parameter_layout_dict(&plan.plan, 0, &|_| Vec::new())
+        };
+        let ranks = py.detach(|| LocalRanks::start(job, Some(full), make_opt)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Ok(Self { ranks, layouts })
+    }
+
     fn params_store(&mut self, py: Python<'_>) -> PyResult<ParamStore> {
         let ranks = &mut self.ranks;
         py.detach(|| ranks.params()).map_err(|e| PyRuntimeError::new_err(e.to_string()))

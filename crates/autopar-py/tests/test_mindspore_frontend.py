@@ -22,7 +22,14 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = ROOT / "fixtures" / "mindspore" / "scripts"
 EXPECTED = json.loads((SCRIPTS / "expected.json").read_text())
 # The devices each script's DEVICES branch is written for.
-DEVICES = {"mlp_momentum.py": 8, "dense_adam.py": 8, "regression_sgd.py": 4, "onehot_adamw.py": 8, "conv_momentum.py": 4}
+DEVICES = {
+    "mlp_momentum.py": 8,
+    "dense_adam.py": 8,
+    "regression_sgd.py": 4,
+    "onehot_adamw.py": 8,
+    "conv_momentum.py": 4,
+    "eval_predict.py": 4,
+}
 TOL = 1e-5
 
 
@@ -164,6 +171,30 @@ def test_a_changed_parameter_reaches_the_running_job(context):
     assert np.allclose(seen, np.log(2.0), atol=1e-6)
 
 
+def test_a_cell_called_on_values_runs_compiled_and_caches_its_compilation(context):
+    net = Tiny()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.allclose(net(ms.Tensor(x)).asnumpy(), x @ net.w.asnumpy())
+    net.w.set_data(np.ones((4, 2), np.float32))
+    assert np.allclose(net(ms.Tensor(x)).asnumpy(), x @ np.ones((4, 2)))  # the new value reaches the compiled cell
+    assert len(net._predictors) == 1
+
+    class Peek(nn.Cell):
+        def construct(self, x):
+            return x.asnumpy()
+
+    with pytest.raises(RuntimeError, match="no value"):
+        Peek()(ms.Tensor(np.ones((2, 2), np.float32)))
+
+
+def test_compile_plans_a_cell_and_fills_its_layout_dict(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=8)
+    net = Tiny()
+    net.matmul.shard(((2, 2), (2, 2)))
+    net.compile(ms.Tensor(np.ones((8, 4), np.float32)))
+    assert net.parameter_layout_dict["w"][2] == [2, 1]
+
+
 def test_errors_name_what_is_wrong(context):
     with pytest.raises(ValueError, match="no_such_option"):
         ms.set_auto_parallel_context(no_such_option=1)
@@ -174,8 +205,8 @@ def test_errors_name_what_is_wrong(context):
         ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1)).train(1, tiny_data())
     with pytest.raises(TypeError, match="tuple of tuples"):
         ops.MatMul().shard([2, 1])
-    with pytest.raises(RuntimeError, match="graph mode"):
-        Tiny()(ms.Tensor(np.ones((2, 4), np.float32)))
+    with pytest.raises(ValueError, match="cannot be split over 4 devices"):
+        Tiny()(ms.Tensor(np.ones((2, 4), np.float32)))  # the context of 4 devices set above
     with pytest.raises(ValueError, match="shape"):
         Tiny().w.set_data(np.ones((3, 3), np.float32))
     with pytest.raises(NotImplementedError, match="parameter groups"):

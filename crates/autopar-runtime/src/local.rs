@@ -68,6 +68,7 @@ where
 /// What a rank of [`LocalRanks`] is asked to do.
 enum Command {
     Step(std::sync::Arc<Vec<(String, Tensor)>>),
+    Predict(std::sync::Arc<Vec<(String, Tensor)>>),
     Load(std::sync::Arc<ParamStore>),
     Params,
     Stop,
@@ -76,6 +77,7 @@ enum Command {
 /// What a rank of [`LocalRanks`] answers.
 enum Answer {
     Loss(f64),
+    Outputs(Option<Vec<Tensor>>),
     Loaded,
     Params(Box<ParamStore>),
 }
@@ -103,9 +105,10 @@ pub type MakeOptimizer = std::sync::Arc<dyn Fn() -> Result<Box<dyn Optimizer>> +
 
 impl LocalRanks {
     /// Starts every rank of `job`, each cutting its pieces from `full` (None: generated from the
-    /// initialisers, as [`ParamSource::Init`]) and holding an optimizer from `make_opt`. Returns
-    /// once every rank is ready, or with the first rank's error.
-    pub fn start(job: Job, full: Option<ParamStore>, make_opt: MakeOptimizer) -> Result<Self> {
+    /// initialisers, as [`ParamSource::Init`]) and, for a training job, holding an optimizer
+    /// from `make_opt` (None for an inference job, [`Job::inference`]). Returns once every rank
+    /// is ready, or with the first rank's error.
+    pub fn start(job: Job, full: Option<ParamStore>, make_opt: Option<MakeOptimizer>) -> Result<Self> {
         use std::sync::{mpsc, Arc, Mutex};
         let n = job.device_num();
         let job = Arc::new(job);
@@ -131,7 +134,7 @@ impl LocalRanks {
                     Some(full) => ParamSource::Full(full),
                     None => ParamSource::Init,
                 };
-                let made = RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt()?)));
+                let made = RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt.as_ref().map(|m| m()).transpose()?)));
                 let (mut t, mut opt) = match made {
                     Ok(ready) => {
                         send(r, Ok(Answer::Loaded));
@@ -145,7 +148,11 @@ impl LocalRanks {
                 };
                 while let Ok(command) = autopar_comm::local::lend_core_while(|| inbox.recv()) {
                     let answer = match command {
-                        Command::Step(batch) => t.step(opt.as_mut(), &batch).map(Answer::Loss),
+                        Command::Step(batch) => match opt.as_mut() {
+                            Some(opt) => t.step(opt.as_mut(), &batch).map(Answer::Loss),
+                            None => Err(RuntimeError::JobKind { inference: true }),
+                        },
+                        Command::Predict(batch) => t.predict(&batch).map(Answer::Outputs),
                         Command::Load(full) => t.load_full(&full).map(|()| Answer::Loaded),
                         Command::Params => Ok(Answer::Params(Box::new(t.params().clone()))),
                         Command::Stop => break,
@@ -185,6 +192,23 @@ impl LocalRanks {
             Ok(())
         })?;
         Ok(loss)
+    }
+
+    /// Inference on the global batch `batch` (by input name) with an inference job: the
+    /// network's outputs, whole (those of the last stage's first rank in a pipeline).
+    pub fn predict(&mut self, batch: Vec<(String, Tensor)>) -> Result<Vec<Tensor>> {
+        let batch = std::sync::Arc::new(batch);
+        self.send(|| Command::Predict(batch.clone()))?;
+        let plan = self.job.plan();
+        let reporter = (plan.stages - 1) * plan.stage_devices();
+        let mut outputs = Vec::new();
+        self.collect(|(rank, a)| {
+            if let (true, Answer::Outputs(Some(o))) = (rank == reporter, a) {
+                outputs = o;
+            }
+            Ok(())
+        })?;
+        Ok(outputs)
     }
 
     /// Replaces every rank's parameter pieces by its pieces of `full` (every parameter the

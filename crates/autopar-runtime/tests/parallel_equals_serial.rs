@@ -266,7 +266,7 @@ fn ranks_stepped_one_batch_per_call_equal_stand_alone_and_take_new_parameters() 
         assign_random_strategies(&mut g, n, seed);
         let job = Job::new(&g, loss, &semi_auto(n)).unwrap();
         let full = ParamStore::init(&graph).unwrap();
-        let mut ranks = LocalRanks::start(job, Some(full.clone()), Arc::new(|| Ok(optimizer(true)))).unwrap();
+        let mut ranks = LocalRanks::start(job, Some(full.clone()), Some(Arc::new(|| Ok(optimizer(true))))).unwrap();
         let losses: Vec<f64> = data.iter().map(|b| ranks.step(b.clone()).unwrap()).collect();
         assert_same(&format!("{n} ranks stepped per call"), &losses, &ranks.params().unwrap(), &want_losses, &want);
         // New values for every parameter: the ranks hold them, sliced, at once.
@@ -275,7 +275,7 @@ fn ranks_stepped_one_batch_per_call_equal_stand_alone_and_take_new_parameters() 
     }
     // A rank's error (a batch of the wrong shape) is the call's error, and the ranks stop.
     let job = Job::new(&graph, loss, &semi_auto(2)).unwrap();
-    let mut ranks = LocalRanks::start(job, None, Arc::new(|| Ok(optimizer(false)))).unwrap();
+    let mut ranks = LocalRanks::start(job, None, Some(Arc::new(|| Ok(optimizer(false))))).unwrap();
     let wrong = batches(batch / 2, 1, 1).remove(0);
     assert!(ranks.step(wrong).is_err());
     let err = ranks.step(data[0].clone()).unwrap_err().to_string();

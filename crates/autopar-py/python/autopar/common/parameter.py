@@ -36,8 +36,13 @@ class Parameter(Tensor):
         return self
 
     def _set_from_job(self, value):
-        # The value a training job computed: no change for the job to be told of.
+        # The value a training job computed (that job records the new version as its own).
         self._data = value.astype(self._data.dtype, copy=False).reshape(self._data.shape)
+        self._version += 1
+
+    def value(self):
+        """The parameter itself, as a tensor (MindSpore's ``Parameter.value()``)."""
+        return self
 
     def clone(self, init="same"):
         return Parameter(self._data.copy(), self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)

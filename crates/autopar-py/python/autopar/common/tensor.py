@@ -132,6 +132,16 @@ class Tensor:
             perm = tuple(reversed(range(self.ndim)))
         return ops.Transpose()(self, perm)
 
+    def squeeze(self, axis=None):
+        from .. import ops
+
+        return ops.Squeeze(() if axis is None else axis)(self)
+
+    def expand_dims(self, axis):
+        from .. import ops
+
+        return ops.ExpandDims()(self, axis)
+
     def mean(self, axis=None, keep_dims=False):
         from .. import ops
 

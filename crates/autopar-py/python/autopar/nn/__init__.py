@@ -6,6 +6,7 @@ from .layers import (
     Sigmoid, Softmax, Tanh,
 )
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntropyWithLogits
+from .metrics import Accuracy, Loss, Metric, Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from .wrap import TrainOneStepCell, WithEvalCell, WithLossCell
 
@@ -13,5 +14,6 @@ __all__ = [
     "Cell", "CellList", "SequentialCell", "AvgPool2d", "BatchNorm2d", "Conv2d", "Dense", "Dropout", "Embedding", "Flatten",
     "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
     "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
-    "Optimizer", "TrainOneStepCell", "WithEvalCell", "WithLossCell",
+    "Optimizer", "Accuracy", "Loss", "Metric", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TopKCategoricalAccuracy",
+    "TrainOneStepCell", "WithEvalCell", "WithLossCell",
 ]

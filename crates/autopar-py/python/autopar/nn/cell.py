@@ -65,10 +65,15 @@ class Cell:
     def __call__(self, *args, **kwargs):
         tracer = _trace.active()
         if tracer is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is compiled and run by autopar from mindspore.train.Model (train, eval, predict); "
-                "autopar runs networks in graph mode only and does not call a cell on values directly."
-            )
+            # Called on values: compiled for inference (once per input shapes) and run on the
+            # parallel context's devices, as MindSpore's graph mode runs a called cell.
+            from ..common.tensor import Tensor
+            from ..train.model import run_network
+
+            if kwargs:
+                raise TypeError(f"{type(self).__name__}: autopar passes a called cell's inputs by position, but got {sorted(kwargs)}.")
+            predictor, outs = run_network(self, args)
+            return Tensor(outs[0]) if predictor.single else tuple(Tensor(o) for o in outs)
         name = getattr(self, "_trace_name", "")
         with tracer.cell(name, self._pipeline_stage, self._recompute):
             for attr, prim in self._primitives.items():
@@ -155,6 +160,14 @@ class Cell:
         """MindSpore's ``parameter_layout_dict`` after compiling (training or ``compile``):
         each parameter's 12 layout fields on rank 0."""
         return self._parameter_layout_dict
+
+    def compile(self, *inputs):
+        """Compiles the cell for these inputs (Tensors or arrays) and plans it under the parallel
+        context, filling ``parameter_layout_dict``, without running it."""
+        from ..train.model import _as_arrays, predictor_for
+
+        predictor_for(self, _as_arrays(inputs))
+        return self
 
     def to_float(self, dst_type):
         from ..common import dtype as mstype

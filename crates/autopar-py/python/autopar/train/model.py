@@ -75,6 +75,74 @@ class _Job:
             self.versions[id(p)] = p._version
 
 
+class _Predictor:
+    """A network compiled for inference on inputs of given shapes, running on its devices."""
+
+    def __init__(self, network, names, arrays):
+        tracer = Tracer()
+        _name_children(network)
+        with tracer.tracing():
+            inputs = [tracer.input(name, array) for name, array in zip(names, arrays)]
+            out = network(*inputs)
+        self.single = not isinstance(out, (tuple, list))
+        outs = [out] if self.single else list(out)
+        for o in outs:
+            if not isinstance(o, Tensor) or not o._is_traced():
+                raise TypeError(f"{type(network).__name__}.construct must return tensors computed from its inputs, but returned {o!r}.")
+        self.params = [p for _, p in tracer.params.values()]
+        wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
+        self.names = list(names)
+        self.session = _native.Session.inference(tracer.network, [o._node for o in outs], _context._job_context(), wires)
+        self.versions = {id(p): p._version for p in self.params}
+        self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.names}
+
+    def __call__(self, arrays):
+        changed = [p for p in self.params if p._version != self.versions[id(p)]]
+        if changed:
+            self.session.load([wire(p.name, p._data) for p in changed])
+            self.versions.update({id(p): p._version for p in changed})
+        outs = [unwire(e)[1] for e in self.session.predict([wire(n, a) for n, a in zip(self.names, arrays)])]
+        return outs
+
+
+def _as_arrays(data):
+    return [np.asarray(d.asnumpy() if isinstance(d, Tensor) else d) for d in data]
+
+
+def predictor_for(network, arrays, names=None):
+    """``network`` compiled for inference on inputs like ``arrays``: once per input shapes, the
+    parallel context and the train flag, kept on the cell."""
+    names = names or [f"input{i}" for i in range(len(arrays))]
+    key = (tuple(names), tuple((a.shape, str(a.dtype)) for a in arrays), _context._job_context(), network.training)
+    cache = network.__dict__.setdefault("_predictors", {})
+    predictor = cache.get(key)
+    if predictor is None:
+        predictor = cache[key] = _Predictor(network, names, arrays)
+        network._parameter_layout_dict.update(predictor.layouts)
+    return predictor
+
+
+def run_network(network, data, names=None):
+    """The outputs of ``network`` on ``data`` (arrays or Tensors), run on the parallel
+    context's devices."""
+    arrays = _as_arrays(data)
+    predictor = predictor_for(network, arrays, names)
+    return predictor, predictor(arrays)
+
+
+class _LossAndOutputs(Cell):
+    """What ``Model.eval`` computes: the loss and the network's outputs (the labels it has)."""
+
+    def __init__(self, network, loss_fn):
+        super().__init__(auto_prefix=False)
+        self._network = network
+        self._loss_fn = loss_fn
+
+    def construct(self, data, label):
+        outputs = self._network(data)
+        return self._loss_fn(outputs, label), outputs
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``."""
 
@@ -183,7 +251,35 @@ class Model:
             yield tuple(np.concatenate(col) for col in zip(*rows))
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
-        raise NotImplementedError("For 'Model.eval', autopar's Python front end does not evaluate yet; train and read the parameters.")
+        """The metrics given to ``Model`` over ``valid_dataset``: the network's outputs (and the
+        loss, with ``loss_fn``) on every global batch, the metrics updated with them."""
+        from ..nn.metrics import _metrics
+
+        if not self._metrics:
+            raise ValueError("For 'Model.eval', the Model needs 'metrics' (Model(network, loss_fn, optimizer, metrics={'acc'})).")
+        metrics = _metrics(self._metrics)
+        self._pull()
+        eval_net = _LossAndOutputs(self._network, self._loss_fn) if self._loss_fn is not None else self._network
+        eval_net.set_train(False)
+        columns = valid_dataset.get_col_names()
+        n = _context._device_num()
+        full_batch = bool(_context._PARALLEL.get("full_batch", False))
+        for m in metrics.values():
+            m.clear()
+        for batch in self._global_batches(valid_dataset, 0, n, full_batch):
+            data, label = batch[:-1], batch[-1]
+            if self._loss_fn is not None:
+                _, (loss, logits) = run_network(eval_net, list(data) + [label], columns)
+            else:
+                _, outs = run_network(eval_net, data, columns[:-1])
+                loss, logits = None, outs[0]
+            for m in metrics.values():
+                m._feed(logits, label, loss)
+        return {name: m.eval() for name, m in metrics.items()}
 
     def predict(self, *predict_data, backend=None):
-        raise NotImplementedError("For 'Model.predict', autopar's Python front end does not run inference yet.")
+        """The network's output on ``predict_data`` (a Tensor, or a tuple for several outputs)."""
+        self._pull()
+        self._network.set_train(False)
+        predictor, outs = run_network(self._network, predict_data)
+        return Tensor(outs[0]) if predictor.single else tuple(Tensor(o) for o in outs)
