@@ -218,3 +218,52 @@ def test_errors_name_what_is_wrong(context):
         net = Tiny()
         ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1)).train(
             1, tiny_data(rows=10, batch=4))
+
+
+def write_cifar10(folder, per_file=8, seed=0):
+    """A small CIFAR-10 binary folder: records of one label byte and 3072 image bytes."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        rec = np.zeros((per_file, 3073), np.uint8)
+        rec[:, 0] = rng.integers(0, 10, per_file)
+        rec[:, 1:] = rng.integers(0, 256, (per_file, 3072))
+        rec.tofile(folder / name)
+    return folder
+
+
+def test_cifar10_and_mnist_read_mindspores_files_in_its_order(tmp_path):
+    folder = write_cifar10(tmp_path / "cifar")
+    records = np.fromfile(folder / "data_batch_2.bin", np.uint8).reshape(-1, 3073)
+    d = ds.Cifar10Dataset(str(folder), usage="train", shuffle=False, num_shards=4, shard_id=1)
+    rows = list(d.create_tuple_iterator(output_numpy=True))
+    assert d.get_col_names() == ["image", "label"] and len(rows) == 10  # 40 records over 4 shards
+    image, label = rows[2]  # record 9: the second file's second record
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8 and label.dtype == np.uint32
+    assert label == records[1, 0] and np.array_equal(image, records[1, 1:].reshape(3, 32, 32).transpose(1, 2, 0))
+    assert ds.Cifar10Dataset(str(folder), usage="all", shuffle=False).get_dataset_size() == 48
+    with pytest.raises(ValueError, match="data_batch_1.bin does not exist"):
+        ds.Cifar10Dataset(str(tmp_path))
+    # MNIST: usage "all" reads the test files first, as MindSpore 2.10 does.
+    mnist = tmp_path / "mnist"
+    mnist.mkdir()
+    for prefix, n, label in [("train", 5, 3), ("t10k", 2, 7)]:
+        head = (2051).to_bytes(4, "big") + n.to_bytes(4, "big") + (28).to_bytes(4, "big") * 2
+        (mnist / f"{prefix}-images-idx3-ubyte").write_bytes(head + bytes(n * 784))
+        (mnist / f"{prefix}-labels-idx1-ubyte").write_bytes((2049).to_bytes(4, "big") + n.to_bytes(4, "big") + bytes([label] * n))
+    labels = [int(r[1]) for r in ds.MnistDataset(str(mnist), usage="all", shuffle=False).create_tuple_iterator(output_numpy=True)]
+    assert labels == [7, 7, 3, 3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
+def test_the_resnet_tutorial_trains_resnet50_on_a_small_cifar10(tmp_path, mode):
+    folder = write_cifar10(tmp_path / "cifar-10-batches-bin", per_file=4)
+    env = {**os.environ, "RANK_SIZE": "4", "DATA_PATH": str(folder), "MODE": mode, "EPOCHS": "1", "BATCH_SIZE": "2", "IMAGE_SIZE": "32"}
+    script = ROOT / "examples" / "python" / "resnet50_distributed_training.py"
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    losses = [float(line.rsplit(" ", 1)[1]) for line in run.stdout.splitlines() if line.startswith("epoch: 1 step:")]
+    assert len(losses) == 3 and all(np.isfinite(losses)), run.stdout  # usage "all": 24 images, 4 ranks of batches of 2
+    assert (tmp_path / "ckpt_0" / "auto_parallel-1_3.ckpt").is_file()
+    saved = ms.load_checkpoint(str(tmp_path / "ckpt_0" / "auto_parallel-1_3.ckpt"))
+    assert "layer4.2.bn3.gamma" in saved and saved["fc.weight"].shape == (10, 2048)

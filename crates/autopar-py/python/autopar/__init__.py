@@ -38,19 +38,26 @@ from .checkpoint import (
     transform_checkpoint_by_rank,
     transform_checkpoints,
 )
-from . import cli, common, communication, dataset, nn, ops, parallel, train
+from . import cli, common, communication, context, dataset, nn, ops, parallel, train
 from .train.serialization import load_checkpoint, load_param_into_net, save_checkpoint
 from .train.model import Model
 from .parallel import parameter_broadcast, sync_pipeline_shared_parameters
+
+
+def lazy_inline(fn=None, policies=None):
+    """MindSpore's ``@lazy_inline`` (a compile-time hint): autopar compiles the cell as it is."""
+    if fn is None:
+        return lambda f: f
+    return fn
 
 __all__ = [
     "__version__",
     "GRAPH_MODE", "PYNATIVE_MODE", "ParallelMode", "get_auto_parallel_context", "get_context", "get_seed",
     "reset_auto_parallel_context", "set_auto_parallel_context", "set_context", "set_seed",
     "dtype", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-    "initializer", "Parameter", "ParameterTuple", "Tensor", "Model",
+    "initializer", "lazy_inline", "Parameter", "ParameterTuple", "Tensor", "Model",
     "CheckpointReader", "load_checkpoint", "load_distributed_checkpoint", "load_segmented_checkpoints", "load_param_into_net",
     "merge_pipeline_strategys", "rank_list_for_transform", "save_checkpoint", "transform_checkpoint_by_rank",
     "transform_checkpoints", "parameter_broadcast", "sync_pipeline_shared_parameters",
-    "cli", "common", "communication", "dataset", "nn", "ops", "parallel", "train",
+    "cli", "common", "communication", "context", "dataset", "nn", "ops", "parallel", "train",
 ]

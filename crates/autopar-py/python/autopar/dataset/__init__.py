@@ -11,7 +11,7 @@ import numpy as np
 
 from ..common.tensor import Tensor
 
-__all__ = ["Dataset", "NumpySlicesDataset", "GeneratorDataset", "vision", "transforms", "config"]
+__all__ = ["Dataset", "NumpySlicesDataset", "GeneratorDataset", "Cifar10Dataset", "MnistDataset", "vision", "transforms", "config"]
 
 
 class _Config:
@@ -230,6 +230,90 @@ class GeneratorDataset(_Source):
 
     def _row(self, i):
         return self._as_row(self._source_obj[i]) if self._random else self._materialized()[i]
+
+
+def _usage(cls, usage, allowed):
+    usage = usage or "all"
+    if usage not in allowed:
+        raise ValueError(f"For '{cls}', 'usage' must be one of {allowed}, but got {usage!r}.")
+    return usage
+
+
+def _read(path, cls):
+    import os
+
+    if not os.path.isfile(path):
+        raise ValueError(f"For '{cls}', the file {path} does not exist: give the folder that holds the data set's files.")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Cifar10Dataset(_Source):
+    """CIFAR-10's binary version (``cifar-10-batches-bin``): columns ``image`` (uint8 HWC
+    32x32x3) and ``label`` (uint32), the files' records in order (``data_batch_1..5.bin`` for
+    ``usage="train"``, ``test_batch.bin`` for ``"test"``, both for ``"all"``)."""
+
+    RECORD = 1 + 32 * 32 * 3
+
+    def __init__(self, dataset_dir, usage=None, num_samples=None, num_parallel_workers=None, shuffle=None, sampler=None,
+                 num_shards=None, shard_id=None, cache=None):
+        super().__init__(num_samples, shuffle, num_shards, shard_id, sampler)
+        import os
+
+        usage = _usage("Cifar10Dataset", usage, ("train", "test", "all"))
+        names = ([f"data_batch_{i}.bin" for i in range(1, 6)] if usage in ("train", "all") else []) + (["test_batch.bin"] if usage in ("test", "all") else [])
+        chunks = []
+        for name in names:
+            data = _read(os.path.join(dataset_dir, name), "Cifar10Dataset")
+            if len(data) % self.RECORD:
+                raise ValueError(f"For 'Cifar10Dataset', {os.path.join(dataset_dir, name)} holds {len(data)} bytes, not whole records of {self.RECORD}.")
+            chunks.append(np.frombuffer(data, dtype=np.uint8).reshape(-1, self.RECORD))
+        records = np.concatenate(chunks)
+        self._labels = records[:, 0].astype(np.uint32)
+        self._images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+
+    def get_col_names(self):
+        return ["image", "label"]
+
+    def _count(self):
+        return len(self._labels)
+
+    def _row(self, i):
+        return (np.ascontiguousarray(self._images[i]), self._labels[i])
+
+
+class MnistDataset(_Source):
+    """MNIST's idx files: columns ``image`` (uint8 28x28x1) and ``label`` (uint32); with
+    ``usage="all"`` the test files' records first, as MindSpore reads them."""
+
+    def __init__(self, dataset_dir, usage=None, num_samples=None, num_parallel_workers=None, shuffle=None, sampler=None,
+                 num_shards=None, shard_id=None, cache=None):
+        super().__init__(num_samples, shuffle, num_shards, shard_id, sampler)
+        import os
+
+        usage = _usage("MnistDataset", usage, ("train", "test", "all"))
+        images, labels = [], []
+        # MindSpore reads the files in name order: t10k's before train's.
+        for prefix in (["t10k"] if usage in ("test", "all") else []) + (["train"] if usage in ("train", "all") else []):
+            img = _read(os.path.join(dataset_dir, f"{prefix}-images-idx3-ubyte"), "MnistDataset")
+            lab = _read(os.path.join(dataset_dir, f"{prefix}-labels-idx1-ubyte"), "MnistDataset")
+            n, rows, cols = (int.from_bytes(img[k:k + 4], "big") for k in (4, 8, 12))
+            if int.from_bytes(img[:4], "big") != 2051 or len(img) != 16 + n * rows * cols:
+                raise ValueError(f"For 'MnistDataset', {prefix}-images-idx3-ubyte is not an idx3 image file of {n} images.")
+            if int.from_bytes(lab[:4], "big") != 2049 or len(lab) != 8 + n:
+                raise ValueError(f"For 'MnistDataset', {prefix}-labels-idx1-ubyte does not hold the {n} labels of its images.")
+            images.append(np.frombuffer(img, dtype=np.uint8, offset=16).reshape(n, rows, cols, 1))
+            labels.append(np.frombuffer(lab, dtype=np.uint8, offset=8).astype(np.uint32))
+        self._images, self._labels = np.concatenate(images), np.concatenate(labels)
+
+    def get_col_names(self):
+        return ["image", "label"]
+
+    def _count(self):
+        return len(self._labels)
+
+    def _row(self, i):
+        return (self._images[i], self._labels[i])
 
 
 class _Map(Dataset):

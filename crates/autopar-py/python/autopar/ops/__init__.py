@@ -19,7 +19,7 @@ __all__ = [
     "MaxPool", "AvgPool", "BatchNorm", "LayerNorm", "Dropout", "SoftmaxCrossEntropyWithLogits",
     "SparseSoftmaxCrossEntropyWithLogits", "Shape",
     "matmul", "relu", "gelu", "reshape", "transpose", "cast", "softmax", "log_softmax", "mean", "sum", "add", "sub", "mul",
-    "div", "exp", "log", "sqrt", "tanh", "sigmoid", "flatten", "square",
+    "div", "exp", "log", "sqrt", "tanh", "sigmoid", "flatten", "square", "shape", "scalar_to_array", "ones", "zeros",
 ]
 
 
@@ -120,11 +120,19 @@ class BatchMatMul(MatMul):
         return np.matmul(t(a, self.transpose_a), t(b, self.transpose_b))
 
 
+def _scalar(v):
+    """A value tensor of one element as the number it holds (a constant of construct)."""
+    if _is_tensor(v) and not v._is_traced() and v.ndim == 0:
+        return v.asnumpy().item()
+    return v
+
+
 class _Binary(Primitive):
     _kind = None
     _fn = None
 
     def _trace(self, tracer, x, y):
+        x, y = _scalar(x), _scalar(y)
         if not _is_tensor(x) and not _is_tensor(y):
             return type(self)._fn(x, y)
         scalar = y if not _is_tensor(y) else (x if not _is_tensor(x) else None)
@@ -341,7 +349,8 @@ class OneHot(Primitive):
             raise NotImplementedError(f"For '{self.name}', autopar puts the classes last (axis=-1), but got axis={axis}.")
 
     def _trace(self, tracer, indices, depth, on_value=1.0, off_value=0.0):
-        on, off = float(np.asarray(on_value)), float(np.asarray(off_value))
+        on, off = float(np.asarray(on_value.asnumpy() if _is_tensor(on_value) else on_value)), float(
+            np.asarray(off_value.asnumpy() if _is_tensor(off_value) else off_value))
         if (on, off) != (1.0, 0.0):
             raise NotImplementedError(f"For '{self.name}', autopar makes one-hot vectors of 1 and 0, but got on={on}, off={off}.")
         dt = on_value.dtype if _is_tensor(on_value) else mstype.float32
@@ -501,6 +510,22 @@ class Shape(Primitive):
 
 
 # The functional forms.
+def shape(x):
+    return tuple(x.shape)
+
+
+def scalar_to_array(x):
+    return Tensor(np.array(x, dtype=np.float32))
+
+
+def ones(shape, dtype=mstype.float32):
+    return Tensor(np.ones(shape, dtype=mstype.to_numpy(dtype)))
+
+
+def zeros(shape, dtype=mstype.float32):
+    return Tensor(np.zeros(shape, dtype=mstype.to_numpy(dtype)))
+
+
 def matmul(a, b):
     return MatMul()(a, b)
 

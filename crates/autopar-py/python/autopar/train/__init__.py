@@ -1,6 +1,6 @@
 """MindSpore's ``mindspore.train``: ``Model``, the callbacks and serialization."""
 
-from .callback import Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, RunContext, TimeMonitor
+from ._callback import Callback, CheckpointConfig, LossMonitor, ModelCheckpoint, RunContext, TimeMonitor
 from .model import Model
 from .serialization import load_checkpoint, load_param_into_net, save_checkpoint
 

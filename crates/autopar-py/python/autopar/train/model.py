@@ -15,7 +15,7 @@ from ..common.tensor import Tensor
 from ..nn.cell import Cell, _name_children
 from ..nn.optim import Optimizer
 from ..nn.wrap import TrainOneStepCell, WithLossCell
-from .callback import RunContext, _Params
+from ._callback import RunContext, _Params
 
 __all__ = ["Model"]
 

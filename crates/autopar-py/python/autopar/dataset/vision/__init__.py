@@ -73,18 +73,47 @@ class Resize:
             ys = np.minimum((np.arange(oh) * h / oh).astype(int), h - 1)
             xs = np.minimum((np.arange(ow) * w / ow).astype(int), w - 1)
             return img[ys][:, xs]
-        ys = np.clip((np.arange(oh) + 0.5) * h / oh - 0.5, 0, h - 1)
-        xs = np.clip((np.arange(ow) + 0.5) * w / ow - 0.5, 0, w - 1)
-        y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+        y0, wy = _taps(h, oh)
+        x0, wx = _taps(w, ow)
         y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-        wy, wx = (ys - y0)[:, None], (xs - x0)[None, :]
+        if img.dtype == np.uint8:
+            # OpenCV's fixed point (MindSpore resizes with it): 11-bit weights, rounded once.
+            # Each tap's weight rounded on its own from f32 (the two need not add up to 2048).
+            def q(wt):
+                wt = wt.astype(np.float32)
+                return np.round((np.float32(1) - wt) * 2048).astype(np.int64), np.round(wt * 2048).astype(np.int64)
+
+            (ay, by), (ax, bx) = q(wy), q(wx)
+            f = img.astype(np.int64)
+            shape_x = (1, -1, 1) if f.ndim == 3 else (1, -1)
+            shape_y = (-1, 1, 1) if f.ndim == 3 else (-1, 1)
+            ax, bx, ay, by = ax.reshape(shape_x), bx.reshape(shape_x), ay.reshape(shape_y), by.reshape(shape_y)
+            rows0 = f[y0][:, x0] * ax + f[y0][:, x1] * bx
+            rows1 = f[y1][:, x0] * ax + f[y1][:, x1] * bx
+            # The vertical pass as OpenCV's vector code rounds it: rows shifted to 16 bits, the
+            # high halves of their products with the weights, then rounded to 8 bits.
+            out = ((((rows0 >> 4) * ay) >> 16) + (((rows1 >> 4) * by) >> 16) + 2) >> 2
+            return np.clip(out, 0, 255).astype(np.uint8)
         f = img.astype(np.float32)
-        if f.ndim == 3:
-            wy, wx = wy[..., None], wx[..., None]
-        top = f[y0][:, x0] * (1 - wx) + f[y0][:, x1] * wx
-        bottom = f[y1][:, x0] * (1 - wx) + f[y1][:, x1] * wx
-        out = top * (1 - wy) + bottom * wy
+        wx_ = wx[None, :, None] if f.ndim == 3 else wx[None, :]
+        wy_ = wy[:, None, None] if f.ndim == 3 else wy[:, None]
+        top = f[y0][:, x0] * (1 - wx_) + f[y0][:, x1] * wx_
+        bottom = f[y1][:, x0] * (1 - wx_) + f[y1][:, x1] * wx_
+        out = top * (1 - wy_) + bottom * wy_
         return out.round().astype(img.dtype) if img.dtype.kind in "iu" else out.astype(img.dtype)
+
+
+def _taps(size, out):
+    """Each output position's first source index and the weight of the next one (pixel
+    centres aligned, as OpenCV's INTER_LINEAR)."""
+    src = ((np.arange(out) + 0.5) * (size / out) - 0.5).astype(np.float32).astype(np.float64)
+    first = np.floor(src).astype(int)
+    frac = src - first
+    low = first < 0
+    first[low], frac[low] = 0, 0.0
+    high = first >= size - 1
+    first[high], frac[high] = size - 1, 0.0
+    return first, frac
 
 
 class RandomCrop(_Random):

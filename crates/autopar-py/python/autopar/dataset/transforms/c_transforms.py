@@ -1,0 +1,3 @@
+"""``mindspore.dataset.transforms.c_transforms`` (MindSpore 1.x's module): ``TypeCast``, ``Compose``."""
+
+from . import Compose, TypeCast  # noqa: F401
