@@ -9,7 +9,7 @@ use std::sync::Arc;
 use autopar::graph::{ConvAttrs, DType, GraphBuilder, Initializer, NodeId, ParamSpec, PoolAttrs};
 use autopar::layout::Strategy;
 use autopar::parallel::ParallelContext;
-use autopar::runtime::{AdamW, Job, LocalRanks, LrSchedule, MakeOptimizer, Momentum, Optimizer, ParamStore, Sgd};
+use autopar::runtime::{AdamW, Job, LocalRanks, LrSchedule, MakeOptimizer, Momentum, Optimizer, ParamGroups, ParamStore, Sgd};
 use autopar::tensor::Tensor;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -299,19 +299,39 @@ impl Network {
     }
 }
 
-/// The optimizer of a session, as `autopar.nn`'s optimizers describe it.
-fn optimizer(spec: &BTreeMap<String, f64>, name: &str) -> PyResult<MakeOptimizer> {
+/// A parameter group from Python: its parameters' names, its learning rate (one value, or one
+/// per step) and its weight decay, each None for the optimizer's.
+type Group = (Vec<String>, Option<Vec<f64>>, Option<f64>);
+
+/// A learning rate: one value, or one per step (MindSpore's dynamic learning rate).
+fn schedule(lrs: &[f64]) -> LrSchedule {
+    match lrs {
+        [lr] => LrSchedule::Constant(*lr),
+        many => LrSchedule::PerStep(many.into()),
+    }
+}
+
+/// The optimizer of a session, as `autopar.nn`'s optimizers describe it: its kind, learning
+/// rate, hyper-parameters and parameter groups.
+fn optimizer(name: &str, lr: &[f64], spec: &BTreeMap<String, f64>, groups: &[Group]) -> PyResult<MakeOptimizer> {
     let get = |k: &str, d: f64| spec.get(k).copied().unwrap_or(d);
-    let lr = LrSchedule::Constant(get("learning_rate", 0.1));
+    let lr = schedule(lr);
     let wd = get("weight_decay", 0.0);
     let filter = Some(autopar::runtime::decay_except_norm as fn(&str) -> bool);
     let (momentum, nesterov) = (get("momentum", 0.0), get("nesterov", 0.0) != 0.0);
     let (b1, b2, eps) = (get("beta1", 0.9), get("beta2", 0.999), get("eps", 1e-8));
+    let mut param_groups = ParamGroups::default();
+    for (names, group_lr, group_wd) in groups {
+        param_groups.add(names.iter().cloned(), group_lr.as_deref().map(schedule), *group_wd).map_err(graph_err)?;
+    }
     let kind = name.to_string();
     let make = move || -> autopar::runtime::Result<Box<dyn Optimizer>> {
+        let g = param_groups.clone();
         Ok(match kind.as_str() {
-            "SGD" if momentum == 0.0 => Box::new(Sgd::new(lr.clone())?.with_weight_decay(wd, filter)?),
-            "SGD" | "Momentum" => Box::new(Momentum::new(lr.clone(), momentum)?.with_nesterov(nesterov).with_weight_decay(wd, filter)?),
+            "SGD" if momentum == 0.0 => Box::new(Sgd::new(lr.clone())?.with_weight_decay(wd, filter)?.with_groups(g)),
+            "SGD" | "Momentum" => {
+                Box::new(Momentum::new(lr.clone(), momentum)?.with_nesterov(nesterov).with_weight_decay(wd, filter)?.with_groups(g))
+            }
             // MindSpore's Adam corrects the moments' bias; AdamWeightDecay does not.
             "Adam" | "AdamWeightDecay" => Box::new(
                 AdamW::new(lr.clone())?
@@ -319,7 +339,8 @@ fn optimizer(spec: &BTreeMap<String, f64>, name: &str) -> PyResult<MakeOptimizer
                     .with_eps(eps)?
                     .with_weight_decay(wd, filter)?
                     .with_bias_correction(kind == "Adam")
-                    .with_eps_hat(kind == "Adam"),
+                    .with_eps_hat(kind == "Adam")
+                    .with_groups(g),
             ),
             _ => unreachable!("checked below"),
         })
@@ -343,9 +364,10 @@ pub struct Session {
 impl Session {
     /// Plans `network` (its loss `loss`) under the `set_auto_parallel_context` options `context`
     /// (a JSON object), and starts its ranks from the full parameters `params`, each with the
-    /// optimizer `optimizer_kind` and its hyper-parameters.
+    /// optimizer `optimizer_kind`: its learning rate (one value or one per step), its other
+    /// hyper-parameters, and its parameter groups.
     #[new]
-    #[pyo3(signature = (network, loss, context, params, optimizer_kind, hyper, micro_batches=None))]
+    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, micro_batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -354,10 +376,12 @@ impl Session {
         context: &str,
         params: Vec<Wire>,
         optimizer_kind: &str,
+        learning_rate: Vec<f64>,
         hyper: BTreeMap<String, f64>,
+        groups: Vec<Group>,
         micro_batches: Option<usize>,
     ) -> PyResult<Self> {
-        let make_opt = optimizer(&hyper, optimizer_kind)?;
+        let make_opt = optimizer(optimizer_kind, &learning_rate, &hyper, &groups)?;
         Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches)))
     }
 

@@ -29,6 +29,7 @@ DEVICES = {
     "onehot_adamw.py": 8,
     "conv_momentum.py": 4,
     "eval_predict.py": 4,
+    "groups_dynamic_lr.py": 4,
 }
 TOL = 1e-5
 
@@ -209,8 +210,13 @@ def test_errors_name_what_is_wrong(context):
         Tiny()(ms.Tensor(np.ones((2, 4), np.float32)))  # the context of 4 devices set above
     with pytest.raises(ValueError, match="shape"):
         Tiny().w.set_data(np.ones((3, 3), np.float32))
-    with pytest.raises(NotImplementedError, match="parameter groups"):
-        nn.SGD([{"params": Tiny().trainable_params()}], 0.1)
+    twice = Tiny().trainable_params()
+    with pytest.raises(RuntimeError, match="w parameter already exists"):
+        nn.SGD([{"params": twice}, {"params": twice}], 0.1)
+    with pytest.raises(ValueError, match="'momentum'"):
+        nn.SGD([{"params": twice, "momentum": 0.9}], 0.1)
+    with pytest.raises(NotImplementedError, match="LearningRateSchedule"):
+        nn.SGD(twice, Tiny())
     with pytest.raises(AttributeError):
         ops.NoSuchPrimitive()
     ms.reset_auto_parallel_context()

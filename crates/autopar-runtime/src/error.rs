@@ -98,6 +98,14 @@ pub enum RuntimeError {
     #[error(transparent)]
     Graph(Box<GraphError>),
 
+    /// A parameter group of an optimizer is wrong.
+    #[error("parameter {name}: {problem}\nhint: give each parameter to at most one group")]
+    BadParamGroup {
+        /// The parameter.
+        name: String,
+        /// What is wrong, in words.
+        problem: String,
+    },
     /// A rank of an in-process job kept between calls has stopped ([`crate::LocalRanks`]).
     #[error(
         "rank {rank} of the in-process job has stopped: {problem}\nhint: start the job again (an earlier error on that rank stopped it)"

@@ -39,6 +39,9 @@ pub enum LrSchedule {
         /// The step at which the cosine decay reaches `min_lr`.
         total_steps: u64,
     },
+    /// A learning rate per step (MindSpore's dynamic learning rate, a list); the last one after
+    /// the list ends.
+    PerStep(std::sync::Arc<[f64]>),
 }
 
 impl LrSchedule {
@@ -46,6 +49,7 @@ impl LrSchedule {
     pub fn lr(&self, step: u64) -> f64 {
         match *self {
             LrSchedule::Constant(lr) => lr,
+            LrSchedule::PerStep(ref lrs) => lrs.get(step as usize).or(lrs.last()).copied().unwrap_or(0.0),
             LrSchedule::WarmupCosine { base_lr, min_lr, warmup_steps, total_steps } => {
                 if step < warmup_steps {
                     return base_lr * (step + 1) as f64 / warmup_steps as f64;
@@ -57,7 +61,7 @@ impl LrSchedule {
         }
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         let bad = |what, value, expected| Err(RuntimeError::BadHyperparameter { what, value, expected });
         match *self {
             LrSchedule::Constant(lr) if !(lr >= 0.0 && lr.is_finite()) => bad("learning rate", lr, "a finite value >= 0"),
@@ -67,6 +71,11 @@ impl LrSchedule {
             LrSchedule::WarmupCosine { base_lr, min_lr, .. } if !(0.0..=base_lr).contains(&min_lr) => {
                 bad("minimum learning rate (`min_lr`)", min_lr, "0 <= min_lr <= the learning rate (`lr`)")
             }
+            LrSchedule::PerStep(ref lrs) => match lrs.iter().find(|lr| !(**lr >= 0.0 && lr.is_finite())) {
+                Some(&lr) => bad("learning rate", lr, "a finite value >= 0 at every step"),
+                None if lrs.is_empty() => bad("learning rate", f64::NAN, "a list of at least one value"),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -83,6 +92,46 @@ fn decay_all(_: &str) -> bool {
 /// containing `gamma` or `beta`).
 pub fn decay_except_norm(name: &str) -> bool {
     !name.contains("gamma") && !name.contains("beta")
+}
+
+/// Parameters with their own learning rate or weight decay (MindSpore's parameter groups): a
+/// parameter of a group takes the group's learning rate (else the optimizer's) and the group's
+/// weight decay (else the optimizer's, with no decay filter, as MindSpore's groups do);
+/// parameters of no group keep the optimizer's settings.
+#[derive(Clone, Debug, Default)]
+pub struct ParamGroups {
+    groups: Vec<(Option<LrSchedule>, Option<f64>)>,
+    by_name: std::collections::BTreeMap<String, usize>,
+}
+
+impl ParamGroups {
+    /// Adds a group of `names`; errors on an invalid schedule or weight decay, or a parameter
+    /// already in a group.
+    pub fn add(&mut self, names: impl IntoIterator<Item = String>, schedule: Option<LrSchedule>, weight_decay: Option<f64>) -> Result<()> {
+        if let Some(s) = &schedule {
+            s.check()?;
+        }
+        if let Some(wd) = weight_decay {
+            check_non_negative("weight_decay", wd)?;
+        }
+        let k = self.groups.len();
+        for name in names {
+            if self.by_name.insert(name.clone(), k).is_some() {
+                return Err(RuntimeError::BadParamGroup { name, problem: "it is in two parameter groups".into() });
+            }
+        }
+        self.groups.push((schedule, weight_decay));
+        Ok(())
+    }
+
+    /// The learning rate and weight decay of `name` at `step`, the optimizer's being
+    /// `schedule` and `wd` (where `filter` keeps the parameter).
+    fn of(&self, name: &str, step: u64, schedule: &LrSchedule, wd: f64, filter: DecayFilter) -> (f64, f64) {
+        match self.by_name.get(name).map(|&k| &self.groups[k]) {
+            Some((lr, group_wd)) => (lr.as_ref().unwrap_or(schedule).lr(step), group_wd.unwrap_or(wd)),
+            None => (schedule.lr(step), if filter(name) { wd } else { 0.0 }),
+        }
+    }
 }
 
 /// Scales `grads` in place so that their global L2 norm is at most `max_norm`; returns the norm
@@ -267,6 +316,8 @@ pub struct Sgd {
     pub weight_decay: f64,
     /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
+    /// Parameter groups with their own learning rate or weight decay.
+    pub groups: ParamGroups,
     step: u64,
     state: ParamStore,
 }
@@ -278,7 +329,7 @@ impl Sgd {
     /// SGD without weight decay; errors when the schedule is invalid.
     pub fn new(schedule: LrSchedule) -> Result<Self> {
         schedule.check()?;
-        Ok(Self { schedule, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
+        Ok(Self { schedule, weight_decay: 0.0, decay_filter: decay_all, groups: ParamGroups::default(), step: 0, state: ParamStore::new() })
     }
 
     /// Sets the weight decay and the parameters it applies to (`None`: all); errors unless `wd` is finite and >= 0.
@@ -287,6 +338,12 @@ impl Sgd {
         self.weight_decay = wd;
         self.decay_filter = filter.unwrap_or(decay_all);
         Ok(self)
+    }
+
+    /// Gives the parameters of `groups` their group's learning rate and weight decay.
+    pub fn with_groups(mut self, groups: ParamGroups) -> Self {
+        self.groups = groups;
+        self
     }
 }
 
@@ -300,10 +357,9 @@ fn check_non_negative(what: &'static str, v: f64) -> Result<()> {
 
 impl Optimizer for Sgd {
     fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
-        let lr = self.schedule.lr(self.step);
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
-            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let (lr, wd) = self.groups.of(name, self.step, &self.schedule, self.weight_decay, self.decay_filter);
             let (lr32, wd32) = (lr as f32, wd as f32);
             fused(name, p, g, [], |g, _, p| p - lr32 * (g + wd32 * p), |g, _, p| p - lr * (g + wd * p))?;
         }
@@ -340,6 +396,8 @@ pub struct Momentum {
     pub weight_decay: f64,
     /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
+    /// Parameter groups with their own learning rate or weight decay.
+    pub groups: ParamGroups,
     step: u64,
     state: ParamStore,
 }
@@ -352,7 +410,16 @@ impl Momentum {
     pub fn new(schedule: LrSchedule, momentum: f64) -> Result<Self> {
         schedule.check()?;
         check_non_negative("momentum", momentum)?;
-        Ok(Self { schedule, momentum, nesterov: false, weight_decay: 0.0, decay_filter: decay_all, step: 0, state: ParamStore::new() })
+        Ok(Self {
+            schedule,
+            momentum,
+            nesterov: false,
+            weight_decay: 0.0,
+            decay_filter: decay_all,
+            groups: ParamGroups::default(),
+            step: 0,
+            state: ParamStore::new(),
+        })
     }
 
     /// Turns Nesterov momentum on or off.
@@ -368,6 +435,12 @@ impl Momentum {
         self.decay_filter = filter.unwrap_or(decay_all);
         Ok(self)
     }
+
+    /// Gives the parameters of `groups` their group's learning rate and weight decay.
+    pub fn with_groups(mut self, groups: ParamGroups) -> Self {
+        self.groups = groups;
+        self
+    }
 }
 
 /// The state tensor `key`, created as zeros like `like` at the first step.
@@ -380,12 +453,11 @@ fn state_or_zeros<'a>(state: &'a mut ParamStore, key: &str, like: &Tensor) -> &'
 
 impl Optimizer for Momentum {
     fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
-        let lr = self.schedule.lr(self.step);
         let mu = self.momentum;
         for (name, g) in grads {
             let p = check_grad(params, name, g)?;
             let acc = state_or_zeros(&mut self.state, &format!("{MOMENTS}{name}"), p);
-            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let (lr, wd) = self.groups.of(name, self.step, &self.schedule, self.weight_decay, self.decay_filter);
             let nesterov = self.nesterov;
             let (lr32, mu32, wd32) = (lr as f32, mu as f32, wd as f32);
             fused(
@@ -454,6 +526,8 @@ pub struct AdamW {
     pub eps_hat: bool,
     /// Which parameters weight decay applies to.
     pub decay_filter: DecayFilter,
+    /// Parameter groups with their own learning rate or weight decay.
+    pub groups: ParamGroups,
     step: u64,
     state: ParamStore,
 }
@@ -474,6 +548,7 @@ impl AdamW {
             bias_correction: true,
             eps_hat: false,
             decay_filter: decay_all,
+            groups: ParamGroups::default(),
             step: 0,
             state: ParamStore::new(),
         })
@@ -508,6 +583,12 @@ impl AdamW {
         Ok(self)
     }
 
+    /// Gives the parameters of `groups` their group's learning rate and weight decay.
+    pub fn with_groups(mut self, groups: ParamGroups) -> Self {
+        self.groups = groups;
+        self
+    }
+
     /// Without bias correction the update is MindSpore's `AdamWeightDecay`.
     pub fn with_bias_correction(mut self, on: bool) -> Self {
         self.bias_correction = on;
@@ -523,7 +604,6 @@ impl AdamW {
 
 impl Optimizer for AdamW {
     fn step(&mut self, params: &mut ParamStore, grads: &[(String, Tensor)]) -> Result<()> {
-        let lr = self.schedule.lr(self.step);
         let t = (self.step + 1) as i32;
         let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
         // MindSpore keeps the betas' powers in f32: its corrections use the f32 betas, which
@@ -538,7 +618,7 @@ impl Optimizer for AdamW {
             // Both moments out of the store at once (put back below).
             let mut m = self.state.remove(&km).unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype()));
             let mut v = self.state.remove(&kv).unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype()));
-            let wd = if (self.decay_filter)(name) { self.weight_decay } else { 0.0 };
+            let (lr, wd) = self.groups.of(name, self.step, &self.schedule, self.weight_decay, self.decay_filter);
             let f = [lr, b1, b2, eps, wd, c1, c2].map(|x| x as f32);
             let done = fused(
                 name,
@@ -662,6 +742,26 @@ mod tests {
     }
 
     #[test]
+    fn a_group_takes_its_own_learning_rate_and_weight_decay_and_a_list_gives_one_per_step() {
+        let lrs = LrSchedule::PerStep(vec![0.1, 0.2].into());
+        assert_eq!([lrs.lr(0), lrs.lr(1), lrs.lr(5)], [0.1, 0.2, 0.2]);
+        let mut groups = ParamGroups::default();
+        // "gamma" in a group is decayed: a group's weight decay has no filter.
+        groups.add(["gamma".to_string()], Some(LrSchedule::Constant(1.0)), Some(0.5)).unwrap();
+        let mut p = store(&[("w", &[1.0]), ("gamma", &[1.0]), ("beta", &[1.0])]);
+        let mut opt = Sgd::new(lrs).unwrap().with_weight_decay(0.1, Some(decay_except_norm)).unwrap().with_groups(groups.clone());
+        let g = grads(&[("w", &[1.0]), ("gamma", &[1.0]), ("beta", &[1.0])]);
+        opt.step(&mut p, &g).unwrap();
+        close(p.get("w").unwrap(), &[1.0 - 0.1 * (1.0 + 0.1)]);
+        close(p.get("gamma").unwrap(), &[1.0 - 1.0 * (1.0 + 0.5)]);
+        close(p.get("beta").unwrap(), &[1.0 - 0.1 * 1.0]); // the optimizer's filter keeps norms undecayed
+        opt.step(&mut p, &g).unwrap();
+        close(p.get("beta").unwrap(), &[0.9 - 0.2]);
+        assert!(groups.add(["gamma".to_string()], None, None).is_err(), "a parameter in two groups");
+        assert!(Sgd::new(LrSchedule::PerStep(vec![0.1, -1.0].into())).is_err());
+    }
+
+    #[test]
     fn mindspores_adam_adds_eps_to_the_uncorrected_root() {
         // MindSpore's Adam: lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps); a large eps
         // makes the placement visible.
@@ -676,7 +776,9 @@ mod tests {
                 opt.step(&mut p, &grads(&[("w", &[g])])).unwrap();
                 m = b1 * m + (1.0 - b1) * g;
                 v = b2 * v + (1.0 - b2) * g * g;
-                let lr_t = lr * f64::sqrt(1.0 - b2.powi(k)) / (1.0 - b1.powi(k));
+                // The powers of the f32 betas, as MindSpore keeps them.
+                let (p1, p2) = (b1 as f32 as f64, b2 as f32 as f64);
+                let lr_t = lr * f64::sqrt(1.0 - p2.powi(k)) / (1.0 - p1.powi(k));
                 w -= lr_t * m / (f64::sqrt(v) + eps);
             }
             close(p.get("w").unwrap(), &[w]);

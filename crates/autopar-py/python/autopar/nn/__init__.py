@@ -5,6 +5,7 @@ from .layers import (
     AvgPool2d, BatchNorm2d, Conv2d, Dense, Dropout, Embedding, Flatten, GELU, LayerNorm, LogSoftmax, MaxPool2d, ReLU, SiLU,
     Sigmoid, Softmax, Tanh,
 )
+from .dynamic_lr import cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, warmup_lr
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric, Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
@@ -15,5 +16,5 @@ __all__ = [
     "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
     "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
     "Optimizer", "Accuracy", "Loss", "Metric", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TopKCategoricalAccuracy",
-    "TrainOneStepCell", "WithEvalCell", "WithLossCell",
+    "TrainOneStepCell", "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "warmup_lr", "WithEvalCell", "WithLossCell",
 ]

@@ -4,6 +4,8 @@ applies it on every rank to the rank's own slices (MindSpore's formulas: Momentu
 
 import numbers
 
+import numpy as np
+
 from ..common.parameter import Parameter
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamWeightDecay"]
@@ -20,30 +22,80 @@ def _number(cls, what, value, low=0.0):
     return float(value)
 
 
+def _learning_rate(cls, value, what="learning_rate"):
+    """A learning rate as a list: one value, or one per step (MindSpore's dynamic learning rate)."""
+    from ..common.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        value = value.asnumpy()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"For '{cls}', '{what}' must not be an empty list.")
+        return [_number(cls, f"{what}[{i}]", v) for i, v in enumerate(value)]
+    if hasattr(value, "construct"):
+        raise NotImplementedError(
+            f"For '{cls}', autopar takes a learning rate as a number or a list per step; a LearningRateSchedule cell is not "
+            "supported yet (nn.cosine_decay_lr and the other dynamic_lr functions give lists)."
+        )
+    return [_number(cls, what, value)]
+
+
 class Optimizer:
-    """The parameters an optimizer updates and its hyper-parameters."""
+    """The parameters an optimizer updates, its learning rate (a number, or a list per step)
+    and hyper-parameters, and MindSpore's parameter groups (``params``, ``lr``,
+    ``weight_decay``; ``order_params`` accepted)."""
 
     _kind = None
 
     def __init__(self, learning_rate, parameters, weight_decay=0.0, loss_scale=1.0):
         cls = type(self).__name__
-        params = list(parameters)
-        if not params:
+        items = list(parameters)
+        if not items:
             raise ValueError(f"For '{cls}', the argument 'parameters' must not be empty.")
-        if isinstance(params[0], dict):
-            raise NotImplementedError(f"For '{cls}', parameter groups are not supported by autopar yet: pass a list of Parameters.")
+        if loss_scale != 1.0:
+            raise NotImplementedError(f"For '{cls}', autopar has no loss scaling yet (loss_scale must be 1.0).")
+        self.learning_rate = _learning_rate(cls, learning_rate)
+        self.weight_decay = _number(cls, "weight_decay", weight_decay)
+        self.groups = []
+        if isinstance(items[0], dict):
+            params, seen = [], set()
+            for k, group in enumerate(items):
+                if not isinstance(group, dict):
+                    raise TypeError(f"For '{cls}', parameter groups must all be dicts, but group {k} is {type(group)}.")
+                if "order_params" in group:
+                    continue
+                for key in group:
+                    if key not in ("params", "lr", "weight_decay", "grad_centralization"):
+                        raise ValueError(f"For '{cls}', group {k} has the key {key!r}; use 'params', 'lr', 'weight_decay' or 'order_params'.")
+                if group.get("grad_centralization"):
+                    raise NotImplementedError(f"For '{cls}', autopar has no gradient centralization (group {k}).")
+                members = list(group["params"])
+                for p in members:
+                    if not isinstance(p, Parameter):
+                        raise TypeError(f"For '{cls}', group {k}'s 'params' must be Parameters, but got {type(p)}.")
+                    if id(p) in seen:
+                        raise RuntimeError(f"For 'Optimizer', the {p.name} parameter already exists, it does not support repeated setting.")
+                    seen.add(id(p))
+                lr = _learning_rate(cls, group["lr"], f"lr of group {k}") if "lr" in group else None
+                wd = _number(cls, f"weight_decay of group {k}", group["weight_decay"]) if "weight_decay" in group else self.weight_decay
+                self.groups.append((members, lr, wd))
+                params += members
+        else:
+            params = items
         for p in params:
             if not isinstance(p, Parameter):
                 raise TypeError(f"For '{cls}', every element of 'parameters' must be a Parameter, but got {type(p)}.")
-        if loss_scale != 1.0:
-            raise NotImplementedError(f"For '{cls}', autopar has no loss scaling yet (loss_scale must be 1.0).")
         self.parameters = params
-        self.learning_rate = _number(cls, "learning_rate", learning_rate)
-        self.weight_decay = _number(cls, "weight_decay", weight_decay)
-        self.hyper = {"learning_rate": self.learning_rate, "weight_decay": self.weight_decay}
+        self.hyper = {"weight_decay": self.weight_decay}
+
+    def _groups_wire(self):
+        """The groups as the engine takes them: (names, learning rate or None, weight decay)."""
+        return [([p.name for p in members], lr, wd) for members, lr, wd in self.groups]
 
     def get_lr(self):
-        return self.learning_rate
+        return self.learning_rate[0] if len(self.learning_rate) == 1 else list(self.learning_rate)
 
 
 class SGD(Optimizer):
@@ -70,7 +122,7 @@ class Adam(Optimizer):
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, use_locking=False, use_nesterov=False,
                  weight_decay=0.0, loss_scale=1.0, use_amsgrad=False, **kwargs):
         super().__init__(learning_rate, params, 0.0, loss_scale)
-        if weight_decay != 0.0:
+        if weight_decay != 0.0 or any(wd for _, _, wd in self.groups):
             raise NotImplementedError("For 'Adam', autopar has no L2 weight decay in Adam yet: use AdamWeightDecay.")
         if use_nesterov or use_amsgrad:
             raise NotImplementedError("For 'Adam', autopar supports use_nesterov=False and use_amsgrad=False only.")

@@ -47,7 +47,8 @@ class _Job:
         wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
         self.shapes = [tuple(a.shape) for a in batch]
         self.columns = list(columns)
-        self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind, optimizer.hyper)
+        self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
+                                       optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire())
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
 
