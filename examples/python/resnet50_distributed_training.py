@@ -106,7 +106,12 @@ def test_train_cifar(epoch_size=10):
     opt = Momentum(filter(lambda x: x.requires_grad, net.get_parameters()), 0.01, 0.9)
     ckpt_config = CheckpointConfig(keep_checkpoint_max=1)
     ckpt_callback = ModelCheckpoint(prefix="auto_parallel", directory="./ckpt_" + str(get_rank()) + "/", config=ckpt_config)
-    model = Model(net, loss_fn=loss, optimizer=opt)
+    accumulation = int(os.environ.get("ACCUMULATION", "1"))
+    if accumulation > 1:
+        # Gradient accumulation: each batch's gradients in `accumulation` micro-batches, one update.
+        model = Model(nn.GradAccumulationCell(nn.WithLossCell(net, loss), accumulation), optimizer=opt)
+    else:
+        model = Model(net, loss_fn=loss, optimizer=opt)
     model.train(epoch_size, dataset, callbacks=[loss_cb, ckpt_callback], dataset_sink_mode=True)
 
 

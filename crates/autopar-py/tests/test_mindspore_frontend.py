@@ -261,10 +261,11 @@ def test_cifar10_and_mnist_read_mindspores_files_in_its_order(tmp_path):
     assert labels == [7, 7, 3, 3, 3, 3, 3]
 
 
-@pytest.mark.parametrize("mode", ["data_parallel", "auto_parallel"])
-def test_the_resnet_tutorial_trains_resnet50_on_a_small_cifar10(tmp_path, mode):
+@pytest.mark.parametrize("mode,accumulation", [("data_parallel", 2), ("auto_parallel", 1)])
+def test_the_resnet_tutorial_trains_resnet50_on_a_small_cifar10(tmp_path, mode, accumulation):
     folder = write_cifar10(tmp_path / "cifar-10-batches-bin", per_file=4)
-    env = {**os.environ, "RANK_SIZE": "4", "DATA_PATH": str(folder), "MODE": mode, "EPOCHS": "1", "BATCH_SIZE": "2", "IMAGE_SIZE": "32"}
+    env = {**os.environ, "RANK_SIZE": "4", "DATA_PATH": str(folder), "MODE": mode, "EPOCHS": "1", "BATCH_SIZE": "2", "IMAGE_SIZE": "32",
+           "ACCUMULATION": str(accumulation)}
     script = ROOT / "examples" / "python" / "resnet50_distributed_training.py"
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -273,3 +274,18 @@ def test_the_resnet_tutorial_trains_resnet50_on_a_small_cifar10(tmp_path, mode):
     assert (tmp_path / "ckpt_0" / "auto_parallel-1_3.ckpt").is_file()
     saved = ms.load_checkpoint(str(tmp_path / "ckpt_0" / "auto_parallel-1_3.ckpt"))
     assert "layer4.2.bn3.gamma" in saved and saved["fc.weight"].shape == (10, 2048)
+
+
+def test_pipeline_stages_and_cell_shard_train_as_one_device_does(tmp_path):
+    script = Path(__file__).parent / "scripts" / "stages_and_cell_shard.py"
+    got = {}
+    for mode in ("one", "pipeline", "cellshard"):
+        run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "MODE": mode},
+                             timeout=600)
+        assert run.returncode == 0, f"{mode}: {run.stderr[-4000:]}"
+        got[mode] = run.stdout
+    losses = {m: json.loads(out.splitlines()[0].split(" ", 1)[1]) for m, out in got.items()}
+    assert_close(losses["pipeline"], losses["one"], "2 pipeline stages beside one device")
+    assert_close(losses["cellshard"], losses["one"], "Cell.shard under sharding propagation beside one device")
+    # The block's weight took its layout from the cell's input layout ((2, 2): its columns split 2 ways).
+    assert "[16, 4]" in got["cellshard"].splitlines()[1]

@@ -79,7 +79,41 @@ class Cell:
             for attr, prim in self._primitives.items():
                 if prim._attr is None:
                     prim._attr = attr
+            strategy = self.__dict__.get("_in_strategy")
+            if strategy is not None:
+                args = self._laid_out(args, strategy)
             return self.construct(*args, **kwargs)
+
+    def _laid_out(self, args, strategy):
+        """The inputs with ``shard``'s layouts: each passes an exact identity (a scale by 1)
+        that carries the layout, from which the ops inside are planned."""
+        from ..common.tensor import Tensor
+        from ..ops import Mul
+
+        if len(strategy) != len(args):
+            raise ValueError(f"For '{type(self).__name__}.shard', 'in_strategy' has {len(strategy)} layouts for {len(args)} inputs.")
+        out = []
+        for i, (x, s) in enumerate(zip(args, strategy)):
+            if s is not None and isinstance(x, Tensor):
+                identity = Mul()
+                identity._attr = f"shard_input{i}"
+                x = identity.shard((tuple(s),))(x, 1.0)
+            out.append(x)
+        return tuple(out)
+
+    def shard(self, in_strategy, out_strategy=None, parameter_plan=None, device="Ascend", level=0):
+        """MindSpore's ``Cell.shard``: the layout of each input (a tuple of splits, or None);
+        the ops inside take their strategies from them (best with auto_parallel's
+        sharding_propagation)."""
+        if out_strategy is not None or parameter_plan is not None:
+            raise NotImplementedError(f"For '{type(self).__name__}.shard', autopar takes 'in_strategy' only.")
+        if not isinstance(in_strategy, tuple):
+            raise TypeError(f"For '{type(self).__name__}.shard', 'in_strategy' must be a tuple, but got {type(in_strategy)}.")
+        for s in in_strategy:
+            if s is not None and (not isinstance(s, tuple) or not all(isinstance(v, int) and v >= 1 for v in s)):
+                raise ValueError(f"For '{type(self).__name__}.shard', every layout must be a tuple of positive ints or None, but got {s!r}.")
+        self.__dict__["_in_strategy"] = in_strategy
+        return self
 
     # Parameters and cells.
     def cells_and_names(self, cell_name=""):

@@ -3,7 +3,7 @@
 
 from .cell import Cell
 
-__all__ = ["WithLossCell", "TrainOneStepCell", "WithEvalCell"]
+__all__ = ["WithLossCell", "TrainOneStepCell", "WithEvalCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved"]
 
 
 class WithLossCell(Cell):
@@ -43,3 +43,33 @@ class WithEvalCell(Cell):
     def construct(self, data, label):
         outputs = self._network(data)
         return self._loss_fn(outputs, label), outputs, label
+
+
+class _MicroBatches(Cell):
+    """A loss network whose global batch is cut into ``micro_size`` micro-batches each step."""
+
+    def __init__(self, network, micro_size):
+        super().__init__(auto_prefix=False)
+        if not isinstance(micro_size, int) or isinstance(micro_size, bool) or micro_size < 1:
+            raise ValueError(f"For '{type(self).__name__}', 'micro_size' must be a positive int, but got {micro_size!r}.")
+        self.network = network
+        self.micro_size = micro_size
+
+    def construct(self, *inputs):
+        return self.network(*inputs)
+
+
+class PipelineCell(_MicroBatches):
+    """MindSpore's ``nn.PipelineCell(network, micro_size)``: the micro-batches that flow through
+    the pipeline stages (``cell.pipeline_stage``) each step, in the context's scheduler's order."""
+
+
+class GradAccumulationCell(_MicroBatches):
+    """MindSpore's ``nn.GradAccumulationCell(network, micro_size)``: gradients of ``micro_size``
+    micro-batches accumulated into one update."""
+
+
+class MicroBatchInterleaved(Cell):
+    def __init__(self, network, interleave_num=2):
+        super().__init__(auto_prefix=False)
+        raise NotImplementedError("autopar does not interleave micro-batches within a stage (MicroBatchInterleaved).")

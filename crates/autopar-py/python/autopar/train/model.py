@@ -24,6 +24,19 @@ class _Job:
     """A compiled train network running on its devices."""
 
     def __init__(self, train_network, optimizer, columns, batch):
+        from ..nn.wrap import _MicroBatches
+
+        micro = [c.micro_size for _, c in train_network.cells_and_names() if isinstance(c, _MicroBatches)]
+        if len(micro) > 1:
+            raise ValueError("The train network holds more than one PipelineCell / GradAccumulationCell: give one micro_size.")
+        self.micro = micro[0] if micro else None
+        if self.micro:
+            # The network is compiled for one micro-batch; the job takes the batch in micro_size parts.
+            rows = len(batch[0])
+            if rows % self.micro:
+                raise ValueError(f"A batch of {rows} rows cannot be cut into micro_size={self.micro} micro-batches of equal rows.")
+            self.full_shapes = [tuple(a.shape) for a in batch]
+            batch = [a[: rows // self.micro] for a in batch]
         tracer = Tracer()
         trainable = {id(p) for p in optimizer.parameters}
         _name_children(train_network)
@@ -45,10 +58,16 @@ class _Job:
         self.loss_elements = max(loss.size, 1)
         self.params = [p for _, p in tracer.params.values()]
         wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
-        self.shapes = [tuple(a.shape) for a in batch]
+        self.shapes = self.full_shapes if self.micro else [tuple(a.shape) for a in batch]
         self.columns = list(columns)
+        for p in self.params:
+            if p.layerwise_parallel:
+                raise NotImplementedError(
+                    f"Parameter {p.name} is layerwise_parallel: autopar's front end plans the whole network (hybrid_parallel's "
+                    "rank-by-rank networks are built with the Rust API)."
+                )
         self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
-                                       optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire())
+                                       optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), self.micro)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
 
@@ -202,6 +221,9 @@ class Model:
         cb = _Params()
         cb.train_network, cb.network, cb.optimizer = self._train_network, self._network, self._optimizer
         cb.epoch_num, cb.batch_num, cb.cur_epoch_num, cb.cur_step_num = epoch, steps, initial_epoch, initial_epoch * steps
+        if dataset_sink_mode and sink_size > 0:
+            # MindSpore's CPU behaviour: whole epochs, the callbacks counting steps in sinks.
+            cb.batch_num = sink_size
         cb.train_dataset, cb.mode, cb.device_number = train_dataset, "train", n
         cb.parallel_mode = _context.get_auto_parallel_context("parallel_mode")
         cb.net_outputs = None
@@ -233,8 +255,14 @@ class Model:
                     c.on_train_epoch_end(run)
                 if run.get_stop_requested():
                     break
-        finally:
-            self._pull()
+        except BaseException:
+            # The parameters the ranks reached, where they can still give them.
+            try:
+                self._pull()
+            except RuntimeError:
+                pass
+            raise
+        self._pull()
         for c in callbacks:
             c.on_train_end(run)
 
