@@ -289,3 +289,12 @@ def test_pipeline_stages_and_cell_shard_train_as_one_device_does(tmp_path):
     assert_close(losses["cellshard"], losses["one"], "Cell.shard under sharding propagation beside one device")
     # The block's weight took its layout from the cell's input layout ((2, 2): its columns split 2 ways).
     assert "[16, 4]" in got["cellshard"].splitlines()[1]
+
+
+def test_the_sync_pipeline_shared_parameters_example_runs_on_2_stages(tmp_path):
+    script = ROOT / "examples" / "python" / "sync_pipeline_shared_parameters.py"
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = run.stdout.splitlines()
+    assert lines[:4] == ["[[1. 1. 1. 1.]", " [1. 1. 1. 1.]", " [1. 1. 1. 1.]", " [1. 1. 1. 1.]]"]
+    assert lines[4] == "[4. 4. 4. 4.]"  # the head's product with the table shared across the stages

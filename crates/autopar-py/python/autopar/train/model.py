@@ -99,6 +99,13 @@ class _Predictor:
     """A network compiled for inference on inputs of given shapes, running on its devices."""
 
     def __init__(self, network, names, arrays):
+        # A pipeline's inference runs one micro-batch per stage: the network is compiled for one.
+        stages = int(_context._PARALLEL.get("pipeline_stages", 1) or 1)
+        if stages > 1 and arrays:
+            rows = len(arrays[0])
+            if rows % stages:
+                raise ValueError(f"An input of {rows} rows cannot be cut into the {stages} micro-batches of {stages} pipeline stages.")
+            arrays = [a[: rows // stages] for a in arrays]
         tracer = Tracer()
         _name_children(network)
         with tracer.tracing():
