@@ -30,6 +30,8 @@ DEVICES = {
     "conv_momentum.py": 4,
     "eval_predict.py": 4,
     "groups_dynamic_lr.py": 4,
+    "attention_embedding.py": 8,
+    "batchnorm_avgpool.py": 4,
 }
 TOL = 1e-5
 

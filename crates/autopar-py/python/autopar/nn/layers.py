@@ -200,10 +200,11 @@ class BatchNorm2d(Cell):
     def __init__(self, num_features, eps=1e-5, momentum=0.9, affine=True, gamma_init="ones", beta_init="zeros",
                  moving_mean_init="zeros", moving_var_init="ones", use_batch_statistics=None, data_format="NCHW", dtype=mstype.float32):
         super().__init__()
-        self.gamma = _param(gamma_init, [num_features], dtype, "gamma", affine)
-        self.beta = _param(beta_init, [num_features], dtype, "beta", affine)
+        # In MindSpore's order: the moving statistics first.
         self.moving_mean = _param(moving_mean_init, [num_features], dtype, "mean", False)
         self.moving_variance = _param(moving_var_init, [num_features], dtype, "variance", False)
+        self.gamma = _param(gamma_init, [num_features], dtype, "gamma", affine)
+        self.beta = _param(beta_init, [num_features], dtype, "beta", affine)
         self.use_batch_statistics = use_batch_statistics
         self.bn_train = ops.BatchNorm(True, eps, momentum)
         self.bn_infer = ops.BatchNorm(False, eps, momentum)
