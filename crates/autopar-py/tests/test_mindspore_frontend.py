@@ -32,6 +32,7 @@ DEVICES = {
     "groups_dynamic_lr.py": 4,
     "attention_embedding.py": 8,
     "batchnorm_avgpool.py": 4,
+    "train_one_step_loop.py": 4,
 }
 TOL = 1e-5
 

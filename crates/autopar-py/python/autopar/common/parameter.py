@@ -26,8 +26,16 @@ class Parameter(Tensor):
         self.parallel_optimizer = bool(parallel_optimizer)
         self._version = 0
 
+    def asnumpy(self):
+        """The value (after the training steps a running job has taken with it)."""
+        job = self.__dict__.pop("_stale", None)
+        if job is not None:
+            job.pull()
+        return self._data
+
     def set_data(self, data, slice_shape=False):
         """Replaces the value (same shape), e.g. from a loaded checkpoint."""
+        self.__dict__.pop("_stale", None)
         value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data)
         if tuple(value.shape) != tuple(self._data.shape):
             raise ValueError(f"Parameter {self.name}: the new value has shape {tuple(value.shape)}, the parameter {tuple(self._data.shape)}.")

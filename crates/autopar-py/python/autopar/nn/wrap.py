@@ -33,6 +33,16 @@ class TrainOneStepCell(Cell):
     def construct(self, *inputs):
         return self.network(*inputs)
 
+    def __call__(self, *inputs):
+        from .. import _trace
+
+        if _trace.active() is not None:
+            return super().__call__(*inputs)
+        # Called on values: one training step, as MindSpore's TrainOneStepCell takes one.
+        from ..train.model import train_step
+
+        return train_step(self, inputs)
+
 
 class WithEvalCell(Cell):
     def __init__(self, network, loss_fn, add_cast_fp32=False):

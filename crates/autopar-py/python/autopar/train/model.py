@@ -57,7 +57,7 @@ class _Job:
             raise TypeError(f"The loss network {type(train_network).__name__} must return a tensor computed from its inputs, but returned {loss!r}.")
         self.loss_elements = max(loss.size, 1)
         self.params = [p for _, p in tracer.params.values()]
-        wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
+        wires = [wire(p.name, p.asnumpy()) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
         self.shapes = self.full_shapes if self.micro else [tuple(a.shape) for a in batch]
         self.columns = list(columns)
         for p in self.params:
@@ -82,17 +82,30 @@ class _Job:
         return self.session.step([wire(n, a) for n, a in zip(self.columns, batch)])
 
     def _push_changed(self):
+        for p in self.params:
+            if p.__dict__.get("_stale", self) is not self:
+                p.asnumpy()  # another job's newer value
         changed = [p for p in self.params if p._version != self.versions[id(p)]]
         if changed:
             self.session.load([wire(p.name, p._data) for p in changed])
             self.versions.update({id(p): p._version for p in changed})
 
     def pull(self):
+        """The ranks' parameters back into the network's Parameters (those not set since)."""
         values = dict(unwire(e) for e in self.session.params())
         for p in self.params:
+            if p.__dict__.get("_stale", self) is not self or p._version != self.versions[id(p)]:
+                continue  # set by the user since the job last had it: the job takes it at its next step
+            p.__dict__.pop("_stale", None)
             if p.name in values:
                 p._set_from_job(values[p.name])
             self.versions[id(p)] = p._version
+
+    def mark_stale(self):
+        """The ranks hold newer values than the Parameters: read on demand (``asnumpy``)."""
+        for p in self.params:
+            if p._version == self.versions[id(p)]:
+                p.__dict__["_stale"] = self
 
 
 class _Predictor:
@@ -117,13 +130,15 @@ class _Predictor:
             if not isinstance(o, Tensor) or not o._is_traced():
                 raise TypeError(f"{type(network).__name__}.construct must return tensors computed from its inputs, but returned {o!r}.")
         self.params = [p for _, p in tracer.params.values()]
-        wires = [wire(p.name, p._data) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
+        wires = [wire(p.name, p.asnumpy()) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
         self.names = list(names)
         self.session = _native.Session.inference(tracer.network, [o._node for o in outs], _context._job_context(), wires)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.names}
 
     def __call__(self, arrays):
+        for p in self.params:
+            p.asnumpy()  # a training job's newer values first
         changed = [p for p in self.params if p._version != self.versions[id(p)]]
         if changed:
             self.session.load([wire(p.name, p._data) for p in changed])
@@ -147,6 +162,21 @@ def predictor_for(network, arrays, names=None):
         predictor = cache[key] = _Predictor(network, names, arrays)
         network._parameter_layout_dict.update(predictor.layouts)
     return predictor
+
+
+def train_step(cell, data):
+    """One training step of a ``TrainOneStepCell`` called on values: compiled into a training
+    job once (kept on the cell), the step's loss returned; the parameters are read back when
+    asked for."""
+    arrays = _as_arrays(data)
+    job = cell.__dict__.get("_job")
+    if job is None:
+        names = [f"input{i}" for i in range(len(arrays))]
+        job = cell.__dict__["_job"] = _Job(cell, cell.optimizer, names, arrays)
+        cell._parameter_layout_dict.update(job.layouts)
+    loss = job.step(arrays)
+    job.mark_stale()
+    return Tensor(np.array(loss / job.loss_elements, dtype=np.float32))
 
 
 def run_network(network, data, names=None):
