@@ -44,6 +44,22 @@ from .train.model import Model
 from .parallel import parameter_broadcast, sync_pipeline_shared_parameters
 
 
+def _functional_training(name):
+    def refused(*args, **kwargs):
+        raise NotImplementedError(
+            f"autopar does not run MindSpore's functional training ({name}) yet: train with mindspore.train.Model or a "
+            "TrainOneStepCell(WithLossCell(net, loss), optimizer) called on tensors, which autopar compiles and runs on its devices."
+        )
+
+    refused.__name__ = name
+    return refused
+
+
+value_and_grad = _functional_training("value_and_grad")
+grad = _functional_training("grad")
+jit = _functional_training("jit")
+
+
 def lazy_inline(fn=None, policies=None):
     """MindSpore's ``@lazy_inline`` (a compile-time hint): autopar compiles the cell as it is."""
     if fn is None:
@@ -55,7 +71,7 @@ __all__ = [
     "GRAPH_MODE", "PYNATIVE_MODE", "ParallelMode", "get_auto_parallel_context", "get_context", "get_seed",
     "reset_auto_parallel_context", "set_auto_parallel_context", "set_context", "set_seed",
     "dtype", "bfloat16", "bool_", "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-    "initializer", "lazy_inline", "Parameter", "ParameterTuple", "Tensor", "Model",
+    "initializer", "lazy_inline", "value_and_grad", "grad", "jit", "Parameter", "ParameterTuple", "Tensor", "Model",
     "CheckpointReader", "load_checkpoint", "load_distributed_checkpoint", "load_segmented_checkpoints", "load_param_into_net",
     "merge_pipeline_strategys", "rank_list_for_transform", "save_checkpoint", "transform_checkpoint_by_rank",
     "transform_checkpoints", "parameter_broadcast", "sync_pipeline_shared_parameters",

@@ -17,7 +17,7 @@ __all__ = [
     "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Neg", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceMax",
     "Reshape", "Transpose", "Flatten", "Squeeze", "ExpandDims", "Gather", "OneHot", "Cast", "Concat", "Conv2D",
     "MaxPool", "AvgPool", "BatchNorm", "LayerNorm", "Dropout", "SoftmaxCrossEntropyWithLogits",
-    "SparseSoftmaxCrossEntropyWithLogits", "Shape",
+    "SparseSoftmaxCrossEntropyWithLogits", "Shape", "GradOperation", "AllReduce",
     "matmul", "relu", "gelu", "reshape", "transpose", "cast", "softmax", "log_softmax", "mean", "sum", "add", "sub", "mul",
     "div", "exp", "log", "sqrt", "tanh", "sigmoid", "flatten", "square", "shape", "scalar_to_array", "ones", "zeros",
 ]
@@ -502,6 +502,25 @@ class SoftmaxCrossEntropyWithLogits(Primitive):
             prod.shard(self.in_strategy)
             total.shard((self.in_strategy[0],))
         return (neg(total(prod(labels, logp(logits)), -1)), None)
+
+
+class GradOperation:
+    """MindSpore's ``GradOperation``: not run by autopar (it trains through Model or TrainOneStepCell)."""
+
+    def __init__(self, get_all=False, get_by_list=False, sens_param=False):
+        raise NotImplementedError(
+            "autopar does not run GradOperation yet: train with mindspore.train.Model or a TrainOneStepCell called on tensors."
+        )
+
+
+class AllReduce:
+    """MindSpore's ``AllReduce`` primitive for hybrid_parallel networks: built with autopar's Rust API."""
+
+    def __init__(self, op="sum", group=None):
+        raise NotImplementedError(
+            "autopar's Python front end plans whole networks; hybrid_parallel's rank-by-rank networks with their own "
+            "collectives are built with autopar's Rust API (GraphBuilder::all_reduce)."
+        )
 
 
 class Shape(Primitive):
