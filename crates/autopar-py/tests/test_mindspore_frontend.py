@@ -223,10 +223,41 @@ def test_errors_name_what_is_wrong(context):
     with pytest.raises(AttributeError):
         ops.NoSuchPrimitive()
     ms.reset_auto_parallel_context()
-    with pytest.raises(ValueError, match="compiled for"):
+    def model():
         net = Tiny()
-        ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1)).train(
-            1, tiny_data(rows=10, batch=4))
+        return ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.1))
+
+    steps = []
+
+    class Count(ms.train.Callback):
+        def step_end(self, run_context):
+            steps.append(1)
+
+    with pytest.raises(ValueError, match="last batch of each epoch has 2 rows"):
+        model().train(1, tiny_data(rows=10, batch=4), callbacks=[Count()])
+    assert not steps, "refused before the first step"
+    with pytest.raises(ValueError, match="3 columns"):
+        data = ds.NumpySlicesDataset({"x": np.ones((8, 4), np.float32), "y": np.zeros(8, np.int32), "z": np.zeros(8)}, shuffle=False)
+        model().train(1, data.batch(4))
+    ms.set_auto_parallel_context(device_num=4, parallel_mode="data_parallel")
+    with pytest.raises(ValueError, match="num_shards=2"):
+        data = ds.NumpySlicesDataset({"x": np.ones((8, 4), np.float32), "y": np.zeros(8, np.int32)}, shuffle=False, num_shards=2, shard_id=0)
+        model().train(1, data.batch(2))
+    ms.reset_auto_parallel_context()
+    with pytest.raises(RuntimeError, match="list of 2 steps"):
+        net = Tiny()
+        data = ds.NumpySlicesDataset({"x": np.ones((12, 4), np.float32), "t": np.zeros((12, 2), np.float32)}, shuffle=False)
+        ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), [0.1, 0.1])).train(1, data.batch(4))
+    with pytest.raises(ValueError, match="two parameters named 'w'"):
+        class Twice(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b, self.mm = ms.Parameter(np.ones((4, 2), np.float32), name="w"), ms.Parameter(np.ones((2, 2), np.float32), name="w"), ops.MatMul()
+
+            def construct(self, x):
+                return self.mm(self.mm(x, self.a), self.b)
+
+        Twice()(np.ones((2, 4), np.float32))
 
 
 def write_cifar10(folder, per_file=8, seed=0):
@@ -301,3 +332,43 @@ def test_the_sync_pipeline_shared_parameters_example_runs_on_2_stages(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[:4] == ["[[1. 1. 1. 1.]", " [1. 1. 1. 1.]", " [1. 1. 1. 1.]", " [1. 1. 1. 1.]]"]
     assert lines[4] == "[4. 4. 4. 4.]"  # the head's product with the table shared across the stages
+
+
+def test_callbacks_see_the_parameters_of_the_step_and_iterators_restart_each_epoch(context):
+    net = Tiny()
+    seen = []
+
+    class Peek(ms.train.Callback):
+        def step_end(self, run_context):
+            seen.append(float(run_context.original_args().network.w.asnumpy()[0, 0]))
+
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
+    model.train(1, tiny_data(), callbacks=[Peek()])
+    assert len(set(seen)) == len(seen) == 4, seen  # every step's own value, not the starting one
+    assert seen[-1] == float(net.w.asnumpy()[0, 0])
+    it = tiny_data(rows=8, batch=4).create_tuple_iterator(num_epochs=2)
+    assert [len([b for b in it]) for _ in range(2)] == [2, 2]
+
+
+def test_batchnorm_momentum_means_what_each_of_mindspores_forms_says():
+    # MindSpore 2.10: ops.BatchNorm(momentum=m) keeps (1 - m) of the moving mean; nn.BatchNorm2d(momentum=m) keeps m.
+    x = np.arange(16, dtype=np.float32).reshape(2, 2, 2, 2)
+
+    class Prim(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.g, self.b = ms.Parameter(np.ones(2, np.float32), name="g"), ms.Parameter(np.zeros(2, np.float32), name="b")
+            self.m = ms.Parameter(np.full(2, 10.0, np.float32), name="m", requires_grad=False)
+            self.v = ms.Parameter(np.ones(2, np.float32), name="v", requires_grad=False)
+            self.bn = ops.BatchNorm(is_training=True, momentum=0.1)
+
+        def construct(self, x):
+            return self.bn(x, self.g, self.b, self.m, self.v)[0]
+
+    batch_mean = x.transpose(1, 0, 2, 3).reshape(2, -1).mean(axis=1)
+    for cell, keep in ((Prim(), 0.9), (nn.BatchNorm2d(2, momentum=0.75, moving_mean_init=10.0), 0.75)):
+        cell.set_train(True)
+        data = ds.NumpySlicesDataset({"x": x, "t": np.zeros_like(x)}, shuffle=False).batch(2)
+        ms.Model(cell, nn.MSELoss(), nn.SGD(cell.trainable_params(), 0.0)).train(1, data)
+        moving = cell.m if isinstance(cell, Prim) else cell.moving_mean
+        assert np.allclose(moving.asnumpy(), keep * 10.0 + (1 - keep) * batch_mean, atol=1e-5), (keep, moving.asnumpy())

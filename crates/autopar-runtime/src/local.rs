@@ -100,6 +100,14 @@ impl std::fmt::Debug for LocalRanks {
     }
 }
 
+/// `f`'s result, or a panic in it as rank `rank`'s error.
+fn caught<T>(rank: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let text = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned());
+        Err(RuntimeError::RankStopped { rank, problem: format!("it panicked: {}", text.unwrap_or_else(|| "no message".into())) })
+    })
+}
+
 /// Makes one optimizer per rank.
 pub type MakeOptimizer = std::sync::Arc<dyn Fn() -> Result<Box<dyn Optimizer>> + Send + Sync>;
 
@@ -134,7 +142,8 @@ impl LocalRanks {
                     Some(full) => ParamSource::Full(full),
                     None => ParamSource::Init,
                 };
-                let made = RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt.as_ref().map(|m| m()).transpose()?)));
+                let made =
+                    caught(r, || RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt.as_ref().map(|m| m()).transpose()?))));
                 let (mut t, mut opt) = match made {
                     Ok(ready) => {
                         send(r, Ok(Answer::Loaded));
@@ -147,7 +156,11 @@ impl LocalRanks {
                     }
                 };
                 while let Ok(command) = autopar_comm::local::lend_core_while(|| inbox.recv()) {
-                    let answer = match command {
+                    if let Command::Stop = command {
+                        break;
+                    }
+                    // A panic is this rank's error: answered, so that the caller never waits for it.
+                    let answer = caught(r, || match command {
                         Command::Step(batch) => match opt.as_mut() {
                             Some(opt) => t.step(opt.as_mut(), &batch).map(Answer::Loss),
                             None => Err(RuntimeError::JobKind { inference: true }),
@@ -155,8 +168,8 @@ impl LocalRanks {
                         Command::Predict(batch) => t.predict(&batch).map(Answer::Outputs),
                         Command::Load(full) => t.load_full(&full).map(|()| Answer::Loaded),
                         Command::Params => Ok(Answer::Params(Box::new(t.params().clone()))),
-                        Command::Stop => break,
-                    };
+                        Command::Stop => unreachable!("handled above"),
+                    });
                     let failed = answer.as_ref().err().map(|e| e.to_string());
                     send(r, answer);
                     if let Some(problem) = failed {

@@ -45,9 +45,10 @@ class Tracer:
         return name if n == 0 else f"{name}-{n}"
 
     def input(self, name, array):
-        node = self.network.input(name, list(array.shape), str(array.dtype))
+        dtype = wire_dtype(array.dtype)
+        node = self.network.input(name, list(array.shape), str(dtype))
         self.inputs.append(name)
-        return Tensor._traced(self, node, array.shape, array.dtype)
+        return Tensor._traced(self, node, array.shape, dtype)
 
     def _wrap(self, node):
         shape, dtype = self.network.describe(node)
@@ -58,6 +59,12 @@ class Tracer:
         if isinstance(value, Parameter):
             entry = self.params.get(id(value))
             if entry is None:
+                same = next((p for _, p in self.params.values() if p.name == value.name), None)
+                if same is not None:
+                    raise ValueError(
+                        f"The network has two parameters named {value.name!r} (shapes {tuple(same.shape)} and {tuple(value.shape)}): "
+                        "give each Parameter a unique name."
+                    )
                 trainable = value.requires_grad and not value.__dict__.get("_frozen_here", False)
                 node = self.network.parameter(value.name, list(value.shape), str(value._data.dtype), trainable)
                 self.params[id(value)] = (node, value)
@@ -124,14 +131,20 @@ def script_line():
     return "construct"
 
 
+def wire_dtype(dtype):
+    """The type a value crosses into the engine in: float16 as float32, bool and the small or
+    unsigned integers as int32."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return np.dtype(np.float32)
+    if dtype == np.bool_ or (dtype.kind in "iu" and dtype not in (np.int32, np.int64)):
+        return np.dtype(np.int32)
+    return dtype
+
+
 def wire(name, array):
     array = np.ascontiguousarray(array)
-    if array.dtype == np.float16:
-        array = array.astype(np.float32)
-    if array.dtype == np.bool_:
-        array = array.astype(np.int32)
-    if array.dtype.kind in "iu" and array.dtype not in (np.int32, np.int64):
-        array = array.astype(np.int32)
+    array = array.astype(wire_dtype(array.dtype), copy=False)
     return (name, str(array.dtype), list(array.shape), array.astype(array.dtype.newbyteorder("<")).tobytes())
 
 

@@ -53,7 +53,7 @@ class Parameter(Tensor):
         return self
 
     def clone(self, init="same"):
-        return Parameter(self._data.copy(), self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
+        return Parameter(self.asnumpy().copy(), self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
 
     def __repr__(self):
         return f"Parameter (name={self.name}, shape={self.shape}, dtype={self.dtype}, requires_grad={self.requires_grad})"

@@ -103,10 +103,10 @@ class Tensor:
     def __repr__(self):
         if self._is_traced():
             return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, traced)"
-        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, value=\n{self._data})"
+        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, value=\n{self.asnumpy()})"
 
     def __str__(self):
-        return repr(self) if self._is_traced() else str(self._data)
+        return repr(self) if self._is_traced() else str(self.asnumpy())
 
     def astype(self, dtype):
         from .. import ops
@@ -195,4 +195,4 @@ class Tensor:
     def __getitem__(self, index):
         if self._is_traced():
             raise TypeError("autopar cannot index a tensor inside construct yet; use ops.Gather, ops.Reshape or ops.Transpose.")
-        return Tensor(self._data[index])
+        return Tensor(self.asnumpy()[index])

@@ -89,21 +89,46 @@ class Dataset:
     # Iteration.
     def create_tuple_iterator(self, columns=None, num_epochs=-1, output_numpy=False, do_copy=True):
         names = self.get_col_names()
+        for c in columns or []:
+            if c not in names:
+                raise ValueError(f"create_tuple_iterator: column {c!r} is not one of {names}.")
         keep = [names.index(c) for c in columns] if columns else list(range(len(names)))
-        for row in self._rows(None, 0):
-            yield [row[i] if output_numpy else Tensor(row[i]) for i in keep]
+        return _Iterator(self, lambda row: [row[i] if output_numpy else Tensor(row[i]) for i in keep])
 
     def create_dict_iterator(self, num_epochs=-1, output_numpy=False, do_copy=True):
         names = self.get_col_names()
-        for row in self._rows(None, 0):
-            yield {n: (v if output_numpy else Tensor(v)) for n, v in zip(names, row)}
+        return _Iterator(self, lambda row: {n: (v if output_numpy else Tensor(v)) for n, v in zip(names, row)})
 
     def __iter__(self):
-        return self.create_tuple_iterator()
+        return iter(self.create_tuple_iterator())
 
     def _shards(self):
         src = self._source()
         return src.num_shards
+
+    def _short_batch(self, shard):
+        """The rows of the last, shorter batch of an epoch (0 when every batch is whole)."""
+        return self._parent._short_batch(shard) if self._parent is not None else 0
+
+
+class _Iterator:
+    """MindSpore's dataset iterator: each pass over it is the next epoch (reshuffled), so
+    ``for epoch in ...: for row in it`` sees every epoch."""
+
+    def __init__(self, dataset, convert):
+        self._dataset, self._convert, self._epoch, self._rows = dataset, convert, 0, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._rows is None:
+            self._rows = self._dataset._rows(None, self._epoch)
+        try:
+            return self._convert(next(self._rows))
+        except StopIteration:
+            self._rows, self._epoch = None, self._epoch + 1
+            raise
 
 
 class _Source(Dataset):
@@ -369,6 +394,9 @@ class _Batch(Dataset):
 
     def get_batch_size(self):
         return self.batch_size
+
+    def _short_batch(self, shard):
+        return 0 if self.drop_remainder else self._parent._size(shard) % self.batch_size
 
     def _size(self, shard):
         n = self._parent._size(shard)

@@ -34,6 +34,17 @@ class Cell:
             )
 
     def __setattr__(self, name, value):
+        from ..common.tensor import Tensor
+
+        tables = self.__dict__.get("_params")
+        if tables is not None and value is None:
+            # MindSpore drops a parameter or cell set to None.
+            for table in ("_params", "_cells", "_primitives"):
+                self.__dict__[table].pop(name, None)
+        elif tables is not None and name in tables and isinstance(value, Tensor) and not isinstance(value, Parameter):
+            # A tensor given to a parameter's attribute is its new value (MindSpore's set_data).
+            tables[name].set_data(value)
+            return
         if isinstance(value, Parameter):
             self._ready(name)
             if "." in name:

@@ -175,19 +175,33 @@ class Conv2d(Cell):
         return self.bias_add(y, self.bias) if self.has_bias else y
 
 
+def _pool_padding(cls, pad_mode, padding):
+    if padding and pad_mode.lower() != "pad":
+        raise ValueError(f"For '{cls}', 'padding' is used with pad_mode='pad' only, but pad_mode is {pad_mode!r}.")
+    return padding
+
+
 class MaxPool2d(Cell):
-    def __init__(self, kernel_size=1, stride=1, pad_mode="valid", data_format="NCHW"):
+    def __init__(self, kernel_size=1, stride=1, pad_mode="valid", padding=0, dilation=1, return_indices=False, ceil_mode=False,
+                 data_format="NCHW"):
         super().__init__()
-        self.max_pool = ops.MaxPool(kernel_size, stride, pad_mode, data_format)
+        if dilation != 1 or return_indices or ceil_mode:
+            raise NotImplementedError("For 'MaxPool2d', autopar supports dilation=1, return_indices=False and ceil_mode=False.")
+        self.max_pool = ops.MaxPool(kernel_size, stride, pad_mode, data_format, _pool_padding("MaxPool2d", pad_mode, padding))
 
     def construct(self, x):
         return self.max_pool(x)
 
 
 class AvgPool2d(Cell):
-    def __init__(self, kernel_size=1, stride=1, pad_mode="valid", data_format="NCHW"):
+    def __init__(self, kernel_size=1, stride=1, pad_mode="valid", padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None, data_format="NCHW"):
         super().__init__()
-        self.avg_pool = ops.AvgPool(kernel_size, stride, pad_mode, data_format)
+        if ceil_mode or divisor_override is not None or (padding and not count_include_pad):
+            raise NotImplementedError(
+                "For 'AvgPool2d', autopar supports ceil_mode=False, no divisor_override, and padding counted in the average."
+            )
+        self.avg_pool = ops.AvgPool(kernel_size, stride, pad_mode, data_format, _pool_padding("AvgPool2d", pad_mode, padding))
 
     def construct(self, x):
         return self.avg_pool(x)
@@ -205,9 +219,14 @@ class BatchNorm2d(Cell):
         self.moving_variance = _param(moving_var_init, [num_features], dtype, "variance", False)
         self.gamma = _param(gamma_init, [num_features], dtype, "gamma", affine)
         self.beta = _param(beta_init, [num_features], dtype, "beta", affine)
+        if data_format != "NCHW":
+            raise NotImplementedError(f"For 'BatchNorm2d', autopar computes NCHW, but got data_format={data_format!r}.")
         self.use_batch_statistics = use_batch_statistics
-        self.bn_train = ops.BatchNorm(True, eps, momentum)
-        self.bn_infer = ops.BatchNorm(False, eps, momentum)
+        # As MindSpore builds it: the primitive's momentum is the batch's weight.
+        self.bn_train = ops.BatchNorm(True, eps, 1.0 - momentum)
+        self.bn_infer = ops.BatchNorm(False, eps, 1.0 - momentum)
+        for bn in (self.bn_train, self.bn_infer):
+            bn._keep = float(momentum)
 
     def construct(self, x):
         train = self.training if self.use_batch_statistics is None else self.use_batch_statistics

@@ -55,8 +55,8 @@ class CrossEntropyLoss(LossBase):
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
         super().__init__(reduction)
-        if weight is not None or label_smoothing != 0.0:
-            raise NotImplementedError("autopar's CrossEntropyLoss takes no class weights and no label smoothing yet.")
+        if weight is not None or label_smoothing != 0.0 or ignore_index != -100:
+            raise NotImplementedError("autopar's CrossEntropyLoss takes no class weights, label smoothing or ignore_index yet.")
         self.loss = SoftmaxCrossEntropyWithLogits(sparse=True, reduction=reduction)
         self.dense = SoftmaxCrossEntropyWithLogits(sparse=False, reduction=reduction)
 

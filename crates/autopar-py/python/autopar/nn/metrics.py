@@ -27,6 +27,8 @@ def _labels(labels, logits):
 
 class Accuracy(Metric):
     def __init__(self, eval_type="classification"):
+        if eval_type != "classification":
+            raise NotImplementedError(f"autopar's Accuracy is for classification, but got eval_type={eval_type!r}.")
         self.clear()
 
     def clear(self):

@@ -105,6 +105,8 @@ class SGD(Optimizer):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
         if dampening != 0.0:
             raise NotImplementedError("For 'SGD', autopar supports dampening=0.0 only.")
+        if nesterov and momentum <= 0.0:
+            raise ValueError(f"For 'SGD', if 'nesterov' is true, 'momentum' must be > 0.0, but got {momentum}.")
         self.hyper.update(momentum=_number("SGD", "momentum", momentum), nesterov=float(bool(nesterov)))
 
 

@@ -145,6 +145,13 @@ class _Binary(Primitive):
             const = np.full([1], scalar, dtype=mstype.to_numpy(t.dtype))
             pair = [x, const] if t is x else [const, y]
             return self._emit(tracer, self._kind, pair, kept=[0] if t is x else [1])
+        if _is_tensor(x) and _is_tensor(y) and x.dtype != y.dtype:
+            # MindSpore's implicit conversion: an integer operand takes the float one's type.
+            fx, fy = (mstype.to_numpy(t.dtype).kind == "f" for t in (x, y))
+            if fx != fy:
+                cast = Cast()
+                cast._attr = (self._attr or self.name) + ".cast"
+                x, y = (x, cast(y, x.dtype)) if fx else (cast(x, y.dtype), y)
         return self._emit(tracer, self._kind, [x, y])
 
     def _numpy(self, x, y):
@@ -173,6 +180,8 @@ Div = RealDiv
 class BiasAdd(Primitive):
     def __init__(self, data_format="NCHW"):
         super().__init__()
+        if data_format != "NCHW":
+            raise NotImplementedError(f"For '{self.name}', autopar adds the bias along dimension 1 (NCHW), but got data_format={data_format!r}.")
 
     def _trace(self, tracer, x, bias):
         return self._emit(tracer, "BiasAdd", [x, bias])
@@ -401,7 +410,10 @@ def _padding(pad_mode, pad, kernel, stride, dilation, shape):
     if pad_mode == "valid":
         return [0, 0, 0, 0]
     if pad_mode == "pad":
-        return [pad] * 4 if isinstance(pad, int) else list(pad)
+        if isinstance(pad, int):
+            return [pad] * 4
+        pad = [int(p) for p in pad]
+        return [pad[0], pad[0], pad[1], pad[1]] if len(pad) == 2 else pad
     if pad_mode == "same":
         out = []
         for i, size in enumerate(shape[2:]):
@@ -429,12 +441,20 @@ class Conv2D(Primitive):
 class _Pool(Primitive):
     _kind = None
 
-    def __init__(self, kernel_size=1, strides=1, pad_mode="valid", data_format="NCHW"):
+    def __init__(self, kernel_size=1, strides=1, pad_mode="valid", data_format="NCHW", padding=0):
         super().__init__()
+        if data_format != "NCHW":
+            raise NotImplementedError(f"For '{self.name}', autopar computes NCHW, but got data_format={data_format!r}.")
         self.kernel, self.strides, self.pad_mode = _pair(kernel_size, "kernel_size", self.name), _pair(strides, "strides", self.name), pad_mode.lower()
+        self.padding = padding
 
     def _trace(self, tracer, x):
-        pad = _padding(self.pad_mode, 0, self.kernel, self.strides, [1, 1], x.shape)
+        pad = _padding(self.pad_mode, self.padding, self.kernel, self.strides, [1, 1], x.shape)
+        if self._kind == "AvgPool" and self.pad_mode == "same" and any(pad):
+            raise NotImplementedError(
+                f"For '{self.name}', pad_mode='same' here pads {pad} and MindSpore leaves padded cells out of each average, "
+                "which autopar does not yet: choose a kernel and stride that need no padding, or pad_mode='valid'."
+            )
         return self._emit(tracer, self._kind, [x], {"kernel_size": self.kernel, "strides": self.strides, "pad": pad})
 
 
@@ -447,22 +467,35 @@ class AvgPool(_Pool):
 
 
 class BatchNorm(Primitive):
+    """MindSpore's ``BatchNorm``: with ``momentum`` the weight of the batch's statistics in the
+    moving ones (``moving = (1 - momentum) * moving + momentum * batch``)."""
+
     def __init__(self, is_training=False, epsilon=1e-5, momentum=0.1, data_format="NCHW"):
         super().__init__()
+        if data_format != "NCHW":
+            raise NotImplementedError(f"For '{self.name}', autopar computes NCHW, but got data_format={data_format!r}.")
         self.is_training, self.epsilon, self.momentum = bool(is_training), float(epsilon), float(momentum)
+        # The engine's momentum is the moving statistics' own weight (nn.BatchNorm2d's meaning).
+        self._keep = 1.0 - self.momentum
 
     def _trace(self, tracer, x, scale, bias, mean, variance):
         y = self._emit(tracer, "BatchNorm", [x, scale, bias, mean, variance],
-                       {"is_training": self.is_training, "epsilon": self.epsilon, "momentum": self.momentum})
+                       {"is_training": self.is_training, "epsilon": self.epsilon, "momentum": self._keep})
         return (y, None, None, None, None)
 
 
 class LayerNorm(Primitive):
     def __init__(self, begin_norm_axis=1, begin_params_axis=1, epsilon=1e-7):
         super().__init__()
-        self.begin_norm_axis, self.epsilon = int(begin_norm_axis), float(epsilon)
+        self.begin_norm_axis, self.begin_params_axis, self.epsilon = int(begin_norm_axis), int(begin_params_axis), float(epsilon)
 
     def _trace(self, tracer, x, gamma, beta):
+        norm, params = self.begin_norm_axis % x.ndim, self.begin_params_axis % x.ndim
+        if norm != params:
+            raise NotImplementedError(
+                f"For '{self.name}', autopar's gamma and beta cover the normalized dimensions (begin_params_axis = begin_norm_axis), "
+                f"but got {self.begin_params_axis} and {self.begin_norm_axis}."
+            )
         return (self._emit(tracer, "LayerNorm", [x, gamma, beta], {"begin_norm_axis": self.begin_norm_axis, "epsilon": self.epsilon}), None, None)
 
 

@@ -9,11 +9,17 @@ import numpy as np
 __all__ = ["Callback", "RunContext", "LossMonitor", "TimeMonitor", "ModelCheckpoint", "CheckpointConfig"]
 
 
-class _Params:
-    """``cb_params``: what a callback sees of the run."""
+class _Params(dict):
+    """``cb_params``: what a callback sees of the run, by attribute or key (MindSpore's is a dict)."""
 
-    def __repr__(self):
-        return f"cb_params({', '.join(sorted(self.__dict__))})"
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"cb_params has no {name!r}; it has {sorted(self)}") from None
+
+    def __setattr__(self, name, value):
+        self[name] = value
 
 
 class RunContext:
@@ -96,6 +102,8 @@ class TimeMonitor(Callback):
     """Prints each epoch's time and its time per step."""
 
     def __init__(self, data_size=None, data_time=False):
+        if data_time:
+            raise NotImplementedError("For 'TimeMonitor', autopar does not time the data pipeline (data_time must be False).")
         self.data_size = data_size
 
     def epoch_begin(self, run_context):
@@ -104,8 +112,8 @@ class TimeMonitor(Callback):
     def epoch_end(self, run_context):
         cb = run_context.original_args()
         ms = (time.perf_counter() - self._started) * 1000.0
-        steps = self.data_size or cb.batch_num
-        print(f"epoch time: {ms:.3f} ms, per step time: {ms / max(steps, 1):.3f} ms", flush=True)
+        steps = cb.batch_num or self.data_size
+        print(f"Train epoch time: {ms:.3f} ms, per step time: {ms / max(steps, 1):.3f} ms", flush=True)
 
 
 class CheckpointConfig:
@@ -116,6 +124,13 @@ class CheckpointConfig:
             raise ValueError("For 'CheckpointConfig', encrypted checkpoints are not supported by autopar (enc_key must be None).")
         if not integrated_save:
             raise NotImplementedError("For 'CheckpointConfig', autopar's ModelCheckpoint saves whole tensors (integrated_save=True).")
+        if save_checkpoint_seconds or keep_checkpoint_per_n_minutes or exception_save:
+            raise NotImplementedError(
+                "For 'CheckpointConfig', autopar saves by steps: save_checkpoint_seconds, keep_checkpoint_per_n_minutes and "
+                "exception_save are not supported."
+            )
+        if append_info is not None and not isinstance(append_info, list):
+            raise TypeError(f"For 'CheckpointConfig', 'append_info' must be a list, but got {type(append_info)}.")
         self.save_checkpoint_steps = save_checkpoint_steps
         self.keep_checkpoint_max = keep_checkpoint_max
         self.saved_network = saved_network
@@ -151,7 +166,17 @@ class ModelCheckpoint(Callback):
         path = os.path.join(self._directory, f"{self._prefix}-{cb.cur_epoch_num}_{step}.ckpt")
         cb._sync_params()
         network = self._config.saved_network or cb.train_network
-        save_checkpoint(network, path)
+        append = {}
+        for item in self._config.append_info or []:
+            if item == "epoch_num":
+                append["epoch_num"] = cb.cur_epoch_num
+            elif item == "step_num":
+                append["step_num"] = cb.cur_step_num
+            elif isinstance(item, dict):
+                append.update(item)
+            else:
+                raise ValueError(f"For 'CheckpointConfig', 'append_info' holds 'epoch_num', 'step_num' or dicts, but got {item!r}.")
+        save_checkpoint(network, path, append_dict=append or None)
         self._saved.append(path)
         keep = self._config.keep_checkpoint_max
         while keep and len(self._saved) > keep:

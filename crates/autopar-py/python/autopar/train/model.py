@@ -70,8 +70,16 @@ class _Job:
                                        optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), self.micro)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
+        lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr] if len(lr) > 1]
+        self.lr_steps, self.steps = (min(lists) if lists else None), 0
 
     def step(self, batch):
+        if self.lr_steps is not None and self.steps >= self.lr_steps:
+            raise RuntimeError(
+                f"The optimizer's learning rate is a list of {self.lr_steps} steps, and this is step {self.steps + 1}: "
+                "give a learning rate for every step of the run."
+            )
+        self.steps += 1
         shapes = [tuple(a.shape) for a in batch]
         if shapes != self.shapes:
             raise ValueError(
@@ -214,6 +222,8 @@ class Model:
         for key in kwargs:
             if key not in ("keep_batchnorm_fp32", "loss_scale_manager"):
                 raise TypeError(f"For 'Model', unexpected keyword argument {key!r}.")
+        if eval_network is not None or eval_indexes is not None:
+            raise NotImplementedError("For 'Model', autopar evaluates the network with loss_fn (eval_network and eval_indexes must be None).")
         if kwargs.get("loss_scale_manager") is not None:
             raise NotImplementedError("For 'Model', autopar has no loss scaling yet (loss_scale_manager must be None).")
         self._network = network
@@ -264,11 +274,13 @@ class Model:
         cb.train_dataset, cb.mode, cb.device_number = train_dataset, "train", n
         cb.parallel_mode = _context.get_auto_parallel_context("parallel_mode")
         cb.net_outputs = None
+        cb.loss_fn, cb.dataset_sink_mode, cb.list_callback = self._loss_fn, dataset_sink_mode, callbacks
         cb._sync_params = self._pull
         run = RunContext(cb)
         for c in callbacks:
             c.on_train_begin(run)
         columns = train_dataset.get_col_names()
+        self._check_data(train_dataset, n, full_batch, sharded)
         try:
             for e in range(initial_epoch, epoch):
                 cb.cur_epoch_num = e + 1
@@ -283,6 +295,7 @@ class Model:
                         self._train_network._parameter_layout_dict.update(self._job.layouts)
                         self._network._parameter_layout_dict.update(self._job.layouts)
                     loss = self._job.step(batch)
+                    self._job.mark_stale()
                     cb.net_outputs = Tensor(np.array(loss / self._job.loss_elements, dtype=np.float32))
                     for c in callbacks:
                         c.on_train_step_end(run)
@@ -303,6 +316,37 @@ class Model:
         for c in callbacks:
             c.on_train_end(run)
 
+    def _check_data(self, dataset, n, full_batch, sharded):
+        """Refuses, before any step, data the job would not read as MindSpore's ranks do."""
+        import inspect
+
+        shards = dataset._shards()
+        if n > 1 and not full_batch and sharded and shards != n:
+            raise ValueError(
+                f"The dataset is cut into num_shards={shards}, but the job has {n} devices, each reading its own shard: "
+                "give num_shards=get_group_size() and shard_id=get_rank(), or set full_batch=True."
+            )
+        short = dataset._short_batch(0 if sharded else None)
+        if short:
+            raise ValueError(
+                f"The last batch of each epoch has {short} rows, fewer than the others: autopar compiles the network once, "
+                "for one batch shape; use batch(..., drop_remainder=True) or a dataset size the batch size divides."
+            )
+        columns = dataset.get_col_names()
+        net = self._train_network
+        while isinstance(net, TrainOneStepCell) or type(net).__name__ in ("PipelineCell", "GradAccumulationCell"):
+            net = net.network
+        try:
+            takes = [p for p in inspect.signature(net.construct).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            varargs = any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(net.construct).parameters.values())
+        except (TypeError, ValueError):
+            return
+        if not varargs and len(takes) != len(columns):
+            raise ValueError(
+                f"The dataset has {len(columns)} columns {columns}, but {type(net).__name__}.construct takes {len(takes)} inputs "
+                f"({', '.join(p.name for p in takes)}): project the columns the network takes."
+            )
+
     def _pull(self):
         if self._job is not None:
             self._job.pull()
@@ -320,6 +364,9 @@ class Model:
         """The metrics given to ``Model`` over ``valid_dataset``: the network's outputs (and the
         loss, with ``loss_fn``) on every global batch, the metrics updated with them."""
         from ..nn.metrics import _metrics
+
+        if callbacks:
+            raise NotImplementedError("For 'Model.eval', autopar runs no callbacks during evaluation (callbacks must be None).")
 
         if not self._metrics:
             raise ValueError("For 'Model.eval', the Model needs 'metrics' (Model(network, loss_fn, optimizer, metrics={'acc'})).")
