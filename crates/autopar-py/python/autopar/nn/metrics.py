@@ -25,29 +25,9 @@ def _labels(labels, logits):
     return labels.argmax(axis=-1) if labels.ndim == logits.ndim else labels.reshape(-1)
 
 
-class Accuracy(Metric):
-    def __init__(self, eval_type="classification"):
-        if eval_type != "classification":
-            raise NotImplementedError(f"autopar's Accuracy is for classification, but got eval_type={eval_type!r}.")
-        self.clear()
-
-    def clear(self):
-        self._correct, self._total = 0, 0
-
-    def update(self, y_pred, y):
-        y_pred = np.asarray(y_pred)
-        y_pred = y_pred.reshape(-1, y_pred.shape[-1])
-        got = y_pred.argmax(axis=-1) == _labels(y, y_pred)
-        self._correct += int(got.sum())
-        self._total += got.size
-
-    def eval(self):
-        if self._total == 0:
-            raise RuntimeError("Accuracy can not be calculated, because the number of samples is 0.")
-        return self._correct / self._total
-
-
 class TopKCategoricalAccuracy(Metric):
+    """The share of samples whose label is among the ``k`` largest outputs."""
+
     def __init__(self, k):
         self.k = k
         self.clear()
@@ -58,15 +38,25 @@ class TopKCategoricalAccuracy(Metric):
     def update(self, y_pred, y):
         y_pred = np.asarray(y_pred)
         y_pred = y_pred.reshape(-1, y_pred.shape[-1])
-        top = np.argsort(-y_pred, axis=-1)[:, : self.k]
-        got = (top == _labels(y, y_pred)[:, None]).any(axis=1)
+        labels = _labels(y, y_pred)
+        if self.k == 1:
+            got = y_pred.argmax(axis=-1) == labels
+        else:
+            got = (np.argsort(-y_pred, axis=-1, kind="stable")[:, : self.k] == labels[:, None]).any(axis=1)
         self._correct += int(got.sum())
         self._total += got.size
 
     def eval(self):
         if self._total == 0:
-            raise RuntimeError("TopKCategoricalAccuracy can not be calculated, because the number of samples is 0.")
+            raise RuntimeError(f"{type(self).__name__} can not be calculated, because the number of samples is 0.")
         return self._correct / self._total
+
+
+class Accuracy(TopKCategoricalAccuracy):
+    def __init__(self, eval_type="classification"):
+        if eval_type != "classification":
+            raise NotImplementedError(f"autopar's Accuracy is for classification, but got eval_type={eval_type!r}.")
+        super().__init__(1)
 
 
 class Top1CategoricalAccuracy(TopKCategoricalAccuracy):
