@@ -33,6 +33,8 @@ DEVICES = {
     "attention_embedding.py": 8,
     "batchnorm_avgpool.py": 4,
     "train_one_step_loop.py": 4,
+    "mlp_dropout_loop.py": 8,
+    "embedding_bag_adam.py": 8,
 }
 TOL = 1e-5
 

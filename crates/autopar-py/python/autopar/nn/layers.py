@@ -247,15 +247,30 @@ class LayerNorm(Cell):
 
 
 class Embedding(Cell):
+    """MindSpore's ``nn.Embedding``, built as MindSpore builds it: the ids flattened
+    (``reshape_flat``), the rows gathered (or a one-hot product, ``use_one_hot``), then
+    reshaped to ``ids.shape + (embedding_size,)``, so MindSpore's strategies fit its primitives."""
+
     def __init__(self, vocab_size, embedding_size, use_one_hot=False, embedding_table="normal", dtype=mstype.int32, padding_idx=None):
         super().__init__()
-        if use_one_hot or padding_idx is not None:
-            raise NotImplementedError("autopar's Embedding gathers rows (use_one_hot=False, padding_idx=None).")
+        if padding_idx is not None:
+            raise NotImplementedError("autopar's Embedding has no padding_idx yet.")
+        self.vocab_size, self.embedding_size, self.use_one_hot = int(vocab_size), int(embedding_size), bool(use_one_hot)
         self.embedding_table = _param(embedding_table, [vocab_size, embedding_size], mstype.float32, "embedding_table")
+        self.reshape_flat = ops.Reshape()
         self.gather = ops.Gather()
+        self.one_hot = ops.OneHot()
+        self.array_mul = ops.MatMul()
+        self.reshape = ops.Reshape()
 
     def construct(self, ids):
-        return self.gather(self.embedding_table, ids, 0)
+        out_shape = tuple(ids.shape) + (self.embedding_size,)
+        flat_ids = self.reshape_flat(ids, (-1,))
+        if self.use_one_hot:
+            rows = self.array_mul(self.one_hot(flat_ids, self.vocab_size, 1.0, 0.0), self.embedding_table)
+        else:
+            rows = self.gather(self.embedding_table, flat_ids, 0)
+        return self.reshape(rows, out_shape)
 
 
 del np

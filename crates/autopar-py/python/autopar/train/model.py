@@ -40,7 +40,6 @@ class _Job:
         tracer = Tracer()
         trainable = {id(p) for p in optimizer.parameters}
         _name_children(train_network)
-        train_network.set_train(True)
         with tracer.tracing():
             inputs = [tracer.input(name, array) for name, array in zip(columns, batch)]
             for p in train_network.get_parameters():
@@ -291,6 +290,8 @@ class Model:
                     for c in callbacks:
                         c.on_train_step_begin(run)
                     if self._job is None:
+                        # Model.train trains in training mode, as MindSpore's does.
+                        self._train_network.set_train(True)
                         self._job = _Job(self._train_network, self._optimizer, columns, batch)
                         self._train_network._parameter_layout_dict.update(self._job.layouts)
                         self._network._parameter_layout_dict.update(self._job.layouts)
