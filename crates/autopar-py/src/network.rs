@@ -11,7 +11,7 @@ use autopar::layout::Strategy;
 use autopar::parallel::ParallelContext;
 use autopar::runtime::{AdamW, Job, LocalRanks, LrSchedule, MakeOptimizer, Momentum, Optimizer, ParamGroups, ParamStore, Sgd};
 use autopar::tensor::Tensor;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -366,8 +366,10 @@ impl Session {
     /// (a JSON object), and starts its ranks from the full parameters `params`, each with the
     /// optimizer `optimizer_kind`: its learning rate (one value or one per step), its other
     /// hyper-parameters, and its parameter groups.
+    /// `state_prefixes` name the optimizer's state of each trainable parameter as MindSpore
+    /// names it (`moments.`), for `parameter_layout_dict` and the strategy files.
     #[new]
-    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, micro_batches=None))]
+    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, state_prefixes, micro_batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -379,10 +381,11 @@ impl Session {
         learning_rate: Vec<f64>,
         hyper: BTreeMap<String, f64>,
         groups: Vec<Group>,
+        state_prefixes: Vec<String>,
         micro_batches: Option<usize>,
     ) -> PyResult<Self> {
         let make_opt = optimizer(optimizer_kind, &learning_rate, &hyper, &groups)?;
-        Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches)))
+        Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes)))
     }
 
     /// An inference job: `network` with its outputs `outputs`, planned under `context` and
@@ -473,7 +476,7 @@ impl Session {
         outputs: &[usize],
         context: &str,
         params: Vec<Wire>,
-        train: Option<(MakeOptimizer, Option<usize>)>,
+        train: Option<(MakeOptimizer, Option<usize>, Vec<String>)>,
     ) -> PyResult<Self> {
         let mut b = network.b.take().ok_or_else(|| PyRuntimeError::new_err("this network was already handed to a job"))?;
         for &o in outputs {
@@ -500,24 +503,32 @@ impl Session {
                 None => return Err(PyValueError::new_err(format!("parameter {}: the network does not use it", p.0))),
             }
         }
-        let (job, make_opt) = match train {
-            Some((make_opt, micro_batches)) => {
+        let (job, make_opt, prefixes) = match train {
+            Some((make_opt, micro_batches, prefixes)) => {
                 let loss = NodeId(outputs[0]);
                 let job = match micro_batches {
                     Some(m) => Job::with_micro_batches(&graph, loss, &ctx, m),
                     None => Job::new(&graph, loss, &ctx),
                 };
-                (job, Some(make_opt))
+                (job, Some(make_opt), prefixes)
             }
-            None => (Job::inference(&graph, &ctx, autopar::parallel::default_micro_batches(&ctx)), None),
+            None => (Job::inference(&graph, &ctx, autopar::parallel::default_micro_batches(&ctx)), None, Vec::new()),
         };
         let job = job.map_err(graph_err)?;
         let plan = job.plan();
+        let keys = |name: &str| prefixes.iter().map(|p| format!("{p}{name}")).collect::<Vec<_>>();
         let layouts = if plan.is_pipeline() {
             autopar::parallel::report::pipeline_layout_dict(plan, 0)
         } else {
-            autopar::parallel::parameter_layout_dict(&plan.plan, 0, &|_| Vec::new())
+            autopar::parallel::parameter_layout_dict(&plan.plan, 0, &keys)
         };
+        // The files the context asks for (strategy_ckpt_config's save_file, the operator
+        // strategies, the group information), as a MindSpore job writes them at compile.
+        let ranks: Vec<usize> = (0..job.device_num()).collect();
+        let files = autopar::parallel::strategy_files::job_strategy_files(plan, job.context(), &ranks, &keys).map_err(graph_err)?;
+        for (path, file) in files {
+            file.save(&path).map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))?;
+        }
         let ranks = py.detach(|| LocalRanks::start(job, Some(full), make_opt)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         Ok(Self { ranks, layouts })
     }

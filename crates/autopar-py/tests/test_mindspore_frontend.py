@@ -374,3 +374,16 @@ def test_batchnorm_momentum_means_what_each_of_mindspores_forms_says():
         ms.Model(cell, nn.MSELoss(), nn.SGD(cell.trainable_params(), 0.0)).train(1, data)
         moving = cell.m if isinstance(cell, Prim) else cell.moving_mean
         assert np.allclose(moving.asnumpy(), keep * 10.0 + (1 - keep) * batch_mean, atol=1e-5), (keep, moving.asnumpy())
+
+
+def test_a_script_writes_the_strategy_file_its_context_asks_for(tmp_path, context):
+    path = tmp_path / "strategy.ckpt"
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4, strategy_ckpt_config={"save_file": str(path)})
+    net = Tiny()
+    net.matmul.shard(((1, 2), (2, 2)))
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    model.train(1, tiny_data())
+    assert path.is_file()
+    assert ms.rank_list_for_transform(0, str(path), str(path)) == [0]  # a strategy file MindSpore's functions read
+    # The optimizer's state is laid out as its parameter, under MindSpore's name.
+    assert model.train_network.parameter_layout_dict["moments.w"][:3] == model.train_network.parameter_layout_dict["w"][:3]

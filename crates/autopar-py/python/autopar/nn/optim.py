@@ -48,6 +48,8 @@ class Optimizer:
     ``weight_decay``; ``order_params`` accepted)."""
 
     _kind = None
+    # The names MindSpore gives the optimizer's state of a parameter ("moments." + its name).
+    _state_prefixes = []
 
     def __init__(self, learning_rate, parameters, weight_decay=0.0, loss_scale=1.0):
         cls = type(self).__name__
@@ -100,6 +102,7 @@ class Optimizer:
 
 class SGD(Optimizer):
     _kind = "SGD"
+    _state_prefixes = ["accum.", "stat."]
 
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, loss_scale=1.0):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
@@ -112,6 +115,7 @@ class SGD(Optimizer):
 
 class Momentum(Optimizer):
     _kind = "Momentum"
+    _state_prefixes = ["moments."]
 
     def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0, use_nesterov=False):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
@@ -120,6 +124,7 @@ class Momentum(Optimizer):
 
 class Adam(Optimizer):
     _kind = "Adam"
+    _state_prefixes = ["moment1.", "moment2."]
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, use_locking=False, use_nesterov=False,
                  weight_decay=0.0, loss_scale=1.0, use_amsgrad=False, **kwargs):
@@ -133,6 +138,7 @@ class Adam(Optimizer):
 
 class AdamWeightDecay(Optimizer):
     _kind = "AdamWeightDecay"
+    _state_prefixes = ["adam_m.", "adam_v."]
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
         super().__init__(learning_rate, params, weight_decay)

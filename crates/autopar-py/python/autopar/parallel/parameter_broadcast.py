@@ -29,5 +29,5 @@ def parameter_broadcast(net, layout, cur_rank=0, initial_rank=0):
         )
     names = net.parameters_dict()
     for name in layout:
-        if name not in names and not name.startswith(("moments.", "adam_m.", "adam_v.", "accu_grads.")):
+        if name not in names and not name.startswith(("moments.", "accum.", "stat.", "moment1.", "moment2.", "adam_m.", "adam_v.", "accu_grads.")):
             raise ValueError(f"For 'parameter_broadcast', the parameter {name} of 'layout' is not in the network's parameters_dict().")

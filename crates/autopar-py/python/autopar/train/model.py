@@ -66,7 +66,8 @@ class _Job:
                     "rank-by-rank networks are built with the Rust API)."
                 )
         self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
-                                       optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), self.micro)
+                                       optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), optimizer._state_prefixes,
+                                       self.micro)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
         lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr] if len(lr) > 1]
