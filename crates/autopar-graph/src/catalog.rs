@@ -120,6 +120,10 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                 let p = m.x(&[a, b2])?;
                 y = m.b.scale("op", p, -0.75)?;
             }
+            "LossScale" => {
+                let p = m.x(&[a, b2])?;
+                y = m.b.op("op", LossScale { factor: 0.5 }, &[p])?;
+            }
             "ReluGrad" => {
                 let (d, p) = (m.x(&[a, b2])?, m.input(&[a, b2], Values::Positive)?);
                 let r = m.b.relu("relu", p)?;

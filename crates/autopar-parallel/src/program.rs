@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, ReduceScatter, Scale, Slice, TableShard};
+use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, LossScale, ReduceScatter, Scale, Slice, TableShard};
 use autopar_graph::{differentiate, DType, Graph, LocalCx, Node, NodeId, OpKind, Recompute, ReduceOp};
 use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
 
@@ -527,12 +527,9 @@ fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params:
     }
     let loss = outputs[0];
     let seed = plan.gradients.loss_seed;
-    let seeded = if seed == 1.0 {
-        loss
-    } else {
-        let name = g.unique_name("loss.seed");
-        g.add(&name, Scale { factor: seed }, &[loss])?
-    };
+    // The runtime's loss scale multiplies the seed at run time (1 without loss scaling).
+    let name = g.unique_name("loss.seed");
+    let seeded = g.add(&name, LossScale { factor: seed }, &[loss])?;
     let trainable: Vec<&ParamSlot> = params.iter().filter(|p| p.trainable).collect();
     // A level3 parameter's gradient is its gathered slice's, reduce-scattered after the pass
     // like level1's.

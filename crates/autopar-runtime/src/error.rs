@@ -271,6 +271,15 @@ pub enum RuntimeError {
         expected: &'static str,
     },
 
+    /// A loss scale out of range.
+    #[error("loss scale {scale}: {problem}\nhint: a dynamic scale starts at 1 or more and changes by a factor above 1; MindSpore's defaults are dynamic:16777216:2:2000")]
+    BadLossScale {
+        /// The scale, as `--loss-scale` writes it.
+        scale: String,
+        /// What is wrong.
+        problem: String,
+    },
+
     /// A step's loss is NaN or infinite.
     #[error("the loss is {loss} at step {step}\nhint: lower `lr` or check the data for NaN/inf")]
     NonFiniteLoss {

@@ -296,6 +296,8 @@ pub struct Executor {
     profile: bool,
     /// Per node: a parameter's gradient, left out of [`RunOutput::peak_activation_bytes`].
     gradient: Vec<bool>,
+    /// The loss scale [`LossScale`] ops multiply by ([`Executor::set_loss_scale`]; 1: none).
+    loss_scale: f64,
 }
 
 impl Executor {
@@ -312,13 +314,29 @@ impl Executor {
             }
         }
         let gradient = vec![false; graph.len()];
-        Ok(Self { graph, fetch: fetch.to_vec(), order, free_after, shared_norm, ctx: ExecCtx::parallel(), profile: false, gradient })
+        Ok(Self {
+            graph,
+            fetch: fetch.to_vec(),
+            order,
+            free_after,
+            shared_norm,
+            ctx: ExecCtx::parallel(),
+            profile: false,
+            gradient,
+            loss_scale: 1.0,
+        })
     }
 
     /// Sets the kernels' execution context (e.g. [`ExecCtx::serial`] for simulated ranks).
     pub fn with_ctx(mut self, ctx: ExecCtx) -> Self {
         self.ctx = ctx;
         self
+    }
+
+    /// Sets the loss scale the graph's [`LossScale`] ops multiply by in the next runs (the
+    /// runtime's loss scaling; 1 without it).
+    pub fn set_loss_scale(&mut self, scale: f64) {
+        self.loss_scale = scale;
     }
 
     /// The nodes that are the parameters' gradients, which the activations' peak leaves out.
@@ -520,6 +538,7 @@ impl Executor {
             OpKind::Div(_) => ew::div(cx, x[0], x[1]).map_err(k)?,
             OpKind::Neg(_) => ew::neg(cx, x[0]).map_err(k)?,
             OpKind::Scale(s) => ew::scale(cx, x[0], s.factor).map_err(k)?,
+            OpKind::LossScale(s) => ew::scale(cx, x[0], s.factor * self.loss_scale).map_err(k)?,
             OpKind::Exp(_) => ew::exp(cx, x[0]).map_err(k)?,
             OpKind::Log(_) => ew::log(cx, x[0]).map_err(k)?,
             OpKind::Sqrt(_) => ew::sqrt(cx, x[0]).map_err(k)?,

@@ -32,6 +32,7 @@ use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::{graph_dtype, Collectives, Executor, MicroBatch, ParamStore, RunOutput, SharedInit};
 use crate::gradient_sync::{accumulate_at, finite_loss, mean_of_micro_batches, sync_bucket, BucketBuffer};
 use crate::job::{slice_tensor, Job};
+use crate::loss_scale::{LossScale, LossScaleState, LossScaler};
 use crate::optim::Optimizer;
 use crate::parallel_optimizer::{accumulate_scattered, scatter_gradients, with_gathered, GatherBuffers};
 use crate::transfer::{all_reduce_tensor, recv_tensor, send_tensor, transfer_tag};
@@ -63,6 +64,9 @@ pub struct StepOutput {
     pub grads: Vec<(String, Tensor)>,
     /// The passes' statistics: op timings when profiling, the peak live memory of a pass.
     pub run: RunOutput,
+    /// With loss scaling: whether a gradient overflowed on any rank (the gradients are then
+    /// not clipped, and the step's update is skipped unless the scale keeps overflowed steps).
+    pub overflow: bool,
 }
 
 /// One chunk of a pipeline stage as the rank runs it.
@@ -115,6 +119,10 @@ pub struct RankTrainer {
     step: u64,
     /// Clip the gradients to this global norm over the whole job (None: no clipping).
     clip_grad_norm: Option<f64>,
+    /// The loss scale and its state (None: no loss scaling).
+    loss_scaler: Option<LossScaler>,
+    /// The last step's scale and whether it overflowed (with loss scaling).
+    last_scale: Option<(f64, bool)>,
     /// When the step began, seconds of its passes, and its wall time.
     started: Instant,
     busy: f64,
@@ -245,6 +253,8 @@ impl RankTrainer {
             buckets,
             step: 0,
             clip_grad_norm: None,
+            loss_scaler: None,
+            last_scale: None,
             started: Instant::now(),
             busy: 0.0,
             wall: 0.0,
@@ -359,6 +369,32 @@ impl RankTrainer {
         Ok(())
     }
 
+    /// Scale the loss of every step as `scale` says ([`crate::loss_scale`]): the backward pass
+    /// seeded with the loss times the scale, the gradients multiplied by its reciprocal before
+    /// they are synchronised, a step whose gradients overflow on any rank skipped by every rank.
+    pub fn set_loss_scale(&mut self, scale: LossScale) -> Result<()> {
+        self.loss_scaler = LossScaler::new(scale)?;
+        Ok(())
+    }
+
+    /// The loss scaling's state, to save with a checkpoint (None without loss scaling).
+    pub fn loss_scale_state(&self) -> Option<LossScaleState> {
+        self.loss_scaler.as_ref().map(LossScaler::state)
+    }
+
+    /// Continues the loss scaling after `steps` steps from a checkpoint's state.
+    pub fn resume_loss_scale(&mut self, steps: u64, saved: LossScaleState) {
+        if let Some(s) = self.loss_scaler.as_mut() {
+            s.resume(steps, saved);
+        }
+    }
+
+    /// The last step's loss scale and whether its gradients overflowed (None without loss
+    /// scaling, or before the first step).
+    pub fn last_loss_scale(&self) -> Option<(f64, bool)> {
+        self.last_scale
+    }
+
     /// The rows of each global batch this rank reads: the union of its inputs' slices of every
     /// micro-batch (dimension 0). Under the dataset strategy `data_parallel` a rank of a job
     /// without micro-batches reads only its part.
@@ -403,8 +439,19 @@ impl RankTrainer {
     /// One training step on rows `first_row..` of the global batch (a rank that read only the
     /// rows it needs: [`RankTrainer::rows`]); returns the job's loss. Collective.
     pub fn step_rows(&mut self, opt: &mut dyn Optimizer, rows: &[(String, Tensor)], first_row: usize) -> Result<f64> {
-        let StepOutput { loss, grads, .. } = self.gradients_rows(rows, first_row)?;
-        opt.step(&mut self.params, &grads)?;
+        let StepOutput { loss, grads, overflow, .. } = self.gradients_rows(rows, first_row)?;
+        let apply = match self.loss_scaler.as_mut() {
+            Some(s) => {
+                self.last_scale = Some((s.scale(), overflow));
+                s.update(overflow)
+            }
+            None => true,
+        };
+        if apply {
+            opt.step(&mut self.params, &grads)?;
+        } else {
+            tracing::info!(rank = self.program.rank, step = self.step, "gradients overflowed: the update is skipped");
+        }
         self.wall = self.started.elapsed().as_secs_f64();
         finite_loss(loss, self.step)
     }
@@ -425,6 +472,8 @@ impl RankTrainer {
         let m = self.micro_batches;
         let mut st = StepState::new(self.program.chunks().len().max(1), m, self.program.grads.len());
         let actions = self.actions.clone();
+        let scale = self.loss_scaler.as_ref().map_or(1.0, LossScaler::scale);
+        self.set_executors_loss_scale(scale);
         let passes = self.run_micro_batches(rows, first_row, actions, &mut st);
         self.busy = st.busy;
         passes?;
@@ -437,15 +486,19 @@ impl RankTrainer {
             // A pipeline seeds its loss with 1/micro-batches; accumulation averages here.
             mean_of_micro_batches(&mut grads, m)?;
         }
-        self.synchronise(&mut grads)?;
+        if scale != 1.0 {
+            unscale(&mut grads, scale)?;
+        }
+        let overflow = self.synchronise(&mut grads)?;
         let loss = self.job_loss(st.loss_sum / m as f64)?;
-        Ok(StepOutput { loss, grads, run: st.run })
+        Ok(StepOutput { loss, grads, run: st.run, overflow })
     }
 
     /// What follows the micro-batches in every job: the parallel optimizer's reduce-scatter
     /// (unless each micro-batch's gradients were), the gradient buckets, the sum over a
-    /// pipeline's copies of shared parameters, and clipping by the global norm. Collective.
-    fn synchronise(&mut self, grads: &mut [(String, Tensor)]) -> Result<()> {
+    /// pipeline's copies of shared parameters, the overflow check of loss scaling, and clipping
+    /// by the global norm. Returns whether a gradient overflowed on any rank. Collective.
+    fn synchronise(&mut self, grads: &mut [(String, Tensor)]) -> Result<bool> {
         let groups = Some(&self.groups);
         if !self.program.program.accumulation_shard {
             scatter_gradients(&self.program.program, grads, groups)?;
@@ -462,7 +515,11 @@ impl RankTrainer {
                 }
             }
         }
-        let Some(max_norm) = self.clip_grad_norm else { return Ok(()) };
+        let overflow = match self.loss_scaler.as_ref() {
+            Some(_) => self.overflowed(grads)?,
+            None => false,
+        };
+        let Some(max_norm) = self.clip_grad_norm.filter(|_| !overflow) else { return Ok(overflow) };
         let counted = &self.program.norm_counted;
         let world = self.world.as_ref();
         crate::optim::clip_gradients(
@@ -480,7 +537,34 @@ impl RankTrainer {
                 Ok(v[0])
             },
         )?;
-        Ok(())
+        Ok(false)
+    }
+
+    /// Whether any rank's gradients hold an infinity or a NaN: each rank's flag, summed over
+    /// the job (MindSpore's overflow status, all-reduced). Collective.
+    fn overflowed(&self, grads: &[(String, Tensor)]) -> Result<bool> {
+        let own = grads.iter().any(|(_, g)| !g.all_finite());
+        if self.world.size() == 1 {
+            return Ok(own);
+        }
+        let mut v = vec![if own { 1.0 } else { 0.0 }];
+        self.world
+            .all_reduce((&mut v).into(), autopar_comm::ReduceOp::Sum)
+            .map_err(RuntimeError::comm(CommPhase::GradientSync { group: (0..self.world.size()).collect() }))?;
+        Ok(v[0] > 0.0)
+    }
+
+    /// Every executor of the rank multiplies its loss seed by `scale` in the next runs.
+    fn set_executors_loss_scale(&mut self, scale: f64) {
+        match &mut self.run {
+            Run::Whole(exec) => exec.set_loss_scale(scale),
+            Run::Chunks(chunks) => {
+                for c in chunks {
+                    c.forward.set_loss_scale(scale);
+                    c.backward.set_loss_scale(scale);
+                }
+            }
+        }
     }
 
     /// The job's loss from this rank's `own` (the mean of its micro-batches' losses): its own
@@ -837,6 +921,20 @@ impl RankTrainer {
         }
         Ok(())
     }
+}
+
+/// The gradients of a step seeded with the loss times `scale`, brought back to the loss's own:
+/// each multiplied by the scale's reciprocal in its own type (MindSpore's `_grad_scale`).
+fn unscale(grads: &mut [(String, Tensor)], scale: f64) -> Result<()> {
+    let inv = 1.0 / scale;
+    for (name, g) in grads.iter_mut() {
+        *g = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), g, inv).map_err(|e| RuntimeError::Kernel {
+            kind: "Scale",
+            name: name.clone(),
+            source: Box::new(e),
+        })?;
+    }
+    Ok(())
 }
 
 /// Chunk `c` of `program`'s stage made executable.

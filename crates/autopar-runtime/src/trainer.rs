@@ -43,6 +43,7 @@ pub use self::evaluate::predicted_class;
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, ParamStore, SharedInit};
 use crate::job::Job;
+use crate::loss_scale::{LossScale, LossScaleState};
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::rank::{ParamSource, RankTrainer};
 
@@ -265,6 +266,9 @@ pub struct TrainConfig {
     pub prefetch: usize,
     /// Optimizer, learning-rate schedule and weight decay.
     pub optimizer: OptimizerConfig,
+    /// Loss scaling ([`crate::loss_scale`]; MindSpore's loss-scale managers): the scale, the
+    /// overflowed steps skipped on every rank, the scale saved in checkpoints.
+    pub loss_scale: LossScale,
     /// The parallel settings (MindSpore's `set_auto_parallel_context`).
     pub parallel: ParallelContext,
     /// Checkpoints (None: none).
@@ -301,6 +305,7 @@ impl Default for TrainConfig {
             shuffle: true,
             prefetch: 2,
             optimizer: OptimizerConfig::default(),
+            loss_scale: LossScale::None,
             parallel: ParallelContext::default(),
             checkpoint: None,
             init: None,
@@ -1068,6 +1073,7 @@ impl Trainer {
         )?;
         let mut opt = cfg.optimizer.build()?;
         trainer.set_clip_grad_norm(cfg.optimizer.clip_grad_norm)?;
+        trainer.set_loss_scale(cfg.loss_scale)?;
         let (mut step, mut epoch, mut pos) = (0u64, 0u64, 0u64);
         if let Some(init) = &plan.init {
             self.read_pieces(&mut trainer, None, init, rank)?;
@@ -1085,7 +1091,7 @@ impl Trainer {
             };
             // Each rank read its own copy of a shared parameter: the owner's wins.
             trainer.sync_shared_parameters()?;
-            continue_counters(&mut trainer, opt.as_mut(), p.step)?;
+            continue_counters(&mut trainer, opt.as_mut(), p.step, p.loss_scale)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
         // Every checkpoint of the run (resumed runs included) carries its id, so that a rank
@@ -1120,6 +1126,7 @@ impl Trainer {
                 let named = plan.io.feeds(batch?, &self.name)?;
                 let lr = opt.current_lr();
                 let loss = trainer.step_rows(opt.as_mut(), &named, rows.start)?;
+                let scaled = trainer.last_loss_scale();
                 step += 1;
                 pos += 1;
                 let now = Instant::now();
@@ -1140,6 +1147,8 @@ impl Trainer {
                     lr,
                     samples_per_sec: if dt > 0.0 { cfg.batch_size as f64 / dt } else { 0.0 },
                     batch_size: cfg.batch_size,
+                    loss_scale: scaled.map(|(s, _)| s),
+                    overflow: scaled.is_some_and(|(_, o)| o),
                 };
                 if let Some(ck) = &cfg.checkpoint {
                     if ck.every_steps > 0 && step.is_multiple_of(ck.every_steps) {
@@ -1224,6 +1233,7 @@ impl Trainer {
             parallel_mode: self.cfg.parallel.parallel_mode().name().to_string(),
             run_id: run_id.to_string(),
             data: Some(self.data_stream()),
+            loss_scale: trainer.loss_scale_state(),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
         // Temp files of a killed earlier run, whichever step it was writing.
@@ -1505,10 +1515,15 @@ fn missing_state(path: &Path, key: &str) -> TrainError {
 /// Continue the counters of a resumed run at `step`: the step counter keys the dropout masks;
 /// the optimizer counts its updates (learning-rate schedule, Adam's bias correction) and is
 /// advanced with empty updates.
-fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64) -> TrainResult<()> {
+fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64, scale: Option<LossScaleState>) -> TrainResult<()> {
     trainer.set_steps(step);
+    // Steps whose update loss scaling skipped did not advance the optimizer.
+    let updates = step - scale.map_or(0, |s| s.skipped.min(step));
+    if let Some(saved) = scale {
+        trainer.resume_loss_scale(step, saved);
+    }
     let mut none = ParamStore::new();
-    while opt.steps() < step {
+    while opt.steps() < updates {
         opt.step(&mut none, &[])?;
     }
     Ok(())

@@ -395,6 +395,17 @@ impl Tensor {
         with_storage!(&self.s, a => a.iter().map(|x| x.to_f64()).collect())
     }
 
+    /// Whether every element is finite (no infinity, no NaN; integers always are).
+    pub fn all_finite(&self) -> bool {
+        match &self.s {
+            Storage::F32(a) => a.iter().all(|x| x.is_finite()),
+            Storage::F64(a) => a.iter().all(|x| x.is_finite()),
+            Storage::F16(a) => a.iter().all(|x| x.is_finite()),
+            Storage::BF16(a) => a.iter().all(|x| x.is_finite()),
+            Storage::I32(_) | Storage::I64(_) => true,
+        }
+    }
+
     /// The single element of a one-element tensor, as f64.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {

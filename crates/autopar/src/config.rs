@@ -49,6 +49,8 @@ pub struct FileConfig {
     pub weight_decay: Option<f64>,
     /// `--clip-grad-norm` (see `autopar train --help`).
     pub clip_grad_norm: Option<f64>,
+    /// `--loss-scale` (see `autopar train --help`).
+    pub loss_scale: Option<String>,
     /// `--width` (see `autopar train --help`).
     pub width: Option<usize>,
     /// `--depth` (see `autopar train --help`).

@@ -758,3 +758,42 @@ fn recomputing_blocks_trains_the_same_losses() {
         fails(dir.path(), &args, &["--recompute blocks", "no backward pass"]);
     }
 }
+
+#[test]
+fn loss_scaling_from_the_command_line_and_toml_reports_the_scale_and_skips_overflowed_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines = |name: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.path().join(name)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    // 1e60 and 1e40 seed the backward pass with an infinity in f32: the first two steps
+    // overflow on every rank and the scale falls by 1e20 each time, to 1e20, which fits.
+    let mut args = SMALL.to_vec();
+    args.extend(["--steps", "4", "--devices", "4", "--loss-scale", "dynamic:1e60:1e20:1000", "--metrics", "m.jsonl"]);
+    let o = autopar(dir.path(), &[&["train"], args.as_slice()].concat());
+    assert!(o.status.success(), "{}", text(&o).1);
+    let m = lines("m.jsonl");
+    let flags: Vec<bool> = m.iter().map(|l| l["overflow"].as_bool().unwrap()).collect();
+    assert_eq!(flags, [true, true, false, false], "{m:?}");
+    let last = m[3]["loss_scale"].as_f64().unwrap();
+    assert!((last / 1e20 - 1.0).abs() < 1e-12, "{m:?}");
+    assert!(m.iter().all(|l| l["loss"].as_f64().unwrap().is_finite()));
+
+    // TOML, and a plain run's lines carry no scale.
+    std::fs::write(dir.path().join("run.toml"), "loss_scale = \"fixed:1024\"\n").unwrap();
+    let mut args = SMALL.to_vec();
+    args.extend(["--steps", "2", "--config", "run.toml", "--metrics", "t.jsonl"]);
+    assert!(autopar(dir.path(), &[&["train"], args.as_slice()].concat()).status.success());
+    assert!(lines("t.jsonl").iter().all(|l| l["loss_scale"] == 1024.0 && l["overflow"] == false));
+    let mut args = SMALL.to_vec();
+    args.extend(["--steps", "1", "--metrics", "p.jsonl"]);
+    assert!(autopar(dir.path(), &[&["train"], args.as_slice()].concat()).status.success());
+    assert!(lines("p.jsonl")[0].get("loss_scale").is_none());
+
+    for (bad, says) in [("dynamic:0.5", "the first scale must be a finite value of 1 or more"), ("static", "not a form autopar knows")] {
+        let mut args = SMALL.to_vec();
+        args.extend(["--steps", "1", "--loss-scale", bad]);
+        let o = autopar(dir.path(), &[&["train"], args.as_slice()].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(says) && err.contains("--loss-scale"), "{err}");
+    }
+}

@@ -180,6 +180,42 @@ impl OpDef for Scale {
     }
 }
 
+/// `x * factor * s`, where `s` is the step's loss scale, set by the runtime before each step
+/// (1 without loss scaling): the seed of a training program's backward pass. Its gradient is
+/// the same product, so every gradient of the step comes out multiplied by `s` (MindSpore's
+/// `scaling_sens`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossScale {
+    /// The constant part of the multiplier (the loss seed).
+    pub factor: f64,
+}
+
+impl OpDef for LossScale {
+    fn kind(&self) -> &'static str {
+        "LossScale"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        unary_float(cx)
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let d = g.op(self.clone(), &[g.dy()])?;
+        g.set(0, d);
+        Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(1.0)
+    }
+}
+
 /// Conversion to another floating-point type (the planner brackets collectives with it when
 /// `force_fp32_communication` asks for f32 communication of f16/bf16 values).
 #[derive(Clone, Debug, PartialEq)]

@@ -138,6 +138,7 @@ op_kinds!(
     Div,
     Neg,
     Scale,
+    LossScale,
     Exp,
     Log,
     Sqrt,
@@ -236,6 +237,7 @@ impl OpKind {
             | OpKind::Div(_)
             | OpKind::Neg(_)
             | OpKind::Scale(_)
+            | OpKind::LossScale(_)
             | OpKind::Exp(_)
             | OpKind::Log(_)
             | OpKind::Sqrt(_)

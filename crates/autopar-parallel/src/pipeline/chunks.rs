@@ -15,7 +15,7 @@
 //! two: the forward pass (run when the schedule says, keeping the values the backward needs)
 //! and the backward pass (fed with them).
 
-use autopar_graph::ops::{Add, Fill, Input, Mul, ReduceSum, Scale};
+use autopar_graph::ops::{Add, Fill, Input, LossScale, Mul, ReduceSum};
 use autopar_graph::{differentiate, Graph, NodeId, OpKind};
 
 use crate::error::{ParallelError, PipelineProblem, Result};
@@ -152,7 +152,7 @@ pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stag
     }
     if let (Some(l), Some(seed)) = (loss, loss_seed) {
         let ty = sg.node(l).ty.clone();
-        let seeded = sg.add("pipe/loss_seed", Scale { factor: seed }, &[l])?;
+        let seeded = sg.add("pipe/loss_seed", LossScale { factor: seed }, &[l])?;
         let axes = (0..ty.shape.len() as i64).collect();
         terms.push(sg.add("pipe/loss_sum", ReduceSum { axes, keep_dims: false }, &[seeded])?);
     }

@@ -126,6 +126,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         OpKind::Cast(_)
         | OpKind::Neg(_)
         | OpKind::Scale(_)
+        | OpKind::LossScale(_)
         | OpKind::Exp(_)
         | OpKind::Log(_)
         | OpKind::Sqrt(_)

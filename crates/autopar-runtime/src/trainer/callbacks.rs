@@ -30,6 +30,11 @@ pub struct StepEvent {
     pub samples_per_sec: f64,
     /// Global batch size.
     pub batch_size: usize,
+    /// With loss scaling: the scale the step's backward pass was seeded with.
+    pub loss_scale: Option<f64>,
+    /// With loss scaling: the step's gradients overflowed on some rank (its update skipped
+    /// unless the scale keeps overflowed steps).
+    pub overflow: bool,
 }
 
 /// A hook into the training loop (rank 0).
@@ -88,8 +93,8 @@ impl Callback for LossMonitor {
     }
 }
 
-/// Writes one JSON object per step (`{"step":1,"epoch":1,"loss":2.31,"lr":0.01,"samples_per_sec":812.4}`)
-/// to a file, flushed every step; optionally the loss curve as an SVG beside it at the end.
+/// Writes one JSON object per step (`{"step":1,"epoch":1,"loss":2.31,"lr":0.01,"samples_per_sec":812.4}`,
+/// with `loss_scale` and `overflow` when the loss is scaled) to a file, flushed every step; optionally the loss curve as an SVG beside it at the end.
 pub struct MetricsWriter {
     path: PathBuf,
     out: BufWriter<File>,
@@ -129,13 +134,17 @@ impl MetricsWriter {
 
 impl Callback for MetricsWriter {
     fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
-        let obj = serde_json::json!({
+        let mut obj = serde_json::json!({
             "step": e.step,
             "epoch": e.epoch,
             "loss": e.loss,
             "lr": e.lr,
             "samples_per_sec": e.samples_per_sec,
         });
+        if let Some(scale) = e.loss_scale {
+            obj["loss_scale"] = scale.into();
+            obj["overflow"] = e.overflow.into();
+        }
         writeln!(self.out, "{obj}")
             .and_then(|_| self.out.flush())
             .map_err(|source| TrainError::Write { path: self.path.clone(), source })?;
@@ -243,6 +252,8 @@ mod tests {
             lr: 0.01,
             samples_per_sec: 100.0,
             batch_size: 32,
+            loss_scale: None,
+            overflow: false,
         }
     }
 

@@ -13,12 +13,13 @@ use autopar_tensor::{DType, Tensor};
 
 use super::error::{TrainError, TrainResult};
 use crate::executor::ParamStore;
+use crate::loss_scale::LossScaleState;
 
 /// The `format` metadata value of a training checkpoint.
 pub const FORMAT: &str = "autopar-train-1";
 
 /// Where a run stands: saved with every checkpoint, read back to resume.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunPosition {
     /// Steps completed (the global step count).
     pub step: u64,
@@ -41,6 +42,10 @@ pub struct RunPosition {
     /// order (and of synthetic data) and whether it is shuffled (None: a file written before
     /// autopar recorded them).
     pub data: Option<DataStream>,
+    /// The run's loss scaling when it scaled the loss: the next step's scale, its last
+    /// overflow and the skipped steps (None: no loss scaling, or a file written before autopar
+    /// recorded it).
+    pub loss_scale: Option<LossScaleState>,
 }
 
 /// What makes a data position mean the same batches in another run.
@@ -71,6 +76,12 @@ impl RunPosition {
             m.insert("data_samples".into(), d.samples.to_string());
             m.insert("seed".into(), d.seed.to_string());
             m.insert("shuffle".into(), d.shuffle.to_string());
+        }
+        if let Some(l) = &self.loss_scale {
+            // f64's shortest round-trip form: read back bit for bit.
+            m.insert("loss_scale".into(), l.scale.to_string());
+            m.insert("loss_scale_last_overflow".into(), l.last_overflow_iter.to_string());
+            m.insert("skipped_steps".into(), l.skipped.to_string());
         }
         m
     }
@@ -111,6 +122,18 @@ impl RunPosition {
                         Some("false") => false,
                         other => return Err(bad(format!("metadata shuffle = {other:?} is not true or false"))),
                     },
+                }),
+            },
+            loss_scale: match m.get("loss_scale") {
+                None => None,
+                Some(v) => Some(LossScaleState {
+                    scale: v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s > 0.0)
+                        .ok_or_else(|| bad(format!("metadata loss_scale = {v:?} is not a positive number")))?,
+                    last_overflow_iter: num("loss_scale_last_overflow")?,
+                    skipped: num("skipped_steps")?,
                 }),
             },
         })
@@ -331,6 +354,7 @@ mod tests {
             parallel_mode: "stand_alone".into(),
             run_id: "0123456789abcdef".into(),
             data: Some(DataStream { samples: 640, seed: 3, shuffle: true }),
+            loss_scale: Some(LossScaleState { scale: 0.1 + 0.2, last_overflow_iter: 5, skipped: 3 }),
         };
         save_checkpoint(&path, &params, &state, &pos).unwrap();
         let names: Vec<String> =

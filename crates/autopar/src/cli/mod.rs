@@ -188,6 +188,7 @@ pub fn as_flags(line: &str) -> String {
         ("seed", "--seed"),
         ("optimizer", "--optimizer"),
         ("clip_grad_norm", "--clip-grad-norm"),
+        ("loss_scale", "--loss-scale"),
         ("profile", "--profile"),
         ("src_strategy", "--src-strategy"),
         ("dst_strategy", "--dst-strategy"),

@@ -15,7 +15,7 @@ use autopar_models::{model_by_name, Model, ModelOptions};
 use autopar_parallel::report::html::Measured;
 use autopar_runtime::callbacks::{Callback, LossMonitor, MetricsWriter, StepEvent};
 use autopar_runtime::trainer::{CheckpointConfig, DataSource, OptimizerConfig, TrainReport, TrainResult, Trainer};
-use autopar_runtime::{LrSchedule, TrainConfig};
+use autopar_runtime::{LossScale, LrSchedule, TrainConfig};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -94,6 +94,11 @@ pub struct TrainArgs {
     /// Clip each step's gradients to this global L2 norm, over the whole job (MindSpore's ClipByGlobalNorm).
     #[arg(long, value_name = "NORM", help_heading = "Optimizer")]
     clip_grad_norm: Option<f64>,
+    /// Scale the loss (MindSpore's loss-scale managers): none; fixed:S (a step whose gradients
+    /// overflow is skipped on every rank; fixed:S:keep applies it anyway); dynamic[:INIT[:FACTOR:WINDOW]]
+    /// (defaults 2^24, 2, 2000: divided by FACTOR at each overflow, multiplied after WINDOW steps without one)
+    #[arg(long, value_name = "none|fixed:S|dynamic[:INIT]", help_heading = "Optimizer")]
+    loss_scale: Option<String>,
 
     /// Save checkpoints in this folder.
     #[arg(long, value_name = "DIR", help_heading = "Checkpoints")]
@@ -119,7 +124,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "CHECKPOINT|DIR", help_heading = "Checkpoints")]
     resume: Option<PathBuf>,
 
-    /// Write one JSON object per step (step, epoch, loss, lr, samples_per_sec) to this file.
+    /// Write one JSON object per step (step, epoch, loss, lr, samples_per_sec; loss_scale and
+    /// overflow when the loss is scaled) to this file.
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     metrics: Option<PathBuf>,
     /// Also draw the loss curve as an SVG beside the metrics file.
@@ -457,6 +463,10 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
     if let Some(c) = clip_grad_norm.filter(|c| !(*c > 0.0 && c.is_finite())) {
         bail!("--clip-grad-norm {c} is not a norm\nhint: pass a finite value > 0, such as --clip-grad-norm 1.0");
     }
+    let loss_scale: LossScale = match pick!(s, loss_scale) {
+        None => LossScale::None,
+        Some(v) => v.parse().map_err(|e| anyhow::anyhow!("--loss-scale: {e}\nhint: pass --loss-scale dynamic, or fixed:1024"))?,
+    };
     let optimizer_name = pick!(s, optimizer).unwrap_or_else(|| "momentum".into());
     let given_momentum = pick!(s, momentum);
     if let Some(m) = given_momentum {
@@ -488,6 +498,7 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
             decay_except_norm: true,
             clip_grad_norm,
         },
+        loss_scale,
         parallel: ctx,
         checkpoint: None,
         init: pick!(s, init),
