@@ -369,7 +369,7 @@ impl Session {
     /// `state_prefixes` name the optimizer's state of each trainable parameter as MindSpore
     /// names it (`moments.`), for `parameter_layout_dict` and the strategy files.
     #[new]
-    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, state_prefixes, micro_batches=None))]
+    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, state_prefixes, micro_batches=None, loss_scale=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -383,9 +383,25 @@ impl Session {
         groups: Vec<Group>,
         state_prefixes: Vec<String>,
         micro_batches: Option<usize>,
+        loss_scale: Option<&str>,
     ) -> PyResult<Self> {
         let make_opt = optimizer(optimizer_kind, &learning_rate, &hyper, &groups)?;
-        Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes)))
+        let scale: autopar::runtime::LossScale = match loss_scale {
+            Some(s) => s.parse().map_err(|e: autopar::runtime::loss_scale::BadLossScale| PyValueError::new_err(e.to_string()))?,
+            None => autopar::runtime::LossScale::None,
+        };
+        let mut session = Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes)))?;
+        if scale.is_on() {
+            let ranks = &mut session.ranks;
+            py.detach(|| ranks.set_loss_scale(scale)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        }
+        Ok(session)
+    }
+
+    /// The last step's loss scale, whether its gradients overflowed, and the next step's scale
+    /// (None without loss scaling).
+    fn loss_scale(&self) -> Option<(f64, bool, f64)> {
+        self.ranks.last_loss_scale().map(|s| (s.scale, s.overflow, s.next))
     }
 
     /// An inference job: `network` with its outputs `outputs`, planned under `context` and

@@ -35,6 +35,7 @@ DEVICES = {
     "train_one_step_loop.py": 4,
     "mlp_dropout_loop.py": 8,
     "embedding_bag_adam.py": 8,
+    "loss_scale_fixed.py": 4,
 }
 TOL = 1e-5
 
@@ -159,6 +160,39 @@ def test_training_updates_the_parameters_and_fills_the_layout_dict(context):
     layout = model.train_network.parameter_layout_dict["w"]
     assert layout[2] == [2, 1], layout  # the slice each rank holds of [4, 2] split (2, 2)
     assert "x" not in model.train_network.parameter_layout_dict
+
+
+def test_a_dynamic_loss_scale_skips_overflowed_steps_and_reports_loss_overflow_and_scale(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4)
+    net = Tiny()
+    net.matmul.shard(((1, 2), (2, 2)))
+    before = net.w.asnumpy().copy()
+    # 2^200 seeds the backward pass with an infinity in float32: the first step overflows on
+    # every device and is skipped; 2^200 / 2^100 fits; after a window of 2 steps it grows back
+    # and overflows again.
+    manager = ms.DynamicLossScaleManager(init_loss_scale=2.0**200, scale_factor=2**100, scale_window=2)
+    seen = []
+
+    class Keep(ms.train.Callback):
+        def step_end(self, run_context):
+            loss, overflow, scale = run_context.original_args().net_outputs
+            seen.append((bool(overflow.asnumpy()), float(scale.asnumpy()), np.array_equal(net.w.asnumpy(), before)))
+
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ms.Model(net, loss, nn.SGD(net.trainable_params(), 0.5), loss_scale_manager=manager)
+    model.train(1, tiny_data(), callbacks=[Keep(), ms.train.LossMonitor()])
+    assert [s[0] for s in seen] == [True, False, False, True], seen
+    assert [s[2] for s in seen] == [True, False, False, False], "the skipped step leaves the weight as it was"
+    assert [s[1] for s in seen[1:]] == [2.0**100, 2.0**100, np.inf], "a float32 output, as MindSpore's"
+    assert manager.get_loss_scale() == 2.0**100
+
+    # FixedLossScaleManager(drop_overflow_update=False) needs the optimizer to divide by its scale.
+    with pytest.raises(ValueError, match="loss_scale to be the same value"):
+        ms.Model(net, loss, nn.SGD(net.trainable_params(), 0.5), loss_scale_manager=ms.FixedLossScaleManager(8.0, False))
+    with pytest.raises(NotImplementedError, match="divides gradients that nothing scaled"):
+        ms.Model(net, loss, nn.SGD(net.trainable_params(), 0.5, loss_scale=8.0))
+    with pytest.raises(ValueError, match="scale_factor"):
+        ms.amp.DynamicLossScaleManager(scale_factor=1)
 
 
 def test_a_changed_parameter_reaches_the_running_job(context):

@@ -272,7 +272,7 @@ pub enum RuntimeError {
     },
 
     /// A loss scale out of range.
-    #[error("loss scale {scale}: {problem}\nhint: a dynamic scale starts at 1 or more and changes by a factor above 1; MindSpore's defaults are dynamic:16777216:2:2000")]
+    #[error("loss scale {scale}: {problem}\nhint: MindSpore's defaults are fixed:128 and dynamic:16777216:2:2000")]
     BadLossScale {
         /// The scale, as `--loss-scale` writes it.
         scale: String,

@@ -123,7 +123,7 @@ pub use error::{CommPhase, Result, RuntimeError};
 pub use executor::{graph_dtype, tensor_dtype, Collectives, Executor, MicroBatch, OpTiming, ParamStore, RunOutput, SharedInit};
 pub use job::{rank_batches, slice_tensor, Job};
 pub use local::{run_local, LocalRanks, LocalRun, MakeOptimizer};
-pub use loss_scale::{LossScale, LossScaleState, LossScaler};
+pub use loss_scale::{LossScale, LossScaleState, LossScaler, ScaledStep};
 pub use optim::{clip_by_global_norm, decay_except_norm, AdamW, DecayFilter, LrSchedule, Momentum, Optimizer, ParamGroups, Sgd};
 pub use rank::{ParamSource, RankTrainer, StepOutput};
 pub use relayout::relayout_params;

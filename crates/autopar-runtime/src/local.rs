@@ -8,6 +8,7 @@ use crate::assemble::assemble_params;
 use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::ParamStore;
 use crate::job::Job;
+use crate::loss_scale::{LossScale, ScaledStep};
 use crate::optim::Optimizer;
 use crate::rank::{ParamSource, RankTrainer};
 
@@ -70,13 +71,14 @@ enum Command {
     Step(std::sync::Arc<Vec<(String, Tensor)>>),
     Predict(std::sync::Arc<Vec<(String, Tensor)>>),
     Load(std::sync::Arc<ParamStore>),
+    LossScale(LossScale),
     Params,
     Stop,
 }
 
 /// What a rank of [`LocalRanks`] answers.
 enum Answer {
-    Loss(f64),
+    Loss(f64, Option<ScaledStep>),
     Outputs(Option<Vec<Tensor>>),
     Loaded,
     Params(Box<ParamStore>),
@@ -92,6 +94,7 @@ pub struct LocalRanks {
     commands: Vec<std::sync::mpsc::Sender<Command>>,
     answers: std::sync::mpsc::Receiver<(usize, Result<Answer>)>,
     thread: Option<std::thread::JoinHandle<()>>,
+    last_scale: Option<ScaledStep>,
 }
 
 impl std::fmt::Debug for LocalRanks {
@@ -162,11 +165,12 @@ impl LocalRanks {
                     // A panic is this rank's error: answered, so that the caller never waits for it.
                     let answer = caught(r, || match command {
                         Command::Step(batch) => match opt.as_mut() {
-                            Some(opt) => t.step(opt.as_mut(), &batch).map(Answer::Loss),
+                            Some(opt) => t.step(opt.as_mut(), &batch).map(|l| Answer::Loss(l, t.last_loss_scale())),
                             None => Err(RuntimeError::JobKind { inference: true }),
                         },
                         Command::Predict(batch) => t.predict(&batch).map(Answer::Outputs),
                         Command::Load(full) => t.load_full(&full).map(|()| Answer::Loaded),
+                        Command::LossScale(s) => t.set_loss_scale(s).map(|()| Answer::Loaded),
                         Command::Params => Ok(Answer::Params(Box::new(t.params().clone()))),
                         Command::Stop => unreachable!("handled above"),
                     });
@@ -183,7 +187,7 @@ impl LocalRanks {
                 tracing::debug!(error = %e, "the in-process ranks stopped");
             }
         });
-        let mut ranks = Self { n, job, commands, answers, thread: Some(thread) };
+        let mut ranks = Self { n, job, commands, answers, thread: Some(thread), last_scale: None };
         ranks.collect(|_| Ok(()))?;
         Ok(ranks)
     }
@@ -198,13 +202,27 @@ impl LocalRanks {
         let batch = std::sync::Arc::new(batch);
         self.send(|| Command::Step(batch.clone()))?;
         let mut loss = 0.0;
+        let mut scale = None;
         self.collect(|(rank, a)| {
-            if let (0, Answer::Loss(l)) = (rank, a) {
-                loss = l;
+            if let (0, Answer::Loss(l, s)) = (rank, a) {
+                (loss, scale) = (l, s);
             }
             Ok(())
         })?;
+        self.last_scale = scale;
         Ok(loss)
+    }
+
+    /// Scales the loss of every following step as `scale` says ([`crate::loss_scale`]).
+    pub fn set_loss_scale(&mut self, scale: LossScale) -> Result<()> {
+        scale.check()?;
+        self.send(|| Command::LossScale(scale))?;
+        self.collect(|_| Ok(()))
+    }
+
+    /// What the last step did under loss scaling (None without it).
+    pub fn last_loss_scale(&self) -> Option<ScaledStep> {
+        self.last_scale
     }
 
     /// Inference on the global batch `batch` (by input name) with an inference job: the

@@ -51,7 +51,7 @@ impl LossScale {
     /// 1, a window of at least 1 step.
     pub fn check(&self) -> Result<()> {
         let problem = match *self {
-            LossScale::Fixed { scale, .. } if !(scale.is_finite() && scale > 0.0) => "the scale must be a finite value above 0",
+            LossScale::Fixed { scale, .. } if !(scale.is_finite() && scale >= 1.0) => "the scale must be a finite value of 1 or more",
             LossScale::Dynamic { init, .. } if !(init.is_finite() && init >= 1.0) => "the first scale must be a finite value of 1 or more",
             LossScale::Dynamic { factor, .. } if !(factor.is_finite() && factor > 1.0) => "the factor must be a finite value above 1",
             LossScale::Dynamic { window: 0, .. } => "the window must be at least 1 step",
@@ -111,17 +111,28 @@ impl FromStr for LossScale {
     }
 }
 
-/// What a checkpoint keeps of the loss scaling: the scale of the next step, the last step that
-/// overflowed (or grew the scale; MindSpore's `last_overflow_iterator_step`) and how many
-/// steps were skipped (so that the optimizer's own step count resumes where it was).
+/// What a checkpoint keeps of the loss scaling: the choice, the scale of the next step and the
+/// last step that overflowed or grew the scale (MindSpore's `last_overflow_iterator_step`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossScaleState {
+    /// The run's choice.
+    pub kind: LossScale,
     /// The next step's scale.
     pub scale: f64,
-    /// MindSpore's `last_overflow_iterator_step` (its iterations count from 1).
+    /// MindSpore's `last_overflow_iterator_step` (its iterations count from 1; at most the
+    /// steps run).
     pub last_overflow_iter: u64,
-    /// Steps whose update was skipped.
-    pub skipped: u64,
+}
+
+/// What a step did under loss scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScaledStep {
+    /// The scale the step's backward pass was seeded with.
+    pub scale: f64,
+    /// Whether its gradients overflowed on some rank.
+    pub overflow: bool,
+    /// The next step's scale.
+    pub next: f64,
 }
 
 /// The running loss scale and its update rule.
@@ -142,14 +153,17 @@ impl LossScaler {
             LossScale::Fixed { scale, .. } => scale,
             LossScale::Dynamic { init, .. } => init,
         };
-        Ok(Some(Self { kind, state: LossScaleState { scale, last_overflow_iter: 0, skipped: 0 }, cur_iter: 1 }))
+        Ok(Some(Self { kind, state: LossScaleState { kind, scale, last_overflow_iter: 0 }, cur_iter: 1 }))
     }
 
-    /// Continues a run after `steps` steps from a checkpoint's state (a dynamic scale resumes at
-    /// the saved value; a fixed one keeps the value chosen now).
-    pub fn resume(&mut self, steps: u64, saved: LossScaleState) {
-        let scale = if matches!(self.kind, LossScale::Dynamic { .. }) { saved.scale } else { self.state.scale };
-        self.state = LossScaleState { scale, ..saved };
+    /// Continues a run after `steps` steps: from a checkpoint's state when it was written
+    /// under the same choice; otherwise (a checkpoint without loss scaling, or under another
+    /// choice) from this choice's first scale, its window counted from the resumed step.
+    pub fn resume(&mut self, steps: u64, saved: Option<LossScaleState>) {
+        self.state = match saved {
+            Some(s) if s.kind == self.kind => LossScaleState { last_overflow_iter: s.last_overflow_iter.min(steps), ..s },
+            _ => LossScaleState { last_overflow_iter: steps, ..self.state },
+        };
         self.cur_iter = steps + 1;
     }
 
@@ -173,18 +187,14 @@ impl LossScaler {
         if let LossScale::Dynamic { factor, window, .. } = self.kind {
             let s = &mut self.state;
             let on_overflow = if overflow { (s.scale / factor).max(1.0) } else { s.scale };
-            let should_grow = self.cur_iter - s.last_overflow_iter >= window;
+            let should_grow = self.cur_iter.saturating_sub(s.last_overflow_iter) >= window;
             if overflow || should_grow {
                 s.last_overflow_iter = self.cur_iter;
             }
             s.scale = if should_grow && !overflow { on_overflow * factor } else { on_overflow };
         }
         self.cur_iter += 1;
-        let apply = !(overflow && self.skips_overflow());
-        if !apply {
-            self.state.skipped += 1;
-        }
-        apply
+        !(overflow && self.skips_overflow())
     }
 }
 
@@ -222,7 +232,6 @@ mod tests {
             seen.push(s.scale());
         }
         assert_eq!(seen, vec![8.0, 16.0, 8.0, 8.0, 16.0, 16.0, 8.0, 4.0, 2.0, 1.0, 1.0]);
-        assert_eq!(s.state().skipped, 6);
     }
 
     #[test]
@@ -230,10 +239,27 @@ mod tests {
         let mut s = LossScaler::new(LossScale::Fixed { scale: 4.0, drop_overflow_update: true }).unwrap().unwrap();
         assert!(!s.update(true));
         assert!(s.update(false));
-        assert_eq!((s.scale(), s.state().skipped), (4.0, 1));
+        assert_eq!(s.scale(), 4.0);
         let mut k = LossScaler::new(LossScale::Fixed { scale: 4.0, drop_overflow_update: false }).unwrap().unwrap();
         assert!(k.update(true));
         assert!(LossScaler::new(LossScale::None).unwrap().is_none());
+    }
+
+    /// A checkpoint of another choice (or none) starts this one afresh at the resumed step: its
+    /// window counts from there.
+    #[test]
+    fn resuming_under_another_choice_starts_it_at_the_resumed_step() {
+        let kind = LossScale::Dynamic { init: 8.0, factor: 2.0, window: 2 };
+        let fixed = LossScaler::new(LossScale::Fixed { scale: 1024.0, drop_overflow_update: true }).unwrap().unwrap();
+        for saved in [None, Some(fixed.state())] {
+            let mut s = LossScaler::new(kind).unwrap().unwrap();
+            s.resume(100, saved);
+            assert_eq!(s.scale(), 8.0);
+            s.update(false);
+            assert_eq!(s.scale(), 8.0, "one step after the resume: the window of 2 is not full");
+            s.update(false);
+            assert_eq!(s.scale(), 16.0);
+        }
     }
 
     proptest! {
@@ -249,7 +275,7 @@ mod tests {
                 first.update(f);
             }
             let mut resumed = LossScaler::new(kind).unwrap().unwrap();
-            resumed.resume(cut as u64, first.state());
+            resumed.resume(cut as u64, Some(first.state()));
             for &f in &flags[cut..] {
                 prop_assert_eq!(whole.update(f), resumed.update(f));
                 prop_assert_eq!(whole.state(), resumed.state());

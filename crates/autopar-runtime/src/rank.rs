@@ -32,7 +32,7 @@ use crate::error::{CommPhase, Result, RuntimeError};
 use crate::executor::{graph_dtype, Collectives, Executor, MicroBatch, ParamStore, RunOutput, SharedInit};
 use crate::gradient_sync::{accumulate_at, finite_loss, mean_of_micro_batches, sync_bucket, BucketBuffer};
 use crate::job::{slice_tensor, Job};
-use crate::loss_scale::{LossScale, LossScaleState, LossScaler};
+use crate::loss_scale::{LossScale, LossScaleState, LossScaler, ScaledStep};
 use crate::optim::Optimizer;
 use crate::parallel_optimizer::{accumulate_scattered, scatter_gradients, with_gathered, GatherBuffers};
 use crate::transfer::{all_reduce_tensor, recv_tensor, send_tensor, transfer_tag};
@@ -121,8 +121,8 @@ pub struct RankTrainer {
     clip_grad_norm: Option<f64>,
     /// The loss scale and its state (None: no loss scaling).
     loss_scaler: Option<LossScaler>,
-    /// The last step's scale and whether it overflowed (with loss scaling).
-    last_scale: Option<(f64, bool)>,
+    /// What the last step did under loss scaling.
+    last_scale: Option<ScaledStep>,
     /// When the step began, seconds of its passes, and its wall time.
     started: Instant,
     busy: f64,
@@ -382,16 +382,16 @@ impl RankTrainer {
         self.loss_scaler.as_ref().map(LossScaler::state)
     }
 
-    /// Continues the loss scaling after `steps` steps from a checkpoint's state.
-    pub fn resume_loss_scale(&mut self, steps: u64, saved: LossScaleState) {
+    /// Continues the loss scaling after `steps` steps from a checkpoint's state (None: a
+    /// checkpoint without loss scaling; see [`LossScaler::resume`]).
+    pub fn resume_loss_scale(&mut self, steps: u64, saved: Option<LossScaleState>) {
         if let Some(s) = self.loss_scaler.as_mut() {
             s.resume(steps, saved);
         }
     }
 
-    /// The last step's loss scale and whether its gradients overflowed (None without loss
-    /// scaling, or before the first step).
-    pub fn last_loss_scale(&self) -> Option<(f64, bool)> {
+    /// What the last step did under loss scaling (None without it, or before the first step).
+    pub fn last_loss_scale(&self) -> Option<ScaledStep> {
         self.last_scale
     }
 
@@ -442,8 +442,10 @@ impl RankTrainer {
         let StepOutput { loss, grads, overflow, .. } = self.gradients_rows(rows, first_row)?;
         let apply = match self.loss_scaler.as_mut() {
             Some(s) => {
-                self.last_scale = Some((s.scale(), overflow));
-                s.update(overflow)
+                let scale = s.scale();
+                let apply = s.update(overflow);
+                self.last_scale = Some(ScaledStep { scale, overflow, next: s.scale() });
+                apply
             }
             None => true,
         };
@@ -458,7 +460,9 @@ impl RankTrainer {
 
     /// The step without its update: every micro-batch's forward and backward, then the
     /// gradients synchronised and clipped. Returns the job's loss and this rank's gradients of
-    /// its stored pieces. Collective.
+    /// its stored pieces. Collective. With loss scaling the backward pass is seeded with the
+    /// current scale and the gradients come back unscaled, with the overflow flag; the scale
+    /// itself moves only in [`RankTrainer::step`], which also skips overflowed updates.
     pub fn gradients(&mut self, batch: &[(String, Tensor)]) -> Result<StepOutput> {
         self.gradients_rows(batch, 0)
     }
@@ -924,15 +928,20 @@ impl RankTrainer {
 }
 
 /// The gradients of a step seeded with the loss times `scale`, brought back to the loss's own:
-/// each multiplied by the scale's reciprocal in its own type (MindSpore's `_grad_scale`).
+/// each multiplied by the scale's reciprocal (MindSpore's `_grad_scale`), a half-precision one in
+/// f32 (whose range holds the reciprocal of any scale) and rounded back.
 fn unscale(grads: &mut [(String, Tensor)], scale: f64) -> Result<()> {
+    use autopar_tensor::DType;
     let inv = 1.0 / scale;
     for (name, g) in grads.iter_mut() {
-        *g = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), g, inv).map_err(|e| RuntimeError::Kernel {
+        let dtype = g.dtype();
+        let wide = if matches!(dtype, DType::F16 | DType::BF16) { g.cast(DType::F32) } else { g.clone() };
+        let out = autopar_tensor::kernels::elementwise::scale(&ExecCtx::serial(), &wide, inv).map_err(|e| RuntimeError::Kernel {
             kind: "Scale",
             name: name.clone(),
             source: Box::new(e),
         })?;
+        *g = out.cast(dtype);
     }
     Ok(())
 }

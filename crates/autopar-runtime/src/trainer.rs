@@ -43,7 +43,7 @@ pub use self::evaluate::predicted_class;
 use crate::error::{CommPhase, RuntimeError};
 use crate::executor::{tensor_dtype, ParamStore, SharedInit};
 use crate::job::Job;
-use crate::loss_scale::{LossScale, LossScaleState};
+use crate::loss_scale::LossScale;
 use crate::optim::{decay_except_norm, AdamW, LrSchedule, Momentum, Optimizer, Sgd};
 use crate::rank::{ParamSource, RankTrainer};
 
@@ -1024,7 +1024,7 @@ impl Trainer {
             if reshard.check(&mut reader, &name, &shape)?.is_none() {
                 return Err(TrainError::InitMissing { path: path.clone(), name, shape });
             }
-            if pos.step > 0 && params.contains(&name) {
+            if pos.updates() > 0 && params.contains(&name) {
                 for key in self.cfg.optimizer.state_keys(&name) {
                     if reshard.check(&mut reader, &key, &shape)?.is_none() {
                         return Err(missing_state(&path, &key));
@@ -1084,14 +1084,14 @@ impl Trainer {
                 None => self.restore(&mut trainer, opt.as_mut(), &r.path, &r.pos, rank, &plan.trainable)?,
                 Some(source) => {
                     let state: Option<(&mut dyn Optimizer, &[String])> =
-                        if r.pos.step > 0 { Some((opt.as_mut(), &plan.trainable)) } else { None };
+                        if r.pos.updates() > 0 { Some((opt.as_mut(), &plan.trainable)) } else { None };
                     self.read_pieces(&mut trainer, state, source, rank)?;
                     r.pos.clone()
                 }
             };
             // Each rank read its own copy of a shared parameter: the owner's wins.
             trainer.sync_shared_parameters()?;
-            continue_counters(&mut trainer, opt.as_mut(), p.step, p.loss_scale)?;
+            continue_counters(&mut trainer, opt.as_mut(), &p)?;
             (step, epoch, pos) = (p.step, p.epoch, p.step_in_epoch);
         }
         // Every checkpoint of the run (resumed runs included) carries its id, so that a rank
@@ -1147,8 +1147,8 @@ impl Trainer {
                     lr,
                     samples_per_sec: if dt > 0.0 { cfg.batch_size as f64 / dt } else { 0.0 },
                     batch_size: cfg.batch_size,
-                    loss_scale: scaled.map(|(s, _)| s),
-                    overflow: scaled.is_some_and(|(_, o)| o),
+                    loss_scale: scaled.map(|s| s.scale),
+                    overflow: scaled.is_some_and(|s| s.overflow),
                 };
                 if let Some(ck) = &cfg.checkpoint {
                     if ck.every_steps > 0 && step.is_multiple_of(ck.every_steps) {
@@ -1233,6 +1233,7 @@ impl Trainer {
             parallel_mode: self.cfg.parallel.parallel_mode().name().to_string(),
             run_id: run_id.to_string(),
             data: Some(self.data_stream()),
+            optimizer_steps: Some(opt.steps()),
             loss_scale: trainer.loss_scale_state(),
         };
         let path = checkpoint_path(&ck.dir, &ck.prefix, step, rank, n);
@@ -1272,7 +1273,7 @@ impl Trainer {
         for (name, shape, dtype) in &names {
             let t = ck.tensor(name, shape)?.cast(*dtype);
             trainer.params_mut().insert(name, t);
-            if p.step > 0 && trainable.contains(name) {
+            if p.updates() > 0 && trainable.contains(name) {
                 for key in self.cfg.optimizer.state_keys(name) {
                     if !ck.has(&key) {
                         return Err(missing_state(&ck.path, &key));
@@ -1515,13 +1516,11 @@ fn missing_state(path: &Path, key: &str) -> TrainError {
 /// Continue the counters of a resumed run at `step`: the step counter keys the dropout masks;
 /// the optimizer counts its updates (learning-rate schedule, Adam's bias correction) and is
 /// advanced with empty updates.
-fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, step: u64, scale: Option<LossScaleState>) -> TrainResult<()> {
-    trainer.set_steps(step);
+fn continue_counters(trainer: &mut RankTrainer, opt: &mut dyn Optimizer, pos: &RunPosition) -> TrainResult<()> {
+    trainer.set_steps(pos.step);
+    trainer.resume_loss_scale(pos.step, pos.loss_scale);
     // Steps whose update loss scaling skipped did not advance the optimizer.
-    let updates = step - scale.map_or(0, |s| s.skipped.min(step));
-    if let Some(saved) = scale {
-        trainer.resume_loss_scale(step, saved);
-    }
+    let updates = pos.updates();
     let mut none = ParamStore::new();
     while opt.steps() < updates {
         opt.step(&mut none, &[])?;

@@ -78,6 +78,16 @@ fn every_op_forward_matches_hand_computed_values() {
     check(&run(Div, &[col, row], c), &[2, 3], &[0.1, 0.05, 0.025, 0.2, 0.1, 0.05]);
     check(&run(Neg, &[m22.clone()], c), &[2, 2], &[-1.0, -2.0, -3.0, -4.0]);
     check(&run(Scale { factor: 0.5 }, &[m22.clone()], c), &[2, 2], &[0.5, 1.0, 1.5, 2.0]);
+    // Without loss scaling the run's scale is 1; an executor told a scale multiplies by it too.
+    check(&run(LossScale { factor: 0.5 }, &[m22.clone()], c), &[2, 2], &[0.5, 1.0, 1.5, 2.0]);
+    {
+        let mut b = GraphBuilder::new(0);
+        let x = b.input("x", &[2, 2], DType::F64).unwrap();
+        let y = b.op("op", LossScale { factor: 0.5 }, &[x]).unwrap();
+        let mut exec = Executor::new(b.finish(), &[y]).unwrap();
+        exec.set_loss_scale(4.0);
+        check(&exec.run(&mut ParamStore::new(), &[(x, m22.clone())], 0).unwrap().values[0], &[2, 2], &[2.0, 4.0, 6.0, 8.0]);
+    }
     let e = std::f64::consts::E;
     check(&run(Exp, &[t(&[2], &[0.0, 1.0])], c), &[2], &[1.0, e]);
     check(&run(Log, &[t(&[2], &[1.0, e])], c), &[2], &[0.0, 1.0]);

@@ -12,7 +12,7 @@ use autopar_layout::Strategy;
 use autopar_models::{Mode, Model};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::callbacks::{Callback, StepEvent};
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, TrainResult};
+use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, OptimizerConfig, OptimizerKind, TrainResult};
 use autopar_runtime::{LossScale, ParamStore, TrainConfig, TrainReport, Trainer};
 use common::{builder, clusters, context, small_mlp, source};
 use serde_json::json;
@@ -85,6 +85,16 @@ fn jobs() -> Vec<(&'static str, Trainer)> {
             Trainer::new("gpt", gpt(), source(tokens()), TrainConfig { micro_batches: Some(4), ..cfg(6, none, pipeline) }),
         ),
     ]
+}
+
+fn adamw() -> OptimizerConfig {
+    OptimizerConfig {
+        kind: OptimizerKind::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8 },
+        schedule: autopar_runtime::LrSchedule::WarmupCosine { base_lr: 0.01, min_lr: 0.001, warmup_steps: 2, total_steps: 6 },
+        weight_decay: 0.01,
+        decay_except_norm: true,
+        clip_grad_norm: Some(1.0),
+    }
 }
 
 fn assert_bit_equal(what: &str, a: &TrainReport, b: &TrainReport) {
@@ -179,6 +189,9 @@ fn a_resumed_run_continues_with_the_saved_scale() {
     for (i, (what, mut t)) in jobs().into_iter().enumerate() {
         let ck = dir.path().join(format!("job{i}"));
         t.config_mut().loss_scale = scale;
+        // AdamW under a warm-up and cosine schedule: both follow the updates applied, which a
+        // resume must count without the skipped steps.
+        t.config_mut().optimizer = adamw();
         let scales = Scales::default();
         let full = t.fit(vec![Box::new(scales.clone())]).unwrap();
         let full_scales = scales.take();
@@ -199,5 +212,89 @@ fn a_resumed_run_continues_with_the_saved_scale() {
         for ((n, x), (_, y)) in a.iter().zip(b.iter()) {
             assert!(x.bit_eq(y), "{what}: parameter {n} differs after resuming");
         }
+    }
+}
+
+/// Gradients that overflow on one rank only (its rows of the batch are huge): every rank skips
+/// the update, so the replicas stay equal and unchanged; the next batch, ordinary everywhere,
+/// trains.
+#[test]
+fn an_overflow_on_one_rank_skips_the_update_on_every_rank() {
+    use autopar_graph::{DType, GraphBuilder, Initializer};
+    use autopar_runtime::{Job, LocalRanks, Sgd};
+    use autopar_tensor::Tensor;
+    let (n, rows) = (4usize, 16usize);
+    let mut b = GraphBuilder::new(3);
+    let x = b.input("x", &[rows, 8], DType::F32).unwrap();
+    let y = b.input("y", &[rows], DType::I64).unwrap();
+    let w = b.parameter("w", &[8, 4], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("mm", x, w).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    let graph = b.finish();
+    let batch = |huge_rows: std::ops::Range<usize>| {
+        let xs: Vec<f32> =
+            (0..rows * 8).map(|i| if huge_rows.contains(&(i / 8)) { 1e30 } else { ((i * 7) % 11) as f32 / 10.0 - 0.5 }).collect();
+        let ys: Vec<i64> = (0..rows as i64).map(|i| i % 4).collect();
+        vec![("x".to_string(), Tensor::from_vec(&[rows, 8], xs).unwrap()), ("y".to_string(), Tensor::from_vec(&[rows], ys).unwrap())]
+    };
+    let job = Job::new(&graph, loss, &context("data_parallel", n)).unwrap();
+    let full = ParamStore::init(&graph).unwrap();
+    let mut ranks = LocalRanks::start(
+        job,
+        Some(full.clone()),
+        Some(Arc::new(|| Ok(Box::new(Sgd::new(autopar_runtime::LrSchedule::Constant(0.1))?) as _))),
+    )
+    .unwrap();
+    // 2^64: ordinary rows' gradients stay far below f32's range; rank 2's (rows 8..12) of 1e30 do not.
+    ranks.set_loss_scale(LossScale::Fixed { scale: 2f64.powi(64), drop_overflow_update: true }).unwrap();
+    let loss = ranks.step(batch(8..12)).unwrap();
+    assert!(loss.is_finite(), "the forward pass is not scaled: {loss}");
+    assert!(ranks.last_loss_scale().unwrap().overflow);
+    let after = ranks.params().unwrap();
+    assert!(after.get("w").unwrap().bit_eq(full.get("w").unwrap()), "every rank skipped the update");
+    ranks.step(batch(0..0)).unwrap();
+    assert!(!ranks.last_loss_scale().unwrap().overflow);
+    let trained = ranks.params().unwrap();
+    assert!(!trained.get("w").unwrap().bit_eq(full.get("w").unwrap()), "an ordinary step updates");
+}
+
+/// A checkpoint written after overflowed steps only (no update applied, no optimizer state
+/// yet) resumes, with loss scaling switched off, as the run that kept it on: the optimizer
+/// counts the updates applied, not the steps. Switched on again from a checkpoint without it,
+/// a dynamic scale starts at its first value.
+#[test]
+fn resumes_after_skipped_steps_only_with_scaling_switched_off_and_on() {
+    let dir = tempfile::tempdir().unwrap();
+    // Step 1 overflows (2^200); steps 2 to 4 run at 2^10, a power of two: no bit changes.
+    let scale = LossScale::Dynamic { init: 2f64.powi(200), factor: 2f64.powi(190), window: 1000 };
+    for (i, (what, mut t)) in jobs().into_iter().enumerate() {
+        let ck = |k: &str| dir.path().join(format!("job{i}{k}"));
+        t.config_mut().optimizer = adamw();
+        t.config_mut().loss_scale = scale;
+        t.config_mut().max_steps = Some(4);
+        let kept = t.fit(vec![]).unwrap();
+        t.config_mut().max_steps = Some(1);
+        t.config_mut().checkpoint = Some(CheckpointConfig { dir: ck("a"), prefix: "net".into(), every_steps: 0, keep_max: 0 });
+        t.fit(vec![]).unwrap();
+        t.config_mut().loss_scale = LossScale::None;
+        t.config_mut().max_steps = Some(4);
+        t.config_mut().resume = Some(ck("a"));
+        t.config_mut().checkpoint = Some(CheckpointConfig { dir: ck("b"), prefix: "net".into(), every_steps: 0, keep_max: 0 });
+        let off = t.fit(vec![]).unwrap();
+        assert_eq!(off.first_step, 1, "{what}");
+        assert_eq!(off.losses, kept.losses[1..].to_vec(), "{what}: losses");
+        for ((n, x), (_, y)) in off.params().unwrap().iter().zip(kept.params().unwrap().iter()) {
+            assert!(x.bit_eq(y), "{what}: parameter {n} differs after resuming past a skipped step");
+        }
+        // On again: a dynamic scale from its first value, its window counted from step 4.
+        t.config_mut().loss_scale = LossScale::Dynamic { init: 2f64.powi(200), factor: 2f64.powi(190), window: 2 };
+        t.config_mut().max_steps = Some(7);
+        t.config_mut().resume = Some(ck("b"));
+        t.config_mut().checkpoint = None;
+        let scales = Scales::default();
+        let on = t.fit(vec![Box::new(scales.clone())]).unwrap();
+        assert_eq!(on.first_step, 4, "{what}");
+        assert_eq!(scales.take(), [(200, true), (10, false), (10, false)].map(|(e, o)| (Some(2f64.powi(e)), o)).to_vec(), "{what}");
     }
 }

@@ -218,6 +218,7 @@ fn init_loads_parameters_by_name_and_names_a_missing_or_misshaped_one() {
         parallel_mode: "stand_alone".into(),
         run_id: "0123456789abcdef".into(),
         data: None,
+        optimizer_steps: None,
         loss_scale: None,
     };
     autopar_runtime::trainer::save_checkpoint(&partial, &only, &ParamStore::new(), &pos).unwrap();

@@ -38,7 +38,8 @@ from .checkpoint import (
     transform_checkpoint_by_rank,
     transform_checkpoints,
 )
-from . import cli, common, communication, context, dataset, nn, ops, parallel, train
+from . import amp, cli, common, communication, context, dataset, nn, ops, parallel, train
+from .amp import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 from .train.serialization import load_checkpoint, load_param_into_net, save_checkpoint
 from .train.model import Model
 from .parallel import parameter_broadcast, sync_pipeline_shared_parameters
@@ -75,5 +76,6 @@ __all__ = [
     "CheckpointReader", "load_checkpoint", "load_distributed_checkpoint", "load_segmented_checkpoints", "load_param_into_net",
     "merge_pipeline_strategys", "rank_list_for_transform", "save_checkpoint", "transform_checkpoint_by_rank",
     "transform_checkpoints", "parameter_broadcast", "sync_pipeline_shared_parameters",
-    "cli", "common", "communication", "context", "dataset", "nn", "ops", "parallel", "train",
+    "DynamicLossScaleManager", "FixedLossScaleManager", "LossScaleManager",
+    "amp", "cli", "common", "communication", "context", "dataset", "nn", "ops", "parallel", "train",
 ]

@@ -42,9 +42,11 @@ pub struct RunPosition {
     /// order (and of synthetic data) and whether it is shuffled (None: a file written before
     /// autopar recorded them).
     pub data: Option<DataStream>,
-    /// The run's loss scaling when it scaled the loss: the next step's scale, its last
-    /// overflow and the skipped steps (None: no loss scaling, or a file written before autopar
-    /// recorded it).
+    /// Updates the optimizer applied (fewer than `step` when loss scaling skipped steps; None:
+    /// a file written before autopar recorded it, whose every step was applied).
+    pub optimizer_steps: Option<u64>,
+    /// The run's loss scaling when it scaled the loss: the choice, the next step's scale and
+    /// its last overflow (None: no loss scaling, or a file written before autopar recorded it).
     pub loss_scale: Option<LossScaleState>,
 }
 
@@ -60,6 +62,11 @@ pub struct DataStream {
 }
 
 impl RunPosition {
+    /// Updates the optimizer applied by this position: its step count.
+    pub fn updates(&self) -> u64 {
+        self.optimizer_steps.unwrap_or(self.step)
+    }
+
     /// The position as safetensors `__metadata__` entries, with `format` set to [`FORMAT`].
     pub fn to_metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
@@ -77,11 +84,14 @@ impl RunPosition {
             m.insert("seed".into(), d.seed.to_string());
             m.insert("shuffle".into(), d.shuffle.to_string());
         }
+        if let Some(n) = self.optimizer_steps {
+            m.insert("optimizer_steps".into(), n.to_string());
+        }
         if let Some(l) = &self.loss_scale {
+            m.insert("loss_scale_kind".into(), l.kind.to_string());
             // f64's shortest round-trip form: read back bit for bit.
             m.insert("loss_scale".into(), l.scale.to_string());
             m.insert("loss_scale_last_overflow".into(), l.last_overflow_iter.to_string());
-            m.insert("skipped_steps".into(), l.skipped.to_string());
         }
         m
     }
@@ -103,8 +113,9 @@ impl RunPosition {
             let v = m.get(key).ok_or_else(|| bad(format!("metadata key {key} is missing")))?;
             v.parse().map_err(|_| bad(format!("metadata {key} = {v:?} is not a number")))
         };
+        let step = num("step")?;
         Ok(RunPosition {
-            step: num("step")?,
+            step,
             epoch: num("epoch")?,
             step_in_epoch: num("step_in_epoch")?,
             world_size: num("world_size")? as usize,
@@ -124,17 +135,29 @@ impl RunPosition {
                     },
                 }),
             },
+            optimizer_steps: match m.get("optimizer_steps") {
+                None => None,
+                Some(_) => Some(num("optimizer_steps")?)
+                    .filter(|&n| n <= step)
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("metadata optimizer_steps = {} is more than its {step} steps", m["optimizer_steps"])))?,
+            },
             loss_scale: match m.get("loss_scale") {
                 None => None,
-                Some(v) => Some(LossScaleState {
-                    scale: v
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|s| s.is_finite() && *s > 0.0)
-                        .ok_or_else(|| bad(format!("metadata loss_scale = {v:?} is not a positive number")))?,
-                    last_overflow_iter: num("loss_scale_last_overflow")?,
-                    skipped: num("skipped_steps")?,
-                }),
+                Some(v) => {
+                    let kind = m.get("loss_scale_kind").map(String::as_str).unwrap_or_default();
+                    Some(LossScaleState {
+                        kind: kind.parse().map_err(|e| bad(format!("metadata loss_scale_kind: {e}")))?,
+                        scale: v
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|s| s.is_finite() && *s > 0.0)
+                            .ok_or_else(|| bad(format!("metadata loss_scale = {v:?} is not a positive number")))?,
+                        last_overflow_iter: Some(num("loss_scale_last_overflow")?).filter(|&n| n <= step).ok_or_else(|| {
+                            bad(format!("metadata loss_scale_last_overflow = {} is past its {step} steps", m["loss_scale_last_overflow"]))
+                        })?,
+                    })
+                }
             },
         })
     }
@@ -354,7 +377,8 @@ mod tests {
             parallel_mode: "stand_alone".into(),
             run_id: "0123456789abcdef".into(),
             data: Some(DataStream { samples: 640, seed: 3, shuffle: true }),
-            loss_scale: Some(LossScaleState { scale: 0.1 + 0.2, last_overflow_iter: 5, skipped: 3 }),
+            optimizer_steps: Some(5),
+            loss_scale: Some(LossScaleState { kind: crate::LossScale::DYNAMIC, scale: 0.1 + 0.2, last_overflow_iter: 5 }),
         };
         save_checkpoint(&path, &params, &state, &pos).unwrap();
         let names: Vec<String> =

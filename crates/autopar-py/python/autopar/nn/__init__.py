@@ -9,12 +9,20 @@ from .dynamic_lr import cosine_decay_lr, exponential_decay_lr, piecewise_constan
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric, Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
-from .wrap import GradAccumulationCell, MicroBatchInterleaved, PipelineCell, TrainOneStepCell, WithEvalCell, WithLossCell
+from .wrap import (
+    GradAccumulationCell,
+    MicroBatchInterleaved,
+    PipelineCell,
+    TrainOneStepCell,
+    TrainOneStepWithLossScaleCell,
+    WithEvalCell,
+    WithLossCell,
+)
 
 __all__ = [
     "Cell", "CellList", "SequentialCell", "AvgPool2d", "BatchNorm2d", "Conv2d", "Dense", "Dropout", "Embedding", "Flatten",
     "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
     "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
     "Optimizer", "Accuracy", "Loss", "Metric", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TopKCategoricalAccuracy",
-    "TrainOneStepCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved", "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "warmup_lr", "WithEvalCell", "WithLossCell",
+    "TrainOneStepCell", "TrainOneStepWithLossScaleCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved", "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "warmup_lr", "WithEvalCell", "WithLossCell",
 ]

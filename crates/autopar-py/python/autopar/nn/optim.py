@@ -56,8 +56,11 @@ class Optimizer:
         items = list(parameters)
         if not items:
             raise ValueError(f"For '{cls}', the argument 'parameters' must not be empty.")
-        if loss_scale != 1.0:
-            raise NotImplementedError(f"For '{cls}', autopar has no loss scaling yet (loss_scale must be 1.0).")
+        if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not 0 < loss_scale < float("inf"):
+            raise ValueError(f"For '{cls}', 'loss_scale' must be a positive finite number, but got {loss_scale!r}.")
+        # Gradients divided by it: only as the partner of FixedLossScaleManager(S, drop_overflow_update=False),
+        # whose scale the engine divides out itself (checked by Model).
+        self.loss_scale = float(loss_scale)
         self.learning_rate = _learning_rate(cls, learning_rate)
         self.weight_decay = _number(cls, "weight_decay", weight_decay)
         self.groups = []

@@ -3,7 +3,10 @@
 
 from .cell import Cell
 
-__all__ = ["WithLossCell", "TrainOneStepCell", "WithEvalCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved"]
+__all__ = [
+    "WithLossCell", "TrainOneStepCell", "TrainOneStepWithLossScaleCell", "WithEvalCell", "PipelineCell", "GradAccumulationCell",
+    "MicroBatchInterleaved",
+]
 
 
 class WithLossCell(Cell):
@@ -42,6 +45,16 @@ class TrainOneStepCell(Cell):
         from ..train.model import train_step
 
         return train_step(self, inputs)
+
+
+class TrainOneStepWithLossScaleCell(Cell):
+    """MindSpore's loss-scaled training cell: not run by autopar's front end yet."""
+
+    def __init__(self, network, optimizer, scale_sense):
+        raise NotImplementedError(
+            "autopar does not run TrainOneStepWithLossScaleCell called on tensors yet: give the loss-scale manager to "
+            "Model(network, loss_fn, optimizer, loss_scale_manager=FixedLossScaleManager(...) or DynamicLossScaleManager(...))."
+        )
 
 
 class WithEvalCell(Cell):

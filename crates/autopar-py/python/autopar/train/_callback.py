@@ -89,7 +89,10 @@ class LossMonitor(Callback):
 
     def step_end(self, run_context):
         cb = run_context.original_args()
-        loss = float(np.mean(np.asarray(cb.net_outputs)))
+        outputs = cb.net_outputs
+        if isinstance(outputs, (tuple, list)):
+            outputs = outputs[0]  # (loss, overflow, scale) with a loss-scale manager
+        loss = float(np.mean(np.asarray(outputs)))
         step = (cb.cur_step_num - 1) % cb.batch_num + 1
         if np.isnan(loss) or np.isinf(loss):
             raise ValueError(f"epoch: {cb.cur_epoch_num} step: {step}. Invalid loss, terminating training.")

@@ -14,6 +14,7 @@ from .._trace import Tracer, unwire, wire
 from ..common.tensor import Tensor
 from ..nn.cell import Cell, _name_children
 from ..nn.optim import Optimizer
+from ..amp import FixedLossScaleManager, LossScaleManager
 from ..nn.wrap import TrainOneStepCell, WithLossCell
 from ._callback import RunContext, _Params
 
@@ -23,7 +24,7 @@ __all__ = ["Model"]
 class _Job:
     """A compiled train network running on its devices."""
 
-    def __init__(self, train_network, optimizer, columns, batch):
+    def __init__(self, train_network, optimizer, columns, batch, loss_scale=None):
         from ..nn.wrap import _MicroBatches
 
         micro = [c.micro_size for _, c in train_network.cells_and_names() if isinstance(c, _MicroBatches)]
@@ -67,7 +68,7 @@ class _Job:
                 )
         self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
                                        optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), optimizer._state_prefixes,
-                                       self.micro)
+                                       self.micro, loss_scale)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
         lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr] if len(lr) > 1]
@@ -208,6 +209,32 @@ class _LossAndOutputs(Cell):
         return self._loss_fn(outputs, label), outputs
 
 
+def _loss_scale_manager(manager, optimizer):
+    """The manager ``Model`` was given, checked against the optimizer's ``loss_scale``."""
+    opt_scale = getattr(optimizer, "loss_scale", 1.0)
+    if manager is None:
+        if opt_scale != 1.0:
+            raise NotImplementedError(
+                f"For 'Model', the optimizer's loss_scale={opt_scale} divides gradients that nothing scaled: give "
+                "loss_scale_manager=FixedLossScaleManager(loss_scale, drop_overflow_update=False) with it, or leave it at 1.0."
+            )
+        return None
+    if not isinstance(manager, LossScaleManager) or type(manager) is LossScaleManager:
+        raise TypeError(f"For 'Model', 'loss_scale_manager' must be a FixedLossScaleManager or a DynamicLossScaleManager, but got {type(manager)}.")
+    keeps = isinstance(manager, FixedLossScaleManager) and not manager.get_drop_overflow_update()
+    if keeps and opt_scale != manager.get_loss_scale():
+        raise ValueError(
+            f"For 'Model', FixedLossScaleManager({manager.get_loss_scale()}, drop_overflow_update=False) needs the optimizer's "
+            f"loss_scale to be the same value (it divides the gradients), but it is {opt_scale}."
+        )
+    if not keeps and opt_scale != 1.0:
+        raise ValueError(
+            f"For 'Model', with {type(manager).__name__} the gradients are unscaled before the update: the optimizer's "
+            f"loss_scale must be 1.0, but it is {opt_scale}."
+        )
+    return manager
+
+
 class Model:
     """MindSpore's ``Model(network, loss_fn=None, optimizer=None, metrics=None, ...)``."""
 
@@ -224,8 +251,7 @@ class Model:
                 raise TypeError(f"For 'Model', unexpected keyword argument {key!r}.")
         if eval_network is not None or eval_indexes is not None:
             raise NotImplementedError("For 'Model', autopar evaluates the network with loss_fn (eval_network and eval_indexes must be None).")
-        if kwargs.get("loss_scale_manager") is not None:
-            raise NotImplementedError("For 'Model', autopar has no loss scaling yet (loss_scale_manager must be None).")
+        self._loss_scale_manager = _loss_scale_manager(kwargs.get("loss_scale_manager"), optimizer)
         self._network = network
         self._loss_fn = loss_fn
         self._optimizer = optimizer
@@ -293,12 +319,21 @@ class Model:
                     if self._job is None:
                         # Model.train trains in training mode, as MindSpore's does.
                         self._train_network.set_train(True)
-                        self._job = _Job(self._train_network, self._optimizer, columns, batch)
+                        form = self._loss_scale_manager._engine_form() if self._loss_scale_manager else None
+                        self._job = _Job(self._train_network, self._optimizer, columns, batch, form)
                         self._train_network._parameter_layout_dict.update(self._job.layouts)
                         self._network._parameter_layout_dict.update(self._job.layouts)
                     loss = self._job.step(batch)
                     self._job.mark_stale()
                     cb.net_outputs = Tensor(np.array(loss / self._job.loss_elements, dtype=np.float32))
+                    scaled = self._job.session.loss_scale()
+                    if scaled is not None and self._loss_scale_manager.get_drop_overflow_update():
+                        # MindSpore's TrainOneStepWithLossScaleCell returns (loss, overflow, scale).
+                        scale, overflow, following = scaled
+                        with np.errstate(over="ignore"):  # a scale past float32's range is infinite there
+                            scale = np.array(scale, dtype=np.float32)
+                        cb.net_outputs = (cb.net_outputs, Tensor(np.array(overflow)), Tensor(scale))
+                        self._loss_scale_manager._loss_scale = following
                     for c in callbacks:
                         c.on_train_step_end(run)
                     if run.get_stop_requested():
