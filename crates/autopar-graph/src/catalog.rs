@@ -89,7 +89,7 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
             "Cast" => {
                 // To the case's own float type, so finite differences stay exact.
                 let p = m.x(&[a, b2])?;
-                y = m.b.op("op", Cast { dtype }, &[p])?;
+                y = m.b.op("op", Cast::to(dtype), &[p])?;
             }
             "Add" | "Sub" | "Mul" => {
                 let (p, q) = (m.x(&[a, 1, c])?, m.x(&[b2, 1])?);

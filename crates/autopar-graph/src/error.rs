@@ -7,6 +7,17 @@ use crate::types::DType;
 /// Everything that can go wrong while building, checking or differentiating a graph.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum GraphError {
+    /// A precision policy named by something that is not one.
+    #[error("{what} {given:?} is not one autopar knows; expected {expected}\nhint: MindSpore's amp_level O2 with bf16 keeps normalisations, softmax and losses in float32")]
+    BadPrecision {
+        /// What was named (`amp level`, `amp dtype`).
+        what: &'static str,
+        /// The name given.
+        given: String,
+        /// The names autopar takes.
+        expected: &'static str,
+    },
+
     /// Two sizes that must agree differ (inner dimensions of a MatMul, channels of a convolution, ...).
     #[error("{kind} {name}: {what} {a} and {b} differ")]
     DimMismatch {

@@ -61,6 +61,7 @@ pub mod error;
 pub mod graph;
 pub mod init;
 pub mod ops;
+pub mod precision;
 pub mod sharding;
 pub mod types;
 
@@ -72,6 +73,7 @@ pub use error::{GraphError, Result};
 pub use graph::{Graph, Node, Recompute, RecomputeChoice, Schedule};
 pub use init::{derive_seed, Initializer, Rng};
 pub use ops::{Arity, CollectiveOp, ConvAttrs, GradCx, GradGraph, InferCx, NormGradOf, OpDef, OpKind, PoolAttrs, ReduceOp};
+pub use precision::{AmpLevel, Precision};
 pub use sharding::{
     Collective, CommCall, CostCx, LocalCx, LogicalDim, OpCost, OpLayouts, OpSpec, RuleCx, ShardingRule, StrategyProblem, Tie,
 };

@@ -49,14 +49,19 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// The first op reading value `id` and the input slot it reads it in: a parameter takes the
-/// layout this use needs.
+/// layout this use needs. A cast the precision policy inserted is looked through (it takes its
+/// input's layout): the use is its own first reader's.
 pub(crate) fn first_use(graph: &Graph, id: NodeId) -> Option<(NodeId, usize)> {
-    graph
+    let (j, slot) = graph
         .nodes()
         .iter()
         .enumerate()
         .skip(id.0 + 1)
-        .find_map(|(j, node)| node.inputs.iter().position(|x| *x == id).map(|slot| (NodeId(j), slot)))
+        .find_map(|(j, node)| node.inputs.iter().position(|x| *x == id).map(|slot| (NodeId(j), slot)))?;
+    match &graph.node(j).op {
+        autopar_graph::OpKind::Cast(c) if c.inserted => first_use(graph, j).or(Some((j, slot))),
+        _ => Some((j, slot)),
+    }
 }
 
 /// `l` without pending partial sums: the layout of the values once they are completed.

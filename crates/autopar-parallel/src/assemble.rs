@@ -4,6 +4,7 @@
 //! its stages. The trainer, `autopar plan` and the Python package all call it, so they plan
 //! alike.
 
+use autopar_graph::precision::{self, Precision};
 use autopar_graph::{Graph, NodeId, RecomputeChoice};
 
 use crate::context::{ParallelContext, ParallelMode};
@@ -33,12 +34,23 @@ pub struct JobRequest<'a> {
     pub profile: Option<&'a DeviceProfile>,
     /// What the backward pass recomputes (a training job's; inference has no backward pass).
     pub recompute: &'a RecomputeChoice,
+    /// Which ops compute in half precision ([`autopar_graph::precision`]; O0: none).
+    pub precision: Precision,
 }
 
 impl<'a> JobRequest<'a> {
     /// A request for `graph` under `context`, every other field at its default.
     pub fn new(graph: &'a Graph, loss: Option<NodeId>, context: &'a ParallelContext) -> Self {
-        Self { graph, loss, context, micro_batches: None, pipeline_split: &[], profile: None, recompute: &RecomputeChoice::AsBuilt }
+        Self {
+            graph,
+            loss,
+            context,
+            micro_batches: None,
+            pipeline_split: &[],
+            profile: None,
+            recompute: &RecomputeChoice::AsBuilt,
+            precision: Precision::default(),
+        }
     }
 }
 
@@ -74,7 +86,15 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
         return Err(ParallelError::Hybrid { problem: crate::error::HybridProblem::NeedsRankGraphs });
     }
     let items = load_plan_strategies(&ctx)?;
-    let mut graph = req.graph.clone();
+    // The precision policy's casts, before anything names or splits the network's ops.
+    let (mut graph, loss) = if req.precision.is_mixed() {
+        let applied = precision::apply(req.graph, &req.precision, req.loss)?;
+        tracing::debug!(casts = applied.casts, policy = %req.precision, "precision policy applied");
+        (applied.graph, applied.loss)
+    } else {
+        (req.graph.clone(), req.loss)
+    };
+    let req = &JobRequest { graph: req.graph, loss, ..*req };
     graph.apply_recompute(req.recompute)?;
     if !req.pipeline_split.is_empty() {
         split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;

@@ -267,7 +267,7 @@ impl Emitter {
     fn redistribute(&mut self, base: &str, x: NodeId, r: &Redistribution) -> Result<NodeId> {
         let mut cur = x;
         if r.in_f32 {
-            cur = self.add(&format!("{base}.to_f32"), Cast { dtype: DType::F32 }, &[cur])?;
+            cur = self.add(&format!("{base}.to_f32"), Cast::to(DType::F32), &[cur])?;
         }
         for (k, ps) in r.plan.steps.iter().enumerate() {
             let name = format!("{base}.redist{k}");
@@ -306,7 +306,7 @@ impl Emitter {
             };
         }
         if r.in_f32 {
-            cur = self.add(&format!("{base}.from_f32"), Cast { dtype: r.dtype }, &[cur])?;
+            cur = self.add(&format!("{base}.from_f32"), Cast::to(r.dtype), &[cur])?;
         }
         Ok(cur)
     }
@@ -621,7 +621,7 @@ fn widen_half_collectives(src: &Graph) -> Result<Graph> {
             for (k, x) in inputs.iter_mut().enumerate() {
                 if g.node(*x).ty.dtype.is_half() {
                     let name = g.unique_name(&format!("{}.in{k}.to_f32", node.name));
-                    *x = g.add(&name, Cast { dtype: DType::F32 }, &[*x])?;
+                    *x = g.add(&name, Cast::to(DType::F32), &[*x])?;
                 }
             }
         }
@@ -629,7 +629,7 @@ fn widen_half_collectives(src: &Graph) -> Result<Graph> {
         g.node_mut(id).pipeline_stage = node.pipeline_stage;
         if widen {
             let name = g.unique_name(&format!("{}.from_f32", node.name));
-            id = g.add(&name, Cast { dtype: node.ty.dtype }, &[id])?;
+            id = g.add(&name, Cast::to(node.ty.dtype), &[id])?;
         }
         map.push(id);
     }

@@ -242,7 +242,7 @@ impl Network {
             "Cast" => {
                 arity(1)?;
                 let d = dtype(&attr(attrs, "dtype", "float32".to_string())?)?;
-                b.op(name, autopar::graph::ops::Cast { dtype: d }, &x)
+                b.op(name, autopar::graph::ops::Cast::to(d), &x)
             }
             "Conv2D" => {
                 arity(2)?;
@@ -369,7 +369,7 @@ impl Session {
     /// `state_prefixes` name the optimizer's state of each trainable parameter as MindSpore
     /// names it (`moments.`), for `parameter_layout_dict` and the strategy files.
     #[new]
-    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, state_prefixes, micro_batches=None, loss_scale=None))]
+    #[pyo3(signature = (network, loss, context, params, optimizer_kind, learning_rate, hyper, groups, state_prefixes, micro_batches=None, loss_scale=None, amp_level=None, amp_dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -384,13 +384,24 @@ impl Session {
         state_prefixes: Vec<String>,
         micro_batches: Option<usize>,
         loss_scale: Option<&str>,
+        amp_level: Option<&str>,
+        amp_dtype: Option<&str>,
     ) -> PyResult<Self> {
+        let bad = |e: autopar::graph::GraphError| PyValueError::new_err(e.to_string());
+        let level: autopar::graph::AmpLevel = amp_level.unwrap_or("O0").parse().map_err(bad)?;
+        let precision = match level {
+            autopar::graph::AmpLevel::O0 => autopar::graph::Precision::default(),
+            level => {
+                let dtype = autopar::graph::precision::half_dtype(amp_dtype.unwrap_or("f16")).map_err(bad)?;
+                autopar::graph::Precision::new(level, dtype).map_err(bad)?
+            }
+        };
         let make_opt = optimizer(optimizer_kind, &learning_rate, &hyper, &groups)?;
         let scale: autopar::runtime::LossScale = match loss_scale {
             Some(s) => s.parse().map_err(|e: autopar::runtime::loss_scale::BadLossScale| PyValueError::new_err(e.to_string()))?,
             None => autopar::runtime::LossScale::None,
         };
-        let mut session = Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes)))?;
+        let mut session = Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes, precision)))?;
         if scale.is_on() {
             let ranks = &mut session.ranks;
             py.detach(|| ranks.set_loss_scale(scale)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -492,7 +503,7 @@ impl Session {
         outputs: &[usize],
         context: &str,
         params: Vec<Wire>,
-        train: Option<(MakeOptimizer, Option<usize>, Vec<String>)>,
+        train: Option<(MakeOptimizer, Option<usize>, Vec<String>, autopar::graph::Precision)>,
     ) -> PyResult<Self> {
         let mut b = network.b.take().ok_or_else(|| PyRuntimeError::new_err("this network was already handed to a job"))?;
         for &o in outputs {
@@ -520,12 +531,13 @@ impl Session {
             }
         }
         let (job, make_opt, prefixes) = match train {
-            Some((make_opt, micro_batches, prefixes)) => {
+            Some((make_opt, micro_batches, prefixes, precision)) => {
                 let loss = NodeId(outputs[0]);
-                let job = match micro_batches {
-                    Some(m) => Job::with_micro_batches(&graph, loss, &ctx, m),
-                    None => Job::new(&graph, loss, &ctx),
-                };
+                let job = Job::assemble(&autopar::parallel::JobRequest {
+                    micro_batches,
+                    precision,
+                    ..autopar::parallel::JobRequest::new(&graph, Some(loss), &ctx)
+                });
                 (job, Some(make_opt), prefixes)
             }
             None => (Job::inference(&graph, &ctx, autopar::parallel::default_micro_batches(&ctx)), None, Vec::new()),

@@ -195,6 +195,35 @@ def test_a_dynamic_loss_scale_skips_overflowed_steps_and_reports_loss_overflow_a
         ms.amp.DynamicLossScaleManager(scale_factor=1)
 
 
+def test_amp_levels_train_in_half_precision_with_float32_parameters(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=4)
+    losses = {}
+    for level, kwargs in [("O0", {}), ("O2", {"cast_model_type": ms.bfloat16}), ("O3", {}), ("O1", {})]:
+        net = Tiny()
+        net.matmul.shard(((1, 2), (2, 2)))
+        seen = []
+
+        class Keep(ms.train.Callback):
+            def step_end(self, run_context):
+                outputs = run_context.original_args().net_outputs
+                seen.append(float((outputs[0] if isinstance(outputs, tuple) else outputs).asnumpy()))
+
+        manager = ms.DynamicLossScaleManager(2**12, 2, 100) if level != "O0" else None
+        model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5),
+                         amp_level=level, loss_scale_manager=manager, **kwargs)
+        model.train(2, tiny_data(), callbacks=[Keep()])
+        assert net.w.asnumpy().dtype == np.float32, level
+        losses[level] = seen
+    for level in ("O1", "O2", "O3"):
+        assert losses[level] != losses["O0"], f"{level} computes in half precision"
+        assert np.allclose(losses[level], losses["O0"], rtol=0.02), (level, losses[level], losses["O0"])
+    with pytest.raises(NotImplementedError, match="keep_batchnorm_fp32"):
+        ms.Model(Tiny(), nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(Tiny().trainable_params(), 0.5), amp_level="O2",
+                 keep_batchnorm_fp32=False)
+    with pytest.raises(ValueError, match="amp_level"):
+        ms.Model(Tiny(), nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(Tiny().trainable_params(), 0.5), amp_level="auto")
+
+
 def test_a_changed_parameter_reaches_the_running_job(context):
     net = Tiny()
     model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.0))

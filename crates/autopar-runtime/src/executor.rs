@@ -441,7 +441,7 @@ impl Executor {
                 let ins: Vec<&Tensor> = node.inputs.iter().map(|x| values[x.0].as_ref().expect("inputs run before their users")).collect();
                 match collectives {
                     Some(c) if node.op.is_communication() => c.execute(node, ins[0])?,
-                    _ => self.eval(node, &ins, params, &RunArgs { feeds, step, collectives, micro }, &mut caches)?,
+                    _ => self.eval_in_precision(node, &ins, params, &RunArgs { feeds, step, collectives, micro }, &mut caches)?,
                 }
             };
             if out.shape() != node.ty.shape.as_slice() || graph_dtype(out.dtype()) != node.ty.dtype {
@@ -483,6 +483,37 @@ impl Executor {
         }
         let values = self.fetch.iter().map(|f| values[f.0].clone().expect("fetched values are kept")).collect();
         Ok(RunOutput { values, timings, peak_live, peak_live_bytes, peak_activation_bytes })
+    }
+
+    /// [`Executor::eval`], an op computing on half-precision values (f16, bf16) run on their
+    /// f32 widening and its result rounded to its own type: the arithmetic of a half-precision
+    /// kernel that accumulates in f32. Ops that only move values keep their type.
+    fn eval_in_precision(
+        &self,
+        node: &Node,
+        x: &[&Tensor],
+        params: &mut ParamStore,
+        args: &RunArgs<'_>,
+        caches: &mut Caches,
+    ) -> Result<Tensor> {
+        let half = |d: autopar_tensor::DType| matches!(d, autopar_tensor::DType::F16 | autopar_tensor::DType::BF16);
+        let moves = matches!(
+            node.op,
+            OpKind::Input(_)
+                | OpKind::Parameter(_)
+                | OpKind::Fill(_)
+                | OpKind::Cast(_)
+                | OpKind::Reshape(_)
+                | OpKind::Flatten(_)
+                | OpKind::Transpose(_)
+                | OpKind::Concat(_)
+        ) || node.op.is_communication();
+        if moves || !(node.ty.dtype.is_half() || x.iter().any(|t| half(t.dtype()))) {
+            return self.eval(node, x, params, args, caches);
+        }
+        let wide: Vec<Tensor> = x.iter().map(|t| if half(t.dtype()) { t.cast(autopar_tensor::DType::F32) } else { (*t).clone() }).collect();
+        let refs: Vec<&Tensor> = wide.iter().collect();
+        Ok(self.eval(node, &refs, params, args, caches)?.cast(tensor_dtype(node.ty.dtype)))
     }
 
     fn eval(&self, node: &Node, x: &[&Tensor], params: &mut ParamStore, args: &RunArgs<'_>, caches: &mut Caches) -> Result<Tensor> {

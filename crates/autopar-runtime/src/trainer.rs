@@ -266,6 +266,10 @@ pub struct TrainConfig {
     pub prefetch: usize,
     /// Optimizer, learning-rate schedule and weight decay.
     pub optimizer: OptimizerConfig,
+    /// Which ops compute in half precision (MindSpore's `amp_level`,
+    /// [`autopar_graph::precision`]): the casts inserted when the job is assembled, the
+    /// parameters and their gradients kept in float32.
+    pub precision: autopar_graph::Precision,
     /// Loss scaling ([`crate::loss_scale`]; MindSpore's loss-scale managers): the scale, the
     /// overflowed steps skipped on every rank, the scale saved in checkpoints.
     pub loss_scale: LossScale,
@@ -306,6 +310,7 @@ impl Default for TrainConfig {
             prefetch: 2,
             optimizer: OptimizerConfig::default(),
             loss_scale: LossScale::None,
+            precision: autopar_graph::Precision::default(),
             parallel: ParallelContext::default(),
             checkpoint: None,
             init: None,
@@ -671,6 +676,7 @@ impl Trainer {
             pipeline_split: &cfg.pipeline_split,
             profile: cfg.profile.as_ref(),
             recompute: &cfg.recompute,
+            precision: cfg.precision,
         })?;
         // Before any step runs, once per job (rank 0's process under mpirun).
         if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) {

@@ -794,11 +794,11 @@ fn recursive_programming_gives_gathers_of_shared_tables_what_mindspore_asserts()
     let rows = b.reshape("rows", rows, &[-1, 5120]).unwrap();
     let rows_two = b.gather("gather_two", table_two, ids, 0).unwrap();
     let rows_two = b.reshape("rows_two", rows_two, &[-1, 5120]).unwrap();
-    let rows = b.op("rows.f16", Cast { dtype: DType::F16 }, &[rows]).unwrap();
-    let weight = b.op("param.f16", Cast { dtype: DType::F16 }, &[table]).unwrap();
+    let rows = b.op("rows.f16", Cast::to(DType::F16), &[rows]).unwrap();
+    let weight = b.op("param.f16", Cast::to(DType::F16), &[table]).unwrap();
     let logits = b.matmul_t("matmul", rows, weight, false, true).unwrap();
     let logits_two = b.matmul_t("matmul_two", rows_two, table_two, false, true).unwrap();
-    let logits = b.op("matmul.f32", Cast { dtype: DType::F32 }, &[logits]).unwrap();
+    let logits = b.op("matmul.f32", Cast::to(DType::F32), &[logits]).unwrap();
     let out = b.add("add", logits, logits_two).unwrap();
     b.output(out).unwrap();
     let g = b.finish();

@@ -262,7 +262,7 @@ fn every_op_forward_matches_hand_computed_values() {
     }
 
     // Cast: f64 -> f32 keeps these values exactly.
-    let cast = run(Cast { dtype: DType::F32 }, &[m22.clone()], c);
+    let cast = run(Cast::to(DType::F32), &[m22.clone()], c);
     assert_eq!(cast.dtype(), autopar_tensor::DType::F32);
     check(&cast, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
 

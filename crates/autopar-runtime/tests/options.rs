@@ -39,7 +39,7 @@ fn net(dtype: DType, shard: &[(&str, &str)]) -> (Graph, NodeId) {
     let (w1, w2) = if dtype == DType::F32 {
         (w1, w2)
     } else {
-        (b.op("w1.cast", Cast { dtype: DType::F32 }, &[w1]).unwrap(), b.op("w2.cast", Cast { dtype: DType::F32 }, &[w2]).unwrap())
+        (b.op("w1.cast", Cast::to(DType::F32), &[w1]).unwrap(), b.op("w2.cast", Cast::to(DType::F32), &[w2]).unwrap())
     };
     let h = b.matmul("mm1", x, w1).unwrap();
     let h = b.tanh("act", h).unwrap();
@@ -248,8 +248,8 @@ fn force_fp32_communication_widens_the_redistribution_of_half_precision_values()
     // whose backward is a reduce-scatter. Everything after stays split on rows.
     let mut b = GraphBuilder::new(3);
     let w = b.parameter_with("w", ParamSpec::new(&[16, 16], Initializer::Uniform { low: -0.5, high: 0.5 }).dtype(DType::F16)).unwrap();
-    let split = b.op("cast.split", Cast { dtype: DType::F32 }, &[w]).unwrap();
-    let whole = b.op("cast.whole", Cast { dtype: DType::F32 }, &[w]).unwrap();
+    let split = b.op("cast.split", Cast::to(DType::F32), &[w]).unwrap();
+    let whole = b.op("cast.whole", Cast::to(DType::F32), &[w]).unwrap();
     let both = b.add("both", split, whole).unwrap();
     let sq = b.mul("sq", both, both).unwrap();
     let loss = b.reduce_mean("loss", sq, &[], false).unwrap();
@@ -284,7 +284,7 @@ fn force_fp32_communication_widens_the_hand_placed_collectives_of_hybrid_graphs(
         let x = b.input("x", &[4, 8], DType::F32).unwrap();
         let w = b.parameter_with("w", ParamSpec::new(&[8, 8], Initializer::Uniform { low: -0.5, high: 0.5 }).dtype(DType::F16)).unwrap();
         let summed = b.all_reduce("w.sum", w, autopar_graph::ReduceOp::Sum, &[0, 1]).unwrap();
-        let w32 = b.op("w.f32", Cast { dtype: DType::F32 }, &[summed]).unwrap();
+        let w32 = b.op("w.f32", Cast::to(DType::F32), &[summed]).unwrap();
         let h = b.matmul("mm", x, w32).unwrap();
         let sq = b.mul("sq", h, h).unwrap();
         let loss = b.reduce_mean("loss", sq, &[], false).unwrap();

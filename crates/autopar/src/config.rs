@@ -102,6 +102,10 @@ pub struct FileConfig {
     /// `--recompute` (see `autopar train --help`): `"blocks"`, `"none"`, or a list of op and
     /// cell names.
     pub recompute: Option<Names>,
+    /// `--amp-level` (see `autopar train --help`).
+    pub amp_level: Option<String>,
+    /// `--amp-dtype` (see `autopar train --help`).
+    pub amp_dtype: Option<String>,
     /// The `[parallel]` table: `set_auto_parallel_context` options by name, as `--parallel KEY=VALUE`.
     pub parallel: Option<serde_json::Map<String, serde_json::Value>>,
 }

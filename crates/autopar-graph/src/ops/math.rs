@@ -217,11 +217,23 @@ impl OpDef for LossScale {
 }
 
 /// Conversion to another floating-point type (the planner brackets collectives with it when
-/// `force_fp32_communication` asks for f32 communication of f16/bf16 values).
+/// `force_fp32_communication` asks for f32 communication of f16/bf16 values; the precision
+/// policy inserts it between ops of different precision).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cast {
     /// The target type; must be floating-point.
     pub dtype: DType,
+    /// Inserted by the precision policy ([`crate::precision`]): the cast takes its input's
+    /// layout and has no strategy of its own (a parameter's cast, the layout its consumer
+    /// needs). A cast written in the network is split as MindSpore splits its `Cast`.
+    pub inserted: bool,
+}
+
+impl Cast {
+    /// A cast to `dtype` written in the network.
+    pub fn to(dtype: DType) -> Self {
+        Self { dtype, inserted: false }
+    }
 }
 
 impl OpDef for Cast {
@@ -240,11 +252,14 @@ impl OpDef for Cast {
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         let back = g.dtype(g.x(0));
-        let d = g.op(Cast { dtype: back }, &[g.dy()])?;
+        let d = g.op(Cast { dtype: back, inserted: self.inserted }, &[g.dy()])?;
         g.set(0, d);
         Ok(())
     }
     fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        if self.inserted {
+            return ShardingRule::FollowInput;
+        }
         ShardingRule::Spec(unary_spec(cx.out(), &[], ""))
     }
     fn local(&self, _: &LocalCx<'_>) -> OpKind {

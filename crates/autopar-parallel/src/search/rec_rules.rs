@@ -220,7 +220,12 @@ pub(super) fn complete(
     let rec: Vec<RecOp> = (0..n)
         .map(|i| {
             let node = g.node(NodeId(i));
-            match rec_op(&node.op, node.ty.shape.len()) {
+            // A cast of the precision policy passes strategies on as a reshape to its own shape.
+            let op = match &node.op {
+                OpKind::Cast(c) if c.inserted => RecOp::Left(Rule::Reshape),
+                op => rec_op(op, node.ty.shape.len()),
+            };
+            match op {
                 // Reshapes and flattens are no cost-graph ops but pass strategies on; any other
                 // op without a cost-graph entry runs whole and takes none.
                 r @ (RecOp::Dataset | RecOp::Left(Rule::Reshape | Rule::Flatten)) => r,

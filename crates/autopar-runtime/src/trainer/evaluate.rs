@@ -93,6 +93,7 @@ impl Trainer {
                 pipeline_split: &self.cfg.pipeline_split,
                 profile: self.cfg.profile.as_ref(),
                 recompute: &autopar_graph::RecomputeChoice::AsBuilt,
+                precision: self.cfg.precision,
             })?;
             Ok((job, io))
         };

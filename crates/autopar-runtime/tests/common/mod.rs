@@ -40,6 +40,7 @@ pub fn small_gpt() -> ModelOptions {
     }
 }
 
+#[allow(dead_code)]
 pub fn clusters(shape: &[usize], classes: usize, len: usize) -> Arc<dyn Dataset> {
     Arc::new(SyntheticDataset::classification(shape, classes, len, 3).unwrap())
 }

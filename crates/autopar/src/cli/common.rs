@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 pub use crate::config::{read_config, toml_to_json, FileConfig};
 use anyhow::{anyhow, bail, Context, Result};
 use autopar_data::{Dataset, DatasetKind, Split, Transforms};
+use autopar_graph::precision::{AmpLevel, Precision};
 use autopar_graph::RecomputeChoice;
 use autopar_models::{ModelOptions, Stem};
 use autopar_parallel::{ParallelContext, ParallelMode};
@@ -75,6 +76,35 @@ pub struct ParallelArgs {
     /// plan fits device_memory_capacity without.
     #[arg(long, value_name = "blocks|none|OP,...", value_delimiter = ',', help_heading = "Parallel")]
     pub recompute: Option<Vec<String>>,
+    /// Mixed precision (MindSpore's amp_level): O0 (float32, the default); O1 (matrix products,
+    /// convolutions and ReLU in --amp-dtype); O2 (every op but normalisations, softmax, losses
+    /// and reductions); O3 (every op). Parameters and gradients stay float32.
+    #[arg(long, value_name = "O0|O1|O2|O3", help_heading = "Parallel")]
+    pub amp_level: Option<String>,
+    /// The half-precision type of --amp-level: bf16 (the default) or f16.
+    #[arg(long, value_name = "bf16|f16", help_heading = "Parallel")]
+    pub amp_dtype: Option<String>,
+}
+
+/// `--amp-level` and `--amp-dtype`, else the config file's `amp_level` and `amp_dtype`.
+pub fn precision(p: &ParallelArgs, file: &FileConfig) -> Result<Precision> {
+    let level = p.amp_level.clone().or_else(|| file.amp_level.clone());
+    let dtype = p.amp_dtype.clone().or_else(|| file.amp_dtype.clone());
+    let level: AmpLevel = match &level {
+        Some(l) => l.parse().map_err(|e| anyhow::anyhow!("--amp-level: {e}"))?,
+        None => AmpLevel::O0,
+    };
+    if level == AmpLevel::O0 {
+        if let Some(d) = dtype {
+            bail!("--amp-dtype {d} names the half-precision type of --amp-level O1, O2 or O3, and the level is O0 (float32)\nhint: pass --amp-level O2, or drop --amp-dtype");
+        }
+        return Ok(Precision::default());
+    }
+    let dtype = match &dtype {
+        Some(d) => autopar_graph::precision::half_dtype(d).map_err(|e| anyhow::anyhow!("--amp-dtype: {e}"))?,
+        None => autopar_graph::DType::BF16,
+    };
+    Ok(Precision::new(level, dtype)?)
 }
 
 /// `--recompute`, else the config file's `recompute`: what the backward pass recomputes.

@@ -25,7 +25,7 @@ use clap::Args;
 
 use super::common::{
     check_micro_batches, file_parallel_option, given_parallel_option, load_profile, model_options, open_training_data, optimizer_kind,
-    parallel_context, pipeline_split, read_config, recompute, ModelArgs, ParallelArgs, Spinner,
+    parallel_context, pipeline_split, precision, read_config, recompute, ModelArgs, ParallelArgs, Spinner,
 };
 
 /// The flags of `autopar plan`.
@@ -161,6 +161,7 @@ pub fn run(args: PlanArgs, out: &mut dyn Write) -> Result<ExitCode> {
         pipeline_split: &split,
         profile: profile.as_ref(),
         recompute: &recompute,
+        precision: precision(&args.parallel, &file)?,
     })?;
     spinner.step(format!("rank {rank}'s program"));
     let cost = rank_cost(&job, rank, optimizer.state_slots(), true)?;

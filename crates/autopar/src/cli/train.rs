@@ -20,8 +20,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::{
-    check_micro_batches, load_profile, model_options, open_training_data, optimizer_kind, parallel_context, pipeline_split, read_config,
-    recompute, FileConfig, ModelArgs, ParallelArgs,
+    check_micro_batches, load_profile, model_options, open_training_data, optimizer_kind, parallel_context, pipeline_split, precision,
+    read_config, recompute, FileConfig, ModelArgs, ParallelArgs,
 };
 use crate::verify;
 
@@ -488,6 +488,7 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
         micro_batches,
         pipeline_split: pipeline_split(&s.args.parallel, &s.file)?,
         recompute: recompute(&s.args.parallel, &s.file)?,
+        precision: precision(&s.args.parallel, &s.file)?,
         seed,
         shuffle: parse_bool_or(pick!(s, shuffle), true),
         prefetch: pick!(s, prefetch).unwrap_or(2),

@@ -24,7 +24,7 @@ __all__ = ["Model"]
 class _Job:
     """A compiled train network running on its devices."""
 
-    def __init__(self, train_network, optimizer, columns, batch, loss_scale=None):
+    def __init__(self, train_network, optimizer, columns, batch, loss_scale=None, amp=(None, None)):
         from ..nn.wrap import _MicroBatches
 
         micro = [c.micro_size for _, c in train_network.cells_and_names() if isinstance(c, _MicroBatches)]
@@ -68,7 +68,7 @@ class _Job:
                 )
         self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
                                        optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), optimizer._state_prefixes,
-                                       self.micro, loss_scale)
+                                       self.micro, loss_scale, *amp)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
         lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr] if len(lr) > 1]
@@ -209,6 +209,29 @@ class _LossAndOutputs(Cell):
         return self._loss_fn(outputs, label), outputs
 
 
+def _amp(level, kwargs):
+    """``amp_level`` with ``keep_batchnorm_fp32`` and ``cast_model_type`` checked: the engine's
+    (level, half-precision type) names, as ``autopar train --amp-level --amp-dtype`` takes them."""
+    from ..common import dtype as mstype
+
+    level = "O0" if level is None else level
+    if level not in ("O0", "O1", "O2", "O3"):
+        raise ValueError(f"For 'Model', 'amp_level' must be one of 'O0', 'O1', 'O2', 'O3', but got {level!r} (autopar has no 'auto' level).")
+    cast = kwargs.get("cast_model_type", mstype.float16)
+    if cast not in (mstype.float16, mstype.bfloat16):
+        raise ValueError(f"For 'Model', 'cast_model_type' must be float16 or bfloat16, but got {cast!r}.")
+    keep = kwargs.get("keep_batchnorm_fp32")
+    # MindSpore's O2 keeps BatchNorm in float32, O3 does not: autopar's levels are those.
+    if keep is not None and level in ("O2", "O3") and bool(keep) != (level == "O2"):
+        raise NotImplementedError(
+            f"For 'Model', amp_level={level!r} with keep_batchnorm_fp32={keep}: autopar's O2 keeps normalisations in float32 and "
+            "its O3 does not; choose the level that does what you want."
+        )
+    if level == "O0":
+        return (None, None)
+    return (level, "bf16" if cast == mstype.bfloat16 else "f16")
+
+
 def _loss_scale_manager(manager, optimizer):
     """The manager ``Model`` was given, checked against the optimizer's ``loss_scale``."""
     opt_scale = getattr(optimizer, "loss_scale", 1.0)
@@ -242,12 +265,11 @@ class Model:
                  boost_level="O0", **kwargs):
         if not isinstance(network, Cell):
             raise TypeError(f"For 'Model', 'network' must be a Cell, but got {type(network)}.")
-        if amp_level not in ("O0", None):
-            raise NotImplementedError(f"For 'Model', autopar trains in float32 (amp_level='O0'); amp_level={amp_level!r} is not supported yet.")
+        self._amp = _amp(amp_level, kwargs)
         if optimizer is not None and not isinstance(optimizer, Optimizer):
             raise TypeError(f"For 'Model', 'optimizer' must be an optimizer of autopar.nn, but got {type(optimizer)}.")
         for key in kwargs:
-            if key not in ("keep_batchnorm_fp32", "loss_scale_manager"):
+            if key not in ("keep_batchnorm_fp32", "loss_scale_manager", "cast_model_type"):
                 raise TypeError(f"For 'Model', unexpected keyword argument {key!r}.")
         if eval_network is not None or eval_indexes is not None:
             raise NotImplementedError("For 'Model', autopar evaluates the network with loss_fn (eval_network and eval_indexes must be None).")
@@ -320,7 +342,7 @@ class Model:
                         # Model.train trains in training mode, as MindSpore's does.
                         self._train_network.set_train(True)
                         form = self._loss_scale_manager._engine_form() if self._loss_scale_manager else None
-                        self._job = _Job(self._train_network, self._optimizer, columns, batch, form)
+                        self._job = _Job(self._train_network, self._optimizer, columns, batch, form, self._amp)
                         self._train_network._parameter_layout_dict.update(self._job.layouts)
                         self._network._parameter_layout_dict.update(self._job.layouts)
                     loss = self._job.step(batch)

@@ -1,0 +1,202 @@
+//! Mixed precision (`amp_level`): the casts of the policy run the same on every slice, so a
+//! parallel job equals stand-alone under each level, over random strategies; parameters and
+//! gradients stay float32; the policy's casts move no data between devices; a model trained
+//! in bf16 follows its float32 run.
+
+mod common;
+
+use autopar_graph::precision::{AmpLevel, Precision};
+use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+use autopar_parallel::{assign_random_strategies, JobRequest, ParallelContext};
+use autopar_runtime::{run_local, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer, TrainConfig, Trainer};
+use autopar_tensor::Tensor;
+use common::context;
+use serde_json::json;
+
+/// x -> dense + bias -> gelu -> layer norm -> dense -> relu -> dense -> softmax cross-entropy.
+fn mlp(batch: usize) -> (Graph, NodeId) {
+    let mut b = GraphBuilder::new(7);
+    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I64).unwrap();
+    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let b1 = b.parameter("fc1.bias", &[32], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
+    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
+    let h = b.add("fc1.add", h, b1).unwrap();
+    let h = b.gelu("act1", h).unwrap();
+    let g = b.parameter("ln.gamma", &[32], Initializer::Ones).unwrap();
+    let be = b.parameter("ln.beta", &[32], Initializer::Zeros).unwrap();
+    let h = b.layer_norm("ln", h, g, be, -1, 1e-5).unwrap();
+    let w2 = b.parameter("fc2.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let h = b.matmul("fc2.mm", h, w2).unwrap();
+    let h = b.relu("act2", h).unwrap();
+    let w3 = b.parameter("fc3.weight", &[16, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("fc3.mm", h, w3).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+fn batches(batch: usize, steps: usize) -> Vec<Vec<(String, Tensor)>> {
+    let mut rng = autopar_data::Rng::new(13);
+    let mut next = move || rng.next_u64();
+    (0..steps)
+        .map(|_| {
+            let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let y: Vec<i64> = (0..batch).map(|_| (next() % 8) as i64).collect();
+            vec![("x".to_string(), Tensor::from_vec(&[batch, 16], x).unwrap()), ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap())]
+        })
+        .collect()
+}
+
+fn optimizer() -> Box<dyn Optimizer> {
+    Box::new(Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap())
+}
+
+fn job(graph: &Graph, loss: NodeId, ctx: &ParallelContext, precision: Precision) -> Job {
+    Job::assemble(&JobRequest { precision, ..JobRequest::new(graph, Some(loss), ctx) }).unwrap()
+}
+
+/// Stand-alone under `precision`: the losses and the final parameters.
+fn serial(graph: &Graph, loss: NodeId, data: &[Vec<(String, Tensor)>], precision: Precision) -> (Vec<f64>, ParamStore) {
+    let job = job(graph, loss, &ParallelContext::default(), precision);
+    let mut t = RankTrainer::alone(&job, ParamSource::Full(&ParamStore::init(graph).unwrap())).unwrap();
+    let mut opt = optimizer();
+    let losses = data.iter().map(|b| t.step(opt.as_mut(), b).unwrap()).collect();
+    (losses, t.params().clone())
+}
+
+/// Within `tol` of the largest magnitude, elementwise.
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= tol * scale, "{what}[{i}]: {a} vs {b} (tolerance {tol} of {scale})");
+    }
+}
+
+#[test]
+fn parallel_equals_stand_alone_under_every_level_over_random_strategies() {
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    // Two steps: half-precision rounding amplifies any difference in a parameter from step to
+    // step (as in every framework), and two steps test both the forward and the backward.
+    let data = batches(batch, 2);
+    let (plain, _) = serial(&graph, loss, &data, Precision::default());
+    for (level, dtype) in
+        [(AmpLevel::O1, DType::BF16), (AmpLevel::O2, DType::BF16), (AmpLevel::O2, DType::F16), (AmpLevel::O3, DType::BF16)]
+    {
+        let p = Precision::new(level, dtype).unwrap();
+        let (want_losses, want) = serial(&graph, loss, &data, p);
+        // Half precision changes the numbers, a little.
+        assert_ne!(want_losses, plain, "{p}: the policy changes the arithmetic");
+        assert_close(&format!("{p} against float32"), &want_losses, &plain, 0.05);
+        for (k, n) in [2usize, 4, 8].into_iter().enumerate() {
+            // Data parallel splits no sum of a product: the same arithmetic, f32 gradients summed.
+            let run = run_local(&job(&graph, loss, &context("data_parallel", n), p), &data, || Ok(optimizer())).unwrap();
+            // (The f32 gradients are summed in another order, which can flip a later rounding; O3
+            // takes each rank's mean loss in half precision.)
+            let (tol, first) = if level == AmpLevel::O3 { (0.01, 0.01) } else { (1e-3, 1e-6) };
+            assert_close(&format!("{p} data parallel on {n}"), &run.losses, &want_losses, tol);
+            assert_close(&format!("{p} data parallel on {n}, step 1"), &run.losses[..1], &want_losses[..1], first);
+            for (name, w) in want.iter() {
+                assert_eq!(run.params.require(name).unwrap().dtype(), autopar_tensor::DType::F32, "{name} stays float32");
+                assert_close(
+                    &format!("{p} data parallel on {n}: {name}"),
+                    &run.params.require(name).unwrap().to_f64_vec(),
+                    &w.to_f64_vec(),
+                    0.01,
+                );
+            }
+            // Model parallel: a product split on its sum adds half-precision partial sums, rounded
+            // once more than stand-alone's: within a few bf16 roundings.
+            for seed in 0..4u64 {
+                let mut g = graph.clone();
+                assign_random_strategies(&mut g, n, 31 * seed + k as u64);
+                let run = run_local(&job(&g, loss, &context("semi_auto_parallel", n), p), &data, || Ok(optimizer())).unwrap();
+                assert_close(&format!("{p} on {n}, seed {seed}"), &run.losses, &want_losses, 0.01);
+                for (name, w) in want.iter() {
+                    let got = run.params.require(name).unwrap().to_f64_vec();
+                    assert_close(&format!("{p} on {n}, seed {seed}: {name}"), &got, &w.to_f64_vec(), 0.01);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_policys_casts_follow_their_inputs_and_move_no_data() {
+    let (graph, loss) = mlp(16);
+    for seed in 0..10u64 {
+        let mut g = graph.clone();
+        assign_random_strategies(&mut g, 8, seed);
+        let c = context("semi_auto_parallel", 8);
+        let plain = job(&g, loss, &c, Precision::default());
+        let mixed = job(&g, loss, &c, Precision::new(AmpLevel::O2, DType::BF16).unwrap());
+        // The same communication steps (some of half values now; a cast between a partial sum's
+        // all-reduce and a gather parts them into two redistributions), and every parameter
+        // split the same.
+        let steps = |j: &Job| {
+            let mut v: Vec<String> =
+                j.network().redistributions.iter().flat_map(|r| r.plan.steps.iter().map(|s| s.step.to_string())).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(steps(&plain), steps(&mixed), "seed {seed}");
+        for (a, b) in plain.network().params.iter().zip(&mixed.network().params) {
+            assert_eq!((&a.name, a.layout.to_string()), (&b.name, b.layout.to_string()), "seed {seed}");
+        }
+        let casts = mixed.network().graph.nodes().iter().filter(|n| n.op.kind() == "Cast").count();
+        assert!(casts >= 6, "seed {seed}: {casts} casts");
+        // The plan's activations shrink.
+        let mem = |j: &Job| j.plan().program(0).unwrap().memory(j.plan(), 1).unwrap().activations;
+        assert!(mem(&mixed) < mem(&plain), "seed {seed}");
+    }
+}
+
+#[test]
+fn a_gpt_trained_in_bf16_follows_its_float32_run() {
+    let run = |precision: Precision| {
+        let cfg = TrainConfig { epochs: 1000, max_steps: Some(40), batch_size: 16, prefetch: 0, precision, ..Default::default() };
+        let mut cfg = cfg;
+        cfg.optimizer.schedule = LrSchedule::Constant(0.05);
+        let opts = common::small_gpt();
+        let data: std::sync::Arc<dyn autopar_data::Dataset> =
+            std::sync::Arc::new(autopar_data::SyntheticDataset::tokens(16, 8, 512, 3).unwrap());
+        Trainer::new("gpt", common::builder("gpt", opts, vec![]), common::source(data), cfg).fit(vec![]).unwrap()
+    };
+    let f32_run = run(Precision::default());
+    let bf16_run = run(Precision::new(AmpLevel::O2, DType::BF16).unwrap());
+    let tail = |r: &autopar_runtime::TrainReport| r.losses[30..].iter().sum::<f64>() / 10.0;
+    let (a, b) = (tail(&f32_run), tail(&bf16_run));
+    assert!((a - b).abs() <= 0.02 * a, "mean loss of the last 10 steps: f32 {a}, bf16 {b}");
+    assert!(b < 0.9 * bf16_run.losses[0], "it learns: {:?}", bf16_run.losses);
+    assert_ne!(f32_run.losses, bf16_run.losses);
+}
+
+#[test]
+fn every_search_chooses_the_same_strategies_with_the_policys_casts() {
+    let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
+        vocab: 64,
+        context: 16,
+        width: 32,
+        heads: 4,
+        layers: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let (graph, m) = autopar_models::Model::build_graph(&gpt, 16, autopar_models::Mode::Train, 7).unwrap();
+    for mode in ["dynamic_programming", "recursive_programming", "sharding_propagation"] {
+        let mut c = context("auto_parallel", 8);
+        c.set("search_mode", &json!(mode)).unwrap();
+        let strategies = |p: Precision| -> std::collections::BTreeMap<String, String> {
+            let j = job(&graph, m.loss, &c, p);
+            j.network().nodes.iter().filter_map(|n| Some((n.name.clone(), format!("{:?}", n.strategy.as_ref()?)))).collect()
+        };
+        let plain = strategies(Precision::default());
+        let mixed = strategies(Precision::new(AmpLevel::O2, DType::BF16).unwrap());
+        assert!(!plain.is_empty());
+        for (name, s) in &plain {
+            assert_eq!(mixed.get(name), Some(s), "{mode}: {name}");
+        }
+    }
+}
