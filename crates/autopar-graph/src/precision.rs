@@ -6,7 +6,7 @@
 //! | O0 | nothing | everything |
 //! | O1 | MatMul, BatchMatMul, Conv2D, ReLU (MindSpore's white list) | the rest |
 //! | O2 | every op but those on the right | normalisations, softmax, losses, reductions, exp/log/sqrt |
-//! | O3 | every op | the loss alone |
+//! | O3 | every op (the loss's result cast to float32) | nothing |
 //!
 //! Parameters stay float32 (the master weights the optimizer updates); a low-precision op reads
 //! a cast of them, whose gradient is cast back, so the gradients and their synchronisation are
@@ -21,7 +21,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{GraphError, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, Recompute};
 use crate::ops::{Cast, OpKind};
 use crate::types::{DType, NodeId};
 
@@ -224,17 +224,31 @@ pub fn apply(graph: &Graph, policy: &Precision, loss: Option<NodeId>) -> Result<
     // One cast per (value, type, stage), shared by the readers of a stage.
     let mut casts: HashMap<(NodeId, DType, Option<usize>), NodeId> = HashMap::new();
     let mut count = 0;
-    let mut cast = |g: &mut Graph, x: NodeId, to: DType, stage: Option<usize>, count: &mut usize| -> Result<NodeId> {
+    // A cast read by a recomputed op is recomputed with it (else the backward pass would keep
+    // the cast value the recomputation drops).
+    let mut cast = |g: &mut Graph, x: NodeId, to: DType, reader: (Option<usize>, Recompute), count: &mut usize| -> Result<NodeId> {
+        let (stage, recompute) = reader;
         let from = g.node(x).ty.dtype;
         if from == to || !from.is_float() {
             return Ok(x);
         }
         if let Some(&c) = casts.get(&(x, to, stage)) {
+            if recompute == Recompute::Marked {
+                g.node_mut(c).recompute = Recompute::Marked;
+            }
             return Ok(c);
         }
-        let name = g.unique_name(&format!("{}.to_{to}", g.node(x).name));
+        // A name neither graph has: the network's later ops keep theirs.
+        let base = format!("{}.to_{to}", g.node(x).name);
+        let name = (0..)
+            .map(|k| if k == 0 { base.clone() } else { format!("{base}_{k}") })
+            .find(|n| g.find(n).is_err() && graph.find(n).is_err())
+            .expect("an unused name exists");
         let c = g.add(&name, Cast { dtype: to, inserted: true }, &[x])?;
         g.node_mut(c).pipeline_stage = stage;
+        if recompute == Recompute::Marked {
+            g.node_mut(c).recompute = Recompute::Marked;
+        }
         casts.insert((x, to, stage), c);
         *count += 1;
         Ok(c)
@@ -250,7 +264,7 @@ pub fn apply(graph: &Graph, policy: &Precision, loss: Option<NodeId>) -> Result<
         };
         if let Some(to) = target {
             for x in inputs.iter_mut() {
-                *x = cast(&mut g, *x, to, node.pipeline_stage, &mut count)?;
+                *x = cast(&mut g, *x, to, (node.pipeline_stage, node.recompute), &mut count)?;
             }
         }
         // The op's own type follows its inputs' (an attribute keeps its own: Fill, OneHot).
@@ -264,7 +278,7 @@ pub fn apply(graph: &Graph, policy: &Precision, loss: Option<NodeId>) -> Result<
     let mut to_f32 = |g: &mut Graph, old: NodeId, count: &mut usize| -> Result<NodeId> {
         let x = map[old.0];
         match policy.level {
-            AmpLevel::O2 | AmpLevel::O3 => cast(g, x, DType::F32, graph.node(old).pipeline_stage, count),
+            AmpLevel::O2 | AmpLevel::O3 => cast(g, x, DType::F32, (graph.node(old).pipeline_stage, Recompute::Keep), count),
             _ => Ok(x),
         }
     };

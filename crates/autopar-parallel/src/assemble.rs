@@ -86,19 +86,22 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
         return Err(ParallelError::Hybrid { problem: crate::error::HybridProblem::NeedsRankGraphs });
     }
     let items = load_plan_strategies(&ctx)?;
-    // The precision policy's casts, before anything names or splits the network's ops.
-    let (mut graph, loss) = if req.precision.is_mixed() {
-        let applied = precision::apply(req.graph, &req.precision, req.loss)?;
-        tracing::debug!(casts = applied.casts, policy = %req.precision, "precision policy applied");
-        (applied.graph, applied.loss)
-    } else {
-        (req.graph.clone(), req.loss)
-    };
-    let req = &JobRequest { graph: req.graph, loss, ..*req };
+    let mut graph = req.graph.clone();
     graph.apply_recompute(req.recompute)?;
     if !req.pipeline_split.is_empty() {
         split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;
     }
+    // The precision policy's casts, once the network's ops have their stages and marks: each
+    // cast takes its reader's.
+    let (graph, loss) = if req.precision.is_mixed() {
+        let applied = precision::apply(&graph, &req.precision, req.loss)?;
+        tracing::debug!(casts = applied.casts, policy = %req.precision, "precision policy applied");
+        (applied.graph, applied.loss)
+    } else {
+        (graph, req.loss)
+    };
+    let resolved = JobRequest { loss, ..*req };
+    let req = &resolved;
     let network = PlanRequest { graph: &graph, loss: req.loss, context: &ctx, strategy_file: items.as_ref(), profile: req.profile };
     match plan_stages(&network, micro_batches) {
         Err(without) if may_recompute(req, &ctx, &graph, &without) => {

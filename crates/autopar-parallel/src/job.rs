@@ -23,7 +23,7 @@ use crate::cost::{Memory, RankCost};
 use crate::error::{ParallelError, PipelineProblem, Result};
 use crate::pipeline::chunks::{chunk_program, ChunkProgram};
 use crate::pipeline::schedule::{build, simulate, PipelineShape, Schedule, SimCosts};
-use crate::pipeline::stages::{assign_stages, balance_stages, has_stages, number_chunks};
+use crate::pipeline::stages::{assign_stages, balance_stages, casts_with_their_readers, has_stages, number_chunks};
 use crate::plan::ParallelPlan;
 use crate::planner::{plan_network, PlanRequest};
 use crate::program::{rank_program, RankProgram};
@@ -338,6 +338,7 @@ pub fn plan_stages(req: &PlanRequest<'_>, micro_batches: usize) -> Result<JobPla
         return JobPlan::single(plan_network(req)?, micro_batches);
     }
     let mut graph = req.graph.clone();
+    casts_with_their_readers(&mut graph);
     let chunks = match (has_stages(&graph), ctx.pipeline_config.pipeline_interleave) {
         (true, true) => number_chunks(&mut graph, p)?,
         (true, false) => 1,

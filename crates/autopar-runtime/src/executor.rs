@@ -508,7 +508,10 @@ impl Executor {
                 | OpKind::Transpose(_)
                 | OpKind::Concat(_)
         ) || node.op.is_communication();
-        if moves || !(node.ty.dtype.is_half() || x.iter().any(|t| half(t.dtype()))) {
+        // A bf16 matrix product has its own kernel (f32 accumulation, bf16 dot products where
+        // the CPU has them).
+        let native = matches!(node.op, OpKind::MatMul(_)) && x.iter().all(|t| t.dtype() == autopar_tensor::DType::BF16);
+        if moves || native || !(node.ty.dtype.is_half() || x.iter().any(|t| half(t.dtype()))) {
             return self.eval(node, x, params, args, caches);
         }
         let wide: Vec<Tensor> = x.iter().map(|t| if half(t.dtype()) { t.cast(autopar_tensor::DType::F32) } else { (*t).clone() }).collect();
@@ -646,9 +649,14 @@ impl Executor {
                         vec![(node.inputs[3], out.running_mean), (node.inputs[4], out.running_var)]
                     };
                     for (input, value) in updates {
-                        let stat = self.graph.node(input);
-                        if matches!(stat.op, OpKind::Parameter(_)) {
-                            params.insert(&stat.name, value);
+                        let mut stat = self.graph.node(input);
+                        // Statistics the precision policy casts for a half-precision batch norm
+                        // are updated in the parameters they were cast from, in their own type.
+                        if matches!(&stat.op, OpKind::Cast(c) if c.inserted) {
+                            stat = self.graph.node(stat.inputs[0]);
+                        }
+                        if let OpKind::Parameter(p) = &stat.op {
+                            params.insert(&stat.name, value.cast(tensor_dtype(p.dtype)));
                         }
                     }
                     out.y

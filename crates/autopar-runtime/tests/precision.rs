@@ -126,12 +126,14 @@ fn parallel_equals_stand_alone_under_every_level_over_random_strategies() {
 #[test]
 fn the_policys_casts_follow_their_inputs_and_move_no_data() {
     let (graph, loss) = mlp(16);
-    for seed in 0..10u64 {
+    for seed in 0..20u64 {
         let mut g = graph.clone();
         assign_random_strategies(&mut g, 8, seed);
         let c = context("semi_auto_parallel", 8);
         let plain = job(&g, loss, &c, Precision::default());
-        let mixed = job(&g, loss, &c, Precision::new(AmpLevel::O2, DType::BF16).unwrap());
+        // O1 casts every product's output, partial sums included; O2 the layer norm's input.
+        let level = if seed % 2 == 0 { AmpLevel::O1 } else { AmpLevel::O2 };
+        let mixed = job(&g, loss, &c, Precision::new(level, DType::BF16).unwrap());
         // The same communication steps (some of half values now; a cast between a partial sum's
         // all-reduce and a gather parts them into two redistributions), and every parameter
         // split the same.
@@ -146,10 +148,10 @@ fn the_policys_casts_follow_their_inputs_and_move_no_data() {
             assert_eq!((&a.name, a.layout.to_string()), (&b.name, b.layout.to_string()), "seed {seed}");
         }
         let casts = mixed.network().graph.nodes().iter().filter(|n| n.op.kind() == "Cast").count();
-        assert!(casts >= 6, "seed {seed}: {casts} casts");
-        // The plan's activations shrink.
+        assert!(casts >= 5, "seed {seed}: {casts} casts");
+        // O2's activations are smaller (O1's half-precision copies may not pay for themselves).
         let mem = |j: &Job| j.plan().program(0).unwrap().memory(j.plan(), 1).unwrap().activations;
-        assert!(mem(&mixed) < mem(&plain), "seed {seed}");
+        assert!(level == AmpLevel::O1 || mem(&mixed) < mem(&plain), "seed {seed}");
     }
 }
 
@@ -199,4 +201,98 @@ fn every_search_chooses_the_same_strategies_with_the_policys_casts() {
             assert_eq!(mixed.get(name), Some(s), "{mode}: {name}");
         }
     }
+}
+
+/// x -> dense -> batch norm (running statistics as frozen parameters) -> relu -> dense -> loss.
+fn bn_net(batch: usize) -> (Graph, NodeId) {
+    use autopar_graph::ParamSpec;
+    let mut b = GraphBuilder::new(5);
+    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
+    let y = b.input("y", &[batch], DType::I64).unwrap();
+    let w1 = b.parameter("fc1.weight", &[16, 32], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let h = b.matmul("fc1.mm", x, w1).unwrap();
+    let g = b.parameter("bn.gamma", &[32], Initializer::Ones).unwrap();
+    let be = b.parameter("bn.beta", &[32], Initializer::Zeros).unwrap();
+    let mean = b.parameter_with("bn.moving_mean", ParamSpec::new(&[32], Initializer::Zeros).frozen()).unwrap();
+    let var = b.parameter_with("bn.moving_variance", ParamSpec::new(&[32], Initializer::Ones).frozen()).unwrap();
+    let h = b.batch_norm("bn", [h, g, be, mean, var], true, 1e-5, 0.9).unwrap();
+    let h = b.relu("act", h).unwrap();
+    let w2 = b.parameter("fc2.weight", &[32, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
+    let logits = b.matmul("fc2.mm", h, w2).unwrap();
+    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
+    b.output(loss).unwrap();
+    (b.finish(), loss)
+}
+
+#[test]
+fn a_half_precision_batch_norm_updates_its_running_statistics() {
+    let (graph, loss) = bn_net(16);
+    let data = batches(16, 2);
+    let (_, plain) = serial(&graph, loss, &data, Precision::default());
+    for level in [AmpLevel::O2, AmpLevel::O3] {
+        let (_, mixed) = serial(&graph, loss, &data, Precision::new(level, DType::BF16).unwrap());
+        for name in ["bn.moving_mean", "bn.moving_variance"] {
+            let (got, want) = (mixed.require(name).unwrap(), plain.require(name).unwrap());
+            assert_eq!(got.dtype(), autopar_tensor::DType::F32, "{level}: {name}");
+            assert_close(&format!("{level}: {name}"), &got.to_f64_vec(), &want.to_f64_vec(), 0.02);
+            let start = ParamStore::init(&graph).unwrap();
+            assert!(!got.bit_eq(start.require(name).unwrap()), "{level}: {name} was updated");
+        }
+    }
+}
+
+#[test]
+fn strategy_files_saved_under_one_level_load_under_another() {
+    let (graph, loss) = mlp(16);
+    let mut g = graph.clone();
+    assign_random_strategies(&mut g, 8, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let o2 = Precision::new(AmpLevel::O2, DType::BF16).unwrap();
+    for (save, load) in [(Precision::default(), o2), (o2, Precision::default())] {
+        let saved = job(&g, loss, &context("semi_auto_parallel", 8), save);
+        let path = dir.path().join("s.json");
+        saved.plan().strategy_file(false, &|_| Vec::new()).save(&path).unwrap();
+        let mut c = context("semi_auto_parallel", 8);
+        c.set("strategy_ckpt_config", &json!({ "load_file": path.to_str().unwrap() })).unwrap();
+        let loaded = job(&graph, loss, &c, load);
+        let strategies = |j: &Job| -> Vec<(String, String)> {
+            j.network().nodes.iter().filter(|n| n.kind == "MatMul").map(|n| (n.name.clone(), format!("{:?}", n.strategy))).collect()
+        };
+        assert_eq!(strategies(&saved), strategies(&loaded), "saved under {save}, loaded under {load}");
+        assert!(strategies(&loaded).iter().all(|(_, s)| s != "None"));
+    }
+}
+
+#[test]
+fn in_a_pipeline_each_cast_is_on_its_readers_stage() {
+    let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
+        vocab: 64,
+        context: 16,
+        width: 32,
+        heads: 4,
+        layers: 4,
+        ..Default::default()
+    })
+    .unwrap();
+    let (graph, m) = autopar_models::Model::build_graph(&gpt, 8, autopar_models::Mode::Train, 7).unwrap();
+    let mut c = context("semi_auto_parallel", 4);
+    c.set("pipeline_stages", &json!(2)).unwrap();
+    let j = Job::assemble(&JobRequest {
+        micro_batches: Some(2),
+        precision: Precision::new(AmpLevel::O2, DType::BF16).unwrap(),
+        ..JobRequest::new(&graph, Some(m.loss), &c)
+    })
+    .unwrap();
+    let plan = j.plan();
+    let g = &plan.plan.graph;
+    let users = g.users();
+    let mut checked = 0;
+    for (i, node) in g.nodes().iter().enumerate() {
+        if matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted) && g.node(node.inputs[0]).is_stageless() {
+            let reader = users[i][0];
+            assert_eq!(plan.stage_of[i], plan.stage_of[reader.0], "{} and its reader {}", node.name, g.node(reader).name);
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "{checked} casts of parameters");
 }

@@ -1,4 +1,4 @@
-//! Kernel benchmark: GEMM 1024x1024, the MLP 784-512-512-10 training step at batch 64 (forward,
+//! Kernel benchmark: GEMM 1024x1024 (f32, and bf16 with f32 accumulation), the MLP 784-512-512-10 training step at batch 64 (forward,
 //! loss, backward, SGD update), Conv2D 64->64 3x3 (pad 1) on 32x32 at batch 32 forward and
 //! backward. Each case runs single-threaded and on every core of the rayon pool; each figure
 //! is the median of several runs.
@@ -76,6 +76,13 @@ fn run_cases(threads: usize) -> Vec<(String, f64, f64)> {
         matmul::matmul(&c, &a, &b, false, false).unwrap();
     });
     rows.push(("gemm 1024x1024x1024 f32".to_string(), ms, 2.0 * 1024f64.powi(3) / ms / 1e6));
+    // The same product in bf16 (f32 accumulation; bf16 dot products where the CPU has them).
+    let (a16, b16) = (a.cast(DType::BF16), b.cast(DType::BF16));
+    let ms = median_ms(15, || {
+        matmul::matmul(&c, &a16, &b16, false, false).unwrap();
+    });
+    let path = if autopar_tensor::kernels::bf16_gemm::has_bf16_dot() { "vdpbf16ps" } else { "widened" };
+    rows.push((format!("gemm 1024x1024x1024 bf16 ({path})"), ms, 2.0 * 1024f64.powi(3) / ms / 1e6));
     // MLP step.
     let dims = [784, 512, 512, 10];
     let mut m = Mlp {

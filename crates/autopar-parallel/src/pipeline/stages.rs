@@ -50,6 +50,24 @@ pub fn balance_stages(graph: &mut Graph, stages: usize) {
     for (&i, stage) in ops.iter().zip(parts) {
         graph.node_mut(autopar_graph::NodeId(i)).pipeline_stage = Some(stage);
     }
+    casts_with_their_readers(graph);
+}
+
+/// The precision policy's casts of values no stage computes (parameters, constants, inputs)
+/// on the stage of their first reader, so that a weight lives where it is used; latest first,
+/// so a cast read by a cast follows it.
+pub(crate) fn casts_with_their_readers(graph: &mut Graph) {
+    let users = graph.users();
+    for i in (0..graph.len()).rev() {
+        let node = graph.node(autopar_graph::NodeId(i));
+        let inserted = matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted);
+        if !inserted || !graph.node(node.inputs[0]).is_stageless() {
+            continue;
+        }
+        if let Some(stage) = users[i].iter().find_map(|u| graph.node(*u).pipeline_stage) {
+            graph.node_mut(autopar_graph::NodeId(i)).pipeline_stage = Some(stage);
+        }
+    }
 }
 
 /// For each position `k` of `ops` (graph indices of the ops, ascending), how many op values

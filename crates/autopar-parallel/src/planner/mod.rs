@@ -412,7 +412,15 @@ impl<'a> Network<'a> {
             if plans[i].is_some() {
                 continue;
             }
-            let src = whole_values(&plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output);
+            let given = &plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output;
+            if matches!(&node.op, OpKind::Cast(c) if c.inserted) {
+                // The precision policy's cast runs on its input's slices as they are, pending
+                // partial sums included (a cast is linear up to rounding): its reader
+                // redistributes as it would the uncast value.
+                plans[i] = Some(unsplit_plan(node, NodeId(i), vec![given.clone()], given.clone()));
+                continue;
+            }
+            let src = whole_values(given);
             let (input, output) = match reshape_layout(&src, &node.ty.shape) {
                 Some(out) => (src, out),
                 None => (
@@ -591,9 +599,17 @@ fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
 /// Written under the first; read under any. Empty for an op taking no parameter.
 pub fn strategy_item_names(graph: &Graph, id: NodeId) -> Vec<String> {
     let node = graph.node(id);
+    if matches!(&node.op, OpKind::Cast(c) if c.inserted) {
+        return Vec::new();
+    }
+    // A parameter read through the precision policy's cast is the op's parameter.
+    let through = |x: &NodeId| match &graph.node(*x).op {
+        OpKind::Cast(c) if c.inserted => graph.node(graph.node(*x).inputs[0]),
+        _ => graph.node(*x),
+    };
     node.inputs
         .iter()
-        .map(|x| graph.node(*x))
+        .map(through)
         .filter(|x| matches!(x.op, OpKind::Parameter(_)))
         .map(|p| format!("{}_{}", node.op.kind(), p.name))
         .collect()

@@ -9,7 +9,7 @@ use crate::kernels::elementwise::reduce_to_shape_impl;
 use crate::tensor::broadcast_shapes;
 use crate::{ExecCtx, Float, Result, Tensor, TensorError};
 
-fn as2<'a, T: Float>(a: ArrayViewD<'a, T>, t: bool) -> ArrayView2<'a, T> {
+fn as2<'a, T>(a: ArrayViewD<'a, T>, t: bool) -> ArrayView2<'a, T> {
     let m = a.into_dimensionality::<Ix2>().expect("rank checked");
     if t {
         m.reversed_axes()
@@ -25,12 +25,30 @@ fn check_rank(op: &'static str, what: &'static str, t: &Tensor, rank: usize) -> 
     Ok(())
 }
 
-/// `op(a) @ op(b)` where `op` transposes when the flag is set. `a`, `b` are 2-D.
+/// `op(a) @ op(b)` where `op` transposes when the flag is set. `a`, `b` are 2-D: f32, f64, or
+/// bf16 (accumulated in f32 by [`super::bf16_gemm`], the result rounded to bf16).
 pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
     let op = "matmul";
     same_dtype(op, "rhs", a, b)?;
     check_rank(op, "lhs", a, 2)?;
     check_rank(op, "rhs", b, 2)?;
+    if a.dtype() == crate::DType::BF16 {
+        let x = as2(a.typed::<half::bf16>(op, "lhs")?, transpose_a);
+        let y = as2(b.typed::<half::bf16>(op, "rhs")?, transpose_b);
+        if x.ncols() != y.nrows() {
+            return Err(TensorError::InnerDimMismatch {
+                op,
+                lhs: a.shape().to_vec(),
+                rhs: b.shape().to_vec(),
+                k_lhs: x.ncols(),
+                k_rhs: y.nrows(),
+                transpose_a,
+                transpose_b,
+            });
+        }
+        let c = super::bf16_gemm::gemm_bf16(ctx, x, y);
+        return Ok(Tensor::from_array(c.mapv(half::bf16::from_f32).into_dyn()));
+    }
     float_dispatch!(op, a.dtype(), T => {
         let x = as2(a.typed::<T>(op, "lhs")?, transpose_a);
         let y = as2(b.typed::<T>(op, "rhs")?, transpose_b);

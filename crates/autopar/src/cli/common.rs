@@ -96,7 +96,7 @@ pub fn precision(p: &ParallelArgs, file: &FileConfig) -> Result<Precision> {
     };
     if level == AmpLevel::O0 {
         if let Some(d) = dtype {
-            bail!("--amp-dtype {d} names the half-precision type of --amp-level O1, O2 or O3, and the level is O0 (float32)\nhint: pass --amp-level O2, or drop --amp-dtype");
+            bail!("amp dtype {d} (--amp-dtype, or amp_dtype in the config) names the half-precision type of --amp-level O1, O2 or O3, and the level is O0 (float32)\nhint: pass --amp-level O2, or drop the amp dtype");
         }
         return Ok(Precision::default());
     }
