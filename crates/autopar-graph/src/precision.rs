@@ -278,7 +278,8 @@ pub fn apply(graph: &Graph, policy: &Precision, loss: Option<NodeId>) -> Result<
     let mut to_f32 = |g: &mut Graph, old: NodeId, count: &mut usize| -> Result<NodeId> {
         let x = map[old.0];
         match policy.level {
-            AmpLevel::O2 | AmpLevel::O3 => cast(g, x, DType::F32, (graph.node(old).pipeline_stage, Recompute::Keep), count),
+            // No stage of its own: the cast takes its producer's piece.
+            AmpLevel::O2 | AmpLevel::O3 => cast(g, x, DType::F32, (None, Recompute::Keep), count),
             _ => Ok(x),
         }
     };

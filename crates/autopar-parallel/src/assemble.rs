@@ -10,7 +10,7 @@ use autopar_graph::{Graph, NodeId, RecomputeChoice};
 use crate::context::{ParallelContext, ParallelMode};
 use crate::error::{ParallelError, Result};
 use crate::job::{plan_stages, JobPlan};
-use crate::pipeline::stages::split_before;
+use crate::pipeline::stages::{balance_stages, has_stages, split_before};
 use crate::planner::PlanRequest;
 use crate::search::{DeviceProfile, RecomputeChosen};
 use crate::strategy_files::load_plan_strategies;
@@ -92,7 +92,12 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
         split_before(&mut graph, ctx.pipeline_stages, req.pipeline_split, req.loss, ctx.pipeline_config.pipeline_interleave)?;
     }
     // The precision policy's casts, once the network's ops have their stages and marks: each
-    // cast takes its reader's.
+    // cast takes its reader's (one cast per stage reading a value). A pipeline the model did
+    // not place is balanced first, so that the casts do not count in its cuts.
+    let p = ctx.pipeline_stages.max(1);
+    if req.precision.is_mixed() && p > 1 && !has_stages(&graph) && !ctx.pipeline_config.pipeline_interleave {
+        balance_stages(&mut graph, p);
+    }
     let (graph, loss) = if req.precision.is_mixed() {
         let applied = precision::apply(&graph, &req.precision, req.loss)?;
         tracing::debug!(casts = applied.casts, policy = %req.precision, "precision policy applied");

@@ -630,14 +630,26 @@ impl Executor {
             OpKind::AvgPoolGrad(a) => pool::avg_pool2d_backward(cx, x[0], &a.input_shape, &pool_params(&a.pool, true)).map_err(k)?,
             OpKind::GlobalAvgPool(_) => pool::global_avg_pool(cx, x[0], false).map_err(k)?,
             OpKind::BatchNorm(bn) => {
+                // Running statistics the precision policy casts for a half-precision batch norm
+                // are read from the float32 parameters they were cast from, so their updates
+                // keep float32 precision.
+                let stat = |slot: usize| -> Option<Tensor> {
+                    let n = self.graph.node(node.inputs[slot]);
+                    match &n.op {
+                        OpKind::Cast(c) if c.inserted => params.get(&self.graph.node(n.inputs[0]).name).map(|t| t.cast(x[slot].dtype())),
+                        _ => None,
+                    }
+                };
+                let (mean32, var32) = (stat(3), stat(4));
+                let (mean, var) = (mean32.as_ref().unwrap_or(x[3]), var32.as_ref().unwrap_or(x[4]));
                 if bn.training {
                     let out = if bn.group.len() > 1 {
                         let stats = self.batch_stats(node, x[0], &bn.group, collectives)?;
                         caches.stats.insert(node.inputs[0], stats.clone());
                         let stats = norm::BatchStats { mean: stats.mean, var: stats.var, count: stats.count };
-                        norm::batch_norm_train_with(cx, x[0], x[1], x[2], x[3], x[4], &stats, bn.momentum, bn.eps).map_err(k)?
+                        norm::batch_norm_train_with(cx, x[0], x[1], x[2], mean, var, &stats, bn.momentum, bn.eps).map_err(k)?
                     } else {
-                        let out = norm::batch_norm_train(cx, x[0], x[1], x[2], x[3], x[4], bn.momentum, bn.eps).map_err(k)?;
+                        let out = norm::batch_norm_train(cx, x[0], x[1], x[2], mean, var, bn.momentum, bn.eps).map_err(k)?;
                         caches.saved.insert(saved_key(node).expect("a normalisation"), out.saved.clone());
                         out
                     };
@@ -661,7 +673,7 @@ impl Executor {
                     }
                     out.y
                 } else {
-                    norm::batch_norm_eval(cx, x[0], x[1], x[2], x[3], x[4], bn.eps).map_err(k)?
+                    norm::batch_norm_eval(cx, x[0], x[1], x[2], mean, var, bn.eps).map_err(k)?
                 }
             }
             OpKind::BatchNormGrad(bn) => {

@@ -264,7 +264,7 @@ fn strategy_files_saved_under_one_level_load_under_another() {
 }
 
 #[test]
-fn in_a_pipeline_each_cast_is_on_its_readers_stage() {
+fn in_a_pipeline_the_stages_are_float32s_and_each_cast_is_on_its_readers_stage() {
     let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
         vocab: 64,
         context: 16,
@@ -277,22 +277,40 @@ fn in_a_pipeline_each_cast_is_on_its_readers_stage() {
     let (graph, m) = autopar_models::Model::build_graph(&gpt, 8, autopar_models::Mode::Train, 7).unwrap();
     let mut c = context("semi_auto_parallel", 4);
     c.set("pipeline_stages", &json!(2)).unwrap();
-    let j = Job::assemble(&JobRequest {
-        micro_batches: Some(2),
-        precision: Precision::new(AmpLevel::O2, DType::BF16).unwrap(),
-        ..JobRequest::new(&graph, Some(m.loss), &c)
-    })
-    .unwrap();
-    let plan = j.plan();
+    let assemble = |c: &ParallelContext, p: Precision| {
+        Job::assemble(&JobRequest { micro_batches: Some(2), precision: p, ..JobRequest::new(&graph, Some(m.loss), c) }).unwrap()
+    };
+    let o2 = Precision::new(AmpLevel::O2, DType::BF16).unwrap();
+    let (plain, mixed) = (assemble(&c, Precision::default()), assemble(&c, o2));
+    // The same cut between the stages.
+    let stages = |j: &Job| -> std::collections::BTreeMap<String, Option<usize>> {
+        let p = j.plan();
+        p.plan
+            .graph
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op.kind() != "Cast")
+            .map(|(i, n)| (n.name.clone(), p.stage_of[i]))
+            .collect()
+    };
+    assert_eq!(stages(&plain), stages(&mixed));
+    let plan = mixed.plan();
     let g = &plan.plan.graph;
     let users = g.users();
     let mut checked = 0;
     for (i, node) in g.nodes().iter().enumerate() {
         if matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted) && g.node(node.inputs[0]).is_stageless() {
-            let reader = users[i][0];
-            assert_eq!(plan.stage_of[i], plan.stage_of[reader.0], "{} and its reader {}", node.name, g.node(reader).name);
+            for reader in &users[i] {
+                assert_eq!(plan.stage_of[i], plan.stage_of[reader.0], "{} and its reader {}", node.name, g.node(*reader).name);
+            }
             checked += 1;
         }
     }
     assert!(checked > 10, "{checked} casts of parameters");
+    // Interleaved pieces assemble too, the outputs' casts with their producers.
+    c.set("pipeline_config", &json!({ "pipeline_interleave": true })).unwrap();
+    for p in [o2, Precision::new(AmpLevel::O3, DType::BF16).unwrap()] {
+        Job::assemble(&JobRequest { micro_batches: Some(4), precision: p, ..JobRequest::new(&graph, Some(m.loss), &c) }).unwrap();
+    }
 }

@@ -254,6 +254,17 @@ pub fn assign_stages(graph: &Graph, stages: usize, loss: Option<autopar_graph::N
         }
         out[i] = Some(stage);
     }
+    // An unplaced cast of a value no stage computes (a parameter's) sits with its earliest
+    // reader, not on stage 0.
+    let users = graph.users();
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let inserted = matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted);
+        if inserted && node.pipeline_stage.is_none() && graph.node(node.inputs[0]).is_stageless() {
+            if let Some(s) = users[i].iter().filter_map(|u| out[u.0]).min() {
+                out[i] = Some(s);
+            }
+        }
+    }
     for stage in 0..stages {
         if !out.contains(&Some(stage)) {
             return err(PipelineProblem::EmptyStage { stage, stages });

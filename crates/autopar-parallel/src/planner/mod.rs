@@ -413,10 +413,12 @@ impl<'a> Network<'a> {
                 continue;
             }
             let given = &plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output;
-            if matches!(&node.op, OpKind::Cast(c) if c.inserted) {
+            let widening = node.ty.dtype.size() >= graph.node(node.inputs[0]).ty.dtype.size();
+            if matches!(&node.op, OpKind::Cast(c) if c.inserted) && (widening || given.partial_axes().is_empty()) {
                 // The precision policy's cast runs on its input's slices as they are, pending
-                // partial sums included (a cast is linear up to rounding): its reader
-                // redistributes as it would the uncast value.
+                // partial sums included when it widens them (a cast is linear up to rounding):
+                // its reader redistributes as it would the uncast value. A narrowing cast takes
+                // completed sums, rounded once.
                 plans[i] = Some(unsplit_plan(node, NodeId(i), vec![given.clone()], given.clone()));
                 continue;
             }
