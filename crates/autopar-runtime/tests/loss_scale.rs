@@ -7,14 +7,12 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use autopar_data::{Dataset, SyntheticDataset};
 use autopar_layout::Strategy;
-use autopar_models::{Mode, Model};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::callbacks::{Callback, StepEvent};
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, OptimizerConfig, OptimizerKind, TrainResult};
+use autopar_runtime::trainer::{CheckpointConfig, OptimizerConfig, OptimizerKind, TrainResult};
 use autopar_runtime::{LossScale, ParamStore, TrainConfig, TrainReport, Trainer};
-use common::{builder, clusters, context, small_mlp, source};
+use common::{builder, clusters, context, gpt, small_mlp, source, tokens};
 use serde_json::json;
 
 fn cfg(steps: u64, scale: LossScale, parallel: ParallelContext) -> TrainConfig {
@@ -39,28 +37,6 @@ impl Scales {
     fn take(&self) -> Vec<Seen> {
         std::mem::take(&mut self.0.lock().unwrap())
     }
-}
-
-fn gpt() -> BuildNetwork {
-    let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
-        vocab: 16,
-        context: 8,
-        width: 16,
-        heads: 2,
-        layers: 2,
-        dropout: 0.1,
-        ..Default::default()
-    })
-    .unwrap();
-    let model: Arc<dyn Model> = Arc::new(gpt);
-    Arc::new(move |batch, train| {
-        let (graph, m) = model.build_graph(batch, if train { Mode::Train } else { Mode::Eval }, 7).map_err(|e| e.to_string())?;
-        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
-    })
-}
-
-fn tokens() -> Arc<dyn Dataset> {
-    Arc::new(SyntheticDataset::tokens(16, 8, 256, 5).unwrap())
 }
 
 /// The jobs every check runs: stand-alone, data parallel, model parallel, the parallel

@@ -2,13 +2,16 @@
 //! random valid strategies (and under data_parallel) match stand-alone training on the same data.
 //! Tolerance: relative 1e-5 (absolute 1e-6 near zero), f32 arithmetic.
 
-use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
+mod common;
+
+use autopar_graph::{Graph, GraphBuilder, NodeId};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
 use autopar_runtime::LrSchedule;
 use autopar_runtime::ParamSource;
 use autopar_runtime::{run_local, Job, RankTrainer};
 use autopar_runtime::{Momentum, Optimizer, ParamStore, Sgd};
 use autopar_tensor::Tensor;
+use common::{batches, mlp};
 use serde_json::json;
 
 const RTOL: f64 = 1e-5;
@@ -17,40 +20,6 @@ const STEPS: usize = 10;
 
 /// A small classifier: dense (transpose-b weight) + bias, GELU, LayerNorm, dense, ReLU, dense,
 /// softmax cross-entropy.
-fn mlp(batch: usize) -> (Graph, NodeId) {
-    let mut b = GraphBuilder::new(7);
-    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
-    let y = b.input("y", &[batch], DType::I64).unwrap();
-    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let b1 = b.parameter("fc1.bias", &[32], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
-    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
-    let h = b.add("fc1.add", h, b1).unwrap();
-    let h = b.gelu("act1", h).unwrap();
-    let g = b.parameter("ln.gamma", &[32], Initializer::Ones).unwrap();
-    let be = b.parameter("ln.beta", &[32], Initializer::Zeros).unwrap();
-    let h = b.layer_norm("ln", h, g, be, -1, 1e-5).unwrap();
-    let w2 = b.parameter("fc2.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let h = b.matmul("fc2.mm", h, w2).unwrap();
-    let h = b.relu("act2", h).unwrap();
-    let w3 = b.parameter("fc3.weight", &[16, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let logits = b.matmul("fc3.mm", h, w3).unwrap();
-    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
-    b.output(loss).unwrap();
-    (b.finish(), loss)
-}
-
-fn batches(batch: usize, steps: usize, seed: u64) -> Vec<Vec<(String, Tensor)>> {
-    let mut rng = autopar_data::Rng::new(seed | 1);
-    let mut next = move || rng.next_u64();
-    (0..steps)
-        .map(|_| {
-            let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-            let y: Vec<i64> = (0..batch).map(|_| (next() % 8) as i64).collect();
-            vec![("x".to_string(), Tensor::from_vec(&[batch, 16], x).unwrap()), ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap())]
-        })
-        .collect()
-}
-
 fn optimizer(momentum: bool) -> Box<dyn Optimizer> {
     if momentum {
         Box::new(Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap())

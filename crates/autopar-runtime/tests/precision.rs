@@ -10,43 +10,8 @@ use autopar_graph::{DType, Graph, GraphBuilder, Initializer, NodeId};
 use autopar_parallel::{assign_random_strategies, JobRequest, ParallelContext};
 use autopar_runtime::{run_local, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer, TrainConfig, Trainer};
 use autopar_tensor::Tensor;
-use common::context;
+use common::{batches, context, mlp};
 use serde_json::json;
-
-/// x -> dense + bias -> gelu -> layer norm -> dense -> relu -> dense -> softmax cross-entropy.
-fn mlp(batch: usize) -> (Graph, NodeId) {
-    let mut b = GraphBuilder::new(7);
-    let x = b.input("x", &[batch, 16], DType::F32).unwrap();
-    let y = b.input("y", &[batch], DType::I64).unwrap();
-    let w1 = b.parameter("fc1.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let b1 = b.parameter("fc1.bias", &[32], Initializer::Uniform { low: -0.1, high: 0.1 }).unwrap();
-    let h = b.matmul_t("fc1.mm", x, w1, false, true).unwrap();
-    let h = b.add("fc1.add", h, b1).unwrap();
-    let h = b.gelu("act1", h).unwrap();
-    let g = b.parameter("ln.gamma", &[32], Initializer::Ones).unwrap();
-    let be = b.parameter("ln.beta", &[32], Initializer::Zeros).unwrap();
-    let h = b.layer_norm("ln", h, g, be, -1, 1e-5).unwrap();
-    let w2 = b.parameter("fc2.weight", &[32, 16], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let h = b.matmul("fc2.mm", h, w2).unwrap();
-    let h = b.relu("act2", h).unwrap();
-    let w3 = b.parameter("fc3.weight", &[16, 8], Initializer::XavierUniform { gain: 1.0 }).unwrap();
-    let logits = b.matmul("fc3.mm", h, w3).unwrap();
-    let loss = b.op("loss", autopar_graph::ops::SoftmaxCrossEntropy, &[logits, y]).unwrap();
-    b.output(loss).unwrap();
-    (b.finish(), loss)
-}
-
-fn batches(batch: usize, steps: usize) -> Vec<Vec<(String, Tensor)>> {
-    let mut rng = autopar_data::Rng::new(13);
-    let mut next = move || rng.next_u64();
-    (0..steps)
-        .map(|_| {
-            let x: Vec<f32> = (0..batch * 16).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
-            let y: Vec<i64> = (0..batch).map(|_| (next() % 8) as i64).collect();
-            vec![("x".to_string(), Tensor::from_vec(&[batch, 16], x).unwrap()), ("y".to_string(), Tensor::from_vec(&[batch], y).unwrap())]
-        })
-        .collect()
-}
 
 fn optimizer() -> Box<dyn Optimizer> {
     Box::new(Momentum::new(LrSchedule::Constant(0.1), 0.9).unwrap())
@@ -80,7 +45,7 @@ fn parallel_equals_stand_alone_under_every_level_over_random_strategies() {
     let (graph, loss) = mlp(batch);
     // Two steps: half-precision rounding amplifies any difference in a parameter from step to
     // step (as in every framework), and two steps test both the forward and the backward.
-    let data = batches(batch, 2);
+    let data = batches(batch, 2, 13);
     let (plain, _) = serial(&graph, loss, &data, Precision::default());
     for (level, dtype) in
         [(AmpLevel::O1, DType::BF16), (AmpLevel::O2, DType::BF16), (AmpLevel::O2, DType::F16), (AmpLevel::O3, DType::BF16)]
@@ -227,7 +192,7 @@ fn bn_net(batch: usize) -> (Graph, NodeId) {
 #[test]
 fn a_half_precision_batch_norm_updates_its_running_statistics() {
     let (graph, loss) = bn_net(16);
-    let data = batches(16, 2);
+    let data = batches(16, 2, 13);
     let (_, plain) = serial(&graph, loss, &data, Precision::default());
     for level in [AmpLevel::O2, AmpLevel::O3] {
         let (_, mixed) = serial(&graph, loss, &data, Precision::new(level, DType::BF16).unwrap());

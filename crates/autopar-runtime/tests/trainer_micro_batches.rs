@@ -5,15 +5,12 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use autopar_checkpoint::StrategyFile;
-use autopar_data::{Dataset, SyntheticDataset};
-use autopar_models::{Mode, Model, ModelOptions};
+use autopar_models::ModelOptions;
 use autopar_parallel::ParallelContext;
-use autopar_runtime::trainer::{BuildNetwork, CheckpointConfig, Network, OptimizerConfig, OptimizerKind};
+use autopar_runtime::trainer::{CheckpointConfig, OptimizerConfig, OptimizerKind};
 use autopar_runtime::{LrSchedule, ParamStore, TrainConfig, TrainReport, Trainer};
-use common::{builder, clusters, context, small_mlp, source};
+use common::{builder, clusters, context, gpt, small_mlp, source, tokens};
 use serde_json::json;
 
 fn cfg(batch: usize, steps: u64) -> TrainConfig {
@@ -25,29 +22,6 @@ fn pipeline(devices: usize, stages: usize, scheduler: &str) -> ParallelContext {
     ctx.set("pipeline_stages", &json!(stages)).unwrap();
     ctx.set("pipeline_config", &json!({ "pipeline_scheduler": scheduler })).unwrap();
     ctx
-}
-
-/// A GPT with a tied embedding and dropout.
-fn gpt() -> BuildNetwork {
-    let gpt = autopar_models::Gpt::new(autopar_models::GptConfig {
-        vocab: 16,
-        context: 8,
-        width: 16,
-        heads: 2,
-        layers: 2,
-        dropout: 0.1,
-        ..Default::default()
-    })
-    .unwrap();
-    let model: Arc<dyn Model> = Arc::new(gpt);
-    Arc::new(move |batch, train| {
-        let (graph, m) = model.build_graph(batch, if train { Mode::Train } else { Mode::Eval }, 7).map_err(|e| e.to_string())?;
-        Ok(Network { graph, x: m.x, labels: m.labels, logits: m.logits, loss: m.loss })
-    })
-}
-
-fn tokens() -> Arc<dyn Dataset> {
-    Arc::new(SyntheticDataset::tokens(16, 8, 256, 5).unwrap())
 }
 
 /// Momentum (its state, `moments.*`, is resharded on resume).

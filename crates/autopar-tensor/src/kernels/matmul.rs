@@ -25,6 +25,22 @@ fn check_rank(op: &'static str, what: &'static str, t: &Tensor, rank: usize) -> 
     Ok(())
 }
 
+/// The contraction sizes `k` of `op(a)` and `op(b)` agree, else [`TensorError::InnerDimMismatch`].
+fn inner_dims_agree(a: &Tensor, b: &Tensor, (k_lhs, k_rhs): (usize, usize), (transpose_a, transpose_b): (bool, bool)) -> Result<()> {
+    if k_lhs == k_rhs {
+        return Ok(());
+    }
+    Err(TensorError::InnerDimMismatch {
+        op: "matmul",
+        lhs: a.shape().to_vec(),
+        rhs: b.shape().to_vec(),
+        k_lhs,
+        k_rhs,
+        transpose_a,
+        transpose_b,
+    })
+}
+
 /// `op(a) @ op(b)` where `op` transposes when the flag is set. `a`, `b` are 2-D: f32, f64, or
 /// bf16 (accumulated in f32 by [`super::bf16_gemm`], the result rounded to bf16).
 pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpose_b: bool) -> Result<Tensor> {
@@ -35,34 +51,14 @@ pub fn matmul(ctx: &ExecCtx, a: &Tensor, b: &Tensor, transpose_a: bool, transpos
     if a.dtype() == crate::DType::BF16 {
         let x = as2(a.typed::<half::bf16>(op, "lhs")?, transpose_a);
         let y = as2(b.typed::<half::bf16>(op, "rhs")?, transpose_b);
-        if x.ncols() != y.nrows() {
-            return Err(TensorError::InnerDimMismatch {
-                op,
-                lhs: a.shape().to_vec(),
-                rhs: b.shape().to_vec(),
-                k_lhs: x.ncols(),
-                k_rhs: y.nrows(),
-                transpose_a,
-                transpose_b,
-            });
-        }
+        inner_dims_agree(a, b, (x.ncols(), y.nrows()), (transpose_a, transpose_b))?;
         let c = super::bf16_gemm::gemm_bf16(ctx, x, y);
         return Ok(Tensor::from_array(c.mapv(half::bf16::from_f32).into_dyn()));
     }
     float_dispatch!(op, a.dtype(), T => {
         let x = as2(a.typed::<T>(op, "lhs")?, transpose_a);
         let y = as2(b.typed::<T>(op, "rhs")?, transpose_b);
-        if x.ncols() != y.nrows() {
-            return Err(TensorError::InnerDimMismatch {
-                op,
-                lhs: a.shape().to_vec(),
-                rhs: b.shape().to_vec(),
-                k_lhs: x.ncols(),
-                k_rhs: y.nrows(),
-                transpose_a,
-                transpose_b,
-            });
-        }
+        inner_dims_agree(a, b, (x.ncols(), y.nrows()), (transpose_a, transpose_b))?;
         Ok(Tensor::from_array(ctx.gemm_new(x, y).into_dyn()))
     })
 }
