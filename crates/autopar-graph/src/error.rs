@@ -8,7 +8,9 @@ use crate::types::DType;
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum GraphError {
     /// A precision policy named by something that is not one.
-    #[error("{what} {given:?} is not one autopar knows; expected {expected}\nhint: MindSpore's amp_level O2 with bf16 keeps normalisations, softmax and losses in float32")]
+    #[error(
+        "{what} {given:?} is not one autopar knows; expected {expected}\nhint: give one of those, e.g. amp level O2 with amp dtype bf16"
+    )]
     BadPrecision {
         /// What was named (`amp level`, `amp dtype`).
         what: &'static str,

@@ -61,13 +61,22 @@ impl LossScale {
     }
 }
 
+/// A scale as `--loss-scale` takes it back, shortest: `1024`, `0.5`, `1e60`.
+pub fn scale_text(x: f64) -> String {
+    if x.abs() < 1e16 {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 impl fmt::Display for LossScale {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
+        match *self {
             LossScale::None => write!(f, "none"),
-            LossScale::Fixed { scale, drop_overflow_update: true } => write!(f, "fixed:{scale}"),
-            LossScale::Fixed { scale, drop_overflow_update: false } => write!(f, "fixed:{scale}:keep"),
-            LossScale::Dynamic { init, factor, window } => write!(f, "dynamic:{init}:{factor}:{window}"),
+            LossScale::Fixed { scale, drop_overflow_update: true } => write!(f, "fixed:{}", scale_text(scale)),
+            LossScale::Fixed { scale, drop_overflow_update: false } => write!(f, "fixed:{}:keep", scale_text(scale)),
+            LossScale::Dynamic { init, factor, window } => write!(f, "dynamic:{}:{}:{window}", scale_text(init), scale_text(factor)),
         }
     }
 }
@@ -215,7 +224,13 @@ mod tests {
             let err = bad.parse::<LossScale>().unwrap_err();
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
-        for s in [LossScale::None, LossScale::DYNAMIC, LossScale::Fixed { scale: 2.0, drop_overflow_update: false }] {
+        assert_eq!(LossScale::Fixed { scale: 1e60, drop_overflow_update: true }.to_string(), "fixed:1e60");
+        for s in [
+            LossScale::None,
+            LossScale::DYNAMIC,
+            LossScale::Fixed { scale: 2.0, drop_overflow_update: false },
+            LossScale::Dynamic { init: 0.1f64.powi(-40), factor: 1.0 + f64::EPSILON, window: 3 },
+        ] {
             assert_eq!(s.to_string().parse::<LossScale>().unwrap(), s);
         }
     }

@@ -771,6 +771,11 @@ fn loss_scaling_from_the_command_line_and_toml_reports_the_scale_and_skips_overf
     args.extend(["--steps", "4", "--devices", "4", "--loss-scale", "dynamic:1e60:1e20:1000", "--metrics", "m.jsonl"]);
     let o = autopar(dir.path(), &[&["train"], args.as_slice()].concat());
     assert!(o.status.success(), "{}", text(&o).1);
+    assert!(
+        text(&o).0.contains("loss scale dynamic:1e60:1e20:1000: 2 of 4 steps overflowed (skipped), last scale 9.999999999999998e19"),
+        "{}",
+        text(&o).0
+    );
     let m = lines("m.jsonl");
     let flags: Vec<bool> = m.iter().map(|l| l["overflow"].as_bool().unwrap()).collect();
     assert_eq!(flags, [true, true, false, false], "{m:?}");

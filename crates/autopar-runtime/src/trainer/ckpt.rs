@@ -90,7 +90,7 @@ impl RunPosition {
         if let Some(l) = &self.loss_scale {
             m.insert("loss_scale_kind".into(), l.kind.to_string());
             // f64's shortest round-trip form: read back bit for bit.
-            m.insert("loss_scale".into(), l.scale.to_string());
+            m.insert("loss_scale".into(), crate::loss_scale::scale_text(l.scale));
             m.insert("loss_scale_last_overflow".into(), l.last_overflow_iter.to_string());
         }
         m

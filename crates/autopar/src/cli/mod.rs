@@ -228,7 +228,10 @@ pub fn as_flags(line: &str) -> String {
 
 /// Print [`error_text`] on stderr.
 pub fn report_error(err: &anyhow::Error) {
-    eprint!("{}", error_text(err));
+    // Not `eprint!`: a closed stderr (`autopar train 2>&1 | head -1`) must not turn an error
+    // into a panic.
+    use std::io::Write;
+    let _ = write!(std::io::stderr(), "{}", error_text(err));
 }
 
 #[cfg(test)]

@@ -97,7 +97,7 @@ pub struct TrainArgs {
     /// Scale the loss (MindSpore's loss-scale managers): none; fixed:S (a step whose gradients
     /// overflow is skipped on every rank; fixed:S:keep applies it anyway); dynamic[:INIT[:FACTOR:WINDOW]]
     /// (defaults 2^24, 2, 2000: divided by FACTOR at each overflow, multiplied after WINDOW steps without one)
-    #[arg(long, value_name = "none|fixed:S|dynamic[:INIT]", help_heading = "Optimizer")]
+    #[arg(long, value_name = "none|fixed:S[:keep]|dynamic[:INIT[:FACTOR:WINDOW]]", help_heading = "Optimizer")]
     loss_scale: Option<String>,
 
     /// Save checkpoints in this folder.
@@ -217,12 +217,28 @@ struct MemoryProbe {
     every: u64,
     samples: Arc<std::sync::Mutex<Vec<MemorySample>>>,
     step_seconds: Arc<std::sync::Mutex<Vec<f64>>>,
+    scaled: Arc<std::sync::Mutex<ScaleSeen>>,
+}
+
+/// What loss scaling did over the run: steps scaled, steps whose gradients overflowed, the
+/// last step's scale.
+#[derive(Clone, Copy, Debug, Default)]
+struct ScaleSeen {
+    steps: u64,
+    overflowed: u64,
+    last: Option<f64>,
 }
 
 impl Callback for MemoryProbe {
     fn on_step_end(&mut self, e: &StepEvent) -> TrainResult<()> {
         if e.samples_per_sec > 0.0 {
             self.step_seconds.lock().unwrap_or_else(|p| p.into_inner()).push(e.batch_size as f64 / e.samples_per_sec);
+        }
+        if let Some(scale) = e.loss_scale {
+            let mut seen = self.scaled.lock().unwrap_or_else(|p| p.into_inner());
+            seen.steps += 1;
+            seen.overflowed += u64::from(e.overflow);
+            seen.last = Some(scale);
         }
         if e.step.is_multiple_of(self.every) || e.step == e.total_steps {
             if let Some((peak_rss, rss)) = resident_memory() {
@@ -371,7 +387,9 @@ pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
         write_report(&path, &trainer, &report, model.as_ref(), (&outputs.memory, &outputs.step_seconds))?;
     }
     let memory: Vec<MemorySample> = outputs.memory.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let facts = Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory };
+    let scaled = *outputs.scaled.lock().unwrap_or_else(|p| p.into_inner());
+    let facts =
+        Facts { model: model.as_ref(), data: &data.desc, mode, devices, metrics: outputs.metrics, plot: outputs.plot, memory, scaled };
     if s.args.json {
         print_json(out, &trainer, &report, &summary, &facts, spe)
     } else {
@@ -657,6 +675,8 @@ struct Outputs {
     memory: Arc<std::sync::Mutex<Vec<MemorySample>>>,
     /// Every step's time, as the probe records it.
     step_seconds: Arc<std::sync::Mutex<Vec<f64>>>,
+    /// What loss scaling did, as the probe saw it.
+    scaled: Arc<std::sync::Mutex<ScaleSeen>>,
     metrics: Option<PathBuf>,
     plot: Option<PathBuf>,
 }
@@ -695,9 +715,15 @@ fn callbacks(s: &Settings, cfg: &TrainConfig, total: u64, spe: u64) -> Result<Ou
     let step_seconds = Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe_every = cfg.checkpoint.as_ref().map_or(0, |c| c.every_steps);
     let probe_every = if probe_every > 0 { probe_every } else { (total / 10).max(1) };
-    callbacks.push(Box::new(MemoryProbe { every: probe_every, samples: memory.clone(), step_seconds: step_seconds.clone() }));
+    let scaled = Arc::new(std::sync::Mutex::new(ScaleSeen::default()));
+    callbacks.push(Box::new(MemoryProbe {
+        every: probe_every,
+        samples: memory.clone(),
+        step_seconds: step_seconds.clone(),
+        scaled: scaled.clone(),
+    }));
     let plot = metrics.as_ref().filter(|_| plot).map(|m| MetricsWriter::plot_path(m));
-    Ok(Outputs { callbacks, memory, step_seconds, metrics, plot })
+    Ok(Outputs { callbacks, memory, step_seconds, scaled, metrics, plot })
 }
 
 /// The run's mode in words: the parallel mode, and its pipeline or accumulated micro-batches.
@@ -787,6 +813,7 @@ struct Facts<'a> {
     metrics: Option<PathBuf>,
     plot: Option<PathBuf>,
     memory: Vec<MemorySample>,
+    scaled: ScaleSeen,
 }
 
 /// `--json`: the summary as one JSON object.
@@ -814,6 +841,12 @@ fn print_json(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
         "peak_rss_bytes": resident_memory().map(|(peak, _)| peak),
         "plan_memory_bytes": report.plan_memory,
         "samples_per_sec": report.samples_per_sec,
+        "precision": trainer.config().precision.to_string(),
+        "loss_scale": trainer.config().loss_scale.is_on().then(|| serde_json::json!({
+            "choice": trainer.config().loss_scale.to_string(),
+            "steps_overflowed": f.scaled.overflowed,
+            "last_scale": f.scaled.last,
+        })),
         "losses": report.losses,
         "loss_first": report.losses.first(),
         "loss_last": report.losses.last(),
@@ -837,6 +870,31 @@ fn print_json(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     Ok(if s.mismatch() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// The summary's line on mixed precision and loss scaling (nothing without either), and a
+/// warning when every step overflowed.
+fn precision_text(out: &mut dyn Write, cfg: &TrainConfig, seen: &ScaleSeen) -> Result<()> {
+    let mut parts = Vec::new();
+    if cfg.precision.is_mixed() {
+        parts.push(format!("precision {}", cfg.precision));
+    }
+    if cfg.loss_scale.is_on() {
+        let what =
+            if matches!(cfg.loss_scale, LossScale::Fixed { drop_overflow_update: false, .. }) { "applied anyway" } else { "skipped" };
+        let last = seen.last.map_or(String::new(), |s| format!(", last scale {s:e}"));
+        parts.push(format!("loss scale {}: {} of {} steps overflowed ({what}){last}", cfg.loss_scale, seen.overflowed, seen.steps));
+    }
+    if !parts.is_empty() {
+        writeln!(out, "  {}", parts.join("; "))?;
+    }
+    if seen.steps > 0 && seen.overflowed == seen.steps {
+        writeln!(
+            out,
+            "  warning: every step's gradients overflowed\n  hint: start the loss scale lower (--loss-scale dynamic:65536), or train longer: a dynamic scale falls by its factor at each overflow"
+        )?;
+    }
+    Ok(())
+}
+
 /// The summary as text: steps and speed, losses, evaluation, memory, files, `--verify`.
 fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &Summary, f: &Facts<'_>) -> Result<ExitCode> {
     let run = report.last_step - report.first_step;
@@ -855,6 +913,7 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     if let (Some(first), Some(last), Some(mean)) = (report.losses.first(), report.losses.last(), s.tail_mean) {
         writeln!(out, "  loss {first:.4} at the first step, {last:.4} at the last (mean of the last {} steps {mean:.4})", s.tail)?;
     }
+    precision_text(out, trainer.config(), &f.scaled)?;
     let plan = &report.job().plan().plan;
     let recomputed = plan.graph.nodes().iter().filter(|n| n.recompute == autopar_graph::Recompute::Marked).count();
     if recomputed > 0 {
