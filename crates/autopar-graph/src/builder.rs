@@ -339,6 +339,16 @@ impl GraphBuilder {
         self.op(name, LayerNorm { begin_norm_axis, eps, group: Vec::new() }, &[x, gamma, beta])
     }
 
+    /// Root-mean-square normalisation of `x` over the dimensions from `begin_norm_axis` on, scaled by `gamma`.
+    pub fn rms_norm(&mut self, name: &str, x: NodeId, gamma: NodeId, begin_norm_axis: i64, eps: f64) -> Result<NodeId> {
+        self.op(name, RmsNorm { begin_norm_axis, eps, group: Vec::new() }, &[x, gamma])
+    }
+
+    /// Rotary position embedding of `x [..., T, D]` with base `theta` (positions along dimension -2).
+    pub fn rotary_embedding(&mut self, name: &str, x: NodeId, theta: f64) -> Result<NodeId> {
+        self.op(name, RotaryEmbedding { theta, offset: 0, inverse: false }, &[x])
+    }
+
     /// Max pooling of `x [N, C, H, W]`.
     pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
         self.op(name, MaxPool { pool }, &[x])

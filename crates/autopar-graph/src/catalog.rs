@@ -304,6 +304,26 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     wrt = Some(vec![]);
                 }
             }
+            "RmsNorm" | "RmsNormGrad" => {
+                let x = m.x(&[a, b2, c])?;
+                let gamma = m.x(&[b2, c])?;
+                if kind == "RmsNorm" {
+                    y = m.b.rms_norm("op", x, gamma, 1, 1e-5)?;
+                    wrt = Some(vec![x, gamma]);
+                } else {
+                    let dy = m.x(&[a, b2, c])?;
+                    y = m.b.op(
+                        "op",
+                        RmsNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma, group: Vec::new() },
+                        &[dy, x, gamma],
+                    )?;
+                    wrt = Some(vec![]);
+                }
+            }
+            "RotaryEmbedding" => {
+                let x = m.x(&[a, b2, c, 4])?;
+                y = m.b.rotary_embedding("op", x, 100.0)?;
+            }
             "Dropout" => {
                 let p = m.x(&[a, b2, 8])?;
                 y = m.b.dropout("op", p, 0.3, seed)?;

@@ -46,6 +46,7 @@
 mod error;
 mod gpt;
 mod layers;
+mod llama;
 mod mlp;
 mod resnet;
 
@@ -58,6 +59,7 @@ use autopar_graph::{DType, Graph, GraphBuilder, NodeId, OpKind};
 pub use error::{ModelError, Result};
 pub use gpt::{Gpt, GptConfig};
 pub use layers::BatchNormConfig;
+pub use llama::{Llama, LlamaConfig};
 pub use mlp::{Mlp, MlpConfig};
 pub use resnet::{Block, ResNet, ResNetConfig, Stem};
 
@@ -236,7 +238,10 @@ pub trait Model: fmt::Debug + Send + Sync {
 }
 
 /// The names [`model_by_name`] accepts.
-pub const MODEL_NAMES: [&str; 5] = ["mlp", "resnet18", "resnet34", "resnet50", "gpt"];
+pub const MODEL_NAMES: [&str; 6] = ["mlp", "resnet18", "resnet34", "resnet50", "gpt", "llama"];
+
+/// The models whose samples are token sequences (`[T]` ids in, next-token ids out).
+pub const LANGUAGE_MODELS: [&str; 2] = ["gpt", "llama"];
 
 /// Overrides of a model's defaults, as a CLI or a config file gives them. `None` keeps the
 /// model's default; an option a model has no use for is an error naming it.
@@ -251,8 +256,14 @@ pub struct ModelOptions {
     pub width: Option<usize>,
     /// Hidden layers (mlp) or transformer blocks (gpt).
     pub depth: Option<usize>,
-    /// Attention heads (gpt).
+    /// Attention heads (gpt, llama: the query heads).
     pub heads: Option<usize>,
+    /// Key/value heads of grouped-query attention (llama).
+    pub kv_heads: Option<usize>,
+    /// The MLP's hidden size (llama).
+    pub ffn_width: Option<usize>,
+    /// The rotary position embedding's base (llama).
+    pub rope_theta: Option<f64>,
     /// ResNet stem.
     pub stem: Option<Stem>,
 }
@@ -263,7 +274,22 @@ pub struct ModelOptions {
 /// 4 heads, 4 blocks.
 pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> {
     let unused = |option: &'static str, accepted: &'static str| Err(ModelError::UnusedOption { model: name.to_string(), option, accepted });
-    match name.to_ascii_lowercase().as_str() {
+    let lower = name.to_ascii_lowercase();
+    if lower != "llama" && MODEL_NAMES.contains(&lower.as_str()) {
+        for (option, given) in
+            [("kv_heads", opts.kv_heads.is_some()), ("ffn_width", opts.ffn_width.is_some()), ("rope_theta", opts.rope_theta.is_some())]
+        {
+            if given {
+                let accepted = match lower.as_str() {
+                    "mlp" => "input_shape, num_classes, width and depth",
+                    "gpt" => "input_shape ([context]), num_classes (vocab), width, depth and heads",
+                    _ => "input_shape, num_classes, width and stem",
+                };
+                return unused(option, accepted);
+            }
+        }
+    }
+    match lower.as_str() {
         "mlp" => {
             const ACCEPTS: &str = "input_shape, num_classes, width and depth";
             if opts.heads.is_some() {
@@ -320,17 +346,7 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             }
             let mut cfg = GptConfig::default();
             if let Some(s) = &opts.input_shape {
-                match s.as_slice() {
-                    [t] => cfg.context = *t,
-                    _ => {
-                        return Err(ModelError::BadConfig {
-                            model: name.to_string(),
-                            field: "input_shape",
-                            value: format!("{s:?}"),
-                            expected: "[context], one token sequence per sample".into(),
-                        })
-                    }
-                }
+                cfg.context = context_of(name, s)?;
             }
             if let Some(v) = opts.num_classes {
                 cfg.vocab = v;
@@ -344,22 +360,74 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             if let Some(h) = opts.heads {
                 cfg.heads = h;
             }
-            // A refused size is named by the option that set it.
-            let by_option = |e| match e {
-                ModelError::BadConfig { model, field, value, expected } => {
-                    let field = match field {
-                        "layers" => "depth",
-                        "vocab" => "num_classes",
-                        "context" => "input_shape",
-                        f => f,
-                    };
-                    ModelError::BadConfig { model, field, value, expected }
-                }
-                e => e,
-            };
             Ok(Box::new(Gpt::new(cfg).map_err(by_option)?))
         }
+        "llama" => {
+            if opts.stem.is_some() {
+                return unused(
+                    "stem",
+                    "input_shape ([context]), num_classes (vocab), width, depth, heads, kv_heads, ffn_width and rope_theta",
+                );
+            }
+            let mut cfg = LlamaConfig::default();
+            if let Some(s) = &opts.input_shape {
+                cfg.context = context_of(name, s)?;
+            }
+            if let Some(v) = opts.num_classes {
+                cfg.vocab = v;
+            }
+            if let Some(w) = opts.width {
+                cfg.width = w;
+            }
+            if let Some(d) = opts.depth {
+                cfg.layers = d;
+            }
+            if let Some(h) = opts.heads {
+                cfg.heads = h;
+                // As transformers: without a key/value head count, every query head has its own.
+                cfg.kv_heads = h;
+            }
+            if let Some(h) = opts.kv_heads {
+                cfg.kv_heads = h;
+            }
+            if let Some(f) = opts.ffn_width {
+                cfg.ffn_width = f;
+            }
+            if let Some(t) = opts.rope_theta {
+                cfg.rope_theta = t;
+            }
+            Ok(Box::new(Llama::new(cfg).map_err(by_option)?))
+        }
         _ => Err(ModelError::UnknownModel { name: name.to_string(), valid: MODEL_NAMES.join(", ") }),
+    }
+}
+
+/// A language model's context length from its one-dimensional input shape `[T]`.
+fn context_of(model: &str, shape: &[usize]) -> Result<usize> {
+    match shape {
+        [t] => Ok(*t),
+        _ => Err(ModelError::BadConfig {
+            model: model.to_string(),
+            field: "input_shape",
+            value: format!("{shape:?}"),
+            expected: "[context], one token sequence per sample".into(),
+        }),
+    }
+}
+
+/// A refused size named by the option that set it (a language model's `layers` by `depth`).
+fn by_option(e: ModelError) -> ModelError {
+    match e {
+        ModelError::BadConfig { model, field, value, expected } => {
+            let field = match field {
+                "layers" => "depth",
+                "vocab" => "num_classes",
+                "context" => "input_shape",
+                f => f,
+            };
+            ModelError::BadConfig { model, field, value, expected }
+        }
+        e => e,
     }
 }
 
@@ -409,6 +477,37 @@ mod tests {
         assert!(err.to_string().starts_with("model gpt: option stem does not apply"), "{err}");
         let err = model_by_name("gpt", &ModelOptions { input_shape: Some(vec![3, 32, 32]), ..Default::default() }).unwrap_err();
         assert!(matches!(err, ModelError::BadConfig { field: "input_shape", .. }), "{err}");
+        let err = model_by_name("gpt", &ModelOptions { kv_heads: Some(2), ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("option kv_heads does not apply") && err.to_string().contains("gpt takes input_shape"), "{err}");
+        let err = model_by_name("mlp", &ModelOptions { rope_theta: Some(1e4), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::UnusedOption { option: "rope_theta", .. }), "{err}");
+        let err = model_by_name("llama", &ModelOptions { stem: Some(Stem::Cifar), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::UnusedOption { option: "stem", .. }), "{err}");
+    }
+
+    #[test]
+    fn llama_options_set_its_sizes_and_heads_alone_give_one_key_value_head_per_query_head() {
+        let opts = ModelOptions {
+            input_shape: Some(vec![12]),
+            num_classes: Some(40),
+            width: Some(32),
+            depth: Some(2),
+            heads: Some(8),
+            kv_heads: Some(2),
+            ffn_width: Some(48),
+            rope_theta: Some(500000.0),
+            ..Default::default()
+        };
+        let m = model_by_name("llama", &opts).unwrap();
+        assert_eq!(m.describe(), "llama (vocab 40, context 12, width 32, 8 heads, 2 key/value heads, 2 blocks, MLP 48, rope theta 500000)");
+        let (g, mg) = m.build_graph(1, Mode::Train, 0).unwrap();
+        assert_eq!(g.node(mg.params["model.layers.1.self_attn.k_proj.weight"]).ty.shape, vec![8, 32]);
+        let m = model_by_name("llama", &ModelOptions { heads: Some(8), ..Default::default() }).unwrap();
+        assert!(m.describe().contains("8 heads, 8 key/value heads"), "{}", m.describe());
+        let err = model_by_name("llama", &ModelOptions { depth: Some(0), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::BadConfig { field: "depth", .. }), "{err}");
+        let err = model_by_name("llama", &ModelOptions { heads: Some(8), kv_heads: Some(3), ..Default::default() }).unwrap_err();
+        assert!(matches!(err, ModelError::BadConfig { field: "kv_heads", .. }), "{err}");
     }
 
     #[test]

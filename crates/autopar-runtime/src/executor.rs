@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use autopar_graph::ops::*;
 use autopar_graph::{DType, Graph, Node, NodeId, OpKind, Recompute};
-use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, shape as sh};
+use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, rotary, shape as sh};
 use autopar_tensor::{Element, ExecCtx, Tensor, TensorError};
 
 use crate::error::{Result, RuntimeError};
@@ -268,6 +268,8 @@ fn saved_key(node: &Node) -> Option<SavedKey> {
         OpKind::BatchNormGrad(bn) => Some((node.inputs[1], 0, bn.eps.to_bits(), bn.training as i64)),
         OpKind::LayerNorm(ln) => Some((node.inputs[0], 1, ln.eps.to_bits(), ln.begin_norm_axis)),
         OpKind::LayerNormGrad(ln) => Some((node.inputs[1], 1, ln.eps.to_bits(), ln.begin_norm_axis)),
+        OpKind::RmsNorm(n) => Some((node.inputs[0], 2, n.eps.to_bits(), n.begin_norm_axis)),
+        OpKind::RmsNormGrad(n) => Some((node.inputs[1], 2, n.eps.to_bits(), n.begin_norm_axis)),
         _ => None,
     }
 }
@@ -277,6 +279,8 @@ fn norm_key(node: &Node) -> Option<NormKey> {
         Some((node.inputs.clone(), 0, bn.eps.to_bits(), bn.training as i64))
     } else if let OpKind::LayerNormGrad(ln) = &node.op {
         Some((node.inputs.clone(), 1, ln.eps.to_bits(), ln.begin_norm_axis))
+    } else if let OpKind::RmsNormGrad(n) = &node.op {
+        Some((node.inputs.clone(), 2, n.eps.to_bits(), n.begin_norm_axis))
     } else {
         None
     }
@@ -757,6 +761,54 @@ impl Executor {
                     NormGradOf::Gamma => dgamma,
                 }
             }
+            OpKind::RmsNorm(n) if n.group.len() > 1 => {
+                let stats = self.mean_squares(node, x[0], n.begin_norm_axis, &n.group, collectives)?;
+                let y = norm::rms_norm_with(cx, x[0], x[1], n.begin_norm_axis as isize, &stats.var, n.eps).map_err(k)?.0;
+                caches.stats.insert(node.inputs[0], stats);
+                y
+            }
+            OpKind::RmsNorm(n) => {
+                let (y, saved) = norm::rms_norm(cx, x[0], x[1], n.begin_norm_axis as isize, n.eps).map_err(k)?;
+                caches.saved.insert(saved_key(node).expect("a normalisation"), saved);
+                y
+            }
+            OpKind::RmsNormGrad(n) => {
+                // Inputs (dy, x, gamma); computed once for both nodes, as LayerNormGrad.
+                let key = norm_key(node).expect("a normalisation gradient");
+                let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
+                    pair
+                } else {
+                    let a = n.begin_norm_axis as isize;
+                    let (dx, dgamma) = if n.group.len() > 1 {
+                        let stats = match caches.stats.get(&node.inputs[1]) {
+                            Some(s) => s.clone(),
+                            None => self.mean_squares(node, x[1], n.begin_norm_axis, &n.group, collectives)?,
+                        };
+                        let (_, saved) = norm::rms_norm_with(cx, x[1], x[2], a, &stats.var, n.eps).map_err(k)?;
+                        let sums = norm::rms_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
+                        let sums = if n.of == NormGradOf::Input || self.shared_norm.contains(&key) {
+                            let summed = self.sum_over(node, &n.group, sums.to_f64_vec(), collectives)?;
+                            Tensor::from_vec(sums.shape(), summed).map_err(k)?.cast(sums.dtype())
+                        } else {
+                            sums
+                        };
+                        norm::rms_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &sums, stats.count).map_err(k)?
+                    } else {
+                        let saved = match caches.saved.get(&saved_key(node).expect("a normalisation gradient")) {
+                            Some(s) => s.clone(),
+                            None => norm::rms_norm_saved(cx, x[1], a, n.eps).map_err(k)?,
+                        };
+                        norm::rms_norm_backward(cx, x[1], x[2], &saved, x[0], a).map_err(k)?
+                    };
+                    self.share(&mut caches.norm, key, &dx, &dgamma);
+                    (dx, dgamma)
+                };
+                match n.of {
+                    NormGradOf::Input => dx,
+                    NormGradOf::Gamma => dgamma,
+                }
+            }
+            OpKind::RotaryEmbedding(r) => rotary::rotary_embedding(cx, x[0], r.theta, r.offset, r.inverse).map_err(k)?,
             // The mask depends on (seed, step, the element's index in the whole tensor) only, so
             // the backward Dropout node (same seed, step and block) applies the same mask to dy.
             // A micro-batch's mask is its rows of the whole step's.
@@ -859,6 +911,30 @@ impl Executor {
         let sq = self.sum_over(node, group, sq, collectives)?;
         let var = Tensor::from_vec(&rows_shape, sq.iter().map(|s| s / count.max(1) as f64).collect()).map_err(k)?.cast(x.dtype());
         Ok(SyncedStats { mean, var, count })
+    }
+
+    /// RMSNorm over normalised dimensions split over `group`: each row's mean square over the
+    /// whole normalised dimensions (one sum over the group, with the whole row size) in `var`,
+    /// a zero `mean`.
+    fn mean_squares(
+        &self,
+        node: &Node,
+        x: &Tensor,
+        axis: i64,
+        group: &[usize],
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<SyncedStats> {
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let local = norm::row_square_sums(&self.ctx, x, axis as isize).map_err(k)?;
+        let rows_shape = local.shape().to_vec();
+        let rows = local.numel();
+        let mut sums = local.to_f64_vec();
+        sums.push((x.numel() / rows.max(1)) as f64);
+        let sums = self.sum_over(node, group, sums, collectives)?;
+        let count = sums[rows] as usize;
+        let ms: Vec<f64> = sums[..rows].iter().map(|s| s / count.max(1) as f64).collect();
+        let var = Tensor::from_vec(&rows_shape, ms).map_err(k)?.cast(x.dtype());
+        Ok(SyncedStats { mean: Tensor::zeros(&rows_shape, x.dtype()), var, count })
     }
 
     /// LayerNorm backward over normalised dimensions split over the op's group, inputs

@@ -235,6 +235,31 @@ fn every_op_forward_matches_hand_computed_values() {
         &[-s, 2.0 * s],
     );
 
+    // RMSNorm of [1, 3]: mean square 5; dgamma = dy * x_hat.
+    let r = 1.0 / (5.0f64 + 1e-5).sqrt();
+    let x13 = t(&[1, 2], &[1.0, 3.0]);
+    check(
+        &run(RmsNorm { begin_norm_axis: 1, eps: 1e-5, group: Vec::new() }, &[x13.clone(), t(&[2], &[1.0, 2.0])], c),
+        &[1, 2],
+        &[r, 6.0 * r],
+    );
+    check(
+        &run(
+            RmsNormGrad { begin_norm_axis: 1, eps: 1e-5, of: NormGradOf::Gamma, group: Vec::new() },
+            &[t(&[1, 2], &[1.0, 2.0]), x13, t(&[2], &[1.0, 1.0])],
+            c,
+        ),
+        &[2],
+        &[r, 6.0 * r],
+    );
+    // RoPE with D = 2: position 0 unchanged, position 1 rotated by 1 radian.
+    let (cos1, sin1) = (1.0f64.cos(), 1.0f64.sin());
+    check(
+        &run(RotaryEmbedding { theta: 10000.0, offset: 0, inverse: false }, &[t(&[2, 2], &[1.0, 2.0, 1.0, 2.0])], c),
+        &[2, 2],
+        &[1.0, 2.0, cos1 - 2.0 * sin1, 2.0 * cos1 + sin1],
+    );
+
     // Dropout with p = 0 is the identity; with p = 0.5 every element is 0 or doubled.
     check(&run(Dropout { p: 0.0, seed: 1, block: None }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let big = t(&[1000], &[1.0; 1000]);

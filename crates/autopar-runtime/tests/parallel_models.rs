@@ -10,7 +10,7 @@
 //! absolute floor for the deeper networks, stated per model).
 
 use autopar_graph::{Graph, NodeId, OpKind};
-use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
+use autopar_models::{Gpt, GptConfig, Llama, LlamaConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::{assign_random_strategies, ParallelContext};
 use autopar_runtime::{run_local, Job};
 use autopar_runtime::{LrSchedule, Momentum, Optimizer, ParamStore};
@@ -89,6 +89,9 @@ struct Seen {
     synced_batch_norm: usize,
     synced_softmax: usize,
     synced_layer_norm: usize,
+    synced_rms_norm: usize,
+    /// Rotary embeddings run on a later part of the positions (a split sequence).
+    split_positions: usize,
     dropout_blocks: usize,
     split_tables: usize,
     /// Kinds of communication ops the splits needed.
@@ -152,12 +155,17 @@ fn check(c: &Case, label: &str, steps: usize) -> Seen {
                     OpKind::BatchNorm(bn) if bn.group.len() > 1 => seen.synced_batch_norm += 1,
                     OpKind::Softmax(sm) if sm.group.len() > 1 => seen.synced_softmax += 1,
                     OpKind::LayerNorm(ln) if ln.group.len() > 1 => seen.synced_layer_norm += 1,
+                    OpKind::RmsNorm(n) if n.group.len() > 1 => seen.synced_rms_norm += 1,
                     OpKind::Dropout(d) if d.block.is_some() => seen.dropout_blocks += 1,
                     OpKind::Gather(g) if g.shard.is_some() => seen.split_tables += 1,
                     _ => continue,
                 }
                 in_op = true;
             }
+            // The last rank holds the last positions of a split sequence.
+            let last = job.program(n - 1).unwrap().program;
+            seen.split_positions +=
+                last.graph.nodes().iter().filter(|n| matches!(&n.op, OpKind::RotaryEmbedding(r) if r.offset > 0)).count();
             let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
             assert_close(c, &format!("{label} n={n} seed={seed}"), &run.losses, &run.params, &want_losses, &want);
             if !split_comm.is_empty() || in_op {
@@ -212,6 +220,23 @@ fn gpt_equals_stand_alone() {
     assert!(seen.synced_softmax > 0 && seen.synced_layer_norm > 0, "{seen:?}");
 }
 
+fn small_llama() -> Llama {
+    let cfg = LlamaConfig { vocab: 16, context: 8, width: 16, heads: 4, kv_heads: 2, layers: 1, ffn_width: 24, ..LlamaConfig::default() };
+    Llama::new(cfg).unwrap()
+}
+
+/// The Llama block: RMSNorm with split normalised dimensions (synchronised mean squares), the
+/// rotary embedding on split positions, grouped-query attention split by key/value heads.
+#[test]
+fn llama_equals_stand_alone() {
+    let c = case(&small_llama(), 8, 16, 1e-5, 1e-6);
+    let seen = check(&c, "llama", 10);
+    assert!(seen.synced_rms_norm > 0, "{seen:?}");
+    assert!(seen.split_positions > 0, "{seen:?}");
+    assert!(seen.split_tables > 0, "{seen:?}");
+    check_data_parallel(&c, "llama", 4, 10);
+}
+
 #[test]
 fn resnet18_equals_stand_alone() {
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);
@@ -254,6 +279,13 @@ fn auto_parallel_plans_equal_stand_alone() {
     let cfg = GptConfig { vocab: 16, context, width, heads, layers, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() };
     let label = format!("gpt width {width} heads {heads} context {context} layers {layers}");
     cases.push((label, case(&Gpt::new(cfg).unwrap(), 8, 16, 1e-5, 1e-6), &[2, 4, 8]));
+    let (heads, kv_heads, context) = (pick(&[2, 4]), pick(&[1, 2]), pick(&[4, 8]));
+    let cfg = LlamaConfig { vocab: 16, context, width: 16, heads, kv_heads, layers: 1, ffn_width: 24, ..LlamaConfig::default() };
+    cases.push((
+        format!("llama heads {heads} kv_heads {kv_heads} context {context}"),
+        case(&Llama::new(cfg).unwrap(), 8, 16, 1e-5, 1e-6),
+        &[2, 4, 8],
+    ));
     let resnet_width = pick(&[2, 4]);
     // Width 256 on 4 sequences of 8 tokens: recursive_programming splits the projections'
     // columns and its rules carry that into the attention heads (model-parallel attention).

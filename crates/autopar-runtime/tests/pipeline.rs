@@ -159,16 +159,27 @@ fn stage_errors_name_the_op() {
     }
 }
 
-/// The model zoo's GPT (tied embedding, dropout) and MLP, cut into stages (or, interleaved,
+/// The model zoo's GPT (tied embedding, dropout), Llama (grouped-query attention) and MLP, cut into stages (or, interleaved,
 /// 2 chunks per stage) of equal FLOPs, against stand-alone on the whole batch.
 #[test]
 fn zoo_models_cut_by_flops_equal_stand_alone() {
-    use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model};
+    use autopar_models::{Gpt, GptConfig, Llama, LlamaConfig, Mlp, MlpConfig, Mode, Model};
     let gpt =
         Gpt::new(GptConfig { vocab: 16, context: 8, width: 16, heads: 2, layers: 2, mlp_ratio: 2, dropout: 0.1, ..GptConfig::default() })
             .unwrap();
     let mlp = Mlp::new(MlpConfig { input_shape: vec![12], hidden: vec![16, 16, 16], num_classes: 8 }).unwrap();
-    let models: [(&str, &dyn Model, usize); 2] = [("gpt", &gpt, 16), ("mlp", &mlp, 8)];
+    let llama = Llama::new(LlamaConfig {
+        vocab: 16,
+        context: 8,
+        width: 16,
+        heads: 4,
+        kv_heads: 2,
+        layers: 2,
+        ffn_width: 24,
+        ..LlamaConfig::default()
+    })
+    .unwrap();
+    let models: [(&str, &dyn Model, usize); 3] = [("gpt", &gpt, 16), ("llama", &llama, 16), ("mlp", &mlp, 8)];
     let devices = 8;
     for (label, model, classes) in models {
         // Plain pipelines, then every interleaved shape the issue names: P in {2, 4}, M in {P, 2P+1},

@@ -179,6 +179,8 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
         "Conv2D",
         "BatchNorm",
         "LayerNorm",
+        "RmsNorm",
+        "RotaryEmbedding",
         "Dropout",
         "Softmax",
         "Gather",

@@ -53,6 +53,8 @@
 //! | Conv2D | `conv::conv2d(x, w, params)` | `conv::conv2d_backward_input`, `conv::conv2d_backward_weight` |
 //! | BatchNorm | `norm::batch_norm_train` / `batch_norm_eval`; synchronised (batch split over ranks): `norm::channel_sums`, `batch_norm_train_with` | `norm::batch_norm_backward` / `batch_norm_eval_backward`; synchronised: `batch_norm_grad_sums`, `batch_norm_backward_input` |
 //! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |
+//! | RMSNorm | `norm::rms_norm` | `norm::rms_norm_backward` |
+//! | RotaryEmbedding | `rotary::rotary_embedding(x, theta, offset, false)` | the same with `inverse` true |
 //! | MaxPool, AvgPool | `pool::{max_pool2d, avg_pool2d}` | `pool::{max_pool2d_backward, avg_pool2d_backward}` |
 //! | global average pool | `pool::global_avg_pool` | `pool::global_avg_pool_backward` |
 //! | Dropout | `dropout::dropout(x, p, seed)`, `dropout::dropout_slice` (a shard draws the full tensor's mask) | `dropout::dropout_backward(dy, mask)` |

@@ -432,6 +432,17 @@ fn normalisation_gradients_match_finite_differences() {
                 vec![dx, dg, db]
             }),
         });
+        cases.push(Case {
+            name: format!("rms_norm {shape:?} axis {axis}"),
+            inputs: vec![rand(&mut rng, &shape), rand_pos(&mut rng, &ps)],
+            wrt: vec![0, 1],
+            fwd: Box::new(move |x| norm::rms_norm(&ctx(), &x[0], &x[1], axis, 1e-5).unwrap().0),
+            bwd: Box::new(move |x, _, dy| {
+                let (_, saved) = norm::rms_norm(&ctx(), &x[0], &x[1], axis, 1e-5).unwrap();
+                let (dx, dg) = norm::rms_norm_backward(&ctx(), &x[0], &x[1], &saved, dy, axis).unwrap();
+                vec![dx, dg]
+            }),
+        });
     }
     run(cases, &mut rng);
 }

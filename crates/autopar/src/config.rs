@@ -57,6 +57,12 @@ pub struct FileConfig {
     pub depth: Option<usize>,
     /// `--heads` (see `autopar train --help`).
     pub heads: Option<usize>,
+    /// `--kv-heads` (see `autopar train --help`).
+    pub kv_heads: Option<usize>,
+    /// `--ffn-width` (see `autopar train --help`).
+    pub ffn_width: Option<usize>,
+    /// `--rope-theta` (see `autopar train --help`).
+    pub rope_theta: Option<f64>,
     /// `--num-classes` (see `autopar train --help`).
     pub num_classes: Option<usize>,
     /// `--input-shape` (see `autopar train --help`).

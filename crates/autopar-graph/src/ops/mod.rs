@@ -186,6 +186,9 @@ op_kinds!(
     BatchNormGrad,
     LayerNorm,
     LayerNormGrad,
+    RmsNorm,
+    RmsNormGrad,
+    RotaryEmbedding,
     Dropout,
     SoftmaxCrossEntropy,
     // communication
@@ -281,6 +284,9 @@ impl OpKind {
             | OpKind::BatchNormGrad(_)
             | OpKind::LayerNorm(_)
             | OpKind::LayerNormGrad(_)
+            | OpKind::RmsNorm(_)
+            | OpKind::RmsNormGrad(_)
+            | OpKind::RotaryEmbedding(_)
             | OpKind::Dropout(_)
             | OpKind::SoftmaxCrossEntropy(_) => None,
         }

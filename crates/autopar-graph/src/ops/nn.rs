@@ -958,6 +958,181 @@ impl OpDef for LayerNormGrad {
     }
 }
 
+/// Root-mean-square normalisation (Llama's RMSNorm, MindSpore's `RmsNorm`) over the dimensions
+/// from `begin_norm_axis` on: `y = x / sqrt(mean(x²) + eps) * gamma`, `gamma` the shape of those
+/// dimensions. Inputs `(x, gamma)`.
+///
+/// `group`: as [`LayerNorm`]'s, the world ranks (ascending) whose slices together form the
+/// normalised dimensions when they are split; the executor sums each row's `Σ x²` (forward) and
+/// the gradient's row sums (backward) over the group. Empty: the normalised dimensions are whole.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RmsNorm {
+    /// The first normalised dimension; negative counts from the end.
+    pub begin_norm_axis: i64,
+    /// Epsilon added to the mean square before the square root.
+    pub eps: f64,
+    /// World ranks (ascending) whose slices together form the normalised dimensions; empty when they are whole.
+    pub group: Vec<usize>,
+}
+
+impl OpDef for RmsNorm {
+    fn kind(&self) -> &'static str {
+        "RmsNorm"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        layer_norm_check(cx, self.begin_norm_axis, 0, &[1])?;
+        if self.eps.is_nan() || self.eps <= 0.0 {
+            return Err(cx.bad_attr("eps", self.eps, "eps > 0"));
+        }
+        Ok(TensorType::new(cx.shape(0).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let ins = [g.dy(), g.x(0), g.x(1)];
+        for (i, which) in [(0, NormGradOf::Input), (1, NormGradOf::Gamma)] {
+            if g.needs(i) {
+                let d =
+                    g.op(RmsNormGrad { begin_norm_axis: self.begin_norm_axis, eps: self.eps, of: which, group: self.group.clone() }, &ins)?;
+                g.set(i, d);
+            }
+        }
+        Ok(())
+    }
+    // Split normalised dimensions sum each row's mean square over the ranks that split them.
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        let b = normalize_axis(self.begin_norm_axis, x.len()).expect("graph nodes hold axes within their input's rank");
+        let mut spec = unary_spec(x, &[], "");
+        spec.inputs.push((b..x.len()).map(Some).collect());
+        spec.tie = Tie::Stats((b..x.len()).collect());
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        RmsNorm { group: cx.group.to_vec(), ..self.clone() }.into()
+    }
+    /// Synchronised: each row's sum of squares with the element count (rows + 1 values, f64)
+    /// summed over the group.
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let rows = layer_norm_rows(&cx.inputs[0].shape, self.begin_norm_axis);
+        cx.per_element(4.0).with_comm(group_reduce(&self.group, rows + 1, DType::F64).into_iter().collect())
+    }
+}
+
+/// Gradient of [`RmsNorm`] with respect to `x` or `gamma`. Inputs `(dy, x, gamma)`. With a
+/// `group` the gradient of `x` uses the row sums of `dy·γ·x̂` over the whole normalised
+/// dimensions; the gradient of `gamma` is that of this rank's slice from this rank's rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RmsNormGrad {
+    /// The forward [`RmsNorm`]'s first normalised dimension.
+    pub begin_norm_axis: i64,
+    /// The forward [`RmsNorm`]'s epsilon.
+    pub eps: f64,
+    /// Which gradient this op computes.
+    pub of: NormGradOf,
+    /// The forward [`RmsNorm`]'s group.
+    pub group: Vec<usize>,
+}
+
+impl OpDef for RmsNormGrad {
+    fn kind(&self) -> &'static str {
+        "RmsNormGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(3)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        if cx.shape(0) != cx.shape(1) {
+            return Err(cx.bad_shape(1, "the shape of dy"));
+        }
+        layer_norm_check(cx, self.begin_norm_axis, 1, &[2])?;
+        let shape = match self.of {
+            NormGradOf::Input => cx.shape(1).clone(),
+            NormGradOf::Gamma => cx.shape(2).clone(),
+        };
+        Ok(TensorType::new(shape, d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = (0..3).find(|&i| g.needs(i)).unwrap_or(0);
+        Err(g.not_differentiable(i))
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    /// Synchronised, the gradient of x sums one row statistic (f64) over the group.
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let rows = layer_norm_rows(&cx.inputs[1].shape, self.begin_norm_axis);
+        let group: &[usize] = if self.of == NormGradOf::Input { &self.group } else { &[] };
+        cx.per_input_element(1, 6.0).with_comm(group_reduce(group, rows, DType::F64).into_iter().collect())
+    }
+}
+
+/// Rotary position embedding of `x [..., T, D]` (Llama's RoPE, Hugging Face's layout): the two
+/// halves of the last dimension rotated pairwise by `p · theta^(-2i/D)`, `p` the position along
+/// dimension -2 counted from `offset`. Its gradient is the same op with `inverse` flipped (the
+/// rotation by the opposite angles).
+///
+/// Every dimension but the last may be split; a rank holding positions from `b` on runs the op
+/// with `offset + b` (from its block of the whole tensor).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RotaryEmbedding {
+    /// The base of the rotation frequencies (Llama: 10000; `rope_theta` in `transformers`).
+    pub theta: f64,
+    /// The position of the first row along dimension -2.
+    pub offset: usize,
+    /// Rotate by the opposite angles (the backward pass).
+    pub inverse: bool,
+}
+
+impl OpDef for RotaryEmbedding {
+    fn kind(&self) -> &'static str {
+        "RotaryEmbedding"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        let x = cx.shape(0);
+        if x.len() < 2 || !x[x.len() - 1].is_multiple_of(2) {
+            return Err(cx.bad_shape(0, "rank >= 2 [..., T, D] with an even D"));
+        }
+        if self.theta.is_nan() || self.theta <= 1.0 {
+            return Err(cx.bad_attr("theta", self.theta, "a base greater than 1"));
+        }
+        Ok(TensorType::new(x.clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        if g.needs(0) {
+            let d = g.op(RotaryEmbedding { inverse: !self.inverse, ..self.clone() }, &[g.dy()])?;
+            g.set(0, d);
+        }
+        Ok(())
+    }
+    // The last dimension pairs its halves: whole. The positions may be split (each rank knows
+    // where its rows start).
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        let mut spec = unary_spec(x, &[x.len() - 1], "its halves are rotated together");
+        spec.tie = Tie::Block;
+        ShardingRule::Spec(spec)
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        let begin = cx.block.as_ref().and_then(|b| b.begin.len().checked_sub(2).map(|i| b.begin[i])).unwrap_or(0);
+        RotaryEmbedding { offset: self.offset + begin, ..self.clone() }.into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(3.0)
+    }
+}
+
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask is a
 /// function of `seed`, the step number and the element's index in the whole tensor only, so
 /// the backward pass (the same op on `dy`) draws the same mask, and a sharded run draws, slice

@@ -142,8 +142,10 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         OpKind::BiasAdd(_) => Left(Rule::BiasAdd),
         OpKind::Softmax(s) => Left(Rule::WholeAxis { axis: s.axis, fixed: true }),
         OpKind::LogSoftmax(s) => Left(Rule::WholeAxis { axis: s.axis, fixed: true }),
+        // The rotated halves of the last axis stay together.
+        OpKind::RotaryEmbedding(_) => Left(Rule::WholeAxis { axis: -1, fixed: true }),
         // MindSpore's rule reads an `axis` a layer norm does not have: the last axis.
-        OpKind::LayerNorm(_) => Left(Rule::WholeAxis { axis: -1, fixed: false }),
+        OpKind::LayerNorm(_) | OpKind::RmsNorm(_) => Left(Rule::WholeAxis { axis: -1, fixed: false }),
         OpKind::BatchMatMul(m) => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
         OpKind::Gather(g) => Left(Rule::Gather(g.axis)),
         OpKind::OneHot(_) => Left(Rule::OneHot),
@@ -169,6 +171,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         | OpKind::AvgPoolGrad(_)
         | OpKind::BatchNormGrad(_)
         | OpKind::LayerNormGrad(_)
+        | OpKind::RmsNormGrad(_)
         | OpKind::AllReduce(_)
         | OpKind::AllGather(_)
         | OpKind::ReduceScatter(_)

@@ -11,6 +11,7 @@ pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
+pub mod rotary;
 pub mod shape;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};

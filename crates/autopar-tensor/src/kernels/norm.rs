@@ -1,4 +1,7 @@
-//! BatchNorm (train and eval, running statistics) and LayerNorm, forward and backward.
+//! BatchNorm (train and eval, running statistics), LayerNorm and RMSNorm, forward and backward.
+//!
+//! RMSNorm is LayerNorm with a zero mean and the mean square for the variance: its kernels are
+//! LayerNorm's with those statistics, and its backward LayerNorm's without the mean's term.
 //!
 //! BatchNorm normalises over every axis except 1 (`[N, C]`, `[N, C, L]`, `[N, C, H, W]`).
 //! Running statistics follow MindSpore's momentum convention:
@@ -681,6 +684,118 @@ pub fn layer_norm_backward_with(
             Tensor::from_vec(pshape, dbeta.into_raw_vec_and_offset().0)?,
         ))
     })
+}
+
+/// Zero row statistics for `x` normalised from `begin_norm_axis` on: RMSNorm's mean.
+fn zero_rows(x: &Tensor, ax: usize) -> Tensor {
+    Tensor::zeros(&x.shape()[..ax], x.dtype())
+}
+
+/// Per-row `Σ x²` over this rank's part of the dimensions from `begin_norm_axis` (RMSNorm's
+/// statistic; summed over the ranks when those dimensions are split). Shape `x.shape[..axis]`.
+pub fn row_square_sums(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize) -> Result<Tensor> {
+    let (ax, _, _) = ln_geo("rms_norm", x, begin_norm_axis, &[])?;
+    row_sums(ctx, x, begin_norm_axis, Some(&zero_rows(x, ax)))
+}
+
+/// RMSNorm over the dims from `begin_norm_axis` on with per-row mean squares `mean_square`
+/// (taken over normalised dimensions possibly larger than `x`'s, split across ranks):
+/// `y = x / sqrt(mean_square + eps) * gamma`. Returns `y` and the saved statistics (a zero mean
+/// and `1/sqrt(mean_square + eps)`).
+pub fn rms_norm_with(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    begin_norm_axis: isize,
+    mean_square: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, NormSaved)> {
+    let (ax, _, _) = ln_geo("rms_norm", x, begin_norm_axis, &[("gamma", gamma)])?;
+    let zeros = zero_rows(x, ax);
+    layer_norm_with(ctx, x, gamma, &Tensor::zeros(gamma.shape(), gamma.dtype()), begin_norm_axis, &zeros, mean_square, eps)
+}
+
+/// RMSNorm over the dims from `begin_norm_axis` on; `gamma` has those dims' shape. Returns `y`
+/// and the per-row statistics its backward needs.
+pub fn rms_norm(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, begin_norm_axis: isize, eps: f64) -> Result<(Tensor, NormSaved)> {
+    let (_, _, d) = ln_geo("rms_norm", x, begin_norm_axis, &[("gamma", gamma)])?;
+    if d == 0 {
+        return Err(TensorError::BadShape {
+            op: "rms_norm",
+            what: "input",
+            shape: x.shape().to_vec(),
+            expected: "non-empty normalised dims".into(),
+        });
+    }
+    let ms = per_element(&row_square_sums(ctx, x, begin_norm_axis)?, d)?;
+    rms_norm_with(ctx, x, gamma, begin_norm_axis, &ms, eps)
+}
+
+/// The row statistics [`rms_norm`] saves for its backward, without normalising.
+pub fn rms_norm_saved(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, eps: f64) -> Result<NormSaved> {
+    let (ax, _, d) = ln_geo("rms_norm", x, begin_norm_axis, &[])?;
+    if d == 0 {
+        return Err(TensorError::BadShape {
+            op: "rms_norm",
+            what: "input",
+            shape: x.shape().to_vec(),
+            expected: "non-empty normalised dims".into(),
+        });
+    }
+    let ms = per_element(&row_square_sums(ctx, x, begin_norm_axis)?, d)?;
+    float_dispatch!("rms_norm", x.dtype(), T => {
+        let e = T::c(eps);
+        let inv: Vec<T> = vec_of::<T>(&ms).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
+        Ok(NormSaved { inv_std: Tensor::from_vec(ms.shape(), inv)?, mean: zero_rows(x, ax) })
+    })
+}
+
+/// Per-row `Σ dy·γ·x̂` over this rank's part of the normalised dimensions: summed over the
+/// ranks, what [`rms_norm_backward_with`] needs.
+pub fn rms_norm_grad_sums(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+) -> Result<Tensor> {
+    Ok(layer_norm_grad_sums(ctx, x, gamma, saved, dy, begin_norm_axis)?.1)
+}
+
+/// Backward of RMSNorm over normalised dimensions of `count` elements in all (split across
+/// ranks when larger than `x`'s): `sum_dyg_xhat` the row sums of [`rms_norm_grad_sums`] over
+/// every rank. Returns `(dx, dgamma)`, `dgamma` of this rank's part:
+/// `dx = inv · (dy·γ − x̂ · Σ dy·γ·x̂ / count)`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_backward_with(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+    sum_dyg_xhat: &Tensor,
+    count: usize,
+) -> Result<(Tensor, Tensor)> {
+    let (ax, _, _) = ln_geo("rms_norm_backward", x, begin_norm_axis, &[("gamma", gamma)])?;
+    let zeros = zero_rows(x, ax);
+    let (dx, dgamma, _) = layer_norm_backward_with(ctx, x, gamma, saved, dy, begin_norm_axis, &zeros, sum_dyg_xhat, count)?;
+    Ok((dx, dgamma))
+}
+
+/// Backward of [`rms_norm`]: `(dx, dgamma)`.
+pub fn rms_norm_backward(
+    ctx: &ExecCtx,
+    x: &Tensor,
+    gamma: &Tensor,
+    saved: &NormSaved,
+    dy: &Tensor,
+    begin_norm_axis: isize,
+) -> Result<(Tensor, Tensor)> {
+    let (_, _, d) = ln_geo("rms_norm_backward", x, begin_norm_axis, &[("gamma", gamma)])?;
+    let s2 = rms_norm_grad_sums(ctx, x, gamma, saved, dy, begin_norm_axis)?;
+    rms_norm_backward_with(ctx, x, gamma, saved, dy, begin_norm_axis, &s2, d)
 }
 
 #[cfg(test)]

@@ -19,22 +19,31 @@ use clap::Args;
 /// The model and its sizes (shared by `train` and `plan`).
 #[derive(Args, Debug, Default, Clone)]
 pub struct ModelArgs {
-    /// Model: mlp, resnet18, resnet34, resnet50 or gpt.
+    /// Model: mlp, resnet18, resnet34, resnet50, gpt or llama.
     #[arg(long, help_heading = "Model")]
     pub model: Option<String>,
-    /// Hidden width (mlp), base channels (resnet) or model width (gpt).
+    /// Hidden width (mlp), base channels (resnet) or model width (gpt, llama).
     #[arg(long, help_heading = "Model")]
     pub width: Option<usize>,
-    /// Hidden layers (mlp) or transformer blocks (gpt).
+    /// Hidden layers (mlp) or transformer blocks (gpt, llama).
     #[arg(long, help_heading = "Model")]
     pub depth: Option<usize>,
-    /// Attention heads (gpt).
+    /// Attention heads (gpt; llama: query heads).
     #[arg(long, help_heading = "Model")]
     pub heads: Option<usize>,
-    /// Classes (the vocabulary for gpt); default: the dataset's.
+    /// Key/value heads of grouped-query attention (llama; default: --heads).
+    #[arg(long, help_heading = "Model")]
+    pub kv_heads: Option<usize>,
+    /// The MLP's hidden size (llama; default 344).
+    #[arg(long, help_heading = "Model")]
+    pub ffn_width: Option<usize>,
+    /// The rotary position embedding's base (llama; default 10000).
+    #[arg(long, value_name = "THETA", help_heading = "Model")]
+    pub rope_theta: Option<f64>,
+    /// Classes (the vocabulary for gpt and llama); default: the dataset's.
     #[arg(long, help_heading = "Model")]
     pub num_classes: Option<usize>,
-    /// Shape of one sample, e.g. 784 or 3,32,32 (gpt: the context length); default: the data's.
+    /// Shape of one sample, e.g. 784 or 3,32,32 (gpt, llama: the context length); default: the data's.
     #[arg(long, value_name = "DIMS", help_heading = "Model")]
     pub input_shape: Option<String>,
     /// ResNet stem: cifar or imagenet.
@@ -184,7 +193,7 @@ fn parse_shape(text: &str) -> Result<Vec<usize>> {
 /// The model's name (lowercase, checked) and its options, flags over the file.
 pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelOptions)> {
     let name = m.model.clone().or_else(|| file.model.clone()).ok_or_else(|| {
-        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt (or `model = \"mlp\"` in the --config file)")
+        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt|llama (or `model = \"mlp\"` in the --config file)")
     })?;
     let lower = name.to_ascii_lowercase();
     if !autopar_models::MODEL_NAMES.contains(&lower.as_str()) {
@@ -194,6 +203,9 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
         width: m.width.or(file.width),
         depth: m.depth.or(file.depth),
         heads: m.heads.or(file.heads),
+        kv_heads: m.kv_heads.or(file.kv_heads),
+        ffn_width: m.ffn_width.or(file.ffn_width),
+        rope_theta: m.rope_theta.or(file.rope_theta),
         num_classes: m.num_classes.or(file.num_classes),
         ..Default::default()
     };
@@ -399,7 +411,7 @@ pub fn open_training_data(
             _ => shape,
         });
     }
-    if opts.num_classes.is_none() && model != "gpt" {
+    if opts.num_classes.is_none() && !autopar_models::LANGUAGE_MODELS.contains(&model) {
         opts.num_classes = ds.num_classes();
     }
     Ok((kind, ds, transforms))

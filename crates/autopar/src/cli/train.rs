@@ -417,7 +417,7 @@ fn load_data(s: &Settings, lower: &str, opts: &mut ModelOptions, seed: u64) -> R
             bail!("--synthetic-samples 0 generates no data\nhint: pass --synthetic-samples N with N at least the batch size, such as 8192");
         }
         let held = (n / 10).max(1);
-        let all: Arc<dyn Dataset> = if lower == "gpt" {
+        let all: Arc<dyn Dataset> = if autopar_models::LANGUAGE_MODELS.contains(&lower) {
             let context = probe.input_shape()[0];
             Arc::new(SyntheticDataset::tokens(probe.num_classes(), context, n + held, seed)?)
         } else {

@@ -1,0 +1,293 @@
+//! A Llama-family decoder (Llama 2/3, Mistral, Qwen 2 without biases): a token embedding,
+//! pre-RMSNorm blocks of causal grouped-query attention with rotary position embeddings and a
+//! SwiGLU MLP, a final RMSNorm and an LM head; loss is the mean softmax cross-entropy of every
+//! next token.
+//!
+//! Names and layouts are Hugging Face `transformers`' (`LlamaForCausalLM`), so its checkpoints
+//! load by name: `model.embed_tokens.weight [vocab, width]`, per block `i`
+//! `model.layers.<i>.input_layernorm.weight`,
+//! `model.layers.<i>.self_attn.{q_proj, k_proj, v_proj, o_proj}.weight`,
+//! `model.layers.<i>.post_attention_layernorm.weight`,
+//! `model.layers.<i>.mlp.{gate_proj, up_proj, down_proj}.weight`, then `model.norm.weight` and
+//! `lm_head.weight [vocab, width]` (or the embedding, tied). Dense weights are `[out, in]`
+//! applied with MatMul `transpose_b`; no layer has a bias. The frozen `causal_mask [T, T]` is
+//! autopar's own.
+//!
+//! Grouped-query attention never repeats the keys and values: the `H = G · KV` query heads are
+//! regrouped as `[N, KV, G · T, d]` so each key/value head meets its `G` query heads in one
+//! BatchMatMul, and a split of the key/value heads splits their query groups with them.
+//! Initialisation is `transformers`': N(0, 0.02) for every projection and the embedding, ones
+//! for the norms.
+
+use autopar_graph::{DType, GraphBuilder, Initializer, NodeId, ParamSpec};
+
+use crate::error::{GraphContext, ModelError, Result};
+use crate::layers::dense;
+use crate::{positive, Mode, Model, ModelGraph};
+
+/// Sizes of a [`Llama`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Vocabulary size: token ids are `0..vocab`, and the LM head has one logit per token.
+    pub vocab: usize,
+    /// Tokens per sequence (the context length).
+    pub context: usize,
+    /// Model width (`hidden_size`).
+    pub width: usize,
+    /// Query heads (`num_attention_heads`); must divide the width.
+    pub heads: usize,
+    /// Key/value heads (`num_key_value_heads`); must divide the query heads.
+    pub kv_heads: usize,
+    /// Transformer blocks (`num_hidden_layers`).
+    pub layers: usize,
+    /// The MLP's hidden size (`intermediate_size`).
+    pub ffn_width: usize,
+    /// The rotary embedding's base (`rope_theta`).
+    pub rope_theta: f64,
+    /// Epsilon added to the mean square in every RMSNorm (`rms_norm_eps`).
+    pub rms_eps: f64,
+    /// The LM head reuses the token embedding (`tie_word_embeddings`).
+    pub tie_embeddings: bool,
+}
+
+impl Default for LlamaConfig {
+    /// vocab 256, context 64, width 128, 4 heads over 2 key/value heads, 4 blocks, MLP 344,
+    /// theta 10000, eps 1e-6, untied.
+    fn default() -> Self {
+        Self {
+            vocab: 256,
+            context: 64,
+            width: 128,
+            heads: 4,
+            kv_heads: 2,
+            layers: 4,
+            ffn_width: 344,
+            rope_theta: 10000.0,
+            rms_eps: 1e-6,
+            tie_embeddings: false,
+        }
+    }
+}
+
+/// A Llama-family decoder-only language model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Llama {
+    cfg: LlamaConfig,
+}
+
+impl Llama {
+    /// Checks the configuration: every size positive, `heads` dividing `width`, `kv_heads`
+    /// dividing `heads`, an even head size, `rope_theta` above 1 and `rms_eps` positive;
+    /// otherwise [`ModelError::BadConfig`].
+    pub fn new(cfg: LlamaConfig) -> Result<Self> {
+        for (field, v) in [
+            ("vocab", cfg.vocab),
+            ("context", cfg.context),
+            ("width", cfg.width),
+            ("heads", cfg.heads),
+            ("kv_heads", cfg.kv_heads),
+            ("layers", cfg.layers),
+            ("ffn_width", cfg.ffn_width),
+        ] {
+            positive("llama", field, v)?;
+        }
+        let bad = |field, value: String, expected: String| Err(ModelError::BadConfig { model: "llama".into(), field, value, expected });
+        if !cfg.width.is_multiple_of(cfg.heads) {
+            return bad("heads", cfg.heads.to_string(), format!("a divisor of the width {}", cfg.width));
+        }
+        if !cfg.heads.is_multiple_of(cfg.kv_heads) {
+            return bad("kv_heads", cfg.kv_heads.to_string(), format!("a divisor of the {} query heads", cfg.heads));
+        }
+        if !(cfg.width / cfg.heads).is_multiple_of(2) {
+            return bad(
+                "heads",
+                cfg.heads.to_string(),
+                format!("a head size (width / heads = {}) that is even, for the rotary embedding", cfg.width / cfg.heads),
+            );
+        }
+        if cfg.rope_theta.is_nan() || cfg.rope_theta <= 1.0 {
+            return bad("rope_theta", cfg.rope_theta.to_string(), "a base greater than 1, such as 10000".into());
+        }
+        if cfg.rms_eps.is_nan() || cfg.rms_eps <= 0.0 {
+            return bad("rms_eps", cfg.rms_eps.to_string(), "a positive number".into());
+        }
+        Ok(Self { cfg })
+    }
+
+    /// The configuration this model was built from.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn head_dim(&self) -> usize {
+        self.cfg.width / self.cfg.heads
+    }
+
+    /// RMSNorm over the last dimension with its weight `<name>.weight` (ones).
+    fn norm(&self, b: &mut GraphBuilder, name: &str, x: NodeId) -> autopar_graph::Result<NodeId> {
+        let w = b.parameter(&format!("{name}.weight"), &[self.cfg.width], Initializer::Ones)?;
+        b.rms_norm(name, x, w, -1, self.cfg.rms_eps)
+    }
+
+    /// `[N * T, heads * d] -> [N, heads, T, d]`, rotated by position when `rope`.
+    fn split_heads(&self, b: &mut GraphBuilder, name: &str, x: NodeId, n: usize, heads: usize) -> autopar_graph::Result<NodeId> {
+        let (t, d) = (self.cfg.context as i64, self.head_dim() as i64);
+        let r = b.reshape(&format!("{name}.split"), x, &[n as i64, t, heads as i64, d])?;
+        b.transpose(&format!("{name}.heads"), r, &[0, 2, 1, 3])
+    }
+
+    fn attention(
+        &self,
+        b: &mut GraphBuilder,
+        p: &dyn Fn(&str) -> String,
+        a: NodeId,
+        mask: NodeId,
+        n: usize,
+    ) -> autopar_graph::Result<NodeId> {
+        let c = &self.cfg;
+        let (hd, kv) = (self.head_dim(), c.kv_heads);
+        let g = c.heads / kv;
+        let (ni, t, hdi, kvi, gi) = (n as i64, c.context as i64, hd as i64, kv as i64, g as i64);
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        let q = dense(b, &p("self_attn.q_proj"), a, c.heads * hd, init.clone(), None)?;
+        let k = dense(b, &p("self_attn.k_proj"), a, kv * hd, init.clone(), None)?;
+        let v = dense(b, &p("self_attn.v_proj"), a, kv * hd, init.clone(), None)?;
+        let q = self.split_heads(b, &p("self_attn.q"), q, n, c.heads)?;
+        let k = self.split_heads(b, &p("self_attn.k"), k, n, kv)?;
+        let v = self.split_heads(b, &p("self_attn.v"), v, n, kv)?;
+        let q = b.rotary_embedding(&p("self_attn.q_rope"), q, c.rope_theta)?;
+        let k = b.rotary_embedding(&p("self_attn.k_rope"), k, c.rope_theta)?;
+        // Query head h = kv * G + g meets key/value head kv: [N, KV, G * T, d].
+        let q = b.reshape(&p("self_attn.q_groups"), q, &[ni, kvi, gi * t, hdi])?;
+        let s = b.batch_matmul(&p("self_attn.scores"), q, k, false, true)?;
+        let s = b.scale(&p("self_attn.scale"), s, 1.0 / (hd as f64).sqrt())?;
+        let s = b.reshape(&p("self_attn.scores_by_group"), s, &[ni, kvi, gi, t, t])?;
+        let s = b.add(&p("self_attn.mask"), s, mask)?;
+        let probs = b.softmax(&p("self_attn.softmax"), s, -1)?;
+        let probs = b.reshape(&p("self_attn.probs"), probs, &[ni, kvi, gi * t, t])?;
+        let ctx = b.batch_matmul(&p("self_attn.context"), probs, v, false, false)?;
+        let ctx = b.reshape(&p("self_attn.context_heads"), ctx, &[ni, c.heads as i64, t, hdi])?;
+        let ctx = b.transpose(&p("self_attn.merge"), ctx, &[0, 2, 1, 3])?;
+        let ctx = b.reshape(&p("self_attn.merge.flat"), ctx, &[ni * t, c.width as i64])?;
+        dense(b, &p("self_attn.o_proj"), ctx, c.width, init, None)
+    }
+
+    fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, mask: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
+        let c = &self.cfg;
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        b.block(&p(""));
+        let a = self.norm(b, &p("input_layernorm"), h)?;
+        let o = self.attention(b, &p, a, mask, n)?;
+        let h = b.add(&p("add1"), h, o)?;
+
+        // SwiGLU MLP: down(silu(gate(x)) * up(x)).
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        let m = self.norm(b, &p("post_attention_layernorm"), h)?;
+        let gate = dense(b, &p("mlp.gate_proj"), m, c.ffn_width, init.clone(), None)?;
+        let up = dense(b, &p("mlp.up_proj"), m, c.ffn_width, init.clone(), None)?;
+        let gate = b.silu(&p("mlp.silu"), gate)?;
+        let m = b.mul(&p("mlp.swiglu"), gate, up)?;
+        let m = dense(b, &p("mlp.down_proj"), m, c.width, init, None)?;
+        b.add(&p("add2"), h, m)
+    }
+
+    fn build_inner(&self, b: &mut GraphBuilder, n: usize) -> autopar_graph::Result<(NodeId, NodeId, NodeId, NodeId)> {
+        let c = &self.cfg;
+        let t = c.context;
+        let tokens = b.input("tokens", &[n, t], DType::I64)?;
+        let labels = b.input("labels", &[n, t], DType::I64)?;
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        let wte = b.parameter("model.embed_tokens.weight", &[c.vocab, c.width], init.clone())?;
+        let mask = b.parameter_with("causal_mask", ParamSpec::new(&[t, t], Initializer::CausalMask { masked: -1e9 }).frozen())?;
+        let tok = b.gather("model.embed_tokens.gather", wte, tokens, 0)?;
+        let mut h = b.reshape("model.embed_tokens.flat", tok, &[(n * t) as i64, c.width as i64])?;
+        for i in 0..c.layers {
+            h = self.block(b, i, h, mask, n)?;
+        }
+        let h = self.norm(b, "model.norm", h)?;
+        let head = if c.tie_embeddings { wte } else { b.parameter("lm_head.weight", &[c.vocab, c.width], init)? };
+        let logits = b.matmul_t("lm_head.matmul", h, head, false, true)?;
+        let flat_labels = b.reshape("labels.flat", labels, &[(n * t) as i64])?;
+        let loss = b.softmax_cross_entropy("loss", logits, flat_labels)?;
+        b.output(loss)?;
+        b.output(logits)?;
+        Ok((tokens, labels, logits, loss))
+    }
+}
+
+impl Model for Llama {
+    fn name(&self) -> &str {
+        "llama"
+    }
+    fn input_shape(&self) -> Vec<usize> {
+        vec![self.cfg.context]
+    }
+    fn input_dtype(&self) -> DType {
+        DType::I64
+    }
+    fn label_shape(&self) -> Vec<usize> {
+        vec![self.cfg.context]
+    }
+    fn num_classes(&self) -> usize {
+        self.cfg.vocab
+    }
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        let tied = if c.tie_embeddings { ", tied embeddings" } else { "" };
+        format!(
+            "llama (vocab {}, context {}, width {}, {} heads, {} key/value heads, {} blocks, MLP {}, rope theta {}{tied})",
+            c.vocab, c.context, c.width, c.heads, c.kv_heads, c.layers, c.ffn_width, c.rope_theta
+        )
+    }
+    fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph> {
+        positive("llama", "batch size", batch)?;
+        let start = b.graph().len();
+        let (x, labels, logits, loss) = self.build_inner(b, batch).model("llama")?;
+        Ok(ModelGraph::collect("llama", b, start, mode, [x, labels, logits, loss]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> LlamaConfig {
+        LlamaConfig { vocab: 11, context: 6, width: 16, heads: 4, kv_heads: 2, layers: 2, ffn_width: 24, ..LlamaConfig::default() }
+    }
+
+    #[test]
+    fn parameter_names_and_shapes_are_transformers_own() {
+        let c = small();
+        let (g, m) = Llama::new(c.clone()).unwrap().build_graph(3, Mode::Train, 0).unwrap();
+        let shape = |n: &str| g.node(m.params[n]).ty.shape.clone();
+        assert_eq!(shape("model.embed_tokens.weight"), vec![11, 16]);
+        assert_eq!(shape("model.layers.1.self_attn.q_proj.weight"), vec![16, 16]);
+        assert_eq!(shape("model.layers.1.self_attn.k_proj.weight"), vec![8, 16]);
+        assert_eq!(shape("model.layers.1.self_attn.v_proj.weight"), vec![8, 16]);
+        assert_eq!(shape("model.layers.1.self_attn.o_proj.weight"), vec![16, 16]);
+        assert_eq!(shape("model.layers.0.mlp.gate_proj.weight"), vec![24, 16]);
+        assert_eq!(shape("model.layers.0.mlp.down_proj.weight"), vec![16, 24]);
+        assert_eq!(shape("model.layers.0.input_layernorm.weight"), vec![16]);
+        assert_eq!(shape("model.norm.weight"), vec![16]);
+        assert_eq!(shape("lm_head.weight"), vec![11, 16]);
+        let (d, f, kvd) = (16, 24, 8);
+        let per_block = 2 * d * d + 2 * kvd * d + 3 * d * f + 2 * d;
+        assert_eq!(m.parameter_count(&g).trainable, 2 * 11 * d + c.layers * per_block + d);
+        // Two query heads per key/value head: scores [N, KV, G * T, T].
+        assert_eq!(g.node(m.ops["model.layers.0.self_attn.scores"]).ty.shape, vec![3, 2, 12, 6]);
+        assert_eq!(g.node(m.logits).ty.shape, vec![18, 11]);
+    }
+
+    #[test]
+    fn bad_sizes_name_their_field() {
+        let field = |c: LlamaConfig| match Llama::new(c) {
+            Err(ModelError::BadConfig { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(LlamaConfig { kv_heads: 3, ..small() }), "kv_heads");
+        assert_eq!(field(LlamaConfig { heads: 3, ..small() }), "heads");
+        assert_eq!(field(LlamaConfig { width: 12, heads: 4, kv_heads: 1, ..small() }), "heads"); // head size 3
+        assert_eq!(field(LlamaConfig { rope_theta: 1.0, ..small() }), "rope_theta");
+        assert_eq!(field(LlamaConfig { ffn_width: 0, ..small() }), "ffn_width");
+    }
+}

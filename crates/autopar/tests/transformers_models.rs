@@ -1,0 +1,107 @@
+//! Hugging Face `transformers`' Llama, written by `fixtures/transformers/generate_llama.py`:
+//! autopar loads its safetensors weights by name, gives its logits, and trains with AdamW to
+//! PyTorch's losses, on one device and on 8 simulated devices under every auto_parallel search,
+//! semi_auto_parallel's defaults and a pipeline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/transformers/llama")).join(name)
+}
+
+fn autopar(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir).args(args).output().expect("autopar runs")
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap()
+}
+
+/// The model flags of the fixture's sizes.
+fn model_flags(e: &Value) -> Vec<String> {
+    let s = &e["sizes"];
+    let n = |k: &str| s[k].as_u64().unwrap().to_string();
+    let mut v: Vec<String> = ["--model", "llama", "--data"].map(String::from).to_vec();
+    v.push(fixture("tokens.safetensors").display().to_string());
+    for (flag, key) in [
+        ("--width", "hidden_size"),
+        ("--depth", "num_hidden_layers"),
+        ("--heads", "num_attention_heads"),
+        ("--kv-heads", "num_key_value_heads"),
+        ("--ffn-width", "intermediate_size"),
+        ("--num-classes", "vocab_size"),
+    ] {
+        v.extend([flag.to_string(), n(key)]);
+    }
+    v.extend(["--rope-theta".into(), s["rope_theta"].as_f64().unwrap().to_string()]);
+    v.extend(["--input-shape".into(), e["context"].as_u64().unwrap().to_string()]);
+    v.extend(["--batch-size".into(), e["batch"].as_u64().unwrap().to_string()]);
+    v
+}
+
+/// Stand-alone, and 8 devices: each search of auto_parallel, semi_auto_parallel's defaults, a
+/// two-stage pipeline.
+const LAYOUTS: &[&[&str]] = &[
+    &[],
+    &["--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", "search_mode=recursive_programming"],
+    &["--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", "search_mode=dynamic_programming"],
+    &["--devices", "8", "--parallel-mode", "auto_parallel", "--parallel", "search_mode=sharding_propagation"],
+    &["--devices", "8", "--parallel-mode", "semi_auto_parallel"],
+    &["--devices", "8", "--parallel", "pipeline_stages=2"],
+];
+
+#[test]
+fn a_transformers_llama_gives_its_logits_on_every_layout() {
+    let e = expected();
+    let dir = tempfile::tempdir().unwrap();
+    let want = autopar_checkpoint::CheckpointFile::open(fixture("logits.safetensors")).unwrap();
+    let want: Vec<f32> = want.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    for layout in LAYOUTS {
+        let mut args: Vec<String> =
+            ["predict".to_string(), fixture("model.safetensors").display().to_string(), "--output".into(), "p.safetensors".into()].to_vec();
+        args.extend(model_flags(&e));
+        args.extend(layout.iter().map(|s| s.to_string()));
+        let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
+        let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        assert_eq!(got.len(), want.len(), "{layout:?}");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{layout:?}: logit {i} is {a}, transformers {b}");
+        }
+    }
+}
+
+#[test]
+fn a_transformers_llama_trains_to_pytorchs_adamw_losses_on_every_layout() {
+    let e = expected();
+    let dir = tempfile::tempdir().unwrap();
+    let want: Vec<f64> = e["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    for layout in LAYOUTS {
+        let mut args: Vec<String> = ["train", "--init"].map(String::from).to_vec();
+        args.push(fixture("model.safetensors").display().to_string());
+        args.extend(model_flags(&e));
+        let steps = want.len().to_string();
+        let (lr, wd) = (e["lr"].as_f64().unwrap().to_string(), e["weight_decay"].as_f64().unwrap().to_string());
+        for a in ["--optimizer", "adamw", "--lr", &lr, "--weight-decay", &wd, "--steps", &steps, "--shuffle", "false", "--eval", "false"] {
+            args.push(a.to_string());
+        }
+        args.extend(["--metrics".into(), "m.jsonl".into()]);
+        args.extend(layout.iter().map(|s| s.to_string()));
+        let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
+        let got: Vec<f64> = lines
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
+            .collect();
+        assert_eq!(got.len(), want.len(), "{layout:?}: {lines}");
+        for (s, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b}");
+        }
+    }
+}
