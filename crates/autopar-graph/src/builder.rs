@@ -349,6 +349,12 @@ impl GraphBuilder {
         self.op(name, RotaryEmbedding { theta, offset: 0, inverse: false }, &[x])
     }
 
+    /// Fused attention `softmax(scale · q kᵀ) v` of `q [N, KV, G, T, D]` over `k [N, KV, S, D]`,
+    /// `v [N, KV, S, E]` ([`Attention`]), causal when asked.
+    pub fn attention(&mut self, name: &str, q: NodeId, k: NodeId, v: NodeId, scale: f64, causal: bool) -> Result<NodeId> {
+        self.op(name, Attention { scale, causal, row_offset: 0 }, &[q, k, v])
+    }
+
     /// Max pooling of `x [N, C, H, W]`.
     pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
         self.op(name, MaxPool { pool }, &[x])

@@ -320,6 +320,21 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     wrt = Some(vec![]);
                 }
             }
+            "Attention" | "AttentionGrad" => {
+                let (t, d, e, g) = (c + 1, b2, 3, 2);
+                let q = m.x(&[a, 2, g, t, d])?;
+                let k = m.x(&[a, 2, t, d])?;
+                let v = m.x(&[a, 2, t, e])?;
+                if kind == "Attention" {
+                    y = m.b.attention("op", q, k, v, 0.5, seed % 2 == 0)?;
+                    wrt = Some(vec![q, k, v]);
+                } else {
+                    let dy = m.x(&[a, 2, g, t, e])?;
+                    y =
+                        m.b.op("op", AttentionGrad { scale: 0.5, causal: true, row_offset: 0, of: AttentionGradOf::Key }, &[dy, q, k, v])?;
+                    wrt = Some(vec![]);
+                }
+            }
             "RotaryEmbedding" => {
                 let x = m.x(&[a, b2, c, 4])?;
                 y = m.b.rotary_embedding("op", x, 100.0)?;

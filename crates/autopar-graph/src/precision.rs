@@ -153,9 +153,15 @@ fn class(op: &OpKind) -> Class {
         | K::Reduce(_)
         | K::Send(_)
         | K::Recv(_) => Class::Moves,
-        K::MatMul(_) | K::BatchMatMul(_) | K::Conv2D(_) | K::Conv2DGradInput(_) | K::Conv2DGradFilter(_) | K::Relu(_) | K::ReluGrad(_) => {
-            Class::White
-        }
+        K::MatMul(_)
+        | K::BatchMatMul(_)
+        | K::Attention(_)
+        | K::AttentionGrad(_)
+        | K::Conv2D(_)
+        | K::Conv2DGradInput(_)
+        | K::Conv2DGradFilter(_)
+        | K::Relu(_)
+        | K::ReluGrad(_) => Class::White,
         K::BatchNorm(_)
         | K::BatchNormGrad(_)
         | K::LayerNorm(_)

@@ -10,16 +10,18 @@
 //! `model.layers.<i>.post_attention_layernorm.weight`,
 //! `model.layers.<i>.mlp.{gate_proj, up_proj, down_proj}.weight`, then `model.norm.weight` and
 //! `lm_head.weight [vocab, width]` (or the embedding, tied). Dense weights are `[out, in]`
-//! applied with MatMul `transpose_b`; no layer has a bias. The frozen `causal_mask [T, T]` is
-//! autopar's own.
+//! applied with MatMul `transpose_b`; no layer has a bias, and the model has no parameter
+//! `transformers` lacks.
 //!
-//! Grouped-query attention never repeats the keys and values: the `H = G · KV` query heads are
-//! regrouped as `[N, KV, G · T, d]` so each key/value head meets its `G` query heads in one
-//! BatchMatMul, and a split of the key/value heads splits their query groups with them.
+//! Attention is one fused, causal [`Attention`](autopar_graph::ops::Attention) op per block,
+//! which never holds the `[T, T]` scores whole. Grouped-query attention never repeats the keys
+//! and values: the `H = G · KV` query heads are regrouped as `[N, KV, G, T, d]`, each key/value
+//! head meeting its `G` query heads, and a split of the key/value heads splits their query
+//! groups with them.
 //! Initialisation is `transformers`': N(0, 0.02) for every projection and the embedding, ones
 //! for the norms.
 
-use autopar_graph::{DType, GraphBuilder, Initializer, NodeId, ParamSpec};
+use autopar_graph::{DType, GraphBuilder, Initializer, NodeId};
 
 use crate::error::{GraphContext, ModelError, Result};
 use crate::layers::dense;
@@ -129,21 +131,14 @@ impl Llama {
         b.rms_norm(name, x, w, -1, self.cfg.rms_eps)
     }
 
-    /// `[N * T, heads * d] -> [N, heads, T, d]`, rotated by position when `rope`.
+    /// `[N * T, heads * d] -> [N, heads, T, d]`.
     fn split_heads(&self, b: &mut GraphBuilder, name: &str, x: NodeId, n: usize, heads: usize) -> autopar_graph::Result<NodeId> {
         let (t, d) = (self.cfg.context as i64, self.head_dim() as i64);
         let r = b.reshape(&format!("{name}.split"), x, &[n as i64, t, heads as i64, d])?;
         b.transpose(&format!("{name}.heads"), r, &[0, 2, 1, 3])
     }
 
-    fn attention(
-        &self,
-        b: &mut GraphBuilder,
-        p: &dyn Fn(&str) -> String,
-        a: NodeId,
-        mask: NodeId,
-        n: usize,
-    ) -> autopar_graph::Result<NodeId> {
+    fn attention(&self, b: &mut GraphBuilder, p: &dyn Fn(&str) -> String, a: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
         let c = &self.cfg;
         let (hd, kv) = (self.head_dim(), c.kv_heads);
         let g = c.heads / kv;
@@ -157,27 +152,21 @@ impl Llama {
         let v = self.split_heads(b, &p("self_attn.v"), v, n, kv)?;
         let q = b.rotary_embedding(&p("self_attn.q_rope"), q, c.rope_theta)?;
         let k = b.rotary_embedding(&p("self_attn.k_rope"), k, c.rope_theta)?;
-        // Query head h = kv * G + g meets key/value head kv: [N, KV, G * T, d].
-        let q = b.reshape(&p("self_attn.q_groups"), q, &[ni, kvi, gi * t, hdi])?;
-        let s = b.batch_matmul(&p("self_attn.scores"), q, k, false, true)?;
-        let s = b.scale(&p("self_attn.scale"), s, 1.0 / (hd as f64).sqrt())?;
-        let s = b.reshape(&p("self_attn.scores_by_group"), s, &[ni, kvi, gi, t, t])?;
-        let s = b.add(&p("self_attn.mask"), s, mask)?;
-        let probs = b.softmax(&p("self_attn.softmax"), s, -1)?;
-        let probs = b.reshape(&p("self_attn.probs"), probs, &[ni, kvi, gi * t, t])?;
-        let ctx = b.batch_matmul(&p("self_attn.context"), probs, v, false, false)?;
+        // Query head h = kv * G + g meets key/value head kv: [N, KV, G, T, d].
+        let q = b.reshape(&p("self_attn.q_groups"), q, &[ni, kvi, gi, t, hdi])?;
+        let ctx = b.attention(&p("self_attn.attention"), q, k, v, 1.0 / (hd as f64).sqrt(), true)?;
         let ctx = b.reshape(&p("self_attn.context_heads"), ctx, &[ni, c.heads as i64, t, hdi])?;
         let ctx = b.transpose(&p("self_attn.merge"), ctx, &[0, 2, 1, 3])?;
         let ctx = b.reshape(&p("self_attn.merge.flat"), ctx, &[ni * t, c.width as i64])?;
         dense(b, &p("self_attn.o_proj"), ctx, c.width, init, None)
     }
 
-    fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, mask: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
+    fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
         let c = &self.cfg;
         let p = |s: &str| format!("model.layers.{i}.{s}");
         b.block(&p(""));
         let a = self.norm(b, &p("input_layernorm"), h)?;
-        let o = self.attention(b, &p, a, mask, n)?;
+        let o = self.attention(b, &p, a, n)?;
         let h = b.add(&p("add1"), h, o)?;
 
         // SwiGLU MLP: down(silu(gate(x)) * up(x)).
@@ -198,11 +187,10 @@ impl Llama {
         let labels = b.input("labels", &[n, t], DType::I64)?;
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let wte = b.parameter("model.embed_tokens.weight", &[c.vocab, c.width], init.clone())?;
-        let mask = b.parameter_with("causal_mask", ParamSpec::new(&[t, t], Initializer::CausalMask { masked: -1e9 }).frozen())?;
         let tok = b.gather("model.embed_tokens.gather", wte, tokens, 0)?;
         let mut h = b.reshape("model.embed_tokens.flat", tok, &[(n * t) as i64, c.width as i64])?;
         for i in 0..c.layers {
-            h = self.block(b, i, h, mask, n)?;
+            h = self.block(b, i, h, n)?;
         }
         let h = self.norm(b, "model.norm", h)?;
         let head = if c.tie_embeddings { wte } else { b.parameter("lm_head.weight", &[c.vocab, c.width], init)? };
@@ -273,8 +261,9 @@ mod tests {
         let (d, f, kvd) = (16, 24, 8);
         let per_block = 2 * d * d + 2 * kvd * d + 3 * d * f + 2 * d;
         assert_eq!(m.parameter_count(&g).trainable, 2 * 11 * d + c.layers * per_block + d);
-        // Two query heads per key/value head: scores [N, KV, G * T, T].
-        assert_eq!(g.node(m.ops["model.layers.0.self_attn.scores"]).ty.shape, vec![3, 2, 12, 6]);
+        // Two query heads per key/value head: [N, KV, G, T, d].
+        assert_eq!(g.node(m.ops["model.layers.0.self_attn.attention"]).ty.shape, vec![3, 2, 2, 6, 4]);
+        assert!(!m.params.contains_key("causal_mask"));
         assert_eq!(g.node(m.logits).ty.shape, vec![18, 11]);
     }
 

@@ -49,7 +49,7 @@ impl InOpSync {
         match self {
             InOpSync::None => String::new(),
             InOpSync::Stats(axes) => format!("statistics over {} ranks", axes.iter().map(|a| a.size).product::<usize>()),
-            InOpSync::Block => "mask block of the whole tensor".into(),
+            InOpSync::Block => "its block of the whole tensor (mask, positions)".into(),
             InOpSync::Rows { input, dim } => format!("rows of input {input} dim {dim}"),
         }
     }

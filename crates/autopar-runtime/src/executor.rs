@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use autopar_graph::ops::*;
 use autopar_graph::{DType, Graph, Node, NodeId, OpKind, Recompute};
-use autopar_tensor::kernels::{conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, rotary, shape as sh};
+use autopar_tensor::kernels::{attention, conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, rotary, shape as sh};
 use autopar_tensor::{Element, ExecCtx, Tensor, TensorError};
 
 use crate::error::{Result, RuntimeError};
@@ -187,6 +187,8 @@ struct Caches {
     /// The statistics an unsynchronised batch or layer norm's forward pass saved, for its
     /// backward (which then does not read its input twice more to recompute them).
     saved: HashMap<SavedKey, norm::NormSaved>,
+    /// The gradients an attention backward computed for its sibling nodes (of `k`, `v`, ...).
+    attention: HashMap<AttentionKey, Tensor>,
 }
 
 /// Mean and (biased) variance over a whole batch or whole rows, and the element count.
@@ -274,6 +276,20 @@ fn saved_key(node: &Node) -> Option<SavedKey> {
     }
 }
 
+/// Identifies one gradient of an attention backward: the inputs `(dy, q, k, v)`, the mask and
+/// the first query position, the scale, and which input (0 `q`, 1 `k`, 2 `v`).
+type AttentionKey = (Vec<NodeId>, bool, usize, u64, u8);
+
+fn attention_key(node: &Node) -> Option<AttentionKey> {
+    let OpKind::AttentionGrad(a) = &node.op else { return None };
+    let of = match a.of {
+        AttentionGradOf::Query => 0,
+        AttentionGradOf::Key => 1,
+        AttentionGradOf::Value => 2,
+    };
+    Some((node.inputs.clone(), a.causal, a.row_offset, a.scale.to_bits(), of))
+}
+
 fn norm_key(node: &Node) -> Option<NormKey> {
     if let OpKind::BatchNormGrad(bn) = &node.op {
         Some((node.inputs.clone(), 0, bn.eps.to_bits(), bn.training as i64))
@@ -296,6 +312,8 @@ pub struct Executor {
     free_after: Vec<Vec<usize>>,
     /// Normalisation backward computations needed by two scheduled nodes (computed once).
     shared_norm: std::collections::HashSet<NormKey>,
+    /// The attention gradients scheduled nodes compute (the three are computed together).
+    attention_grads: std::collections::HashSet<AttentionKey>,
     ctx: ExecCtx,
     profile: bool,
     /// Per node: a parameter's gradient, left out of [`RunOutput::peak_activation_bytes`].
@@ -317,6 +335,7 @@ impl Executor {
                 }
             }
         }
+        let attention_grads = order.iter().filter_map(|&i| attention_key(&graph.nodes()[i])).collect();
         let gradient = vec![false; graph.len()];
         Ok(Self {
             graph,
@@ -324,6 +343,7 @@ impl Executor {
             order,
             free_after,
             shared_norm,
+            attention_grads,
             ctx: ExecCtx::parallel(),
             profile: false,
             gradient,
@@ -809,6 +829,28 @@ impl Executor {
                 }
             }
             OpKind::RotaryEmbedding(r) => rotary::rotary_embedding(cx, x[0], r.theta, r.offset, r.inverse).map_err(k)?,
+            OpKind::Attention(a) => attention::attention(cx, x[0], x[1], x[2], a.scale, a.causal, a.row_offset).map_err(k)?,
+            OpKind::AttentionGrad(a) => {
+                // Inputs (dy, q, k, v): the three gradients computed once, kept for the siblings.
+                let key = attention_key(node).expect("an attention gradient");
+                match caches.attention.remove(&key) {
+                    Some(g) => g,
+                    None => {
+                        let grads =
+                            attention::attention_backward(cx, x[1], x[2], x[3], x[0], a.scale, a.causal, a.row_offset).map_err(k)?;
+                        let mut mine = None;
+                        for (of, g) in [grads.0, grads.1, grads.2].into_iter().enumerate() {
+                            let sibling = (key.0.clone(), key.1, key.2, key.3, of as u8);
+                            if sibling == key {
+                                mine = Some(g);
+                            } else if self.attention_grads.contains(&sibling) {
+                                caches.attention.insert(sibling, g);
+                            }
+                        }
+                        mine.expect("one of the three")
+                    }
+                }
+            }
             // The mask depends on (seed, step, the element's index in the whole tensor) only, so
             // the backward Dropout node (same seed, step and block) applies the same mask to dy.
             // A micro-batch's mask is its rows of the whole step's.

@@ -260,6 +260,26 @@ fn every_op_forward_matches_hand_computed_values() {
         &[1.0, 2.0, cos1 - 2.0 * sin1, 2.0 * cos1 + sin1],
     );
 
+    // Attention: a zero query weighs two keys alike (the mean of the values); causal, the first
+    // row sees the first key alone. dv = pᵀ dy.
+    let (q0, k2, v2) = (t(&[1, 1, 1, 2, 2], &[0.0; 4]), t(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]), t(&[1, 1, 2, 2], &[1.0, 2.0, 5.0, 6.0]));
+    check(
+        &run(Attention { scale: 1.0, causal: false, row_offset: 0 }, &[q0.clone(), k2.clone(), v2.clone()], c),
+        &[1, 1, 1, 2, 2],
+        &[3.0, 4.0, 3.0, 4.0],
+    );
+    check(
+        &run(Attention { scale: 1.0, causal: true, row_offset: 0 }, &[q0.clone(), k2.clone(), v2.clone()], c),
+        &[1, 1, 1, 2, 2],
+        &[1.0, 2.0, 3.0, 4.0],
+    );
+    let dy = t(&[1, 1, 1, 2, 2], &[1.0, 2.0, 0.0, 0.0]);
+    check(
+        &run(AttentionGrad { scale: 1.0, causal: false, row_offset: 0, of: AttentionGradOf::Value }, &[dy, q0, k2, v2], c),
+        &[1, 1, 2, 2],
+        &[0.5, 1.0, 0.5, 1.0],
+    );
+
     // Dropout with p = 0 is the identity; with p = 0.5 every element is 0 or doubled.
     check(&run(Dropout { p: 0.0, seed: 1, block: None }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let big = t(&[1000], &[1.0; 1000]);

@@ -92,6 +92,8 @@ struct Seen {
     synced_rms_norm: usize,
     /// Rotary embeddings run on a later part of the positions (a split sequence).
     split_positions: usize,
+    /// Fused attentions run on a later part of the query rows.
+    split_queries: usize,
     dropout_blocks: usize,
     split_tables: usize,
     /// Kinds of communication ops the splits needed.
@@ -166,6 +168,7 @@ fn check(c: &Case, label: &str, steps: usize) -> Seen {
             let last = job.program(n - 1).unwrap().program;
             seen.split_positions +=
                 last.graph.nodes().iter().filter(|n| matches!(&n.op, OpKind::RotaryEmbedding(r) if r.offset > 0)).count();
+            seen.split_queries += last.graph.nodes().iter().filter(|n| matches!(&n.op, OpKind::Attention(a) if a.row_offset > 0)).count();
             let run = run_local(&job, &batches, || Ok(optimizer())).unwrap_or_else(|e| panic!("{label} n={n} seed={seed}: {e}"));
             assert_close(c, &format!("{label} n={n} seed={seed}"), &run.losses, &run.params, &want_losses, &want);
             if !split_comm.is_empty() || in_op {
@@ -226,13 +229,15 @@ fn small_llama() -> Llama {
 }
 
 /// The Llama block: RMSNorm with split normalised dimensions (synchronised mean squares), the
-/// rotary embedding on split positions, grouped-query attention split by key/value heads.
+/// rotary embedding on split positions, fused causal grouped-query attention split by key/value
+/// heads, query groups and query rows.
 #[test]
 fn llama_equals_stand_alone() {
     let c = case(&small_llama(), 8, 16, 1e-5, 1e-6);
     let seen = check(&c, "llama", 10);
     assert!(seen.synced_rms_norm > 0, "{seen:?}");
     assert!(seen.split_positions > 0, "{seen:?}");
+    assert!(seen.split_queries > 0, "{seen:?}");
     assert!(seen.split_tables > 0, "{seen:?}");
     check_data_parallel(&c, "llama", 4, 10);
 }

@@ -181,6 +181,7 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
         "LayerNorm",
         "RmsNorm",
         "RotaryEmbedding",
+        "Attention",
         "Dropout",
         "Softmax",
         "Gather",

@@ -189,6 +189,8 @@ op_kinds!(
     RmsNorm,
     RmsNormGrad,
     RotaryEmbedding,
+    Attention,
+    AttentionGrad,
     Dropout,
     SoftmaxCrossEntropy,
     // communication
@@ -287,6 +289,8 @@ impl OpKind {
             | OpKind::RmsNorm(_)
             | OpKind::RmsNormGrad(_)
             | OpKind::RotaryEmbedding(_)
+            | OpKind::Attention(_)
+            | OpKind::AttentionGrad(_)
             | OpKind::Dropout(_)
             | OpKind::SoftmaxCrossEntropy(_) => None,
         }

@@ -1133,6 +1133,172 @@ impl OpDef for RotaryEmbedding {
     }
 }
 
+/// Fused scaled dot-product attention (MindSpore's `FlashAttentionScore`):
+/// `softmax(scale · q kᵀ) v` over `q [N, KV, G, T, D]` (the `G` query heads of each of `KV`
+/// key/value heads: grouped-query attention without repeating keys and values),
+/// `k [N, KV, S, D]` and `v [N, KV, S, E]`, output `[N, KV, G, T, E]`. With `causal`, query row
+/// `t` sits at position `row_offset + t` and sees keys `0..=row_offset + t` only (self-attention:
+/// `T = S`; the last query position must be a key's). The kernel works in blocks of query rows and never holds the `[T, S]` scores whole;
+/// the backward pass recomputes them.
+///
+/// Batch, heads, query groups, query rows and the value width may be split; the head size and
+/// the keys may not (a rank holding query rows from `b` on runs the op with `row_offset + b`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    /// Multiplies the scores before the softmax (usually `1 / sqrt(D)`).
+    pub scale: f64,
+    /// Mask the keys after each query's position.
+    pub causal: bool,
+    /// The position of the first query row.
+    pub row_offset: usize,
+}
+
+fn attention_check(cx: &InferCx<'_>, from: usize, causal: Option<usize>) -> Result<()> {
+    let (q, k, v) = (cx.shape(from), cx.shape(from + 1), cx.shape(from + 2));
+    if q.len() != 5 {
+        return Err(cx.bad_shape(from, "[N, KV, G, T, D]"));
+    }
+    if k.len() != 4 || k[..2] != q[..2] || k[3] != q[4] {
+        return Err(cx.bad_shape(from + 1, "[N, KV, S, D], N, KV and D those of the query"));
+    }
+    if v.len() != 4 || v[..3] != k[..3] {
+        return Err(cx.bad_shape(from + 2, "[N, KV, S, E], N, KV and S those of the key"));
+    }
+    if let Some(offset) = causal.filter(|o| o + q[3] > k[2]) {
+        return Err(cx.dim_mismatch("causal attention's last query position and key length", offset + q[3], k[2]));
+    }
+    cx.same_dtype(from, from + 1)?;
+    cx.same_dtype(from, from + 2)?;
+    Ok(())
+}
+
+impl OpDef for Attention {
+    fn kind(&self) -> &'static str {
+        "Attention"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(3)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        attention_check(cx, 0, self.causal.then_some(self.row_offset))?;
+        if !self.scale.is_finite() {
+            return Err(cx.bad_attr("scale", self.scale, "a finite number"));
+        }
+        let (q, v) = (cx.shape(0), cx.shape(2));
+        Ok(TensorType::new(vec![q[0], q[1], q[2], q[3], v[3]], d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let ins = [g.dy(), g.x(0), g.x(1), g.x(2)];
+        for (i, of) in [AttentionGradOf::Query, AttentionGradOf::Key, AttentionGradOf::Value].into_iter().enumerate() {
+            if g.needs(i) {
+                let d = g.op(AttentionGrad { scale: self.scale, causal: self.causal, row_offset: self.row_offset, of }, &ins)?;
+                g.set(i, d);
+            }
+        }
+        Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let (q, k, v) = (cx.shape(0), cx.shape(1), cx.shape(2));
+        let dims = vec![
+            LogicalDim::free(q[0]),
+            LogicalDim::free(q[1]),
+            LogicalDim::free(q[2]),
+            LogicalDim::free(q[3]),
+            LogicalDim::fixed(q[4], "the scores sum over the whole head size"),
+            LogicalDim::fixed(k[2], "the softmax runs over every key"),
+            LogicalDim::free(v[3]),
+        ];
+        let inputs = vec![
+            vec![Some(0), Some(1), Some(2), Some(3), Some(4)],
+            vec![Some(0), Some(1), Some(5), Some(4)],
+            vec![Some(0), Some(1), Some(5), Some(6)],
+        ];
+        let output = vec![Some(0), Some(1), Some(2), Some(3), Some(6)];
+        ShardingRule::Spec(OpSpec { dims, inputs, output, mean_over_reduced: false, tie: Tie::Block })
+    }
+    fn local(&self, cx: &LocalCx<'_>) -> OpKind {
+        let begin = cx.block.as_ref().and_then(|b| b.begin.get(3).copied()).unwrap_or(0);
+        Attention { row_offset: self.row_offset + begin, ..self.clone() }.into()
+    }
+    /// Two products of `T x S` per query head (scores, then values), and the softmax.
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let (q, v) = (&cx.inputs[0].shape, &cx.inputs[2].shape);
+        let rows: usize = q[..4].iter().product();
+        let s = v[2];
+        let flops = 2.0 * rows as f64 * s as f64 * (q[4] + v[3]) as f64 + 5.0 * rows as f64 * s as f64;
+        OpCost { flops, bytes: cx.traffic(), comm: Vec::new() }
+    }
+}
+
+/// Which input an [`AttentionGrad`] computes the gradient of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionGradOf {
+    /// `q`.
+    Query,
+    /// `k`.
+    Key,
+    /// `v`.
+    Value,
+}
+
+/// Gradient of [`Attention`] with respect to `q`, `k` or `v`. Inputs `(dy, q, k, v)`; the
+/// executor computes the three together once (recomputing the probabilities block by block).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionGrad {
+    /// The forward [`Attention`]'s scale.
+    pub scale: f64,
+    /// The forward [`Attention`]'s mask.
+    pub causal: bool,
+    /// The forward [`Attention`]'s first query position.
+    pub row_offset: usize,
+    /// Which gradient this op computes.
+    pub of: AttentionGradOf,
+}
+
+impl OpDef for AttentionGrad {
+    fn kind(&self) -> &'static str {
+        "AttentionGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(4)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        attention_check(cx, 1, self.causal.then_some(self.row_offset))?;
+        cx.same_dtype(0, 1)?;
+        let (q, v) = (cx.shape(1), cx.shape(3));
+        if *cx.shape(0) != [q[0], q[1], q[2], q[3], v[3]] {
+            return Err(cx.bad_shape(0, "the attention output's shape [N, KV, G, T, E]"));
+        }
+        let i = match self.of {
+            AttentionGradOf::Query => 1,
+            AttentionGradOf::Key => 2,
+            AttentionGradOf::Value => 3,
+        };
+        Ok(TensorType::new(cx.shape(i).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = (0..4).find(|&i| g.needs(i)).unwrap_or(0);
+        Err(g.not_differentiable(i))
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    /// The scores again and four products (dv, dp, dq, dk): `2 T S (3 D + 2 E)` per query head,
+    /// computed once for the three siblings (a third counted on each).
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        let (q, v) = (&cx.inputs[1].shape, &cx.inputs[3].shape);
+        let rows: usize = q[..4].iter().product();
+        let s = v[2];
+        let flops = 2.0 * rows as f64 * s as f64 * (3 * q[4] + 2 * v[3]) as f64 / 3.0;
+        OpCost { flops, bytes: cx.traffic(), comm: Vec::new() }
+    }
+}
+
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask is a
 /// function of `seed`, the step number and the element's index in the whole tensor only, so
 /// the backward pass (the same op on `dy`) draws the same mask, and a sharded run draws, slice

@@ -97,6 +97,9 @@ pub(super) enum Rule {
         /// `b` transposed.
         tb: bool,
     },
+    /// Fused attention: the copied strategy read as the output's `[N, KV, G, T, E]`; the keys and
+    /// the head size whole.
+    Attention,
     /// Its own shape rule, and passes nothing on.
     Gather(i64),
     /// The copied strategy is the output's.
@@ -144,6 +147,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         OpKind::LogSoftmax(s) => Left(Rule::WholeAxis { axis: s.axis, fixed: true }),
         // The rotated halves of the last axis stay together.
         OpKind::RotaryEmbedding(_) => Left(Rule::WholeAxis { axis: -1, fixed: true }),
+        OpKind::Attention(_) => Left(Rule::Attention),
         // MindSpore's rule reads an `axis` a layer norm does not have: the last axis.
         OpKind::LayerNorm(_) | OpKind::RmsNorm(_) => Left(Rule::WholeAxis { axis: -1, fixed: false }),
         OpKind::BatchMatMul(m) => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
@@ -172,6 +176,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         | OpKind::BatchNormGrad(_)
         | OpKind::LayerNormGrad(_)
         | OpKind::RmsNormGrad(_)
+        | OpKind::AttentionGrad(_)
         | OpKind::AllReduce(_)
         | OpKind::AllGather(_)
         | OpKind::ReduceScatter(_)
@@ -576,7 +581,11 @@ impl Rules<'_> {
                 Some(if s.len() > 1 { vec![s[0], s[1..].iter().product()] } else { s })
             }
             Rule::Gather(_) => Some(gather_output_strategy(self.out_shape(p), self.devices)),
-            Rule::Elementwise | Rule::Broadcast { largest: false } | Rule::WholeAxis { .. } | Rule::BatchMatMul { .. } => first(),
+            Rule::Elementwise
+            | Rule::Broadcast { largest: false }
+            | Rule::WholeAxis { .. }
+            | Rule::BatchMatMul { .. }
+            | Rule::Attention => first(),
         }
     }
 
@@ -634,6 +643,10 @@ impl Rules<'_> {
             Rule::WholeAxis { axis, fixed } => (whole_axis(basic, *axis, &shapes), *fixed),
             Rule::BatchMatMul { ta, tb } => (batch_matmul(basic, *ta, *tb, &shapes), false),
             Rule::Gather(axis) => (gather_strategies(&shapes, *axis, self.devices), false),
+            Rule::Attention => {
+                let b = |j: usize| basic.get(j).copied().unwrap_or(1);
+                (vec![vec![b(0), b(1), b(2), b(3), 1], vec![b(0), b(1), 1, 1], vec![b(0), b(1), 1, b(4)]], true)
+            }
             Rule::OneHot => {
                 // The copied strategy is the output's.
                 let out = self.out_shape(i);

@@ -2,6 +2,7 @@
 //! returns fresh tensors (or zero-copy views where noted). Backward pieces are separate functions
 //! named `<op>_backward*` / `<op>_grads`, taking exactly what the forward saved.
 
+pub mod attention;
 pub mod bf16_gemm;
 pub mod conv;
 pub mod dropout;
