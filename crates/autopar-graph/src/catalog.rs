@@ -326,7 +326,7 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                 let k = m.x(&[a, 2, t, d])?;
                 let v = m.x(&[a, 2, t, e])?;
                 if kind == "Attention" {
-                    y = m.b.attention("op", q, k, v, 0.5, seed % 2 == 0)?;
+                    y = m.b.attention("op", q, k, v, 0.5, seed.is_multiple_of(2))?;
                     wrt = Some(vec![q, k, v]);
                 } else {
                     let dy = m.x(&[a, 2, g, t, e])?;
