@@ -1,18 +1,19 @@
 //! Training-step throughput (samples/s) of ResNet-18 (CIFAR stem, 3x32x32, 10 classes, SGD with
-//! momentum) and a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW).
+//! momentum), a small GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, AdamW) and a
+//! small Llama (the same sizes, 2 key/value heads, MLP 344, AdamW).
 //! PyTorch beside them, interleaved: `cargo bench -p autopar --bench versus`.
 //!
 //! `cargo bench -p autopar --bench models`
 //!
 //! Knobs (environment): `RAYON_NUM_THREADS` (default all cores), `BENCH_SECONDS` (timed seconds
-//! per model and round, default 5), `BENCH_ROUNDS` (3), `RESNET_BATCH` (32), `GPT_BATCH` (16),
-//! `BENCH_MODELS` (`resnet18`, `gpt` or both, comma-separated; default both), `BENCH_PROFILE`
+//! per model and round, default 5), `BENCH_ROUNDS` (3), `RESNET_BATCH` (32), `GPT_BATCH` (16, the
+//! Llama's too), `BENCH_MODELS` (`resnet18`, `gpt`, `llama`, comma-separated; default all), `BENCH_PROFILE`
 //! (print op time by kind for one step of each model).
 
 use std::time::Instant;
 
 use autopar_graph::{DType, Rng};
-use autopar_models::{Gpt, GptConfig, Mode, Model, ResNet, ResNetConfig};
+use autopar_models::{Gpt, GptConfig, Llama, LlamaConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::{AdamW, Job, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, RankTrainer};
 use autopar_tensor::Tensor;
@@ -111,7 +112,8 @@ fn main() {
 
     let resnet = ResNet::new(ResNetConfig::resnet18(10)).expect("resnet18");
     let gpt = Gpt::new(gpt_cfg.clone()).expect("gpt");
-    let wanted = std::env::var("BENCH_MODELS").unwrap_or_else(|_| "resnet18,gpt".into());
+    let llama = Llama::new(LlamaConfig::default()).expect("llama");
+    let wanted = std::env::var("BENCH_MODELS").unwrap_or_else(|_| "resnet18,gpt,llama".into());
     let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
     let mut runners = Vec::new();
     if wanted.contains(&"resnet18") {
@@ -125,8 +127,15 @@ fn main() {
             Runner::new(&gpt, gpt_batch, Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw"))),
         ));
     }
+    if wanted.contains(&"llama") {
+        runners.push((
+            "llama",
+            "llama (small)",
+            Runner::new(&llama, gpt_batch, Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw"))),
+        ));
+    }
     if runners.is_empty() {
-        eprintln!("BENCH_MODELS={wanted:?} names no model; use resnet18, gpt or both (comma-separated)");
+        eprintln!("BENCH_MODELS={wanted:?} names no model; use resnet18, gpt, llama (comma-separated)");
         std::process::exit(2);
     }
     if std::env::var_os("BENCH_PROFILE").is_some() {

@@ -7,7 +7,8 @@
 //! schedule, evaluation and checkpoint; its time is measured inside the script, so Python's
 //! start-up and `import torch` are not counted against it), the same job on one device, and the
 //! training steps of the MLP 784-512-512-10 (batch 64 and 256), ResNet-18 (CIFAR, batch 32) and
-//! the small GPT (batch 16) on 1 and 2 threads (`benches/peers/{step,models}_torch.py`); then
+//! the small GPT and Llama (batch 16; the Llama beside `transformers`' LlamaForCausalLM) on 1
+//! and 2 threads (`benches/peers/{step,models}_torch.py`); then
 //! data_parallel on 2 and 4 in-process ranks of 64 rows each beside PyTorch DDP over gloo with
 //! one single-threaded process per rank (`peers/ddp_torch.py`), and 8 simulated devices with
 //! the (2, 4) data x model strategy at global batch 128 beside JAX on 8 CPU devices with the
@@ -23,7 +24,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use autopar_models::{Gpt, GptConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
+use autopar_models::{Gpt, GptConfig, Llama, LlamaConfig, Mlp, MlpConfig, Mode, Model, ResNet, ResNetConfig};
 use autopar_parallel::ParallelContext;
 use autopar_runtime::{AdamW, LrSchedule, Momentum, Optimizer, ParamSource, ParamStore, Sgd};
 use autopar_tensor::Tensor;
@@ -82,6 +83,9 @@ enum StepModel {
     ResNet18,
     /// GPT (vocab 256, context 64, width 128, 4 heads, 4 blocks, tied embeddings), AdamW.
     Gpt,
+    /// Llama (vocab 256, context 64, width 128, 4 heads over 2 key/value heads, 4 blocks, MLP
+    /// 344), AdamW.
+    Llama,
 }
 
 impl StepModel {
@@ -98,6 +102,10 @@ impl StepModel {
             StepModel::Gpt => {
                 (Box::new(Gpt::new(GptConfig::default()).expect("gpt")), Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")))
             }
+            StepModel::Llama => (
+                Box::new(Llama::new(LlamaConfig::default()).expect("llama")),
+                Box::new(AdamW::new(LrSchedule::Constant(1e-3)).expect("adamw")),
+            ),
         }
     }
 }
@@ -147,11 +155,14 @@ fn step_torch(model: StepModel, batch: usize, threads: usize, seconds: f64) -> R
         StepModel::Gpt => {
             ("models_torch.py", ["--models", "gpt", "--gpt-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec())
         }
+        StepModel::Llama => {
+            ("models_torch.py", ["--models", "llama", "--llama-batch", &b, "--threads", &t, "--seconds", &s].map(String::from).to_vec())
+        }
     };
     let text = peer(script, &args)?;
     match model {
         StepModel::Mlp => number_after(&text, "\"seconds_per_step\""),
-        StepModel::ResNet18 | StepModel::Gpt => number_after(&text, "\"samples_per_s\"").map(|r| batch as f64 / r),
+        StepModel::ResNet18 | StepModel::Gpt | StepModel::Llama => number_after(&text, "\"samples_per_s\"").map(|r| batch as f64 / r),
     }
     .ok_or_else(|| format!("no timing in the output of {script}: {text}"))
 }
@@ -293,8 +304,13 @@ fn main() {
             Box::new(move || quickstart_torch(&e2)),
         ));
     }
-    let steps =
-        [(StepModel::Mlp, "MLP", 64), (StepModel::Mlp, "MLP", 256), (StepModel::ResNet18, "ResNet-18", 32), (StepModel::Gpt, "GPT", 16)];
+    let steps = [
+        (StepModel::Mlp, "MLP", 64),
+        (StepModel::Mlp, "MLP", 256),
+        (StepModel::ResNet18, "ResNet-18", 32),
+        (StepModel::Gpt, "GPT", 16),
+        (StepModel::Llama, "Llama", 16),
+    ];
     for (model, label, batch) in steps {
         for threads in [1, 2] {
             rows.push((

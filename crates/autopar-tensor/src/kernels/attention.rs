@@ -47,8 +47,15 @@ fn geometry(op: &'static str, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Geom
     Ok(Geometry { heads: qs[0] * qs[1], g: qs[2], t: qs[3], s: ks[2], d: qs[4], e: vs[3] })
 }
 
+/// How many keys query rows `first..first + rows` see: all `s`, or causally up to the last row's
+/// position.
+fn keys_seen(s: usize, rows: usize, causal: Option<usize>) -> usize {
+    causal.map_or(s, |first| (first + rows).min(s))
+}
+
 /// The probabilities of query rows `q_rows` (`[B, D]`, the first at position `first`) over the
-/// keys `k [S, D]`, into `p [B, S]`: `softmax(scale · q kᵀ)` with the causal mask applied.
+/// first `p.ncols()` keys of `k [S, D]` (all the rows see, [`keys_seen`]), into `p`:
+/// `softmax(scale · q kᵀ)` with the causal mask applied.
 fn probabilities<T: Float>(
     ctx: &ExecCtx,
     q_rows: ArrayView2<'_, T>,
@@ -57,7 +64,8 @@ fn probabilities<T: Float>(
     scale: T,
     causal: Option<usize>,
 ) {
-    ctx.gemm_serial(q_rows, k.t(), p.view_mut(), false);
+    let seen_by_block = p.ncols();
+    ctx.gemm_serial(q_rows, k.slice(s![..seen_by_block, ..]).t(), p.view_mut(), false);
     for (r, mut row) in p.rows_mut().into_iter().enumerate() {
         let row = row.as_slice_mut().expect("a fresh row-major block");
         let seen = causal.map_or(row.len(), |first| (first + r + 1).min(row.len()));
@@ -100,9 +108,11 @@ pub fn attention(ctx: &ExecCtx, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, 
             let mut p = Array2::<T>::zeros((ROWS.min(t).max(1), s));
             for t0 in (0..t).step_by(ROWS) {
                 let b = ROWS.min(t - t0);
-                let mut pb = p.slice_mut(s![..b, ..]);
-                probabilities(ctx, qm.slice(s![t0..t0 + b, ..]), km, pb.view_mut(), T::c(scale), causal.then_some(row_offset + t0));
-                ctx.gemm_serial(pb.view(), vm, om.slice_mut(s![t0..t0 + b, ..]), false);
+                let first = causal.then_some(row_offset + t0);
+                let seen = keys_seen(s, b, first);
+                let mut pb = p.slice_mut(s![..b, ..seen]);
+                probabilities(ctx, qm.slice(s![t0..t0 + b, ..]), km, pb.view_mut(), T::c(scale), first);
+                ctx.gemm_serial(pb.view(), vm.slice(s![..seen, ..]), om.slice_mut(s![t0..t0 + b, ..]), false);
             }
         });
         Tensor::from_vec(&[q.shape()[0], q.shape()[1], g, t, e], out)
@@ -154,12 +164,14 @@ pub fn attention_backward(
                 for t0 in (0..t).step_by(ROWS) {
                     let b = ROWS.min(t - t0);
                     let (qb, dyb) = (qm.slice(s![t0..t0 + b, ..]), dym.slice(s![t0..t0 + b, ..]));
-                    let mut pb = p.slice_mut(s![..b, ..]);
-                    probabilities(ctx, qb, km, pb.view_mut(), scale, causal.then_some(row_offset + t0));
-                    // dv += pᵀ dy; dp = dy vᵀ; ds = p (dp - Σ p dp) · scale.
-                    ctx.gemm_serial(pb.t(), dyb, dvm.view_mut(), true);
-                    let mut dpb = dp.slice_mut(s![..b, ..]);
-                    ctx.gemm_serial(dyb, vm.t(), dpb.view_mut(), false);
+                    let first = causal.then_some(row_offset + t0);
+                    let seen = keys_seen(s, b, first);
+                    let mut pb = p.slice_mut(s![..b, ..seen]);
+                    probabilities(ctx, qb, km, pb.view_mut(), scale, first);
+                    // Over the keys the block sees: dv += pᵀ dy; dp = dy vᵀ; ds = p (dp - Σ p dp) · scale.
+                    ctx.gemm_serial(pb.t(), dyb, dvm.slice_mut(s![..seen, ..]), true);
+                    let mut dpb = dp.slice_mut(s![..b, ..seen]);
+                    ctx.gemm_serial(dyb, vm.slice(s![..seen, ..]).t(), dpb.view_mut(), false);
                     for (pr, mut dr) in pb.rows().into_iter().zip(dpb.rows_mut()) {
                         let delta: T = pr.iter().zip(dr.iter()).map(|(&a, &b)| a * b).sum();
                         for (x, &pv) in dr.iter_mut().zip(pr.iter()) {
@@ -167,8 +179,8 @@ pub fn attention_backward(
                         }
                     }
                     // dq = ds k; dk += dsᵀ q.
-                    ctx.gemm_serial(dpb.view(), km, dqm.slice_mut(s![t0..t0 + b, ..]), false);
-                    ctx.gemm_serial(dpb.t(), qb, dkm.view_mut(), true);
+                    ctx.gemm_serial(dpb.view(), km.slice(s![..seen, ..]), dqm.slice_mut(s![t0..t0 + b, ..]), false);
+                    ctx.gemm_serial(dpb.t(), qb, dkm.slice_mut(s![..seen, ..]), true);
                 }
             }
         });

@@ -340,6 +340,11 @@ mod vector_fns {
         Tanh: UnaryFn |x| x.vtanh();
         Sigmoid: UnaryFn |x| T::one() / (T::one() + (-x).vexp());
         Exp: UnaryFn |x| x.vexp();
+        Silu: UnaryFn |x| x / (T::one() + (-x).vexp());
+        SiluGrad: BinaryFn |v, d| {
+            let s = T::one() / (T::one() + (-v).vexp());
+            d * s * (T::one() + v * (T::one() - s))
+        };
     }
 }
 
@@ -424,6 +429,7 @@ pub fn unary(ctx: &ExecCtx, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
             UnaryOp::Tanh => map_vec(ctx, &xv, vector_fns::Tanh),
             UnaryOp::Sigmoid => map_vec(ctx, &xv, vector_fns::Sigmoid),
             UnaryOp::Exp => map_vec(ctx, &xv, vector_fns::Exp),
+            UnaryOp::Silu => map_vec(ctx, &xv, vector_fns::Silu),
             _ => per_op!(op, unary_f, |f| map(ctx, &xv, f)),
         };
         Ok(Tensor::from_array(out))
@@ -441,6 +447,7 @@ pub fn unary_backward(ctx: &ExecCtx, op: UnaryOp, saved: &Tensor, dy: &Tensor) -
         let out = match op {
             UnaryOp::Relu => map2(ctx, dy.shape(), &v, &d, |s, g| if s > 0.0 { g } else { 0.0 }),
             UnaryOp::Gelu { approximate: true } => map2_vec(ctx, dy.shape(), &v, &d, vector_fns::GeluTanhGrad),
+            UnaryOp::Silu => map2_vec(ctx, dy.shape(), &v, &d, vector_fns::SiluGrad),
             _ => per_op!(op, unary_df, |f| map2(ctx, dy.shape(), &v, &d, f)),
         };
         Ok(Tensor::from_array(out))

@@ -1,8 +1,10 @@
-"""PyTorch (CPU) counterparts of the ResNet-18 and GPT rows of benches/versus.rs, same sizes, same
-optimizers, same thread count. Prints one JSON object per model on stdout.
+"""PyTorch (CPU) counterparts of the ResNet-18, GPT and Llama rows of benches/versus.rs, same sizes,
+same optimizers, same thread count. The Llama is `transformers`' LlamaForCausalLM at its defaults
+(its own attention implementation). Prints one JSON object per model on stdout.
 
-usage: python torch_models.py --threads N [--models resnet18,gpt] [--resnet-batch 32] [--gpt-batch 16]
-       [--gpt vocab,context,width,heads,layers] [--seconds 10]
+usage: python models_torch.py --threads N [--models resnet18,gpt,llama] [--resnet-batch 32] [--gpt-batch 16]
+       [--gpt vocab,context,width,heads,layers] [--llama-batch 16]
+       [--llama vocab,context,width,heads,kv_heads,layers,ffn_width] [--seconds 10]
 """
 import argparse
 import json
@@ -109,6 +111,8 @@ def main():
     p.add_argument("--resnet-batch", type=int, default=32)
     p.add_argument("--gpt-batch", type=int, default=16)
     p.add_argument("--gpt", default="256,64,128,4,4", help="vocab,context,width,heads,layers")
+    p.add_argument("--llama-batch", type=int, default=16)
+    p.add_argument("--llama", default="256,64,128,4,2,4,344", help="vocab,context,width,heads,kv_heads,layers,ffn_width")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--models", default="resnet18,gpt", help="which models to time, comma-separated")
     a = p.parse_args()
@@ -120,6 +124,8 @@ def main():
         time_resnet(a)
     if "gpt" in models:
         time_gpt(a)
+    if "llama" in models:
+        time_llama(a)
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
 
 
@@ -151,6 +157,21 @@ def time_gpt(a):
     tokens = torch.randint(0, vocab, (a.gpt_batch, ctx))
     labels = torch.randint(0, vocab, (a.gpt_batch * ctx,))
     time_training("gpt", a.gpt_batch, gpt, opt, tokens, labels, a.seconds)
+
+
+def time_llama(a):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab, ctx, d, heads, kv_heads, layers, ffn = (int(v) for v in a.llama.split(","))
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=ctx,
+                      tie_word_embeddings=False)
+    lm = LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(lm.parameters(), lr=1e-3, weight_decay=0.0)
+    tokens = torch.randint(0, vocab, (a.llama_batch, ctx))
+    labels = torch.randint(0, vocab, (a.llama_batch * ctx,))
+    net = lambda x: lm(x).logits.reshape(-1, vocab)
+    time_training("llama", a.llama_batch, net, opt, tokens, labels, a.seconds)
 
 
 if __name__ == "__main__":
