@@ -49,6 +49,7 @@ pub mod checkpoint;
 pub mod ckpt;
 pub mod dtype;
 pub mod error;
+pub mod hf;
 pub mod io;
 pub mod pieces;
 pub mod rank_list;

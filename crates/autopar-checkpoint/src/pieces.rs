@@ -96,12 +96,13 @@ impl PieceReader {
             Some((p.clone(), p.stages.iter().min().copied().unwrap_or(0) as usize * devs))
         });
         let Some((p, base)) = layout else {
-            // Whole tensors: any file holding it has all of it.
+            // Whole tensors: any file holding it has all of it (each of a Hugging Face
+            // checkpoint's shards holds some tensors), read from the first that does.
             let ranks: Vec<usize> = self.paths.keys().copied().collect();
-            let Some((_, dtype, full)) = self.holder(ranks.into_iter(), name)? else { return Ok(None) };
+            let Some((holder, dtype, full)) = self.holder(ranks.into_iter(), name)? else { return Ok(None) };
             let unsplit = ParamLayout::unsharded(full.len());
             let side = Side::new(&unsplit, &full, name, "source")?;
-            return Ok(Some(Placed { side, base: 0, dtype, full }));
+            return Ok(Some(Placed { side, base: holder, dtype, full }));
         };
         let devs = self.strategy.as_ref().map_or(1, |s| s.1);
         let Some((first, dtype, local)) = self.holder(base..base + devs, name)? else { return Ok(None) };
@@ -135,11 +136,22 @@ impl PieceReader {
         Ok(Some(Placed { side, base, dtype, full }))
     }
 
-    /// The names of the tensors in the first of the files (every tensor of a file of whole
-    /// tensors; one rank's entries of per-rank files).
+    /// The names of the tensors: of every file of whole tensors (the shards of a Hugging Face
+    /// checkpoint), or of the first of per-rank files (one rank's entries).
     pub fn names(&mut self) -> Result<Vec<String>> {
-        let Some(&first) = self.paths.keys().next() else { return Ok(Vec::new()) };
-        Ok(self.file(first)?.tensors().iter().map(|t| t.name.clone()).collect())
+        let files: Vec<usize> = match self.strategy {
+            None => self.paths.keys().copied().collect(),
+            Some(_) => self.paths.keys().next().copied().into_iter().collect(),
+        };
+        let mut names = Vec::new();
+        for r in files {
+            for t in self.file(r)?.tensors() {
+                if !names.contains(&t.name) {
+                    names.push(t.name.clone());
+                }
+            }
+        }
+        Ok(names)
     }
 
     /// The element type and full shape of tensor `name`; None when no file holds it.

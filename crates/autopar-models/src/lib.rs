@@ -264,6 +264,10 @@ pub struct ModelOptions {
     pub ffn_width: Option<usize>,
     /// The rotary position embedding's base (llama).
     pub rope_theta: Option<f64>,
+    /// Epsilon of the RMSNorms (llama).
+    pub rms_eps: Option<f64>,
+    /// The LM head reuses the token embedding (llama; the gpt's always does).
+    pub tie_embeddings: Option<bool>,
     /// ResNet stem.
     pub stem: Option<Stem>,
 }
@@ -395,6 +399,12 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             }
             if let Some(t) = opts.rope_theta {
                 cfg.rope_theta = t;
+            }
+            if let Some(e) = opts.rms_eps {
+                cfg.rms_eps = e;
+            }
+            if let Some(t) = opts.tie_embeddings {
+                cfg.tie_embeddings = t;
             }
             Ok(Box::new(Llama::new(cfg).map_err(by_option)?))
         }

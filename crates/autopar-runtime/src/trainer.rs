@@ -1326,13 +1326,17 @@ impl Trainer {
         Ok(())
     }
 
-    /// The checkpoint `init` names (a file of whole tensors, or a folder of per-rank files with
-    /// their strategy), checked before any rank starts: every trainable parameter is there in
+    /// The checkpoint `init` names (a file of whole tensors, a folder of per-rank files with
+    /// their strategy, or a Hugging Face checkpoint: its folder or its shards' index), checked
+    /// before any rank starts: every trainable parameter is there in
     /// its shape. Returns it with the names of its entries the network has no parameter for
     /// (ignored), and of the frozen parameters it lacks (which keep their values).
     fn init_source(&self, init: &Path, job: &Job) -> TrainResult<(PieceSource, Vec<String>, Vec<String>)> {
         let ck_err = |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path: init.to_path_buf(), error: Box::new(e) };
-        let source = if init.is_dir() {
+        let source = if let Some(files) = autopar_checkpoint::hf::shard_files(init).map_err(ck_err)? {
+            // A Hugging Face checkpoint: shards of whole tensors.
+            PieceSource { path: init.to_path_buf(), files, strategy: None }
+        } else if init.is_dir() {
             let (files, _) = autopar_checkpoint::collect_rank_files(init).map_err(ck_err)?;
             let beside = init.join("strategy.json");
             let strategy = self.cfg.init_strategy.clone().or_else(|| beside.is_file().then_some(beside));

@@ -75,6 +75,61 @@ fn a_transformers_llama_gives_its_logits_on_every_layout() {
     }
 }
 
+/// `save_pretrained`'s shards, named by their folder or by their index, give the same logits.
+#[test]
+fn a_sharded_transformers_checkpoint_loads_from_its_folder_or_its_index() {
+    let e = expected();
+    let dir = tempfile::tempdir().unwrap();
+    let want = autopar_checkpoint::CheckpointFile::open(fixture("logits.safetensors")).unwrap();
+    let want: Vec<f32> = want.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let sharded = fixture("sharded");
+    for (source, layout) in [(sharded.clone(), &[][..]), (sharded.join("model.safetensors.index.json"), LAYOUTS[1])] {
+        let mut args: Vec<String> =
+            ["predict".to_string(), source.display().to_string(), "--output".into(), "p.safetensors".into()].to_vec();
+        args.extend(model_flags(&e));
+        args.extend(layout.iter().map(|s| s.to_string()));
+        let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{source:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
+        let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{source:?}: logit {i} is {a}, transformers {b}");
+        }
+    }
+    // The folder's config.json gives the sizes no flag sets.
+    let data = fixture("tokens.safetensors").display().to_string();
+    let (context, batch) = (e["context"].to_string(), e["batch"].to_string());
+    let bare = ["--model", "llama", "--data", &data, "--input-shape", &context, "--batch-size", &batch];
+    let mut args: Vec<String> = ["predict".to_string(), sharded.display().to_string(), "--output".into(), "q.safetensors".into()].to_vec();
+    args.extend(bare.iter().map(|s| s.to_string()));
+    let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "sizes from config.json: {}", String::from_utf8_lossy(&o.stderr));
+    let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("q.safetensors")).unwrap();
+    let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "sizes from config.json");
+    // A config.json of another architecture is refused by name.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture("model.safetensors"), other.path().join("model.safetensors")).unwrap();
+    std::fs::write(other.path().join("config.json"), r#"{"model_type": "qwen2", "hidden_size": 32}"#).unwrap();
+    let mut args: Vec<String> =
+        ["predict".to_string(), other.path().display().to_string(), "--output".into(), "q.safetensors".into()].to_vec();
+    args.extend(bare.iter().map(|s| s.to_string()));
+    let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("config.json describes a \"qwen2\" model"), "{err}");
+
+    // A shard the index lists but the folder lacks is named.
+    let broken = tempfile::tempdir().unwrap();
+    std::fs::copy(sharded.join("model.safetensors.index.json"), broken.path().join("model.safetensors.index.json")).unwrap();
+    std::fs::copy(sharded.join("model-00001-of-00002.safetensors"), broken.path().join("model-00001-of-00002.safetensors")).unwrap();
+    let mut args: Vec<String> =
+        ["predict".to_string(), broken.path().display().to_string(), "--output".into(), "p.safetensors".into()].to_vec();
+    args.extend(model_flags(&e));
+    let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("model-00002-of-00002.safetensors"), "{err}");
+}
+
 #[test]
 fn a_transformers_llama_trains_to_pytorchs_adamw_losses_on_every_layout() {
     let e = expected();

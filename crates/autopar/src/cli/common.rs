@@ -222,6 +222,75 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
     Ok((lower, opts))
 }
 
+/// A Hugging Face checkpoint's model sizes, from the `config.json` beside its weights (`weights`
+/// a `save_pretrained` folder, or a file in one), for the options no flag or config file set:
+/// `hidden_size` (width), `num_hidden_layers` (depth), `num_attention_heads` (heads),
+/// `num_key_value_heads`, `intermediate_size`, `vocab_size` (num_classes), `rope_theta`,
+/// `rms_norm_eps` and `tie_word_embeddings`. Only for `llama`; a `config.json` of another
+/// architecture, or one asking for what autopar's Llama lacks (biases, rope scaling, another
+/// activation), is an error. Returns the file read, if any.
+pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) -> Result<Option<PathBuf>> {
+    if model != "llama" {
+        return Ok(None);
+    }
+    let dir = if weights.is_dir() { weights } else { weights.parent().unwrap_or(Path::new(".")) };
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let cfg: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not JSON
+hint: it should be transformers' config.json of the checkpoint",
+            path.display()
+        )
+    })?;
+    let kind = cfg.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    if kind != "llama" {
+        bail!(
+            "{} describes a {kind:?} model, not a Llama
+hint: autopar's llama reads LlamaForCausalLM checkpoints (model_type \"llama\")",
+            path.display()
+        );
+    }
+    let refuse = |key: &str, why: &str| -> Result<()> {
+        bail!(
+            "{} sets {key}, which autopar's llama does not have ({why})
+hint: only Llamas without biases and rope scaling, with SiLU, load",
+            path.display()
+        )
+    };
+    for key in ["attention_bias", "mlp_bias"] {
+        if cfg.get(key).and_then(|v| v.as_bool()) == Some(true) {
+            refuse(key, "its projections have no bias")?;
+        }
+    }
+    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        refuse("rope_scaling", "positions are rotated unscaled")?;
+    }
+    if let Some(act) = cfg.get("hidden_act").and_then(|v| v.as_str()).filter(|a| *a != "silu") {
+        refuse("hidden_act", &format!("its MLP is SwiGLU, not {act}"))?;
+    }
+    let size = |key: &str| -> Result<Option<usize>> {
+        match cfg.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| anyhow!("{}: {key} is {v}, not a size", path.display())),
+        }
+    };
+    let number = |key: &str| cfg.get(key).and_then(|v| v.as_f64());
+    opts.width = opts.width.or(size("hidden_size")?);
+    opts.depth = opts.depth.or(size("num_hidden_layers")?);
+    opts.heads = opts.heads.or(size("num_attention_heads")?);
+    opts.kv_heads = opts.kv_heads.or(size("num_key_value_heads")?);
+    opts.ffn_width = opts.ffn_width.or(size("intermediate_size")?);
+    opts.num_classes = opts.num_classes.or(size("vocab_size")?);
+    opts.rope_theta = opts.rope_theta.or(number("rope_theta"));
+    opts.rms_eps = opts.rms_eps.or(number("rms_norm_eps"));
+    opts.tie_embeddings = opts.tie_embeddings.or(cfg.get("tie_word_embeddings").and_then(|v| v.as_bool()));
+    Ok(Some(path))
+}
+
 /// The device count and the mode may each be given twice on the command line (`--devices N`
 /// and `--parallel device_num=N`; likewise the mode) and twice in the config file (`devices`
 /// and `[parallel] device_num`): two that disagree at the same level are an error naming both,

@@ -129,7 +129,7 @@ fn print_result(out: &mut dyn Write, json: bool, what: &str, r: &EvalResult, ext
 /// Runs `autopar eval`.
 pub fn run_eval(args: EvalArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let (path, json, strategy) = (args.checkpoint.clone(), args.json, args.ckpt_strategy.clone());
-    let (mut trainer, data, desc) = inference_trainer(args.into_train_args()?)?;
+    let (mut trainer, data, desc) = inference_trainer(args.into_train_args()?, &path)?;
     trainer.config_mut().init_strategy = strategy;
     let quiet = autopar_comm::launch::mpi_rank().is_some_and(|r| r != 0);
     if !quiet && !json {
@@ -148,7 +148,7 @@ pub fn run_predict(args: PredictArgs, out: &mut dyn Write) -> Result<ExitCode> {
         anyhow::bail!("--output {} is not a .safetensors file\nhint: pass --output preds.safetensors", args.output.display());
     }
     let (path, json, output, strategy) = (args.eval.checkpoint.clone(), args.eval.json, args.output, args.eval.ckpt_strategy.clone());
-    let (mut trainer, data, desc) = inference_trainer(args.eval.into_train_args()?)?;
+    let (mut trainer, data, desc) = inference_trainer(args.eval.into_train_args()?, &path)?;
     trainer.config_mut().init_strategy = strategy;
     if autopar_comm::launch::mpi_rank().is_none_or(|r| r == 0) && !json {
         eprintln!("autopar predict: {} on {desc}, {} device(s)", path.display(), trainer.config().parallel.devices());

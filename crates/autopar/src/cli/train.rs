@@ -312,7 +312,9 @@ struct Prepared {
     name: String,
 }
 
-fn prepare(args: TrainArgs) -> Result<Prepared> {
+/// `weights`: the checkpoint an evaluation reads (training's is its `--init`), whose Hugging
+/// Face `config.json` gives the sizes no flag sets.
+fn prepare(args: TrainArgs, weights: Option<&Path>) -> Result<Prepared> {
     let file = read_config(args.config.as_deref())?;
     let s = Settings { args, file };
     // The parallel context first: an option autopar does not implement is refused before any
@@ -326,6 +328,11 @@ fn prepare(args: TrainArgs) -> Result<Prepared> {
     }
     let ctx = parallel_context(&s.args.parallel, &s.file)?;
     let (lower, mut opts) = model_options(&s.args.model, &s.file)?;
+    if let Some(weights) = weights.map(Path::to_path_buf).or_else(|| pick!(s, init)) {
+        if let Some(config) = super::common::hf_model_options(&lower, &weights, &mut opts)? {
+            tracing::info!("model sizes not given take their values from {}", config.display());
+        }
+    }
     let seed = pick!(s, seed).unwrap_or(1);
     let data = load_data(&s, &lower, &mut opts, seed)?;
     let model: Arc<dyn Model> = Arc::from(model_by_name(&lower, &opts)?);
@@ -337,8 +344,8 @@ fn prepare(args: TrainArgs) -> Result<Prepared> {
 /// A trainer of the model, data and devices `args` give, for evaluation and prediction (its
 /// evaluation batch size from `eval_batch_size`), with the data to run on (the held-out split,
 /// else the whole data) and its description.
-pub(super) fn inference_trainer(args: TrainArgs) -> Result<(Trainer, DataSource, String)> {
-    let Prepared { s, ctx, seed, data, build, name, .. } = prepare(args)?;
+pub(super) fn inference_trainer(args: TrainArgs, weights: &Path) -> Result<(Trainer, DataSource, String)> {
+    let Prepared { s, ctx, seed, data, build, name, .. } = prepare(args, Some(weights))?;
     let cfg = train_config(&s, ctx, seed)?;
     let (source, desc) = match data.eval {
         Some(eval) => (eval, format!("the held-out split of {}", data.desc)),
@@ -349,7 +356,7 @@ pub(super) fn inference_trainer(args: TrainArgs) -> Result<(Trainer, DataSource,
 
 /// Runs `autopar train`: the summary goes to `out`, step lines to stdout (stderr with `--json`).
 pub fn run(args: TrainArgs, out: &mut dyn Write) -> Result<ExitCode> {
-    let Prepared { s, ctx, seed, data, model, build, name } = prepare(args)?;
+    let Prepared { s, ctx, seed, data, model, build, name } = prepare(args, None)?;
     let cfg = with_checkpoints(&s, train_config(&s, ctx, seed)?, &name)?;
     let spe = Trainer::new(name.clone(), build.clone(), data.train.clone(), cfg.clone()).steps_per_epoch()?;
     let (cfg, total) = with_schedule(&s, cfg, spe)?;
