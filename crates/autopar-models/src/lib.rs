@@ -366,50 +366,56 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             }
             Ok(Box::new(Gpt::new(cfg).map_err(by_option)?))
         }
-        "llama" => {
-            if opts.stem.is_some() {
-                return unused(
-                    "stem",
-                    "input_shape ([context]), num_classes (vocab), width, depth, heads, kv_heads, ffn_width and rope_theta",
-                );
-            }
-            let mut cfg = LlamaConfig::default();
-            if let Some(s) = &opts.input_shape {
-                cfg.context = context_of(name, s)?;
-            }
-            if let Some(v) = opts.num_classes {
-                cfg.vocab = v;
-            }
-            if let Some(w) = opts.width {
-                cfg.width = w;
-            }
-            if let Some(d) = opts.depth {
-                cfg.layers = d;
-            }
-            if let Some(h) = opts.heads {
-                cfg.heads = h;
-                // As transformers: without a key/value head count, every query head has its own.
-                cfg.kv_heads = h;
-            }
-            if let Some(h) = opts.kv_heads {
-                cfg.kv_heads = h;
-            }
-            if let Some(f) = opts.ffn_width {
-                cfg.ffn_width = f;
-            }
-            if let Some(t) = opts.rope_theta {
-                cfg.rope_theta = t;
-            }
-            if let Some(e) = opts.rms_eps {
-                cfg.rms_eps = e;
-            }
-            if let Some(t) = opts.tie_embeddings {
-                cfg.tie_embeddings = t;
-            }
-            Ok(Box::new(Llama::new(cfg).map_err(by_option)?))
-        }
+        "llama" => Ok(Box::new(Llama::new(llama_config(opts)?).map_err(by_option)?)),
         _ => Err(ModelError::UnknownModel { name: name.to_string(), valid: MODEL_NAMES.join(", ") }),
     }
+}
+
+/// The Llama configuration `opts` describe (`llama`'s defaults where they say nothing), checked
+/// as [`Llama::new`] checks it, a refused size named by its option.
+pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
+    if opts.stem.is_some() {
+        return Err(ModelError::UnusedOption {
+            model: "llama".into(),
+            option: "stem",
+            accepted: "input_shape ([context]), num_classes (vocab), width, depth, heads, kv_heads, ffn_width and rope_theta",
+        });
+    }
+    let mut cfg = LlamaConfig::default();
+    if let Some(s) = &opts.input_shape {
+        cfg.context = context_of("llama", s)?;
+    }
+    if let Some(v) = opts.num_classes {
+        cfg.vocab = v;
+    }
+    if let Some(w) = opts.width {
+        cfg.width = w;
+    }
+    if let Some(d) = opts.depth {
+        cfg.layers = d;
+    }
+    if let Some(h) = opts.heads {
+        cfg.heads = h;
+        // As transformers: without a key/value head count, every query head has its own.
+        cfg.kv_heads = h;
+    }
+    if let Some(h) = opts.kv_heads {
+        cfg.kv_heads = h;
+    }
+    if let Some(f) = opts.ffn_width {
+        cfg.ffn_width = f;
+    }
+    if let Some(t) = opts.rope_theta {
+        cfg.rope_theta = t;
+    }
+    if let Some(e) = opts.rms_eps {
+        cfg.rms_eps = e;
+    }
+    if let Some(t) = opts.tie_embeddings {
+        cfg.tie_embeddings = t;
+    }
+    Llama::new(cfg.clone()).map_err(by_option)?;
+    Ok(cfg)
 }
 
 /// A language model's context length from its one-dimensional input shape `[T]`.

@@ -20,6 +20,7 @@
 
 pub mod callbacks;
 mod ckpt;
+pub use ckpt::PieceSource;
 mod error;
 mod evaluate;
 
@@ -35,9 +36,7 @@ use autopar_parallel::{ParallelContext, ParallelMode};
 use autopar_tensor::{DType, Tensor};
 
 use self::callbacks::{Callback, StepEvent};
-pub use self::ckpt::{
-    checkpoint_path, list_checkpoints, rank_file, save_checkpoint, step_of, DataStream, Loaded, PieceSource, RunPosition, FORMAT,
-};
+pub use self::ckpt::{checkpoint_path, list_checkpoints, rank_file, save_checkpoint, step_of, DataStream, Loaded, RunPosition, FORMAT};
 pub use self::error::{TrainError, TrainResult};
 pub use self::evaluate::predicted_class;
 use crate::error::{CommPhase, RuntimeError};
@@ -1333,27 +1332,7 @@ impl Trainer {
     /// (ignored), and of the frozen parameters it lacks (which keep their values).
     fn init_source(&self, init: &Path, job: &Job) -> TrainResult<(PieceSource, Vec<String>, Vec<String>)> {
         let ck_err = |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path: init.to_path_buf(), error: Box::new(e) };
-        let source = if let Some(files) = autopar_checkpoint::hf::shard_files(init).map_err(ck_err)? {
-            // A Hugging Face checkpoint: shards of whole tensors.
-            PieceSource { path: init.to_path_buf(), files, strategy: None }
-        } else if init.is_dir() {
-            let (files, _) = autopar_checkpoint::collect_rank_files(init).map_err(ck_err)?;
-            let beside = init.join("strategy.json");
-            let strategy = self.cfg.init_strategy.clone().or_else(|| beside.is_file().then_some(beside));
-            if strategy.is_none() && files.len() > 1 {
-                return Err(Self::config_error(
-                    "init",
-                    init.display(),
-                    format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
-                    "pass `init_strategy=FILE`, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)",
-                ));
-            }
-            PieceSource { path: init.to_path_buf(), files, strategy }
-        } else if init.is_file() {
-            PieceSource { path: init.to_path_buf(), files: [(0, init.to_path_buf())].into(), strategy: None }
-        } else {
-            return Err(ck_err(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: init.to_path_buf() }));
-        };
+        let source = PieceSource::open(init, self.cfg.init_strategy.clone())?;
         let mut reader = source.reader(0)?;
         let mut kept = Vec::new();
         let trainable = parameter_names(job.graph(), true);

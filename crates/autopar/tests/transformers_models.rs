@@ -160,3 +160,82 @@ fn a_transformers_llama_trains_to_pytorchs_adamw_losses_on_every_layout() {
         }
     }
 }
+
+/// `ckpt export --format hf` of a run's per-rank checkpoints: whole tensors under transformers'
+/// names and a config.json with the sizes, which autopar itself then loads with no size flag
+/// and predicts with exactly as from the run's folder.
+#[test]
+fn a_runs_checkpoint_exports_as_a_transformers_folder() {
+    let e = expected();
+    let dir = tempfile::tempdir().unwrap();
+    let flags = model_flags(&e);
+    let mut args: Vec<String> = ["train", "--init"].map(String::from).to_vec();
+    args.push(fixture("model.safetensors").display().to_string());
+    args.extend(flags.iter().cloned());
+    for a in [
+        "--steps",
+        "2",
+        "--optimizer",
+        "adamw",
+        "--eval",
+        "false",
+        "--devices",
+        "4",
+        "--parallel-mode",
+        "auto_parallel",
+        "--checkpoint-dir",
+        "run",
+    ] {
+        args.push(a.into());
+    }
+    let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Only the model flags (sizes) of the run, without its data flags.
+    let sizes: Vec<&str> = flags
+        .chunks(2)
+        .filter(|p| !["--data", "--batch-size", "--input-shape"].contains(&p[0].as_str()))
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let mut args = vec!["ckpt", "export", "run", "hf", "--format", "hf"];
+    args.extend(&sizes);
+    let o = autopar(dir.path(), &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("hf/config.json")).unwrap()).unwrap();
+    let s = &e["sizes"];
+    for key in ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"] {
+        assert_eq!(config[key], s[key], "{key}");
+    }
+    assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+    let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("hf/model.safetensors")).unwrap();
+    assert_eq!(file.get("model.layers.1.self_attn.k_proj.weight").unwrap().shape, vec![16, 32]);
+    assert!(file.tensors().iter().all(|t| !t.name.contains("adam") && !t.name.contains("moment")), "model weights only");
+    let logits = |src: &str, extra: &[&str]| -> Vec<f32> {
+        let data = fixture("tokens.safetensors").display().to_string();
+        let mut args = vec![
+            "predict",
+            src,
+            "--output",
+            "p.safetensors",
+            "--model",
+            "llama",
+            "--data",
+            &data,
+            "--input-shape",
+            "12",
+            "--batch-size",
+            "8",
+        ];
+        args.extend(extra);
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{src}: {}", String::from_utf8_lossy(&o.stderr));
+        let f = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
+        f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let from_run = logits("run", &sizes[2..]);
+    let from_export = logits("hf", &[]);
+    assert_eq!(from_run, from_export);
+    // Another model is refused up front.
+    let o = autopar(dir.path(), &["ckpt", "export", "run", "x", "--format", "hf", "--model", "gpt"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("writes Llama checkpoints"));
+}

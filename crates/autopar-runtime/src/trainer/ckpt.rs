@@ -301,6 +301,36 @@ pub struct PieceSource {
 }
 
 impl PieceSource {
+    /// The checkpoint at `path`: a Hugging Face checkpoint (a `save_pretrained` folder, or its
+    /// shards' index), a folder of per-rank files (`rank_<k>/`) with the strategy they were
+    /// saved under (`strategy`, else `strategy.json` beside them; not needed for one file), or
+    /// a file of whole tensors.
+    pub fn open(path: &Path, strategy: Option<PathBuf>) -> TrainResult<Self> {
+        let ck_err = |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(e) };
+        if let Some(files) = autopar_checkpoint::hf::shard_files(path).map_err(ck_err)? {
+            return Ok(Self { path: path.to_path_buf(), files, strategy: None });
+        }
+        if path.is_dir() {
+            let (files, _) = autopar_checkpoint::collect_rank_files(path).map_err(ck_err)?;
+            let beside = path.join("strategy.json");
+            let strategy = strategy.or_else(|| beside.is_file().then_some(beside));
+            if strategy.is_none() && files.len() > 1 {
+                return Err(TrainError::Config {
+                    option: "init",
+                    value: path.display().to_string(),
+                    expected: format!("the strategy file of the {} per-rank checkpoints in it", files.len()),
+                    hint: "pass `init_strategy=FILE`, the strategy file they were saved under (autopar writes strategy.json beside its checkpoints)"
+                        .into(),
+                });
+            }
+            return Ok(Self { path: path.to_path_buf(), files, strategy });
+        }
+        if path.is_file() {
+            return Ok(Self { path: path.to_path_buf(), files: [(0, path.to_path_buf())].into(), strategy: None });
+        }
+        Err(ck_err(autopar_checkpoint::CheckpointError::NotFound { what: "checkpoint", path: path.to_path_buf() }))
+    }
+
     /// A reader of the source for rank `rank` (which prefers the replicas nearest to it).
     pub fn reader(&self, rank: usize) -> TrainResult<PieceReader> {
         PieceReader::new(self.files.clone(), self.strategy.as_deref(), rank)

@@ -129,6 +129,34 @@ enum CkptCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write a checkpoint's model weights whole, as another framework loads them: --format hf, a
+    /// folder Hugging Face's transformers reads with from_pretrained (model.safetensors and
+    /// config.json; the llama model).
+    #[command(
+        after_help = "Examples:\n  autopar ckpt export run/ckpt llama-hf --format hf --model llama --width 32 --depth 2 --heads 4 --kv-heads 2 --ffn-width 48 --num-classes 50"
+    )]
+    Export {
+        /// The checkpoint: a file of whole tensors, a run's folder of per-rank checkpoints (rank_0,
+        /// rank_1, ... with strategy.json beside them), or a Hugging Face checkpoint.
+        #[arg(value_name = "CHECKPOINT|DIR")]
+        src: PathBuf,
+        /// The folder to write (made if missing; its files are replaced).
+        out: PathBuf,
+        /// The layout to write: hf (Hugging Face transformers).
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// The strategy file the per-rank checkpoints were saved under (default: strategy.json in the folder).
+        #[arg(long, value_name = "FILE")]
+        ckpt_strategy: Option<PathBuf>,
+        #[command(flatten)]
+        model: super::common::ModelArgs,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ExportFormat {
+    /// Hugging Face transformers: model.safetensors and config.json.
+    Hf,
 }
 
 #[derive(Args, Debug)]
@@ -253,6 +281,10 @@ pub fn run(args: CkptArgs) -> Result<ExitCode> {
             println!("merged stages {stages:?} into {}", dst_file.display());
         }
         CkptCommand::Inspect { path, kind, json } => inspect(&path, kind, json)?,
+        CkptCommand::Export { src, out, format: ExportFormat::Hf, ckpt_strategy, model } => {
+            let n = export_hf(&src, &out, ckpt_strategy, &model)?;
+            println!("wrote {n} tensors and config.json to {}", out.display());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -411,4 +443,67 @@ fn inspect_group(g: &GroupInfo, as_json: bool) -> Result<()> {
     }
     println!("ckpt_restore_rank_list: {:?}", g.restore_rank_list);
     Ok(())
+}
+
+/// `ckpt export --format hf`: every parameter of the model the flags describe (a llama), read
+/// whole from `src` one at a time, into `out/model.safetensors` (transformers' names, which are
+/// the llama's own), and `out/config.json` with its sizes. Returns the tensors written.
+fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<PathBuf>, args: &super::common::ModelArgs) -> Result<usize> {
+    use autopar_models::{model_by_name, Mode};
+    let (name, mut opts) = super::common::model_options(args, &super::common::FileConfig::default())?;
+    if name != "llama" {
+        bail!("--format hf writes Llama checkpoints, not {name}\nhint: pass --model llama and its sizes");
+    }
+    super::common::hf_model_options(&name, src, &mut opts)?;
+    let model = model_by_name(&name, &opts)?;
+    let (graph, m) = model.build_graph(1, Mode::Eval, 0)?;
+    let source = autopar_runtime::trainer::PieceSource::open(src, strategy)?;
+    let mut reader = source.reader(0)?;
+    let mut specs = Vec::new();
+    for (param, &id) in &m.params {
+        let shape = graph.node(id).ty.shape.clone();
+        let Some((dtype, full)) = reader.full_shape(param)? else {
+            bail!("{} holds no {param} {shape:?}\nhint: export the checkpoint of this model (the sizes given by the flags)", src.display());
+        };
+        if full != shape {
+            bail!("{}: {param} is {full:?}, the model's is {shape:?}\nhint: give the sizes the checkpoint was trained with", src.display());
+        }
+        specs.push((param.clone(), dtype, shape));
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot make the folder {}", out.display()))?;
+    let metadata: BTreeMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let mut writer = autopar_checkpoint::SafetensorsWriter::create(&out.join("model.safetensors"), &metadata, &specs)?;
+    let order: Vec<(String, Vec<usize>)> = writer.write_order().map(|(n, _, s)| (n.clone(), s.clone())).collect();
+    for (param, shape) in &order {
+        let region: Vec<std::ops::Range<usize>> = shape.iter().map(|&d| 0..d).collect();
+        let (_, bytes) = reader.read_box(param, &region)?.with_context(|| format!("{param} vanished from {}", src.display()))?;
+        writer.write_tensor(param, &bytes)?;
+    }
+    writer.finish()?;
+    let c = autopar_models::llama_config(&opts)?;
+    let dtype = specs.first().map_or("float32", |s| match s.1 {
+        autopar_checkpoint::DType::BFloat16 => "bfloat16",
+        autopar_checkpoint::DType::Float16 => "float16",
+        _ => "float32",
+    });
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": c.width,
+        "intermediate_size": c.ffn_width,
+        "num_hidden_layers": c.layers,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "vocab_size": c.vocab,
+        "max_position_embeddings": c.context,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "torch_dtype": dtype,
+    });
+    autopar_checkpoint::io::write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
+    Ok(order.len())
 }
