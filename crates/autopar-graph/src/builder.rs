@@ -355,6 +355,12 @@ impl GraphBuilder {
         self.op(name, Attention { scale, causal, row_offset: 0 }, &[q, k, v])
     }
 
+    /// A mixture of experts' routing weights from expert probabilities `p [.., E]`: each row's
+    /// `k` largest kept (renormalised when asked), the rest zero ([`RouterTopK`]).
+    pub fn router_top_k(&mut self, name: &str, p: NodeId, k: usize, renormalize: bool) -> Result<NodeId> {
+        self.op(name, RouterTopK { k, renormalize }, &[p])
+    }
+
     /// Max pooling of `x [N, C, H, W]`.
     pub fn max_pool(&mut self, name: &str, x: NodeId, pool: PoolAttrs) -> Result<NodeId> {
         self.op(name, MaxPool { pool }, &[x])

@@ -335,6 +335,17 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     wrt = Some(vec![]);
                 }
             }
+            "RouterTopK" | "RouterTopKGrad" => {
+                let e = c + 2;
+                let p = m.input(&[a, b2, e], Values::Positive)?;
+                if kind == "RouterTopK" {
+                    y = m.b.router_top_k("op", p, 2, seed.is_multiple_of(2))?;
+                } else {
+                    let dy = m.x(&[a, b2, e])?;
+                    y = m.b.op("op", RouterTopKGrad { k: 2, renormalize: true }, &[dy, p])?;
+                    wrt = Some(vec![]);
+                }
+            }
             "RotaryEmbedding" => {
                 let x = m.x(&[a, b2, c, 4])?;
                 y = m.b.rotary_embedding("op", x, 100.0)?;

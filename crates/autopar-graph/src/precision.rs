@@ -168,6 +168,8 @@ fn class(op: &OpKind) -> Class {
         | K::LayerNormGrad(_)
         | K::RmsNorm(_)
         | K::RmsNormGrad(_)
+        | K::RouterTopK(_)
+        | K::RouterTopKGrad(_)
         | K::Softmax(_)
         | K::LogSoftmax(_)
         | K::SoftmaxCrossEntropy(_)

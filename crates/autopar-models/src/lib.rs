@@ -238,10 +238,10 @@ pub trait Model: fmt::Debug + Send + Sync {
 }
 
 /// The names [`model_by_name`] accepts.
-pub const MODEL_NAMES: [&str; 6] = ["mlp", "resnet18", "resnet34", "resnet50", "gpt", "llama"];
+pub const MODEL_NAMES: [&str; 7] = ["mlp", "resnet18", "resnet34", "resnet50", "gpt", "llama", "moe"];
 
 /// The models whose samples are token sequences (`[T]` ids in, next-token ids out).
-pub const LANGUAGE_MODELS: [&str; 2] = ["gpt", "llama"];
+pub const LANGUAGE_MODELS: [&str; 3] = ["gpt", "llama", "moe"];
 
 /// Overrides of a model's defaults, as a CLI or a config file gives them. `None` keeps the
 /// model's default; an option a model has no use for is an error naming it.
@@ -268,6 +268,10 @@ pub struct ModelOptions {
     pub rms_eps: Option<f64>,
     /// The LM head reuses the token embedding (llama; the gpt's always does).
     pub tie_embeddings: Option<bool>,
+    /// Experts of each block's MLP (moe).
+    pub experts: Option<usize>,
+    /// Experts each token is routed to (moe).
+    pub top_k: Option<usize>,
     /// ResNet stem.
     pub stem: Option<Stem>,
 }
@@ -279,7 +283,14 @@ pub struct ModelOptions {
 pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> {
     let unused = |option: &'static str, accepted: &'static str| Err(ModelError::UnusedOption { model: name.to_string(), option, accepted });
     let lower = name.to_ascii_lowercase();
-    if lower != "llama" && MODEL_NAMES.contains(&lower.as_str()) {
+    if lower != "moe" && MODEL_NAMES.contains(&lower.as_str()) {
+        for (option, given) in [("experts", opts.experts.is_some()), ("top_k", opts.top_k.is_some())] {
+            if given {
+                return unused(option, "experts and top_k only as the moe model (a llama whose MLPs are experts)");
+            }
+        }
+    }
+    if !["llama", "moe"].contains(&lower.as_str()) && MODEL_NAMES.contains(&lower.as_str()) {
         for (option, given) in
             [("kv_heads", opts.kv_heads.is_some()), ("ffn_width", opts.ffn_width.is_some()), ("rope_theta", opts.rope_theta.is_some())]
         {
@@ -367,6 +378,7 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
             Ok(Box::new(Gpt::new(cfg).map_err(by_option)?))
         }
         "llama" => Ok(Box::new(Llama::new(llama_config(opts)?).map_err(by_option)?)),
+        "moe" => Ok(Box::new(Llama::new(moe_config(opts)?).map_err(by_option)?)),
         _ => Err(ModelError::UnknownModel { name: name.to_string(), valid: MODEL_NAMES.join(", ") }),
     }
 }
@@ -414,6 +426,14 @@ pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
     if let Some(t) = opts.tie_embeddings {
         cfg.tie_embeddings = t;
     }
+    Llama::new(cfg.clone()).map_err(by_option)?;
+    Ok(cfg)
+}
+
+/// The mixture of experts `opts` describe: [`llama_config`] with `experts` (default 4) and
+/// `top_k` (default 2).
+pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
+    let cfg = LlamaConfig { experts: opts.experts.unwrap_or(4), top_k: opts.top_k.unwrap_or(2), ..llama_config(opts)? };
     Llama::new(cfg.clone()).map_err(by_option)?;
     Ok(cfg)
 }

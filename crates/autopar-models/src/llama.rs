@@ -50,6 +50,10 @@ pub struct LlamaConfig {
     pub rms_eps: f64,
     /// The LM head reuses the token embedding (`tie_word_embeddings`).
     pub tie_embeddings: bool,
+    /// Experts of each block's MLP (Mixtral's `num_local_experts`); 0: one dense MLP.
+    pub experts: usize,
+    /// Experts each token is routed to (`num_experts_per_tok`), with weights renormalised over them.
+    pub top_k: usize,
 }
 
 impl Default for LlamaConfig {
@@ -67,6 +71,8 @@ impl Default for LlamaConfig {
             rope_theta: 10000.0,
             rms_eps: 1e-6,
             tie_embeddings: false,
+            experts: 0,
+            top_k: 2,
         }
     }
 }
@@ -112,6 +118,9 @@ impl Llama {
         }
         if cfg.rms_eps.is_nan() || cfg.rms_eps <= 0.0 {
             return bad("rms_eps", cfg.rms_eps.to_string(), "a positive number".into());
+        }
+        if cfg.experts > 0 && (cfg.top_k == 0 || cfg.top_k > cfg.experts) {
+            return bad("top_k", cfg.top_k.to_string(), format!("between 1 and the {} experts", cfg.experts));
         }
         Ok(Self { cfg })
     }
@@ -169,15 +178,59 @@ impl Llama {
         let o = self.attention(b, &p, a, n)?;
         let h = b.add(&p("add1"), h, o)?;
 
-        // SwiGLU MLP: down(silu(gate(x)) * up(x)).
-        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let m = self.norm(b, &p("post_attention_layernorm"), h)?;
+        let m = if c.experts > 0 { self.experts(b, &p, m, n)? } else { self.mlp(b, &p, m)? };
+        b.add(&p("add2"), h, m)
+    }
+
+    /// SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+    fn mlp(&self, b: &mut GraphBuilder, p: &dyn Fn(&str) -> String, m: NodeId) -> autopar_graph::Result<NodeId> {
+        let c = &self.cfg;
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let gate = dense(b, &p("mlp.gate_proj"), m, c.ffn_width, init.clone(), None)?;
         let up = dense(b, &p("mlp.up_proj"), m, c.ffn_width, init.clone(), None)?;
         let gate = b.silu(&p("mlp.silu"), gate)?;
         let m = b.mul(&p("mlp.swiglu"), gate, up)?;
-        let m = dense(b, &p("mlp.down_proj"), m, c.width, init, None)?;
-        b.add(&p("add2"), h, m)
+        dense(b, &p("mlp.down_proj"), m, c.width, init, None)
+    }
+
+    /// Mixtral's mixture of SwiGLU experts under the names of transformers' checkpoint files
+    /// (`block_sparse_moe.gate.weight [E, d]`, per expert `e`
+    /// `block_sparse_moe.experts.<e>.{w1, w3}.weight [F, d]` (gate, up) and `w2.weight [d, F]`):
+    /// the router's softmax, each token's `top_k` experts weighted by their renormalised
+    /// probabilities. Every expert runs on every token and the weights (zero for the experts a
+    /// token did not choose) combine them: one product into all the experts' gate and up
+    /// projections (their weights concatenated), one out of their down projections.
+    fn experts(&self, b: &mut GraphBuilder, p: &dyn Fn(&str) -> String, m: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
+        let c = &self.cfg;
+        let (rows, e, f) = (n * c.context, c.experts, c.ffn_width);
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        let logits = dense(b, &p("block_sparse_moe.gate"), m, e, init.clone(), None)?;
+        let probs = b.softmax(&p("block_sparse_moe.router.softmax"), logits, -1)?;
+        let weights = b.router_top_k(&p("block_sparse_moe.router.top_k"), probs, c.top_k, true)?;
+        let (mut into, mut out) = (Vec::new(), Vec::new());
+        for j in 0..e {
+            let w = |b: &mut GraphBuilder, which: &str, shape: &[usize]| {
+                b.parameter(&p(&format!("block_sparse_moe.experts.{j}.{which}.weight")), shape, init.clone())
+            };
+            into.push(w(b, "w1", &[f, c.width])?);
+            into.push(w(b, "w3", &[f, c.width])?);
+            out.push(w(b, "w2", &[c.width, f])?);
+        }
+        // [E * 2F, d]: each expert's gate rows, then its up rows.
+        let w13 = b.concat(&p("block_sparse_moe.experts.w13"), &into, 0)?;
+        let h = b.matmul_t(&p("block_sparse_moe.experts.gate_up"), m, w13, false, true)?;
+        let h = b.reshape(&p("block_sparse_moe.experts.by_expert"), h, &[rows as i64, e as i64, 2 * f as i64])?;
+        let gate = b.slice(&p("block_sparse_moe.experts.gate"), h, &[0, 0, 0], &[rows, e, f])?;
+        let up = b.slice(&p("block_sparse_moe.experts.up"), h, &[0, 0, f], &[rows, e, f])?;
+        let gate = b.silu(&p("block_sparse_moe.experts.silu"), gate)?;
+        let act = b.mul(&p("block_sparse_moe.experts.swiglu"), gate, up)?;
+        let weights = b.reshape(&p("block_sparse_moe.router.weights"), weights, &[rows as i64, e as i64, 1])?;
+        let act = b.mul(&p("block_sparse_moe.experts.weighted"), act, weights)?;
+        let act = b.reshape(&p("block_sparse_moe.experts.weighted.flat"), act, &[rows as i64, (e * f) as i64])?;
+        // [d, E * F]: the experts' down projections side by side.
+        let w2 = b.concat(&p("block_sparse_moe.experts.w2"), &out, 1)?;
+        b.matmul_t(&p("block_sparse_moe.experts.down"), act, w2, false, true)
     }
 
     fn build_inner(&self, b: &mut GraphBuilder, n: usize) -> autopar_graph::Result<(NodeId, NodeId, NodeId, NodeId)> {
@@ -205,7 +258,11 @@ impl Llama {
 
 impl Model for Llama {
     fn name(&self) -> &str {
-        "llama"
+        if self.cfg.experts > 0 {
+            "moe"
+        } else {
+            "llama"
+        }
     }
     fn input_shape(&self) -> Vec<usize> {
         vec![self.cfg.context]
@@ -222,16 +279,26 @@ impl Model for Llama {
     fn describe(&self) -> String {
         let c = &self.cfg;
         let tied = if c.tie_embeddings { ", tied embeddings" } else { "" };
+        let experts = if c.experts > 0 { format!(", {} experts, top {}", c.experts, c.top_k) } else { String::new() };
         format!(
-            "llama (vocab {}, context {}, width {}, {} heads, {} key/value heads, {} blocks, MLP {}, rope theta {}{tied})",
-            c.vocab, c.context, c.width, c.heads, c.kv_heads, c.layers, c.ffn_width, c.rope_theta
+            "{} (vocab {}, context {}, width {}, {} heads, {} key/value heads, {} blocks, MLP {}{experts}, rope theta {}{tied})",
+            self.name(),
+            c.vocab,
+            c.context,
+            c.width,
+            c.heads,
+            c.kv_heads,
+            c.layers,
+            c.ffn_width,
+            c.rope_theta
         )
     }
     fn build(&self, b: &mut GraphBuilder, batch: usize, mode: Mode) -> Result<ModelGraph> {
-        positive("llama", "batch size", batch)?;
+        positive(self.name(), "batch size", batch)?;
         let start = b.graph().len();
-        let (x, labels, logits, loss) = self.build_inner(b, batch).model("llama")?;
-        Ok(ModelGraph::collect("llama", b, start, mode, [x, labels, logits, loss]))
+        let name = self.name().to_string();
+        let (x, labels, logits, loss) = self.build_inner(b, batch).model(&name)?;
+        Ok(ModelGraph::collect(&name, b, start, mode, [x, labels, logits, loss]))
     }
 }
 
@@ -278,5 +345,23 @@ mod tests {
         assert_eq!(field(LlamaConfig { width: 12, heads: 4, kv_heads: 1, ..small() }), "heads"); // head size 3
         assert_eq!(field(LlamaConfig { rope_theta: 1.0, ..small() }), "rope_theta");
         assert_eq!(field(LlamaConfig { ffn_width: 0, ..small() }), "ffn_width");
+    }
+
+    #[test]
+    fn a_mixture_of_experts_has_mixtrals_names_and_routes_each_token_to_top_k() {
+        let cfg = LlamaConfig { experts: 3, top_k: 2, ..small() };
+        let model = Llama::new(cfg.clone()).unwrap();
+        assert_eq!(model.name(), "moe");
+        let (g, m) = model.build_graph(2, Mode::Train, 0).unwrap();
+        let shape = |n: &str| g.node(m.params[n]).ty.shape.clone();
+        assert_eq!(shape("model.layers.0.block_sparse_moe.gate.weight"), vec![3, 16]);
+        assert_eq!(shape("model.layers.1.block_sparse_moe.experts.2.w1.weight"), vec![24, 16]);
+        assert_eq!(shape("model.layers.1.block_sparse_moe.experts.2.w3.weight"), vec![24, 16]);
+        assert_eq!(shape("model.layers.1.block_sparse_moe.experts.2.w2.weight"), vec![16, 24]);
+        assert!(!m.params.keys().any(|k| k.contains("mlp.")), "no dense MLP");
+        let router = &g.node(m.ops["model.layers.0.block_sparse_moe.router.top_k"]).op;
+        assert!(matches!(router, autopar_graph::OpKind::RouterTopK(r) if r.k == 2 && r.renormalize));
+        let err = Llama::new(LlamaConfig { top_k: 4, ..cfg }).unwrap_err();
+        assert!(matches!(err, ModelError::BadConfig { field: "top_k", .. }), "{err}");
     }
 }

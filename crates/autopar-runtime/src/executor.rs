@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use autopar_graph::ops::*;
 use autopar_graph::{DType, Graph, Node, NodeId, OpKind, Recompute};
-use autopar_tensor::kernels::{attention, conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, rotary, shape as sh};
+use autopar_tensor::kernels::{
+    attention, conv, dropout, elementwise as ew, loss, matmul, norm, pool, reduce, rotary, routing, shape as sh,
+};
 use autopar_tensor::{Element, ExecCtx, Tensor, TensorError};
 
 use crate::error::{Result, RuntimeError};
@@ -829,6 +831,8 @@ impl Executor {
                 }
             }
             OpKind::RotaryEmbedding(r) => rotary::rotary_embedding(cx, x[0], r.theta, r.offset, r.inverse).map_err(k)?,
+            OpKind::RouterTopK(r) => routing::top_k_weights(cx, x[0], r.k, r.renormalize).map_err(k)?,
+            OpKind::RouterTopKGrad(r) => routing::top_k_weights_backward(cx, x[1], x[0], r.k, r.renormalize).map_err(k)?,
             OpKind::Attention(a) => attention::attention(cx, x[0], x[1], x[2], a.scale, a.causal, a.row_offset).map_err(k)?,
             OpKind::AttentionGrad(a) => {
                 // Inputs (dy, q, k, v): the three gradients computed once, kept for the siblings.

@@ -280,6 +280,18 @@ fn every_op_forward_matches_hand_computed_values() {
         &[0.5, 1.0, 0.5, 1.0],
     );
 
+    // Router: the two largest of four, renormalised.
+    check(
+        &run(RouterTopK { k: 2, renormalize: true }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &[1, 4],
+        &[0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7],
+    );
+    check(
+        &run(RouterTopKGrad { k: 1, renormalize: false }, &[t(&[1, 4], &[1.0, 2.0, 3.0, 4.0]), t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &[1, 4],
+        &[0.0, 2.0, 0.0, 0.0],
+    );
+
     // Dropout with p = 0 is the identity; with p = 0.5 every element is 0 or doubled.
     check(&run(Dropout { p: 0.0, seed: 1, block: None }, &[m22.clone()], c), &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let big = t(&[1000], &[1.0; 1000]);

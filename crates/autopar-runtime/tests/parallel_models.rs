@@ -242,6 +242,25 @@ fn llama_equals_stand_alone() {
     check_data_parallel(&c, "llama", 4, 10);
 }
 
+/// The mixture of experts: the router's top-k weights, the experts' concatenated weights.
+#[test]
+fn moe_equals_stand_alone() {
+    let cfg = LlamaConfig {
+        vocab: 16,
+        context: 8,
+        width: 16,
+        heads: 2,
+        kv_heads: 1,
+        layers: 1,
+        ffn_width: 8,
+        experts: 4,
+        top_k: 2,
+        ..LlamaConfig::default()
+    };
+    let c = case(&Llama::new(cfg).unwrap(), 8, 16, 1e-5, 1e-6);
+    check(&c, "moe", 10);
+}
+
 #[test]
 fn resnet18_equals_stand_alone() {
     let cfg = ResNetConfig::resnet18(4).with_width(4).with_stem(autopar_models::Stem::Cifar, &[3, 8, 8]);

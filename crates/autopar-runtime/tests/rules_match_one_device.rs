@@ -182,6 +182,7 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
         "RmsNorm",
         "RotaryEmbedding",
         "Attention",
+        "RouterTopK",
         "Dropout",
         "Softmax",
         "Gather",

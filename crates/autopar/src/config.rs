@@ -63,6 +63,10 @@ pub struct FileConfig {
     pub ffn_width: Option<usize>,
     /// `--rope-theta` (see `autopar train --help`).
     pub rope_theta: Option<f64>,
+    /// `--experts` (see `autopar train --help`).
+    pub experts: Option<usize>,
+    /// `--top-k` (see `autopar train --help`).
+    pub top_k: Option<usize>,
     /// `--num-classes` (see `autopar train --help`).
     pub num_classes: Option<usize>,
     /// `--input-shape` (see `autopar train --help`).

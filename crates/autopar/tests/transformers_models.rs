@@ -1,7 +1,8 @@
-//! Hugging Face `transformers`' Llama, written by `fixtures/transformers/generate_llama.py`:
-//! autopar loads its safetensors weights by name, gives its logits, and trains with AdamW to
-//! PyTorch's losses, on one device and on 8 simulated devices under every auto_parallel search,
-//! semi_auto_parallel's defaults and a pipeline.
+//! Hugging Face `transformers`' Llama and Mixtral, written by
+//! `fixtures/transformers/generate_{llama,mixtral}.py`: autopar loads their safetensors weights by
+//! name, gives their logits, and trains with AdamW to PyTorch's losses, on one device and on 8
+//! simulated devices under every auto_parallel search, semi_auto_parallel's defaults and a
+//! pipeline.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -237,5 +238,54 @@ fn a_runs_checkpoint_exports_as_a_transformers_folder() {
     assert_eq!(from_run, from_export);
     // Another model is refused up front.
     let o = autopar(dir.path(), &["ckpt", "export", "run", "x", "--format", "hf", "--model", "gpt"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("writes Llama checkpoints"));
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("writes Llama and Mixtral checkpoints"));
+}
+
+/// The Mixtral fixture: a `save_pretrained` folder, its sizes from its config.json.
+fn mixtral(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/transformers/mixtral")).join(name)
+}
+
+fn logits_of(path: &Path) -> Vec<f32> {
+    let f = autopar_checkpoint::CheckpointFile::open(path).unwrap();
+    f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn a_transformers_mixtral_gives_its_logits_and_trains_to_pytorchs_losses_on_every_layout() {
+    let e: Value = serde_json::from_str(&std::fs::read_to_string(mixtral("expected.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let want = logits_of(&mixtral("logits.safetensors"));
+    let want_losses: Vec<f64> = e["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let folder = mixtral("").display().to_string();
+    let data = mixtral("tokens.safetensors").display().to_string();
+    let (context, batch) = (e["context"].to_string(), e["batch"].to_string());
+    let model = ["--model", "moe", "--data", &data, "--input-shape", &context, "--batch-size", &batch];
+    for layout in LAYOUTS {
+        let mut args = vec!["predict", &folder, "--output", "p.safetensors"];
+        args.extend(model);
+        args.extend(layout.iter());
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        for (i, (a, b)) in logits_of(&dir.path().join("p.safetensors")).iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{layout:?}: logit {i} is {a}, transformers {b}");
+        }
+        let mut args = vec!["train", "--init", &folder];
+        args.extend(model);
+        args.extend(["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.01", "--steps", "5", "--shuffle", "false"]);
+        args.extend(["--eval", "false", "--metrics", "m.jsonl"]);
+        args.extend(layout.iter());
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
+        let got: Vec<f64> = lines
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
+            .collect();
+        assert_eq!(got.len(), want_losses.len(), "{layout:?}");
+        for (s, (a, b)) in got.iter().zip(&want_losses).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b}");
+        }
+    }
 }

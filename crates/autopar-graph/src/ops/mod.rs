@@ -191,6 +191,8 @@ op_kinds!(
     RotaryEmbedding,
     Attention,
     AttentionGrad,
+    RouterTopK,
+    RouterTopKGrad,
     Dropout,
     SoftmaxCrossEntropy,
     // communication
@@ -291,6 +293,8 @@ impl OpKind {
             | OpKind::RotaryEmbedding(_)
             | OpKind::Attention(_)
             | OpKind::AttentionGrad(_)
+            | OpKind::RouterTopK(_)
+            | OpKind::RouterTopKGrad(_)
             | OpKind::Dropout(_)
             | OpKind::SoftmaxCrossEntropy(_) => None,
         }

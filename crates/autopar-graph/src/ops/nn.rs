@@ -1299,6 +1299,99 @@ impl OpDef for AttentionGrad {
     }
 }
 
+/// A mixture of experts' router (Mixtral's): of each row of expert probabilities `[.., E]`, the
+/// `k` largest kept, renormalised over the chosen when `renormalize`, the rest zero: the
+/// weights that combine each token's expert outputs. Every dimension but the experts' splits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterTopK {
+    /// Experts per token.
+    pub k: usize,
+    /// Divide the chosen probabilities by their sum (Mixtral's `norm_topk_prob`).
+    pub renormalize: bool,
+}
+
+fn router_check(cx: &InferCx<'_>, x: usize, k: usize) -> Result<()> {
+    let e = cx.shape(x).last().copied().unwrap_or(0);
+    if cx.shape(x).is_empty() {
+        return Err(cx.bad_shape(x, "[.., experts]"));
+    }
+    if k == 0 || k > e {
+        return Err(cx.bad_attr("k", k, "1 <= k <= the experts (the last dimension)"));
+    }
+    Ok(())
+}
+
+impl OpDef for RouterTopK {
+    fn kind(&self) -> &'static str {
+        "RouterTopK"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(1)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        router_check(cx, 0, self.k)?;
+        Ok(TensorType::new(cx.shape(0).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        if g.needs(0) {
+            let d = g.op(RouterTopKGrad { k: self.k, renormalize: self.renormalize }, &[g.dy(), g.x(0)])?;
+            g.set(0, d);
+        }
+        Ok(())
+    }
+    fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
+        let x = cx.shape(0);
+        ShardingRule::Spec(unary_spec(x, &[x.len() - 1], "each token chooses among all the experts"))
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_element(2.0 * self.k as f64)
+    }
+}
+
+/// Gradient of [`RouterTopK`]. Inputs `(dy, p)`, `p` the forward's probabilities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterTopKGrad {
+    /// The forward [`RouterTopK`]'s experts per token.
+    pub k: usize,
+    /// The forward [`RouterTopK`]'s renormalisation.
+    pub renormalize: bool,
+}
+
+impl OpDef for RouterTopKGrad {
+    fn kind(&self) -> &'static str {
+        "RouterTopKGrad"
+    }
+    fn arity(&self) -> Arity {
+        Arity::Exactly(2)
+    }
+    fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
+        let d = cx.float(0)?;
+        cx.same_dtype(0, 1)?;
+        if cx.shape(0) != cx.shape(1) {
+            return Err(cx.bad_shape(0, "the probabilities' shape"));
+        }
+        router_check(cx, 1, self.k)?;
+        Ok(TensorType::new(cx.shape(1).clone(), d))
+    }
+    fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
+        let i = (0..2).find(|&i| g.needs(i)).unwrap_or(0);
+        Err(g.not_differentiable(i))
+    }
+    fn sharding(&self, _: &RuleCx<'_>) -> ShardingRule {
+        backward_rule()
+    }
+    fn local(&self, _: &LocalCx<'_>) -> OpKind {
+        self.clone().into()
+    }
+    fn cost(&self, cx: &CostCx<'_>) -> OpCost {
+        cx.per_input_element(1, 2.0 * self.k as f64)
+    }
+}
+
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`. The mask is a
 /// function of `seed`, the step number and the element's index in the whole tensor only, so
 /// the backward pass (the same op on `dy`) draws the same mask, and a sharded run draws, slice

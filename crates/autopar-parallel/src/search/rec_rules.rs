@@ -148,6 +148,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         // The rotated halves of the last axis stay together.
         OpKind::RotaryEmbedding(_) => Left(Rule::WholeAxis { axis: -1, fixed: true }),
         OpKind::Attention(_) => Left(Rule::Attention),
+        OpKind::RouterTopK(_) => Left(Rule::WholeAxis { axis: -1, fixed: true }),
         // MindSpore's rule reads an `axis` a layer norm does not have: the last axis.
         OpKind::LayerNorm(_) | OpKind::RmsNorm(_) => Left(Rule::WholeAxis { axis: -1, fixed: false }),
         OpKind::BatchMatMul(m) => Left(Rule::BatchMatMul { ta: m.transpose_a, tb: m.transpose_b }),
@@ -177,6 +178,7 @@ pub(super) fn rec_op(op: &OpKind, out_rank: usize) -> RecOp {
         | OpKind::LayerNormGrad(_)
         | OpKind::RmsNormGrad(_)
         | OpKind::AttentionGrad(_)
+        | OpKind::RouterTopKGrad(_)
         | OpKind::AllReduce(_)
         | OpKind::AllGather(_)
         | OpKind::ReduceScatter(_)

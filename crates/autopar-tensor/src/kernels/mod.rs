@@ -13,6 +13,7 @@ pub mod norm;
 pub mod pool;
 pub mod reduce;
 pub mod rotary;
+pub mod routing;
 pub mod shape;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};

@@ -131,7 +131,7 @@ enum CkptCommand {
     },
     /// Write a checkpoint's model weights whole, as another framework loads them: --format hf, a
     /// folder Hugging Face's transformers reads with from_pretrained (model.safetensors and
-    /// config.json; the llama model).
+    /// config.json; the llama and moe models).
     #[command(
         after_help = "Examples:\n  autopar ckpt export run/ckpt llama-hf --format hf --model llama --width 32 --depth 2 --heads 4 --kv-heads 2 --ffn-width 48 --num-classes 50"
     )]
@@ -445,14 +445,14 @@ fn inspect_group(g: &GroupInfo, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `ckpt export --format hf`: every parameter of the model the flags describe (a llama), read
+/// `ckpt export --format hf`: every parameter of the model the flags describe (a llama or moe), read
 /// whole from `src` one at a time, into `out/model.safetensors` (transformers' names, which are
 /// the llama's own), and `out/config.json` with its sizes. Returns the tensors written.
 fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<PathBuf>, args: &super::common::ModelArgs) -> Result<usize> {
     use autopar_models::{model_by_name, Mode};
     let (name, mut opts) = super::common::model_options(args, &super::common::FileConfig::default())?;
-    if name != "llama" {
-        bail!("--format hf writes Llama checkpoints, not {name}\nhint: pass --model llama and its sizes");
+    if name != "llama" && name != "moe" {
+        bail!("--format hf writes Llama and Mixtral checkpoints (llama, moe), not {name}\nhint: pass --model llama or moe and its sizes");
     }
     super::common::hf_model_options(&name, src, &mut opts)?;
     let model = model_by_name(&name, &opts)?;
@@ -480,15 +480,16 @@ fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<Path
         writer.write_tensor(param, &bytes)?;
     }
     writer.finish()?;
-    let c = autopar_models::llama_config(&opts)?;
+    let moe = name == "moe";
+    let c = if moe { autopar_models::moe_config(&opts)? } else { autopar_models::llama_config(&opts)? };
     let dtype = specs.first().map_or("float32", |s| match s.1 {
         autopar_checkpoint::DType::BFloat16 => "bfloat16",
         autopar_checkpoint::DType::Float16 => "float16",
         _ => "float32",
     });
-    let config = json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    let mut config = json!({
+        "architectures": [if moe { "MixtralForCausalLM" } else { "LlamaForCausalLM" }],
+        "model_type": if moe { "mixtral" } else { "llama" },
         "hidden_size": c.width,
         "intermediate_size": c.ffn_width,
         "num_hidden_layers": c.layers,
@@ -504,6 +505,12 @@ fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<Path
         "mlp_bias": false,
         "torch_dtype": dtype,
     });
+    if moe {
+        config["num_local_experts"] = json!(c.experts);
+        config["num_experts_per_tok"] = json!(c.top_k);
+        config["router_jitter_noise"] = json!(0.0);
+        config["output_router_logits"] = json!(false);
+    }
     autopar_checkpoint::io::write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     Ok(order.len())
 }

@@ -19,7 +19,7 @@ use clap::Args;
 /// The model and its sizes (shared by `train` and `plan`).
 #[derive(Args, Debug, Default, Clone)]
 pub struct ModelArgs {
-    /// Model: mlp, resnet18, resnet34, resnet50, gpt or llama.
+    /// Model: mlp, resnet18, resnet34, resnet50, gpt, llama or moe (a llama whose MLPs are experts).
     #[arg(long, help_heading = "Model")]
     pub model: Option<String>,
     /// Hidden width (mlp), base channels (resnet) or model width (gpt, llama).
@@ -40,7 +40,13 @@ pub struct ModelArgs {
     /// The rotary position embedding's base (llama; default 10000).
     #[arg(long, value_name = "THETA", help_heading = "Model")]
     pub rope_theta: Option<f64>,
-    /// Classes (the vocabulary for gpt and llama); default: the dataset's.
+    /// Experts of each block's MLP (moe; default 4).
+    #[arg(long, help_heading = "Model")]
+    pub experts: Option<usize>,
+    /// Experts each token is routed to, weighted by its renormalised router probabilities (moe; default 2).
+    #[arg(long, help_heading = "Model")]
+    pub top_k: Option<usize>,
+    /// Classes (the vocabulary for gpt, llama and moe); default: the dataset's.
     #[arg(long, help_heading = "Model")]
     pub num_classes: Option<usize>,
     /// Shape of one sample, e.g. 784 or 3,32,32 (gpt, llama: the context length); default: the data's.
@@ -193,7 +199,9 @@ fn parse_shape(text: &str) -> Result<Vec<usize>> {
 /// The model's name (lowercase, checked) and its options, flags over the file.
 pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelOptions)> {
     let name = m.model.clone().or_else(|| file.model.clone()).ok_or_else(|| {
-        anyhow!("no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt|llama (or `model = \"mlp\"` in the --config file)")
+        anyhow!(
+            "no model given\nhint: pass --model mlp|resnet18|resnet34|resnet50|gpt|llama|moe (or `model = \"mlp\"` in the --config file)"
+        )
     })?;
     let lower = name.to_ascii_lowercase();
     if !autopar_models::MODEL_NAMES.contains(&lower.as_str()) {
@@ -206,6 +214,8 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
         kv_heads: m.kv_heads.or(file.kv_heads),
         ffn_width: m.ffn_width.or(file.ffn_width),
         rope_theta: m.rope_theta.or(file.rope_theta),
+        experts: m.experts.or(file.experts),
+        top_k: m.top_k.or(file.top_k),
         num_classes: m.num_classes.or(file.num_classes),
         ..Default::default()
     };
@@ -230,37 +240,33 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
 /// architecture, or one asking for what autopar's Llama lacks (biases, rope scaling, another
 /// activation), is an error. Returns the file read, if any.
 pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) -> Result<Option<PathBuf>> {
-    if model != "llama" {
-        return Ok(None);
-    }
+    let want = match model {
+        "llama" => "llama",
+        "moe" => "mixtral",
+        _ => return Ok(None),
+    };
     let dir = if weights.is_dir() { weights } else { weights.parent().unwrap_or(Path::new(".")) };
     let path = dir.join("config.json");
     if !path.is_file() {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let cfg: serde_json::Value = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{} is not JSON
-hint: it should be transformers' config.json of the checkpoint",
-            path.display()
-        )
-    })?;
+    let cfg: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON\nhint: it should be transformers' config.json of the checkpoint", path.display()))?;
     let kind = cfg.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
-    if kind != "llama" {
+    if kind != want {
         bail!(
-            "{} describes a {kind:?} model, not a Llama
-hint: autopar's llama reads LlamaForCausalLM checkpoints (model_type \"llama\")",
+            "{} describes a {kind:?} model, not a {want:?} one\nhint: autopar's llama reads LlamaForCausalLM checkpoints (model_type \"llama\"), its moe MixtralForCausalLM ones (\"mixtral\")",
             path.display()
         );
     }
-    let refuse = |key: &str, why: &str| -> Result<()> {
-        bail!(
-            "{} sets {key}, which autopar's llama does not have ({why})
-hint: only Llamas without biases and rope scaling, with SiLU, load",
-            path.display()
-        )
-    };
+    if cfg.get("router_jitter_noise").and_then(|v| v.as_f64()).is_some_and(|j| j != 0.0) {
+        refuse_key(&path, "router_jitter_noise", "its router adds no noise")?;
+    }
+    if cfg.get("output_router_logits").and_then(|v| v.as_bool()) == Some(true) {
+        refuse_key(&path, "output_router_logits", "it has no auxiliary load-balancing loss yet")?;
+    }
+    let refuse = |key: &str, why: &str| refuse_key(&path, key, why);
     for key in ["attention_bias", "mlp_bias"] {
         if cfg.get(key).and_then(|v| v.as_bool()) == Some(true) {
             refuse(key, "its projections have no bias")?;
@@ -288,7 +294,19 @@ hint: only Llamas without biases and rope scaling, with SiLU, load",
     opts.rope_theta = opts.rope_theta.or(number("rope_theta"));
     opts.rms_eps = opts.rms_eps.or(number("rms_norm_eps"));
     opts.tie_embeddings = opts.tie_embeddings.or(cfg.get("tie_word_embeddings").and_then(|v| v.as_bool()));
+    if model == "moe" {
+        opts.experts = opts.experts.or(size("num_local_experts")?);
+        opts.top_k = opts.top_k.or(size("num_experts_per_tok")?);
+    }
     Ok(Some(path))
+}
+
+/// A `config.json` setting autopar's llama and moe cannot follow, refused by name.
+fn refuse_key(path: &Path, key: &str, why: &str) -> Result<()> {
+    bail!(
+        "{} sets {key}, which autopar's llama does not have ({why})\nhint: only Llamas and Mixtrals without biases, rope scaling, router noise or auxiliary loss, with SiLU, load",
+        path.display()
+    )
 }
 
 /// The device count and the mode may each be given twice on the command line (`--devices N`

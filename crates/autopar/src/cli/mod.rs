@@ -51,7 +51,7 @@ pub enum Command {
     /// Start a job of N processes through OpenMPI's mpirun (one rank each, across hosts with
     /// --hostfile); says how to install OpenMPI when it is missing.
     Launch(launch::LaunchArgs),
-    /// Train a model (mlp, resnet18/34/50, gpt, llama) on CIFAR-10, MNIST, a tensor file or synthetic
+    /// Train a model (mlp, resnet18/34/50, gpt, llama, moe) on CIFAR-10, MNIST, a tensor file or synthetic
     /// data, on one device or --devices N; checkpoints, resume, metrics, evaluation.
     Train(Box<train::TrainArgs>),
     /// Evaluate a checkpoint (a file, or a run's folder of per-rank files) on a data set, on one
@@ -183,6 +183,8 @@ pub fn as_flags(line: &str) -> String {
         ("kv_heads", "--kv-heads"),
         ("ffn_width", "--ffn-width"),
         ("rope_theta", "--rope-theta"),
+        ("experts", "--experts"),
+        ("top_k", "--top-k"),
         ("num_classes", "--num-classes"),
         ("input_shape", "--input-shape"),
         ("data", "--data"),

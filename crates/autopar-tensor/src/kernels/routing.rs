@@ -1,0 +1,124 @@
+//! A mixture of experts' router: of each row of expert probabilities `[.., E]`, the `k` largest
+//! kept (renormalised to sum to one, as Mixtral's router does, when asked) and the rest zero:
+//! the weights with which each token's expert outputs are combined.
+
+use super::float_dispatch;
+use crate::{ExecCtx, Float, Result, Tensor, TensorError};
+
+fn check(op: &'static str, p: &Tensor, k: usize) -> Result<usize> {
+    let e = p.shape().last().copied().unwrap_or(0);
+    if p.rank() == 0 || k == 0 || k > e {
+        return Err(TensorError::InvalidArgument { op, name: "k", value: format!("{k} of {e} experts"), expected: "1 <= k <= experts" });
+    }
+    Ok(e)
+}
+
+/// The indices of the `k` largest of `row`, ties to the lower index.
+fn top<T: Float>(row: &[T], k: usize, chosen: &mut Vec<usize>) {
+    chosen.clear();
+    for _ in 0..k {
+        let mut best: Option<usize> = None;
+        for (i, &v) in row.iter().enumerate() {
+            if !chosen.contains(&i) && best.is_none_or(|b| v > row[b]) {
+                best = Some(i);
+            }
+        }
+        chosen.extend(best);
+    }
+}
+
+/// Each row's `k` largest probabilities, the rest zero; renormalised over the chosen when
+/// `renormalize`.
+pub fn top_k_weights(ctx: &ExecCtx, p: &Tensor, k: usize, renormalize: bool) -> Result<Tensor> {
+    let op = "router_top_k";
+    let e = check(op, p, k)?;
+    float_dispatch!(op, p.dtype(), T => {
+        let pc = p.contiguous();
+        let ps = pc.shared::<T>()?.as_slice().expect("contiguous");
+        let mut out = vec![T::zero(); ps.len()];
+        ctx.for_chunks(&mut out, e.max(1), |r, o| {
+            let row = &ps[r * e..][..e];
+            let mut chosen = Vec::with_capacity(k);
+            top(row, k, &mut chosen);
+            let sum: T = chosen.iter().map(|&i| row[i]).fold(T::zero(), |a, b| a + b);
+            for &i in &chosen {
+                o[i] = if renormalize { row[i] / sum } else { row[i] };
+            }
+        });
+        Tensor::from_vec(p.shape(), out)
+    })
+}
+
+/// Backward of [`top_k_weights`] from `dy` and the forward's input `p`: zero for the experts a
+/// row did not choose; for the chosen, `dy` (or, renormalised by their sum `S`,
+/// `(dy_j − Σ_i dy_i w_i) / S`).
+pub fn top_k_weights_backward(ctx: &ExecCtx, p: &Tensor, dy: &Tensor, k: usize, renormalize: bool) -> Result<Tensor> {
+    let op = "router_top_k_backward";
+    let e = check(op, p, k)?;
+    super::same_dtype(op, "output gradient", p, dy)?;
+    super::same_shape(op, p.shape(), dy.shape(), "the output gradient has the probabilities' shape")?;
+    float_dispatch!(op, p.dtype(), T => {
+        let (pc, dc) = (p.contiguous(), dy.contiguous());
+        let (ps, ds) = (pc.shared::<T>()?, dc.shared::<T>()?);
+        let (ps, ds) = (ps.as_slice().expect("contiguous"), ds.as_slice().expect("contiguous"));
+        let mut out = vec![T::zero(); ps.len()];
+        ctx.for_chunks(&mut out, e.max(1), |r, o| {
+            let (row, d) = (&ps[r * e..][..e], &ds[r * e..][..e]);
+            let mut chosen = Vec::with_capacity(k);
+            top(row, k, &mut chosen);
+            if !renormalize {
+                for &i in &chosen {
+                    o[i] = d[i];
+                }
+                return;
+            }
+            let sum: T = chosen.iter().map(|&i| row[i]).fold(T::zero(), |a, b| a + b);
+            let dot: T = chosen.iter().map(|&i| d[i] * row[i] / sum).fold(T::zero(), |a, b| a + b);
+            for &i in &chosen {
+                o[i] = (d[i] - dot) / sum;
+            }
+        });
+        Tensor::from_vec(p.shape(), out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn the_k_largest_are_kept_and_renormalised() {
+        let p = Tensor::from_vec(&[2, 4], vec![0.1f64, 0.4, 0.2, 0.3, 0.5, 0.1, 0.3, 0.1]).unwrap();
+        let ctx = ExecCtx::serial();
+        let w = top_k_weights(&ctx, &p, 2, true).unwrap().to_f64_vec();
+        let want = [0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7, 0.5 / 0.8, 0.0, 0.3 / 0.8, 0.0];
+        assert!(w.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{w:?}");
+        let raw = top_k_weights(&ctx, &p, 1, false).unwrap().to_f64_vec();
+        assert_eq!(raw, vec![0.0, 0.4, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0]);
+        assert!(top_k_weights(&ctx, &p, 5, true).is_err());
+    }
+
+    #[test]
+    fn the_backward_matches_finite_differences() {
+        let ctx = ExecCtx::serial();
+        let p = crate::random::uniform(&[3, 5], 0.1, 1.0, 3, DType::F64);
+        let dy = crate::random::uniform(&[3, 5], -1.0, 1.0, 4, DType::F64);
+        for renormalize in [true, false] {
+            let g = top_k_weights_backward(&ctx, &p, &dy, 2, renormalize).unwrap().to_f64_vec();
+            let f = |q: &Tensor| -> f64 {
+                top_k_weights(&ctx, q, 2, renormalize).unwrap().to_f64_vec().iter().zip(dy.to_f64_vec()).map(|(a, b)| a * b).sum()
+            };
+            let vals = p.to_f64_vec();
+            for i in 0..vals.len() {
+                let bump = |h: f64| {
+                    let mut v = vals.clone();
+                    v[i] += h;
+                    f(&Tensor::from_vec(&[3, 5], v).unwrap())
+                };
+                let fd = (bump(1e-6) - bump(-1e-6)) / 2e-6;
+                assert!((fd - g[i]).abs() < 1e-6, "renormalize {renormalize} [{i}]: {} vs {fd}", g[i]);
+            }
+        }
+    }
+}
