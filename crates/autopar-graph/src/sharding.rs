@@ -64,8 +64,9 @@ pub enum Tie {
     /// the ranks that split them (BatchNorm in training over the batch, Softmax over its axis,
     /// LayerNorm over the normalised dimensions). The local op gets that group.
     Stats(Vec<usize>),
-    /// Randomness keyed by the element's position in the whole tensor (Dropout): the local op
-    /// gets the block its slice of input 0 is.
+    /// A result keyed by the element's position in the whole tensor (Dropout's randomness, the
+    /// positions of RotaryEmbedding and causal Attention): the local op gets the block its slice
+    /// of input 0 is.
     Block,
     /// Input `input` holds rows `dim` of a table split across ranks (Gather on a split
     /// vocabulary): the local op gets which rows.
@@ -602,7 +603,8 @@ pub fn group_reduce(group: &[usize], count: usize, dtype: DType) -> Option<CommC
     (group.len() > 1).then(|| CommCall { kind: Collective::AllReduce, group: sorted(group), bytes: count * dtype.size() })
 }
 
-/// Where a local block sits in the whole tensor: its offset per dimension and the whole shape.
+/// Where a local block sits in the whole tensor: its offset per dimension and the whole shape
+/// (what Dropout's mask and the positions of RotaryEmbedding and Attention are keyed by).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DropoutBlock {
     /// Shape of the whole tensor.

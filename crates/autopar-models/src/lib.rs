@@ -433,6 +433,14 @@ pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
 /// The mixture of experts `opts` describe: [`llama_config`] with `experts` (default 4) and
 /// `top_k` (default 2).
 pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
+    if opts.experts == Some(0) {
+        return Err(ModelError::BadConfig {
+            model: "moe".into(),
+            field: "experts",
+            value: "0".into(),
+            expected: "at least 1 (a dense MLP is the llama model)".into(),
+        });
+    }
     let cfg = LlamaConfig { experts: opts.experts.unwrap_or(4), top_k: opts.top_k.unwrap_or(2), ..llama_config(opts)? };
     Llama::new(cfg.clone()).map_err(by_option)?;
     Ok(cfg)

@@ -1,4 +1,4 @@
-//! A Llama-family decoder (Llama 2/3, Mistral, Qwen 2 without biases): a token embedding,
+//! A Llama-family decoder (Llama 2/3; with experts, Mixtral): a token embedding,
 //! pre-RMSNorm blocks of causal grouped-query attention with rotary position embeddings and a
 //! SwiGLU MLP, a final RMSNorm and an LM head; loss is the mean softmax cross-entropy of every
 //! next token.

@@ -184,8 +184,8 @@ struct Caches {
     /// A normalisation backward's `(dx, dgamma)` pair, for its sibling node.
     norm: HashMap<NormKey, (Tensor, Tensor)>,
     /// Statistics a synchronised normalisation gathered over its group in the forward pass, by
-    /// its input node, for its backward (which then needs no second round of all-reduces).
-    stats: HashMap<NodeId, SyncedStats>,
+    /// its input, kind, eps and axis ([`SavedKey`]), for its backward (which then needs no second round of all-reduces).
+    stats: HashMap<SavedKey, SyncedStats>,
     /// The statistics an unsynchronised batch or layer norm's forward pass saved, for its
     /// backward (which then does not read its input twice more to recompute them).
     saved: HashMap<SavedKey, norm::NormSaved>,
@@ -671,7 +671,7 @@ impl Executor {
                 if bn.training {
                     let out = if bn.group.len() > 1 {
                         let stats = self.batch_stats(node, x[0], &bn.group, collectives)?;
-                        caches.stats.insert(node.inputs[0], stats.clone());
+                        caches.stats.insert(saved_key(node).expect("a normalisation"), stats.clone());
                         let stats = norm::BatchStats { mean: stats.mean, var: stats.var, count: stats.count };
                         norm::batch_norm_train_with(cx, x[0], x[1], x[2], mean, var, &stats, bn.momentum, bn.eps).map_err(k)?
                     } else {
@@ -712,7 +712,7 @@ impl Executor {
                 } else {
                     let (dx, dgamma) = if bn.training && bn.group.len() > 1 {
                         let need_dx = bn.of == NormGradOf::Input || self.shared_norm.contains(&key);
-                        let stats = match caches.stats.get(&node.inputs[1]) {
+                        let stats = match caches.stats.get(&saved_key(node).expect("a normalisation gradient")) {
                             Some(s) => s.clone(),
                             None => self.batch_stats(node, x[1], &bn.group, collectives)?,
                         };
@@ -744,7 +744,7 @@ impl Executor {
                 let stats = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, collectives)?;
                 let y =
                     norm::layer_norm_with(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, &stats.mean, &stats.var, ln.eps).map_err(k)?.0;
-                caches.stats.insert(node.inputs[0], stats);
+                caches.stats.insert(saved_key(node).expect("a normalisation"), stats);
                 y
             }
             OpKind::LayerNorm(ln) => {
@@ -760,7 +760,7 @@ impl Executor {
                     pair
                 } else {
                     let (dx, dgamma) = if ln.group.len() > 1 {
-                        let stats = match caches.stats.get(&node.inputs[1]) {
+                        let stats = match caches.stats.get(&saved_key(node).expect("a normalisation gradient")) {
                             Some(s) => s.clone(),
                             None => self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, collectives)?,
                         };
@@ -786,7 +786,7 @@ impl Executor {
             OpKind::RmsNorm(n) if n.group.len() > 1 => {
                 let stats = self.mean_squares(node, x[0], n.begin_norm_axis, &n.group, collectives)?;
                 let y = norm::rms_norm_with(cx, x[0], x[1], n.begin_norm_axis as isize, &stats.var, n.eps).map_err(k)?.0;
-                caches.stats.insert(node.inputs[0], stats);
+                caches.stats.insert(saved_key(node).expect("a normalisation"), stats);
                 y
             }
             OpKind::RmsNorm(n) => {
@@ -794,67 +794,12 @@ impl Executor {
                 caches.saved.insert(saved_key(node).expect("a normalisation"), saved);
                 y
             }
-            OpKind::RmsNormGrad(n) => {
-                // Inputs (dy, x, gamma); computed once for both nodes, as LayerNormGrad.
-                let key = norm_key(node).expect("a normalisation gradient");
-                let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
-                    pair
-                } else {
-                    let a = n.begin_norm_axis as isize;
-                    let (dx, dgamma) = if n.group.len() > 1 {
-                        let stats = match caches.stats.get(&node.inputs[1]) {
-                            Some(s) => s.clone(),
-                            None => self.mean_squares(node, x[1], n.begin_norm_axis, &n.group, collectives)?,
-                        };
-                        let (_, saved) = norm::rms_norm_with(cx, x[1], x[2], a, &stats.var, n.eps).map_err(k)?;
-                        let sums = norm::rms_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
-                        let sums = if n.of == NormGradOf::Input || self.shared_norm.contains(&key) {
-                            let summed = self.sum_over(node, &n.group, sums.to_f64_vec(), collectives)?;
-                            Tensor::from_vec(sums.shape(), summed).map_err(k)?.cast(sums.dtype())
-                        } else {
-                            sums
-                        };
-                        norm::rms_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &sums, stats.count).map_err(k)?
-                    } else {
-                        let saved = match caches.saved.get(&saved_key(node).expect("a normalisation gradient")) {
-                            Some(s) => s.clone(),
-                            None => norm::rms_norm_saved(cx, x[1], a, n.eps).map_err(k)?,
-                        };
-                        norm::rms_norm_backward(cx, x[1], x[2], &saved, x[0], a).map_err(k)?
-                    };
-                    self.share(&mut caches.norm, key, &dx, &dgamma);
-                    (dx, dgamma)
-                };
-                match n.of {
-                    NormGradOf::Input => dx,
-                    NormGradOf::Gamma => dgamma,
-                }
-            }
+            OpKind::RmsNormGrad(n) => self.rms_norm_grad(node, x, n, caches, collectives)?,
             OpKind::RotaryEmbedding(r) => rotary::rotary_embedding(cx, x[0], r.theta, r.offset, r.inverse).map_err(k)?,
             OpKind::RouterTopK(r) => routing::top_k_weights(cx, x[0], r.k, r.renormalize).map_err(k)?,
             OpKind::RouterTopKGrad(r) => routing::top_k_weights_backward(cx, x[1], x[0], r.k, r.renormalize).map_err(k)?,
             OpKind::Attention(a) => attention::attention(cx, x[0], x[1], x[2], a.scale, a.causal, a.row_offset).map_err(k)?,
-            OpKind::AttentionGrad(a) => {
-                // Inputs (dy, q, k, v): the three gradients computed once, kept for the siblings.
-                let key = attention_key(node).expect("an attention gradient");
-                match caches.attention.remove(&key) {
-                    Some(g) => g,
-                    None => {
-                        let grads =
-                            attention::attention_backward(cx, x[1], x[2], x[3], x[0], a.scale, a.causal, a.row_offset).map_err(k)?;
-                        let mut mine = None;
-                        for (of, g) in [grads.0, grads.1, grads.2].into_iter().enumerate() {
-                            let sibling = (key.0.clone(), key.1, key.2, key.3, of as u8);
-                            if sibling == key {
-                                mine = Some(g);
-                            } else if self.attention_grads.contains(&sibling) {
-                                caches.attention.insert(sibling, g);
-                            }
-                        }
-                        mine.expect("one of the three")
-                    }
-                }
-            }
+            OpKind::AttentionGrad(a) => self.attention_grad(node, x, a, caches)?,
             // The mask depends on (seed, step, the element's index in the whole tensor) only, so
             // the backward Dropout node (same seed, step and block) applies the same mask to dy.
             // A micro-batch's mask is its rows of the whole step's.
@@ -957,6 +902,79 @@ impl Executor {
         let sq = self.sum_over(node, group, sq, collectives)?;
         let var = Tensor::from_vec(&rows_shape, sq.iter().map(|s| s / count.max(1) as f64).collect()).map_err(k)?.cast(x.dtype());
         Ok(SyncedStats { mean, var, count })
+    }
+
+    /// RMSNorm's backward, inputs `(dy, x, gamma)`: `dx` and `dgamma` computed once for both
+    /// sibling nodes, from the forward's statistics (over the group when the normalised
+    /// dimensions are split).
+    fn rms_norm_grad(
+        &self,
+        node: &Node,
+        x: &[&Tensor],
+        n: &RmsNormGrad,
+        caches: &mut Caches,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<Tensor> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        // Inputs (dy, x, gamma); computed once for both nodes, as LayerNormGrad.
+        let key = norm_key(node).expect("a normalisation gradient");
+        let (dx, dgamma) = if let Some(pair) = caches.norm.remove(&key) {
+            pair
+        } else {
+            let a = n.begin_norm_axis as isize;
+            let (dx, dgamma) = if n.group.len() > 1 {
+                let stats = match caches.stats.get(&saved_key(node).expect("a normalisation gradient")) {
+                    Some(s) => s.clone(),
+                    None => self.mean_squares(node, x[1], n.begin_norm_axis, &n.group, collectives)?,
+                };
+                let (_, saved) = norm::rms_norm_with(cx, x[1], x[2], a, &stats.var, n.eps).map_err(k)?;
+                let sums = norm::rms_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
+                let sums = if n.of == NormGradOf::Input || self.shared_norm.contains(&key) {
+                    let summed = self.sum_over(node, &n.group, sums.to_f64_vec(), collectives)?;
+                    Tensor::from_vec(sums.shape(), summed).map_err(k)?.cast(sums.dtype())
+                } else {
+                    sums
+                };
+                norm::rms_norm_backward_with(cx, x[1], x[2], &saved, x[0], a, &sums, stats.count).map_err(k)?
+            } else {
+                let saved = match caches.saved.get(&saved_key(node).expect("a normalisation gradient")) {
+                    Some(s) => s.clone(),
+                    None => norm::rms_norm_saved(cx, x[1], a, n.eps).map_err(k)?,
+                };
+                norm::rms_norm_backward(cx, x[1], x[2], &saved, x[0], a).map_err(k)?
+            };
+            self.share(&mut caches.norm, key, &dx, &dgamma);
+            (dx, dgamma)
+        };
+        Ok(match n.of {
+            NormGradOf::Input => dx,
+            NormGradOf::Gamma => dgamma,
+        })
+    }
+
+    /// Attention's backward, inputs `(dy, q, k, v)`: the three gradients computed once, those of
+    /// the sibling nodes kept for them.
+    fn attention_grad(&self, node: &Node, x: &[&Tensor], a: &AttentionGrad, caches: &mut Caches) -> Result<Tensor> {
+        let cx = &self.ctx;
+        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
+        let key = attention_key(node).expect("an attention gradient");
+        Ok(match caches.attention.remove(&key) {
+            Some(g) => g,
+            None => {
+                let grads = attention::attention_backward(cx, x[1], x[2], x[3], x[0], a.scale, a.causal, a.row_offset).map_err(k)?;
+                let mut mine = None;
+                for (of, g) in [grads.0, grads.1, grads.2].into_iter().enumerate() {
+                    let sibling = (key.0.clone(), key.1, key.2, key.3, of as u8);
+                    if sibling == key {
+                        mine = Some(g);
+                    } else if self.attention_grads.contains(&sibling) {
+                        caches.attention.insert(sibling, g);
+                    }
+                }
+                mine.expect("one of the three")
+            }
+        })
     }
 
     /// RMSNorm over normalised dimensions split over `group`: each row's mean square over the

@@ -55,6 +55,8 @@
 //! | LayerNorm | `norm::layer_norm` | `norm::layer_norm_backward` |
 //! | RMSNorm | `norm::rms_norm` | `norm::rms_norm_backward` |
 //! | RotaryEmbedding | `rotary::rotary_embedding(x, theta, offset, false)` | the same with `inverse` true |
+//! | Attention (fused, causal, grouped-query) | `attention::attention` | `attention::attention_backward` (dq, dk, dv) |
+//! | RouterTopK | `routing::top_k_weights` | `routing::top_k_weights_backward` |
 //! | MaxPool, AvgPool | `pool::{max_pool2d, avg_pool2d}` | `pool::{max_pool2d_backward, avg_pool2d_backward}` |
 //! | global average pool | `pool::global_avg_pool` | `pool::global_avg_pool_backward` |
 //! | Dropout | `dropout::dropout(x, p, seed)`, `dropout::dropout_slice` (a shard draws the full tensor's mask) | `dropout::dropout_backward(dy, mask)` |

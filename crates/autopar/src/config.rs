@@ -63,6 +63,10 @@ pub struct FileConfig {
     pub ffn_width: Option<usize>,
     /// `--rope-theta` (see `autopar train --help`).
     pub rope_theta: Option<f64>,
+    /// `--rms-eps` (see `autopar train --help`).
+    pub rms_eps: Option<f64>,
+    /// `--tie-embeddings` (see `autopar train --help`).
+    pub tie_embeddings: Option<bool>,
     /// `--experts` (see `autopar train --help`).
     pub experts: Option<usize>,
     /// `--top-k` (see `autopar train --help`).

@@ -119,6 +119,26 @@ fn a_sharded_transformers_checkpoint_loads_from_its_folder_or_its_index() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("config.json describes a \"qwen2\" model"), "{err}");
 
+    // What autopar's llama cannot follow is refused by the key that asks for it.
+    let base: Value = serde_json::from_str(&std::fs::read_to_string(sharded.join("config.json")).unwrap()).unwrap();
+    for (key, value, says) in [
+        ("rope_parameters", serde_json::json!({"rope_type": "llama3", "rope_theta": 500000.0}), "rope_parameters.rope_type"),
+        ("sliding_window", serde_json::json!(4), "sliding_window"),
+        ("head_dim", serde_json::json!(4), "head_dim"),
+        ("attention_dropout", serde_json::json!(0.1), "attention_dropout"),
+        ("rms_norm_eps", serde_json::json!("small"), "rms_norm_eps is \"small\", not a number"),
+    ] {
+        let mut cfg = base.clone();
+        cfg[key] = value;
+        std::fs::write(other.path().join("config.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
+        let mut args: Vec<String> =
+            ["predict".to_string(), other.path().display().to_string(), "--output".into(), "q.safetensors".into()].to_vec();
+        args.extend(bare.iter().map(|s| s.to_string()));
+        let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{key}: {err}");
+    }
+
     // A shard the index lists but the folder lacks is named.
     let broken = tempfile::tempdir().unwrap();
     std::fs::copy(sharded.join("model.safetensors.index.json"), broken.path().join("model.safetensors.index.json")).unwrap();
@@ -288,4 +308,19 @@ fn a_transformers_mixtral_gives_its_logits_and_trains_to_pytorchs_losses_on_ever
             assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b}");
         }
     }
+    // Exported again (sizes from its config.json), it is Mixtral's config and the same logits.
+    let o = autopar(dir.path(), &["ckpt", "export", &folder, "again", "--format", "hf", "--model", "moe"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("again/config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (config["model_type"].as_str(), config["num_local_experts"].as_u64()),
+        (Some("mixtral"), e["sizes"]["num_local_experts"].as_u64())
+    );
+    assert_eq!(config["tie_word_embeddings"], true);
+    assert_eq!(config["rms_norm_eps"], e["sizes"]["rms_norm_eps"]);
+    let mut args = vec!["predict", "again", "--output", "p.safetensors"];
+    args.extend(model);
+    let o = autopar(dir.path(), &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(logits_of(&dir.path().join("p.safetensors")).iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "the export's logits");
 }

@@ -1153,6 +1153,18 @@ pub struct Attention {
     pub row_offset: usize,
 }
 
+/// (query row, key) pairs an attention of `q [N, KV, G, T, D]` over `s` keys computes: every
+/// pair, or causally (rows from position `first`) the keys up to each row's position.
+fn attention_pairs(q: &[usize], s: usize, causal: Option<usize>) -> f64 {
+    let heads: usize = q[..3].iter().product();
+    let t = q[3];
+    let per_head = match causal {
+        None => (t * s) as f64,
+        Some(first) => (0..t).map(|r| (first + r + 1).min(s) as f64).sum(),
+    };
+    heads as f64 * per_head
+}
+
 fn attention_check(cx: &InferCx<'_>, from: usize, causal: Option<usize>) -> Result<()> {
     let (q, k, v) = (cx.shape(from), cx.shape(from + 1), cx.shape(from + 2));
     if q.len() != 5 {
@@ -1221,13 +1233,12 @@ impl OpDef for Attention {
         let begin = cx.block.as_ref().and_then(|b| b.begin.get(3).copied()).unwrap_or(0);
         Attention { row_offset: self.row_offset + begin, ..self.clone() }.into()
     }
-    /// Two products of `T x S` per query head (scores, then values), and the softmax.
+    /// Two products over the keys each query row sees per query head (scores, then values),
+    /// and the softmax.
     fn cost(&self, cx: &CostCx<'_>) -> OpCost {
         let (q, v) = (&cx.inputs[0].shape, &cx.inputs[2].shape);
-        let rows: usize = q[..4].iter().product();
-        let s = v[2];
-        let flops = 2.0 * rows as f64 * s as f64 * (q[4] + v[3]) as f64 + 5.0 * rows as f64 * s as f64;
-        OpCost { flops, bytes: cx.traffic(), comm: Vec::new() }
+        let pairs = attention_pairs(q, v[2], self.causal.then_some(self.row_offset));
+        OpCost { flops: pairs * (2.0 * (q[4] + v[3]) as f64 + 5.0), bytes: cx.traffic(), comm: Vec::new() }
     }
 }
 
@@ -1292,10 +1303,8 @@ impl OpDef for AttentionGrad {
     /// computed once for the three siblings (a third counted on each).
     fn cost(&self, cx: &CostCx<'_>) -> OpCost {
         let (q, v) = (&cx.inputs[1].shape, &cx.inputs[3].shape);
-        let rows: usize = q[..4].iter().product();
-        let s = v[2];
-        let flops = 2.0 * rows as f64 * s as f64 * (3 * q[4] + 2 * v[3]) as f64 / 3.0;
-        OpCost { flops, bytes: cx.traffic(), comm: Vec::new() }
+        let pairs = attention_pairs(q, v[2], self.causal.then_some(self.row_offset));
+        OpCost { flops: 2.0 * pairs * (3 * q[4] + 2 * v[3]) as f64 / 3.0, bytes: cx.traffic(), comm: Vec::new() }
     }
 }
 

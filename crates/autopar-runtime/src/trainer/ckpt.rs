@@ -308,6 +308,14 @@ impl PieceSource {
     pub fn open(path: &Path, strategy: Option<PathBuf>) -> TrainResult<Self> {
         let ck_err = |e: autopar_checkpoint::CheckpointError| TrainError::Checkpoint { path: path.to_path_buf(), error: Box::new(e) };
         if let Some(files) = autopar_checkpoint::hf::shard_files(path).map_err(ck_err)? {
+            if let Some(s) = strategy {
+                return Err(TrainError::Config {
+                    option: "init_strategy",
+                    value: s.display().to_string(),
+                    expected: format!("none: {} is a Hugging Face checkpoint of whole tensors", path.display()),
+                    hint: "drop the strategy file; it describes per-rank checkpoints".into(),
+                });
+            }
             return Ok(Self { path: path.to_path_buf(), files, strategy: None });
         }
         if path.is_dir() {

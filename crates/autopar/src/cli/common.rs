@@ -31,15 +31,21 @@ pub struct ModelArgs {
     /// Attention heads (gpt; llama: query heads).
     #[arg(long, help_heading = "Model")]
     pub heads: Option<usize>,
-    /// Key/value heads of grouped-query attention (llama; default: --heads).
+    /// Key/value heads of grouped-query attention (llama, moe; default: --heads when that is given, else 2).
     #[arg(long, help_heading = "Model")]
     pub kv_heads: Option<usize>,
     /// The MLP's hidden size (llama; default 344).
     #[arg(long, help_heading = "Model")]
     pub ffn_width: Option<usize>,
-    /// The rotary position embedding's base (llama; default 10000).
+    /// The rotary position embedding's base (llama, moe; default 10000).
     #[arg(long, value_name = "THETA", help_heading = "Model")]
     pub rope_theta: Option<f64>,
+    /// Epsilon of the RMSNorms (llama, moe; default 1e-6).
+    #[arg(long, value_name = "EPS", help_heading = "Model")]
+    pub rms_eps: Option<f64>,
+    /// The LM head reuses the token embedding (llama, moe; default false).
+    #[arg(long, value_name = "true|false", help_heading = "Model")]
+    pub tie_embeddings: Option<bool>,
     /// Experts of each block's MLP (moe; default 4).
     #[arg(long, help_heading = "Model")]
     pub experts: Option<usize>,
@@ -214,6 +220,8 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
         kv_heads: m.kv_heads.or(file.kv_heads),
         ffn_width: m.ffn_width.or(file.ffn_width),
         rope_theta: m.rope_theta.or(file.rope_theta),
+        rms_eps: m.rms_eps.or(file.rms_eps),
+        tie_embeddings: m.tie_embeddings.or(file.tie_embeddings),
         experts: m.experts.or(file.experts),
         top_k: m.top_k.or(file.top_k),
         num_classes: m.num_classes.or(file.num_classes),
@@ -236,9 +244,11 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
 /// a `save_pretrained` folder, or a file in one), for the options no flag or config file set:
 /// `hidden_size` (width), `num_hidden_layers` (depth), `num_attention_heads` (heads),
 /// `num_key_value_heads`, `intermediate_size`, `vocab_size` (num_classes), `rope_theta`,
-/// `rms_norm_eps` and `tie_word_embeddings`. Only for `llama`; a `config.json` of another
-/// architecture, or one asking for what autopar's Llama lacks (biases, rope scaling, another
-/// activation), is an error. Returns the file read, if any.
+/// `rms_norm_eps`, `tie_word_embeddings` (and for `moe` `num_local_experts`,
+/// `num_experts_per_tok`). Only for `llama` (model_type llama) and `moe` (mixtral); a
+/// `config.json` of another architecture, or asking for what autopar's models lack (biases,
+/// rope scaling, a sliding window, attention dropout, router noise, an auxiliary loss, another
+/// activation or head size), is an error naming the key. Returns the file read, if any.
 pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) -> Result<Option<PathBuf>> {
     let want = match model {
         "llama" => "llama",
@@ -260,40 +270,68 @@ pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) ->
             path.display()
         );
     }
-    if cfg.get("router_jitter_noise").and_then(|v| v.as_f64()).is_some_and(|j| j != 0.0) {
-        refuse_key(&path, "router_jitter_noise", "its router adds no noise")?;
-    }
-    if cfg.get("output_router_logits").and_then(|v| v.as_bool()) == Some(true) {
-        refuse_key(&path, "output_router_logits", "it has no auxiliary load-balancing loss yet")?;
-    }
     let refuse = |key: &str, why: &str| refuse_key(&path, key, why);
-    for key in ["attention_bias", "mlp_bias"] {
-        if cfg.get(key).and_then(|v| v.as_bool()) == Some(true) {
-            refuse(key, "its projections have no bias")?;
+    let number = |key: &str| -> Result<Option<f64>> {
+        match cfg.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| anyhow!("{}: {key} is {v}, not a number", path.display())),
         }
-    }
-    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
-        refuse("rope_scaling", "positions are rotated unscaled")?;
-    }
-    if let Some(act) = cfg.get("hidden_act").and_then(|v| v.as_str()).filter(|a| *a != "silu") {
-        refuse("hidden_act", &format!("its MLP is SwiGLU, not {act}"))?;
-    }
+    };
     let size = |key: &str| -> Result<Option<usize>> {
         match cfg.get(key) {
             None | Some(serde_json::Value::Null) => Ok(None),
             Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| anyhow!("{}: {key} is {v}, not a size", path.display())),
         }
     };
-    let number = |key: &str| cfg.get(key).and_then(|v| v.as_f64());
+    let flag = |key: &str| -> Result<Option<bool>> {
+        match cfg.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| anyhow!("{}: {key} is {v}, not true or false", path.display())),
+        }
+    };
+    // What autopar's models cannot follow is refused by name, not ignored.
+    for key in ["attention_bias", "mlp_bias", "output_router_logits"] {
+        if flag(key)? == Some(true) {
+            refuse(key, if key == "output_router_logits" { "no auxiliary load-balancing loss yet" } else { "no projection has a bias" })?;
+        }
+    }
+    for (key, why) in [("router_jitter_noise", "its router adds no noise"), ("attention_dropout", "its attention has no dropout")] {
+        if number(key)?.is_some_and(|v| v != 0.0) {
+            refuse(key, why)?;
+        }
+    }
+    if cfg.get("sliding_window").is_some_and(|v| !v.is_null()) {
+        refuse("sliding_window", "its attention sees every earlier position")?;
+    }
+    if cfg.get("rope_scaling").is_some_and(|v| !v.is_null()) {
+        refuse("rope_scaling", "positions are rotated unscaled")?;
+    }
+    // transformers 5 nests the rotation's settings in rope_parameters.
+    let rope = cfg.get("rope_parameters").filter(|v| !v.is_null());
+    if let Some(kind) = rope.and_then(|r| r.get("rope_type")).and_then(|v| v.as_str()).filter(|k| *k != "default") {
+        refuse("rope_parameters.rope_type", &format!("positions are rotated unscaled, not as {kind:?}"))?;
+    }
+    let theta = match rope.and_then(|r| r.get("rope_theta")) {
+        Some(v) => Some(v.as_f64().ok_or_else(|| anyhow!("{}: rope_parameters.rope_theta is {v}, not a number", path.display()))?),
+        None => number("rope_theta")?,
+    };
+    if let Some(act) = cfg.get("hidden_act").and_then(|v| v.as_str()).filter(|a| *a != "silu") {
+        refuse("hidden_act", &format!("its MLP is SwiGLU, not {act}"))?;
+    }
+    if let (Some(hd), Some(w), Some(h)) = (size("head_dim")?, size("hidden_size")?, size("num_attention_heads")?) {
+        if h == 0 || hd * h != w {
+            refuse("head_dim", &format!("its heads are hidden_size / num_attention_heads = {w} / {h} wide, not {hd}"))?;
+        }
+    }
     opts.width = opts.width.or(size("hidden_size")?);
     opts.depth = opts.depth.or(size("num_hidden_layers")?);
     opts.heads = opts.heads.or(size("num_attention_heads")?);
     opts.kv_heads = opts.kv_heads.or(size("num_key_value_heads")?);
     opts.ffn_width = opts.ffn_width.or(size("intermediate_size")?);
     opts.num_classes = opts.num_classes.or(size("vocab_size")?);
-    opts.rope_theta = opts.rope_theta.or(number("rope_theta"));
-    opts.rms_eps = opts.rms_eps.or(number("rms_norm_eps"));
-    opts.tie_embeddings = opts.tie_embeddings.or(cfg.get("tie_word_embeddings").and_then(|v| v.as_bool()));
+    opts.rope_theta = opts.rope_theta.or(theta);
+    opts.rms_eps = opts.rms_eps.or(number("rms_norm_eps")?);
+    opts.tie_embeddings = opts.tie_embeddings.or(flag("tie_word_embeddings")?);
     if model == "moe" {
         opts.experts = opts.experts.or(size("num_local_experts")?);
         opts.top_k = opts.top_k.or(size("num_experts_per_tok")?);

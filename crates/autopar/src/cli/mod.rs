@@ -183,6 +183,8 @@ pub fn as_flags(line: &str) -> String {
         ("kv_heads", "--kv-heads"),
         ("ffn_width", "--ffn-width"),
         ("rope_theta", "--rope-theta"),
+        ("rms_eps", "--rms-eps"),
+        ("tie_embeddings", "--tie-embeddings"),
         ("experts", "--experts"),
         ("top_k", "--top-k"),
         ("num_classes", "--num-classes"),
