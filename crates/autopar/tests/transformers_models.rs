@@ -17,6 +17,12 @@ fn autopar(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_autopar")).current_dir(dir).args(args).output().expect("autopar runs")
 }
 
+/// The `logits` of a safetensors file (transformers' or autopar predict's).
+fn logits_of(path: &Path) -> Vec<f32> {
+    let f = autopar_checkpoint::CheckpointFile::open(path).unwrap();
+    f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
 fn expected() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap()
 }
@@ -58,8 +64,7 @@ const LAYOUTS: &[&[&str]] = &[
 fn a_transformers_llama_gives_its_logits_on_every_layout() {
     let e = expected();
     let dir = tempfile::tempdir().unwrap();
-    let want = autopar_checkpoint::CheckpointFile::open(fixture("logits.safetensors")).unwrap();
-    let want: Vec<f32> = want.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let want = logits_of(&fixture("logits.safetensors"));
     for layout in LAYOUTS {
         let mut args: Vec<String> =
             ["predict".to_string(), fixture("model.safetensors").display().to_string(), "--output".into(), "p.safetensors".into()].to_vec();
@@ -67,8 +72,7 @@ fn a_transformers_llama_gives_its_logits_on_every_layout() {
         args.extend(layout.iter().map(|s| s.to_string()));
         let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
-        let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
-        let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let got = logits_of(&dir.path().join("p.safetensors"));
         assert_eq!(got.len(), want.len(), "{layout:?}");
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-4, "{layout:?}: logit {i} is {a}, transformers {b}");
@@ -81,8 +85,7 @@ fn a_transformers_llama_gives_its_logits_on_every_layout() {
 fn a_sharded_transformers_checkpoint_loads_from_its_folder_or_its_index() {
     let e = expected();
     let dir = tempfile::tempdir().unwrap();
-    let want = autopar_checkpoint::CheckpointFile::open(fixture("logits.safetensors")).unwrap();
-    let want: Vec<f32> = want.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let want = logits_of(&fixture("logits.safetensors"));
     let sharded = fixture("sharded");
     for (source, layout) in [(sharded.clone(), &[][..]), (sharded.join("model.safetensors.index.json"), LAYOUTS[1])] {
         let mut args: Vec<String> =
@@ -91,8 +94,7 @@ fn a_sharded_transformers_checkpoint_loads_from_its_folder_or_its_index() {
         args.extend(layout.iter().map(|s| s.to_string()));
         let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(o.status.success(), "{source:?}: {}", String::from_utf8_lossy(&o.stderr));
-        let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
-        let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let got = logits_of(&dir.path().join("p.safetensors"));
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-4, "{source:?}: logit {i} is {a}, transformers {b}");
         }
@@ -105,8 +107,7 @@ fn a_sharded_transformers_checkpoint_loads_from_its_folder_or_its_index() {
     args.extend(bare.iter().map(|s| s.to_string()));
     let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(o.status.success(), "sizes from config.json: {}", String::from_utf8_lossy(&o.stderr));
-    let file = autopar_checkpoint::CheckpointFile::open(dir.path().join("q.safetensors")).unwrap();
-    let got: Vec<f32> = file.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let got = logits_of(&dir.path().join("q.safetensors"));
     assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "sizes from config.json");
     // A config.json of another architecture is refused by name.
     let other = tempfile::tempdir().unwrap();
@@ -250,8 +251,7 @@ fn a_runs_checkpoint_exports_as_a_transformers_folder() {
         args.extend(extra);
         let o = autopar(dir.path(), &args);
         assert!(o.status.success(), "{src}: {}", String::from_utf8_lossy(&o.stderr));
-        let f = autopar_checkpoint::CheckpointFile::open(dir.path().join("p.safetensors")).unwrap();
-        f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        logits_of(&dir.path().join("p.safetensors"))
     };
     let from_run = logits("run", &sizes[2..]);
     let from_export = logits("hf", &[]);
@@ -264,11 +264,6 @@ fn a_runs_checkpoint_exports_as_a_transformers_folder() {
 /// The Mixtral fixture: a `save_pretrained` folder, its sizes from its config.json.
 fn mixtral(name: &str) -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/transformers/mixtral")).join(name)
-}
-
-fn logits_of(path: &Path) -> Vec<f32> {
-    let f = autopar_checkpoint::CheckpointFile::open(path).unwrap();
-    f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
 
 #[test]

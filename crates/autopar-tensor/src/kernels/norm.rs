@@ -718,7 +718,14 @@ pub fn rms_norm_with(
 /// RMSNorm over the dims from `begin_norm_axis` on; `gamma` has those dims' shape. Returns `y`
 /// and the per-row statistics its backward needs.
 pub fn rms_norm(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, begin_norm_axis: isize, eps: f64) -> Result<(Tensor, NormSaved)> {
-    let (_, _, d) = ln_geo("rms_norm", x, begin_norm_axis, &[("gamma", gamma)])?;
+    ln_geo("rms_norm", x, begin_norm_axis, &[("gamma", gamma)])?;
+    let ms = mean_squares(ctx, x, begin_norm_axis)?;
+    rms_norm_with(ctx, x, gamma, begin_norm_axis, &ms, eps)
+}
+
+/// Each row's mean square over the (non-empty) dims from `begin_norm_axis`.
+fn mean_squares(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize) -> Result<Tensor> {
+    let (_, _, d) = ln_geo("rms_norm", x, begin_norm_axis, &[])?;
     if d == 0 {
         return Err(TensorError::BadShape {
             op: "rms_norm",
@@ -727,22 +734,13 @@ pub fn rms_norm(ctx: &ExecCtx, x: &Tensor, gamma: &Tensor, begin_norm_axis: isiz
             expected: "non-empty normalised dims".into(),
         });
     }
-    let ms = per_element(&row_square_sums(ctx, x, begin_norm_axis)?, d)?;
-    rms_norm_with(ctx, x, gamma, begin_norm_axis, &ms, eps)
+    per_element(&row_square_sums(ctx, x, begin_norm_axis)?, d)
 }
 
 /// The row statistics [`rms_norm`] saves for its backward, without normalising.
 pub fn rms_norm_saved(ctx: &ExecCtx, x: &Tensor, begin_norm_axis: isize, eps: f64) -> Result<NormSaved> {
-    let (ax, _, d) = ln_geo("rms_norm", x, begin_norm_axis, &[])?;
-    if d == 0 {
-        return Err(TensorError::BadShape {
-            op: "rms_norm",
-            what: "input",
-            shape: x.shape().to_vec(),
-            expected: "non-empty normalised dims".into(),
-        });
-    }
-    let ms = per_element(&row_square_sums(ctx, x, begin_norm_axis)?, d)?;
+    let (ax, _, _) = ln_geo("rms_norm", x, begin_norm_axis, &[])?;
+    let ms = mean_squares(ctx, x, begin_norm_axis)?;
     float_dispatch!("rms_norm", x.dtype(), T => {
         let e = T::c(eps);
         let inv: Vec<T> = vec_of::<T>(&ms).iter().map(|&v| T::one() / (v + e).sqrt()).collect();
