@@ -15,7 +15,7 @@
 //! assert_eq!(err.to_string(), "MatMul l2: inner dimensions 512 and 784 differ");
 //! ```
 
-use autopar_layout::Strategy;
+use autopar_layout::{NamedLayout, Strategy};
 
 use crate::error::Result;
 use crate::graph::Graph;
@@ -127,6 +127,13 @@ impl GraphBuilder {
     /// Annotates op `id` with a sharding strategy (MindSpore's `op.shard(strategy)`).
     pub fn shard(&mut self, id: NodeId, strategy: Strategy) -> Result<NodeId> {
         self.graph.set_strategy(id, strategy)?;
+        Ok(id)
+    }
+
+    /// Annotates op `id` with MindSpore `Layout`s, one per input (`op.shard((layout("dp",
+    /// "mp"), ...))`): the named device axes splitting each input dimension.
+    pub fn shard_layout(&mut self, id: NodeId, layout: NamedLayout) -> Result<NodeId> {
+        self.graph.set_layout(id, layout)?;
         Ok(id)
     }
 

@@ -236,6 +236,19 @@ pub enum GraphError {
         split: usize,
     },
 
+    /// A MindSpore `Layout` is not valid for the op (see the `problem`).
+    #[error("invalid layout {layout} for {kind} {name:?}\n  {problem}\nhint: name for each input dimension the device-matrix axes splitting it; inputs sharing a dimension (a product's contracted one) name the same axes")]
+    InvalidLayout {
+        /// The op kind (MindSpore's name, `MatMul`).
+        kind: &'static str,
+        /// The op's node name.
+        name: String,
+        /// The layout and the split counts it gives, as text.
+        layout: String,
+        /// What is wrong with it.
+        problem: crate::sharding::StrategyProblem,
+    },
+
     /// A strategy is not valid for the op (see the `problem`).
     #[error("invalid strategy {strategy} for {kind} {name:?}\n  {problem}\nhint: autopar layout --strategy '{strategy}' --devices N shows what a strategy does")]
     InvalidStrategy {

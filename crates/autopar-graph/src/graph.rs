@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use autopar_layout::Strategy;
+use autopar_layout::{NamedLayout, Strategy};
 
 use crate::error::{GraphError, Result};
 use crate::ops::{GradGraph, InferCx, OpKind, Parameter};
@@ -22,6 +22,9 @@ pub struct Node {
     pub ty: TensorType,
     /// The user's `.shard(strategy)` annotation, if any.
     pub strategy: Option<Strategy>,
+    /// The user's `.shard(layouts)` annotation, if any (MindSpore's `Layout`): which named
+    /// device axes split each input dimension. `strategy` then holds its split counts.
+    pub layout: Option<NamedLayout>,
     /// The pipeline stage the user put this op in, if any.
     pub pipeline_stage: Option<usize>,
     /// Whether the backward pass reads this value as the forward pass left it or recomputes it.
@@ -246,6 +249,7 @@ impl Graph {
             inputs: inputs.to_vec(),
             ty,
             strategy: None,
+            layout: None,
             pipeline_stage: None,
             recompute: Recompute::Keep,
         });
@@ -295,6 +299,15 @@ impl Graph {
             }
         }
         self.nodes[id.0].strategy = Some(strategy);
+        self.nodes[id.0].layout = None;
+        Ok(())
+    }
+
+    /// Attaches MindSpore `Layout`s to `id` (one per input), checked as [`Graph::set_strategy`]
+    /// checks their split counts; the layout's device count is checked when the job is planned.
+    pub fn set_layout(&mut self, id: NodeId, layout: NamedLayout) -> Result<()> {
+        self.set_strategy(id, layout.strategy())?;
+        self.nodes[id.0].layout = Some(layout);
         Ok(())
     }
 

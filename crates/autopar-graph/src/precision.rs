@@ -282,6 +282,7 @@ pub fn apply(graph: &Graph, policy: &Precision, loss: Option<NodeId>) -> Result<
         let id = g.add(&node.name, node.op.clone(), &inputs)?;
         let n = g.node_mut(id);
         n.strategy = node.strategy.clone();
+        n.layout = node.layout.clone();
         n.pipeline_stage = node.pipeline_stage;
         n.recompute = node.recompute;
         map.push(id);

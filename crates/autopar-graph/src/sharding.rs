@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use autopar_layout::{DeviceMatrix, Strategy, TensorLayout};
+use autopar_layout::{DeviceMatrix, NamedLayout, Strategy, TensorLayout};
 
 use crate::error::{GraphError, Result};
 use crate::types::{DType, TensorType};
@@ -394,6 +394,24 @@ pub enum StrategyProblem {
         /// The layout error, as text.
         detail: String,
     },
+    /// Two inputs split the same logical dimension along different named axes (a `Layout`).
+    AxesMismatch {
+        /// Position of the input, counted from 0.
+        input: u32,
+        /// The input's dimension, counted from 0.
+        dim: u32,
+        /// The axes it names, as text (`["mp", "sp"]`).
+        axes: Box<str>,
+        /// The axes an earlier input names for the same logical dimension, as text.
+        other: Box<str>,
+    },
+    /// A `Layout`'s device matrix spans another number of devices than the op runs on.
+    LayoutDevices {
+        /// Devices the layout's device matrix spans (its virtual axis left out).
+        spans: usize,
+        /// Devices the op runs on (the job's, or its pipeline stage's).
+        devices: usize,
+    },
     /// The op has no sharded form.
     NoShardedForm,
 }
@@ -416,6 +434,14 @@ impl fmt::Display for StrategyProblem {
                 write!(f, "it uses {used} devices, which does not divide the {devices} devices")
             }
             StrategyProblem::Layout { what, input, detail } => write!(f, "{what} {input}: {detail}"),
+            StrategyProblem::AxesMismatch { input, dim, axes, other } => write!(
+                f,
+                "input {input} dimension {dim} is split along axes {axes} but another input splits the same dimension along {other}; they must name the same axes"
+            ),
+            StrategyProblem::LayoutDevices { spans, devices } => write!(
+                f,
+                "its device matrix spans {spans} devices and the op runs on {devices}; the product of a Layout's device matrix is the devices of the job (or of its pipeline stage)"
+            ),
             StrategyProblem::NoShardedForm => write!(f, "this op has no sharded form yet; it runs replicated"),
         }
     }
@@ -428,8 +454,9 @@ pub struct OpLayouts {
     pub strategy: Strategy,
     /// Split count per logical dimension.
     pub splits: Vec<usize>,
-    /// The device-matrix axis each logical dimension is split over (None: not split).
-    pub logical_axes: Vec<Option<usize>>,
+    /// The device-matrix axes each logical dimension is split over, the most significant
+    /// first (empty: not split; several under a MindSpore `Layout` naming several).
+    pub logical_axes: Vec<Vec<usize>>,
     /// The device matrix (MindSpore's `dev_matrix`): the split counts plus the repeat axis on the right.
     pub mesh: DeviceMatrix,
     /// Layouts the inputs must have (never partial).
@@ -560,8 +587,79 @@ impl OpSpec {
         }
         let (mesh, axis_of) = DeviceMatrix::of_splits(splits, n)
             .map_err(|e| bad(StrategyProblem::Layout { what: "device matrix of input", input: 0, detail: e.to_string() }))?;
+        let axes = axis_of.into_iter().map(|a| a.into_iter().collect()).collect();
+        self.layouts_on(kind, name, ins, out, strategy, splits, mesh, axes)
+    }
+
+    /// Device matrix and layouts for MindSpore `Layout`s (one per input) on `n` devices: the
+    /// layout's device matrix, each logical dimension split along the axes its inputs name (the
+    /// same axes in every input that reads it), the output split as its logical dimensions are
+    /// and a pending partial sum along the axes of split reduced dimensions. Axes no dimension
+    /// names hold replicas.
+    pub fn named_layouts(
+        &self,
+        kind: &'static str,
+        name: &str,
+        ins: &[&TensorType],
+        out: &TensorType,
+        layout: &NamedLayout,
+        n: usize,
+    ) -> Result<OpLayouts> {
+        let strategy = layout.strategy();
+        // Errors name the layout as the user wrote it, with the split counts it gives.
+        let named = |e: GraphError| match e {
+            GraphError::InvalidStrategy { kind, name, strategy, problem } => {
+                GraphError::InvalidLayout { kind, name, layout: format!("{layout} (split counts {strategy})"), problem }
+            }
+            other => other,
+        };
+        let splits = self.splits_from_strategy(kind, name, &strategy).map_err(named)?;
+        let bad = |p| named(self.bad(kind, name, &strategy, p));
+        if layout.devices() != n {
+            return Err(bad(StrategyProblem::LayoutDevices { spans: layout.devices(), devices: n }));
+        }
+        let detail = |e: autopar_layout::LayoutError| bad(StrategyProblem::Layout { what: "layout", input: 0, detail: e.to_string() });
+        let (mesh, _) = layout.mesh().map_err(detail)?;
+        let names = |i: usize, d: usize| -> Box<str> {
+            let v: Vec<&String> =
+                layout.input_axes(i)[d].iter().map(|&a| &layout.alias()[a]).filter(|a| *a != autopar_layout::INTERLEAVED).collect();
+            format!("{v:?}").into()
+        };
+        let mut axes: Vec<Option<(Vec<usize>, usize, usize)>> = vec![None; self.dims.len()];
+        for (i, dims) in self.inputs.iter().enumerate() {
+            let given = layout.mesh_axes(i).map_err(detail)?;
+            for (d, l) in dims.iter().enumerate() {
+                let Some(l) = *l else { continue };
+                match &axes[l] {
+                    None => axes[l] = Some((given[d].clone(), i, d)),
+                    Some((prev, pi, pd)) if *prev != given[d] => {
+                        let (input, dim) = (i as u32, d as u32);
+                        return Err(bad(StrategyProblem::AxesMismatch { input, dim, axes: names(i, d), other: names(*pi, *pd) }));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let axes = axes.into_iter().map(|a| a.map(|(a, _, _)| a).unwrap_or_default()).collect();
+        self.layouts_on(kind, name, ins, out, strategy, &splits, mesh, axes)
+    }
+
+    /// The layouts of `splits` on `mesh`, each logical dimension split along `axes`.
+    #[allow(clippy::too_many_arguments)]
+    fn layouts_on(
+        &self,
+        kind: &'static str,
+        name: &str,
+        ins: &[&TensorType],
+        out: &TensorType,
+        strategy: Strategy,
+        splits: &[usize],
+        mesh: DeviceMatrix,
+        axes: Vec<Vec<usize>>,
+    ) -> Result<OpLayouts> {
+        let bad = |p| self.bad(kind, name, &strategy, p);
         let map =
-            |dims: &[Option<usize>]| -> Vec<Vec<usize>> { dims.iter().map(|l| l.and_then(|l| axis_of[l]).into_iter().collect()).collect() };
+            |dims: &[Option<usize>]| -> Vec<Vec<usize>> { dims.iter().map(|l| l.map(|l| axes[l].clone()).unwrap_or_default()).collect() };
         let inputs = self
             .inputs
             .iter()
@@ -573,13 +671,13 @@ impl OpSpec {
             })
             .collect::<Result<Vec<_>>>()?;
         let partial: Vec<usize> =
-            self.dims.iter().enumerate().filter(|(l, d)| d.reduced && splits[*l] > 1).filter_map(|(l, _)| axis_of[l]).collect();
+            self.dims.iter().enumerate().filter(|(l, d)| d.reduced && splits[*l] > 1).flat_map(|(l, _)| axes[l].iter().copied()).collect();
         let output = TensorLayout::new(mesh.clone(), map(&self.output), out.shape.clone())
             .and_then(|l| l.with_partial(partial.clone()))
             .map_err(|e| bad(StrategyProblem::Layout { what: "output", input: 0, detail: e.to_string() }))?;
         let reduced_split: usize = self.dims.iter().zip(splits).filter(|(d, _)| d.reduced).map(|(_, &s)| s).product();
         let output_scale = (self.mean_over_reduced && reduced_split > 1).then(|| 1.0 / reduced_split as f64);
-        Ok(OpLayouts { strategy, splits: splits.to_vec(), logical_axes: axis_of, mesh, inputs, output, output_scale })
+        Ok(OpLayouts { strategy, splits: splits.to_vec(), logical_axes: axes, mesh, inputs, output, output_scale })
     }
 }
 

@@ -180,6 +180,15 @@ pub enum LayoutError {
         what: String,
     },
 
+    /// A MindSpore `Layout` (named device axes) is not well formed or does not fit its op.
+    #[error("layout {layout}: {what}\n  hint: write Layout((2, 4), (\"dp\", \"mp\"))((\"dp\", \"None\"), (\"None\", \"mp\")): one tuple of axis names per input, \"None\" for a dimension not split")]
+    BadLayout {
+        /// The layout, as text.
+        layout: String,
+        /// What is wrong, in words.
+        what: String,
+    },
+
     /// Text (a strategy, a tensor map, a layout line) cannot be parsed.
     #[error("cannot parse {what} from {text:?}: {reason}")]
     Parse {

@@ -94,4 +94,4 @@ pub use planner::{
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram, RankShardBucket, SlotShard};
 pub use report::parameter_layout_dict;
 pub use search::{DeviceProfile, OpChoice, RecomputeChosen, Search, SearchReport};
-pub use testing::assign_random_strategies;
+pub use testing::{assign_random_layouts, assign_random_strategies};

@@ -8,7 +8,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use autopar_graph::{DType, Graph, NodeId, OpKind};
-use autopar_layout::{group_of, DeviceAxis, RedistributionPlan, Step, Strategy, TensorLayout};
+use autopar_layout::{group_of, DeviceAxis, NamedLayout, RedistributionPlan, Step, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
 
@@ -76,6 +76,9 @@ pub struct NodePlan {
     pub strategy: Option<Strategy>,
     /// Where `strategy` came from; None when there is none.
     pub source: Option<StrategySource>,
+    /// The user's MindSpore `Layout` the op runs with (named device axes), when it was given
+    /// one and kept it; `strategy` then holds its split counts.
+    pub layout: Option<NamedLayout>,
     /// Layouts the inputs must have when the op runs.
     pub inputs: Vec<TensorLayout>,
     /// Layout of the op's result (may be a pending partial sum).
@@ -87,6 +90,16 @@ pub struct NodePlan {
 }
 
 impl NodePlan {
+    /// The op's strategy as the user would write it: its `Layout` when it runs with one, else
+    /// its split counts (`-` when it has neither).
+    pub fn strategy_text(&self) -> String {
+        match (&self.layout, &self.strategy) {
+            (Some(l), _) => l.to_string(),
+            (None, Some(s)) => s.to_string(),
+            (None, None) => "-".into(),
+        }
+    }
+
     /// How many devices compute each slice of the op: the product of the device-matrix axes
     /// that neither its inputs nor its output use (1 when every device computes a slice of its
     /// own). A strategy that splits the op over fewer devices than its stage has repeats it so

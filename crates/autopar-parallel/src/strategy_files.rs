@@ -16,7 +16,7 @@ use crate::context::ParallelContext;
 use crate::error::{ParallelError, Result};
 use crate::job::JobPlan;
 use crate::optimizer_shard::group_name;
-use crate::plan::ParallelPlan;
+use crate::plan::{NodePlan, ParallelPlan};
 use crate::planner::{strategy_item_names, StrategyItems};
 use crate::program::RankProgram;
 
@@ -69,11 +69,7 @@ fn stage_file(
         if strategy_items.iter().any(|s: &StrategyItem| s.node_name == name) {
             continue;
         }
-        strategy_items.push(StrategyItem {
-            node_name: name,
-            stage,
-            parallel_strategy: strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect(),
-        });
+        strategy_items.push(StrategyItem { node_name: name, stage, parallel_strategy: item_strategy(np, strategy) });
     }
     let mut layout_items = Vec::new();
     for p in plan.params.iter().filter(|p| holds(&p.name)) {
@@ -82,7 +78,14 @@ fn stage_file(
         }
         let l = &p.layout;
         let dev_matrix: Vec<u32> = l.mesh().dims().iter().map(|&d| d as u32).collect();
-        let tensor_map = vec![l.tensor_map().flattened().iter().map(|&v| v as i32).collect::<Vec<i32>>()];
+        // One TensorMap message holding the whole map, or one per dimension when a dimension
+        // is split along several axes (a MindSpore `Layout`), as MindSpore writes them.
+        let map = l.tensor_map();
+        let tensor_map: Vec<Vec<i32>> = if map.0.iter().all(|d| d.len() == 1) {
+            vec![map.flattened().iter().map(|&v| v as i32).collect()]
+        } else {
+            map.0.iter().map(|d| d.iter().map(|&v| v as i32).collect()).collect()
+        };
         let mut names = vec![p.name.clone()];
         if p.trainable {
             names.extend(state_keys(&p.name));
@@ -175,6 +178,16 @@ pub fn load_plan_strategies(ctx: &ParallelContext) -> Result<Option<StrategyItem
     }
 }
 
+/// An op's strategy as a file item: its split counts, or none (an empty list) for an op that
+/// runs with the network's MindSpore `Layout`, as MindSpore writes it: such an item leaves the
+/// op to the layout the network gives it when the file is read.
+fn item_strategy(np: &NodePlan, strategy: &Strategy) -> Vec<Vec<u32>> {
+    if np.layout.is_some() {
+        return Vec::new();
+    }
+    strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect()
+}
+
 /// The operator strategy file of `plan` (MindSpore's `save_operator_strategy_file`): every
 /// operator's strategy under its name, stage 0, no parameter layouts.
 pub fn operator_strategy_file(plan: &ParallelPlan) -> StrategyFile {
@@ -183,11 +196,7 @@ pub fn operator_strategy_file(plan: &ParallelPlan) -> StrategyFile {
         .iter()
         .filter_map(|np| {
             let strategy = np.strategy.as_ref()?;
-            Some(StrategyItem {
-                node_name: plan.graph.node(np.id).name.clone(),
-                stage: 0,
-                parallel_strategy: strategy.0.iter().map(|d| d.iter().map(|&s| s as u32).collect()).collect(),
-            })
+            Some(StrategyItem { node_name: plan.graph.node(np.id).name.clone(), stage: 0, parallel_strategy: item_strategy(np, strategy) })
         })
         .collect();
     StrategyFile { current_stage: 0, strategy_items, layout_items: Vec::new() }

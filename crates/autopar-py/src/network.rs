@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use autopar::graph::{ConvAttrs, DType, GraphBuilder, Initializer, NodeId, ParamSpec, PoolAttrs};
-use autopar::layout::Strategy;
+use autopar::layout::{NamedLayout, Strategy};
 use autopar::parallel::ParallelContext;
 use autopar::runtime::{AdamW, Job, LocalRanks, LrSchedule, MakeOptimizer, Momentum, Optimizer, ParamGroups, ParamStore, Sgd};
 use autopar::tensor::Tensor;
@@ -134,10 +134,16 @@ impl Network {
         Ok(())
     }
 
-    /// Gives the op that made `node` MindSpore's strategy (`((2, 4), (4, 1))`).
+    /// Gives the op that made `node` MindSpore's strategy (`((2, 4), (4, 1))`) or its inputs'
+    /// `Layout`s (`Layout((2, 4), ("dp", "mp"))(("dp", "None"), ("None", "mp"))`).
     fn shard(&mut self, node: usize, strategy: &str) -> PyResult<()> {
-        let s: Strategy = strategy.parse().map_err(graph_err)?;
-        self.builder()?.shard(NodeId(node), s).map_err(graph_err)?;
+        if strategy.trim_start().starts_with("Layout") {
+            let l: NamedLayout = strategy.parse().map_err(graph_err)?;
+            self.builder()?.shard_layout(NodeId(node), l).map_err(graph_err)?;
+        } else {
+            let s: Strategy = strategy.parse().map_err(graph_err)?;
+            self.builder()?.shard(NodeId(node), s).map_err(graph_err)?;
+        }
         Ok(())
     }
 

@@ -450,3 +450,76 @@ def test_a_script_writes_the_strategy_file_its_context_asks_for(tmp_path, contex
     assert ms.rank_list_for_transform(0, str(path), str(path)) == [0]  # a strategy file MindSpore's functions read
     # The optimizer's state is laid out as its parameter, under MindSpore's name.
     assert model.train_network.parameter_layout_dict["moments.w"][:3] == model.train_network.parameter_layout_dict["w"][:3]
+
+
+class LayoutNet(nn.Cell):
+    """MindSpore's Layout example: one dimension of the weight split along two named axes."""
+
+    def __init__(self, layouts):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.w = ms.Parameter(ms.Tensor(rng.standard_normal((8, 16)).astype(np.float32) * 0.3), name="w")
+        self.matmul = ops.MatMul()
+        self.relu = ops.ReLU()
+        if layouts:
+            layout = ms.Layout((2, 2, 2), ("dp", "sp", "mp"))
+            self.matmul.shard(in_strategy=(layout("dp", "None"), layout("None", ("mp", "sp"))))
+            self.relu.shard((layout(("dp", "sp"), "mp"),))
+
+    def construct(self, x):
+        return self.relu(self.matmul(x, self.w))
+
+
+def layout_run(devices, cell=False):
+    ms.reset_auto_parallel_context()
+    if devices > 1:
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=devices, full_batch=True)
+    net = LayoutNet(devices > 1 and not cell)
+    if cell:
+        # Cell.shard with a Layout: the input's rows split along two named axes.
+        net.shard((ms.Layout((2, 4), ("dp", "mp"))(("mp", "dp"), "None"),))
+    losses = []
+
+    class Keep(ms.train.Callback):
+        def step_end(self, run_context):
+            losses.append(float(run_context.original_args().net_outputs.asnumpy()))
+
+    rng = np.random.default_rng(4)
+    data = ds.NumpySlicesDataset({"x": rng.standard_normal((32, 8)).astype(np.float32), "y": rng.integers(0, 16, 32).astype(np.int32)},
+                                 shuffle=False).batch(8)
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    model.train(2, data, callbacks=[Keep()])
+    return losses, net.w.asnumpy().copy(), model.train_network.parameter_layout_dict
+
+
+def test_layouts_name_the_axes_that_split_each_dimension(context):
+    want_losses, want_w, _ = layout_run(1)
+    losses, w, layouts = layout_run(8)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w, want_w, rtol=1e-5, atol=1e-6)
+    # MindSpore's layout of w: device matrix [2, 2, 2], columns split 4 ways along mp then sp.
+    assert layouts["w"][0] == [2, 2, 2], layouts["w"]
+    assert layouts["w"][2] == [8, 4], layouts["w"]
+    losses, w, _ = layout_run(8, cell=True)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+    lay = ms.Layout((2, 2, 2), ("dp", "sp", "mp"))
+    assert lay("dp", ("mp", "sp")).to_dict()["tensor_map"] == (2, (0, 1))
+    with pytest.raises(ValueError, match="not found"):
+        lay("dp", "tp")
+    with pytest.raises(ValueError, match="more than one"):
+        lay("dp", "dp")
+    with pytest.raises(ValueError, match="last dim"):
+        ms.Layout((2, 2), ("interleaved_parallel", "mp"))
+    with pytest.raises(TypeError, match="all Layouts or all tuples"):
+        ops.MatMul().shard((lay("dp", "None"), (1, 1)))
+
+
+def test_a_layout_that_does_not_fit_its_op_says_why(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=8, full_batch=True)
+    net = Tiny()
+    lay = ms.Layout((2, 4), ("dp", "mp"))
+    # The contracted dimension split along mp by x and not at all by w.
+    net.matmul.shard((lay("dp", "mp"), lay("None", "None")))
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
+    with pytest.raises(Exception, match=r'invalid layout Layout\(\(2, 4\), \("dp", "mp"\)\)(.|\n)*split 1 ways but another input splits the same dimension 4 ways'):
+        model.train(1, tiny_data())

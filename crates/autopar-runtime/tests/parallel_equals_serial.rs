@@ -5,7 +5,7 @@
 mod common;
 
 use autopar_graph::{Graph, GraphBuilder, NodeId};
-use autopar_parallel::{assign_random_strategies, ParallelContext};
+use autopar_parallel::{assign_random_layouts, assign_random_strategies, ParallelContext};
 use autopar_runtime::LrSchedule;
 use autopar_runtime::ParamSource;
 use autopar_runtime::{run_local, Job, RankTrainer};
@@ -59,6 +59,28 @@ fn semi_auto(n: usize) -> ParallelContext {
     c.set("device_num", &json!(n)).unwrap();
     c.set("parallel_mode", &json!("semi_auto_parallel")).unwrap();
     c
+}
+
+/// MindSpore `Layout`s on every op: named device axes in random orders, several on one
+/// dimension, replica axes between them; training with the optimizer equals stand-alone.
+#[test]
+fn semi_auto_mlp_equals_stand_alone_over_random_layouts() {
+    let batch = 16;
+    let (graph, loss) = mlp(batch);
+    let data = batches(batch, STEPS, 11);
+    let (want_losses, want) = serial(&graph, loss, &data, true);
+    let mut multi_axis = 0;
+    for n in [2usize, 4, 8] {
+        for seed in 0..12u64 {
+            let mut g = graph.clone();
+            assign_random_layouts(&mut g, n, seed * 104_729 + n as u64);
+            let job = Job::new(&g, loss, &semi_auto(n)).unwrap_or_else(|e| panic!("n={n} seed={seed}: {e}"));
+            let run = run_local(&job, &data, || Ok(optimizer(true))).unwrap_or_else(|e| panic!("n={n} seed={seed}: {e}"));
+            assert_same(&format!("{n} devices, layout seed {seed}"), &run.losses, &run.params, &want_losses, &want);
+            multi_axis += job.network().nodes.iter().filter(|p| p.inputs.iter().any(|l| l.dim_axes().iter().any(|a| a.len() > 1))).count();
+        }
+    }
+    assert!(multi_axis > 10, "only {multi_axis} ops had a dimension split along several axes");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use autopar_comm::LocalComm;
 use autopar_data::Rng;
 use autopar_graph::catalog::{op_cases, OpCase, Values};
 use autopar_graph::{DType, Graph, GraphBuilder, NodeId, OpKind, ParamSpec, RuleCx, ShardingRule, TensorType};
-use autopar_parallel::{assign_random_strategies, ParallelContext, ParallelError};
+use autopar_parallel::{assign_random_layouts, assign_random_strategies, ParallelContext, ParallelError};
 use autopar_runtime::ParamSource;
 use autopar_runtime::{assemble_params, Job, RankTrainer};
 use autopar_runtime::{ParamStore, RuntimeError};
@@ -96,6 +96,8 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
     // parameter (replicated; the model tests run them split after split ops).
     let mut split_kinds = BTreeSet::new();
     let mut unsplittable = BTreeSet::new();
+    // Kinds that ran split under a random MindSpore layout.
+    let mut layout_kinds = BTreeSet::new();
     for case_seed in 0..3u64 {
         for case in op_cases(DType::F64, case_seed).unwrap() {
             let node = case.graph.node(case.output);
@@ -124,13 +126,33 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
             let want = RankTrainer::alone(&alone, ParamSource::Full(&t.params)).unwrap().gradients(&t.feeds).unwrap();
             let want_loss = want.loss;
             for n in [2usize, 4, 8] {
-                for s in 0..3u64 {
+                // Three random strategies, then six random MindSpore layouts (the same splits on
+                // named axes in a random order, several on one dimension, replica axes between).
+                for s in 0..9u64 {
                     let mut g = t.graph.clone();
-                    assign_random_strategies(&mut g, n, s * 31 + n as u64 + case_seed * 1000);
+                    let seed = s * 31 + n as u64 + case_seed * 1000;
+                    if s < 3 {
+                        assign_random_strategies(&mut g, n, seed);
+                    } else {
+                        assign_random_layouts(&mut g, n, seed);
+                    }
                     let job = Job::new(&g, t.loss, &semi_auto(n)).unwrap_or_else(|e| panic!("{} on {n} devices: {e}", case.kind));
                     let under_test = job.network().nodes.iter().find(|p| p.name == node.name).expect("the op is planned");
                     if under_test.inputs.iter().chain([&under_test.output]).any(|l| l.slice_shape() != l.shape()) {
                         split_kinds.insert(case.kind);
+                    }
+                    // Under a layout the op runs on the layout's device matrix, its slices most
+                    // often not those its split counts alone would give.
+                    let given = g.nodes().iter().find(|x| x.name == node.name).and_then(|x| x.layout.clone());
+                    if let Some(layout) = given.filter(|_| s >= 3) {
+                        let (mesh, _) = layout.mesh().unwrap();
+                        assert_eq!(under_test.output.mesh(), &mesh, "{} under {layout}", case.kind);
+                        let ShardingRule::Spec(spec) = &rule else { unreachable!("a layout is given to ops with a rule") };
+                        let splits = spec.splits_from_strategy(case.kind, &node.name, &layout.strategy()).unwrap();
+                        let default = spec.layouts(case.kind, &node.name, &ins, &node.ty, &splits, n).unwrap();
+                        if under_test.inputs.iter().any(|l| l.slice_shape() != l.shape()) && default.inputs != under_test.inputs {
+                            layout_kinds.insert(case.kind);
+                        }
                     }
                     let outs = LocalComm::run(n, |comm| -> autopar_runtime::Result<(f64, ParamStore)> {
                         let mut rank = RankTrainer::new(&job, &comm, ParamSource::Full(&t.params))?;
@@ -164,6 +186,8 @@ fn every_sharding_rule_gives_the_one_device_result_forward_and_backward() {
     // prove nothing of its rule).
     let never: Vec<&&str> = checked_kinds.iter().filter(|k| !split_kinds.contains(*k) && !unsplittable.contains(*k)).collect();
     assert!(never.is_empty(), "{never:?} were checked but never split; split: {split_kinds:?}");
+    let no_layout: Vec<&&str> = split_kinds.iter().filter(|k| !layout_kinds.contains(*k)).collect();
+    assert!(no_layout.is_empty(), "{no_layout:?} never ran split under a layout");
     // Every op kind was either checked on simulated ranks or refused by the planner.
     for kind in autopar_graph::OpKind::ALL_KINDS {
         if ["Input", "Parameter", "Fill"].contains(kind) {

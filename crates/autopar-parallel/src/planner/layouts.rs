@@ -70,6 +70,7 @@ pub(super) fn unsplit_plan(node: &Node, id: NodeId, inputs: Vec<TensorLayout>, o
         name: node.name.clone(),
         kind: node.op.kind(),
         strategy: None,
+        layout: None,
         source: None,
         inputs,
         output,

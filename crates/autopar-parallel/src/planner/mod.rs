@@ -308,8 +308,18 @@ impl<'a> Network<'a> {
                 let splits =
                     |s: &Strategy| spec.splits_from_strategy(kind, &node.name, s).map_err(|e| self.weight_note(NodeId(i), spec, s, e));
                 fixed[i] = match (&self.from_file[i], &node.strategy) {
-                    (Some(s), _) => Some((splits(s).map_err(|e| in_strategy_file(req, e))?, StrategySource::StrategyFile)),
-                    (None, Some(s)) if self.use_strategies => Some((splits(s)?, StrategySource::User)),
+                    // An empty item (an op MindSpore ran with a `Layout`) leaves the op to the network.
+                    (Some(s), _) if !s.0.is_empty() => {
+                        Some((splits(s).map_err(|e| in_strategy_file(req, e))?, StrategySource::StrategyFile))
+                    }
+                    // A MindSpore `Layout` is checked as one (its named axes), errors naming it.
+                    (_, Some(s)) if self.use_strategies => match node.layout.as_ref().filter(|l| l.strategy() == *s) {
+                        Some(l) => {
+                            let ins = input_types(self.graph, node);
+                            Some((spec.named_layouts(kind, &node.name, &ins, &node.ty, l, self.n)?.splits, StrategySource::User))
+                        }
+                        None => Some((splits(s)?, StrategySource::User)),
+                    },
                     _ => None,
                 };
             }
@@ -472,14 +482,21 @@ impl<'a> Network<'a> {
             Some((s, source)) => (s.clone(), *source),
             None => (default_splits(spec, node, &self.on_data, self.n), StrategySource::Default),
         };
-        let l = spec.layouts(kind, &node.name, &ins, &node.ty, &splits, self.n).map_err(|e| match source {
+        // The user's MindSpore `Layout` where it is the strategy kept: its device matrix and
+        // named axes; otherwise the strategy's device matrix, axes in logical order.
+        let named = node.layout.as_ref().filter(|l| source == StrategySource::User && spec.strategy_of(&splits) == l.strategy());
+        let l = match named {
+            Some(layout) => spec.named_layouts(kind, &node.name, &ins, &node.ty, layout, self.n),
+            None => spec.layouts(kind, &node.name, &ins, &node.ty, &splits, self.n),
+        }
+        .map_err(|e| match source {
             StrategySource::StrategyFile => in_strategy_file(self.req, e.into()),
             _ => e.into(),
         })?;
         let sync = match &spec.tie {
             Tie::None => InOpSync::None,
             Tie::Stats(dims) => {
-                let axes: Vec<DeviceAxis> = dims.iter().filter_map(|&d| l.logical_axes[d]).map(|a| l.mesh.axis(a)).collect();
+                let axes: Vec<DeviceAxis> = dims.iter().flat_map(|&d| l.logical_axes[d].iter()).map(|&a| l.mesh.axis(a)).collect();
                 if axes.is_empty() {
                     InOpSync::None
                 } else {
@@ -497,6 +514,7 @@ impl<'a> Network<'a> {
             kind,
             strategy: Some(l.strategy),
             source: Some(source),
+            layout: named.cloned(),
             inputs: l.inputs,
             output: l.output,
             output_scale: l.output_scale,

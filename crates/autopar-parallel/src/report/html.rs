@@ -405,7 +405,7 @@ fn operators_section(r: &PlanReport<'_>) -> String {
             vec![
                 text(p.name.clone()),
                 text(p.kind.to_string()),
-                text(p.strategy.as_ref().map(|x| x.to_string()).unwrap_or_else(|| "-".into())),
+                text(p.strategy_text()),
                 text(p.source.map(|x| x.name()).unwrap_or("-")),
                 text(format!("{:?}", p.output.mesh().dims())),
                 text(ins.join(" ")),

@@ -319,7 +319,7 @@ impl PlanReport<'_> {
             if node.op.is_leaf() {
                 continue;
             }
-            let strategy = p.strategy.as_ref().map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+            let strategy = p.strategy_text();
             let ins: Vec<String> = p.inputs.iter().map(|l| l.to_string()).collect();
             let out = format!("{}{}", p.output, if p.output.is_partial() { " (partial)" } else { "" });
             rows.push([
@@ -448,6 +448,7 @@ impl PlanReport<'_> {
                     "name": p.name,
                     "op": p.kind,
                     "strategy": p.strategy.as_ref().map(|x| x.0.clone()),
+                    "layout": p.layout.as_ref().map(|l| l.to_string()),
                     "source": p.source.map(|x| x.name()),
                     "inputs": p.inputs.iter().map(layout).collect::<Vec<_>>(),
                     "output": layout(&p.output),

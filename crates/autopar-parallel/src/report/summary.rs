@@ -315,7 +315,7 @@ impl PlanReport<'_> {
         let whole = if self.world.is_some() { ", the whole network's" } else { "" };
         let _ = writeln!(s, "  costliest ops (forward FLOPs per device, of {}{whole}):", human_flops(total));
         for (flops, p) in ops.iter().take(TOP) {
-            let strategy = p.strategy.as_ref().map(|x| x.to_string()).unwrap_or_else(|| "-".into());
+            let strategy = p.strategy_text();
             let _ = writeln!(s, "    {:<32} {:<14} {:>14}  {strategy}", p.name, p.kind, human_flops(*flops));
         }
         let mut redist: Vec<_> = plan.redistributions.iter().map(|r| (r.forward_bytes(), r)).filter(|(b, _)| *b > 0).collect();

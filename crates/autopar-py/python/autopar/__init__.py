@@ -42,7 +42,7 @@ from . import amp, cli, common, communication, context, dataset, nn, ops, parall
 from .amp import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 from .train.serialization import load_checkpoint, load_param_into_net, save_checkpoint
 from .train.model import Model
-from .parallel import parameter_broadcast, sync_pipeline_shared_parameters
+from .parallel import Layout, parameter_broadcast, sync_pipeline_shared_parameters
 
 
 def _functional_training(name):
@@ -75,7 +75,7 @@ __all__ = [
     "initializer", "lazy_inline", "value_and_grad", "grad", "jit", "Parameter", "ParameterTuple", "Tensor", "Model",
     "CheckpointReader", "load_checkpoint", "load_distributed_checkpoint", "load_segmented_checkpoints", "load_param_into_net",
     "merge_pipeline_strategys", "rank_list_for_transform", "save_checkpoint", "transform_checkpoint_by_rank",
-    "transform_checkpoints", "parameter_broadcast", "sync_pipeline_shared_parameters",
+    "transform_checkpoints", "Layout", "parameter_broadcast", "sync_pipeline_shared_parameters",
     "DynamicLossScaleManager", "FixedLossScaleManager", "LossScaleManager",
     "amp", "cli", "common", "communication", "context", "dataset", "nn", "ops", "parallel", "train",
 ]

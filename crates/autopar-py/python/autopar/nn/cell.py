@@ -6,6 +6,7 @@ from collections import OrderedDict
 from .. import _trace
 from ..common.parameter import Parameter, ParameterTuple
 from ..ops import Primitive
+from ..parallel.layout import Layout
 
 __all__ = ["Cell", "SequentialCell", "CellList"]
 
@@ -108,12 +109,13 @@ class Cell:
             if s is not None and isinstance(x, Tensor):
                 identity = Mul()
                 identity._attr = f"shard_input{i}"
-                x = identity.shard((tuple(s),))(x, 1.0)
+                x = identity.shard((s,) if isinstance(s, Layout) else (tuple(s),))(x, 1.0)
             out.append(x)
         return tuple(out)
 
     def shard(self, in_strategy, out_strategy=None, parameter_plan=None, device="Ascend", level=0):
-        """MindSpore's ``Cell.shard``: the layout of each input (a tuple of splits, or None);
+        """MindSpore's ``Cell.shard``: the layout of each input (a tuple of splits, a
+        ``Layout``, or None);
         the ops inside take their strategies from them (best with auto_parallel's
         sharding_propagation)."""
         if out_strategy is not None or parameter_plan is not None:
@@ -121,8 +123,10 @@ class Cell:
         if not isinstance(in_strategy, tuple):
             raise TypeError(f"For '{type(self).__name__}.shard', 'in_strategy' must be a tuple, but got {type(in_strategy)}.")
         for s in in_strategy:
-            if s is not None and (not isinstance(s, tuple) or not all(isinstance(v, int) and v >= 1 for v in s)):
-                raise ValueError(f"For '{type(self).__name__}.shard', every layout must be a tuple of positive ints or None, but got {s!r}.")
+            if s is not None and not isinstance(s, Layout) and (not isinstance(s, tuple) or not all(isinstance(v, int) and v >= 1 for v in s)):
+                raise ValueError(
+                    f"For '{type(self).__name__}.shard', every layout must be a Layout, a tuple of positive ints or None, but got {s!r}."
+                )
         self.__dict__["_in_strategy"] = in_strategy
         return self
 

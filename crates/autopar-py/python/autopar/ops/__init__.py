@@ -11,6 +11,7 @@ import numpy as np
 from .. import _trace
 from ..common import dtype as mstype
 from ..common.tensor import Tensor
+from ..parallel.layout import Layout, layouts_text
 
 __all__ = [
     "Primitive", "MatMul", "BatchMatMul", "Add", "Sub", "Mul", "RealDiv", "Div", "BiasAdd", "ReLU", "GeLU", "SiLU",
@@ -26,6 +27,11 @@ __all__ = [
 def _check_strategy(prim, strategy, what):
     if strategy is None:
         return None
+    if isinstance(strategy, tuple) and strategy and all(isinstance(s, Layout) for s in strategy):
+        layouts_text(strategy, prim)
+        return strategy
+    if isinstance(strategy, tuple) and any(isinstance(s, Layout) for s in strategy):
+        raise TypeError(f"For '{prim}', the '{what}' must be all Layouts or all tuples of ints, but got {strategy!r}.")
     if not isinstance(strategy, tuple) or not all(isinstance(s, tuple) for s in strategy):
         raise TypeError(f"For '{prim}', the '{what}' must be a tuple of tuples of ints, like ((2, 4), (4, 1)), but got {strategy!r}.")
     for s in strategy:
@@ -50,7 +56,8 @@ class Primitive:
         self.attrs = {}
 
     def shard(self, in_strategy=None, out_strategy=None):
-        """MindSpore's ``Primitive.shard``: how each input is split (a tuple per tensor input)."""
+        """MindSpore's ``Primitive.shard``: how each input is split, a tuple of splits per tensor
+        input or a ``Layout`` per tensor input (named device axes)."""
         self.in_strategy = _check_strategy(self.name, in_strategy, "in_strategy")
         if out_strategy is not None:
             raise NotImplementedError(
@@ -95,7 +102,10 @@ class Primitive:
         strategy = None
         if self.in_strategy is not None:
             entries = self.in_strategy if kept is None else tuple(self.in_strategy[i] for i in kept if i < len(self.in_strategy))
-            strategy = str(tuple(entries))
+            if entries and isinstance(entries[0], Layout):
+                strategy = layouts_text(tuple(entries), self.name)
+            else:
+                strategy = str(tuple(entries))
         return tracer.op(kind, self._attr or self.name, nodes, attrs, strategy)
 
 
