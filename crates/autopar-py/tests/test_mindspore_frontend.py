@@ -523,3 +523,32 @@ def test_a_layout_that_does_not_fit_its_op_says_why(context):
     model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
     with pytest.raises(Exception, match=r'invalid layout Layout\(\(2, 4\), \("dp", "mp"\)\)(.|\n)*split 1 ways but another input splits the same dimension 4 ways'):
         model.train(1, tiny_data())
+
+
+def out_strategy_run(devices, out, inp=((2, 4), (4, 1))):
+    ms.reset_auto_parallel_context()
+    if devices > 1:
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=devices, full_batch=True)
+    net = LayoutNet(False)
+    if devices > 1:
+        # The contracted dimension split 4 ways: the product's pending sum reduce-scattered
+        # over the rows (out_strategy) instead of all-reduced.
+        net.matmul.shard(in_strategy=inp, out_strategy=out)
+    rng = np.random.default_rng(4)
+    data = ds.NumpySlicesDataset({"x": rng.standard_normal((32, 8)).astype(np.float32), "y": rng.integers(0, 16, 32).astype(np.int32)},
+                                 shuffle=False).batch(8)
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    model.train(2, data)
+    return net.w.asnumpy().copy()
+
+
+def test_an_out_strategy_lays_the_output_out_as_asked(context):
+    want = out_strategy_run(1, None)
+    np.testing.assert_allclose(out_strategy_run(8, ((8, 1),)), want, rtol=1e-5, atol=1e-6)
+    lay = ms.Layout((2, 4), ("dp", "mp"))
+    inp = (lay("dp", "mp"), lay("mp", "None"))
+    np.testing.assert_allclose(out_strategy_run(8, (lay(("dp", "mp"), "None"),), inp), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="in_strategy type must equal"):
+        ops.MatMul().shard(in_strategy=((2, 4), (4, 1)), out_strategy=(lay(("dp", "mp"), "None"),))
+    with pytest.raises(Exception, match="out_strategy"):
+        out_strategy_run(8, ((3, 1),))

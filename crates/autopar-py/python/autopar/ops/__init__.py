@@ -59,10 +59,17 @@ class Primitive:
         """MindSpore's ``Primitive.shard``: how each input is split, a tuple of splits per tensor
         input or a ``Layout`` per tensor input (named device axes)."""
         self.in_strategy = _check_strategy(self.name, in_strategy, "in_strategy")
-        if out_strategy is not None:
-            raise NotImplementedError(
-                f"For '{self.name}', autopar derives each op's output layout from its inputs' strategy; 'out_strategy' is not supported."
-            )
+        self.out_strategy = _check_strategy(self.name, out_strategy, "out_strategy")
+        if self.out_strategy is not None:
+            if len(self.out_strategy) != 1:
+                raise ValueError(f"For '{self.name}', the 'out_strategy' gives {len(self.out_strategy)} layouts for the op's one output.")
+            if self.in_strategy is None:
+                raise ValueError(f"For '{self.name}', an 'out_strategy' needs an 'in_strategy'.")
+            if isinstance(self.out_strategy[0], Layout) != isinstance(self.in_strategy[0], Layout):
+                raise ValueError(
+                    "The in_strategy type must equal to the out_strategy type, one using tuple(tuple) and the other using "
+                    "tuple(Layout) is not allowed."
+                )
         return self
 
     def add_prim_attr(self, name, value):
@@ -106,7 +113,15 @@ class Primitive:
                 strategy = layouts_text(tuple(entries), self.name)
             else:
                 strategy = str(tuple(entries))
-        return tracer.op(kind, self._attr or self.name, nodes, attrs, strategy)
+        out = tracer.op(kind, self._attr or self.name, nodes, attrs, strategy)
+        if self.out_strategy is not None and _is_tensor(out):
+            # The output laid out as asked (a MatMul's pending sum reduce-scattered rather than
+            # all-reduced): an exact identity whose input takes that layout.
+            identity = Mul()
+            identity._attr = (self._attr or self.name) + ".out_strategy"
+            identity.shard((self.out_strategy[0],))
+            out = identity(out, 1.0)
+        return out
 
 
 class MatMul(Primitive):
