@@ -24,7 +24,7 @@ use autopar_graph::{derive_seed, DType, GraphBuilder, Initializer, NodeId, Param
 
 use crate::error::{GraphContext, ModelError, Result};
 use crate::layers::{dense, layer_norm};
-use crate::{positive, Mode, Model, ModelGraph};
+use crate::{check_decoder, positive, Mode, Model, ModelGraph};
 
 /// Sizes of a [`Gpt`].
 #[derive(Clone, Debug, PartialEq)]
@@ -86,27 +86,18 @@ impl Gpt {
     /// Checks the configuration: every size positive, `heads` dividing `width`, `dropout` in `[0, 1)` and `ln_eps`
     /// positive; otherwise [`ModelError::BadConfig`].
     pub fn new(cfg: GptConfig) -> Result<Self> {
-        for (field, v) in [
+        let sizes = [
             ("vocab", cfg.vocab),
             ("context", cfg.context),
             ("width", cfg.width),
             ("heads", cfg.heads),
             ("layers", cfg.layers),
             ("mlp_ratio", cfg.mlp_ratio),
-        ] {
-            positive("gpt", field, v)?;
-        }
-        let bad = |field, value: String, expected: &str| {
-            Err(ModelError::BadConfig { model: "gpt".into(), field, value, expected: expected.into() })
-        };
-        if !cfg.width.is_multiple_of(cfg.heads) {
-            return bad("heads", cfg.heads.to_string(), &format!("a divisor of the width {}", cfg.width));
-        }
+        ];
+        check_decoder("gpt", &sizes, cfg.width, cfg.heads, ("ln_eps", cfg.ln_eps))?;
         if !(0.0..1.0).contains(&cfg.dropout) {
-            return bad("dropout", cfg.dropout.to_string(), "a probability in [0, 1)");
-        }
-        if cfg.ln_eps.is_nan() || cfg.ln_eps <= 0.0 {
-            return bad("ln_eps", cfg.ln_eps.to_string(), "a positive number");
+            let value = cfg.dropout.to_string();
+            return Err(ModelError::BadConfig { model: "gpt".into(), field: "dropout", value, expected: "a probability in [0, 1)".into() });
         }
         Ok(Self { cfg })
     }

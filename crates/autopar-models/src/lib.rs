@@ -360,21 +360,7 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
                 return unused("stem", "input_shape ([context]), num_classes (vocab), width, depth and heads");
             }
             let mut cfg = GptConfig::default();
-            if let Some(s) = &opts.input_shape {
-                cfg.context = context_of(name, s)?;
-            }
-            if let Some(v) = opts.num_classes {
-                cfg.vocab = v;
-            }
-            if let Some(w) = opts.width {
-                cfg.width = w;
-            }
-            if let Some(d) = opts.depth {
-                cfg.layers = d;
-            }
-            if let Some(h) = opts.heads {
-                cfg.heads = h;
-            }
+            decoder_options(name, opts, [&mut cfg.context, &mut cfg.vocab, &mut cfg.width, &mut cfg.layers, &mut cfg.heads])?;
             Ok(Box::new(Gpt::new(cfg).map_err(by_option)?))
         }
         "llama" => Ok(Box::new(Llama::new(llama_config(opts)?).map_err(by_option)?)),
@@ -394,21 +380,9 @@ pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
         });
     }
     let mut cfg = LlamaConfig::default();
-    if let Some(s) = &opts.input_shape {
-        cfg.context = context_of("llama", s)?;
-    }
-    if let Some(v) = opts.num_classes {
-        cfg.vocab = v;
-    }
-    if let Some(w) = opts.width {
-        cfg.width = w;
-    }
-    if let Some(d) = opts.depth {
-        cfg.layers = d;
-    }
+    decoder_options("llama", opts, [&mut cfg.context, &mut cfg.vocab, &mut cfg.width, &mut cfg.layers, &mut cfg.heads])?;
+    // As transformers: without a key/value head count, every query head has its own.
     if let Some(h) = opts.heads {
-        cfg.heads = h;
-        // As transformers: without a key/value head count, every query head has its own.
         cfg.kv_heads = h;
     }
     if let Some(h) = opts.kv_heads {
@@ -444,6 +418,44 @@ pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
     let cfg = LlamaConfig { experts: opts.experts.unwrap_or(4), top_k: opts.top_k.unwrap_or(2), ..llama_config(opts)? };
     Llama::new(cfg.clone()).map_err(by_option)?;
     Ok(cfg)
+}
+
+/// The sizes every decoder language model takes from `opts`, over its defaults: `[context,
+/// vocab, width, layers, heads]` from `input_shape` (`[context]`), `num_classes`, `width`,
+/// `depth` and `heads`.
+fn decoder_options(model: &str, opts: &ModelOptions, sizes: [&mut usize; 5]) -> Result<()> {
+    let [context, vocab, width, layers, heads] = sizes;
+    if let Some(s) = &opts.input_shape {
+        *context = context_of(model, s)?;
+    }
+    for (slot, given) in [(vocab, opts.num_classes), (width, opts.width), (layers, opts.depth), (heads, opts.heads)] {
+        if let Some(v) = given {
+            *slot = v;
+        }
+    }
+    Ok(())
+}
+
+/// The checks every decoder's configuration passes: each size positive, `heads` dividing
+/// `width`, and a positive normalisation epsilon (`eps_field`).
+pub(crate) fn check_decoder(
+    model: &str,
+    sizes: &[(&'static str, usize)],
+    width: usize,
+    heads: usize,
+    eps: (&'static str, f64),
+) -> Result<()> {
+    for &(field, v) in sizes {
+        positive(model, field, v)?;
+    }
+    let bad = |field, value: String, expected: String| Err(ModelError::BadConfig { model: model.into(), field, value, expected });
+    if !width.is_multiple_of(heads) {
+        return bad("heads", heads.to_string(), format!("a divisor of the width {width}"));
+    }
+    if eps.1.is_nan() || eps.1 <= 0.0 {
+        return bad(eps.0, eps.1.to_string(), "a positive number".into());
+    }
+    Ok(())
 }
 
 /// A language model's context length from its one-dimensional input shape `[T]`.

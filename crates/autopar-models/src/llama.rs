@@ -25,7 +25,7 @@ use autopar_graph::{DType, GraphBuilder, Initializer, NodeId};
 
 use crate::error::{GraphContext, ModelError, Result};
 use crate::layers::dense;
-use crate::{positive, Mode, Model, ModelGraph};
+use crate::{check_decoder, positive, Mode, Model, ModelGraph};
 
 /// Sizes of a [`Llama`].
 #[derive(Clone, Debug, PartialEq)]
@@ -88,7 +88,7 @@ impl Llama {
     /// dividing `heads`, an even head size, `rope_theta` above 1 and `rms_eps` positive;
     /// otherwise [`ModelError::BadConfig`].
     pub fn new(cfg: LlamaConfig) -> Result<Self> {
-        for (field, v) in [
+        let sizes = [
             ("vocab", cfg.vocab),
             ("context", cfg.context),
             ("width", cfg.width),
@@ -96,13 +96,9 @@ impl Llama {
             ("kv_heads", cfg.kv_heads),
             ("layers", cfg.layers),
             ("ffn_width", cfg.ffn_width),
-        ] {
-            positive("llama", field, v)?;
-        }
+        ];
+        check_decoder("llama", &sizes, cfg.width, cfg.heads, ("rms_eps", cfg.rms_eps))?;
         let bad = |field, value: String, expected: String| Err(ModelError::BadConfig { model: "llama".into(), field, value, expected });
-        if !cfg.width.is_multiple_of(cfg.heads) {
-            return bad("heads", cfg.heads.to_string(), format!("a divisor of the width {}", cfg.width));
-        }
         if !cfg.heads.is_multiple_of(cfg.kv_heads) {
             return bad("kv_heads", cfg.kv_heads.to_string(), format!("a divisor of the {} query heads", cfg.heads));
         }
@@ -115,9 +111,6 @@ impl Llama {
         }
         if cfg.rope_theta.is_nan() || cfg.rope_theta <= 1.0 {
             return bad("rope_theta", cfg.rope_theta.to_string(), "a base greater than 1, such as 10000".into());
-        }
-        if cfg.rms_eps.is_nan() || cfg.rms_eps <= 0.0 {
-            return bad("rms_eps", cfg.rms_eps.to_string(), "a positive number".into());
         }
         if cfg.experts > 0 && (cfg.top_k == 0 || cfg.top_k > cfg.experts) {
             return bad("top_k", cfg.top_k.to_string(), format!("between 1 and the {} experts", cfg.experts));

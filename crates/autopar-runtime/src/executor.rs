@@ -741,7 +741,7 @@ impl Executor {
                 }
             }
             OpKind::LayerNorm(ln) if ln.group.len() > 1 => {
-                let stats = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, collectives)?;
+                let stats = self.row_stats(node, x[0], ln.begin_norm_axis, &ln.group, true, collectives)?;
                 let y =
                     norm::layer_norm_with(cx, x[0], x[1], x[2], ln.begin_norm_axis as isize, &stats.mean, &stats.var, ln.eps).map_err(k)?.0;
                 caches.stats.insert(saved_key(node).expect("a normalisation"), stats);
@@ -762,7 +762,7 @@ impl Executor {
                     let (dx, dgamma) = if ln.group.len() > 1 {
                         let stats = match caches.stats.get(&saved_key(node).expect("a normalisation gradient")) {
                             Some(s) => s.clone(),
-                            None => self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, collectives)?,
+                            None => self.row_stats(node, x[1], ln.begin_norm_axis, &ln.group, true, collectives)?,
                         };
                         let need_dx = ln.of == NormGradOf::Input || self.shared_norm.contains(&key);
                         self.synced_layer_norm_grad(node, x, ln, &stats, need_dx, collectives)?
@@ -784,7 +784,7 @@ impl Executor {
                 }
             }
             OpKind::RmsNorm(n) if n.group.len() > 1 => {
-                let stats = self.mean_squares(node, x[0], n.begin_norm_axis, &n.group, collectives)?;
+                let stats = self.row_stats(node, x[0], n.begin_norm_axis, &n.group, false, collectives)?;
                 let y = norm::rms_norm_with(cx, x[0], x[1], n.begin_norm_axis as isize, &stats.var, n.eps).map_err(k)?.0;
                 caches.stats.insert(saved_key(node).expect("a normalisation"), stats);
                 y
@@ -883,25 +883,37 @@ impl Executor {
         }
     }
 
-    /// LayerNorm over normalised dimensions split over `group`: each row's mean and variance
-    /// over the whole normalised dimensions (two sums over the group) and the whole row size.
-    fn row_stats(&self, node: &Node, x: &Tensor, axis: i64, group: &[usize], collectives: Option<&dyn Collectives>) -> Result<SyncedStats> {
+    /// A normalisation's row statistics over normalised dimensions split over `group`, with
+    /// the whole row size: LayerNorm's (`centred`) mean and variance (two sums over the group),
+    /// RMSNorm's mean square in `var` with a zero `mean` (one sum).
+    fn row_stats(
+        &self,
+        node: &Node,
+        x: &Tensor,
+        axis: i64,
+        group: &[usize],
+        centred: bool,
+        collectives: Option<&dyn Collectives>,
+    ) -> Result<SyncedStats> {
         let cx = &self.ctx;
         let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
         let a = axis as isize;
-        let local = norm::row_sums(cx, x, a, None).map_err(k)?;
+        let local = if centred { norm::row_sums(cx, x, a, None) } else { norm::row_square_sums(cx, x, a) }.map_err(k)?;
         let rows_shape = local.shape().to_vec();
         let rows = local.numel();
         let mut sums = local.to_f64_vec();
         sums.push((x.numel() / rows.max(1)) as f64);
         let sums = self.sum_over(node, group, sums, collectives)?;
         let count = sums[rows] as usize;
-        let mean: Vec<f64> = sums[..rows].iter().map(|s| s / count.max(1) as f64).collect();
-        let mean = Tensor::from_vec(&rows_shape, mean).map_err(k)?.cast(x.dtype());
-        let sq = norm::row_sums(cx, x, a, Some(&mean)).map_err(k)?.to_f64_vec();
+        let first: Vec<f64> = sums[..rows].iter().map(|s| s / count.max(1) as f64).collect();
+        let first = Tensor::from_vec(&rows_shape, first).map_err(k)?.cast(x.dtype());
+        if !centred {
+            return Ok(SyncedStats { mean: Tensor::zeros(&rows_shape, x.dtype()), var: first, count });
+        }
+        let sq = norm::row_sums(cx, x, a, Some(&first)).map_err(k)?.to_f64_vec();
         let sq = self.sum_over(node, group, sq, collectives)?;
         let var = Tensor::from_vec(&rows_shape, sq.iter().map(|s| s / count.max(1) as f64).collect()).map_err(k)?.cast(x.dtype());
-        Ok(SyncedStats { mean, var, count })
+        Ok(SyncedStats { mean: first, var, count })
     }
 
     /// RMSNorm's backward, inputs `(dy, x, gamma)`: `dx` and `dgamma` computed once for both
@@ -926,7 +938,7 @@ impl Executor {
             let (dx, dgamma) = if n.group.len() > 1 {
                 let stats = match caches.stats.get(&saved_key(node).expect("a normalisation gradient")) {
                     Some(s) => s.clone(),
-                    None => self.mean_squares(node, x[1], n.begin_norm_axis, &n.group, collectives)?,
+                    None => self.row_stats(node, x[1], n.begin_norm_axis, &n.group, false, collectives)?,
                 };
                 let (_, saved) = norm::rms_norm_with(cx, x[1], x[2], a, &stats.var, n.eps).map_err(k)?;
                 let sums = norm::rms_norm_grad_sums(cx, x[1], x[2], &saved, x[0], a).map_err(k)?;
@@ -975,30 +987,6 @@ impl Executor {
                 mine.expect("one of the three")
             }
         })
-    }
-
-    /// RMSNorm over normalised dimensions split over `group`: each row's mean square over the
-    /// whole normalised dimensions (one sum over the group, with the whole row size) in `var`,
-    /// a zero `mean`.
-    fn mean_squares(
-        &self,
-        node: &Node,
-        x: &Tensor,
-        axis: i64,
-        group: &[usize],
-        collectives: Option<&dyn Collectives>,
-    ) -> Result<SyncedStats> {
-        let k = |e: TensorError| RuntimeError::Kernel { kind: node.op.kind(), name: node.name.clone(), source: Box::new(e) };
-        let local = norm::row_square_sums(&self.ctx, x, axis as isize).map_err(k)?;
-        let rows_shape = local.shape().to_vec();
-        let rows = local.numel();
-        let mut sums = local.to_f64_vec();
-        sums.push((x.numel() / rows.max(1)) as f64);
-        let sums = self.sum_over(node, group, sums, collectives)?;
-        let count = sums[rows] as usize;
-        let ms: Vec<f64> = sums[..rows].iter().map(|s| s / count.max(1) as f64).collect();
-        let var = Tensor::from_vec(&rows_shape, ms).map_err(k)?.cast(x.dtype());
-        Ok(SyncedStats { mean: Tensor::zeros(&rows_shape, x.dtype()), var, count })
     }
 
     /// LayerNorm backward over normalised dimensions split over the op's group, inputs
