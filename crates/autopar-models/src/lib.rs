@@ -272,6 +272,8 @@ pub struct ModelOptions {
     pub experts: Option<usize>,
     /// Experts each token is routed to (moe).
     pub top_k: Option<usize>,
+    /// Weight of the auxiliary load-balancing loss (moe).
+    pub aux_loss_coef: Option<f64>,
     /// ResNet stem.
     pub stem: Option<Stem>,
 }
@@ -284,9 +286,11 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
     let unused = |option: &'static str, accepted: &'static str| Err(ModelError::UnusedOption { model: name.to_string(), option, accepted });
     let lower = name.to_ascii_lowercase();
     if lower != "moe" && MODEL_NAMES.contains(&lower.as_str()) {
-        for (option, given) in [("experts", opts.experts.is_some()), ("top_k", opts.top_k.is_some())] {
+        for (option, given) in
+            [("experts", opts.experts.is_some()), ("top_k", opts.top_k.is_some()), ("aux_loss_coef", opts.aux_loss_coef.is_some())]
+        {
             if given {
-                return unused(option, "experts and top_k only as the moe model (a llama whose MLPs are experts)");
+                return unused(option, "experts, top_k and aux_loss_coef only as the moe model (a llama whose MLPs are experts)");
             }
         }
     }
@@ -404,8 +408,8 @@ pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
     Ok(cfg)
 }
 
-/// The mixture of experts `opts` describe: [`llama_config`] with `experts` (default 4) and
-/// `top_k` (default 2).
+/// The mixture of experts `opts` describe: [`llama_config`] with `experts` (default 4),
+/// `top_k` (default 2) and `aux_loss_coef` (default 0).
 pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
     if opts.experts == Some(0) {
         return Err(ModelError::BadConfig {
@@ -415,7 +419,12 @@ pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
             expected: "at least 1 (a dense MLP is the llama model)".into(),
         });
     }
-    let cfg = LlamaConfig { experts: opts.experts.unwrap_or(4), top_k: opts.top_k.unwrap_or(2), ..llama_config(opts)? };
+    let cfg = LlamaConfig {
+        experts: opts.experts.unwrap_or(4),
+        top_k: opts.top_k.unwrap_or(2),
+        aux_loss_coef: opts.aux_loss_coef.unwrap_or(0.0),
+        ..llama_config(opts)?
+    };
     Llama::new(cfg.clone()).map_err(by_option)?;
     Ok(cfg)
 }

@@ -54,6 +54,9 @@ pub struct LlamaConfig {
     pub experts: usize,
     /// Experts each token is routed to (`num_experts_per_tok`), with weights renormalised over them.
     pub top_k: usize,
+    /// Weight of the auxiliary load-balancing loss added to the training loss (transformers'
+    /// `router_aux_loss_coef` with `output_router_logits`); 0: none.
+    pub aux_loss_coef: f64,
 }
 
 impl Default for LlamaConfig {
@@ -73,6 +76,7 @@ impl Default for LlamaConfig {
             tie_embeddings: false,
             experts: 0,
             top_k: 2,
+            aux_loss_coef: 0.0,
         }
     }
 }
@@ -111,6 +115,12 @@ impl Llama {
         }
         if cfg.rope_theta.is_nan() || cfg.rope_theta <= 1.0 {
             return bad("rope_theta", cfg.rope_theta.to_string(), "a base greater than 1, such as 10000".into());
+        }
+        if cfg.aux_loss_coef.is_nan() || cfg.aux_loss_coef < 0.0 {
+            return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "a weight of 0 or more".into());
+        }
+        if cfg.aux_loss_coef > 0.0 && cfg.experts == 0 {
+            return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "0 for a model without experts (the moe model has them)".into());
         }
         if cfg.experts > 0 && (cfg.top_k == 0 || cfg.top_k > cfg.experts) {
             return bad("top_k", cfg.top_k.to_string(), format!("between 1 and the {} experts", cfg.experts));
@@ -163,7 +173,8 @@ impl Llama {
         dense(b, &p("self_attn.o_proj"), ctx, c.width, init, None)
     }
 
-    fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
+    /// Block `i`; a mixture of experts adds its router's per-expert sums to `balance`.
+    fn block(&self, b: &mut GraphBuilder, i: usize, h: NodeId, n: usize, balance: &mut Vec<[NodeId; 2]>) -> autopar_graph::Result<NodeId> {
         let c = &self.cfg;
         let p = |s: &str| format!("model.layers.{i}.{s}");
         b.block(&p(""));
@@ -172,7 +183,7 @@ impl Llama {
         let h = b.add(&p("add1"), h, o)?;
 
         let m = self.norm(b, &p("post_attention_layernorm"), h)?;
-        let m = if c.experts > 0 { self.experts(b, &p, m, n)? } else { self.mlp(b, &p, m)? };
+        let m = if c.experts > 0 { self.experts(b, &p, m, n, balance)? } else { self.mlp(b, &p, m)? };
         b.add(&p("add2"), h, m)
     }
 
@@ -194,13 +205,29 @@ impl Llama {
     /// probabilities. Every expert runs on every token and the weights (zero for the experts a
     /// token did not choose) combine them: one product into all the experts' gate and up
     /// projections (their weights concatenated), one out of their down projections.
-    fn experts(&self, b: &mut GraphBuilder, p: &dyn Fn(&str) -> String, m: NodeId, n: usize) -> autopar_graph::Result<NodeId> {
+    ///
+    /// With an auxiliary loss, `balance` gains the block's `[assignments, probabilities]`, each
+    /// `[E]` summed over the tokens: how many chose each expert, and its router probabilities.
+    fn experts(
+        &self,
+        b: &mut GraphBuilder,
+        p: &dyn Fn(&str) -> String,
+        m: NodeId,
+        n: usize,
+        balance: &mut Vec<[NodeId; 2]>,
+    ) -> autopar_graph::Result<NodeId> {
         let c = &self.cfg;
         let (rows, e, f) = (n * c.context, c.experts, c.ffn_width);
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let logits = dense(b, &p("block_sparse_moe.gate"), m, e, init.clone(), None)?;
         let probs = b.softmax(&p("block_sparse_moe.router.softmax"), logits, -1)?;
         let weights = b.router_top_k(&p("block_sparse_moe.router.top_k"), probs, c.top_k, true)?;
+        if c.aux_loss_coef > 0.0 {
+            let chosen = b.router_top_k_mask(&p("block_sparse_moe.router.chosen"), probs, c.top_k)?;
+            let chosen = b.reduce_sum(&p("block_sparse_moe.router.chosen.sum"), chosen, &[0], false)?;
+            let mass = b.reduce_sum(&p("block_sparse_moe.router.probs.sum"), probs, &[0], false)?;
+            balance.push([chosen, mass]);
+        }
         let (mut into, mut out) = (Vec::new(), Vec::new());
         for j in 0..e {
             let w = |b: &mut GraphBuilder, which: &str, shape: &[usize]| {
@@ -226,6 +253,25 @@ impl Llama {
         b.matmul_t(&p("block_sparse_moe.experts.down"), act, w2, false, true)
     }
 
+    /// Mixtral's auxiliary load-balancing loss (Switch Transformer's), weighted by
+    /// `aux_loss_coef`: over every block's `rows` tokens together, each expert's share of the
+    /// assignments `f_e` times its mean router probability `P_e`, summed and times the expert
+    /// count: `coef * E * sum_e f_e P_e`. None without experts or a weight.
+    fn balance_loss(&self, b: &mut GraphBuilder, balance: &[[NodeId; 2]], rows: usize) -> autopar_graph::Result<Option<NodeId>> {
+        let c = &self.cfg;
+        let Some(&[mut chosen, mut mass]) = balance.first() else { return Ok(None) };
+        for (i, &[f, p]) in balance.iter().enumerate().skip(1) {
+            chosen = b.add(&format!("aux_loss.chosen.{i}"), chosen, f)?;
+            mass = b.add(&format!("aux_loss.probs.{i}"), mass, p)?;
+        }
+        let product = b.mul("aux_loss.product", chosen, mass)?;
+        let total = b.reduce_sum("aux_loss.sum", product, &[0], false)?;
+        // f_e and P_e are sums over blocks x rows: divide by that count twice.
+        let count = (balance.len() * rows) as f64;
+        let weight = c.aux_loss_coef * c.experts as f64 / (count * count);
+        b.scale("aux_loss", total, weight).map(Some)
+    }
+
     fn build_inner(&self, b: &mut GraphBuilder, n: usize) -> autopar_graph::Result<(NodeId, NodeId, NodeId, NodeId)> {
         let c = &self.cfg;
         let t = c.context;
@@ -235,14 +281,18 @@ impl Llama {
         let wte = b.parameter("model.embed_tokens.weight", &[c.vocab, c.width], init.clone())?;
         let tok = b.gather("model.embed_tokens.gather", wte, tokens, 0)?;
         let mut h = b.reshape("model.embed_tokens.flat", tok, &[(n * t) as i64, c.width as i64])?;
+        let mut balance = Vec::new();
         for i in 0..c.layers {
-            h = self.block(b, i, h, n)?;
+            h = self.block(b, i, h, n, &mut balance)?;
         }
         let h = self.norm(b, "model.norm", h)?;
         let head = if c.tie_embeddings { wte } else { b.parameter("lm_head.weight", &[c.vocab, c.width], init)? };
         let logits = b.matmul_t("lm_head.matmul", h, head, false, true)?;
         let flat_labels = b.reshape("labels.flat", labels, &[(n * t) as i64])?;
-        let loss = b.softmax_cross_entropy("loss", logits, flat_labels)?;
+        let mut loss = b.softmax_cross_entropy("loss", logits, flat_labels)?;
+        if let Some(aux) = self.balance_loss(b, &balance, n * t)? {
+            loss = b.add("loss.with_aux", loss, aux)?;
+        }
         b.output(loss)?;
         b.output(logits)?;
         Ok((tokens, labels, logits, loss))
@@ -338,6 +388,9 @@ mod tests {
         assert_eq!(field(LlamaConfig { width: 12, heads: 4, kv_heads: 1, ..small() }), "heads"); // head size 3
         assert_eq!(field(LlamaConfig { rope_theta: 1.0, ..small() }), "rope_theta");
         assert_eq!(field(LlamaConfig { ffn_width: 0, ..small() }), "ffn_width");
+        assert_eq!(field(LlamaConfig { rms_eps: 0.0, ..small() }), "rms_eps");
+        assert_eq!(field(LlamaConfig { aux_loss_coef: 0.1, ..small() }), "aux_loss_coef"); // no experts
+        assert_eq!(field(LlamaConfig { aux_loss_coef: -1.0, experts: 2, top_k: 1, ..small() }), "aux_loss_coef");
     }
 
     #[test]

@@ -901,3 +901,30 @@ fn recursive_programming_gives_a_shared_weight_one_split_in_inference_as_mindspo
     let kept = plan(&g, &chosen).unwrap();
     assert!(input(&kept).starts_with("([8], [0, -1]"), "{}", input(&kept));
 }
+
+/// recursive_programming under full_batch: the dataset's strategy splits nothing (MindSpore's
+/// `MakeFullBatchStrategy`), so an element-wise op reading a network input and a product
+/// copies the product's strategy (MindSpore's `FindIndexOfOperatorIncoming` passes over the
+/// input); with split inputs it stops at the input.
+#[test]
+fn recursive_programming_under_full_batch_copies_past_the_dataset() {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[256, 64], DType::F32).unwrap();
+    let w = b.parameter("w", &[64, 64], Initializer::Zeros).unwrap();
+    let m = b.matmul("mm", x, w).unwrap();
+    let a = b.add("add", x, m).unwrap();
+    let loss = b.reduce_mean("loss", a, &[], false).unwrap();
+    b.output(loss).unwrap();
+    let g = b.finish();
+    let strategy = |p: &ParallelPlan, name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.clone().unwrap();
+    let full = plan(&g, &auto("recursive_programming", true)).unwrap();
+    let mm = strategy(&full, "mm");
+    // The add's two inputs take the product's output strategy, rows and columns as it splits them.
+    let out = mm.0[0][0];
+    let cols = mm.0[1][1];
+    assert_eq!(strategy(&full, "add").0, vec![vec![out, cols], vec![out, cols]], "product {mm}");
+    assert!(out * cols > 1, "the product splits: {mm}");
+    // With split inputs the copy stops at the input, whose strategy passes on nothing.
+    let split = plan(&g, &auto("recursive_programming", false)).unwrap();
+    assert_ne!(strategy(&split, "add"), strategy(&full, "add"));
+}

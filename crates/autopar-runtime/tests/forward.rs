@@ -282,9 +282,14 @@ fn every_op_forward_matches_hand_computed_values() {
 
     // Router: the two largest of four, renormalised.
     check(
-        &run(RouterTopK { k: 2, renormalize: true }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &run(RouterTopK { k: 2, renormalize: true, mask: false }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
         &[1, 4],
         &[0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7],
+    );
+    check(
+        &run(RouterTopK { k: 2, renormalize: false, mask: true }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &[1, 4],
+        &[0.0, 1.0, 0.0, 1.0],
     );
     check(
         &run(RouterTopKGrad { k: 1, renormalize: false }, &[t(&[1, 4], &[1.0, 2.0, 3.0, 4.0]), t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),

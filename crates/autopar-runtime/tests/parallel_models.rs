@@ -242,7 +242,8 @@ fn llama_equals_stand_alone() {
     check_data_parallel(&c, "llama", 4, 10);
 }
 
-/// The mixture of experts: the router's top-k weights, the experts' concatenated weights.
+/// The mixture of experts: the router's top-k weights, the experts' concatenated weights, the
+/// load-balancing loss over two blocks.
 #[test]
 fn moe_equals_stand_alone() {
     let cfg = LlamaConfig {
@@ -251,7 +252,8 @@ fn moe_equals_stand_alone() {
         width: 16,
         heads: 2,
         kv_heads: 1,
-        layers: 1,
+        layers: 2,
+        aux_loss_coef: 0.05,
         ffn_width: 8,
         experts: 4,
         top_k: 2,

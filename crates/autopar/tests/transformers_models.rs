@@ -319,3 +319,47 @@ fn a_transformers_mixtral_gives_its_logits_and_trains_to_pytorchs_losses_on_ever
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(logits_of(&dir.path().join("p.safetensors")).iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "the export's logits");
 }
+
+#[test]
+fn a_transformers_mixtral_trains_with_its_load_balancing_loss_to_pytorchs_losses() {
+    let e: Value = serde_json::from_str(&std::fs::read_to_string(mixtral("expected.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let want: Vec<f64> = e["losses_aux"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let plain: Vec<f64> = e["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let folder = mixtral("").display().to_string();
+    let data = mixtral("tokens.safetensors").display().to_string();
+    let (context, batch, coef) = (e["context"].to_string(), e["batch"].to_string(), e["aux_loss_coef"].to_string());
+    // The same checkpoint whose config.json asks for the loss (output_router_logits).
+    let asking = dir.path().join("asking");
+    std::fs::create_dir(&asking).unwrap();
+    std::fs::copy(mixtral("model.safetensors"), asking.join("model.safetensors")).unwrap();
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(mixtral("config.json")).unwrap()).unwrap();
+    config["output_router_logits"] = Value::Bool(true);
+    config["router_aux_loss_coef"] = e["aux_loss_coef"].clone();
+    std::fs::write(asking.join("config.json"), config.to_string()).unwrap();
+    let asking = asking.display().to_string();
+    let runs: [(&str, &[&str], &[&str]); 3] = [
+        (&folder, &["--aux-loss-coef", &coef], LAYOUTS[0]),
+        (&folder, &["--aux-loss-coef", &coef], LAYOUTS[LAYOUTS.len() - 1]),
+        (&asking, &[], LAYOUTS[1]),
+    ];
+    for (init, flags, layout) in runs {
+        let mut args = vec!["train", "--init", init, "--model", "moe", "--data", &data, "--input-shape", &context];
+        args.extend(flags.iter());
+        args.extend(["--batch-size", &batch, "--optimizer", "adamw", "--lr", "1e-3"]);
+        args.extend(["--weight-decay", "0.01", "--steps", "5", "--shuffle", "false", "--eval", "false", "--metrics", "m.jsonl"]);
+        args.extend(layout.iter());
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
+        let got: Vec<f64> = lines
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
+            .collect();
+        assert_eq!(got.len(), want.len(), "{layout:?}");
+        for (s, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b} (without the auxiliary loss {})", plain[s]);
+        }
+    }
+}

@@ -1310,13 +1310,17 @@ impl OpDef for AttentionGrad {
 
 /// A mixture of experts' router (Mixtral's): of each row of expert probabilities `[.., E]`, the
 /// `k` largest kept, renormalised over the chosen when `renormalize`, the rest zero: the
-/// weights that combine each token's expert outputs. Every dimension but the experts' splits.
+/// weights that combine each token's expert outputs. With `mask`, 1 for the chosen and 0 for
+/// the rest instead: the router's assignments, which the load-balancing loss counts; no
+/// gradient flows through a choice. Every dimension but the experts' splits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterTopK {
     /// Experts per token.
     pub k: usize,
     /// Divide the chosen probabilities by their sum (Mixtral's `norm_topk_prob`).
     pub renormalize: bool,
+    /// Give the assignments (1 chosen, 0 not) rather than the weights.
+    pub mask: bool,
 }
 
 fn router_check(cx: &InferCx<'_>, x: usize, k: usize) -> Result<()> {
@@ -1343,7 +1347,8 @@ impl OpDef for RouterTopK {
         Ok(TensorType::new(cx.shape(0).clone(), d))
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
-        if g.needs(0) {
+        // The assignments are piecewise constant: no gradient.
+        if g.needs(0) && !self.mask {
             let d = g.op(RouterTopKGrad { k: self.k, renormalize: self.renormalize }, &[g.dy(), g.x(0)])?;
             g.set(0, d);
         }

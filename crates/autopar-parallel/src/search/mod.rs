@@ -247,6 +247,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         pipelined: job.context.search.pipelined,
         matmul_mem_coef: job.context.search.rp_matmul_mem_coef.get(),
         training: job.training,
+        full_batch: matches!(job.context.dataset_strategy(), crate::context::DatasetStrategy::FullBatch),
     };
     let full_use = honours && job.context.search.fully_use_devices;
     let mut cg = build(full_use)?;

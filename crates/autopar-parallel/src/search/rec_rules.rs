@@ -195,6 +195,8 @@ struct Rules<'a> {
     g: &'a Graph,
     cg: &'a CostGraph,
     devices: usize,
+    /// Inputs are whole (full_batch): the dataset's strategy splits nothing.
+    full_batch: bool,
     /// Each node's treatment.
     rec: Vec<RecOp>,
     /// Decided by the partition or the user: passes on its output's strategy.
@@ -224,6 +226,7 @@ pub(super) fn complete(
     devices: usize,
     decided: &[Option<usize>],
     training: bool,
+    full_batch: bool,
     order: &[usize],
 ) -> (Vec<usize>, Vec<bool>) {
     let n = g.len();
@@ -257,7 +260,7 @@ pub(super) fn complete(
             }
         }
     }
-    let mut rules = Rules { g, cg, devices, rec, decided: vec![false; n], state: vec![None; n], consumers };
+    let mut rules = Rules { g, cg, devices, full_batch, rec, decided: vec![false; n], state: vec![None; n], consumers };
     let mut waiting = Vec::new();
     for &i in order {
         if !rules.rec[i].is_op() {
@@ -510,8 +513,9 @@ impl Rules<'_> {
             let p = x.0;
             let splits = match &self.rec[p] {
                 RecOp::Not => continue,
-                // The dataset's strategy splits the batch over every device where it divides.
-                RecOp::Dataset => self.devices > 1 && self.out_shape(p).first().is_some_and(|&b| b > 1),
+                // The dataset's strategy splits the batch over every device where it divides,
+                // nothing under full_batch.
+                RecOp::Dataset => !self.full_batch && self.devices > 1 && self.out_shape(p).first().is_some_and(|&b| b > 1),
                 _ => self.state[p].as_ref().is_some_and(|s| s.iter().flatten().any(|&x| x > 1)),
             };
             incoming = Some(p);

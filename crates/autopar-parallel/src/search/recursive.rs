@@ -56,6 +56,9 @@ pub struct RecInput<'a> {
     pub matmul_mem_coef: f64,
     /// A training graph (MindSpore's `GenerateStrategyV3` rules), else inference (`V1`).
     pub training: bool,
+    /// `full_batch`: the dataset's strategy splits nothing (MindSpore's `MakeFullBatchStrategy`),
+    /// so an op copying a strategy from its inputs passes over a network input.
+    pub full_batch: bool,
 }
 
 /// What every cut of a search reads besides the nodes.
@@ -300,7 +303,7 @@ pub fn choose(cg: &CostGraph, rec: &RecInput<'_>) -> Result<(Vec<usize>, Vec<boo
             op.candidates.iter().position(|c| below(&c) && c.splits.iter().product::<usize>() == best)
         });
     }
-    Ok(rec_rules::complete(g, cg, rec.devices, &configured, rec.training, &order))
+    Ok(rec_rules::complete(g, cg, rec.devices, &configured, rec.training, rec.full_batch, &order))
 }
 
 /// What fixed node `n` counts as having halved in round `round` ([`decomposed`]).

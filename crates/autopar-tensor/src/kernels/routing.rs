@@ -49,6 +49,25 @@ pub fn top_k_weights(ctx: &ExecCtx, p: &Tensor, k: usize, renormalize: bool) -> 
     })
 }
 
+/// Each row's assignments: 1 for its `k` largest probabilities, 0 for the rest.
+pub fn top_k_mask(ctx: &ExecCtx, p: &Tensor, k: usize) -> Result<Tensor> {
+    let op = "router_top_k_mask";
+    let e = check(op, p, k)?;
+    float_dispatch!(op, p.dtype(), T => {
+        let pc = p.contiguous();
+        let ps = pc.shared::<T>()?.as_slice().expect("contiguous");
+        let mut out = vec![T::zero(); ps.len()];
+        ctx.for_chunks(&mut out, e.max(1), |r, o| {
+            let mut chosen = Vec::with_capacity(k);
+            top(&ps[r * e..][..e], k, &mut chosen);
+            for &i in &chosen {
+                o[i] = T::c(1.0);
+            }
+        });
+        Tensor::from_vec(p.shape(), out)
+    })
+}
+
 /// Backward of [`top_k_weights`] from `dy` and the forward's input `p`: zero for the experts a
 /// row did not choose; for the chosen, `dy` (or, renormalised by their sum `S`,
 /// `(dy_j − Σ_i dy_i w_i) / S`).

@@ -509,7 +509,8 @@ fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<Path
         config["num_local_experts"] = json!(c.experts);
         config["num_experts_per_tok"] = json!(c.top_k);
         config["router_jitter_noise"] = json!(0.0);
-        config["output_router_logits"] = json!(false);
+        config["output_router_logits"] = json!(c.aux_loss_coef > 0.0);
+        config["router_aux_loss_coef"] = json!(if c.aux_loss_coef > 0.0 { c.aux_loss_coef } else { 0.001 });
     }
     autopar_checkpoint::io::write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     Ok(order.len())

@@ -52,6 +52,9 @@ pub struct ModelArgs {
     /// Experts each token is routed to, weighted by its renormalised router probabilities (moe; default 2).
     #[arg(long, help_heading = "Model")]
     pub top_k: Option<usize>,
+    /// Weight of the auxiliary load-balancing loss added to the training loss, Mixtral's (moe; default 0: none).
+    #[arg(long, value_name = "WEIGHT", help_heading = "Model")]
+    pub aux_loss_coef: Option<f64>,
     /// Classes (the vocabulary for gpt, llama and moe); default: the dataset's.
     #[arg(long, help_heading = "Model")]
     pub num_classes: Option<usize>,
@@ -224,6 +227,7 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
         tie_embeddings: m.tie_embeddings.or(file.tie_embeddings),
         experts: m.experts.or(file.experts),
         top_k: m.top_k.or(file.top_k),
+        aux_loss_coef: m.aux_loss_coef.or(file.aux_loss_coef),
         num_classes: m.num_classes.or(file.num_classes),
         ..Default::default()
     };
@@ -245,10 +249,10 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
 /// `hidden_size` (width), `num_hidden_layers` (depth), `num_attention_heads` (heads),
 /// `num_key_value_heads`, `intermediate_size`, `vocab_size` (num_classes), `rope_theta`,
 /// `rms_norm_eps`, `tie_word_embeddings` (and for `moe` `num_local_experts`,
-/// `num_experts_per_tok`). Only for `llama` (model_type llama) and `moe` (mixtral); a
-/// `config.json` of another architecture, or asking for what autopar's models lack (biases,
-/// rope scaling, a sliding window, attention dropout, router noise, an auxiliary loss, another
-/// activation or head size), is an error naming the key. Returns the file read, if any.
+/// `num_experts_per_tok`, and `router_aux_loss_coef` when `output_router_logits`). Only for
+/// `llama` (model_type llama) and `moe` (mixtral); a `config.json` of another architecture, or
+/// asking for what autopar's models lack (biases, rope scaling, a sliding window, attention
+/// dropout, router noise, another activation or head size), is an error naming the key. Returns the file read, if any.
 pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) -> Result<Option<PathBuf>> {
     let want = match model {
         "llama" => "llama",
@@ -290,9 +294,9 @@ pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) ->
         }
     };
     // What autopar's models cannot follow is refused by name, not ignored.
-    for key in ["attention_bias", "mlp_bias", "output_router_logits"] {
+    for key in ["attention_bias", "mlp_bias"] {
         if flag(key)? == Some(true) {
-            refuse(key, if key == "output_router_logits" { "no auxiliary load-balancing loss yet" } else { "no projection has a bias" })?;
+            refuse(key, "no projection has a bias")?;
         }
     }
     for (key, why) in [("router_jitter_noise", "its router adds no noise"), ("attention_dropout", "its attention has no dropout")] {
@@ -335,6 +339,11 @@ pub fn hf_model_options(model: &str, weights: &Path, opts: &mut ModelOptions) ->
     if model == "moe" {
         opts.experts = opts.experts.or(size("num_local_experts")?);
         opts.top_k = opts.top_k.or(size("num_experts_per_tok")?);
+        // The auxiliary loss is part of the training loss only with output_router_logits
+        // (transformers' default weight 0.001).
+        if flag("output_router_logits")? == Some(true) {
+            opts.aux_loss_coef = opts.aux_loss_coef.or(Some(number("router_aux_loss_coef")?.unwrap_or(0.001)));
+        }
     }
     Ok(Some(path))
 }

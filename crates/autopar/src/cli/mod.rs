@@ -187,6 +187,7 @@ pub fn as_flags(line: &str) -> String {
         ("tie_embeddings", "--tie-embeddings"),
         ("experts", "--experts"),
         ("top_k", "--top-k"),
+        ("aux_loss_coef", "--aux-loss-coef"),
         ("num_classes", "--num-classes"),
         ("input_shape", "--input-shape"),
         ("data", "--data"),
