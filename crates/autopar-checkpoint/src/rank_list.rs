@@ -83,7 +83,7 @@ pub fn convert_to_list(file: &StrategyFile, rank: Option<usize>) -> Vec<ListedLa
     let mut out: Vec<ListedLayout> = Vec::new();
     for l in &file.layout_items {
         let (stage, name) = l.split_stage().unwrap_or((0, l.name.as_str()));
-        let tensor_map = if l.tensor_map.len() > 1 {
+        let tensor_map = if l.per_dimension() {
             l.tensor_map.iter().filter(|m| !m.is_empty()).map(|m| MapEntry::Many(m.iter().map(|&v| v as i64).collect())).collect()
         } else {
             l.tensor_map.first().map(|m| m.iter().map(|&v| MapEntry::One(v as i64)).collect()).unwrap_or_default()

@@ -71,11 +71,20 @@ impl LayoutItem {
 
     /// The tensor map in autopar's [`TensorMap`] form (multi-axis entries kept).
     pub fn map(&self) -> TensorMap {
-        if self.tensor_map.len() == 1 {
+        if !self.per_dimension() {
             TensorMap::single(&self.tensor_map[0].iter().map(|&v| v as i64).collect::<Vec<_>>())
         } else {
             TensorMap(self.tensor_map.iter().filter(|m| !m.is_empty()).map(|m| m.iter().map(|&v| v as i64).collect()).collect())
         }
+    }
+
+    /// Whether the `TensorMap` messages are one per tensor dimension (some dimension split over
+    /// several axes) rather than one holding the whole map: several messages, or one with more
+    /// entries than a one-dimensional recorded shape has dimensions.
+    pub fn per_dimension(&self) -> bool {
+        let one_dim_tuple =
+            self.tensor_shape.as_ref().is_some_and(|s| s.len() == 1) && self.tensor_map.first().is_some_and(|m| m.len() > 1);
+        self.tensor_map.len() > 1 || one_dim_tuple
     }
 
     /// The device matrix, `[1]` for an empty one: MindSpore before 2.10 wrote a stage of one
@@ -756,6 +765,17 @@ mod tests {
 
     fn item(name: &str, map: Vec<Vec<i32>>) -> LayoutItem {
         LayoutItem::new(name, vec![2, 2], map)
+    }
+
+    #[test]
+    fn a_one_dimensional_tensor_split_along_two_axes_reads_as_one_dimension_when_its_shape_is_known() {
+        let mut l = item("b", vec![vec![1, 0]]);
+        assert_eq!(l.map().0.len(), 2, "without a shape: the whole map, two dimensions");
+        l.tensor_shape = Some(vec![8]);
+        assert!(l.per_dimension());
+        assert_eq!(l.map().0, vec![vec![1, 0]]);
+        l.tensor_shape = Some(vec![8, 4]);
+        assert_eq!(l.map().0.len(), 2);
     }
 
     #[test]

@@ -236,6 +236,15 @@ pub enum GraphError {
         split: usize,
     },
 
+    /// A MindSpore `Layout` does not fit the op's inputs (their count, ranks or sizes).
+    #[error("layout {layout} does not fit: {source}")]
+    LayoutDoesNotFit {
+        /// The layout, as text.
+        layout: String,
+        /// What the split counts it gives ran into.
+        source: Box<GraphError>,
+    },
+
     /// A MindSpore `Layout` is not valid for the op (see the `problem`).
     #[error("invalid layout {layout} for {kind} {name:?}\n  {problem}\nhint: name for each input dimension the device-matrix axes splitting it; inputs sharing a dimension (a product's contracted one) name the same axes")]
     InvalidLayout {

@@ -306,7 +306,8 @@ impl Graph {
     /// Attaches MindSpore `Layout`s to `id` (one per input), checked as [`Graph::set_strategy`]
     /// checks their split counts; the layout's device count is checked when the job is planned.
     pub fn set_layout(&mut self, id: NodeId, layout: NamedLayout) -> Result<()> {
-        self.set_strategy(id, layout.strategy())?;
+        self.set_strategy(id, layout.strategy())
+            .map_err(|e| GraphError::LayoutDoesNotFit { layout: layout.to_string(), source: Box::new(e) })?;
         self.nodes[id.0].layout = Some(layout);
         Ok(())
     }

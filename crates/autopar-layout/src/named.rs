@@ -20,7 +20,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{LayoutError, Result};
+use crate::error::{LayoutError, Result, MAX_DEVICES};
 use crate::mesh::DeviceMatrix;
 use crate::strategy::Strategy;
 
@@ -52,6 +52,11 @@ impl NamedLayout {
         if let Some(a) = dev_matrix.iter().position(|&d| d == 0) {
             return Err(bad(format!("axis {:?} has size 0", alias[a])));
         }
+        // Every product of axes is at most the whole matrix's: bounded, none overflows.
+        let spans = dev_matrix.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|&p| p <= MAX_DEVICES * MAX_DEVICES));
+        if spans.is_none() {
+            return Err(bad(format!("the device matrix spans more than {MAX_DEVICES} devices (and its virtual split)")));
+        }
         for (i, a) in alias.iter().enumerate() {
             if a.is_empty() || a == "None" {
                 return Err(bad(format!("axis {i} is named {a:?}; \"None\" means not split and cannot name an axis")));
@@ -82,6 +87,11 @@ impl NamedLayout {
                     }
                     used.push(a);
                     axes.push(a);
+                }
+                if axes.iter().rev().skip(1).any(|&a| alias[a] == INTERLEAVED) {
+                    return Err(bad(format!(
+                        "input {i} names {INTERLEAVED:?} before another axis of the same dimension; it must be the dimension's last (least significant)"
+                    )));
                 }
                 out.push(axes);
             }
@@ -134,14 +144,14 @@ impl NamedLayout {
         )
     }
 
-    /// The device matrix ranks are arranged on (the device axes above 1, in order; `[1]` for
-    /// one device) and, for each position of [`Self::dev_matrix`], its axis there (None: the
-    /// virtual axis or one of size 1).
+    /// The device matrix ranks are arranged on (the device axes, in order, as MindSpore
+    /// reports it: axes of size 1 kept, the virtual axis left out) and, for each position of
+    /// [`Self::dev_matrix`], its axis there (None: the virtual axis).
     pub fn mesh(&self) -> Result<(DeviceMatrix, Vec<Option<usize>>)> {
         let mut dims = Vec::new();
         let mut index = vec![None; self.dev_matrix.len()];
         for (a, &d) in self.dev_matrix.iter().enumerate() {
-            if self.is_device_axis(a) && d > 1 {
+            if self.is_device_axis(a) {
                 index[a] = Some(dims.len());
                 dims.push(d);
             }
@@ -352,9 +362,9 @@ mod tests {
         assert_eq!(x.devices(), 8);
         assert_eq!(x.strategy(), Strategy(vec![vec![2, 4]]));
         let (mesh, index) = x.mesh().unwrap();
-        assert_eq!(mesh.dims(), &[2, 4]);
-        assert_eq!(index, vec![Some(0), None, Some(1), None]);
-        assert_eq!(x.mesh_axes(0).unwrap(), vec![vec![0], vec![1]]);
+        assert_eq!(mesh.dims(), &[2, 1, 4]);
+        assert_eq!(index, vec![Some(0), Some(1), Some(2), None]);
+        assert_eq!(x.mesh_axes(0).unwrap(), vec![vec![0], vec![2]]);
     }
 
     #[test]
@@ -369,6 +379,8 @@ mod tests {
             (r#"Layout((2, 4), ("dp", "mp"))"#, "ends early"),
             (r#"Strategy((2, 4))"#, "expected Layout"),
             (r#"Layout((2, x), ("dp", "mp"))(("dp",),)"#, "unexpected"),
+            (r#"Layout((2, 2), ("dp", "interleaved_parallel"))((("interleaved_parallel", "dp"),),)"#, "dimension's last"),
+            (r#"Layout((1099511627776, 1099511627776), ("dp", "mp"))(("dp",),)"#, "more than 4096 devices"),
         ] {
             let e = text.parse::<NamedLayout>().unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");

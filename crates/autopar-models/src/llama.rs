@@ -116,8 +116,8 @@ impl Llama {
         if cfg.rope_theta.is_nan() || cfg.rope_theta <= 1.0 {
             return bad("rope_theta", cfg.rope_theta.to_string(), "a base greater than 1, such as 10000".into());
         }
-        if cfg.aux_loss_coef.is_nan() || cfg.aux_loss_coef < 0.0 {
-            return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "a weight of 0 or more".into());
+        if !cfg.aux_loss_coef.is_finite() || cfg.aux_loss_coef < 0.0 {
+            return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "a finite weight of 0 or more".into());
         }
         if cfg.aux_loss_coef > 0.0 && cfg.experts == 0 {
             return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "0 for a model without experts (the moe model has them)".into());

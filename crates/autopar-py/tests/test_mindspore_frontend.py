@@ -552,3 +552,21 @@ def test_an_out_strategy_lays_the_output_out_as_asked(context):
         ops.MatMul().shard(in_strategy=((2, 4), (4, 1)), out_strategy=(lay(("dp", "mp"), "None"),))
     with pytest.raises(Exception, match="out_strategy"):
         out_strategy_run(8, ((3, 1),))
+
+
+class CastNet(Tiny):
+    def __init__(self):
+        super().__init__()
+        # A cast to the dtype the input has is no op: it cannot lay out an output.
+        self.cast = ops.Cast().shard(((1, 1),), out_strategy=((2, 1),))
+
+    def construct(self, x):
+        return self.matmul(self.cast(x, ms.float32), self.w)
+
+
+def test_an_out_strategy_that_cannot_be_applied_is_refused(context):
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=2)
+    net = CastNet()
+    model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
+    with pytest.raises(NotImplementedError, match="out_strategy"):
+        model.train(1, tiny_data())

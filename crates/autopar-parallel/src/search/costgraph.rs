@@ -521,19 +521,28 @@ impl Builder<'_> {
                 (_, ShardingRule::Spec(spec)) => {
                     let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &g.node(*x).ty).collect();
                     // Each candidate's strategy, layouts, own cost and layout ids.
-                    let mut price = |all: Vec<Vec<usize>>| -> Result<Arc<[Arc<SharedCandidate>]>> {
-                        all.into_iter()
-                            .map(|splits| {
-                                let layouts = spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?;
-                                let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype, node.recompute);
-                                let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
-                                let output_id = pr.id(&whole_values(&layouts.output));
-                                Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
-                            })
-                            .collect()
-                    };
+                    // A user's MindSpore `Layout` is priced on its own device matrix, as it runs.
+                    let mut price =
+                        |all: Vec<Vec<usize>>, named: Option<&autopar_layout::NamedLayout>| -> Result<Arc<[Arc<SharedCandidate>]>> {
+                            all.into_iter()
+                                .map(|splits| {
+                                    let layouts = match named {
+                                        Some(l) => spec.named_layouts(node.op.kind(), &node.name, &ins, &node.ty, l, n)?,
+                                        None => spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?,
+                                    };
+                                    let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype, node.recompute);
+                                    let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
+                                    let output_id = pr.id(&whole_values(&layouts.output));
+                                    Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
+                                })
+                                .collect()
+                        };
                     let (shared, configured) = match &b.fixed[i] {
-                        Some((s, src)) => (price(vec![s.clone()])?, Some(*src)),
+                        Some((s, src)) => {
+                            let named =
+                                node.layout.as_ref().filter(|l| *src == StrategySource::User && spec.strategy_of(s) == l.strategy());
+                            (price(vec![s.clone()], named)?, Some(*src))
+                        }
                         None => {
                             let batch = batch_dim(spec, node, &on_data);
                             // Ops alike in everything the candidates depend on share them (a
@@ -546,7 +555,7 @@ impl Builder<'_> {
                             let shared = match alike.get(&key) {
                                 Some(shared) => Arc::clone(shared),
                                 None => {
-                                    let shared = price(bl.candidate_splits(spec, node.op.kind(), &ins, batch))?;
+                                    let shared = price(bl.candidate_splits(spec, node.op.kind(), &ins, batch), None)?;
                                     alike.insert(key, Arc::clone(&shared));
                                     shared
                                 }

@@ -52,6 +52,7 @@ class Primitive:
         self.name = name or type(self).__name__
         self.in_strategy = None
         self.out_strategy = None
+        self._out_applied = False
         self._attr = None
         self.attrs = {}
 
@@ -62,7 +63,9 @@ class Primitive:
         self.out_strategy = _check_strategy(self.name, out_strategy, "out_strategy")
         if self.out_strategy is not None:
             if len(self.out_strategy) != 1:
-                raise ValueError(f"For '{self.name}', the 'out_strategy' gives {len(self.out_strategy)} layouts for the op's one output.")
+                raise ValueError(
+                    f"For '{self.name}', the 'out_strategy' gives {len(self.out_strategy)} layouts; autopar takes one, for the output."
+                )
             if self.in_strategy is None:
                 raise ValueError(f"For '{self.name}', an 'out_strategy' needs an 'in_strategy'.")
             if isinstance(self.out_strategy[0], Layout) != isinstance(self.in_strategy[0], Layout):
@@ -84,7 +87,14 @@ class Primitive:
         tracer = _trace.active()
         if tracer is None:
             return self._eager(*args)
-        return self._trace(tracer, *args)
+        self._out_applied = False
+        out = self._trace(tracer, *args)
+        if self.out_strategy is not None and (not self._out_applied or isinstance(out, tuple)):
+            raise NotImplementedError(
+                f"For '{self.name}', autopar applies an 'out_strategy' to primitives with one tensor output computed by one "
+                "op (MatMul, BatchMatMul, the element-wise ops, ...); leave it out here."
+            )
+        return out
 
     # The op of a traced call: kind, tensor inputs, attributes.
     def _trace(self, tracer, *args):
@@ -121,6 +131,7 @@ class Primitive:
             identity._attr = (self._attr or self.name) + ".out_strategy"
             identity.shard((self.out_strategy[0],))
             out = identity(out, 1.0)
+            self._out_applied = True
         return out
 
 
