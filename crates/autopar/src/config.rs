@@ -208,10 +208,21 @@ pub fn parse_config(text: &str, path: &Path) -> Result<FileConfig> {
     let doc: toml_edit::DocumentMut = text
         .parse()
         .map_err(|e| anyhow!("config file {} is not valid TOML\n{e}\nhint: see https://toml.io for the syntax", path.display()))?;
-    let json = toml_to_json(doc.as_item()).with_context(|| format!("in config file {}", path.display()))?.unwrap_or_default();
-    serde_json::from_value(json).map_err(|e| {
+    let mut json = toml_to_json(doc.as_item()).with_context(|| format!("in config file {}", path.display()))?.unwrap_or_default();
+    // `loss_scale = 1024` is a fixed scale, as MindSpore's FixedLossScaleManager(1024).
+    if let Some(n) = json.get("loss_scale").filter(|v| v.is_number()).map(|v| v.to_string()) {
+        json["loss_scale"] = serde_json::Value::String(format!("fixed:{n}"));
+    }
+    serde_json::from_value(json.clone()).map_err(|e| {
+        // serde names the type, not the key: the first key that fails alone is the one.
+        let key = json.as_object().and_then(|o| {
+            o.iter()
+                .map(|(k, v)| (k, serde_json::json!({ k.as_str(): v })))
+                .find(|(_, one)| serde_json::from_value::<FileConfig>(one.clone()).is_err())
+        });
+        let at = key.map(|(k, _)| format!(" key {k}:")).unwrap_or_default();
         anyhow!(
-            "config file {}: {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",
+            "config file {}:{at} {e}\nhint: keys are the flags of `autopar train --help` with `_` for `-`, plus a [parallel] table",
             path.display()
         )
     })

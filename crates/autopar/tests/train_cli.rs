@@ -789,6 +789,14 @@ fn loss_scaling_from_the_command_line_and_toml_reports_the_scale_and_skips_overf
     args.extend(["--steps", "2", "--config", "run.toml", "--metrics", "t.jsonl"]);
     assert!(autopar(dir.path(), &[&["train"], args.as_slice()].concat()).status.success());
     assert!(lines("t.jsonl").iter().all(|l| l["loss_scale"] == 1024.0 && l["overflow"] == false));
+    // A number is a fixed scale, as MindSpore's FixedLossScaleManager(512).
+    std::fs::write(dir.path().join("run.toml"), "loss_scale = 512\n").unwrap();
+    assert!(autopar(dir.path(), &[&["train"], args.as_slice()].concat()).status.success());
+    assert!(lines("t.jsonl").iter().all(|l| l["loss_scale"] == 512.0));
+    // A value of the wrong type names its key.
+    std::fs::write(dir.path().join("run.toml"), "loss_scale = true\n").unwrap();
+    let err = text(&autopar(dir.path(), &[&["train"], args.as_slice()].concat())).1;
+    assert!(err.contains("key loss_scale: invalid type"), "{err}");
     let mut args = SMALL.to_vec();
     args.extend(["--steps", "1", "--metrics", "p.jsonl"]);
     assert!(autopar(dir.path(), &[&["train"], args.as_slice()].concat()).status.success());

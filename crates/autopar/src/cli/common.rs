@@ -115,7 +115,7 @@ pub fn precision(p: &ParallelArgs, file: &FileConfig) -> Result<Precision> {
     let level = p.amp_level.clone().or_else(|| file.amp_level.clone());
     let dtype = p.amp_dtype.clone().or_else(|| file.amp_dtype.clone());
     let level: AmpLevel = match &level {
-        Some(l) => l.parse().map_err(|e| anyhow::anyhow!("--amp-level: {e}"))?,
+        Some(l) => l.parse().map_err(|e| anyhow::anyhow!("--amp-level (amp_level in a config file): {e}"))?,
         None => AmpLevel::O0,
     };
     if level == AmpLevel::O0 {
@@ -125,7 +125,7 @@ pub fn precision(p: &ParallelArgs, file: &FileConfig) -> Result<Precision> {
         return Ok(Precision::default());
     }
     let dtype = match &dtype {
-        Some(d) => autopar_graph::precision::half_dtype(d).map_err(|e| anyhow::anyhow!("--amp-dtype: {e}"))?,
+        Some(d) => autopar_graph::precision::half_dtype(d).map_err(|e| anyhow::anyhow!("--amp-dtype (amp_dtype in a config file): {e}"))?,
         None => autopar_graph::DType::BF16,
     };
     Ok(Precision::new(level, dtype)?)

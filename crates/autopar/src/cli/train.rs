@@ -490,7 +490,9 @@ fn train_config(s: &Settings, ctx: autopar_parallel::ParallelContext, seed: u64)
     }
     let loss_scale: LossScale = match pick!(s, loss_scale) {
         None => LossScale::None,
-        Some(v) => v.parse().map_err(|e| anyhow::anyhow!("--loss-scale: {e}\nhint: pass --loss-scale dynamic, or fixed:1024"))?,
+        Some(v) => v.parse().map_err(|e| {
+            anyhow::anyhow!("--loss-scale (loss_scale in a config file): {e}\nhint: pass --loss-scale dynamic, or fixed:1024")
+        })?,
     };
     let optimizer_name = pick!(s, optimizer).unwrap_or_else(|| "momentum".into());
     let given_momentum = pick!(s, momentum);
