@@ -14,31 +14,14 @@ fn generator(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
-/// Annotate every op that has a sharding rule with a strategy drawn from its valid ones on `n`
-/// devices (seeded).
-pub fn assign_random_strategies(graph: &mut Graph, n: usize, seed: u64) {
-    let mut next = generator(seed);
-    for i in 0..graph.len() {
-        let id = NodeId(i);
-        let node = graph.node(id).clone();
-        if node.op.is_leaf() {
-            continue;
-        }
-        let ins: Vec<&TensorType> = node.inputs.iter().map(|x| &graph.node(*x).ty).collect();
-        if let ShardingRule::Spec(spec) = node.op.def().sharding(&RuleCx { inputs: &ins, output: &node.ty }) {
-            let options = spec.valid_splits(n);
-            let pick = &options[(next() % options.len() as u64) as usize];
-            graph.node_mut(id).strategy = Some(spec.strategy_of(pick));
-            graph.node_mut(id).layout = None;
-        }
-    }
-}
-
-/// Annotate every op that has a sharding rule with a random MindSpore `Layout` on `n` devices
-/// (seeded): split counts drawn from the op's valid ones, each split (and the replicas) spread
-/// over one or two named axes, the axes in a random order in the device matrix and within each
-/// dimension, now and then an axis of size 1 or a virtual `interleaved_parallel` axis.
-pub fn assign_random_layouts(graph: &mut Graph, n: usize, seed: u64) {
+/// Each op with a sharding rule, in order, with its rule and a random pick of its valid splits
+/// on `n` devices, to `annotate`.
+fn for_each_random_pick(
+    graph: &mut Graph,
+    n: usize,
+    seed: u64,
+    mut annotate: impl FnMut(&mut Graph, NodeId, &OpSpec, Vec<usize>, &mut dyn FnMut() -> u64),
+) {
     let mut next = generator(seed);
     for i in 0..graph.len() {
         let id = NodeId(i);
@@ -50,16 +33,35 @@ pub fn assign_random_layouts(graph: &mut Graph, n: usize, seed: u64) {
         if let ShardingRule::Spec(spec) = node.op.def().sharding(&RuleCx { inputs: &ins, output: &node.ty }) {
             let options = spec.valid_splits(n);
             let pick = options[(next() % options.len() as u64) as usize].clone();
-            if let Some(layout) = random_layout(&spec, &pick, n, &mut next) {
-                graph.set_layout(id, layout).expect("a layout of valid splits fits its op");
-            }
+            annotate(graph, id, &spec, pick, &mut next);
         }
     }
 }
 
+/// Annotate every op that has a sharding rule with a strategy drawn from its valid ones on `n`
+/// devices (seeded).
+pub fn assign_random_strategies(graph: &mut Graph, n: usize, seed: u64) {
+    for_each_random_pick(graph, n, seed, |graph, id, spec, pick, _| {
+        graph.node_mut(id).strategy = Some(spec.strategy_of(&pick));
+        graph.node_mut(id).layout = None;
+    });
+}
+
+/// Annotate every op that has a sharding rule with a random MindSpore `Layout` on `n` devices
+/// (seeded): split counts drawn from the op's valid ones, each split (and the replicas) spread
+/// over one or two named axes, the axes in a random order in the device matrix and within each
+/// dimension, now and then an axis of size 1 or a virtual `interleaved_parallel` axis.
+pub fn assign_random_layouts(graph: &mut Graph, n: usize, seed: u64) {
+    for_each_random_pick(graph, n, seed, |graph, id, spec, pick, next| {
+        if let Some(layout) = random_layout(spec, &pick, n, next) {
+            graph.set_layout(id, layout).expect("a layout of valid splits fits its op");
+        }
+    });
+}
+
 /// A layout giving `splits` on `n` devices with randomly arranged named axes (None where one
 /// input splits two of its dimensions along one logical dimension).
-fn random_layout(spec: &OpSpec, splits: &[usize], n: usize, next: &mut impl FnMut() -> u64) -> Option<NamedLayout> {
+fn random_layout(spec: &OpSpec, splits: &[usize], n: usize, next: &mut dyn FnMut() -> u64) -> Option<NamedLayout> {
     let used: usize = splits.iter().product();
     // (size, owner): owner = the logical dimension it splits, None for replicas.
     let mut factors: Vec<(usize, Option<usize>)> = Vec::new();

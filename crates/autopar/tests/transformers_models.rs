@@ -18,6 +18,15 @@ fn autopar(dir: &Path, args: &[&str]) -> Output {
 }
 
 /// The `logits` of a safetensors file (transformers' or autopar predict's).
+/// The losses of `autopar` run with `args` in `dir` (a training command), from its metrics lines.
+fn trained_losses(dir: &Path, args: &[&str], what: &str) -> Vec<f64> {
+    let args: Vec<&str> = args.iter().copied().chain(["--metrics", "m.jsonl"]).collect();
+    let o = autopar(dir, &args);
+    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+    let lines = std::fs::read_to_string(dir.join("m.jsonl")).unwrap();
+    lines.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter_map(|v| v.get("loss").and_then(Value::as_f64)).collect()
+}
+
 fn logits_of(path: &Path) -> Vec<f32> {
     let f = autopar_checkpoint::CheckpointFile::open(path).unwrap();
     f.read("logits").unwrap().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
@@ -166,17 +175,9 @@ fn a_transformers_llama_trains_to_pytorchs_adamw_losses_on_every_layout() {
         for a in ["--optimizer", "adamw", "--lr", &lr, "--weight-decay", &wd, "--steps", &steps, "--shuffle", "false", "--eval", "false"] {
             args.push(a.to_string());
         }
-        args.extend(["--metrics".into(), "m.jsonl".into()]);
         args.extend(layout.iter().map(|s| s.to_string()));
-        let o = autopar(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
-        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
-        let got: Vec<f64> = lines
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
-            .collect();
-        assert_eq!(got.len(), want.len(), "{layout:?}: {lines}");
+        let got = trained_losses(dir.path(), &args.iter().map(String::as_str).collect::<Vec<_>>(), &format!("{layout:?}"));
+        assert_eq!(got.len(), want.len(), "{layout:?}");
         for (s, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b}");
         }
@@ -288,16 +289,9 @@ fn a_transformers_mixtral_gives_its_logits_and_trains_to_pytorchs_losses_on_ever
         let mut args = vec!["train", "--init", &folder];
         args.extend(model);
         args.extend(["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.01", "--steps", "5", "--shuffle", "false"]);
-        args.extend(["--eval", "false", "--metrics", "m.jsonl"]);
+        args.extend(["--eval", "false"]);
         args.extend(layout.iter());
-        let o = autopar(dir.path(), &args);
-        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
-        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
-        let got: Vec<f64> = lines
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
-            .collect();
+        let got = trained_losses(dir.path(), &args, &format!("{layout:?}"));
         assert_eq!(got.len(), want_losses.len(), "{layout:?}");
         for (s, (a, b)) in got.iter().zip(&want_losses).enumerate() {
             assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b}");
@@ -348,16 +342,9 @@ fn a_transformers_mixtral_trains_with_its_load_balancing_loss_to_pytorchs_losses
         let mut args = vec!["train", "--init", init, "--model", "moe", "--data", &data, "--input-shape", &context];
         args.extend(flags.iter());
         args.extend(["--batch-size", &batch, "--optimizer", "adamw", "--lr", "1e-3"]);
-        args.extend(["--weight-decay", "0.01", "--steps", "5", "--shuffle", "false", "--eval", "false", "--metrics", "m.jsonl"]);
+        args.extend(["--weight-decay", "0.01", "--steps", "5", "--shuffle", "false", "--eval", "false"]);
         args.extend(layout.iter());
-        let o = autopar(dir.path(), &args);
-        assert!(o.status.success(), "{layout:?}: {}", String::from_utf8_lossy(&o.stderr));
-        let lines = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap();
-        let got: Vec<f64> = lines
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .filter_map(|v| v.get("loss").and_then(Value::as_f64))
-            .collect();
+        let got = trained_losses(dir.path(), &args, &format!("{layout:?}"));
         assert_eq!(got.len(), want.len(), "{layout:?}");
         for (s, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-4, "{layout:?}: loss at step {s} is {a}, PyTorch {b} (without the auxiliary loss {})", plain[s]);
