@@ -364,14 +364,14 @@ impl GraphBuilder {
 
     /// A mixture of experts' routing weights from expert probabilities `p [.., E]`: each row's
     /// `k` largest kept (renormalised when asked), the rest zero ([`RouterTopK`]).
-    pub fn router_top_k(&mut self, name: &str, p: NodeId, k: usize, renormalize: bool) -> Result<NodeId> {
-        self.op(name, RouterTopK { k, renormalize, mask: false }, &[p])
+    pub fn router_top_k(&mut self, name: &str, p: NodeId, k: usize, renormalize: bool, capacity: Option<usize>) -> Result<NodeId> {
+        self.op(name, RouterTopK { k, renormalize, mask: false, capacity }, &[p])
     }
 
     /// The router's assignments of probabilities `p [.., E]`: 1 for each row's `k` largest, 0
     /// for the rest (no gradient).
     pub fn router_top_k_mask(&mut self, name: &str, p: NodeId, k: usize) -> Result<NodeId> {
-        self.op(name, RouterTopK { k, renormalize: false, mask: true }, &[p])
+        self.op(name, RouterTopK { k, renormalize: false, mask: true, capacity: None }, &[p])
     }
 
     /// Max pooling of `x [N, C, H, W]`.

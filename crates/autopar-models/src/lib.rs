@@ -274,6 +274,8 @@ pub struct ModelOptions {
     pub top_k: Option<usize>,
     /// Weight of the auxiliary load-balancing loss (moe).
     pub aux_loss_coef: Option<f64>,
+    /// Expert capacity factor (moe).
+    pub capacity_factor: Option<f64>,
     /// ResNet stem.
     pub stem: Option<Stem>,
 }
@@ -286,11 +288,17 @@ pub fn model_by_name(name: &str, opts: &ModelOptions) -> Result<Box<dyn Model>> 
     let unused = |option: &'static str, accepted: &'static str| Err(ModelError::UnusedOption { model: name.to_string(), option, accepted });
     let lower = name.to_ascii_lowercase();
     if lower != "moe" && MODEL_NAMES.contains(&lower.as_str()) {
-        for (option, given) in
-            [("experts", opts.experts.is_some()), ("top_k", opts.top_k.is_some()), ("aux_loss_coef", opts.aux_loss_coef.is_some())]
-        {
+        for (option, given) in [
+            ("experts", opts.experts.is_some()),
+            ("top_k", opts.top_k.is_some()),
+            ("aux_loss_coef", opts.aux_loss_coef.is_some()),
+            ("capacity_factor", opts.capacity_factor.is_some()),
+        ] {
             if given {
-                return unused(option, "experts, top_k and aux_loss_coef only as the moe model (a llama whose MLPs are experts)");
+                return unused(
+                    option,
+                    "experts, top_k, aux_loss_coef and capacity_factor only as the moe model (a llama whose MLPs are experts)",
+                );
             }
         }
     }
@@ -409,7 +417,7 @@ pub fn llama_config(opts: &ModelOptions) -> Result<LlamaConfig> {
 }
 
 /// The mixture of experts `opts` describe: [`llama_config`] with `experts` (default 4),
-/// `top_k` (default 2) and `aux_loss_coef` (default 0).
+/// `top_k` (default 2), `aux_loss_coef` (default 0) and `capacity_factor` (default 0: none).
 pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
     if opts.experts == Some(0) {
         return Err(ModelError::BadConfig {
@@ -423,6 +431,7 @@ pub fn moe_config(opts: &ModelOptions) -> Result<LlamaConfig> {
         experts: opts.experts.unwrap_or(4),
         top_k: opts.top_k.unwrap_or(2),
         aux_loss_coef: opts.aux_loss_coef.unwrap_or(0.0),
+        capacity_factor: opts.capacity_factor.unwrap_or(0.0),
         ..llama_config(opts)?
     };
     Llama::new(cfg.clone()).map_err(by_option)?;

@@ -57,6 +57,10 @@ pub struct LlamaConfig {
     /// Weight of the auxiliary load-balancing loss added to the training loss (transformers'
     /// `router_aux_loss_coef` with `output_router_logits`); 0: none.
     pub aux_loss_coef: f64,
+    /// MindSpore's `capacity_factor`: each expert takes at most `ceil(top_k * tokens *
+    /// capacity_factor / experts)` of the batch's tokens, and the choices beyond are dropped;
+    /// 0: none (every choice kept, as Mixtral).
+    pub capacity_factor: f64,
 }
 
 impl Default for LlamaConfig {
@@ -77,6 +81,7 @@ impl Default for LlamaConfig {
             experts: 0,
             top_k: 2,
             aux_loss_coef: 0.0,
+            capacity_factor: 0.0,
         }
     }
 }
@@ -121,6 +126,14 @@ impl Llama {
         }
         if cfg.aux_loss_coef > 0.0 && cfg.experts == 0 {
             return bad("aux_loss_coef", cfg.aux_loss_coef.to_string(), "0 for a model without experts (the moe model has them)".into());
+        }
+        if !cfg.capacity_factor.is_finite() || cfg.capacity_factor < 0.0 || (cfg.capacity_factor > 0.0 && cfg.experts == 0) {
+            let expected = if cfg.experts == 0 {
+                "0 for a model without experts (the moe model has them)"
+            } else {
+                "a finite factor above 0 (0: no capacity)"
+            };
+            return bad("capacity_factor", cfg.capacity_factor.to_string(), expected.into());
         }
         if cfg.experts > 0 && (cfg.top_k == 0 || cfg.top_k > cfg.experts) {
             return bad("top_k", cfg.top_k.to_string(), format!("between 1 and the {} experts", cfg.experts));
@@ -202,8 +215,9 @@ impl Llama {
     /// (`block_sparse_moe.gate.weight [E, d]`, per expert `e`
     /// `block_sparse_moe.experts.<e>.{w1, w3}.weight [F, d]` (gate, up) and `w2.weight [d, F]`):
     /// the router's softmax, each token's `top_k` experts weighted by their renormalised
-    /// probabilities. Every expert runs on every token and the weights (zero for the experts a
-    /// token did not choose) combine them: one product into all the experts' gate and up
+    /// probabilities (under a capacity factor, the choices each expert has room for, as
+    /// MindSpore's MoE grants them). Every expert runs on every token and the weights (zero for
+    /// the experts a token did not choose) combine them: one product into all the experts' gate and up
     /// projections (their weights concatenated), one out of their down projections.
     ///
     /// With an auxiliary loss, `balance` gains the block's `[assignments, probabilities]`, each
@@ -221,7 +235,9 @@ impl Llama {
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let logits = dense(b, &p("block_sparse_moe.gate"), m, e, init.clone(), None)?;
         let probs = b.softmax(&p("block_sparse_moe.router.softmax"), logits, -1)?;
-        let weights = b.router_top_k(&p("block_sparse_moe.router.top_k"), probs, c.top_k, true)?;
+        // MindSpore's expert capacity over the batch's tokens.
+        let capacity = (c.capacity_factor > 0.0).then(|| ((c.top_k * rows) as f64 * c.capacity_factor / e as f64).ceil() as usize);
+        let weights = b.router_top_k(&p("block_sparse_moe.router.top_k"), probs, c.top_k, true, capacity)?;
         if c.aux_loss_coef > 0.0 {
             let chosen = b.router_top_k_mask(&p("block_sparse_moe.router.chosen"), probs, c.top_k)?;
             let chosen = b.reduce_sum(&p("block_sparse_moe.router.chosen.sum"), chosen, &[0], false)?;
@@ -322,7 +338,8 @@ impl Model for Llama {
     fn describe(&self) -> String {
         let c = &self.cfg;
         let tied = if c.tie_embeddings { ", tied embeddings" } else { "" };
-        let experts = if c.experts > 0 { format!(", {} experts, top {}", c.experts, c.top_k) } else { String::new() };
+        let capacity = if c.capacity_factor > 0.0 { format!(", capacity factor {}", c.capacity_factor) } else { String::new() };
+        let experts = if c.experts > 0 { format!(", {} experts, top {}{capacity}", c.experts, c.top_k) } else { String::new() };
         format!(
             "{} (vocab {}, context {}, width {}, {} heads, {} key/value heads, {} blocks, MLP {}{experts}, rope theta {}{tied})",
             self.name(),
@@ -391,6 +408,8 @@ mod tests {
         assert_eq!(field(LlamaConfig { rms_eps: 0.0, ..small() }), "rms_eps");
         assert_eq!(field(LlamaConfig { aux_loss_coef: 0.1, ..small() }), "aux_loss_coef"); // no experts
         assert_eq!(field(LlamaConfig { aux_loss_coef: -1.0, experts: 2, top_k: 1, ..small() }), "aux_loss_coef");
+        assert_eq!(field(LlamaConfig { capacity_factor: 1.5, ..small() }), "capacity_factor"); // no experts
+        assert_eq!(field(LlamaConfig { capacity_factor: f64::NAN, experts: 2, top_k: 1, ..small() }), "capacity_factor");
     }
 
     #[test]

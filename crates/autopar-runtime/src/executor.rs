@@ -797,8 +797,8 @@ impl Executor {
             OpKind::RmsNormGrad(n) => self.rms_norm_grad(node, x, n, caches, collectives)?,
             OpKind::RotaryEmbedding(r) => rotary::rotary_embedding(cx, x[0], r.theta, r.offset, r.inverse).map_err(k)?,
             OpKind::RouterTopK(r) if r.mask => routing::top_k_mask(cx, x[0], r.k).map_err(k)?,
-            OpKind::RouterTopK(r) => routing::top_k_weights(cx, x[0], r.k, r.renormalize).map_err(k)?,
-            OpKind::RouterTopKGrad(r) => routing::top_k_weights_backward(cx, x[1], x[0], r.k, r.renormalize).map_err(k)?,
+            OpKind::RouterTopK(r) => routing::top_k_weights(cx, x[0], r.k, r.renormalize, r.capacity).map_err(k)?,
+            OpKind::RouterTopKGrad(r) => routing::top_k_weights_backward(cx, x[1], x[0], r.k, r.renormalize, r.capacity).map_err(k)?,
             OpKind::Attention(a) => attention::attention(cx, x[0], x[1], x[2], a.scale, a.causal, a.row_offset).map_err(k)?,
             OpKind::AttentionGrad(a) => self.attention_grad(node, x, a, caches)?,
             // The mask depends on (seed, step, the element's index in the whole tensor) only, so

@@ -282,17 +282,21 @@ fn every_op_forward_matches_hand_computed_values() {
 
     // Router: the two largest of four, renormalised.
     check(
-        &run(RouterTopK { k: 2, renormalize: true, mask: false }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &run(RouterTopK { k: 2, renormalize: true, mask: false, capacity: None }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
         &[1, 4],
         &[0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7],
     );
     check(
-        &run(RouterTopK { k: 2, renormalize: false, mask: true }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &run(RouterTopK { k: 2, renormalize: false, mask: true, capacity: None }, &[t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
         &[1, 4],
         &[0.0, 1.0, 0.0, 1.0],
     );
     check(
-        &run(RouterTopKGrad { k: 1, renormalize: false }, &[t(&[1, 4], &[1.0, 2.0, 3.0, 4.0]), t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])], c),
+        &run(
+            RouterTopKGrad { k: 1, renormalize: false, capacity: None },
+            &[t(&[1, 4], &[1.0, 2.0, 3.0, 4.0]), t(&[1, 4], &[0.1, 0.4, 0.2, 0.3])],
+            c,
+        ),
         &[1, 4],
         &[0.0, 2.0, 0.0, 0.0],
     );

@@ -259,8 +259,11 @@ fn moe_equals_stand_alone() {
         top_k: 2,
         ..LlamaConfig::default()
     };
-    let c = case(&Llama::new(cfg).unwrap(), 8, 16, 1e-5, 1e-6);
+    let c = case(&Llama::new(cfg.clone()).unwrap(), 8, 16, 1e-5, 1e-6);
     check(&c, "moe", 10);
+    // Under an expert capacity (choices dropped, the tokens counted whole).
+    let c = case(&Llama::new(LlamaConfig { capacity_factor: 0.75, ..cfg }).unwrap(), 8, 16, 1e-5, 1e-6);
+    check(&c, "moe with capacity", 10);
 }
 
 #[test]

@@ -73,6 +73,8 @@ pub struct FileConfig {
     pub top_k: Option<usize>,
     /// `--aux-loss-coef` (see `autopar train --help`).
     pub aux_loss_coef: Option<f64>,
+    /// `--capacity-factor` (see `autopar train --help`).
+    pub capacity_factor: Option<f64>,
     /// `--num-classes` (see `autopar train --help`).
     pub num_classes: Option<usize>,
     /// `--input-shape` (see `autopar train --help`).

@@ -351,3 +351,29 @@ fn a_transformers_mixtral_trains_with_its_load_balancing_loss_to_pytorchs_losses
         }
     }
 }
+
+/// `--capacity-factor`: with room for every choice, transformers' logits; with less, choices
+/// dropped (other logits), the same on 8 devices as on one.
+#[test]
+fn an_expert_capacity_drops_choices_alike_on_every_layout() {
+    let e: Value = serde_json::from_str(&std::fs::read_to_string(mixtral("expected.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let want = logits_of(&mixtral("logits.safetensors"));
+    let folder = mixtral("").display().to_string();
+    let data = mixtral("tokens.safetensors").display().to_string();
+    let (context, batch) = (e["context"].to_string(), e["batch"].to_string());
+    let predict = |factor: &str, layout: &[&str]| -> Vec<f32> {
+        let mut args = vec!["predict", &folder, "--output", "p.safetensors", "--model", "moe", "--data", &data];
+        args.extend(["--input-shape", &context, "--batch-size", &batch, "--capacity-factor", factor]);
+        args.extend(layout.iter());
+        let o = autopar(dir.path(), &args);
+        assert!(o.status.success(), "{factor} {layout:?}: {}", String::from_utf8_lossy(&o.stderr));
+        logits_of(&dir.path().join("p.safetensors"))
+    };
+    let roomy = predict("100", LAYOUTS[0]);
+    assert!(roomy.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "room for every choice: transformers' logits");
+    let tight = predict("0.5", LAYOUTS[0]);
+    assert!(tight.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3), "half the room: some choices dropped");
+    let parallel = predict("0.5", LAYOUTS[4]);
+    assert!(parallel.iter().zip(&tight).all(|(a, b)| (a - b).abs() <= 1e-5), "8 devices drop what one drops");
+}

@@ -1312,15 +1312,20 @@ impl OpDef for AttentionGrad {
 /// `k` largest kept, renormalised over the chosen when `renormalize`, the rest zero: the
 /// weights that combine each token's expert outputs. With `mask`, 1 for the chosen and 0 for
 /// the rest instead: the router's assignments, which the load-balancing loss counts; no
-/// gradient flows through a choice. Every dimension but the experts' splits.
+/// gradient flows through a choice. Every dimension but the experts' splits. Under a
+/// `capacity` each expert takes at most that many rows, granted in MindSpore's order (every
+/// row's first choice, in row order, before any second one); a refused choice is dropped, and
+/// the rows are counted whole (no dimension splits).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterTopK {
     /// Experts per token.
     pub k: usize,
-    /// Divide the chosen probabilities by their sum (Mixtral's `norm_topk_prob`).
+    /// Divide the kept probabilities by their sum (Mixtral's `norm_topk_prob`).
     pub renormalize: bool,
     /// Give the assignments (1 chosen, 0 not) rather than the weights.
     pub mask: bool,
+    /// Rows each expert takes at most (MindSpore's expert capacity); None: every choice kept.
+    pub capacity: Option<usize>,
 }
 
 fn router_check(cx: &InferCx<'_>, x: usize, k: usize) -> Result<()> {
@@ -1349,13 +1354,20 @@ impl OpDef for RouterTopK {
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {
         // The assignments are piecewise constant: no gradient.
         if g.needs(0) && !self.mask {
-            let d = g.op(RouterTopKGrad { k: self.k, renormalize: self.renormalize }, &[g.dy(), g.x(0)])?;
+            let d = g.op(RouterTopKGrad { k: self.k, renormalize: self.renormalize, capacity: self.capacity }, &[g.dy(), g.x(0)])?;
             g.set(0, d);
         }
         Ok(())
     }
     fn sharding(&self, cx: &RuleCx<'_>) -> ShardingRule {
         let x = cx.shape(0);
+        if self.capacity.is_some() {
+            return ShardingRule::Spec(unary_spec(
+                x,
+                &(0..x.len()).collect::<Vec<_>>(),
+                "an expert's capacity counts every token in order",
+            ));
+        }
         ShardingRule::Spec(unary_spec(x, &[x.len() - 1], "each token chooses among all the experts"))
     }
     fn local(&self, _: &LocalCx<'_>) -> OpKind {
@@ -1373,6 +1385,8 @@ pub struct RouterTopKGrad {
     pub k: usize,
     /// The forward [`RouterTopK`]'s renormalisation.
     pub renormalize: bool,
+    /// The forward [`RouterTopK`]'s capacity.
+    pub capacity: Option<usize>,
 }
 
 impl OpDef for RouterTopKGrad {

@@ -149,7 +149,7 @@ enum CkptCommand {
         #[arg(long, value_name = "FILE")]
         ckpt_strategy: Option<PathBuf>,
         #[command(flatten)]
-        model: super::common::ModelArgs,
+        model: Box<super::common::ModelArgs>,
     },
 }
 

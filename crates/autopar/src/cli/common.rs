@@ -55,6 +55,9 @@ pub struct ModelArgs {
     /// Weight of the auxiliary load-balancing loss added to the training loss, Mixtral's (moe; default 0: none).
     #[arg(long, value_name = "WEIGHT", help_heading = "Model")]
     pub aux_loss_coef: Option<f64>,
+    /// Expert capacity factor, MindSpore's: each expert takes at most ceil(top_k x tokens x FACTOR / experts) of a batch's tokens, the choices beyond dropped (moe; default: none, every choice kept).
+    #[arg(long, value_name = "FACTOR", help_heading = "Model")]
+    pub capacity_factor: Option<f64>,
     /// Classes (the vocabulary for gpt, llama and moe); default: the dataset's.
     #[arg(long, help_heading = "Model")]
     pub num_classes: Option<usize>,
@@ -228,6 +231,7 @@ pub fn model_options(m: &ModelArgs, file: &FileConfig) -> Result<(String, ModelO
         experts: m.experts.or(file.experts),
         top_k: m.top_k.or(file.top_k),
         aux_loss_coef: m.aux_loss_coef.or(file.aux_loss_coef),
+        capacity_factor: m.capacity_factor.or(file.capacity_factor),
         num_classes: m.num_classes.or(file.num_classes),
         ..Default::default()
     };

@@ -188,6 +188,7 @@ pub fn as_flags(line: &str) -> String {
         ("experts", "--experts"),
         ("top_k", "--top-k"),
         ("aux_loss_coef", "--aux-loss-coef"),
+        ("capacity_factor", "--capacity-factor"),
         ("num_classes", "--num-classes"),
         ("input_shape", "--input-shape"),
         ("data", "--data"),
