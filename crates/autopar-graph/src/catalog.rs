@@ -343,8 +343,8 @@ pub fn op_cases(dtype: DType, seed: u64) -> Result<Vec<OpCase>> {
                     y = m.b.router_top_k_mask("op", p, 2)?;
                     wrt = Some(vec![]);
                 } else if kind == "RouterTopK" {
-                    // Seed 1: under a capacity of half the rows (some choices dropped).
-                    let capacity = (seed == 1).then_some((a * b2).div_ceil(2));
+                    // Seed 1: under a capacity of rows / experts: with two choices a row, some dropped.
+                    let capacity = (seed == 1).then_some((a * b2).div_ceil(e));
                     y = m.b.router_top_k("op", p, 2, seed.is_multiple_of(2), capacity)?;
                 } else {
                     let dy = m.x(&[a, b2, e])?;

@@ -425,7 +425,13 @@ mod tests {
         assert_eq!(shape("model.layers.1.block_sparse_moe.experts.2.w2.weight"), vec![16, 24]);
         assert!(!m.params.keys().any(|k| k.contains("mlp.")), "no dense MLP");
         let router = &g.node(m.ops["model.layers.0.block_sparse_moe.router.top_k"]).op;
-        assert!(matches!(router, autopar_graph::OpKind::RouterTopK(r) if r.k == 2 && r.renormalize));
+        assert!(matches!(router, autopar_graph::OpKind::RouterTopK(r) if r.k == 2 && r.renormalize && r.capacity.is_none()));
+        // MindSpore's capacity: ceil(top_k x tokens x factor / experts), here 2 x (2 x 6) x 1.3 / 3.
+        let rows = 2 * cfg.context;
+        let (g, m) = Llama::new(LlamaConfig { capacity_factor: 1.3, ..cfg.clone() }).unwrap().build_graph(2, Mode::Train, 0).unwrap();
+        let router = &g.node(m.ops["model.layers.0.block_sparse_moe.router.top_k"]).op;
+        let want = ((2 * rows) as f64 * 1.3 / 3.0).ceil() as usize;
+        assert!(matches!(router, autopar_graph::OpKind::RouterTopK(r) if r.capacity == Some(want)), "{router:?}, want {want}");
         let err = Llama::new(LlamaConfig { top_k: 4, ..cfg }).unwrap_err();
         assert!(matches!(err, ModelError::BadConfig { field: "top_k", .. }), "{err}");
     }

@@ -371,9 +371,11 @@ fn an_expert_capacity_drops_choices_alike_on_every_layout() {
         logits_of(&dir.path().join("p.safetensors"))
     };
     let roomy = predict("100", LAYOUTS[0]);
+    assert_eq!(roomy.len(), want.len());
     assert!(roomy.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-4), "room for every choice: transformers' logits");
     let tight = predict("0.5", LAYOUTS[0]);
     assert!(tight.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3), "half the room: some choices dropped");
     let parallel = predict("0.5", LAYOUTS[4]);
+    assert_eq!(parallel.len(), tight.len());
     assert!(parallel.iter().zip(&tight).all(|(a, b)| (a - b).abs() <= 1e-5), "8 devices drop what one drops");
 }

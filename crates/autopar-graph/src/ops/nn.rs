@@ -1349,6 +1349,9 @@ impl OpDef for RouterTopK {
     fn infer(&self, cx: &InferCx<'_>) -> Result<TensorType> {
         let d = cx.float(0)?;
         router_check(cx, 0, self.k)?;
+        if self.capacity == Some(0) || (self.mask && self.capacity.is_some()) {
+            return Err(cx.bad_attr("capacity", self.capacity.unwrap_or(0), "at least 1 row per expert, and none for the mask form"));
+        }
         Ok(TensorType::new(cx.shape(0).clone(), d))
     }
     fn grad(&self, g: &mut GradCx<'_>) -> Result<()> {

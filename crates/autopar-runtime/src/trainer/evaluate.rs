@@ -101,7 +101,12 @@ impl Trainer {
             Ok((job, io)) => Ok(EvalJob { rows, repeat: 1, job, io }),
             Err(first) => {
                 let repeat = devices / gcd(rows, devices).max(1);
-                if repeat <= 1 {
+                // Repeated rows would count as tokens of an expert's capacity: the batch's
+                // choices would differ from its own.
+                let capacity = |net: &autopar_graph::Graph| {
+                    net.nodes().iter().any(|n| matches!(&n.op, autopar_graph::OpKind::RouterTopK(r) if r.capacity.is_some()))
+                };
+                if repeat <= 1 || self.network(rows, false).is_ok_and(|net| capacity(&net.graph)) {
                     return Err(first);
                 }
                 plan(rows * repeat).map(|(job, io)| EvalJob { rows, repeat, job, io }).map_err(|_| first)

@@ -177,8 +177,9 @@ mod tests {
         // row 1's second (1) and row 2's (0) find their experts full.
         let w = top_k_weights(&ctx, &p, 2, true, Some(2)).unwrap().to_f64_vec();
         assert_eq!(w, vec![0.6, 0.4, 1.0, 0.0, 0.0, 1.0]);
-        // A row refused its first choice loses all: row 1 asks expert 0 twice.
-        let p = Tensor::from_vec(&[2, 3], vec![0.5f64, 0.3, 0.2, 0.6, 0.3, 0.1]).unwrap();
+        // A row refused its first choice loses all: row 1 asks expert 0 twice (were it to move on,
+        // expert 2 had room for it).
+        let p = Tensor::from_vec(&[2, 3], vec![0.5f64, 0.3, 0.2, 0.6, 0.1, 0.3]).unwrap();
         let w = top_k_weights(&ctx, &p, 2, false, Some(1)).unwrap().to_f64_vec();
         assert_eq!(w, vec![0.5, 0.3, 0.0, 0.0, 0.0, 0.0]);
         // With room for every row, the k largest.
@@ -193,7 +194,7 @@ mod tests {
         let ctx = ExecCtx::serial();
         let p = crate::random::uniform(&[3, 5], 0.1, 1.0, 3, DType::F64);
         let dy = crate::random::uniform(&[3, 5], -1.0, 1.0, 4, DType::F64);
-        for (renormalize, capacity) in [(true, None), (false, None), (true, Some(2)), (false, Some(1))] {
+        for (renormalize, capacity) in [(true, None), (false, None), (true, Some(1)), (false, Some(1)), (true, Some(2))] {
             let g = top_k_weights_backward(&ctx, &p, &dy, 2, renormalize, capacity).unwrap().to_f64_vec();
             let f = |q: &Tensor| -> f64 {
                 top_k_weights(&ctx, q, 2, renormalize, capacity).unwrap().to_f64_vec().iter().zip(dy.to_f64_vec()).map(|(a, b)| a * b).sum()

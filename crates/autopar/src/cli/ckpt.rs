@@ -509,6 +509,12 @@ fn export_hf(src: &std::path::Path, out: &std::path::Path, strategy: Option<Path
         config["num_local_experts"] = json!(c.experts);
         config["num_experts_per_tok"] = json!(c.top_k);
         config["router_jitter_noise"] = json!(0.0);
+        if c.capacity_factor > 0.0 {
+            eprintln!(
+                "warning: the model was given capacity factor {}; transformers' Mixtral has none, so the exported model keeps every choice",
+                c.capacity_factor
+            );
+        }
         config["output_router_logits"] = json!(c.aux_loss_coef > 0.0);
         config["router_aux_loss_coef"] = json!(if c.aux_loss_coef > 0.0 { c.aux_loss_coef } else { 0.001 });
     }
