@@ -39,6 +39,19 @@ impl Gradients {
 /// Appends to `graph` the gradient of the sum of `loss`'s elements with respect to each node of
 /// `wrt` (parameters or inputs). A leaf the loss does not depend on gets a zero gradient.
 pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Gradients> {
+    differentiate_with(graph, loss, wrt, &mut |_, _, g| Ok(g))
+}
+
+/// [`differentiate`], each requested gradient passed through `finish` as soon as it is whole
+/// (called with the graph, the position in `wrt` and the gradient node): the nodes `finish`
+/// adds run right there in the backward pass, and the node it returns is the gradient given
+/// back (e.g. the rank's shard of a gradient reduce-scattered as the pass forms it).
+pub fn differentiate_with(
+    graph: &mut Graph,
+    loss: NodeId,
+    wrt: &[NodeId],
+    finish: &mut dyn FnMut(&mut Graph, usize, NodeId) -> Result<NodeId>,
+) -> Result<Gradients> {
     graph.check_id(loss)?;
     for &w in wrt {
         graph.check_id(w)?;
@@ -76,6 +89,7 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
 
     let mut contributions: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     let mut grad_of: Vec<Option<NodeId>> = vec![None; n];
+    let mut finished: Vec<Option<NodeId>> = vec![None; n];
     if needs[loss.0] {
         let ty = graph.node(loss).ty.clone();
         let name = graph.unique_name(&format!("grad/{}/seed", graph.node(loss).name));
@@ -98,6 +112,9 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
             graph.node_mut(dy).pipeline_stage = stage;
         }
         grad_of[i] = Some(dy);
+        if let Some(k) = wrt.iter().position(|&w| w == id) {
+            finished[i] = Some(finish(graph, k, dy)?);
+        }
         let op = graph.node(id).op.clone();
         if op.is_leaf() {
             continue;
@@ -119,13 +136,14 @@ pub fn differentiate(graph: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<
         }
     }
     let mut grads = Vec::with_capacity(wrt.len());
-    for &w in wrt {
-        let g = match grad_of[w.0] {
+    for (k, &w) in wrt.iter().enumerate() {
+        let g = match finished.get(w.0).copied().flatten() {
             Some(g) => g,
             None => {
                 let ty = graph.node(w).ty.clone();
                 let name = graph.unique_name(&format!("grad/{}/zeros", graph.node(w).name));
-                graph.add(&name, Fill { shape: ty.shape, dtype: ty.dtype, value: 0.0 }, &[])?
+                let zeros = graph.add(&name, Fill { shape: ty.shape, dtype: ty.dtype, value: 0.0 }, &[])?;
+                finish(graph, k, zeros)?
             }
         };
         grads.push((w, g));

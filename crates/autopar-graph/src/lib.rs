@@ -65,7 +65,7 @@ pub mod precision;
 pub mod sharding;
 pub mod types;
 
-pub use autodiff::{backward, differentiate, Gradients};
+pub use autodiff::{backward, differentiate, differentiate_with, Gradients};
 /// A strategy as `GraphBuilder::shard` takes it (the layout crate's, for models that need no other).
 pub use autopar_layout::Strategy;
 pub use builder::{GraphBuilder, ParamSpec};

@@ -216,9 +216,14 @@ pub enum OptimizerLevel {
     /// sharded.
     #[default]
     Level1,
-    /// `level3`: only the rank's shard is kept between uses: the slice is all-gathered just
-    /// before its forward use and freed after its last forward reader, and all-gathered again
-    /// just before the backward pass reads it (a recomputed all-gather).
+    /// `level2`: as level1, and each sharded weight's gradient is reduce-scattered as the
+    /// backward pass forms it (in every micro-batch), so the rank keeps only its shard of the
+    /// gradient, never the whole slices of the step.
+    Level2,
+    /// `level3`: as level2, and only the rank's shard of the weight is kept between uses: the
+    /// slice is all-gathered just before its forward use and freed after its last forward
+    /// reader, and all-gathered again just before the backward pass reads it (a recomputed
+    /// all-gather).
     Level3,
 }
 
@@ -227,8 +232,20 @@ impl OptimizerLevel {
     pub fn name(self) -> &'static str {
         match self {
             OptimizerLevel::Level1 => "level1",
+            OptimizerLevel::Level2 => "level2",
             OptimizerLevel::Level3 => "level3",
         }
+    }
+
+    /// Whether each sharded weight's gradient is reduce-scattered inside the backward pass
+    /// (level2 and level3).
+    pub fn shards_gradients(self) -> bool {
+        self != OptimizerLevel::Level1
+    }
+
+    /// Whether a sharded weight is all-gathered per use (level3).
+    pub fn gathers_per_use(self) -> bool {
+        self == OptimizerLevel::Level3
     }
 }
 
@@ -732,18 +749,23 @@ impl ParallelContext {
                     c.optimizer_weight_shard_size = s;
                 }
                 if let Some(x) = o.get("optimizer_level") {
-                    c.optimizer_level = match x.as_str() {
-                        Some("level1") => OptimizerLevel::Level1,
-                        Some("level3") => OptimizerLevel::Level3,
-                        Some("level2") => {
-                            return Err(bad(
-                                "parallel_optimizer_config.optimizer_level",
-                                x,
-                                "level1 or level3 (level2, gradients reduce-scattered as the backward pass forms them, is not implemented: gradients are reduce-scattered after the backward pass at every level)",
-                            ))
-                        }
-                        _ => return Err(bad("parallel_optimizer_config.optimizer_level", x, "\"level1\" or \"level3\"")),
-                    };
+                    c.optimizer_level =
+                        one_of("parallel_optimizer_config.optimizer_level", x, &["level1", "level2", "level3"], |s| match s {
+                            "level1" => Some(OptimizerLevel::Level1),
+                            "level2" => Some(OptimizerLevel::Level2),
+                            "level3" => Some(OptimizerLevel::Level3),
+                            _ => None,
+                        })?;
+                }
+                if c.optimizer_level.shards_gradients() && !c.gradient_accumulation_shard {
+                    return Err(bad(
+                        "parallel_optimizer_config.gradient_accumulation_shard",
+                        &serde_json::Value::Bool(false),
+                        format!(
+                            "true under optimizer_level {} (it reduce-scatters each micro-batch's gradients as the backward pass forms them; gradient_accumulation_shard false keeps their whole sum, as level1 does)",
+                            c.optimizer_level.name()
+                        ),
+                    ));
                 }
                 self.parallel_optimizer_config = c;
             }
@@ -1244,7 +1266,8 @@ mod tests {
             ("dataset_strategy", json!("half_batch")),
             ("parallel_optimizer_config", json!({"optimizer_weight_shard_size": 0})),
             ("parallel_optimizer_config", json!({"parallel_optimizer_threshold": -1})),
-            ("parallel_optimizer_config", json!({"optimizer_level": "level2"})),
+            ("parallel_optimizer_config", json!({"optimizer_level": "level4"})),
+            ("parallel_optimizer_config", json!({"optimizer_level": "level2", "gradient_accumulation_shard": false})),
             ("parallel_optimizer_config", json!({"optimizer_level": 3})),
             ("comm_fusion", json!({"allgather": {"mode": "index", "config": [1]}})),
             ("comm_fusion", json!({"allreduce": {"mode": "size", "config": 0}})),

@@ -76,7 +76,13 @@ impl Memory {
         let state: usize = params.iter().filter(|p| p.trainable).map(stored_bytes).sum();
         Memory {
             parameters: params.iter().map(stored_bytes).sum(),
-            gradients: params.iter().filter(|p| p.trainable).map(slice_bytes).sum::<usize>() + Memory::bucket_buffers(program, held),
+            // Level2 and level3 keep only the rank's shard of a sharded weight's gradient.
+            gradients: params
+                .iter()
+                .filter(|p| p.trainable)
+                .map(|p| if program.scatter_in_pass.iter().any(|b| b.params.contains(&p.name)) { stored_bytes(p) } else { slice_bytes(p) })
+                .sum::<usize>()
+                + Memory::bucket_buffers(program, held),
             optimizer_state: optimizer_slots * state,
             peak_activations: 0,
             activations: 0,

@@ -126,7 +126,10 @@ impl JobPlan {
         let fwd = rank_program(&forward_plan, position)?;
         let mut program = rank_program(&self.plan, position)?;
         let chunks: Vec<ChunkProgram> = (0..self.chunks)
-            .map(|c| chunk_program(&fwd, c * self.stages + stage, self.pieces(), self.stages, training.then_some(loss_seed)))
+            .map(|c| {
+                let piece = c * self.stages + stage;
+                chunk_program(&fwd, piece, self.pieces(), self.stages, training.then_some(loss_seed), &program.scatter_in_pass)
+            })
             .collect::<Result<_>>()?;
         let held = held_params(&chunks);
         let grads = param_names(&chunks);
@@ -136,6 +139,8 @@ impl JobPlan {
         program.all_gather.retain(|b| !b.params.is_empty());
         program.reduce_scatter.iter_mut().for_each(|b| b.params.retain(|p| grads.contains(p)));
         program.reduce_scatter.retain(|b| !b.params.is_empty());
+        program.scatter_in_pass.iter_mut().for_each(|b| b.params.retain(|p| grads.contains(p)));
+        program.scatter_in_pass.retain(|b| !b.params.is_empty());
         program.accumulation_shard &= !program.reduce_scatter.is_empty();
         program.buckets.iter_mut().for_each(|b| b.params.retain(|p| grads.contains(p)));
         program.buckets.retain(|b| !b.params.is_empty());

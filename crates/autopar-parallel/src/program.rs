@@ -5,11 +5,13 @@
 
 use std::ops::Range;
 
-use autopar_graph::ops::{AllGather, AllReduce, AllToAll, Cast, DropoutBlock, LossScale, ReduceScatter, Scale, Slice, TableShard};
-use autopar_graph::{differentiate, DType, Graph, LocalCx, Node, NodeId, OpKind, Recompute, ReduceOp};
+use autopar_graph::ops::{
+    AllGather, AllReduce, AllToAll, Cast, DropoutBlock, LossScale, Pad, ReduceScatter, Reshape, Scale, Slice, TableShard, Transpose,
+};
+use autopar_graph::{differentiate_with, DType, Graph, LocalCx, Node, NodeId, OpKind, Recompute, ReduceOp};
 use autopar_layout::{group_of, DeviceAxis, Step, TensorLayout};
 
-use crate::context::{OptimizerLevel, ParallelMode};
+use crate::context::ParallelMode;
 use crate::error::{ParallelError, Result};
 use crate::plan::{sorted_group, InOpSync, OptShard, ParallelPlan, Redistribution, Site};
 
@@ -144,6 +146,10 @@ pub struct RankProgram {
     /// Parallel optimizer: gradients of sharded parameters reduce-scattered after the backward
     /// pass (before `buckets`).
     pub reduce_scatter: Vec<RankShardBucket>,
+    /// Parallel optimizer at `optimizer_level` level2 and level3: the buckets whose gradients
+    /// the backward pass itself reduce-scatters, each as it is formed ([`shard_gradient`]), so
+    /// that `grads` are already the rank's shards (and `reduce_scatter` is empty).
+    pub scatter_in_pass: Vec<RankShardBucket>,
     /// Gradient accumulation reduce-scatters each micro-batch's gradients of sharded
     /// parameters (`gradient_accumulation_shard`), not their sum.
     pub accumulation_shard: bool,
@@ -357,7 +363,7 @@ pub fn rank_program(plan: &ParallelPlan, rank: usize) -> Result<RankProgram> {
                     None => (slice, np.output.replica_group(rank).map_err(layout_err(&node.name))?, None),
                 };
                 // Level3 keeps the stored piece in the program and gathers it per use.
-                let level3 = opt.filter(|_| plan.context.parallel_optimizer_config.optimizer_level == OptimizerLevel::Level3);
+                let level3 = opt.filter(|_| plan.context.parallel_optimizer_config.optimizer_level.gathers_per_use());
                 let stored: Vec<usize> = slice.iter().map(|r| r.len()).collect();
                 let (local, gathered) = emit_parameter(&mut em, node, if level3.is_some() { &stored } else { &slice_shape }, level3)?;
                 let slot = ParamSlot {
@@ -470,8 +476,13 @@ fn finish_program(
     mut partitions: Partitions,
 ) -> Result<RankProgram> {
     let outputs = g.outputs.clone();
-    let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params)?;
     let (all_gather, reduce_scatter) = shard_buckets(plan, &mut partitions);
+    // Level2 and level3: the backward pass reduce-scatters each sharded weight's gradient.
+    let (reduce_scatter, scatter_in_pass) = match plan.context.parallel_optimizer_config.optimizer_level.shards_gradients() {
+        true => (Vec::new(), reduce_scatter),
+        false => (reduce_scatter, Vec::new()),
+    };
+    let (loss, grads) = backward_pass(&mut g, plan, &outputs, &params, &scatter_in_pass)?;
     let buckets = rank_buckets(plan, &mut partitions);
     note_broadcast_groups(plan, &mut partitions);
     Ok(RankProgram {
@@ -487,6 +498,7 @@ fn finish_program(
         accumulation_shard: !reduce_scatter.is_empty() && plan.context.parallel_optimizer_config.gradient_accumulation_shard,
         all_gather,
         reduce_scatter,
+        scatter_in_pass,
         buckets,
         partitions: partitions.list,
     })
@@ -508,9 +520,9 @@ fn shard_buckets(plan: &ParallelPlan, partitions: &mut Partitions) -> (Vec<RankS
         RankShardBucket { group, index, rest, shard_size: b.shard_size, dtype: b.dtype, params: b.params.clone(), scale }
     };
     // Level3 gathers in the program itself, per use ([`ParamSlot::gathered`]).
-    let gather = match plan.context.parallel_optimizer_config.optimizer_level {
-        OptimizerLevel::Level1 => plan.gradients.all_gather.iter().map(|b| resolve(b, false)).collect(),
-        OptimizerLevel::Level3 => Vec::new(),
+    let gather = match plan.context.parallel_optimizer_config.optimizer_level.gathers_per_use() {
+        false => plan.gradients.all_gather.iter().map(|b| resolve(b, false)).collect(),
+        true => Vec::new(),
     };
     let scatter = plan.gradients.reduce_scatter.iter().map(|b| resolve(b, plan.gradients.mirror_mean)).collect();
     (gather, scatter)
@@ -521,7 +533,13 @@ type Backward = (Option<NodeId>, Vec<(String, NodeId)>);
 
 /// For a training plan: the seeded loss differentiated with respect to every trainable
 /// parameter of the local graph. Returns the loss node and the gradients by parameter name.
-fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params: &[ParamSlot]) -> Result<Backward> {
+fn backward_pass(
+    g: &mut Graph,
+    plan: &ParallelPlan,
+    outputs: &[NodeId],
+    params: &[ParamSlot],
+    scatter_in_pass: &[RankShardBucket],
+) -> Result<Backward> {
     if plan.loss.is_none() {
         return Ok((None, Vec::new()));
     }
@@ -534,9 +552,68 @@ fn backward_pass(g: &mut Graph, plan: &ParallelPlan, outputs: &[NodeId], params:
     // A level3 parameter's gradient is its gathered slice's, reduce-scattered after the pass
     // like level1's.
     let wrt: Vec<NodeId> = trainable.iter().map(|p| p.value()).collect();
-    let d = differentiate(g, seeded, &wrt)?;
+    // Level2 and level3: each gradient reduce-scattered as soon as it is whole.
+    let d = differentiate_with(g, seeded, &wrt, &mut |g, k, grad| shard_gradient(g, &trainable[k].name, grad, scatter_in_pass))?;
     let grads = trainable.iter().zip(&d.grads).map(|(p, (_, gid))| (p.name.clone(), *gid)).collect();
     Ok((Some(loss), grads))
+}
+
+/// Level2 and level3 of the parallel optimizer: the gradient `grad` (the model-parallel slice's)
+/// of parameter `name` reduce-scattered inside the backward pass when one of `buckets` holds
+/// it, so that only the rank's shard lives on; otherwise `grad` itself. The ops give what the
+/// runtime's reduce-scatter of the bucket gives, element for element (the same sum over the
+/// whole replica group in one collective): the gradient in the bucket's dtype; with `r` ranks
+/// holding each shard, the shard's `r` parts (the last padded with zeros) arranged in the
+/// replica group's order, reduce-scattered over it, then all-gathered over the `r` ranks;
+/// scaled by the bucket's factor in f32 (f64 for f64), and cast back to the gradient's dtype.
+pub(crate) fn shard_gradient(g: &mut Graph, name: &str, grad: NodeId, buckets: &[RankShardBucket]) -> autopar_graph::Result<NodeId> {
+    let Some(b) = buckets.iter().find(|b| b.params.iter().any(|p| p == name)) else { return Ok(grad) };
+    let ty = g.node(grad).ty.clone();
+    let (group, k) = (b.group.len(), b.shard_size);
+    let r = group / k;
+    let mut add = |what: &str, op: OpKind, x: NodeId| -> autopar_graph::Result<NodeId> {
+        let id = g.unique_name(&format!("{name}.grad_shard/{what}"));
+        g.add(&id, op, &[x])
+    };
+    let mut x = grad;
+    if ty.dtype != b.dtype {
+        x = add("cast", Cast::to(b.dtype).into(), x)?;
+    }
+    let mut shape = ty.shape.clone();
+    if let Some(d0) = shape.first_mut() {
+        *d0 /= k;
+    }
+    if r == 1 {
+        x = add("reduce_scatter", ReduceScatter { op: ReduceOp::Sum, dim: 0, group: b.group.clone() }.into(), x)?;
+    } else {
+        let shard = ty.numel() / k;
+        let len = shard.div_ceil(r);
+        x = add("flat", Reshape { shape: vec![k as i64, shard as i64] }.into(), x)?;
+        if len * r > shard {
+            x = add("pad", Pad { before: vec![0, 0], after: vec![0, len * r - shard] }.into(), x)?;
+        }
+        x = add("parts", Reshape { shape: vec![k as i64, r as i64, len as i64] }.into(), x)?;
+        x = add("arrange", Transpose { perm: vec![1, 0, 2] }.into(), x)?;
+        x = add("send", Reshape { shape: vec![(r * k * len) as i64] }.into(), x)?;
+        x = add("reduce_scatter", ReduceScatter { op: ReduceOp::Sum, dim: 0, group: b.group.clone() }.into(), x)?;
+        x = add("all_gather", AllGather { dim: 0, group: b.rest.clone() }.into(), x)?;
+        if len * r > shard {
+            x = add("unpad", Slice { begin: vec![0], size: vec![shard] }.into(), x)?;
+        }
+        x = add("shard", Reshape { shape: shape.iter().map(|&d| d as i64).collect() }.into(), x)?;
+    }
+    if b.scale != 1.0 {
+        let wide = if b.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        if b.dtype != wide {
+            x = add("widen", Cast::to(wide).into(), x)?;
+        }
+        x = add("mean", Scale { factor: b.scale }.into(), x)?;
+    }
+    let wide = b.scale != 1.0 && b.dtype != DType::F64;
+    if (if wide { DType::F32 } else { b.dtype }) != ty.dtype {
+        x = add("cast_back", Cast::to(ty.dtype).into(), x)?;
+    }
+    Ok(x)
 }
 
 /// The plan's buckets resolved for the rank (their groups noted as partitions).

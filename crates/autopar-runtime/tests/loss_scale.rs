@@ -40,13 +40,16 @@ impl Scales {
 }
 
 /// The jobs every check runs: stand-alone, data parallel, model parallel, the parallel
-/// optimizer, and a GPT pipeline of two stages.
+/// optimizer (level1 and level2), and a GPT pipeline of two stages.
 fn jobs() -> Vec<(&'static str, Trainer)> {
     let mlp = |name, ctx: ParallelContext, strategies: Vec<(&'static str, Strategy)>, scale, steps| {
         (name, Trainer::new("mlp", builder("mlp", small_mlp(), strategies), source(clusters(&[16], 4, 96)), cfg(steps, scale, ctx)))
     };
     let mut optimizer = context("semi_auto_parallel", 4);
     optimizer.set("enable_parallel_optimizer", &json!(true)).unwrap();
+    // Level2 unscales the gradients after the backward pass has reduce-scattered them.
+    let mut level2 = optimizer.clone();
+    level2.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_level": "level2"})).unwrap();
     let mut pipeline = context("semi_auto_parallel", 4);
     pipeline.set("pipeline_stages", &json!(2)).unwrap();
     let split = vec![("fc1.matmul", Strategy(vec![vec![2, 2], vec![2, 2]])), ("fc2.matmul", Strategy(vec![vec![1, 2], vec![4, 2]]))];
@@ -56,6 +59,7 @@ fn jobs() -> Vec<(&'static str, Trainer)> {
         mlp("data parallel on 4", context("data_parallel", 4), vec![], none, 6),
         mlp("model parallel on 8", context("semi_auto_parallel", 8), split, none, 6),
         mlp("the parallel optimizer on 4", optimizer, vec![], none, 6),
+        mlp("the parallel optimizer at level2 on 4", level2, vec![], none, 6),
         (
             "a GPT pipeline on 2 x 2",
             Trainer::new("gpt", gpt(), source(tokens()), TrainConfig { micro_batches: Some(4), ..cfg(6, none, pipeline) }),

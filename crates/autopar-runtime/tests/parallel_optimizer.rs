@@ -235,15 +235,25 @@ fn gradient_accumulation_shards_each_micro_batch_or_the_sum() {
     // The network runs one micro-batch of 8 rows.
     let (graph, loss) = network(batch / 2, false);
     let plain = run(&Job::with_micro_batches(&graph, loss, &context("data_parallel", 4, None), 2).unwrap(), &data, Opt::Momentum);
-    for (each, level) in [(true, "level1"), (false, "level1"), (true, "level3"), (false, "level3")] {
+    for (each, level) in [(true, "level1"), (false, "level1"), (true, "level2"), (true, "level3")] {
         let mut ctx = context("data_parallel", 4, Some((-1, 0)));
         let cfg = json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": each, "optimizer_level": level});
         ctx.set("parallel_optimizer_config", &cfg).unwrap();
         let job = Job::with_micro_batches(&graph, loss, &ctx, 2).unwrap();
-        assert_eq!(job.program(0).unwrap().program.accumulation_shard, each);
+        // Level2 and level3 reduce-scatter each micro-batch's gradients in its backward pass.
+        let program = job.program(0).unwrap().program;
+        assert_eq!(program.accumulation_shard, each && level == "level1");
+        assert_eq!(program.scatter_in_pass.is_empty(), level == "level1", "{level}");
         let got = run(&job, &data, Opt::Momentum);
         // Shards of each micro-batch's sum add up in another order than the whole slices.
         compare(&format!("accumulation, gradient_accumulation_shard {each}, {level}"), &got, &plain, !each);
+    }
+    // Whole accumulated gradients are what level2 and level3 do not keep.
+    for level in ["level2", "level3"] {
+        let mut ctx = context("data_parallel", 4, Some((-1, 0)));
+        let cfg = json!({"parallel_optimizer_threshold": 0, "gradient_accumulation_shard": false, "optimizer_level": level});
+        let e = ctx.set("parallel_optimizer_config", &cfg).unwrap_err().to_string();
+        assert!(e.contains("gradient_accumulation_shard") && e.contains(level), "{e}");
     }
 }
 
@@ -283,10 +293,65 @@ fn clipping_by_global_norm_stays_exact_when_sharded() {
     }
 }
 
-fn level3(mut ctx: ParallelContext, size: i64) -> ParallelContext {
-    let cfg = json!({"optimizer_weight_shard_size": size, "parallel_optimizer_threshold": 0, "optimizer_level": "level3"});
+fn level3(ctx: ParallelContext, size: i64) -> ParallelContext {
+    at_level(ctx, size, "level3")
+}
+
+fn at_level(mut ctx: ParallelContext, size: i64, level: &str) -> ParallelContext {
+    let cfg = json!({"optimizer_weight_shard_size": size, "parallel_optimizer_threshold": 0, "optimizer_level": level});
     ctx.set("parallel_optimizer_config", &cfg).unwrap();
     ctx
+}
+
+/// `optimizer_level` level2 (and level3, which includes it): each sharded weight's gradient is
+/// reduce-scattered by the backward pass as it is formed, so the step's gradients are the
+/// rank's shards and no whole gradient lives to the pass's end. Bit for bit the unsharded run
+/// (one micro-batch), in data_parallel, semi_auto (fixed and random strategies) and
+/// auto_parallel, shard groups of the whole replica group or part of it; the plan's gradients
+/// shrink to the shards and its peak is lower than level1's.
+#[test]
+fn level2_reduce_scatters_each_gradient_in_the_pass_and_equals_unsharded() {
+    let batch = 16;
+    let data = batches(batch, 19);
+    let mut cases = 0;
+    for (mode, n, strategies, seed) in [
+        ("data_parallel", 4, false, None),
+        ("semi_auto_parallel", 8, true, None),
+        ("semi_auto_parallel", 8, false, Some(5u64)),
+        ("auto_parallel", 8, false, None),
+    ] {
+        let (mut graph, loss) = network(batch, strategies);
+        if let Some(seed) = seed {
+            assign_random_strategies(&mut graph, n, seed);
+        }
+        for (opt, size, level) in [(Opt::Momentum, -1, "level2"), (Opt::AdamW, 2, "level2"), (Opt::Momentum, 2, "level3")] {
+            let what = format!("{mode} on {n}, {opt:?}, shard size {size}, {level}");
+            let plain = run(&Job::new(&graph, loss, &context(mode, n, None)).unwrap(), &data, opt);
+            let level1 = Job::new(&graph, loss, &context(mode, n, Some((size, 0)))).unwrap();
+            let job = Job::new(&graph, loss, &at_level(context(mode, n, Some((size, 0))), size, level)).unwrap();
+            let program = job.program(1).unwrap().program;
+            assert!(program.reduce_scatter.is_empty(), "{what}: the runtime reduce-scatters nothing after the pass");
+            let sharded: Vec<_> = program.params.iter().filter(|s| s.shard.is_some() && s.trainable).collect();
+            assert!(!sharded.is_empty(), "{what}: nothing sharded");
+            for slot in &sharded {
+                let (_, grad) = program.grads.iter().find(|(n, _)| n == &slot.name).expect("a trainable parameter has a gradient");
+                assert_eq!(
+                    program.graph.node(*grad).ty.shape.to_vec(),
+                    slot.stored_shape(),
+                    "{what}: {}'s gradient is its shard",
+                    slot.name
+                );
+            }
+            let memory = |j: &Job| j.plan().program(1).unwrap().memory(j.plan(), 1).unwrap();
+            let (m1, m2) = (memory(&level1), memory(&job));
+            assert!(m2.gradients < m1.gradients, "{what}: gradients {} against level1's {}", m2.gradients, m1.gradients);
+            assert!(m2.total() < m1.total(), "{what}: {} in all against level1's {}", m2.total(), m1.total());
+            let got = run(&job, &data, opt);
+            compare(&what, &got, &plain, true);
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 12);
 }
 
 /// `optimizer_level` level3: a rank keeps only its shard of a sharded weight; the program

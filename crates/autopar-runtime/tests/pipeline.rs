@@ -432,10 +432,11 @@ fn a_rank_that_dies_mid_schedule_fails_every_other_rank_naming_it() {
 
 /// The parallel optimizer inside pipelines: each stage's replicas store their parameters (and
 /// optimizer state) sharded, all-gathered before the micro-batches and reduce-scattered after
-/// them (or after each one, with `gradient_accumulation_shard`). With the shard over the whole
-/// replica group and accumulation before the reduce-scatter, 20 steps give the unsharded
-/// pipeline's parameters bit for bit; shard groups of 2, and per-micro-batch reduce-scatters,
-/// add in another order (relative 1e-5). The shared weight's copies stay equal.
+/// them (or after each one, with `gradient_accumulation_shard`; at level2 and level3 inside each
+/// micro-batch's backward pass). With the shard over the whole replica group and accumulation
+/// before the reduce-scatter, 20 steps give the unsharded pipeline's parameters bit for bit;
+/// shard groups of 2, and per-micro-batch reduce-scatters, add in another order (relative
+/// 1e-5). The shared weight's copies stay equal.
 #[test]
 fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
     let (devices, stages, micro, steps) = (8, 2, 4, 20);
@@ -458,7 +459,9 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
             (-1, true, "level1"),
             (2, false, "level1"),
             (2, true, "level1"),
-            (-1, false, "level3"),
+            (-1, true, "level2"),
+            (2, true, "level2"),
+            (-1, true, "level3"),
             (2, true, "level3"),
         ];
         for (size, each, level) in levels {
@@ -482,6 +485,9 @@ fn the_parallel_optimizer_inside_pipelines_equals_the_unsharded_pipeline() {
                 .filter(|n| n.name.ends_with(".gather") || n.name.starts_with("recompute/") && n.op.kind() == "AllGather")
                 .count();
             assert_eq!(gathers > 0, level == "level3", "{what}: {gathers} all-gathers in the chunks");
+            // Level2 and level3: each chunk's backward pass reduce-scatters the gradients it forms.
+            let scatters = chunks.chunks().iter().flat_map(|c| c.backward.nodes()).filter(|n| n.name.contains(".grad_shard/")).count();
+            assert_eq!(scatters > 0, level != "level1", "{what}: {scatters} in-pass reduce-scatter nodes");
             if seed == 0 && size == -1 {
                 // parameter_layout_dict names the shard group by world ranks: stage 1's ranks 4-7.
                 let dict = autopar_parallel::report::pipeline_layout_dict(job.plan(), 5);

@@ -16,10 +16,10 @@
 //! and the backward pass (fed with them).
 
 use autopar_graph::ops::{Add, Fill, Input, LossScale, Mul, ReduceSum};
-use autopar_graph::{differentiate, Graph, NodeId, OpKind};
+use autopar_graph::{differentiate_with, Graph, NodeId, OpKind};
 
 use crate::error::{ParallelError, PipelineProblem, Result};
-use crate::program::RankProgram;
+use crate::program::{shard_gradient, RankProgram, RankShardBucket};
 
 /// One piece of the network as one rank runs it: its forward, and its backward cut from the
 /// surrogate loss.
@@ -86,8 +86,16 @@ pub fn boundary(g: &Graph, k: usize) -> Vec<NodeId> {
 
 /// Piece `piece` of `pieces` (of a pipeline of `stages` stages) cut from `fwd` (a position's
 /// forward program, its nodes carrying their pieces); `loss_seed` is the loss's gradient per
-/// micro-batch (None: no training).
-pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stages: usize, loss_seed: Option<f64>) -> Result<ChunkProgram> {
+/// micro-batch (None: no training); the gradients of `scatter_in_pass`'s parameters are
+/// reduce-scattered in the backward pass ([`crate::program::shard_gradient`]).
+pub(crate) fn chunk_program(
+    fwd: &RankProgram,
+    piece: usize,
+    pieces: usize,
+    stages: usize,
+    loss_seed: Option<f64>,
+    scatter_in_pass: &[RankShardBucket],
+) -> Result<ChunkProgram> {
     let g = &fwd.graph;
     let training = loss_seed.is_some();
     let last = piece + 1 == pieces;
@@ -180,7 +188,12 @@ pub(crate) fn chunk_program(fwd: &RankProgram, piece: usize, pieces: usize, stag
             .collect();
         let float_recv: Vec<NodeId> = recv.iter().copied().filter(|&r| sg.node(r).ty.dtype.is_float()).collect();
         let wrt: Vec<NodeId> = float_recv.iter().copied().chain(params.iter().map(|(_, p)| *p)).collect();
-        let d = differentiate(&mut sg, total, &wrt)?;
+        // Level2 and level3: each parameter's gradient reduce-scattered as soon as it is whole.
+        let first_param = float_recv.len();
+        let d = differentiate_with(&mut sg, total, &wrt, &mut |g, k, grad| match k.checked_sub(first_param) {
+            Some(p) => shard_gradient(g, &params[p].0, grad, scatter_in_pass),
+            None => Ok(grad),
+        })?;
         for (k, r) in recv.iter().enumerate() {
             grad_out[k] = d.of(*r);
         }

@@ -193,12 +193,17 @@ impl PlanReport<'_> {
         let _ = match cfg.optimizer_level {
             crate::context::OptimizerLevel::Level1 => writeln!(
                 s,
-                "  level1: the sharded weights' slices ({}) are all-gathered before the forward pass and held to the step's end, their buffers from step to step",
+                "  level1: the sharded weights' slices ({}) are all-gathered before the forward pass and held to the step's end, their buffers from step to step; their gradients ({0}) are whole until the backward pass ends",
+                human_bytes(slices)
+            ),
+            crate::context::OptimizerLevel::Level2 => writeln!(
+                s,
+                "  level2: the sharded weights' slices ({}) are all-gathered before the forward pass and held to the step's end; each gradient is reduce-scattered as the backward pass forms it, so only its shard is kept (level1 keeps the {0} of whole gradients to the pass's end)",
                 human_bytes(slices)
             ),
             crate::context::OptimizerLevel::Level3 => writeln!(
                 s,
-                "  level3: each sharded weight's slice is all-gathered just before its forward use and again before its backward pass reads it, and freed after each: none of the {} of slices level1 holds is kept between uses (the extra all-gathers are in the communication below)",
+                "  level3: each sharded weight's slice is all-gathered just before its forward use and again before its backward pass reads it, and freed after each, and each gradient is reduce-scattered as the backward pass forms it: none of the {} of slices level1 holds, nor their whole gradients, is kept between uses (the extra all-gathers and the reduce-scatters are in the communication below)",
                 human_bytes(slices)
             ),
         };
@@ -219,12 +224,12 @@ impl PlanReport<'_> {
             };
             let _ = writeln!(s, "  {:<34} {what}", p.name);
         }
-        // Level3 gathers each weight in the program, per use: no fused all-gather runs.
-        let gathers: &[_] = match cfg.optimizer_level {
-            crate::context::OptimizerLevel::Level1 => &plan.gradients.all_gather,
-            crate::context::OptimizerLevel::Level3 => &[],
-        };
-        for (kind, buckets) in [("all-gather", gathers), ("reduce-scatter", &plan.gradients.reduce_scatter[..])] {
+        // Level3 gathers each weight in the program, per use: no fused all-gather runs; level2
+        // and level3 reduce-scatter each gradient in the backward pass.
+        let gathers: &[_] = if cfg.optimizer_level.gathers_per_use() { &[] } else { &plan.gradients.all_gather };
+        let scatter =
+            if cfg.optimizer_level.shards_gradients() { "reduce-scatter (in the backward pass, per gradient)" } else { "reduce-scatter" };
+        for (kind, buckets) in [("all-gather", gathers), (scatter, &plan.gradients.reduce_scatter[..])] {
             for (i, b) in buckets.iter().enumerate() {
                 let ranks: usize = b.axes.iter().map(|a| a.size).product();
                 let _ = writeln!(
