@@ -7,12 +7,12 @@
 use autopar_graph::precision::{self, Precision};
 use autopar_graph::{Graph, NodeId, RecomputeChoice};
 
-use crate::context::{ParallelContext, ParallelMode};
+use crate::context::{OptimizerLevel, ParallelContext, ParallelMode, OPTIMIZER_LEVEL};
 use crate::error::{ParallelError, Result};
 use crate::job::{plan_stages, JobPlan};
 use crate::pipeline::stages::{balance_stages, has_stages, split_before};
 use crate::planner::PlanRequest;
-use crate::search::{DeviceProfile, RecomputeChosen};
+use crate::search::{DeviceProfile, LeverTry, LeversChosen};
 use crate::strategy_files::load_plan_strategies;
 
 /// What to assemble into a job.
@@ -109,33 +109,133 @@ pub fn assemble_job(req: &JobRequest<'_>) -> Result<JobPlan> {
     let req = &resolved;
     let network = PlanRequest { graph: &graph, loss: req.loss, context: &ctx, strategy_file: items.as_ref(), profile: req.profile };
     match plan_stages(&network, micro_batches) {
-        Err(without) if may_recompute(req, &ctx, &graph, &without) => {
-            // auto_parallel under a memory limit no plan fits: recomputing every block keeps
-            // only the blocks' inputs and outputs for the backward pass, at the cost of their
-            // forward passes run again; the search prices both.
-            let mut recomputed = graph.clone();
-            if recomputed.apply_recompute(&RecomputeChoice::Blocks).is_err() {
-                return Err(without);
-            }
-            let network = PlanRequest { graph: &recomputed, ..network };
-            let Ok(mut job) = plan_stages(&network, micro_batches) else { return Err(without) };
-            if let Some(search) = job.plan.search.as_mut() {
-                search.recompute = Some(RecomputeChosen { blocks: recomputed.blocks.clone(), without: without.to_string() });
-            }
-            Ok(job)
+        Err(without) if may_use_levers(req, &ctx, &without) => {
+            let recompute = *req.recompute == RecomputeChoice::AsBuilt && may_recompute(&graph);
+            fit_with_levers(&network, micro_batches, recompute, without)
         }
         planned => planned,
     }
 }
 
-/// Whether auto_parallel may try recomputation after `error`: the search found no plan within
-/// `device_memory_capacity`, the network names blocks, and the request left recomputation to
-/// autopar (no choice given, no op of the network marked).
-fn may_recompute(req: &JobRequest<'_>, ctx: &ParallelContext, graph: &Graph, error: &ParallelError) -> bool {
+/// auto_parallel under a memory limit no plan fits: the memory levers the job left to autopar,
+/// as costed options. For each parallel-optimizer level it may take ([`lever_levels`], from
+/// the job's own up), the fewest of the network's blocks recomputed (the first ones: a
+/// recomputed block keeps only its inputs and outputs for the backward pass, at the cost of its
+/// forward pass run again) that fit, found by bisection; the search prices both the memory and
+/// the time (a level3 weight's second all-gather, a recomputed op's forward). The fitting plan
+/// of least objective wins (the fewer levers on a tie); the ladder stops at the first level that
+/// fits without recomputation, as a higher level only costs more. Without any, the first error.
+fn fit_with_levers(network: &PlanRequest<'_>, micro_batches: usize, recompute: bool, without: ParallelError) -> Result<JobPlan> {
+    let (graph, ctx) = (network.graph, network.context);
+    let blocks = if recompute { graph.blocks.len() } else { 0 };
+    let own = ctx.enable_parallel_optimizer.then_some(ctx.parallel_optimizer_config.optimizer_level);
+    let mut tried: Vec<LeverTry> = Vec::new();
+    let mut best: Option<(JobPlan, usize, Option<OptimizerLevel>)> = None;
+    for level in lever_levels(ctx) {
+        let mut lctx = ctx.clone();
+        lctx.enable_parallel_optimizer = level.is_some();
+        if let Some(l) = level {
+            lctx.parallel_optimizer_config.optimizer_level = l;
+        }
+        let mut attempt = |k: usize| -> Option<JobPlan> {
+            let mut g = graph.clone();
+            if k > 0 && g.apply_recompute(&RecomputeChoice::Named(graph.blocks[..k].to_vec())).is_err() {
+                return None;
+            }
+            let job = plan_stages(&PlanRequest { graph: &g, context: &lctx, ..*network }, micro_batches).ok();
+            let fitted = job.as_ref().and_then(|j| j.plan.search.as_ref()).map(|r| (r.total().memory, r.objective));
+            tried.push(LeverTry { blocks: k, optimizer_level: level, fitted });
+            job
+        };
+        // The job's own level without recomputation is what failed.
+        let plain = if level == own { None } else { attempt(0) };
+        let fit = match plain {
+            Some(job) => Some((job, 0)),
+            None if blocks == 0 => None,
+            None => match attempt(blocks) {
+                None => None,
+                Some(all) => {
+                    let (mut lo, mut hi, mut fit) = (1, blocks, all);
+                    while lo < hi {
+                        let mid = (lo + hi) / 2;
+                        match attempt(mid) {
+                            Some(job) => (hi, fit) = (mid, job),
+                            None => lo = mid + 1,
+                        }
+                    }
+                    Some((fit, hi))
+                }
+            },
+        };
+        let Some((job, k)) = fit else { continue };
+        let objective = |j: &JobPlan| j.plan.search.as_ref().map_or(f64::INFINITY, |r| r.objective);
+        if best.as_ref().is_none_or(|(b, _, _)| objective(&job) < objective(b)) {
+            best = Some((job, k, level));
+        }
+        if k == 0 {
+            break;
+        }
+    }
+    let Some((mut job, k, level)) = best else { return Err(without) };
+    if let Some(search) = job.plan.search.as_mut() {
+        search.levers = Some(LeversChosen {
+            blocks: graph.blocks[..k].to_vec(),
+            of_blocks: graph.blocks.len(),
+            optimizer_level: (level != own).then_some(level).flatten(),
+            without: without.to_string(),
+            tried,
+        });
+    }
+    Ok(job)
+}
+
+/// The parallel optimizer's levels auto_parallel may plan with, from the job's own up (None:
+/// not sharding): every level when the job set neither `enable_parallel_optimizer` nor
+/// `optimizer_level`, the levels above its own when it enabled the optimizer without a level,
+/// its own alone otherwise.
+fn lever_levels(ctx: &ParallelContext) -> Vec<Option<OptimizerLevel>> {
+    let own = ctx.enable_parallel_optimizer.then_some(ctx.parallel_optimizer_config.optimizer_level);
+    let chosen = ctx.is_set(OPTIMIZER_LEVEL) || (ctx.is_set("enable_parallel_optimizer") && !ctx.enable_parallel_optimizer);
+    if chosen {
+        return vec![own];
+    }
+    std::iter::once(own)
+        .chain([OptimizerLevel::Level1, OptimizerLevel::Level2, OptimizerLevel::Level3].into_iter().map(Some).filter(|l| *l > own))
+        .collect()
+}
+
+/// Whether auto_parallel may use memory levers after `error`: a training job whose search
+/// found no plan within `device_memory_capacity`.
+fn may_use_levers(req: &JobRequest<'_>, ctx: &ParallelContext, error: &ParallelError) -> bool {
     req.loss.is_some()
         && ctx.parallel_mode == ParallelMode::AutoParallel
-        && *req.recompute == RecomputeChoice::AsBuilt
-        && !graph.blocks.is_empty()
-        && graph.nodes().iter().all(|n| n.recompute == autopar_graph::Recompute::Keep)
         && matches!(error, ParallelError::OutOfMemory { .. } | ParallelError::PlanOverMemory { .. })
+}
+
+/// Whether auto_parallel may recompute blocks of `graph` (a request that left recomputation to
+/// autopar): the network names blocks and marked none of its ops.
+fn may_recompute(graph: &Graph) -> bool {
+    !graph.blocks.is_empty() && graph.nodes().iter().all(|n| n.recompute == autopar_graph::Recompute::Keep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_levels_auto_parallel_may_take_start_at_the_jobs_own_and_respect_its_choices() {
+        use OptimizerLevel::*;
+        let mut ctx = ParallelContext::default();
+        assert_eq!(lever_levels(&ctx), vec![None, Some(Level1), Some(Level2), Some(Level3)]);
+        ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+        assert_eq!(lever_levels(&ctx), vec![Some(Level1), Some(Level2), Some(Level3)]);
+        ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0})).unwrap();
+        assert_eq!(lever_levels(&ctx), vec![Some(Level1), Some(Level2), Some(Level3)], "a config without a level");
+        ctx.set("parallel_optimizer_config", &json!({"optimizer_level": "level2"})).unwrap();
+        assert_eq!(lever_levels(&ctx), vec![Some(Level2)], "the job's own level");
+        let mut off = ParallelContext::default();
+        off.set("enable_parallel_optimizer", &json!(false)).unwrap();
+        assert_eq!(lever_levels(&off), vec![None], "switched off by the job");
+    }
 }

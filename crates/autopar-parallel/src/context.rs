@@ -195,6 +195,10 @@ pub struct PipelineConfig {
     pub pipeline_scheduler: PipelineScheduler,
 }
 
+/// The name [`ParallelContext::is_set`] knows `parallel_optimizer_config`'s `optimizer_level` by
+/// when it was given.
+pub const OPTIMIZER_LEVEL: &str = "parallel_optimizer_config.optimizer_level";
+
 /// `parallel_optimizer_config`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParallelOptimizerConfig {
@@ -209,7 +213,7 @@ pub struct ParallelOptimizerConfig {
 }
 
 /// `parallel_optimizer_config.optimizer_level`: what a rank keeps of a sharded weight.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum OptimizerLevel {
     /// `level1`: the weight's slice is all-gathered before the forward pass and kept to the
     /// step's end (and its buffer from step to step); the optimizer state and the update are
@@ -766,6 +770,11 @@ impl ParallelContext {
                             c.optimizer_level.name()
                         ),
                     ));
+                }
+                if o.contains_key("optimizer_level") {
+                    self.explicit.insert(OPTIMIZER_LEVEL);
+                } else {
+                    self.explicit.remove(OPTIMIZER_LEVEL);
                 }
                 self.parallel_optimizer_config = c;
             }

@@ -26,7 +26,8 @@
 //! * [`strategy_files`]: strategy checkpoint files, operator strategy files and group-info
 //!   files of a job, read and written (MindSpore's formats).
 //! * [`optimizer_shard`]: the parallel optimizer: which parameters are sharded over which
-//!   ranks (and why the others are not), and their fused all-gathers and reduce-scatters.
+//!   ranks (and why the others are not; the rule itself in [`shard_rule`], which the searches'
+//!   memory model applies too), and their fused all-gathers and reduce-scatters.
 //! * [`RankCost`]: what a rank's step is predicted to cost: FLOPs, bytes per collective kind
 //!   and group, memory.
 //!
@@ -72,6 +73,7 @@ pub mod planner;
 pub mod program;
 pub mod report;
 pub mod search;
+pub mod shard_rule;
 pub mod strategy_files;
 pub mod testing;
 
@@ -93,5 +95,5 @@ pub use planner::{
 };
 pub use program::{rank_program, InputSlot, ParamSlot, RankBucket, RankProgram, RankShardBucket, SlotShard};
 pub use report::parameter_layout_dict;
-pub use search::{DeviceProfile, OpChoice, RecomputeChosen, Search, SearchReport};
+pub use search::{DeviceProfile, LeverTry, LeversChosen, OpChoice, Search, SearchReport};
 pub use testing::{assign_random_layouts, assign_random_strategies};

@@ -13,67 +13,8 @@ use crate::context::{FusionMode, ParallelContext};
 use crate::plan::ParamPlan;
 /// The shard decisions as the plan records them.
 pub use crate::plan::{OptDecision, OptShard, ShardBucketPlan};
-
-/// The decision for a parameter with model-parallel `slice` shape, full size `bytes`, replica
-/// axes `mirror`, under `ctx` (MindSpore's rules: trainable, replicated, at least
-/// `parallel_optimizer_threshold` KB in full, dimension 0 of the slice divisible by the shard
-/// size).
-pub fn decide(slice: &[usize], bytes: usize, mirror: &[DeviceAxis], trainable: bool, ctx: &ParallelContext) -> OptDecision {
-    if !ctx.enable_parallel_optimizer {
-        return OptDecision::Disabled;
-    }
-    let cfg = &ctx.parallel_optimizer_config;
-    let replicas: usize = mirror.iter().map(|a| a.size).product();
-    let whole = |why: String| OptDecision::Whole(why);
-    if !trainable {
-        return whole("frozen: the optimizer does not update it".into());
-    }
-    if replicas <= 1 {
-        return whole("already split over every device of its stage (no replicas)".into());
-    }
-    let threshold = cfg.parallel_optimizer_threshold.saturating_mul(1024);
-    if (bytes as u64) < threshold {
-        return whole(format!("{bytes} bytes, below parallel_optimizer_threshold {} KB", cfg.parallel_optimizer_threshold));
-    }
-    let configured = cfg.optimizer_weight_shard_size;
-    let size = if configured < 0 || configured as usize >= replicas { replicas } else { configured as usize };
-    if size <= 1 {
-        return whole("optimizer_weight_shard_size 1".into());
-    }
-    if !replicas.is_multiple_of(size) {
-        return whole(format!("optimizer_weight_shard_size {size} does not divide its {replicas} replicas"));
-    }
-    match slice.first() {
-        None => return whole("a scalar has no dimension 0 to split".into()),
-        Some(&d0) if !d0.is_multiple_of(size) => {
-            return whole(format!("dimension 0 of its slice ({d0}) is not divisible by the shard size {size}"))
-        }
-        Some(_) => {}
-    }
-    // The replica axes innermost first; the shard takes the innermost factors of size `size`.
-    let mut axes: Vec<DeviceAxis> = mirror.to_vec();
-    axes.sort_by_key(|a| a.stride);
-    let step = axes[0].stride;
-    let (mut shard, mut rest) = (Vec::new(), Vec::new());
-    let mut left = size;
-    for a in axes {
-        if left == 1 {
-            rest.push(a);
-        } else if left.is_multiple_of(a.size) {
-            shard.push(a);
-            left /= a.size;
-        } else if a.size.is_multiple_of(left) {
-            shard.push(DeviceAxis { size: left, stride: a.stride });
-            rest.push(DeviceAxis { size: a.size / left, stride: a.stride * left });
-            left = 1;
-        } else {
-            return whole(format!("a shard of {size} ranks does not align with its replica axes"));
-        }
-    }
-    shard.reverse();
-    rest.reverse();
-    OptDecision::Sharded(OptShard { axes: shard, rest, size, step, configured })
-}
+/// The rule deciding them.
+pub use crate::shard_rule::decide;
 
 /// The all-gather (`gather = true`: values before use) or reduce-scatter (gradients) buckets of
 /// the sharded parameters, in parameter order, as `comm_fusion.allgather` /

@@ -4,13 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::ops::Range;
 use std::path::PathBuf;
 
 use autopar_graph::{DType, Graph, NodeId, OpKind};
-use autopar_layout::{group_of, DeviceAxis, NamedLayout, RedistributionPlan, Step, Strategy, TensorLayout};
+use autopar_layout::{DeviceAxis, NamedLayout, RedistributionPlan, Step, Strategy, TensorLayout};
 
 use crate::context::{DatasetStrategy, ParallelContext, ParallelMode};
+
+/// The parallel optimizer's decision for one parameter (defined with its rule).
+pub use crate::shard_rule::{sorted_group, OptDecision, OptShard};
 
 /// Where an op's strategy came from (defined with the searches, which choose most).
 pub use crate::search::StrategySource;
@@ -53,13 +55,6 @@ impl InOpSync {
             InOpSync::Rows { input, dim } => format!("rows of input {input} dim {dim}"),
         }
     }
-}
-
-/// The ranks differing from `rank` only along `axes`, ascending.
-pub fn sorted_group(rank: usize, axes: &[DeviceAxis]) -> Vec<usize> {
-    let mut g = group_of(rank, axes);
-    g.sort_unstable();
-    g
 }
 
 /// The plan of one node.
@@ -400,74 +395,6 @@ impl ParallelPlan {
             );
         }
         s
-    }
-}
-
-/// A parameter's optimizer shard: its replica group cut into contiguous chunks of `size`
-/// ranks (sorted global ranks, innermost device axes first); a rank's position in its chunk
-/// selects its dimension-0 piece of the model-parallel slice.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OptShard {
-    /// Axes of the shard group (the chunk), outermost first.
-    pub axes: Vec<DeviceAxis>,
-    /// The other replica axes: the ranks along them store the same shard (and gather its
-    /// gradient's parts).
-    pub rest: Vec<DeviceAxis>,
-    /// Ranks in the shard group (k).
-    pub size: usize,
-    /// MindSpore's `opt_weight_shard_step`: the rank stride between consecutive replicas.
-    pub step: usize,
-    /// `optimizer_weight_shard_size` as configured (-1: the whole replica group), as strategy
-    /// files record it.
-    pub configured: i64,
-}
-
-impl OptShard {
-    /// The shard group of `rank` (ascending).
-    pub fn group(&self, rank: usize) -> Vec<usize> {
-        sorted_group(rank, &self.axes)
-    }
-
-    /// The ranks holding the same shard as `rank` (ascending).
-    pub fn rest_group(&self, rank: usize) -> Vec<usize> {
-        sorted_group(rank, &self.rest)
-    }
-
-    /// `rank`'s position in its shard group: which dimension-0 piece it holds.
-    pub fn index(&self, rank: usize) -> usize {
-        self.axes.iter().fold(0, |acc, a| acc * a.size + a.coord(rank))
-    }
-
-    /// The piece of a model-parallel slice `mp` (ranges in the full tensor) that `rank` stores.
-    pub fn piece(&self, mp: &[Range<usize>], rank: usize) -> Vec<Range<usize>> {
-        let mut out = mp.to_vec();
-        if let Some(d0) = out.first_mut() {
-            let chunk = d0.len() / self.size;
-            let start = d0.start + self.index(rank) * chunk;
-            *d0 = start..start + chunk;
-        }
-        out
-    }
-}
-
-/// What the parallel optimizer does with one parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OptDecision {
-    /// `enable_parallel_optimizer` is off.
-    Disabled,
-    /// Sharded over the given shard group.
-    Sharded(OptShard),
-    /// Left whole, and why.
-    Whole(String),
-}
-
-impl OptDecision {
-    /// The shard, when the parameter is sharded.
-    pub fn shard(&self) -> Option<&OptShard> {
-        match self {
-            OptDecision::Sharded(s) => Some(s),
-            OptDecision::Disabled | OptDecision::Whole(_) => None,
-        }
     }
 }
 

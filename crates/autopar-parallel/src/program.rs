@@ -147,8 +147,9 @@ pub struct RankProgram {
     /// pass (before `buckets`).
     pub reduce_scatter: Vec<RankShardBucket>,
     /// Parallel optimizer at `optimizer_level` level2 and level3: the buckets whose gradients
-    /// the backward pass itself reduce-scatters, each as it is formed ([`shard_gradient`]), so
-    /// that `grads` are already the rank's shards (and `reduce_scatter` is empty).
+    /// the backward pass itself reduce-scatters, each by ops of `graph` placed right after it
+    /// is formed, so that `grads` are already the rank's shards (and `reduce_scatter` is
+    /// empty).
     pub scatter_in_pass: Vec<RankShardBucket>,
     /// Gradient accumulation reduce-scatters each micro-batch's gradients of sharded
     /// parameters (`gradient_accumulation_shard`), not their sum.

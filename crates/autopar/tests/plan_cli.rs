@@ -15,6 +15,13 @@ fn ok(dir: &Path, args: &[&str]) -> String {
     out
 }
 
+/// The error `autopar` stops with.
+fn fails(dir: &Path, args: &[&str]) -> String {
+    let o = autopar(dir, args);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 #[test]
 fn a_32_block_gpt_plans_for_4096_devices_with_every_section() {
     let dir = tempfile::tempdir().unwrap();
@@ -650,37 +657,84 @@ fn a_recomputed_plan_shows_what_each_block_saves_and_costs() {
     assert!(text.contains("recomputation (rank 0)") && text.contains("relu1"), "{text}");
 }
 
-/// auto_parallel under a `device_memory_capacity` no plan fits without recomputation: the
-/// search recomputes every block, says why, and its plan needs less memory per device than the
-/// search's fastest; under a capacity the fastest plan fits, it recomputes nothing.
+/// auto_parallel under a `device_memory_capacity` no plan fits without its memory levers:
+/// the search tries the parallel optimizer's levels and recomputing the first blocks (the
+/// fewest that fit, by bisection), takes the fitting plan of least objective, and says what it
+/// chose, why and what it tried; under a capacity the fastest plan fits, it uses none; a level
+/// the job set is the only one tried.
 #[test]
-fn auto_parallel_chooses_recomputation_when_no_plan_fits_without_it() {
+fn auto_parallel_chooses_memory_levers_when_no_plan_fits_without_them() {
     let dir = tempfile::tempdir().unwrap();
-    let plan = |capacity: &str| -> serde_json::Value {
+    let plan = |extra: &str| -> serde_json::Value {
         let args = format!(
             "plan --model gpt --depth 4 --width 128 --heads 4 --devices 4 --parallel-mode auto_parallel \
-             --parallel search_mode=dynamic_programming --parallel {capacity} --json"
+             --parallel search_mode=dynamic_programming {extra} --json"
         );
         serde_json::from_str(&ok(dir.path(), &args.split_whitespace().collect::<Vec<_>>())).unwrap()
     };
-    let roomy = plan("device_memory_capacity=1000000000");
-    assert!(roomy["search"]["recompute_chosen"].is_null(), "{}", roomy["search"]["recompute_chosen"]);
+    let roomy = plan("--parallel device_memory_capacity=1000000000");
+    assert!(roomy["search"]["levers_chosen"].is_null(), "{}", roomy["search"]["levers_chosen"]);
     assert_eq!(roomy["recompute"], serde_json::json!([]));
-    let tight = plan("device_memory_capacity=30000000");
-    let chosen = &tight["search"]["recompute_chosen"];
-    assert_eq!(chosen["blocks"], serde_json::json!(["blocks.0.", "blocks.1.", "blocks.2.", "blocks.3."]), "{chosen}");
+    let tight = plan("--parallel device_memory_capacity=30000000");
+    let chosen = &tight["search"]["levers_chosen"];
     assert!(chosen["without"].as_str().unwrap().contains("no plan fits device_memory_capacity = 30000000"), "{chosen}");
-    assert_eq!(tight["recompute"].as_array().unwrap().len(), 4);
+    let blocks = chosen["blocks"].as_array().unwrap().len();
+    assert_eq!(chosen["of_blocks"], 4);
+    assert!((1..=4).contains(&blocks), "{chosen}");
+    assert_eq!(tight["recompute"].as_array().unwrap().len(), blocks, "a region per recomputed block");
+    let level = chosen["optimizer_level"].clone();
+    let tried = chosen["tried"].as_array().unwrap();
+    let fitted = |t: &serde_json::Value| !t["memory_bytes"].is_null();
+    let objective = |v: &serde_json::Value| v["objective_seconds"].as_f64().unwrap();
+    // The chosen plan is the tried one of least objective, and one block fewer did not fit.
+    let best = tried.iter().filter(|t| fitted(t)).min_by(|a, b| objective(a).total_cmp(&objective(b))).unwrap();
+    assert_eq!((best["blocks"].as_u64().unwrap() as usize, &best["optimizer_level"]), (blocks, &level), "{chosen}");
+    assert!((objective(best) - objective(&tight["search"])).abs() <= 1e-12, "{chosen}");
+    let fewer = tried.iter().find(|t| t["blocks"].as_u64() == Some(blocks as u64 - 1) && t["optimizer_level"] == level);
+    assert!(fewer.is_some_and(|t| !fitted(t)), "{chosen}");
+    assert!(tried.iter().any(|t| !t["optimizer_level"].is_null()), "the optimizer's levels were tried: {chosen}");
     let search_memory = |v: &serde_json::Value| v["search"]["memory_bytes"].as_u64().unwrap();
-    assert!(
-        search_memory(&tight) <= 30_000_000 && search_memory(&roomy) > 30_000_000,
-        "{} {}",
-        search_memory(&tight),
-        search_memory(&roomy)
+    assert!(search_memory(&tight) <= 30_000_000 && search_memory(&roomy) > 30_000_000);
+    // The time it costs: the plan with levers has the larger objective.
+    assert!(objective(&tight["search"]) > objective(&roomy["search"]));
+    // The plan's own context says what the ranks run.
+    let text = ok(
+        dir.path(),
+        &[
+            "plan",
+            "--model",
+            "gpt",
+            "--depth",
+            "4",
+            "--width",
+            "128",
+            "--heads",
+            "4",
+            "--devices",
+            "4",
+            "--parallel-mode",
+            "auto_parallel",
+            "--parallel",
+            "search_mode=dynamic_programming",
+            "--parallel",
+            "device_memory_capacity=30000000",
+            "--full",
+        ],
     );
-    // The time it costs: the recomputing plan's objective is the slower.
-    let objective = |v: &serde_json::Value| v["search"]["objective_seconds"].as_f64().unwrap();
-    assert!(objective(&tight) > objective(&roomy));
+    assert!(text.contains("memory levers chosen:") && text.contains("tried "), "{text}");
+    // A level the job set is the only one tried; recomputation alone then.
+    let fixed = plan(
+        "--parallel device_memory_capacity=30000000 --parallel enable_parallel_optimizer=true \
+         --parallel parallel_optimizer_config={\"optimizer_level\":\"level1\"}",
+    );
+    let chosen = &fixed["search"]["levers_chosen"];
+    assert!(chosen["optimizer_level"].is_null(), "{chosen}");
+    assert!(chosen["tried"].as_array().unwrap().iter().all(|t| t["optimizer_level"] == "level1"), "{chosen}");
+    // No recomputation allowed (--recompute none): the levels alone, here not enough.
+    let args = "plan --model gpt --depth 4 --width 128 --heads 4 --devices 4 --parallel-mode auto_parallel \
+                --parallel search_mode=dynamic_programming --parallel device_memory_capacity=30000000 --recompute none";
+    let e = fails(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+    assert!(e.contains("no plan fits device_memory_capacity = 30000000"), "{e}");
 }
 
 /// `plan` sizes the model to the data a config (or `--data`) names, as `train` does: a

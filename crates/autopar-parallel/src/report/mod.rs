@@ -585,13 +585,28 @@ pub fn search_text(r: &SearchReport) -> String {
             r.overwritten.join(", ")
         );
     }
-    if let Some(chosen) = &r.recompute {
+    if let Some(chosen) = &r.levers {
         let first = chosen.without.lines().next().unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "  recomputation chosen: every block ({}) recomputed in the backward pass, because without it {first} (what each block saves and costs: `recomputation` below)",
-            chosen.blocks.join(", ")
-        );
+        let mut levers = Vec::new();
+        if !chosen.blocks.is_empty() {
+            levers.push(format!(
+                "{} of {} blocks recomputed ({}; what each saves and costs: `recomputation` below)",
+                chosen.blocks.len(),
+                chosen.of_blocks,
+                chosen.blocks.join(", ")
+            ));
+        }
+        if let Some(level) = chosen.optimizer_level {
+            levers.push(format!("the parallel optimizer at {} (`parallel optimizer` below)", level.name()));
+        }
+        let _ = writeln!(s, "  memory levers chosen: {}, because without them {first}", levers.join(" and "));
+        for t in &chosen.tried {
+            let outcome = match t.fitted {
+                Some((memory, objective)) => format!("{} per device, objective {objective:.6} s", human_bytes(memory as usize)),
+                None => "no plan fits".to_string(),
+            };
+            let _ = writeln!(s, "    tried {}: {outcome}", t.describe());
+        }
     }
     if r.fully_use_fallback {
         let _ = writeln!(
@@ -678,7 +693,18 @@ pub fn search_json(r: &SearchReport) -> Value {
         "fastest_over_capacity": r.fastest.map(|(bytes, objective)| json!({"memory_bytes": bytes, "objective_seconds": objective})),
         "overwritten_user_strategies": r.overwritten,
         "fully_use_devices_fallback": r.fully_use_fallback,
-        "recompute_chosen": r.recompute.as_ref().map(|c| json!({"blocks": c.blocks, "without": c.without})),
+        "levers_chosen": r.levers.as_ref().map(|c| json!({
+            "blocks": c.blocks,
+            "of_blocks": c.of_blocks,
+            "optimizer_level": c.optimizer_level.map(|l| l.name()),
+            "without": c.without,
+            "tried": c.tried.iter().map(|t| json!({
+                "blocks": t.blocks,
+                "optimizer_level": t.optimizer_level.map(|l| l.name()),
+                "memory_bytes": t.fitted.map(|f| f.0),
+                "objective_seconds": t.fitted.map(|f| f.1),
+            })).collect::<Vec<_>>(),
+        })),
         "operators": r.ops.iter().map(|o| json!({
             "name": o.name,
             "op": o.kind,

@@ -17,8 +17,10 @@
 //!   first consumer). Gradients travel in fused buckets, so a parameter pays for its bytes and
 //!   not for a call's latency.
 //! * **Memory**: the op's output slice and its parameters' slices with their gradients and one
-//!   optimizer slot; candidates above `device_memory_capacity` are dropped, and the
-//!   elimination searches keep the plan's memory, summed over its ops, within it.
+//!   optimizer slot, as the parallel optimizer's level keeps them (sharded values, gradients
+//!   and state; level3's second all-gather is priced with the gradient sync); candidates above
+//!   `device_memory_capacity` are dropped, and the elimination searches keep the plan's
+//!   memory, summed over its ops, within it.
 //!
 //! The objective is `alpha * compute + beta * (communication + redistribution) + gamma *
 //! gradient sync` (`costmodel_alpha/beta/gamma`, 1.0 by default: the profile already turns
@@ -604,11 +606,16 @@ impl Builder<'_> {
             for c in &mut ops[k].candidates {
                 let l = &c.shared.layouts.inputs[slot];
                 let bytes = l.slice_len() * elem;
-                c.cost.memory += 3 * bytes as u64;
+                let sharded = parameter_memory(l, p, b.training, b.context);
+                c.cost.memory += sharded.bytes;
                 let replicas = n / l.num_slices().max(1);
                 if b.training && p.trainable && replicas > 1 {
                     let sent = (2 * bytes * (replicas - 1)).div_ceil(replicas);
                     c.cost.gradient_sync += b.profile.bandwidth_time(replicas, sent);
+                }
+                if let Some(shard) = sharded.gathered_again {
+                    // Level3's second all-gather of the slice, for the backward pass.
+                    c.cost.gradient_sync += b.profile.bandwidth_time(shard, (bytes * (shard - 1)).div_ceil(shard));
                 }
             }
         }
@@ -986,5 +993,70 @@ impl Pricer {
         };
         self.cache.insert(key, t);
         t
+    }
+}
+
+/// What a parameter of layout `l` costs a device in the search's memory model: its value, its
+/// gradient and one optimizer slot, as the parallel optimizer's level keeps them
+/// ([`crate::shard_rule::decide`] on the candidate's layout): whole slices unsharded;
+/// sharded over `s` ranks, level1 holds the gathered slice, the stored shard, the whole
+/// gradient and the state's shard (`2b + 2b/s`), level2 the slice and three shards
+/// (`b + 3b/s`), level3 three shards (`3b/s`, the slice alive only around each use, gathered a
+/// second time for the backward pass).
+struct ParameterMemory {
+    bytes: u64,
+    /// Level3: the shard size of the backward pass's second all-gather.
+    gathered_again: Option<usize>,
+}
+
+fn parameter_memory(l: &TensorLayout, p: &autopar_graph::ops::Parameter, training: bool, ctx: &ParallelContext) -> ParameterMemory {
+    let b = (l.slice_len() * p.dtype.size()) as u64;
+    let mirror: Vec<autopar_layout::DeviceAxis> = l.replica_axes().iter().map(|&a| l.mesh().axis(a)).collect();
+    let full = l.shape().iter().product::<usize>() * p.dtype.size();
+    let shard = crate::shard_rule::decide(&l.slice_shape(), full, &mirror, p.trainable && training, ctx);
+    let Some(s) = shard.shard() else { return ParameterMemory { bytes: 3 * b, gathered_again: None } };
+    let piece = b / s.size as u64;
+    match ctx.parallel_optimizer_config.optimizer_level {
+        crate::context::OptimizerLevel::Level1 => ParameterMemory { bytes: 2 * b + 2 * piece, gathered_again: None },
+        crate::context::OptimizerLevel::Level2 => ParameterMemory { bytes: b + 3 * piece, gathered_again: None },
+        crate::context::OptimizerLevel::Level3 => ParameterMemory { bytes: 3 * piece, gathered_again: Some(s.size) },
+    }
+}
+
+#[cfg(test)]
+mod parameter_memory_tests {
+    use super::*;
+    use autopar_layout::DeviceMatrix;
+    use serde_json::json;
+
+    /// A [64, 32] f32 parameter replicated over 4 devices: 8 KiB a slice.
+    #[test]
+    fn each_optimizer_level_keeps_less_of_a_sharded_parameter() {
+        let l = TensorLayout::replicated(DeviceMatrix::new(vec![4]).unwrap(), vec![64, 32]);
+        let p = autopar_graph::ops::Parameter {
+            shape: vec![64, 32],
+            dtype: autopar_graph::DType::F32,
+            init: autopar_graph::Initializer::Zeros,
+            seed: 0,
+            trainable: true,
+        };
+        let b = 64 * 32 * 4;
+        let at = |level: Option<&str>| {
+            let mut ctx = ParallelContext::default();
+            if let Some(level) = level {
+                ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+                ctx.set("parallel_optimizer_config", &json!({"parallel_optimizer_threshold": 0, "optimizer_level": level})).unwrap();
+            }
+            let m = parameter_memory(&l, &p, true, &ctx);
+            (m.bytes, m.gathered_again)
+        };
+        assert_eq!(at(None), (3 * b, None));
+        assert_eq!(at(Some("level1")), (2 * b + 2 * b / 4, None));
+        assert_eq!(at(Some("level2")), (b + 3 * b / 4, None));
+        assert_eq!(at(Some("level3")), (3 * b / 4, Some(4)));
+        // Inference keeps the value alone whole: nothing is sharded.
+        let mut ctx = ParallelContext::default();
+        ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
+        assert_eq!(parameter_memory(&l, &p, false, &ctx).bytes, 3 * b);
     }
 }

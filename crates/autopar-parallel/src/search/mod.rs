@@ -26,7 +26,7 @@ pub use costgraph::{CostGraph, CostSplit};
 pub use profile::{DeviceProfile, Link};
 pub use solve::{CostProblem, Costs, EdgeCost, Order, Repeat};
 
-use crate::context::SearchMode;
+use crate::context::{OptimizerLevel, SearchMode};
 use crate::error::{ParallelError, Result};
 
 /// Where an op's strategy came from.
@@ -162,18 +162,49 @@ pub struct SearchReport {
     /// The search took only the strategies using every device or none (`fully_use_devices`
     /// set, or the fallback); the exact solver takes every split.
     pub fully_use: bool,
-    /// Recomputation the search chose, and why: set when no plan fitted
-    /// `device_memory_capacity` without it (the error of the search without it).
-    pub recompute: Option<RecomputeChosen>,
+    /// The memory levers (recomputation, the parallel optimizer's level) auto_parallel chose,
+    /// and why: set when no plan fitted `device_memory_capacity` without them.
+    pub levers: Option<LeversChosen>,
 }
 
-/// Recomputation auto_parallel chose because no plan fitted `device_memory_capacity` without.
+/// The memory levers auto_parallel chose because no plan fitted `device_memory_capacity`
+/// without them, and what it tried.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RecomputeChosen {
-    /// What it recomputes: the blocks of the network ([`autopar_graph::Graph::blocks`]).
+pub struct LeversChosen {
+    /// The blocks it recomputes ([`autopar_graph::Graph::blocks`], the first ones; empty: none).
     pub blocks: Vec<String>,
-    /// Why: the search's error without recomputation.
+    /// The blocks the network has.
+    pub of_blocks: usize,
+    /// The parallel optimizer's level it chose where it changed it (None: unchanged).
+    pub optimizer_level: Option<OptimizerLevel>,
+    /// Why: the search's error without them.
     pub without: String,
+    /// Every combination it planned, in the order tried.
+    pub tried: Vec<LeverTry>,
+}
+
+/// One combination of memory levers auto_parallel planned: the first `blocks` blocks
+/// recomputed, the parallel optimizer at `optimizer_level` (None: off), and the search's memory
+/// (bytes per device) and objective (seconds) when a plan fitted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeverTry {
+    /// Blocks recomputed (the first ones).
+    pub blocks: usize,
+    /// The parallel optimizer's level (None: not sharding).
+    pub optimizer_level: Option<OptimizerLevel>,
+    /// The plan's memory and objective when one fitted.
+    pub fitted: Option<(u64, f64)>,
+}
+
+impl LeverTry {
+    /// In words: `level2, 2 blocks recomputed`.
+    pub fn describe(&self) -> String {
+        let level = match self.optimizer_level {
+            Some(l) => format!("parallel optimizer {}", l.name()),
+            None => "no parallel optimizer".to_string(),
+        };
+        format!("{level}, {} block(s) recomputed", self.blocks)
+    }
 }
 
 impl SearchReport {
@@ -459,6 +490,6 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         overwritten: Vec::new(),
         fully_use_fallback: false,
         fully_use: false,
-        recompute: None,
+        levers: None,
     }
 }

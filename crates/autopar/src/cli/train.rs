@@ -926,14 +926,29 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     let plan = &report.job().plan().plan;
     let recomputed = plan.graph.nodes().iter().filter(|n| n.recompute == autopar_graph::Recompute::Marked).count();
     if recomputed > 0 {
-        let why = match plan.search.as_ref().and_then(|r| r.recompute.as_ref()) {
-            Some(c) => format!(", every block: auto_parallel's choice, as without it {}", c.without.lines().next().unwrap_or_default()),
+        let why = match plan.search.as_ref().and_then(|r| r.levers.as_ref()).filter(|c| !c.blocks.is_empty()) {
+            Some(c) => format!(
+                ", {} of {} blocks: auto_parallel's choice, as without it {}",
+                c.blocks.len(),
+                c.of_blocks,
+                c.without.lines().next().unwrap_or_default()
+            ),
             None => String::new(),
         };
         writeln!(
             out,
             "  recomputation: {recomputed} ops recomputed in the backward pass{why} (`autopar plan` shows each region's saving and cost)"
         )?;
+    }
+    if let Some(c) = plan.search.as_ref().and_then(|r| r.levers.as_ref()) {
+        if let Some(level) = c.optimizer_level {
+            writeln!(
+                out,
+                "  parallel optimizer: {}, auto_parallel's choice, as without it {}",
+                level.name(),
+                c.without.lines().next().unwrap_or_default()
+            )?;
+        }
     }
     match &s.eval {
         Some(Some(e)) => writeln!(
