@@ -591,6 +591,25 @@ impl OpSpec {
         self.layouts_on(kind, name, ins, out, strategy, splits, mesh, axes)
     }
 
+    /// The op's layouts on `n` devices: on the user's MindSpore `layout` where it runs on one
+    /// ([`OpSpec::named_layouts`]), else for logical `splits` ([`OpSpec::layouts`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layouts_for(
+        &self,
+        kind: &'static str,
+        name: &str,
+        ins: &[&TensorType],
+        out: &TensorType,
+        splits: &[usize],
+        layout: Option<&NamedLayout>,
+        n: usize,
+    ) -> Result<OpLayouts> {
+        match layout {
+            Some(l) => self.named_layouts(kind, name, ins, out, l, n),
+            None => self.layouts(kind, name, ins, out, splits, n),
+        }
+    }
+
     /// Device matrix and layouts for MindSpore `Layout`s (one per input) on `n` devices: the
     /// layout's device matrix, each logical dimension split along the axes its inputs name (the
     /// same axes in every input that reads it), the output split as its logical dimensions are

@@ -313,7 +313,7 @@ impl<'a> Network<'a> {
                         Some((splits(s).map_err(|e| in_strategy_file(req, e))?, StrategySource::StrategyFile))
                     }
                     // A MindSpore `Layout` is checked as one (its named axes), errors naming it.
-                    (_, Some(s)) if self.use_strategies => match node.layout.as_ref().filter(|l| l.strategy() == *s) {
+                    (_, Some(s)) if self.use_strategies => match StrategySource::User.user_layout(node, s) {
                         Some(l) => {
                             let ins = input_types(self.graph, node);
                             Some((spec.named_layouts(kind, &node.name, &ins, &node.ty, l, self.n)?.splits, StrategySource::User))
@@ -484,12 +484,8 @@ impl<'a> Network<'a> {
         };
         // The user's MindSpore `Layout` where it is the strategy kept: its device matrix and
         // named axes; otherwise the strategy's device matrix, axes in logical order.
-        let named = node.layout.as_ref().filter(|l| source == StrategySource::User && spec.strategy_of(&splits) == l.strategy());
-        let l = match named {
-            Some(layout) => spec.named_layouts(kind, &node.name, &ins, &node.ty, layout, self.n),
-            None => spec.layouts(kind, &node.name, &ins, &node.ty, &splits, self.n),
-        }
-        .map_err(|e| match source {
+        let named = source.user_layout(node, &spec.strategy_of(&splits));
+        let l = spec.layouts_for(kind, &node.name, &ins, &node.ty, &splits, named, self.n).map_err(|e| match source {
             StrategySource::StrategyFile => in_strategy_file(self.req, e.into()),
             _ => e.into(),
         })?;

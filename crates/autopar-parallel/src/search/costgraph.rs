@@ -528,10 +528,7 @@ impl Builder<'_> {
                         |all: Vec<Vec<usize>>, named: Option<&autopar_layout::NamedLayout>| -> Result<Arc<[Arc<SharedCandidate>]>> {
                             all.into_iter()
                                 .map(|splits| {
-                                    let layouts = match named {
-                                        Some(l) => spec.named_layouts(node.op.kind(), &node.name, &ins, &node.ty, l, n)?,
-                                        None => spec.layouts(node.op.kind(), &node.name, &ins, &node.ty, &splits, n)?,
-                                    };
+                                    let layouts = spec.layouts_for(node.op.kind(), &node.name, &ins, &node.ty, &splits, named, n)?;
                                     let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype, node.recompute);
                                     let input_ids = layouts.inputs.iter().map(|l| pr.id(l)).collect();
                                     let output_id = pr.id(&whole_values(&layouts.output));
@@ -540,11 +537,7 @@ impl Builder<'_> {
                                 .collect()
                         };
                     let (shared, configured) = match &b.fixed[i] {
-                        Some((s, src)) => {
-                            let named =
-                                node.layout.as_ref().filter(|l| *src == StrategySource::User && spec.strategy_of(s) == l.strategy());
-                            (price(vec![s.clone()], named)?, Some(*src))
-                        }
+                        Some((s, src)) => (price(vec![s.clone()], src.user_layout(node, &spec.strategy_of(s)))?, Some(*src)),
                         None => {
                             let batch = batch_dim(spec, node, &on_data);
                             // Ops alike in everything the candidates depend on share them (a

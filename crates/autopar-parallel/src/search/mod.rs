@@ -19,8 +19,8 @@ mod rec_rules;
 pub mod recursive;
 pub mod solve;
 
-use autopar_graph::NodeId;
-use autopar_layout::Strategy;
+use autopar_graph::{Node, NodeId};
+use autopar_layout::{NamedLayout, Strategy};
 
 pub use costgraph::{CostGraph, CostSplit};
 pub use profile::{DeviceProfile, Link};
@@ -55,6 +55,12 @@ impl StrategySource {
             StrategySource::Propagated => "propagated",
             StrategySource::Searched => "searched",
         }
+    }
+
+    /// The user's MindSpore `Layout` of `node` where the op runs on it: a strategy from this
+    /// source that is the user's own, with the layout's split counts.
+    pub fn user_layout<'a>(self, node: &'a Node, strategy: &Strategy) -> Option<&'a NamedLayout> {
+        node.layout.as_ref().filter(|l| self == StrategySource::User && l.strategy() == *strategy)
     }
 }
 
