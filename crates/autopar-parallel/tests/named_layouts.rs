@@ -130,3 +130,38 @@ fn a_strategy_file_leaves_a_layout_op_to_the_network_as_mindspore_writes_it() {
     bare.node_mut(autopar_graph::NodeId(mm)).strategy = None;
     assert_ne!(w(&request(&bare)), w(&p));
 }
+
+/// sharding_propagation with a Layout op: the op keeps the user's layout (on its own device
+/// matrix, where the search prices it), its neighbour is propagated from it among plain split
+/// strategies, and a redistribution sits between them exactly where the slices differ (the
+/// layout's columns are ordered (mp, sp) across the ranks, which no plain strategy on the
+/// standard device matrix reproduces).
+#[test]
+fn sharding_propagation_plans_a_layout_ops_neighbour_with_the_redistribution_it_needs() {
+    let mut b = GraphBuilder::new(0);
+    let x = b.input("x", &[32, 64], DType::F32).unwrap();
+    let w = b.parameter("w", &[64, 128], Initializer::Constant(1.0)).unwrap();
+    let m = b.matmul("mm", x, w).unwrap();
+    b.shard_layout(m, FIXTURE.parse::<NamedLayout>().unwrap()).unwrap();
+    let r = b.relu("act", m).unwrap();
+    let loss = b.reduce_mean("loss", r, &[], false).unwrap();
+    b.output(loss).unwrap();
+    let g = b.finish();
+    let mut ctx = semi_auto(8);
+    ctx.set("parallel_mode", &json!("auto_parallel")).unwrap();
+    ctx.set("search_mode", &json!("sharding_propagation")).unwrap();
+    let p = plan(&g, &ctx).unwrap();
+    let node = |name: &str| p.nodes.iter().find(|n| n.name == name).unwrap();
+    let (mm, act) = (node("mm"), node("act"));
+    assert_eq!(mm.strategy.as_ref().unwrap().to_string(), "((2, 1), (1, 4))");
+    assert_eq!(mm.output.mesh().dims(), &[2, 2, 2], "the layout's own device matrix");
+    assert_eq!(act.source, Some(autopar_parallel::StrategySource::Propagated));
+    let id = g.find("act").unwrap();
+    let moved = p.redistribution(autopar_parallel::Site::Input { consumer: id, slot: 0 }).is_some();
+    let differ = (0..8).any(|r| act.inputs[0].slice_of(r).unwrap() != mm.output.slice_of(r).unwrap());
+    assert!(differ, "no plain strategy holds the layout's column order");
+    assert_eq!(moved, differ, "a redistribution where the slices differ");
+    for r in 0..8 {
+        rank_program(&p, r).unwrap();
+    }
+}
