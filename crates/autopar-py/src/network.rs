@@ -448,6 +448,54 @@ impl Session {
         py.detach(|| ranks.step(batch)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
+    /// The first half of a train step on the global batch `batch` (functional training): the
+    /// forward and backward passes, the gradients kept by the ranks; returns the loss.
+    fn gradients(&mut self, py: Python<'_>, batch: Vec<Wire>) -> PyResult<f64> {
+        let batch = batch.iter().map(|w| Ok((w.0.clone(), tensor(w)?))).collect::<PyResult<Vec<_>>>()?;
+        let ranks = &mut self.ranks;
+        py.detach(|| ranks.gradients(batch)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The gradients of the last `gradients`, whole, by trainable parameter name.
+    fn grads(&mut self, py: Python<'_>) -> PyResult<Vec<Wire>> {
+        let ranks = &mut self.ranks;
+        let store = py.detach(|| ranks.grads()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        store.iter().map(|(name, t)| wire(name, t)).collect()
+    }
+
+    /// The second half of the step: the optimizer applied to the kept gradients, or to `given`
+    /// (whole, by trainable parameter name).
+    #[pyo3(signature = (given=None))]
+    fn update(&mut self, py: Python<'_>, given: Option<Vec<Wire>>) -> PyResult<()> {
+        let given = match given {
+            Some(wires) => {
+                let mut store = ParamStore::new();
+                for w in &wires {
+                    store.insert(&w.0, tensor(w)?);
+                }
+                Some(store)
+            }
+            None => None,
+        };
+        let ranks = &mut self.ranks;
+        py.detach(|| ranks.update(given)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Gives the ranks the optimizer `kind` (learning rate, hyper-parameters, groups), its
+    /// state afresh.
+    fn set_optimizer(
+        &mut self,
+        py: Python<'_>,
+        kind: &str,
+        learning_rate: Vec<f64>,
+        hyper: BTreeMap<String, f64>,
+        groups: Vec<Group>,
+    ) -> PyResult<()> {
+        let make = optimizer(kind, &learning_rate, &hyper, &groups)?;
+        let ranks = &mut self.ranks;
+        py.detach(|| ranks.set_optimizer(make)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
     /// The full parameters, assembled from the ranks' pieces.
     fn params(&mut self, py: Python<'_>) -> PyResult<Vec<Wire>> {
         let ranks = &mut self.ranks;

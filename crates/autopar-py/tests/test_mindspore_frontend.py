@@ -36,6 +36,7 @@ DEVICES = {
     "mlp_dropout_loop.py": 8,
     "embedding_bag_adam.py": 8,
     "loss_scale_fixed.py": 4,
+    "functional_value_and_grad.py": 8,
 }
 TOL = 1e-5
 
@@ -570,3 +571,47 @@ def test_an_out_strategy_that_cannot_be_applied_is_refused(context):
     model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5))
     with pytest.raises(NotImplementedError, match="out_strategy"):
         model.train(1, tiny_data())
+
+
+def test_functional_training_gradients_stay_on_the_ranks_until_read_and_refuses_what_it_does_not_run(context):
+    ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=4)
+    net = Tiny()
+    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    opt = nn.SGD(net.trainable_params(), 0.5)
+    grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, opt.parameters)
+    x, y = ms.Tensor(np.ones((8, 4), np.float32)), ms.Tensor(np.array([0, 1] * 4, np.int32))
+    before = net.w.asnumpy().copy()
+    loss, grads = grad_fn(x, y)
+    assert grads[0].shape == (4, 2) and grads[0]._value is None, "read only when looked at"
+    g = grads[0].asnumpy().copy()
+    opt(grads)
+    np.testing.assert_allclose(net.w.asnumpy(), before - 0.5 * g, rtol=1e-6)
+    # A gradient of an earlier step cannot be read once the next step ran.
+    _, old = grad_fn(x, y)
+    grad_fn(x, y)
+    with pytest.raises(RuntimeError, match="earlier step"):
+        old[0].asnumpy()
+    # The gradients the script computes itself are what the optimizer applies.
+    _, grads = grad_fn(x, y)
+    before = net.w.asnumpy().copy()
+    g = grads[0].asnumpy().copy()
+    opt(tuple(t * 0 for t in grads))
+    np.testing.assert_array_equal(net.w.asnumpy(), before)
+    with pytest.raises(NotImplementedError, match="grad_position=None"):
+        ms.value_and_grad(lambda x: net(x), 0, opt.parameters)
+    with pytest.raises(ValueError, match="weights"):
+        ms.grad(lambda x: net(x), None)
+    with pytest.raises(NotImplementedError, match="has_aux=True"):
+        ms.value_and_grad(lambda x, y: (loss_fn(net(x), y), net(x)), None, opt.parameters)(x, y)
+    _, unread = grad_fn(x, y)
+    opt(unread)
+    with pytest.raises(RuntimeError, match="applied before it was read"):
+        unread[0].asnumpy()
+    # Gradients are applied once, by the optimizer of their parameters.
+    with pytest.raises(RuntimeError, match="no gradients to apply"):
+        opt(grads)
+    _, grads = grad_fn(x, y)
+    with pytest.raises(ValueError, match="other parameters"):
+        nn.SGD(Tiny().trainable_params(), 0.1)(grads)
+    with pytest.raises(RuntimeError, match="value_and_grad"):
+        nn.SGD(Tiny().trainable_params(), 0.1)([ms.Tensor(np.zeros((4, 2), np.float32))])

@@ -234,6 +234,24 @@ pub enum RuntimeError {
         name: String,
     },
 
+    /// An update was asked for with no gradients computed since the last one.
+    #[error("no gradients to apply: the update follows the gradients of a step, once\nhint: compute the gradients (value_and_grad's function) before each update")]
+    NoGradients,
+
+    /// An update was asked of ranks that have no optimizer.
+    #[error("the ranks have no optimizer to apply the gradients with\nhint: give the job an optimizer before its first update")]
+    NoOptimizer,
+
+    /// Gradients a caller gave for an update ([`crate::RankTrainer::gradient_pieces`]) miss a
+    /// trainable parameter or have another shape than it.
+    #[error("the gradients given for the update: {name}: {problem}\nhint: give one gradient per trainable parameter, of the parameter's whole shape, as the backward pass returns them")]
+    BadGradient {
+        /// The parameter's name.
+        name: String,
+        /// What is wrong, in words.
+        problem: String,
+    },
+
     /// A gradient's shape differs from its parameter's (a bug in autopar).
     #[error(
         "optimizer: gradient of {name} has shape {got:?}, the parameter has {shape:?}\nhint: this is a bug in autopar; please report it"

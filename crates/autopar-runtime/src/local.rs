@@ -10,7 +10,7 @@ use crate::executor::ParamStore;
 use crate::job::Job;
 use crate::loss_scale::{LossScale, ScaledStep};
 use crate::optim::Optimizer;
-use crate::rank::{ParamSource, RankTrainer};
+use crate::rank::{ParamSource, RankTrainer, StepOutput};
 
 /// The result of an in-process run.
 #[derive(Debug)]
@@ -69,6 +69,10 @@ where
 /// What a rank of [`LocalRanks`] is asked to do.
 enum Command {
     Step(std::sync::Arc<Vec<(String, Tensor)>>),
+    Gradients(std::sync::Arc<Vec<(String, Tensor)>>),
+    Grads,
+    Update(Option<std::sync::Arc<ParamStore>>),
+    SetOptimizer(MakeOptimizer),
     Predict(std::sync::Arc<Vec<(String, Tensor)>>),
     Load(std::sync::Arc<ParamStore>),
     LossScale(LossScale),
@@ -147,6 +151,8 @@ impl LocalRanks {
                 };
                 let made =
                     caught(r, || RankTrainer::new(&job, &comm, source).and_then(|t| Ok((t, make_opt.as_ref().map(|m| m()).transpose()?))));
+                // The gradients of the last `Gradients`, until `Update` applies them.
+                let mut pending: Option<StepOutput> = None;
                 let (mut t, mut opt) = match made {
                     Ok(ready) => {
                         send(r, Ok(Answer::Loaded));
@@ -168,6 +174,38 @@ impl LocalRanks {
                             Some(opt) => t.step(opt.as_mut(), &batch).map(|l| Answer::Loss(l, t.last_loss_scale())),
                             None => Err(RuntimeError::JobKind { inference: true }),
                         },
+                        Command::Gradients(batch) => {
+                            let out = t.gradients(&batch)?;
+                            let loss = out.loss;
+                            pending = Some(out);
+                            Ok(Answer::Loss(loss, None))
+                        }
+                        Command::Grads => {
+                            let out = pending.as_ref().ok_or(RuntimeError::NoGradients)?;
+                            // Frozen parameters' pieces stand in for their gradients, so that
+                            // every parameter assembles; the caller keeps the trained ones.
+                            let mut store = t.params().clone();
+                            for (name, g) in &out.grads {
+                                store.insert(name, g.clone());
+                            }
+                            Ok(Answer::Params(Box::new(store)))
+                        }
+                        Command::Update(given) => {
+                            let opt = opt.as_mut().ok_or(RuntimeError::NoOptimizer)?;
+                            let out = pending.take().ok_or(RuntimeError::NoGradients)?;
+                            match given {
+                                Some(full) => {
+                                    let grads = t.gradient_pieces(&full)?;
+                                    t.update(opt.as_mut(), &grads, false)
+                                }
+                                None => t.update(opt.as_mut(), &out.grads, out.overflow),
+                            }
+                            .map(|()| Answer::Loaded)
+                        }
+                        Command::SetOptimizer(make) => {
+                            opt = Some(make()?);
+                            Ok(Answer::Loaded)
+                        }
                         Command::Predict(batch) => t.predict(&batch).map(Answer::Outputs),
                         Command::Load(full) => t.load_full(&full).map(|()| Answer::Loaded),
                         Command::LossScale(s) => t.set_loss_scale(s).map(|()| Answer::Loaded),
@@ -211,6 +249,60 @@ impl LocalRanks {
         })?;
         self.last_scale = scale;
         Ok(loss)
+    }
+
+    /// The first half of a train step on the global batch `batch`: every rank's forward and
+    /// backward passes and the gradients' synchronisation, the gradients kept by the ranks
+    /// until [`LocalRanks::update`]; returns the job's loss (MindSpore's functional training,
+    /// `value_and_grad`).
+    pub fn gradients(&mut self, batch: Vec<(String, Tensor)>) -> Result<f64> {
+        let batch = std::sync::Arc::new(batch);
+        self.send(|| Command::Gradients(batch.clone()))?;
+        let mut loss = 0.0;
+        self.collect(|(rank, a)| {
+            if let (0, Answer::Loss(l, _)) = (rank, a) {
+                loss = l;
+            }
+            Ok(())
+        })?;
+        Ok(loss)
+    }
+
+    /// The gradients of the last [`LocalRanks::gradients`], whole, by trainable parameter name
+    /// (assembled from the ranks' pieces).
+    pub fn grads(&mut self) -> Result<ParamStore> {
+        self.send(|| Command::Grads)?;
+        let mut stores: Vec<Option<ParamStore>> = (0..self.n).map(|_| None).collect();
+        self.collect(|(rank, a)| {
+            if let Answer::Params(p) = a {
+                stores[rank] = Some(*p);
+            }
+            Ok(())
+        })?;
+        let stores: Vec<ParamStore> = stores.into_iter().map(Option::unwrap_or_default).collect();
+        let whole = assemble_params(&self.job, &stores)?;
+        let mut grads = ParamStore::new();
+        for p in self.job.network().params.iter().filter(|p| p.trainable) {
+            if let Some(t) = whole.get(&p.name) {
+                grads.insert(&p.name, t.clone());
+            }
+        }
+        Ok(grads)
+    }
+
+    /// The second half of a train step: every rank's optimizer applied to the gradients of the
+    /// last [`LocalRanks::gradients`], or to `given` (whole, by trainable parameter name: the
+    /// caller's own values, e.g. clipped), each rank taking its pieces.
+    pub fn update(&mut self, given: Option<ParamStore>) -> Result<()> {
+        let given = given.map(std::sync::Arc::new);
+        self.send(|| Command::Update(given.clone()))?;
+        self.collect(|_| Ok(()))
+    }
+
+    /// Gives every rank a new optimizer from `make_opt` (its state starts afresh).
+    pub fn set_optimizer(&mut self, make_opt: MakeOptimizer) -> Result<()> {
+        self.send(|| Command::SetOptimizer(make_opt.clone()))?;
+        self.collect(|_| Ok(()))
     }
 
     /// Scales the loss of every following step as `scale` says ([`crate::loss_scale`]).

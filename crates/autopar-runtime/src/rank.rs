@@ -440,6 +440,15 @@ impl RankTrainer {
     /// rows it needs: [`RankTrainer::rows`]); returns the job's loss. Collective.
     pub fn step_rows(&mut self, opt: &mut dyn Optimizer, rows: &[(String, Tensor)], first_row: usize) -> Result<f64> {
         let StepOutput { loss, grads, overflow, .. } = self.gradients_rows(rows, first_row)?;
+        self.update(opt, &grads, overflow)?;
+        finite_loss(loss, self.step)
+    }
+
+    /// The update of a step whose gradients [`RankTrainer::gradients`] gave (`grads`, and
+    /// whether they overflowed under loss scaling): `opt` applied to the rank's pieces, or under
+    /// loss scaling after an overflow, the update skipped and the scale moved as the scaler
+    /// says. The second half of [`RankTrainer::step`].
+    pub fn update(&mut self, opt: &mut dyn Optimizer, grads: &[(String, Tensor)], overflow: bool) -> Result<()> {
         let apply = match self.loss_scaler.as_mut() {
             Some(s) => {
                 let scale = s.scale();
@@ -450,12 +459,34 @@ impl RankTrainer {
             None => true,
         };
         if apply {
-            opt.step(&mut self.params, &grads)?;
+            opt.step(&mut self.params, grads)?;
         } else {
             tracing::info!(rank = self.program.rank, step = self.step, "gradients overflowed: the update is skipped");
         }
         self.wall = self.started.elapsed().as_secs_f64();
-        finite_loss(loss, self.step)
+        Ok(())
+    }
+
+    /// This rank's pieces of gradients given whole (`full`, by parameter name: every trainable
+    /// parameter the rank stores), as [`RankTrainer::gradients`] gives its own: for a caller
+    /// that computes on the gradients before the update (the Python front end's functional
+    /// training).
+    pub fn gradient_pieces(&self, full: &ParamStore) -> Result<Vec<(String, Tensor)>> {
+        self.program
+            .grads
+            .iter()
+            .map(|name| {
+                let slot = self.program.program.param(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.clone() })?;
+                let bad = |problem: String| RuntimeError::BadGradient { name: name.clone(), problem };
+                let t = full.get(name).ok_or_else(|| bad("no gradient was given for this trainable parameter".into()))?;
+                if t.shape() != slot.layout.shape() {
+                    return Err(bad(format!("the gradient has shape {:?}, the parameter {:?}", t.shape(), slot.layout.shape())));
+                }
+                let piece = slice_tensor(t, &slot.slice)?;
+                let dtype = self.params.get(name).map_or(piece.dtype(), Tensor::dtype);
+                Ok((name.clone(), piece.cast(dtype)))
+            })
+            .collect()
     }
 
     /// The step without its update: every micro-batch's forward and backward, then the

@@ -264,6 +264,25 @@ fn ranks_stepped_one_batch_per_call_equal_stand_alone_and_take_new_parameters() 
         ranks.load(full.clone()).unwrap();
         assert_same(&format!("{n} ranks after a load"), &[], &ranks.params().unwrap(), &[], &full);
     }
+    // A step in two halves (functional training): the gradients, kept by the ranks and read
+    // whole, then the update; or the update with the caller's own values (here the same
+    // gradients, whole): either way the stand-alone run, step for step.
+    for (n, seed, own) in [(4usize, 4u64, false), (8, 5, true)] {
+        let mut g = graph.clone();
+        assign_random_strategies(&mut g, n, seed);
+        let job = Job::new(&g, loss, &semi_auto(n)).unwrap();
+        let full = ParamStore::init(&graph).unwrap();
+        let mut ranks = LocalRanks::start(job, Some(full), Some(Arc::new(|| Ok(optimizer(true))))).unwrap();
+        let mut losses = Vec::new();
+        for b in &data {
+            losses.push(ranks.gradients(b.clone()).unwrap());
+            let grads = ranks.grads().unwrap();
+            let trainable = graph.trainable_parameters().len();
+            assert_eq!(grads.len(), trainable, "one whole gradient per trainable parameter");
+            ranks.update(own.then_some(grads)).unwrap();
+        }
+        assert_same(&format!("{n} ranks in two halves, own gradients {own}"), &losses, &ranks.params().unwrap(), &want_losses, &want);
+    }
     // A rank's error (a batch of the wrong shape) is the call's error, and the ranks stop.
     let job = Job::new(&graph, loss, &semi_auto(2)).unwrap();
     let mut ranks = LocalRanks::start(job, None, Some(Arc::new(|| Ok(optimizer(false))))).unwrap();

@@ -43,6 +43,7 @@ from .amp import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManage
 from .train.serialization import load_checkpoint, load_param_into_net, save_checkpoint
 from .train.model import Model
 from .parallel import Layout, parameter_broadcast, sync_pipeline_shared_parameters
+from ._functional import grad, value_and_grad
 
 
 def _functional_training(name):
@@ -56,8 +57,6 @@ def _functional_training(name):
     return refused
 
 
-value_and_grad = _functional_training("value_and_grad")
-grad = _functional_training("grad")
 jit = _functional_training("jit")
 
 

@@ -24,6 +24,7 @@ class Tracer:
     def __init__(self):
         self.network = _native.Network(0)
         self.params = {}  # id(Parameter) -> (node, Parameter)
+        self.only = None  # ids of the Parameters to train (None: every one that requires a gradient)
         self.consts = []  # (name, numpy value) of constant tensors, frozen parameters of the graph
         self.names = {}
         self.scope = []
@@ -66,6 +67,7 @@ class Tracer:
                         "give each Parameter a unique name."
                     )
                 trainable = value.requires_grad and not value.__dict__.get("_frozen_here", False)
+                trainable = trainable and (self.only is None or id(value) in self.only)
                 node = self.network.parameter(value.name, list(value.shape), str(value._data.dtype), trainable)
                 self.params[id(value)] = (node, value)
                 return node

@@ -10,6 +10,7 @@ from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntro
 from .metrics import Accuracy, Loss, Metric, Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from .wrap import (
+    DistributedGradReducer,
     GradAccumulationCell,
     MicroBatchInterleaved,
     PipelineCell,
@@ -24,5 +25,5 @@ __all__ = [
     "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
     "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
     "Optimizer", "Accuracy", "Loss", "Metric", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TopKCategoricalAccuracy",
-    "TrainOneStepCell", "TrainOneStepWithLossScaleCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved", "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "warmup_lr", "WithEvalCell", "WithLossCell",
+    "DistributedGradReducer", "TrainOneStepCell", "TrainOneStepWithLossScaleCell", "PipelineCell", "GradAccumulationCell", "MicroBatchInterleaved", "cosine_decay_lr", "exponential_decay_lr", "piecewise_constant_lr", "warmup_lr", "WithEvalCell", "WithLossCell",
 ]

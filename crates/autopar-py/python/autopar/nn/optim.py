@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from ..common.parameter import Parameter
+from ..common.parameter import Parameter, ParameterTuple
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "AdamWeightDecay"]
 
@@ -92,8 +92,22 @@ class Optimizer:
         for p in params:
             if not isinstance(p, Parameter):
                 raise TypeError(f"For '{cls}', every element of 'parameters' must be a Parameter, but got {type(p)}.")
-        self.parameters = params
+        self.parameters = ParameterTuple(params)
+        # value_and_grad(fn, None, optimizer.parameters) finds the optimizer through them.
+        self.parameters._optimizer = self
         self.hyper = {"weight_decay": self.weight_decay}
+
+    def __call__(self, gradients):
+        """Applies ``gradients`` (those of ``value_and_grad``'s function, or values computed from
+        them) to the parameters, on the devices the gradients' job runs on."""
+        from .._functional import apply_gradients
+
+        if not apply_gradients(self, gradients):
+            raise RuntimeError(
+                f"For '{type(self).__name__}', autopar applies gradients of a function value_and_grad (or grad) returned, over "
+                "these parameters; compute the gradients that way first (or train with Model or a TrainOneStepCell)."
+            )
+        return True
 
     def _groups_wire(self):
         """The groups as the engine takes them: (names, learning rate or None, weight decay)."""

@@ -96,3 +96,18 @@ class MicroBatchInterleaved(Cell):
     def __init__(self, network, interleave_num=2):
         super().__init__(auto_prefix=False)
         raise NotImplementedError("autopar does not interleave micro-batches within a stage (MicroBatchInterleaved).")
+
+
+class DistributedGradReducer(Cell):
+    """MindSpore's ``nn.DistributedGradReducer(parameters, mean=True, degree=None)``: the
+    gradients as they are, since autopar's ranks synchronise (and average, under
+    ``gradients_mean``) the gradients of ``value_and_grad``'s function themselves."""
+
+    def __init__(self, parameters, mean=None, degree=None, fusion_type=1, group=None):
+        super().__init__(auto_prefix=False)
+
+    def construct(self, grads):
+        return grads
+
+    def __call__(self, grads):
+        return grads

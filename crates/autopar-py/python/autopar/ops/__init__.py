@@ -21,7 +21,14 @@ __all__ = [
     "SparseSoftmaxCrossEntropyWithLogits", "Shape", "GradOperation", "AllReduce",
     "matmul", "relu", "gelu", "reshape", "transpose", "cast", "softmax", "log_softmax", "mean", "sum", "add", "sub", "mul",
     "div", "exp", "log", "sqrt", "tanh", "sigmoid", "flatten", "square", "shape", "scalar_to_array", "ones", "zeros",
+    "depend",
 ]
+
+
+def depend(value, expr):
+    """MindSpore's ``ops.depend``: ``value``, once ``expr`` has run (autopar runs a script's
+    statements in order)."""
+    return value
 
 
 def _check_strategy(prim, strategy, what):
@@ -578,7 +585,8 @@ class GradOperation:
 
     def __init__(self, get_all=False, get_by_list=False, sens_param=False):
         raise NotImplementedError(
-            "autopar does not run GradOperation yet: train with mindspore.train.Model or a TrainOneStepCell called on tensors."
+            "autopar does not run GradOperation yet: use mindspore.value_and_grad(fn, None, optimizer.parameters) or "
+            "mindspore.grad, train with mindspore.train.Model, or a TrainOneStepCell called on tensors."
         )
 
 
