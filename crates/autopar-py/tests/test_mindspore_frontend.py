@@ -37,6 +37,7 @@ DEVICES = {
     "embedding_bag_adam.py": 8,
     "loss_scale_fixed.py": 4,
     "functional_value_and_grad.py": 8,
+    "lr_schedule_cells.py": 4,
 }
 TOL = 1e-5
 

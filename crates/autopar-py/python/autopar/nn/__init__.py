@@ -6,6 +6,9 @@ from .layers import (
     Sigmoid, Softmax, Tanh,
 )
 from .dynamic_lr import cosine_decay_lr, exponential_decay_lr, piecewise_constant_lr, warmup_lr
+from .learning_rate_schedule import (
+    CosineDecayLR, ExponentialDecayLR, InverseDecayLR, LearningRateSchedule, NaturalExpDecayLR, PolynomialDecayLR, WarmUpLR,
+)
 from .loss import CrossEntropyLoss, L1Loss, LossBase, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric, Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
 from .optim import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
@@ -21,7 +24,8 @@ from .wrap import (
 )
 
 __all__ = [
-    "Cell", "CellList", "SequentialCell", "AvgPool2d", "BatchNorm2d", "Conv2d", "Dense", "Dropout", "Embedding", "Flatten",
+    "Cell", "CellList", "SequentialCell", "LearningRateSchedule", "ExponentialDecayLR", "NaturalExpDecayLR",
+    "InverseDecayLR", "CosineDecayLR", "PolynomialDecayLR", "WarmUpLR", "AvgPool2d", "BatchNorm2d", "Conv2d", "Dense", "Dropout", "Embedding", "Flatten",
     "GELU", "LayerNorm", "LogSoftmax", "MaxPool2d", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh", "CrossEntropyLoss",
     "L1Loss", "LossBase", "MSELoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Adam", "AdamWeightDecay", "Momentum",
     "Optimizer", "Accuracy", "Loss", "Metric", "Top1CategoricalAccuracy", "Top5CategoricalAccuracy", "TopKCategoricalAccuracy",

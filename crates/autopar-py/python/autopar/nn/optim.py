@@ -34,12 +34,22 @@ def _learning_rate(cls, value, what="learning_rate"):
         if not value:
             raise ValueError(f"For '{cls}', '{what}' must not be an empty list.")
         return [_number(cls, f"{what}[{i}]", v) for i, v in enumerate(value)]
+    from .learning_rate_schedule import LearningRateSchedule
+
+    if isinstance(value, LearningRateSchedule):
+        return _Scheduled(value.rates())
     if hasattr(value, "construct"):
         raise NotImplementedError(
-            f"For '{cls}', autopar takes a learning rate as a number or a list per step; a LearningRateSchedule cell is not "
-            "supported yet (nn.cosine_decay_lr and the other dynamic_lr functions give lists)."
+            f"For '{cls}', autopar takes a learning rate as a number, a list per step or one of nn's LearningRateSchedule "
+            f"cells (ExponentialDecayLR, NaturalExpDecayLR, InverseDecayLR, CosineDecayLR, PolynomialDecayLR, WarmUpLR), "
+            f"not {type(value).__name__}."
         )
     return [_number(cls, what, value)]
+
+
+class _Scheduled(list):
+    """The rates of a LearningRateSchedule cell per step (its last one after the list: no run is
+    too long for it)."""
 
 
 class Optimizer:

@@ -13,7 +13,7 @@ from .. import _context, _native
 from .._trace import Tracer, unwire, wire
 from ..common.tensor import Tensor
 from ..nn.cell import Cell, _name_children
-from ..nn.optim import Optimizer
+from ..nn.optim import Optimizer, _Scheduled
 from ..amp import FixedLossScaleManager, LossScaleManager
 from ..nn.wrap import TrainOneStepCell, WithLossCell
 from ._callback import RunContext, _Params
@@ -71,7 +71,9 @@ class _Job:
                                        self.micro, loss_scale, *amp)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.columns}
-        lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr] if len(lr) > 1]
+        # A schedule cell's rates carry on with their last; a list given per step must cover the run.
+        lists = [len(lr) for lr in [optimizer.learning_rate] + [lr for _, lr, _ in optimizer.groups if lr]
+                 if len(lr) > 1 and not isinstance(lr, _Scheduled)]
         self.lr_steps, self.steps = (min(lists) if lists else None), 0
 
     def step(self, batch):
