@@ -616,3 +616,37 @@ def test_functional_training_gradients_stay_on_the_ranks_until_read_and_refuses_
         nn.SGD(Tiny().trainable_params(), 0.1)(grads)
     with pytest.raises(RuntimeError, match="value_and_grad"):
         nn.SGD(Tiny().trainable_params(), 0.1)([ms.Tensor(np.zeros((4, 2), np.float32))])
+
+
+def test_functional_training_over_a_sharded_dataset_takes_every_ranks_rows(context):
+    """MindSpore's data-parallel tutorial loop: each rank reads its shard (num_shards=get_group_size(),
+    shard_id=get_rank()), value_and_grad, DistributedGradReducer, the optimizer. The one process
+    running the 4 ranks computes on their batches joined: one device on the same rows, batched 4
+    times larger, gives the same run."""
+    rng = np.random.default_rng(9)
+    x, y = rng.standard_normal((64, 4)).astype(np.float32), rng.integers(0, 2, 64).astype(np.int32)
+
+    def run(devices):
+        ms.reset_auto_parallel_context()
+        if devices > 1:
+            ms.set_auto_parallel_context(parallel_mode="data_parallel", gradients_mean=True, device_num=devices)
+        ms.communication.init()
+        n, r = ms.communication.get_group_size(), ms.communication.get_rank()
+        shards = {"num_shards": n, "shard_id": r} if n > 1 else {}
+        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, **shards).batch(16 // n)
+        net = Tiny()
+        loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+        grad_fn = ms.value_and_grad(lambda a, b: loss_fn(net(a), b), None, opt.parameters)
+        reducer = nn.DistributedGradReducer(opt.parameters)
+        losses = []
+        for a, b in data.create_tuple_iterator():
+            loss, grads = grad_fn(a, b)
+            opt(reducer(grads))
+            losses.append(float(loss.asnumpy()))
+        return losses, net.w.asnumpy()
+
+    (l1, w1), (l4, w4) = run(1), run(4)
+    assert len(l1) == len(l4) == 4
+    np.testing.assert_allclose(l4, l1, rtol=1e-5)
+    np.testing.assert_allclose(w4, w1, rtol=1e-5)

@@ -22,15 +22,30 @@ __all__ = ["value_and_grad", "grad"]
 
 
 def _arrays(args, what):
+    """The inputs as the job takes them: a tensor of a dataset sharded over the job's devices
+    (``num_shards=get_group_size()``, without ``full_batch``) is the global batch, every rank's
+    rows joined, as each rank of a MindSpore job reads its own."""
+    n = _context._device_num()
+    whole = n > 1 and not bool(_context._PARALLEL.get("full_batch", False))
     out = []
     for k, a in enumerate(args):
-        if isinstance(a, Tensor):
+        joined = getattr(a, "_global", None) if isinstance(a, Tensor) else None
+        if whole and joined is not None and joined[0] == n:
+            out.append(joined[1])
+        elif isinstance(a, Tensor):
             out.append(np.asarray(a.asnumpy()))
         elif isinstance(a, np.ndarray):
             out.append(a)
+        elif what is None:
+            out.append(np.asarray(a))
         else:
             raise TypeError(f"For '{what}', autopar takes the function's inputs as tensors, but input {k} is {type(a).__name__}.")
     return out
+
+
+def job_arrays(values):
+    """``values`` (tensors, arrays or numbers) as a job takes them ([`_arrays`])."""
+    return _arrays(values, None)
 
 
 class _Outputs(Cell):

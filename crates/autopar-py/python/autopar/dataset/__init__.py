@@ -122,13 +122,28 @@ class _Iterator:
         return self
 
     def __next__(self):
+        shards = self._dataset._shards()
         if self._rows is None:
-            self._rows = self._dataset._rows(None, self._epoch)
+            if shards and shards > 1:
+                # Every shard's rows beside this one's: a tensor of a sharded dataset carries the
+                # job's global batch (every rank's rows joined in rank order), which the one
+                # process running all ranks computes on (value_and_grad's functions, as Model).
+                self._rows = zip(*[self._dataset._rows(r, self._epoch) for r in range(shards)])
+            else:
+                self._rows = self._dataset._rows(None, self._epoch)
         try:
-            return self._convert(next(self._rows))
+            row = next(self._rows)
         except StopIteration:
             self._rows, self._epoch = None, self._epoch + 1
             raise
+        if not (shards and shards > 1):
+            return self._convert(row)
+        out = self._convert(row[self._dataset._source().shard_id])
+        whole = self._convert(tuple(np.concatenate(col) for col in zip(*row)))
+        for t, w in zip(out.values() if isinstance(out, dict) else out, whole.values() if isinstance(whole, dict) else whole):
+            if isinstance(t, Tensor):
+                t._global = (shards, w.asnumpy())
+        return out
 
 
 class _Source(Dataset):

@@ -159,7 +159,11 @@ class _Predictor:
 
 
 def _as_arrays(data):
-    return [np.asarray(d.asnumpy() if isinstance(d, Tensor) else d) for d in data]
+    """Values as a job takes them (a tensor of a dataset sharded over the job's devices: the
+    global batch, as ``value_and_grad``'s functions take it)."""
+    from .._functional import job_arrays
+
+    return job_arrays(data)
 
 
 def predictor_for(network, arrays, names=None):
