@@ -359,7 +359,7 @@ mod tests {
         assert_eq!((l.ty.dtype, l.name.as_str()), (DType::F32, "loss.to_f32"), "the loss is cast to f32");
         // Every inserted cast is marked as the policy's; the names of the network's ops stay.
         for a in [&o1, &o2, &o3] {
-            let inserted = a.graph.nodes().iter().filter(|n| matches!(&n.op, OpKind::Cast(c) if c.inserted)).count();
+            let inserted = a.graph.nodes().iter().filter(|n| n.op.is_inserted_cast()).count();
             assert_eq!(inserted, a.casts);
             assert!(a.casts > 0);
             for (old, new) in graph.nodes().iter().zip(&a.map) {

@@ -436,11 +436,6 @@ impl Session {
         out.iter().enumerate().map(|(k, t)| wire(&format!("output{k}"), t)).collect()
     }
 
-    /// The devices the job runs on.
-    fn device_num(&self) -> usize {
-        self.ranks.job().device_num()
-    }
-
     /// One train step on the global batch `batch`; returns the loss.
     fn step(&mut self, py: Python<'_>, batch: Vec<Wire>) -> PyResult<f64> {
         let batch = batch.iter().map(|w| Ok((w.0.clone(), tensor(w)?))).collect::<PyResult<Vec<_>>>()?;
@@ -506,20 +501,7 @@ impl Session {
     /// Replaces the parameters by `params` (every one the ranks hold).
     fn load(&mut self, py: Python<'_>, params: Vec<Wire>) -> PyResult<()> {
         let mut store = self.params_store(py)?;
-        for p in &params {
-            let t = tensor(p)?;
-            let old = store.require(&p.0).map_err(graph_err)?;
-            if old.shape() != t.shape() {
-                return Err(PyValueError::new_err(format!(
-                    "parameter {}: its value has shape {:?}, the network's is {:?}",
-                    p.0,
-                    t.shape(),
-                    old.shape()
-                )));
-            }
-            let t = t.cast(old.dtype());
-            store.insert(&p.0, t);
-        }
+        set_values(&mut store, &params)?;
         let ranks = &mut self.ranks;
         py.detach(|| ranks.load(store)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
@@ -566,24 +548,7 @@ impl Session {
         let graph = b.finish();
         let ctx = parallel_context(context)?;
         let mut full = ParamStore::init(&graph).map_err(graph_err)?;
-        for p in &params {
-            let t = tensor(p)?;
-            let want = full.get(&p.0).map(|w| w.shape().to_vec());
-            match want {
-                Some(w) if w == t.shape() => {
-                    let t = t.cast(full.require(&p.0).map_err(graph_err)?.dtype());
-                    full.insert(&p.0, t);
-                }
-                Some(w) => {
-                    return Err(PyValueError::new_err(format!(
-                        "parameter {}: its value has shape {:?}, the network's is {w:?}",
-                        p.0,
-                        t.shape()
-                    )))
-                }
-                None => return Err(PyValueError::new_err(format!("parameter {}: the network does not use it", p.0))),
-            }
-        }
+        set_values(&mut full, &params)?;
         let (job, make_opt, prefixes) = match train {
             Some((make_opt, micro_batches, prefixes, precision)) => {
                 let loss = NodeId(outputs[0]);
@@ -619,6 +584,28 @@ impl Session {
         let ranks = &mut self.ranks;
         py.detach(|| ranks.params()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
+}
+
+/// `values` set into `store` (each a parameter it holds, of its shape), cast to the parameter's
+/// dtype.
+fn set_values(store: &mut ParamStore, values: &[Wire]) -> PyResult<()> {
+    for p in values {
+        let t = tensor(p)?;
+        let Some(old) = store.get(&p.0) else {
+            return Err(PyValueError::new_err(format!("parameter {}: the network does not use it", p.0)));
+        };
+        if old.shape() != t.shape() {
+            return Err(PyValueError::new_err(format!(
+                "parameter {}: its value has shape {:?}, the network's is {:?}",
+                p.0,
+                t.shape(),
+                old.shape()
+            )));
+        }
+        let t = t.cast(old.dtype());
+        store.insert(&p.0, t);
+    }
+    Ok(())
 }
 
 /// The parallel context of the `set_auto_parallel_context` options `context` (a JSON object).

@@ -35,6 +35,12 @@ pub const PROCESS_OVERHEAD: u64 = 128 << 20;
 /// thread's stack).
 pub const RANK_OVERHEAD: u64 = 4 << 20;
 
+/// The runtime's overhead beside the plan of a process running `ranks` ranks: the process's own
+/// and each rank's.
+pub fn overhead(ranks: usize) -> u64 {
+    PROCESS_OVERHEAD.saturating_add(RANK_OVERHEAD.saturating_mul(ranks as u64))
+}
+
 /// A rank's plan as it runs over `comm`: the in-process communicator reduces and gathers
 /// where the parts lie, so there a fused collective packs nothing; MPI's packs them.
 pub fn on_backend(program: &JobProgram, job: &JobPlan, optimizer_slots: usize, comm: &dyn Communicator) -> Result<Memory> {
@@ -143,7 +149,7 @@ pub struct Demand {
 impl Demand {
     /// The resident bytes the process needs: the plan and the runtime's overhead.
     pub fn resident(&self) -> u64 {
-        self.plan.saturating_add(PROCESS_OVERHEAD).saturating_add(RANK_OVERHEAD.saturating_mul(self.ranks as u64))
+        self.plan.saturating_add(overhead(self.ranks))
     }
 }
 

@@ -522,7 +522,6 @@ impl Executor {
         args: &RunArgs<'_>,
         caches: &mut Caches,
     ) -> Result<Tensor> {
-        let half = |d: autopar_tensor::DType| matches!(d, autopar_tensor::DType::F16 | autopar_tensor::DType::BF16);
         let moves = matches!(
             node.op,
             OpKind::Input(_)
@@ -537,10 +536,11 @@ impl Executor {
         // A bf16 matrix product has its own kernel (f32 accumulation, bf16 dot products where
         // the CPU has them).
         let native = matches!(node.op, OpKind::MatMul(_)) && x.iter().all(|t| t.dtype() == autopar_tensor::DType::BF16);
-        if moves || native || !(node.ty.dtype.is_half() || x.iter().any(|t| half(t.dtype()))) {
+        if moves || native || !(node.ty.dtype.is_half() || x.iter().any(|t| t.dtype().is_half())) {
             return self.eval(node, x, params, args, caches);
         }
-        let wide: Vec<Tensor> = x.iter().map(|t| if half(t.dtype()) { t.cast(autopar_tensor::DType::F32) } else { (*t).clone() }).collect();
+        let wide: Vec<Tensor> =
+            x.iter().map(|t| if t.dtype().is_half() { t.cast(autopar_tensor::DType::F32) } else { (*t).clone() }).collect();
         let refs: Vec<&Tensor> = wide.iter().collect();
         Ok(self.eval(node, &refs, params, args, caches)?.cast(tensor_dtype(node.ty.dtype)))
     }
@@ -690,7 +690,7 @@ impl Executor {
                         let mut stat = self.graph.node(input);
                         // Statistics the precision policy casts for a half-precision batch norm
                         // are updated in the parameters they were cast from, in their own type.
-                        if matches!(&stat.op, OpKind::Cast(c) if c.inserted) {
+                        if stat.op.is_inserted_cast() {
                             stat = self.graph.node(stat.inputs[0]);
                         }
                         if let OpKind::Parameter(p) = &stat.op {

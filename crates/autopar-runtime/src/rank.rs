@@ -591,12 +591,17 @@ impl RankTrainer {
 
     /// Every executor of the rank multiplies its loss seed by `scale` in the next runs.
     fn set_executors_loss_scale(&mut self, scale: f64) {
+        self.for_each_executor(|e| e.set_loss_scale(scale));
+    }
+
+    /// Every executor of the rank (its whole pass, or each chunk's forward and backward), in place.
+    fn for_each_executor(&mut self, mut f: impl FnMut(&mut Executor)) {
         match &mut self.run {
-            Run::Whole(exec) => exec.set_loss_scale(scale),
+            Run::Whole(exec) => f(exec),
             Run::Chunks(chunks) => {
                 for c in chunks {
-                    c.forward.set_loss_scale(scale);
-                    c.backward.set_loss_scale(scale);
+                    f(&mut c.forward);
+                    f(&mut c.backward);
                 }
             }
         }

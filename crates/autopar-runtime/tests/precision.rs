@@ -265,7 +265,7 @@ fn in_a_pipeline_the_stages_are_float32s_and_each_cast_is_on_its_readers_stage()
     let users = g.users();
     let mut checked = 0;
     for (i, node) in g.nodes().iter().enumerate() {
-        if matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted) && g.node(node.inputs[0]).is_stageless() {
+        if node.op.is_inserted_cast() && g.node(node.inputs[0]).is_stageless() {
             for reader in &users[i] {
                 assert_eq!(plan.stage_of[i], plan.stage_of[reader.0], "{} and its reader {}", node.name, g.node(*reader).name);
             }

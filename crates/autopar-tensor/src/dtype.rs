@@ -44,6 +44,11 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 
+    /// Whether this is a half-precision float (f16, bf16).
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// True for i32 and i64.
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)

@@ -15,7 +15,7 @@
 
 use std::process::Command;
 
-use autopar_runtime::budget::{PROCESS_OVERHEAD, RANK_OVERHEAD};
+use autopar_runtime::budget::{overhead, PROCESS_OVERHEAD, RANK_OVERHEAD};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -165,7 +165,7 @@ fn main() {
     );
     for job in jobs().iter().filter(|j| j.name.contains(&only)) {
         let (plan, peak, setup) = in_process(job);
-        let budget = plan + PROCESS_OVERHEAD + RANK_OVERHEAD * job.devices as u64;
+        let budget = plan + overhead(job.devices);
         println!(
             "{:<28} {:>8} {:>11.1} {:>11.1} {:>11.1} {:>14.2} {:>8.2}",
             job.name,
@@ -180,14 +180,14 @@ fn main() {
             let ranks = under_mpi(bin, job);
             let worst = ranks
                 .iter()
-                .map(|&(plan, peak)| (peak as f64 / (plan + PROCESS_OVERHEAD + RANK_OVERHEAD) as f64, plan, peak))
+                .map(|&(plan, peak)| (peak as f64 / (plan + overhead(1)) as f64, plan, peak))
                 .fold((0.0, 0, 0), |a, b| if b.0 > a.0 { b } else { a });
             println!(
                 "{:<28} {:>8} {:>11.1} {:>11.1} {:>11.1} {:>14.2} {:>8}",
                 format!("  under mpirun, worst rank"),
                 format!("1 of {}", job.devices),
                 worst.1 as f64 / MIB,
-                (worst.1 + PROCESS_OVERHEAD + RANK_OVERHEAD) as f64 / MIB,
+                (worst.1 + overhead(1)) as f64 / MIB,
                 worst.2 as f64 / MIB,
                 worst.0,
                 "-"

@@ -217,6 +217,12 @@ impl OpKind {
         matches!(self, OpKind::Input(_) | OpKind::Parameter(_))
     }
 
+    /// A cast the precision policy inserted ([`crate::precision`]): it takes its input's layout
+    /// and stage, and is looked through to the value it casts.
+    pub fn is_inserted_cast(&self) -> bool {
+        matches!(self, OpKind::Cast(c) if c.inserted)
+    }
+
     /// Communication ops: identities on one device, collectives under a `Communicator`.
     pub fn is_communication(&self) -> bool {
         self.collective().is_some()

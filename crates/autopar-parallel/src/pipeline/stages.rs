@@ -60,7 +60,7 @@ pub(crate) fn casts_with_their_readers(graph: &mut Graph) {
     let users = graph.users();
     for i in (0..graph.len()).rev() {
         let node = graph.node(autopar_graph::NodeId(i));
-        let inserted = matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted);
+        let inserted = node.op.is_inserted_cast();
         if !inserted || !graph.node(node.inputs[0]).is_stageless() {
             continue;
         }
@@ -258,7 +258,7 @@ pub fn assign_stages(graph: &Graph, stages: usize, loss: Option<autopar_graph::N
     // reader, not on stage 0.
     let users = graph.users();
     for (i, node) in graph.nodes().iter().enumerate() {
-        let inserted = matches!(&node.op, autopar_graph::OpKind::Cast(c) if c.inserted);
+        let inserted = node.op.is_inserted_cast();
         if inserted && node.pipeline_stage.is_none() && graph.node(node.inputs[0]).is_stageless() {
             if let Some(s) = users[i].iter().filter_map(|u| out[u.0]).min() {
                 out[i] = Some(s);

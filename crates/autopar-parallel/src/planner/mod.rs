@@ -424,7 +424,7 @@ impl<'a> Network<'a> {
             }
             let given = &plans[node.inputs[0].0].as_ref().expect("inputs are planned before their users").output;
             let widening = node.ty.dtype.size() >= graph.node(node.inputs[0]).ty.dtype.size();
-            if matches!(&node.op, OpKind::Cast(c) if c.inserted) && (widening || given.partial_axes().is_empty()) {
+            if node.op.is_inserted_cast() && (widening || given.partial_axes().is_empty()) {
                 // The precision policy's cast runs on its input's slices as they are, pending
                 // partial sums included when it widens them (a cast is linear up to rounding):
                 // its reader redistributes as it would the uncast value. A narrowing cast takes
@@ -615,7 +615,7 @@ fn with_loss_first(graph: &Graph, loss: Option<NodeId>) -> Result<Graph> {
 /// Written under the first; read under any. Empty for an op taking no parameter.
 pub fn strategy_item_names(graph: &Graph, id: NodeId) -> Vec<String> {
     let node = graph.node(id);
-    if matches!(&node.op, OpKind::Cast(c) if c.inserted) {
+    if node.op.is_inserted_cast() {
         return Vec::new();
     }
     // A parameter read through the precision policy's cast is the op's parameter.

@@ -667,7 +667,7 @@ fn write_report(
             ranks
         },
         plan_memory: report.plan_memory,
-        overhead: autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64,
+        overhead: autopar_runtime::budget::overhead(ranks),
         peak_rss_by_rank: report.peak_rss_by_rank.clone(),
     };
     let html = super::plan::page(job, &facts, Some(&measured), mpi)?;
@@ -965,7 +965,7 @@ fn print_text(out: &mut dyn Write, trainer: &Trainer, report: &TrainReport, s: &
     if let Some((peak, _)) = resident_memory() {
         // Under mpirun this process runs one rank.
         let ranks = if autopar_comm::launch::mpi_world_size().is_some() { 1 } else { trainer.config().parallel.devices() };
-        let overhead = autopar_runtime::budget::PROCESS_OVERHEAD + autopar_runtime::budget::RANK_OVERHEAD * ranks as u64;
+        let overhead = autopar_runtime::budget::overhead(ranks);
         writeln!(
             out,
             "  memory: peak RSS {:.1} MiB since the process started; the plan: {:.1} MiB for its {ranks} rank(s), {:.1} MiB with the runtime's overhead",
