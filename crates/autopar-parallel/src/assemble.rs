@@ -192,15 +192,24 @@ fn fit_with_levers(network: &PlanRequest<'_>, micro_batches: usize, recompute: b
 /// The parallel optimizer's levels auto_parallel may plan with, from the job's own up (None:
 /// not sharding): every level when the job set neither `enable_parallel_optimizer` nor
 /// `optimizer_level`, the levels above its own when it enabled the optimizer without a level,
-/// its own alone otherwise.
+/// its own alone otherwise; none above level1 under `gradient_accumulation_shard` false.
 fn lever_levels(ctx: &ParallelContext) -> Vec<Option<OptimizerLevel>> {
     let own = ctx.enable_parallel_optimizer.then_some(ctx.parallel_optimizer_config.optimizer_level);
     let chosen = ctx.is_set(OPTIMIZER_LEVEL) || (ctx.is_set("enable_parallel_optimizer") && !ctx.enable_parallel_optimizer);
     if chosen {
         return vec![own];
     }
+    // Level2 and level3 keep no whole accumulated gradients, which gradient_accumulation_shard
+    // false asks for.
+    let top = if ctx.parallel_optimizer_config.gradient_accumulation_shard { OptimizerLevel::Level3 } else { OptimizerLevel::Level1 };
     std::iter::once(own)
-        .chain([OptimizerLevel::Level1, OptimizerLevel::Level2, OptimizerLevel::Level3].into_iter().map(Some).filter(|l| *l > own))
+        .chain(
+            [OptimizerLevel::Level1, OptimizerLevel::Level2, OptimizerLevel::Level3]
+                .into_iter()
+                .filter(|l| *l <= top)
+                .map(Some)
+                .filter(|l| *l > own),
+        )
         .collect()
 }
 
@@ -234,6 +243,9 @@ mod tests {
         assert_eq!(lever_levels(&ctx), vec![Some(Level1), Some(Level2), Some(Level3)], "a config without a level");
         ctx.set("parallel_optimizer_config", &json!({"optimizer_level": "level2"})).unwrap();
         assert_eq!(lever_levels(&ctx), vec![Some(Level2)], "the job's own level");
+        let mut whole = ParallelContext::default();
+        whole.set("parallel_optimizer_config", &json!({"gradient_accumulation_shard": false})).unwrap();
+        assert_eq!(lever_levels(&whole), vec![None, Some(Level1)], "gradient_accumulation_shard false: no level above level1");
         let mut off = ParallelContext::default();
         off.set("enable_parallel_optimizer", &json!(false)).unwrap();
         assert_eq!(lever_levels(&off), vec![None], "switched off by the job");

@@ -615,6 +615,48 @@ fn as_str<'a>(option: &str, v: &'a Value) -> Result<&'a str> {
     v.as_str().ok_or_else(|| bad(option, v, "a string"))
 }
 
+/// `parallel_optimizer_config` from its table, and whether it gives `optimizer_level`.
+fn parse_parallel_optimizer_config(v: &Value) -> Result<(ParallelOptimizerConfig, bool)> {
+    let o = as_object(
+        "parallel_optimizer_config",
+        v,
+        &["gradient_accumulation_shard", "parallel_optimizer_threshold", "optimizer_weight_shard_size", "optimizer_level"],
+    )?;
+    let mut c = ParallelOptimizerConfig::default();
+    if let Some(x) = o.get("gradient_accumulation_shard") {
+        c.gradient_accumulation_shard = as_bool("parallel_optimizer_config.gradient_accumulation_shard", x)?;
+    }
+    if let Some(x) = o.get("parallel_optimizer_threshold") {
+        c.parallel_optimizer_threshold = as_int("parallel_optimizer_config.parallel_optimizer_threshold", x, 0, i64::MAX)? as u64;
+    }
+    if let Some(x) = o.get("optimizer_weight_shard_size") {
+        let s = as_int("parallel_optimizer_config.optimizer_weight_shard_size", x, -1, 4096)?;
+        if s == 0 {
+            return Err(bad("parallel_optimizer_config.optimizer_weight_shard_size", x, "-1 or an integer in (0, device_num]"));
+        }
+        c.optimizer_weight_shard_size = s;
+    }
+    if let Some(x) = o.get("optimizer_level") {
+        c.optimizer_level = one_of("parallel_optimizer_config.optimizer_level", x, &["level1", "level2", "level3"], |s| match s {
+            "level1" => Some(OptimizerLevel::Level1),
+            "level2" => Some(OptimizerLevel::Level2),
+            "level3" => Some(OptimizerLevel::Level3),
+            _ => None,
+        })?;
+    }
+    if c.optimizer_level.shards_gradients() && !c.gradient_accumulation_shard {
+        return Err(bad(
+                "parallel_optimizer_config.gradient_accumulation_shard",
+                &serde_json::Value::Bool(false),
+                format!(
+                    "true under optimizer_level {} (it reduce-scatters each micro-batch's gradients as the backward pass forms them; gradient_accumulation_shard false keeps their whole sum, as level1 does)",
+                    c.optimizer_level.name()
+                ),
+            ));
+    }
+    Ok((c, o.contains_key("optimizer_level")))
+}
+
 fn one_of<T>(option: &str, v: &Value, names: &[&str], parse: impl Fn(&str) -> Option<T>) -> Result<T> {
     v.as_str().and_then(parse).ok_or_else(|| bad(option, v, format!("one of {}", names.join(", "))))
 }
@@ -732,46 +774,8 @@ impl ParallelContext {
                 self.pipeline_config = c;
             }
             "parallel_optimizer_config" => {
-                let o = as_object(
-                    key,
-                    v,
-                    &["gradient_accumulation_shard", "parallel_optimizer_threshold", "optimizer_weight_shard_size", "optimizer_level"],
-                )?;
-                let mut c = ParallelOptimizerConfig::default();
-                if let Some(x) = o.get("gradient_accumulation_shard") {
-                    c.gradient_accumulation_shard = as_bool("parallel_optimizer_config.gradient_accumulation_shard", x)?;
-                }
-                if let Some(x) = o.get("parallel_optimizer_threshold") {
-                    c.parallel_optimizer_threshold =
-                        as_int("parallel_optimizer_config.parallel_optimizer_threshold", x, 0, i64::MAX)? as u64;
-                }
-                if let Some(x) = o.get("optimizer_weight_shard_size") {
-                    let s = as_int("parallel_optimizer_config.optimizer_weight_shard_size", x, -1, 4096)?;
-                    if s == 0 {
-                        return Err(bad("parallel_optimizer_config.optimizer_weight_shard_size", x, "-1 or an integer in (0, device_num]"));
-                    }
-                    c.optimizer_weight_shard_size = s;
-                }
-                if let Some(x) = o.get("optimizer_level") {
-                    c.optimizer_level =
-                        one_of("parallel_optimizer_config.optimizer_level", x, &["level1", "level2", "level3"], |s| match s {
-                            "level1" => Some(OptimizerLevel::Level1),
-                            "level2" => Some(OptimizerLevel::Level2),
-                            "level3" => Some(OptimizerLevel::Level3),
-                            _ => None,
-                        })?;
-                }
-                if c.optimizer_level.shards_gradients() && !c.gradient_accumulation_shard {
-                    return Err(bad(
-                        "parallel_optimizer_config.gradient_accumulation_shard",
-                        &serde_json::Value::Bool(false),
-                        format!(
-                            "true under optimizer_level {} (it reduce-scatters each micro-batch's gradients as the backward pass forms them; gradient_accumulation_shard false keeps their whole sum, as level1 does)",
-                            c.optimizer_level.name()
-                        ),
-                    ));
-                }
-                if o.contains_key("optimizer_level") {
+                let (c, level_given) = parse_parallel_optimizer_config(v)?;
+                if level_given {
                     self.explicit.insert(OPTIMIZER_LEVEL);
                 } else {
                     self.explicit.remove(OPTIMIZER_LEVEL);

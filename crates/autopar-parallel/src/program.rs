@@ -550,8 +550,8 @@ fn backward_pass(
     let name = g.unique_name("loss.seed");
     let seeded = g.add(&name, LossScale { factor: seed }, &[loss])?;
     let trainable: Vec<&ParamSlot> = params.iter().filter(|p| p.trainable).collect();
-    // A level3 parameter's gradient is its gathered slice's, reduce-scattered after the pass
-    // like level1's.
+    // A level3 parameter's gradient is its gathered slice's, reduce-scattered in the pass
+    // (level2 and level3) or after it (level1).
     let wrt: Vec<NodeId> = trainable.iter().map(|p| p.value()).collect();
     // Level2 and level3: each gradient reduce-scattered as soon as it is whole.
     let d = differentiate_with(g, seeded, &wrt, &mut |g, k, grad| shard_gradient(g, &trainable[k].name, grad, scatter_in_pass))?;

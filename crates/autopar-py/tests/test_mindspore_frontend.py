@@ -608,6 +608,23 @@ def test_functional_training_gradients_stay_on_the_ranks_until_read_and_refuses_
     opt(unread)
     with pytest.raises(RuntimeError, match="applied before it was read"):
         unread[0].asnumpy()
+    # DistributedGradReducer: MindSpore's sum (gradients_mean unset) is the job's mean times 4;
+    # its mean=True is the job's own.
+    _, grads = grad_fn(x, y)
+    mean = grads[0].asnumpy().copy()
+    np.testing.assert_allclose(nn.DistributedGradReducer(opt.parameters)(grads)[0].asnumpy(), 4 * mean, rtol=1e-6)
+    assert nn.DistributedGradReducer(opt.parameters, mean=True)(grads) is grads
+    opt(grads)
+    # A gradient of another shape than its parameter is refused before it reaches the ranks.
+    _, grads = grad_fn(x, y)
+    with pytest.raises(ValueError, match="shape"):
+        opt((ms.Tensor(np.zeros((2, 2), np.float32)),))
+    opt(grads)
+    # The optimizer's state stays in the job of the first input shapes: a batch of other rows
+    # compiles another job, whose update is refused.
+    _, other_rows = grad_fn(ms.Tensor(np.ones((4, 4), np.float32)), ms.Tensor(np.array([0, 1] * 2, np.int32)))
+    with pytest.raises(NotImplementedError, match="drop_remainder=True"):
+        opt(other_rows)
     # Gradients are applied once, by the optimizer of their parameters.
     with pytest.raises(RuntimeError, match="no gradients to apply"):
         opt(grads)
@@ -646,6 +663,10 @@ def test_functional_training_over_a_sharded_dataset_takes_every_ranks_rows(conte
             losses.append(float(loss.asnumpy()))
         return losses, net.w.asnumpy()
 
+    # Unbatched rows of a sharded dataset are read as they are (no global batch to join).
+    ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=4)
+    rows = list(ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=4, shard_id=1).create_tuple_iterator())
+    assert len(rows) == 16 and not hasattr(rows[0][1], "_global")
     (l1, w1), (l4, w4) = run(1), run(4)
     assert len(l1) == len(l4) == 4
     np.testing.assert_allclose(l4, l1, rtol=1e-5)

@@ -493,7 +493,7 @@ impl RankTrainer {
     /// gradients synchronised and clipped. Returns the job's loss and this rank's gradients of
     /// its stored pieces. Collective. With loss scaling the backward pass is seeded with the
     /// current scale and the gradients come back unscaled, with the overflow flag; the scale
-    /// itself moves only in [`RankTrainer::step`], which also skips overflowed updates.
+    /// itself moves only in [`RankTrainer::update`] (the second half of [`RankTrainer::step`]), which also skips overflowed updates.
     pub fn gradients(&mut self, batch: &[(String, Tensor)]) -> Result<StepOutput> {
         self.gradients_rows(batch, 0)
     }

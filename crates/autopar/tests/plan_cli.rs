@@ -697,7 +697,7 @@ fn auto_parallel_chooses_memory_levers_when_no_plan_fits_without_them() {
     assert!(search_memory(&tight) <= 30_000_000 && search_memory(&roomy) > 30_000_000);
     // The time it costs: the plan with levers has the larger objective.
     assert!(objective(&tight["search"]) > objective(&roomy["search"]));
-    // The plan's own context says what the ranks run.
+    // The text says what it chose and lists what it tried (train_cli trains with the choice).
     let text = ok(
         dir.path(),
         &[

@@ -810,3 +810,45 @@ fn loss_scaling_from_the_command_line_and_toml_reports_the_scale_and_skips_overf
         assert!(!o.status.success() && err.contains(says) && err.contains("--loss-scale"), "{err}");
     }
 }
+
+/// auto_parallel's memory levers reach the run: under a capacity no plan fits without them,
+/// `train` says which it chose, trains with them, and its losses equal the run that is given
+/// the same levers by hand (the chosen optimizer level and recomputed blocks).
+#[test]
+fn auto_parallel_trains_with_the_memory_levers_it_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = "train --model gpt --depth 4 --width 128 --heads 4 --input-shape 64 --num-classes 256 --data synthetic \
+                  --synthetic-samples 64 --steps 2 --batch-size 32 --devices 4 --eval false --parallel-mode auto_parallel \
+                  --parallel search_mode=dynamic_programming";
+    let plan_json = {
+        let args = "plan --model gpt --depth 4 --width 128 --heads 4 --input-shape 64 --num-classes 256 --batch-size 32 --devices 4 \
+                    --parallel-mode auto_parallel --parallel search_mode=dynamic_programming --parallel device_memory_capacity=30000000 --json";
+        let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+        assert!(o.status.success(), "{:?}", text(&o));
+        serde_json::from_str::<serde_json::Value>(&text(&o).0).unwrap()
+    };
+    let chosen = &plan_json["search"]["levers_chosen"];
+    let blocks: Vec<String> = chosen["blocks"].as_array().unwrap().iter().map(|b| b.as_str().unwrap().to_string()).collect();
+    let args = format!("{common} --parallel device_memory_capacity=30000000 --metrics levers.jsonl");
+    let o = autopar(dir.path(), &args.split_whitespace().collect::<Vec<_>>());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert_eq!(out.contains("  recomputation: "), !blocks.is_empty(), "{out}");
+    assert_eq!(out.contains("  parallel optimizer: "), chosen["optimizer_level"].is_string(), "{out}");
+    // The same levers given by hand, with room enough: the same losses.
+    let mut by_hand = format!("{common} --metrics by_hand.jsonl");
+    if !blocks.is_empty() {
+        by_hand += &format!(" --recompute {}", blocks.join(","));
+    }
+    if let Some(level) = chosen["optimizer_level"].as_str() {
+        by_hand +=
+            &format!(" --parallel enable_parallel_optimizer=true --parallel parallel_optimizer_config={{\"optimizer_level\":\"{level}\"}}");
+    }
+    let o = autopar(dir.path(), &by_hand.split_whitespace().collect::<Vec<_>>());
+    assert!(o.status.success(), "{by_hand}: {:?}", text(&o));
+    let (a, b) = (losses(&dir.path().join("levers.jsonl")), losses(&dir.path().join("by_hand.jsonl")));
+    assert_eq!(a.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "{a:?} vs {b:?}");
+    }
+}

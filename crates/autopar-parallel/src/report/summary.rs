@@ -277,9 +277,12 @@ impl PlanReport<'_> {
         let comm: f64 = cost.comm.iter().map(|c| price(c.kind, c.group.len(), c.calls, c.bytes)).sum();
         let ranks = |axes: &[autopar_layout::DeviceAxis]| axes.iter().map(|a| a.size).product::<usize>();
         let g = &plan.gradients;
+        // Level2 and level3 reduce-scatter in the pass, per micro-batch (in-graph communication).
+        let after_pass = !plan.context.parallel_optimizer_config.optimizer_level.shards_gradients();
         let sync: f64 = g.buckets.iter().map(|b| price(Collective::AllReduce, ranks(&b.mirror), 1, b.bytes())).sum::<f64>()
             + g.reduce_scatter
                 .iter()
+                .filter(|_| after_pass)
                 .map(|b| price(Collective::ReduceScatter, ranks(&b.axes), 1, b.elements * b.dtype.size()))
                 .sum::<f64>();
         let (sync, in_graph) = (sync.min(comm), (comm - sync).max(0.0));

@@ -1047,7 +1047,7 @@ mod parameter_memory_tests {
         assert_eq!(at(Some("level1")), (2 * b + 2 * b / 4, None));
         assert_eq!(at(Some("level2")), (b + 3 * b / 4, None));
         assert_eq!(at(Some("level3")), (3 * b / 4, Some(4)));
-        // Inference keeps the value alone whole: nothing is sharded.
+        // Inference shards nothing (the model still counts a value, a gradient and a slot).
         let mut ctx = ParallelContext::default();
         ctx.set("enable_parallel_optimizer", &json!(true)).unwrap();
         assert_eq!(parameter_memory(&l, &p, false, &ctx).bytes, 3 * b);

@@ -9,6 +9,8 @@ The optimizer called on them applies them on the ranks (each its pieces), or, wh
 computed new gradients from them, those values. ``has_aux``'s other outputs come from the
 network run for inference on the same batch."""
 
+import weakref
+
 import numpy as np
 
 from . import _context, _native
@@ -17,6 +19,7 @@ from .common import dtype as mstype
 from .common.parameter import Parameter
 from .common.tensor import Tensor
 from .nn.cell import Cell
+from .train.model import _Running
 
 __all__ = ["value_and_grad", "grad"]
 
@@ -77,10 +80,15 @@ def _loss_of(out, has_aux, what):
     return out
 
 
-class _Step:
+class _Step(_Running):
     """A forward function compiled into a training job for inputs of given shapes."""
 
     def __init__(self, fn, weights, has_aux, arrays, what):
+        if int(_context._PARALLEL.get("pipeline_stages", 1) or 1) > 1:
+            raise NotImplementedError(
+                f"For '{what}', autopar runs pipeline stages through Model or a TrainOneStepCell(PipelineCell(...)); a function "
+                "value_and_grad returned runs without stages (pipeline_stages=1)."
+            )
         names = [f"input{i}" for i in range(len(arrays))]
         tracer = Tracer()
         tracer.only = {id(p) for p in weights}
@@ -103,8 +111,8 @@ class _Step:
         self.versions = {id(p): p._version for p in self.params}
         self.step = 0
         self.values = None
-        # Whether the ranks hold gradients no update has applied yet.
-        self.pending = False
+        # Whether the ranks hold gradients no update has applied yet, and whether an update was.
+        self.pending = self.applied = False
 
     def gradients(self, arrays):
         self._push_changed()
@@ -145,29 +153,8 @@ class _Step:
         given = None if grads is None else [wire(p.name, g) for p, g in zip(self.weights, grads)]
         self.session.update(given)
         self.pending = False
-        for p in self.params:
-            if p._version == self.versions[id(p)]:
-                p.__dict__["_stale"] = self
-
-    def _push_changed(self):
-        for p in self.params:
-            if p.__dict__.get("_stale", self) is not self:
-                p.asnumpy()  # another job's newer value
-        changed = [p for p in self.params if p._version != self.versions[id(p)]]
-        if changed:
-            self.session.load([wire(p.name, p._data) for p in changed])
-            self.versions.update({id(p): p._version for p in changed})
-
-    def pull(self):
-        """The ranks' parameters back into the Parameters (those not set since)."""
-        values = dict(unwire(e) for e in self.session.params())
-        for p in self.params:
-            if p.__dict__.get("_stale", self) is not self or p._version != self.versions[id(p)]:
-                continue
-            p.__dict__.pop("_stale", None)
-            if p.name in values:
-                p._set_from_job(values[p.name])
-            self.versions[id(p)] = p._version
+        self.applied = True
+        self.mark_stale()
 
 
 def _optimizer_wire(optimizer):
@@ -226,25 +213,45 @@ def apply_gradients(optimizer, grads):
         raise ValueError("The gradients given to the optimizer come from different functions' steps: give one step's gradients.")
     else:
         step = steps.pop()
+    cls = type(optimizer).__name__
     if {id(p) for p in optimizer.parameters} != {id(p) for p in step.weights}:
         raise ValueError(
-            f"For '{type(optimizer).__name__}', the gradients are of other parameters than the optimizer updates: give "
-            "value_and_grad the optimizer's parameters as its weights."
+            f"For '{cls}', the gradients are of other parameters than the optimizer updates: give value_and_grad the "
+            "optimizer's parameters as its weights."
         )
     if len(grads) != len(step.weights):
-        raise ValueError(f"The optimizer got {len(grads)} gradients for the {len(step.weights)} weights the function was differentiated by.")
-    untouched = all(isinstance(g, _Gradient) and g._step is step and g._at == step.step and g._name == p.name
+        raise ValueError(f"For '{cls}', {len(grads)} gradients were given for the {len(step.weights)} weights the function was differentiated by.")
+    # The optimizer's state lives on the ranks of the job that first applied it.
+    home = optimizer.__dict__.get("_functional_home")
+    home = home() if home is not None else None
+    if home is not None and home is not step and home.applied:
+        raise NotImplementedError(
+            f"For '{cls}', its state (moments, step count) lives in the job of the function and input shapes it first updated "
+            "with; autopar compiles a function once per input shapes: give every batch the same shape "
+            "(batch(..., drop_remainder=True)) and update with one function's gradients."
+        )
+    optimizer.__dict__["_functional_home"] = weakref.ref(step)
+    # Gradients untouched (never read, the step's own): the ranks apply their own pieces.
+    untouched = all(isinstance(g, _Gradient) and g._step is step and g._at == step.step and g._name == p.name and g._value is None
                     for g, p in zip(grads, step.weights))
     if untouched:
         step.apply(optimizer, None)
-    else:
-        step.apply(optimizer, [np.asarray(g.asnumpy() if isinstance(g, Tensor) else g, dtype=np.float32) for g in grads])
+        return True
+    values = []
+    for g, p in zip(grads, step.weights):
+        v = np.asarray(g.asnumpy() if isinstance(g, Tensor) else g)
+        if tuple(v.shape) != tuple(p.shape):
+            raise ValueError(f"For '{cls}', the gradient given for {p.name} has shape {tuple(v.shape)}, the parameter {tuple(p.shape)}.")
+        if v.dtype.kind != "f":
+            raise TypeError(f"For '{cls}', the gradient given for {p.name} is {v.dtype}, not a float.")
+        values.append(v)
+    step.apply(optimizer, values)
     return True
 
 
 # The last step compiled for each set of weights (by the ids of the optimizer's parameters), so
 # that gradients the script computed itself find their job.
-_LAST = {}
+_LAST = weakref.WeakValueDictionary()
 
 
 class _GradFunction:
@@ -263,7 +270,8 @@ class _GradFunction:
         loss = Tensor(np.array(step.gradients(arrays), dtype=np.float32))
         grads = _gradients(step)
         if self.has_aux:
-            aux = self.aux(*[Tensor(a) for a in arrays])
+            # The other outputs on the script's own inputs (a rank's shard of a sharded dataset).
+            aux = self.aux(*[a if isinstance(a, Tensor) else Tensor(a) for a in args])
             value = (loss,) + (aux if isinstance(aux, tuple) else (aux,))
         else:
             value = loss
@@ -286,6 +294,8 @@ def _check(what, fn, grad_position, weights):
     for p in items:
         if not isinstance(p, Parameter):
             raise TypeError(f"For '{what}', 'weights' must be Parameters, but got {type(p).__name__}.")
+        if not p.requires_grad:
+            raise ValueError(f"For '{what}', the weight {p.name} has requires_grad=False: differentiate by trainable parameters.")
     if isinstance(weights, Parameter):
         return [weights]
     return weights

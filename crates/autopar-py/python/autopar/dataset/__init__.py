@@ -116,19 +116,20 @@ class _Iterator:
     ``for epoch in ...: for row in it`` sees every epoch."""
 
     def __init__(self, dataset, convert):
-        self._dataset, self._convert, self._epoch, self._rows = dataset, convert, 0, None
+        self._dataset, self._convert, self._epoch, self._rows, self._shards = dataset, convert, 0, None, None
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        shards = self._dataset._shards()
         if self._rows is None:
-            if shards and shards > 1:
-                # Every shard's rows beside this one's: a tensor of a sharded dataset carries the
-                # job's global batch (every rank's rows joined in rank order), which the one
-                # process running all ranks computes on (value_and_grad's functions, as Model).
-                self._rows = zip(*[self._dataset._rows(r, self._epoch) for r in range(shards)])
+            # Every shard's rows beside this one's when the job reads them all: a tensor of a
+            # dataset sharded over the job's devices carries the job's global batch (every
+            # rank's rows joined in rank order), which the one process running all ranks trains
+            # on (value_and_grad's functions, a TrainOneStepCell called on it; Model alike).
+            self._shards = _job_shards(self._dataset)
+            if self._shards:
+                self._rows = zip(*[self._dataset._rows(r, self._epoch) for r in range(self._shards)])
             else:
                 self._rows = self._dataset._rows(None, self._epoch)
         try:
@@ -136,14 +137,41 @@ class _Iterator:
         except StopIteration:
             self._rows, self._epoch = None, self._epoch + 1
             raise
-        if not (shards and shards > 1):
+        if not self._shards:
             return self._convert(row)
         out = self._convert(row[self._dataset._source().shard_id])
-        whole = self._convert(tuple(np.concatenate(col) for col in zip(*row)))
-        for t, w in zip(out.values() if isinstance(out, dict) else out, whole.values() if isinstance(whole, dict) else whole):
-            if isinstance(t, Tensor):
-                t._global = (shards, w.asnumpy())
+        if _batched(self._dataset):
+            whole = self._convert(join_shards(row))
+            for t, w in zip(out.values() if isinstance(out, dict) else out, whole.values() if isinstance(whole, dict) else whole):
+                if isinstance(t, Tensor):
+                    t._global = (self._shards, w.asnumpy())
         return out
+
+
+def join_shards(rows):
+    """The job's global batch from every rank's batch (a row of columns each), in rank order."""
+    return tuple(np.concatenate(col) for col in zip(*rows))
+
+
+def _batched(dataset):
+    """Whether ``dataset``'s rows are batches (a ``batch`` in its pipeline)."""
+    while dataset is not None:
+        if isinstance(dataset, _Batch):
+            return True
+        dataset = dataset._parent
+    return False
+
+
+def _job_shards(dataset):
+    """The shards a job reads all of: the dataset's, when they are the parallel context's devices
+    (more than one) without ``full_batch``; else None."""
+    from .. import _context
+
+    shards = dataset._shards()
+    n = _context._device_num()
+    if not shards or shards < 2 or shards != n or bool(_context._PARALLEL.get("full_batch", False)):
+        return None
+    return shards
 
 
 class _Source(Dataset):

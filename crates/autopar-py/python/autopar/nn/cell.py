@@ -86,6 +86,10 @@ class Cell:
                 raise TypeError(f"{type(self).__name__}: autopar passes a called cell's inputs by position, but got {sorted(kwargs)}.")
             predictor, outs = run_network(self, args)
             return Tensor(outs[0]) if predictor.single else tuple(Tensor(o) for o in outs)
+        if "_trace_name" not in self.__dict__:
+            # A cell called at the top (by a forward function, not a parent's construct): its
+            # children take their names from it, as under Model.
+            _name_children(self)
         name = getattr(self, "_trace_name", "")
         with tracer.cell(name, self._pipeline_stage, self._recompute):
             for attr, prim in self._primitives.items():

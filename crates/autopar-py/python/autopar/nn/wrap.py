@@ -99,15 +99,32 @@ class MicroBatchInterleaved(Cell):
 
 
 class DistributedGradReducer(Cell):
-    """MindSpore's ``nn.DistributedGradReducer(parameters, mean=True, degree=None)``: the
-    gradients as they are, since autopar's ranks synchronise (and average, under
-    ``gradients_mean``) the gradients of ``value_and_grad``'s function themselves."""
+    """MindSpore's ``nn.DistributedGradReducer(parameters, mean=None, degree=None)``: in
+    data_parallel, the gradients summed over the ranks, divided by ``degree`` (the ranks, by
+    default) when ``mean`` (by default the context's ``gradients_mean``). autopar's ranks have
+    synchronised the gradients of ``value_and_grad``'s function already, summed or averaged as
+    the job's ``gradients_mean`` says (averaged in data_parallel unless set): the reducer passes
+    them through, or rescales them where its mean differs from the job's."""
 
     def __init__(self, parameters, mean=None, degree=None, fusion_type=1, group=None):
         super().__init__(auto_prefix=False)
+        from .. import _context
+
+        if degree is not None and (not isinstance(degree, int) or isinstance(degree, bool) or degree < 1):
+            raise ValueError(f"For 'DistributedGradReducer', 'degree' must be a positive int, but got {degree!r}.")
+        mode = str(_context._PARALLEL.get("parallel_mode", "stand_alone"))
+        given = _context._PARALLEL.get("gradients_mean")
+        job_mean = bool(given) if given is not None else mode == "data_parallel"
+        mean = bool(given) if mean is None else bool(mean)
+        n = degree or _context._device_num()
+        self._factor = 1.0
+        if mode == "data_parallel" and n > 1 and mean != job_mean:
+            self._factor = 1.0 / n if mean else float(n)
 
     def construct(self, grads):
         return grads
 
     def __call__(self, grads):
-        return grads
+        if self._factor == 1.0:
+            return grads
+        return tuple(g * self._factor for g in grads)

@@ -16,12 +16,46 @@ from ..nn.cell import Cell, _name_children
 from ..nn.optim import Optimizer, _Scheduled
 from ..amp import FixedLossScaleManager, LossScaleManager
 from ..nn.wrap import TrainOneStepCell, WithLossCell
+from ..dataset import join_shards
 from ._callback import RunContext, _Params
 
 __all__ = ["Model"]
 
 
-class _Job:
+class _Running:
+    """What a compiled job running on its devices shares with the script's Parameters: values
+    set since its last step go to the ranks (``_push_changed``); the ranks' newer values come
+    back on demand (``mark_stale``, then ``pull`` when a Parameter is read). ``params`` and
+    ``versions`` (each Parameter's version the ranks hold) are set by the job."""
+
+    def _push_changed(self):
+        for p in self.params:
+            if p.__dict__.get("_stale", self) is not self:
+                p.asnumpy()  # another job's newer value
+        changed = [p for p in self.params if p._version != self.versions[id(p)]]
+        if changed:
+            self.session.load([wire(p.name, p._data) for p in changed])
+            self.versions.update({id(p): p._version for p in changed})
+
+    def pull(self):
+        """The ranks' parameters back into the network's Parameters (those not set since)."""
+        values = dict(unwire(e) for e in self.session.params())
+        for p in self.params:
+            if p.__dict__.get("_stale", self) is not self or p._version != self.versions[id(p)]:
+                continue  # set by the user since the job last had it: the job takes it at its next step
+            p.__dict__.pop("_stale", None)
+            if p.name in values:
+                p._set_from_job(values[p.name])
+            self.versions[id(p)] = p._version
+
+    def mark_stale(self):
+        """The ranks hold newer values than the Parameters: read on demand (``asnumpy``)."""
+        for p in self.params:
+            if p._version == self.versions[id(p)]:
+                p.__dict__["_stale"] = self
+
+
+class _Job(_Running):
     """A compiled train network running on its devices."""
 
     def __init__(self, train_network, optimizer, columns, batch, loss_scale=None, amp=(None, None)):
@@ -92,33 +126,6 @@ class _Job:
         self._push_changed()
         return self.session.step([wire(n, a) for n, a in zip(self.columns, batch)])
 
-    def _push_changed(self):
-        for p in self.params:
-            if p.__dict__.get("_stale", self) is not self:
-                p.asnumpy()  # another job's newer value
-        changed = [p for p in self.params if p._version != self.versions[id(p)]]
-        if changed:
-            self.session.load([wire(p.name, p._data) for p in changed])
-            self.versions.update({id(p): p._version for p in changed})
-
-    def pull(self):
-        """The ranks' parameters back into the network's Parameters (those not set since)."""
-        values = dict(unwire(e) for e in self.session.params())
-        for p in self.params:
-            if p.__dict__.get("_stale", self) is not self or p._version != self.versions[id(p)]:
-                continue  # set by the user since the job last had it: the job takes it at its next step
-            p.__dict__.pop("_stale", None)
-            if p.name in values:
-                p._set_from_job(values[p.name])
-            self.versions[id(p)] = p._version
-
-    def mark_stale(self):
-        """The ranks hold newer values than the Parameters: read on demand (``asnumpy``)."""
-        for p in self.params:
-            if p._version == self.versions[id(p)]:
-                p.__dict__["_stale"] = self
-
-
 class _Predictor:
     """A network compiled for inference on inputs of given shapes, running on its devices."""
 
@@ -159,11 +166,7 @@ class _Predictor:
 
 
 def _as_arrays(data):
-    """Values as a job takes them (a tensor of a dataset sharded over the job's devices: the
-    global batch, as ``value_and_grad``'s functions take it)."""
-    from .._functional import job_arrays
-
-    return job_arrays(data)
+    return [np.asarray(d.asnumpy() if isinstance(d, Tensor) else d) for d in data]
 
 
 def predictor_for(network, arrays, names=None):
@@ -183,7 +186,10 @@ def train_step(cell, data):
     """One training step of a ``TrainOneStepCell`` called on values: compiled into a training
     job once (kept on the cell), the step's loss returned; the parameters are read back when
     asked for."""
-    arrays = _as_arrays(data)
+    from .._functional import job_arrays
+
+    # A tensor of a dataset sharded over the job's devices: the global batch, every rank's rows.
+    arrays = job_arrays(data)
     job = cell.__dict__.get("_job")
     if job is None:
         names = [f"input{i}" for i in range(len(arrays))]
@@ -423,7 +429,7 @@ class Model:
             yield from dataset._rows(None, epoch)
             return
         for rows in zip(*[dataset._rows(r, epoch) for r in range(n)]):
-            yield tuple(np.concatenate(col) for col in zip(*rows))
+            yield join_shards(rows)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False):
         """The metrics given to ``Model`` over ``valid_dataset``: the network's outputs (and the
