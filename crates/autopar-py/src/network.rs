@@ -364,6 +364,13 @@ fn optimizer(name: &str, lr: &[f64], spec: &BTreeMap<String, f64>, groups: &[Gro
 pub struct Session {
     ranks: LocalRanks,
     layouts: Vec<(String, autopar::layout::ParameterLayout)>,
+    /// The prefixes of the engine's optimizer state entries (`moments.`), in its order.
+    state_prefixes: Vec<String>,
+}
+
+/// The state prefixes of the optimizers `make` makes.
+fn state_prefixes_of(make: &MakeOptimizer) -> PyResult<Vec<String>> {
+    Ok(make().map_err(|e| PyValueError::new_err(e.to_string()))?.state_prefixes().iter().map(|p| p.to_string()).collect())
 }
 
 #[pymethods]
@@ -487,8 +494,32 @@ impl Session {
         groups: Vec<Group>,
     ) -> PyResult<()> {
         let make = optimizer(kind, &learning_rate, &hyper, &groups)?;
+        self.state_prefixes = state_prefixes_of(&make)?;
         let ranks = &mut self.ranks;
         py.detach(|| ranks.set_optimizer(make)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The prefixes of the engine's optimizer state entries, in its order (`["moments."]`).
+    fn optimizer_prefixes(&self) -> Vec<String> {
+        self.state_prefixes.clone()
+    }
+
+    /// The optimizer's state, whole, by the engine's keys (`moments.w`), and its updates.
+    fn optimizer_state(&mut self, py: Python<'_>) -> PyResult<(Vec<Wire>, u64)> {
+        let ranks = &mut self.ranks;
+        let (state, steps) = py.detach(|| ranks.optimizer_state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        Ok((state.iter().map(|(k, t)| wire(k, t)).collect::<PyResult<_>>()?, steps))
+    }
+
+    /// Resumes the optimizer: its state from whole values (by the engine's keys) and `steps`
+    /// updates taken.
+    fn load_optimizer_state(&mut self, py: Python<'_>, state: Vec<Wire>, steps: u64) -> PyResult<()> {
+        let mut store = ParamStore::new();
+        for w in &state {
+            store.insert(&w.0, tensor(w)?);
+        }
+        let ranks = &mut self.ranks;
+        py.detach(|| ranks.load_optimizer_state(store, steps)).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     /// The full parameters, assembled from the ranks' pieces.
@@ -576,8 +607,12 @@ impl Session {
         for (path, file) in files {
             file.save(&path).map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))?;
         }
+        let state_prefixes = match &make_opt {
+            Some(make) => state_prefixes_of(make)?,
+            None => Vec::new(),
+        };
         let ranks = py.detach(|| LocalRanks::start(job, Some(full), make_opt)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        Ok(Self { ranks, layouts })
+        Ok(Self { ranks, layouts, state_prefixes })
     }
 
     fn params_store(&mut self, py: Python<'_>) -> PyResult<ParamStore> {

@@ -242,9 +242,10 @@ pub enum RuntimeError {
     #[error("the ranks have no optimizer to apply the gradients with\nhint: give the job an optimizer before its first update")]
     NoOptimizer,
 
-    /// Gradients a caller gave for an update ([`crate::RankTrainer::gradient_pieces`]) miss a
-    /// trainable parameter or have another shape than it.
-    #[error("the gradients given for the update: {name}: {problem}\nhint: give one gradient per trainable parameter, of the parameter's whole shape, as the backward pass returns them")]
+    /// Gradients or optimizer state a caller gave ([`crate::RankTrainer::gradient_pieces`],
+    /// [`crate::RankTrainer::load_optimizer_state`]) miss a trainable parameter or have another
+    /// shape than it.
+    #[error("the values given for the update: {name}: {problem}\nhint: give one whole value per trainable parameter (a gradient, an optimizer state entry), of the parameter's shape")]
     BadGradient {
         /// The parameter's name.
         name: String,

@@ -73,6 +73,8 @@ enum Command {
     Grads,
     Update(Option<std::sync::Arc<ParamStore>>),
     SetOptimizer(MakeOptimizer),
+    OptimizerState,
+    LoadOptimizerState(std::sync::Arc<(ParamStore, u64)>),
     Predict(std::sync::Arc<Vec<(String, Tensor)>>),
     Load(std::sync::Arc<ParamStore>),
     LossScale(LossScale),
@@ -86,7 +88,12 @@ enum Answer {
     Outputs(Option<Vec<Tensor>>),
     Loaded,
     Params(Box<ParamStore>),
+    State(Box<RankState>),
 }
+
+/// A rank's optimizer state, its parameters (standing in for state it lacks), its state
+/// prefixes and its updates.
+type RankState = (ParamStore, ParamStore, Vec<String>, u64);
 
 /// The ranks of a job kept running as threads of this process between calls, stepped one
 /// global batch at a time by a driver that decides each batch as it goes (the Python front
@@ -202,6 +209,15 @@ impl LocalRanks {
                             }
                             .map(|()| Answer::Loaded)
                         }
+                        Command::OptimizerState => {
+                            let opt = opt.as_ref().ok_or(RuntimeError::NoOptimizer)?;
+                            let prefixes = opt.state_prefixes().iter().map(|p| p.to_string()).collect();
+                            Ok(Answer::State(Box::new((opt.state().clone(), t.params().clone(), prefixes, opt.steps()))))
+                        }
+                        Command::LoadOptimizerState(given) => {
+                            let opt = opt.as_mut().ok_or(RuntimeError::NoOptimizer)?;
+                            t.load_optimizer_state(opt.as_mut(), &given.0, given.1).map(|()| Answer::Loaded)
+                        }
                         Command::SetOptimizer(make) => {
                             opt = Some(make()?);
                             Ok(Answer::Loaded)
@@ -296,6 +312,54 @@ impl LocalRanks {
     pub fn update(&mut self, given: Option<ParamStore>) -> Result<()> {
         let given = given.map(std::sync::Arc::new);
         self.send(|| Command::Update(given.clone()))?;
+        self.collect(|_| Ok(()))
+    }
+
+    /// The optimizer's state, whole (by state key: `moments.w`, assembled from the ranks'
+    /// pieces; empty before the first update), and the updates it has taken.
+    pub fn optimizer_state(&mut self) -> Result<(ParamStore, u64)> {
+        self.send(|| Command::OptimizerState)?;
+        let mut answers: Vec<Option<RankState>> = (0..self.n).map(|_| None).collect();
+        self.collect(|(rank, a)| {
+            if let Answer::State(s) = a {
+                answers[rank] = Some(*s);
+            }
+            Ok(())
+        })?;
+        let answers: Vec<RankState> = answers.into_iter().flatten().collect();
+        let Some((_, _, prefixes, steps)) = answers.first().cloned() else { return Ok((ParamStore::new(), 0)) };
+        let mut whole = ParamStore::new();
+        for prefix in &prefixes {
+            // Each state entry has its parameter's layout: assembled as the parameters are.
+            let stores: Vec<ParamStore> = answers
+                .iter()
+                .map(|(state, params, _, _)| {
+                    let mut s = params.clone();
+                    for (key, t) in state.iter() {
+                        if let Some(name) = key.strip_prefix(prefix.as_str()) {
+                            s.insert(name, t.clone());
+                        }
+                    }
+                    s
+                })
+                .collect();
+            let held: std::collections::BTreeSet<&str> =
+                answers.iter().flat_map(|(state, ..)| state.iter().filter_map(|(k, _)| k.strip_prefix(prefix.as_str()))).collect();
+            let assembled = assemble_params(&self.job, &stores)?;
+            for name in held {
+                if let Some(t) = assembled.get(name) {
+                    whole.insert(&format!("{prefix}{name}"), t.clone());
+                }
+            }
+        }
+        Ok((whole, steps))
+    }
+
+    /// Every rank's optimizer state from whole tensors (by state key; each rank takes its
+    /// pieces of those it keeps), the optimizer advanced to `steps` updates: a resumed one.
+    pub fn load_optimizer_state(&mut self, state: ParamStore, steps: u64) -> Result<()> {
+        let given = std::sync::Arc::new((state, steps));
+        self.send(|| Command::LoadOptimizerState(given.clone()))?;
         self.collect(|_| Ok(()))
     }
 

@@ -476,17 +476,49 @@ impl RankTrainer {
             .grads
             .iter()
             .map(|name| {
-                let slot = self.program.program.param(name).ok_or_else(|| RuntimeError::MissingParameter { name: name.clone() })?;
                 let bad = |problem: String| RuntimeError::BadGradient { name: name.clone(), problem };
                 let t = full.get(name).ok_or_else(|| bad("no gradient was given for this trainable parameter".into()))?;
-                if t.shape() != slot.layout.shape() {
-                    return Err(bad(format!("the gradient has shape {:?}, the parameter {:?}", t.shape(), slot.layout.shape())));
-                }
-                let piece = slice_tensor(t, &slot.slice)?;
-                let dtype = self.params.get(name).map_or(piece.dtype(), Tensor::dtype);
-                Ok((name.clone(), piece.cast(dtype)))
+                Ok((name.clone(), self.piece_like(name, t).map_err(bad)?))
             })
             .collect()
+    }
+
+    /// The rank's piece of `whole`, a tensor shaped like parameter `name` (its gradient, an
+    /// optimizer state entry), in the dtype of the rank's piece of the parameter; Err: why not.
+    fn piece_like(&self, name: &str, whole: &Tensor) -> std::result::Result<Tensor, String> {
+        let slot = self.program.program.param(name).ok_or_else(|| format!("the job has no parameter {name}"))?;
+        if whole.shape() != slot.layout.shape() {
+            return Err(format!("the value has shape {:?}, the parameter {:?}", whole.shape(), slot.layout.shape()));
+        }
+        let piece = slice_tensor(whole, &slot.slice).map_err(|e| e.to_string())?;
+        let dtype = self.params.get(name).map_or(piece.dtype(), Tensor::dtype);
+        Ok(piece.cast(dtype))
+    }
+
+    /// Sets `opt`'s state from whole tensors (`state`, by state key: `moments.w`), each the
+    /// rank's piece of it, for every trainable parameter the rank stores whose keys `state`
+    /// has, and advances `opt` to `steps` updates (its learning-rate schedule and Adam's bias
+    /// correction): a resumed optimizer. An optimizer past `steps` is refused.
+    pub fn load_optimizer_state(&self, opt: &mut dyn Optimizer, state: &ParamStore, steps: u64) -> Result<()> {
+        if opt.steps() > steps {
+            return Err(RuntimeError::BadGradient {
+                name: "global_step".into(),
+                problem: format!("the optimizer has taken {} updates, more than the {steps} of the state given", opt.steps()),
+            });
+        }
+        for name in &self.program.grads {
+            for key in opt.state_keys(name) {
+                if let Some(t) = state.get(&key) {
+                    let piece = self.piece_like(name, t).map_err(|problem| RuntimeError::BadGradient { name: key.clone(), problem })?;
+                    opt.state_mut().insert(&key, piece);
+                }
+            }
+        }
+        let mut none = ParamStore::new();
+        while opt.steps() < steps {
+            opt.step(&mut none, &[])?;
+        }
+        Ok(())
     }
 
     /// The step without its update: every micro-batch's forward and backward, then the

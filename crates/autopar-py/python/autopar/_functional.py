@@ -150,6 +150,9 @@ class _Step(_Running):
             kind, lr, hyper, groups, _ = _optimizer_wire(optimizer)
             self.session.set_optimizer(kind, lr, hyper, groups)
             self.optimizer = optimizer
+        pending = optimizer.__dict__.pop("_pending_state", None)
+        if pending is not None:
+            self._load_optimizer_state(*pending)
         given = None if grads is None else [wire(p.name, g) for p, g in zip(self.weights, grads)]
         self.session.update(given)
         self.pending = False

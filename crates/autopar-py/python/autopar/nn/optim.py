@@ -119,6 +119,41 @@ class Optimizer:
             )
         return True
 
+    def _checkpoint_extra(self, steps):
+        """The scalars MindSpore's checkpoint of this optimizer holds beside its state, after
+        ``steps`` updates: ``global_step``, ``learning_rate`` (the list of a dynamic rate)."""
+        lr = self.learning_rate
+        return {
+            "global_step": np.array([steps], np.int32),
+            "learning_rate": np.array(lr[0] if len(lr) == 1 else list(lr), np.float32),
+        }
+
+    def _load_state(self, parameter_dict):
+        """``load_param_into_net(optimizer, parameter_dict)``: the state entries of its parameters
+        (MindSpore's names, ``moments.w``) and ``global_step``, given to the ranks of the job it
+        next updates; returns (its entries not found, the dict's entries used)."""
+        state, used, missing = {}, set(), []
+        for prefix in self._state_prefixes:
+            for p in self.parameters:
+                key = prefix + p.name
+                if key in parameter_dict:
+                    value = np.asarray(parameter_dict[key].asnumpy() if hasattr(parameter_dict[key], "asnumpy") else parameter_dict[key])
+                    if tuple(value.shape) != tuple(p.shape):
+                        raise RuntimeError(
+                            f"For 'load_param_into_net', {key} has shape {tuple(value.shape)}, but the parameter {p.name} {tuple(p.shape)}."
+                        )
+                    state[key] = value
+                    used.add(key)
+                else:
+                    missing.append(key)
+        steps = 0
+        if "global_step" in parameter_dict:
+            g = parameter_dict["global_step"]
+            steps = int(np.asarray(g.asnumpy() if hasattr(g, "asnumpy") else g).ravel()[0])
+            used.add("global_step")
+        self.__dict__["_pending_state"] = (state, steps)
+        return missing, used
+
     def _groups_wire(self):
         """The groups as the engine takes them: (names, learning rate or None, weight decay)."""
         return [([p.name for p in members], lr, wd) for members, lr, wd in self.groups]
@@ -144,6 +179,11 @@ class Momentum(Optimizer):
     _kind = "Momentum"
     _state_prefixes = ["moments."]
 
+    def _checkpoint_extra(self, steps):
+        extra = super()._checkpoint_extra(steps)
+        extra["momentum"] = np.array(self.hyper["momentum"], np.float32)
+        return extra
+
     def __init__(self, params, learning_rate, momentum, weight_decay=0.0, loss_scale=1.0, use_nesterov=False):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
         self.hyper.update(momentum=_number("Momentum", "momentum", momentum), nesterov=float(bool(use_nesterov)))
@@ -152,6 +192,12 @@ class Momentum(Optimizer):
 class Adam(Optimizer):
     _kind = "Adam"
     _state_prefixes = ["moment1.", "moment2."]
+
+    def _checkpoint_extra(self, steps):
+        extra = super()._checkpoint_extra(steps)
+        extra["beta1_power"] = np.array(np.float32(self.hyper["beta1"]) ** steps, np.float32)
+        extra["beta2_power"] = np.array(np.float32(self.hyper["beta2"]) ** steps, np.float32)
+        return extra
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, use_locking=False, use_nesterov=False,
                  weight_decay=0.0, loss_scale=1.0, use_amsgrad=False, **kwargs):

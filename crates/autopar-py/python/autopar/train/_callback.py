@@ -179,6 +179,11 @@ class ModelCheckpoint(Callback):
                 append.update(item)
             else:
                 raise ValueError(f"For 'CheckpointConfig', 'append_info' holds 'epoch_num', 'step_num' or dicts, but got {item!r}.")
+        if self._config.saved_network is None:
+            # The train network's checkpoint holds the optimizer's state too, as MindSpore's does.
+            saver = getattr(cb, "_optimizer_checkpoint", None)
+            state = saver() if saver is not None else {}
+            append = {**state, **append}
         save_checkpoint(network, path, append_dict=append or None)
         self._saved.append(path)
         keep = self._config.keep_checkpoint_max

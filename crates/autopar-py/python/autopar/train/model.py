@@ -26,9 +26,17 @@ class _Running:
     """What a compiled job running on its devices shares with the script's Parameters: values
     set since its last step go to the ranks (``_push_changed``); the ranks' newer values come
     back on demand (``mark_stale``, then ``pull`` when a Parameter is read). ``params`` and
-    ``versions`` (each Parameter's version the ranks hold) are set by the job."""
+    ``versions`` (each Parameter's version the ranks hold) are set by the job, and
+    ``optimizer`` (the optimizer its ranks apply), whose state ``load_param_into_net`` gave
+    goes to the ranks before their next step, and comes back for checkpoints
+    (``optimizer_checkpoint``)."""
+
+    optimizer = None
 
     def _push_changed(self):
+        pending = self.optimizer.__dict__.pop("_pending_state", None) if self.optimizer is not None else None
+        if pending is not None:
+            self._load_optimizer_state(*pending)
         for p in self.params:
             if p.__dict__.get("_stale", self) is not self:
                 p.asnumpy()  # another job's newer value
@@ -47,6 +55,35 @@ class _Running:
             if p.name in values:
                 p._set_from_job(values[p.name])
             self.versions[id(p)] = p._version
+
+    def _engine_keys(self):
+        """MindSpore's state prefix of each of the engine's (``moment1.`` for ``adam_m.``)."""
+        return dict(zip(self.session.optimizer_prefixes(), self.optimizer._state_prefixes))
+
+    def _load_optimizer_state(self, state, steps):
+        engine = {ms: e for e, ms in self._engine_keys().items()}
+        wires = []
+        for key, value in state.items():
+            prefix = next((ms for ms in engine if key.startswith(ms)), None)
+            if prefix is not None:
+                wires.append(wire(engine[prefix] + key[len(prefix):], value))
+        self.session.load_optimizer_state(wires, steps)
+
+    def optimizer_checkpoint(self):
+        """The optimizer's entries of a MindSpore checkpoint: its state (MindSpore's names,
+        ``moments.w``), ``global_step``, ``learning_rate`` and the optimizer's own scalars."""
+        if self.optimizer is None:
+            return {}
+        state, steps = self.session.optimizer_state()
+        names = self._engine_keys()
+        out = {}
+        for entry in state:
+            key, value = unwire(entry)
+            prefix = next((e for e in names if key.startswith(e)), None)
+            if prefix is not None:
+                out[names[prefix] + key[len(prefix):]] = value
+        out.update(self.optimizer._checkpoint_extra(steps))
+        return out
 
     def mark_stale(self):
         """The ranks hold newer values than the Parameters: read on demand (``asnumpy``)."""
@@ -100,6 +137,7 @@ class _Job(_Running):
                     f"Parameter {p.name} is layerwise_parallel: autopar's front end plans the whole network (hybrid_parallel's "
                     "rank-by-rank networks are built with the Rust API)."
                 )
+        self.optimizer = optimizer
         self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, optimizer._kind,
                                        optimizer.learning_rate, optimizer.hyper, optimizer._groups_wire(), optimizer._state_prefixes,
                                        self.micro, loss_scale, *amp)
@@ -336,6 +374,7 @@ class Model:
         cb.net_outputs = None
         cb.loss_fn, cb.dataset_sink_mode, cb.list_callback = self._loss_fn, dataset_sink_mode, callbacks
         cb._sync_params = self._pull
+        cb._optimizer_checkpoint = lambda: self._job.optimizer_checkpoint() if self._job is not None else {}
         run = RunContext(cb)
         for c in callbacks:
             c.on_train_begin(run)

@@ -44,14 +44,23 @@ def load_checkpoint(ckpt_file_name, net=None, strict_load=False, filter_prefix=N
 
 
 def load_param_into_net(net, parameter_dict, strict_load=False, remove_redundancy=False):
-    """Sets every parameter of ``net`` named in ``parameter_dict``; returns (the network's
-    parameters not loaded, the dict's entries not used)."""
+    """Sets every parameter of ``net`` named in ``parameter_dict`` (of an optimizer: its state,
+    resumed on the ranks of the job it next updates); returns (the network's parameters not
+    loaded, the dict's entries not used)."""
     from ..nn.cell import Cell
+    from ..nn.optim import Optimizer
 
-    if not isinstance(net, Cell):
-        raise TypeError(f"For 'load_param_into_net', 'net' must be a Cell, but got {type(net)}.")
     if not isinstance(parameter_dict, dict):
         raise TypeError(f"For 'load_param_into_net', 'parameter_dict' must be a dict, but got {type(parameter_dict)}.")
+    if isinstance(net, Optimizer):
+        # The optimizer's state (MindSpore's names) and global_step: given to the ranks of the
+        # job it next updates, which resumes it there.
+        missing, used = net._load_state(parameter_dict)
+        if strict_load and missing:
+            raise RuntimeError(f"For 'load_param_into_net', these optimizer states were not loaded: {missing}.")
+        return missing, [k for k in parameter_dict if k not in used]
+    if not isinstance(net, Cell):
+        raise TypeError(f"For 'load_param_into_net', 'net' must be a Cell or an optimizer, but got {type(net)}.")
     not_loaded = []
     used = set()
     for name, p in net.parameters_dict().items():
