@@ -400,21 +400,13 @@ impl Session {
         amp_level: Option<&str>,
         amp_dtype: Option<&str>,
     ) -> PyResult<Self> {
-        let bad = |e: autopar::graph::GraphError| PyValueError::new_err(e.to_string());
-        let level: autopar::graph::AmpLevel = amp_level.unwrap_or("O0").parse().map_err(bad)?;
-        let precision = match level {
-            autopar::graph::AmpLevel::O0 => autopar::graph::Precision::default(),
-            level => {
-                let dtype = autopar::graph::precision::half_dtype(amp_dtype.unwrap_or("f16")).map_err(bad)?;
-                autopar::graph::Precision::new(level, dtype).map_err(bad)?
-            }
-        };
+        let precision = precision(amp_level, amp_dtype)?;
         let make_opt = optimizer(optimizer_kind, &learning_rate, &hyper, &groups)?;
         let scale: autopar::runtime::LossScale = match loss_scale {
             Some(s) => s.parse().map_err(|e: autopar::runtime::loss_scale::BadLossScale| PyValueError::new_err(e.to_string()))?,
             None => autopar::runtime::LossScale::None,
         };
-        let mut session = Self::start(py, network, &[loss], context, params, Some((make_opt, micro_batches, state_prefixes, precision)))?;
+        let mut session = Self::start(py, network, &[loss], context, params, Ok((make_opt, micro_batches, state_prefixes, precision)))?;
         if scale.is_on() {
             let ranks = &mut session.ranks;
             py.detach(|| ranks.set_loss_scale(scale)).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -431,8 +423,17 @@ impl Session {
     /// An inference job: `network` with its outputs `outputs`, planned under `context` and
     /// started from `params` (one micro-batch per pipeline stage).
     #[staticmethod]
-    fn inference(py: Python<'_>, network: &mut Network, outputs: Vec<usize>, context: &str, params: Vec<Wire>) -> PyResult<Self> {
-        Self::start(py, network, &outputs, context, params, None)
+    #[pyo3(signature = (network, outputs, context, params, amp_level=None, amp_dtype=None))]
+    fn inference(
+        py: Python<'_>,
+        network: &mut Network,
+        outputs: Vec<usize>,
+        context: &str,
+        params: Vec<Wire>,
+        amp_level: Option<&str>,
+        amp_dtype: Option<&str>,
+    ) -> PyResult<Self> {
+        Self::start(py, network, &outputs, context, params, Err(precision(amp_level, amp_dtype)?))
     }
 
     /// The network's outputs on the global batch `batch`, whole (an inference job).
@@ -562,15 +563,16 @@ impl Session {
 }
 
 impl Session {
-    /// Plans the network with `outputs` (a training job's loss when `train` gives its optimizer
-    /// and micro-batches) and starts its ranks from `params`.
+    /// Plans the network with `outputs` (a training job's loss when `train` gives its optimizer,
+    /// micro-batches, state names and precision; an inference job's outputs in the precision
+    /// `Err` gives) and starts its ranks from `params`.
     fn start(
         py: Python<'_>,
         network: &mut Network,
         outputs: &[usize],
         context: &str,
         params: Vec<Wire>,
-        train: Option<(MakeOptimizer, Option<usize>, Vec<String>, autopar::graph::Precision)>,
+        train: std::result::Result<Training, autopar::graph::Precision>,
     ) -> PyResult<Self> {
         let mut b = network.b.take().ok_or_else(|| PyRuntimeError::new_err("this network was already handed to a job"))?;
         for &o in outputs {
@@ -581,7 +583,7 @@ impl Session {
         let mut full = ParamStore::init(&graph).map_err(graph_err)?;
         set_values(&mut full, &params)?;
         let (job, make_opt, prefixes) = match train {
-            Some((make_opt, micro_batches, prefixes, precision)) => {
+            Ok((make_opt, micro_batches, prefixes, precision)) => {
                 let loss = NodeId(outputs[0]);
                 let job = Job::assemble(&autopar::parallel::JobRequest {
                     micro_batches,
@@ -590,7 +592,15 @@ impl Session {
                 });
                 (job, Some(make_opt), prefixes)
             }
-            None => (Job::inference(&graph, &ctx, autopar::parallel::default_micro_batches(&ctx)), None, Vec::new()),
+            Err(precision) => {
+                let micro_batches = Some(autopar::parallel::default_micro_batches(&ctx));
+                let job = Job::assemble(&autopar::parallel::JobRequest {
+                    micro_batches,
+                    precision,
+                    ..autopar::parallel::JobRequest::new(&graph, None, &ctx)
+                });
+                (job, None, Vec::new())
+            }
         };
         let job = job.map_err(graph_err)?;
         let plan = job.plan();
@@ -619,6 +629,23 @@ impl Session {
         let ranks = &mut self.ranks;
         py.detach(|| ranks.params()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
+}
+
+/// What a training session is started with: the optimizer, micro-batches, the optimizer
+/// state's names and the precision.
+type Training = (MakeOptimizer, Option<usize>, Vec<String>, autopar::graph::Precision);
+
+/// The precision policy of `amp_level` (O0 when None) and `amp_dtype` (f16 when None).
+fn precision(amp_level: Option<&str>, amp_dtype: Option<&str>) -> PyResult<autopar::graph::Precision> {
+    let bad = |e: autopar::graph::GraphError| PyValueError::new_err(e.to_string());
+    let level: autopar::graph::AmpLevel = amp_level.unwrap_or("O0").parse().map_err(bad)?;
+    Ok(match level {
+        autopar::graph::AmpLevel::O0 => autopar::graph::Precision::default(),
+        level => {
+            let dtype = autopar::graph::precision::half_dtype(amp_dtype.unwrap_or("f16")).map_err(bad)?;
+            autopar::graph::Precision::new(level, dtype).map_err(bad)?
+        }
+    })
 }
 
 /// `values` set into `store` (each a parameter it holds, of its shape), cast to the parameter's

@@ -219,6 +219,18 @@ def test_amp_levels_train_in_half_precision_with_float32_parameters(context):
     for level in ("O1", "O2", "O3"):
         assert losses[level] != losses["O0"], f"{level} computes in half precision"
         assert np.allclose(losses[level], losses["O0"], rtol=0.02), (level, losses[level], losses["O0"])
+    # Evaluation and prediction run in the Model's precision too (outputs in float32).
+    x = ms.Tensor(np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32))
+    predicted = {}
+    for level in ("O0", "O3"):
+        net = Tiny()
+        model = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), nn.SGD(net.trainable_params(), 0.5),
+                         metrics={"loss"}, amp_level=level)
+        predicted[level] = model.predict(x).asnumpy()
+        assert predicted[level].dtype == np.float32
+        assert model.eval(tiny_data())["loss"] > 0
+    assert not np.array_equal(predicted["O3"], predicted["O0"]), "O3 predicts in half precision"
+    np.testing.assert_allclose(predicted["O3"], predicted["O0"], rtol=0.02, atol=1e-3)
     with pytest.raises(NotImplementedError, match="keep_batchnorm_fp32"):
         ms.Model(Tiny(), nn.SoftmaxCrossEntropyWithLogits(sparse=True), nn.SGD(Tiny().trainable_params(), 0.5), amp_level="O2",
                  keep_batchnorm_fp32=False)

@@ -164,10 +164,12 @@ class _Job(_Running):
         self._push_changed()
         return self.session.step([wire(n, a) for n, a in zip(self.columns, batch)])
 
-class _Predictor:
-    """A network compiled for inference on inputs of given shapes, running on its devices."""
 
-    def __init__(self, network, names, arrays):
+class _Predictor(_Running):
+    """A network compiled for inference on inputs of given shapes, running on its devices (in
+    the precision ``amp``, the engine's (level, half type) names, as ``Model``'s)."""
+
+    def __init__(self, network, names, arrays, amp=(None, None)):
         # A pipeline's inference runs one micro-batch per stage: the network is compiled for one.
         stages = int(_context._PARALLEL.get("pipeline_stages", 1) or 1)
         if stages > 1 and arrays:
@@ -188,17 +190,12 @@ class _Predictor:
         self.params = [p for _, p in tracer.params.values()]
         wires = [wire(p.name, p.asnumpy()) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
         self.names = list(names)
-        self.session = _native.Session.inference(tracer.network, [o._node for o in outs], _context._job_context(), wires)
+        self.session = _native.Session.inference(tracer.network, [o._node for o in outs], _context._job_context(), wires, *amp)
         self.versions = {id(p): p._version for p in self.params}
         self.layouts = {k: list(v) for k, v in self.session.layouts().items() if k not in self.names}
 
     def __call__(self, arrays):
-        for p in self.params:
-            p.asnumpy()  # a training job's newer values first
-        changed = [p for p in self.params if p._version != self.versions[id(p)]]
-        if changed:
-            self.session.load([wire(p.name, p._data) for p in changed])
-            self.versions.update({id(p): p._version for p in changed})
+        self._push_changed()  # a training job's newer values, and the script's
         outs = [unwire(e)[1] for e in self.session.predict([wire(n, a) for n, a in zip(self.names, arrays)])]
         return outs
 
@@ -207,15 +204,15 @@ def _as_arrays(data):
     return [np.asarray(d.asnumpy() if isinstance(d, Tensor) else d) for d in data]
 
 
-def predictor_for(network, arrays, names=None):
+def predictor_for(network, arrays, names=None, amp=(None, None)):
     """``network`` compiled for inference on inputs like ``arrays``: once per input shapes, the
-    parallel context and the train flag, kept on the cell."""
+    parallel context, the train flag and the precision, kept on the cell."""
     names = names or [f"input{i}" for i in range(len(arrays))]
-    key = (tuple(names), tuple((a.shape, str(a.dtype)) for a in arrays), _context._job_context(), network.training)
+    key = (tuple(names), tuple((a.shape, str(a.dtype)) for a in arrays), _context._job_context(), network.training, tuple(amp))
     cache = network.__dict__.setdefault("_predictors", {})
     predictor = cache.get(key)
     if predictor is None:
-        predictor = cache[key] = _Predictor(network, names, arrays)
+        predictor = cache[key] = _Predictor(network, names, arrays, amp)
         network._parameter_layout_dict.update(predictor.layouts)
     return predictor
 
@@ -238,11 +235,11 @@ def train_step(cell, data):
     return Tensor(np.array(loss / job.loss_elements, dtype=np.float32))
 
 
-def run_network(network, data, names=None):
+def run_network(network, data, names=None, amp=(None, None)):
     """The outputs of ``network`` on ``data`` (arrays or Tensors), run on the parallel
-    context's devices."""
+    context's devices (in the precision ``amp``)."""
     arrays = _as_arrays(data)
-    predictor = predictor_for(network, arrays, names)
+    predictor = predictor_for(network, arrays, names, amp)
     return predictor, predictor(arrays)
 
 
@@ -492,9 +489,9 @@ class Model:
         for batch in self._global_batches(valid_dataset, 0, n, full_batch):
             data, label = batch[:-1], batch[-1]
             if self._loss_fn is not None:
-                _, (loss, logits) = run_network(eval_net, list(data) + [label], columns)
+                _, (loss, logits) = run_network(eval_net, list(data) + [label], columns, self._amp)
             else:
-                _, outs = run_network(eval_net, data, columns[:-1])
+                _, outs = run_network(eval_net, data, columns[:-1], self._amp)
                 loss, logits = None, outs[0]
             for m in metrics.values():
                 m._feed(logits, label, loss)
@@ -504,5 +501,5 @@ class Model:
         """The network's output on ``predict_data`` (a Tensor, or a tuple for several outputs)."""
         self._pull()
         self._network.set_train(False)
-        predictor, outs = run_network(self._network, predict_data)
+        predictor, outs = run_network(self._network, predict_data, amp=self._amp)
         return Tensor(outs[0]) if predictor.single else tuple(Tensor(o) for o in outs)
