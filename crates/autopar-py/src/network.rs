@@ -513,8 +513,9 @@ impl Session {
     }
 
     /// Resumes the optimizer: its state from whole values (by the engine's keys) and `steps`
-    /// updates taken.
-    fn load_optimizer_state(&mut self, py: Python<'_>, state: Vec<Wire>, steps: u64) -> PyResult<()> {
+    /// updates taken (None: its own count kept).
+    #[pyo3(signature = (state, steps=None))]
+    fn load_optimizer_state(&mut self, py: Python<'_>, state: Vec<Wire>, steps: Option<u64>) -> PyResult<()> {
         let mut store = ParamStore::new();
         for w in &state {
             store.insert(&w.0, tensor(w)?);

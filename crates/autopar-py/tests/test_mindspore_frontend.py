@@ -718,3 +718,28 @@ def test_a_model_checkpoint_holds_the_optimizer_state_and_resumes_it(tmp_path, c
     ms.load_param_into_net(net, saved)
     m.train(1, tiny_data())
     assert not np.allclose(net.w.asnumpy(), whole, rtol=1e-6, atol=1e-7)
+
+
+def test_sgd_and_momentum_checkpoints_hold_mindspores_keys_and_an_earlier_step_loads_into_a_trained_optimizer(tmp_path, context):
+    from autopar.train import ModelCheckpoint, CheckpointConfig
+
+    for make, keys in [(lambda ps: nn.SGD(ps, 0.1, momentum=0.9), {"accum.w", "stat.w", "momentum"}),
+                       (lambda ps: nn.Momentum(ps, 0.1, 0.9), {"moments.w", "momentum"})]:
+        net = Tiny()
+        opt = make(net.trainable_params())
+        m = ms.Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt)
+        cfg = CheckpointConfig(save_checkpoint_steps=2, keep_checkpoint_max=10)
+        m.train(1, tiny_data(), callbacks=[ModelCheckpoint(prefix="s", directory=str(tmp_path), config=cfg)])
+        early = ms.load_checkpoint(str(tmp_path / "s-1_2.ckpt"))
+        assert keys | {"w", "global_step", "learning_rate"} <= set(early), sorted(early)
+        # Moved back to step 2 on the same running Model: its next steps are those after step 2.
+        ms.load_param_into_net(net, early, strict_load=True)
+        assert ms.load_param_into_net(opt, early, strict_load=True)[0] == []
+        m.train(1, tiny_data())
+        again = net.w.asnumpy().copy()
+        fresh = Tiny()
+        fresh_opt = make(fresh.trainable_params())
+        ms.load_param_into_net(fresh, early)
+        ms.load_param_into_net(fresh_opt, early)
+        ms.Model(fresh, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), fresh_opt).train(1, tiny_data())
+        np.testing.assert_allclose(again, fresh.w.asnumpy(), rtol=1e-6)

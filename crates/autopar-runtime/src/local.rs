@@ -74,7 +74,7 @@ enum Command {
     Update(Option<std::sync::Arc<ParamStore>>),
     SetOptimizer(MakeOptimizer),
     OptimizerState,
-    LoadOptimizerState(std::sync::Arc<(ParamStore, u64)>),
+    LoadOptimizerState(std::sync::Arc<(ParamStore, Option<u64>)>),
     Predict(std::sync::Arc<Vec<(String, Tensor)>>),
     Load(std::sync::Arc<ParamStore>),
     LossScale(LossScale),
@@ -356,8 +356,8 @@ impl LocalRanks {
     }
 
     /// Every rank's optimizer state from whole tensors (by state key; each rank takes its
-    /// pieces of those it keeps), the optimizer advanced to `steps` updates: a resumed one.
-    pub fn load_optimizer_state(&mut self, state: ParamStore, steps: u64) -> Result<()> {
+    /// pieces of those it keeps), with `steps` its count of updates (None: kept): a resumed one.
+    pub fn load_optimizer_state(&mut self, state: ParamStore, steps: Option<u64>) -> Result<()> {
         let given = std::sync::Arc::new((state, steps));
         self.send(|| Command::LoadOptimizerState(given.clone()))?;
         self.collect(|_| Ok(()))

@@ -191,6 +191,9 @@ pub trait Optimizer {
     }
     /// Updates applied so far.
     fn steps(&self) -> u64;
+    /// Sets the updates applied so far (a resumed optimizer: its learning-rate schedule and
+    /// bias correction continue from there).
+    fn set_steps(&mut self, steps: u64);
     /// The learning rate the next update uses.
     fn current_lr(&self) -> f64;
 }
@@ -378,6 +381,9 @@ impl Optimizer for Sgd {
     fn steps(&self) -> u64 {
         self.step
     }
+    fn set_steps(&mut self, steps: u64) {
+        self.step = steps;
+    }
     fn current_lr(&self) -> f64 {
         self.schedule.lr(self.step)
     }
@@ -499,6 +505,9 @@ impl Optimizer for Momentum {
     }
     fn steps(&self) -> u64 {
         self.step
+    }
+    fn set_steps(&mut self, steps: u64) {
+        self.step = steps;
     }
     fn current_lr(&self) -> f64 {
         self.schedule.lr(self.step)
@@ -655,6 +664,9 @@ impl Optimizer for AdamW {
     }
     fn steps(&self) -> u64 {
         self.step
+    }
+    fn set_steps(&mut self, steps: u64) {
+        self.step = steps;
     }
     fn current_lr(&self) -> f64 {
         self.schedule.lr(self.step)

@@ -45,6 +45,19 @@ fn jobs() -> Vec<Job> {
         j("gpt pipeline 2 stages", 8, &gpt, &["--parallel", "pipeline_stages=2", "--micro-batches", "2"]),
         j("gpt parallel optimizer", 8, &gpt, &["--parallel-mode", "data_parallel", "--parallel", "enable_parallel_optimizer=true"]),
         j(
+            "gpt parallel optimizer level2",
+            8,
+            &gpt,
+            &[
+                "--parallel-mode",
+                "data_parallel",
+                "--parallel",
+                "enable_parallel_optimizer=true",
+                "--parallel",
+                r#"parallel_optimizer_config={"optimizer_level":"level2"}"#,
+            ],
+        ),
+        j(
             "gpt parallel optimizer level3",
             8,
             &gpt,

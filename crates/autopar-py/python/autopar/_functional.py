@@ -83,6 +83,8 @@ def _loss_of(out, has_aux, what):
 class _Step(_Running):
     """A forward function compiled into a training job for inputs of given shapes."""
 
+    _state_with_params = False
+
     def __init__(self, fn, weights, has_aux, arrays, what):
         if int(_context._PARALLEL.get("pipeline_stages", 1) or 1) > 1:
             raise NotImplementedError(

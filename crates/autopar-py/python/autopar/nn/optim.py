@@ -120,20 +120,25 @@ class Optimizer:
         return True
 
     def _checkpoint_extra(self, steps):
-        """The scalars MindSpore's checkpoint of this optimizer holds beside its state, after
-        ``steps`` updates: ``global_step``, ``learning_rate`` (the list of a dynamic rate)."""
+        """What MindSpore's checkpoint of this optimizer holds beside the state the engine keeps,
+        after ``steps`` updates: ``global_step``, ``learning_rate`` (the list of a dynamic rate;
+        none for a schedule cell, which MindSpore does not save)."""
         lr = self.learning_rate
-        return {
-            "global_step": np.array([steps], np.int32),
-            "learning_rate": np.array(lr[0] if len(lr) == 1 else list(lr), np.float32),
-        }
+        extra = {"global_step": np.array([steps], np.int32)}
+        if not isinstance(lr, _Scheduled):
+            extra["learning_rate"] = np.array(lr[0] if len(lr) == 1 else list(lr), np.float32)
+        return extra
+
+    def _kept_prefixes(self):
+        """The prefixes of the state the engine keeps (of ``_state_prefixes``, in its order)."""
+        return list(self._state_prefixes)
 
     def _load_state(self, parameter_dict):
         """``load_param_into_net(optimizer, parameter_dict)``: the state entries of its parameters
         (MindSpore's names, ``moments.w``) and ``global_step``, given to the ranks of the job it
         next updates; returns (its entries not found, the dict's entries used)."""
         state, used, missing = {}, set(), []
-        for prefix in self._state_prefixes:
+        for prefix in self._kept_prefixes():
             for p in self.parameters:
                 key = prefix + p.name
                 if key in parameter_dict:
@@ -146,7 +151,7 @@ class Optimizer:
                     used.add(key)
                 else:
                     missing.append(key)
-        steps = 0
+        steps = None  # without global_step the optimizer keeps its count, as MindSpore's
         if "global_step" in parameter_dict:
             g = parameter_dict["global_step"]
             steps = int(np.asarray(g.asnumpy() if hasattr(g, "asnumpy") else g).ravel()[0])
@@ -165,6 +170,20 @@ class Optimizer:
 class SGD(Optimizer):
     _kind = "SGD"
     _state_prefixes = ["accum.", "stat."]
+
+    def _kept_prefixes(self):
+        # The engine keeps the momentum buffer (MindSpore's accum) when there is a momentum.
+        return ["accum."] if self.hyper.get("momentum", 0.0) > 0 else []
+
+    def _checkpoint_extra(self, steps):
+        extra = super()._checkpoint_extra(steps)
+        extra["momentum"] = np.array(self.hyper.get("momentum", 0.0), np.float32)
+        for p in self.parameters:
+            # MindSpore's first-step flag: 1 until the first update, 0 after.
+            extra["stat." + p.name] = np.full(p.shape, 0.0 if steps else 1.0, np.float32)
+            if not self._kept_prefixes():
+                extra["accum." + p.name] = np.zeros(p.shape, np.float32)
+        return extra
 
     def __init__(self, params, learning_rate=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, loss_scale=1.0):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
@@ -195,8 +214,8 @@ class Adam(Optimizer):
 
     def _checkpoint_extra(self, steps):
         extra = super()._checkpoint_extra(steps)
-        extra["beta1_power"] = np.array(np.float32(self.hyper["beta1"]) ** steps, np.float32)
-        extra["beta2_power"] = np.array(np.float32(self.hyper["beta2"]) ** steps, np.float32)
+        extra["beta1_power"] = np.array([np.float32(self.hyper["beta1"]) ** steps], np.float32)
+        extra["beta2_power"] = np.array([np.float32(self.hyper["beta2"]) ** steps], np.float32)
         return extra
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, use_locking=False, use_nesterov=False,

@@ -104,7 +104,7 @@ class DistributedGradReducer(Cell):
     default) when ``mean`` (by default the context's ``gradients_mean``). autopar's ranks have
     synchronised the gradients of ``value_and_grad``'s function already, summed or averaged as
     the job's ``gradients_mean`` says (averaged in data_parallel unless set): the reducer passes
-    them through, or rescales them where its mean differs from the job's."""
+    them through, or rescales them to its own sum or mean."""
 
     def __init__(self, parameters, mean=None, degree=None, fusion_type=1, group=None):
         super().__init__(auto_prefix=False)
@@ -116,10 +116,12 @@ class DistributedGradReducer(Cell):
         given = _context._PARALLEL.get("gradients_mean")
         job_mean = bool(given) if given is not None else mode == "data_parallel"
         mean = bool(given) if mean is None else bool(mean)
-        n = degree or _context._device_num()
+        n = _context._device_num()
+        # MindSpore's: the sum over the ranks, divided by degree under mean; the job's: the sum,
+        # divided by the ranks under its mean.
         self._factor = 1.0
-        if mode == "data_parallel" and n > 1 and mean != job_mean:
-            self._factor = 1.0 / n if mean else float(n)
+        if mode == "data_parallel" and n > 1:
+            self._factor = (1.0 / (degree or n) if mean else 1.0) * (float(n) if job_mean else 1.0)
 
     def construct(self, grads):
         return grads

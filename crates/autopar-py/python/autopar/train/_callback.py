@@ -141,8 +141,10 @@ class CheckpointConfig:
 
 
 class ModelCheckpoint(Callback):
-    """Saves the network's parameters (whole tensors) to ``{directory}/{prefix}-{epoch}_{step}.ckpt``
-    every ``save_checkpoint_steps`` steps, keeping the newest ``keep_checkpoint_max``."""
+    """Saves the train network's parameters (whole tensors) and its optimizer's state under
+    MindSpore's names (only the network's with ``saved_network``) to
+    ``{directory}/{prefix}-{epoch}_{step}.ckpt`` every ``save_checkpoint_steps`` steps, keeping the
+    newest ``keep_checkpoint_max``."""
 
     def __init__(self, prefix="CKP", directory=None, config=None):
         self._prefix = prefix

@@ -32,9 +32,13 @@ class _Running:
     (``optimizer_checkpoint``)."""
 
     optimizer = None
+    # Whether the optimizer's pending state goes to the ranks with the parameters (a function's
+    # job takes it at the update, once it is the optimizer's home).
+    _state_with_params = True
 
     def _push_changed(self):
-        pending = self.optimizer.__dict__.pop("_pending_state", None) if self.optimizer is not None else None
+        takes = self._state_with_params and self.optimizer is not None
+        pending = self.optimizer.__dict__.pop("_pending_state", None) if takes else None
         if pending is not None:
             self._load_optimizer_state(*pending)
         for p in self.params:
@@ -67,7 +71,7 @@ class _Running:
             prefix = next((ms for ms in engine if key.startswith(ms)), None)
             if prefix is not None:
                 wires.append(wire(engine[prefix] + key[len(prefix):], value))
-        self.session.load_optimizer_state(wires, steps)
+        self.session.load_optimizer_state(wires, steps)  # steps None: the optimizer keeps its count
 
     def optimizer_checkpoint(self):
         """The optimizer's entries of a MindSpore checkpoint: its state (MindSpore's names,
