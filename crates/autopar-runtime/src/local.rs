@@ -287,16 +287,7 @@ impl LocalRanks {
     /// The gradients of the last [`LocalRanks::gradients`], whole, by trainable parameter name
     /// (assembled from the ranks' pieces).
     pub fn grads(&mut self) -> Result<ParamStore> {
-        self.send(|| Command::Grads)?;
-        let mut stores: Vec<Option<ParamStore>> = (0..self.n).map(|_| None).collect();
-        self.collect(|(rank, a)| {
-            if let Answer::Params(p) = a {
-                stores[rank] = Some(*p);
-            }
-            Ok(())
-        })?;
-        let stores: Vec<ParamStore> = stores.into_iter().map(Option::unwrap_or_default).collect();
-        let whole = assemble_params(&self.job, &stores)?;
+        let whole = self.assembled(|| Command::Grads)?;
         let mut grads = ParamStore::new();
         for p in self.job.network().params.iter().filter(|p| p.trainable) {
             if let Some(t) = whole.get(&p.name) {
@@ -408,7 +399,12 @@ impl LocalRanks {
 
     /// The full parameters, assembled from every rank's pieces.
     pub fn params(&mut self) -> Result<ParamStore> {
-        self.send(|| Command::Params)?;
+        self.assembled(|| Command::Params)
+    }
+
+    /// Every rank's answer to `command` (a store of its pieces), assembled whole.
+    fn assembled(&mut self, command: impl Fn() -> Command) -> Result<ParamStore> {
+        self.send(command)?;
         let mut stores: Vec<Option<ParamStore>> = (0..self.n).map(|_| None).collect();
         self.collect(|(rank, a)| {
             if let Answer::Params(p) = a {

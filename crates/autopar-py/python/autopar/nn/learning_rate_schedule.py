@@ -59,8 +59,9 @@ class LearningRateSchedule(Cell):
         return self.construct(global_step)
 
 
-class ExponentialDecayLR(LearningRateSchedule):
-    """``learning_rate * decay_rate ** p``, ``p = step / decay_steps`` (floored with ``is_stair``)."""
+class _Decay(LearningRateSchedule):
+    """A rate decaying from ``learning_rate`` at ``decay_rate`` per ``decay_steps`` (in stairs
+    with ``is_stair``)."""
 
     def __init__(self, learning_rate, decay_rate, decay_steps, is_stair=False):
         super().__init__()
@@ -69,39 +70,27 @@ class ExponentialDecayLR(LearningRateSchedule):
         self.decay_rate = _float(cls, "decay_rate", decay_rate, True)
         self.decay_steps = _positive_int(cls, "decay_steps", decay_steps)
         self.is_stair = bool(is_stair)
+
+
+class ExponentialDecayLR(_Decay):
+    """``learning_rate * decay_rate ** p``, ``p = step / decay_steps`` (floored with ``is_stair``)."""
 
     def rate(self, step):
         p = step / self.decay_steps
         return self.learning_rate * self.decay_rate ** (math.floor(p) if self.is_stair else p)
 
 
-class NaturalExpDecayLR(LearningRateSchedule):
+class NaturalExpDecayLR(_Decay):
     """``learning_rate * exp(-decay_rate * p)``: MindSpore's ``p`` is the step itself (with
     ``is_stair``, floored to a multiple of ``decay_steps``)."""
-
-    def __init__(self, learning_rate, decay_rate, decay_steps, is_stair=False):
-        super().__init__()
-        cls = type(self).__name__
-        self.learning_rate = _float(cls, "learning_rate", learning_rate, True)
-        self.decay_rate = _float(cls, "decay_rate", decay_rate, True)
-        self.decay_steps = _positive_int(cls, "decay_steps", decay_steps)
-        self.is_stair = bool(is_stair)
 
     def rate(self, step):
         p = (step // self.decay_steps) * self.decay_steps if self.is_stair else step
         return self.learning_rate * math.exp(-self.decay_rate * p)
 
 
-class InverseDecayLR(LearningRateSchedule):
+class InverseDecayLR(_Decay):
     """``learning_rate / (1 + decay_rate * p)``, ``p = step / decay_steps`` (floored with ``is_stair``)."""
-
-    def __init__(self, learning_rate, decay_rate, decay_steps, is_stair=False):
-        super().__init__()
-        cls = type(self).__name__
-        self.learning_rate = _float(cls, "learning_rate", learning_rate, True)
-        self.decay_rate = _float(cls, "decay_rate", decay_rate, True)
-        self.decay_steps = _positive_int(cls, "decay_steps", decay_steps)
-        self.is_stair = bool(is_stair)
 
     def rate(self, step):
         p = step / self.decay_steps
