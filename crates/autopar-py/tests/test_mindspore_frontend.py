@@ -743,3 +743,46 @@ def test_sgd_and_momentum_checkpoints_hold_mindspores_keys_and_an_earlier_step_l
         ms.load_param_into_net(fresh_opt, early)
         ms.Model(fresh, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), fresh_opt).train(1, tiny_data())
         np.testing.assert_allclose(again, fresh.w.asnumpy(), rtol=1e-6)
+
+
+def test_functional_mixed_precision_with_a_dynamic_loss_scaler(context):
+    """MindSpore's functional mixed precision: auto_mixed_precision(net, level), the loss scaled
+    in the forward function, the gradients checked by all_finite, unscaled and applied, the scale
+    adjusted; an overflow skips the update and lowers the scale."""
+    from autopar.amp import DynamicLossScaler, all_finite, auto_mixed_precision
+
+    ms.set_auto_parallel_context(parallel_mode="data_parallel", device_num=2)
+    rng = np.random.default_rng(4)
+    x, y = ms.Tensor(rng.standard_normal((8, 4)).astype(np.float32)), ms.Tensor(rng.integers(0, 2, 8).astype(np.int32))
+
+    def run(level, scale):
+        net = Tiny()
+        if level:
+            auto_mixed_precision(net, level)
+        loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        opt = nn.SGD(net.trainable_params(), 0.5)
+        scaler = DynamicLossScaler(scale, 2, 2)
+        grad_fn = ms.value_and_grad(lambda a, b: scaler.scale(loss_fn(net(a), b)), None, opt.parameters)
+        losses, finite = [], []
+        for _ in range(4):
+            loss, grads = grad_fn(x, y)
+            ok = all_finite(grads)
+            if ok:
+                opt(scaler.unscale(grads))
+            scaler.adjust(ok)
+            losses.append(float(scaler.unscale(loss).asnumpy()))
+            finite.append(bool(ok.asnumpy()))
+        return losses, finite, scaler.scale_value, net.w.asnumpy()
+
+    f32 = run(None, 1024.0)
+    half = run("O3", 1024.0)
+    assert all(f32[1]) and all(half[1])
+    assert f32[2] == half[2] == 4096.0, "doubled after each window of 2 finite steps"
+    assert half[0] != f32[0], "O3 computes in half precision"
+    np.testing.assert_allclose(half[0], f32[0], rtol=0.02)
+    np.testing.assert_allclose(half[3], f32[3], rtol=0.02, atol=1e-3)
+    # float16 gradients of a loss scaled by 2**40 overflow: no update, the scale lowered.
+    over = run("O3", 2.0**40)
+    assert not over[1][0] and over[2] < 2.0**40
+    if not any(over[1]):
+        np.testing.assert_array_equal(over[3], Tiny().w.asnumpy())

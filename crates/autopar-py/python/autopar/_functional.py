@@ -109,7 +109,9 @@ class _Step(_Running):
         self.optimizer = optimizer
         kind, lr, hyper, groups, prefixes = _optimizer_wire(optimizer)
         wires = [wire(p.name, p.asnumpy()) for p in self.params] + [wire(n, a) for n, a in tracer.consts]
-        self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, kind, lr, hyper, groups, prefixes)
+        self.amp = tracer.amp  # auto_mixed_precision of a cell the function calls
+        self.session = _native.Session(tracer.network, loss._node, _context._job_context(), wires, kind, lr, hyper, groups, prefixes,
+                                       None, None, *self.amp)
         self.versions = {id(p): p._version for p in self.params}
         self.step = 0
         self.values = None
@@ -275,7 +277,9 @@ class _GradFunction:
         loss = Tensor(np.array(step.gradients(arrays), dtype=np.float32))
         grads = _gradients(step)
         if self.has_aux:
-            # The other outputs on the script's own inputs (a rank's shard of a sharded dataset).
+            # The other outputs on the script's own inputs (a rank's shard of a sharded dataset),
+            # in the step's precision.
+            self.aux.__dict__["_amp"] = step.amp
             aux = self.aux(*[a if isinstance(a, Tensor) else Tensor(a) for a in args])
             value = (loss,) + (aux if isinstance(aux, tuple) else (aux,))
         else:

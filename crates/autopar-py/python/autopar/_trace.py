@@ -25,6 +25,7 @@ class Tracer:
         self.network = _native.Network(0)
         self.params = {}  # id(Parameter) -> (node, Parameter)
         self.only = None  # ids of the Parameters to train (None: every one that requires a gradient)
+        self.amp = (None, None)  # the precision policy of a cell traced (auto_mixed_precision)
         self.consts = []  # (name, numpy value) of constant tensors, frozen parameters of the graph
         self.names = {}
         self.scope = []

@@ -98,7 +98,13 @@ class Tensor:
         return int(self.asnumpy())
 
     def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __bool__(self):
+        # A one-element tensor's truth (a traced one has no value yet: asnumpy says so).
+        return bool(self.asnumpy())
 
     def __repr__(self):
         if self._is_traced():

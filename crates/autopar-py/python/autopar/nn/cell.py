@@ -84,8 +84,10 @@ class Cell:
 
             if kwargs:
                 raise TypeError(f"{type(self).__name__}: autopar passes a called cell's inputs by position, but got {sorted(kwargs)}.")
-            predictor, outs = run_network(self, args)
+            predictor, outs = run_network(self, args, amp=self.__dict__.get("_amp", (None, None)))
             return Tensor(outs[0]) if predictor.single else tuple(Tensor(o) for o in outs)
+        if "_amp" in self.__dict__:
+            tracer.amp = self.__dict__["_amp"]  # auto_mixed_precision: the job's precision policy
         if "_trace_name" not in self.__dict__:
             # A cell called at the top (by a forward function, not a parent's construct): its
             # children take their names from it, as under Model.
