@@ -708,6 +708,8 @@ def test_a_model_checkpoint_holds_the_optimizer_state_and_resumes_it(tmp_path, c
     saved = ms.load_checkpoint(str(tmp_path / "t-1_4.ckpt"))
     assert {"w", "moment1.w", "moment2.w", "global_step", "learning_rate", "beta1_power", "beta2_power"} <= set(saved), sorted(saved)
     assert int(saved["global_step"].asnumpy()[0]) == 4
+    # Shapes as MindSpore 2.10 writes them: global_step [1], the others scalars.
+    assert saved["global_step"].shape == (1,) and saved["beta1_power"].shape == () and saved["learning_rate"].shape == ()
     net, opt, m = model()
     ms.load_param_into_net(net, saved)
     assert ms.load_param_into_net(opt, saved)[0] == []

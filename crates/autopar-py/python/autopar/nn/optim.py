@@ -214,8 +214,9 @@ class Adam(Optimizer):
 
     def _checkpoint_extra(self, steps):
         extra = super()._checkpoint_extra(steps)
-        extra["beta1_power"] = np.array([np.float32(self.hyper["beta1"]) ** steps], np.float32)
-        extra["beta2_power"] = np.array([np.float32(self.hyper["beta2"]) ** steps], np.float32)
+        # Scalars, as MindSpore 2.10's checkpoints hold them.
+        extra["beta1_power"] = np.array(np.float32(self.hyper["beta1"]) ** steps, np.float32)
+        extra["beta2_power"] = np.array(np.float32(self.hyper["beta2"]) ** steps, np.float32)
         return extra
 
     def __init__(self, params, learning_rate=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, use_locking=False, use_nesterov=False,
