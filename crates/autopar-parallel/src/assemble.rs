@@ -30,7 +30,8 @@ pub struct JobRequest<'a> {
     /// Where pipeline stages begin: the first op of each stage after the first, in network order
     /// (empty: the model's own stages, else stages of about equal FLOPs).
     pub pipeline_split: &'a [String],
-    /// The device profile of auto_parallel's cost model (None: the built-in one).
+    /// The device profile of auto_parallel's cost model (None: the built-in one, and
+    /// dynamic_programming optimises MindSpore's own cost model instead of seconds).
     pub profile: Option<&'a DeviceProfile>,
     /// What the backward pass recomputes (a training job's; inference has no backward pass).
     pub recompute: &'a RecomputeChoice,

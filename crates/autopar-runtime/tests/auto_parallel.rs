@@ -255,7 +255,7 @@ fn no_search_beats_the_exact_optimum() {
                     r.objective
                 );
             }
-            assert!(get("dynamic_programming") <= get("data_parallel") * (1.0 + 1e-9), "{name} n={n}");
+            assert!(get("dynamic_programming (seconds)") <= get("data_parallel") * (1.0 + 1e-9), "{name} n={n}");
         }
     }
 }
@@ -499,7 +499,8 @@ fn dynamic_programming_ties_the_layers_of_a_deep_network() {
             let req = PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None };
             let rows = compare_searches(&req).unwrap();
             let get = |s: &str| rows.iter().find(|(x, _)| x.name() == s).unwrap().1.as_ref().unwrap().0.clone();
-            let dp = get("dynamic_programming");
+            // The elimination against the exact solver: both in seconds.
+            let dp = get("dynamic_programming (seconds)");
             let what = format!("{layers} layers on {n}, follow {follow}");
             assert_eq!(dp.tied.len(), 1, "{what}: {:?}", dp.tied);
             let t = &dp.tied[0];
@@ -545,11 +546,11 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
     fn get<'a>(rows: &'a [autopar_parallel::search::SearchRow], s: &str) -> Result<&'a autopar_parallel::SearchReport, &'a ParallelError> {
         rows.iter().find(|(x, _)| x.name() == s).unwrap().1.as_ref().map(|r| &r.0)
     }
-    let fastest = get(&free, "dynamic_programming").unwrap();
+    let fastest = get(&free, "dynamic_programming (seconds)").unwrap();
     let most = fastest.total().memory;
     let capacity = most * 2 / 3;
     let within = rows(Some(capacity));
-    let dp = get(&within, "dynamic_programming").unwrap();
+    let dp = get(&within, "dynamic_programming (seconds)").unwrap();
     let exact = get(&within, "exact").unwrap();
     assert!(dp.total().memory <= capacity, "{} over {capacity}", dp.total().memory);
     assert!(dp.objective > fastest.objective, "the fastest plan ({most} bytes) does not fit {capacity}");
@@ -567,7 +568,7 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
     let mut refused = 0;
     for k in 2..40u64 {
         let some = rows(Some(most / k));
-        match (get(&some, "dynamic_programming"), get(&some, "exact")) {
+        match (get(&some, "dynamic_programming (seconds)"), get(&some, "exact")) {
             (Err(ParallelError::PlanOverMemory { least, largest, .. }), Err(ParallelError::PlanOverMemory { .. })) => {
                 assert!(*least > most / k && largest.contains("mm ("), "{least} {largest}");
                 refused += 1;
@@ -597,11 +598,11 @@ fn dynamic_programming_keeps_the_plan_within_device_memory_capacity() {
         compare_searches(&PlanRequest { graph: &g, loss: Some(ids.loss), context: &c, strategy_file: None, profile: None }).unwrap()
     };
     let free = gpt_rows(None);
-    let fastest = get(&free, "dynamic_programming").unwrap();
+    let fastest = get(&free, "dynamic_programming (seconds)").unwrap();
     assert!(!fastest.tied.is_empty());
     let capacity = fastest.total().memory * 9 / 10;
     let within = gpt_rows(Some(capacity));
-    let (dp, exact) = (get(&within, "dynamic_programming").unwrap(), get(&within, "exact").unwrap());
+    let (dp, exact) = (get(&within, "dynamic_programming (seconds)").unwrap(), get(&within, "exact").unwrap());
     assert!(dp.total().memory <= capacity && dp.objective > fastest.objective);
     assert!(exact.total().memory <= capacity);
     assert!((dp.objective - exact.objective).abs() <= 1e-9 * exact.objective, "{} vs exact {}", dp.objective, exact.objective);

@@ -247,8 +247,16 @@ fn auto_parallel_plans_explain_every_search() {
     // --compare: every search, pure data parallel and the exact optimum, none below the optimum.
     // It plans under auto_parallel, so auto_parallel's options need no --parallel-mode.
     let out = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare", "--parallel", "search_mode=dynamic_programming"]);
+    // dynamic_programming optimises MindSpore's cost model, and --compare shows it in seconds
+    // too; under a device profile it optimises seconds, and the other row is MindSpore's.
+    assert!(out.contains("dynamic_programming: optimised MindSpore's cost model"), "{out}");
+    assert!(out.lines().any(|l| l.trim_start().starts_with("dynamic_programming (seconds)")), "{out}");
+    std::fs::write(dir.path().join("profile.toml"), autopar_parallel::DeviceProfile::builtin().to_toml()).unwrap();
+    let profiled = ok(dir.path(), &["plan", "--model", "mlp", "--devices", "4", "--compare", "--profile", "profile.toml"]);
+    assert!(profiled.lines().any(|l| l.trim_start().starts_with("dynamic_programming (MindSpore's costs)")), "{profiled}");
     // Pure data parallel is the same row with a model-parallel strategy file loaded (the file
-    // moves the searches' rows: recursive_programming keeps a layer of 512 whole).
+    // moves the searches' rows: recursive_programming keeps a layer of 512 whole), here
+    // dynamic_programming's in seconds.
     ok(
         dir.path(),
         &[
@@ -261,6 +269,8 @@ fn auto_parallel_plans_explain_every_search() {
             "auto_parallel",
             "--parallel",
             "search_mode=dynamic_programming",
+            "--profile",
+            "profile.toml",
             "--parallel",
             "strategy_ckpt_config={\"save_file\": \"mp.json\"}",
         ],

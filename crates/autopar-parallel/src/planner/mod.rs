@@ -34,7 +34,7 @@ use crate::context::{DatasetStrategy, ParallelContext, ParallelMode, SearchMode}
 use crate::error::{DatasetProblem, HybridProblem, ParallelError, Result};
 use crate::optimizer_shard;
 use crate::plan::{GradientPlan, InOpSync, NodePlan, ParallelPlan, ParamPlan, Redistribution, Site, StrategySource};
-use crate::search::{DeviceProfile, Search, SearchRow};
+use crate::search::{CostUnits, DeviceProfile, Search, SearchRow};
 use buckets::gradient_comm_dtype;
 pub use buckets::{fusion_buckets, DEFAULT_FUSION_BYTES};
 pub use hybrid::plan_hybrid;
@@ -67,7 +67,7 @@ pub struct PlanRequest<'a> {
     /// Strategies of a strategy file (semi_auto_parallel, auto_parallel), applied before the
     /// model's own.
     pub strategy_file: Option<&'a StrategyItems>,
-    /// The device profile of auto_parallel's cost model (None: the built-in one).
+    /// The device profile of auto_parallel's cost model (None: the built-in one, and dynamic_programming optimises MindSpore's own cost model instead of seconds).
     pub profile: Option<&'a DeviceProfile>,
 }
 
@@ -108,6 +108,9 @@ pub fn compare_searches(req: &PlanRequest<'_>) -> Result<Vec<SearchRow>> {
         Search::Mode(SearchMode::RecursiveProgramming),
         Search::Mode(SearchMode::ShardingPropagation),
         Search::Mode(SearchMode::DynamicProgramming),
+        // dynamic_programming under the other cost model too: seconds under the device
+        // profile, or MindSpore's when a profile was given.
+        Search::DynamicProgrammingIn(if req.profile.is_some() { CostUnits::MindSpore } else { CostUnits::Seconds }),
         Search::DataParallel,
         Search::Exact,
     ];
@@ -391,6 +394,7 @@ impl<'a> Network<'a> {
             fixed,
             input_layouts,
             search,
+            profile_given: self.req.profile.is_some(),
         })?;
         for op in &report.ops {
             fixed[op.node.0] = Some((op.splits.clone(), op.source));

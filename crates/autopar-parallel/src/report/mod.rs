@@ -578,6 +578,12 @@ pub fn search_text(r: &SearchReport) -> String {
         ms(t.redistribution),
         ms(t.gradient_sync)
     );
+    if let Some(bytes) = r.mindspore_objective {
+        let _ = writeln!(
+            s,
+            "  optimised MindSpore's cost model (alpha * computation + beta * communication, in bytes): {bytes:.1}; the figures here are seconds under the device profile (--profile FILE optimises those instead)"
+        );
+    }
     if !r.overwritten.is_empty() {
         let _ = writeln!(
             s,
@@ -671,6 +677,7 @@ pub fn search_text(r: &SearchReport) -> String {
             match r.search {
                 Search::Mode(SearchMode::RecursiveProgramming) => "recursive_programming cuts greedily, without the cost graph",
                 Search::Mode(SearchMode::ShardingPropagation) => "sharding_propagation follows the ops decided before it",
+                _ if r.mindspore_objective.is_some() => "dynamic_programming minimises MindSpore's cost model (bytes), not these seconds",
                 _ if r.fastest.is_some() => "with it the plan would not fit device_memory_capacity",
                 _ => "ties to a repeated block's first copy",
             }
@@ -686,6 +693,7 @@ pub fn search_json(r: &SearchReport) -> Value {
         "search": r.search.name(),
         "profile": r.profile,
         "objective_seconds": r.objective,
+        "mindspore_objective_bytes": r.mindspore_objective,
         "predicted_seconds": {"compute": t.compute, "communication": t.communication, "redistribution": t.redistribution, "gradient_sync": t.gradient_sync},
         "tied_blocks": r.tied.iter().map(|t| json!({"first_copy_first_op": t.first, "first_copy_last_op": t.last, "ops_per_copy": t.ops, "copies": t.copies})).collect::<Vec<_>>(),
         "memory_bytes": t.memory,
@@ -770,6 +778,13 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
                     "  {}: searched the {} ops whose .shard() strategy the others keep (as MindSpore 2.10 does; MS_INTERFERED_SAPP=1 keeps them), so it may beat the exact plan",
                     search.name(),
                     r.overwritten.len()
+                );
+            }
+            if let Some(bytes) = r.mindspore_objective {
+                let _ = writeln!(
+                    s,
+                    "  {}: optimised MindSpore's cost model (objective {bytes:.1} in its byte units); its row is the seconds of the plan it chose",
+                    search.name()
                 );
             }
             if r.fully_use {

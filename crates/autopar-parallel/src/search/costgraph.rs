@@ -25,6 +25,13 @@
 //! The objective is `alpha * compute + beta * (communication + redistribution) + gamma *
 //! gradient sync` (`costmodel_alpha/beta/gamma`, 1.0 by default: the profile already turns
 //! everything into seconds).
+//!
+//! In [`CostUnits::MindSpore`] (dynamic_programming without a device profile) the same graph
+//! holds MindSpore's own costs instead ([`super::mindspore_costs`]): `compute` is an op's
+//! forward computation in bytes, `communication` its refined forward communication plus `γ`
+//! times its parameters' gradient all-reduces, and `redistribution` the edges' costs already
+//! weighted; the objective is `α · compute + β · communication + redistribution`, with
+//! MindSpore's defaults (1, 400, 0.001) for the weights the context leaves unset.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +41,7 @@ use std::sync::Arc;
 use autopar_graph::{CostCx, Graph, NodeId, OpKind, OpLayouts, OpSpec, Recompute, ShardingRule, TensorType, Tie};
 use autopar_layout::{plan_with, TensorLayout};
 
+use super::mindspore_costs::{self as ms, Weights};
 use super::profile::DeviceProfile;
 use super::solve::{tandem_repeats, tied_index, CostProblem, Costs, EdgeCost, Repeat, Shape};
 use super::StrategySource;
@@ -57,14 +65,47 @@ pub struct CostSplit {
 }
 
 impl CostSplit {
-    /// The objective's value of this cost.
-    pub fn weighted(&self, o: &SearchOptions) -> f64 {
+    /// The objective's value of this cost in `units` under weights `w`.
+    pub fn weighted(&self, w: Weights, units: CostUnits) -> f64 {
         if self.redistribution >= FORBIDDEN {
             return FORBIDDEN;
         }
-        o.costmodel_alpha.get() * self.compute
-            + o.costmodel_beta.get() * (self.communication + self.redistribution)
-            + o.costmodel_gamma.get() * self.gradient_sync
+        match units {
+            CostUnits::Seconds => {
+                w.alpha * self.compute + w.beta * (self.communication + self.redistribution) + w.gamma * self.gradient_sync
+            }
+            CostUnits::MindSpore => w.alpha * self.compute + w.beta * self.communication + self.redistribution,
+        }
+    }
+}
+
+/// What the cost graph's figures are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostUnits {
+    /// Seconds of a step under a [`DeviceProfile`].
+    Seconds,
+    /// MindSpore's cost model: bytes ([`super::mindspore_costs`]).
+    MindSpore,
+}
+
+impl CostUnits {
+    /// The objective's weights `(costmodel_alpha, beta, gamma)` in these units: the context's,
+    /// and for MindSpore's units MindSpore's defaults where the context leaves one unset.
+    pub fn weights(self, ctx: &ParallelContext) -> Weights {
+        let o = &ctx.search;
+        let given = Weights { alpha: o.costmodel_alpha.get(), beta: o.costmodel_beta.get(), gamma: o.costmodel_gamma.get() };
+        match self {
+            CostUnits::Seconds => given,
+            CostUnits::MindSpore => {
+                let d = Weights::default();
+                let pick = |key: &str, set: f64, default: f64| if ctx.is_set(key) { set } else { default };
+                Weights {
+                    alpha: pick("costmodel_alpha", given.alpha, d.alpha),
+                    beta: pick("costmodel_beta", given.beta, d.beta),
+                    gamma: pick("costmodel_gamma", given.gamma, d.gamma),
+                }
+            }
+        }
     }
 }
 
@@ -154,6 +195,10 @@ pub struct CostGraph {
     pub edges: Vec<EdgeRecipe>,
     /// The search options the costs are weighted with.
     pub options: SearchOptions,
+    /// What the figures are.
+    pub units: CostUnits,
+    /// The objective's weights.
+    pub weights: Weights,
     pricer: RefCell<Pricer>,
 }
 
@@ -170,7 +215,10 @@ impl CostGraph {
         let dst_id = self.ops[r.to].candidates[b].input_ids[r.slot];
         let mut p = self.pricer.borrow_mut();
         let (pre, src_id) = p.through_id(src, r.chain, r.elem);
-        let forbidden = if r.follow && src_id != dst_id { FORBIDDEN } else { 0.0 };
+        // MindSpore gives a parameter several ops read one layout for all (its TmpIdentity's
+        // edges allow no redistribution).
+        let identity = r.follow || (self.units == CostUnits::MindSpore && r.param_slot.is_some());
+        let forbidden = if identity && src_id != dst_id { FORBIDDEN } else { 0.0 };
         pre + p.redist_ids(src_id, dst_id, r.elem) + forbidden
     }
 
@@ -304,6 +352,15 @@ impl CostGraph {
         (0..self.ops.len()).map(d).sum::<u128>() + self.edges.iter().map(|e| d(e.from) * d(e.to)).sum::<u128>()
     }
 
+    /// What a redistribution figure is weighted with in the objective: `costmodel_beta` in
+    /// seconds; MindSpore's are weighted already.
+    fn redistribution_weight(&self) -> f64 {
+        match self.units {
+            CostUnits::Seconds => self.weights.beta,
+            CostUnits::MindSpore => 1.0,
+        }
+    }
+
     /// The memory per device of `choice`: its ops' memory summed (bytes).
     pub fn memory_of(&self, choice: &[usize]) -> u64 {
         self.ops.iter().zip(choice).map(|(op, &c)| op.candidates[c].cost.memory).sum()
@@ -349,7 +406,7 @@ impl Costs for CostGraph {
         self.ops[op].candidates.len()
     }
     fn unary(&self, op: usize, c: usize) -> f64 {
-        self.ops[op].candidates[c].cost.weighted(&self.options)
+        self.ops[op].candidates[c].cost.weighted(self.weights, self.units)
     }
     fn edge_count(&self) -> usize {
         self.edges.len()
@@ -362,14 +419,14 @@ impl Costs for CostGraph {
         if s >= FORBIDDEN {
             FORBIDDEN
         } else {
-            self.options.costmodel_beta.get() * s
+            self.redistribution_weight() * s
         }
     }
     fn inputs(&self, op: usize) -> (usize, usize) {
         (self.ops[op].inputs, self.ops[op].dataset_inputs)
     }
     fn dataset(&self, op: usize, c: usize) -> f64 {
-        self.options.costmodel_beta.get() * self.ops[op].candidates[c].dataset
+        self.redistribution_weight() * self.ops[op].candidates[c].dataset
     }
     fn replicated(&self, op: usize) -> Option<usize> {
         self.ops[op].candidates.iter().position(|c| c.splits.iter().all(|&s| s == 1))
@@ -416,6 +473,8 @@ pub(crate) struct Build<'a> {
     pub input_layouts: &'a [Option<TensorLayout>],
     /// Keep only candidates using every device or none (`fully_use_devices`).
     pub full_use: bool,
+    /// What the costs are.
+    pub units: CostUnits,
 }
 
 struct Builder<'a> {
@@ -427,6 +486,8 @@ struct Builder<'a> {
 /// keeps to cost edges on demand.
 struct Pricer {
     profile: DeviceProfile,
+    units: CostUnits,
+    weights: Weights,
     training: bool,
     all_to_all: bool,
     n: usize,
@@ -481,8 +542,11 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let n = b.context.devices();
     let bl = Builder { b, n };
+    let weights = b.units.weights(b.context);
     let mut pr = Pricer {
         profile: b.profile.clone(),
+        units: b.units,
+        weights,
         training: b.training,
         all_to_all: b.context.enable_alltoall,
         n,
@@ -496,9 +560,12 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let (roles, mut ops) = bl.search_ops(&mut pr)?;
     let of_node: Vec<Option<usize>> = roles.iter().map(|r| if let Role::Op(k) = r { Some(*k) } else { None }).collect();
     let param_home = bl.price_parameters(&roles, &of_node, &mut ops);
+    if b.units == CostUnits::MindSpore {
+        bl.finish_mindspore(&mut ops, weights.gamma);
+    }
     bl.drop_over_capacity(&mut ops)?;
     let edges = bl.consumer_edges(&mut pr, &roles, &param_home, &of_node, &mut ops);
-    Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone(), pricer: RefCell::new(pr) })
+    Ok(CostGraph { ops, of_node, edges, options: b.context.search.clone(), units: b.units, weights, pricer: RefCell::new(pr) })
 }
 
 /// Where each parameter's layout is decided: its first consumer op and the slot it reads it in.
@@ -601,6 +668,9 @@ impl Builder<'_> {
                 let bytes = l.slice_len() * elem;
                 let sharded = parameter_memory(l, p, b.training, b.context);
                 c.cost.memory += sharded.bytes;
+                if b.units == CostUnits::MindSpore {
+                    continue; // its gradients are priced per use (`mindspore_gradients`)
+                }
                 let replicas = n / l.num_slices().max(1);
                 if b.training && p.trainable && replicas > 1 {
                     let sent = (2 * bytes * (replicas - 1)).div_ceil(replicas);
@@ -612,7 +682,49 @@ impl Builder<'_> {
                 }
             }
         }
+        if b.units == CostUnits::MindSpore && b.training {
+            self.mindspore_gradients(roles, ops);
+        }
         param_home
+    }
+
+    /// MindSpore's backward communication: every op that reads a trainable parameter directly,
+    /// in an input its cost class counts, all-reduces the gradient of its slice when its
+    /// strategy for that input does not use every device (bytes, in `gradient_sync` until
+    /// [`Builder::finish_mindspore`]).
+    fn mindspore_gradients(&self, roles: &[Role], ops: &mut [SearchOp]) {
+        let g = self.b.graph;
+        for (i, node) in g.nodes().iter().enumerate() {
+            let Role::Op(k) = roles[i] else { continue };
+            let counts = ms::gradient_inputs(node.op.kind());
+            for (slot, x) in node.inputs.iter().enumerate() {
+                let OpKind::Parameter(p) = &g.node(*x).op else { continue };
+                if !p.trainable || !counts.counts(slot) {
+                    continue;
+                }
+                for c in &mut ops[k].candidates {
+                    let l = &c.shared.layouts.inputs[slot];
+                    if l.num_slices() != self.n {
+                        c.cost.gradient_sync += (l.slice_len() * p.dtype.size()) as f64;
+                    }
+                }
+            }
+        }
+    }
+
+    /// MindSpore's tie-break for data parallelism and its refinement, on every candidate's
+    /// forward computation, forward communication and gradients: `compute` and
+    /// `communication` become what the objective weights with α and β.
+    fn finish_mindspore(&self, ops: &mut [SearchOp], gamma: f64) {
+        for op in ops {
+            for c in &mut op.candidates {
+                let first_split_all = c.shared.layouts.strategy.0.first().and_then(|d| d.first()) == Some(&self.n);
+                let s = &mut c.cost;
+                let (computation, communication) =
+                    ms::op_cost(s.compute, s.communication, s.gradient_sync, first_split_all, gamma, self.b.training);
+                (s.compute, s.communication, s.gradient_sync) = (computation, communication, 0.0);
+            }
+        }
     }
 
     /// Candidates needing more than a device holds are dropped; an op left with none is an error
@@ -667,7 +779,10 @@ impl Builder<'_> {
                 Role::Follow | Role::Input | Role::Parameter => {}
             }
         }
-        uses.extend(g.outputs.iter().take(gathered).map(|&o| (None, o)));
+        // MindSpore's graph outputs ask for no layout.
+        if b.units == CostUnits::Seconds {
+            uses.extend(g.outputs.iter().take(gathered).map(|&o| (None, o)));
+        }
         for (consumer, x) in uses {
             let (source, chain) = bl.source_of(x, roles, param_home, of_node);
             let chain: Vec<Vec<usize>> = chain.iter().map(|f| g.node(*f).ty.shape.clone()).collect();
@@ -790,8 +905,18 @@ impl Builder<'_> {
         let ins: Vec<TensorType> = l.inputs.iter().map(|x| TensorType { shape: x.slice_shape(), dtype }).collect();
         // Input dtypes: the layouts carry shapes only; the cost rules read sizes.
         let out = TensorType { shape: l.output.slice_shape(), dtype };
-        let c = def.cost(&CostCx { inputs: &ins, output: &out, rank: 0 });
         let recomputed = self.b.training && recompute == Recompute::Marked;
+        let out_bytes = out.numel() * dtype.size();
+        let kept = if recomputed { 0 } else { out_bytes as u64 };
+        if self.b.units == CostUnits::MindSpore {
+            // The forward computation and communication, bytes; the parameters' gradients and
+            // MindSpore's refinement come once the op's inputs are known (`finish_mindspore`).
+            let bytes = |t: &TensorType| (t.numel() * dtype.size()) as f64;
+            let split = !l.output.partial_axes().is_empty();
+            let (computation, forward) = ms::op_bytes(def.kind(), &ins.iter().map(bytes).collect::<Vec<_>>(), bytes(&out), split);
+            return CostSplit { compute: computation, communication: forward, redistribution: 0.0, gradient_sync: 0.0, memory: kept };
+        }
+        let c = def.cost(&CostCx { inputs: &ins, output: &out, rank: 0 });
         let passes = match (self.b.training, recomputed) {
             (false, _) => 1.0,
             (true, false) => 3.0,
@@ -799,7 +924,6 @@ impl Builder<'_> {
         };
         let compute = passes * p.compute_time(c.flops, c.bytes);
         let mut communication = 0.0;
-        let out_bytes = out.numel() * dtype.size();
         let partial: usize = l.output.partial_axes().iter().map(|&a| l.mesh.dims()[a]).product();
         if partial > 1 {
             // The all-reduce completing the partial sums, and in training its adjoint (an
@@ -825,7 +949,6 @@ impl Builder<'_> {
                 communication += passes * p.comm_time(group, 16 * count);
             }
         }
-        let kept = if recomputed { 0 } else { out_bytes as u64 };
         CostSplit { compute, communication, redistribution: 0.0, gradient_sync: 0.0, memory: kept }
     }
 
@@ -894,6 +1017,10 @@ impl Pricer {
         for shape in chain {
             let np = whole_values(&l);
             t += self.redist(&l, &np, elem);
+            if self.units == CostUnits::MindSpore {
+                // MindSpore's reshape: twice its slice in computation.
+                t += self.weights.alpha * (2 * np.slice_len() * elem) as f64;
+            }
             l = match reshape_layout(&np, shape) {
                 Some(o) => o,
                 None => {
@@ -964,6 +1091,9 @@ impl Pricer {
             Ok(p) => {
                 let p = if self.all_to_all { Ok(p) } else { p.without_all_to_all() };
                 match p {
+                    Ok(p) if self.units == CostUnits::MindSpore => {
+                        ms::redistribution_cost(ms::redistribution_bytes(src, dst, &p, elem), self.weights, self.training)
+                    }
                     Ok(p) => {
                         let mut t = 0.0;
                         for s in &p.steps {

@@ -3,7 +3,9 @@
 //! other op, with what each costs and why it won. The plan made from them is an ordinary plan.
 //!
 //! * [`costgraph`]: candidates per op and the cost model (compute, in-op communication,
-//!   redistribution, gradient synchronisation, memory) under a [`DeviceProfile`].
+//!   redistribution, gradient synchronisation, memory) under a [`DeviceProfile`], or in
+//!   MindSpore's own units ([`mindspore_costs`]), which dynamic_programming optimises unless a
+//!   profile is given.
 //! * [`solve`]: the searches over the cost graph, pure functions: variable elimination
 //!   (`dynamic_programming`, and the exact solver), with a memory budget too.
 //! * [`propagate`]: `sharding_propagation`, MindSpore's walk from the configured ops.
@@ -12,6 +14,7 @@
 //!   MindSpore's rules (`rec_rules`).
 
 pub mod costgraph;
+pub mod mindspore_costs;
 pub mod profile;
 pub mod propagate;
 mod rec_adjacency;
@@ -22,7 +25,7 @@ pub mod solve;
 use autopar_graph::{Node, NodeId};
 use autopar_layout::{NamedLayout, Strategy};
 
-pub use costgraph::{CostGraph, CostSplit};
+pub use costgraph::{CostGraph, CostSplit, CostUnits};
 pub use profile::{DeviceProfile, Link};
 pub use solve::{CostProblem, Costs, EdgeCost, Order, Repeat};
 
@@ -85,6 +88,9 @@ pub enum Search {
     Exact,
     /// Every op on its data-parallel default.
     DataParallel,
+    /// dynamic_programming optimising the cost model in these units whatever the profile
+    /// (`--compare` shows both).
+    DynamicProgrammingIn(CostUnits),
 }
 
 impl Search {
@@ -94,6 +100,8 @@ impl Search {
             Search::Mode(m) => m.name(),
             Search::Exact => "exact",
             Search::DataParallel => "data_parallel",
+            Search::DynamicProgrammingIn(CostUnits::Seconds) => "dynamic_programming (seconds)",
+            Search::DynamicProgrammingIn(CostUnits::MindSpore) => "dynamic_programming (MindSpore's costs)",
         }
     }
 }
@@ -151,6 +159,10 @@ pub struct SearchReport {
     pub ops: Vec<OpChoice>,
     /// The objective of the plan (weighted seconds per step).
     pub objective: f64,
+    /// When the search optimised MindSpore's cost model (dynamic_programming without a device
+    /// profile): the plan's objective in it (`α · computation + β · communication`, bytes).
+    /// Every other figure of the report is seconds under the profile.
+    pub mindspore_objective: Option<f64>,
     /// The repeated blocks the search tied to one choice (dynamic_programming).
     pub tied: Vec<TiedBlocks>,
     /// `device_memory_capacity` the search planned under (bytes per device).
@@ -238,13 +250,23 @@ pub(crate) struct SearchJob<'a> {
     pub fixed: &'a [Option<(Vec<usize>, StrategySource)>],
     pub input_layouts: &'a [Option<autopar_layout::TensorLayout>],
     pub search: Search,
+    /// The user gave the profile: dynamic_programming prices in seconds under it.
+    pub profile_given: bool,
 }
 
 /// Build the cost graph of a job and search it.
 pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
+    // dynamic_programming optimises MindSpore's own cost model unless the user gave a device
+    // profile to price it in seconds.
+    let dp = Search::Mode(SearchMode::DynamicProgramming);
+    let (search, units) = match job.search {
+        Search::DynamicProgrammingIn(units) => (dp, units),
+        s if s == dp && !job.profile_given => (s, CostUnits::MindSpore),
+        s => (s, CostUnits::Seconds),
+    };
     // recursive_programming overwrites the model's `.shard()` strategies, as MindSpore 2.10
     // does unless MS_INTERFERED_SAPP=1 (a strategy file's are kept).
-    let overwrite = job.search == Search::Mode(SearchMode::RecursiveProgramming) && !job.context.search.interfered_sapp;
+    let overwrite = search == Search::Mode(SearchMode::RecursiveProgramming) && !job.context.search.interfered_sapp;
     let is_user = |f: &Option<(Vec<usize>, StrategySource)>| matches!(f, Some((_, StrategySource::User)));
     let overwritten: Vec<String> = if overwrite {
         (0..job.fixed.len()).filter(|&i| is_user(&job.fixed[i])).map(|i| job.graph.nodes()[i].name.clone()).collect()
@@ -265,8 +287,8 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
     // With `fully_use_devices` set, dynamic_programming and sharding_propagation take the
     // candidates using every device or none, as MindSpore's; the recursive search's cuts may
     // leave devices idle whatever the key, and the exact optimum is over every candidate.
-    let honours = matches!(job.search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
-    let build = |full_use: bool| {
+    let honours = matches!(search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
+    let build = |full_use: bool, units: CostUnits| {
         costgraph::build(&costgraph::Build {
             graph: job.graph,
             rules: job.rules,
@@ -276,6 +298,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
             fixed,
             input_layouts: job.input_layouts,
             full_use,
+            units,
         })
     };
     let rec = recursive::RecInput {
@@ -287,26 +310,45 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         full_batch: matches!(job.context.dataset_strategy(), crate::context::DatasetStrategy::FullBatch),
     };
     let full_use = honours && job.context.search.fully_use_devices;
-    let mut cg = build(full_use)?;
+    let mut cg = build(full_use, units)?;
     // Every split of every op is more than dynamic_programming's elimination does in seconds
     // (a deep or wide network on hundreds of devices): the strategies using every device or
     // none, as `fully_use_devices` keeps.
-    let fully_used = job.search == Search::Mode(SearchMode::DynamicProgramming)
-        && !full_use
-        && !cg.small_for_elimination(PARTIAL_PAIRS, PARTIAL_ENTRIES);
+    let fully_used = search == dp && !full_use && !cg.small_for_elimination(PARTIAL_PAIRS, PARTIAL_ENTRIES);
     if fully_used {
         tracing::info!("dynamic_programming: every split is more than it searches in seconds; searching those using every device or none");
-        cg = build(true)?;
+        cg = build(true, units)?;
     }
-    let mut report = run(&cg, job.search, &rec, job.profile)?;
+    let chosen = choose(&cg, search, &rec)?;
+    let mut report = match units {
+        CostUnits::Seconds => describe(&cg, search, &chosen, job.profile),
+        // The figures of the report are seconds under the profile, of the plan MindSpore's
+        // costs chose.
+        CostUnits::MindSpore => {
+            let seconds = build(full_use || fully_used, CostUnits::Seconds)?;
+            let mut r = describe(&seconds, search, &chosen, job.profile);
+            r.mindspore_objective = Some(cg.total(&chosen.choice));
+            r
+        }
+    };
+    report.search = job.search;
     report.fully_use_fallback = fully_used;
     report.fully_use = full_use || fully_used;
     report.overwritten = overwritten;
     Ok(report)
 }
 
-/// Run `search` over the cost graph `cg` (built for it) of `graph`.
-pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>, profile: &DeviceProfile) -> Result<SearchReport> {
+/// What a search chose over a cost graph: a candidate per op, the ops sharding propagation
+/// reached, the repeated blocks it tied, and the fastest choice when it did not fit the memory.
+struct Chosen {
+    choice: Vec<usize>,
+    reached: Vec<bool>,
+    repeats: Vec<Repeat>,
+    fastest: Option<Vec<usize>>,
+}
+
+/// Run `search` over the cost graph `cg` (built for it).
+fn choose(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>) -> Result<Chosen> {
     let configured: Vec<Option<usize>> = cg.ops.iter().map(|op| op.configured.map(|_| 0)).collect();
     let mut repeats = Vec::new();
     let mut fastest = None;
@@ -315,7 +357,7 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         Search::Mode(SearchMode::ShardingPropagation) => propagate::propagate(cg, &configured),
         // The copies of a repeated block (a network's layers) are tied to one choice, so the
         // search sees one block however deep the network is.
-        Search::Mode(SearchMode::DynamicProgramming) => {
+        Search::Mode(SearchMode::DynamicProgramming) | Search::DynamicProgrammingIn(_) => {
             let (rep, found) = cg.tied_ops();
             let fit = eliminate_fitting(cg, search, (!found.is_empty()).then_some(&rep[..]), Order::Eliminations)?;
             if fit.tied {
@@ -333,8 +375,15 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
         Search::DataParallel => (vec![0; cg.ops.len()], vec![false; cg.ops.len()]),
         Search::Mode(SearchMode::RecursiveProgramming) => recursive::choose(cg, rec)?,
     };
-    let mut r = report(cg, search, &choice, &reached, profile);
-    r.tied = repeats
+    Ok(Chosen { choice, reached, repeats, fastest })
+}
+
+/// The report of a search's choice, its figures priced by the cost graph `cg` (of the same
+/// ops and candidates as the one searched).
+fn describe(cg: &CostGraph, search: Search, chosen: &Chosen, profile: &DeviceProfile) -> SearchReport {
+    let mut r = report(cg, search, &chosen.choice, &chosen.reached, profile);
+    r.tied = chosen
+        .repeats
         .iter()
         .map(|t| TiedBlocks {
             first: cg.ops[t.start].name.clone(),
@@ -343,8 +392,8 @@ pub(crate) fn run(cg: &CostGraph, search: Search, rec: &recursive::RecInput<'_>,
             copies: t.count,
         })
         .collect();
-    r.fastest = fastest;
-    Ok(r)
+    r.fastest = chosen.fastest.as_ref().map(|f| (cg.memory_of(f), cg.total(f)));
+    r
 }
 
 /// What [`eliminate_fitting`] chose.
@@ -352,8 +401,8 @@ struct Fitted {
     choice: Vec<usize>,
     /// The ties held.
     tied: bool,
-    /// The fastest plan's memory and objective, when it did not fit.
-    fastest: Option<(u64, f64)>,
+    /// The fastest plan, when it did not fit.
+    fastest: Option<Vec<usize>>,
 }
 
 /// The most costs an untied problem may hold for the search under a memory budget to drop
@@ -400,7 +449,7 @@ fn eliminate_fitting(cg: &CostGraph, search: Search, rep: Option<&[usize]>, orde
     if need <= capacity {
         return Ok(Fitted { choice, tied: rep.is_some(), fastest: None });
     }
-    let fastest = Some((need, cg.total(&choice)));
+    let fastest = Some(choice.clone());
     let (problem, index, tied) = if rep.is_some() && cg.problem_size() <= UNTIED_LIMIT {
         let (p, i) = untied();
         (p, i, false)
@@ -490,6 +539,7 @@ fn report(cg: &CostGraph, search: Search, choice: &[usize], reached: &[bool], pr
         profile: profile.name.clone(),
         ops,
         objective: cg.total(choice),
+        mindspore_objective: None,
         tied: Vec::new(),
         capacity: cg.options.device_memory_capacity,
         fastest: None,
