@@ -742,7 +742,7 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
     let _ = writeln!(s, "autopar plan --compare: {model} on {devices} devices, predicted time per step (weighted objective); memory: the ops' outputs, parameters, gradients and one optimizer slot, summed per device");
     let _ = writeln!(
         s,
-        "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9}",
+        "  {:<31} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9}",
         "search", "objective", "compute", "comm", "redist", "grad sync", "memory", "planned", "/ exact"
     );
     for (search, row) in rows {
@@ -750,14 +750,14 @@ pub fn compare_text(model: &str, devices: usize, rows: &[crate::search::SearchRo
             Ok(row) => row,
             Err(e) => {
                 let first = e.to_string();
-                let _ = writeln!(s, "  {:<22} could not plan: {}", search.name(), first.lines().next().unwrap_or(""));
+                let _ = writeln!(s, "  {:<31} could not plan: {}", search.name(), first.lines().next().unwrap_or(""));
                 continue;
             }
         };
         let t = r.total();
         let _ = writeln!(
             s,
-            "  {:<22} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>9.3}s {:>9}",
+            "  {:<31} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>9.3}s {:>9}",
             r.search.name(),
             ms(r.objective),
             ms(t.compute),

@@ -101,7 +101,7 @@ impl Search {
             Search::Exact => "exact",
             Search::DataParallel => "data_parallel",
             Search::DynamicProgrammingIn(CostUnits::Seconds) => "dynamic_programming (seconds)",
-            Search::DynamicProgrammingIn(CostUnits::MindSpore) => "dynamic_programming (MindSpore's costs)",
+            Search::DynamicProgrammingIn(CostUnits::MindSpore) => "dynamic_programming (MindSpore)",
         }
     }
 }
