@@ -317,11 +317,14 @@ pub struct SearchOptions {
     /// Bytes one device holds; strategies whose op needs more are not considered, and the
     /// elimination searches keep the plan's memory (summed over its ops) within it.
     pub device_memory_capacity: u64,
-    /// Weight of computation time in the objective.
+    /// Weight of computation in the objective (seconds; under dynamic_programming's MindSpore
+    /// costs, bytes, MindSpore's 1 where unset).
     pub costmodel_alpha: f64Bits,
-    /// Weight of communication time (in-op and redistribution) in the objective.
+    /// Weight of communication (in-op and redistribution) in the objective (MindSpore's 400
+    /// under dynamic_programming's MindSpore costs where unset).
     pub costmodel_beta: f64Bits,
-    /// Weight of gradient synchronisation time in the objective.
+    /// Weight of gradient synchronisation in the objective (MindSpore's 0.001 of
+    /// communication under dynamic_programming's MindSpore costs where unset).
     pub costmodel_gamma: f64Bits,
     /// dynamic_programming and sharding_propagation consider only strategies using every
     /// device or none; otherwise (the default, as MindSpore's since 2.5) every candidate split

@@ -176,6 +176,15 @@ pub enum ParallelError {
         largest: String,
     },
 
+    /// A search found no plan its cost model allows.
+    #[error("{search} found no plan: {why}\nhint: give the ops that share it one strategy for it, or use another search_mode")]
+    SearchNoPlan {
+        /// The search mode's MindSpore name.
+        search: &'static str,
+        /// Why.
+        why: String,
+    },
+
     /// A cost graph whose exact search would need too large a table when eliminating an op.
     #[error("auto_parallel ({search}): the cost graph is too wide to search exactly: eliminating {name:?} needs a table of {entries} entries\nhint: use `search_mode=recursive_programming` or sharding_propagation, or set .shard() on some ops")]
     SearchTooWide {

@@ -2,9 +2,9 @@
 //! tests assert for its dynamic_programming search (`tests/ut/python/parallel/`, from the
 //! versions where it was auto_parallel's default: `fully_use_devices` on, the rest of the
 //! cost model at its defaults, every network input split by the dataset's batch), on
-//! networks of network inputs only. With a device profile (seconds) the same search picks
-//! other strategies on some of them, so each case also checks that the choice comes from
-//! MindSpore's cost model.
+//! networks of network inputs only; and MindSpore's cost model's own rules (data parallelism
+//! on a perceptron, where a device profile's seconds split the wide layers; one layout for a
+//! shared parameter; casts of a precision policy priced as MindSpore prices none).
 
 use autopar_graph::{DType, Graph, GraphBuilder, NodeId};
 use autopar_parallel::{plan_network, DeviceProfile, ParallelContext, PlanRequest};
@@ -109,4 +109,70 @@ fn a_perceptron_is_data_parallel_under_mindspores_costs_and_not_in_seconds() {
         let seconds = strategies(&g, Some(loss), devices, false, Some(&DeviceProfile::builtin()));
         assert!(seconds.iter().any(|(n, s)| n.ends_with("matmul") && *s != dp), "{devices} devices: {seconds:?}");
     }
+}
+
+/// A weight two MatMuls read, one of them transposed: MindSpore's cost model gives it one
+/// layout for both (its shared-parameter node allows no redistribution between them), so two
+/// `.shard()` strategies that split it differently leave no plan, where the seconds model
+/// redistributes it.
+#[test]
+fn a_shared_parameter_keeps_one_layout() {
+    let build = |shard: bool| {
+        let mut g = GraphBuilder::new(0);
+        let x = g.input("x", &[8, 1024], DType::F32).unwrap();
+        let y = g.input("y", &[8, 1024], DType::F32).unwrap();
+        let w = g.parameter("w", &[1024, 1024], autopar_graph::Initializer::Zeros).unwrap();
+        let m1 = g.matmul("matmul1", x, w).unwrap();
+        let m2 = g.matmul_t("matmul2", y, w, false, true).unwrap();
+        if shard {
+            // w split by columns for the first, by rows for the second.
+            g.shard(m1, "((1,1),(1,8))".parse().unwrap()).unwrap();
+            g.shard(m2, "((1,1),(8,1))".parse().unwrap()).unwrap();
+        }
+        let s = g.add("sum", m1, m2).unwrap();
+        let loss = g.reduce_mean("loss", s, &[], false).unwrap();
+        g.output(loss).unwrap();
+        (g.finish(), loss)
+    };
+    let ctx = context(8, true);
+    let (g, loss) = build(false);
+    let p = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None }).unwrap();
+    let of = |name: &str| p.nodes.iter().find(|n| n.name == name).unwrap().strategy.clone().unwrap().0[1].clone();
+    assert_eq!(of("matmul1"), of("matmul2"), "the weight's splits differ between its users");
+    let (g, loss) = build(true);
+    let e = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: None })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dynamic_programming found no plan") && e.contains("shared parameter"), "{e}");
+    let profile = DeviceProfile::builtin();
+    plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: Some(&profile) }).unwrap();
+}
+
+/// A precision policy's casts of the weights (here to the weights' own float32, so that only
+/// the casts differ) are no reshapes and pass the weights' gradients through: every layer takes
+/// the strategy it takes without them, on small and large batches.
+#[test]
+fn casts_of_a_precision_policy_change_no_choice() {
+    let widths = [784, 2048, 2048, 10];
+    let mut model_parallel = 0;
+    for batch in [8, 32, 256] {
+        let choices = |cast: bool| -> Vec<String> {
+            let mut g = GraphBuilder::new(0);
+            let mut h = g.input("x", &[batch, widths[0]], DType::F32).unwrap();
+            for i in 0..3 {
+                let mut w = g.parameter(&format!("l{i}.w"), &[widths[i], widths[i + 1]], autopar_graph::Initializer::Zeros).unwrap();
+                if cast {
+                    w = g.op(&format!("l{i}.cast"), autopar_graph::ops::Cast { dtype: DType::F32, inserted: true }, &[w]).unwrap();
+                }
+                h = g.matmul(&format!("l{i}.matmul"), h, w).unwrap();
+            }
+            let loss = g.reduce_mean("loss", h, &[], false).unwrap();
+            g.output(loss).unwrap();
+            strategies(&g.finish(), Some(loss), 8, false, None).into_iter().filter(|(n, _)| n.ends_with("matmul")).map(|(_, s)| s).collect()
+        };
+        let plain = choices(false);
+        model_parallel += usize::from(plain.iter().any(|s| !s.starts_with("((8, 1)")));
+        assert_eq!(choices(true), plain, "batch {batch}");
+    }
+    assert!(model_parallel > 0, "every batch is data parallel: the casts' prices are not exercised");
 }

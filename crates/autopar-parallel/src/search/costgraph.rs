@@ -1,6 +1,7 @@
 //! The cost graph: every op with a sharding rule and its candidate strategies, what each
 //! candidate costs on its own, and what every producer-consumer pair of candidates costs in
-//! redistribution. All costs are seconds of one device's step under a [`DeviceProfile`].
+//! redistribution. In [`CostUnits::Seconds`] all costs are seconds of one device's step under a
+//! [`DeviceProfile`] (MindSpore's units: below).
 //!
 //! * **Compute**: the op's local FLOPs and bytes (its cost rule on the candidate's slices) at
 //!   the profile's rates; a training step counts the backward as twice the forward.
@@ -217,9 +218,12 @@ impl CostGraph {
         let (pre, src_id) = p.through_id(src, r.chain, r.elem);
         // MindSpore gives a parameter several ops read one layout for all (its TmpIdentity's
         // edges allow no redistribution).
-        let identity = r.follow || (self.units == CostUnits::MindSpore && r.param_slot.is_some());
-        let forbidden = if identity && src_id != dst_id { FORBIDDEN } else { 0.0 };
-        pre + p.redist_ids(src_id, dst_id, r.elem) + forbidden
+        let redist = p.redist_ids(src_id, dst_id, r.elem);
+        // MindSpore's shared-parameter node compares placements, not device matrices: a pair
+        // is allowed when the two layouts need no redistribution.
+        let shared = self.units == CostUnits::MindSpore && r.param_slot.is_some() && redist > 0.0;
+        let forbidden = if (r.follow && src_id != dst_id) || shared { FORBIDDEN } else { 0.0 };
+        pre + redist + forbidden
     }
 
     /// The weighted problem with every edge's table filled (the elimination searches).
@@ -475,6 +479,8 @@ pub(crate) struct Build<'a> {
     pub full_use: bool,
     /// What the costs are.
     pub units: CostUnits,
+    /// The objective's weights (None: [`CostUnits::weights`] of the context).
+    pub weights: Option<Weights>,
 }
 
 struct Builder<'a> {
@@ -542,7 +548,7 @@ type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
     let n = b.context.devices();
     let bl = Builder { b, n };
-    let weights = b.units.weights(b.context);
+    let weights = b.weights.unwrap_or_else(|| b.units.weights(b.context));
     let mut pr = Pricer {
         profile: b.profile.clone(),
         units: b.units,
@@ -698,7 +704,15 @@ impl Builder<'_> {
             let Role::Op(k) = roles[i] else { continue };
             let counts = ms::gradient_inputs(node.op.kind());
             for (slot, x) in node.inputs.iter().enumerate() {
-                let OpKind::Parameter(p) = &g.node(*x).op else { continue };
+                // A precision policy's cast of a weight passes its gradient through.
+                let mut x = *x;
+                while let OpKind::Cast(c) = &g.node(x).op {
+                    if !c.inserted {
+                        break;
+                    }
+                    x = g.node(x).inputs[0];
+                }
+                let OpKind::Parameter(p) = &g.node(x).op else { continue };
                 if !p.trainable || !counts.counts(slot) {
                     continue;
                 }
@@ -1017,8 +1031,9 @@ impl Pricer {
         for shape in chain {
             let np = whole_values(&l);
             t += self.redist(&l, &np, elem);
-            if self.units == CostUnits::MindSpore {
-                // MindSpore's reshape: twice its slice in computation.
+            if self.units == CostUnits::MindSpore && np.shape() != shape.as_slice() {
+                // MindSpore's reshape: twice its slice in computation (a pass-through that
+                // keeps the shape, such as a precision cast, is no reshape).
                 t += self.weights.alpha * (2 * np.slice_len() * elem) as f64;
             }
             l = match reshape_layout(&np, shape) {

@@ -94,7 +94,8 @@ pub enum Search {
 }
 
 impl Search {
-    /// The search's name: the search mode's MindSpore name, "exact" or "data_parallel".
+    /// The search's name: the search mode's MindSpore name, "exact", "data_parallel",
+    /// "dynamic_programming (seconds)" or "dynamic_programming (MindSpore)".
     pub fn name(self) -> &'static str {
         match self {
             Search::Mode(m) => m.name(),
@@ -288,7 +289,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
     // candidates using every device or none, as MindSpore's; the recursive search's cuts may
     // leave devices idle whatever the key, and the exact optimum is over every candidate.
     let honours = matches!(search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
-    let build = |full_use: bool, units: CostUnits| {
+    let build = |full_use: bool, units: CostUnits, weights: Option<mindspore_costs::Weights>| {
         costgraph::build(&costgraph::Build {
             graph: job.graph,
             rules: job.rules,
@@ -299,6 +300,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
             input_layouts: job.input_layouts,
             full_use,
             units,
+            weights,
         })
     };
     let rec = recursive::RecInput {
@@ -310,14 +312,14 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         full_batch: matches!(job.context.dataset_strategy(), crate::context::DatasetStrategy::FullBatch),
     };
     let full_use = honours && job.context.search.fully_use_devices;
-    let mut cg = build(full_use, units)?;
+    let mut cg = build(full_use, units, None)?;
     // Every split of every op is more than dynamic_programming's elimination does in seconds
     // (a deep or wide network on hundreds of devices): the strategies using every device or
     // none, as `fully_use_devices` keeps.
     let fully_used = search == dp && !full_use && !cg.small_for_elimination(PARTIAL_PAIRS, PARTIAL_ENTRIES);
     if fully_used {
         tracing::info!("dynamic_programming: every split is more than it searches in seconds; searching those using every device or none");
-        cg = build(true, units)?;
+        cg = build(true, units, None)?;
     }
     let chosen = choose(&cg, search, &rec)?;
     let mut report = match units {
@@ -325,9 +327,18 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
         // The figures of the report are seconds under the profile, of the plan MindSpore's
         // costs chose.
         CostUnits::MindSpore => {
-            let seconds = build(full_use || fully_used, CostUnits::Seconds)?;
+            let total = cg.total(&chosen.choice);
+            if total >= costgraph::FORBIDDEN {
+                return Err(ParallelError::SearchNoPlan {
+                    search: search.name(),
+                    why: "the ops that read one parameter need it in different layouts (MindSpore's cost model gives a shared parameter one layout for all its users)".into(),
+                });
+            }
+            // The `costmodel_*` keys weighed MindSpore's bytes; the seconds are unweighted.
+            let unweighted = mindspore_costs::Weights { alpha: 1.0, beta: 1.0, gamma: 1.0 };
+            let seconds = build(full_use || fully_used, CostUnits::Seconds, Some(unweighted))?;
             let mut r = describe(&seconds, search, &chosen, job.profile);
-            r.mindspore_objective = Some(cg.total(&chosen.choice));
+            r.mindspore_objective = Some(total);
             r
         }
     };
