@@ -481,6 +481,10 @@ pub(crate) struct Build<'a> {
     pub units: CostUnits,
     /// The objective's weights (None: [`CostUnits::weights`] of the context).
     pub weights: Option<Weights>,
+    /// Candidates in MindSpore's generation order (each logical dimension's split growing from
+    /// 1, the first outermost), where ties go under MindSpore's cost model; otherwise those
+    /// using more devices first, then those splitting the batch more.
+    pub generation_order: bool,
 }
 
 struct Builder<'a> {
@@ -898,8 +902,11 @@ impl Builder<'_> {
         }
         // Ties go to the lower index in every search: candidates using more devices come
         // first, then those splitting the batch more (MindSpore's preference for data
-        // parallelism).
-        all.sort_by_key(|s| (std::cmp::Reverse(s.iter().product::<usize>()), std::cmp::Reverse(batch.map_or(1, |b| s[b]))));
+        // parallelism); under MindSpore's cost model, which has its own tie-break for data
+        // parallelism, MindSpore's generation order.
+        if !self.b.generation_order {
+            all.sort_by_key(|s| (std::cmp::Reverse(s.iter().product::<usize>()), std::cmp::Reverse(batch.map_or(1, |b| s[b]))));
+        }
         all
     }
 

@@ -289,6 +289,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
     // candidates using every device or none, as MindSpore's; the recursive search's cuts may
     // leave devices idle whatever the key, and the exact optimum is over every candidate.
     let honours = matches!(search, Search::Mode(SearchMode::DynamicProgramming | SearchMode::ShardingPropagation));
+    let search_units = units;
     let build = |full_use: bool, units: CostUnits, weights: Option<mindspore_costs::Weights>| {
         costgraph::build(&costgraph::Build {
             graph: job.graph,
@@ -301,6 +302,8 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
             full_use,
             units,
             weights,
+            // The report's seconds graph keeps the searched graph's candidates, in its order.
+            generation_order: search_units == CostUnits::MindSpore,
         })
     };
     let rec = recursive::RecInput {
