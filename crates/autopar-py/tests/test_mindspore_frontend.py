@@ -788,3 +788,54 @@ def test_functional_mixed_precision_with_a_dynamic_loss_scaler(context):
     assert not over[1][0] and over[2] < 2.0**40
     if not any(over[1]):
         np.testing.assert_array_equal(over[3], Tiny().w.asnumpy())
+
+
+class Wide(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.full((64, 512), 0.01, np.float32)), name="w")
+        self.matmul = ops.MatMul()
+
+    def construct(self, x):
+        return self.matmul(x, self.w)
+
+
+def test_the_searchs_algorithm_and_cost_model_parameters_reach_dynamic_programming(context):
+    from autopar.parallel import _cost_model_context as cost_model_context
+    from autopar.parallel import get_algo_parameters, reset_algo_parameters, set_algo_parameters
+
+    # MindSpore 2.10's defaults.
+    assert get_algo_parameters("fully_use_devices") is False
+    assert cost_model_context.get_cost_model_context("costmodel_beta") == 400.0
+    ms.set_auto_parallel_context(parallel_mode="auto_parallel", search_mode="dynamic_programming", device_num=8, full_batch=True)
+
+    def weight_layout():
+        net = Wide()
+        net.compile(ms.Tensor(np.ones((8, 64), np.float32)))
+        return net.parameter_layout_dict["w"][2]
+
+    try:
+        # A whole batch of 8 rows: MindSpore's costs split the weight's columns over every
+        # device rather than compute with it whole.
+        assert weight_layout() == [64, 64]
+        # Computation free: every strategy of this inference plan costs nothing, and the first MindSpore generates
+        # (nothing split) wins.
+        set_algo_parameters(fully_use_devices=True)
+        assert get_algo_parameters("fully_use_devices") is True
+        cost_model_context.set_cost_model_context(costmodel_alpha=0.0)
+        assert weight_layout() == [64, 512]
+        cost_model_context.reset_cost_model_context()
+        assert cost_model_context.get_cost_model_context("costmodel_alpha") == 1.0
+        # What autopar's search does not do is refused, naming it.
+        with pytest.raises(ValueError, match="enable_algo_approxi"):
+            set_algo_parameters(enable_algo_approxi=True)
+        with pytest.raises(ValueError, match="costmodel_communi_bias"):
+            cost_model_context.set_cost_model_context(costmodel_communi_bias=1.0)
+        with pytest.raises(ValueError, match="no_such_key"):
+            set_algo_parameters(no_such_key=1)
+        # The parameters outlive a reset of the auto-parallel context, as MindSpore's do.
+        ms.reset_auto_parallel_context()
+        assert get_algo_parameters("fully_use_devices") is True
+    finally:
+        reset_algo_parameters()
+        cost_model_context.reset_cost_model_context()

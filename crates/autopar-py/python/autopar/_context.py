@@ -132,7 +132,85 @@ def _device_num():
 
 
 def _job_context():
-    """The parallel context a job is planned under, as JSON."""
-    ctx = dict(_PARALLEL)
+    """The parallel context a job is planned under, as JSON: the auto-parallel context, and the
+    search's algorithm and cost-model parameters the script set."""
+    ctx = dict(_SEARCH)
+    ctx.update(_PARALLEL)
     ctx["device_num"] = _device_num()
     return json.dumps(ctx)
+
+
+# ``set_algo_parameters`` / ``set_cost_model_context``: what the script set (each reset apart
+# from the auto-parallel context, as MindSpore keeps them), and MindSpore 2.10's defaults.
+_SEARCH = {}
+_ALGO_DEFAULTS = {"fully_use_devices": False, "elementwise_op_strategy_follow": False, "tensor_slice_align_enable": False,
+                  "tensor_slice_align_size": 16, "enable_algo_approxi": False, "algo_approxi_epsilon": 0.1}
+_COST_DEFAULTS = {"device_memory_capacity": float(16 << 30), "costmodel_alpha": 1.0, "costmodel_beta": 400.0, "costmodel_gamma": 0.001,
+                  "costmodel_communi_threshold": 2048.0, "costmodel_communi_const": 3072.0, "costmodel_communi_bias": 1024.0}
+# Keys autopar's search takes only at MindSpore's default (its cost model's constants; it
+# searches exactly, without approximation).
+_FIXED = {"enable_algo_approxi", "algo_approxi_epsilon", "costmodel_communi_threshold", "costmodel_communi_const", "costmodel_communi_bias"}
+
+
+def _set_search(caller, defaults, kwargs):
+    trial = dict(_SEARCH)
+    for key, value in kwargs.items():
+        if key not in defaults:
+            raise ValueError(f"For '{caller}', the keyword argument '{key}' is not recognized; expected one of {sorted(defaults)}")
+        value = _plain(value)
+        if key in _FIXED:
+            if value != defaults[key]:
+                raise ValueError(f"For '{caller}', '{key}' = {value!r} is not supported: autopar's search keeps MindSpore's "
+                                 f"default {defaults[key]!r} (it searches exactly, with MindSpore's latency constants)")
+            continue
+        trial[key] = value
+    try:
+        _native.check_parallel_context(json.dumps(trial))
+    except ValueError as e:
+        raise ValueError(f"For '{caller}': {e}") from None
+    _SEARCH.clear()
+    _SEARCH.update(trial)
+
+
+def _get_search(caller, defaults, key):
+    if key not in defaults:
+        raise ValueError(f"For '{caller}', the keyword argument '{key}' is not recognized; expected one of {sorted(defaults)}")
+    return _SEARCH.get(key, defaults[key])
+
+
+def set_algo_parameters(**kwargs):
+    """MindSpore's ``mindspore.parallel.set_algo_parameters``: the strategy search's algorithm
+    parameters (``fully_use_devices``, ``elementwise_op_strategy_follow``,
+    ``tensor_slice_align_enable``, ``tensor_slice_align_size``; ``enable_algo_approxi`` and
+    ``algo_approxi_epsilon`` only at their defaults)."""
+    _set_search("set_algo_parameters", _ALGO_DEFAULTS, kwargs)
+
+
+def get_algo_parameters(attr_key):
+    """MindSpore's ``get_algo_parameters``: the value set, else MindSpore 2.10's default."""
+    return _get_search("get_algo_parameters", _ALGO_DEFAULTS, attr_key)
+
+
+def reset_algo_parameters():
+    """MindSpore's ``reset_algo_parameters``."""
+    for key in _ALGO_DEFAULTS:
+        _SEARCH.pop(key, None)
+
+
+def set_cost_model_context(**kwargs):
+    """MindSpore's ``_cost_model_context.set_cost_model_context``: ``device_memory_capacity``
+    and the objective's weights ``costmodel_alpha``, ``costmodel_beta``, ``costmodel_gamma``
+    (dynamic_programming optimises MindSpore's cost model with them); the latency constants
+    only at their defaults."""
+    _set_search("set_cost_model_context", _COST_DEFAULTS, kwargs)
+
+
+def get_cost_model_context(attr_key):
+    """MindSpore's ``get_cost_model_context``: the value set, else MindSpore 2.10's default."""
+    return _get_search("get_cost_model_context", _COST_DEFAULTS, attr_key)
+
+
+def reset_cost_model_context():
+    """MindSpore's ``reset_cost_model_context``."""
+    for key in _COST_DEFAULTS:
+        _SEARCH.pop(key, None)
