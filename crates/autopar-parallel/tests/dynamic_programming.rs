@@ -144,6 +144,14 @@ fn a_shared_parameter_keeps_one_layout() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("dynamic_programming found no plan") && e.contains("shared parameter"), "{e}");
+    // Whatever the weights: with computation free, slicing the weight costs nothing, and it
+    // still moves data.
+    let mut free = context(8, true);
+    free.set("costmodel_alpha", &json!(0.0)).unwrap();
+    let e = plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &free, strategy_file: None, profile: None })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dynamic_programming found no plan"), "{e}");
     let profile = DeviceProfile::builtin();
     plan_network(&PlanRequest { graph: &g, loss: Some(loss), context: &ctx, strategy_file: None, profile: Some(&profile) }).unwrap();
 }

@@ -818,14 +818,20 @@ def test_the_searchs_algorithm_and_cost_model_parameters_reach_dynamic_programmi
         # A whole batch of 8 rows: MindSpore's costs split the weight's columns over every
         # device rather than compute with it whole.
         assert weight_layout() == [64, 64]
-        # Computation free: every strategy of this inference plan costs nothing, and the first MindSpore generates
-        # (nothing split) wins.
         set_algo_parameters(fully_use_devices=True)
         assert get_algo_parameters("fully_use_devices") is True
-        cost_model_context.set_cost_model_context(costmodel_alpha=0.0)
-        assert weight_layout() == [64, 512]
+        # A device too small for any strategy: the search says so, naming the capacity.
+        cost_model_context.set_cost_model_context(device_memory_capacity=1024)
+        with pytest.raises(Exception, match="device_memory_capacity"):
+            weight_layout()
         cost_model_context.reset_cost_model_context()
-        assert cost_model_context.get_cost_model_context("costmodel_alpha") == 1.0
+        assert cost_model_context.get_cost_model_context("device_memory_capacity") == float(16 << 30)
+        assert weight_layout() == [64, 64]
+        # Outside auto_parallel the search's parameters are ignored, as MindSpore ignores them.
+        cost_model_context.set_cost_model_context(device_memory_capacity=1024)
+        ms.reset_auto_parallel_context()
+        ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel", device_num=8, full_batch=True)
+        assert weight_layout() == [64, 512]
         # What autopar's search does not do is refused, naming it.
         with pytest.raises(ValueError, match="enable_algo_approxi"):
             set_algo_parameters(enable_algo_approxi=True)

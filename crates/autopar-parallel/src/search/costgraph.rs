@@ -220,8 +220,8 @@ impl CostGraph {
         // edges allow no redistribution).
         let redist = p.redist_ids(src_id, dst_id, r.elem);
         // MindSpore's shared-parameter node compares placements, not device matrices: a pair
-        // is allowed when the two layouts need no redistribution.
-        let shared = self.units == CostUnits::MindSpore && r.param_slot.is_some() && redist > 0.0;
+        // is allowed when no data moves between the two layouts (whatever the weights).
+        let shared = self.units == CostUnits::MindSpore && r.param_slot.is_some() && p.moves(src_id, dst_id);
         let forbidden = if (r.follow && src_id != dst_id) || shared { FORBIDDEN } else { 0.0 };
         pre + redist + forbidden
     }
@@ -481,9 +481,10 @@ pub(crate) struct Build<'a> {
     pub units: CostUnits,
     /// The objective's weights (None: [`CostUnits::weights`] of the context).
     pub weights: Option<Weights>,
-    /// Candidates in MindSpore's generation order (each logical dimension's split growing from
-    /// 1, the first outermost), where ties go under MindSpore's cost model; otherwise those
-    /// using more devices first, then those splitting the batch more.
+    /// Candidates ordered as MindSpore's cost lists, where ties go under MindSpore's cost
+    /// model: the least computation first (its units, its tie-break for data parallelism), then
+    /// generation order (each logical dimension's split growing from 1, the first outermost);
+    /// otherwise those using more devices first, then those splitting the batch more.
     pub generation_order: bool,
 }
 
@@ -511,6 +512,8 @@ struct Pricer {
     cache: FastMap<(u32, u32, usize), f64>,
     /// (layout id, chain id, element size) -> seconds through the reshapes and the id of the layout after them.
     through_cache: FastMap<(u32, u32, usize), (f64, u32)>,
+    /// (source id, destination id) -> whether data moves between them.
+    moves_cache: FastMap<(u32, u32), bool>,
 }
 
 /// FxHash's multiply-and-rotate: the cost graph hashes millions of small keys, where the
@@ -566,6 +569,7 @@ pub(crate) fn build(b: &Build<'_>) -> Result<CostGraph> {
         chains: vec![Vec::new()],
         cache: FastMap::default(),
         through_cache: FastMap::default(),
+        moves_cache: FastMap::default(),
     };
     let (roles, mut ops) = bl.search_ops(&mut pr)?;
     let of_node: Vec<Option<usize>> = roles.iter().map(|r| if let Role::Op(k) = r { Some(*k) } else { None }).collect();
@@ -603,7 +607,8 @@ impl Builder<'_> {
                     // A user's MindSpore `Layout` is priced on its own device matrix, as it runs.
                     let mut price =
                         |all: Vec<Vec<usize>>, named: Option<&autopar_layout::NamedLayout>| -> Result<Arc<[Arc<SharedCandidate>]>> {
-                            all.into_iter()
+                            let mut priced = all
+                                .into_iter()
                                 .map(|splits| {
                                     let layouts = spec.layouts_for(node.op.kind(), &node.name, &ins, &node.ty, &splits, named, n)?;
                                     let own = bl.own_cost(node.op.def(), spec, &layouts, node.ty.dtype, node.recompute);
@@ -611,7 +616,14 @@ impl Builder<'_> {
                                     let output_id = pr.id(&whole_values(&layouts.output));
                                     Ok(Arc::new(SharedCandidate { splits, layouts, own, input_ids, output_id }))
                                 })
-                                .collect()
+                                .collect::<Result<Vec<_>>>()?;
+                            if b.generation_order {
+                                // MindSpore's cost lists keep the least computation first, then
+                                // generation order: where totals tie, so do autopar's.
+                                let key = |c: &SharedCandidate| bl.mindspore_computation(node.op.kind(), &c.layouts, node.ty.dtype);
+                                priced.sort_by(|a, b| key(a).total_cmp(&key(b)));
+                            }
+                            Ok(priced.into())
                         };
                     let (shared, configured) = match &b.fixed[i] {
                         Some((s, src)) => (price(vec![s.clone()], src.user_layout(node, &spec.strategy_of(s)))?, Some(*src)),
@@ -902,8 +914,8 @@ impl Builder<'_> {
         }
         // Ties go to the lower index in every search: candidates using more devices come
         // first, then those splitting the batch more (MindSpore's preference for data
-        // parallelism); under MindSpore's cost model, which has its own tie-break for data
-        // parallelism, MindSpore's generation order.
+        // parallelism); under MindSpore's cost model, MindSpore's generation order, which
+        // pricing then sorts by computation as MindSpore's cost lists are.
         if !self.b.generation_order {
             all.sort_by_key(|s| (std::cmp::Reverse(s.iter().product::<usize>()), std::cmp::Reverse(batch.map_or(1, |b| s[b]))));
         }
@@ -971,6 +983,20 @@ impl Builder<'_> {
             }
         }
         CostSplit { compute, communication, redistribution: 0.0, gradient_sync: 0.0, memory: kept }
+    }
+
+    /// An op's forward computation in MindSpore's units under layouts `l`, its tie-break for
+    /// data parallelism applied (the key MindSpore's cost lists are sorted by).
+    fn mindspore_computation(&self, kind: &str, l: &OpLayouts, dtype: autopar_graph::DType) -> f64 {
+        let bytes = |t: &TensorLayout| (t.slice_len() * dtype.size()) as f64;
+        let ins: Vec<f64> = l.inputs.iter().map(bytes).collect();
+        let (computation, _) = ms::op_bytes(kind, &ins, bytes(&l.output), !l.output.partial_axes().is_empty());
+        let first_split_all = l.strategy.0.first().and_then(|d| d.first()) == Some(&self.n);
+        if first_split_all && computation > 1.0 {
+            computation - 1.0
+        } else {
+            computation
+        }
     }
 
     /// Where value `x` comes from, and the reshapes it passes on the way (in order).
@@ -1097,6 +1123,21 @@ impl Pricer {
         self.chain_ids.insert(chain.clone(), i);
         self.chains.push(chain);
         i
+    }
+
+    /// Whether data moves from layout `sid` to layout `did`: their redistribution has steps
+    /// (layouts of one placement on different device matrices move nothing).
+    fn moves(&mut self, sid: u32, did: u32) -> bool {
+        if sid == did {
+            return false;
+        }
+        if let Some(&m) = self.moves_cache.get(&(sid, did)) {
+            return m;
+        }
+        let (src, dst) = (&self.layouts[sid as usize], &self.layouts[did as usize]);
+        let m = plan_with(src, dst, false).map_or(true, |p| !p.steps.is_empty());
+        self.moves_cache.insert((sid, did), m);
+        m
     }
 
     /// [`Pricer::redist`] of layouts by id.

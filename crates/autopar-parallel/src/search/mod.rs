@@ -334,7 +334,7 @@ pub(crate) fn search_plan(job: &SearchJob<'_>) -> Result<SearchReport> {
             if total >= costgraph::FORBIDDEN {
                 return Err(ParallelError::SearchNoPlan {
                     search: search.name(),
-                    why: "the ops that read one parameter need it in different layouts (MindSpore's cost model gives a shared parameter one layout for all its users)".into(),
+                    why: "every plan has a pair of layouts the cost model forbids: the ops that read one parameter need it in different layouts (MindSpore's cost model gives a shared parameter one layout for all its users), or an element-wise op's input needs a redistribution under elementwise_op_strategy_follow".into(),
                 });
             }
             // The `costmodel_*` keys weighed MindSpore's bytes; the seconds are unweighted.

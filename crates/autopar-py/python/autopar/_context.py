@@ -133,8 +133,9 @@ def _device_num():
 
 def _job_context():
     """The parallel context a job is planned under, as JSON: the auto-parallel context, and the
-    search's algorithm and cost-model parameters the script set."""
-    ctx = dict(_SEARCH)
+    search's algorithm and cost-model parameters the script set, which only auto_parallel's
+    search reads (MindSpore ignores them in the other modes)."""
+    ctx = dict(_SEARCH) if str(_PARALLEL.get("parallel_mode", "")) == "auto_parallel" else {}
     ctx.update(_PARALLEL)
     ctx["device_num"] = _device_num()
     return json.dumps(ctx)
